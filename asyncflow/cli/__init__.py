@@ -1,0 +1,1 @@
+"""The ``afctl`` command line. Commands live one per module and import lazily."""

@@ -1,0 +1,20 @@
+"""``afctl bench``: benchmarks that print figures (ratios measured side by side)."""
+
+from __future__ import annotations
+
+import click
+
+from asyncflow.cli._lazy import LazyGroup
+
+BENCHES = {
+    "transport": ("asyncflow.cli.bench_transport:transport", "nng request/reply round trip and bandwidth."),
+    "queue": ("asyncflow.cli.bench_queue:queue", "TransferQueue put/get across processes."),
+    "rollout": ("asyncflow.cli.bench_rollout:rollout", "Native rollout engine vs Hugging Face generate."),
+    "train": ("asyncflow.cli.bench_train:train", "Training tokens/s, one process and two-process FSDP2."),
+    "e2e": ("asyncflow.cli.bench_e2e:e2e", "A config end to end, sync vs async, side by side."),
+}
+
+
+@click.group(cls=LazyGroup, lazy_commands=BENCHES)
+def bench() -> None:
+    """Benchmarks that print figures; `--json` makes the last line one JSON object."""

@@ -1,0 +1,6 @@
+"""Shared test setup: keep torch to one thread per process on this 2-core machine."""
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
