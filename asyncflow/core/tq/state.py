@@ -1,0 +1,462 @@
+"""The state of one consuming task's controller: pure logic, no sockets, no threads.
+
+For every known row (written at least once, not yet freed) the task keeps:
+- the produced bits: one bit per column name, set when a shard reports a write;
+- the row's metadata (:class:`RowMeta`), merged from every write;
+- its consumption state: FREE -> HANDED (to exactly one consumer) -> ACKED.
+
+A *view* is the set of rows ready for one set of required columns: produced for all
+of them and FREE. Views are kept incrementally (O(1) per write and per row handed
+out), in the order rows became ready, so FIFO costs O(batch) and not O(table).
+
+Policies of :meth:`TaskState.select`:
+- ``fifo``: the first ``batch_size`` ready rows that pass the filters;
+- ``group``: whole prompt groups only (all ``group_size`` rows ready), first
+  complete first; a row without a group (``group_id < 0`` or ``group_size <= 1``) is
+  a group of one;
+- ``dp_size > 1`` with either: the batch also comes split into ``dp_size`` parts of
+  balanced total length (``prompt_len + response_len``), groups kept whole.
+
+Invariants (tests/tq/test_state.py):
+- a row is handed to at most one consumer of the task, and never again once acked;
+- a selection is all-or-nothing: without ``partial`` either ``batch_size`` rows are
+  handed out or none;
+- ``group`` never splits a group;
+- ``requeue(consumer)`` returns exactly that consumer's HANDED rows to FREE, ahead of
+  the other ready rows (they are the oldest);
+- a snapshot saves HANDED rows as FREE: after a restart, work that was handed out but
+  not acked is handed out again (acked work never is).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import msgspec
+
+from asyncflow.core.protocol import RowFilter, RowMeta
+from asyncflow.core.tq.balance import balanced_parts
+
+FREE, HANDED, ACKED = 0, 1, 2
+POLICIES = ("fifo", "group")
+_META_FIELDS = tuple(f for f in RowMeta.__struct_fields__ if f != "index")
+_FILTER_FIELDS = RowMeta.__struct_fields__
+
+
+class Selection(msgspec.Struct, kw_only=True):
+    indices: list[int]
+    parts: list[list[int]] = []  # positions into ``indices`` per dp rank (dp_size > 1)
+
+
+class Readiness(msgspec.Struct, kw_only=True):
+    """Why a request is not served yet: for the timeout error."""
+
+    num_ready: int  # FREE rows with every requested column, passing the filters
+    num_missing: dict[str, int]  # column -> FREE rows that lack it
+    num_complete_groups: int = 0
+
+
+class _Row:
+    __slots__ = ("meta", "mask", "shard", "state", "consumer")
+
+    def __init__(self, meta: RowMeta, shard: int):
+        self.meta = meta
+        self.mask = 0
+        self.shard = shard
+        self.state = FREE
+        self.consumer = ""
+
+
+class _View:
+    """Rows ready for one mask of required columns, in the order they became ready."""
+
+    __slots__ = ("mask", "ready", "groups", "complete")
+
+    def __init__(self, mask: int):
+        self.mask = mask
+        self.ready: dict[int, None] = {}
+        self.groups: dict[int, set[int]] = {}  # group key -> ready rows of the group
+        self.complete: dict[int, None] = {}  # group keys with every row ready
+
+
+def _group_key(meta: RowMeta) -> int:
+    if meta.group_id >= 0 and meta.group_size > 1:
+        return meta.group_id
+    return -1 - meta.index  # a row without a group is a group of one
+
+
+def _group_size(meta: RowMeta) -> int:
+    return meta.group_size if meta.group_id >= 0 and meta.group_size > 1 else 1
+
+
+def _passes(meta: RowMeta, filters: Sequence[RowFilter]) -> bool:
+    for f in filters:
+        value = getattr(meta, f.field)
+        if value < f.lo or value > f.hi:
+            return False
+    return True
+
+
+def check_filters(filters: Sequence[RowFilter]) -> None:
+    for f in filters:
+        if f.field not in _FILTER_FIELDS:
+            raise ValueError(f"unknown filter field {f.field!r}; use one of {list(_FILTER_FIELDS)}")
+
+
+class TaskSnapshot(msgspec.Struct, kw_only=True):
+    """On-disk form of a TaskState (msgpack)."""
+
+    task: str
+    columns: list[str]
+    metas: list[RowMeta]
+    masks: list[int]
+    shards: list[int]
+    acked: list[bool]
+    group_acked: dict[int, int]
+
+
+class TaskState:
+    def __init__(self, task: str):
+        self.task = task
+        self._bits: dict[str, int] = {}  # column -> bit
+        self._rows: dict[int, _Row] = {}
+        self._views: dict[int, _View] = {}
+        self._pending: dict[str, set[int]] = {}  # consumer -> HANDED rows
+        self._group_acked: dict[int, int] = {}  # group key -> rows acked (partially acked groups)
+        self.num_acked = 0
+
+    # -- writes ------------------------------------------------------------------
+
+    def on_written(
+        self, shard: int, indices: Sequence[int], columns: Iterable[str], metas: Sequence[RowMeta] = ()
+    ) -> None:
+        """A shard stored ``columns`` of ``indices``; ``metas`` merge (known fields win)."""
+        mask = self._mask(columns)
+        meta_by_index = {m.index: m for m in metas} if metas else {}
+        rows = self._rows
+        for index in indices:
+            row = rows.get(index)
+            if row is None:
+                row = rows[index] = _Row(RowMeta(index=index), shard)
+            update = meta_by_index.get(index)
+            if update is not None:
+                self._merge(row, update)
+            if row.mask & mask != mask:
+                row.mask |= mask
+                if row.state == FREE:
+                    self._add_ready(row)
+
+    def _merge(self, row: _Row, update: RowMeta) -> None:
+        meta = row.meta
+        old_key = _group_key(meta)
+        for field in _META_FIELDS:
+            value = getattr(update, field)
+            if value != -1:
+                setattr(meta, field, value)
+        if row.state == FREE and _group_key(meta) != old_key:
+            # a row's group is normally set with its first write; be exact anyway
+            self._remove_ready(row, old_key)
+            self._add_ready(row)
+
+    def _mask(self, columns: Iterable[str]) -> int:
+        mask = 0
+        bits = self._bits
+        for name in columns:
+            bit = bits.get(name)
+            if bit is None:
+                bit = bits[name] = 1 << len(bits)
+            mask |= bit
+        return mask
+
+    # -- views ---------------------------------------------------------------------
+
+    def _view(self, mask: int) -> _View:
+        view = self._views.get(mask)
+        if view is None:
+            view = self._views[mask] = _View(mask)
+            for index in sorted(self._rows):
+                row = self._rows[index]
+                if row.state == FREE and row.mask & mask == mask:
+                    self._add_to_view(view, row)
+        return view
+
+    def _add_ready(self, row: _Row) -> None:
+        for view in self._views.values():
+            if row.mask & view.mask == view.mask and row.meta.index not in view.ready:
+                self._add_to_view(view, row)
+
+    def _add_to_view(self, view: _View, row: _Row) -> None:
+        index = row.meta.index
+        view.ready[index] = None
+        key = _group_key(row.meta)
+        members = view.groups.get(key)
+        if members is None:
+            members = view.groups[key] = set()
+        members.add(index)
+        if len(members) + self._group_acked.get(key, 0) >= _group_size(row.meta):
+            view.complete[key] = None
+
+    def _remove_ready(self, row: _Row, key: int | None = None) -> None:
+        index = row.meta.index
+        if key is None:
+            key = _group_key(row.meta)
+        for view in self._views.values():
+            if view.ready.pop(index, 0) is None:
+                members = view.groups.get(key)
+                if members is not None:
+                    members.discard(index)
+                    if not members:
+                        del view.groups[key]
+                view.complete.pop(key, None)
+
+    # -- reads -----------------------------------------------------------------------
+
+    def select(
+        self,
+        consumer: str,
+        columns: Sequence[str],
+        batch_size: int,
+        *,
+        policy: str = "fifo",
+        partial: bool = False,
+        filters: Sequence[RowFilter] = (),
+        dp_size: int = 1,
+    ) -> Selection | None:
+        """Pick rows and mark them HANDED to ``consumer``; None when not enough are
+        ready (and not ``partial``). A partial selection may be empty."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if policy not in POLICIES:
+            raise ValueError(f"unknown sampling policy {policy!r}; use one of {list(POLICIES)}")
+        if dp_size < 1:
+            raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+        if not columns:
+            raise ValueError("ask for at least one column")
+        view = self._view(self._mask(columns))
+        if policy == "fifo":
+            units = self._pick_rows(view, batch_size, filters)
+        else:
+            units = self._pick_groups(view, batch_size, filters)
+        num_rows = sum(len(u) for u in units)
+        if not partial and num_rows < batch_size:
+            return None
+        if dp_size > 1 and units:
+            usable = len(units) - len(units) % dp_size if partial else len(units)
+            units = units[:usable]
+        indices = [i for unit in units for i in unit]
+        parts: list[list[int]] = []
+        if dp_size > 1 and units:
+            rows = self._rows
+            lengths = [sum(max(rows[i].meta.prompt_len, 0) + max(rows[i].meta.response_len, 0) for i in u) for u in units]
+            starts = []
+            pos = 0
+            for unit in units:
+                starts.append(pos)
+                pos += len(unit)
+            parts = [
+                [starts[u] + k for u in unit_part for k in range(len(units[u]))]
+                for unit_part in balanced_parts(lengths, dp_size)
+            ]
+        self._hand(consumer, indices)
+        return Selection(indices=indices, parts=parts)
+
+    def _pick_rows(self, view: _View, batch_size: int, filters: Sequence[RowFilter]) -> list[list[int]]:
+        picked: list[list[int]] = []
+        rows = self._rows
+        for index in view.ready:
+            if filters and not _passes(rows[index].meta, filters):
+                continue
+            picked.append([index])
+            if len(picked) == batch_size:
+                break
+        return picked
+
+    def _pick_groups(self, view: _View, batch_size: int, filters: Sequence[RowFilter]) -> list[list[int]]:
+        picked: list[list[int]] = []
+        num_rows = 0
+        rows = self._rows
+        for key in view.complete:
+            members = sorted(view.groups[key])
+            meta = rows[members[0]].meta
+            size = _group_size(meta)
+            if batch_size % size:
+                raise ValueError(
+                    f"task {self.task!r}: batch_size {batch_size} is not a multiple of group size {size}; "
+                    f"with policy 'group' ask for whole groups"
+                )
+            if filters and not all(_passes(rows[i].meta, filters) for i in members):
+                continue
+            if num_rows + len(members) > batch_size:
+                continue
+            picked.append(members)
+            num_rows += len(members)
+            if num_rows == batch_size:
+                break
+        return picked
+
+    def _hand(self, consumer: str, indices: list[int]) -> None:
+        pending = self._pending.setdefault(consumer, set())
+        rows = self._rows
+        for index in indices:
+            row = rows[index]
+            self._remove_ready(row)
+            row.state = HANDED
+            row.consumer = consumer
+            pending.add(index)
+
+    def readiness(self, columns: Sequence[str], filters: Sequence[RowFilter] = ()) -> Readiness:
+        view = self._view(self._mask(columns))
+        rows = self._rows
+        num_ready = sum(1 for i in view.ready if _passes(rows[i].meta, filters))
+        missing = {c: 0 for c in columns}
+        for row in rows.values():
+            if row.state == FREE:
+                for c in columns:
+                    if not row.mask & self._bits[c]:
+                        missing[c] += 1
+        return Readiness(num_ready=num_ready, num_missing=missing, num_complete_groups=len(view.complete))
+
+    # -- consumption -----------------------------------------------------------------
+
+    def ack(self, consumer: str, indices: Sequence[int]) -> list[int]:
+        """Mark rows handed to ``consumer`` done; returns those newly acked. Acking a
+        row twice is harmless; acking a row handed to another consumer is an error."""
+        rows = self._rows
+        for index in indices:
+            row = rows.get(index)
+            if row is None or row.state == ACKED:
+                continue
+            if row.state != HANDED or row.consumer != consumer:
+                owner = f"handed to {row.consumer!r}" if row.state == HANDED else "not handed out"
+                raise ValueError(
+                    f"task {self.task!r}: consumer {consumer!r} acked row {index}, which is {owner}; "
+                    f"ack only rows your own get_batch returned (after a requeue they belong to someone else)"
+                )
+        done: list[int] = []
+        pending = self._pending.get(consumer, set())
+        for index in indices:
+            row = rows.get(index)
+            if row is None or row.state == ACKED:
+                continue
+            pending.discard(index)
+            self._set_acked(row)
+            done.append(index)
+        return done
+
+    def _set_acked(self, row: _Row) -> None:
+        row.state = ACKED
+        row.consumer = ""
+        self.num_acked += 1
+        size = _group_size(row.meta)
+        if size > 1:
+            key = _group_key(row.meta)
+            num = self._group_acked.get(key, 0) + 1
+            if num < size:
+                self._group_acked[key] = num
+            else:
+                self._group_acked.pop(key, None)  # the whole group is done
+
+    def requeue(self, consumer: str) -> list[int]:
+        """Return ``consumer``'s HANDED rows to FREE, ahead of other ready rows."""
+        indices = sorted(self._pending.pop(consumer, ()))
+        rows = self._rows
+        for index in indices:
+            row = rows[index]
+            row.state = FREE
+            row.consumer = ""
+            self._add_ready(row)
+        if indices:
+            first = set(indices)
+            for view in self._views.values():
+                front = dict.fromkeys(i for i in indices if i in view.ready)
+                front.update(view.ready)
+                view.ready = front
+                keys = {_group_key(rows[i].meta) for i in first}
+                complete = dict.fromkeys(k for k in view.complete if k in keys)
+                complete.update(view.complete)
+                view.complete = complete
+        return indices
+
+    def discard(self, filters: Sequence[RowFilter]) -> list[int]:
+        """Ack, without handing out, every FREE row matching all ``filters``."""
+        check_filters(filters)
+        done = []
+        for row in self._rows.values():
+            if row.state == FREE and _passes(row.meta, filters):
+                self._remove_ready(row)
+                self._set_acked(row)
+                done.append(row.meta.index)
+        return done
+
+    def forget(self, indices: Iterable[int]) -> None:
+        """Rows freed on the shards: drop them."""
+        rows = self._rows
+        for index in indices:
+            row = rows.pop(index, None)
+            if row is None:
+                continue
+            if row.state == FREE:
+                self._remove_ready(row)
+            elif row.state == HANDED:
+                self._pending.get(row.consumer, set()).discard(index)
+                self._remove_ready(row)
+            else:
+                self.num_acked -= 1
+
+    # -- introspection -----------------------------------------------------------------
+
+    @property
+    def num_rows(self) -> int:
+        return len(self._rows)
+
+    def pending(self) -> dict[str, int]:
+        return {c: len(s) for c, s in self._pending.items() if s}
+
+    def acked_indices(self) -> list[int]:
+        return sorted(i for i, r in self._rows.items() if r.state == ACKED)
+
+    def meta(self, index: int) -> RowMeta:
+        return self._rows[index].meta
+
+    def shard(self, index: int) -> int:
+        return self._rows[index].shard
+
+    def state_of(self, index: int) -> int:
+        row = self._rows.get(index)
+        return -1 if row is None else row.state
+
+    # -- save/load -------------------------------------------------------------------
+
+    def snapshot(self) -> TaskSnapshot:
+        names = sorted(self._bits, key=self._bits.__getitem__)
+        rows = [self._rows[i] for i in sorted(self._rows)]
+        return TaskSnapshot(
+            task=self.task,
+            columns=names,
+            metas=[r.meta for r in rows],
+            masks=[r.mask for r in rows],
+            shards=[r.shard for r in rows],
+            acked=[r.state == ACKED for r in rows],
+            group_acked=dict(self._group_acked),
+        )
+
+    @classmethod
+    def restore(cls, snap: TaskSnapshot) -> "TaskState":
+        state = cls(snap.task)
+        for name in snap.columns:
+            state._mask([name])
+        for meta, mask, shard, acked in zip(snap.metas, snap.masks, snap.shards, snap.acked):
+            row = state._rows[meta.index] = _Row(meta, shard)
+            row.mask = mask
+            if acked:
+                row.state = ACKED
+                state.num_acked += 1
+        state._group_acked = dict(snap.group_acked)
+        return state
+
+    def to_bytes(self) -> bytes:
+        return msgspec.msgpack.encode(self.snapshot())
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "TaskState":
+        return cls.restore(msgspec.msgpack.decode(data, type=TaskSnapshot))
