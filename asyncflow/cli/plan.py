@@ -1,0 +1,157 @@
+"""``afctl plan``: preview the best split of devices between rollout, training and reference.
+
+Pure arithmetic over the cost model (asyncflow.planner); numpy and matplotlib are
+imported only by `--simulate`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+GiB = 2**30
+
+
+def _fmt_rate(x: float) -> str:
+    return f"{x / 1e3:.1f}k" if x >= 1e4 else f"{x:.1f}"
+
+
+def _table(plans) -> list[str]:
+    head = ("#", "rollout dev x tp", "train dev tp/pp/dp", "ref dev", "step s", "samples/s", "tokens/s", "bottleneck", "peak GiB/dev")
+    rows = [head]
+    for i, p in enumerate(plans, 1):
+        ref = f"{p.reference_devices} tp{p.reference_tp}" if p.reference_devices else "on train"
+        rows.append((
+            str(i), f"{p.rollout_devices} x tp{p.rollout_tp}", f"{p.train_devices} {p.train_tp}/{p.train_pp}/{p.train_dp}",
+            ref, f"{p.predicted_step_s:.1f}", f"{p.predicted_samples_per_s:.2f}", _fmt_rate(p.predicted_tokens_per_s),
+            p.bottleneck, f"{p.peak_memory_bytes / GiB:.1f}",
+        ))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
+    return ["  ".join(cell.rjust(w) if c in (0, 4, 5, 6, 8) else cell.ljust(w) for c, (cell, w) in enumerate(zip(r, widths))).rstrip()
+            for r in rows]
+
+
+def _boundary(infeasible) -> list:
+    """Per role, the largest device count that still does not fit: where the fit starts."""
+    by_role = {}
+    for item in infeasible:
+        if item.role not in by_role or item.devices > by_role[item.role].devices:
+            by_role[item.role] = item
+    return list(by_role.values())
+
+
+@click.command()
+@click.option("--model", "model_name", default="7b", show_default=True,
+              help="Preset (0.5b, 1.5b, 7b, 14b, 32b, 72b; Qwen2.5 shapes) or a local HF model directory.")
+@click.option("--npus", type=int, help="Number of Ascend NPUs (hardware defaults to 910b).")
+@click.option("--gpus", type=int, help="Number of GPUs (hardware defaults to h100).")
+@click.option("--devices", type=int, help="Number of devices of --hardware (e.g. worker processes with --hardware cpu).")
+@click.option("--hardware", help="910b, a100, h100, h200 or cpu.")
+@click.option("--prompt-len", type=int, default=1024, show_default=True, help="Mean prompt length, tokens.")
+@click.option("--response-len", type=int, default=2048, show_default=True, help="Mean response length, tokens.")
+@click.option("--max-response-len", type=int, default=8192, show_default=True, help="Generation cap, tokens (the long tail).")
+@click.option("--batch-size", type=int, default=256, show_default=True, help="Prompts per RL step.")
+@click.option("-n", "--samples-per-prompt", type=int, default=8, show_default=True, help="Responses per prompt (GRPO group).")
+@click.option("--staleness", type=int, default=1, show_default=True, help="k: a sample of policy v trains at step s only if s - v <= k.")
+@click.option("--no-reference", is_flag=True, help="No KL to a reference policy (no reference forward).")
+@click.option("--critic", is_flag=True, help="PPO: add a critic (forward and training on the training devices).")
+@click.option("--top", type=int, default=5, show_default=True, help="Plans to show.")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False), help="Calibrated efficiency factors from `afctl profile`.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (key `plans`, best first) as the last line.")
+@click.option("--simulate", "simulate_dir", type=click.Path(file_okay=False), help="Write a trace and timeline PNG of the best plan here.")
+@click.option("--steps", type=int, default=6, show_default=True, help="Steps to simulate with --simulate.")
+def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, max_response_len, batch_size,
+         samples_per_prompt, staleness, no_reference, critic, top, profile_path, as_json, simulate_dir, steps) -> None:
+    """Preview the best split of devices between rollout, training and reference.
+
+    Example: afctl plan --model 32b --npus 512; afctl plan --model 7b --gpus 64 --hardware h100
+    """
+    import msgspec
+
+    from asyncflow.planner.calibration import Efficiency, load_profile
+    from asyncflow.planner.cost import Workload
+    from asyncflow.planner.hardware import get_hardware
+    from asyncflow.planner.models import get_model
+    from asyncflow.planner.search import best_sync, search, speedup
+
+    given = [x for x in (npus, gpus, devices) if x is not None]
+    if len(given) != 1:
+        raise click.UsageError("give exactly one of --npus N, --gpus N or --devices N")
+    num_devices = given[0]
+    hw_name = hardware or ("910b" if npus is not None else "h100" if gpus is not None else "cpu")
+    try:
+        hw = get_hardware(hw_name)
+        model = get_model(model_name)
+        eff = Efficiency()
+        if profile_path:
+            prof = load_profile(profile_path)
+            eff = prof.efficiency
+            if prof.hardware != hw.name:
+                click.echo(f"warning: profile {profile_path} was measured on {prof.hardware}, planning for {hw.name}", err=True)
+        wl = Workload(
+            prompt_len_tokens=prompt_len, response_len_tokens=response_len, max_response_len_tokens=max_response_len,
+            prompts_per_step=batch_size, samples_per_prompt=samples_per_prompt, staleness=staleness,
+            use_reference=not no_reference, use_critic=critic,
+        )
+        result = search(model, hw, wl, num_devices, eff, top_k=top)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+    sync = best_sync(result)
+    gain = speedup(result)
+    if simulate_dir and result.plans:
+        from asyncflow.planner.simulate import simulate_plan
+
+        sim = simulate_plan(model, hw, eff, wl, result.plans[0], num_steps=steps, out_dir=simulate_dir)
+    else:
+        sim = None
+
+    if as_json:
+        out = {
+            "model": model.name, "hardware": hw.name, "num_devices": num_devices, "workload": wl,
+            "plans": result.plans, "sync": result.sync, "colocated": result.colocated,
+            "predicted_async_speedup": gain, "infeasible": result.infeasible,
+            "num_splits": result.num_splits, "num_infeasible_splits": result.num_infeasible_splits,
+            "simulation": sim,
+        }
+        sys.stdout.write(msgspec.json.encode(out).decode() + "\n")
+        return
+
+    click.echo(
+        f"{model.name} ({model.num_params / 1e9:.1f}B params) on {num_devices} x {hw.name}: "
+        f"{wl.prompts_per_step} prompts x {wl.samples_per_prompt} samples, prompt {wl.prompt_len_tokens}, "
+        f"response {wl.response_len_tokens} (max {wl.max_response_len_tokens}), staleness {wl.staleness}"
+        + (f", profile {profile_path}" if profile_path else ", default efficiencies (calibrate: afctl profile)")
+    )
+    if not result.plans:
+        click.echo("no plan fits in memory:")
+        for item in _boundary(result.infeasible):
+            click.echo(f"  {item.reason}")
+        raise click.ClickException("use more devices, a smaller model, or a shorter --max-response-len")
+    for line in _table(result.plans):
+        click.echo(line)
+    if any(p.bottleneck == "dependency" for p in result.plans):
+        click.echo("(dependency: the generate -> train -> weight-sync loop spread over staleness+1 steps; "
+                   "a larger --staleness relaxes it)")
+    if sync is not None:
+        alt = result.colocated if sync is result.colocated else result.sync
+        where = ("colocated on all devices (verl-like)" if alt.mode == "colocated"
+                 else f"task-separated, rollout {alt.rollout_devices} / train {alt.train_devices}")
+        other = result.sync if alt is result.colocated else result.colocated
+        other_txt = f"; the other sync option ({other.mode}) {other.predicted_step_s:.1f} s" if other is not None else ""
+        click.echo(
+            f"sync alternative: {where}, {alt.predicted_step_s:.1f} s/step, {alt.predicted_samples_per_s:.2f} samples/s, "
+            f"bottleneck {alt.bottleneck}{other_txt}. Predicted async speedup: {gain:.2f}x"
+        )
+    else:
+        click.echo("sync alternative: none fits in memory")
+    if result.num_infeasible_splits:
+        click.echo(f"{result.num_infeasible_splits} of {result.num_splits} splits do not fit; where each role starts to fit:")
+        for item in _boundary(result.infeasible):
+            click.echo(f"  {item.reason}")
+    if sim is not None:
+        click.echo(
+            f"simulated {sim.num_steps} steps: sync {sim.sync_step_s:.1f} s/step, async {sim.async_step_s:.1f} s/step "
+            f"({sim.sync_step_s / sim.async_step_s:.2f}x); wrote {sim.trace_path} and {sim.png_path}"
+        )

@@ -1,0 +1,88 @@
+"""Efficiency factors (achieved over peak) and the profile file that stores them.
+
+A profile is a msgspec Struct saved as JSON or TOML (by the file's suffix). The
+factors multiply the hardware's peak figures; the fixed overheads add per call.
+`fit_linear` turns measured (work, seconds) points into (efficiency, overhead_s):
+time = overhead_s + work / (efficiency * peak), solved by least squares.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+
+class Efficiency(msgspec.Struct, kw_only=True, frozen=True):
+    """Achieved fraction of peak for each kind of work. Defaults: typical published MFU/MBU."""
+
+    prefill_flops: float = 0.45  # prefill: compute-bound matmuls
+    decode_bandwidth: float = 0.65  # decode: weights + KV read per iteration
+    train_flops: float = 0.35  # forward + backward (+ recompute), model FLOPs utilisation
+    forward_flops: float = 0.40  # reference / critic forward
+    link_bandwidth: float = 0.70  # weight sync and collectives
+    decode_overhead_s: float = 0.0  # fixed cost per decode iteration (launch, sampling, python)
+    train_overhead_s: float = 0.0  # fixed cost per training micro-batch
+    forward_overhead_s: float = 0.0  # fixed cost per forward micro-batch
+
+
+class Point(msgspec.Struct, kw_only=True, frozen=True):
+    """One measurement: `work` is FLOPs (compute kinds) or bytes (bandwidth kinds)."""
+
+    kind: str
+    size: str  # human description of what was run ("hidden 128, 4 layers, batch 8")
+    work: float
+    time_s: float
+
+
+class Profile(msgspec.Struct, kw_only=True):
+    hardware: str
+    efficiency: Efficiency
+    points: list[Point] = []
+    created_at: str = ""
+    notes: str = ""
+
+
+def fit_linear(work: list[float], time_s: list[float], peak: float) -> tuple[float, float]:
+    """Least-squares `time = overhead + work / (eff * peak)`; returns (eff, overhead_s).
+
+    With one point, or a negative intercept, the overhead is taken as zero and the
+    efficiency fitted through the origin. The efficiency is clipped to (0, 1].
+    """
+    if len(work) != len(time_s) or not work:
+        raise ValueError("fit_linear needs as many times as work sizes, at least one")
+    n = len(work)
+    overhead = 0.0
+    if n >= 2:
+        mean_w, mean_t = sum(work) / n, sum(time_s) / n
+        var = sum((w - mean_w) ** 2 for w in work)
+        if var > 0:
+            slope = sum((w - mean_w) * (t - mean_t) for w, t in zip(work, time_s)) / var
+            overhead = mean_t - slope * mean_w
+            if slope > 0 and overhead >= 0:
+                return min(1.0, 1.0 / (slope * peak)), overhead
+    slope = sum(w * t for w, t in zip(work, time_s)) / sum(w * w for w in work)
+    if slope <= 0:
+        raise ValueError("measured times do not grow with work: profile larger sizes")
+    return min(1.0, 1.0 / (slope * peak)), 0.0
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    path = Path(path)
+    if path.suffix == ".toml":
+        path.write_bytes(msgspec.toml.encode(profile))
+    else:
+        path.write_bytes(msgspec.json.format(msgspec.json.encode(profile), indent=2))
+
+
+def load_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no profile at {path}: create one with `afctl profile --out {path}`")
+    data = path.read_bytes()
+    try:
+        if path.suffix == ".toml":
+            return msgspec.toml.decode(data, type=Profile)
+        return msgspec.json.decode(data, type=Profile)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"{path} is not a planner profile ({exc}); recreate it with `afctl profile`") from exc

@@ -1,0 +1,322 @@
+"""The analytical cost model: time and memory per device of each RL role, and of a step.
+
+Legend: P = parameters, L = layers, h = hidden size, V = vocabulary, S = samples per
+step (prompts x samples per prompt), tp/pp/dp = tensor/pipeline/data-parallel degrees.
+All times are seconds per RL step; memory is bytes per device.
+
+- Rollout (one engine instance per `tp` devices). Prefill is compute-bound:
+  2P FLOPs per prompt token over peak x prefill efficiency. Decode is bound by
+  memory bandwidth: one iteration reads the weight shard (2P/tp bytes) and the KV
+  cache of the batch, t_iter = max(bytes / BW, FLOPs / peak) + tensor-parallel
+  all-reduces + a fixed overhead. The batch is what the KV cache holds beside the
+  weights: b = (usable memory - 2P/tp - workspace) / (KV bytes per sequence / tp).
+  Streaming (async) rollout is throughput-bound: S x mean response / b iterations.
+  A synchronous step also waits for its longest response: the tail.
+- Training: 6P FLOPs per token (forward + backward) at a model-FLOPs efficiency,
+  plus the pipeline bubble (pp-1)/m, tensor-parallel all-reduces, and the FSDP
+  all-gathers / reduce-scatters that do not hide behind compute. Memory: 16 bytes
+  per parameter of model state (bf16 params and grads, fp32 master + Adam m, v),
+  sharded over tp x pp x dp, plus checkpointed activations and the fp32 logits.
+- Reference (and critic) forward: 2P FLOPs per token, weights 2P/tp.
+- Weight sync: the rollout shard (2P/tp bytes) over the inter-node link; with the
+  delayed parameter update only the host-to-device swap stays on the rollout path.
+- A step: synchronous = the sum of its phases. Asynchronous with staleness k =
+  max(each stage's time, (the dependency chain: generate -> train -> sync) / (k+1)),
+  since k+1 steps may be in flight around that loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from asyncflow.planner.calibration import Efficiency
+from asyncflow.planner.hardware import GiB, Hardware
+from asyncflow.planner.models import ModelShape
+
+DTYPE_BYTES = 2  # bf16 weights, activations and KV cache
+MODEL_STATE_BYTES_PER_PARAM = 16  # bf16 param + bf16 grad + fp32 master, Adam m and v
+LOGITS_BYTES_PER_VOCAB = 6  # bf16 logits + fp32 log-softmax for log-probs
+MAX_SEQS_PER_INSTANCE = 512  # engine scheduler cap (vLLM max_num_seqs-like)
+
+
+class Workload(msgspec.Struct, kw_only=True, frozen=True):
+    prompt_len_tokens: int = 1024  # mean prompt length
+    response_len_tokens: int = 2048  # mean response length
+    max_response_len_tokens: int = 8192  # generation cap: the long tail reaches it
+    prompts_per_step: int = 256  # batch size, in prompts
+    samples_per_prompt: int = 8  # GRPO group size n
+    staleness: int = 1  # k: 0 is synchronous
+    use_reference: bool = True  # KL to a reference policy
+    use_critic: bool = False  # PPO
+    train_micro_batch_tokens: int = 0  # 0: one max-length sequence
+    prefill_chunk_tokens: int = 2048
+
+    @property
+    def num_samples(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt
+
+    @property
+    def max_seq_tokens(self) -> int:
+        return self.prompt_len_tokens + self.max_response_len_tokens
+
+    @property
+    def mean_seq_tokens(self) -> int:
+        return self.prompt_len_tokens + self.response_len_tokens
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        return self.train_micro_batch_tokens or self.max_seq_tokens
+
+    def validate(self) -> None:
+        if self.response_len_tokens > self.max_response_len_tokens:
+            raise ValueError(
+                f"mean response length {self.response_len_tokens} exceeds the cap {self.max_response_len_tokens}: "
+                "raise --max-response-len or lower --response-len"
+            )
+        if min(self.prompt_len_tokens, self.response_len_tokens, self.prompts_per_step, self.samples_per_prompt) < 1:
+            raise ValueError("prompt and response lengths, batch size and samples per prompt must be at least 1")
+        if self.staleness < 0:
+            raise ValueError("staleness must be 0 (synchronous) or more")
+
+
+class RoleCost(msgspec.Struct, kw_only=True):
+    """One role on `devices` devices at given degrees: time per step and memory per device."""
+
+    role: str
+    devices: int
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    feasible: bool = True
+    time_s: float = 0.0  # steady-state (streaming) busy time per step
+    tail_s: float = 0.0  # extra time a synchronous step waits for its longest sample
+    latency_s: float = 0.0  # from the last input to this role's last output (one micro-batch)
+    batch_per_instance: int = 0  # rollout: concurrent sequences per engine instance
+    memory_bytes: dict[str, float] = {}  # per device, by use
+    memory_available_bytes: float = 0.0
+    reason: str = ""  # why it does not fit, or what limits it
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return sum(self.memory_bytes.values())
+
+
+def usable_memory(hw: Hardware) -> float:
+    return hw.memory_bytes * hw.usable_memory_fraction
+
+
+def _explain(role: RoleCost) -> str:
+    parts = ", ".join(f"{k} {v / GiB:.1f}" for k, v in role.memory_bytes.items() if v > 0)
+    need, have = role.peak_memory_bytes, role.memory_available_bytes
+    return (
+        f"{role.role} on {role.devices} devices (tp={role.tp}, pp={role.pp}, dp={role.dp}) needs "
+        f"{need / GiB:.1f} GiB per device ({parts}), has {have / GiB:.1f} GiB usable: short by {(need - have) / GiB:.1f} GiB"
+    )
+
+
+def _check_fit(role: RoleCost) -> RoleCost:
+    if role.peak_memory_bytes > role.memory_available_bytes:
+        role.feasible = False
+        role.reason = _explain(role)
+    return role
+
+
+def allreduce_s(hw: Hardware, eff: Efficiency, num_bytes: float, group: int, inter_node: bool) -> float:
+    """Ring all-reduce: 2 (g-1)/g of the bytes cross each link, plus a fixed latency."""
+    if group <= 1:
+        return 0.0
+    bandwidth = (hw.inter_node_bandwidth_bytes_per_s if inter_node else hw.intra_node_bandwidth_bytes_per_s) * eff.link_bandwidth
+    return hw.collective_latency_s + 2 * (group - 1) / group * num_bytes / bandwidth
+
+
+def decode_iteration_s(model: ModelShape, hw: Hardware, eff: Efficiency, tp: int, batch: int, context_tokens: float) -> float:
+    """One decode iteration of `batch` sequences at mean context `context_tokens`, on tp devices."""
+    weight_bytes = model.num_params * DTYPE_BYTES / tp
+    kv_bytes = batch * kv_bytes_per_token_per_device(model, tp) * context_tokens
+    memory_s = (weight_bytes + kv_bytes) / (hw.memory_bandwidth_bytes_per_s * eff.decode_bandwidth)
+    compute_s = batch * model.forward_flops_per_token(context_tokens) / tp / (hw.peak_bf16_flops * eff.prefill_flops)
+    comm_s = 2 * model.num_layers * allreduce_s(hw, eff, batch * model.hidden_size * DTYPE_BYTES, tp, inter_node=False)
+    return max(memory_s, compute_s) + comm_s + eff.decode_overhead_s
+
+
+def kv_bytes_per_token_per_device(model: ModelShape, tp: int) -> float:
+    kv_heads_per_device = math.ceil(model.num_kv_heads / tp)  # replicated when tp > kv heads
+    return 2 * model.num_layers * kv_heads_per_device * model.head_dim_ * DTYPE_BYTES
+
+
+def tp_allowed(model: ModelShape, hw: Hardware, tp: int) -> bool:
+    """Tensor parallelism stays inside a node and splits attention heads evenly."""
+    return (
+        hw.devices_per_node % tp == 0
+        and model.num_attention_heads % tp == 0
+        and (model.num_kv_heads % tp == 0 or tp % model.num_kv_heads == 0)
+    )
+
+
+def rollout_cost(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, devices: int, tp: int) -> RoleCost:
+    """Generation of one step's S samples on `devices` devices, engine instances of tp devices."""
+    instances = devices // tp
+    weights = model.num_params * DTYPE_BYTES / tp
+    workspace = wl.prefill_chunk_tokens * (
+        DTYPE_BYTES * (8 * model.hidden_size + 3 * model.intermediate_size / tp) + 4 * model.vocab_size / tp
+    )
+    kv_token = kv_bytes_per_token_per_device(model, tp)
+    available = usable_memory(hw)
+    kv_free = available - weights - workspace
+    seqs_per_instance = math.ceil(wl.num_samples / instances)
+    # Mean KV held by a live sequence: prompt + mean response (a long one holds more for longer).
+    batch_cap = int(max(kv_free, 0) // (kv_token * wl.mean_seq_tokens))
+    batch = max(1, min(batch_cap, seqs_per_instance, MAX_SEQS_PER_INSTANCE))
+    role = RoleCost(
+        role="rollout", devices=devices, tp=tp, dp=instances, batch_per_instance=batch,
+        memory_available_bytes=available,
+        memory_bytes={"weights": weights, "workspace": workspace, "kv_cache": batch * kv_token * wl.mean_seq_tokens},
+    )
+    if kv_free < kv_token * wl.max_seq_tokens:
+        # Not even one max-length sequence fits beside the weights.
+        role.memory_bytes["kv_cache"] = kv_token * wl.max_seq_tokens
+        _check_fit(role)
+        role.reason += " (KV cache of one max-length sequence)"
+        role.feasible = False
+        return role
+    context = wl.prompt_len_tokens + wl.response_len_tokens / 2
+    t_iter = decode_iteration_s(model, hw, eff, tp, batch, context)
+    decode_s = seqs_per_instance * wl.response_len_tokens / batch * t_iter
+    prefill_flops = seqs_per_instance * wl.prompt_len_tokens * model.forward_flops_per_token(wl.prompt_len_tokens / 2) / tp
+    prefill_s = prefill_flops / (hw.peak_bf16_flops * eff.prefill_flops)
+    # The tail: the last sequences run on at a shrinking batch until the longest ends.
+    tail_batch = max(1, batch // 4)
+    tail_s = (wl.max_response_len_tokens - wl.response_len_tokens) * decode_iteration_s(
+        model, hw, eff, tp, tail_batch, wl.prompt_len_tokens + wl.max_response_len_tokens / 2
+    )
+    role.time_s = prefill_s + decode_s
+    role.tail_s = tail_s
+    role.latency_s = tail_s
+    role.reason = f"batch {batch} per instance ({'KV cache' if batch == batch_cap else 'samples'} limited)"
+    return role
+
+
+def forward_cost(
+    model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, devices: int, tp: int, role: str = "reference"
+) -> RoleCost:
+    """A forward pass over every token of the step (reference log-probs, critic values)."""
+    replicas = devices // tp
+    tokens = wl.num_samples * wl.mean_seq_tokens
+    flops = tokens * model.forward_flops_per_token(wl.mean_seq_tokens / 2)
+    mb = wl.micro_batch_tokens
+    num_mb = math.ceil(tokens / replicas / mb)
+    time_s = flops / (devices * hw.peak_bf16_flops * eff.forward_flops) + num_mb * eff.forward_overhead_s
+    time_s += num_mb * model.num_layers * 2 * allreduce_s(hw, eff, mb * model.hidden_size * DTYPE_BYTES, tp, False)
+    cost = RoleCost(
+        role=role, devices=devices, tp=tp, dp=replicas, time_s=time_s, latency_s=time_s / max(num_mb, 1),
+        memory_available_bytes=usable_memory(hw),
+        memory_bytes={
+            "weights": model.num_params * DTYPE_BYTES / tp,
+            "activations": mb * DTYPE_BYTES * (8 * model.hidden_size + 3 * model.intermediate_size) / tp,
+            "logits": mb * model.vocab_size * LOGITS_BYTES_PER_VOCAB / tp,
+        },
+    )
+    return _check_fit(cost)
+
+
+def train_cost(
+    model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, devices: int, tp: int, pp: int,
+    with_reference: bool = False,
+) -> RoleCost:
+    """One optimizer step over the step's tokens (actor; + critic for PPO; + reference if colocated)."""
+    dp = devices // (tp * pp)
+    tokens = wl.num_samples * wl.mean_seq_tokens
+    mb = wl.micro_batch_tokens
+    num_mb = max(1, math.ceil(tokens / dp / mb))  # micro-batches per data-parallel rank
+    models_trained = 2 if wl.use_critic else 1
+    flops = models_trained * 3 * tokens * model.forward_flops_per_token(wl.mean_seq_tokens / 2)
+    compute_s = flops / (devices * hw.peak_bf16_flops * eff.train_flops)
+    compute_s *= 1 + (pp - 1) / num_mb  # 1F1B pipeline bubble
+    layers_per_stage = math.ceil(model.num_layers / pp)
+    tp_s = num_mb * layers_per_stage * 4 * allreduce_s(hw, eff, mb * model.hidden_size * DTYPE_BYTES, tp, False)
+    # FSDP over dp: bf16 all-gather in forward and backward per micro-batch, fp32 reduce-scatter once.
+    shard_params = models_trained * model.num_params / (tp * pp)
+    dp_inter = devices > hw.devices_per_node
+    gather_s = (num_mb * 2 * allreduce_s(hw, eff, shard_params * DTYPE_BYTES, dp, dp_inter) / 2
+                + allreduce_s(hw, eff, shard_params * 4, dp, dp_inter) / 2)
+    exposed_comm_s = max(0.0, gather_s - compute_s) + (hw.collective_latency_s if dp > 1 else 0.0)
+    state_bytes = MODEL_STATE_BYTES_PER_PARAM * models_trained * model.num_params / devices
+    optimizer_s = 3 * state_bytes / (hw.memory_bandwidth_bytes_per_s * eff.decode_bandwidth)
+    time_s = compute_s + tp_s + exposed_comm_s + optimizer_s + num_mb * eff.train_overhead_s
+    memory = {
+        "model_states": state_bytes,
+        "gathered_layers": 2 * models_trained * model.params_per_layer * DTYPE_BYTES / tp,
+        "activations": (
+            min(pp, num_mb) * layers_per_stage * mb * model.hidden_size * DTYPE_BYTES / tp
+            + mb * DTYPE_BYTES * (8 * model.hidden_size + 3 * model.intermediate_size) / tp
+        ),
+        "logits": mb * model.vocab_size * LOGITS_BYTES_PER_VOCAB / tp,
+    }
+    if with_reference:
+        ref = forward_cost(model, hw, eff, wl, devices, tp)
+        time_s += ref.time_s
+        memory["reference_weights"] = model.num_params * DTYPE_BYTES / devices  # sharded like the actor
+    if wl.use_critic:
+        critic_fwd = forward_cost(model, hw, eff, wl, devices, tp, role="critic")
+        time_s += critic_fwd.time_s
+    cost = RoleCost(
+        role="train", devices=devices, tp=tp, pp=pp, dp=dp, time_s=time_s,
+        latency_s=time_s / num_mb + optimizer_s, memory_available_bytes=usable_memory(hw), memory_bytes=memory,
+    )
+    return _check_fit(cost)
+
+
+def weight_transfer_s(model: ModelShape, hw: Hardware, eff: Efficiency, rollout_tp: int, colocated: bool = False) -> float:
+    """New weights into every rollout device: its shard over the inter-node link (or local reshard)."""
+    shard = model.num_params * DTYPE_BYTES / rollout_tp
+    link = hw.intra_node_bandwidth_bytes_per_s if colocated else hw.inter_node_bandwidth_bytes_per_s
+    return shard / (link * eff.link_bandwidth) + hw.collective_latency_s
+
+
+def weight_swap_s(model: ModelShape, hw: Hardware, rollout_tp: int) -> float:
+    """Delayed parameter update: host buffer -> device copy at a generation-iteration boundary."""
+    return model.num_params * DTYPE_BYTES / rollout_tp / hw.host_to_device_bandwidth_bytes_per_s
+
+
+class StepCost(msgspec.Struct, kw_only=True):
+    mode: str  # "async", "sync" (task-separated, sequential) or "colocated" (every role on every device)
+    staleness: int
+    step_s: float
+    bottleneck: str
+    stage_s: dict[str, float]  # what each term of the step bound is
+
+
+def async_step(
+    rollout: RoleCost, train: RoleCost, reference: RoleCost | None, transfer_s: float, swap_s: float, staleness: int
+) -> StepCost:
+    """Streaming pipeline with staleness k: the slowest stage, or the dependency loop over k+1 steps."""
+    stages = {
+        "rollout": rollout.time_s + swap_s,
+        "train": train.time_s,
+    }
+    if reference is not None:
+        stages["reference"] = reference.time_s
+    # Generating step s needs the weights trained on step s-k-1: the loop
+    # generate (incl. the tail) -> reference -> train -> sync spans k+1 periods.
+    loop_s = rollout.time_s + rollout.tail_s + (reference.latency_s if reference else 0.0) + train.latency_s + transfer_s
+    stages["dependency"] = loop_s / (staleness + 1)
+    bottleneck = max(stages, key=stages.get)
+    return StepCost(mode="async", staleness=staleness, step_s=stages[bottleneck], bottleneck=bottleneck, stage_s=stages)
+
+
+def sync_step(rollout: RoleCost, train: RoleCost, reference: RoleCost | None, transfer_s: float, mode: str = "sync",
+              extra_s: float = 0.0) -> StepCost:
+    """Each phase waits for the previous one: generate (with the tail), reference, train, sync."""
+    stages = {"rollout": rollout.time_s + rollout.tail_s, "train": train.time_s, "weight_sync": transfer_s + extra_s}
+    if reference is not None:
+        stages["reference"] = reference.time_s
+    bottleneck = max(stages, key=stages.get)
+    return StepCost(mode=mode, staleness=0, step_s=sum(stages.values()), bottleneck=bottleneck, stage_s=stages)
+
+
+def offload_s(model: ModelShape, hw: Hardware, devices: int, use_critic: bool) -> float:
+    """Colocated mode: training states to host before generation and back after (both ways)."""
+    state = MODEL_STATE_BYTES_PER_PARAM * (2 if use_critic else 1) * model.num_params / devices
+    return 2 * state / hw.host_to_device_bandwidth_bytes_per_s

@@ -1,0 +1,261 @@
+"""Search over allocations: which devices go to rollout, training and reference, at which degrees.
+
+Invariants:
+- every returned plan fits in memory on every device of every role;
+- every (role, device count) for which no parallel degree fits is reported as an
+  `Infeasible` with the memory that is short (which use, by how much), never dropped;
+- device counts are multiples of a granularity g (1 up to 128 devices, then whole
+  fractions of a node) so that 1024 devices are planned in well under a second.
+
+Each role's best degrees are chosen per device count once (they do not depend on
+the other roles), then every split (rollout, reference, train) is scored as a step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from asyncflow.planner.calibration import Efficiency
+from asyncflow.planner.cost import (
+    RoleCost,
+    StepCost,
+    Workload,
+    async_step,
+    forward_cost,
+    offload_s,
+    rollout_cost,
+    sync_step,
+    tp_allowed,
+    train_cost,
+    weight_swap_s,
+    weight_transfer_s,
+)
+from asyncflow.planner.hardware import Hardware
+from asyncflow.planner.models import ModelShape
+
+MAX_COUNTS = 128  # device counts tried per role
+
+
+class Plan(msgspec.Struct, kw_only=True):
+    mode: str  # "async" (staleness k, k = 0 streams within a step), "sync" or "colocated"
+    staleness: int
+    rollout_devices: int
+    rollout_tp: int
+    rollout_instances: int
+    rollout_batch_per_instance: int
+    train_devices: int
+    train_tp: int
+    train_pp: int
+    train_dp: int
+    reference_devices: int  # 0: the reference runs on the training devices
+    reference_tp: int
+    predicted_step_s: float
+    predicted_samples_per_s: float
+    predicted_tokens_per_s: float  # prompt + response tokens through the step
+    bottleneck: str
+    stage_s: dict[str, float]
+    peak_memory_bytes: float  # the fullest device of any role
+    memory_bytes: dict[str, float]  # peak per device, by role
+
+
+class Infeasible(msgspec.Struct, kw_only=True):
+    role: str
+    devices: int
+    tp: int
+    pp: int
+    needed_bytes: float
+    available_bytes: float
+    short_bytes: float
+    reason: str
+
+
+class SearchResult(msgspec.Struct, kw_only=True):
+    plans: list[Plan]  # best first
+    sync: Plan | None  # best task-separated synchronous plan (phases in sequence)
+    colocated: Plan | None  # every role on every device in turn (verl-like)
+    infeasible: list[Infeasible]
+    num_splits: int  # splits scored
+    num_infeasible_splits: int
+    granularity: int
+
+
+def granularity(num_devices: int, hw: Hardware) -> int:
+    g = 1
+    while num_devices // g > MAX_COUNTS and num_devices % (2 * g) == 0 and 2 * g <= hw.devices_per_node:
+        g *= 2
+    return g
+
+
+def _tp_options(model: ModelShape, hw: Hardware) -> list[int]:
+    return [tp for tp in range(1, hw.devices_per_node + 1) if tp_allowed(model, hw, tp)]
+
+
+def _pp_options(model: ModelShape) -> list[int]:
+    return [pp for pp in (1, 2, 4, 8, 16) if pp <= model.num_layers]
+
+
+def _infeasible(cost: RoleCost) -> Infeasible:
+    need, have = cost.peak_memory_bytes, cost.memory_available_bytes
+    return Infeasible(
+        role=cost.role, devices=cost.devices, tp=cost.tp, pp=cost.pp, needed_bytes=need,
+        available_bytes=have, short_bytes=need - have, reason=cost.reason,
+    )
+
+
+def _best(candidates: list[RoleCost], score, infeasible: list[Infeasible]) -> RoleCost | None:
+    fitting = [c for c in candidates if c.feasible]
+    if fitting:
+        return min(fitting, key=score)
+    if candidates:
+        infeasible.append(_infeasible(min(candidates, key=lambda c: c.peak_memory_bytes - c.memory_available_bytes)))
+    return None
+
+
+def _plan(mode: str, step: StepCost, rollout: RoleCost, train: RoleCost, reference: RoleCost | None,
+          wl: Workload) -> Plan:
+    memory = {"rollout": rollout.peak_memory_bytes, "train": train.peak_memory_bytes}
+    if reference is not None:
+        memory["reference"] = reference.peak_memory_bytes
+    samples_per_s = wl.num_samples / step.step_s
+    return Plan(
+        mode=mode, staleness=step.staleness,
+        rollout_devices=rollout.devices, rollout_tp=rollout.tp, rollout_instances=rollout.devices // rollout.tp,
+        rollout_batch_per_instance=rollout.batch_per_instance,
+        train_devices=train.devices, train_tp=train.tp, train_pp=train.pp, train_dp=train.dp,
+        reference_devices=reference.devices if reference is not None else 0,
+        reference_tp=reference.tp if reference is not None else train.tp,
+        predicted_step_s=step.step_s, predicted_samples_per_s=samples_per_s,
+        predicted_tokens_per_s=samples_per_s * wl.mean_seq_tokens, bottleneck=step.bottleneck,
+        stage_s=step.stage_s, peak_memory_bytes=max(memory.values()), memory_bytes=memory,
+    )
+
+
+class _Roles:
+    """Best degrees per role and device count, computed once each."""
+
+    def __init__(self, model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload):
+        self.model, self.hw, self.eff, self.wl = model, hw, eff, wl
+        self.tps = _tp_options(model, hw)
+        self.pps = _pp_options(model)
+        self.infeasible: list[Infeasible] = []
+        self._rollout: dict[tuple[int, str], RoleCost | None] = {}
+        self._train: dict[tuple[int, bool], RoleCost | None] = {}
+        self._reference: dict[int, RoleCost | None] = {}
+
+    def rollout(self, devices: int, mode: str) -> RoleCost | None:
+        key = (devices, mode)
+        if key not in self._rollout:
+            k = self.wl.staleness
+            cands = [rollout_cost(self.model, self.hw, self.eff, self.wl, devices, tp) for tp in self.tps if devices % tp == 0]
+            if mode == "async":
+                score = lambda c: max(c.time_s + weight_swap_s(self.model, self.hw, c.tp), (c.time_s + c.tail_s) / (k + 1))
+            else:
+                score = lambda c: c.time_s + c.tail_s + weight_transfer_s(self.model, self.hw, self.eff, c.tp, mode == "colocated")
+            sink = self.infeasible if mode == "async" else []
+            self._rollout[key] = _best(cands, score, sink)
+        return self._rollout[key]
+
+    def train(self, devices: int, with_reference: bool) -> RoleCost | None:
+        key = (devices, with_reference)
+        if key not in self._train:
+            cands = [
+                train_cost(self.model, self.hw, self.eff, self.wl, devices, tp, pp, with_reference)
+                for tp in self.tps for pp in self.pps if devices % (tp * pp) == 0
+            ]
+            self._train[key] = _best(cands, lambda c: c.time_s, self.infeasible)
+        return self._train[key]
+
+    def reference(self, devices: int) -> RoleCost | None:
+        if devices not in self._reference:
+            cands = [forward_cost(self.model, self.hw, self.eff, self.wl, devices, tp) for tp in self.tps if devices % tp == 0]
+            self._reference[devices] = _best(cands, lambda c: c.time_s, self.infeasible)
+        return self._reference[devices]
+
+
+def search(
+    model: ModelShape, hw: Hardware, wl: Workload, num_devices: int, eff: Efficiency | None = None, top_k: int = 5
+) -> SearchResult:
+    """Score every split of `num_devices`; return the best `top_k` async plans and the sync alternatives."""
+    wl.validate()
+    if num_devices < 2:
+        raise ValueError(f"{num_devices} device(s): a task-separated plan needs at least 2 (one for rollout, one for training)")
+    eff = eff or Efficiency()
+    roles = _Roles(model, hw, eff, wl)
+    g = granularity(num_devices, hw)
+    counts = list(range(g, num_devices, g))
+    use_ref = wl.use_reference
+    ref_counts = [0] + ([c for c in counts if c <= num_devices // 2] if use_ref else [])
+    scored: list[tuple[float, int, int]] = []
+    sync_best: tuple[float, int, int] | None = None
+    num_splits = num_infeasible = 0
+    for ref_devices in ref_counts:
+        reference = roles.reference(ref_devices) if ref_devices else None
+        if ref_devices and reference is None:
+            num_infeasible += len(counts)
+            continue
+        for rollout_devices in counts:
+            train_devices = num_devices - rollout_devices - ref_devices
+            if train_devices < g:
+                break
+            num_splits += 1
+            rollout = roles.rollout(rollout_devices, "async")
+            train = roles.train(train_devices, with_reference=use_ref and not ref_devices)
+            if rollout is None or train is None:
+                num_infeasible += 1
+                continue
+            step = async_step(rollout, train, reference, weight_transfer_s(model, hw, eff, rollout.tp),
+                              weight_swap_s(model, hw, rollout.tp), wl.staleness)
+            scored.append((step.step_s, rollout_devices, ref_devices))
+            rollout_sync = roles.rollout(rollout_devices, "sync")
+            sync = sync_step(rollout_sync, train, reference, weight_transfer_s(model, hw, eff, rollout_sync.tp))
+            if sync_best is None or sync.step_s < sync_best[0]:
+                sync_best = (sync.step_s, rollout_devices, ref_devices)
+    scored.sort()
+    plans = []
+    for _, rollout_devices, ref_devices in scored[:top_k]:
+        rollout = roles.rollout(rollout_devices, "async")
+        reference = roles.reference(ref_devices) if ref_devices else None
+        train = roles.train(num_devices - rollout_devices - ref_devices, with_reference=use_ref and not ref_devices)
+        step = async_step(rollout, train, reference, weight_transfer_s(model, hw, eff, rollout.tp),
+                          weight_swap_s(model, hw, rollout.tp), wl.staleness)
+        plans.append(_plan("async", step, rollout, train, reference, wl))
+    sync_plan = None
+    if sync_best is not None:
+        _, rollout_devices, ref_devices = sync_best
+        rollout = roles.rollout(rollout_devices, "sync")
+        reference = roles.reference(ref_devices) if ref_devices else None
+        train = roles.train(num_devices - rollout_devices - ref_devices, with_reference=use_ref and not ref_devices)
+        step = sync_step(rollout, train, reference, weight_transfer_s(model, hw, eff, rollout.tp))
+        sync_plan = _plan("sync", step, rollout, train, reference, wl)
+    return SearchResult(
+        plans=plans, sync=sync_plan, colocated=colocated_plan(roles, num_devices), infeasible=roles.infeasible,
+        num_splits=num_splits, num_infeasible_splits=num_infeasible, granularity=g,
+    )
+
+
+def colocated_plan(roles: _Roles, num_devices: int) -> Plan | None:
+    """Every role on all devices in turn (the verl-style synchronous baseline); training states offloaded while generating."""
+    model, hw, eff, wl = roles.model, roles.hw, roles.eff, roles.wl
+    rollout = roles.rollout(num_devices, "colocated")
+    train = roles.train(num_devices, with_reference=wl.use_reference)
+    if rollout is None or train is None:
+        return None
+    extra = offload_s(model, hw, num_devices, wl.use_critic)
+    step = sync_step(rollout, train, None, weight_transfer_s(model, hw, eff, rollout.tp, colocated=True),
+                     mode="colocated", extra_s=extra)
+    return _plan("colocated", step, rollout, train, None, wl)
+
+
+def best_sync(result: SearchResult) -> Plan | None:
+    options = [p for p in (result.sync, result.colocated) if p is not None]
+    return min(options, key=lambda p: p.predicted_step_s) if options else None
+
+
+def speedup(result: SearchResult) -> float:
+    """Predicted async-over-sync throughput: the best sync alternative's step over the best plan's."""
+    sync = best_sync(result)
+    if not result.plans or sync is None:
+        return math.nan
+    return sync.predicted_step_s / result.plans[0].predicted_step_s
