@@ -1,0 +1,317 @@
+"""Actors: pykka actors reachable over nng.
+
+An actor subclasses :class:`Actor`, names its inbox union (``Inbox``) and
+implements ``handle(msg, pending)``. ``serve_actor`` starts it and a listener
+whose receive thread decodes frames and hands them to the actor's pykka inbox.
+
+Rules:
+- ``handle`` runs in the actor's own thread, one message at a time.
+- For an ask, the value ``handle`` returns is the reply. To answer later (a
+  blocking ``GetBatch`` waiting for rows), keep ``pending``, return ``DEFER``, and
+  call ``pending.resolve(reply)`` or ``pending.reject(exc)`` when ready.
+- An exception in ``handle`` goes back to the asker as a ``RemoteError`` naming the
+  actor and message; for a tell it is logged loudly and the actor keeps serving
+  (pykka would stop the actor; a bad message must not take down a role).
+- Malformed frames (random bytes, truncated, wrong schema) are rejected with an
+  error reply and counted (``num_rejected_frames``); the listener keeps serving.
+- tcp requests without the cluster secret are refused (``auth``) and counted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import hmac
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+from typing import Any, Callable, ClassVar
+
+import msgspec
+import pykka
+import pynng
+
+from asyncflow.core import _nngio, frames, protocol
+from asyncflow.core.errors import FrameError
+from asyncflow.core.transport import TransportConfig, is_tcp, listen
+
+log = logging.getLogger(__name__)
+
+DEFER = object()
+"""Returned by ``handle`` when the reply will be sent later through ``pending``."""
+
+
+class Pending:
+    """The reply slot of one ask. Resolve or reject it exactly once, from any thread."""
+
+    __slots__ = ("_ctx", "actor", "message_type", "_done")
+
+    def __init__(self, ctx: pynng.Context, actor: str, message_type: str):
+        self._ctx = ctx
+        self.actor = actor
+        self.message_type = message_type
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def resolve(self, reply: Any = None) -> None:
+        self._send(frames.ok_reply(reply))
+
+    def reject(self, exc: BaseException) -> None:
+        self._send(frames.error_reply("remote", f"{type(exc).__name__}: {exc}"))
+
+    def _send(self, frame: bytearray) -> None:
+        if self._done:
+            raise RuntimeError(f"{self.actor}: reply to {self.message_type} sent twice")
+        self._done = True
+        try:
+            _nngio.send(self._ctx, frame)
+        except (pynng.Closed, pynng.Timeout):
+            log.warning("%s: could not send the reply to %s (caller gone)", self.actor, self.message_type)
+        finally:
+            _nngio.close_quietly(self._ctx)
+
+
+class _Delivery:
+    __slots__ = ("msg", "pending")
+
+    def __init__(self, msg: Any, pending: Pending | None):
+        self.msg = msg
+        self.pending = pending
+
+
+class _Call:
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[], None]):
+        self.fn = fn
+
+
+class _Scheduler:
+    """One thread per process that runs timers (``Actor.call_later``)."""
+
+    def __init__(self):
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._cond = threading.Condition()
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+
+    def call_at(self, when: float, fn: Callable[[], None]) -> None:
+        with self._cond:
+            self._seq += 1
+            heapq.heappush(self._heap, (when, self._seq, fn))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="asyncflow-timers", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    self._cond.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
+                _, _, fn = heapq.heappop(self._heap)
+            try:
+                fn()
+            except pykka.ActorDeadError:
+                pass  # the actor stopped before its timer fired
+
+
+_scheduler = _Scheduler()
+
+
+class ActorContext:
+    """What an actor knows of its place: name, address, transport, directory."""
+
+    def __init__(self, name: str, transport: TransportConfig, directory_address: str | None = None):
+        self.name = name
+        self.address = ""  # filled in once the listener is bound
+        self.transport = transport
+        self.directory_address = directory_address
+        self.num_rejected_frames = 0  # counted by the listener
+        self._directory = None
+
+    @property
+    def directory(self):
+        if self._directory is None:
+            if self.directory_address is None:
+                raise RuntimeError(f"actor {self.name!r} was started without a directory address")
+            from asyncflow.core.directory import DirectoryClient
+
+            self._directory = DirectoryClient(self.directory_address, self.transport)
+        return self._directory
+
+    def ref(self, name: str, wait_s: float = 10.0):
+        """A reference to the actor registered as ``name`` (waits for it to appear)."""
+        return self.directory.ref(name, wait_s=wait_s)
+
+
+class Actor(pykka.ThreadingActor):
+    """Base of every asyncflow actor. Subclasses set ``Inbox`` and implement ``handle``."""
+
+    Inbox: ClassVar[Any] = None
+
+    def __init__(self, ctx: ActorContext):
+        super().__init__()
+        self.ctx = ctx
+
+    # -- to implement ------------------------------------------------------------
+    def handle(self, msg: Any, pending: Pending | None) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement handle()")
+
+    # -- helpers -----------------------------------------------------------------
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` in this actor's thread after ``delay_s`` seconds."""
+        ref = self.actor_ref
+        _scheduler.call_at(time.monotonic() + delay_s, lambda: ref.tell(_Call(fn)))
+
+    # -- pykka -------------------------------------------------------------------
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, _Call):
+            message.fn()
+            return None
+        if not isinstance(message, _Delivery):
+            return self.handle(message, None)  # in-process pykka use (tests, local helpers)
+        msg, pending = message.msg, message.pending
+        try:
+            if isinstance(msg, protocol.Ping):
+                result = protocol.Pong(
+                    name=self.ctx.name, pid=os.getpid(), host=socket.gethostname(),
+                    num_rejected_frames=self.ctx.num_rejected_frames,
+                )
+            else:
+                result = self.handle(msg, pending)
+        except Exception as exc:
+            if pending is not None and not pending.done:
+                log.warning("actor %s failed on %s: %s", self.ctx.name, type(msg).__name__, exc)
+                pending.reject(exc)
+            else:
+                log.error("actor %s failed on told %s:\n%s", self.ctx.name, type(msg).__name__, traceback.format_exc())
+            return None
+        if pending is not None and result is not DEFER and not pending.done:
+            pending.resolve(result)
+        return None
+
+
+class _Listener:
+    """The receive thread of one actor: frames in, deliveries to the pykka inbox."""
+
+    def __init__(self, actor_cls: type[Actor], ctx: ActorContext, pykka_ref: pykka.ActorRef, address: str):
+        self._name = ctx.name
+        self._ctx = ctx
+        self._pykka_ref = pykka_ref
+        self._decoder = frames.decoder_for(actor_cls.Inbox)
+        self._secret = ctx.transport.secret_bytes()
+        self._sock, self.address = listen(address, ctx.transport)
+        self._check_secret = is_tcp(self.address)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"listen-{self._name}", daemon=True)
+        self._thread.start()
+
+    def _reject(self, ctx: pynng.Context, error_type: str, error: str) -> None:
+        self._ctx.num_rejected_frames += 1
+        try:
+            _nngio.send(ctx, frames.error_reply(error_type, error))
+        except (pynng.Closed, pynng.Timeout):
+            pass
+        _nngio.close_quietly(ctx)
+
+    def _run(self) -> None:
+        while not self._closed:
+            try:
+                ctx = self._sock.new_context()
+                frame = _nngio.recv(ctx)
+            except pynng.Closed:
+                _nngio.close_quietly(ctx)
+                return
+            try:
+                head_view, body_view = frames.split_frame(frame)
+                header = frames.decode_header(head_view)
+            except FrameError as exc:
+                self._reject(ctx, "rejected", f"actor {self._name!r}: {exc}")
+                continue
+            if self._check_secret and not hmac.compare_digest(header.secret, self._secret):
+                self._reject(ctx, "auth", f"actor {self._name!r} refused the request: wrong or missing cluster secret")
+                continue
+            if header.target != self._name:
+                self._reject(ctx, "unknown_actor", f"this address serves {self._name!r}, not {header.target!r}")
+                continue
+            try:
+                msg = self._decoder.decode(body_view)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                self._reject(ctx, "rejected", f"actor {self._name!r} cannot decode the message: {exc}")
+                continue
+            if header.kind == protocol.TELL:
+                pending = None
+                try:
+                    _nngio.send(ctx, frames.ok_reply())
+                except (pynng.Closed, pynng.Timeout):
+                    pass
+                _nngio.close_quietly(ctx)
+            else:
+                pending = Pending(ctx, self._name, type(msg).__name__)
+            try:
+                self._pykka_ref.tell(_Delivery(msg, pending))
+            except pykka.ActorDeadError:
+                if pending is not None:
+                    pending._send(frames.error_reply("remote", f"actor {self._name!r} has stopped"))
+
+    def close(self) -> None:
+        self._closed = True
+        self._sock.close()
+        self._thread.join(timeout=5)
+
+
+class ServedActor:
+    """A running actor and its listener, in this process."""
+
+    def __init__(self, name: str, address: str, kind: str, pykka_ref: pykka.ActorRef, listener: _Listener):
+        self.name = name
+        self.address = address
+        self.kind = kind
+        self.pykka_ref = pykka_ref
+        self._listener = listener
+
+    @property
+    def num_rejected_frames(self) -> int:
+        return self._listener._ctx.num_rejected_frames
+
+    def entry(self) -> protocol.ActorEntry:
+        return protocol.ActorEntry(
+            name=self.name, address=self.address, host=socket.gethostname(), pid=os.getpid(), kind=self.kind
+        )
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._listener.close()
+        try:
+            self.pykka_ref.stop(timeout=timeout_s)
+        except pykka.ActorDeadError:
+            pass
+
+
+def serve_actor(
+    actor_cls: type[Actor],
+    name: str,
+    transport: TransportConfig,
+    address: str | None = None,
+    directory_address: str | None = None,
+    **kwargs: Any,
+) -> ServedActor:
+    """Start ``actor_cls(ctx, **kwargs)`` and a listener for it; returns once both run."""
+    from asyncflow.core.transport import new_address
+
+    if actor_cls.Inbox is None:
+        raise TypeError(f"{actor_cls.__name__}.Inbox is not set: name the union of messages it accepts")
+    ctx = ActorContext(name, transport.validate(), directory_address)
+    pykka_ref = actor_cls.start(ctx, **kwargs)
+    try:
+        listener = _Listener(actor_cls, ctx, pykka_ref, address or new_address(transport, name))
+    except BaseException:
+        pykka_ref.stop()
+        raise
+    ctx.address = listener.address
+    return ServedActor(name, listener.address, f"{actor_cls.__module__}:{actor_cls.__name__}", pykka_ref, listener)

@@ -1,0 +1,39 @@
+"""Errors raised by the actor runtime. Each names the actor and the message."""
+
+from __future__ import annotations
+
+
+class AsyncflowError(Exception):
+    """Base of every asyncflow error."""
+
+
+class ActorTimeout(AsyncflowError, TimeoutError):
+    """A peer did not answer in time: it is dead, unreachable or overloaded."""
+
+    def __init__(self, actor: str, address: str, message_type: str, timeout_s: float):
+        super().__init__(
+            f"actor {actor!r} at {address} did not answer {message_type} within {timeout_s:g} s "
+            f"(is its process alive? `afctl status` lists the actors)"
+        )
+        self.actor = actor
+        self.address = address
+        self.message_type = message_type
+
+
+class RemoteError(AsyncflowError):
+    """The remote handler raised, or refused the frame; ``kind`` says which."""
+
+    def __init__(self, actor: str, message_type: str, kind: str, detail: str):
+        super().__init__(f"actor {actor!r} failed on {message_type} ({kind}): {detail}")
+        self.actor = actor
+        self.message_type = message_type
+        self.kind = kind
+        self.detail = detail
+
+
+class Unauthorized(RemoteError):
+    """A tcp listener refused the request: the cluster secret was wrong or missing."""
+
+
+class FrameError(AsyncflowError):
+    """A frame could not be decoded (truncated, random bytes, wrong schema)."""

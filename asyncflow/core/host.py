@@ -1,0 +1,207 @@
+"""Process hosts: one OS process that runs named actors from specs.
+
+The driver calls :func:`spawn_host`; the child (``python -m asyncflow.core.host``)
+serves a ``HostActor`` named ``host.<name>``, registers it in the directory, and
+starts the actors it is asked for (``StartActors``), registering each by name.
+``Stop`` stops every actor, unregisters them, and ends the process.
+
+No orphans: the child asks Linux to SIGTERM it when its parent dies
+(``PR_SET_PDEATHSIG``) and stops cleanly on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import msgspec
+
+from asyncflow.core import protocol
+from asyncflow.core.actor import Actor, ActorContext, ServedActor, serve_actor
+from asyncflow.core.directory import DirectoryClient
+from asyncflow.core.errors import ActorTimeout
+from asyncflow.core.ref import close_all_sockets
+from asyncflow.core.transport import TRANSPORT_ENV, TransportConfig
+
+log = logging.getLogger(__name__)
+
+
+def import_object(path: str) -> Any:
+    """``package.module:attr`` -> the object, with an error that says what to fix."""
+    module_name, _, attr = path.partition(":")
+    if not attr:
+        raise ValueError(f"{path!r} is not a dotted path of the form 'package.module:Name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ValueError(f"cannot import module {module_name!r} of {path!r}: {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r} (from {path!r})") from None
+
+
+def start_actors(
+    specs: list[protocol.ActorSpec], transport: TransportConfig, directory: DirectoryClient | None
+) -> list[ServedActor]:
+    """Start each spec's actor in this process and register it."""
+    served = []
+    for spec in specs:
+        cls = import_object(spec.cls)
+        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+            raise TypeError(f"{spec.cls} is not an asyncflow Actor subclass")
+        kwargs = msgspec.msgpack.decode(spec.kwargs) if spec.kwargs else {}
+        actor = serve_actor(
+            cls, spec.name, transport, directory_address=directory.address if directory else None, **kwargs
+        )
+        served.append(actor)
+        if directory is not None:
+            directory.register(actor.entry())
+    return served
+
+
+class HostActor(Actor):
+    """Takes StartActors, StopActor, Ping, Stop; answers Started / Ok."""
+
+    Inbox = protocol.HostIn
+
+    def __init__(self, ctx: ActorContext, stopped: threading.Event):
+        super().__init__(ctx)
+        self._stopped = stopped
+        self.actors: dict[str, ServedActor] = {}
+
+    def handle(self, msg, pending):
+        match msg:
+            case protocol.StartActors(specs=specs):
+                started = start_actors(specs, self.ctx.transport, self.ctx.directory)
+                self.actors.update({a.name: a for a in started})
+                return protocol.Started(entries=[a.entry() for a in started])
+            case protocol.StopActor(name=name):
+                self._stop_one(name)
+                return protocol.Ok()
+            case protocol.Stop():
+                for name in list(self.actors):
+                    self._stop_one(name)
+                self._stopped.set()
+                return protocol.Ok()
+
+    def _stop_one(self, name: str) -> None:
+        actor = self.actors.pop(name, None)
+        if actor is None:
+            raise KeyError(f"this host runs no actor named {name!r}; it runs {sorted(self.actors)}")
+        try:
+            self.ctx.directory.unregister(name)
+        except ActorTimeout:
+            log.warning("directory gone while unregistering %s", name)
+        actor.stop()
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class HostProcess:
+    """Driver-side handle of a spawned process host."""
+
+    def __init__(self, name: str, proc: subprocess.Popen, directory: DirectoryClient):
+        self.name = name
+        self.proc = proc
+        self._directory = directory
+
+    @property
+    def actor_name(self) -> str:
+        return f"host.{self.name}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def start(self, specs: list[protocol.ActorSpec], timeout_s: float = 120.0) -> list[protocol.ActorEntry]:
+        ref = self._directory.ref(self.actor_name, wait_s=timeout_s)
+        return ref.ask(protocol.StartActors(specs=specs), timeout_s=timeout_s).entries
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop cleanly; SIGKILL after ``timeout_s`` if it does not exit."""
+        if self.alive():
+            try:
+                self._directory.ref(self.actor_name, wait_s=0.5).ask(protocol.Stop(), timeout_s=timeout_s)
+            except (ActorTimeout, LookupError) as exc:
+                log.warning("host %s did not stop on request (%s); terminating", self.name, exc)
+                self.proc.terminate()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL (fault-injection and last resort)."""
+        self.proc.kill()
+        self.proc.wait()
+
+
+def spawn_host(
+    name: str,
+    directory: DirectoryClient,
+    transport: TransportConfig,
+    specs: list[protocol.ActorSpec] | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 120.0,
+) -> HostProcess:
+    """Start a process host and (optionally) actors in it; returns once they are registered."""
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    child_env[TRANSPORT_ENV] = transport.to_env()
+    cmd = [sys.executable, "-m", "asyncflow.core.host", "--name", name, "--directory", directory.address]
+    proc = subprocess.Popen(cmd, env=child_env, preexec_fn=_die_with_parent)
+    host = HostProcess(name, proc, directory)
+    if specs:
+        try:
+            host.start(specs, timeout_s=timeout_s)
+        except BaseException:
+            host.stop(timeout_s=5)
+            raise
+    return host
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="asyncflow process host (started by the driver)")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--directory", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("ASYNCFLOW_LOG", "WARNING"), format=f"[{args.name}] %(levelname)s %(name)s: %(message)s")
+    transport = TransportConfig.from_env().validate()
+    stopped = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopped.set())
+    directory = DirectoryClient(args.directory, transport)
+    host = serve_actor(HostActor, f"host.{args.name}", transport, directory_address=args.directory, stopped=stopped)
+    directory.register(host.entry())
+    stopped.wait()
+    host_actor = host.pykka_ref.proxy()
+    for actor in list(host_actor.actors.get().values()):
+        actor.stop()
+    try:
+        directory.unregister(host.name)
+    except ActorTimeout:
+        pass
+    host.stop()
+    close_all_sockets()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

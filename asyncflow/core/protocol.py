@@ -1,0 +1,456 @@
+"""Every wire message of asyncflow, in one module.
+
+Rules (see STYLE.md):
+- Messages are frozen, ``kw_only``, tagged msgspec Structs. Each actor accepts one
+  union (``DirectoryIn``, ``ShardIn``...), decoded by a ``Decoder`` built once.
+- Schema evolution: new fields get defaults and are appended; types never change.
+- Tensors travel as :class:`Tensor` (dtype + shape + raw bytes), never as lists. A
+  received ``Tensor.data`` is a ``memoryview`` into the received frame: no copy is
+  made when decoding.
+
+Frame layout on every nng socket (see ``core/frames.py``)::
+
+    [u32 little-endian header length][Header (msgpack)][body (msgpack)]
+
+The header names the target actor and carries the cluster secret on tcp; the body
+is one message of the target's union, encoded directly after the header into the
+same buffer so a large payload is copied once on the way out.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+
+class _Msg(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Base of every tagged wire message (the tag is the class name)."""
+
+
+# --------------------------------------------------------------------------------
+# Envelope
+# --------------------------------------------------------------------------------
+
+ASK = 0
+TELL = 1
+
+
+class Header(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Routing header of a request frame."""
+
+    target: str  # the actor's name
+    kind: int  # ASK or TELL
+    secret: bytes = b""  # the cluster secret; required on tcp listeners
+    timeout_s: float = 0.0  # the caller's deadline, for the server's logs
+
+
+class ReplyHeader(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Header of a reply frame; the body follows when ``ok``."""
+
+    ok: bool
+    error_type: str = ""  # "remote" (handler raised), "rejected" (bad frame), "auth", "unknown_actor"
+    error: str = ""  # message with the actor's name and the message type
+
+
+# --------------------------------------------------------------------------------
+# Tensors
+# --------------------------------------------------------------------------------
+
+
+class Tensor(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """A dense array: dtype name (numpy or torch spelling, e.g. ``int64``,
+    ``float32``, ``bfloat16``), shape, and the raw C-order bytes."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: memoryview  # bytes-like when encoding; a view into the frame when decoded
+
+
+# --------------------------------------------------------------------------------
+# Common messages (every actor answers these)
+# --------------------------------------------------------------------------------
+
+
+class Ping(_Msg):
+    pass
+
+
+class Pong(_Msg):
+    name: str
+    pid: int
+    host: str
+    num_rejected_frames: int = 0
+
+
+class Stop(_Msg):
+    """Ask an actor (or a process host) to stop cleanly."""
+
+
+class Ok(_Msg):
+    """Generic acknowledgement."""
+
+
+# --------------------------------------------------------------------------------
+# Directory: name -> address
+# --------------------------------------------------------------------------------
+
+
+class ActorEntry(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    address: str
+    host: str = ""
+    pid: int = 0
+    kind: str = ""  # the actor's class, for `afctl status`
+
+
+class Register(_Msg):
+    entry: ActorEntry
+
+
+class Unregister(_Msg):
+    name: str
+
+
+class Lookup(_Msg):
+    """Resolve a name; waits up to ``wait_s`` for it to be registered."""
+
+    name: str
+    wait_s: float = 0.0
+
+
+class Found(_Msg):
+    entry: ActorEntry
+
+
+class ListActors(_Msg):
+    prefix: str = ""
+
+
+class ActorList(_Msg):
+    entries: list[ActorEntry]
+
+
+# --------------------------------------------------------------------------------
+# Process host: starts named actors from specs
+# --------------------------------------------------------------------------------
+
+
+class ActorSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What a process host starts: ``cls`` is a dotted path ``module:Class``;
+    ``kwargs`` are msgpack-encoded keyword arguments of its constructor."""
+
+    name: str
+    cls: str
+    kwargs: bytes = b"\x80"  # msgpack of {} by default
+
+
+class StartActors(_Msg):
+    specs: list[ActorSpec]
+
+
+class Started(_Msg):
+    entries: list[ActorEntry]
+
+
+class StopActor(_Msg):
+    name: str
+
+
+class Echo(_Msg):
+    """Answered with itself (transport benchmark, health checks, tests)."""
+
+    payload: memoryview = b""  # bytes-like
+    fail: str = ""  # when set, the echo actor raises ValueError(fail) instead
+    delay_s: float = 0.0  # when > 0, the echo actor answers after this delay (deferred)
+
+
+DirectoryIn = Union[Register, Unregister, Lookup, ListActors, Ping, Stop]
+EchoIn = Union[Echo, Ping, Stop]
+HostIn = Union[StartActors, StopActor, Ping, Stop]
+
+
+# --------------------------------------------------------------------------------
+# TransferQueue (owned by core/tq/)
+# --------------------------------------------------------------------------------
+
+# Actor names: ``tq.manager``, ``tq.shard.<i>``, ``tq.controller.<task>`` (see
+# ``core/tq/names.py``). Row ``i`` lives on shard ``(i // stripe_rows) % num_shards``.
+# Integer metadata fields use -1 for "unknown"; a later write merges known fields.
+
+
+class RowMeta(msgspec.Struct, kw_only=True, array_like=True):
+    """Metadata of one row (sample): its global index, the prompt group it belongs
+    to (all ``group_size`` responses of one prompt), the train step it was planned
+    for, the policy version that produced it, and its lengths in tokens."""
+
+    index: int
+    group_id: int = -1
+    group_size: int = 1
+    step: int = -1
+    version: int = -1
+    prompt_len: int = -1
+    response_len: int = -1
+
+
+class RowFilter(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Keep only rows whose integer metadata ``field`` lies in ``[lo, hi]``."""
+
+    field: str  # a RowMeta field: "step", "version", "group_id", ...
+    lo: int = -(2**62)
+    hi: int = 2**62
+
+
+class ShmRef(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Bytes of a tensor in a same-host shared-memory segment (``/dev/shm/<name>``)."""
+
+    segment: str
+    offset: int
+    num_bytes: int
+
+
+# -- data plane: client -> shard ---------------------------------------------------
+
+
+class PutRows(_Msg):
+    """Store columns of rows. ``columns[name][k]`` is column ``name`` of row
+    ``indices[k]``; ``metas`` (optional, same order) merge into the rows' metadata."""
+
+    indices: list[int]
+    columns: dict[str, list[Tensor]]
+    metas: list[RowMeta] = []
+
+
+class PutRowsShm(_Msg):
+    """As :class:`PutRows`, with the tensor bytes already written by the producer
+    into a shared-memory segment whose ownership passes to the shard."""
+
+    indices: list[int]
+    dtypes: dict[str, str]
+    shapes: dict[str, list[tuple[int, ...]]]
+    segment: str
+    offsets: dict[str, list[int]]
+    segment_bytes: int
+    metas: list[RowMeta] = []
+
+
+class GetRows(_Msg):
+    indices: list[int]
+    columns: list[str]
+    shm: bool = False  # answer with ShmRefs where the bytes are in shared memory
+
+
+class Rows(_Msg):
+    """Reply to GetRows: ``columns[name][k]`` is column ``name`` of ``indices[k]``."""
+
+    indices: list[int]
+    columns: dict[str, list[Tensor]]
+    shm_columns: dict[str, list[ShmRef]] = {}
+    shm_dtypes: dict[str, str] = {}
+    shm_shapes: dict[str, list[tuple[int, ...]]] = {}
+
+
+class FreeRows(_Msg):
+    indices: list[int]
+
+
+class SaveShard(_Msg):
+    path: str
+
+
+class LoadShard(_Msg):
+    """Load rows saved by SaveShard, then notify every controller of them."""
+
+    path: str
+
+
+class ShardSaved(_Msg):
+    num_rows: int
+    num_bytes: int
+
+
+class GetShardStats(_Msg):
+    pass
+
+
+class ShardStats(_Msg):
+    name: str
+    num_rows: int
+    num_bytes: int  # tensor bytes held now
+    peak_bytes: int  # most tensor bytes held at once
+    rss_bytes: int  # resident memory of the process now
+    peak_rss_bytes: int  # resident memory high-water mark of the process
+    shm_bytes: int = 0  # bytes of shared-memory segments owned
+
+
+# -- control plane: shard -> controller, client -> controller -------------------
+
+
+class RowsWritten(_Msg):
+    """Tell: shard ``shard`` stored ``columns`` of ``indices`` (one message per put)."""
+
+    shard: int
+    indices: list[int]
+    columns: list[str]
+    metas: list[RowMeta] = []
+
+
+class GetBatch(_Msg):
+    """Ask a task's controller for ``batch_size`` rows whose ``columns`` are all
+    produced and not yet consumed by the task; they are marked consumed by
+    ``consumer`` at once. Waits up to ``timeout_s`` unless ``partial`` (then answers
+    at once with whatever is ready, possibly nothing)."""
+
+    consumer: str
+    columns: list[str]
+    batch_size: int
+    policy: str = "fifo"  # "fifo" or "group" (whole prompt groups, never split)
+    timeout_s: float = 30.0
+    partial: bool = False
+    filters: list[RowFilter] = []
+    dp_size: int = 1  # > 1: split into dp_size parts of balanced total length
+
+
+class BatchMeta(_Msg):
+    """Metadata of a batch; ``parts`` lists positions into ``indices`` per dp rank."""
+
+    task: str
+    indices: list[int]
+    metas: list[RowMeta]
+    shards: list[int]  # shard number of each row
+    parts: list[list[int]] = []
+
+
+class Ack(_Msg):
+    """A consumer finished ``indices``; they are never handed out again."""
+
+    consumer: str
+    indices: list[int]
+
+
+class Requeue(_Msg):
+    """Return a (dead) consumer's handed-out, un-acked rows to the task's pool."""
+
+    consumer: str
+
+
+class Requeued(_Msg):
+    num_rows: int
+
+
+class Discard(_Msg):
+    """Mark every known, unconsumed row that matches all ``filters`` as consumed and
+    acked without handing it out (e.g. samples too stale to train on)."""
+
+    filters: list[RowFilter]
+
+
+class Discarded(_Msg):
+    indices: list[int]
+
+
+class ForgetRows(_Msg):
+    """Tell from the manager: these rows are freed on the shards."""
+
+    indices: list[int]
+
+
+class SaveController(_Msg):
+    path: str
+
+
+class LoadController(_Msg):
+    path: str
+
+
+class GetTaskStatus(_Msg):
+    pass
+
+
+class TaskStatus(_Msg):
+    task: str
+    num_rows: int  # rows known (written at least once, not freed)
+    num_pending: dict[str, int]  # consumer -> rows handed out, not acked
+    num_acked: int
+    num_waiting: int  # GetBatch requests waiting
+    acked: list[int] = []
+
+
+# -- manager --------------------------------------------------------------------------
+
+
+class GetQueueInfo(_Msg):
+    pass
+
+
+class QueueInfo(_Msg):
+    shards: list[str]
+    controllers: dict[str, str]  # task -> controller actor name
+    stripe_rows: int
+    capacity_rows: int
+
+
+class Allocate(_Msg):
+    """Reserve indices for ``num_groups`` groups of ``group_size`` rows; waits
+    (backpressure) while the queue holds ``capacity_rows`` live rows."""
+
+    num_groups: int
+    group_size: int = 1
+    step: int = -1
+    timeout_s: float = 60.0
+
+
+class Allocated(_Msg):
+    metas: list[RowMeta]
+
+
+class RowsAcked(_Msg):
+    """Tell from a controller: ``task`` is done with ``indices``."""
+
+    task: str
+    indices: list[int]
+
+
+class Release(_Msg):
+    """A producer gives back allocated rows it will not write; they are freed."""
+
+    indices: list[int]
+
+
+class SaveQueue(_Msg):
+    path: str
+
+
+class LoadQueue(_Msg):
+    path: str
+
+
+class QueueSaved(_Msg):
+    num_rows: int
+    num_bytes: int
+
+
+class GetQueueStatus(_Msg):
+    pass
+
+
+class QueueStatus(_Msg):
+    num_live_rows: int
+    capacity_rows: int
+    num_waiting_allocations: int
+    next_index: int
+    num_freed_rows: int
+
+
+ShardIn = Union[PutRows, PutRowsShm, GetRows, FreeRows, SaveShard, LoadShard, GetShardStats, Ping, Stop]
+ControllerIn = Union[
+    RowsWritten, GetBatch, Ack, Requeue, Discard, ForgetRows, SaveController, LoadController, GetTaskStatus, Ping, Stop
+]
+ManagerIn = Union[GetQueueInfo, Allocate, RowsAcked, Release, SaveQueue, LoadQueue, GetQueueStatus, Ping, Stop]
+
+
+# --------------------------------------------------------------------------------
+# Workflow (owned by actors/)
+# --------------------------------------------------------------------------------
+
+# (Workflow messages go here.)

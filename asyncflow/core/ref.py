@@ -1,0 +1,91 @@
+"""``ActorRef``: ask (request/reply with a timeout) and tell (one-way, acknowledged
+on receipt) to a named actor, the same over inproc, ipc or tcp.
+
+One Req0 socket per (process, address) is shared by every reference; each call
+opens its own nng context, so references are safe to use from many threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pynng
+
+from asyncflow.core import _nngio, frames, protocol
+from asyncflow.core.errors import ActorTimeout, RemoteError, Unauthorized
+from asyncflow.core.transport import TransportConfig, dial, set_context_timeouts
+
+_sockets: dict[tuple[str, int], pynng.Req0] = {}
+_sockets_lock = threading.Lock()
+_contexts = threading.local()  # per thread: socket id -> its reusable Req context
+
+
+def _context_for(sock: pynng.Req0) -> pynng.Context:
+    """One Req context per (thread, socket), reused: a new request on a context
+    cancels any earlier one, so a late reply to a timed-out ask is discarded."""
+    cache = _contexts.__dict__.setdefault("by_socket", {})
+    ctx = cache.get(id(sock))
+    if ctx is None:
+        ctx = cache[id(sock)] = sock.new_context()
+    return ctx
+
+
+def _socket_for(address: str, config: TransportConfig) -> pynng.Req0:
+    key = (address, config.max_message_bytes)
+    with _sockets_lock:
+        sock = _sockets.get(key)
+        if sock is None:
+            sock = _sockets[key] = dial(address, config)
+        return sock
+
+
+def close_all_sockets() -> None:
+    """Close this process's client sockets (at process exit or in tests)."""
+    with _sockets_lock:
+        for sock in _sockets.values():
+            sock.close()
+        _sockets.clear()
+    for ctx in _contexts.__dict__.pop("by_socket", {}).values():
+        _nngio.close_quietly(ctx)
+
+
+class ActorRef:
+    """A handle on a remote (or local) actor, by name and address."""
+
+    __slots__ = ("name", "address", "_config", "_secret")
+
+    def __init__(self, name: str, address: str, config: TransportConfig | None = None):
+        self.name = name
+        self.address = address
+        self._config = config or TransportConfig.from_env()
+        self._secret = self._config.secret_bytes() if address.startswith("tcp://") else b""
+
+    def __repr__(self) -> str:
+        return f"ActorRef({self.name!r}, {self.address!r})"
+
+    def ask(self, msg: Any, timeout_s: float = 30.0) -> Any:
+        """Send ``msg`` and wait for the reply; raises ``ActorTimeout`` or ``RemoteError``."""
+        return self._call(protocol.ASK, msg, timeout_s)
+
+    def tell(self, msg: Any, timeout_s: float = 10.0) -> None:
+        """Deliver ``msg`` without waiting for it to be handled (only for its receipt)."""
+        self._call(protocol.TELL, msg, timeout_s)
+
+    def _call(self, kind: int, msg: Any, timeout_s: float) -> Any:
+        header = protocol.Header(target=self.name, kind=kind, secret=self._secret, timeout_s=timeout_s)
+        frame = frames.encode_frame(header, msg)
+        msg_type = type(msg).__name__
+        ctx = _context_for(_socket_for(self.address, self._config))
+        try:
+            set_context_timeouts(ctx, timeout_s)
+            _nngio.send(ctx, frame)
+            reply = _nngio.recv(ctx)
+        except pynng.Timeout:
+            raise ActorTimeout(self.name, self.address, msg_type, timeout_s) from None
+        head_view, body_view = frames.split_frame(reply)
+        head = frames.decode_reply_header(head_view)
+        if not head.ok:
+            cls = Unauthorized if head.error_type == "auth" else RemoteError
+            raise cls(self.name, msg_type, head.error_type, head.error)
+        return frames.decode_any(body_view)

@@ -1,0 +1,111 @@
+"""nng sockets with the security baseline: bounded sizes, timeouts, loopback by default.
+
+- Every socket has ``recv_max_size`` set (a bound protects a listener from a
+  hostile or broken peer) and timeouts.
+- Listeners bind ipc or loopback tcp unless ``bind_host`` says otherwise; binding
+  a non-loopback address without a cluster secret is refused.
+- tcp requests must carry the cluster secret (``secret`` here, or the environment
+  variable ``ASYNCFLOW_SECRET``); ipc/inproc peers are trusted by the filesystem
+  (the ipc directory is private to the user).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+import threading
+import uuid
+
+import msgspec
+import pynng
+
+SECRET_ENV = "ASYNCFLOW_SECRET"
+TRANSPORT_ENV = "ASYNCFLOW_TRANSPORT"
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How actors talk. ``scheme``: ``inproc`` (one process), ``ipc`` (one host),
+    ``tcp`` (several hosts)."""
+
+    scheme: str = "ipc"
+    bind_host: str = "127.0.0.1"
+    secret: str = ""
+    max_message_bytes: int = 2 << 30
+    ipc_dir: str = ""
+    connect_timeout_s: float = 10.0
+
+    def secret_bytes(self) -> bytes:
+        return (self.secret or os.environ.get(SECRET_ENV, "")).encode()
+
+    def validate(self) -> "TransportConfig":
+        if self.scheme not in ("inproc", "ipc", "tcp"):
+            raise ValueError(f"[cluster.transport] scheme = {self.scheme!r}: use 'inproc', 'ipc' or 'tcp'")
+        if self.scheme == "tcp" and self.bind_host not in _LOOPBACK and not self.secret_bytes():
+            raise ValueError(
+                f"[cluster.transport] bind_host = {self.bind_host!r} is not loopback: set "
+                f"[cluster.transport] secret or the {SECRET_ENV} environment variable"
+            )
+        if self.max_message_bytes <= 0:
+            raise ValueError("[cluster.transport] max_message_bytes must be > 0")
+        return self
+
+    def to_env(self) -> str:
+        return msgspec.json.encode(self).decode()
+
+    @classmethod
+    def from_env(cls) -> "TransportConfig":
+        raw = os.environ.get(TRANSPORT_ENV)
+        return msgspec.json.decode(raw, type=cls) if raw else cls()
+
+
+_counter = itertools.count()
+_ipc_lock = threading.Lock()
+
+
+def ipc_dir(config: TransportConfig) -> str:
+    with _ipc_lock:
+        path = config.ipc_dir or os.path.join(tempfile.gettempdir(), f"asyncflow-{os.getuid()}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
+
+
+def new_address(config: TransportConfig, name: str) -> str:
+    """A fresh listen address for an actor named ``name`` (tcp: port 0, resolved on bind)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    if config.scheme == "inproc":
+        return f"inproc://{safe}-{uuid.uuid4().hex[:8]}"
+    if config.scheme == "ipc":
+        return f"ipc://{ipc_dir(config)}/{safe}-{os.getpid()}-{next(_counter)}.sock"
+    return f"tcp://{config.bind_host}:0"
+
+
+def is_tcp(address: str) -> bool:
+    return address.startswith("tcp://")
+
+
+def listen(address: str, config: TransportConfig) -> tuple[pynng.Rep0, str]:
+    """A Rep0 listener on ``address``; returns it and the bound address (tcp port filled in)."""
+    sock = pynng.Rep0(recv_max_size=config.max_message_bytes, send_timeout=int(config.connect_timeout_s * 1000))
+    listener = sock.listen(address)
+    if is_tcp(address):
+        address = f"tcp://{listener.local_address}"
+    return sock, address
+
+
+def dial(address: str, config: TransportConfig) -> pynng.Req0:
+    """A Req0 dialer; connects in the background and reconnects on its own.
+
+    Resend is off: a request is delivered at most once (exactly-once is built on top)."""
+    sock = pynng.Req0(recv_max_size=config.max_message_bytes, reconnect_time_min=20, reconnect_time_max=500)
+    sock.resend_time = -1
+    sock.dial(address, block=False)
+    return sock
+
+
+def set_context_timeouts(ctx: pynng.Context, timeout_s: float) -> None:
+    ms = max(1, int(timeout_s * 1000))
+    lib = pynng.lib
+    pynng.check_err(lib.nng_ctx_set_ms(ctx.context, b"recv-timeout", ms))
+    pynng.check_err(lib.nng_ctx_set_ms(ctx.context, b"send-timeout", ms))
