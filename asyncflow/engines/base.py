@@ -1,0 +1,220 @@
+"""The two engine interfaces the RL logic talks to, and their result types.
+
+Actors hold a ``RolloutEngine`` or a ``TrainEngine`` built by
+``asyncflow.engines.factory``; they never import a concrete engine.
+
+Shape legend: B sequences in a batch, T tokens (padded), L response tokens.
+
+Invariants:
+- Token ids and log-probs travel as plain Python lists per sample on the rollout side
+  (ragged, ready for the queue) and as right-padded tensors on the training side.
+- ``logp_BT[b, t]`` is ``log p(ids[b, t] | ids[b, :t])``; column 0 has no context and
+  is 0. Only positions where ``response_mask_BT`` is 1 carry meaning for losses.
+- A rollout engine's ``version`` is the policy version of the weights it generates
+  with; it changes only in ``load_weights``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal
+
+import torch
+
+from asyncflow.engines.config import SamplingParams
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled response to one prompt."""
+
+    prompt_index: int
+    """Index of the prompt in the ``generate`` call."""
+    sample_index: int
+    """0..n-1 within the prompt's group."""
+    response_ids: list[int]
+    """Generated tokens, the stop token included when finish_reason is 'stop'."""
+    logprobs: list[float]
+    """Log-prob of each response token under the generating policy (same length)."""
+    finish_reason: FinishReason
+    """'stop': a stop token was sampled; 'length': max_new_tokens reached."""
+    version: int
+    """Policy version of the weights that generated it."""
+
+
+class RolloutEngine(abc.ABC):
+    """Generates responses; swaps weights between calls."""
+
+    @abc.abstractmethod
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        """Sample ``params.n`` responses per prompt. Returns ``len(prompts) * n``
+        completions ordered by (prompt_index, sample_index)."""
+
+    @abc.abstractmethod
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy weights (Hugging Face parameter names, any device) into the model in
+        place and set ``version``. Names not given keep their values."""
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> int:
+        """Policy version of the weights held."""
+
+    def close(self) -> None:
+        """Free the model and cache."""
+
+
+@dataclass
+class TokenBatch:
+    """A right-padded batch for training. Every field is [B, T] (or None)."""
+
+    input_ids: torch.Tensor
+    """int64 [B, T]: prompt then response then padding."""
+    attention_mask: torch.Tensor
+    """int64/bool [B, T]: 1 on real tokens."""
+    response_mask: torch.Tensor
+    """float [B, T]: 1 on response tokens that count in losses."""
+    old_logp: torch.Tensor | None = None
+    """float [B, T]: rollout (behaviour) policy log-probs."""
+    ref_logp: torch.Tensor | None = None
+    """float [B, T]: reference policy log-probs (KL)."""
+    advantages: torch.Tensor | None = None
+    """float [B, T]: per-token advantages."""
+    returns: torch.Tensor | None = None
+    """float [B, T]: value targets (PPO critic)."""
+    old_values: torch.Tensor | None = None
+    """float [B, T]: values at rollout time (value clipping)."""
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Any other [B, ...] tensors a custom loss needs."""
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def split(self, micro_batch_size: int) -> list["TokenBatch"]:
+        """Micro-batches along dim 0, each trimmed to its longest real sequence."""
+        out = []
+        for start in range(0, self.batch_size, micro_batch_size):
+            rows = slice(start, start + micro_batch_size)
+            width = int(self.attention_mask[rows].sum(dim=1).max().item())
+            width = max(width, 1)
+
+            def cut(x: torch.Tensor | None) -> torch.Tensor | None:
+                if x is None:
+                    return None
+                x = x[rows]
+                return x[:, :width] if x.dim() >= 2 and x.shape[1] == self.input_ids.shape[1] else x
+
+            kw = {f.name: cut(getattr(self, f.name)) for f in fields(self) if f.name != "extra"}
+            out.append(replace(self, **kw, extra={k: cut(v) for k, v in self.extra.items()}))
+        return out
+
+    def to(self, device: torch.device | str) -> "TokenBatch":
+        kw = {
+            f.name: (getattr(self, f.name).to(device) if getattr(self, f.name) is not None else None)
+            for f in fields(self)
+            if f.name != "extra"
+        }
+        return replace(self, **kw, extra={k: v.to(device) for k, v in self.extra.items()})
+
+
+@dataclass
+class ForwardOutput:
+    """What a training forward gives a loss function."""
+
+    logp: torch.Tensor
+    """float [B, T]: log p(ids[t] | ids[<t]) under the current policy (0 at t=0)."""
+    entropy: torch.Tensor | None = None
+    """float [B, T]: entropy of the predictive distribution for position t."""
+    values: torch.Tensor | None = None
+    """float [B, T]: critic value of the state in which token t is chosen (computed
+    from ids[:t]); column 0 is 0."""
+
+
+@dataclass
+class LossContext:
+    """Totals over the whole step (all micro-batches, all data-parallel ranks), so a
+    micro-batch loss divided by them sums to the step's mean."""
+
+    num_tokens: float
+    """Sum of response_mask over the step."""
+    num_seqs: float
+    """Sequences with at least one response token over the step."""
+    dp_size: int = 1
+    """Data-parallel ranks whose gradients get averaged (losses multiply by it)."""
+
+
+LossFn = Callable[[ForwardOutput, TokenBatch, LossContext], tuple[torch.Tensor, dict[str, float]]]
+"""``loss_fn(out, micro_batch, ctx) -> (loss, metrics)``. The engine sums the returned
+losses over micro-batches before one optimizer step, so a loss must already be
+normalised by the step totals in ``ctx`` (see ``asyncflow.algorithms.losses.aggregate``).
+Metrics are floats summed over micro-batches by the engine."""
+
+
+@dataclass
+class TrainStepResult:
+    """What one optimizer step did."""
+
+    loss: float
+    """The step loss: sum of micro-batch losses (over all ranks, divided by dp_size)."""
+    grad_norm: float
+    """Global grad norm before clipping."""
+    num_tokens: int
+    """Response tokens trained on (all ranks)."""
+    metrics: dict[str, float]
+    """Loss function metrics, summed over micro-batches (and ranks, divided by dp_size)."""
+    step: int
+    """Optimizer steps taken so far (1 after the first)."""
+
+
+class TrainEngine(abc.ABC):
+    """Computes log-probs/values and updates a policy (or critic)."""
+
+    @abc.abstractmethod
+    def forward(self, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False) -> ForwardOutput:
+        """Log-probs (and entropy, values) without gradients, micro-batched."""
+
+    @abc.abstractmethod
+    def train_step(self, batch: TokenBatch, loss_fn: LossFn, temperature: float = 1.0) -> TrainStepResult:
+        """One optimizer step over ``batch`` split into micro-batches."""
+
+    @abc.abstractmethod
+    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (unsharded) weights as (Hugging Face name, cpu tensor), one at a time.
+        With FSDP every rank must drain the iterator (gathers are collective)."""
+
+    @abc.abstractmethod
+    def save_checkpoint(self, path: str, with_optimizer: bool = True) -> None:
+        """Write a Hugging Face directory (config, safetensors, tokenizer) that
+        transformers and vLLM load as is; optimizer state beside it."""
+
+    @abc.abstractmethod
+    def load_checkpoint(self, path: str, with_optimizer: bool = True) -> None:
+        """Load weights (and optimizer state when present) saved by save_checkpoint."""
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> int:
+        """Optimizer steps taken (the policy version the trained weights carry)."""
+
+
+def chunk_by_bytes(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group (name, tensor) pairs into lists of at most ``chunk_bytes`` (a tensor
+    larger than that travels alone)."""
+    chunk: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, t in named_tensors:
+        nbytes = t.numel() * t.element_size()
+        if chunk and size + nbytes > chunk_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, t))
+        size += nbytes
+    if chunk:
+        yield chunk

@@ -1,0 +1,38 @@
+"""Build engines from their configs: the only place that names concrete engines.
+
+Actors call ``build_rollout_engine`` / ``build_train_engine`` and hold the result as
+a ``RolloutEngine`` / ``TrainEngine``. Implementations are imported on demand, so
+vLLM, torch_npu and friends load only when a config asks for them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asyncflow.engines.base import RolloutEngine, TrainEngine
+from asyncflow.engines.config import RolloutEngineConfig, TrainEngineConfig
+
+
+def build_rollout_engine(cfg: RolloutEngineConfig, model_dir: str | Path, version: int = 0) -> RolloutEngine:
+    """A rollout engine of ``cfg.type`` holding the weights in ``model_dir`` as
+    policy ``version``."""
+    if cfg.type == "native":
+        from asyncflow.engines.native_rollout import NativeRolloutEngine
+
+        return NativeRolloutEngine(cfg, model_dir, version=version)
+    if cfg.type in ("vllm", "vllm_ascend"):
+        from asyncflow.engines.vllm_rollout import VLLMRolloutEngine
+
+        return VLLMRolloutEngine(cfg, model_dir, version=version)
+    raise ValueError(f"unknown rollout engine type {cfg.type!r}; use 'native', 'vllm' or 'vllm_ascend'")
+
+
+def build_train_engine(cfg: TrainEngineConfig, model_dir: str | Path) -> TrainEngine:
+    """A training engine of ``cfg.type`` starting from ``model_dir``. With
+    ``cfg.fsdp`` the default process group must already be initialised on every rank
+    (``asyncflow.engines.device.init_process_group``)."""
+    if cfg.type == "torch":
+        from asyncflow.engines.torch_train import TorchTrainEngine
+
+        return TorchTrainEngine(cfg, model_dir)
+    raise ValueError(f"unknown train engine type {cfg.type!r}; use 'torch'")

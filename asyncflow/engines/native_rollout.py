@@ -1,0 +1,245 @@
+"""The native rollout engine: batched PyTorch generation with a paged KV cache and
+continuous batching. Default on cpu; also runs on cuda and npu.
+
+Each sample of each prompt is a sequence. The scheduler loop:
+1. admit waiting sequences, in order, while a batch row is free (``max_batch_size``)
+   and the KV pool can reserve ``prompt_len + max_new_tokens - 1`` token slots
+   for them (the worst case: the last sampled token is never fed back);
+2. prefill the admitted prompts in one padded forward and sample their first token;
+3. decode one token for every running sequence in one forward;
+4. sequences that sampled a stop token or reached ``max_new_tokens`` leave: their
+   blocks and row are freed at once, so waiting sequences join on the next iteration.
+
+Invariants:
+- KV memory: the pool is allocated once within ``kv_cache_bytes`` (or the fraction of
+  free device memory) and reservations are worst case, so generation never needs
+  more than it holds; a sequence that could never fit fails before anything runs,
+  saying which setting to change.
+- Completions come back ordered by (prompt, sample), whatever the finishing order.
+- Weights load in place between ``generate`` calls; ``version`` changes only there.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from asyncflow.engines.base import Completion, RolloutEngine
+from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
+from asyncflow.engines.device import free_memory_bytes, set_cpu_threads, torch_device, torch_dtype
+from asyncflow.engines.hf import load_model
+from asyncflow.engines.kv_cache import KVBlockPool
+from asyncflow.engines.native_model import NativeDecoder
+from asyncflow.engines.sampling import sample
+
+DEFAULT_KV_CACHE_BYTES = 64 * 2**20
+
+
+@dataclass
+class _Seq:
+    prompt_index: int
+    sample_index: int
+    prompt: list[int]
+    blocks: list[int] = field(default_factory=list)
+    row: int = -1
+    out_ids: list[int] = field(default_factory=list)
+    out_logps: list[float] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerStats:
+    """What the last ``generate`` did (for tests and benchmarks)."""
+
+    num_steps: int = 0
+    """Decode forwards."""
+    num_prefills: int = 0
+    """Prefill forwards."""
+    max_running: int = 0
+    """Most sequences running at once."""
+    admitted_while_running: int = 0
+    """Sequences admitted while others were still decoding (continuous batching)."""
+    peak_kv_used_bytes: int = 0
+    """Most KV bytes reserved at once; never above ``kv_capacity_bytes``."""
+
+
+class NativeRolloutEngine(RolloutEngine):
+    def __init__(self, cfg: RolloutEngineConfig, model_dir: str | Path, version: int = 0):
+        set_cpu_threads(cfg.num_threads)
+        self.cfg = cfg
+        self.device = torch_device(cfg.device, cfg.device_index)
+        self.model = load_model(model_dir, dtype=torch_dtype(cfg.dtype), device=self.device)
+        self.decoder = NativeDecoder(self.model)
+        self._params = dict(self.model.named_parameters())
+        self._tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        self.pool = KVBlockPool(
+            num_layers=self.decoder.num_layers,
+            num_kv_heads=self.decoder.num_kv_heads,
+            head_dim=self.decoder.head_dim,
+            budget_bytes=self._budget_bytes(cfg),
+            block_tokens=cfg.kv_block_tokens,
+            dtype=torch_dtype(cfg.dtype),
+            device=self.device,
+        )
+        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self._version = version
+        self.stats = SchedulerStats()
+
+    def _budget_bytes(self, cfg: RolloutEngineConfig) -> int:
+        if cfg.kv_cache_bytes is not None and cfg.kv_cache_fraction is not None:
+            raise ValueError("set kv_cache_bytes or kv_cache_fraction, not both")
+        if cfg.kv_cache_fraction is not None:
+            if not 0.0 < cfg.kv_cache_fraction <= 1.0:
+                raise ValueError(f"kv_cache_fraction={cfg.kv_cache_fraction} must be in (0, 1]")
+            return int(free_memory_bytes(self.device) * cfg.kv_cache_fraction)
+        return cfg.kv_cache_bytes if cfg.kv_cache_bytes is not None else DEFAULT_KV_CACHE_BYTES
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def kv_capacity_bytes(self) -> int:
+        return self.pool.capacity_bytes
+
+    @torch.inference_mode()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        for name, tensor in named_tensors:
+            param = self._params.get(name)
+            if param is None:
+                if name == "lm_head.weight" and self._tied:
+                    continue  # tied to embed_tokens, which arrives under its own name
+                raise KeyError(f"weight {name!r} is not a parameter of the rollout model; do both engines load the same model_dir?")
+            if param.shape != tensor.shape:
+                raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != model's {tuple(param.shape)}")
+            param.copy_(tensor)
+        self._version = version
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        if params.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
+        stop = set(params.stop_token_ids)
+        waiting: deque[_Seq] = deque()
+        for p, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {p} is empty; a prompt needs at least one token")
+            need = len(prompt) + params.max_new_tokens - 1
+            if need > self.decoder.max_positions:
+                raise ValueError(
+                    f"prompt {p}: {len(prompt)} tokens + max_new_tokens={params.max_new_tokens} exceeds the model's "
+                    f"max_position_embeddings={self.decoder.max_positions}; lower max_new_tokens"
+                )
+            if self.pool.blocks_for(need) > self.pool.num_blocks:
+                raise ValueError(
+                    f"prompt {p} needs {need} KV tokens ({self.pool.blocks_for(need) * self.pool.block_bytes} bytes) but the "
+                    f"cache holds {self.pool.capacity_tokens} tokens ({self.pool.capacity_bytes} bytes); raise kv_cache_bytes "
+                    "or lower max_new_tokens"
+                )
+            for s in range(params.n):
+                waiting.append(_Seq(p, s, list(prompt)))
+
+        max_rows = self.cfg.max_batch_size
+        width = self.pool.blocks_for(max(len(q.prompt) for q in waiting) + params.max_new_tokens) * self.pool.block_tokens
+        slot_table_RK = torch.zeros((max_rows, width), dtype=torch.long, device=self.device)
+        free_rows = list(range(max_rows - 1, -1, -1))
+        running: list[_Seq] = []
+        done: list[_Seq] = []
+        stats = SchedulerStats()
+        self.pool.peak_used_bytes = self.pool.used_bytes
+
+        def finish_check(seqs: list[_Seq]) -> list[_Seq]:
+            still = []
+            for q in seqs:
+                if q.out_ids[-1] in stop or len(q.out_ids) >= params.max_new_tokens:
+                    self.pool.free(q.blocks)
+                    free_rows.append(q.row)
+                    done.append(q)
+                else:
+                    still.append(q)
+            return still
+
+        while waiting or running:
+            admitted: list[_Seq] = []
+            while waiting and free_rows:
+                q = waiting[0]
+                blocks = self.pool.allocate(len(q.prompt) + params.max_new_tokens - 1)
+                if blocks is None:
+                    break
+                waiting.popleft()
+                q.blocks = blocks
+                q.row = free_rows.pop()
+                slots = self.pool.slots(blocks).to(self.device)
+                slot_table_RK[q.row, : slots.numel()] = slots
+                admitted.append(q)
+            if admitted:
+                if running:
+                    stats.admitted_while_running += len(admitted)
+                self._prefill(admitted, slot_table_RK, params)
+                stats.num_prefills += 1
+                running.extend(finish_check(admitted))
+            stats.max_running = max(stats.max_running, len(running))
+            if running:
+                self._decode(running, slot_table_RK, params)
+                stats.num_steps += 1
+                running = finish_check(running)
+        stats.peak_kv_used_bytes = self.pool.peak_used_bytes
+        self.stats = stats
+        done.sort(key=lambda q: (q.prompt_index, q.sample_index))
+        return [
+            Completion(
+                prompt_index=q.prompt_index,
+                sample_index=q.sample_index,
+                response_ids=q.out_ids,
+                logprobs=q.out_logps,
+                finish_reason="stop" if q.out_ids[-1] in stop else "length",
+                version=self._version,
+            )
+            for q in done
+        ]
+
+    def _append(self, seqs: list[_Seq], logits_BV: torch.Tensor, params: SamplingParams) -> None:
+        token_B, logp_B = sample(logits_BV, params, self.generator)
+        for q, t, lp in zip(seqs, token_B.tolist(), logp_B.tolist()):
+            q.out_ids.append(t)
+            q.out_logps.append(lp)
+
+    def _prefill(self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams) -> None:
+        Q = max(len(q.prompt) for q in seqs)
+        ids_BQ = torch.zeros((len(seqs), Q), dtype=torch.long)
+        pos_BQ = torch.zeros((len(seqs), Q), dtype=torch.long)
+        valid_BQ = torch.zeros((len(seqs), Q), dtype=torch.bool)
+        for b, q in enumerate(seqs):
+            n = len(q.prompt)
+            ids_BQ[b, :n] = torch.tensor(q.prompt)
+            pos_BQ[b, :n] = torch.arange(n)  # padding keeps position 0: valid index, masked out of writes
+            valid_BQ[b, :n] = True
+        rows = torch.tensor([q.row for q in seqs], device=self.device)
+        last_B = torch.tensor([len(q.prompt) - 1 for q in seqs], device=self.device)
+        logits_BV = self.decoder.step(
+            self.pool,
+            ids_BQ.to(self.device),
+            pos_BQ.to(self.device),
+            valid_BQ.to(self.device),
+            slot_table_RK[rows, :Q],
+            last_B,
+        )
+        self._append(seqs, logits_BV, params)
+
+    def _decode(self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams) -> None:
+        # The last sampled token of each sequence is fed at position len(prompt) + len(out) - 1.
+        pos = [len(q.prompt) + len(q.out_ids) - 1 for q in seqs]
+        K = max(pos) + 1
+        ids_B1 = torch.tensor([[q.out_ids[-1]] for q in seqs], device=self.device)
+        pos_B1 = torch.tensor(pos, device=self.device).unsqueeze(1)
+        rows = torch.tensor([q.row for q in seqs], device=self.device)
+        last_B = torch.zeros(len(seqs), dtype=torch.long, device=self.device)
+        logits_BV = self.decoder.step(self.pool, ids_B1, pos_B1, None, slot_table_RK[rows, :K], last_B)
+        self._append(seqs, logits_BV, params)
+
+    def close(self) -> None:
+        del self.decoder, self.model, self.pool

@@ -1,0 +1,158 @@
+"""Tiny models for tests, benchmarks and examples: built offline in about a second.
+
+``make_tiny_model(dir)`` writes a Hugging Face directory (config.json,
+model.safetensors, tokenizer files, chat template) that ``transformers`` and every
+engine here load like any downloaded model. Nothing is downloaded.
+
+The tokenizer is character level: one token per character of ``CHARS`` plus the
+special tokens ``SPECIALS``. The chat template renders a conversation as
+``<|user|>{content}<|assistant|>{content}</s>``; with ``add_generation_prompt`` it
+ends in ``<|assistant|>``, so a response is generated characters then ``</s>``.
+
+Invariants:
+- Same arguments and seed give byte-identical weights.
+- ``supervised_warm_start`` trains only on response tokens (prompt tokens are
+  context), so it teaches a format without touching the prompt distribution.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+from transformers import AutoModelForCausalLM
+
+SPECIALS = ("<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>")
+CHARS = "0123456789+-*/=()., ?:;!'\"<>[]{}\\^_|#%&$abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}<|assistant|>{{ m['content'] }}</s>"
+    "{% else %}<|user|>{{ m['content'] }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+Arch = Literal["qwen2", "llama"]
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """The character-level tokenizer with its chat template."""
+    vocab = {tok: i for i, tok in enumerate(list(SPECIALS) + list(CHARS))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        additional_special_tokens=["<|user|>", "<|assistant|>"],
+    )
+    hf.chat_template = CHAT_TEMPLATE
+    return hf
+
+
+def tiny_config(
+    arch: Arch = "qwen2",
+    vocab_size: int = len(SPECIALS) + len(CHARS),
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 192,
+    max_position_embeddings: int = 512,
+) -> Qwen2Config | LlamaConfig:
+    """A small decoder config (grouped-query attention, tied embeddings)."""
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=SPECIALS.index("<s>"),
+        eos_token_id=SPECIALS.index("</s>"),
+        pad_token_id=SPECIALS.index("<pad>"),
+        rms_norm_eps=1e-6,
+    )
+    if arch == "qwen2":
+        return Qwen2Config(**common)
+    if arch == "llama":
+        return LlamaConfig(**common)
+    raise ValueError(f"unknown tiny arch {arch!r}; use 'qwen2' or 'llama'")
+
+
+def make_tiny_model(
+    out_dir: str | Path,
+    arch: Arch = "qwen2",
+    seed: int = 0,
+    warm_start_pairs: list[tuple[str, str]] | None = None,
+    warm_start_steps: int = 200,
+    **config_kwargs,
+) -> Path:
+    """Build, optionally warm-start, and save a tiny model + tokenizer to ``out_dir``.
+
+    ``warm_start_pairs``: (prompt, response) texts for ``supervised_warm_start``.
+    Returns the directory."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_char_tokenizer()
+    config = tiny_config(arch, **config_kwargs)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if warm_start_pairs:
+        supervised_warm_start(model, tokenizer, warm_start_pairs, steps=warm_start_steps, seed=seed)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def encode_chat_prompt(tokenizer, prompt: str) -> list[int]:
+    """Token ids of a one-turn user prompt ending in the assistant marker."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def supervised_warm_start(
+    model: torch.nn.Module,
+    tokenizer,
+    pairs: list[tuple[str, str]],
+    steps: int = 200,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> list[float]:
+    """A few seconds of next-token training on (prompt, response + eos) pairs, loss on
+    response tokens only. Returns the loss per step."""
+    rng = random.Random(seed)
+    eos = tokenizer.eos_token_id
+    encoded = [(encode_chat_prompt(tokenizer, p), tokenizer(r, add_special_tokens=False)["input_ids"] + [eos]) for p, r in pairs]
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
+        width = max(len(p) + len(r) for p, r in batch)
+        ids_BT = torch.full((batch_size, width), tokenizer.pad_token_id, dtype=torch.long)
+        labels_BT = torch.full((batch_size, width), -100, dtype=torch.long)
+        mask_BT = torch.zeros((batch_size, width), dtype=torch.long)
+        for b, (p, r) in enumerate(batch):
+            seq = p + r
+            ids_BT[b, : len(seq)] = torch.tensor(seq)
+            labels_BT[b, len(p) : len(seq)] = torch.tensor(r)
+            mask_BT[b, : len(seq)] = 1
+        loss = model(input_ids=ids_BT, attention_mask=mask_BT, labels=labels_BT).loss
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        optim.step()
+        losses.append(float(loss))
+    model.eval()
+    return losses

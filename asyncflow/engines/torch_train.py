@@ -1,0 +1,235 @@
+"""The PyTorch training engine: one process, or FSDP2 (``fully_shard``) over the
+default process group (gloo on cpu, nccl on cuda, hccl on npu).
+
+Shape legend: B sequences, T tokens, V vocabulary, E hidden.
+
+Invariants:
+- ``logp_BT[b, t] = log softmax(logits[b, t-1] / temperature)[ids[b, t]]``, column 0
+  is 0; ``values_BT[b, t]`` is the critic's value of the state in which token t is
+  chosen (from the hidden state at t-1), column 0 is 0. Same alignment as the
+  rollout engine's log-probs, so the two compare position by position.
+- One ``train_step`` is one optimizer step: gradients of all micro-batches
+  accumulate, are clipped to ``grad_clip`` (global norm, across ranks), then AdamW.
+- With FSDP every rank must call ``train_step``/``forward``/``export_weights``/
+  ``save_checkpoint`` together with the same number of micro-batches (collectives);
+  a mismatch is detected and raised before any forward, not left to hang.
+- Checkpoints are Hugging Face directories: ``model.safetensors`` + config +
+  tokenizer (loadable by transformers/vLLM as is), plus ``optimizer.pt``,
+  ``value_head.safetensors`` (critic) and ``trainer_state.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import safetensors.torch
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from asyncflow.engines.base import ForwardOutput, LossContext, LossFn, TokenBatch, TrainEngine, TrainStepResult
+from asyncflow.engines.config import TrainEngineConfig
+from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
+from asyncflow.engines.hf import load_model
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json", "generation_config.json")
+
+
+class _Net(torch.nn.Module):
+    """The HF causal LM, plus a scalar value head for a critic."""
+
+    def __init__(self, lm: torch.nn.Module, critic: bool, seed: int):
+        super().__init__()
+        self.lm = lm
+        self.value_head = None
+        if critic:
+            hidden = lm.config.hidden_size
+            param = next(lm.parameters())
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                self.value_head = torch.nn.Linear(hidden, 1, dtype=param.dtype, device=param.device)
+                torch.nn.init.normal_(self.value_head.weight, std=1.0 / hidden**0.5)
+                torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.value_head is None:
+            return self.lm(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).logits, None
+        hidden_BTE = self.lm.model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).last_hidden_state
+        return None, self.value_head(hidden_BTE).squeeze(-1)
+
+
+def shift_logp(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Per-token log-probs aligned with ``ids_BT`` (column 0 is 0), float32."""
+    logits = logits_BTV[:, :-1].float()
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    target = ids_BT[:, 1:].unsqueeze(-1)
+    logp = logits.gather(-1, target).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return F.pad(logp, (1, 0))
+
+
+def shift_entropy(logits_BTV: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy of the distribution that chose token t (column 0 is 0), float32."""
+    logits = logits_BTV[:, :-1].float()
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    return F.pad(-(logp.exp() * logp).sum(-1), (1, 0))
+
+
+class TorchTrainEngine(TrainEngine):
+    def __init__(self, cfg: TrainEngineConfig, model_dir: str | Path):
+        set_cpu_threads(cfg.num_threads)
+        self.cfg = cfg
+        self.model_dir = Path(model_dir)
+        self.device = torch_device(cfg.device, torch.cuda.current_device() if cfg.device == "cuda" else 0)
+        lm = load_model(model_dir, dtype=torch_dtype(cfg.dtype), device=self.device)
+        if cfg.gradient_checkpointing:
+            lm.gradient_checkpointing_enable()
+        lm.train()
+        self.net = _Net(lm, cfg.critic, cfg.seed)
+        self.distributed = cfg.fsdp
+        if cfg.fsdp:
+            if not dist.is_initialized():
+                raise RuntimeError(
+                    "fsdp=true needs torch.distributed initialised first "
+                    "(asyncflow.engines.device.init_process_group, or torchrun)"
+                )
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in lm.model.layers:
+                fully_shard(layer)
+            fully_shard(self.net)
+        self.dp_size = dist.get_world_size() if self.distributed else 1
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.optimizer = torch.optim.AdamW(
+            self.net.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
+        self._step = 0
+
+    @property
+    def version(self) -> int:
+        return self._step
+
+    def _run(self, mb: TokenBatch, temperature: float, with_entropy: bool) -> ForwardOutput:
+        ids = mb.input_ids.to(self.device)
+        logits, values = self.net(ids, mb.attention_mask.to(self.device))
+        if values is not None:
+            return ForwardOutput(logp=torch.zeros_like(values, dtype=torch.float32), values=F.pad(values[:, :-1].float(), (1, 0)))
+        entropy = shift_entropy(logits, temperature) if with_entropy else None
+        return ForwardOutput(logp=shift_logp(logits, ids, temperature), entropy=entropy)
+
+    def _micro_batches(self, batch: TokenBatch) -> list[TokenBatch]:
+        mbs = batch.split(self.cfg.micro_batch_size)
+        if self.distributed:
+            counts = torch.tensor([len(mbs), -len(mbs)], dtype=torch.long)
+            dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+            if counts[0].item() != -counts[1].item():
+                raise ValueError(
+                    f"rank {self.rank} has {len(mbs)} micro-batches but another rank differs; give every "
+                    "data-parallel rank the same number of rows per step"
+                )
+        return mbs
+
+    @torch.no_grad()
+    def forward(self, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False) -> ForwardOutput:
+        outs = [self._run(mb, temperature, with_entropy) for mb in self._micro_batches(batch)]
+        width = batch.input_ids.shape[1]
+
+        def cat(key: str) -> torch.Tensor | None:
+            parts = [getattr(o, key) for o in outs]
+            if parts[0] is None:
+                return None
+            return torch.cat([F.pad(p, (0, width - p.shape[1])) for p in parts]).cpu()
+
+        return ForwardOutput(logp=cat("logp"), entropy=cat("entropy"), values=cat("values"))
+
+    def train_step(self, batch: TokenBatch, loss_fn: LossFn, temperature: float = 1.0) -> TrainStepResult:
+        mbs = self._micro_batches(batch)
+        mask = batch.response_mask.float()
+        totals = torch.tensor([mask.sum().item(), (mask.sum(dim=1) > 0).sum().item()], dtype=torch.float64)
+        if self.distributed:
+            dist.all_reduce(totals)
+        ctx = LossContext(num_tokens=max(totals[0].item(), 1.0), num_seqs=max(totals[1].item(), 1.0), dp_size=self.dp_size)
+        self.net.train()
+        total_loss = 0.0
+        metrics: dict[str, float] = {}
+        for mb in mbs:
+            out = self._run(mb.to(self.device), temperature, with_entropy=True)
+            loss, mb_metrics = loss_fn(out, mb.to(self.device), ctx)
+            loss.backward()
+            total_loss += float(loss.detach())
+            for k, v in mb_metrics.items():
+                metrics[k] = metrics.get(k, 0.0) + float(v)
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), max_norm)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._step += 1
+        if self.distributed:
+            # Each rank's loss was scaled by dp_size (FSDP averages gradients): the
+            # step's figures are the ranks' sums divided by dp_size.
+            names = sorted(metrics)
+            figures = torch.tensor([total_loss] + [metrics[k] for k in names], dtype=torch.float64)
+            dist.all_reduce(figures)
+            figures /= self.dp_size
+            total_loss = figures[0].item()
+            metrics = {k: figures[i + 1].item() for i, k in enumerate(names)}
+        return TrainStepResult(
+            loss=total_loss, grad_norm=float(grad_norm), num_tokens=int(totals[0].item()), metrics=metrics, step=self._step
+        )
+
+    @torch.no_grad()
+    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in self.net.lm.named_parameters():
+            full = param.full_tensor() if hasattr(param, "full_tensor") else param
+            yield name, full.detach().to("cpu", copy=True)
+
+    def _full_options(self) -> StateDictOptions:
+        return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+    def save_checkpoint(self, path: str | Path, with_optimizer: bool = True) -> None:
+        out = Path(path)
+        state = get_model_state_dict(self.net, options=self._full_options())
+        optim = get_optimizer_state_dict(self.net, self.optimizer, options=self._full_options()) if with_optimizer else None
+        if self.rank != 0:
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        lm = {k.removeprefix("lm."): v.contiguous() for k, v in state.items() if k.startswith("lm.")}
+        if getattr(self.net.lm.config, "tie_word_embeddings", False):
+            lm.pop("lm_head.weight", None)
+        safetensors.torch.save_file(lm, out / "model.safetensors", metadata={"format": "pt"})
+        self.net.lm.config.save_pretrained(out)
+        for name in TOKENIZER_FILES:
+            if (self.model_dir / name).is_file() and self.model_dir.resolve() != out.resolve():
+                shutil.copy(self.model_dir / name, out / name)
+        head = {k.removeprefix("value_head."): v.contiguous() for k, v in state.items() if k.startswith("value_head.")}
+        if head:
+            safetensors.torch.save_file(head, out / "value_head.safetensors")
+        if optim is not None:
+            torch.save(optim, out / "optimizer.pt")
+        (out / "trainer_state.json").write_text(json.dumps({"step": self._step}))
+
+    def load_checkpoint(self, path: str | Path, with_optimizer: bool = True) -> None:
+        src = Path(path)
+        state = {"lm." + k: v for k, v in safetensors.torch.load_file(src / "model.safetensors").items()}
+        if (src / "value_head.safetensors").is_file():
+            state.update({"value_head." + k: v for k, v in safetensors.torch.load_file(src / "value_head.safetensors").items()})
+        set_model_state_dict(self.net, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        if with_optimizer and (src / "optimizer.pt").is_file():
+            optim = torch.load(src / "optimizer.pt", weights_only=False)
+            set_optimizer_state_dict(self.net, self.optimizer, optim, options=StateDictOptions(full_state_dict=True))
+        if (src / "trainer_state.json").is_file():
+            self._step = json.loads((src / "trainer_state.json").read_text())["step"]
