@@ -1,0 +1,423 @@
+"""``cluster.toml``: the typed schema of a run, and its loader.
+
+Every section is a msgspec Struct with defaults; unknown keys are errors. A wrong
+key or value fails at load time with the key's dotted name and what to change:
+
+    >>> load_config_text('[workflow]\\nmode = "fast"')
+    ConfigError: workflow.mode = 'fast': Expected `'sync' | 'async'` ... (in <string>)
+
+Docs of every key: ``docs/config.md`` (generated from these docstrings by
+``python -m asyncflow.core.config --markdown``).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from asyncflow.core.transport import TransportConfig
+from asyncflow.engines.config import RolloutEngineConfig, SamplingParams, TrainEngineConfig
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class ModelConfig(_Section):
+    """The policy model."""
+
+    path: str = ""
+    """Local Hugging Face directory (config.json, safetensors, tokenizer). Empty:
+    build the tiny model (``tiny``) into ``RUN_DIR/model``."""
+    tiny: Literal["qwen2", "llama"] = "qwen2"
+    """Architecture of the tiny model built when ``path`` is empty."""
+    tiny_warm_start: bool = True
+    """Warm-start the tiny model with a few seconds of supervised training on the
+    task's answer format, so RL has a signal from step one."""
+
+
+class DataConfig(_Section):
+    """Prompts: a local JSONL or Parquet file with ``prompt`` and ``answer`` fields."""
+
+    path: str = ""
+    """The data file. Empty: generate the tiny arithmetic task (``task``) into
+    ``RUN_DIR/data.jsonl``."""
+    task: str = "add"
+    """Built-in task when ``path`` is empty (see asyncflow.engines.tiny)."""
+    num_prompts: int = 2000
+    """Prompts generated for the built-in task."""
+    chat_template: bool = True
+    """Apply the tokenizer's chat template to each prompt."""
+    shuffle: bool = True
+    """Shuffle the prompts (with ``seed``) before each epoch."""
+    seed: int = 0
+    """Seed of the shuffle and of generated tasks."""
+
+
+class AlgorithmConfig(_Section):
+    """The RL algorithm and its knobs."""
+
+    name: Literal["grpo", "ppo"] = "grpo"
+    """grpo: group-normalised advantages, no critic. ppo: critic + GAE."""
+    group_size: int = 8
+    """Responses sampled per prompt (GRPO's n)."""
+    std_normalize: bool = True
+    """GRPO: divide group-centred rewards by the group's std."""
+    clip_eps: float = 0.2
+    """Policy ratio clip range (PPO-clip)."""
+    kl_coef: float = 0.0
+    """Weight of the KL to the reference policy; 0 disables the reference role."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator."""
+    kl_in_reward: bool = False
+    """Put the KL penalty into the reward instead of the loss."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight."""
+    loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
+    """Aggregate the per-token loss by token mean or by sequence mean."""
+    is_truncation: float = 2.0
+    """Off-policy correction: cap of the importance weight between the trainer's
+    current policy and the rollout policy of stale samples (0 disables)."""
+    gamma: float = 1.0
+    """PPO: discount."""
+    lam: float = 0.95
+    """PPO: GAE lambda."""
+    value_clip: float = 0.2
+    """PPO: value clipping range."""
+    epochs: int = 1
+    """Optimizer passes over each global batch."""
+
+
+class RolloutConfig(_Section):
+    """Rollout replicas (generation)."""
+
+    engine: RolloutEngineConfig = msgspec.field(default_factory=RolloutEngineConfig)
+    """Engine of every replica (see engines/config.py)."""
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    """Sampling; ``n`` is ignored (the algorithm's group_size is used)."""
+    num_replicas: int = 1
+    """Replica processes; each takes whole prompt groups from the queue."""
+    prompts_per_call: int = 4
+    """Prompt groups per generate call (the unit between weight swaps)."""
+
+
+class ReferenceConfig(_Section):
+    """Reference policy log-probs (for the KL term)."""
+
+    num_workers: int = 1
+    """Worker processes (used only when algorithm.kl_coef > 0)."""
+    micro_batch_size: int = 16
+    """Rows per forward pass."""
+
+
+class RewardConfig(_Section):
+    """Reward workers."""
+
+    functions: list[str] = msgspec.field(default_factory=lambda: ["math", "format"])
+    """Built-in rewards summed: ``exact_match``, ``math``, ``format``; or dotted paths
+    ``module:function`` of custom rewards (signature in docs/rewards.md)."""
+    weights: list[float] = msgspec.field(default_factory=list)
+    """Weight per function (default 1 each)."""
+    num_workers: int = 1
+    """Worker processes."""
+    batch_size: int = 16
+    """Rows scored per call."""
+
+
+class CriticConfig(_Section):
+    """PPO critic (value model), initialised from the policy with a value head."""
+
+    engine: TrainEngineConfig = msgspec.field(default_factory=lambda: TrainEngineConfig(critic=True, lr=1e-4))
+    """Training engine of the critic."""
+
+
+class TrainConfig(_Section):
+    """The trainer (actor update)."""
+
+    engine: TrainEngineConfig = msgspec.field(default_factory=TrainEngineConfig)
+    """Training engine (see engines/config.py)."""
+    num_steps: int = 60
+    """Trainer steps (policy versions) in the run."""
+    prompts_per_step: int = 8
+    """Prompt groups per global batch (samples per step = this * group_size)."""
+    num_ranks: int = 1
+    """Trainer processes (data parallel; FSDP2 when engine.fsdp)."""
+    checkpoint_every: int = 0
+    """Save a Hugging Face checkpoint and the queue state every N steps (0: at the end only)."""
+
+
+class QueueConfig(_Section):
+    """TransferQueue."""
+
+    num_shards: int = 1
+    """Storage shard processes."""
+    capacity_rows: int = 0
+    """Most rows held at once (producers wait beyond it). 0: enough for staleness+2 steps."""
+    shm: bool = True
+    """Same-host shared-memory data path for tensor bytes."""
+
+
+class WorkflowConfig(_Section):
+    """How the roles overlap."""
+
+    mode: Literal["sync", "async"] = "async"
+    """sync: generate the whole batch, then score, then train, then sync weights (the
+    baseline). async: every role streams; rollout runs ahead by up to ``staleness``."""
+    staleness: int = 1
+    """Bound k: a sample generated by policy version v is trained at step s only if
+    s - v <= k. Forced to 0 in sync mode."""
+    substep_updates: bool = True
+    """Rollout replicas swap to new weights one at a time (capacity never drops to 0)."""
+
+
+class RoleEntry(_Section):
+    """A custom role: any Actor subclass, started in its own process."""
+
+    name: str
+    """Actor name (unique)."""
+    cls: str
+    """Dotted path ``package.module:Class`` of an asyncflow Actor."""
+    kwargs: dict = msgspec.field(default_factory=dict)
+    """Keyword arguments of its constructor (after ``ctx``)."""
+    num_threads: int = 1
+    """torch threads of its process."""
+
+
+class ClusterConfig(_Section):
+    """Where processes run."""
+
+    launcher: Literal["local", "ray"] = "local"
+    """local: every process on this machine. ray: placed by a running Ray cluster."""
+    device: Literal["cpu", "cuda", "npu"] = "cpu"
+    """Device kind of rollout and training."""
+    transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
+    """nng transport of the actors (scheme ipc on one host, tcp across hosts)."""
+    threads_per_process: int = 1
+    """torch intra-op threads per worker process (cpu)."""
+    ray_address: str = ""
+    """Ray cluster address (launcher = ray); empty: RAY_ADDRESS."""
+
+
+class LoggingConfig(_Section):
+    """What the run writes besides metrics.jsonl."""
+
+    progress: bool = True
+    """Print one progress line per trainer step."""
+    tensorboard: bool = False
+    """Write TensorBoard event files (extra: asyncflow[tensorboard])."""
+    wandb_project: str = ""
+    """Log to Weights & Biases under this project (extra: asyncflow[wandb])."""
+    hang_timeout_s: float = 300.0
+    """If no trainer step completes for this long, print what every role waits on."""
+
+
+class PlannerConfig(_Section):
+    """The planner actor."""
+
+    online: bool = False
+    """Move worker processes between rollout and training during the run."""
+
+
+class RunConfig(_Section):
+    """A whole run (one cluster.toml)."""
+
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    data: DataConfig = msgspec.field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = msgspec.field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
+    reference: ReferenceConfig = msgspec.field(default_factory=ReferenceConfig)
+    reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
+    critic: CriticConfig = msgspec.field(default_factory=CriticConfig)
+    train: TrainConfig = msgspec.field(default_factory=TrainConfig)
+    queue: QueueConfig = msgspec.field(default_factory=QueueConfig)
+    workflow: WorkflowConfig = msgspec.field(default_factory=WorkflowConfig)
+    cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
+    logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+    planner: PlannerConfig = msgspec.field(default_factory=PlannerConfig)
+    roles: list[RoleEntry] = msgspec.field(default_factory=list)
+    seed: int = 0
+    """Global seed."""
+
+    @property
+    def staleness(self) -> int:
+        return 0 if self.workflow.mode == "sync" else self.workflow.staleness
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.train.prompts_per_step * self.algorithm.group_size
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message names the key and the fix."""
+
+
+def _check(cfg: RunConfig) -> None:
+    def need(ok: bool, key: str, value, fix: str) -> None:
+        if not ok:
+            raise ConfigError(f"{key} = {value!r}: {fix}")
+
+    need(cfg.algorithm.group_size >= 1, "algorithm.group_size", cfg.algorithm.group_size, "use 1 or more")
+    need(
+        cfg.algorithm.name != "grpo" or cfg.algorithm.group_size >= 2,
+        "algorithm.group_size", cfg.algorithm.group_size, "GRPO needs at least 2 responses per prompt",
+    )
+    need(cfg.workflow.staleness >= 0, "workflow.staleness", cfg.workflow.staleness, "use 0 or more")
+    need(cfg.train.num_steps >= 1, "train.num_steps", cfg.train.num_steps, "use 1 or more")
+    need(cfg.train.prompts_per_step >= 1, "train.prompts_per_step", cfg.train.prompts_per_step, "use 1 or more")
+    need(cfg.rollout.num_replicas >= 1, "rollout.num_replicas", cfg.rollout.num_replicas, "use 1 or more")
+    need(cfg.rollout.prompts_per_call >= 1, "rollout.prompts_per_call", cfg.rollout.prompts_per_call, "use 1 or more")
+    need(cfg.reward.num_workers >= 1, "reward.num_workers", cfg.reward.num_workers, "use 1 or more")
+    need(cfg.queue.num_shards >= 1, "queue.num_shards", cfg.queue.num_shards, "use 1 or more")
+    need(cfg.train.num_ranks >= 1, "train.num_ranks", cfg.train.num_ranks, "use 1 or more")
+    need(
+        not cfg.reward.weights or len(cfg.reward.weights) == len(cfg.reward.functions),
+        "reward.weights", cfg.reward.weights, f"give one weight per function ({len(cfg.reward.functions)})",
+    )
+    need(
+        cfg.queue.capacity_rows == 0 or cfg.queue.capacity_rows >= cfg.samples_per_step,
+        "queue.capacity_rows", cfg.queue.capacity_rows,
+        f"must hold at least one global batch ({cfg.samples_per_step} rows) or be 0 (automatic)",
+    )
+    if cfg.model.path:
+        need(os.path.isdir(cfg.model.path), "model.path", cfg.model.path, "no such directory; give a local Hugging Face model directory")
+    if cfg.data.path:
+        need(os.path.isfile(cfg.data.path), "data.path", cfg.data.path, "no such file; give a .jsonl or .parquet file")
+        need(
+            cfg.data.path.endswith((".jsonl", ".parquet")), "data.path", cfg.data.path, "use a .jsonl or .parquet file",
+        )
+    names = [r.name for r in cfg.roles]
+    need(len(names) == len(set(names)), "roles.name", names, "role names must be unique")
+    cfg.cluster.transport.validate()
+
+
+def _struct_at(path: str) -> type | None:
+    """The Struct type at a dotted config path (``rollout.engine``), if any."""
+    import typing
+
+    cls: type = RunConfig
+    for part in [p for p in path.replace("]", "").replace("[", ".").split(".") if p and not p.isdigit()]:
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return None
+        hint = hints[part]
+        hint = typing.get_args(hint)[0] if typing.get_origin(hint) is list else hint
+        if not (isinstance(hint, type) and issubclass(hint, msgspec.Struct)):
+            return None
+        cls = hint
+    return cls
+
+
+def _field_hint(path: str) -> str:
+    import typing
+
+    parent, _, name = path.rpartition(".")
+    cls = _struct_at(parent) if parent else RunConfig
+    if cls is None:
+        return ""
+    hint = typing.get_type_hints(cls).get(name)
+    if typing.get_origin(hint) is Literal:
+        return "; use one of " + ", ".join(repr(v) for v in typing.get_args(hint))
+    return ""
+
+
+def _format_error(exc: msgspec.ValidationError, source: str) -> ConfigError:
+    import difflib
+
+    text = str(exc)
+    what, _, where = text.rpartition(" - at `$.")
+    key = where.rstrip("`") if what else ""
+    what = what or text
+    if what.startswith("Object contains unknown field"):
+        unknown = what.split("`")[1]
+        cls = _struct_at(key) if key else RunConfig
+        known = list(cls.__struct_fields__) if cls else []
+        close = difflib.get_close_matches(unknown, known, n=1)
+        full = f"{key}.{unknown}" if key else unknown
+        fix = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
+        return ConfigError(f"{full}: unknown key; {fix} (in {source}; keys are documented in docs/config.md)")
+    if key:
+        return ConfigError(f"{key}: {what}{_field_hint(key)} (in {source})")
+    return ConfigError(f"{what} (in {source})")
+
+
+def load_config_text(text: str, source: str = "<string>") -> RunConfig:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source} is not valid TOML: {exc}") from None
+    try:
+        cfg = msgspec.convert(raw, RunConfig)
+    except msgspec.ValidationError as exc:
+        raise _format_error(exc, source) from None
+    _check(cfg)
+    return cfg
+
+
+def load_config(path: str | os.PathLike) -> RunConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    return load_config_text(path.read_text(), str(path))
+
+
+def dump_config(cfg: RunConfig) -> str:
+    """The resolved config as TOML-compatible JSON-ish text (written to RUN_DIR/config.json)."""
+    return msgspec.json.format(msgspec.json.encode(cfg).decode(), indent=2)
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """Field docstrings (the string literal under each field) read from the source."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def config_markdown() -> str:
+    """docs/config.md: every section and key with its type, default and meaning."""
+    import re
+    import typing
+
+    lines = ["# cluster.toml reference", "", "Generated by `python -m asyncflow.core.config --markdown`.", ""]
+
+    def section(cls: type, path: str) -> None:
+        lines.extend([f"## `[{path}]`" if path else "## top level", "", " ".join((cls.__doc__ or "").split()), ""])
+        lines.extend(["| key | type | default | meaning |", "|---|---|---|---|"])
+        docs = _field_docs(cls)
+        nested = []
+        for f in msgspec.structs.fields(cls):
+            hint = typing.get_type_hints(cls)[f.name]
+            if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
+                nested.append((hint, f"{path}.{f.name}" if path else f.name))
+                continue
+            default = f.default if f.default is not msgspec.NODEFAULT else (
+                f.default_factory() if f.default_factory is not msgspec.NODEFAULT else "(required)")
+            type_name = hint.__name__ if isinstance(hint, type) and not typing.get_args(hint) else re.sub(r"[\w.]+\.(\w+)", r"\1", str(hint))
+            type_name = type_name.replace("|", "\\|")
+            lines.append(f"| `{f.name}` | `{type_name}` | `{default!r}` | {docs.get(f.name, '')} |")
+        lines.append("")
+        for sub, sub_path in nested:
+            section(sub, sub_path)
+
+    section(RunConfig, "")
+    section(RoleEntry, "[roles]")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if "--markdown" in sys.argv:
+        print(config_markdown())
