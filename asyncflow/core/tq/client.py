@@ -1,0 +1,336 @@
+"""TQClient: what any actor uses to write to and read from a TransferQueue.
+
+    tq = TQClient(ctx.directory)                       # or TQClient(directory_address)
+    metas = tq.allocate(num_groups=4, group_size=8, step=3)   # backpressure: may wait
+    for m, resp in zip(metas, responses):
+        m.version, m.prompt_len, m.response_len = 7, len(prompt), len(resp)
+    tq.put([m.index for m in metas], {"response_ids": responses, "old_logp": logps}, metas)
+
+    batch = tq.get_batch("train", ["response_ids", "old_logp"], 32, policy="group")
+    ... batch.columns["old_logp"][k] (numpy, one array per row), batch.torch("old_logp") ...
+    tq.ack(batch)
+
+Data goes straight between the client and the shards: row ``i`` lives on shard
+``(i // stripe_rows) % num_shards``; a batch spread over several shards is read from
+them concurrently. On the same host, puts of at least ``shm_min_bytes`` travel
+through a shared-memory segment handed to the shard, and reads of such rows map it
+(no bytes on a socket); smaller ones ride in the message.
+
+Arrays returned by ``get_batch`` are views: inline ones into the received message
+(read-only), shared-memory ones over a private copy-on-write mapping (writable).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import numpy as np
+
+from asyncflow.core import protocol, tensors
+from asyncflow.core.errors import RemoteError
+from asyncflow.core.tq import shm
+from asyncflow.core.tq.errors import BatchTimeout, QueueFull
+from asyncflow.core.tq.ledger import shard_of
+
+MANAGER_NAME = "tq.manager"
+
+
+def controller_name(task: str) -> str:
+    return f"tq.controller.{task}"
+
+
+def shard_name(k: int) -> str:
+    return f"tq.shard.{k}"
+
+
+class Batch:
+    """Rows of one task: ``columns[name][k]`` is column ``name`` of row ``indices[k]``;
+    ``parts[r]`` lists positions of dp rank ``r`` (when asked with ``dp_size > 1``)."""
+
+    def __init__(self, task: str, meta: protocol.BatchMeta, columns: dict[str, list[np.ndarray]]):
+        self.task = task
+        self.indices = meta.indices
+        self.metas = meta.metas
+        self.parts = meta.parts
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __repr__(self) -> str:
+        return f"Batch(task={self.task!r}, rows={len(self)}, columns={sorted(self.columns)})"
+
+    def torch(self, name: str) -> list:
+        """Column ``name`` as torch tensors (copies read-only arrays)."""
+        import torch
+
+        return [torch.from_numpy(a if a.flags.writeable else a.copy()) for a in self.columns[name]]
+
+    def part(self, rank: int) -> "Batch":
+        """The sub-batch of dp rank ``rank``."""
+        positions = self.parts[rank]
+        meta = protocol.BatchMeta(
+            task=self.task,
+            indices=[self.indices[p] for p in positions],
+            metas=[self.metas[p] for p in positions],
+            shards=[],
+        )
+        return Batch(self.task, meta, {n: [col[p] for p in positions] for n, col in self.columns.items()})
+
+
+class TQClient:
+    def __init__(
+        self,
+        directory: Any,
+        *,
+        manager: str = MANAGER_NAME,
+        consumer: str | None = None,
+        use_shm: bool | None = None,
+        shm_min_bytes: int = 1 << 20,
+        timeout_s: float = 30.0,
+    ):
+        if isinstance(directory, str):
+            from asyncflow.core.directory import DirectoryClient
+
+            directory = DirectoryClient(directory)
+        self.directory = directory
+        self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.timeout_s = timeout_s
+        self.shm_min_bytes = shm_min_bytes
+        self._manager = directory.ref(manager, wait_s=timeout_s)
+        self.info: protocol.QueueInfo = self._manager.ask(protocol.GetQueueInfo(), timeout_s=timeout_s)
+        self._shards = [directory.ref(name, wait_s=timeout_s) for name in self.info.shards]
+        self._controllers: dict[str, Any] = {}
+        if use_shm is None:
+            here = socket.gethostname()
+            use_shm = shm.available() and all(
+                not ref.address.startswith("tcp://") and directory.lookup(ref.name).host == here for ref in self._shards
+            )
+        self.use_shm = use_shm
+        self._pool: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _controller(self, task: str):
+        ref = self._controllers.get(task)
+        if ref is None:
+            name = self.info.controllers.get(task)
+            if name is None:
+                raise ValueError(f"this queue has no task {task!r}; its tasks are {sorted(self.info.controllers)}")
+            ref = self._controllers[task] = self.directory.ref(name, wait_s=self.timeout_s)
+        return ref
+
+    def _by_shard(self, indices: Sequence[int]) -> dict[int, list[int]]:
+        """shard -> positions into ``indices``."""
+        out: dict[int, list[int]] = {}
+        stripe, num = self.info.stripe_rows, len(self.info.shards)
+        for pos, index in enumerate(indices):
+            out.setdefault(shard_of(index, stripe, num), []).append(pos)
+        return out
+
+    def _each(self, fn, items: list) -> list:
+        """``fn`` over ``items``, concurrently when there are several."""
+        if len(items) == 1:
+            return [fn(items[0])]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=max(2, len(self._shards)), thread_name_prefix="tq-client")
+        return list(self._pool.map(fn, items))
+
+    # -- producers ---------------------------------------------------------------------
+
+    def allocate(self, num_groups: int, group_size: int = 1, *, step: int = -1, timeout_s: float = 60.0) -> list[protocol.RowMeta]:
+        """Reserve rows for ``num_groups`` groups of ``group_size``; waits while the queue
+        is full (raises QueueFull after ``timeout_s``). Returns one RowMeta per row
+        (index, group id and size, step): fill in version/lengths and pass to put."""
+        msg = protocol.Allocate(num_groups=num_groups, group_size=group_size, step=step, timeout_s=timeout_s)
+        try:
+            return self._manager.ask(msg, timeout_s=timeout_s + self.timeout_s).metas
+        except RemoteError as exc:
+            if exc.detail.startswith("TimeoutError"):
+                raise QueueFull(exc.detail.removeprefix("TimeoutError: ")) from None
+            raise
+
+    def put(self, indices: Sequence[int], columns: dict[str, Sequence[Any]], metas: Sequence[protocol.RowMeta] | None = None) -> None:
+        """Write ``columns[name][k]`` (numpy array or torch tensor) as column ``name`` of
+        row ``indices[k]``, straight to the rows' shards; ``metas`` merge into the rows'
+        metadata. Returns once every shard stored its rows."""
+        indices = list(indices)
+        for name, cells in columns.items():
+            if len(cells) != len(indices):
+                raise ValueError(f"column {name!r} has {len(cells)} entries for {len(indices)} rows: give one per row")
+        if metas is not None and len(metas) != len(indices):
+            raise ValueError(f"{len(metas)} metas for {len(indices)} rows: give one per row or none")
+        wire = {name: [tensors.to_wire(c) for c in cells] for name, cells in columns.items()}
+
+        def put_one(item):
+            k, positions = item
+            rows = [indices[p] for p in positions]
+            cols = {name: [cells[p] for p in positions] for name, cells in wire.items()}
+            row_metas = [metas[p] for p in positions] if metas is not None else []
+            num_bytes = sum(tensors.nbytes(t) for cells in cols.values() for t in cells)
+            if self.use_shm and num_bytes >= self.shm_min_bytes:
+                msg = _shm_put(rows, cols, row_metas)
+            else:
+                msg = protocol.PutRows(indices=rows, columns=cols, metas=row_metas)
+            try:
+                self._shards[k].ask(msg, timeout_s=self.timeout_s)
+            except BaseException:
+                if isinstance(msg, protocol.PutRowsShm):
+                    shm.unlink(msg.segment)  # the shard did not take it
+                raise
+
+        self._each(put_one, list(self._by_shard(indices).items()))
+
+    def release(self, indices: Sequence[int]) -> None:
+        """Give back allocated rows that will not be written."""
+        self._manager.ask(protocol.Release(indices=list(indices)), timeout_s=self.timeout_s)
+
+    # -- consumers ---------------------------------------------------------------------
+
+    def get_meta(
+        self,
+        task: str,
+        columns: Sequence[str],
+        batch_size: int,
+        *,
+        policy: str = "fifo",
+        timeout_s: float | None = None,
+        partial: bool = False,
+        filters: Sequence[protocol.RowFilter] = (),
+        dp_size: int = 1,
+        min_step: int | None = None,
+        max_step: int | None = None,
+    ) -> protocol.BatchMeta:
+        """Ask ``task``'s controller for rows (metadata only); they are now this
+        consumer's until acked. Raises BatchTimeout with the reason after ``timeout_s``."""
+        filters = list(filters)
+        if min_step is not None or max_step is not None:
+            filters.append(protocol.RowFilter(
+                field="step",
+                lo=-(2**62) if min_step is None else min_step,
+                hi=2**62 if max_step is None else max_step,
+            ))
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        msg = protocol.GetBatch(
+            consumer=self.consumer, columns=list(columns), batch_size=batch_size, policy=policy,
+            timeout_s=timeout_s, partial=partial, filters=filters, dp_size=dp_size,
+        )
+        try:
+            return self._controller(task).ask(msg, timeout_s=timeout_s + self.timeout_s)
+        except RemoteError as exc:
+            if exc.detail.startswith("TimeoutError"):
+                raise BatchTimeout(exc.detail.removeprefix("TimeoutError: ")) from None
+            raise
+
+    def get_batch(self, task: str, columns: Sequence[str], batch_size: int, **kwargs) -> Batch:
+        """``get_meta`` then read ``columns`` of the rows from their shards (concurrently).
+        With ``partial=True`` the batch may be smaller, even empty."""
+        meta = self.get_meta(task, columns, batch_size, **kwargs)
+        return Batch(task, meta, self.read(meta.indices, columns))
+
+    def read(self, indices: Sequence[int], columns: Sequence[str]) -> dict[str, list[np.ndarray]]:
+        """Columns of rows, straight from the shards: ``out[name][k]`` is row ``indices[k]``."""
+        indices = list(indices)
+        out: dict[str, list[Any]] = {name: [None] * len(indices) for name in columns}
+        if not indices:
+            return out
+
+        def get_one(item):
+            k, positions = item
+            rows = self._shards[k].ask(
+                protocol.GetRows(indices=[indices[p] for p in positions], columns=list(columns), shm=self.use_shm),
+                timeout_s=self.timeout_s,
+            )
+            for name, cells in rows.columns.items():
+                col = out[name]
+                for p, t in zip(positions, cells):
+                    col[p] = tensors.to_numpy(t)
+            if rows.shm_columns:
+                views: dict[str, memoryview] = {}
+                for name, refs in rows.shm_columns.items():
+                    dtype, shapes, col = rows.shm_dtypes[name], rows.shm_shapes[name], out[name]
+                    for p, ref, shape in zip(positions, refs, shapes):
+                        view = views.get(ref.segment)
+                        if view is None:
+                            view = views[ref.segment] = shm.map_readonly(ref.segment)
+                        data = view[ref.offset : ref.offset + ref.num_bytes]
+                        col[p] = tensors.to_numpy(protocol.Tensor(dtype=dtype, shape=shape, data=data))
+
+        self._each(get_one, list(self._by_shard(indices).items()))
+        return out
+
+    def ack(self, batch_or_task: Batch | str, indices: Sequence[int] | None = None) -> None:
+        """Done with rows: ``ack(batch)`` or ``ack(task, indices)``. They are never
+        handed to this task again, and are freed once every task acked them."""
+        if isinstance(batch_or_task, Batch):
+            task, indices = batch_or_task.task, batch_or_task.indices
+        else:
+            task = batch_or_task
+        if indices:
+            self._controller(task).ask(protocol.Ack(consumer=self.consumer, indices=list(indices)), timeout_s=self.timeout_s)
+
+    def requeue(self, task: str, consumer: str) -> int:
+        """Hand a dead consumer's un-acked rows of ``task`` to others; returns how many."""
+        return self._controller(task).ask(protocol.Requeue(consumer=consumer), timeout_s=self.timeout_s).num_rows
+
+    def discard(self, task: str, filters: Sequence[protocol.RowFilter]) -> list[int]:
+        """Ack for ``task``, without reading, every waiting row matching ``filters``."""
+        return self._controller(task).ask(protocol.Discard(filters=list(filters)), timeout_s=self.timeout_s).indices
+
+    # -- whole queue --------------------------------------------------------------------
+
+    def save(self, path: str) -> protocol.QueueSaved:
+        """Save the whole queue (controllers, shards, ledger) under ``path``; call it at
+        a quiescent point (between steps)."""
+        return self._manager.ask(protocol.SaveQueue(path=os.path.abspath(path)), timeout_s=600)
+
+    def load(self, path: str) -> protocol.QueueSaved:
+        return self._manager.ask(protocol.LoadQueue(path=os.path.abspath(path)), timeout_s=600)
+
+    def status(self) -> protocol.QueueStatus:
+        return self._manager.ask(protocol.GetQueueStatus(), timeout_s=self.timeout_s)
+
+    def task_status(self, task: str) -> protocol.TaskStatus:
+        return self._controller(task).ask(protocol.GetTaskStatus(), timeout_s=self.timeout_s)
+
+    def shard_stats(self) -> list[protocol.ShardStats]:
+        return self._each(lambda ref: ref.ask(protocol.GetShardStats(), timeout_s=self.timeout_s), list(self._shards))
+
+
+def _shm_put(rows: list[int], cols: dict[str, list[protocol.Tensor]], metas: list) -> protocol.PutRowsShm:
+    """Write the cells into a new segment; the message hands it to the shard."""
+    dtypes, shapes, offsets = {}, {}, {}
+    pos = 0
+    for name, cells in cols.items():
+        kinds = {t.dtype for t in cells}
+        if len(kinds) != 1:
+            raise ValueError(f"column {name!r} mixes dtypes {sorted(kinds)} across rows; use one dtype per column")
+        dtypes[name] = cells[0].dtype
+        shapes[name] = [tuple(t.shape) for t in cells]
+        offs = offsets[name] = []
+        for t in cells:
+            offs.append(pos)
+            pos += shm.align(tensors.nbytes(t))
+    writer = shm.Writer(pos)
+    try:
+        for name, cells in cols.items():
+            for off, t in zip(offsets[name], cells):
+                if tensors.nbytes(t):
+                    writer.write(off, t.data)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    return protocol.PutRowsShm(
+        indices=rows, dtypes=dtypes, shapes=shapes, segment=writer.name, offsets=offsets,
+        segment_bytes=writer.num_bytes, metas=metas,
+    )

@@ -1,0 +1,169 @@
+"""ControllerActor: the TransferQueue controller of one consuming task
+(``tq.controller.<task>``, e.g. ``tq.controller.train``).
+
+Takes: RowsWritten (tell, from shards), GetBatch (ask: BatchMeta, possibly later),
+Ack (ask: Ok), Requeue (ask: Requeued), Discard (ask: Discarded), ForgetRows (tell,
+from the manager), SaveController, LoadController (ask: Ok), GetTaskStatus (ask:
+TaskStatus), Ping, Stop.
+Sends: RowsAcked (tell) to the manager for every ack or discard.
+
+Invariants (the state's, see ``state.py``):
+- a row is never handed to two consumers of this task, and never again once acked;
+- a GetBatch is answered with metadata only (indices, shards, RowMeta); the data is
+  read straight from the shards by the consumer;
+- a blocking GetBatch waits (DEFER) without holding the actor: requests are served in
+  arrival order as rows become ready, or fail after ``timeout_s`` with an error that
+  names the task, the columns still missing and how many rows are ready;
+- after LoadController, rows that were handed out but not acked are handed out again.
+"""
+
+from __future__ import annotations
+
+import os
+
+from asyncflow.core import protocol
+from asyncflow.core.actor import DEFER, Actor, Pending
+from asyncflow.core.tq.notify import Notifier
+from asyncflow.core.tq.state import TaskState, check_filters
+
+
+class _Waiter:
+    __slots__ = ("msg", "pending")
+
+    def __init__(self, msg: protocol.GetBatch, pending: Pending):
+        self.msg = msg
+        self.pending = pending
+
+
+class ControllerActor(Actor):
+    Inbox = protocol.ControllerIn
+
+    def __init__(self, ctx, task: str, manager: str = "tq.manager"):
+        super().__init__(ctx)
+        self.task = task
+        self.manager = manager
+        self.state = TaskState(task)
+        self.waiters: list[_Waiter] = []
+        self.notifier = Notifier(ctx.name, resolve=ctx.ref)
+
+    def on_stop(self) -> None:
+        self.notifier.close()
+        for w in self.waiters:
+            if not w.pending.done:
+                w.pending.reject(RuntimeError(f"controller of task {self.task!r} stopped"))
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _select(self, msg: protocol.GetBatch):
+        return self.state.select(
+            msg.consumer, msg.columns, msg.batch_size,
+            policy=msg.policy, partial=msg.partial, filters=msg.filters, dp_size=msg.dp_size,
+        )
+
+    def _reply(self, sel) -> protocol.BatchMeta:
+        state = self.state
+        return protocol.BatchMeta(
+            task=self.task,
+            indices=sel.indices,
+            metas=[state.meta(i) for i in sel.indices],
+            shards=[state.shard(i) for i in sel.indices],
+            parts=sel.parts,
+        )
+
+    def _serve_waiters(self) -> None:
+        if not self.waiters:
+            return
+        still = []
+        for w in self.waiters:
+            if w.pending.done:
+                continue
+            sel = self._select(w.msg)
+            if sel is None:
+                still.append(w)
+            else:
+                w.pending.resolve(self._reply(sel))
+        self.waiters = still
+
+    def _expire(self, waiter: _Waiter) -> None:
+        if waiter.pending.done:
+            return
+        self.waiters = [w for w in self.waiters if w is not waiter]
+        msg = waiter.msg
+        r = self.state.readiness(msg.columns, msg.filters)
+        missing = ", ".join(f"{c!r} on {n} rows" for c, n in r.num_missing.items() if n) or "none"
+        group = f", {r.num_complete_groups} complete groups" if msg.policy == "group" else ""
+        waiter.pending.reject(
+            TimeoutError(
+                f"task {self.task!r}: no batch of {msg.batch_size} rows with columns {msg.columns} "
+                f"(policy {msg.policy!r}) within {msg.timeout_s:g} s; {r.num_ready} rows ready{group}; "
+                f"columns still missing: {missing}; {self.state.num_rows} rows known. Are the producers of the "
+                f"missing columns running? Otherwise ask for fewer rows, pass partial=True, or wait longer"
+            )
+        )
+
+    def _tell_acked(self, indices: list[int]) -> None:
+        if indices:
+            self.notifier.tell(self.manager, protocol.RowsAcked(task=self.task, indices=indices))
+
+    # -- messages ----------------------------------------------------------------------
+
+    def handle(self, msg, pending):
+        match msg:
+            case protocol.RowsWritten(shard=shard, indices=indices, columns=columns, metas=metas):
+                self.state.on_written(shard, indices, columns, metas)
+                self._serve_waiters()
+                return protocol.Ok()
+            case protocol.GetBatch():
+                check_filters(msg.filters)
+                sel = self._select(msg)
+                if sel is not None:
+                    return self._reply(sel)
+                if pending is None:
+                    raise ValueError("GetBatch must be asked, not told")
+                waiter = _Waiter(msg, pending)
+                self.waiters.append(waiter)
+                self.call_later(msg.timeout_s, lambda: self._expire(waiter))
+                return DEFER
+            case protocol.Ack(consumer=consumer, indices=indices):
+                done = self.state.ack(consumer, indices)
+                if pending is not None:
+                    pending.resolve(protocol.Ok())
+                self._tell_acked(done)
+                return DEFER
+            case protocol.Requeue(consumer=consumer):
+                indices = self.state.requeue(consumer)
+                self._serve_waiters()
+                return protocol.Requeued(num_rows=len(indices))
+            case protocol.Discard(filters=filters):
+                indices = self.state.discard(filters)
+                self._tell_acked(indices)
+                return protocol.Discarded(indices=indices)
+            case protocol.ForgetRows(indices=indices):
+                self.state.forget(indices)
+                return protocol.Ok()
+            case protocol.SaveController(path=path):
+                self.notifier.flush()
+                tmp = path + ".tmp"
+                with open(tmp, "wb") as f:
+                    f.write(self.state.to_bytes())
+                os.replace(tmp, path)
+                return protocol.Ok()
+            case protocol.LoadController(path=path):
+                with open(path, "rb") as f:
+                    state = TaskState.from_bytes(f.read())
+                if state.task != self.task:
+                    raise ValueError(f"{path} holds the state of task {state.task!r}, not {self.task!r}")
+                self.state = state
+                self._serve_waiters()
+                return protocol.Ok()
+            case protocol.GetTaskStatus():
+                return protocol.TaskStatus(
+                    task=self.task,
+                    num_rows=self.state.num_rows,
+                    num_pending=self.state.pending(),
+                    num_acked=self.state.num_acked,
+                    num_waiting=len(self.waiters),
+                    acked=self.state.acked_indices(),
+                )
+            case protocol.Stop():
+                return protocol.Ok()

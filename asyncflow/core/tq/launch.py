@@ -1,0 +1,52 @@
+"""The actor specs of one TransferQueue, for a process host to start.
+
+``queue_specs(["train", "reference"], num_shards=2)`` gives the manager, one
+controller per task and the shards, named as the client expects. Where each runs
+is the launcher's choice (the bench puts each in its own process, as deployed).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from asyncflow.core.protocol import ActorSpec
+from asyncflow.core.tq.client import MANAGER_NAME, controller_name, shard_name
+
+
+class QueueSpecs(msgspec.Struct, kw_only=True):
+    manager: ActorSpec
+    controllers: list[ActorSpec]
+    shards: list[ActorSpec]
+
+    def all(self) -> list[ActorSpec]:
+        return [self.manager, *self.controllers, *self.shards]
+
+
+def queue_specs(
+    tasks: list[str], num_shards: int = 1, capacity_rows: int = 65536, stripe_rows: int = 64
+) -> QueueSpecs:
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    if stripe_rows < 1:
+        raise ValueError(f"stripe_rows must be >= 1, got {stripe_rows}")
+    controllers = {t: controller_name(t) for t in tasks}
+    shards = [shard_name(k) for k in range(num_shards)]
+    enc = msgspec.msgpack.encode
+    return QueueSpecs(
+        manager=ActorSpec(
+            name=MANAGER_NAME,
+            cls="asyncflow.core.tq.manager:QueueManagerActor",
+            kwargs=enc(dict(tasks=list(tasks), shards=shards, controllers=controllers,
+                            capacity_rows=capacity_rows, stripe_rows=stripe_rows)),
+        ),
+        controllers=[
+            ActorSpec(name=name, cls="asyncflow.core.tq.controller:ControllerActor",
+                      kwargs=enc(dict(task=task, manager=MANAGER_NAME)))
+            for task, name in controllers.items()
+        ],
+        shards=[
+            ActorSpec(name=name, cls="asyncflow.core.tq.shard:ShardActor",
+                      kwargs=enc(dict(shard=k, controllers=list(controllers.values()))))
+            for k, name in enumerate(shards)
+        ],
+    )

@@ -1,0 +1,104 @@
+"""ShardActor: a TransferQueue storage shard (``tq.shard.<i>``).
+
+Takes: PutRows, PutRowsShm (ask: Ok), GetRows (ask: Rows), FreeRows (tell),
+SaveShard, LoadShard (ask: ShardSaved), GetShardStats (ask: ShardStats), Ping, Stop.
+Sends: RowsWritten (tell) to every controller, one per put per controller.
+
+Invariants:
+- the put is acknowledged once the rows are stored; the controllers are told
+  afterwards, from a background thread, so a producer never waits on a controller
+  (a consumer that asks before the notice lands just waits for it);
+- a row's bytes are never copied on the shard: inline cells are views into the put's
+  frame, shared-memory cells are segments the shard owns and unlinks when freed;
+- after LoadShard every controller is told of every loaded row (produced bits are
+  rebuilt from the shards, the ground truth).
+"""
+
+from __future__ import annotations
+
+import os
+
+from asyncflow.core import protocol
+from asyncflow.core.actor import DEFER, Actor
+from asyncflow.core.tq.notify import Notifier
+from asyncflow.core.tq.store import ShardStore
+
+
+def _proc_status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class ShardActor(Actor):
+    Inbox = protocol.ShardIn
+
+    def __init__(self, ctx, shard: int, controllers: list[str]):
+        super().__init__(ctx)
+        self.shard = shard
+        self.controllers = list(controllers)
+        self.store = ShardStore(ctx.name)
+        self.notifier = Notifier(ctx.name, resolve=ctx.ref)
+
+    def on_stop(self) -> None:
+        self.notifier.close()
+        self.store.close()
+
+    def _notify(self, indices: list[int], columns: list[str], metas: list[protocol.RowMeta]) -> None:
+        msg = protocol.RowsWritten(shard=self.shard, indices=indices, columns=columns, metas=metas)
+        for name in self.controllers:
+            self.notifier.tell(name, msg)
+
+    def handle(self, msg, pending):
+        match msg:
+            case protocol.PutRows(indices=indices, columns=columns, metas=metas):
+                self.store.put(indices, columns, metas)
+                if pending is not None:
+                    pending.resolve(protocol.Ok())
+                self._notify(indices, list(columns), metas)
+                return DEFER
+            case protocol.PutRowsShm():
+                self.store.put_shm(
+                    msg.indices, msg.segment, msg.segment_bytes, msg.dtypes, msg.shapes, msg.offsets, msg.metas
+                )
+                if pending is not None:
+                    pending.resolve(protocol.Ok())
+                self._notify(msg.indices, list(msg.dtypes), msg.metas)
+                return DEFER
+            case protocol.GetRows(indices=indices, columns=columns, shm=allow_shm):
+                inline, refs, dtypes, shapes = self.store.get(indices, columns, allow_shm)
+                return protocol.Rows(
+                    indices=indices, columns=inline, shm_columns=refs, shm_dtypes=dtypes, shm_shapes=shapes
+                )
+            case protocol.FreeRows(indices=indices):
+                self.store.free(indices)
+                return protocol.Ok()
+            case protocol.SaveShard(path=path):
+                self.store.save(path)
+                return protocol.ShardSaved(num_rows=self.store.num_rows, num_bytes=self.store.num_bytes)
+            case protocol.LoadShard(path=path):
+                rows = self.store.load(path)
+                by_columns: dict[tuple[str, ...], list] = {}
+                for row in rows:
+                    by_columns.setdefault(tuple(sorted(row.columns)), []).append(row)
+                for columns, group in by_columns.items():
+                    self._notify([r.index for r in group], list(columns), [r.meta for r in group])
+                self.notifier.flush()
+                return protocol.ShardSaved(
+                    num_rows=self.store.num_rows, num_bytes=self.store.num_bytes, indices=self.store.indices()
+                )
+            case protocol.GetShardStats():
+                return protocol.ShardStats(
+                    name=self.ctx.name,
+                    num_rows=self.store.num_rows,
+                    num_bytes=self.store.num_bytes,
+                    peak_bytes=self.store.peak_bytes,
+                    rss_bytes=_proc_status_bytes("VmRSS"),
+                    peak_rss_bytes=_proc_status_bytes("VmHWM"),
+                    shm_bytes=self.store.shm_bytes,
+                    peak_shm_bytes=self.store.peak_shm_bytes,
+                )
+            case protocol.Stop():
+                return protocol.Ok()
