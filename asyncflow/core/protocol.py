@@ -267,6 +267,7 @@ class LoadShard(_Msg):
 class ShardSaved(_Msg):
     num_rows: int
     num_bytes: int
+    indices: list[int] = []  # after LoadShard: the rows now held
 
 
 class GetShardStats(_Msg):
@@ -281,6 +282,7 @@ class ShardStats(_Msg):
     rss_bytes: int  # resident memory of the process now
     peak_rss_bytes: int  # resident memory high-water mark of the process
     shm_bytes: int = 0  # bytes of shared-memory segments owned
+    peak_shm_bytes: int = 0  # most bytes of shared-memory segments owned at once
 
 
 # -- control plane: shard -> controller, client -> controller -------------------
