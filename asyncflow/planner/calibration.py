@@ -8,6 +8,7 @@ time = overhead_s + work / (efficiency * peak), solved by least squares.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import msgspec
@@ -67,10 +68,33 @@ def fit_linear(work: list[float], time_s: list[float], peak: float) -> tuple[flo
     return min(1.0, 1.0 / (slope * peak)), 0.0
 
 
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return "nan" if value != value else ("inf" if value == float("inf") else "-inf" if value == float("-inf") else repr(value))
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON string escapes are valid TOML basic strings
+    raise TypeError(f"no TOML form for {type(value).__name__}")
+
+
+def _to_toml(data: dict) -> str:
+    """TOML of a profile: scalars, then tables, then arrays of tables (no tomli_w needed)."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
+    for key, table in ((k, v) for k, v in data.items() if isinstance(v, dict)):
+        lines += ["", f"[{key}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+    for key, rows in ((k, v) for k, v in data.items() if isinstance(v, list)):
+        for row in rows:
+            lines += ["", f"[[{key}]]"] + [f"{k} = {_toml_value(v)}" for k, v in row.items()]
+    return "\n".join(lines) + "\n"
+
+
 def save_profile(profile: Profile, path: str | Path) -> None:
     path = Path(path)
     if path.suffix == ".toml":
-        path.write_bytes(msgspec.toml.encode(profile))
+        path.write_text(_to_toml(msgspec.to_builtins(profile)))
     else:
         path.write_bytes(msgspec.json.format(msgspec.json.encode(profile), indent=2))
 

@@ -38,6 +38,7 @@ from asyncflow.planner.models import ModelShape
 DTYPE_BYTES = 2  # bf16 weights, activations and KV cache
 MODEL_STATE_BYTES_PER_PARAM = 16  # bf16 param + bf16 grad + fp32 master, Adam m and v
 LOGITS_BYTES_PER_VOCAB = 6  # bf16 logits + fp32 log-softmax for log-probs
+MIN_MICRO_BATCH_TOKENS = 16384  # packed micro-batch (verl's default token budget per device)
 MAX_SEQS_PER_INSTANCE = 512  # engine scheduler cap (vLLM max_num_seqs-like)
 
 
@@ -50,7 +51,7 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True):
     staleness: int = 1  # k: 0 is synchronous
     use_reference: bool = True  # KL to a reference policy
     use_critic: bool = False  # PPO
-    train_micro_batch_tokens: int = 0  # 0: one max-length sequence
+    train_micro_batch_tokens: int = 0  # 0: max(one max-length sequence, 16384), sequences packed
     prefill_chunk_tokens: int = 2048
 
     @property
@@ -67,7 +68,7 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def micro_batch_tokens(self) -> int:
-        return self.train_micro_batch_tokens or self.max_seq_tokens
+        return self.train_micro_batch_tokens or max(self.max_seq_tokens, MIN_MICRO_BATCH_TOKENS)
 
     def validate(self) -> None:
         if self.response_len_tokens > self.max_response_len_tokens:
@@ -198,6 +199,12 @@ def rollout_cost(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload,
     return role
 
 
+def micro_batch_tokens(wl: Workload, ranks: int) -> int:
+    """The token budget of a micro-batch, no more than a rank's share (but one whole sequence)."""
+    share = math.ceil(wl.num_samples * wl.mean_seq_tokens / ranks)
+    return min(wl.micro_batch_tokens, max(share, wl.max_seq_tokens))
+
+
 def forward_cost(
     model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, devices: int, tp: int, role: str = "reference"
 ) -> RoleCost:
@@ -205,7 +212,7 @@ def forward_cost(
     replicas = devices // tp
     tokens = wl.num_samples * wl.mean_seq_tokens
     flops = tokens * model.forward_flops_per_token(wl.mean_seq_tokens / 2)
-    mb = wl.micro_batch_tokens
+    mb = micro_batch_tokens(wl, replicas)
     num_mb = math.ceil(tokens / replicas / mb)
     time_s = flops / (devices * hw.peak_bf16_flops * eff.forward_flops) + num_mb * eff.forward_overhead_s
     time_s += num_mb * model.num_layers * 2 * allreduce_s(hw, eff, mb * model.hidden_size * DTYPE_BYTES, tp, False)
@@ -228,7 +235,7 @@ def train_cost(
     """One optimizer step over the step's tokens (actor; + critic for PPO; + reference if colocated)."""
     dp = devices // (tp * pp)
     tokens = wl.num_samples * wl.mean_seq_tokens
-    mb = wl.micro_batch_tokens
+    mb = micro_batch_tokens(wl, dp)
     num_mb = max(1, math.ceil(tokens / dp / mb))  # micro-batches per data-parallel rank
     models_trained = 2 if wl.use_critic else 1
     flops = models_trained * 3 * tokens * model.forward_flops_per_token(wl.mean_seq_tokens / 2)

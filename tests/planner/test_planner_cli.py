@@ -1,0 +1,88 @@
+"""`afctl plan`: the table, the JSON line, the simulation files, and errors that say what to change."""
+
+import json
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from asyncflow.cli.main import main
+from asyncflow.planner.calibration import Efficiency, Profile, save_profile
+
+KEYS = {"rollout_devices", "train_devices", "reference_devices", "predicted_step_s", "predicted_samples_per_s", "bottleneck"}
+
+
+def _run(*args):
+    result = CliRunner().invoke(main, ["plan", *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_json_output_is_one_object_on_the_last_line_with_the_plans_best_first():
+    out = _run("--model", "32b", "--npus", "512", "--json")
+    payload = json.loads(out.strip().splitlines()[-1])
+    plans = payload["plans"]
+    assert plans and all(KEYS <= set(p) for p in plans)
+    steps = [p["predicted_step_s"] for p in plans]
+    assert steps == sorted(steps)
+    assert all(p["rollout_devices"] + p["train_devices"] + p["reference_devices"] == 512 for p in plans)
+    assert payload["predicted_async_speedup"] > 1
+
+
+def test_the_table_shows_roles_rates_bottleneck_memory_and_the_sync_alternative():
+    out = _run("--model", "7b", "--gpus", "64", "--hardware", "h100", "--top", "3")
+    lines = out.splitlines()
+    assert "h100" in lines[0] and "qwen2.5-7b" in lines[0]
+    assert "rollout dev x tp" in lines[1] and "samples/s" in lines[1] and "peak GiB/dev" in lines[1]
+    assert [line.split()[0] for line in lines[2:5]] == ["1", "2", "3"] and not lines[5][:2].strip().isdigit()
+    assert any(line.startswith("sync alternative:") and "speedup" in line for line in lines)
+
+
+def test_workload_options_change_the_prediction():
+    base = json.loads(_run("--model", "7b", "--gpus", "32", "--json").splitlines()[-1])["plans"][0]
+    longer = json.loads(_run("--model", "7b", "--gpus", "32", "--response-len", "4096", "--json").splitlines()[-1])["plans"][0]
+    assert longer["predicted_step_s"] > base["predicted_step_s"]
+
+
+def test_a_profile_file_changes_the_prediction(tmp_path):
+    path = tmp_path / "h100.json"
+    save_profile(Profile(hardware="h100", efficiency=Efficiency(decode_bandwidth=0.2, train_flops=0.1)), path)
+    base = json.loads(_run("--model", "7b", "--gpus", "32", "--json").splitlines()[-1])["plans"][0]
+    slow = json.loads(_run("--model", "7b", "--gpus", "32", "--profile", str(path), "--json").splitlines()[-1])["plans"][0]
+    assert slow["predicted_step_s"] > 2 * base["predicted_step_s"]
+
+
+def test_simulate_writes_a_trace_and_a_png(tmp_path):
+    out = _run("--model", "7b", "--gpus", "16", "--batch-size", "32", "--simulate", str(tmp_path), "--steps", "3")
+    assert "simulated 3 steps" in out
+    assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_model_that_fits_nowhere_says_what_to_change():
+    result = CliRunner().invoke(main, ["plan", "--model", "72b", "--npus", "4"])
+    assert result.exit_code != 0
+    assert "short by" in result.output and "use more devices" in result.output
+
+
+def test_device_count_and_names_are_checked_with_a_hint():
+    result = CliRunner().invoke(main, ["plan", "--model", "7b"])
+    assert result.exit_code != 0 and "--npus" in result.output
+    result = CliRunner().invoke(main, ["plan", "--model", "9b", "--gpus", "8"])
+    assert result.exit_code != 0 and "preset" in result.output
+
+
+def test_plan_help_imports_neither_torch_nor_numpy_nor_matplotlib():
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from asyncflow.cli.main import main\n"
+        "r = CliRunner().invoke(main, ['plan', '--help'])\n"
+        "assert r.exit_code == 0 and '--npus' in r.output, r.output\n"
+        "r = CliRunner().invoke(main, ['plan', '--model', '7b', '--gpus', '8'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'matplotlib', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

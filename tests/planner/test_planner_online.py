@@ -1,0 +1,72 @@
+"""The online planner's pure move decision, with hysteresis."""
+
+import pytest
+
+from asyncflow.planner.online import OnlinePolicy, RoleWindow, Split, StepObservation, decide, predict_step_s
+
+
+def _obs(step, rollout_busy, train_busy, step_s=10.0, train_queue=0.0):
+    return StepObservation(step=step, step_s=step_s, rollout=RoleWindow(busy_fraction=rollout_busy),
+                           train=RoleWindow(busy_fraction=train_busy, queue_depth=train_queue))
+
+
+def test_trainers_waiting_on_rollout_for_several_steps_move_a_worker_to_rollout():
+    history = [_obs(s, 1.0, 0.4) for s in range(3)]
+    move = decide(history, Split(rollout_workers=2, train_workers=4))
+    assert move is not None
+    assert (move.from_role, move.to_role, move.num_workers) == ("train", "rollout", 1)
+    assert move.split_after == Split(rollout_workers=3, train_workers=3)
+    # Work: rollout 1.0 x 2 x 10 = 20 worker-s, train 0.4 x 4 x 10 = 16; bound now 10 s, after max(20/3, 16/3).
+    assert move.predicted_step_s_after == pytest.approx(10.0 * (20 / 3) / 10.0)
+    assert move.predicted_gain == pytest.approx(10.0 / (20 / 3) - 1)
+    assert "waited on rollout" in move.reason
+
+
+def test_rollout_waiting_on_training_moves_a_worker_to_training():
+    history = [_obs(s, 0.3, 0.95) for s in range(4)]
+    move = decide(history, Split(rollout_workers=4, train_workers=2))
+    assert move is not None and move.to_role == "train" and move.split_after.train_workers == 3
+
+
+def test_no_move_before_the_imbalance_has_lasted_the_patience():
+    history = [_obs(0, 0.9, 0.9), _obs(1, 1.0, 0.4), _obs(2, 1.0, 0.4)]
+    assert decide(history, Split(rollout_workers=2, train_workers=4)) is None
+    assert decide(history[1:], Split(rollout_workers=2, train_workers=4)) is None  # too few steps
+
+
+def test_no_move_right_after_a_move():
+    history = [_obs(s, 1.0, 0.4) for s in range(5)]
+    split = Split(rollout_workers=2, train_workers=4)
+    assert decide(history, split, steps_since_last_move=1) is None
+    assert decide(history, split, steps_since_last_move=3) is not None
+
+
+def test_balanced_roles_and_small_gaps_do_not_move():
+    split = Split(rollout_workers=2, train_workers=2)
+    assert decide([_obs(s, 0.8, 0.7) for s in range(5)], split) is None
+
+
+def test_a_move_that_would_not_pay_is_not_made():
+    # Rollout busier, but moving one of two trainers would make training the bottleneck.
+    history = [_obs(s, 0.9, 0.65) for s in range(3)]
+    assert decide(history, Split(rollout_workers=8, train_workers=2)) is None
+
+
+def test_a_role_never_drops_below_its_minimum_or_moves_part_of_an_instance():
+    history = [_obs(s, 1.0, 0.1) for s in range(3)]
+    assert decide(history, Split(rollout_workers=1, train_workers=1)) is None
+    policy = OnlinePolicy(max_move_workers=4, train_worker_granularity=2)
+    move = decide(history, Split(rollout_workers=2, train_workers=6), policy)
+    assert move is not None and move.num_workers % 2 == 0 and move.split_after.train_workers >= 1
+
+
+def test_a_deep_training_queue_vetoes_a_move_away_from_training():
+    policy = OnlinePolicy(shallow_queue_rows=8)
+    history = [_obs(s, 1.0, 0.4, train_queue=64) for s in range(3)]
+    assert decide(history, Split(rollout_workers=2, train_workers=4), policy) is None
+
+
+def test_prediction_keeps_the_step_when_the_split_is_unchanged():
+    history = [_obs(s, 1.0, 0.5) for s in range(3)]
+    split = Split(rollout_workers=2, train_workers=2)
+    assert predict_step_s(history, split, split) == (10.0, 10.0)
