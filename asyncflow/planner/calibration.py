@@ -34,6 +34,7 @@ class Point(msgspec.Struct, kw_only=True, frozen=True):
     size: str  # human description of what was run ("hidden 128, 4 layers, batch 8")
     work: float
     time_s: float
+    flops: float = 0.0  # decode points: the iteration's FLOPs (it may be compute-bound)
 
 
 class Profile(msgspec.Struct, kw_only=True):
@@ -66,6 +67,26 @@ def fit_linear(work: list[float], time_s: list[float], peak: float) -> tuple[flo
     if slope <= 0:
         raise ValueError("measured times do not grow with work: profile larger sizes")
     return min(1.0, 1.0 / (slope * peak)), 0.0
+
+
+def fit_max(
+    work: list[float], other_s: list[float], time_s: list[float], peak: float, grid: int = 400
+) -> tuple[float, float]:
+    """Fit `time = overhead + max(work / (eff * peak), other_s)`; returns (eff, overhead_s).
+
+    For decode: `work` is bytes read, `other_s` the compute-bound time of the same
+    iteration (from the prefill efficiency), so the bandwidth factor is fitted the way
+    the cost model uses it. A log grid over eff, the overhead in closed form.
+    """
+    best = (float("inf"), 1.0, 0.0)
+    for i in range(grid):
+        eff = 10 ** (-4 + 4 * i / (grid - 1))
+        pred = [max(w / (eff * peak), o) for w, o in zip(work, other_s)]
+        overhead = max(0.0, sum(t - p for t, p in zip(time_s, pred)) / len(pred))
+        err = sum((t - overhead - p) ** 2 for t, p in zip(time_s, pred))
+        if err < best[0]:
+            best = (err, eff, overhead)
+    return best[1], best[2]
 
 
 def _toml_value(value) -> str:

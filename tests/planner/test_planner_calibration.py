@@ -39,3 +39,52 @@ def test_a_profile_round_trips_through_json_and_toml(tmp_path, suffix):
 def test_a_missing_profile_names_the_command_that_makes_one(tmp_path):
     with pytest.raises(FileNotFoundError, match="afctl profile"):
         load_profile(tmp_path / "nope.json")
+
+
+def test_decode_fit_recovers_bandwidth_efficiency_when_some_iterations_are_compute_bound():
+    from asyncflow.planner.calibration import fit_max
+
+    peak = 1e9
+    work = [1e6, 2e6, 4e6, 8e6]
+    compute_s = [0.0, 0.0, 0.05, 0.0]  # the third iteration is compute-bound
+    times = [0.001 + max(w / (0.25 * peak), c) for w, c in zip(work, compute_s)]
+    eff, overhead = fit_max(work, compute_s, times, peak)
+    assert eff == pytest.approx(0.25, rel=0.03)
+    assert overhead == pytest.approx(0.001, abs=3e-4)
+
+
+def test_profile_fit_sets_every_measured_factor():
+    from asyncflow.cli.profile import fit_profile
+    from asyncflow.planner.hardware import get_hardware
+
+    hw = get_hardware("cpu")
+    points = [Point(kind="train", size="s", work=w, time_s=0.01 + w / (0.5 * hw.peak_bf16_flops)) for w in (1e9, 4e9)]
+    points += [Point(kind="forward", size="s", work=w, time_s=w / (0.6 * hw.peak_bf16_flops)) for w in (1e9, 4e9)]
+    points += [Point(kind="prefill", size="s", work=w, time_s=w / (0.4 * hw.peak_bf16_flops)) for w in (1e9, 4e9)]
+    points += [Point(kind="decode", size="s", work=w, flops=1e3, time_s=0.002 + w / (0.2 * hw.memory_bandwidth_bytes_per_s))
+               for w in (1e6, 3e6, 9e6)]
+    eff = fit_profile(points, hw)
+    assert eff.train_flops == pytest.approx(0.5) and eff.train_overhead_s == pytest.approx(0.01)
+    assert eff.forward_flops == pytest.approx(0.6) and eff.prefill_flops == pytest.approx(0.4)
+    assert eff.decode_bandwidth == pytest.approx(0.2, rel=0.03) and eff.decode_overhead_s == pytest.approx(0.002, abs=3e-4)
+
+
+@pytest.mark.slow
+def test_afctl_profile_runs_the_real_engines_and_its_profile_feeds_afctl_plan(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from asyncflow.cli.main import main
+
+    path = tmp_path / "cpu.toml"
+    result = CliRunner().invoke(main, ["profile", "--out", str(path), "--quick", "--repeats", "1"])
+    assert result.exit_code == 0, result.output
+    prof = load_profile(path)
+    assert prof.hardware == "cpu" and len(prof.points) >= 10
+    assert 0 < prof.efficiency.train_flops <= 1 and 0 < prof.efficiency.decode_bandwidth <= 1
+    out = CliRunner().invoke(main, ["plan", "--model", "0.5b", "--devices", "4", "--hardware", "cpu", "--batch-size", "4",
+                                    "-n", "2", "--prompt-len", "32", "--response-len", "32", "--max-response-len", "64",
+                                    "--profile", str(path), "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output.splitlines()[-1])["plans"]

@@ -1,0 +1,167 @@
+"""``afctl profile``: calibrate the planner's efficiency factors by running the real engines.
+
+At a few small model sizes (tiny Qwen2 models built offline by
+``asyncflow.engines.tiny``) it times, on one device (one core, one torch thread, on
+cpu):
+- decode iterations of the native rollout engine at several batch sizes,
+- prefill of batches of long prompts,
+- training steps (forward + backward + AdamW) of the torch training engine,
+- forward passes (reference log-probs) of the same engine.
+Each measurement's work is computed with the planner's own formulas (bf16 bytes,
+2 or 6 FLOPs per parameter per token), so the fitted factor maps the planner's
+arithmetic onto real seconds: time = overhead + work / (efficiency x peak).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+# (hidden, layers, heads, kv heads, intermediate): around 0.1 M to 5 M parameters.
+SIZES = [(64, 2, 4, 2, 192), (128, 4, 4, 2, 384), (256, 4, 8, 4, 768), (384, 6, 8, 4, 1152)]
+QUICK_SIZES = SIZES[:2]
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _measure(model_dir: Path, shape, repeats: int, device: str) -> list:
+    import torch
+
+    from asyncflow.engines.base import TokenBatch
+    from asyncflow.engines.config import RolloutEngineConfig, SamplingParams, TrainEngineConfig
+    from asyncflow.engines.factory import build_rollout_engine, build_train_engine
+    from asyncflow.planner.calibration import Point
+    from asyncflow.planner.cost import DTYPE_BYTES
+
+    size = f"hidden {shape.hidden_size}, {shape.num_layers} layers, {shape.num_params / 1e6:.2f} M params"
+    points = []
+    rollout = build_rollout_engine(
+        RolloutEngineConfig(device=device, max_batch_size=64, kv_cache_bytes=64 * 2**20, num_threads=1), model_dir
+    )
+    prompt_len, new_tokens = 16, 48
+    for batch in (1, 8, 32):
+        prompts = [[7 + (i + j) % 50 for j in range(prompt_len)] for i in range(batch)]
+        only_prefill = _median_time(lambda: rollout.generate(prompts, SamplingParams(max_new_tokens=1, seed=0)), repeats)
+        full = _median_time(lambda: rollout.generate(prompts, SamplingParams(max_new_tokens=new_tokens, seed=0)), repeats)
+        iterations = max(rollout.stats.num_steps, 1)
+        context = prompt_len + new_tokens / 2
+        work = shape.num_params * DTYPE_BYTES + batch * shape.kv_bytes_per_token() * context
+        points.append(Point(kind="decode", size=f"{size}, batch {batch}", work=work, time_s=max(full - only_prefill, 1e-9) / iterations,
+                            flops=batch * shape.forward_flops_per_token(context)))
+    long_prompt = 128
+    for batch in (4, 16):
+        prompts = [[7 + (i + j) % 50 for j in range(long_prompt)] for i in range(batch)]
+        t = _median_time(lambda: rollout.generate(prompts, SamplingParams(max_new_tokens=1, seed=0)), repeats)
+        work = batch * long_prompt * shape.forward_flops_per_token(long_prompt / 2)
+        points.append(Point(kind="prefill", size=f"{size}, {batch} x {long_prompt} tokens", work=work, time_s=t))
+    rollout.close()
+
+    seq_len = 64
+    for batch in (4, 16):
+        trainer = build_train_engine(TrainEngineConfig(device=device, micro_batch_size=batch, num_threads=1), model_dir)
+        ids = torch.randint(7, 57, (batch, seq_len))
+        mask = torch.ones((batch, seq_len), dtype=torch.long)
+        response = torch.zeros((batch, seq_len))
+        response[:, seq_len // 2:] = 1.0
+        tb = TokenBatch(input_ids=ids, attention_mask=mask, response_mask=response)
+
+        def loss_fn(out, mb, ctx):
+            return -(out.logp * mb.response_mask).sum() / ctx.num_tokens, {}
+
+        tokens = batch * seq_len
+        t_train = _median_time(lambda: trainer.train_step(tb, loss_fn), repeats)
+        points.append(Point(kind="train", size=f"{size}, {batch} x {seq_len}", time_s=t_train,
+                            work=3 * tokens * shape.forward_flops_per_token(seq_len / 2)))
+        t_fwd = _median_time(lambda: trainer.forward(tb), repeats)
+        points.append(Point(kind="forward", size=f"{size}, {batch} x {seq_len}", time_s=t_fwd,
+                            work=tokens * shape.forward_flops_per_token(seq_len / 2)))
+    return points
+
+
+def fit_profile(points: list, hardware) -> "object":
+    """Fit each kind of point to (efficiency, overhead); kinds not measured keep defaults."""
+    from asyncflow.planner.calibration import Efficiency, fit_linear, fit_max
+
+    def pick(kind):
+        chosen = [p for p in points if p.kind == kind]
+        return [p.work for p in chosen], [p.time_s for p in chosen]
+
+    fields = {}
+    flops, bandwidth = hardware.peak_bf16_flops, hardware.memory_bandwidth_bytes_per_s
+    for kind, peak, eff_name, overhead_name in (
+        ("prefill", flops, "prefill_flops", None),
+        ("train", flops, "train_flops", "train_overhead_s"),
+        ("forward", flops, "forward_flops", "forward_overhead_s"),
+    ):
+        work, times = pick(kind)
+        if not work:
+            continue
+        eff, overhead = fit_linear(work, times, peak)
+        fields[eff_name] = eff
+        if overhead_name:
+            fields[overhead_name] = overhead
+    decode = [p for p in points if p.kind == "decode"]
+    if decode:
+        # Decode is bound by bandwidth or by compute (at the prefill efficiency), whichever is slower.
+        compute_eff = fields.get("prefill_flops", Efficiency().prefill_flops)
+        fields["decode_bandwidth"], fields["decode_overhead_s"] = fit_max(
+            [p.work for p in decode], [p.flops / (compute_eff * flops) for p in decode], [p.time_s for p in decode], bandwidth
+        )
+    return Efficiency(**fields)
+
+
+@click.command()
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Profile file to write (.json or .toml).")
+@click.option("--hardware", default="cpu", show_default=True, help="Hardware profile whose peaks the factors refer to.")
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "npu"]), help="Where the engines run.")
+@click.option("--quick", is_flag=True, help="Two small sizes only (a few seconds).")
+@click.option("--repeats", type=int, default=3, show_default=True, help="Timed repetitions per measurement (median kept).")
+def profile(out_path, hardware, device, quick, repeats) -> None:
+    """Calibrate the planner: time the real engines at small sizes and fit efficiency factors.
+
+    Then: afctl plan --profile FILE ...
+    """
+    from asyncflow.engines.tiny import make_tiny_model
+    from asyncflow.planner.calibration import Profile, save_profile
+    from asyncflow.planner.hardware import get_hardware
+    from asyncflow.planner.models import from_hf_config
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        hw = get_hardware(hardware)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    points = []
+    with tempfile.TemporaryDirectory(prefix="afctl-profile-") as tmp:
+        for i, (hidden, layers, heads, kv_heads, inter) in enumerate(QUICK_SIZES if quick else SIZES):
+            model_dir = make_tiny_model(Path(tmp) / f"m{i}", hidden_size=hidden, num_layers=layers, num_heads=heads,
+                                        num_kv_heads=kv_heads, intermediate_size=inter)
+            shape = from_hf_config(model_dir)
+            click.echo(f"profiling {shape.num_params / 1e6:.2f} M params (hidden {hidden}, {layers} layers) ...", err=True)
+            points += _measure(model_dir, shape, repeats, device)
+    eff = fit_profile(points, hw)
+    prof = Profile(
+        hardware=hw.name, efficiency=eff, points=points,
+        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        notes=f"afctl profile on {device}, one torch thread per device, tiny Qwen2 models; work in planner units (bf16 bytes)",
+    )
+    save_profile(prof, out_path)
+    for name in ("prefill_flops", "decode_bandwidth", "train_flops", "forward_flops", "decode_overhead_s",
+                 "train_overhead_s", "forward_overhead_s"):
+        click.echo(f"  {name:20s} {getattr(eff, name):.4g}")
+    click.echo(f"wrote {out_path} ({len(points)} measurements); use it with: afctl plan --profile {out_path}")
