@@ -117,9 +117,10 @@ class ReferenceConfig(_Section):
 class RewardConfig(_Section):
     """Reward workers."""
 
-    functions: list[str] = msgspec.field(default_factory=lambda: ["math", "format"])
-    """Built-in rewards summed: ``exact_match``, ``math``, ``format``; or dotted paths
-    ``module:function`` of custom rewards (signature in docs/rewards.md)."""
+    functions: list[str] = msgspec.field(default_factory=lambda: ["math_answer"])
+    """Rewards summed (with ``weights``): built-ins ``exact_match``, ``math_answer``, or
+    dotted paths ``package.module:function`` of custom rewards, each called on a batch
+    as ``fn(prompts, responses, answers, finish_reasons) -> list[float]``."""
     weights: list[float] = msgspec.field(default_factory=list)
     """Weight per function (default 1 each)."""
     num_workers: int = 1

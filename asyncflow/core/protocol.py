@@ -201,12 +201,15 @@ class RowFilter(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     hi: int = 2**62
 
 
-class ShmRef(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
-    """Bytes of a tensor in a same-host shared-memory segment (``/dev/shm/<name>``)."""
+class ShmColumn(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One column of several rows whose bytes sit in same-host shared-memory arenas
+    (``/dev/shm/<name>``): row ``k`` is ``shapes[k]`` of ``dtype`` at ``offsets[k]``
+    in arena ``segments[k]`` (an index into the message's segment table)."""
 
-    segment: str
-    offset: int
-    num_bytes: int
+    dtype: str
+    shapes: list[tuple[int, ...]]
+    segments: list[int]
+    offsets: list[int]
 
 
 # -- data plane: client -> shard ---------------------------------------------------
@@ -221,33 +224,46 @@ class PutRows(_Msg):
     metas: list[RowMeta] = []
 
 
+class ReserveShm(_Msg):
+    """Ask a shard for ``num_bytes`` in one of its shared-memory arenas; the producer
+    writes the bytes there, then sends PutRowsShm for the extent."""
+
+    num_bytes: int
+
+
+class ShmReserved(_Msg):
+    segment: str  # arena name under /dev/shm
+    offset: int
+    num_bytes: int
+
+
 class PutRowsShm(_Msg):
     """As :class:`PutRows`, with the tensor bytes already written by the producer
-    into a shared-memory segment whose ownership passes to the shard."""
+    into an extent reserved with ReserveShm; the extent is the shard's again once
+    every row in it is freed."""
 
     indices: list[int]
-    dtypes: dict[str, str]
-    shapes: dict[str, list[tuple[int, ...]]]
     segment: str
-    offsets: dict[str, list[int]]
-    segment_bytes: int
+    extent_offset: int
+    extent_bytes: int
+    columns: dict[str, ShmColumn]  # ShmColumn.segments are all 0 (this segment)
     metas: list[RowMeta] = []
 
 
 class GetRows(_Msg):
     indices: list[int]
     columns: list[str]
-    shm: bool = False  # answer with ShmRefs where the bytes are in shared memory
+    shm: bool = False  # the reader shares this host: answer with arena offsets where possible
 
 
 class Rows(_Msg):
-    """Reply to GetRows: ``columns[name][k]`` is column ``name`` of ``indices[k]``."""
+    """Reply to GetRows: ``columns[name][k]`` is column ``name`` of ``indices[k]``;
+    columns in ``shm_columns`` are read from the arenas named in ``shm_segments``."""
 
     indices: list[int]
     columns: dict[str, list[Tensor]]
-    shm_columns: dict[str, list[ShmRef]] = {}
-    shm_dtypes: dict[str, str] = {}
-    shm_shapes: dict[str, list[tuple[int, ...]]] = {}
+    shm_columns: dict[str, ShmColumn] = {}
+    shm_segments: list[str] = []
 
 
 class FreeRows(_Msg):
@@ -400,10 +416,12 @@ class Allocate(_Msg):
     group_size: int = 1
     step: int = -1
     timeout_s: float = 60.0
+    extra_groups: int = 0  # also reserve up to this many more groups if they fit now (never waits for them)
 
 
 class Allocated(_Msg):
     metas: list[RowMeta]
+    extra: list[RowMeta] = []  # the extra groups reserved, kept by the client for its next allocations
 
 
 class RowsAcked(_Msg):
@@ -444,7 +462,7 @@ class QueueStatus(_Msg):
     num_freed_rows: int
 
 
-ShardIn = Union[PutRows, PutRowsShm, GetRows, FreeRows, SaveShard, LoadShard, GetShardStats, Ping, Stop]
+ShardIn = Union[PutRows, ReserveShm, PutRowsShm, GetRows, FreeRows, SaveShard, LoadShard, GetShardStats, Ping, Stop]
 ControllerIn = Union[
     RowsWritten, GetBatch, Ack, Requeue, Discard, ForgetRows, SaveController, LoadController, GetTaskStatus, Ping, Stop
 ]
@@ -455,4 +473,110 @@ ManagerIn = Union[GetQueueInfo, Allocate, RowsAcked, Release, SaveQueue, LoadQue
 # Workflow (owned by actors/)
 # --------------------------------------------------------------------------------
 
-# (Workflow messages go here.)
+# Worker roles (prompt loader, rollout, reference, reward, trainer, custom roles)
+# are loop actors: StartWork starts their loop; Pause answers once the current
+# unit of work is done and every row it took is acked (checkpoints use it).
+
+
+class StartWork(_Msg):
+    pass
+
+
+class Pause(_Msg):
+    pass
+
+
+class Resume(_Msg):
+    pass
+
+
+class Paused(_Msg):
+    """Reply to Pause; ``state`` is the role's own resumable state (msgpack)."""
+
+    role: str
+    state: bytes = b""
+
+
+class GetRoleStats(_Msg):
+    pass
+
+
+class RoleStats(_Msg):
+    """Time a role spent per activity since it started (seconds), and its gauges."""
+
+    role: str
+    busy_s: float
+    wait_s: dict[str, float] = {}  # "data", "weights", "capacity"...
+    version: int = -1  # policy version held (rollout) or produced (trainer)
+    num_items: int = 0  # rows produced / consumed
+    state: str = ""  # what it is doing now
+    pid: int = 0
+
+
+# -- weights: trainer -> weight sync -> rollout replicas ---------------------------
+
+
+class WeightsReady(_Msg):
+    """Tell (weight sync -> rollout): version ``version`` can be fetched in ``num_chunks`` chunks."""
+
+    version: int
+    num_chunks: int
+    num_bytes: int
+
+
+class GetLatestWeights(_Msg):
+    pass
+
+
+class GetWeightChunk(_Msg):
+    version: int
+    index: int
+
+
+class WeightChunk(_Msg):
+    version: int
+    index: int
+    names: list[str]
+    tensors: list[Tensor]
+
+
+class AcquireSwap(_Msg):
+    """Ask (rollout -> weight sync): may this replica swap weights now? Answered when
+    no other replica is swapping (sub-step updates keep generation capacity > 0)."""
+
+    replica: str
+    version: int
+
+
+class ReleaseSwap(_Msg):
+    replica: str
+    version: int
+
+
+# -- metrics: roles -> collector (in the driver) ----------------------------------
+
+
+class StepMetrics(_Msg):
+    """Tell (trainer -> collector): one object per trainer step for metrics.jsonl."""
+
+    step: int
+    values: dict[str, float]
+
+
+class RunFinished(_Msg):
+    """Tell (trainer -> collector): the last step is done and checkpointed."""
+
+    last_step: int
+    checkpoint: str
+
+
+class RoleFailed(_Msg):
+    """Tell (any role -> collector): the role's loop raised; the run cannot go on."""
+
+    role: str
+    error: str
+
+
+LoopIn = Union[StartWork, Pause, Resume, GetRoleStats, WeightsReady, Ping, Stop]
+WeightSyncIn = Union[GetLatestWeights, GetWeightChunk, AcquireSwap, ReleaseSwap, Ping, Stop]
+CollectorIn = Union[StepMetrics, RunFinished, RoleFailed, Ping, Stop]

@@ -1,0 +1,149 @@
+"""LoopActor: the base of every worker role (loader, rollout, reference, reward, trainer).
+
+A worker does its work in units (``work_once``: one generate call, one scored
+batch, one train step). Units run in the actor's own thread, one per ``_Tick``
+message the actor tells itself, so other messages (Pause, GetRoleStats,
+WeightsReady, Stop) are handled between units, never in the middle of one.
+
+Takes: StartWork, Pause, Resume, GetRoleStats, WeightsReady (rollout), Ping, Stop.
+Sends: Paused, RoleStats; RoleFailed to the collector if a unit raises.
+
+Invariants:
+- Pause is answered between units, so every row a unit took has been acked or
+  put back when Paused is sent (checkpoints rely on it).
+- Time is accounted per activity (``with self.activity("generate")``); what is not
+  inside an activity called ``wait_*`` counts as busy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from contextlib import contextmanager
+
+from asyncflow.core import protocol
+from asyncflow.core.actor import Actor, ActorContext
+
+log = logging.getLogger(__name__)
+
+COLLECTOR = "collector"
+
+
+class _Tick:
+    pass
+
+
+class LoopActor(Actor):
+    Inbox = protocol.LoopIn
+    role_kind = "worker"
+
+    def __init__(self, ctx: ActorContext):
+        super().__init__(ctx)
+        self._running = False
+        self._paused = False
+        self._finished = False
+        self._busy_s = 0.0
+        self._wait_s: dict[str, float] = {}
+        self._state = "idle"
+        self.num_items = 0
+        self._started_at = time.monotonic()
+        self.tracer = None  # set by the launcher's span recorder, if any
+
+    # -- to implement ----------------------------------------------------------------
+    def work_once(self) -> bool:
+        """Do one unit of work; return False when the role has nothing more to do."""
+        raise NotImplementedError
+
+    def resumable_state(self) -> bytes:
+        """State to save at a checkpoint (returned in Paused)."""
+        return b""
+
+    def on_message(self, msg, pending):
+        """Role-specific messages (WeightsReady for rollout)."""
+        raise TypeError(f"{self.ctx.name} does not handle {type(msg).__name__}")
+
+    @property
+    def version(self) -> int:
+        return -1
+
+    # -- time accounting -------------------------------------------------------------
+    @contextmanager
+    def activity(self, name: str):
+        """Account the time of the block to ``name`` (``wait_*`` counts as waiting)."""
+        previous, self._state = self._state, name
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            elapsed = time.monotonic() - start
+            if name.startswith("wait_"):
+                key = name.removeprefix("wait_")
+                self._wait_s[key] = self._wait_s.get(key, 0.0) + elapsed
+            else:
+                self._busy_s += elapsed
+            if self.tracer is not None:
+                self.tracer.span(self.ctx.name, name, start, elapsed)
+            self._state = previous
+
+    def stats(self) -> protocol.RoleStats:
+        return protocol.RoleStats(
+            role=self.ctx.name, busy_s=self._busy_s, wait_s=dict(self._wait_s), version=self.version,
+            num_items=self.num_items, state="paused" if self._paused else self._state, pid=os.getpid(),
+        )
+
+    # -- loop --------------------------------------------------------------------------
+    def _schedule(self) -> None:
+        if self._running and not self._paused and not self._finished:
+            self.actor_ref.tell(_Tick())
+
+    def on_receive(self, message):
+        if isinstance(message, _Tick):
+            self._tick()
+            return None
+        return super().on_receive(message)
+
+    def _tick(self) -> None:
+        if not self._running or self._paused or self._finished:
+            return
+        try:
+            more = self.work_once()
+        except Exception as exc:
+            self._finished = True
+            detail = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+            log.error("role %s failed: %s", self.ctx.name, detail)
+            self._report_failure(detail)
+            return
+        if not more:
+            self._finished = True
+            self._state = "done"
+            return
+        self._schedule()
+
+    def _report_failure(self, detail: str) -> None:
+        try:
+            self.ctx.ref(COLLECTOR, wait_s=1.0).tell(protocol.RoleFailed(role=self.ctx.name, error=detail))
+        except Exception as exc:  # the collector may be gone at shutdown; the log has it
+            log.error("could not report the failure of %s: %s", self.ctx.name, exc)
+
+    def handle(self, msg, pending):
+        match msg:
+            case protocol.StartWork():
+                self._running = True
+                self._schedule()
+                return protocol.Ok()
+            case protocol.Pause():
+                self._paused = True
+                return protocol.Paused(role=self.ctx.name, state=self.resumable_state())
+            case protocol.Resume():
+                self._paused = False
+                self._schedule()
+                return protocol.Ok()
+            case protocol.GetRoleStats():
+                return self.stats()
+            case protocol.Stop():
+                self._running = False
+                return protocol.Ok()
+            case _:
+                return self.on_message(msg, pending)

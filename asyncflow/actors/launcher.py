@@ -1,0 +1,330 @@
+"""The driver of ``afctl up`` (not an actor itself): prepares the run directory,
+starts every process host and actor, shows progress, restarts failed workers, and
+stops everything cleanly.
+
+Processes on the embedded local default (one host per line)::
+
+    driver      directory, collector                 (this process)
+    queue       tq.manager, tq.controller.<task>...
+    shard.<i>   tq.shard.<i>
+    loader      loader
+    rollout.<i> rollout.<i>
+    reward.<i>  reward.<i>
+    reference.<i> reference.<i>                      (when algorithm.kl_coef > 0)
+    trainer     trainer, weights
+    <role>      custom roles from [[roles]]
+
+Fault tolerance: when a rollout, reward or reference process dies, the rows it had
+taken are requeued to its task (``Requeue``), the process is started again, and
+the run goes on; the restart is reported and counted in summary.json. The loss of
+the queue, a shard, the loader or the trainer stops the run (resume from the last
+checkpoint with ``afctl up --resume RUN_DIR``).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+import click
+import msgspec
+
+from asyncflow.actors._run import LaunchInfo
+from asyncflow.actors.collector import COLLECTOR, CollectorActor
+from asyncflow.actors.trainer import latest_checkpoint
+from asyncflow.core import protocol
+from asyncflow.core.actor import serve_actor
+from asyncflow.core.config import ConfigError, RunConfig, dump_config, load_config
+from asyncflow.core.directory import DirectoryClient, start_directory
+from asyncflow.core.errors import AsyncflowError
+from asyncflow.core.host import HostProcess, spawn_host
+from asyncflow.core.tq.client import TQClient
+from asyncflow.core.tq.launch import queue_specs
+
+RESTARTABLE = {"rollout": "rollout", "reward": "reward", "reference": "reference"}  # kind -> its queue task
+
+
+def _spec(name: str, cls: str, **kwargs) -> protocol.ActorSpec:
+    return protocol.ActorSpec(name=name, cls=cls, kwargs=msgspec.msgpack.encode(kwargs))
+
+
+class RunFailed(AsyncflowError):
+    pass
+
+
+class Launcher:
+    def __init__(self, cfg: RunConfig, run_dir: Path, launch: LaunchInfo):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.launch = launch
+        self.hosts: dict[str, HostProcess] = {}
+        self.host_specs: dict[str, list[protocol.ActorSpec]] = {}
+        self.host_kind: dict[str, str] = {}
+        self.restarts: list[dict] = []
+        self.stopping = False
+
+    # -- layout ------------------------------------------------------------------------
+    def tasks(self) -> list[str]:
+        tasks = ["rollout", "reward", "train"]
+        if self.cfg.algorithm.kl_coef > 0:
+            tasks.append("reference")
+        return tasks
+
+    def role_names(self) -> dict[str, list[str]]:
+        cfg = self.cfg
+        names = {
+            "loader": ["loader"],
+            "rollout": [f"rollout.{i}" for i in range(cfg.rollout.num_replicas)],
+            "reward": [f"reward.{i}" for i in range(cfg.reward.num_workers)],
+            "reference": [f"reference.{i}" for i in range(cfg.reference.num_workers)] if cfg.algorithm.kl_coef > 0 else [],
+            "custom": [r.name for r in cfg.roles],
+        }
+        return names
+
+    def plan(self) -> None:
+        cfg, rd = self.cfg, str(self.run_dir)
+        capacity = cfg.queue.capacity_rows or cfg.samples_per_step * (cfg.staleness + 3)
+        q = queue_specs(self.tasks(), num_shards=cfg.queue.num_shards, capacity_rows=capacity)
+        self._add("queue", "queue", [q.manager, *q.controllers])
+        for i, shard in enumerate(q.shards):
+            self._add(f"shard.{i}", "shard", [shard])
+        names = self.role_names()
+        self._add("loader", "loader", [_spec("loader", "asyncflow.actors.prompt_loader:PromptLoaderActor", run_dir=rd)])
+        for name in names["rollout"]:
+            self._add(name, "rollout", [_spec(name, "asyncflow.actors.rollout:RolloutActor", run_dir=rd)])
+        for name in names["reward"]:
+            self._add(name, "reward", [_spec(name, "asyncflow.actors.reward:RewardActor", run_dir=rd)])
+        for name in names["reference"]:
+            self._add(name, "reference", [_spec(name, "asyncflow.actors.reference:ReferenceActor", run_dir=rd)])
+        for role in cfg.roles:
+            self._add(role.name, "custom", [_spec(role.name, role.cls, run_dir=rd, **role.kwargs)])
+        others = [n for kind in ("loader", "rollout", "reward", "reference", "custom") for n in names[kind]]
+        self._add("trainer", "trainer", [_spec(
+            "trainer", "asyncflow.actors.trainer:TrainerActor", run_dir=rd, other_roles=others,
+            rollout_replicas=names["rollout"],
+        )])
+        self.workers = others + ["trainer"]
+
+    def _add(self, host: str, kind: str, specs: list[protocol.ActorSpec]) -> None:
+        self.host_specs[host] = specs
+        self.host_kind[host] = kind
+
+    # -- start / stop --------------------------------------------------------------------
+    def start(self) -> None:
+        cfg = self.cfg
+        self.ipc_dir = tempfile.mkdtemp(prefix="af-")  # short: ipc paths are limited to ~100 bytes
+        transport = msgspec.structs.replace(cfg.cluster.transport, ipc_dir=self.ipc_dir)
+        self.transport = transport.validate()
+        self.directory = start_directory(self.transport)
+        self.dc = DirectoryClient(self.directory.address, self.transport)
+        self.collector = serve_actor(
+            CollectorActor, COLLECTOR, self.transport, directory_address=self.directory.address,
+            run_dir=str(self.run_dir), num_steps=cfg.train.num_steps, progress=cfg.logging.progress,
+        )
+        self.dc.register(self.collector.entry())
+        self.collector_proxy = self.collector.pykka_ref.proxy()
+        env = {"OMP_NUM_THREADS": str(cfg.cluster.threads_per_process), "TOKENIZERS_PARALLELISM": "false",
+               "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")]))}
+        self.env = env
+        for host in self.host_specs:
+            self.hosts[host] = spawn_host(host, self.dc, self.transport, env=env)
+        order = [h for h in self.host_specs if self.host_kind[h] in ("queue", "shard")]
+        self._start_hosts(order)
+        if self.launch.resume_from:
+            saved = TQClient(self.dc, consumer="driver").load(str(Path(self.launch.resume_from) / "queue"))
+            click.echo(f"resumed the queue: {saved.num_rows} rows from {self.launch.resume_from}")
+        self._start_hosts([h for h in self.host_specs if h not in order])
+        for name in self.workers:
+            self.dc.ref(name).ask(protocol.StartWork(), timeout_s=30)
+
+    def _start_hosts(self, names: list[str]) -> None:
+        with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+            list(pool.map(lambda h: self.hosts[h].start(self.host_specs[h], timeout_s=300), names))
+
+    def stop(self) -> None:
+        self.stopping = True
+        with ThreadPoolExecutor(max_workers=max(1, len(self.hosts))) as pool:
+            list(pool.map(lambda h: h.stop(timeout_s=20), self.hosts.values()))
+        self.collector.stop()
+        self.directory.stop()
+
+    # -- watching ------------------------------------------------------------------------
+    def role_stats(self) -> dict[str, protocol.RoleStats]:
+        out = {}
+        for name in self.workers:
+            try:
+                out[name] = self.dc.ref(name, wait_s=0.5).ask(protocol.GetRoleStats(), timeout_s=5)
+            except (AsyncflowError, LookupError):
+                pass  # restarting or gone: no figure this time
+        return out
+
+    def busy_fractions(self, stats: dict[str, protocol.RoleStats]) -> dict[str, float]:
+        return {n: s.busy_s / max(1e-9, s.busy_s + sum(s.wait_s.values())) for n, s in stats.items()}
+
+    def check_hosts(self) -> None:
+        for host, proc in list(self.hosts.items()):
+            if proc.alive() or self.stopping:
+                continue
+            kind, code = self.host_kind[host], proc.proc.returncode
+            if kind not in RESTARTABLE:
+                raise RunFailed(f"process {host!r} ({kind}) exited with code {code}; the run cannot go on. "
+                                f"Resume from the last checkpoint: afctl up --resume {self.run_dir}")
+            tq = TQClient(self.dc, consumer="driver")
+            requeued = sum(tq.requeue(RESTARTABLE[kind], spec.name) for spec in self.host_specs[host])
+            for spec in self.host_specs[host]:
+                self.dc.unregister(spec.name)
+            click.echo(f"!! {host} exited with code {code}: requeued {requeued} rows it held, restarting it", err=True)
+            self.hosts[host] = spawn_host(host, self.dc, self.transport, self.host_specs[host], env=self.env)
+            for spec in self.host_specs[host]:
+                self.dc.ref(spec.name, refresh=True).ask(protocol.StartWork(), timeout_s=30)
+            self.restarts.append({"host": host, "exit_code": code, "requeued_rows": requeued, "time": time.time()})
+
+    def hang_report(self, waited_s: float) -> str:
+        lines = [f"no trainer step completed in {waited_s:.0f} s; what every role is doing:"]
+        for name, s in self.role_stats().items():
+            lines.append(f"  {name:<14} pid {s.pid:<7} state {s.state:<14} version {s.version:<4} items {s.num_items}")
+        try:
+            status = TQClient(self.dc, consumer="driver").status()
+            lines.append(f"  queue: {msgspec.json.encode(status).decode()}")
+        except AsyncflowError as exc:
+            lines.append(f"  queue: no answer ({exc})")
+        for host, proc in self.hosts.items():
+            if proc.alive():
+                os.kill(proc.pid, signal.SIGUSR1)  # each host dumps its Python stacks to stderr
+        lines.append("  (Python stacks of every process follow on stderr)")
+        return "\n".join(lines)
+
+    def wait(self) -> protocol.RunFinished:
+        collector = self.collector_proxy
+        last_poll = 0.0
+        last_hang = time.monotonic()
+        finished, failed = collector.finished.get(), collector.failed.get()
+        while not finished.wait(0.5):
+            if failed.is_set():
+                role, error = collector.failures.get()[0]
+                raise RunFailed(f"role {role} failed:\n{error}")
+            self.check_hosts()
+            now = time.monotonic()
+            if now - last_poll > 2.0:
+                collector.busy = self.busy_fractions(self.role_stats())
+                last_poll = now
+            since = now - max(collector.last_step_at.get(), last_hang)
+            if since > self.cfg.logging.hang_timeout_s:
+                click.echo(self.hang_report(since), err=True)
+                last_hang = now
+        return collector.result.get()
+
+
+# -- preparing the run directory -----------------------------------------------------------
+
+
+def prepare_new(config_path: str, run_dir: str | None) -> tuple[RunConfig, Path, LaunchInfo]:
+    cfg = load_config(config_path)
+    if run_dir is None:
+        run_dir = os.path.join("runs", f"{Path(config_path).stem}-{datetime.now():%Y%m%d-%H%M%S}")
+    rd = Path(run_dir)
+    if (rd / "metrics.jsonl").exists():
+        raise ConfigError(f"run directory {rd} already holds a run: resume it with `afctl up --resume {rd}` or choose another --run-dir")
+    rd.mkdir(parents=True, exist_ok=True)
+    model_dir = cfg.model.path
+    if not model_dir:
+        from asyncflow.algorithms.tasks import make_task_model
+
+        click.echo(f"building the tiny {cfg.model.tiny} model into {rd / 'model'} ...")
+        model_dir = str(make_task_model(rd / "model", seed=cfg.seed, arch=cfg.model.tiny,
+                                        warm_start_steps=150 if cfg.model.tiny_warm_start else 0))
+    data_path = cfg.data.path
+    if not data_path:
+        from asyncflow.algorithms.tasks import write_jsonl
+
+        data_path = str(write_jsonl(rd / "data.jsonl", cfg.data.num_prompts, seed=cfg.data.seed))
+    launch = LaunchInfo(model_dir=os.path.abspath(model_dir), base_model_dir=os.path.abspath(model_dir),
+                        data_path=os.path.abspath(data_path))
+    (rd / "config.json").write_text(dump_config(cfg))
+    (rd / "launch.json").write_bytes(msgspec.json.format(msgspec.json.encode(launch)))
+    return cfg, rd, launch
+
+
+def prepare_resume(run_dir: str) -> tuple[RunConfig, Path, LaunchInfo]:
+    rd = Path(run_dir)
+    if not (rd / "config.json").exists():
+        raise ConfigError(f"{rd} is not a run directory (no config.json)")
+    cfg = msgspec.json.decode((rd / "config.json").read_bytes(), type=RunConfig)
+    ckpt = latest_checkpoint(rd)
+    if ckpt is None:
+        raise ConfigError(f"{rd} has no complete checkpoint to resume from (checkpoints/step_*/DONE)")
+    previous = msgspec.json.decode((rd / "launch.json").read_bytes(), type=LaunchInfo)
+    step = int((ckpt / "DONE").read_text())
+    if step >= cfg.train.num_steps:
+        raise ConfigError(f"{rd} already finished its {cfg.train.num_steps} steps; raise train.num_steps to go on")
+    launch = LaunchInfo(
+        model_dir=str(ckpt / "model"), base_model_dir=previous.base_model_dir, data_path=previous.data_path,
+        start_step=step, resume_from=str(ckpt),
+        role_states=msgspec.msgpack.decode((ckpt / "roles.msgpack").read_bytes()),
+    )
+    (rd / "launch.json").write_bytes(msgspec.json.format(msgspec.json.encode(launch)))
+    # metrics of steps after the checkpoint were not kept: drop them so each step appears once
+    metrics = rd / "metrics.jsonl"
+    if metrics.exists():
+        kept = [l for l in metrics.read_text().splitlines() if l and json.loads(l)["step"] < step]
+        metrics.write_text("".join(l + "\n" for l in kept))
+    return cfg, rd, launch
+
+
+def run(config_path: str | None, run_dir: str | None, resume: str | None) -> dict:
+    """Run to the end; returns the summary (also written to RUN_DIR/summary.json)."""
+    cfg, rd, launch = prepare_resume(resume) if resume else prepare_new(config_path, run_dir)
+    faulthandler.enable()
+    launcher = Launcher(cfg, rd, launch)
+    launcher.plan()
+    t0 = time.monotonic()
+    click.echo(f"run directory: {rd}  ({cfg.workflow.mode}, staleness {cfg.staleness}, "
+               f"{len(launcher.host_specs)} processes, steps {launch.start_step}..{cfg.train.num_steps - 1})")
+    try:
+        launcher.start()
+        result = launcher.wait()
+        stats = launcher.role_stats()
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted: stopping every process. Continue with: afctl up --resume {rd}", err=True)
+        raise
+    finally:
+        launcher.stop()
+    wall_s = time.monotonic() - t0
+    summary = summarize(rd, cfg, stats, wall_s, launcher.restarts, result)
+    (rd / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def summarize(rd: Path, cfg: RunConfig, stats: dict[str, protocol.RoleStats], wall_s: float, restarts: list, result) -> dict:
+    rows = [json.loads(l) for l in (rd / "metrics.jsonl").read_text().splitlines() if l]
+    n = max(1, len(rows) // 10)
+    busy = {name: s.busy_s for name, s in stats.items()}
+    first_t = rows[0]["time_s"] - rows[0]["step_time_s"] if rows else 0.0
+    span = (rows[-1]["time_s"] - first_t) if rows else wall_s
+    return {
+        "mode": cfg.workflow.mode,
+        "staleness": cfg.staleness,
+        "steps": len(rows),
+        "wall_s": round(wall_s, 2),
+        "train_span_s": round(span, 2),
+        "samples": sum(r["samples"] for r in rows),
+        "tokens": sum(r["tokens"] for r in rows),
+        "samples_per_s": sum(r["samples"] for r in rows) / max(span, 1e-9),
+        "tokens_per_s": sum(r["tokens"] for r in rows) / max(span, 1e-9),
+        "reward_first_10pct": sum(r["reward_mean"] for r in rows[:n]) / n if rows else None,
+        "reward_last_10pct": sum(r["reward_mean"] for r in rows[-n:]) / n if rows else None,
+        "staleness_max": max((r["staleness_max"] for r in rows), default=0),
+        "busy_s": busy,
+        "busy_fraction": {name: b / max(wall_s, 1e-9) for name, b in busy.items()},
+        "restarts": restarts,
+        "checkpoint": result.checkpoint if result else "",
+    }

@@ -1,0 +1,60 @@
+"""ReferenceActor: log-probs of responses under the frozen reference policy (for KL).
+
+Each unit: take rows of the ``reference`` task with ``prompt_ids`` and
+``response_ids``, compute per-token log-probs of the response under the base model
+(no gradients), put ``ref_logp`` (float32 [L]) per row, ack. Started only when
+``algorithm.kl_coef > 0``.
+
+Takes: LoopActor messages. Sends: TQ reads and writes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asyncflow.actors._batching import token_batch
+from asyncflow.actors._loop import LoopActor
+from asyncflow.actors._run import Run, set_threads
+from asyncflow.core.tq.client import TQClient
+from asyncflow.core.tq.errors import BatchTimeout
+
+
+class ReferenceActor(LoopActor):
+    role_kind = "reference"
+    COLUMNS = ["prompt_ids", "response_ids"]
+
+    def __init__(self, ctx, run_dir: str):
+        super().__init__(ctx)
+        from asyncflow.engines.factory import build_train_engine
+
+        self.run = Run(run_dir)
+        cfg = self.run.config
+        set_threads(cfg)
+        self.engine = build_train_engine(cfg.train.engine, self.run.launch.base_model_dir)
+        self.temperature = cfg.rollout.sampling.temperature or 1.0
+        self.sync = cfg.workflow.mode == "sync"
+        self.tq = TQClient(ctx.directory, consumer=ctx.name)
+
+    def work_once(self) -> bool:
+        cfg = self.run.config
+        size = cfg.samples_per_step if self.sync else cfg.reference.micro_batch_size
+        with self.activity("wait_data"):
+            try:
+                batch = self.tq.get_batch("reference", self.COLUMNS, size, partial=not self.sync,
+                                          timeout_s=0.5, policy="group" if self.sync else "fifo")
+                if len(batch) == 0:
+                    batch = self.tq.get_batch("reference", self.COLUMNS, 1, timeout_s=0.5)
+            except BatchTimeout:
+                return True
+        with self.activity("forward"):
+            tb, starts = token_batch(batch.columns["prompt_ids"], batch.columns["response_ids"])
+            logp_BT = self.engine.forward(tb, temperature=self.temperature).logp
+            out = [
+                logp_BT[b, s : s + len(r)].numpy().astype(np.float32)
+                for b, (s, r) in enumerate(zip(starts, batch.columns["response_ids"]))
+            ]
+        with self.activity("put"):
+            self.tq.put(batch.indices, {"ref_logp": out})
+            self.tq.ack(batch)
+        self.num_items += len(batch)
+        return True

@@ -1,0 +1,68 @@
+"""RewardActor: scores responses with rule-based or custom reward functions.
+
+Each unit: take rows of the ``reward`` task with ``response_ids``, ``answer`` and
+``finish`` produced (async: whatever is ready, up to ``reward.batch_size``; sync:
+the whole global batch at once), decode them, call the configured functions and
+put ``reward`` (float32 [1]) per row, then ack.
+
+Takes: LoopActor messages. Sends: TQ reads and writes.
+Invariant: every row gets exactly one reward (rows are consumed exactly once).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asyncflow.actors._loop import LoopActor
+from asyncflow.actors._run import Run
+from asyncflow.core.tq.client import TQClient
+from asyncflow.core.tq.errors import BatchTimeout
+
+
+def build_reward_fn(functions: list[str], weights: list[float]):
+    from asyncflow.algorithms.rewards import load_reward_fn, weighted_sum
+
+    weights = weights or [1.0] * len(functions)
+    return weighted_sum(*[(w, load_reward_fn(name)) for w, name in zip(weights, functions)])
+
+
+class RewardActor(LoopActor):
+    role_kind = "reward"
+    COLUMNS = ["prompt_ids", "response_ids", "answer", "finish"]
+
+    def __init__(self, ctx, run_dir: str):
+        super().__init__(ctx)
+        self.run = Run(run_dir)
+        cfg = self.run.config
+        self.tokenizer = self.run.tokenizer()
+        self.fn = build_reward_fn(cfg.reward.functions, cfg.reward.weights)
+        self.sync = cfg.workflow.mode == "sync"
+        self.tq = TQClient(ctx.directory, consumer=ctx.name)
+        self._remaining = cfg.samples_per_step * (cfg.train.num_steps - self.run.launch.start_step)
+
+    def work_once(self) -> bool:
+        from asyncflow.algorithms.rewards import call_reward
+
+        cfg = self.run.config
+        with self.activity("wait_data"):
+            try:
+                if self.sync:  # the baseline: score the whole batch once it is generated
+                    batch = self.tq.get_batch("reward", self.COLUMNS, cfg.samples_per_step, policy="group", timeout_s=0.5)
+                else:
+                    batch = self.tq.get_batch("reward", self.COLUMNS, cfg.reward.batch_size, partial=True)
+                    if len(batch) == 0:
+                        batch = self.tq.get_batch("reward", self.COLUMNS, 1, timeout_s=0.5)
+            except BatchTimeout:
+                return True
+        with self.activity("score"):
+            decode = lambda ids: self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)  # noqa: E731
+            prompts = [decode(a) for a in batch.columns["prompt_ids"]]
+            responses = [decode(a) for a in batch.columns["response_ids"]]
+            answers = [bytes(a).decode() for a in batch.columns["answer"]]
+            finish = ["stop" if int(f[0]) else "length" for f in batch.columns["finish"]]
+            rewards = call_reward(self.fn, prompts, responses, answers, finish)
+        with self.activity("put"):
+            self.tq.put(batch.indices, {"reward": [np.asarray([r], dtype=np.float32) for r in rewards]})
+            self.tq.ack(batch)
+        self.num_items += len(batch)
+        return True

@@ -1,0 +1,166 @@
+"""RolloutActor: one rollout replica. Generates responses for prompt groups.
+
+Each unit: take up to ``prompts_per_call`` whole prompt groups from the ``rollout``
+task whose planned step s satisfies ``s <= version + k`` (the staleness bound:
+rollout stops admitting prompts rather than run further ahead), generate the
+group's ``group_size`` responses, put ``response_ids`` (int64), ``rollout_logp``
+(float32) and ``finish`` (uint8, 1 = stop token) with the policy version, ack.
+
+Delayed parameter update: ``WeightsReady`` starts a background fetch of the new
+weights into a host buffer while generation goes on with the old ones; the swap
+onto the device happens between units (``AcquireSwap`` first: with sub-step
+updates, replicas swap one at a time).
+
+Takes: LoopActor messages + WeightsReady. Sends: GetWeightChunk, AcquireSwap,
+ReleaseSwap (to ``weights``); TQ reads and writes.
+Invariant: every row a unit took is put and acked (or, if the process dies,
+requeued by the launcher) before the next unit starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import msgspec
+import numpy as np
+
+from asyncflow.actors._loop import LoopActor
+from asyncflow.actors._run import Run, set_threads
+from asyncflow.actors.weight_sync import WEIGHTS_NAME
+from asyncflow.core import protocol
+from asyncflow.core.tensors import to_torch
+from asyncflow.core.tq.client import TQClient
+from asyncflow.core.tq.errors import BatchTimeout
+
+log = logging.getLogger(__name__)
+
+
+class RolloutActor(LoopActor):
+    role_kind = "rollout"
+
+    def __init__(self, ctx, run_dir: str):
+        super().__init__(ctx)
+        from asyncflow.engines.factory import build_rollout_engine
+
+        self.run = Run(run_dir)
+        cfg = self.run.config
+        set_threads(cfg)
+        self.engine = build_rollout_engine(cfg.rollout.engine, self.run.launch.model_dir, version=self.run.launch.start_step)
+        tokenizer = self.run.tokenizer()
+        stop = cfg.rollout.sampling.stop_token_ids or (tokenizer.eos_token_id,)
+        self.params = msgspec.structs.replace(cfg.rollout.sampling, n=cfg.algorithm.group_size, stop_token_ids=tuple(stop))
+        self.k = cfg.staleness
+        self.tq = TQClient(ctx.directory, consumer=ctx.name)
+        self._lock = threading.Lock()
+        self._wanted = -1  # newest version announced
+        self._staged: tuple[int, list] | None = None  # fetched, not yet swapped in
+        self._fetching = False
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    # -- weights -----------------------------------------------------------------
+    def on_message(self, msg, pending):
+        match msg:
+            case protocol.WeightsReady(version=version) if version > self.engine.version:
+                self._want(version)
+                return protocol.Ok()
+            case protocol.WeightsReady():
+                return protocol.Ok()
+        return super().on_message(msg, pending)
+
+    def _want(self, version: int) -> None:
+        with self._lock:
+            self._wanted = max(self._wanted, version)
+            if self._fetching:
+                return
+            self._fetching = True
+        threading.Thread(target=self._fetch_loop, name=f"{self.ctx.name}-weights", daemon=True).start()
+
+    def _fetch_loop(self) -> None:
+        """Background: pull announced versions into the host buffer until up to date."""
+        weights = self.ctx.ref(WEIGHTS_NAME)
+        while True:
+            with self._lock:
+                target = self._wanted
+                have = self._staged[0] if self._staged else self.engine.version
+                if target <= have:
+                    self._fetching = False
+                    return
+            try:
+                latest = weights.ask(protocol.GetLatestWeights(), timeout_s=30)
+                tensors = []
+                for i in range(latest.num_chunks):
+                    chunk = weights.ask(protocol.GetWeightChunk(version=latest.version, index=i), timeout_s=120)
+                    tensors.extend((n, to_torch(t)) for n, t in zip(chunk.names, chunk.tensors))
+            except Exception as exc:  # a failed fetch is retried at the next announcement
+                log.warning("%s: fetching weights failed: %s", self.ctx.name, exc)
+                with self._lock:
+                    self._fetching = False
+                return
+            with self._lock:
+                self._staged = (latest.version, tensors)
+
+    def _maybe_swap(self) -> None:
+        with self._lock:
+            staged, self._staged = self._staged, None
+        if staged is None or staged[0] <= self.engine.version:
+            return
+        version, tensors = staged
+        weights = self.ctx.ref(WEIGHTS_NAME)
+        with self.activity("wait_swap"):
+            weights.ask(protocol.AcquireSwap(replica=self.ctx.name, version=version), timeout_s=600)
+        try:
+            with self.activity("swap_weights"):
+                self.engine.load_weights(tensors, version)
+        finally:
+            weights.ask(protocol.ReleaseSwap(replica=self.ctx.name, version=version), timeout_s=30)
+
+    def on_start(self) -> None:
+        # a (re)started replica catches up with the newest published weights first
+        try:
+            latest = self.ctx.ref(WEIGHTS_NAME, wait_s=0.2).ask(protocol.GetLatestWeights(), timeout_s=10)
+        except LookupError:
+            return  # the trainer has not started yet: nothing newer than the model dir
+        if latest.version > self.engine.version:
+            self._want(latest.version)
+
+    # -- work --------------------------------------------------------------------
+    def work_once(self) -> bool:
+        cfg = self.run.config
+        self._maybe_swap()
+        if self.engine.version >= cfg.train.num_steps:
+            return False
+        G = cfg.algorithm.group_size
+        max_step = self.engine.version + self.k
+        waiting_for = "wait_weights" if self._wanted > self.engine.version or self._fetching else "wait_data"
+        with self.activity(waiting_for):
+            batch = self.tq.get_batch("rollout", ["prompt_ids"], cfg.rollout.prompts_per_call * G,
+                                      policy="group", partial=True, max_step=max_step)
+            if len(batch) == 0:
+                try:
+                    batch = self.tq.get_batch("rollout", ["prompt_ids"], G, policy="group", timeout_s=0.5, max_step=max_step)
+                except BatchTimeout:
+                    return True
+        groups: dict[int, list[int]] = {}  # group id -> positions in the batch
+        for pos, meta in enumerate(batch.metas):
+            groups.setdefault(meta.group_id, []).append(pos)
+        with self.activity("generate"):
+            prompts = [batch.columns["prompt_ids"][positions[0]].tolist() for positions in groups.values()]
+            completions = self.engine.generate(prompts, self.params)  # ordered (prompt, sample)
+        responses, logps, finish, metas, indices = [], [], [], [], []
+        for g, positions in enumerate(groups.values()):
+            for j, pos in enumerate(positions):
+                c = completions[g * G + j]
+                responses.append(np.asarray(c.response_ids, dtype=np.int64))
+                logps.append(np.asarray(c.logprobs, dtype=np.float32))
+                finish.append(np.asarray([c.finish_reason == "stop"], dtype=np.uint8))
+                metas.append(msgspec.structs.replace(batch.metas[pos], version=c.version, response_len=len(c.response_ids)))
+                indices.append(batch.indices[pos])
+        with self.activity("put"):
+            self.tq.put(indices, {"response_ids": responses, "rollout_logp": logps, "finish": finish}, metas)
+            self.tq.ack(batch)
+        self.num_items += len(batch)
+        return True

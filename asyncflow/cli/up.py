@@ -1,0 +1,38 @@
+"""``afctl up``: run a post-training job from a cluster.toml."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.command()
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Where to write the run (default runs/<config>-<time>).")
+@click.option("--resume", type=click.Path(file_okay=False, exists=True), help="Continue the run in this directory from its last checkpoint.")
+def up(config: str | None, run_dir: str | None, resume: str | None) -> None:
+    """Start every role of CONFIG on this machine (or the cluster it names) and train.
+
+    Progress is one line per trainer step; RUN_DIR gets config.json, metrics.jsonl,
+    checkpoints/ (Hugging Face format) and summary.json. Ctrl-C stops every process.
+    """
+    from asyncflow.actors.launcher import RunFailed, run
+    from asyncflow.core.config import ConfigError
+
+    if bool(config) == bool(resume):
+        raise click.UsageError("give a CONFIG file to start a run, or --resume RUN_DIR to continue one (not both)")
+    try:
+        summary = run(config, run_dir, resume)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    except RunFailed as exc:
+        click.echo(f"run failed: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    click.echo(
+        f"done: {summary['steps']} steps, {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s, "
+        f"reward {summary['reward_first_10pct']:.3f} (first 10%) -> {summary['reward_last_10pct']:.3f} (last 10%), "
+        f"staleness <= {summary['staleness_max']}; checkpoint {summary['checkpoint']}"
+    )
