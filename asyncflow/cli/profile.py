@@ -60,13 +60,15 @@ def _measure(model_dir: Path, shape, repeats: int, device: str) -> list:
         context = prompt_len + new_tokens / 2
         work = shape.num_params * DTYPE_BYTES + batch * shape.kv_bytes_per_token() * context
         points.append(Point(kind="decode", size=f"{size}, batch {batch}", work=work, time_s=max(full - only_prefill, 1e-9) / iterations,
-                            flops=batch * shape.forward_flops_per_token(context)))
+                            flops=batch * shape.forward_flops_per_token(context), batch=batch,
+                            num_layers=shape.num_layers))
     long_prompt = 128
     for batch in (4, 16):
         prompts = [[7 + (i + j) % 50 for j in range(long_prompt)] for i in range(batch)]
         t = _median_time(lambda: rollout.generate(prompts, SamplingParams(max_new_tokens=1, seed=0)), repeats)
         work = batch * long_prompt * shape.forward_flops_per_token(long_prompt / 2)
-        points.append(Point(kind="prefill", size=f"{size}, {batch} x {long_prompt} tokens", work=work, time_s=t))
+        points.append(Point(kind="prefill", size=f"{size}, {batch} x {long_prompt} tokens", work=work, time_s=t,
+                            num_layers=shape.num_layers))
     rollout.close()
 
     seq_len = 64
@@ -93,7 +95,7 @@ def _measure(model_dir: Path, shape, repeats: int, device: str) -> list:
 
 def fit_profile(points: list, hardware) -> "object":
     """Fit each kind of point to (efficiency, overhead); kinds not measured keep defaults."""
-    from asyncflow.planner.calibration import Efficiency, fit_linear, fit_max
+    from asyncflow.planner.calibration import Efficiency, fit_max
 
     def pick(kind):
         chosen = [p for p in points if p.kind == kind]
@@ -101,26 +103,52 @@ def fit_profile(points: list, hardware) -> "object":
 
     fields = {}
     flops, bandwidth = hardware.peak_bf16_flops, hardware.memory_bandwidth_bytes_per_s
-    for kind, peak, eff_name, overhead_name in (
-        ("prefill", flops, "prefill_flops", None),
-        ("train", flops, "train_flops", "train_overhead_s"),
-        ("forward", flops, "forward_flops", "forward_overhead_s"),
+    prefill = [p for p in points if p.kind == "prefill"]
+    if prefill:
+        fields["prefill_flops"], (fields["prefill_overhead_s_per_layer"],) = fit_max(
+            [p.work for p in prefill], [0.0] * len(prefill), [p.time_s for p in prefill], flops,
+            overhead_columns=[[float(p.num_layers) for p in prefill]],
+        )
+    for kind, eff_name, overhead_name in (
+        ("train", "train_flops", "train_overhead_s"),
+        ("forward", "forward_flops", "forward_overhead_s"),
     ):
         work, times = pick(kind)
-        if not work:
-            continue
-        eff, overhead = fit_linear(work, times, peak)
-        fields[eff_name] = eff
-        if overhead_name:
-            fields[overhead_name] = overhead
+        if work:
+            fields[eff_name], (fields[overhead_name],) = fit_max(work, [0.0] * len(work), times, flops)
     decode = [p for p in points if p.kind == "decode"]
     if decode:
         # Decode is bound by bandwidth or by compute (at the prefill efficiency), whichever is slower.
         compute_eff = fields.get("prefill_flops", Efficiency().prefill_flops)
-        fields["decode_bandwidth"], fields["decode_overhead_s"] = fit_max(
-            [p.work for p in decode], [p.flops / (compute_eff * flops) for p in decode], [p.time_s for p in decode], bandwidth
+        fields["decode_bandwidth"], overheads = fit_max(
+            [p.work for p in decode], [p.flops / (compute_eff * flops) for p in decode], [p.time_s for p in decode],
+            bandwidth, overhead_columns=[[1.0] * len(decode), [float(p.num_layers) for p in decode],
+                                         [float(p.batch) for p in decode]],
         )
+        fields["decode_overhead_s"], fields["decode_overhead_s_per_layer"], fields["decode_overhead_s_per_seq"] = overheads
     return Efficiency(**fields)
+
+
+def fit_errors(points: list, eff, hardware) -> dict[str, float]:
+    """Mean |predicted / measured - 1| per kind, with the fitted factors."""
+    flops, bandwidth = hardware.peak_bf16_flops, hardware.memory_bandwidth_bytes_per_s
+
+    def predict(p) -> float:
+        if p.kind == "decode":
+            compute = p.flops / (eff.prefill_flops * flops)
+            return (eff.decode_overhead_s + p.num_layers * eff.decode_overhead_s_per_layer + p.batch * eff.decode_overhead_s_per_seq
+                    + max(p.work / (eff.decode_bandwidth * bandwidth), compute))
+        factor, overhead = {
+            "prefill": (eff.prefill_flops, p.num_layers * eff.prefill_overhead_s_per_layer),
+            "train": (eff.train_flops, eff.train_overhead_s),
+            "forward": (eff.forward_flops, eff.forward_overhead_s),
+        }[p.kind]
+        return overhead + p.work / (factor * flops)
+
+    errors: dict[str, list[float]] = {}
+    for p in points:
+        errors.setdefault(p.kind, []).append(abs(predict(p) / p.time_s - 1))
+    return {k: sum(v) / len(v) for k, v in errors.items()}
 
 
 @click.command()
@@ -155,13 +183,16 @@ def profile(out_path, hardware, device, quick, repeats) -> None:
             click.echo(f"profiling {shape.num_params / 1e6:.2f} M params (hidden {hidden}, {layers} layers) ...", err=True)
             points += _measure(model_dir, shape, repeats, device)
     eff = fit_profile(points, hw)
+    errors = fit_errors(points, eff, hw)
     prof = Profile(
         hardware=hw.name, efficiency=eff, points=points,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        notes=f"afctl profile on {device}, one torch thread per device, tiny Qwen2 models; work in planner units (bf16 bytes)",
+        notes=f"afctl profile on {device}, one torch thread per device, tiny Qwen2 models; work in planner units (bf16 bytes); "
+              f"mean fit error: " + ", ".join(f"{k} {v:.0%}" for k, v in errors.items()),
     )
     save_profile(prof, out_path)
     for name in ("prefill_flops", "decode_bandwidth", "train_flops", "forward_flops", "decode_overhead_s",
-                 "train_overhead_s", "forward_overhead_s"):
+                 "decode_overhead_s_per_layer", "decode_overhead_s_per_seq", "prefill_overhead_s_per_layer", "train_overhead_s", "forward_overhead_s"):
         click.echo(f"  {name:20s} {getattr(eff, name):.4g}")
+    click.echo("  mean fit error: " + ", ".join(f"{k} {v:.0%}" for k, v in errors.items()))
     click.echo(f"wrote {out_path} ({len(points)} measurements); use it with: afctl plan --profile {out_path}")

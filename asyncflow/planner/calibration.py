@@ -9,6 +9,7 @@ time = overhead_s + work / (efficiency * peak), solved by least squares.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import msgspec
@@ -23,6 +24,9 @@ class Efficiency(msgspec.Struct, kw_only=True, frozen=True):
     forward_flops: float = 0.40  # reference / critic forward
     link_bandwidth: float = 0.70  # weight sync and collectives
     decode_overhead_s: float = 0.0  # fixed cost per decode iteration (launch, sampling, python)
+    decode_overhead_s_per_layer: float = 0.0  # per layer per iteration (kernel dispatch, eager mode)
+    decode_overhead_s_per_seq: float = 0.0  # per sequence in the batch, per iteration (sampling, bookkeeping)
+    prefill_overhead_s_per_layer: float = 0.0  # per layer per prefill call
     train_overhead_s: float = 0.0  # fixed cost per training micro-batch
     forward_overhead_s: float = 0.0  # fixed cost per forward micro-batch
 
@@ -35,6 +39,8 @@ class Point(msgspec.Struct, kw_only=True, frozen=True):
     work: float
     time_s: float
     flops: float = 0.0  # decode points: the iteration's FLOPs (it may be compute-bound)
+    batch: int = 0  # decode points: sequences per iteration
+    num_layers: int = 0  # of the model measured
 
 
 class Profile(msgspec.Struct, kw_only=True):
@@ -69,23 +75,69 @@ def fit_linear(work: list[float], time_s: list[float], peak: float) -> tuple[flo
     return min(1.0, 1.0 / (slope * peak)), 0.0
 
 
-def fit_max(
-    work: list[float], other_s: list[float], time_s: list[float], peak: float, grid: int = 400
-) -> tuple[float, float]:
-    """Fit `time = overhead + max(work / (eff * peak), other_s)`; returns (eff, overhead_s).
+def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when singular."""
+    n = len(rhs)
+    m = [row[:] + [r] for row, r in zip(matrix, rhs)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-300:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * y for x, y in zip(m[r], m[col])]
+    return [m[i][n] / m[i][i] for i in range(n)]
 
-    For decode: `work` is bytes read, `other_s` the compute-bound time of the same
-    iteration (from the prefill efficiency), so the bandwidth factor is fitted the way
-    the cost model uses it. A log grid over eff, the overhead in closed form.
+
+def nonneg_least_squares(columns: list[list[float]], y: list[float], weights: list[float]) -> list[float]:
+    """Weighted least squares y ~ sum c_j columns_j with every c_j >= 0 (tries every subset; few columns)."""
+    k = len(columns)
+    best, best_err = [0.0] * k, sum(w * v * v for w, v in zip(weights, y))
+    for mask in range(1, 2**k):
+        idx = [j for j in range(k) if mask >> j & 1]
+        gram = [[sum(w * columns[a][i] * columns[b][i] for i, w in enumerate(weights)) for b in idx] for a in idx]
+        rhs = [sum(w * columns[a][i] * y[i] for i, w in enumerate(weights)) for a in idx]
+        sol = _solve(gram, rhs)
+        if sol is None or min(sol) < 0:
+            continue
+        coef = [0.0] * k
+        for j, c in zip(idx, sol):
+            coef[j] = c
+        err = sum(w * (v - sum(coef[j] * columns[j][i] for j in range(k))) ** 2 for i, (w, v) in enumerate(zip(weights, y)))
+        if err < best_err:
+            best, best_err = coef, err
+    return best
+
+
+def fit_max(
+    work: list[float], other_s: list[float], time_s: list[float], peak: float,
+    overhead_columns: list[list[float]] | None = None, grid: int = 200,
+) -> tuple[float, list[float]]:
+    """Fit `time = sum_j c_j x_j + max(work / (eff * peak), other_s)`; returns (eff, [c_j]).
+
+    For decode: `work` is bytes read per iteration, `other_s` its compute-bound time
+    (from the prefill efficiency), the overhead columns e.g. layers (dispatch per
+    layer) and batch (per-sequence sampling and bookkeeping). A log grid over eff,
+    the overheads by non-negative least squares on relative errors.
     """
-    best = (float("inf"), 1.0, 0.0)
-    for i in range(grid):
-        eff = 10 ** (-4 + 4 * i / (grid - 1))
+    columns = overhead_columns if overhead_columns is not None else [[1.0] * len(work)]
+    weights = [1.0 / t**2 for t in time_s]
+
+    def score(log_eff: float) -> tuple[float, float, list[float]]:
+        eff = 10**log_eff
         pred = [max(w / (eff * peak), o) for w, o in zip(work, other_s)]
-        overhead = max(0.0, sum(t - p for t, p in zip(time_s, pred)) / len(pred))
-        err = sum((t - overhead - p) ** 2 for t, p in zip(time_s, pred))
-        if err < best[0]:
-            best = (err, eff, overhead)
+        coef = nonneg_least_squares(columns, [t - p for t, p in zip(time_s, pred)], weights)
+        fitted = [p + sum(c * col[n] for c, col in zip(coef, columns)) for n, p in enumerate(pred)]
+        return sum(((t - f) / t) ** 2 for t, f in zip(time_s, fitted)), eff, coef
+
+    # Coarse log grid over (1e-4, 1], then a finer one around the best point.
+    step = 4 / (grid - 1)
+    best = min((score(-4 + i * step) for i in range(grid)), key=lambda r: r[0])
+    centre = math.log10(best[1])
+    fine = [min(0.0, centre - step + 2 * step * j / 100) for j in range(101)]
+    best = min([best] + [score(x) for x in fine], key=lambda r: r[0])
     return best[1], best[2]
 
 

@@ -139,7 +139,8 @@ def decode_iteration_s(model: ModelShape, hw: Hardware, eff: Efficiency, tp: int
     memory_s = (weight_bytes + kv_bytes) / (hw.memory_bandwidth_bytes_per_s * eff.decode_bandwidth)
     compute_s = batch * model.forward_flops_per_token(context_tokens) / tp / (hw.peak_bf16_flops * eff.prefill_flops)
     comm_s = 2 * model.num_layers * allreduce_s(hw, eff, batch * model.hidden_size * DTYPE_BYTES, tp, inter_node=False)
-    return max(memory_s, compute_s) + comm_s + eff.decode_overhead_s
+    overhead_s = eff.decode_overhead_s + model.num_layers * eff.decode_overhead_s_per_layer + batch * eff.decode_overhead_s_per_seq
+    return max(memory_s, compute_s) + comm_s + overhead_s
 
 
 def kv_bytes_per_token_per_device(model: ModelShape, tp: int) -> float:
@@ -186,7 +187,9 @@ def rollout_cost(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload,
     t_iter = decode_iteration_s(model, hw, eff, tp, batch, context)
     decode_s = seqs_per_instance * wl.response_len_tokens / batch * t_iter
     prefill_flops = seqs_per_instance * wl.prompt_len_tokens * model.forward_flops_per_token(wl.prompt_len_tokens / 2) / tp
+    prefill_calls = math.ceil(seqs_per_instance / batch)  # admissions of up to `batch` new sequences
     prefill_s = prefill_flops / (hw.peak_bf16_flops * eff.prefill_flops)
+    prefill_s += prefill_calls * model.num_layers * eff.prefill_overhead_s_per_layer
     # The tail: the last sequences run on at a shrinking batch until the longest ends.
     tail_batch = max(1, batch // 4)
     tail_s = (wl.max_response_len_tokens - wl.response_len_tokens) * decode_iteration_s(

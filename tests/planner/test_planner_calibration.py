@@ -47,10 +47,15 @@ def test_decode_fit_recovers_bandwidth_efficiency_when_some_iterations_are_compu
     peak = 1e9
     work = [1e6, 2e6, 4e6, 8e6]
     compute_s = [0.0, 0.0, 0.05, 0.0]  # the third iteration is compute-bound
-    times = [0.001 + max(w / (0.25 * peak), c) for w, c in zip(work, compute_s)]
-    eff, overhead = fit_max(work, compute_s, times, peak)
-    assert eff == pytest.approx(0.25, rel=0.03)
-    assert overhead == pytest.approx(0.001, abs=3e-4)
+    layers = [2, 4, 4, 8]
+    batch = [1, 8, 32, 8]
+    times = [0.001 + 2e-4 * n + 1e-5 * b + max(w / (0.25 * peak), c) for w, c, n, b in zip(work, compute_s, layers, batch)]
+    times.append(0.001 + 2e-4 * 6 + 1e-5 * 16 + 1.2e6 / (0.25 * peak))
+    work.append(1.2e6), compute_s.append(0.0), layers.append(6), batch.append(16)
+    eff, (fixed, per_layer, per_seq) = fit_max(work, compute_s, times, peak, [[1.0] * 5, layers, batch])
+    assert eff == pytest.approx(0.25, rel=0.05)
+    assert fixed == pytest.approx(0.001, abs=3e-4) and per_layer == pytest.approx(2e-4, rel=0.2)
+    assert per_seq == pytest.approx(1e-5, rel=0.3)
 
 
 def test_profile_fit_sets_every_measured_factor():
@@ -60,13 +65,15 @@ def test_profile_fit_sets_every_measured_factor():
     hw = get_hardware("cpu")
     points = [Point(kind="train", size="s", work=w, time_s=0.01 + w / (0.5 * hw.peak_bf16_flops)) for w in (1e9, 4e9)]
     points += [Point(kind="forward", size="s", work=w, time_s=w / (0.6 * hw.peak_bf16_flops)) for w in (1e9, 4e9)]
-    points += [Point(kind="prefill", size="s", work=w, time_s=w / (0.4 * hw.peak_bf16_flops)) for w in (1e9, 4e9)]
-    points += [Point(kind="decode", size="s", work=w, flops=1e3, time_s=0.002 + w / (0.2 * hw.memory_bandwidth_bytes_per_s))
-               for w in (1e6, 3e6, 9e6)]
+    points += [Point(kind="prefill", size="s", work=w, num_layers=2, time_s=w / (0.4 * hw.peak_bf16_flops)) for w in (1e9, 4e9)]
+    points += [Point(kind="decode", size="s", work=w, flops=1e3, batch=4, num_layers=2,
+                     time_s=0.002 + w / (0.2 * hw.memory_bandwidth_bytes_per_s)) for w in (1e6, 3e6, 9e6)]
     eff = fit_profile(points, hw)
-    assert eff.train_flops == pytest.approx(0.5) and eff.train_overhead_s == pytest.approx(0.01)
-    assert eff.forward_flops == pytest.approx(0.6) and eff.prefill_flops == pytest.approx(0.4)
-    assert eff.decode_bandwidth == pytest.approx(0.2, rel=0.03) and eff.decode_overhead_s == pytest.approx(0.002, abs=3e-4)
+    assert eff.train_flops == pytest.approx(0.5, rel=1e-3) and eff.train_overhead_s == pytest.approx(0.01, rel=1e-2)
+    assert eff.forward_flops == pytest.approx(0.6, rel=1e-3) and eff.prefill_flops == pytest.approx(0.4, rel=1e-3)
+    assert eff.decode_bandwidth == pytest.approx(0.2, rel=0.05)
+    total_overhead = eff.decode_overhead_s + 2 * eff.decode_overhead_s_per_layer + 4 * eff.decode_overhead_s_per_seq
+    assert total_overhead == pytest.approx(0.002, rel=0.1)
 
 
 @pytest.mark.slow
