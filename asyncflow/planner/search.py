@@ -214,7 +214,7 @@ def search(
                 sync_best = (sync.step_s, rollout_devices, ref_devices)
     scored.sort()
     plans = []
-    for _, rollout_devices, ref_devices in scored[:top_k]:
+    for _, rollout_devices, ref_devices in _distinct(scored, top_k, hw.devices_per_node):
         rollout = roles.rollout(rollout_devices, "async")
         reference = roles.reference(ref_devices) if ref_devices else None
         train = roles.train(num_devices - rollout_devices - ref_devices, with_reference=use_ref and not ref_devices)
@@ -233,6 +233,20 @@ def search(
         plans=plans, sync=sync_plan, colocated=colocated_plan(roles, num_devices), infeasible=roles.infeasible,
         num_splits=num_splits, num_infeasible_splits=num_infeasible, granularity=g,
     )
+
+
+def _distinct(scored: list[tuple[float, int, int]], top_k: int, spacing: int) -> list[tuple[float, int, int]]:
+    """The best splits, each at least `spacing` devices (a node) away from those kept in some role,
+    or with the reference placed differently, so the table shows alternatives, not neighbours."""
+    kept: list[tuple[float, int, int]] = []
+    for cand in scored:
+        _, r, d = cand
+        if any(abs(r - kr) < spacing and abs(d - kd) < spacing and (d == 0) == (kd == 0) for _, kr, kd in kept):
+            continue
+        kept.append(cand)
+        if len(kept) == top_k:
+            break
+    return kept
 
 
 def colocated_plan(roles: _Roles, num_devices: int) -> Plan | None:
