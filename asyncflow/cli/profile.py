@@ -151,13 +151,58 @@ def fit_errors(points: list, eff, hardware) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in errors.items()}
 
 
+CHECK_SIZE = (320, 5, 8, 4, 960)  # between the fitted sizes, not one of them
+
+
+def check_step(model_dir: Path, shape, eff, hw, device: str, repeats: int) -> dict[str, tuple[float, float]]:
+    """One colocated GRPO-like step on one device with the real engines: generate, reference
+    forward, train step. Returns phase -> (predicted s, measured s)."""
+    import torch
+
+    from asyncflow.engines.base import TokenBatch
+    from asyncflow.engines.config import RolloutEngineConfig, SamplingParams, TrainEngineConfig
+    from asyncflow.engines.factory import build_rollout_engine, build_train_engine
+    from asyncflow.planner.cost import Workload, forward_cost, rollout_cost, train_cost
+
+    prompts_n, samples, prompt_len, new_tokens = 8, 4, 16, 48
+    seqs, seq_len = prompts_n * samples, prompt_len + new_tokens
+    wl = Workload(prompt_len_tokens=prompt_len, response_len_tokens=new_tokens, max_response_len_tokens=new_tokens,
+                  prompts_per_step=prompts_n, samples_per_prompt=samples, train_micro_batch_tokens=seqs * seq_len)
+    predicted = {
+        "generate": rollout_cost(shape, hw, eff, wl, 1, 1).time_s,
+        "reference forward": forward_cost(shape, hw, eff, wl, 1, 1).time_s,
+        "train step": train_cost(shape, hw, eff, wl, 1, 1, 1).time_s,
+    }
+    rollout = build_rollout_engine(
+        RolloutEngineConfig(device=device, max_batch_size=seqs, kv_cache_bytes=64 * 2**20, num_threads=1), model_dir
+    )
+    prompts = [[7 + (i * 3 + j) % 50 for j in range(prompt_len)] for i in range(prompts_n)]
+    params = SamplingParams(max_new_tokens=new_tokens, n=samples, seed=0)
+    measured = {"generate": _median_time(lambda: rollout.generate(prompts, params), repeats)}
+    rollout.close()
+    trainer = build_train_engine(TrainEngineConfig(device=device, micro_batch_size=seqs, num_threads=1), model_dir)
+    ids = torch.randint(7, 57, (seqs, seq_len))
+    response = torch.zeros((seqs, seq_len))
+    response[:, prompt_len:] = 1.0
+    batch = TokenBatch(input_ids=ids, attention_mask=torch.ones((seqs, seq_len), dtype=torch.long), response_mask=response)
+
+    def loss_fn(out, mb, ctx):
+        return -(out.logp * mb.response_mask).sum() / ctx.num_tokens, {}
+
+    measured["reference forward"] = _median_time(lambda: trainer.forward(batch), repeats)
+    measured["train step"] = _median_time(lambda: trainer.train_step(batch, loss_fn), repeats)
+    return {k: (predicted[k], measured[k]) for k in predicted}
+
+
 @click.command()
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Profile file to write (.json or .toml).")
 @click.option("--hardware", default="cpu", show_default=True, help="Hardware profile whose peaks the factors refer to.")
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "npu"]), help="Where the engines run.")
 @click.option("--quick", is_flag=True, help="Two small sizes only (a few seconds).")
 @click.option("--repeats", type=int, default=3, show_default=True, help="Timed repetitions per measurement (median kept).")
-def profile(out_path, hardware, device, quick, repeats) -> None:
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Then predict and time one step of a held-out model size with the fitted factors.")
+def profile(out_path, hardware, device, quick, repeats, check) -> None:
     """Calibrate the planner: time the real engines at small sizes and fit efficiency factors.
 
     Then: afctl plan --profile FILE ...
@@ -196,3 +241,16 @@ def profile(out_path, hardware, device, quick, repeats) -> None:
         click.echo(f"  {name:20s} {getattr(eff, name):.4g}")
     click.echo("  mean fit error: " + ", ".join(f"{k} {v:.0%}" for k, v in errors.items()))
     click.echo(f"wrote {out_path} ({len(points)} measurements); use it with: afctl plan --profile {out_path}")
+    if check:
+        hidden, layers, heads, kv_heads, inter = CHECK_SIZE
+        with tempfile.TemporaryDirectory(prefix="afctl-profile-check-") as tmp:
+            model_dir = make_tiny_model(Path(tmp) / "check", hidden_size=hidden, num_layers=layers, num_heads=heads,
+                                        num_kv_heads=kv_heads, intermediate_size=inter)
+            shape = from_hf_config(model_dir)
+            result = check_step(model_dir, shape, eff, hw, device, repeats)
+        click.echo(f"check on a held-out size ({shape.num_params / 1e6:.2f} M params), 8 prompts x 4 samples, 16 + 48 tokens:")
+        total_p = total_m = 0.0
+        for phase, (pred, meas) in result.items():
+            total_p, total_m = total_p + pred, total_m + meas
+            click.echo(f"  {phase:18s} predicted {pred:7.3f} s  measured {meas:7.3f} s  error {pred / meas - 1:+.0%}")
+        click.echo(f"  {'sync step':18s} predicted {total_p:7.3f} s  measured {total_m:7.3f} s  error {total_p / total_m - 1:+.0%}")
