@@ -5,12 +5,12 @@ from asyncflow.planner.calibration import Efficiency, Profile, fit_linear, load_
 from asyncflow.planner.cost import RoleCost, StepCost, Workload, async_step, sync_step
 from asyncflow.planner.hardware import HARDWARE, Hardware, get_hardware
 from asyncflow.planner.models import PRESETS, ModelShape, from_hf_config, get_model
-from asyncflow.planner.online import MoveDecision, OnlinePolicy, RoleWindow, Split, StepObservation, decide
+from asyncflow.planner.online import MoveDecision, OnlinePolicy, RoleWindow, Split, StepObservation, decide, measured_gain
 from asyncflow.planner.search import Infeasible, Plan, SearchResult, best_sync, search, speedup
 
 __all__ = [
     "HARDWARE", "PRESETS", "Efficiency", "Hardware", "Infeasible", "ModelShape", "MoveDecision", "OnlinePolicy",
     "Plan", "Profile", "RoleCost", "RoleWindow", "SearchResult", "Split", "StepCost", "StepObservation", "Workload",
-    "async_step", "best_sync", "decide", "fit_linear", "from_hf_config", "get_hardware", "get_model", "load_profile",
+    "async_step", "best_sync", "decide", "measured_gain", "fit_linear", "from_hf_config", "get_hardware", "get_model", "load_profile",
     "save_profile", "search", "speedup", "sync_step",
 ]

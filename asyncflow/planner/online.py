@@ -126,3 +126,12 @@ def decide(
     if best is None or best.predicted_gain < policy.min_gain:
         return None
     return best
+
+
+def measured_gain(before: Sequence[StepObservation], after: Sequence[StepObservation]) -> float:
+    """The effect of a move, to log beside its prediction: mean step before / mean step after - 1."""
+    if not before or not after:
+        raise ValueError("measured_gain needs at least one step before and one after the move")
+    mean_before = sum(o.step_s for o in before) / len(before)
+    mean_after = sum(o.step_s for o in after) / len(after)
+    return mean_before / mean_after - 1

@@ -193,7 +193,9 @@ def search(
     for ref_devices in ref_counts:
         reference = roles.reference(ref_devices) if ref_devices else None
         if ref_devices and reference is None:
-            num_infeasible += len(counts)
+            skipped = sum(1 for r in counts if num_devices - r - ref_devices >= g)
+            num_splits += skipped
+            num_infeasible += skipped
             continue
         for rollout_devices in counts:
             train_devices = num_devices - rollout_devices - ref_devices

@@ -2,7 +2,15 @@
 
 import pytest
 
-from asyncflow.planner.online import OnlinePolicy, RoleWindow, Split, StepObservation, decide, predict_step_s
+from asyncflow.planner.online import (
+    OnlinePolicy,
+    RoleWindow,
+    Split,
+    StepObservation,
+    decide,
+    measured_gain,
+    predict_step_s,
+)
 
 
 def _obs(step, rollout_busy, train_busy, step_s=10.0, train_queue=0.0):
@@ -70,3 +78,11 @@ def test_prediction_keeps_the_step_when_the_split_is_unchanged():
     history = [_obs(s, 1.0, 0.5) for s in range(3)]
     split = Split(rollout_workers=2, train_workers=2)
     assert predict_step_s(history, split, split) == (10.0, 10.0)
+
+
+def test_the_measured_gain_compares_mean_steps_before_and_after_a_move():
+    before = [_obs(s, 1.0, 0.4, step_s=12.0) for s in range(3)]
+    after = [_obs(s, 0.9, 0.8, step_s=8.0) for s in range(3, 6)]
+    assert measured_gain(before, after) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="at least one step"):
+        measured_gain(before, [])
