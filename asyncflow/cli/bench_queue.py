@@ -67,21 +67,17 @@ def _consumer(directory: str, samples: int, seq_len: int, num_rounds: int, use_s
 
 def run_queue_bench(samples: int, seq_len: int, rounds: int, shards: int, warmup: int, use_shm: bool) -> dict:
     from asyncflow.core.directory import DirectoryClient, start_directory
-    from asyncflow.core.host import spawn_host
     from asyncflow.core.tq.client import TQClient
-    from asyncflow.core.tq.launch import queue_specs
+    from asyncflow.core.tq.launch import spawn_queue
     from asyncflow.core.transport import TransportConfig
 
     transport = TransportConfig(scheme="ipc")
     directory = start_directory(transport)
     dc = DirectoryClient(directory.address, transport)
-    specs = queue_specs(["train"], num_shards=shards, capacity_rows=max(1024, 4 * samples))
-    hosts = []
+    queue_procs = None
     procs = []
     try:
-        hosts.append(spawn_host("tq-control", dc, transport, [specs.manager, *specs.controllers]))
-        for k, spec in enumerate(specs.shards):
-            hosts.append(spawn_host(f"tq-shard-{k}", dc, transport, [spec]))
+        queue_procs = spawn_queue(dc, transport, ["train"], num_shards=shards, capacity_rows=max(1024, 4 * samples))
         driver = TQClient(dc, use_shm=use_shm)
         baseline = {s.name: s.rss_bytes for s in driver.shard_stats()}
         ctx = mp.get_context("spawn")
@@ -106,8 +102,8 @@ def run_queue_bench(samples: int, seq_len: int, rounds: int, shards: int, warmup
         for p in procs:
             if p.is_alive():
                 p.kill()
-        for h in hosts:
-            h.stop()
+        if queue_procs is not None:
+            queue_procs.stop()
         directory.stop()
     round_trips = [end - start for start, end in times]
     wall_s = times[-1][1] - times[0][0]

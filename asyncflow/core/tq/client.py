@@ -16,8 +16,9 @@ them concurrently. On the same host, puts of at least ``shm_min_bytes`` travel
 through a shared-memory segment handed to the shard, and reads of such rows map it
 (no bytes on a socket); smaller ones ride in the message.
 
-Arrays returned by ``get_batch`` are views: inline ones into the received message
-(read-only), shared-memory ones over a private copy-on-write mapping (writable).
+Arrays returned by ``get_batch`` that came in a message are read-only views into it
+(valid as long as they live); those from a shared-memory arena are copies, or with
+``zero_copy=True`` read-only views valid until the batch is acked.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -92,6 +94,7 @@ class TQClient:
         use_shm: bool | None = None,
         shm_min_bytes: int = 1 << 20,
         timeout_s: float = 30.0,
+        reserve_rows: int | None = None,
     ):
         if isinstance(directory, str):
             from asyncflow.core.directory import DirectoryClient
@@ -112,8 +115,16 @@ class TQClient:
             )
         self.use_shm = use_shm
         self._pool: ThreadPoolExecutor | None = None
+        # rows reserved ahead, so most allocations need no round trip (they count as live)
+        self.reserve_rows = min(256, self.info.capacity_rows // 8) if reserve_rows is None else reserve_rows
+        self._spare: dict[int, deque[list[protocol.RowMeta]]] = {}  # group size -> reserved groups
 
     def close(self) -> None:
+        """Give back reserved rows and stop the client's threads."""
+        spare = [m.index for groups in self._spare.values() for g in groups for m in g]
+        self._spare.clear()
+        if spare:
+            self.release(spare)
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
@@ -151,13 +162,25 @@ class TQClient:
         """Reserve rows for ``num_groups`` groups of ``group_size``; waits while the queue
         is full (raises QueueFull after ``timeout_s``). Returns one RowMeta per row
         (index, group id and size, step): fill in version/lengths and pass to put."""
-        msg = protocol.Allocate(num_groups=num_groups, group_size=group_size, step=step, timeout_s=timeout_s)
+        spare = self._spare.setdefault(group_size, deque())
+        if len(spare) >= num_groups:
+            metas = [m for _ in range(num_groups) for m in spare.popleft()]
+            for m in metas:
+                m.step = step
+            return metas
+        extra_groups = max(0, self.reserve_rows // group_size - len(spare))
+        msg = protocol.Allocate(
+            num_groups=num_groups, group_size=group_size, step=step, timeout_s=timeout_s, extra_groups=extra_groups
+        )
         try:
-            return self._manager.ask(msg, timeout_s=timeout_s + self.timeout_s).metas
+            reply = self._manager.ask(msg, timeout_s=timeout_s + self.timeout_s)
         except RemoteError as exc:
             if exc.detail.startswith("TimeoutError"):
                 raise QueueFull(exc.detail.removeprefix("TimeoutError: ")) from None
             raise
+        for k in range(0, len(reply.extra), group_size):
+            spare.append(reply.extra[k : k + group_size])
+        return reply.metas
 
     def put(self, indices: Sequence[int], columns: dict[str, Sequence[Any]], metas: Sequence[protocol.RowMeta] | None = None) -> None:
         """Write ``columns[name][k]`` (numpy array or torch tensor) as column ``name`` of
@@ -178,17 +201,42 @@ class TQClient:
             row_metas = [metas[p] for p in positions] if metas is not None else []
             num_bytes = sum(tensors.nbytes(t) for cells in cols.values() for t in cells)
             if self.use_shm and num_bytes >= self.shm_min_bytes:
-                msg = _shm_put(rows, cols, row_metas)
+                msg = self._shm_put(self._shards[k], rows, cols, row_metas)
             else:
                 msg = protocol.PutRows(indices=rows, columns=cols, metas=row_metas)
-            try:
-                self._shards[k].ask(msg, timeout_s=self.timeout_s)
-            except BaseException:
-                if isinstance(msg, protocol.PutRowsShm):
-                    shm.unlink(msg.segment)  # the shard did not take it
-                raise
+            self._shards[k].ask(msg, timeout_s=self.timeout_s)
 
         self._each(put_one, list(self._by_shard(indices).items()))
+
+    def _shm_put(self, shard, rows: list[int], cols: dict[str, list[protocol.Tensor]], metas: list) -> protocol.PutRowsShm:
+        """Reserve an extent in the shard's arena, write the cells into it; the message
+        tells the shard where they are."""
+        layout: dict[str, list[int]] = {}
+        pos = 0
+        for name, cells in cols.items():
+            kinds = {t.dtype for t in cells}
+            if len(kinds) != 1:
+                raise ValueError(f"column {name!r} mixes dtypes {sorted(kinds)} across rows; use one dtype per column")
+            offs = layout[name] = []
+            for t in cells:
+                offs.append(pos)
+                pos += shm.align(tensors.nbytes(t))
+        got = shard.ask(protocol.ReserveShm(num_bytes=pos), timeout_s=self.timeout_s)
+        arena = shm.MAPPINGS.get(got.segment)
+        base = got.offset
+        columns = {}
+        for name, cells in cols.items():
+            offsets = [base + off for off in layout[name]]
+            for off, t in zip(offsets, cells):
+                size = tensors.nbytes(t)
+                if size:
+                    arena[off : off + size] = np.frombuffer(t.data, dtype=np.uint8)
+            columns[name] = protocol.ShmColumn(
+                dtype=cells[0].dtype, shapes=[tuple(t.shape) for t in cells], segments=[0] * len(cells), offsets=offsets
+            )
+        return protocol.PutRowsShm(
+            indices=rows, segment=got.segment, extent_offset=base, extent_bytes=pos, columns=columns, metas=metas
+        )
 
     def release(self, indices: Sequence[int]) -> None:
         """Give back allocated rows that will not be written."""
@@ -231,14 +279,17 @@ class TQClient:
                 raise BatchTimeout(exc.detail.removeprefix("TimeoutError: ")) from None
             raise
 
-    def get_batch(self, task: str, columns: Sequence[str], batch_size: int, **kwargs) -> Batch:
+    def get_batch(self, task: str, columns: Sequence[str], batch_size: int, *, zero_copy: bool = False, **kwargs) -> Batch:
         """``get_meta`` then read ``columns`` of the rows from their shards (concurrently).
-        With ``partial=True`` the batch may be smaller, even empty."""
+        With ``partial=True`` the batch may be smaller, even empty. ``zero_copy``: see
+        ``read``."""
         meta = self.get_meta(task, columns, batch_size, **kwargs)
-        return Batch(task, meta, self.read(meta.indices, columns))
+        return Batch(task, meta, self.read(meta.indices, columns, zero_copy=zero_copy))
 
-    def read(self, indices: Sequence[int], columns: Sequence[str]) -> dict[str, list[np.ndarray]]:
-        """Columns of rows, straight from the shards: ``out[name][k]`` is row ``indices[k]``."""
+    def read(self, indices: Sequence[int], columns: Sequence[str], *, zero_copy: bool = False) -> dict[str, list[np.ndarray]]:
+        """Columns of rows, straight from the shards: ``out[name][k]`` is row ``indices[k]``.
+        Rows held in a same-host arena are copied out unless ``zero_copy``; then the
+        arrays are read-only views, valid only until the rows are acked."""
         indices = list(indices)
         out: dict[str, list[Any]] = {name: [None] * len(indices) for name in columns}
         if not indices:
@@ -255,15 +306,19 @@ class TQClient:
                 for p, t in zip(positions, cells):
                     col[p] = tensors.to_numpy(t)
             if rows.shm_columns:
-                views: dict[str, memoryview] = {}
-                for name, refs in rows.shm_columns.items():
-                    dtype, shapes, col = rows.shm_dtypes[name], rows.shm_shapes[name], out[name]
-                    for p, ref, shape in zip(positions, refs, shapes):
-                        view = views.get(ref.segment)
-                        if view is None:
-                            view = views[ref.segment] = shm.map_readonly(ref.segment)
-                        data = view[ref.offset : ref.offset + ref.num_bytes]
-                        col[p] = tensors.to_numpy(protocol.Tensor(dtype=dtype, shape=shape, data=data))
+                arenas = [shm.MAPPINGS.get(seg) for seg in rows.shm_segments]
+                for name, sc in rows.shm_columns.items():
+                    dtype, col = _np_dtype(sc.dtype), out[name]
+                    for p, shape, seg, off in zip(positions, sc.shapes, sc.segments, sc.offsets):
+                        count = 1
+                        for dim in shape:
+                            count *= dim
+                        view = arenas[seg][off : off + count * dtype.itemsize].view(dtype).reshape(shape)
+                        if zero_copy:
+                            view.flags.writeable = False
+                            col[p] = view
+                        else:
+                            col[p] = view.copy()
 
         self._each(get_one, list(self._by_shard(indices).items()))
         return out
@@ -306,31 +361,8 @@ class TQClient:
         return self._each(lambda ref: ref.ask(protocol.GetShardStats(), timeout_s=self.timeout_s), list(self._shards))
 
 
-def _shm_put(rows: list[int], cols: dict[str, list[protocol.Tensor]], metas: list) -> protocol.PutRowsShm:
-    """Write the cells into a new segment; the message hands it to the shard."""
-    dtypes, shapes, offsets = {}, {}, {}
-    pos = 0
-    for name, cells in cols.items():
-        kinds = {t.dtype for t in cells}
-        if len(kinds) != 1:
-            raise ValueError(f"column {name!r} mixes dtypes {sorted(kinds)} across rows; use one dtype per column")
-        dtypes[name] = cells[0].dtype
-        shapes[name] = [tuple(t.shape) for t in cells]
-        offs = offsets[name] = []
-        for t in cells:
-            offs.append(pos)
-            pos += shm.align(tensors.nbytes(t))
-    writer = shm.Writer(pos)
-    try:
-        for name, cells in cols.items():
-            for off, t in zip(offsets[name], cells):
-                if tensors.nbytes(t):
-                    writer.write(off, t.data)
-    except BaseException:
-        writer.abort()
-        raise
-    writer.close()
-    return protocol.PutRowsShm(
-        indices=rows, dtypes=dtypes, shapes=shapes, segment=writer.name, offsets=offsets,
-        segment_bytes=writer.num_bytes, metas=metas,
-    )
+_TORCH_ONLY = {"bfloat16": np.int16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+
+
+def _np_dtype(name: str) -> np.dtype:
+    return np.dtype(_TORCH_ONLY.get(name, name))

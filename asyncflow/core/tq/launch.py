@@ -50,3 +50,48 @@ def queue_specs(
             for k, name in enumerate(shards)
         ],
     )
+
+
+class QueueProcesses:
+    """Process hosts running one queue; ``stop()`` stops them all."""
+
+    def __init__(self, hosts: list):
+        self.hosts = hosts
+
+    def stop(self) -> None:
+        for host in self.hosts:
+            host.stop()
+
+    def kill(self) -> None:
+        for host in self.hosts:
+            host.kill()
+
+
+def spawn_queue(
+    directory,
+    transport,
+    tasks: list[str],
+    num_shards: int = 1,
+    capacity_rows: int = 65536,
+    stripe_rows: int = 64,
+    separate: bool = True,
+    prefix: str = "tq",
+) -> QueueProcesses:
+    """Start a queue in process hosts: with ``separate``, the manager with the
+    controllers in one process and each shard in its own (as deployed); otherwise all
+    of it in one process."""
+    from asyncflow.core.host import spawn_host
+
+    specs = queue_specs(tasks, num_shards, capacity_rows, stripe_rows)
+    hosts = []
+    try:
+        if separate:
+            hosts.append(spawn_host(f"{prefix}-control", directory, transport, [specs.manager, *specs.controllers]))
+            for k, spec in enumerate(specs.shards):
+                hosts.append(spawn_host(f"{prefix}-shard-{k}", directory, transport, [spec]))
+        else:
+            hosts.append(spawn_host(prefix, directory, transport, specs.all()))
+    except BaseException:
+        QueueProcesses(hosts).stop()
+        raise
+    return QueueProcesses(hosts)

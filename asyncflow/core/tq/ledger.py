@@ -58,6 +58,14 @@ class Ledger:
             return None
         return self._allocate(num_groups, group_size, step)
 
+    def allocate_extra(self, max_groups: int, group_size: int, step: int = -1) -> list[RowMeta]:
+        """Up to ``max_groups`` more groups, only as many as fit now and only while
+        nobody waits (a client's reserve for its next allocations)."""
+        if self._waiting or max_groups < 1:
+            return []
+        num_groups = min(max_groups, (self.capacity_rows - len(self.live)) // group_size)
+        return self._allocate(num_groups, group_size, step) if num_groups > 0 else []
+
     def wait(self, token: Any, num_groups: int, group_size: int, step: int = -1) -> None:
         self._check(num_groups, group_size)
         self._waiting.append((token, num_groups, group_size, step))

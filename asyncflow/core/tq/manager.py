@@ -102,7 +102,8 @@ class QueueManagerActor(Actor):
             case protocol.Allocate(num_groups=num_groups, group_size=group_size, step=step):
                 metas = self.ledger.try_allocate(num_groups, group_size, step)
                 if metas is not None:
-                    return protocol.Allocated(metas=metas)
+                    extra = self.ledger.allocate_extra(msg.extra_groups, group_size, step)
+                    return protocol.Allocated(metas=metas, extra=extra)
                 if pending is None:
                     raise ValueError("Allocate must be asked, not told")
                 self.ledger.wait(pending, num_groups, group_size, step)

@@ -2,8 +2,12 @@
 
 A tell is acknowledged on receipt (one round trip); an actor that notifies other
 actors from its handler would hold up its next message by that much. The notifier
-sends from its own thread, in order (FIFO over all targets), and ``flush`` waits
-until everything queued so far is delivered (before a save).
+sends from its own thread, in order per target, and ``flush`` waits until
+everything queued before it is delivered (before a save).
+
+Under load, notices queued for the same target while the sender was busy are merged
+into one message (``merge``): a burst of small writes costs one round trip per
+controller, not one per write.
 """
 
 from __future__ import annotations
@@ -13,9 +17,25 @@ import queue
 import threading
 from typing import Any, Callable
 
+from asyncflow.core import protocol
 from asyncflow.core.errors import AsyncflowError
 
 log = logging.getLogger(__name__)
+
+
+def merge(a: Any, b: Any) -> Any | None:
+    """One message equivalent to ``a`` then ``b`` (same target), or None."""
+    if type(a) is not type(b):
+        return None
+    if isinstance(a, protocol.RowsWritten):
+        if a.shard != b.shard or a.columns != b.columns or bool(a.metas) != bool(b.metas):
+            return None
+        return protocol.RowsWritten(shard=a.shard, indices=a.indices + b.indices, columns=a.columns, metas=a.metas + b.metas)
+    if isinstance(a, protocol.RowsAcked):
+        return protocol.RowsAcked(task=a.task, indices=a.indices + b.indices) if a.task == b.task else None
+    if isinstance(a, (protocol.FreeRows, protocol.ForgetRows)):
+        return type(a)(indices=a.indices + b.indices)
+    return None
 
 
 class Notifier:
@@ -40,13 +60,36 @@ class Notifier:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            name, msg = item
-            if name is None:
-                msg.set()
-                continue
+            items = [self._queue.get()]
+            while True:  # take whatever else queued up meanwhile
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            batch: list[list] = []  # [name, msg] in order, merged per target
+            last: dict[str, list] = {}
+            for item in items:
+                if item is None:
+                    self._send(batch)
+                    return
+                name, msg = item
+                if name is None:  # a flush marker: everything before it goes first
+                    self._send(batch)
+                    batch, last = [], {}
+                    msg.set()
+                    continue
+                prev = last.get(name)
+                merged = merge(prev[1], msg) if prev is not None else None
+                if merged is not None:
+                    prev[1] = merged
+                else:
+                    entry = [name, msg]
+                    batch.append(entry)
+                    last[name] = entry
+            self._send(batch)
+
+    def _send(self, batch: list[list]) -> None:
+        for name, msg in batch:
             try:
                 self._resolve(name).tell(msg)
             except (AsyncflowError, LookupError) as exc:

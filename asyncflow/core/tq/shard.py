@@ -1,6 +1,7 @@
 """ShardActor: a TransferQueue storage shard (``tq.shard.<i>``).
 
-Takes: PutRows, PutRowsShm (ask: Ok), GetRows (ask: Rows), FreeRows (tell),
+Takes: PutRows, PutRowsShm (ask: Ok), ReserveShm (ask: ShmReserved), GetRows (ask:
+Rows), FreeRows (tell),
 SaveShard, LoadShard (ask: ShardSaved), GetShardStats (ask: ShardStats), Ping, Stop.
 Sends: RowsWritten (tell) to every controller, one per put per controller.
 
@@ -9,14 +10,14 @@ Invariants:
   afterwards, from a background thread, so a producer never waits on a controller
   (a consumer that asks before the notice lands just waits for it);
 - a row's bytes are never copied on the shard: inline cells are views into the put's
-  frame, shared-memory cells are segments the shard owns and unlinks when freed;
+  frame, shared-memory cells are offsets into the shard's arenas (unlinked when the
+  shard stops); an arena extent is reused only after every row in it is freed;
 - after LoadShard every controller is told of every loaded row (produced bits are
   rebuilt from the shards, the ground truth).
 """
 
 from __future__ import annotations
 
-import os
 
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor
@@ -35,11 +36,11 @@ def _proc_status_bytes(field: str) -> int:
 class ShardActor(Actor):
     Inbox = protocol.ShardIn
 
-    def __init__(self, ctx, shard: int, controllers: list[str]):
+    def __init__(self, ctx, shard: int, controllers: list[str], arena_bytes: int = 1 << 30):
         super().__init__(ctx)
         self.shard = shard
         self.controllers = list(controllers)
-        self.store = ShardStore(ctx.name)
+        self.store = ShardStore(ctx.name, arena_bytes)
         self.notifier = Notifier(ctx.name, resolve=ctx.ref)
 
     def on_stop(self) -> None:
@@ -59,19 +60,18 @@ class ShardActor(Actor):
                     pending.resolve(protocol.Ok())
                 self._notify(indices, list(columns), metas)
                 return DEFER
+            case protocol.ReserveShm(num_bytes=num_bytes):
+                segment, offset = self.store.reserve(num_bytes)
+                return protocol.ShmReserved(segment=segment, offset=offset, num_bytes=num_bytes)
             case protocol.PutRowsShm():
-                self.store.put_shm(
-                    msg.indices, msg.segment, msg.segment_bytes, msg.dtypes, msg.shapes, msg.offsets, msg.metas
-                )
+                self.store.put_shm(msg.indices, msg.segment, msg.extent_offset, msg.extent_bytes, msg.columns, msg.metas)
                 if pending is not None:
                     pending.resolve(protocol.Ok())
-                self._notify(msg.indices, list(msg.dtypes), msg.metas)
+                self._notify(msg.indices, list(msg.columns), msg.metas)
                 return DEFER
             case protocol.GetRows(indices=indices, columns=columns, shm=allow_shm):
-                inline, refs, dtypes, shapes = self.store.get(indices, columns, allow_shm)
-                return protocol.Rows(
-                    indices=indices, columns=inline, shm_columns=refs, shm_dtypes=dtypes, shm_shapes=shapes
-                )
+                inline, shm_columns, segments = self.store.get(indices, columns, allow_shm)
+                return protocol.Rows(indices=indices, columns=inline, shm_columns=shm_columns, shm_segments=segments)
             case protocol.FreeRows(indices=indices):
                 self.store.free(indices)
                 return protocol.Ok()
@@ -98,7 +98,7 @@ class ShardActor(Actor):
                     rss_bytes=_proc_status_bytes("VmRSS"),
                     peak_rss_bytes=_proc_status_bytes("VmHWM"),
                     shm_bytes=self.store.shm_bytes,
-                    peak_shm_bytes=self.store.peak_shm_bytes,
+                    peak_shm_bytes=self.store.shm_bytes,
                 )
             case protocol.Stop():
                 return protocol.Ok()

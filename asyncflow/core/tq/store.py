@@ -1,9 +1,10 @@
 """A storage shard's rows: columns of tensors by global row index. No sockets.
 
 Cells are kept without copying: an inline cell is the ``Tensor`` decoded from the
-put's frame (its bytes are a view into that frame), a shared-memory cell names a
-segment the shard owns and an offset in it. A segment is unlinked when the last
-cell in it is freed or overwritten. ``num_bytes`` counts tensor bytes held.
+put's frame (its bytes are a view into that frame); a shared-memory cell is an
+offset into one of the shard's arenas (see ``shm.py``), inside an extent that a
+producer reserved and filled. An extent goes back to its arena when the last cell
+in it is freed or overwritten. ``num_bytes`` counts tensor bytes held.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Iterable, Sequence
 
 import msgspec
 
-from asyncflow.core.protocol import RowMeta, ShmRef, Tensor
+from asyncflow.core.protocol import RowMeta, ShmColumn, Tensor
 from asyncflow.core.tq import shm
 from asyncflow.core.tensors import nbytes
 
@@ -21,23 +22,15 @@ _META_FIELDS = tuple(f for f in RowMeta.__struct_fields__ if f != "index")
 
 
 class _ShmCell:
-    __slots__ = ("segment", "offset", "num_bytes", "dtype", "shape")
+    __slots__ = ("arena", "offset", "num_bytes", "dtype", "shape", "extent")
 
-    def __init__(self, segment: str, offset: int, num_bytes: int, dtype: str, shape: tuple[int, ...]):
-        self.segment = segment
+    def __init__(self, arena: str, offset: int, num_bytes: int, dtype: str, shape: tuple[int, ...], extent: list):
+        self.arena = arena
         self.offset = offset
         self.num_bytes = num_bytes
         self.dtype = dtype
         self.shape = shape
-
-
-class _Segment:
-    __slots__ = ("num_cells", "num_bytes", "view")
-
-    def __init__(self, num_bytes: int):
-        self.num_cells = 0
-        self.num_bytes = num_bytes
-        self.view: memoryview | None = None  # mapped only when a remote reader needs bytes
+        self.extent = extent  # [arena name, offset, bytes, number of live cells]
 
 
 class SavedRow(msgspec.Struct, array_like=True):
@@ -47,15 +40,20 @@ class SavedRow(msgspec.Struct, array_like=True):
 
 
 class ShardStore:
-    def __init__(self, name: str = "shard"):
+    def __init__(self, name: str = "shard", arena_bytes: int = 1 << 30):
         self.name = name
+        self.arena_bytes = arena_bytes
         self._rows: dict[int, dict[str, Tensor | _ShmCell]] = {}
         self._metas: dict[int, RowMeta] = {}
-        self._segments: dict[str, _Segment] = {}
+        self._arenas: dict[str, shm.Arena] = {}
+        self._reserved: dict[tuple[str, int], int] = {}  # (arena, offset) -> bytes, not yet put
         self.num_bytes = 0
         self.peak_bytes = 0
-        self.shm_bytes = 0  # bytes of the segments owned
-        self.peak_shm_bytes = 0
+
+    @property
+    def shm_bytes(self) -> int:
+        """Arena memory touched (the high-water mark of what was handed out)."""
+        return sum(a.top_bytes for a in self._arenas.values())
 
     # -- writes --------------------------------------------------------------------
 
@@ -72,38 +70,58 @@ class ShardStore:
         self._merge_metas(metas)
         self.peak_bytes = max(self.peak_bytes, self.num_bytes)
 
+    def reserve(self, num_bytes: int) -> tuple[str, int]:
+        """An extent of ``num_bytes`` in an arena: (arena name, offset)."""
+        for arena in self._arenas.values():
+            offset = arena.alloc(num_bytes)
+            if offset is not None:
+                break
+        else:
+            safe = "".join(c if c.isalnum() else "-" for c in self.name)
+            name = f"{shm.PREFIX}{safe}-{os.getpid()}-{len(self._arenas)}"
+            arena = self._arenas[name] = shm.Arena(name, max(self.arena_bytes, shm.align(num_bytes, shm.EXTENT_ALIGN_BYTES)))
+            offset = arena.alloc(num_bytes)
+        self._reserved[(arena.name, offset)] = num_bytes
+        return arena.name, offset
+
     def put_shm(
         self,
         indices: Sequence[int],
         segment: str,
-        segment_bytes: int,
-        dtypes: dict[str, str],
-        shapes: dict[str, list[tuple[int, ...]]],
-        offsets: dict[str, list[int]],
+        extent_offset: int,
+        extent_bytes: int,
+        columns: dict[str, ShmColumn],
         metas: Sequence[RowMeta] = (),
     ) -> None:
-        if segment in self._segments:
-            raise ValueError(f"{self.name}: segment {segment} was handed over twice")
-        seg = self._segments[segment] = _Segment(segment_bytes)
-        self.shm_bytes += segment_bytes
-        self.peak_shm_bytes = max(self.peak_shm_bytes, self.shm_bytes)
-        for name in dtypes:
-            if len(shapes[name]) != len(indices) or len(offsets[name]) != len(indices):
+        reserved = self._reserved.pop((segment, extent_offset), None)
+        if reserved is None or reserved != extent_bytes:
+            raise ValueError(f"{self.name}: no reserved extent of {extent_bytes} bytes at {segment}:{extent_offset}")
+        extent = [segment, extent_offset, extent_bytes, 0]
+        end = extent_offset + extent_bytes
+        for name, col in columns.items():
+            if len(col.shapes) != len(indices) or len(col.offsets) != len(indices):
                 raise ValueError(f"{self.name}: column {name!r} does not have one shape and offset per row")
-        itemsizes = {name: _itemsize(dtype) for name, dtype in dtypes.items()}
+        cells_by_column = {}
+        for name, col in columns.items():
+            itemsize = _itemsize(col.dtype)
+            cells = []
+            for shape, offset in zip(col.shapes, col.offsets):
+                count = 1
+                for dim in shape:
+                    count *= dim
+                num_bytes = count * itemsize
+                if offset < extent_offset or offset + num_bytes > end:
+                    raise ValueError(f"{self.name}: column {name!r} has bytes outside its extent")
+                cells.append(_ShmCell(segment, offset, num_bytes, col.dtype, tuple(shape), extent))
+            cells_by_column[name] = cells
         for k, index in enumerate(indices):
             row = self._rows.get(index)
             if row is None:
                 row = self._rows[index] = {}
-            for name, dtype in dtypes.items():
-                shape = tuple(shapes[name][k])
-                count = 1
-                for dim in shape:
-                    count *= dim
-                cell = _ShmCell(segment, offsets[name][k], count * itemsizes[name], dtype, shape)
-                self._set(row, name, cell)
-        if seg.num_cells == 0:
-            self._drop_segment(segment)
+            for name, cells in cells_by_column.items():
+                self._set(row, name, cells[k])
+        if extent[3] == 0:
+            self._arenas[segment].free(extent_offset, extent_bytes)
         self._merge_metas(metas)
         self.peak_bytes = max(self.peak_bytes, self.num_bytes)
 
@@ -113,7 +131,7 @@ class ShardStore:
             self._release(old)
         row[name] = cell
         if isinstance(cell, _ShmCell):
-            self._segments[cell.segment].num_cells += 1
+            cell.extent[3] += 1
             self.num_bytes += cell.num_bytes
         else:
             self.num_bytes += nbytes(cell)
@@ -121,16 +139,12 @@ class ShardStore:
     def _release(self, cell: Tensor | _ShmCell) -> None:
         if isinstance(cell, _ShmCell):
             self.num_bytes -= cell.num_bytes
-            seg = self._segments[cell.segment]
-            seg.num_cells -= 1
-            if seg.num_cells == 0:
-                self._drop_segment(cell.segment)
+            extent = cell.extent
+            extent[3] -= 1
+            if extent[3] == 0:
+                self._arenas[extent[0]].free(extent[1], extent[2])
         else:
             self.num_bytes -= nbytes(cell)
-
-    def _drop_segment(self, name: str) -> None:
-        self.shm_bytes -= self._segments.pop(name).num_bytes
-        shm.unlink(name)
 
     def _merge_metas(self, metas: Iterable[RowMeta]) -> None:
         for update in metas:
@@ -156,11 +170,14 @@ class ShardStore:
         return num
 
     def close(self) -> None:
-        """Unlink every segment still owned (the shard is stopping)."""
-        for name in list(self._segments):
-            self._drop_segment(name)
+        """Drop every row and unlink the arenas (the shard is stopping)."""
         self._rows.clear()
         self._metas.clear()
+        self._reserved.clear()
+        for arena in self._arenas.values():
+            shm.MAPPINGS.forget(arena.name)
+            arena.unlink()
+        self._arenas.clear()
         self.num_bytes = 0
 
     # -- reads -----------------------------------------------------------------------
@@ -172,38 +189,38 @@ class ShardStore:
         return row
 
     def get(self, indices: Sequence[int], columns: Sequence[str], allow_shm: bool = False):
-        """(inline columns, shm columns, shm dtypes, shm shapes) of ``indices``. A column
-        comes as shm refs only if ``allow_shm`` and every requested cell is in shm."""
+        """(inline columns, shm columns, arena names) of ``indices``. A column comes as
+        arena offsets only if ``allow_shm`` and every requested cell is in an arena."""
         rows = [self._row(i) for i in indices]
         inline: dict[str, list[Tensor]] = {}
-        refs: dict[str, list[ShmRef]] = {}
-        dtypes: dict[str, str] = {}
-        shapes: dict[str, list[tuple[int, ...]]] = {}
+        shm_columns: dict[str, ShmColumn] = {}
+        segments: dict[str, int] = {}
         for name in columns:
             try:
                 cells = [row[name] for row in rows]
             except KeyError:
                 missing = [i for i, row in zip(indices, rows) if name not in row]
-                have = sorted(rows[indices.index(missing[0])])
+                have = sorted(rows[list(indices).index(missing[0])])
                 raise KeyError(
                     f"{self.name}: rows {missing[:8]} have no column {name!r} (row {missing[0]} has {have}); "
                     f"get only columns the controller reported produced"
                 ) from None
             if allow_shm and cells and all(isinstance(c, _ShmCell) for c in cells) and len({c.dtype for c in cells}) == 1:
-                refs[name] = [ShmRef(segment=c.segment, offset=c.offset, num_bytes=c.num_bytes) for c in cells]
-                dtypes[name] = cells[0].dtype
-                shapes[name] = [c.shape for c in cells]
+                shm_columns[name] = ShmColumn(
+                    dtype=cells[0].dtype,
+                    shapes=[c.shape for c in cells],
+                    segments=[segments.setdefault(c.arena, len(segments)) for c in cells],
+                    offsets=[c.offset for c in cells],
+                )
             else:
                 inline[name] = [self._inline(c) for c in cells]
-        return inline, refs, dtypes, shapes
+        return inline, shm_columns, list(segments)
 
     def _inline(self, cell: Tensor | _ShmCell) -> Tensor:
         if not isinstance(cell, _ShmCell):
             return cell
-        seg = self._segments[cell.segment]
-        if seg.view is None:
-            seg.view = shm.map_readonly(cell.segment)
-        return Tensor(dtype=cell.dtype, shape=cell.shape, data=seg.view[cell.offset : cell.offset + cell.num_bytes])
+        data = shm.MAPPINGS.get(cell.arena)[cell.offset : cell.offset + cell.num_bytes]
+        return Tensor(dtype=cell.dtype, shape=cell.shape, data=memoryview(data))
 
     def indices(self) -> list[int]:
         return sorted(self._rows)
