@@ -33,10 +33,11 @@ def _table(plans) -> list[str]:
 
 
 def _boundary(infeasible) -> list:
-    """Per role, the largest device count that still does not fit: where the fit starts."""
+    """Per role, the closest miss (smallest shortfall; the most devices among equals)."""
     by_role = {}
     for item in infeasible:
-        if item.role not in by_role or item.devices > by_role[item.role].devices:
+        best = by_role.get(item.role)
+        if best is None or (item.short_bytes, -item.devices) < (best.short_bytes, -best.devices):
             by_role[item.role] = item
     return list(by_role.values())
 
@@ -142,12 +143,13 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, ma
         other_txt = f"; the other sync option ({other.mode}) {other.predicted_step_s:.1f} s" if other is not None else ""
         click.echo(
             f"sync alternative: {where}, {alt.predicted_step_s:.1f} s/step, {alt.predicted_samples_per_s:.2f} samples/s, "
-            f"bottleneck {alt.bottleneck}{other_txt}. Predicted async speedup: {gain:.2f}x"
+            f"bottleneck {alt.bottleneck}{other_txt}. Predicted speedup of the "
+            f"{'asynchronous' if wl.staleness else 'streaming (staleness 0)'} plan: {gain:.2f}x"
         )
     else:
         click.echo("sync alternative: none fits in memory")
     if result.num_infeasible_splits:
-        click.echo(f"{result.num_infeasible_splits} of {result.num_splits} splits do not fit; where each role starts to fit:")
+        click.echo(f"{result.num_infeasible_splits} of {result.num_splits} splits do not fit; each role's closest miss:")
         for item in _boundary(result.infeasible):
             click.echo(f"  {item.reason}")
     if sim is not None:
