@@ -14,7 +14,16 @@ GiB = 2**30
 
 
 def _fmt_rate(x: float) -> str:
-    return f"{x / 1e3:.1f}k" if x >= 1e4 else f"{x:.1f}"
+    return f"{x / 1e3:.1f}k" if x >= 1e4 else _sig(x)
+
+
+def _sig(x: float) -> str:
+    """At least one decimal, three significant digits for small numbers (seconds, rates)."""
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
+
+
+def _params(n: float) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
 
 
 def _table(plans) -> list[str]:
@@ -24,8 +33,8 @@ def _table(plans) -> list[str]:
         ref = f"{p.reference_devices} tp{p.reference_tp}" if p.reference_devices else "on train"
         rows.append((
             str(i), f"{p.rollout_devices} x tp{p.rollout_tp}", f"{p.train_devices} {p.train_tp}/{p.train_pp}/{p.train_dp}",
-            ref, f"{p.predicted_step_s:.1f}", f"{p.predicted_samples_per_s:.2f}", _fmt_rate(p.predicted_tokens_per_s),
-            p.bottleneck, f"{p.peak_memory_bytes / GiB:.1f}",
+            ref, _sig(p.predicted_step_s), _sig(p.predicted_samples_per_s), _fmt_rate(p.predicted_tokens_per_s),
+            p.bottleneck, _sig(p.peak_memory_bytes / GiB),
         ))
     widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
     return ["  ".join(cell.rjust(w) if c in (0, 4, 5, 6, 8) else cell.ljust(w) for c, (cell, w) in enumerate(zip(r, widths))).rstrip()
@@ -120,7 +129,7 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, ma
         return
 
     click.echo(
-        f"{model.name} ({model.num_params / 1e9:.1f}B params) on {num_devices} x {hw.name}: "
+        f"{model.name} ({_params(model.num_params)} params) on {num_devices} x {hw.name}: "
         f"{wl.prompts_per_step} prompts x {wl.samples_per_prompt} samples, prompt {wl.prompt_len_tokens}, "
         f"response {wl.response_len_tokens} (max {wl.max_response_len_tokens}), staleness {wl.staleness}"
         + (f", profile {profile_path}" if profile_path else ", default efficiencies (calibrate: afctl profile)")
@@ -140,9 +149,9 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, ma
         where = ("colocated on all devices (verl-like)" if alt.mode == "colocated"
                  else f"task-separated, rollout {alt.rollout_devices} / train {alt.train_devices}")
         other = result.sync if alt is result.colocated else result.colocated
-        other_txt = f"; the other sync option ({other.mode}) {other.predicted_step_s:.1f} s" if other is not None else ""
+        other_txt = f"; the other sync option ({other.mode}) {_sig(other.predicted_step_s)} s" if other is not None else ""
         click.echo(
-            f"sync alternative: {where}, {alt.predicted_step_s:.1f} s/step, {alt.predicted_samples_per_s:.2f} samples/s, "
+            f"sync alternative: {where}, {_sig(alt.predicted_step_s)} s/step, {_sig(alt.predicted_samples_per_s)} samples/s, "
             f"bottleneck {alt.bottleneck}{other_txt}. Predicted speedup of the "
             f"{'asynchronous' if wl.staleness else 'streaming (staleness 0)'} plan: {gain:.2f}x"
         )
@@ -154,6 +163,6 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, ma
             click.echo(f"  {item.reason}")
     if sim is not None:
         click.echo(
-            f"simulated {sim.num_steps} steps: sync {sim.sync_step_s:.1f} s/step, async {sim.async_step_s:.1f} s/step "
+            f"simulated {sim.num_steps} steps: sync {_sig(sim.sync_step_s)} s/step, async {_sig(sim.async_step_s)} s/step "
             f"({sim.sync_step_s / sim.async_step_s:.2f}x); wrote {sim.trace_path} and {sim.png_path}"
         )

@@ -216,7 +216,7 @@ def search(
                 sync_best = (sync.step_s, rollout_devices, ref_devices)
     scored.sort()
     plans = []
-    for _, rollout_devices, ref_devices in _distinct(scored, top_k, hw.devices_per_node):
+    for _, rollout_devices, ref_devices in _distinct(scored, top_k, max(hw.devices_per_node, num_devices // 32)):
         rollout = roles.rollout(rollout_devices, "async")
         reference = roles.reference(ref_devices) if ref_devices else None
         train = roles.train(num_devices - rollout_devices - ref_devices, with_reference=use_ref and not ref_devices)
@@ -238,7 +238,7 @@ def search(
 
 
 def _distinct(scored: list[tuple[float, int, int]], top_k: int, spacing: int) -> list[tuple[float, int, int]]:
-    """The best splits, each at least `spacing` devices (a node) away from those kept in some role,
+    """The best splits, each at least `spacing` devices (a node, or 1/32 of the cluster) away from those kept in some role,
     or with the reference placed differently, so the table shows alternatives, not neighbours."""
     kept: list[tuple[float, int, int]] = []
     for cand in scored:
