@@ -78,8 +78,12 @@ class TokenBatch:
     """int64/bool [B, T]: 1 on real tokens."""
     response_mask: torch.Tensor
     """float [B, T]: 1 on response tokens that count in losses."""
-    old_logp: torch.Tensor | None = None
-    """float [B, T]: rollout (behaviour) policy log-probs."""
+    rollout_logp: torch.Tensor | None = None
+    """float [B, T]: behaviour log-probs, from the rollout engine that sampled the
+    tokens (possibly several policy versions old)."""
+    prox_logp: torch.Tensor | None = None
+    """float [B, T]: proximal log-probs, recomputed by the trainer before this update
+    (needed only when one batch feeds several optimizer steps)."""
     ref_logp: torch.Tensor | None = None
     """float [B, T]: reference policy log-probs (KL)."""
     advantages: torch.Tensor | None = None

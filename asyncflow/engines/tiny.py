@@ -153,6 +153,6 @@ def supervised_warm_start(
         optim.zero_grad(set_to_none=True)
         loss.backward()
         optim.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     model.eval()
     return losses

@@ -1,0 +1,34 @@
+"""KL estimators between the current policy and a reference policy, per token
+(Schulman's k1, k2, k3; http://joschu.net/blog/kl-approx.html).
+
+Shape legend: B sequences, T tokens.
+
+With samples x ~ pi and log r = log ref(x) - log pi(x):
+- k1 = -log r                   unbiased, high variance, can be negative
+- k2 = (log r)^2 / 2            biased, low variance, >= 0
+- k3 = (r - 1) - log r          unbiased, low variance, >= 0
+Invariant: every estimator is 0 where the two log-probs are equal.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+def kl_per_token(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, estimator: KLEstimator = "k3", clamp: float | None = 10.0) -> torch.Tensor:
+    """Per-token KL(pi || ref) estimate. ``clamp`` bounds log r first (None: off),
+    so one wild token cannot overflow k3's exponential."""
+    log_r_BT = ref_logp_BT - logp_BT
+    if clamp is not None:
+        log_r_BT = log_r_BT.clamp(-clamp, clamp)
+    if estimator == "k1":
+        return -log_r_BT
+    if estimator == "k2":
+        return 0.5 * log_r_BT**2
+    if estimator == "k3":
+        return torch.expm1(log_r_BT) - log_r_BT
+    raise ValueError(f"unknown KL estimator {estimator!r}; use 'k1', 'k2' or 'k3'")

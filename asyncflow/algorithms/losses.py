@@ -1,0 +1,102 @@
+"""Policy and value losses, entropy bonus, loss aggregation, off-policy correction.
+
+Shape legend: B sequences, T tokens.
+
+Three log-probs of the same sampled tokens meet here:
+- ``rollout_logp`` (behaviour mu): from the rollout engine, possibly k versions old;
+- ``prox_logp`` (proximal): the trainer's policy before this update; when one batch
+  feeds one optimizer step it equals ``logp.detach()`` and need not be computed;
+- ``logp``: the trainer's current log-probs, with gradient.
+The PPO ratio pi/pi_prox is clipped (trust region); the staleness pi_prox/mu is
+corrected by a truncated importance weight min(pi_prox/mu, cap), without gradient
+(decoupled PPO with truncated IS). A sample generated k versions ago therefore
+contributes at most ``cap`` times its on-policy weight, which keeps k > 0 stable.
+
+Invariants:
+- Per-token losses are 0 off ``mask_BT``.
+- ``aggregate`` divided by the step totals of a ``LossContext`` makes the sum over
+  micro-batches (and ranks, after FSDP's gradient averaging) equal the step mean.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from asyncflow.engines.base import LossContext
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+
+MAX_LOG_RATIO = 20.0
+"""Log-ratios are clamped to +-20 before exp: no inf, and a weight of e^20 is
+clipped or truncated anyway."""
+
+
+def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: AggMode = "token-mean", ctx: LossContext | None = None) -> torch.Tensor:
+    """Reduce a per-token loss to a scalar.
+
+    token-mean: sum over all masked tokens / number of masked tokens.
+    seq-mean-token-mean: mean over sequences of each sequence's token mean.
+    seq-mean-token-sum: mean over sequences of each sequence's token sum.
+    With ``ctx`` the denominators are the step totals times ``1 / dp_size``; without,
+    this batch's own totals."""
+    mask_BT = mask_BT.float()
+    if mode == "token-mean":
+        total = (loss_BT * mask_BT).sum()
+        denom = ctx.num_tokens / ctx.dp_size if ctx else mask_BT.sum().clamp(min=1.0)
+        return total / denom
+    per_seq_B = (loss_BT * mask_BT).sum(dim=1)
+    if mode == "seq-mean-token-mean":
+        per_seq_B = per_seq_B / mask_BT.sum(dim=1).clamp(min=1.0)
+    elif mode != "seq-mean-token-sum":
+        raise ValueError(f"unknown aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum")
+    has_tokens_B = (mask_BT.sum(dim=1) > 0).float()
+    denom = ctx.num_seqs / ctx.dp_size if ctx else has_tokens_B.sum().clamp(min=1.0)
+    return (per_seq_B * has_tokens_B).sum() / denom
+
+
+def truncated_is_weights(prox_logp_BT: torch.Tensor, rollout_logp_BT: torch.Tensor, cap: float) -> torch.Tensor:
+    """min(pi_prox / mu, cap), no gradient."""
+    log_w_BT = (prox_logp_BT - rollout_logp_BT).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return torch.exp(log_w_BT).clamp(max=cap)
+
+
+def clipped_policy_loss(
+    logp_BT: torch.Tensor,
+    prox_logp_BT: torch.Tensor,
+    adv_BT: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO clipped surrogate per token: max(-A r, -A clip(r, 1-low, 1+high)),
+    r = exp(logp - prox_logp). ``dual_clip`` c > 1 also bounds the loss of negative
+    advantages by -A c. Returns (loss_BT, clipped_BT as float 0/1)."""
+    ratio_BT = torch.exp((logp_BT - prox_logp_BT).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    unclipped_BT = -adv_BT * ratio_BT
+    clipped_BT = -adv_BT * ratio_BT.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss_BT = torch.maximum(unclipped_BT, clipped_BT)
+    was_clipped_BT = (clipped_BT > unclipped_BT).float()
+    if dual_clip is not None:
+        bound_BT = -adv_BT * dual_clip
+        loss_BT = torch.where(adv_BT < 0, torch.minimum(loss_BT, bound_BT), loss_BT)
+    return loss_BT, was_clipped_BT
+
+
+def clipped_value_loss(
+    values_BT: torch.Tensor, old_values_BT: torch.Tensor, returns_BT: torch.Tensor, clip: float | None = 0.2
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """0.5 * max((V - R)^2, (V_clip - R)^2), V_clip = V_old + clip(V - V_old, -c, c);
+    ``clip`` None: plain 0.5 (V - R)^2. Returns (loss_BT, clipped_BT as float 0/1)."""
+    unclipped_BT = (values_BT - returns_BT) ** 2
+    if clip is None:
+        return 0.5 * unclipped_BT, torch.zeros_like(unclipped_BT)
+    v_clipped_BT = old_values_BT + (values_BT - old_values_BT).clamp(-clip, clip)
+    clipped_BT = (v_clipped_BT - returns_BT) ** 2
+    return 0.5 * torch.maximum(unclipped_BT, clipped_BT), (clipped_BT > unclipped_BT).float()
+
+
+def entropy_bonus(entropy_BT: torch.Tensor, coef: float) -> torch.Tensor:
+    """Per-token loss term that rewards entropy: -coef * H."""
+    return -coef * entropy_BT

@@ -1,0 +1,71 @@
+import json
+
+import pytest
+
+from asyncflow.algorithms import tasks
+from asyncflow.algorithms.rewards import (
+    call_reward,
+    exact_match,
+    format_reward,
+    load_reward_fn,
+    math_answer,
+    parse_number,
+    weighted_sum,
+)
+
+
+def score(fn, responses, answers, finish=None):
+    n = len(responses)
+    return fn([""] * n, responses, answers, finish or ["stop"] * n)
+
+
+def test_exact_match_ignores_surrounding_whitespace_only():
+    assert score(exact_match, [" 42\n", "42.0", "x"], ["42", "42", "y"]) == [1.0, 0.0, 0.0]
+
+
+def test_math_answer_compares_numbers_fractions_and_boxed_answers():
+    responses = ["so \\boxed{\\frac{3}{4}}", "the answer is 0.75.", "total 1,000", "\\boxed{-2}", "7 then 8", "\\boxed{3/4}", "none"]
+    answers = ["3/4", "\\frac{3}{4}", "1000", "-2", "8", "0.75", "1"]
+    assert score(math_answer, responses, answers) == [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0]
+    assert score(math_answer, ["\\boxed{2}", "3/0"], ["3", "1"]) == [0.0, 0.0]
+
+
+def test_numbers_parse_to_exact_fractions():
+    assert parse_number("\\dfrac{1}{2}") == parse_number("0.5") == parse_number(" $1/2$ ")
+    assert parse_number("-\\frac{1}{3}") * 3 == -1
+    assert parse_number("1/0") is None and parse_number("abc") is None
+
+
+def test_format_reward_needs_the_pattern_and_a_stop_token():
+    fn = format_reward(r"\d{3}")
+    assert score(fn, ["123", "12", "123"], ["", "", ""], ["stop", "stop", "length"]) == [1.0, 0.0, 0.0]
+
+
+def test_weighted_sum_gives_partial_credit():
+    fn = weighted_sum((0.1, format_reward(r"\d+")), (0.9, exact_match))
+    assert score(fn, ["7", "8", "x"], ["7", "7", "7"]) == pytest.approx([1.0, 0.1, 0.0])
+
+
+def test_custom_rewards_load_by_dotted_path_or_builtin_name():
+    assert load_reward_fn("asyncflow.algorithms.tasks:reward") is tasks.reward
+    assert load_reward_fn("math_answer") is math_answer
+    with pytest.raises(ValueError, match="no callable 'nope'"):
+        load_reward_fn("asyncflow.algorithms.tasks:nope")
+    with pytest.raises(ValueError, match="fn\\(prompts, responses, answers, finish_reasons\\)"):
+        load_reward_fn("asyncflow.algorithms.tasks:make_example" if hasattr(tasks, "make_example") else "json:dumps")
+    with pytest.raises(ValueError, match="package.module:function"):
+        load_reward_fn("not_a_path")
+
+
+def test_a_reward_returning_the_wrong_count_is_an_error():
+    with pytest.raises(ValueError, match="one per sample"):
+        call_reward(lambda p, r, a, f: [1.0], ["a", "b"], ["a", "b"], ["a", "b"], ["stop", "stop"])
+
+
+def test_reverse_task_reward_and_dataset_file(tmp_path):
+    path = tasks.write_jsonl(tmp_path / "rev.jsonl", num_examples=5, seed=1)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 5 and all(r["answer"] == r["prompt"].split(":")[1][::-1] for r in rows)
+    got = tasks.reward(["rev:372"] * 4, ["273", "27", "723", "273"], ["273"] * 4, ["stop", "stop", "stop", "length"])
+    # 0.1 format + 0.9 x digits in place: 1.0; 0.9 x 2/3; 0.1 + 0.9 x 1/3; 0.9
+    assert got == pytest.approx([1.0, 0.6, 0.4, 0.9])

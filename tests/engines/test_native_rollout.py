@@ -1,0 +1,129 @@
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from asyncflow.engines.base import TokenBatch
+from asyncflow.engines.batching import make_token_batch
+from asyncflow.engines.config import RolloutEngineConfig, SamplingParams, TrainEngineConfig
+from asyncflow.engines.factory import build_rollout_engine, build_train_engine
+
+PROMPTS = [[4, 9, 16, 10, 20, 5], [4, 12, 5], [4] + [9, 10, 11] * 6 + [5], [4, 30, 31, 5]]
+EOS = 2
+
+
+def engine(model_dir, **kw):
+    cfg = dict(max_batch_size=8, kv_cache_bytes=1 << 20)
+    cfg.update(kw)
+    return build_rollout_engine(RolloutEngineConfig(**cfg), model_dir)
+
+
+@pytest.mark.parametrize("arch_dir", ["qwen2_dir", "llama_dir"])
+def test_rollout_logprobs_match_training_engine_logprobs_at_temperature_one_in_fp32(arch_dir, request):
+    model_dir = request.getfixturevalue(arch_dir)
+    rollout = engine(model_dir)
+    out = rollout.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=24, n=3, stop_token_ids=(EOS, 40, 41), seed=1))
+    trainer = build_train_engine(TrainEngineConfig(micro_batch_size=5), model_dir)
+    batch = make_token_batch([PROMPTS[c.prompt_index] for c in out], [c.response_ids for c in out], pad_token_id=0)
+    logp_BT = trainer.forward(batch).logp
+    for b, c in enumerate(out):
+        start = len(PROMPTS[c.prompt_index])
+        recomputed = logp_BT[b, start : start + len(c.response_ids)]
+        assert torch.allclose(recomputed, torch.tensor(c.logprobs), atol=1e-4, rtol=0)
+
+
+def test_logprobs_at_other_temperatures_match_training_logprobs_at_that_temperature(qwen2_dir):
+    rollout = engine(qwen2_dir)
+    out = rollout.generate(PROMPTS[:2], SamplingParams(temperature=0.7, top_k=20, max_new_tokens=10, seed=2))
+    trainer = build_train_engine(TrainEngineConfig(), qwen2_dir)
+    batch = make_token_batch([PROMPTS[c.prompt_index] for c in out], [c.response_ids for c in out], pad_token_id=0)
+    logp_BT = trainer.forward(batch, temperature=0.7).logp
+    for b, c in enumerate(out):
+        start = len(PROMPTS[c.prompt_index])
+        assert torch.allclose(logp_BT[b, start : start + 10], torch.tensor(c.logprobs), atol=1e-4, rtol=0)
+
+
+def test_greedy_generation_equals_transformers_greedy_generate(qwen2_dir):
+    rollout = engine(qwen2_dir)
+    out = rollout.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=12))
+    model = AutoModelForCausalLM.from_pretrained(qwen2_dir)
+    for c in out:
+        prompt = torch.tensor([PROMPTS[c.prompt_index]])
+        ref = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert c.response_ids == ref[0, prompt.shape[1] :].tolist()
+
+
+def test_continuous_batching_admits_waiting_prompts_as_others_finish(qwen2_dir):
+    rollout = engine(qwen2_dir, max_batch_size=2)
+    # Stopping on any of a dozen tokens makes response lengths vary widely.
+    stops = tuple(range(6, 60, 5))
+    out = rollout.generate(PROMPTS * 2, SamplingParams(max_new_tokens=30, n=2, stop_token_ids=stops, seed=3))
+    stats = rollout.stats
+    assert len(out) == 16
+    assert stats.max_running == 2
+    assert stats.admitted_while_running > 0
+    # Continuous batching takes fewer decode steps than static batches of 2 that wait for their longest.
+    lengths = [len(c.response_ids) for c in out]
+    static_steps = sum(max(lengths[i : i + 2]) for i in range(0, 16, 2))
+    assert stats.num_steps < static_steps
+    assert [(c.prompt_index, c.sample_index) for c in out] == [(p, s) for p in range(8) for s in range(2)]
+
+
+def test_kv_cache_budget_is_never_exceeded_and_limits_concurrency(qwen2_dir):
+    # Qwen2 tiny: 2 layers x 2 kv heads x 16 dims x 4 bytes x 2 = 512 bytes/token; 16-token blocks = 8 KiB.
+    budget = 5 * 8192 + 100
+    rollout = engine(qwen2_dir, max_batch_size=16, kv_cache_bytes=budget)
+    out = rollout.generate(PROMPTS, SamplingParams(max_new_tokens=20, n=4, seed=4))
+    assert len(out) == 16
+    assert rollout.kv_capacity_bytes <= budget
+    assert rollout.pool.k.nbytes + rollout.pool.v.nbytes <= budget
+    assert rollout.stats.peak_kv_used_bytes <= rollout.kv_capacity_bytes
+    # Each sequence reserves 2 blocks (prompt + 20 new tokens <= 32), the third prompt 3: at most 2 run at once.
+    assert rollout.stats.max_running == 2
+
+
+def test_a_prompt_that_can_never_fit_the_cache_fails_before_generating(qwen2_dir):
+    rollout = engine(qwen2_dir, kv_cache_bytes=8192)  # one 16-token block
+    with pytest.raises(ValueError, match="raise kv_cache_bytes or lower max_new_tokens"):
+        rollout.generate([PROMPTS[0]], SamplingParams(max_new_tokens=40))
+
+
+def test_stop_tokens_end_responses_and_length_caps_them(qwen2_dir):
+    rollout = engine(qwen2_dir)
+    stops = tuple(range(6, 99, 3))
+    out = rollout.generate(PROMPTS, SamplingParams(max_new_tokens=7, n=4, stop_token_ids=stops, seed=5))
+    for c in out:
+        assert 1 <= len(c.response_ids) <= 7 and len(c.logprobs) == len(c.response_ids)
+        if c.finish_reason == "stop":
+            assert c.response_ids[-1] in stops and not set(c.response_ids[:-1]) & set(stops)
+        else:
+            assert len(c.response_ids) == 7 and not set(c.response_ids) & set(stops)
+
+
+def test_top_k_one_is_greedy_and_same_seed_repeats_samples(qwen2_dir):
+    rollout = engine(qwen2_dir)
+    greedy = rollout.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=8))
+    top1 = rollout.generate(PROMPTS, SamplingParams(temperature=1.0, top_k=1, max_new_tokens=8))
+    assert [c.response_ids for c in greedy] == [c.response_ids for c in top1]
+    a = rollout.generate(PROMPTS, SamplingParams(max_new_tokens=8, n=2, seed=9))
+    b = rollout.generate(PROMPTS, SamplingParams(max_new_tokens=8, n=2, seed=9))
+    assert [c.response_ids for c in a] == [c.response_ids for c in b]
+
+
+def test_loaded_weights_change_generation_and_set_the_version(qwen2_dir):
+    rollout = engine(qwen2_dir)
+    before = rollout.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=8))
+    trainer = build_train_engine(TrainEngineConfig(lr=1e-2), qwen2_dir)
+    ids_BT = torch.tensor([PROMPTS[0] + [7] * 8])
+    batch = TokenBatch(input_ids=ids_BT, attention_mask=torch.ones_like(ids_BT), response_mask=torch.ones(ids_BT.shape))
+    for _ in range(20):
+        trainer.train_step(batch, lambda out, mb, ctx: (-(out.logp * mb.response_mask).sum() / ctx.num_tokens, {}))
+    rollout.load_weights(trainer.export_weights(), version=trainer.version)
+    after = rollout.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=8))
+    assert rollout.version == 20 and all(c.version == 20 for c in after)
+    assert after[0].response_ids == [7] * 8 != before[0].response_ids
+
+
+def test_loading_an_unknown_weight_name_says_what_is_wrong(qwen2_dir):
+    rollout = engine(qwen2_dir)
+    with pytest.raises(KeyError, match="same model_dir"):
+        rollout.load_weights([("model.layers.9.mlp.up_proj.weight", torch.zeros(1))], version=1)

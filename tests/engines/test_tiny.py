@@ -1,0 +1,40 @@
+import hashlib
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from asyncflow.engines.tiny import build_char_tokenizer, encode_chat_prompt, make_tiny_model
+
+
+def test_tiny_model_directory_loads_in_transformers_with_its_tokenizer(qwen2_dir):
+    model = AutoModelForCausalLM.from_pretrained(qwen2_dir)
+    tokenizer = AutoTokenizer.from_pretrained(qwen2_dir)
+    assert model.config.architectures == ["Qwen2ForCausalLM"]
+    ids = encode_chat_prompt(tokenizer, "3+4=")
+    assert tokenizer.decode(ids) == "<|user|>3+4=<|assistant|>"
+    assert model(torch.tensor([ids])).logits.shape == (1, len(ids), model.config.vocab_size)
+
+
+def test_character_tokenizer_round_trips_text_one_token_per_character():
+    tokenizer = build_char_tokenizer()
+    text = "rev:372 a+b=\\boxed{1/2}\n"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text)
+    assert tokenizer.decode(ids) == text
+
+
+def test_same_seed_gives_byte_identical_weights(tmp_path):
+    a = make_tiny_model(tmp_path / "a", seed=3)
+    b = make_tiny_model(tmp_path / "b", seed=3)
+    digest = lambda p: hashlib.sha256((p / "model.safetensors").read_bytes()).hexdigest()  # noqa: E731
+    assert digest(a) == digest(b)
+
+
+def test_supervised_warm_start_teaches_the_response_format(tmp_path):
+    pairs = [("rev:123", "321"), ("rev:450", "054")] * 8
+    model_dir = make_tiny_model(tmp_path / "w", seed=0, warm_start_pairs=pairs, warm_start_steps=60)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = encode_chat_prompt(tokenizer, "rev:123")
+    out = model.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=0)
+    assert tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True) == "321"
