@@ -66,7 +66,7 @@ def _measure(model_dir: Path, shape, repeats: int, device: str) -> list:
     for batch in (4, 16):
         prompts = [[7 + (i + j) % 50 for j in range(long_prompt)] for i in range(batch)]
         t = _median_time(lambda: rollout.generate(prompts, SamplingParams(max_new_tokens=1, seed=0)), repeats)
-        work = batch * long_prompt * shape.forward_flops_per_token(long_prompt / 2)
+        work = batch * shape.prefill_flops(long_prompt)
         points.append(Point(kind="prefill", size=f"{size}, {batch} x {long_prompt} tokens", work=work, time_s=t,
                             num_layers=shape.num_layers))
     rollout.close()

@@ -186,7 +186,7 @@ def rollout_cost(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload,
     context = wl.prompt_len_tokens + wl.response_len_tokens / 2
     t_iter = decode_iteration_s(model, hw, eff, tp, batch, context)
     decode_s = seqs_per_instance * wl.response_len_tokens / batch * t_iter
-    prefill_flops = seqs_per_instance * wl.prompt_len_tokens * model.forward_flops_per_token(wl.prompt_len_tokens / 2) / tp
+    prefill_flops = seqs_per_instance * model.prefill_flops(wl.prompt_len_tokens) / tp
     prefill_calls = math.ceil(seqs_per_instance / batch)  # admissions of up to `batch` new sequences
     prefill_s = prefill_flops / (hw.peak_bf16_flops * eff.prefill_flops)
     prefill_s += prefill_calls * model.num_layers * eff.prefill_overhead_s_per_layer

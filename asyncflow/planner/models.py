@@ -63,6 +63,11 @@ class ModelShape(msgspec.Struct, kw_only=True, frozen=True):
         attention = 4 * self.num_layers * self.q_dim * context_tokens
         return 2 * self.num_matmul_params + attention
 
+    def prefill_flops(self, prompt_tokens: int) -> float:
+        """One prompt's prefill: every token through the layers, only the last through the output head."""
+        head = 2 * self.num_embedding_params
+        return prompt_tokens * self.forward_flops_per_token(prompt_tokens / 2) - (prompt_tokens - 1) * head
+
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return 2 * self.num_layers * self.kv_dim * dtype_bytes
 

@@ -67,6 +67,13 @@ def test_forward_flops_are_two_per_weight_plus_attention():
     assert m.forward_flops_per_token(1000) - m.forward_flops_per_token(0) == 4 * 28 * 3584 * 1000
 
 
+def test_prefill_sends_only_the_last_prompt_token_through_the_output_head():
+    m = PRESETS["7b"]
+    head = 2 * 152064 * 3584
+    assert m.prefill_flops(1) == m.forward_flops_per_token(0.5)
+    assert m.prefill_flops(100) == pytest.approx(100 * m.forward_flops_per_token(50) - 99 * head)
+
+
 def test_training_time_is_six_flops_per_parameter_per_token_at_the_efficiency():
     m, hw = PRESETS["7b"], get_hardware("h100")
     wl = Workload(prompt_len_tokens=16, response_len_tokens=16, max_response_len_tokens=16, prompts_per_step=64,
