@@ -86,3 +86,26 @@ def test_the_measured_gain_compares_mean_steps_before_and_after_a_move():
     assert measured_gain(before, after) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="at least one step"):
         measured_gain(before, [])
+
+
+def test_repeated_decisions_move_an_unbalanced_pipeline_to_the_balanced_split_and_stop():
+    # A synthetic async pipeline: 30 worker-seconds of rollout and 30 of training per step.
+    work_r = work_t = 30.0
+    split = Split(rollout_workers=1, train_workers=5)
+    history, last_move, moves = [], None, []
+    for step in range(20):
+        step_s = max(work_r / split.rollout_workers, work_t / split.train_workers)
+        history.append(StepObservation(
+            step=step, step_s=step_s,
+            rollout=RoleWindow(busy_fraction=work_r / split.rollout_workers / step_s),
+            train=RoleWindow(busy_fraction=work_t / split.train_workers / step_s),
+        ))
+        since = None if last_move is None else step - last_move
+        move = decide(history, split, steps_since_last_move=since)
+        if move is not None:
+            assert move.predicted_gain > 0
+            moves.append((step, move.split_after))
+            split, last_move = move.split_after, step
+    assert split == Split(rollout_workers=3, train_workers=3)
+    assert [s for _, s in moves] == [Split(rollout_workers=2, train_workers=4), Split(rollout_workers=3, train_workers=3)]
+    assert moves[1][0] - moves[0][0] >= 3  # hysteresis between moves
