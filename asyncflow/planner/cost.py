@@ -197,8 +197,9 @@ def rollout_cost(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload,
     )
     role.time_s = prefill_s + decode_s
     role.tail_s = tail_s
-    role.latency_s = tail_s
-    role.reason = f"batch {batch} per instance ({'KV cache' if batch == batch_cap else 'samples'} limited)"
+    role.latency_s = tail_s  # the last sample ends this long after the throughput-bound part
+    limit = "KV cache" if batch == batch_cap else "samples" if batch == seqs_per_instance else "scheduler cap"
+    role.reason = f"batch {batch} per instance ({limit} limited)"
     return role
 
 
