@@ -4,10 +4,11 @@ The queue's controller (with the manager) runs in one process host, each shard i
 its own; a producer process and a consumer process talk to them through TQClient.
 Each round, in lockstep: the producer allocates B rows and puts two columns
 (``input_ids`` int64 [L], ``old_logp`` float32 [L]); the consumer gets them as task
-``train`` (metadata from the controller, columns straight from the shards), checks
-them, and acks them, which frees them. Figures:
+``train`` (metadata from the controller, columns straight from the shards) and
+checks them; it acks them inside its next request (as a streaming consumer does),
+which frees them. Figures:
 
-- ``round_trip_ms``: median of (producer starts allocating -> consumer's ack returns);
+- ``round_trip_ms``: median of (producer starts allocating -> consumer holds the data);
 - ``samples_per_s``, ``gbps``: rows, and bytes put plus bytes read, over wall time;
 - ``shard_mem_ratio``: the shards' peak resident memory above their idle baseline,
   plus the shared-memory segments they owned at peak, over the peak bytes of rows
@@ -18,12 +19,20 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import statistics
 import time
 
 import click
 
 COLUMNS = ["input_ids", "old_logp"]
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _producer(directory: str, samples: int, seq_len: int, num_rounds: int, use_shm: bool, done, out) -> None:
@@ -53,15 +62,16 @@ def _consumer(directory: str, samples: int, seq_len: int, num_rounds: int, use_s
     from asyncflow.core.tq.client import TQClient
 
     tq = TQClient(directory, use_shm=use_shm)
+    batch = None
     for r in range(num_rounds):
-        batch = tq.get_batch("train", COLUMNS, samples, timeout_s=60)
+        # the previous batch is acked inside this request (one round trip less)
+        batch = tq.get_batch("train", COLUMNS, samples, timeout_s=60, ack=batch)
         ids, logp = batch.columns["input_ids"], batch.columns["old_logp"]
         assert len(ids) == samples and ids[0].shape == (seq_len,) and logp[-1].dtype.name == "float32"
         assert all(m.step == r for m in batch.metas)
         del ids, logp
-        tq.ack(batch)
-        del batch
         done.send((r, time.monotonic()))
+    tq.ack(batch)
     tq.close()
 
 
@@ -80,6 +90,8 @@ def run_queue_bench(samples: int, seq_len: int, rounds: int, shards: int, warmup
         queue_procs = spawn_queue(dc, transport, ["train"], num_shards=shards, capacity_rows=max(1024, 4 * samples))
         driver = TQClient(dc, use_shm=use_shm)
         baseline = {s.name: s.rss_bytes for s in driver.shard_stats()}
+        pids = [h.pid for h in queue_procs.hosts]
+        cpu0 = sum(_cpu_s(pid) for pid in pids)
         ctx = mp.get_context("spawn")
         done_recv, done_send = ctx.Pipe(duplex=False)
         out_recv, out_send = ctx.Pipe(duplex=False)
@@ -92,6 +104,7 @@ def run_queue_bench(samples: int, seq_len: int, rounds: int, shards: int, warmup
         if not out_recv.poll(600):
             raise TimeoutError("the bench's producer reported nothing within 600 s")
         times = out_recv.recv()[warmup:]
+        queue_cpu_s = sum(_cpu_s(pid) for pid in pids) - cpu0
         for p in procs:
             p.join(30)
             if p.exitcode != 0:
@@ -124,6 +137,8 @@ def run_queue_bench(samples: int, seq_len: int, rounds: int, shards: int, warmup
         "shard_mem_ratio": round(growth / peak_held, 3) if peak_held else None,
         "shard_peak_rss_mb": round(max(s.peak_rss_bytes for s in stats) / 2**20, 1),
         "shard_peak_held_mb": round(peak_held / 2**20, 2),
+        "queue_cpu_ms_per_round": round(queue_cpu_s / (warmup + rounds) * 1e3, 3),  # controller + shards
+        "load_avg_1m": os.getloadavg()[0],
     }
 
 

@@ -192,7 +192,7 @@ class TQClient:
                 raise ValueError(f"column {name!r} has {len(cells)} entries for {len(indices)} rows: give one per row")
         if metas is not None and len(metas) != len(indices):
             raise ValueError(f"{len(metas)} metas for {len(indices)} rows: give one per row or none")
-        wire = {name: [tensors.to_wire(c) for c in cells] for name, cells in columns.items()}
+        wire = {name: [_to_wire(c) for c in cells] for name, cells in columns.items()}
 
         def put_one(item):
             k, positions = item
@@ -257,9 +257,12 @@ class TQClient:
         dp_size: int = 1,
         min_step: int | None = None,
         max_step: int | None = None,
+        ack: "Batch | Sequence[int] | None" = None,
     ) -> protocol.BatchMeta:
         """Ask ``task``'s controller for rows (metadata only); they are now this
-        consumer's until acked. Raises BatchTimeout with the reason after ``timeout_s``."""
+        consumer's until acked. Raises BatchTimeout with the reason after ``timeout_s``.
+        ``ack``: rows (or the previous batch) this consumer is done with, acked first
+        in the same message."""
         filters = list(filters)
         if min_step is not None or max_step is not None:
             filters.append(protocol.RowFilter(
@@ -271,6 +274,7 @@ class TQClient:
         msg = protocol.GetBatch(
             consumer=self.consumer, columns=list(columns), batch_size=batch_size, policy=policy,
             timeout_s=timeout_s, partial=partial, filters=filters, dp_size=dp_size,
+            ack=list(ack.indices if isinstance(ack, Batch) else ack or ()),
         )
         try:
             return self._controller(task).ask(msg, timeout_s=timeout_s + self.timeout_s)
@@ -362,6 +366,19 @@ class TQClient:
 
 
 _TORCH_ONLY = {"bfloat16": np.int16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
+def _to_wire(array) -> protocol.Tensor:
+    """``tensors.to_wire`` with a fast path for C-contiguous numpy arrays (dtype names
+    cached: numpy computes ``dtype.name`` slowly)."""
+    if type(array) is np.ndarray and array.flags.c_contiguous:
+        name = _DTYPE_NAMES.get(array.dtype)
+        if name is None:
+            name = _DTYPE_NAMES[array.dtype] = array.dtype.name
+        data = memoryview(array).cast("B") if array.size else b""
+        return protocol.Tensor(dtype=name, shape=array.shape, data=data)
+    return tensors.to_wire(array)
 
 
 def _np_dtype(name: str) -> np.dtype:

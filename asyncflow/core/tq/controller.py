@@ -38,13 +38,14 @@ class _Waiter:
 class ControllerActor(Actor):
     Inbox = protocol.ControllerIn
 
-    def __init__(self, ctx, task: str, manager: str = "tq.manager"):
+    def __init__(self, ctx, task: str, manager: str = "tq.manager", ack_linger_s: float = 0.005):
         super().__init__(ctx)
         self.task = task
         self.manager = manager
         self.state = TaskState(task)
         self.waiters: list[_Waiter] = []
-        self.notifier = Notifier(ctx.name, resolve=ctx.ref)
+        # acks go to the manager in batches: capacity frees a few ms later, for far fewer messages
+        self.notifier = Notifier(ctx.name, resolve=ctx.ref, linger_s=ack_linger_s)
 
     def on_stop(self) -> None:
         self.notifier.close()
@@ -115,6 +116,8 @@ class ControllerActor(Actor):
                 return protocol.Ok()
             case protocol.GetBatch():
                 check_filters(msg.filters)
+                if msg.ack:
+                    self._tell_acked(self.state.ack(msg.consumer, msg.ack))
                 sel = self._select(msg)
                 if sel is not None:
                     return self._reply(sel)

@@ -42,6 +42,7 @@ class QueueManagerActor(Actor):
         controllers: dict[str, str],
         capacity_rows: int = 65536,
         stripe_rows: int = 64,
+        free_linger_s: float = 0.02,
     ):
         super().__init__(ctx)
         if sorted(controllers) != sorted(tasks):
@@ -52,7 +53,8 @@ class QueueManagerActor(Actor):
         self.controllers = dict(controllers)
         self.stripe_rows = stripe_rows
         self.ledger = Ledger(tasks, capacity_rows)
-        self.notifier = Notifier(ctx.name, resolve=ctx.ref)
+        # frees go to shards and controllers in batches (the ledger's capacity is freed at once)
+        self.notifier = Notifier(ctx.name, resolve=ctx.ref, linger_s=free_linger_s)
 
     def on_stop(self) -> None:
         self.notifier.close()

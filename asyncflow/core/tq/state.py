@@ -11,9 +11,9 @@ out), in the order rows became ready, so FIFO costs O(batch) and not O(table).
 
 Policies of :meth:`TaskState.select`:
 - ``fifo``: the first ``batch_size`` ready rows that pass the filters;
-- ``group``: whole prompt groups only (all ``group_size`` rows ready), first
-  complete first; a row without a group (``group_id < 0`` or ``group_size <= 1``) is
-  a group of one;
+- ``group``: whole prompt groups only (all ``group_size`` rows ready), the group of
+  the oldest ready row first; a row without a group (``group_id < 0`` or
+  ``group_size <= 1``) is a group of one;
 - ``dp_size > 1`` with either: the batch also comes split into ``dp_size`` parts of
   balanced total length (``prompt_len + response_len``), groups kept whole.
 
@@ -75,18 +75,13 @@ class _View:
     def __init__(self, mask: int):
         self.mask = mask
         self.ready: dict[int, None] = {}
-        self.groups: dict[int, set[int]] = {}  # group key -> ready rows of the group
-        self.complete: dict[int, None] = {}  # group keys with every row ready
+        self.groups: dict[int, set[int]] = {}  # group id -> its ready rows (rows in a group only)
+        self.complete: set[int] = set()  # groups with every (not yet acked) row ready
 
 
-def _group_key(meta: RowMeta) -> int:
-    if meta.group_id >= 0 and meta.group_size > 1:
-        return meta.group_id
-    return -1 - meta.index  # a row without a group is a group of one
-
-
-def _group_size(meta: RowMeta) -> int:
-    return meta.group_size if meta.group_id >= 0 and meta.group_size > 1 else 1
+def _group_key(meta: RowMeta) -> int | None:
+    """The row's group, or None for a row without one (a group of one)."""
+    return meta.group_id if meta.group_id >= 0 and meta.group_size > 1 else None
 
 
 def _passes(meta: RowMeta, filters: Sequence[RowFilter]) -> bool:
@@ -136,10 +131,10 @@ class TaskState:
         rows = self._rows
         for index in indices:
             row = rows.get(index)
-            if row is None:
-                row = rows[index] = _Row(RowMeta(index=index), shard)
             update = meta_by_index.get(index)
-            if update is not None:
+            if row is None:
+                row = rows[index] = _Row(update if update is not None else RowMeta(index=index), shard)
+            elif update is not None:
                 self._merge(row, update)
             if row.mask & mask != mask:
                 row.mask |= mask
@@ -186,28 +181,30 @@ class TaskState:
                 self._add_to_view(view, row)
 
     def _add_to_view(self, view: _View, row: _Row) -> None:
-        index = row.meta.index
-        view.ready[index] = None
-        key = _group_key(row.meta)
+        meta = row.meta
+        view.ready[meta.index] = None
+        key = _group_key(meta)
+        if key is None:
+            return
         members = view.groups.get(key)
         if members is None:
             members = view.groups[key] = set()
-        members.add(index)
-        if len(members) + self._group_acked.get(key, 0) >= _group_size(row.meta):
-            view.complete[key] = None
+        members.add(meta.index)
+        if len(members) + self._group_acked.get(key, 0) >= meta.group_size:
+            view.complete.add(key)
 
-    def _remove_ready(self, row: _Row, key: int | None = None) -> None:
+    def _remove_ready(self, row: _Row, key: int | None | bool = False) -> None:
         index = row.meta.index
-        if key is None:
+        if key is False:
             key = _group_key(row.meta)
         for view in self._views.values():
-            if view.ready.pop(index, 0) is None:
+            if view.ready.pop(index, 0) is None and key is not None:
                 members = view.groups.get(key)
                 if members is not None:
                     members.discard(index)
                     if not members:
                         del view.groups[key]
-                view.complete.pop(key, None)
+                view.complete.discard(key)
 
     # -- reads -----------------------------------------------------------------------
 
@@ -272,18 +269,27 @@ class TaskState:
         return picked
 
     def _pick_groups(self, view: _View, batch_size: int, filters: Sequence[RowFilter]) -> list[list[int]]:
+        """Whole groups, the group of the oldest ready row first; a row without a
+        group is a group of one."""
         picked: list[list[int]] = []
+        taken: set[int] = set()
         num_rows = 0
         rows = self._rows
-        for key in view.complete:
-            members = sorted(view.groups[key])
-            meta = rows[members[0]].meta
-            size = _group_size(meta)
-            if batch_size % size:
-                raise ValueError(
-                    f"task {self.task!r}: batch_size {batch_size} is not a multiple of group size {size}; "
-                    f"with policy 'group' ask for whole groups"
-                )
+        for index in view.ready:
+            meta = rows[index].meta
+            key = _group_key(meta)
+            if key is None:
+                members = [index]
+            elif key in view.complete and key not in taken:
+                taken.add(key)
+                members = sorted(view.groups[key])
+                if batch_size % meta.group_size:
+                    raise ValueError(
+                        f"task {self.task!r}: batch_size {batch_size} is not a multiple of group size "
+                        f"{meta.group_size}; with policy 'group' ask for whole groups"
+                    )
+            else:
+                continue
             if filters and not all(_passes(rows[i].meta, filters) for i in members):
                 continue
             if num_rows + len(members) > batch_size:
@@ -347,11 +353,10 @@ class TaskState:
         row.state = ACKED
         row.consumer = ""
         self.num_acked += 1
-        size = _group_size(row.meta)
-        if size > 1:
-            key = _group_key(row.meta)
+        key = _group_key(row.meta)
+        if key is not None:
             num = self._group_acked.get(key, 0) + 1
-            if num < size:
+            if num < row.meta.group_size:
                 self._group_acked[key] = num
             else:
                 self._group_acked.pop(key, None)  # the whole group is done
@@ -366,15 +371,10 @@ class TaskState:
             row.consumer = ""
             self._add_ready(row)
         if indices:
-            first = set(indices)
             for view in self._views.values():
                 front = dict.fromkeys(i for i in indices if i in view.ready)
                 front.update(view.ready)
                 view.ready = front
-                keys = {_group_key(rows[i].meta) for i in first}
-                complete = dict.fromkeys(k for k in view.complete if k in keys)
-                complete.update(view.complete)
-                view.complete = complete
         return indices
 
     def discard(self, filters: Sequence[RowFilter]) -> list[int]:

@@ -21,16 +21,11 @@ from asyncflow.core.tensors import nbytes
 _META_FIELDS = tuple(f for f in RowMeta.__struct_fields__ if f != "index")
 
 
-class _ShmCell:
-    __slots__ = ("arena", "offset", "num_bytes", "dtype", "shape", "extent")
+class _ShmCell(tuple):
+    """(arena, offset, num_bytes, dtype, shape, extent); ``extent`` is the shared
+    ``[arena, offset, bytes, number of live cells]`` of the put that wrote it."""
 
-    def __init__(self, arena: str, offset: int, num_bytes: int, dtype: str, shape: tuple[int, ...], extent: list):
-        self.arena = arena
-        self.offset = offset
-        self.num_bytes = num_bytes
-        self.dtype = dtype
-        self.shape = shape
-        self.extent = extent  # [arena name, offset, bytes, number of live cells]
+    __slots__ = ()
 
 
 class SavedRow(msgspec.Struct, array_like=True):
@@ -112,7 +107,7 @@ class ShardStore:
                 num_bytes = count * itemsize
                 if offset < extent_offset or offset + num_bytes > end:
                     raise ValueError(f"{self.name}: column {name!r} has bytes outside its extent")
-                cells.append(_ShmCell(segment, offset, num_bytes, col.dtype, tuple(shape), extent))
+                cells.append(_ShmCell((segment, offset, num_bytes, col.dtype, tuple(shape), extent)))
             cells_by_column[name] = cells
         for k, index in enumerate(indices):
             row = self._rows.get(index)
@@ -131,15 +126,15 @@ class ShardStore:
             self._release(old)
         row[name] = cell
         if isinstance(cell, _ShmCell):
-            cell.extent[3] += 1
-            self.num_bytes += cell.num_bytes
+            cell[5][3] += 1
+            self.num_bytes += cell[2]
         else:
             self.num_bytes += nbytes(cell)
 
     def _release(self, cell: Tensor | _ShmCell) -> None:
         if isinstance(cell, _ShmCell):
-            self.num_bytes -= cell.num_bytes
-            extent = cell.extent
+            self.num_bytes -= cell[2]
+            extent = cell[5]
             extent[3] -= 1
             if extent[3] == 0:
                 self._arenas[extent[0]].free(extent[1], extent[2])
@@ -150,7 +145,7 @@ class ShardStore:
         for update in metas:
             meta = self._metas.get(update.index)
             if meta is None:
-                self._metas[update.index] = msgspec.structs.replace(update)
+                self._metas[update.index] = update  # decoded for us alone: adopt it
                 continue
             for field in _META_FIELDS:
                 value = getattr(update, field)
@@ -205,12 +200,12 @@ class ShardStore:
                     f"{self.name}: rows {missing[:8]} have no column {name!r} (row {missing[0]} has {have}); "
                     f"get only columns the controller reported produced"
                 ) from None
-            if allow_shm and cells and all(isinstance(c, _ShmCell) for c in cells) and len({c.dtype for c in cells}) == 1:
+            if allow_shm and cells and all(isinstance(c, _ShmCell) for c in cells) and len({c[3] for c in cells}) == 1:
                 shm_columns[name] = ShmColumn(
-                    dtype=cells[0].dtype,
-                    shapes=[c.shape for c in cells],
-                    segments=[segments.setdefault(c.arena, len(segments)) for c in cells],
-                    offsets=[c.offset for c in cells],
+                    dtype=cells[0][3],
+                    shapes=[c[4] for c in cells],
+                    segments=[segments.setdefault(c[0], len(segments)) for c in cells],
+                    offsets=[c[1] for c in cells],
                 )
             else:
                 inline[name] = [self._inline(c) for c in cells]
@@ -219,8 +214,9 @@ class ShardStore:
     def _inline(self, cell: Tensor | _ShmCell) -> Tensor:
         if not isinstance(cell, _ShmCell):
             return cell
-        data = shm.MAPPINGS.get(cell.arena)[cell.offset : cell.offset + cell.num_bytes]
-        return Tensor(dtype=cell.dtype, shape=cell.shape, data=memoryview(data))
+        arena, offset, num_bytes, dtype, shape, _ = cell
+        data = shm.MAPPINGS.get(arena)[offset : offset + num_bytes]
+        return Tensor(dtype=dtype, shape=shape, data=memoryview(data))
 
     def indices(self) -> list[int]:
         return sorted(self._rows)
