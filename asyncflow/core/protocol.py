@@ -327,6 +327,7 @@ class GetBatch(_Msg):
     partial: bool = False
     filters: list[RowFilter] = []
     dp_size: int = 1  # > 1: split into dp_size parts of balanced total length
+    ack: list[int] = []  # rows this consumer is done with, acked first (saves an Ack round trip)
 
 
 class BatchMeta(_Msg):
