@@ -49,7 +49,7 @@ class LoopActor(Actor):
         self._state = "idle"
         self.num_items = 0
         self._started_at = time.monotonic()
-        self.tracer = None  # set by the launcher's span recorder, if any
+        self.tracer = None  # a SpanRecorder once the work starts
 
     # -- to implement ----------------------------------------------------------------
     def work_once(self) -> bool:
@@ -85,6 +85,7 @@ class LoopActor(Actor):
                 self._busy_s += elapsed
             if self.tracer is not None:
                 self.tracer.span(self.ctx.name, name, start, elapsed)
+                self.tracer.counters["version"] = self.version
             self._state = previous
 
     def stats(self) -> protocol.RoleStats:
@@ -94,6 +95,10 @@ class LoopActor(Actor):
         )
 
     # -- loop --------------------------------------------------------------------------
+    def on_stop(self) -> None:
+        if self.tracer is not None:
+            self.tracer.close()
+
     def _schedule(self) -> None:
         if self._running and not self._paused and not self._finished:
             self.actor_ref.tell(_Tick())
@@ -130,6 +135,10 @@ class LoopActor(Actor):
     def handle(self, msg, pending):
         match msg:
             case protocol.StartWork():
+                if self.tracer is None:
+                    from asyncflow.actors._spans import SpanRecorder
+
+                    self.tracer = SpanRecorder(self.ctx.name, self.ctx.ref(COLLECTOR))
                 self._running = True
                 self._schedule()
                 return protocol.Ok()

@@ -37,6 +37,8 @@ class CollectorActor(Actor):
         self.last_step_at = time.monotonic()
         self.last_values: dict[str, float] = {}
         self.busy: dict[str, float] = {}  # role -> busy fraction, refreshed by the driver
+        self.trace_events: list[dict] = []
+        self._tracks: dict[str, int] = {}
 
     def handle(self, msg, pending):
         match msg:
@@ -52,6 +54,9 @@ class CollectorActor(Actor):
                 if self.progress:
                     click.echo(progress_line(values, self.num_steps, self.busy))
                 return protocol.Ok()
+            case protocol.Spans():
+                self._add_spans(msg)
+                return protocol.Ok()
             case protocol.RunFinished():
                 self.result = msg
                 self.finished.set()
@@ -62,6 +67,29 @@ class CollectorActor(Actor):
                 return protocol.Ok()
             case protocol.Stop():
                 return protocol.Ok()
+
+    def _add_spans(self, msg: protocol.Spans) -> None:
+        """Chrome trace events: one track (pid) per role, spans as complete events."""
+        track = self._tracks.get(msg.role)
+        if track is None:
+            track = self._tracks[msg.role] = len(self._tracks) + 1
+            self.trace_events.append({"ph": "M", "name": "process_name", "pid": track, "tid": 0,
+                                      "args": {"name": f"{msg.role} (pid {msg.pid})"}})
+            self.trace_events.append({"ph": "M", "name": "process_sort_index", "pid": track, "tid": 0,
+                                      "args": {"sort_index": track}})
+        for name, start, dur in zip(msg.names, msg.starts_s, msg.durations_s):
+            self.trace_events.append({"ph": "X", "name": name, "cat": "wait" if name.startswith("wait_") else "busy",
+                                      "ts": start * 1e6, "dur": dur * 1e6, "pid": track, "tid": 0})
+        if msg.starts_s and msg.counters:
+            end = msg.starts_s[-1] + msg.durations_s[-1]
+            self.trace_events.append({"ph": "C", "name": "policy version", "ts": end * 1e6, "pid": track,
+                                      "args": {k: v for k, v in msg.counters.items()}})
+
+    def write_trace(self, path: str) -> int:
+        """RUN_DIR/trace.json in the Chrome trace event format (Perfetto, chrome://tracing)."""
+        events = sorted(self.trace_events, key=lambda e: e.get("ts", 0))
+        Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+        return len(events)
 
 
 def progress_line(v: dict[str, float], num_steps: int, busy: dict[str, float]) -> str:

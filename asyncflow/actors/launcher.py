@@ -43,7 +43,7 @@ from asyncflow.actors.collector import COLLECTOR, CollectorActor
 from asyncflow.actors.trainer import latest_checkpoint
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
-from asyncflow.core.config import ConfigError, RunConfig, dump_config, load_config
+from asyncflow.core.config import ConfigError, RunConfig, dump_config
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.host import HostProcess, spawn_host
@@ -151,11 +151,20 @@ class Launcher:
             list(pool.map(lambda h: self.hosts[h].start(self.host_specs[h], timeout_s=300), names))
 
     def stop(self) -> None:
+        """Stop the workers' loops first (each finishes its unit), then the processes."""
         self.stopping = True
+        for name in getattr(self, "workers", []) if hasattr(self, "dc") else []:
+            try:
+                self.dc.ref(name, wait_s=0.1).ask(protocol.Stop(), timeout_s=60)
+            except (AsyncflowError, LookupError):
+                pass  # never started, or already gone
         with ThreadPoolExecutor(max_workers=max(1, len(self.hosts))) as pool:
             list(pool.map(lambda h: h.stop(timeout_s=20), self.hosts.values()))
-        self.collector.stop()
-        self.directory.stop()
+        if hasattr(self, "collector"):
+            self.collector_proxy.write_trace(str(self.run_dir / "trace.json")).get()
+            self.collector.stop()
+        if hasattr(self, "directory"):
+            self.directory.stop()
 
     # -- watching ------------------------------------------------------------------------
     def role_stats(self) -> dict[str, protocol.RoleStats]:
@@ -227,10 +236,7 @@ class Launcher:
 # -- preparing the run directory -----------------------------------------------------------
 
 
-def prepare_new(config_path: str, run_dir: str | None) -> tuple[RunConfig, Path, LaunchInfo]:
-    cfg = load_config(config_path)
-    if run_dir is None:
-        run_dir = os.path.join("runs", f"{Path(config_path).stem}-{datetime.now():%Y%m%d-%H%M%S}")
+def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, Path, LaunchInfo]:
     rd = Path(run_dir)
     if (rd / "metrics.jsonl").exists():
         raise ConfigError(f"run directory {rd} already holds a run: resume it with `afctl up --resume {rd}` or choose another --run-dir")
@@ -280,9 +286,14 @@ def prepare_resume(run_dir: str) -> tuple[RunConfig, Path, LaunchInfo]:
     return cfg, rd, launch
 
 
-def run(config_path: str | None, run_dir: str | None, resume: str | None) -> dict:
-    """Run to the end; returns the summary (also written to RUN_DIR/summary.json)."""
-    cfg, rd, launch = prepare_resume(resume) if resume else prepare_new(config_path, run_dir)
+def default_run_dir(config_path: str) -> str:
+    return os.path.join("runs", f"{Path(config_path).stem}-{datetime.now():%Y%m%d-%H%M%S}")
+
+
+def run(cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | None = None) -> dict:
+    """Run to the end; returns the summary (also written to RUN_DIR/summary.json).
+    Give a config and a run directory for a new run, or ``resume=RUN_DIR``."""
+    cfg, rd, launch = prepare_resume(resume) if resume else prepare_new(cfg, run_dir)
     faulthandler.enable()
     launcher = Launcher(cfg, rd, launch)
     launcher.plan()
@@ -324,7 +335,9 @@ def summarize(rd: Path, cfg: RunConfig, stats: dict[str, protocol.RoleStats], wa
         "reward_last_10pct": sum(r["reward_mean"] for r in rows[-n:]) / n if rows else None,
         "staleness_max": max((r["staleness_max"] for r in rows), default=0),
         "busy_s": busy,
-        "busy_fraction": {name: b / max(wall_s, 1e-9) for name, b in busy.items()},
+        # over the training span (first step's start to the last step's end): start-up excluded
+        "busy_fraction": {name: min(1.0, b / max(span, 1e-9)) for name, b in busy.items()},
+        "pipeline_efficiency": min(1.0, max(busy.values(), default=0.0) / max(span, 1e-9)),
         "restarts": restarts,
         "checkpoint": result.checkpoint if result else "",
     }

@@ -36,6 +36,7 @@ class PromptLoaderActor(LoopActor):
         state = self.run.role_state(ctx.name)
         self.next_step = msgspec.msgpack.decode(state) if state else self.run.launch.start_step
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
+        self._orders: dict[int, list[int]] = {}
 
     @staticmethod
     def _encode(tokenizer, prompt: str, chat: bool) -> np.ndarray:
@@ -50,9 +51,11 @@ class PromptLoaderActor(LoopActor):
         epoch, pos = divmod(flat, len(self.prompt_ids))
         if not cfg.data.shuffle:
             return pos
-        order = list(range(len(self.prompt_ids)))
-        random.Random(cfg.data.seed * 1_000_003 + epoch).shuffle(order)
-        return order[pos]
+        if epoch not in self._orders:  # one permutation per epoch, drawn once
+            order = list(range(len(self.prompt_ids)))
+            random.Random(cfg.data.seed * 1_000_003 + epoch).shuffle(order)
+            self._orders = {epoch: order}
+        return self._orders[epoch][pos]
 
     def resumable_state(self) -> bytes:
         return msgspec.msgpack.encode(self.next_step)

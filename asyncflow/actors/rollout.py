@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 class RolloutActor(LoopActor):
     role_kind = "rollout"
+    Urgent = (protocol.WeightsReady,)  # start fetching at once, even mid-generation
 
     def __init__(self, ctx, run_dir: str):
         super().__init__(ctx)
@@ -56,20 +57,18 @@ class RolloutActor(LoopActor):
         self._wanted = -1  # newest version announced
         self._staged: tuple[int, list] | None = None  # fetched, not yet swapped in
         self._fetching = False
+        self._fetched = threading.Event()  # set when a fetch stages new weights
 
     @property
     def version(self) -> int:
         return self.engine.version
 
     # -- weights -----------------------------------------------------------------
-    def on_message(self, msg, pending):
-        match msg:
-            case protocol.WeightsReady(version=version) if version > self.engine.version:
-                self._want(version)
-                return protocol.Ok()
-            case protocol.WeightsReady():
-                return protocol.Ok()
-        return super().on_message(msg, pending)
+    def handle_urgent(self, msg: protocol.WeightsReady):
+        """On the listener thread: start the background fetch now."""
+        if msg.version > self.engine.version:
+            self._want(msg.version)
+        return protocol.Ok()
 
     def _want(self, version: int) -> None:
         with self._lock:
@@ -102,6 +101,7 @@ class RolloutActor(LoopActor):
                 return
             with self._lock:
                 self._staged = (latest.version, tensors)
+            self._fetched.set()
 
     def _maybe_swap(self) -> None:
         with self._lock:
@@ -135,13 +135,17 @@ class RolloutActor(LoopActor):
             return False
         G = cfg.algorithm.group_size
         max_step = self.engine.version + self.k
-        waiting_for = "wait_weights" if self._wanted > self.engine.version or self._fetching else "wait_data"
-        with self.activity(waiting_for):
-            batch = self.tq.get_batch("rollout", ["prompt_ids"], cfg.rollout.prompts_per_call * G,
-                                      policy="group", partial=True, max_step=max_step)
-            if len(batch) == 0:
+        batch = self.tq.get_batch("rollout", ["prompt_ids"], cfg.rollout.prompts_per_call * G,
+                                  policy="group", partial=True, max_step=max_step)
+        if len(batch) == 0:
+            if self._wanted > self.engine.version:  # gated by staleness, new weights on the way
+                with self.activity("wait_weights"):
+                    self._fetched.wait(timeout=1.0)
+                    self._fetched.clear()
+                return True
+            with self.activity("wait_data"):
                 try:
-                    batch = self.tq.get_batch("rollout", ["prompt_ids"], G, policy="group", timeout_s=0.5, max_step=max_step)
+                    batch = self.tq.get_batch("rollout", ["prompt_ids"], G, policy="group", timeout_s=0.2, max_step=max_step)
                 except BatchTimeout:
                     return True
         groups: dict[int, list[int]] = {}  # group id -> positions in the batch

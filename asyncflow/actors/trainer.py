@@ -107,6 +107,7 @@ class TrainerActor(LoopActor):
         return self.step
 
     def on_stop(self) -> None:
+        super().on_stop()
         self._weights.stop()
 
     # -- one step ----------------------------------------------------------------------

@@ -17,13 +17,16 @@ def up(config: str | None, run_dir: str | None, resume: str | None) -> None:
     Progress is one line per trainer step; RUN_DIR gets config.json, metrics.jsonl,
     checkpoints/ (Hugging Face format) and summary.json. Ctrl-C stops every process.
     """
-    from asyncflow.actors.launcher import RunFailed, run
-    from asyncflow.core.config import ConfigError
+    from asyncflow.actors.launcher import RunFailed, default_run_dir, run
+    from asyncflow.core.config import ConfigError, load_config
 
     if bool(config) == bool(resume):
         raise click.UsageError("give a CONFIG file to start a run, or --resume RUN_DIR to continue one (not both)")
     try:
-        summary = run(config, run_dir, resume)
+        if resume:
+            summary = run(None, None, resume=resume)
+        else:
+            summary = run(load_config(config), run_dir or default_run_dir(config))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except RunFailed as exc:

@@ -9,9 +9,15 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 import numpy as np
 import pynng
 from pynng import ffi, lib
+
+_contexts: "weakref.WeakKeyDictionary[pynng.Socket, weakref.WeakSet]" = weakref.WeakKeyDictionary()
+_contexts_lock = threading.Lock()
 
 
 class _MessageBytes(np.ndarray):
@@ -34,6 +40,24 @@ def recv(ctx: pynng.Context) -> memoryview:
     arr._message = msg
     arr.flags.writeable = False
     return memoryview(arr)
+
+
+def new_context(sock: pynng.Socket) -> pynng.Context:
+    """A context of ``sock``, remembered so ``close_socket`` can close it first."""
+    ctx = sock.new_context()
+    with _contexts_lock:
+        _contexts.setdefault(sock, weakref.WeakSet()).add(ctx)
+    return ctx
+
+
+def close_socket(sock: pynng.Socket) -> None:
+    """Close the socket's contexts, then the socket: pynng would otherwise raise
+    ``Closed`` from each context's finaliser at garbage collection."""
+    with _contexts_lock:
+        ctxs = list(_contexts.pop(sock, ()))
+    for ctx in ctxs:
+        close_quietly(ctx)
+    sock.close()
 
 
 def close_quietly(ctx: pynng.Context) -> None:

@@ -68,6 +68,9 @@ class Pending:
         if self._done:
             raise RuntimeError(f"{self.actor}: reply to {self.message_type} sent twice")
         self._done = True
+        if self._ctx._context is None:  # the listener closed (actor stopping): nobody to answer
+            log.info("%s: dropped the reply to %s (listener closed)", self.actor, self.message_type)
+            return
         try:
             _nngio.send(self._ctx, frame)
         except (pynng.Closed, pynng.Timeout):
@@ -133,6 +136,7 @@ class ActorContext:
         self.transport = transport
         self.directory_address = directory_address
         self.num_rejected_frames = 0  # counted by the listener
+        self.actor: "Actor | None" = None
         self._directory = None
 
     @property
@@ -154,10 +158,18 @@ class Actor(pykka.ThreadingActor):
     """Base of every asyncflow actor. Subclasses set ``Inbox`` and implement ``handle``."""
 
     Inbox: ClassVar[Any] = None
+    Urgent: ClassVar[tuple[type, ...]] = ()
+    """Message types handled by ``handle_urgent`` on the listener thread, without
+    waiting behind the message in progress (notifications such as WeightsReady
+    that must not wait for a long unit of work). Thread safety is the actor's."""
+
+    def handle_urgent(self, msg: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} lists {type(msg).__name__} in Urgent but has no handle_urgent")
 
     def __init__(self, ctx: ActorContext):
         super().__init__()
         self.ctx = ctx
+        ctx.actor = self  # the listener hands Urgent messages to it directly
 
     # -- to implement ------------------------------------------------------------
     def handle(self, msg: Any, pending: Pending | None) -> Any:
@@ -205,6 +217,7 @@ class _Listener:
         self._ctx = ctx
         self._pykka_ref = pykka_ref
         self._decoder = frames.decoder_for(actor_cls.Inbox)
+        self._urgent = actor_cls.Urgent
         self._secret = ctx.transport.secret_bytes()
         self._sock, self.address = listen(address, ctx.transport)
         self._check_secret = is_tcp(self.address)
@@ -223,7 +236,7 @@ class _Listener:
     def _run(self) -> None:
         while not self._closed:
             try:
-                ctx = self._sock.new_context()
+                ctx = _nngio.new_context(self._sock)
                 frame = _nngio.recv(ctx)
             except pynng.Closed:
                 _nngio.close_quietly(ctx)
@@ -245,6 +258,9 @@ class _Listener:
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 self._reject(ctx, "rejected", f"actor {self._name!r} cannot decode the message: {exc}")
                 continue
+            if self._urgent and isinstance(msg, self._urgent):
+                self._serve_urgent(ctx, msg)
+                continue
             if header.kind == protocol.TELL:
                 pending = None
                 try:
@@ -260,9 +276,21 @@ class _Listener:
                 if pending is not None:
                     pending._send(frames.error_reply("remote", f"actor {self._name!r} has stopped"))
 
+    def _serve_urgent(self, ctx: pynng.Context, msg: Any) -> None:
+        try:
+            reply = frames.ok_reply(self._ctx.actor.handle_urgent(msg))
+        except Exception as exc:
+            log.warning("actor %s failed on urgent %s: %s", self._name, type(msg).__name__, exc)
+            reply = frames.error_reply("remote", f"{type(exc).__name__}: {exc}")
+        try:
+            _nngio.send(ctx, reply)
+        except (pynng.Closed, pynng.Timeout):
+            pass
+        _nngio.close_quietly(ctx)
+
     def close(self) -> None:
         self._closed = True
-        self._sock.close()
+        _nngio.close_socket(self._sock)
         self._thread.join(timeout=5)
 
 

@@ -20,6 +20,15 @@ class ActorTimeout(AsyncflowError, TimeoutError):
         self.message_type = message_type
 
 
+class ActorGone(AsyncflowError, ConnectionError):
+    """The connection to a peer broke mid-request (its process exited or restarted)."""
+
+    def __init__(self, actor: str, address: str, message_type: str, detail: str):
+        super().__init__(f"actor {actor!r} at {address} went away during {message_type}: {detail}")
+        self.actor = actor
+        self.address = address
+
+
 class RemoteError(AsyncflowError):
     """The remote handler raised, or refused the frame; ``kind`` says which."""
 

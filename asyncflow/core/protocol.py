@@ -564,6 +564,18 @@ class StepMetrics(_Msg):
     values: dict[str, float]
 
 
+class Spans(_Msg):
+    """Tell (any role -> collector): what the role did, as spans (wall-clock seconds).
+    Sent in batches every half second, never through the data plane."""
+
+    role: str
+    pid: int
+    names: list[str]
+    starts_s: list[float]
+    durations_s: list[float]
+    counters: dict[str, float] = {}  # e.g. "version": the rollout's policy version
+
+
 class RunFinished(_Msg):
     """Tell (trainer -> collector): the last step is done and checkpointed."""
 
@@ -580,4 +592,4 @@ class RoleFailed(_Msg):
 
 LoopIn = Union[StartWork, Pause, Resume, GetRoleStats, WeightsReady, Ping, Stop]
 WeightSyncIn = Union[GetLatestWeights, GetWeightChunk, AcquireSwap, ReleaseSwap, Ping, Stop]
-CollectorIn = Union[StepMetrics, RunFinished, RoleFailed, Ping, Stop]
+CollectorIn = Union[StepMetrics, Spans, RunFinished, RoleFailed, Ping, Stop]

@@ -7,13 +7,14 @@ opens its own nng context, so references are safe to use from many threads.
 
 from __future__ import annotations
 
+import atexit
 import threading
 from typing import Any
 
 import pynng
 
 from asyncflow.core import _nngio, frames, protocol
-from asyncflow.core.errors import ActorTimeout, RemoteError, Unauthorized
+from asyncflow.core.errors import ActorGone, ActorTimeout, RemoteError, Unauthorized
 from asyncflow.core.transport import TransportConfig, dial, set_context_timeouts
 
 _sockets: dict[tuple[str, int], pynng.Req0] = {}
@@ -27,7 +28,7 @@ def _context_for(sock: pynng.Req0) -> pynng.Context:
     cache = _contexts.__dict__.setdefault("by_socket", {})
     ctx = cache.get(id(sock))
     if ctx is None:
-        ctx = cache[id(sock)] = sock.new_context()
+        ctx = cache[id(sock)] = _nngio.new_context(sock)
     return ctx
 
 
@@ -44,10 +45,12 @@ def close_all_sockets() -> None:
     """Close this process's client sockets (at process exit or in tests)."""
     with _sockets_lock:
         for sock in _sockets.values():
-            sock.close()
+            _nngio.close_socket(sock)
         _sockets.clear()
-    for ctx in _contexts.__dict__.pop("by_socket", {}).values():
-        _nngio.close_quietly(ctx)
+    _contexts.__dict__.pop("by_socket", None)
+
+
+atexit.register(close_all_sockets)
 
 
 class ActorRef:
@@ -83,6 +86,8 @@ class ActorRef:
             reply = _nngio.recv(ctx)
         except pynng.Timeout:
             raise ActorTimeout(self.name, self.address, msg_type, timeout_s) from None
+        except (pynng.ConnectionReset, pynng.ConnectionRefused, pynng.ConnectionAborted, pynng.Closed) as exc:
+            raise ActorGone(self.name, self.address, msg_type, str(exc)) from None
         head_view, body_view = frames.split_frame(reply)
         head = frames.decode_reply_header(head_view)
         if not head.ok:
