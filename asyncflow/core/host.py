@@ -7,12 +7,14 @@ starts the actors it is asked for (``StartActors``), registering each by name.
 
 No orphans: the child asks Linux to SIGTERM it when its parent dies
 (``PR_SET_PDEATHSIG``) and stops cleanly on SIGTERM/SIGINT.
+SIGUSR1 dumps the Python stack of every thread to stderr (the driver's hang report).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import importlib
 import logging
 import os
@@ -187,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     stopped = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopped.set())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the driver's hang report asks for stacks
     directory = DirectoryClient(args.directory, transport)
     host = serve_actor(HostActor, f"host.{args.name}", transport, directory_address=args.directory, stopped=stopped)
     directory.register(host.entry())
