@@ -38,6 +38,7 @@ from pathlib import Path
 import click
 import msgspec
 
+from asyncflow.actors import _cluster_file
 from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors.collector import COLLECTOR, CollectorActor
 from asyncflow.actors.trainer import latest_checkpoint
@@ -126,17 +127,23 @@ class Launcher:
         self.transport = transport.validate()
         self.directory = start_directory(self.transport)
         self.dc = DirectoryClient(self.directory.address, self.transport)
+        from asyncflow.actors.loggers import build_loggers
+
+        self.loggers = build_loggers(cfg.logging, self.run_dir, cfg)
         self.collector = serve_actor(
             CollectorActor, COLLECTOR, self.transport, directory_address=self.directory.address,
             run_dir=str(self.run_dir), num_steps=cfg.train.num_steps, progress=cfg.logging.progress,
+            loggers=self.loggers,
         )
         self.dc.register(self.collector.entry())
         self.collector_proxy = self.collector.pykka_ref.proxy()
         env = {"OMP_NUM_THREADS": str(cfg.cluster.threads_per_process), "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")]))}
+               "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")])),
+               "ASYNCFLOW_SPANS": "1" if cfg.logging.spans else "0"}
         self.env = env
         for host in self.host_specs:
             self.hosts[host] = spawn_host(host, self.dc, self.transport, env=env)
+        self.write_cluster_file()
         order = [h for h in self.host_specs if self.host_kind[h] in ("queue", "shard")]
         self._start_hosts(order)
         if self.launch.resume_from:
@@ -145,6 +152,14 @@ class Launcher:
         self._start_hosts([h for h in self.host_specs if h not in order])
         for name in self.workers:
             self.dc.ref(name).ask(protocol.StartWork(), timeout_s=30)
+
+    def write_cluster_file(self) -> None:
+        """RUN_DIR/cluster.json and the pointer to it, for `afctl status` (no secret)."""
+        _cluster_file.write(_cluster_file.ClusterFile(
+            run_dir=str(self.run_dir.absolute()), directory=self.directory.address, transport=self.transport,
+            driver_pid=os.getpid(), started_at=time.time(), hosts={h: p.pid for h, p in self.hosts.items()},
+            workers=self.workers, tasks=self.tasks(),
+        ))
 
     def _start_hosts(self, names: list[str]) -> None:
         with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
@@ -163,6 +178,9 @@ class Launcher:
         if hasattr(self, "collector"):
             self.collector_proxy.write_trace(str(self.run_dir / "trace.json")).get()
             self.collector.stop()
+        for logger in getattr(self, "loggers", []):
+            logger.close()
+        _cluster_file.mark_stopped(self.run_dir.absolute())
         if hasattr(self, "directory"):
             self.directory.stop()
 
@@ -196,6 +214,7 @@ class Launcher:
             for spec in self.host_specs[host]:
                 self.dc.ref(spec.name, refresh=True).ask(protocol.StartWork(), timeout_s=30)
             self.restarts.append({"host": host, "exit_code": code, "requeued_rows": requeued, "time": time.time()})
+            self.write_cluster_file()  # the new pid
 
     def hang_report(self, waited_s: float) -> str:
         lines = [f"no trainer step completed in {waited_s:.0f} s; what every role is doing:"]
@@ -278,11 +297,12 @@ def prepare_resume(run_dir: str) -> tuple[RunConfig, Path, LaunchInfo]:
         role_states=msgspec.msgpack.decode((ckpt / "roles.msgpack").read_bytes()),
     )
     (rd / "launch.json").write_bytes(msgspec.json.format(msgspec.json.encode(launch)))
-    # metrics of steps after the checkpoint were not kept: drop them so each step appears once
-    metrics = rd / "metrics.jsonl"
-    if metrics.exists():
-        kept = [l for l in metrics.read_text().splitlines() if l and json.loads(l)["step"] < step]
-        metrics.write_text("".join(l + "\n" for l in kept))
+    # steps after the checkpoint will be trained again: drop their records so each step appears once
+    for name in ("metrics.jsonl", "trained.jsonl"):
+        path = rd / name
+        if path.exists():
+            kept = [l for l in path.read_text().splitlines() if l and json.loads(l)["step"] < step]
+            path.write_text("".join(l + "\n" for l in kept))
     return cfg, rd, launch
 
 

@@ -69,6 +69,7 @@ class TrainerActor(LoopActor):
         launch = self.run.launch
         set_threads(cfg)
         self.other_roles = other_roles
+        self._initial_replicas = set(rollout_replicas)
         self.engine = build_train_engine(cfg.train.engine, launch.model_dir)
         self.critic = None
         if cfg.algorithm.name == "ppo":
@@ -130,6 +131,7 @@ class TrainerActor(LoopActor):
             snapshot = [(name, t.detach().to("cpu", copy=True)) for name, t in self.engine.export_weights()]
             weight_bytes = self._weights.pykka_ref.proxy().publish(version, snapshot).get()
         self.tq.ack(batch)
+        self._audit(batch)
         staleness = [self.step - m.version for m in batch.metas]
         response_tokens = int(sum(len(r) for r in batch.columns["response_ids"]))
         total_tokens = response_tokens + int(sum(len(p) for p in batch.columns["prompt_ids"]))
@@ -191,6 +193,14 @@ class TrainerActor(LoopActor):
         out.update(loss=result.loss, grad_norm=result.grad_norm, **result.metrics)
         return out
 
+    def _audit(self, batch) -> None:
+        """RUN_DIR/trained.jsonl: which rows (and prompt groups) each step trained on,
+        with their policy versions: the exactly-once record a user (or a test) checks."""
+        line = {"step": self.step, "indices": list(batch.indices), "groups": [m.group_id for m in batch.metas],
+                "versions": [m.version for m in batch.metas]}
+        with (self.run.dir / "trained.jsonl").open("a") as f:
+            f.write(msgspec.json.encode(line).decode() + "\n")
+
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint(self) -> Path:
         """Save a consistent checkpoint of the whole run at this step boundary."""
@@ -198,7 +208,10 @@ class TrainerActor(LoopActor):
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        refs = [self.ctx.ref(name) for name in self.other_roles]
+        # the online planner may have added or removed rollout replicas: the weight sync knows the current ones
+        replicas = self._weights.pykka_ref.proxy().replicas.get()
+        names = [n for n in self.other_roles if n not in self._initial_replicas] + list(replicas)
+        refs = [self.ctx.ref(name) for name in names]
         states = {}
         try:
             for ref in refs:

@@ -1,0 +1,106 @@
+"""`afctl up` end to end on this machine: real processes, real sockets, a real tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from wf_helpers import afctl, assert_trained_exactly_once, host_pids, read_jsonl, write_config
+
+
+def _wait_for_steps(run_dir: Path, proc, num_steps: int, timeout_s: float) -> None:
+    """Block until metrics.jsonl has ``num_steps`` lines (polling a file the run appends to)."""
+    deadline = time.monotonic() + timeout_s
+    path = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if path.exists() and len(read_jsonl(path)) >= num_steps:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"afctl up exited early ({proc.returncode}):\n{proc.stdout.read()}")
+        time.sleep(0.1)
+    raise AssertionError(f"no {num_steps} steps within {timeout_s} s")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode,staleness", [("sync", 0), ("async", 1)])
+def test_a_few_steps_run_end_to_end_and_staleness_never_exceeds_k(tmp_path, mode, staleness):
+    run_dir = tmp_path / "run"
+    proc = afctl("up", str(write_config(tmp_path, mode=mode, num_steps=4, staleness=staleness)), "--run-dir", str(run_dir))
+    out, _ = proc.communicate(timeout=220)
+    assert proc.returncode == 0, out
+    assert "done: 4 steps" in out
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [int(m["step"]) for m in metrics] == [0, 1, 2, 3]
+    assert all(m["staleness_max"] <= staleness for m in metrics)
+    assert all(m["samples"] == 4 for m in metrics)
+    trained = read_jsonl(run_dir / "trained.jsonl")
+    assert all(l["step"] - v <= staleness for l in trained for v in l["versions"])
+    assert_trained_exactly_once(run_dir, 4, 2, 2)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["mode"] == mode and summary["restarts"] == []
+    final = Path(summary["checkpoint"])
+    assert (final / "model" / "config.json").exists() and (final / "DONE").read_text().strip() == "4"
+    trace = json.loads((run_dir / "trace.json").read_text())
+    assert {"rollout.0", "trainer", "reward.0", "loader"} <= {
+        e["args"]["name"].split()[0] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"
+    }
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_rollout_process_is_restarted_and_every_sample_is_trained_exactly_once(tmp_path):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path, num_steps=8)
+    proc = afctl("up", str(config), "--run-dir", str(run_dir))
+    _wait_for_steps(run_dir, proc, 2, 200)
+    pids = host_pids("--name")
+    rollout = [pid for name, pid in pids.items() if name == "rollout.0" and _belongs_to(pid, proc.pid)]
+    assert rollout, f"no rollout.0 process under {proc.pid}: {pids}"
+    os.kill(rollout[0], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=250)
+    assert proc.returncode == 0, out
+    assert "rollout.0 exited with code -9" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["restarts"]) == 1 and summary["restarts"][0]["host"] == "rollout.0"
+    assert_trained_exactly_once(run_dir, 8, 2, 2)
+
+
+def _belongs_to(pid: int, parent: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1]) == parent
+
+
+@pytest.mark.timeout(300)
+def test_resume_continues_with_the_next_step_and_the_same_queue_contents(tmp_path):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path, num_steps=6, checkpoint_every=2)
+    first = afctl("up", str(config), "--run-dir", str(run_dir))
+    _wait_for_steps(run_dir, first, 3, 200)  # the checkpoint after step index 1 (version 2) is written
+    first.send_signal(signal.SIGINT)
+    out, _ = first.communicate(timeout=60)
+    assert "afctl up --resume" in out
+    second = afctl("up", "--resume", str(run_dir))
+    out, _ = second.communicate(timeout=220)
+    assert second.returncode == 0, out
+    assert "resumed the queue" in out
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [int(m["step"]) for m in metrics] == list(range(6))
+    assert_trained_exactly_once(run_dir, 6, 2, 2)
+
+
+@pytest.mark.timeout(200)
+def test_ctrl_c_stops_every_process(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = afctl("up", str(write_config(tmp_path, num_steps=50)), "--run-dir", str(run_dir))
+    _wait_for_steps(run_dir, proc, 1, 180)
+    children = [pid for pid in host_pids("--name").values() if _belongs_to(pid, proc.pid)]
+    assert len(children) >= 5
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], pid
