@@ -3,7 +3,14 @@
 Takes: StepMetrics (appends one JSON object per trainer step to metrics.jsonl and
 prints the progress line), RunFinished, RoleFailed, Ping, Stop.
 The driver reads ``finished`` / ``failures`` and adds the latest busy fractions of
-every role (which it polls) to each metrics object.
+every role (which it polls) to each metrics object; the loggers get it too.
+
+The trace (RUN_DIR/trace.json, Chrome trace event format, times in microseconds of
+wall clock): one track (pid) per role with its spans as complete events (cat
+"busy" or "wait"); a "policy version" counter on each role's track wherever its
+version changes; "staleness" on the trainer's track per step; a flow from the
+trainer's ``sync_weights`` span that published version v to every rollout
+``swap_weights`` span that loaded v (flow id ``v * 1000 + track``).
 """
 
 from __future__ import annotations
@@ -38,7 +45,12 @@ class CollectorActor(Actor):
         self.last_values: dict[str, float] = {}
         self.busy: dict[str, float] = {}  # role -> busy fraction, refreshed by the driver
         self.trace_events: list[dict] = []
-        self._tracks: dict[str, int] = {}
+        self._tracks: dict[str, int] = {}  # role -> track (Chrome trace pid)
+        self._role_pids: dict[str, int] = {}  # role -> OS pid
+        self._last_version: dict[str, int] = {}
+        self._published: dict[int, float] = {}  # version -> ts (us) of the trainer's sync_weights span
+        self._swaps: list[tuple[int, int, float]] = []  # (version, track, ts us) of rollout swap_weights spans
+        self.last_span: dict[str, tuple[str, float]] = {}  # role -> (name, wall-clock end s), for the hang report
 
     def handle(self, msg, pending):
         match msg:
@@ -49,6 +61,11 @@ class CollectorActor(Actor):
                     f.write(json.dumps(values) + "\n")
                 for logger in self.loggers:
                     logger.log(step, values)
+                if "staleness_max" in values:
+                    self.trace_events.append({"ph": "C", "name": "staleness", "ts": time.time() * 1e6,
+                                              "pid": self._track("trainer"),
+                                              "args": {"max": values["staleness_max"],
+                                                       "mean": values.get("staleness_mean", 0.0)}})
                 self.last_step_at = time.monotonic()
                 self.last_values = values
                 if self.progress:
@@ -68,26 +85,58 @@ class CollectorActor(Actor):
             case protocol.Stop():
                 return protocol.Ok()
 
-    def _add_spans(self, msg: protocol.Spans) -> None:
-        """Chrome trace events: one track (pid) per role, spans as complete events."""
-        track = self._tracks.get(msg.role)
+    def _track(self, role: str) -> int:
+        track = self._tracks.get(role)
         if track is None:
-            track = self._tracks[msg.role] = len(self._tracks) + 1
-            self.trace_events.append({"ph": "M", "name": "process_name", "pid": track, "tid": 0,
-                                      "args": {"name": f"{msg.role} (pid {msg.pid})"}})
-            self.trace_events.append({"ph": "M", "name": "process_sort_index", "pid": track, "tid": 0,
-                                      "args": {"sort_index": track}})
-        for name, start, dur in zip(msg.names, msg.starts_s, msg.durations_s):
-            self.trace_events.append({"ph": "X", "name": name, "cat": "wait" if name.startswith("wait_") else "busy",
-                                      "ts": start * 1e6, "dur": dur * 1e6, "pid": track, "tid": 0})
-        if msg.starts_s and msg.counters:
-            end = msg.starts_s[-1] + msg.durations_s[-1]
-            self.trace_events.append({"ph": "C", "name": "policy version", "ts": end * 1e6, "pid": track,
-                                      "args": {k: v for k, v in msg.counters.items()}})
+            track = self._tracks[role] = len(self._tracks) + 1
+        return track
+
+    def _add_spans(self, msg: protocol.Spans) -> None:
+        """Spans as complete events, version counters where the version changes, flow ends."""
+        track = self._track(msg.role)
+        self._role_pids[msg.role] = msg.pid
+        events = self.trace_events
+        n = len(msg.names)
+        versions = msg.versions if len(msg.versions) == n else [-1] * n
+        final_version = int(msg.counters.get("version", -1))
+        for i, (name, start, dur) in enumerate(zip(msg.names, msg.starts_s, msg.durations_s)):
+            ts = start * 1e6
+            events.append({"ph": "X", "name": name, "cat": "wait" if name.startswith("wait_") else "busy",
+                           "ts": ts, "dur": dur * 1e6, "pid": track, "tid": 0})
+            end_version = versions[i + 1] if i + 1 < n else final_version
+            if name == "sync_weights" and versions[i] >= 0:
+                self._published[versions[i] + 1] = ts
+            elif name == "swap_weights" and end_version >= 0:
+                self._swaps.append((end_version, track, ts))
+            if end_version >= 0 and end_version != self._last_version.get(msg.role):
+                self._last_version[msg.role] = end_version
+                events.append({"ph": "C", "name": "policy version", "ts": ts + dur * 1e6, "pid": track,
+                               "args": {"version": end_version}})
+        if n:
+            self.last_span[msg.role] = (msg.names[-1], msg.starts_s[-1] + msg.durations_s[-1])
+
+    def _metadata_and_flows(self) -> list[dict]:
+        out = []
+        for role, track in self._tracks.items():
+            pid = self._role_pids.get(role)
+            label = f"{role} (pid {pid})" if pid else role
+            out.append({"ph": "M", "name": "process_name", "pid": track, "tid": 0, "args": {"name": label}})
+            out.append({"ph": "M", "name": "process_sort_index", "pid": track, "tid": 0, "args": {"sort_index": track}})
+        trainer = self._tracks.get("trainer")
+        for version, track, ts in self._swaps:
+            published = self._published.get(version)
+            if trainer is None or published is None:
+                continue  # loaded from the start checkpoint, or the trainer's span was not received
+            flow_id = version * 1000 + track
+            out.append({"ph": "s", "name": f"weights v{version}", "cat": "weights", "id": flow_id,
+                        "ts": published, "pid": trainer, "tid": 0})
+            out.append({"ph": "f", "bp": "e", "name": f"weights v{version}", "cat": "weights", "id": flow_id,
+                        "ts": ts, "pid": track, "tid": 0})
+        return out
 
     def write_trace(self, path: str) -> int:
         """RUN_DIR/trace.json in the Chrome trace event format (Perfetto, chrome://tracing)."""
-        events = sorted(self.trace_events, key=lambda e: e.get("ts", 0))
+        events = sorted(self._metadata_and_flows() + self.trace_events, key=lambda e: e.get("ts", 0))
         Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
         return len(events)
 

@@ -218,11 +218,26 @@ class Launcher:
 
     def hang_report(self, waited_s: float) -> str:
         lines = [f"no trainer step completed in {waited_s:.0f} s; what every role is doing:"]
-        for name, s in self.role_stats().items():
-            lines.append(f"  {name:<14} pid {s.pid:<7} state {s.state:<14} version {s.version:<4} items {s.num_items}")
+        stats = self.role_stats()
+        last_spans, now = self.collector_proxy.last_span.get(), time.time()
+        for name in self.workers:
+            span = last_spans.get(name)
+            last = f"last span {span[0]!r} ended {now - span[1]:.1f} s ago" if span else "no span received"
+            s = stats.get(name)
+            if s is None:
+                lines.append(f"  {name:<14} NO ANSWER to GetRoleStats: stuck inside a unit of work ({last})")
+            else:
+                lines.append(f"  {name:<14} pid {s.pid:<7} state {s.state:<14} version {s.version:<4} "
+                             f"items {s.num_items:<6} {last}")
         try:
-            status = TQClient(self.dc, consumer="driver").status()
-            lines.append(f"  queue: {msgspec.json.encode(status).decode()}")
+            tq = TQClient(self.dc, consumer="driver")
+            status = tq.status()
+            lines.append(f"  queue: {status.num_live_rows}/{status.capacity_rows} rows live, "
+                         f"{status.num_waiting_allocations} allocations waiting")
+            for task in self.tasks():
+                t = tq.task_status(task)
+                lines.append(f"  task {task:<10} {t.num_rows} rows, {t.num_acked} acked, handed out {t.num_pending}, "
+                             f"{t.num_waiting} GetBatch waiting")
         except AsyncflowError as exc:
             lines.append(f"  queue: no answer ({exc})")
         for host, proc in self.hosts.items():

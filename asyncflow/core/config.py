@@ -214,6 +214,8 @@ class LoggingConfig(_Section):
     """Log to Weights & Biases under this project (extra: asyncflow[wandb])."""
     hang_timeout_s: float = 300.0
     """If no trainer step completes for this long, print what every role waits on."""
+    spans: bool = True
+    """Record what every role does over time into RUN_DIR/trace.json (afctl trace)."""
 
 
 class PlannerConfig(_Section):

@@ -574,6 +574,7 @@ class Spans(_Msg):
     starts_s: list[float]
     durations_s: list[float]
     counters: dict[str, float] = {}  # e.g. "version": the rollout's policy version
+    versions: list[int] = []  # the role's policy version when each span began (-1: unknown)
 
 
 class RunFinished(_Msg):

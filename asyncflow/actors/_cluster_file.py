@@ -1,0 +1,89 @@
+"""Where a running cluster can be found: ``RUN_DIR/cluster.json`` and a pointer file.
+
+The driver writes ``RUN_DIR/cluster.json`` once the directory actor serves (its
+address and the transport, never the secret), and points
+``$TMPDIR/asyncflow-current-<uid>.json`` at the run directory, so ``afctl status``
+without an argument finds the latest run started on this machine. At a clean stop
+the driver marks cluster.json ``running = false`` and removes the pointer if it
+still points at its own run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+
+from asyncflow.core.transport import TransportConfig
+
+CLUSTER_FILE = "cluster.json"
+
+
+class ClusterFile(msgspec.Struct, kw_only=True):
+    run_dir: str
+    directory: str  # the directory actor's address
+    transport: TransportConfig  # secret always empty: take it from ASYNCFLOW_SECRET
+    driver_pid: int
+    started_at: float  # wall clock, seconds
+    hosts: dict[str, int] = {}  # process host name -> pid
+    workers: list[str] = []  # worker roles, in launch order
+    tasks: list[str] = []  # queue tasks
+    running: bool = True
+
+
+def pointer_path() -> Path:
+    return Path(tempfile.gettempdir()) / f"asyncflow-current-{os.getuid()}.json"
+
+
+def write(info: ClusterFile) -> None:
+    """Write RUN_DIR/cluster.json (atomically) and point the pointer file at it."""
+    info = msgspec.structs.replace(info, transport=msgspec.structs.replace(info.transport, secret=""))
+    _write_atomic(Path(info.run_dir) / CLUSTER_FILE, msgspec.json.format(msgspec.json.encode(info)))
+    _write_atomic(pointer_path(), msgspec.json.encode({"run_dir": os.path.abspath(info.run_dir), "at": time.time()}))
+
+
+def mark_stopped(run_dir: str | os.PathLike) -> None:
+    path = Path(run_dir) / CLUSTER_FILE
+    if path.exists():
+        info = msgspec.json.decode(path.read_bytes(), type=ClusterFile)
+        _write_atomic(path, msgspec.json.format(msgspec.json.encode(msgspec.structs.replace(info, running=False))))
+    pointer = pointer_path()
+    try:
+        if msgspec.json.decode(pointer.read_bytes())["run_dir"] == os.path.abspath(run_dir):
+            pointer.unlink()
+    except (FileNotFoundError, msgspec.DecodeError, KeyError):
+        pass  # another run took the pointer over, or it is gone: leave it
+
+
+def read(run_dir: str | os.PathLike | None) -> ClusterFile:
+    """The cluster of ``run_dir``, or of the latest run started here when None."""
+    if run_dir is None:
+        pointer = pointer_path()
+        if not pointer.exists():
+            raise FileNotFoundError(
+                f"no running cluster found ({pointer} does not exist): start one with `afctl up CONFIG` "
+                f"or pass its run directory: `afctl status RUN_DIR`")
+        run_dir = msgspec.json.decode(pointer.read_bytes())["run_dir"]
+    path = Path(run_dir) / CLUSTER_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: {run_dir} is not the run directory of a started cluster")
+    return msgspec.json.decode(path.read_bytes(), type=ClusterFile)
+
+
+def driver_alive(info: ClusterFile) -> bool:
+    try:
+        os.kill(info.driver_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
