@@ -5,7 +5,7 @@ batch, one train step). Units run in the actor's own thread, one per ``_Tick``
 message the actor tells itself, so other messages (Pause, GetRoleStats,
 WeightsReady, Stop) are handled between units, never in the middle of one.
 
-Takes: StartWork, Pause, Resume, GetRoleStats, WeightsReady (rollout), Ping, Stop.
+Takes: StartWork, Pause, Resume, GetRoleStats, SetThreads, WeightsReady (rollout), Ping, Stop.
 Sends: Paused, RoleStats; RoleFailed to the collector if a unit raises.
 
 Invariants:
@@ -151,6 +151,13 @@ class LoopActor(Actor):
                 return protocol.Ok()
             case protocol.GetRoleStats():
                 return self.stats()
+            case protocol.SetThreads(num_threads=num_threads):
+                if num_threads < 1:
+                    raise ValueError(f"{self.ctx.name}: SetThreads({num_threads}): use 1 or more threads")
+                import torch
+
+                torch.set_num_threads(num_threads)  # process-wide; this thread runs the units
+                return protocol.Ok()
             case protocol.Stop():
                 self._running = False
                 return protocol.Ok()

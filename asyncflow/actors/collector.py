@@ -1,7 +1,7 @@
 """CollectorActor: runs in the driver; receives what the roles report.
 
-Takes: StepMetrics (appends one JSON object per trainer step to metrics.jsonl and
-prints the progress line), RunFinished, RoleFailed, Ping, Stop.
+Takes: StepMetrics (appends one JSON object per trainer step to metrics.jsonl,
+prints the progress line and passes it on to ``subscribers``: the planner), RunFinished, RoleFailed, Ping, Stop.
 The driver reads ``finished`` / ``failures`` and adds the latest busy fractions of
 every role (which it polls) to each metrics object; the loggers get it too.
 
@@ -44,6 +44,7 @@ class CollectorActor(Actor):
         self.last_step_at = time.monotonic()
         self.last_values: dict[str, float] = {}
         self.busy: dict[str, float] = {}  # role -> busy fraction, refreshed by the driver
+        self.subscribers: list = []  # in-process pykka refs told every StepMetrics (the planner)
         self.trace_events: list[dict] = []
         self._tracks: dict[str, int] = {}  # role -> track (Chrome trace pid)
         self._role_pids: dict[str, int] = {}  # role -> OS pid
@@ -70,6 +71,8 @@ class CollectorActor(Actor):
                 self.last_values = values
                 if self.progress:
                     click.echo(progress_line(values, self.num_steps, self.busy))
+                for ref in self.subscribers:
+                    ref.tell(msg)
                 return protocol.Ok()
             case protocol.Spans():
                 self._add_spans(msg)

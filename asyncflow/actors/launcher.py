@@ -4,7 +4,7 @@ stops everything cleanly.
 
 Processes on the embedded local default (one host per line)::
 
-    driver      directory, collector                 (this process)
+    driver      directory, collector, planner        (this process; planner with [planner] online)
     queue       tq.manager, tq.controller.<task>...
     shard.<i>   tq.shard.<i>
     loader      loader
@@ -72,6 +72,7 @@ class Launcher:
         self.host_kind: dict[str, str] = {}
         self.restarts: list[dict] = []
         self.stopping = False
+        self.scaler = None  # the online planner's driver side ([planner] online = true)
 
     # -- layout ------------------------------------------------------------------------
     def tasks(self) -> list[str]:
@@ -150,6 +151,11 @@ class Launcher:
             saved = TQClient(self.dc, consumer="driver").load(str(Path(self.launch.resume_from) / "queue"))
             click.echo(f"resumed the queue: {saved.num_rows} rows from {self.launch.resume_from}")
         self._start_hosts([h for h in self.host_specs if h not in order])
+        if cfg.planner.online:
+            from asyncflow.actors._scaling import Scaler
+
+            self.scaler = Scaler(self)
+            self.scaler.start()
         for name in self.workers:
             self.dc.ref(name).ask(protocol.StartWork(), timeout_s=30)
 
@@ -168,6 +174,8 @@ class Launcher:
     def stop(self) -> None:
         """Stop the workers' loops first (each finishes its unit), then the processes."""
         self.stopping = True
+        if self.scaler is not None:
+            self.scaler.stop()
         for name in getattr(self, "workers", []) if hasattr(self, "dc") else []:
             try:
                 self.dc.ref(name, wait_s=0.1).ask(protocol.Stop(), timeout_s=60)
@@ -256,6 +264,8 @@ class Launcher:
                 role, error = collector.failures.get()[0]
                 raise RunFailed(f"role {role} failed:\n{error}")
             self.check_hosts()
+            if self.scaler is not None:
+                self.scaler.apply_pending()  # moves of the online planner, between steps
             now = time.monotonic()
             if now - last_poll > 2.0:
                 collector.busy = self.busy_fractions(self.role_stats())

@@ -7,7 +7,8 @@ replica ``WeightsReady``. Replicas pull the chunks in a background thread while
 they keep generating (delayed parameter update), then ask ``AcquireSwap`` before
 loading them onto their device at a generation boundary.
 
-Takes: GetLatestWeights, GetWeightChunk, AcquireSwap, ReleaseSwap, Ping, Stop.
+Takes: GetLatestWeights, GetWeightChunk, AcquireSwap, ReleaseSwap, RegisterReplica,
+UnregisterReplica (replicas added or removed by the online planner), Ping, Stop.
 Sends: WeightsReady (tell, to each replica), WeightChunk.
 
 Invariants:
@@ -94,6 +95,16 @@ class WeightSyncActor(Actor):
                         if not waiting.done:
                             self._holder = nxt
                             waiting.resolve(protocol.Ok())
+                return protocol.Ok()
+            case protocol.RegisterReplica(replica=replica):
+                if replica not in self.replicas:
+                    self.replicas = [*self.replicas, replica]
+                return protocol.Ok()
+            case protocol.UnregisterReplica(replica=replica):
+                self.replicas = [r for r in self.replicas if r != replica]
+                self._swap_queue = deque((r, p) for r, p in self._swap_queue if r != replica)
+                if self._holder == replica:  # it stopped between AcquireSwap and ReleaseSwap
+                    self.handle(protocol.ReleaseSwap(replica=replica, version=-1), None)
                 return protocol.Ok()
             case protocol.Stop():
                 return protocol.Ok()

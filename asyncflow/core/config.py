@@ -219,10 +219,24 @@ class LoggingConfig(_Section):
 
 
 class PlannerConfig(_Section):
-    """The planner actor."""
+    """The planner actor (online reallocation; docs/planner.md)."""
 
     online: bool = False
     """Move worker processes between rollout and training during the run."""
+    imbalance_threshold: float = 0.2
+    """Busy-fraction gap (rollout - training) beyond which one side counts as
+    waiting on the other in a step."""
+    patience_steps: int = 3
+    """Steps in a row that must lean the same way before a move, and steps between moves."""
+    min_gain: float = 0.05
+    """Predicted step-time gain (fraction) a move must bring to be made."""
+    max_rollout_replicas: int = 4
+    """Most rollout replica processes the planner may run (it never adds beyond)."""
+    train_threads: int = 0
+    """torch threads of the trainer at start (its workers, the ones the planner moves
+    to rollout); 0: cluster.threads_per_process."""
+    measure_steps: int = 3
+    """Steps after a move over which its measured gain is recorded in planner.jsonl."""
 
 
 class RunConfig(_Section):
@@ -294,6 +308,14 @@ def _check(cfg: RunConfig) -> None:
         )
     names = [r.name for r in cfg.roles]
     need(len(names) == len(set(names)), "roles.name", names, "role names must be unique")
+    need(cfg.planner.patience_steps >= 1, "planner.patience_steps", cfg.planner.patience_steps, "use 1 or more")
+    need(cfg.planner.measure_steps >= 1, "planner.measure_steps", cfg.planner.measure_steps, "use 1 or more")
+    need(cfg.planner.train_threads >= 0, "planner.train_threads", cfg.planner.train_threads,
+         "use 0 (cluster.threads_per_process) or a number of threads")
+    need(
+        cfg.planner.max_rollout_replicas >= cfg.rollout.num_replicas, "planner.max_rollout_replicas",
+        cfg.planner.max_rollout_replicas, f"must be at least rollout.num_replicas ({cfg.rollout.num_replicas})",
+    )
     cfg.cluster.transport.validate()
 
 

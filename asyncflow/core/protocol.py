@@ -591,6 +591,39 @@ class RoleFailed(_Msg):
     error: str
 
 
-LoopIn = Union[StartWork, Pause, Resume, GetRoleStats, WeightsReady, Ping, Stop]
-WeightSyncIn = Union[GetLatestWeights, GetWeightChunk, AcquireSwap, ReleaseSwap, Ping, Stop]
+# -- the online planner: moving workers between rollout and training ----------------
+
+
+class SetThreads(_Msg):
+    """Ask (planner -> a loop role): use ``num_threads`` torch intra-op threads from
+    the next unit on (answered between units)."""
+
+    num_threads: int
+
+
+class RegisterReplica(_Msg):
+    """Ask (driver -> weight sync): announce new weights to ``replica`` from now on."""
+
+    replica: str
+
+
+class UnregisterReplica(_Msg):
+    """Ask (driver -> weight sync): ``replica`` is being stopped; stop telling it."""
+
+    replica: str
+
+
+class MoveApplied(_Msg):
+    """Tell (driver -> planner): a move the planner asked for has been carried out
+    (``ok``), or could not be (``error`` says why); the split is now as given."""
+
+    ok: bool
+    rollout_replicas: list[str]
+    train_threads: int
+    error: str = ""
+
+
+LoopIn = Union[StartWork, Pause, Resume, GetRoleStats, WeightsReady, SetThreads, Ping, Stop]
+WeightSyncIn = Union[GetLatestWeights, GetWeightChunk, AcquireSwap, ReleaseSwap, RegisterReplica, UnregisterReplica, Ping, Stop]
 CollectorIn = Union[StepMetrics, Spans, RunFinished, RoleFailed, Ping, Stop]
+PlannerIn = Union[StepMetrics, MoveApplied, Ping, Stop]

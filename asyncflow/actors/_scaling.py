@@ -1,0 +1,124 @@
+"""The driver's side of online reallocation: starts the planner actor and carries
+out the moves it asks for, in the driver's main thread (the only thread that starts
+and stops processes, so a move never races the restart of a failed worker).
+
+A move to rollout: the trainer gives up torch threads (SetThreads), then a new
+``rollout.<i>`` process host starts (a new name, never a reused one), the weight
+sync learns of it (RegisterReplica; the replica fetches the newest weights itself
+when it starts) and it starts working. A move to training: the newest replica is
+dropped from the weight sync (UnregisterReplica), its loop stopped (Stop is answered
+between units, so every row it took is put and acked), its process stopped, any row
+it still held requeued; then the trainer gets the threads.
+
+Each move is answered to the planner with MoveApplied (the new split, or the error).
+"""
+
+from __future__ import annotations
+
+import queue
+
+import click
+import msgspec
+
+from asyncflow.actors.planner import PLANNER, TRAINER, PlannerActor
+from asyncflow.actors.weight_sync import WEIGHTS_NAME
+from asyncflow.core import protocol
+from asyncflow.core.actor import serve_actor
+from asyncflow.core.errors import AsyncflowError
+from asyncflow.core.host import spawn_host
+from asyncflow.core.tq.client import TQClient
+from asyncflow.planner.online import MoveDecision
+
+
+class Scaler:
+    def __init__(self, launcher):
+        self.launcher = launcher
+        cfg = launcher.cfg
+        self.replicas = list(launcher.role_names()["rollout"])
+        self.train_threads = cfg.planner.train_threads or cfg.cluster.threads_per_process
+        self.next_index = len(self.replicas)
+        self.moves: queue.Queue[MoveDecision] = queue.Queue()
+        self.planner = None
+
+    def start(self) -> None:
+        """Start the planner (after the trainer's process) and subscribe it to StepMetrics."""
+        la = self.launcher
+        self.planner = serve_actor(
+            PlannerActor, PLANNER, la.transport, directory_address=la.directory.address,
+            run_dir=str(la.run_dir), config=la.cfg.planner, rollout_replicas=self.replicas,
+            train_threads=self.train_threads, apply=self.moves.put, num_steps=la.cfg.train.num_steps,
+        )
+        la.dc.register(self.planner.entry())
+        la.collector_proxy.subscribers = [self.planner.pykka_ref]
+
+    def stop(self) -> None:
+        if self.planner is not None:
+            self.launcher.collector_proxy.subscribers = []
+            self.planner.stop(timeout_s=120)
+            self.planner = None
+
+    def apply_pending(self) -> None:
+        """Carry out the moves the planner asked for (called from the driver's loop)."""
+        while not self.launcher.stopping:
+            try:
+                decision = self.moves.get_nowait()
+            except queue.Empty:
+                return
+            self.planner.pykka_ref.tell(self.apply(decision))
+
+    def apply(self, decision: MoveDecision) -> protocol.MoveApplied:
+        n = decision.num_workers
+        try:
+            if decision.to_role == "rollout":
+                self._set_train_threads(self.train_threads - n)
+                for _ in range(n):
+                    self._add_replica()
+            else:
+                for _ in range(n):
+                    self._remove_replica()
+                self._set_train_threads(self.train_threads + n)
+        except (AsyncflowError, LookupError, ValueError) as exc:
+            click.echo(f"!! planner: the move {n} {decision.from_role} -> {decision.to_role} failed: {exc}", err=True)
+            return protocol.MoveApplied(ok=False, rollout_replicas=list(self.replicas),
+                                        train_threads=self.train_threads, error=str(exc))
+        return protocol.MoveApplied(ok=True, rollout_replicas=list(self.replicas), train_threads=self.train_threads)
+
+    # -- the pieces of a move ----------------------------------------------------------------
+    def _set_train_threads(self, num_threads: int) -> None:
+        if num_threads < 1:
+            raise ValueError(f"the trainer would be left with {num_threads} threads; it needs at least 1")
+        self.launcher.dc.ref(TRAINER).ask(protocol.SetThreads(num_threads=num_threads), timeout_s=600)
+        self.train_threads = num_threads
+
+    def _add_replica(self) -> None:
+        la = self.launcher
+        name = f"rollout.{self.next_index}"
+        self.next_index += 1
+        kwargs = msgspec.msgpack.encode({"run_dir": str(la.run_dir)})
+        spec = protocol.ActorSpec(name=name, cls="asyncflow.actors.rollout:RolloutActor", kwargs=kwargs)
+        la.hosts[name] = spawn_host(name, la.dc, la.transport, [spec], env=la.env, timeout_s=300)
+        la.host_specs[name] = [spec]
+        la.host_kind[name] = "rollout"  # restarted like the others if it dies
+        la.workers.insert(la.workers.index(TRAINER), name)
+        la.dc.ref(WEIGHTS_NAME).ask(protocol.RegisterReplica(replica=name), timeout_s=30)
+        la.dc.ref(name).ask(protocol.StartWork(), timeout_s=30)
+        self.replicas.append(name)
+
+    def _remove_replica(self) -> None:
+        la = self.launcher
+        if len(self.replicas) <= 1:
+            raise ValueError("rollout would be left without a replica")
+        name = self.replicas[-1]
+        la.dc.ref(WEIGHTS_NAME).ask(protocol.UnregisterReplica(replica=name), timeout_s=30)
+        host = la.hosts.pop(name)  # first, so the driver does not restart it
+        la.host_specs.pop(name)
+        la.host_kind.pop(name)
+        la.workers.remove(name)
+        self.replicas.remove(name)
+        la.dc.ref(name).ask(protocol.Stop(), timeout_s=600)  # answered after its current unit
+        host.stop(timeout_s=20)
+        tq = TQClient(la.dc, consumer="driver")
+        requeued = tq.requeue("rollout", name)
+        tq.close()
+        if requeued:
+            click.echo(f"planner: requeued {requeued} rows {name} still held", err=True)

@@ -1,0 +1,243 @@
+"""PlannerActor: moves workers between rollout and training while a run goes on.
+
+Runs in the driver, registered as ``planner``, when ``[planner] online = true``.
+At each step boundary (every StepMetrics, passed on by the collector) it measures
+the step just finished: its time (the trainer's clock), each side's busy fraction
+(busy / (busy + waiting) since the previous boundary, from GetRoleStats; rollout is
+the mean of its replicas) and the depth of the training queue (rows generated and
+not yet taken by the trainer). It gives the window to ``planner.online.decide``; a
+move it returns is logged with its predicted gain and handed to the driver
+(``apply``), which carries it out between steps and answers MoveApplied. After
+``measure_steps`` more steps the measured gain is logged beside the prediction.
+
+A worker on this machine is a CPU thread: rollout has one per replica process,
+training one per torch thread of the trainer. A move to rollout starts one more
+replica and takes a thread from the trainer; a move to training stops the newest
+replica and gives the trainer a thread.
+
+Takes: StepMetrics (tell, from the collector), MoveApplied (tell, from the driver),
+Ping, Stop.
+Sends: SetThreads (ask, to the trainer, at start: ``planner.train_threads``),
+GetRoleStats (ask, rollout replicas and trainer), GetTaskStatus (ask, queue controllers).
+Writes: RUN_DIR/planner.jsonl, one object per event: ``observe``, ``decision``,
+``held`` (a move the limits forbid), ``applied``, ``measured``.
+
+Invariants:
+- at most one move is in flight: no decision while one waits to be applied;
+- a decision uses only steps observed under the current split: the window starts
+  again after every move, and the step during which a move was carried out is not
+  counted (neither for decisions nor for the measured gain);
+- a move keeps the total number of workers; rollout stays within 1 ..
+  ``max_rollout_replicas`` replicas and the trainer keeps at least one thread.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import click
+import msgspec
+
+from asyncflow.core import protocol
+from asyncflow.core.actor import Actor
+from asyncflow.core.config import PlannerConfig
+from asyncflow.planner import online
+
+PLANNER = "planner"
+TRAINER = "trainer"
+
+
+class PlannerActor(Actor):
+    Inbox = protocol.PlannerIn
+
+    def __init__(
+        self, ctx, run_dir: str, config: PlannerConfig, rollout_replicas: list[str], train_threads: int,
+        apply: Callable[[online.MoveDecision], None], num_steps: int, read_queue: bool = True, echo: bool = True,
+    ):
+        """``apply(decision)`` hands a move to the driver (it must not block); the driver
+        answers MoveApplied. ``read_queue=False``: no queue to read (tests), depth 0."""
+        super().__init__(ctx)
+        self.config = config
+        self.path = Path(run_dir) / "planner.jsonl"
+        self.replicas = list(rollout_replicas)
+        self.train_threads = train_threads
+        self.apply = apply
+        self.num_steps = num_steps
+        self.read_queue = read_queue
+        self.echo = echo
+        self.policy = online.OnlinePolicy(
+            imbalance_threshold=config.imbalance_threshold, patience_steps=config.patience_steps,
+            min_gain=config.min_gain, max_move_workers=1, min_workers=1,
+        )
+        self.history: list[online.StepObservation] = []  # under the current split
+        self.pending: online.MoveDecision | None = None  # handed to the driver, not yet applied
+        self.measuring: dict | None = None  # the last applied move, until its gain is measured
+        self.skip_next = False  # the step during which a move was applied
+        self.held_reason = ""
+        self.decisions: list[dict] = []
+        self._last_time_s: float | None = None
+        self._prev: dict[str, tuple[float, float]] = {}  # role -> (busy_s, wait_s) at the last boundary
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="planner-stats")
+        self._tq = None
+
+    def on_start(self) -> None:
+        self.ctx.ref(TRAINER).ask(protocol.SetThreads(num_threads=self.train_threads), timeout_s=60)
+        self._log("start", split=self.split_dict(), policy=msgspec.to_builtins(self.policy),
+                  max_rollout_replicas=self.config.max_rollout_replicas)
+
+    def on_stop(self) -> None:
+        self._pool.shutdown(wait=False)
+        if self._tq is not None:
+            self._tq.close()
+
+    @property
+    def split(self) -> online.Split:
+        return online.Split(rollout_workers=len(self.replicas), train_workers=self.train_threads)
+
+    def split_dict(self) -> dict:
+        return {"rollout_replicas": list(self.replicas), "train_threads": self.train_threads}
+
+    # -- messages ------------------------------------------------------------------------
+    def handle(self, msg, pending):
+        match msg:
+            case protocol.StepMetrics(step=step, values=values):
+                self.on_step(step, values)
+                return protocol.Ok()
+            case protocol.MoveApplied():
+                self.on_applied(msg)
+                return protocol.Ok()
+            case protocol.Stop():
+                return protocol.Ok()
+
+    def on_step(self, step: int, values: dict[str, float]) -> None:
+        obs = self.observe(step, values)
+        if obs is None:
+            return
+        if self.skip_next:  # straddles the move: neither before nor after
+            self.skip_next = False
+            return
+        self.history.append(obs)
+        if self.measuring is not None:
+            self._measure(obs)
+        if self.pending is None and self.num_steps - 1 - step >= 2:
+            self._decide(step)  # (not in the last steps: too late to pay off, and it would race the final checkpoint)
+
+    def on_applied(self, msg: protocol.MoveApplied) -> None:
+        decision, self.pending = self.pending, None
+        if not msg.ok:
+            self._log("applied", ok=False, error=msg.error, split=self.split_dict())
+            self.history = []
+            return
+        before = self.history[-self.policy.patience_steps:]
+        self.replicas = list(msg.rollout_replicas)
+        self.train_threads = msg.train_threads
+        self.history = []
+        self.skip_next = True
+        self.measuring = {"decision": decision, "before": before, "after": []}
+        self._log("applied", ok=True, split=self.split_dict())
+
+    # -- measuring -----------------------------------------------------------------------
+    def observe(self, step: int, values: dict[str, float]) -> online.StepObservation | None:
+        """The step that just ended, or None for the first one (it includes the start-up)."""
+        time_s = values.get("time_s")
+        if time_s is None:
+            raise ValueError(f"StepMetrics of step {step} has no 'time_s'; the planner needs the trainer's clock")
+        last, self._last_time_s = self._last_time_s, time_s
+        names = [*self.replicas, TRAINER]
+        stats = dict(zip(names, self._pool.map(self._stats, names)))
+        fractions = {name: self._busy_fraction(name, s) for name, s in stats.items()}
+        if last is None:
+            return None
+        rollout_busy = sum(fractions[n] for n in self.replicas) / len(self.replicas)
+        obs = online.StepObservation(
+            step=step, step_s=time_s - last,
+            rollout=online.RoleWindow(busy_fraction=rollout_busy),
+            train=online.RoleWindow(busy_fraction=fractions[TRAINER], queue_depth=self._queue_depth()),
+        )
+        self._log("observe", step=step, step_s=round(obs.step_s, 4), rollout_busy=round(rollout_busy, 3),
+                  train_busy=round(obs.train.busy_fraction, 3), train_queue_rows=obs.train.queue_depth,
+                  busy={n: round(f, 3) for n, f in fractions.items()}, quiet=True)
+        return obs
+
+    def _stats(self, name: str) -> protocol.RoleStats:
+        # answered between the role's units: waits at most one unit (a generate call, a train step)
+        return self.ctx.ref(name).ask(protocol.GetRoleStats(), timeout_s=300)
+
+    def _busy_fraction(self, name: str, s: protocol.RoleStats) -> float:
+        wait = sum(s.wait_s.values())
+        busy0, wait0 = self._prev.get(name, (0.0, 0.0))
+        self._prev[name] = (s.busy_s, wait)
+        d_busy, d_wait = s.busy_s - busy0, wait - wait0
+        if d_busy + d_wait <= 0:  # no unit ended since the last boundary
+            return 0.0 if s.state.startswith("wait_") else 1.0
+        return d_busy / (d_busy + d_wait)
+
+    def _queue_depth(self) -> float:
+        """Rows generated and not yet handed to the trainer (freed rows are forgotten)."""
+        if not self.read_queue:
+            return 0.0
+        if self._tq is None:
+            from asyncflow.core.tq.client import TQClient
+
+            self._tq = TQClient(self.ctx.directory, consumer=PLANNER)
+        generated = self._tq.task_status("rollout").num_acked
+        taken = sum(self._tq.task_status("train").num_pending.values())
+        return float(max(0, generated - taken))
+
+    def _measure(self, obs: online.StepObservation) -> None:
+        m = self.measuring
+        m["after"].append(obs)
+        if len(m["after"]) < self.config.measure_steps:
+            return
+        self.measuring = None
+        decision: online.MoveDecision = m["decision"]
+        gain = online.measured_gain(m["before"], m["after"])
+        mean = lambda xs: sum(o.step_s for o in xs) / len(xs)  # noqa: E731
+        self._log("measured", step=obs.step, predicted_gain=round(decision.predicted_gain, 4),
+                  measured_gain=round(gain, 4), step_s_before=round(mean(m["before"]), 4),
+                  step_s_after=round(mean(m["after"]), 4), predicted_step_s_after=round(decision.predicted_step_s_after, 4),
+                  move=f"{decision.num_workers} {decision.from_role} -> {decision.to_role}")
+
+    # -- deciding ------------------------------------------------------------------------
+    def _decide(self, step: int) -> None:
+        decision = online.decide(self.history, self.split, self.policy)
+        if decision is None:
+            return
+        held = self._held(decision)
+        if held:
+            if held != self.held_reason:
+                self._log("held", step=step, reason=held, predicted_gain=round(decision.predicted_gain, 4))
+            self.held_reason = held
+            return
+        self.held_reason = ""
+        self.pending = decision
+        record = self._log(
+            "decision", step=step, move=f"{decision.num_workers} {decision.from_role} -> {decision.to_role}",
+            split_before=self.split_dict(), split_after=msgspec.to_builtins(decision.split_after),
+            predicted_step_s_before=round(decision.predicted_step_s_before, 4),
+            predicted_step_s_after=round(decision.predicted_step_s_after, 4),
+            predicted_gain=round(decision.predicted_gain, 4), reason=decision.reason,
+            window=[msgspec.to_builtins(o) for o in self.history[-self.policy.patience_steps:]],
+        )
+        self.decisions.append(record)
+        self.apply(decision)
+
+    def _held(self, decision: online.MoveDecision) -> str:
+        after = decision.split_after
+        limit = self.config.max_rollout_replicas
+        if after.rollout_workers > limit:
+            return (f"rollout needs more workers but already runs {len(self.replicas)} replicas "
+                    f"(planner.max_rollout_replicas = {limit}; raise it to allow more)")
+        return ""
+
+    def _log(self, event: str, quiet: bool = False, **fields) -> dict:
+        record = {"event": event, "time": round(time.time(), 3), **fields}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.echo and not quiet:
+            click.echo(f"planner: {event} " + " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("window", "policy")))
+        return record

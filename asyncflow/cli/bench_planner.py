@@ -1,0 +1,100 @@
+"""``afctl bench planner``: a deliberately unbalanced run with the online planner on,
+and how fast it went at its start and at its end.
+
+The default config (examples/unbalanced.toml) has one rollout replica with long
+generations and a cheap trainer holding two threads: the trainer waits on rollout.
+The planner should move a thread from the trainer to a second replica, so the last
+window of steps runs faster than the first. Samples/s over a window of W steps is
+samples / (end of its last step - end of the step before it): the first window
+starts after step 0 (which carries the start-up). ``--compare`` also runs the same
+config with the planner off, for the same windows.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import click
+
+
+def window_rates(rows: list[dict], window: int) -> tuple[float, float]:
+    """Samples/s over steps 1..W and over the last W steps (step 0 only starts the clock)."""
+    if len(rows) < 2 * window + 1:
+        raise click.ClickException(f"{len(rows)} steps cannot hold two windows of {window} after step 0: "
+                                   f"raise --steps to at least {2 * window + 1} or lower --window")
+
+    def rate(lo: int, hi: int) -> float:  # steps lo..hi-1, timed from the end of step lo-1
+        return sum(r["samples"] for r in rows[lo:hi]) / (rows[hi - 1]["time_s"] - rows[lo - 1]["time_s"])
+
+    return rate(1, 1 + window), rate(len(rows) - window, len(rows))
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+@click.command()
+@click.option("--config", "config_path", default="examples/unbalanced.toml", show_default=True,
+              type=click.Path(exists=True, dir_okay=False))
+@click.option("--steps", type=int, help="Trainer steps (default: the config's).")
+@click.option("--window", default=5, show_default=True, help="Steps per measured window (first and last).")
+@click.option("--compare", is_flag=True, help="Also run the config with the planner off.")
+@click.option("--out", type=click.Path(file_okay=False), help="Keep the run directories here.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
+def planner(config_path: str, steps: int | None, window: int, compare: bool, out: str | None, as_json: bool) -> None:
+    """Samples/s in the first and last windows of an unbalanced run, and the planner's decisions."""
+    import msgspec
+
+    from asyncflow.actors.launcher import prepare_new, run
+    from asyncflow.core.config import load_config
+
+    base = load_config(config_path)
+    if steps:
+        base = msgspec.structs.replace(base, train=msgspec.structs.replace(base.train, num_steps=steps))
+    root = Path(out or tempfile.mkdtemp(prefix="af-bench-planner-"))
+    root.mkdir(parents=True, exist_ok=True)
+    if not base.model.path or not base.data.path:  # one model and data set for every run
+        _, _, launch = prepare_new(base, root / "shared")
+        base = msgspec.structs.replace(
+            base, model=msgspec.structs.replace(base.model, path=launch.model_dir),
+            data=msgspec.structs.replace(base.data, path=launch.data_path),
+        )
+    modes = {"online": True, **({"static": False} if compare else {})}
+    results = {}
+    for mode, on in modes.items():
+        cfg = msgspec.structs.replace(base, planner=msgspec.structs.replace(base.planner, online=on))
+        click.echo(f"== planner {mode} ==")
+        summary = run(cfg, root / mode)
+        rows = _read(root / mode / "metrics.jsonl")
+        first, last = window_rates(rows, window)
+        events = _read(root / mode / "planner.jsonl")
+        results[mode] = {
+            "first_window_samples_per_s": first, "last_window_samples_per_s": last, "speedup": last / first,
+            "samples_per_s": summary["samples_per_s"], "train_span_s": summary["train_span_s"],
+            "decisions": [e for e in events if e["event"] in ("decision", "held")],
+            "applied": [e for e in events if e["event"] == "applied"],
+            "measured": [e for e in events if e["event"] == "measured"],
+            "run_dir": str(root / mode),
+        }
+    click.echo(f"\n{'':<12}{'first ' + str(window) + ' steps':>16}{'last ' + str(window) + ' steps':>16}{'last/first':>12}"
+               f"{'whole run':>12}   (samples/s)")
+    for mode, r in results.items():
+        click.echo(f"{mode:<12}{r['first_window_samples_per_s']:>16.2f}{r['last_window_samples_per_s']:>16.2f}"
+                   f"{r['speedup']:>11.2f}x{r['samples_per_s']:>12.2f}")
+    for e in results["online"]["decisions"]:
+        if e["event"] == "held":
+            click.echo(f"held at step {e['step']}: {e['reason']}")
+            continue
+        click.echo(f"decision at step {e['step']}: {e['move']}  {e['split_before']} -> {e['split_after']}  "
+                   f"predicted step {e['predicted_step_s_before']:.3f} -> {e['predicted_step_s_after']:.3f} s "
+                   f"(gain {e['predicted_gain']:+.0%})  because {e['reason']}")
+    for e in results["online"]["measured"]:
+        click.echo(f"measured at step {e['step']}: step {e['step_s_before']:.3f} -> {e['step_s_after']:.3f} s, "
+                   f"gain {e['measured_gain']:+.0%} (predicted {e['predicted_gain']:+.0%})")
+    if not results["online"]["decisions"]:
+        click.echo("the planner made no decision: the roles were balanced within planner.imbalance_threshold")
+    click.echo(f"(runs in {root})")
+    if as_json:
+        click.echo(json.dumps(results))

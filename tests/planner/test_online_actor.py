@@ -1,0 +1,209 @@
+"""The planner actor's decision path with real messages: fake roles answer GetRoleStats
+with scripted busy/wait times, StepMetrics arrive over nng, a move is handed to the
+driver, MoveApplied comes back, and the measured gain is logged. The last test runs
+a tiny config end to end with ``[planner] online = true``."""
+
+from __future__ import annotations
+
+import json
+import queue
+
+import pytest
+
+from asyncflow.actors.planner import PlannerActor
+from asyncflow.core import protocol
+from asyncflow.core.actor import Actor, serve_actor
+from asyncflow.core.config import PlannerConfig
+from asyncflow.core.directory import DirectoryClient, start_directory
+from asyncflow.core.transport import TransportConfig
+
+
+class FakeRole(Actor):
+    """Answers GetRoleStats from a shared table the test advances step by step."""
+
+    Inbox = protocol.LoopIn
+
+    def __init__(self, ctx, table: dict, threads: list):
+        super().__init__(ctx)
+        self.table = table
+        self.threads = threads
+
+    def handle(self, msg, pending):
+        match msg:
+            case protocol.GetRoleStats():
+                busy, wait = self.table[self.ctx.name]
+                return protocol.RoleStats(role=self.ctx.name, busy_s=busy, wait_s={"data": wait})
+            case protocol.SetThreads(num_threads=n):
+                self.threads.append(n)
+                return protocol.Ok()
+            case _:
+                return protocol.Ok()
+
+
+class Bench:
+    """A directory, fake roles and the planner, in this process over inproc sockets."""
+
+    def __init__(self, tmp_path, config: PlannerConfig, replicas: list[str], train_threads: int, num_steps: int = 30):
+        self.transport = TransportConfig(scheme="inproc")
+        self.directory = start_directory(self.transport)
+        self.dc = DirectoryClient(self.directory.address, self.transport)
+        self.table: dict[str, tuple[float, float]] = {}
+        self.threads: list[int] = []
+        self.actors = []
+        for name in [*replicas, "trainer"]:
+            self.add_role(name)
+        self.moves: queue.Queue = queue.Queue()
+        self.path = tmp_path / "planner.jsonl"
+        self.planner = serve_actor(
+            PlannerActor, "planner", self.transport, directory_address=self.directory.address, run_dir=str(tmp_path),
+            config=config, rollout_replicas=replicas, train_threads=train_threads, apply=self.moves.put,
+            num_steps=num_steps, read_queue=False, echo=False,
+        )
+        self.dc.register(self.planner.entry())
+        self.ref = self.dc.ref("planner")
+        self.time_s = 0.0
+
+    def add_role(self, name: str) -> None:
+        self.table[name] = (0.0, 0.0)
+        actor = serve_actor(FakeRole, name, self.transport, table=self.table, threads=self.threads)
+        self.dc.register(actor.entry())
+        self.actors.append(actor)
+
+    def step(self, step: int, step_s: float, busy: dict[str, float]) -> None:
+        """Advance every role by one step of ``step_s`` at the given busy fractions, then
+        tell the planner; the Ping after it returns once the step has been handled."""
+        self.time_s += step_s
+        for name, frac in busy.items():
+            b, w = self.table[name]
+            self.table[name] = (b + frac * step_s, w + (1 - frac) * step_s)
+        self.ref.tell(protocol.StepMetrics(step=step, values={"time_s": self.time_s}))
+        self.ref.ask(protocol.Ping(), timeout_s=30)
+
+    def events(self, kind: str) -> list[dict]:
+        return [e for e in map(json.loads, self.path.read_text().splitlines()) if e["event"] == kind]
+
+    def close(self) -> None:
+        self.planner.stop()
+        for actor in self.actors:
+            actor.stop()
+        self.directory.stop()
+
+
+@pytest.fixture
+def make_bench(tmp_path):
+    made = []
+
+    def make(**kwargs):
+        made.append(Bench(tmp_path, **kwargs))
+        return made[-1]
+
+    yield make
+    for bench in made:
+        bench.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_trainer_waiting_on_rollout_gets_a_replica_and_the_gain_is_measured_after(make_bench):
+    cfg = PlannerConfig(online=True, patience_steps=2, measure_steps=2)
+    b = make_bench(config=cfg, replicas=["rollout.0"], train_threads=2)
+    b.ref.ask(protocol.Ping(), timeout_s=30)
+    assert b.threads == [2]  # the trainer was given its threads at start
+    slow = {"rollout.0": 1.0, "trainer": 0.2}
+    for step in range(3):  # step 0 only starts the clock
+        b.step(step, 10.0, slow)
+    move = b.moves.get(timeout=10)
+    assert (move.from_role, move.to_role, move.num_workers) == ("train", "rollout", 1)
+    # work per step: rollout 1.0 x 1 x 10 = 10 worker-s, train 0.2 x 2 x 10 = 4: max(10/2, 4/1) = 5 s
+    assert move.predicted_step_s_after == pytest.approx(5.0)
+    [decision] = b.events("decision")
+    assert decision["step"] == 2 and decision["predicted_gain"] == pytest.approx(1.0)
+    assert decision["split_after"] == {"rollout_workers": 2, "train_workers": 1}
+
+    b.step(3, 10.0, slow)  # the move is still in flight: no second decision
+    assert b.moves.empty()
+    b.add_role("rollout.1")
+    b.ref.tell(protocol.MoveApplied(ok=True, rollout_replicas=["rollout.0", "rollout.1"], train_threads=1))
+    fast = {"rollout.0": 1.0, "rollout.1": 1.0, "trainer": 0.8}
+    for step in range(4, 7):  # step 4 straddles the move and is not counted
+        b.step(step, 6.0, fast)
+    [measured] = b.events("measured")
+    assert measured["measured_gain"] == pytest.approx(10.0 / 6.0 - 1, abs=1e-3)
+    assert measured["predicted_gain"] == pytest.approx(1.0)
+    assert b.moves.empty()
+
+
+@pytest.mark.timeout(60)
+def test_balanced_roles_or_a_short_imbalance_move_nothing(make_bench):
+    b = make_bench(config=PlannerConfig(online=True, patience_steps=3), replicas=["rollout.0"], train_threads=1)
+    b.step(0, 5.0, {"rollout.0": 0.9, "trainer": 0.9})
+    for step in range(1, 6):
+        b.step(step, 5.0, {"rollout.0": 0.9, "trainer": 0.85})
+    b.step(6, 5.0, {"rollout.0": 1.0, "trainer": 0.1})  # one leaning step is not enough
+    b.step(7, 5.0, {"rollout.0": 0.9, "trainer": 0.9})
+    assert b.moves.empty() and not b.events("decision")
+    assert len(b.events("observe")) == 7
+
+
+@pytest.mark.timeout(60)
+def test_a_move_beyond_max_rollout_replicas_is_held_and_logged_once(make_bench):
+    cfg = PlannerConfig(online=True, patience_steps=2, max_rollout_replicas=1)
+    b = make_bench(config=cfg, replicas=["rollout.0"], train_threads=2)
+    for step in range(6):
+        b.step(step, 10.0, {"rollout.0": 1.0, "trainer": 0.2})
+    assert b.moves.empty()
+    [held] = b.events("held")
+    assert "planner.max_rollout_replicas = 1" in held["reason"]
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_move_keeps_the_split_and_lets_the_planner_decide_again(make_bench):
+    cfg = PlannerConfig(online=True, patience_steps=1)
+    b = make_bench(config=cfg, replicas=["rollout.0"], train_threads=2)
+    b.step(0, 10.0, {"rollout.0": 1.0, "trainer": 0.2})
+    b.step(1, 10.0, {"rollout.0": 1.0, "trainer": 0.2})
+    b.moves.get(timeout=10)
+    b.ref.tell(protocol.MoveApplied(ok=False, rollout_replicas=["rollout.0"], train_threads=2, error="no process"))
+    b.step(2, 10.0, {"rollout.0": 1.0, "trainer": 0.2})
+    again = b.moves.get(timeout=10)
+    assert again.split_after.rollout_workers == 2
+    assert [e["ok"] for e in b.events("applied")] == [False]
+
+
+@pytest.mark.timeout(180)
+def test_an_unbalanced_tiny_run_with_the_online_planner_adds_a_replica(tmp_path):
+    from asyncflow.actors.launcher import run
+    from asyncflow.core.config import load_config_text
+
+    cfg = load_config_text("""
+        [model]
+        tiny_warm_start = false
+        [data]
+        num_prompts = 50
+        [algorithm]
+        group_size = 2
+        [rollout]
+        prompts_per_call = 1
+        [rollout.sampling]
+        max_new_tokens = 24
+        [train]
+        num_steps = 6
+        prompts_per_step = 2
+        [logging]
+        progress = false
+        [planner]
+        online = true
+        patience_steps = 1
+        measure_steps = 1
+        imbalance_threshold = 0.1
+        min_gain = 0.01
+        train_threads = 2
+    """)
+    summary = run(cfg, tmp_path / "run")
+    assert summary["steps"] == 6
+    events = [json.loads(l) for l in (tmp_path / "run" / "planner.jsonl").read_text().splitlines()]
+    decisions = [e for e in events if e["event"] == "decision"]
+    assert decisions, f"no decision; the planner saw: {events}"
+    assert decisions[0]["move"] == "1 train -> rollout" and decisions[0]["predicted_gain"] > 0
+    applied = [e for e in events if e["event"] == "applied"]
+    assert applied and applied[0]["ok"] and applied[0]["split"]["rollout_replicas"] == ["rollout.0", "rollout.1"]
+    assert "rollout.1" in summary["busy_s"]
