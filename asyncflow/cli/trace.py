@@ -1,0 +1,101 @@
+"""``afctl trace RUN_DIR [RUN_DIR...] [--png out.png]``: check RUN_DIR/trace.json and
+draw the timeline: one row per role, busy activities in colour, waits in light
+grey; several runs stacked (sync above async) on one time axis, so a bubble (a
+row that is grey while another works) is visible at a glance."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+WAIT_COLOUR = "#d9d9d9"
+COLOURS = {  # busy activities; any other name takes the next colour of the cycle
+    "generate": "#1f77b4", "train": "#d62728", "score": "#2ca02c", "ref_logp": "#9467bd", "logp": "#9467bd",
+    "sync_weights": "#8c564b", "swap_weights": "#e377c2", "put": "#17becf", "load": "#bcbd22",
+    "checkpoint": "#444444",
+}
+CYCLE = ["#ff7f0e", "#7f7f7f", "#aec7e8", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94"]
+
+
+@click.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--png", "png", type=click.Path(dir_okay=False, path_type=Path), help="Draw the timeline into this PNG.")
+@click.option("--from-s", "from_s", type=float, default=None, help="Draw from this many seconds after the first span.")
+@click.option("--to-s", "to_s", type=float, default=None, help="Draw up to this many seconds after the first span.")
+def trace(run_dirs: tuple[Path, ...], png: Path | None, from_s: float | None, to_s: float | None) -> None:
+    """Validate RUN_DIR/trace.json (Chrome trace format; open it in https://ui.perfetto.dev)
+    and print every role's busy fraction; with --png, draw the timelines stacked,
+    sync runs above async ones."""
+    from asyncflow.cli._runs import load_trace, run_label, run_mode, run_wall_s, sync_first, timeline, validate_trace
+
+    timelines, invalid = [], False
+    for run_dir in sync_first(list(run_dirs)):
+        try:
+            data = load_trace(run_dir / "trace.json")
+        except (FileNotFoundError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+        problems = validate_trace(data, max_run_s=run_wall_s(run_dir))
+        tl = timeline(data, label=run_label(run_dir), mode=run_mode(run_dir))
+        click.echo(f"{tl.label}: {sum(len(s) for s in tl.tracks.values())} spans over {tl.end_s:.1f} s, "
+                   f"{len(tl.tracks)} tracks, {tl.num_flows} weight-sync flows, "
+                   f"counters {', '.join(f'{k} x{v}' for k, v in tl.counters.items()) or 'none'}")
+        for role, spans in tl.tracks.items():
+            waits: dict[str, float] = {}
+            for s in spans:
+                if s.waiting:
+                    waits[s.name] = waits.get(s.name, 0.0) + s.duration_s
+            top = ", ".join(f"{k} {v:.1f}s" for k, v in sorted(waits.items(), key=lambda kv: -kv[1])[:2])
+            click.echo(f"  {role:<14} busy {tl.busy_fraction(role):6.1%}  {len(spans):>6} spans  waits: {top or '-'}")
+        if problems:
+            invalid = True
+            click.echo(f"  INVALID trace ({len(problems)} problems):", err=True)
+            for p in problems[:20]:
+                click.echo(f"    {p}", err=True)
+        timelines.append(tl)
+    if png is not None:
+        draw(timelines, png, from_s, to_s)
+        click.echo(f"wrote {png}")
+    if invalid:
+        sys.exit(1)
+
+
+def draw(timelines: list, png: Path, from_s: float | None = None, to_s: float | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    heights = [max(1, len(tl.tracks)) * 0.42 + 0.7 for tl in timelines]
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(13, sum(heights) + 0.9), sharex=True, squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    colours: dict[str, str] = {}
+
+    def colour(name: str) -> str:
+        if name.startswith("wait_"):
+            return WAIT_COLOUR
+        if name not in colours:
+            colours[name] = COLOURS.get(name) or CYCLE[len([c for c in colours if c not in COLOURS]) % len(CYCLE)]
+        return colours[name]
+
+    end = max((tl.end_s for tl in timelines), default=1.0)
+    for ax, tl in zip(axes[:, 0], timelines):
+        roles = list(tl.tracks)
+        for row, role in enumerate(roles):
+            spans = tl.tracks[role]
+            ax.broken_barh([(s.start_s, s.duration_s) for s in spans], (row - 0.4, 0.8),
+                           facecolors=[colour(s.name) for s in spans], linewidth=0)
+        ax.set_yticks(range(len(roles)), [f"{r}  {tl.busy_fraction(r):.0%}" for r in roles], fontsize=8)
+        ax.set_ylim(len(roles) - 0.5, -0.5)
+        ax.set_title(tl.label, fontsize=9, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlim(from_s if from_s is not None else 0.0, to_s if to_s is not None else end)
+    axes[-1, 0].set_xlabel("seconds since the run's first span (row label: busy fraction)")
+    legend = [Patch(color=c, label=n) for n, c in colours.items()] + [Patch(color=WAIT_COLOUR, label="wait_*")]
+    fig.legend(handles=legend, loc="lower center", ncol=min(8, len(legend)), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
