@@ -1,12 +1,17 @@
-"""Does a tiny model really learn with GRPO here? An in-process loop, no queue, no
-actors: rollout -> reward -> group advantages -> train step -> weights back.
+"""Does a tiny model really learn with GRPO on this machine? An in-process loop with
+no queue and no actors, the whole RL step on one screen:
 
-The task is one-digit addition ("3+4=" -> "7"; asyncflow.algorithms.tasks), reward
-0.1 for format + 0.9 for the exact answer. Prints the reward per step and greedy
-accuracy over all 100 prompts before and after; exits 1 if the mean reward of the
-last 10% of steps is not above the first 10%.
+    generate (rollout engine) -> reward -> group advantages -> train step
+    -> weights back into the rollout engine
 
-    python examples/learn_check.py --steps 150
+Task (asyncflow.algorithms.tasks): one-digit addition, "3+4=" -> "7"; reward 0.1
+for the format + 0.9 for the exact answer. The model is the tiny Qwen2 (hidden 64,
+2 layers, about 0.1 M parameters) after a short supervised warm start, stopped early.
+Prints the reward of every step and the greedy accuracy on all 100 prompts before
+and after; exits 1 unless the mean reward of the last 10% of steps is above the
+first 10%.
+
+    python examples/learn_check.py            # 400 steps, about 1-2 minutes
 """
 
 from __future__ import annotations
@@ -37,53 +42,55 @@ def greedy_accuracy(rollout, tokenizer, examples) -> float:
     return sum(t.strip() == ex["answer"] for t, ex in zip(texts, examples)) / len(examples)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=150)
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--task", default="add", choices=sorted(REWARDS))
     ap.add_argument("--prompts-per-step", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--std", type=int, default=1, help="0: do not divide advantages by the group std")
+    ap.add_argument("--warm-start", default="task", choices=["task", "format"])
+    ap.add_argument("--warm-steps", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--entropy", type=float, default=0.0)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--warm-steps", type=int, default=40)
-    ap.add_argument("--warm-start", default="task", choices=["task", "format"])
-    ap.add_argument("--std", type=int, default=0, help="1: divide advantages by the group std")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
     t0 = time.perf_counter()
-    model_dir = make_task_model(tempfile.mkdtemp(prefix="learn_check_"), seed=args.seed, task=args.task, warm_start=args.warm_start, warm_start_steps=args.warm_steps,
-        hidden_size=args.hidden, num_layers=args.layers, intermediate_size=3 * args.hidden)
+    model_dir = make_task_model(
+        tempfile.mkdtemp(prefix="learn_check_"), seed=args.seed, task=args.task,
+        warm_start=args.warm_start, warm_start_steps=args.warm_steps,
+    )
     tokenizer = load_tokenizer(model_dir)
     rollout = build_rollout_engine(RolloutEngineConfig(max_batch_size=256, seed=args.seed), model_dir)
     trainer = build_train_engine(TrainEngineConfig(lr=args.lr, micro_batch_size=128, grad_clip=1.0), model_dir)
-    loss_fn = policy_loss_fn(PolicyLossConfig(entropy_coef=args.entropy))
-    params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=(tokenizer.eos_token_id,), n=args.group_size)
-    examples = make_examples(1000, seed=args.seed + 1, task=args.task)
-    eval_examples = make_examples(100, seed=args.seed + 2, task=args.task)
-    reward = REWARDS[args.task]
-    print(f"setup {time.perf_counter() - t0:.1f}s; greedy accuracy before: {greedy_accuracy(rollout, tokenizer, eval_examples):.2f}")
+    loss_fn = policy_loss_fn(PolicyLossConfig())
+    reward_fn = REWARDS[args.task]
+    n = args.group_size
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=(tokenizer.eos_token_id,), n=n)
+    train_set = make_examples(1000, seed=args.seed + 1, task=args.task)
+    eval_set = sorted({ex["prompt"]: ex for ex in make_examples(2000, seed=args.seed + 2, task=args.task)}.values(), key=str)[:100]
+    print(f"setup {time.perf_counter() - t0:.1f}s; greedy accuracy before: {greedy_accuracy(rollout, tokenizer, eval_set):.2f}")
 
     mean_rewards = []
     t0 = time.perf_counter()
     for step in range(args.steps):
-        batch = rng.sample(examples, args.prompts_per_step)
+        batch = rng.sample(train_set, args.prompts_per_step)
         prompt_ids = [encode_chat_prompt(tokenizer, ex["prompt"]) for ex in batch]
-        completions = rollout.generate(prompt_ids, params)  # ordered (prompt, sample)
-        n = args.group_size
-        texts = [tokenizer.decode(c.response_ids, skip_special_tokens=True) for c in completions]
+        completions = rollout.generate(prompt_ids, params)  # ordered by (prompt, sample)
         rewards = call_reward(
-            reward,
+            reward_fn,
             [batch[c.prompt_index]["prompt"] for c in completions],
-            texts,
+            [tokenizer.decode(c.response_ids, skip_special_tokens=True) for c in completions],
             [batch[c.prompt_index]["answer"] for c in completions],
             [c.finish_reason for c in completions],
         )
-        advantages_B = grpo_advantages(torch.tensor(rewards).view(-1, n), divide_by_std=args.std).view(-1)
+        advantages_B = grpo_advantages(torch.tensor(rewards).view(-1, n), divide_by_std=bool(args.std)).view(-1)
         token_batch = make_token_batch(
             [prompt_ids[c.prompt_index] for c in completions],
             [c.response_ids for c in completions],
@@ -93,18 +100,19 @@ def main() -> int:
         )
         result = trainer.train_step(token_batch, loss_fn)
         rollout.load_weights(trainer.export_weights(), version=trainer.version)
+
         mean_rewards.append(sum(rewards) / len(rewards))
-        exact = sum(r >= 1.0 for r in rewards) / len(rewards)
+        exact = sum(r >= 0.9 for r in rewards) / len(rewards)
         print(
             f"step {step:4d}  reward {mean_rewards[-1]:.3f}  exact {exact:.2f}  loss {result.loss:+.4f}  "
-            f"grad_norm {result.grad_norm:.3f}  is_weight {result.metrics.get('is_weight', 1.0):.4f}  "
+            f"grad_norm {result.grad_norm:.2f}  is_weight {result.metrics.get('is_weight', 1.0):.4f}  "
             f"entropy {result.metrics.get('entropy', 0.0):.3f}  t {time.perf_counter() - t0:.0f}s",
             flush=True,
         )
     tenth = max(1, args.steps // 10)
     first, last = sum(mean_rewards[:tenth]) / tenth, sum(mean_rewards[-tenth:]) / tenth
     print(f"mean reward first 10%: {first:.3f}  last 10%: {last:.3f}  ({time.perf_counter() - t0:.0f}s for {args.steps} steps)")
-    print(f"greedy accuracy after: {greedy_accuracy(rollout, tokenizer, eval_examples):.2f}")
+    print(f"greedy accuracy after: {greedy_accuracy(rollout, tokenizer, eval_set):.2f}")
     return 0 if last > first else 1
 
 

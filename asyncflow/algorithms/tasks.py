@@ -1,21 +1,23 @@
 """The tiny verifiable tasks used by tests and examples, for the character-level
 tiny model (``asyncflow.engines.tiny``); a response is a few digits then ``</s>``.
 
-- ``reverse`` (the default; the one the end-to-end example learns): the prompt is
-  ``"rev:372"``, the answer ``"273"``. Reward (``reward``, also loadable as
-  ``asyncflow.algorithms.tasks:reward``): 0.1 for the format (exactly the answer's
-  number of digits, ended by the stop token) + 0.9 x the fraction of digits in the
-  right place. Credit is dense (a random answer scores about 0.19) and the skill
-  transfers across prompts (copy the digit at a fixed offset), so GRPO learns it in
-  a few hundred steps of about 0.1 s on a laptop core.
-- ``add``: ``"3+4="`` -> ``"7"``, reward 0.1 format + 0.9 exact match. Harder for RL
-  from scratch: every prompt is its own fact, and GRPO tends to collapse onto the
-  most frequent sum; kept for evaluation and as a counter-example.
+- ``add`` (the default; what the end-to-end example learns): the prompt is ``"3+4="``
+  (operands 0..9), the answer ``"7"``. Reward (``reward``, loadable as
+  ``asyncflow.algorithms.tasks:reward``): 0.1 for the format (1-2 digits ended by
+  the stop token) + 0.9 for the exact answer.
+- ``reverse``: ``"rev:372"`` -> ``"273"``, reward 0.1 format + 0.9 x digits in place
+  (``reverse_reward``).
 
-Warm start: ``make_task_model`` first teaches the format only, with a few seconds of
-supervised training on random well-formed answers, independent of the prompt. The
-model then writes well-formed answers but does not solve the task: what it learns
-afterwards comes from the reward.
+Warm start (``make_task_model``), measured on this 2-core machine:
+- ``warm_start="task"`` (default): 100 steps (about 3 s) of supervised training on
+  correct answers, stopped early: greedy accuracy about 0.1, sampled exact about
+  0.1. GRPO then lifts the sampled exact rate to about 0.4-0.5 within 300 steps of
+  16 prompts x 8 samples (about 0.1-0.2 s each) -- the SFT-then-RL regime of real
+  post-training, where the policy already conditions on the prompt.
+- ``warm_start="format"``: random well-formed answers, independent of the prompt.
+  The model then ignores the prompt, and GRPO collapses onto the most frequent sum
+  (entropy falls, greedy accuracy stays at chance): kept as a counter-example, not
+  for demos.
 
 Datasets are JSONL with ``prompt`` and ``answer`` fields (``write_jsonl``).
 Invariant: the same seed gives the same data and the same model.
@@ -41,11 +43,11 @@ def digit_accuracy(prompts: list[str], responses: list[str], answers: list[str],
     return out
 
 
-reward: RewardFn = weighted_sum((0.1, format_reward(r"\d{%d}" % REVERSE_DIGITS)), (0.9, digit_accuracy))
-"""Reward of the ``reverse`` task: fn(prompts, responses, answers, finish_reasons)."""
+reward: RewardFn = weighted_sum((0.1, format_reward(r"\d{1,2}")), (0.9, exact_match))
+"""Reward of the ``add`` task: fn(prompts, responses, answers, finish_reasons)."""
 
-add_reward: RewardFn = weighted_sum((0.1, format_reward(r"\d{1,2}")), (0.9, exact_match))
-"""Reward of the ``add`` task."""
+reverse_reward: RewardFn = weighted_sum((0.1, format_reward(r"\d{%d}" % REVERSE_DIGITS)), (0.9, digit_accuracy))
+"""Reward of the ``reverse`` task."""
 
 
 def reverse_example(rng: random.Random) -> dict[str, str]:
@@ -53,23 +55,26 @@ def reverse_example(rng: random.Random) -> dict[str, str]:
     return {"prompt": f"rev:{digits}", "answer": digits[::-1]}
 
 
+ADD_MAX_OPERAND = 9
+
+
 def add_example(rng: random.Random) -> dict[str, str]:
-    a, b = rng.randint(0, 9), rng.randint(0, 9)
+    a, b = rng.randint(0, ADD_MAX_OPERAND), rng.randint(0, ADD_MAX_OPERAND)
     return {"prompt": f"{a}+{b}=", "answer": str(a + b)}
 
 
 EXAMPLES = {"reverse": reverse_example, "add": add_example}
-REWARDS = {"reverse": reward, "add": add_reward}
+REWARDS = {"add": reward, "reverse": reverse_reward}
 
 
-def make_examples(num_examples: int, seed: int = 0, task: str = "reverse") -> list[dict[str, str]]:
+def make_examples(num_examples: int, seed: int = 0, task: str = "add") -> list[dict[str, str]]:
     if task not in EXAMPLES:
         raise ValueError(f"unknown task {task!r}; use one of {sorted(EXAMPLES)}")
     rng = random.Random(seed)
     return [EXAMPLES[task](rng) for _ in range(num_examples)]
 
 
-def write_jsonl(path: str | Path, num_examples: int, seed: int = 0, task: str = "reverse") -> Path:
+def write_jsonl(path: str | Path, num_examples: int, seed: int = 0, task: str = "add") -> Path:
     """A dataset file: one JSON object per line with ``prompt`` and ``answer``."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -79,7 +84,7 @@ def write_jsonl(path: str | Path, num_examples: int, seed: int = 0, task: str = 
     return out
 
 
-def format_warmup_pairs(num_pairs: int = 2000, seed: int = 0, task: str = "reverse") -> list[tuple[str, str]]:
+def format_warmup_pairs(num_pairs: int = 2000, seed: int = 0, task: str = "add") -> list[tuple[str, str]]:
     """(prompt, random well-formed answer) pairs: the format, not the task. Random
     answers are drawn from the task's own answers, shuffled away from their prompts."""
     examples = make_examples(2 * num_pairs, seed, task)
@@ -98,7 +103,7 @@ def make_task_model(
     seed: int = 0,
     task: str = "add",
     warm_start: str = "task",
-    warm_start_steps: int = 40,
+    warm_start_steps: int = 100,
     arch: str = "qwen2",
     **config_kwargs,
 ) -> Path:

@@ -62,10 +62,18 @@ def test_a_reward_returning_the_wrong_count_is_an_error():
         call_reward(lambda p, r, a, f: [1.0], ["a", "b"], ["a", "b"], ["a", "b"], ["stop", "stop"])
 
 
+def test_add_task_reward_gives_format_credit_and_exact_credit(tmp_path):
+    path = tasks.write_jsonl(tmp_path / "add.jsonl", num_examples=5, seed=1)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert all(str(eval(r["prompt"][:-1])) == r["answer"] for r in rows)
+    got = tasks.reward(["3+4="] * 4, ["7", "8", "7x", "7"], ["7"] * 4, ["stop", "stop", "stop", "length"])
+    assert got == pytest.approx([1.0, 0.1, 0.0, 0.9])
+
+
 def test_reverse_task_reward_and_dataset_file(tmp_path):
-    path = tasks.write_jsonl(tmp_path / "rev.jsonl", num_examples=5, seed=1)
+    path = tasks.write_jsonl(tmp_path / "rev.jsonl", num_examples=5, seed=1, task="reverse")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 5 and all(r["answer"] == r["prompt"].split(":")[1][::-1] for r in rows)
-    got = tasks.reward(["rev:372"] * 4, ["273", "27", "723", "273"], ["273"] * 4, ["stop", "stop", "stop", "length"])
+    got = tasks.reverse_reward(["rev:372"] * 4, ["273", "27", "723", "273"], ["273"] * 4, ["stop", "stop", "stop", "length"])
     # 0.1 format + 0.9 x digits in place: 1.0; 0.9 x 2/3; 0.1 + 0.9 x 1/3; 0.9
     assert got == pytest.approx([1.0, 0.6, 0.4, 0.9])

@@ -1,0 +1,106 @@
+"""``afctl bench rollout``: the native rollout engine against Hugging Face
+``generate``, side by side in one process on the same tiny model.
+
+Same prompts (varying lengths), same sampling (temperature 1, no top-k/top-p), same
+batch size, same max new tokens, same stop tokens (several, so response lengths
+vary widely like real long-tail rollouts). HF ``generate`` runs the prompts in
+static batches (each waits for its longest response); the native engine streams
+them through continuous batching. Throughput counts generated tokens up to and
+including the stop token, divided by wall time; each side gets a warm-up run, then
+repetitions alternate and the median is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import tempfile
+import time
+
+import click
+
+
+@click.command("rollout")
+@click.option("--num-prompts", default=64, show_default=True)
+@click.option("--batch-size", default=16, show_default=True)
+@click.option("--max-new-tokens", default=64, show_default=True)
+@click.option("--num-stop-tokens", default=6, show_default=True, help="Stop tokens (eos + others): more means shorter responses.")
+@click.option("--hidden-size", default=128, show_default=True)
+@click.option("--num-layers", default=4, show_default=True)
+@click.option("--repeats", default=3, show_default=True)
+@click.option("--threads", default=1, show_default=True, help="torch intra-op threads.")
+@click.option("--json", "as_json", is_flag=True, help="Last line: one JSON object.")
+def rollout(num_prompts, batch_size, max_new_tokens, num_stop_tokens, hidden_size, num_layers, repeats, threads, as_json):
+    """Native engine vs HF generate: tokens/s and ratio."""
+    import torch
+
+    from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
+    from asyncflow.engines.factory import build_rollout_engine
+    from asyncflow.engines.hf import load_model
+    from asyncflow.engines.tiny import make_tiny_model
+
+    torch.set_num_threads(threads)
+    model_dir = make_tiny_model(
+        tempfile.mkdtemp(prefix="bench_rollout_"), seed=0, hidden_size=hidden_size, num_layers=num_layers,
+        num_heads=4, num_kv_heads=2, intermediate_size=3 * hidden_size,
+    )
+    rng = random.Random(0)
+    prompts = [[rng.randrange(6, 90) for _ in range(rng.randint(4, 24))] for _ in range(num_prompts)]
+    stops = tuple([2] + list(range(60, 60 + num_stop_tokens - 1)))
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, stop_token_ids=stops)
+
+    native = build_rollout_engine(RolloutEngineConfig(max_batch_size=batch_size, kv_cache_bytes=256 * 2**20), model_dir)
+    hf_model = load_model(model_dir)
+
+    def run_native(seed: int) -> tuple[int, float]:
+        start = time.perf_counter()
+        out = native.generate(prompts, SamplingParams(**{**_fields(params), "seed": seed}))
+        return sum(len(c.response_ids) for c in out), time.perf_counter() - start
+
+    def run_hf(seed: int) -> tuple[int, float]:
+        torch.manual_seed(seed)
+        start = time.perf_counter()
+        tokens = 0
+        for i in range(0, len(prompts), batch_size):
+            chunk = prompts[i : i + batch_size]
+            width = max(len(p) for p in chunk)
+            ids = torch.zeros((len(chunk), width), dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for b, p in enumerate(chunk):  # left padding, as HF generate wants
+                ids[b, width - len(p) :] = torch.tensor(p)
+                mask[b, width - len(p) :] = 1
+            with torch.inference_mode():
+                out = hf_model.generate(
+                    input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                    max_new_tokens=max_new_tokens, eos_token_id=list(stops), pad_token_id=0,
+                )
+            for row in out[:, width:].tolist():
+                n = next((j + 1 for j, t in enumerate(row) if t in stops), len(row))
+                tokens += n
+        return tokens, time.perf_counter() - start
+
+    run_native(0), run_hf(0)  # warm-up
+    native_tps, hf_tps = [], []
+    for r in range(repeats):
+        n_tok, sec = run_native(r + 1)
+        native_tps.append(n_tok / sec)
+        h_tok, h_sec = run_hf(r + 1)
+        hf_tps.append(h_tok / h_sec)
+        click.echo(f"repeat {r}: native {n_tok} tokens in {sec:.2f}s ({n_tok / sec:.0f} tok/s) | "
+                   f"hf generate {h_tok} tokens in {h_sec:.2f}s ({h_tok / h_sec:.0f} tok/s)")
+    tps, base = statistics.median(native_tps), statistics.median(hf_tps)
+    click.echo(f"native {tps:.0f} tok/s vs hf generate {base:.0f} tok/s: ratio {tps / base:.2f} "
+               f"(prompts {num_prompts}, batch {batch_size}, max_new_tokens {max_new_tokens}, threads {threads}, "
+               f"model hidden {hidden_size} x {num_layers} layers)")
+    if as_json:
+        click.echo(json.dumps({
+            "tokens_per_s": round(tps, 1), "baseline_tokens_per_s": round(base, 1), "ratio": round(tps / base, 3),
+            "num_prompts": num_prompts, "batch_size": batch_size, "max_new_tokens": max_new_tokens, "threads": threads,
+        }))
+
+
+def _fields(params) -> dict:
+    import msgspec
+
+    return msgspec.structs.asdict(params)

@@ -1,0 +1,123 @@
+"""``afctl bench train``: training tokens per second of the torch training engine,
+one process against two-process FSDP2 (gloo on cpu), on the same tiny model and
+the same global batch.
+
+Each configuration runs a warm-up step then ``--steps`` timed optimizer steps of a
+GRPO-shaped loss over the same global batch (FSDP: each rank takes half the rows).
+Tokens counted are the real (unpadded) tokens of the global batch. The one-process
+figure is measured with 1 thread and with as many threads as FSDP has processes, so
+the core count is matched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+
+import click
+
+
+def _batch(num_rows: int, seq_len: int, seed: int = 0):
+    import torch
+
+    from asyncflow.engines.base import TokenBatch
+
+    g = torch.Generator().manual_seed(seed)
+    ids_BT = torch.randint(6, 90, (num_rows, seq_len), generator=g)
+    lengths = torch.randint(seq_len // 2, seq_len + 1, (num_rows,), generator=g)
+    attn_BT = (torch.arange(seq_len).unsqueeze(0) < lengths.unsqueeze(1)).long()
+    resp_BT = attn_BT.float()
+    resp_BT[:, : seq_len // 4] = 0.0
+    adv_BT = torch.randn(num_rows, 1, generator=g) * resp_BT
+    return TokenBatch(input_ids=ids_BT, attention_mask=attn_BT, response_mask=resp_BT, advantages=adv_BT, rollout_logp=-2.0 * resp_BT)
+
+
+def _time_steps(engine, batch, steps: int) -> float:
+    from asyncflow.algorithms.grpo import PolicyLossConfig, policy_loss_fn
+
+    loss_fn = policy_loss_fn(PolicyLossConfig())
+    engine.train_step(batch, loss_fn)  # warm-up
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.train_step(batch, loss_fn)
+    return time.perf_counter() - start
+
+
+def _fsdp_worker(rank: int, world: int, port: int, model_dir: str, args: dict, out_path: str) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    from asyncflow.engines.config import TrainEngineConfig
+    from asyncflow.engines.device import init_process_group
+    from asyncflow.engines.factory import build_train_engine
+
+    init_process_group("cpu", rank, world, "127.0.0.1", port)
+    engine = build_train_engine(TrainEngineConfig(lr=1e-4, micro_batch_size=args["micro_batch_size"], fsdp=True), model_dir)
+    full = _batch(args["num_rows"], args["seq_len"])
+    shard = full.split(args["num_rows"] // world)[rank]
+    seconds = _time_steps(engine, shard, args["steps"])
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"seconds": seconds}, f)
+    torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@click.command("train")
+@click.option("--num-rows", default=32, show_default=True, help="Sequences per global batch.")
+@click.option("--seq-len", default=96, show_default=True)
+@click.option("--micro-batch-size", default=8, show_default=True)
+@click.option("--steps", default=5, show_default=True)
+@click.option("--hidden-size", default=128, show_default=True)
+@click.option("--num-layers", default=4, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Last line: one JSON object.")
+def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, as_json):
+    """Training tokens/s: one process vs two-process FSDP2."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from asyncflow.engines.config import TrainEngineConfig
+    from asyncflow.engines.factory import build_train_engine
+    from asyncflow.engines.tiny import make_tiny_model
+
+    world = 2
+    model_dir = str(make_tiny_model(
+        tempfile.mkdtemp(prefix="bench_train_"), seed=0, hidden_size=hidden_size, num_layers=num_layers,
+        num_heads=4, num_kv_heads=2, intermediate_size=3 * hidden_size,
+    ))
+    batch = _batch(num_rows, seq_len)
+    tokens = int(batch.attention_mask.sum()) * steps
+    figures = {}
+    for threads in (1, world):
+        torch.set_num_threads(threads)
+        engine = build_train_engine(TrainEngineConfig(lr=1e-4, micro_batch_size=micro_batch_size), model_dir)
+        seconds = _time_steps(engine, batch, steps)
+        figures[f"one_process_{threads}_threads_tokens_per_s"] = tokens / seconds
+        click.echo(f"one process, {threads} thread(s): {tokens / seconds:.0f} tokens/s ({seconds / steps * 1000:.0f} ms/step)")
+
+    out_path = os.path.join(tempfile.mkdtemp(prefix="bench_train_fsdp_"), "fsdp.json")
+    args = {"num_rows": num_rows, "seq_len": seq_len, "micro_batch_size": micro_batch_size, "steps": steps}
+    mp.spawn(_fsdp_worker, args=(world, _free_port(), model_dir, args, out_path), nprocs=world, join=True)
+    with open(out_path) as f:
+        seconds = json.load(f)["seconds"]
+    figures["fsdp2_tokens_per_s"] = tokens / seconds
+    click.echo(f"FSDP2, {world} processes x 1 thread (gloo): {tokens / seconds:.0f} tokens/s ({seconds / steps * 1000:.0f} ms/step)")
+    ratio = figures["fsdp2_tokens_per_s"] / figures[f"one_process_{world}_threads_tokens_per_s"]
+    click.echo(f"FSDP2 / one process at equal cores: {ratio:.2f} (model hidden {hidden_size} x {num_layers} layers, "
+               f"global batch {num_rows} x {seq_len})")
+    if as_json:
+        click.echo(json.dumps({
+            "tokens_per_s": round(figures[f"one_process_{world}_threads_tokens_per_s"], 1),
+            "one_process_1_thread_tokens_per_s": round(figures["one_process_1_threads_tokens_per_s"], 1),
+            "fsdp2_tokens_per_s": round(figures["fsdp2_tokens_per_s"], 1),
+            "fsdp2_processes": world,
+            "ratio_fsdp2_to_one_process": round(ratio, 3),
+        }))

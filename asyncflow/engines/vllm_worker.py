@@ -1,0 +1,24 @@
+"""A vLLM worker extension: methods vLLM mixes into each of its workers, reached from
+the driver with ``LLM.collective_rpc(name, args=...)``.
+
+Loaded by vLLM inside its worker processes (``worker_extension_cls=
+"asyncflow.engines.vllm_worker:WeightSyncExtension"``); imports nothing from
+asyncflow, so a worker needs only this file importable.
+
+Invariant: weights are loaded through the model's own ``load_weights`` (vLLM's
+loader maps Hugging Face names, fuses q/k/v and gate/up, and shards for tensor
+parallelism), so the names the training engine exports work unchanged.
+"""
+
+from __future__ import annotations
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class; ``self.model_runner`` is vLLM's."""
+
+    def asyncflow_load_weights(self, named_tensors: list) -> int:
+        """Load (name, tensor) pairs in place; returns how many were given."""
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        device = next(model.parameters()).device
+        model.load_weights(weights=((name, t.to(device, non_blocking=True)) for name, t in named_tensors))
+        return len(named_tensors)
