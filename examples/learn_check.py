@@ -11,12 +11,14 @@ Prints the reward of every step and the greedy accuracy on all 100 prompts befor
 and after; exits 1 unless the mean reward of the last 10% of steps is above the
 first 10%.
 
-    python examples/learn_check.py            # 400 steps, about 1-2 minutes
+    python examples/learn_check.py                 # 400 steps, about 1-2 minutes
+    python examples/learn_check.py --staleness 2   # train on samples 2 versions old
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import random
 import sys
 import tempfile
@@ -52,6 +54,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--std", type=int, default=1, help="0: do not divide advantages by the group std")
     ap.add_argument("--warm-start", default="task", choices=["task", "format"])
     ap.add_argument("--warm-steps", type=int, default=100)
+    ap.add_argument("--staleness", type=int, default=0, help="train on samples generated this many versions ago")
+    ap.add_argument("--tis-cap", type=float, default=2.0, help="truncated importance weight cap; 0 disables the correction")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     return ap.parse_args()
@@ -69,7 +73,7 @@ def main() -> int:
     tokenizer = load_tokenizer(model_dir)
     rollout = build_rollout_engine(RolloutEngineConfig(max_batch_size=256, seed=args.seed), model_dir)
     trainer = build_train_engine(TrainEngineConfig(lr=args.lr, micro_batch_size=128, grad_clip=1.0), model_dir)
-    loss_fn = policy_loss_fn(PolicyLossConfig())
+    loss_fn = policy_loss_fn(PolicyLossConfig(tis_cap=args.tis_cap))
     reward_fn = REWARDS[args.task]
     n = args.group_size
     params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=(tokenizer.eos_token_id,), n=n)
@@ -78,6 +82,7 @@ def main() -> int:
     print(f"setup {time.perf_counter() - t0:.1f}s; greedy accuracy before: {greedy_accuracy(rollout, tokenizer, eval_set):.2f}")
 
     mean_rewards = []
+    in_flight = collections.deque()  # batches generated, not yet trained on (staleness)
     t0 = time.perf_counter()
     for step in range(args.steps):
         batch = rng.sample(train_set, args.prompts_per_step)
@@ -98,11 +103,13 @@ def main() -> int:
             rollout_logprobs=[c.logprobs for c in completions],
             advantages_B=advantages_B,
         )
-        result = trainer.train_step(token_batch, loss_fn)
-        rollout.load_weights(trainer.export_weights(), version=trainer.version)
-
+        in_flight.append(token_batch)
         mean_rewards.append(sum(rewards) / len(rewards))
         exact = sum(r >= 0.9 for r in rewards) / len(rewards)
+        if len(in_flight) <= args.staleness:
+            continue  # the pipeline is filling: samples wait k versions before training
+        result = trainer.train_step(in_flight.popleft(), loss_fn)
+        rollout.load_weights(trainer.export_weights(), version=trainer.version)
         print(
             f"step {step:4d}  reward {mean_rewards[-1]:.3f}  exact {exact:.2f}  loss {result.loss:+.4f}  "
             f"grad_norm {result.grad_norm:.2f}  is_weight {result.metrics.get('is_weight', 1.0):.4f}  "
