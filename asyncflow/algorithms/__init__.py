@@ -1,1 +1,6 @@
-"""See ARCHITECTURE.md."""
+"""RL algorithms as pure functions on tensors: ``advantages`` (GRPO, GAE), ``kl``
+(k1/k2/k3), ``losses`` (clipped policy and value losses, aggregation, truncated
+importance weights), ``grpo`` / ``ppo`` (loss assembly for a training engine),
+``rewards`` (rule-based and custom by dotted path), ``tasks`` (the tiny verifiable
+task). Nothing is imported at package level.
+"""

@@ -143,6 +143,8 @@ class NativeRolloutEngine(RolloutEngine):
             for s in range(params.n):
                 waiting.append(_Seq(p, s, list(prompt)))
 
+        if not waiting:
+            return []
         max_rows = self.cfg.max_batch_size
         width = self.pool.blocks_for(max(len(q.prompt) for q in waiting) + params.max_new_tokens) * self.pool.block_tokens
         slot_table_RK = torch.zeros((max_rows, width), dtype=torch.long, device=self.device)

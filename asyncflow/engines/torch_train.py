@@ -165,8 +165,9 @@ class TorchTrainEngine(TrainEngine):
         total_loss = 0.0
         metrics: dict[str, float] = {}
         for mb in mbs:
-            out = self._run(mb.to(self.device), temperature, with_entropy=True)
-            loss, mb_metrics = loss_fn(out, mb.to(self.device), ctx)
+            mb = mb.to(self.device)
+            out = self._run(mb, temperature, with_entropy=True)
+            loss, mb_metrics = loss_fn(out, mb, ctx)
             loss.backward()
             total_loss += float(loss.detach())
             for k, v in mb_metrics.items():

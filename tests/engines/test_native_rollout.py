@@ -127,3 +127,7 @@ def test_loading_an_unknown_weight_name_says_what_is_wrong(qwen2_dir):
     rollout = engine(qwen2_dir)
     with pytest.raises(KeyError, match="same model_dir"):
         rollout.load_weights([("model.layers.9.mlp.up_proj.weight", torch.zeros(1))], version=1)
+
+
+def test_an_empty_prompt_list_generates_nothing(qwen2_dir):
+    assert engine(qwen2_dir).generate([], SamplingParams()) == []
