@@ -32,3 +32,17 @@ def kl_per_token(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, estimator: KL
     if estimator == "k3":
         return torch.expm1(log_r_BT) - log_r_BT
     raise ValueError(f"unknown KL estimator {estimator!r}; use 'k1', 'k2' or 'k3'")
+
+
+def kl_penalized_rewards(
+    rewards_B: torch.Tensor,
+    logp_BT: torch.Tensor,
+    ref_logp_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    coef: float,
+    estimator: KLEstimator = "k1",
+) -> torch.Tensor:
+    """KL in the reward for sequence-level algorithms (GRPO):
+    r_b - coef * sum_t KL_t over the response tokens of b, before group normalisation."""
+    kl_BT = kl_per_token(logp_BT, ref_logp_BT, estimator) * mask_BT.float()
+    return rewards_B.float() - coef * kl_BT.sum(dim=1)

@@ -30,3 +30,12 @@ def test_k3_stays_finite_for_wild_log_ratios_thanks_to_the_clamp():
 def test_unknown_estimator_names_the_choices():
     with pytest.raises(ValueError, match="'k1', 'k2' or 'k3'"):
         kl_per_token(LOGP, REF, "k4")
+
+
+def test_kl_in_the_reward_subtracts_the_summed_response_kl():
+    from asyncflow.algorithms.kl import kl_penalized_rewards
+
+    logp = torch.log(torch.tensor([[1.0, 0.5, 0.5]]))
+    ref = torch.log(torch.tensor([[0.1, 0.25, 0.5]]))  # the prompt token (mask 0) must not count
+    out = kl_penalized_rewards(torch.tensor([1.0]), logp, ref, torch.tensor([[0.0, 1.0, 1.0]]), coef=0.1, estimator="k1")
+    assert out.tolist() == pytest.approx([1.0 - 0.1 * math.log(2)])
