@@ -192,47 +192,68 @@ class TQClient:
                 raise ValueError(f"column {name!r} has {len(cells)} entries for {len(indices)} rows: give one per row")
         if metas is not None and len(metas) != len(indices):
             raise ValueError(f"{len(metas)} metas for {len(indices)} rows: give one per row or none")
-        wire = {name: [_to_wire(c) for c in cells] for name, cells in columns.items()}
+        by_shard = self._by_shard(indices)
 
         def put_one(item):
             k, positions = item
-            rows = [indices[p] for p in positions]
-            cols = {name: [cells[p] for p in positions] for name, cells in wire.items()}
-            row_metas = [metas[p] for p in positions] if metas is not None else []
-            num_bytes = sum(tensors.nbytes(t) for cells in cols.values() for t in cells)
-            if self.use_shm and num_bytes >= self.shm_min_bytes:
-                msg = self._shm_put(self._shards[k], rows, cols, row_metas)
+            if len(by_shard) == 1:
+                rows, cols, row_metas = indices, columns, list(metas or ())
             else:
-                msg = protocol.PutRows(indices=rows, columns=cols, metas=row_metas)
+                rows = [indices[p] for p in positions]
+                cols = {name: [cells[p] for p in positions] for name, cells in columns.items()}
+                row_metas = [metas[p] for p in positions] if metas is not None else []
+            arrays = {name: [_as_array(c) for c in cells] for name, cells in cols.items()}
+            num_bytes = sum(a.nbytes for cells in arrays.values() for _, a in cells)
+            if self.use_shm and num_bytes >= self.shm_min_bytes:
+                msg = self._shm_put(self._shards[k], rows, arrays, row_metas)
+            else:
+                wire = {
+                    name: [protocol.Tensor(dtype=d, shape=a.shape, data=memoryview(a).cast("B") if a.size else b"")
+                           for d, a in cells]
+                    for name, cells in arrays.items()
+                }
+                msg = protocol.PutRows(indices=rows, columns=wire, metas=row_metas)
             self._shards[k].ask(msg, timeout_s=self.timeout_s)
 
-        self._each(put_one, list(self._by_shard(indices).items()))
+        self._each(put_one, list(by_shard.items()))
 
-    def _shm_put(self, shard, rows: list[int], cols: dict[str, list[protocol.Tensor]], metas: list) -> protocol.PutRowsShm:
-        """Reserve an extent in the shard's arena, write the cells into it; the message
-        tells the shard where they are."""
-        layout: dict[str, list[int]] = {}
+    def _shm_put(self, shard, rows: list[int], arrays: dict[str, list[tuple[str, np.ndarray]]], metas: list) -> protocol.PutRowsShm:
+        """Reserve an extent in the shard's arena and write the rows into it (one copy);
+        the message tells the shard where they are."""
+        layout: dict[str, tuple[int, list[int], bool]] = {}  # name -> (start, offsets, as one block)
         pos = 0
-        for name, cells in cols.items():
-            kinds = {t.dtype for t in cells}
+        for name, cells in arrays.items():
+            kinds = {d for d, _ in cells}
             if len(kinds) != 1:
                 raise ValueError(f"column {name!r} mixes dtypes {sorted(kinds)} across rows; use one dtype per column")
-            offs = layout[name] = []
-            for t in cells:
-                offs.append(pos)
-                pos += shm.align(tensors.nbytes(t))
+            shape, size = cells[0][1].shape, cells[0][1].nbytes
+            if size % shm.ALIGN_BYTES == 0 and all(a.shape == shape for _, a in cells):
+                layout[name] = (pos, [pos + k * size for k in range(len(cells))], True)
+                pos += size * len(cells)
+            else:
+                offs = []
+                for _, a in cells:
+                    offs.append(pos)
+                    pos += shm.align(a.nbytes)
+                layout[name] = (pos, offs, False)
         got = shard.ask(protocol.ReserveShm(num_bytes=pos), timeout_s=self.timeout_s)
         arena = shm.MAPPINGS.get(got.segment)
         base = got.offset
         columns = {}
-        for name, cells in cols.items():
-            offsets = [base + off for off in layout[name]]
-            for off, t in zip(offsets, cells):
-                size = tensors.nbytes(t)
-                if size:
-                    arena[off : off + size] = np.frombuffer(t.data, dtype=np.uint8)
+        for name, cells in arrays.items():
+            start, offsets, block = layout[name]
+            first = cells[0][1]
+            if block and first.size:
+                n = first.nbytes * len(cells)
+                dst = arena[base + start : base + start + n].view(first.dtype).reshape((len(cells),) + first.shape)
+                np.stack([a for _, a in cells], out=dst)
+            else:
+                for off, (_, a) in zip(offsets, cells):
+                    if a.size:
+                        arena[base + off : base + off + a.nbytes] = a.reshape(-1).view(np.uint8)
             columns[name] = protocol.ShmColumn(
-                dtype=cells[0].dtype, shapes=[tuple(t.shape) for t in cells], segments=[0] * len(cells), offsets=offsets
+                dtype=cells[0][0], shapes=[a.shape for _, a in cells], segments=[0] * len(cells),
+                offsets=[base + off for off in offsets],
             )
         return protocol.PutRowsShm(
             indices=rows, segment=got.segment, extent_offset=base, extent_bytes=pos, columns=columns, metas=metas
@@ -313,6 +334,15 @@ class TQClient:
                 arenas = [shm.MAPPINGS.get(seg) for seg in rows.shm_segments]
                 for name, sc in rows.shm_columns.items():
                     dtype, col = _np_dtype(sc.dtype), out[name]
+                    block = _as_block(arenas, sc, dtype)
+                    if block is not None:  # rows of one shape, back to back: one view, one copy
+                        if zero_copy:
+                            block.flags.writeable = False
+                        else:
+                            block = block.copy()
+                        for p, row in zip(positions, block):
+                            col[p] = row
+                        continue
                     for p, shape, seg, off in zip(positions, sc.shapes, sc.segments, sc.offsets):
                         count = 1
                         for dim in shape:
@@ -369,17 +399,35 @@ _TORCH_ONLY = {"bfloat16": np.int16, "float8_e4m3fn": np.uint8, "float8_e5m2": n
 _DTYPE_NAMES: dict[np.dtype, str] = {}
 
 
-def _to_wire(array) -> protocol.Tensor:
-    """``tensors.to_wire`` with a fast path for C-contiguous numpy arrays (dtype names
-    cached: numpy computes ``dtype.name`` slowly)."""
-    if type(array) is np.ndarray and array.flags.c_contiguous:
-        name = _DTYPE_NAMES.get(array.dtype)
+def _as_array(obj) -> tuple[str, np.ndarray]:
+    """(dtype name, C-contiguous numpy array) of a numpy array or torch tensor; torch
+    dtypes without a numpy twin (bfloat16...) come as same-width integers."""
+    if type(obj) is np.ndarray:
+        arr = obj if obj.flags.c_contiguous else np.ascontiguousarray(obj)
+        name = _DTYPE_NAMES.get(arr.dtype)
         if name is None:
-            name = _DTYPE_NAMES[array.dtype] = array.dtype.name
-        data = memoryview(array).cast("B") if array.size else b""
-        return protocol.Tensor(dtype=name, shape=array.shape, data=data)
-    return tensors.to_wire(array)
+            name = _DTYPE_NAMES[arr.dtype] = arr.dtype.name
+        return name, arr
+    t = tensors.to_wire(obj)
+    return t.dtype, np.frombuffer(t.data, dtype=_np_dtype(t.dtype)).reshape(t.shape)
 
 
 def _np_dtype(name: str) -> np.dtype:
     return np.dtype(_TORCH_ONLY.get(name, name))
+
+
+def _as_block(arenas: list[np.ndarray], sc: protocol.ShmColumn, dtype: np.dtype) -> np.ndarray | None:
+    """The column as one [rows, *shape] view when its rows lie back to back in one
+    arena with one shape; else None."""
+    shape = sc.shapes[0]
+    if any(s != shape for s in sc.shapes) or any(seg != sc.segments[0] for seg in sc.segments):
+        return None
+    count = 1
+    for dim in shape:
+        count *= dim
+    size = count * dtype.itemsize
+    start = sc.offsets[0]
+    if size == 0 or sc.offsets != list(range(start, start + size * len(sc.offsets), size)):
+        return None
+    arena = arenas[sc.segments[0]]
+    return arena[start : start + size * len(sc.offsets)].view(dtype).reshape((len(sc.offsets),) + tuple(shape))
