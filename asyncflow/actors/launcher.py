@@ -228,15 +228,26 @@ class Launcher:
         lines = [f"no trainer step completed in {waited_s:.0f} s; what every role is doing:"]
         stats = self.role_stats()
         last_spans, now = self.collector_proxy.last_span.get(), time.time()
+        suspects = []  # (seconds without a finished span, role, what it is doing): roles busy, not waiting
         for name in self.workers:
             span = last_spans.get(name)
-            last = f"last span {span[0]!r} ended {now - span[1]:.1f} s ago" if span else "no span received"
+            age = now - span[1] if span else waited_s
+            last = f"last span {span[0]!r} ended {age:.1f} s ago" if span else "no span received"
             s = stats.get(name)
             if s is None:
-                lines.append(f"  {name:<14} NO ANSWER to GetRoleStats: stuck inside a unit of work ({last})")
+                lines.append(f"  {name:<14} NO ANSWER to GetRoleStats ({last})")
+                suspects.append((age, name, "not answering"))
             else:
                 lines.append(f"  {name:<14} pid {s.pid:<7} state {s.state:<14} version {s.version:<4} "
                              f"items {s.num_items:<6} {last}")
+                if not s.state.startswith("wait_") and s.state not in ("idle", "done", "paused"):
+                    suspects.append((age, name, f"in {s.state!r}"))
+        if suspects:
+            age, name, doing = max(suspects)
+            lines.append(f"  most likely stalled: {name} ({doing}, no span finished for {age:.1f} s); "
+                         f"its stack is below")
+        else:
+            lines.append("  every role is waiting: the task states below show which rows are missing")
         try:
             tq = TQClient(self.dc, consumer="driver")
             status = tq.status()
@@ -248,11 +259,16 @@ class Launcher:
                              f"{t.num_waiting} GetBatch waiting")
         except AsyncflowError as exc:
             lines.append(f"  queue: no answer ({exc})")
-        for host, proc in self.hosts.items():
-            if proc.alive():
-                os.kill(proc.pid, signal.SIGUSR1)  # each host dumps its Python stacks to stderr
         lines.append("  (Python stacks of every process follow on stderr)")
         return "\n".join(lines)
+
+    def dump_stacks(self) -> None:
+        """Each host prints its Python stacks to stderr (SIGUSR1), one after the other under a header."""
+        for host, proc in self.hosts.items():
+            if proc.alive():
+                print(f"--- Python stacks of process {host} (pid {proc.pid}) ---", file=sys.stderr, flush=True)
+                os.kill(proc.pid, signal.SIGUSR1)
+                time.sleep(0.2)  # let its dump finish before the next one starts
 
     def wait(self) -> protocol.RunFinished:
         collector = self.collector_proxy
@@ -273,6 +289,7 @@ class Launcher:
             since = now - max(collector.last_step_at.get(), last_hang)
             if since > self.cfg.logging.hang_timeout_s:
                 click.echo(self.hang_report(since), err=True)
+                self.dump_stacks()
                 last_hang = now
         return collector.result.get()
 
