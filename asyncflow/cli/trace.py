@@ -12,7 +12,7 @@ import click
 
 WAIT_COLOUR = "#d9d9d9"
 COLOURS = {  # busy activities; any other name takes the next colour of the cycle
-    "generate": "#1f77b4", "train": "#d62728", "score": "#2ca02c", "ref_logp": "#9467bd", "logp": "#9467bd",
+    "generate": "#1f77b4", "train": "#d62728", "score": "#2ca02c", "forward": "#9467bd",
     "sync_weights": "#8c564b", "swap_weights": "#e377c2", "put": "#17becf", "load": "#bcbd22",
     "checkpoint": "#444444",
 }
