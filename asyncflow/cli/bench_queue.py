@@ -2,14 +2,18 @@
 
 The queue's controller (with the manager) runs in one process host, each shard in
 its own; a producer process and a consumer process talk to them through TQClient.
-Each round, in lockstep: the producer allocates B rows and puts two columns
-(``input_ids`` int64 [L], ``old_logp`` float32 [L]); the consumer gets them as task
-``train`` (metadata from the controller, columns straight from the shards) and
-checks them; it acks them inside its next request (as a streaming consumer does),
-which frees them. Figures:
+Each round the producer allocates B rows and puts two columns (``input_ids`` int64
+[L], ``old_logp`` float32 [L]); the consumer gets them as task ``train`` (metadata
+from the controller, columns straight from the shards, copied out unless
+``--zero-copy``) and checks them; it acks them inside its next request (as a
+streaming consumer does), which frees them. First ``--rounds`` rounds in lockstep
+(one round in flight), then ``--rounds`` rounds streaming (the producer runs ahead,
+held back only by the queue's capacity of ``--window`` rounds). Figures:
 
-- ``round_trip_ms``: median of (producer starts allocating -> consumer holds the data);
-- ``samples_per_s``, ``gbps``: rows, and bytes put plus bytes read, over wall time;
+- ``round_trip_ms``: median over lockstep rounds of (producer starts allocating ->
+  consumer holds the data);
+- ``samples_per_s``, ``gbps``: rows, and bytes put plus bytes read, over the wall time
+  of the streaming rounds (``lockstep_gbps``: the same over the lockstep rounds);
 - ``shard_mem_ratio``: the shards' peak resident memory above their idle baseline,
   plus the shared-memory segments they owned at peak, over the peak bytes of rows
   held (the interpreter's own ~50 MB is not counted against the rows).
@@ -35,7 +39,7 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _producer(directory: str, samples: int, seq_len: int, num_rounds: int, use_shm: bool, done, out) -> None:
+def _producer(directory: str, samples: int, seq_len: int, lockstep: int, streamed: int, use_shm: bool, done, out) -> None:
     import numpy as np
 
     from asyncflow.core.tq.client import TQClient
@@ -44,38 +48,51 @@ def _producer(directory: str, samples: int, seq_len: int, num_rounds: int, use_s
     rng = np.random.default_rng(0)
     ids = [rng.integers(0, 32000, seq_len, dtype=np.int64) for _ in range(samples)]
     logp = [rng.standard_normal(seq_len, dtype=np.float32) for _ in range(samples)]
-    times = []
-    for r in range(num_rounds):
-        t0 = time.monotonic()
+
+    def put_round(r: int) -> None:
         metas = tq.allocate(samples, step=r)
         for m in metas:
             m.response_len = seq_len
         tq.put([m.index for m in metas], {"input_ids": ids, "old_logp": logp}, metas)
+
+    times = []
+    for r in range(lockstep):  # one round in flight: latency
+        t0 = time.monotonic()
+        put_round(r)
         r_done, t_end = done.recv()
         assert r_done == r
         times.append((t0, t_end))
+    t_stream = time.monotonic()
+    for r in range(lockstep, lockstep + streamed):  # free-running, held back only by capacity
+        put_round(r)
+    r_done, t_end = done.recv()
+    assert r_done == lockstep + streamed - 1
     tq.close()
-    out.send(times)
+    out.send((times, t_stream, t_end))
 
 
-def _consumer(directory: str, samples: int, seq_len: int, num_rounds: int, use_shm: bool, done) -> None:
+def _consumer(directory: str, samples: int, seq_len: int, lockstep: int, streamed: int, use_shm: bool, zero_copy: bool, done) -> None:
     from asyncflow.core.tq.client import TQClient
 
     tq = TQClient(directory, use_shm=use_shm)
     batch = None
-    for r in range(num_rounds):
+    for r in range(lockstep + streamed):
         # the previous batch is acked inside this request (one round trip less)
-        batch = tq.get_batch("train", COLUMNS, samples, timeout_s=60, ack=batch)
+        batch = tq.get_batch("train", COLUMNS, samples, timeout_s=60, ack=batch, zero_copy=zero_copy)
         ids, logp = batch.columns["input_ids"], batch.columns["old_logp"]
         assert len(ids) == samples and ids[0].shape == (seq_len,) and logp[-1].dtype.name == "float32"
         assert all(m.step == r for m in batch.metas)
         del ids, logp
-        done.send((r, time.monotonic()))
+        if r < lockstep or r == lockstep + streamed - 1:
+            done.send((r, time.monotonic()))
     tq.ack(batch)
     tq.close()
 
 
-def run_queue_bench(samples: int, seq_len: int, rounds: int, shards: int, warmup: int, use_shm: bool) -> dict:
+def run_queue_bench(
+    samples: int, seq_len: int, rounds: int, shards: int, warmup: int, use_shm: bool, zero_copy: bool = False,
+    window_rounds: int = 4,
+) -> dict:
     from asyncflow.core.directory import DirectoryClient, start_directory
     from asyncflow.core.tq.client import TQClient
     from asyncflow.core.tq.launch import spawn_queue
@@ -87,7 +104,8 @@ def run_queue_bench(samples: int, seq_len: int, rounds: int, shards: int, warmup
     queue_procs = None
     procs = []
     try:
-        queue_procs = spawn_queue(dc, transport, ["train"], num_shards=shards, capacity_rows=max(1024, 4 * samples))
+        capacity_rows = max(1024, window_rounds * samples)  # how far the streaming producer may run ahead
+        queue_procs = spawn_queue(dc, transport, ["train"], num_shards=shards, capacity_rows=capacity_rows)
         driver = TQClient(dc, use_shm=use_shm)
         baseline = {s.name: s.rss_bytes for s in driver.shard_stats()}
         pids = [h.pid for h in queue_procs.hosts]
@@ -95,15 +113,20 @@ def run_queue_bench(samples: int, seq_len: int, rounds: int, shards: int, warmup
         ctx = mp.get_context("spawn")
         done_recv, done_send = ctx.Pipe(duplex=False)
         out_recv, out_send = ctx.Pipe(duplex=False)
-        total = warmup + rounds
-        consumer = ctx.Process(target=_consumer, args=(directory.address, samples, seq_len, total, use_shm, done_send))
-        producer = ctx.Process(target=_producer, args=(directory.address, samples, seq_len, total, use_shm, done_recv, out_send))
+        lockstep = warmup + rounds
+        consumer = ctx.Process(
+            target=_consumer, args=(directory.address, samples, seq_len, lockstep, rounds, use_shm, zero_copy, done_send)
+        )
+        producer = ctx.Process(
+            target=_producer, args=(directory.address, samples, seq_len, lockstep, rounds, use_shm, done_recv, out_send)
+        )
         procs = [consumer, producer]
         for p in procs:
             p.start()
         if not out_recv.poll(600):
             raise TimeoutError("the bench's producer reported nothing within 600 s")
-        times = out_recv.recv()[warmup:]
+        times, t_stream, t_stream_end = out_recv.recv()
+        times = times[warmup:]
         queue_cpu_s = sum(_cpu_s(pid) for pid in pids) - cpu0
         for p in procs:
             p.join(30)
@@ -119,7 +142,8 @@ def run_queue_bench(samples: int, seq_len: int, rounds: int, shards: int, warmup
             queue_procs.stop()
         directory.stop()
     round_trips = [end - start for start, end in times]
-    wall_s = times[-1][1] - times[0][0]
+    lockstep_s = times[-1][1] - times[0][0]
+    wall_s = t_stream_end - t_stream
     row_bytes = seq_len * (8 + 4)
     moved_bytes = 2 * rounds * samples * row_bytes  # put + read
     growth = sum(max(0, s.peak_rss_bytes - baseline[s.name]) + s.peak_shm_bytes for s in stats)
@@ -137,7 +161,9 @@ def run_queue_bench(samples: int, seq_len: int, rounds: int, shards: int, warmup
         "shard_mem_ratio": round(growth / peak_held, 3) if peak_held else None,
         "shard_peak_rss_mb": round(max(s.peak_rss_bytes for s in stats) / 2**20, 1),
         "shard_peak_held_mb": round(peak_held / 2**20, 2),
-        "queue_cpu_ms_per_round": round(queue_cpu_s / (warmup + rounds) * 1e3, 3),  # controller + shards
+        "lockstep_gbps": round(moved_bytes / lockstep_s / 1e9, 3),
+        "zero_copy": zero_copy,
+        "queue_cpu_ms_per_round": round(queue_cpu_s / (warmup + 2 * rounds) * 1e3, 3),  # controller + shards
         "load_avg_1m": os.getloadavg()[0],
     }
 
@@ -150,10 +176,14 @@ def run_queue_bench(samples: int, seq_len: int, rounds: int, shards: int, warmup
 @click.option("--warmup", default=5, show_default=True, help="Rounds run before measuring.")
 @click.option("--shm/--no-shm", "use_shm", default=True, show_default=True,
               help="Same-host shared-memory data path for puts of 1 MB or more.")
+@click.option("--zero-copy", is_flag=True, help="Read shared-memory rows as views (valid until acked), not copies.")
+@click.option("--window", "window_rounds", default=4, show_default=True,
+              help="Queue capacity in rounds (at least 1024 rows): how far the streaming producer may run ahead.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def queue(samples: int, seq_len: int, rounds: int, shards: int, warmup: int, use_shm: bool, as_json: bool) -> None:
+def queue(samples: int, seq_len: int, rounds: int, shards: int, warmup: int, use_shm: bool, zero_copy: bool,
+          window_rounds: int, as_json: bool) -> None:
     """TransferQueue round trip and bandwidth, producer and consumer in their own processes."""
-    result = run_queue_bench(samples, seq_len, rounds, shards, warmup, use_shm)
+    result = run_queue_bench(samples, seq_len, rounds, shards, warmup, use_shm, zero_copy, window_rounds)
     for key, value in result.items():
         click.echo(f"{key:>20}  {value}")
     if as_json:

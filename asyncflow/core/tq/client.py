@@ -163,24 +163,27 @@ class TQClient:
         is full (raises QueueFull after ``timeout_s``). Returns one RowMeta per row
         (index, group id and size, step): fill in version/lengths and pass to put."""
         spare = self._spare.setdefault(group_size, deque())
-        if len(spare) >= num_groups:
-            metas = [m for _ in range(num_groups) for m in spare.popleft()]
-            for m in metas:
-                m.step = step
-            return metas
-        extra_groups = max(0, self.reserve_rows // group_size - len(spare))
+        taken = [m for _ in range(min(num_groups, len(spare))) for m in spare.popleft()]
+        for m in taken:
+            m.step = step
+        if len(taken) == num_groups * group_size:
+            return taken
+        extra_groups = self.reserve_rows // group_size
         msg = protocol.Allocate(
-            num_groups=num_groups, group_size=group_size, step=step, timeout_s=timeout_s, extra_groups=extra_groups
+            num_groups=num_groups - len(taken) // group_size, group_size=group_size, step=step,
+            timeout_s=timeout_s, extra_groups=extra_groups,
         )
         try:
             reply = self._manager.ask(msg, timeout_s=timeout_s + self.timeout_s)
-        except RemoteError as exc:
-            if exc.detail.startswith("TimeoutError"):
+        except BaseException as exc:
+            for k in range(len(taken) - group_size, -1, -group_size):  # keep the reserved groups
+                spare.appendleft(taken[k : k + group_size])
+            if isinstance(exc, RemoteError) and exc.detail.startswith("TimeoutError"):
                 raise QueueFull(exc.detail.removeprefix("TimeoutError: ")) from None
             raise
         for k in range(0, len(reply.extra), group_size):
             spare.append(reply.extra[k : k + group_size])
-        return reply.metas
+        return taken + reply.metas
 
     def put(self, indices: Sequence[int], columns: dict[str, Sequence[Any]], metas: Sequence[protocol.RowMeta] | None = None) -> None:
         """Write ``columns[name][k]`` (numpy array or torch tensor) as column ``name`` of
