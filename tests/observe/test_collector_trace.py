@@ -1,0 +1,97 @@
+"""The collector's trace and loggers, fed messages directly (no processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from asyncflow.actors.collector import CollectorActor
+from asyncflow.actors.loggers import build_loggers
+from asyncflow.cli._runs import timeline, validate_trace
+from asyncflow.core import protocol
+from asyncflow.core.actor import ActorContext
+from asyncflow.core.config import LoggingConfig
+from asyncflow.core.transport import TransportConfig
+
+
+class ListLogger:
+    def __init__(self):
+        self.logged = []
+
+    def log(self, step, values):
+        self.logged.append((step, values))
+
+
+def _collector(tmp_path, loggers=()):
+    ctx = ActorContext("collector", TransportConfig(scheme="inproc"))
+    return CollectorActor(ctx, run_dir=str(tmp_path), num_steps=2, progress=False, loggers=list(loggers))
+
+
+def _spans(role, pid, spans, final_version):
+    """spans: (name, start s, duration s, version when it began)."""
+    return protocol.Spans(role=role, pid=pid, names=[s[0] for s in spans], starts_s=[s[1] for s in spans],
+                          durations_s=[s[2] for s in spans], versions=[s[3] for s in spans],
+                          counters={"version": final_version})
+
+
+def _step(step, staleness):
+    return protocol.StepMetrics(step=step, values={"step": step, "reward_mean": 0.5, "samples": 4, "total_samples": 4,
+                                                   "total_tokens": 40, "time_s": 1.0 + step, "staleness_max": staleness,
+                                                   "staleness_mean": staleness, "response_len_mean": 3.0})
+
+
+def test_weight_sync_flows_link_the_publishing_train_step_to_each_replica_that_loads_it(tmp_path):
+    c = _collector(tmp_path)
+    c.handle(_spans("trainer", 11, [("wait_data", 100.0, 1.0, 0), ("train", 101.0, 0.5, 0),
+                                    ("sync_weights", 101.5, 0.1, 0), ("wait_data", 101.6, 1.0, 1)], 1), None)
+    c.handle(_spans("rollout.0", 12, [("generate", 100.0, 1.0, 0), ("wait_swap", 101.7, 0.1, 0),
+                                      ("swap_weights", 101.8, 0.2, 0)], 1), None)
+    c.handle(_spans("rollout.1", 13, [("generate", 100.0, 2.0, 0), ("swap_weights", 102.0, 0.2, 0)], 1), None)
+    path = tmp_path / "trace.json"
+    c.write_trace(str(path))
+    trace = json.loads(path.read_text())
+    assert validate_trace(trace, max_run_s=10.0) == []
+    events = trace["traceEvents"]
+    starts = [e for e in events if e["ph"] == "s"]
+    ends = [e for e in events if e["ph"] == "f"]
+    assert len(starts) == len(ends) == 2 and {e["name"] for e in starts} == {"weights v1"}
+    assert all(e["ts"] == pytest.approx(101.5e6) for e in starts)
+    assert sorted(e["ts"] for e in ends) == pytest.approx([101.8e6, 102.0e6])
+    versions = [(e["pid"], e["args"]["version"]) for e in events if e["ph"] == "C" and e["name"] == "policy version"]
+    assert versions.count((1, 1)) == 1 and versions.count((2, 1)) == 1  # one sample per change, not per span
+    assert list(timeline(trace).tracks) == ["rollout.0", "rollout.1", "trainer"]
+
+
+def test_every_step_reaches_the_loggers_and_the_staleness_counter(tmp_path):
+    logger = ListLogger()
+    c = _collector(tmp_path, [logger])
+    c.busy = {"trainer": 0.5}
+    for step in range(2):
+        c.handle(_step(step, staleness=step), None)
+    assert [s for s, _ in logger.logged] == [0, 1] and logger.logged[1][1]["busy/trainer"] == 0.5
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(l)["staleness_max"] for l in lines] == [0, 1]
+    assert [e["args"]["max"] for e in c.trace_events if e["name"] == "staleness"] == [0, 1]
+
+
+def test_no_logger_is_built_unless_asked():
+    assert build_loggers(LoggingConfig(), "/nonexistent") == []
+
+
+def test_the_tensorboard_logger_writes_event_files(tmp_path):
+    pytest.importorskip("tensorboard")
+    (logger,) = build_loggers(LoggingConfig(tensorboard=True), tmp_path)
+    logger.log(0, {"reward_mean": 0.25, "busy/trainer": 0.5})
+    logger.close()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_wandb_without_the_package_says_how_to_install_it(tmp_path):
+    try:
+        import wandb  # noqa: F401
+        pytest.skip("wandb is installed")
+    except ImportError:
+        pass
+    with pytest.raises(RuntimeError, match=r"pip install 'asyncflow\[wandb\]'"):
+        build_loggers(LoggingConfig(wandb_project="p"), tmp_path)
