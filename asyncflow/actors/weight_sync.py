@@ -63,7 +63,8 @@ class WeightSyncActor(Actor):
         ready = protocol.WeightsReady(version=version, num_chunks=len(chunks), num_bytes=num_bytes)
         for name in self.replicas:
             try:
-                self.ctx.ref(name, wait_s=1.0).tell(ready)
+                # fresh lookup: a restarted replica has a new address
+                self.ctx.directory.ref(name, wait_s=1.0, refresh=True).tell(ready, timeout_s=2.0)
             except (AsyncflowError, LookupError) as exc:  # a dead replica fetches the latest when restarted
                 log.warning("could not tell %s about weights v%d: %s", name, version, exc)
         return num_bytes

@@ -64,5 +64,6 @@ def close_quietly(ctx: pynng.Context) -> None:
     """Close a context whose socket may already be closed (no noise at GC time)."""
     try:
         ctx.close()
-    except pynng.Closed:
-        ctx._context = None
+    except (pynng.Closed, TypeError):  # TypeError: pynng's close raced with another closer
+        pass
+    ctx._context = None

@@ -129,7 +129,7 @@ class HostProcess:
         return self.proc.pid
 
     def start(self, specs: list[protocol.ActorSpec], timeout_s: float = 120.0) -> list[protocol.ActorEntry]:
-        ref = self._directory.ref(self.actor_name, wait_s=timeout_s)
+        ref = self._directory.ref(self.actor_name, wait_s=timeout_s, refresh=True)
         return ref.ask(protocol.StartActors(specs=specs), timeout_s=timeout_s).entries
 
     def alive(self) -> bool:
@@ -167,6 +167,7 @@ def spawn_host(
     child_env = dict(os.environ)
     child_env.update(env or {})
     child_env[TRANSPORT_ENV] = transport.to_env()
+    directory.unregister(f"host.{name}")  # a host restarted under the same name must not be confused with the dead one
     cmd = [sys.executable, "-m", "asyncflow.core.host", "--name", name, "--directory", directory.address]
     proc = subprocess.Popen(cmd, env=child_env, preexec_fn=_die_with_parent)
     host = HostProcess(name, proc, directory)

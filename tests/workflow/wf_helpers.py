@@ -58,18 +58,19 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
 
 
-def host_pids(marker: str) -> dict[str, int]:
-    """Process hosts whose command line contains ``marker`` -> {host name: pid}."""
+def child_hosts(parent_pid: int) -> dict[str, int]:
+    """The process hosts started by ``parent_pid`` (a driver) -> {host name: pid}."""
     out = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
         args = [a.decode(errors="replace") for a in argv if a]
-        if "asyncflow.core.host" in args and any(marker in a for a in args):
+        if ppid == parent_pid and "asyncflow.core.host" in args:
             out[args[args.index("--name") + 1]] = int(entry.name)
     return out
 
