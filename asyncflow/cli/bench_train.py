@@ -4,9 +4,10 @@ the same global batch.
 
 Each configuration runs a warm-up step then ``--steps`` timed optimizer steps of a
 GRPO-shaped loss over the same global batch (FSDP: each rank takes half the rows).
-Tokens counted are the real (unpadded) tokens of the global batch. The one-process
-figure is measured with 1 thread and with as many threads as FSDP has processes, so
-the core count is matched.
+Tokens counted are the real (unpadded) tokens of the global batch. One process runs
+with ``--threads`` intra-op threads, each FSDP rank with one. The load average is
+printed with the figures: on a shared 2-core machine, more busy threads than cores
+(other jobs, or 2 threads beside them) slows OpenMP badly, and the figures show it.
 """
 
 from __future__ import annotations
@@ -78,8 +79,9 @@ def _free_port() -> int:
 @click.option("--steps", default=5, show_default=True)
 @click.option("--hidden-size", default=128, show_default=True)
 @click.option("--num-layers", default=4, show_default=True)
+@click.option("--threads", default=1, show_default=True, help="Intra-op threads of the one-process run.")
 @click.option("--json", "as_json", is_flag=True, help="Last line: one JSON object.")
-def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, as_json):
+def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, threads, as_json):
     """Training tokens/s: one process vs two-process FSDP2."""
     import torch
     import torch.multiprocessing as mp
@@ -96,12 +98,11 @@ def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, a
     batch = _batch(num_rows, seq_len)
     tokens = int(batch.attention_mask.sum()) * steps
     figures = {}
-    for threads in (1, world):
-        torch.set_num_threads(threads)
-        engine = build_train_engine(TrainEngineConfig(lr=1e-4, micro_batch_size=micro_batch_size), model_dir)
-        seconds = _time_steps(engine, batch, steps)
-        figures[f"one_process_{threads}_threads_tokens_per_s"] = tokens / seconds
-        click.echo(f"one process, {threads} thread(s): {tokens / seconds:.0f} tokens/s ({seconds / steps * 1000:.0f} ms/step)")
+    torch.set_num_threads(threads)
+    engine = build_train_engine(TrainEngineConfig(lr=1e-4, micro_batch_size=micro_batch_size), model_dir)
+    seconds = _time_steps(engine, batch, steps)
+    figures["one_process_tokens_per_s"] = tokens / seconds
+    click.echo(f"one process, {threads} thread(s): {tokens / seconds:.0f} tokens/s ({seconds / steps * 1000:.0f} ms/step)")
 
     out_path = os.path.join(tempfile.mkdtemp(prefix="bench_train_fsdp_"), "fsdp.json")
     args = {"num_rows": num_rows, "seq_len": seq_len, "micro_batch_size": micro_batch_size, "steps": steps}
@@ -110,14 +111,15 @@ def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, a
         seconds = json.load(f)["seconds"]
     figures["fsdp2_tokens_per_s"] = tokens / seconds
     click.echo(f"FSDP2, {world} processes x 1 thread (gloo): {tokens / seconds:.0f} tokens/s ({seconds / steps * 1000:.0f} ms/step)")
-    ratio = figures["fsdp2_tokens_per_s"] / figures[f"one_process_{world}_threads_tokens_per_s"]
-    click.echo(f"FSDP2 / one process at equal cores: {ratio:.2f} (model hidden {hidden_size} x {num_layers} layers, "
-               f"global batch {num_rows} x {seq_len})")
+    ratio = figures["fsdp2_tokens_per_s"] / figures["one_process_tokens_per_s"]
+    click.echo(f"FSDP2 / one process: {ratio:.2f} (model hidden {hidden_size} x {num_layers} layers, "
+               f"global batch {num_rows} x {seq_len}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     if as_json:
         click.echo(json.dumps({
-            "tokens_per_s": round(figures[f"one_process_{world}_threads_tokens_per_s"], 1),
-            "one_process_1_thread_tokens_per_s": round(figures["one_process_1_threads_tokens_per_s"], 1),
+            "tokens_per_s": round(figures["one_process_tokens_per_s"], 1),
+            "one_process_threads": threads,
             "fsdp2_tokens_per_s": round(figures["fsdp2_tokens_per_s"], 1),
             "fsdp2_processes": world,
             "ratio_fsdp2_to_one_process": round(ratio, 3),
+            "load_average": round(os.getloadavg()[0], 2),
         }))
