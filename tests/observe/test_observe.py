@@ -17,12 +17,13 @@ WORKERS = ["loader", "rollout.0", "reward.0", "trainer"]
 
 
 class Observed:
-    def __init__(self, run: Run, status_out: str, status_json: dict, exit_code: int):
+    def __init__(self, run: Run, status_out: str, status_json: dict, exit_code: int, status_after: str):
         self.run_dir = run.run_dir
         self.output = run.output
         self.status_out = status_out
         self.status_json = status_json
         self.exit_code = exit_code
+        self.status_after = status_after  # `afctl status` once the run has ended
 
 
 @pytest.fixture(scope="module")
@@ -30,20 +31,24 @@ def observed(tmp_path_factory) -> Observed:
     tmp = tmp_path_factory.mktemp("observe")
     gate = tmp / "gate"
     config = write_config(tmp / "gated.toml", num_steps=3, reward="obs_gate:gated_reward", hang_timeout_s=3)
-    run = Run(config, tmp / "run", OBS_GATE=str(gate))
+    private_tmp = tmp / "t"  # the pointer to the current run lives in TMPDIR: no other run can take it over
+    private_tmp.mkdir()
+    run = Run(config, tmp / "run", OBS_GATE=str(gate), TMPDIR=str(private_tmp))
     try:
         run.wait_for_line("no trainer step completed", timeout_s=200)
         run.wait_for_line("--- Python stacks of process trainer", timeout_s=60)  # reward.0's dump came before
-        status = afctl("status", str(run.run_dir))
+        status = afctl("status", TMPDIR=str(private_tmp))  # no RUN_DIR: the latest run started here
         status_json = afctl("status", str(run.run_dir), "--json")
         gate.touch()
         code = run.finish(timeout_s=120)
+        after = afctl("status", str(run.run_dir))
     finally:
         gate.touch()
         run.kill()
+        (tmp / "afctl-up.log").write_text(run.output)  # kept under pytest's basetemp for a look after a failure
     assert status.returncode == 0, status.stdout + status.stderr
     assert status_json.returncode == 0, status_json.stdout + status_json.stderr
-    return Observed(run, status.stdout, json.loads(status_json.stdout), code)
+    return Observed(run, status.stdout, json.loads(status_json.stdout), code, after.stdout + after.stderr)
 
 
 @pytest.mark.timeout(400)
@@ -70,6 +75,12 @@ def test_status_lists_every_actor_of_the_running_cluster(observed):
     assert all(names[n]["pid"] > 0 for n in WORKERS)
     assert names["trainer"]["version"] == 0 and 0.0 <= names["trainer"]["busy"] <= 1.0
     assert set(observed.status_json["tasks"]) == {"rollout", "reward", "train"}
+    assert text.startswith(f"run {observed.run_dir}")
+
+
+@pytest.mark.timeout(400)
+def test_status_of_an_ended_run_says_it_is_not_running(observed):
+    assert f"run {observed.run_dir} is not running: it ended" in observed.status_after
 
 
 @pytest.mark.timeout(400)
