@@ -79,7 +79,7 @@ class Launcher:
         tasks = ["rollout", "reward", "train"]
         if self.cfg.algorithm.kl_coef > 0:
             tasks.append("reference")
-        return tasks
+        return tasks + [r.task for r in self.cfg.roles if r.task]
 
     def role_names(self) -> dict[str, list[str]]:
         cfg = self.cfg
@@ -108,7 +108,9 @@ class Launcher:
         for name in names["reference"]:
             self._add(name, "reference", [_spec(name, "asyncflow.actors.reference:ReferenceActor", run_dir=rd)])
         for role in cfg.roles:
-            self._add(role.name, "custom", [_spec(role.name, role.cls, run_dir=rd, **role.kwargs)])
+            given = {"task": role.task, "output": role.reward_column}
+            self._add(role.name, "custom", [_spec(role.name, role.cls, run_dir=rd, **{k: v for k, v in given.items() if v},
+                                                  **role.kwargs)])
         others = [n for kind in ("loader", "rollout", "reward", "reference", "custom") for n in names[kind]]
         self._add("trainer", "trainer", [_spec(
             "trainer", "asyncflow.actors.trainer:TrainerActor", run_dir=rd, other_roles=others,
@@ -139,7 +141,7 @@ class Launcher:
         self.dc.register(self.collector.entry())
         self.collector_proxy = self.collector.pykka_ref.proxy()
         env = {"OMP_NUM_THREADS": str(cfg.cluster.threads_per_process), "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH", "")])),
+               "PYTHONPATH": os.pathsep.join(filter(None, [*cfg.cluster.python_path, os.getcwd(), os.environ.get("PYTHONPATH", "")])),
                "ASYNCFLOW_SPANS": "1" if cfg.logging.spans else "0"}
         self.env = env
         for host in self.host_specs:

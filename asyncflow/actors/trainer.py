@@ -93,6 +93,8 @@ class TrainerActor(LoopActor):
         self.columns = ["prompt_ids", "response_ids", "rollout_logp", "reward"]
         if alg.kl_coef > 0:
             self.columns.append("ref_logp")
+        self.extra_rewards = [(r.reward_column, r.reward_weight) for r in cfg.roles if r.reward_column]
+        self.columns += [column for column, _ in self.extra_rewards]
         self._weights = serve_actor(
             WeightSyncActor, WEIGHTS_NAME, ctx.transport, directory_address=ctx.directory_address,
             replicas=rollout_replicas, substep=cfg.workflow.substep_updates,
@@ -165,6 +167,8 @@ class TrainerActor(LoopActor):
             per_token["ref_logp"] = batch.columns["ref_logp"]
         tb, _ = token_batch(batch.columns["prompt_ids"], batch.columns["response_ids"], per_token)
         rewards_B = torch.tensor([float(r[0]) for r in batch.columns["reward"]])
+        for column, weight in self.extra_rewards:  # custom roles' scores (e.g. a judge)
+            rewards_B = rewards_B + weight * torch.tensor([float(v[0]) for v in batch.columns[column]])
         out: dict[str, float] = {}
         if alg.name == "grpo":
             groups: dict[int, list[int]] = {}

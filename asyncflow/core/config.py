@@ -183,9 +183,15 @@ class RoleEntry(_Section):
     cls: str
     """Dotted path ``package.module:Class`` of an asyncflow Actor."""
     kwargs: dict = msgspec.field(default_factory=dict)
-    """Keyword arguments of its constructor (after ``ctx``)."""
-    num_threads: int = 1
-    """torch threads of its process."""
+    """Keyword arguments of its constructor (after ``ctx``; ``run_dir`` is always given)."""
+    task: str = ""
+    """A queue task to create for this role (``tq.controller.<task>``): rows are freed
+    only after the role acked them. Empty: the role reads no rows."""
+    reward_column: str = ""
+    """A column this role puts (one float per row) that the trainer waits for and adds
+    to the reward, times ``reward_weight``."""
+    reward_weight: float = 1.0
+    """Weight of ``reward_column`` in the reward."""
 
 
 class ClusterConfig(_Section):
@@ -199,6 +205,9 @@ class ClusterConfig(_Section):
     """nng transport of the actors (scheme ipc on one host, tcp across hosts)."""
     threads_per_process: int = 1
     """torch intra-op threads per worker process (cpu)."""
+    python_path: list[str] = msgspec.field(default_factory=list)
+    """Directories (relative to the config file, or absolute) added to every process's
+    PYTHONPATH, so custom roles and rewards in your own modules import."""
     ray_address: str = ""
     """Ray cluster address (launcher = ray); empty: RAY_ADDRESS."""
 
@@ -308,6 +317,12 @@ def _check(cfg: RunConfig) -> None:
         )
     names = [r.name for r in cfg.roles]
     need(len(names) == len(set(names)), "roles.name", names, "role names must be unique")
+    builtin = {"loader", "trainer", "weights", "collector", "directory"}
+    for r in cfg.roles:
+        need(r.name not in builtin and not r.name.startswith(("rollout.", "reward.", "reference.", "tq.", "host.")),
+             "roles.name", r.name, "this name belongs to a built-in role; choose another")
+        need(not r.reward_column or bool(r.task), "roles.reward_column", r.reward_column,
+             f"role {r.name!r} must also set `task` (the queue task it reads rows from)")
     need(cfg.planner.patience_steps >= 1, "planner.patience_steps", cfg.planner.patience_steps, "use 1 or more")
     need(cfg.planner.measure_steps >= 1, "planner.measure_steps", cfg.planner.measure_steps, "use 1 or more")
     need(cfg.planner.train_threads >= 0, "planner.train_threads", cfg.planner.train_threads,
@@ -386,7 +401,14 @@ def load_config(path: str | os.PathLike) -> RunConfig:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
-    return load_config_text(path.read_text(), str(path))
+    cfg = load_config_text(path.read_text(), str(path))
+    if cfg.cluster.python_path:  # relative to the config file, so a run works from any directory
+        resolved = [str((path.parent / p).resolve()) for p in cfg.cluster.python_path]
+        for p in resolved:
+            if not os.path.isdir(p):
+                raise ConfigError(f"cluster.python_path: {p} is not a directory")
+        cfg.cluster.python_path = resolved
+    return cfg
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -13,6 +13,18 @@ import pytest
 from wf_helpers import afctl, assert_trained_exactly_once, child_hosts, read_jsonl, write_config
 
 
+JUDGE = f"""
+[[roles]]
+name = "judge"
+cls = "brevity_judge:BrevityJudge"
+task = "judge"
+reward_column = "judge_score"
+kwargs = {{ target_tokens = 2 }}
+[cluster]
+python_path = ["{Path(__file__).resolve().parents[2] / 'examples' / 'roles'}"]
+"""
+
+
 def _wait_for_steps(run_dir: Path, proc, num_steps: int, timeout_s: float) -> None:
     """Block until metrics.jsonl has ``num_steps`` lines (polling a file the run appends to)."""
     deadline = time.monotonic() + timeout_s
@@ -30,7 +42,10 @@ def _wait_for_steps(run_dir: Path, proc, num_steps: int, timeout_s: float) -> No
 @pytest.mark.parametrize("mode,staleness", [("sync", 0), ("async", 1)])
 def test_a_few_steps_run_end_to_end_and_staleness_never_exceeds_k(tmp_path, mode, staleness):
     run_dir = tmp_path / "run"
-    proc = afctl("up", str(write_config(tmp_path, mode=mode, num_steps=4, staleness=staleness)), "--run-dir", str(run_dir))
+    # the async run also carries a custom role (the example brevity judge) whose score the trainer adds
+    judge = JUDGE if mode == "async" else ""
+    proc = afctl("up", str(write_config(tmp_path, mode=mode, num_steps=4, staleness=staleness, extra=judge)),
+                 "--run-dir", str(run_dir))
     out, _ = proc.communicate(timeout=220)
     assert proc.returncode == 0, out
     assert "done: 4 steps" in out
@@ -43,6 +58,8 @@ def test_a_few_steps_run_end_to_end_and_staleness_never_exceeds_k(tmp_path, mode
     assert_trained_exactly_once(run_dir, 4, 2, 2)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["mode"] == mode and summary["restarts"] == []
+    if judge:
+        assert summary["busy_s"]["judge"] > 0
     final = Path(summary["checkpoint"])
     assert (final / "model" / "config.json").exists() and (final / "DONE").read_text().strip() == "4"
     trace = json.loads((run_dir / "trace.json").read_text())
