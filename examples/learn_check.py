@@ -13,6 +13,7 @@ first 10%.
 
     python examples/learn_check.py                 # 400 steps, about 1-2 minutes
     python examples/learn_check.py --staleness 2   # train on samples 2 versions old
+    python examples/learn_check.py --algo ppo      # critic + GAE instead of group advantages
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 
 from asyncflow.algorithms.advantages import grpo_advantages
 from asyncflow.algorithms.grpo import PolicyLossConfig, policy_loss_fn
+from asyncflow.algorithms.ppo import PPOConfig, critic_loss_fn, ppo_advantages
 from asyncflow.algorithms.rewards import call_reward
 from asyncflow.algorithms.tasks import REWARDS, make_examples, make_task_model
 from asyncflow.engines.batching import make_token_batch
@@ -48,6 +50,7 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--task", default="add", choices=sorted(REWARDS))
+    ap.add_argument("--algo", default="grpo", choices=["grpo", "ppo"], help="ppo: critic + GAE instead of group advantages")
     ap.add_argument("--prompts-per-step", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -74,6 +77,9 @@ def main() -> int:
     rollout = build_rollout_engine(RolloutEngineConfig(max_batch_size=256, seed=args.seed), model_dir)
     trainer = build_train_engine(TrainEngineConfig(lr=args.lr, micro_batch_size=128, grad_clip=1.0), model_dir)
     loss_fn = policy_loss_fn(PolicyLossConfig(tis_cap=args.tis_cap))
+    if args.algo == "ppo":
+        ppo = PPOConfig()
+        critic = build_train_engine(TrainEngineConfig(lr=args.lr, micro_batch_size=128, critic=True), model_dir)
     reward_fn = REWARDS[args.task]
     n = args.group_size
     params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=(tokenizer.eos_token_id,), n=n)
@@ -103,6 +109,11 @@ def main() -> int:
             rollout_logprobs=[c.logprobs for c in completions],
             advantages_B=advantages_B,
         )
+        if args.algo == "ppo":  # token advantages from the critic's values instead
+            values_BT = critic.forward(token_batch).values
+            token_batch.advantages, token_batch.returns = ppo_advantages(ppo, torch.tensor(rewards), values_BT, token_batch.response_mask)
+            token_batch.old_values = values_BT
+            critic.train_step(token_batch, critic_loss_fn(ppo))
         in_flight.append(token_batch)
         mean_rewards.append(sum(rewards) / len(rewards))
         exact = sum(r >= 0.9 for r in rewards) / len(rewards)
