@@ -12,13 +12,16 @@ Invariants:
 - Pause is answered between units, so every row a unit took has been acked or
   put back when Paused is sent (checkpoints rely on it).
 - Time is accounted per activity (``with self.activity("generate")``); what is not
-  inside an activity called ``wait_*`` counts as busy.
+  inside an activity called ``wait_*`` counts as busy. GetRoleStats is answered at
+  once on the listener thread (not between units), the activity in progress counted
+  up to that moment, so the planner reads busy fractions at step boundaries.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -37,6 +40,7 @@ class _Tick:
 
 class LoopActor(Actor):
     Inbox = protocol.LoopIn
+    Urgent = (protocol.GetRoleStats,)  # answered at once, mid-unit, with the running activity counted so far
     role_kind = "worker"
 
     def __init__(self, ctx: ActorContext):
@@ -46,6 +50,8 @@ class LoopActor(Actor):
         self._finished = False
         self._busy_s = 0.0
         self._wait_s: dict[str, float] = {}
+        self._in_activity: tuple[str, float] | None = None  # (activity, its start) in progress
+        self._stats_lock = threading.Lock()  # stats are read on the listener thread
         self._state = "idle"
         self.num_items = 0
         self._started_at = time.monotonic()
@@ -74,23 +80,36 @@ class LoopActor(Actor):
         """Account the time of the block to ``name`` (``wait_*`` counts as waiting)."""
         previous, self._state = self._state, name
         start = time.monotonic()
+        outer, self._in_activity = self._in_activity, (name, start)
         try:
             yield
         finally:
             elapsed = time.monotonic() - start
-            if name.startswith("wait_"):
-                key = name.removeprefix("wait_")
-                self._wait_s[key] = self._wait_s.get(key, 0.0) + elapsed
-            else:
-                self._busy_s += elapsed
+            with self._stats_lock:
+                self._in_activity = outer
+                if name.startswith("wait_"):
+                    key = name.removeprefix("wait_")
+                    self._wait_s[key] = self._wait_s.get(key, 0.0) + elapsed
+                else:
+                    self._busy_s += elapsed
             if self.tracer is not None:
                 self.tracer.span(self.ctx.name, name, start, elapsed)
                 self.tracer.counters["version"] = self.version
             self._state = previous
 
     def stats(self) -> protocol.RoleStats:
+        """Cumulative times, the activity in progress included up to now (any thread)."""
+        with self._stats_lock:
+            busy_s, wait_s, running = self._busy_s, dict(self._wait_s), self._in_activity
+        if running is not None:
+            name, start = running
+            if name.startswith("wait_"):
+                key = name.removeprefix("wait_")
+                wait_s[key] = wait_s.get(key, 0.0) + time.monotonic() - start
+            else:
+                busy_s += time.monotonic() - start
         return protocol.RoleStats(
-            role=self.ctx.name, busy_s=self._busy_s, wait_s=dict(self._wait_s), version=self.version,
+            role=self.ctx.name, busy_s=busy_s, wait_s=wait_s, version=self.version,
             num_items=self.num_items, state="paused" if self._paused else self._state, pid=os.getpid(),
         )
 
@@ -98,6 +117,11 @@ class LoopActor(Actor):
     def on_stop(self) -> None:
         if self.tracer is not None:
             self.tracer.close()
+
+    def handle_urgent(self, msg):
+        if isinstance(msg, protocol.GetRoleStats):
+            return self.stats()
+        return super().handle_urgent(msg)
 
     def _schedule(self) -> None:
         if self._running and not self._paused and not self._finished:

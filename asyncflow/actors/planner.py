@@ -20,7 +20,8 @@ Ping, Stop.
 Sends: SetThreads (ask, to the trainer, at start: ``planner.train_threads``),
 GetRoleStats (ask, rollout replicas and trainer), GetTaskStatus (ask, queue controllers).
 Writes: RUN_DIR/planner.jsonl, one object per event: ``observe``, ``decision``,
-``held`` (a move the limits forbid), ``applied``, ``measured``.
+``held`` (a move the limits forbid), ``applied``, ``measured``, ``skipped`` (a role
+did not answer: the window starts again).
 
 Invariants:
 - at most one move is in flight: no decision while one waits to be applied;
@@ -45,6 +46,7 @@ import msgspec
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 from asyncflow.core.config import PlannerConfig
+from asyncflow.core.errors import AsyncflowError
 from asyncflow.planner import online
 
 PLANNER = "planner"
@@ -137,7 +139,8 @@ class PlannerActor(Actor):
         self.train_threads = msg.train_threads
         self.history = []
         self.skip_next = True
-        self.measuring = {"decision": decision, "before": before, "after": []}
+        if decision is not None and before:  # (None: a move the planner did not ask for)
+            self.measuring = {"decision": decision, "before": before, "after": []}
         self._log("applied", ok=True, split=self.split_dict())
 
     # -- measuring -----------------------------------------------------------------------
@@ -148,7 +151,12 @@ class PlannerActor(Actor):
             raise ValueError(f"StepMetrics of step {step} has no 'time_s'; the planner needs the trainer's clock")
         last, self._last_time_s = self._last_time_s, time_s
         names = [*self.replicas, TRAINER]
-        stats = dict(zip(names, self._pool.map(self._stats, names)))
+        try:
+            stats = dict(zip(names, self._pool.map(self._stats, names)))
+        except (AsyncflowError, LookupError) as exc:  # a role restarting or gone: no figure for this step
+            self._log("skipped", step=step, reason=str(exc))
+            self._last_time_s, self._prev, self.history = None, {}, []
+            return None
         fractions = {name: self._busy_fraction(name, s) for name, s in stats.items()}
         if last is None:
             return None

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 class RolloutActor(LoopActor):
     role_kind = "rollout"
-    Urgent = (protocol.WeightsReady,)  # start fetching at once, even mid-generation
+    Urgent = (protocol.WeightsReady, protocol.GetRoleStats)  # start fetching at once, even mid-generation
 
     def __init__(self, ctx, run_dir: str):
         super().__init__(ctx)
@@ -66,6 +66,8 @@ class RolloutActor(LoopActor):
     # -- weights -----------------------------------------------------------------
     def handle_urgent(self, msg: protocol.WeightsReady):
         """On the listener thread: start the background fetch now."""
+        if not isinstance(msg, protocol.WeightsReady):
+            return super().handle_urgent(msg)
         if msg.version > self.engine.version:
             self._want(msg.version)
         return protocol.Ok()

@@ -71,12 +71,26 @@ def _boundary(infeasible) -> list:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (key `plans`, best first) as the last line.")
 @click.option("--simulate", "simulate_dir", type=click.Path(file_okay=False), help="Write a trace and timeline PNG of the best plan here.")
 @click.option("--steps", type=int, default=6, show_default=True, help="Steps to simulate with --simulate.")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
+              help="Predict this run config's time per step on this machine, sync and async (needs --profile).")
+@click.option("--compare", "compare_dir", type=click.Path(exists=True, file_okay=False),
+              help="With --config: the --out directory of `afctl bench e2e`, to print the prediction errors.")
 def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, max_response_len, batch_size,
-         samples_per_prompt, staleness, no_reference, critic, top, profile_path, as_json, simulate_dir, steps) -> None:
+         samples_per_prompt, staleness, no_reference, critic, top, profile_path, as_json, simulate_dir, steps,
+         config_path, compare_dir) -> None:
     """Preview the best split of devices between rollout, training and reference.
 
-    Example: afctl plan --model 32b --npus 512; afctl plan --model 7b --gpus 64 --hardware h100
+    Example: afctl plan --model 32b --npus 512; afctl plan --model 7b --gpus 64 --hardware h100;
+    afctl plan --config examples/local.toml --profile cpu.toml (this machine, one config)
     """
+    if config_path:
+        from asyncflow.cli.predict import run_predict
+
+        given = click.get_current_context().get_parameter_source("response_len") == click.core.ParameterSource.COMMANDLINE
+        run_predict(config_path, profile_path, response_len if given else None,
+                    steps if click.get_current_context().get_parameter_source("steps") == click.core.ParameterSource.COMMANDLINE else 20,
+                    compare_dir, as_json)
+        return
     import msgspec
 
     from asyncflow.planner.calibration import Efficiency, load_profile

@@ -106,10 +106,19 @@ class HostActor(Actor):
         actor.stop()
 
 
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
+PARENT_ENV = "ASYNCFLOW_PARENT_PID"
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGTERM this process when its parent dies. Set by the child itself, not in a
+    ``preexec_fn``: that runs Python in the forked child, which finalizes the other
+    threads' nng contexts there, and nng panics ("not fork-reentrant safe") once a
+    driver has threads that asked something (the online planner's, a restart mid-run)."""
+    if sys.platform.startswith("linux") and parent_pid:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent_pid:  # the parent died before the request was in place
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 class HostProcess:
@@ -167,9 +176,10 @@ def spawn_host(
     child_env = dict(os.environ)
     child_env.update(env or {})
     child_env[TRANSPORT_ENV] = transport.to_env()
+    child_env[PARENT_ENV] = str(os.getpid())
     directory.unregister(f"host.{name}")  # a host restarted under the same name must not be confused with the dead one
     cmd = [sys.executable, "-m", "asyncflow.core.host", "--name", name, "--directory", directory.address]
-    proc = subprocess.Popen(cmd, env=child_env, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(cmd, env=child_env)  # no preexec_fn: see _die_with_parent
     host = HostProcess(name, proc, directory)
     if specs:
         try:
@@ -185,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", required=True)
     parser.add_argument("--directory", required=True)
     args = parser.parse_args(argv)
+    _die_with_parent(int(os.environ.get(PARENT_ENV, "0")))
     logging.basicConfig(level=os.environ.get("ASYNCFLOW_LOG", "WARNING"), format=f"[{args.name}] %(levelname)s %(name)s: %(message)s")
     transport = TransportConfig.from_env().validate()
     stopped = threading.Event()
