@@ -159,36 +159,45 @@ class NativeRolloutEngine(RolloutEngine):
             for q in seqs:
                 if q.out_ids[-1] in stop or len(q.out_ids) >= params.max_new_tokens:
                     self.pool.free(q.blocks)
+                    q.blocks = []
                     free_rows.append(q.row)
                     done.append(q)
                 else:
                     still.append(q)
             return still
 
-        while waiting or running:
-            admitted: list[_Seq] = []
-            while waiting and free_rows:
-                q = waiting[0]
-                blocks = self.pool.allocate(len(q.prompt) + params.max_new_tokens - 1)
-                if blocks is None:
-                    break
-                waiting.popleft()
-                q.blocks = blocks
-                q.row = free_rows.pop()
-                slots = self.pool.slots(blocks).to(self.device)
-                slot_table_RK[q.row, : slots.numel()] = slots
-                admitted.append(q)
-            if admitted:
+        admitted: list[_Seq] = []
+        try:
+            while waiting or running:
+                admitted = []
+                while waiting and free_rows:
+                    q = waiting[0]
+                    blocks = self.pool.allocate(len(q.prompt) + params.max_new_tokens - 1)
+                    if blocks is None:
+                        break
+                    waiting.popleft()
+                    q.blocks = blocks
+                    q.row = free_rows.pop()
+                    slots = self.pool.slots(blocks).to(self.device)
+                    slot_table_RK[q.row, : slots.numel()] = slots
+                    admitted.append(q)
+                if admitted:
+                    if running:
+                        stats.admitted_while_running += len(admitted)
+                    self._prefill(admitted, slot_table_RK, params)
+                    stats.num_prefills += 1
+                    running.extend(finish_check(admitted))
+                stats.max_running = max(stats.max_running, len(running))
                 if running:
-                    stats.admitted_while_running += len(admitted)
-                self._prefill(admitted, slot_table_RK, params)
-                stats.num_prefills += 1
-                running.extend(finish_check(admitted))
-            stats.max_running = max(stats.max_running, len(running))
-            if running:
-                self._decode(running, slot_table_RK, params)
-                stats.num_steps += 1
-                running = finish_check(running)
+                    self._decode(running, slot_table_RK, params)
+                    stats.num_steps += 1
+                    running = finish_check(running)
+        finally:
+            # An error mid-generation must not leak reservations into the next call.
+            for q in running + admitted:
+                if q.blocks:
+                    self.pool.free(q.blocks)
+                    q.blocks = []
         stats.peak_kv_used_bytes = self.pool.peak_used_bytes
         self.stats = stats
         done.sort(key=lambda q: (q.prompt_index, q.sample_index))

@@ -131,3 +131,17 @@ def test_loading_an_unknown_weight_name_says_what_is_wrong(qwen2_dir):
 
 def test_an_empty_prompt_list_generates_nothing(qwen2_dir):
     assert engine(qwen2_dir).generate([], SamplingParams()) == []
+
+
+def test_an_error_mid_generation_releases_every_kv_reservation(qwen2_dir):
+    rollout = engine(qwen2_dir, max_batch_size=4)
+    calls = []
+
+    def failing_decode(*args):
+        calls.append(1)
+        raise RuntimeError("device lost")
+
+    rollout._decode = failing_decode
+    with pytest.raises(RuntimeError, match="device lost"):
+        rollout.generate(PROMPTS, SamplingParams(max_new_tokens=8, n=2))
+    assert calls and rollout.pool.used_bytes == 0
