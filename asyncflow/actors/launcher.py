@@ -163,9 +163,11 @@ class Launcher:
 
     def write_cluster_file(self) -> None:
         """RUN_DIR/cluster.json and the pointer to it, for `afctl status` (no secret)."""
+        if not hasattr(self, "started_wall_s"):
+            self.started_wall_s = time.time()  # kept when a restart rewrites the file
         _cluster_file.write(_cluster_file.ClusterFile(
             run_dir=str(self.run_dir.absolute()), directory=self.directory.address, transport=self.transport,
-            driver_pid=os.getpid(), started_at=time.time(), hosts={h: p.pid for h, p in self.hosts.items()},
+            driver_pid=os.getpid(), started_at=self.started_wall_s, hosts={h: p.pid for h, p in self.hosts.items()},
             workers=self.workers, tasks=self.tasks(),
         ))
 

@@ -73,7 +73,8 @@ def snapshot(info) -> dict:
             f"the directory of {info.run_dir} does not answer at {info.directory} ({exc}); if the run is on tcp, "
             f"set ASYNCFLOW_SECRET to its secret. {Path(info.run_dir) / CLUSTER_FILE} says driver pid {info.driver_pid}."
         ) from None
-    workers = set(info.workers)
+    infra = ("tq.", "host.", "directory", "collector", "weights", "planner")
+    workers = set(info.workers) | {e.name for e in entries if not e.name.startswith(infra)}  # replicas added later too
 
     def role_stats(name: str):
         try:
@@ -154,7 +155,7 @@ def render(snap: dict) -> str:
 def _order(name: str) -> tuple:
     from asyncflow.cli._runs import role_sort_key
 
-    infra = name.startswith(("tq.", "host.", "directory", "collector", "weights"))
+    infra = name.startswith(("tq.", "host.", "directory", "collector", "weights", "planner"))
     return (1 if infra else 0, role_sort_key(name))
 
 
