@@ -122,6 +122,20 @@ class Launcher:
         self.host_specs[host] = specs
         self.host_kind[host] = kind
 
+    def host_env(self, host: str) -> dict[str, str]:
+        """Environment of one process: the common one plus the devices it may see."""
+        c = self.cfg.cluster
+        kind, index = self.host_kind[host], host.rsplit(".", 1)[-1]
+        def pick(ids: list[int]):  # a replica added during the run (planner) beyond the list sees all
+            return ids[int(index)] if index.isdigit() and int(index) < len(ids) else None
+
+        devices = {"rollout": pick(c.rollout_devices), "reference": pick(c.reference_devices),
+                   "trainer": ",".join(map(str, c.train_devices)) if c.train_devices else None}.get(kind)
+        if devices is None or c.device == "cpu":
+            return self.env
+        var = "ASCEND_RT_VISIBLE_DEVICES" if c.device == "npu" else "CUDA_VISIBLE_DEVICES"
+        return {**self.env, var: str(devices)}
+
     # -- start / stop --------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.cfg
@@ -145,7 +159,7 @@ class Launcher:
                "ASYNCFLOW_SPANS": "1" if cfg.logging.spans else "0"}
         self.env = env
         for host in self.host_specs:
-            self.hosts[host] = spawn_host(host, self.dc, self.transport, env=env)
+            self.hosts[host] = spawn_host(host, self.dc, self.transport, env=self.host_env(host))
         self.write_cluster_file()
         order = [h for h in self.host_specs if self.host_kind[h] in ("queue", "shard")]
         self._start_hosts(order)
@@ -222,7 +236,7 @@ class Launcher:
             for spec in self.host_specs[host]:
                 self.dc.unregister(spec.name)
             click.echo(f"!! {host} exited with code {code}: requeued {requeued} rows it held, restarting it", err=True)
-            self.hosts[host] = spawn_host(host, self.dc, self.transport, self.host_specs[host], env=self.env)
+            self.hosts[host] = spawn_host(host, self.dc, self.transport, self.host_specs[host], env=self.host_env(host))
             for spec in self.host_specs[host]:
                 self.dc.ref(spec.name, refresh=True).ask(protocol.StartWork(), timeout_s=30)
             self.restarts.append({"host": host, "exit_code": code, "requeued_rows": requeued, "time": time.time()})

@@ -205,6 +205,13 @@ class ClusterConfig(_Section):
     """nng transport of the actors (scheme ipc on one host, tcp across hosts)."""
     threads_per_process: int = 1
     """torch intra-op threads per worker process (cpu)."""
+    rollout_devices: list[int] = msgspec.field(default_factory=list)
+    """Accelerator ids for rollout replicas, one per replica (CUDA_VISIBLE_DEVICES /
+    ASCEND_RT_VISIBLE_DEVICES of its process). Empty: the process sees every device."""
+    train_devices: list[int] = msgspec.field(default_factory=list)
+    """Accelerator ids of the trainer process."""
+    reference_devices: list[int] = msgspec.field(default_factory=list)
+    """Accelerator ids for reference workers, one per worker."""
     python_path: list[str] = msgspec.field(default_factory=list)
     """Directories (relative to the config file, or absolute) added to every process's
     PYTHONPATH, so custom roles and rewards in your own modules import."""
@@ -298,7 +305,9 @@ def _check(cfg: RunConfig) -> None:
     need(cfg.rollout.prompts_per_call >= 1, "rollout.prompts_per_call", cfg.rollout.prompts_per_call, "use 1 or more")
     need(cfg.reward.num_workers >= 1, "reward.num_workers", cfg.reward.num_workers, "use 1 or more")
     need(cfg.queue.num_shards >= 1, "queue.num_shards", cfg.queue.num_shards, "use 1 or more")
-    need(cfg.train.num_ranks >= 1, "train.num_ranks", cfg.train.num_ranks, "use 1 or more")
+    need(cfg.train.num_ranks == 1, "train.num_ranks", cfg.train.num_ranks,
+         "only 1 is supported by the workflow today (the engine runs FSDP2 across processes, see "
+         "`afctl bench train`; the trainer actor does not start several ranks yet): use 1")
     need(
         not cfg.reward.weights or len(cfg.reward.weights) == len(cfg.reward.functions),
         "reward.weights", cfg.reward.weights, f"give one weight per function ({len(cfg.reward.functions)})",
@@ -332,6 +341,9 @@ def _check(cfg: RunConfig) -> None:
         cfg.planner.max_rollout_replicas, f"must be at least rollout.num_replicas ({cfg.rollout.num_replicas})",
     )
     cfg.cluster.transport.validate()
+    for key, devices, count in (("rollout_devices", cfg.cluster.rollout_devices, cfg.rollout.num_replicas),
+                                ("reference_devices", cfg.cluster.reference_devices, cfg.reference.num_workers)):
+        need(not devices or len(devices) == count, f"cluster.{key}", devices, f"give one device id per worker ({count})")
 
 
 def _struct_at(path: str) -> type | None:
