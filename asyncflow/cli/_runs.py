@@ -31,6 +31,7 @@ class Timeline:
     t0_us: float = 0.0  # wall clock of the first span, microseconds
     end_s: float = 0.0  # end of the last span, seconds since t0
     num_flows: int = 0
+    flows: list[tuple[str, float, str, float]] = field(default_factory=list)  # (from role, s, to role, s): weight sync
     counters: dict[str, int] = field(default_factory=dict)  # counter name -> number of samples
 
     def busy_fraction(self, role: str) -> float:
@@ -132,6 +133,12 @@ def timeline(trace: dict, label: str = "", mode: str = "") -> Timeline:
     tl.end_s = max(s.start_s + s.duration_s for spans in tl.tracks.values() for s in spans)
     tl.tracks = dict(sorted(tl.tracks.items(), key=lambda kv: role_sort_key(kv[0])))
     tl.num_flows = sum(1 for e in events if e.get("ph") == "s")
+    starts = {e["id"]: e for e in events if e.get("ph") == "s"}
+    for e in events:
+        if e.get("ph") == "f" and e["id"] in starts:
+            s = starts[e["id"]]
+            tl.flows.append((names.get(s["pid"], ""), (s["ts"] - tl.t0_us) / 1e6,
+                             names.get(e["pid"], ""), (e["ts"] - tl.t0_us) / 1e6))
     for e in events:
         if e.get("ph") == "C":
             tl.counters[e["name"]] = tl.counters.get(e["name"], 0) + 1

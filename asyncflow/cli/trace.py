@@ -1,6 +1,6 @@
 """``afctl trace RUN_DIR [RUN_DIR...] [--png out.png]``: check RUN_DIR/trace.json and
 draw the timeline: one row per role, busy activities in colour, waits in light
-grey; several runs stacked (sync above async) on one time axis, so a bubble (a
+grey, weight-sync transfers as arrows from the trainer to the replica that loads them; several runs stacked (sync above async) on one time axis, so a bubble (a
 row that is grey while another works) is visible at a glance."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 WAIT_COLOUR = "#d9d9d9"
+FLOW_COLOUR = "#5a2d0c"  # weight sync: trainer publishes version v -> a rollout replica loads it
 COLOURS = {  # busy activities; any other name takes the next colour of the cycle
     "generate": "#1f77b4", "train": "#d62728", "score": "#2ca02c", "forward": "#9467bd",
     "sync_weights": "#8c564b", "swap_weights": "#e377c2", "put": "#17becf", "load": "#bcbd22",
@@ -87,6 +88,11 @@ def draw(timelines: list, png: Path, from_s: float | None = None, to_s: float | 
             spans = tl.tracks[role]
             ax.broken_barh([(s.start_s, s.duration_s) for s in spans], (row - 0.4, 0.8),
                            facecolors=[colour(s.name) for s in spans], linewidth=0)
+        rows = {role: row for row, role in enumerate(roles)}
+        for src, t_src, dst, t_dst in tl.flows:
+            if src in rows and dst in rows:
+                ax.annotate("", xy=(t_dst, rows[dst]), xytext=(t_src, rows[src]),
+                            arrowprops={"arrowstyle": "->", "color": FLOW_COLOUR, "alpha": 0.6, "lw": 0.7})
         ax.set_yticks(range(len(roles)), [f"{r}  {tl.busy_fraction(r):.0%}" for r in roles], fontsize=8)
         ax.set_ylim(len(roles) - 0.5, -0.5)
         ax.set_title(tl.label, fontsize=9, loc="left")
@@ -94,6 +100,10 @@ def draw(timelines: list, png: Path, from_s: float | None = None, to_s: float | 
     axes[-1, 0].set_xlim(from_s if from_s is not None else 0.0, to_s if to_s is not None else end)
     axes[-1, 0].set_xlabel("seconds since the run's first span (row label: busy fraction)")
     legend = [Patch(color=c, label=n) for n, c in colours.items()] + [Patch(color=WAIT_COLOUR, label="wait_*")]
+    if any(tl.flows for tl in timelines):
+        from matplotlib.lines import Line2D
+
+        legend.append(Line2D([], [], color=FLOW_COLOUR, lw=0.8, label="weights v -> replica"))
     fig.legend(handles=legend, loc="lower center", ncol=min(8, len(legend)), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     png.parent.mkdir(parents=True, exist_ok=True)
