@@ -42,6 +42,10 @@ def trace(run_dirs: tuple[Path, ...], png: Path | None, from_s: float | None, to
         click.echo(f"{tl.label}: {sum(len(s) for s in tl.tracks.values())} spans over {tl.end_s:.1f} s, "
                    f"{len(tl.tracks)} tracks, {tl.num_flows} weight-sync flows, "
                    f"counters {', '.join(f'{k} x{v}' for k, v in tl.counters.items()) or 'none'}")
+        if tl.flows:
+            lags = sorted(t_dst - t_src for _, t_src, _, t_dst in tl.flows)
+            click.echo(f"  weights: publish -> replica swap median {lags[len(lags) // 2] * 1e3:.0f} ms, "
+                       f"max {lags[-1] * 1e3:.0f} ms")
         for role, spans in tl.tracks.items():
             waits: dict[str, float] = {}
             for s in spans:
