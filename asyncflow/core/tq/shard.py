@@ -6,9 +6,9 @@ SaveShard, LoadShard (ask: ShardSaved), GetShardStats (ask: ShardStats), Ping, S
 Sends: RowsWritten (tell) to every controller, one per put per controller.
 
 Invariants:
-- the put is acknowledged once the rows are stored; the controllers are told
-  afterwards, from a background thread, so a producer never waits on a controller
-  (a consumer that asks before the notice lands just waits for it);
+- the put is acknowledged once the rows are stored; the controllers are told from a
+  background thread (queued before the acknowledgement goes out), so a producer never
+  waits on a controller (a consumer that asks before the notice lands waits for it);
 - a row's bytes are never copied on the shard: inline cells are views into the put's
   frame, shared-memory cells are offsets into the shard's arenas (unlinked when the
   shard stops); an arena extent is reused only after every row in it is freed;
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 
 from asyncflow.core import protocol
-from asyncflow.core.actor import DEFER, Actor
+from asyncflow.core.actor import Actor
 from asyncflow.core.tq.notify import Notifier
 from asyncflow.core.tq.store import ShardStore
 
@@ -56,19 +56,15 @@ class ShardActor(Actor):
         match msg:
             case protocol.PutRows(indices=indices, columns=columns, metas=metas):
                 self.store.put(indices, columns, metas)
-                if pending is not None:
-                    pending.resolve(protocol.Ok())
-                self._notify(indices, list(columns), metas)
-                return DEFER
+                self._notify(indices, list(columns), metas)  # first: the consumers wait on it
+                return protocol.Ok()
             case protocol.ReserveShm(num_bytes=num_bytes):
                 segment, offset = self.store.reserve(num_bytes)
                 return protocol.ShmReserved(segment=segment, offset=offset, num_bytes=num_bytes)
             case protocol.PutRowsShm():
                 self.store.put_shm(msg.indices, msg.segment, msg.extent_offset, msg.extent_bytes, msg.columns, msg.metas)
-                if pending is not None:
-                    pending.resolve(protocol.Ok())
                 self._notify(msg.indices, list(msg.columns), msg.metas)
-                return DEFER
+                return protocol.Ok()
             case protocol.GetRows(indices=indices, columns=columns, shm=allow_shm):
                 inline, shm_columns, segments = self.store.get(indices, columns, allow_shm)
                 return protocol.Rows(indices=indices, columns=inline, shm_columns=shm_columns, shm_segments=segments)
