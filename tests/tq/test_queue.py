@@ -221,3 +221,23 @@ def test_save_and_load_restore_the_queue_in_new_processes(cluster, tmp_path):
     tq2.ack(batch)
     _wait_for(lambda: tq2.status().num_live_rows == 0)
     assert tq2.allocate(1)[0].index == 8
+
+
+def test_a_waiting_request_that_cannot_be_whole_groups_fails_with_the_reason(cluster):
+    start, *_ = cluster
+    tq = start(reserve_rows=0)
+    metas = tq.allocate(1, group_size=4)
+    got = {}
+
+    def ask():
+        try:
+            tq.get_batch("train", ["ids"], 6, policy="group", timeout_s=20)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            got["error"] = exc
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    _wait_for(lambda: tq.task_status("train").num_waiting == 1)
+    tq.put([m.index for m in metas], {"ids": [np.zeros(1)] * 4}, metas)
+    thread.join(10)
+    assert "batch_size 6 is not a multiple of group size 4" in str(got["error"])

@@ -78,7 +78,11 @@ class ControllerActor(Actor):
         for w in self.waiters:
             if w.pending.done:
                 continue
-            sel = self._select(w.msg)
+            try:
+                sel = self._select(w.msg)
+            except ValueError as exc:  # e.g. a batch that is not whole groups: that asker's error
+                w.pending.reject(exc)
+                continue
             if sel is None:
                 still.append(w)
             else:
