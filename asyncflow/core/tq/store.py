@@ -107,14 +107,20 @@ class ShardStore:
                 num_bytes = count * itemsize
                 if offset < extent_offset or offset + num_bytes > end:
                     raise ValueError(f"{self.name}: column {name!r} has bytes outside its extent")
-                cells.append(_ShmCell((segment, offset, num_bytes, col.dtype, tuple(shape), extent)))
+                cells.append(_ShmCell((segment, offset, num_bytes, col.dtype, shape, extent)))
             cells_by_column[name] = cells
-        for k, index in enumerate(indices):
-            row = self._rows.get(index)
-            if row is None:
-                row = self._rows[index] = {}
-            for name, cells in cells_by_column.items():
-                self._set(row, name, cells[k])
+        rows = self._rows
+        names = list(cells_by_column)
+        columns_of_rows = list(zip(*cells_by_column.values()))
+        for index, row_cells in zip(indices, columns_of_rows):
+            row = rows.get(index)
+            if row is None:  # a new row: no old cells to release
+                rows[index] = dict(zip(names, row_cells))
+                extent[3] += len(row_cells)
+                self.num_bytes += sum(c[2] for c in row_cells)
+            else:
+                for name, cell in zip(names, row_cells):
+                    self._set(row, name, cell)
         if extent[3] == 0:
             self._arenas[segment].free(extent_offset, extent_bytes)
         self._merge_metas(metas)
