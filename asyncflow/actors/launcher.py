@@ -325,13 +325,13 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
         from asyncflow.algorithms.tasks import make_task_model
 
         click.echo(f"building the tiny {cfg.model.tiny} model into {rd / 'model'} ...")
-        model_dir = str(make_task_model(rd / "model", seed=cfg.seed, arch=cfg.model.tiny,
-                                        warm_start_steps=150 if cfg.model.tiny_warm_start else 0))
+        model_dir = str(make_task_model(rd / "model", seed=cfg.seed, arch=cfg.model.tiny, task=cfg.data.task,
+                                        warm_start_steps=cfg.model.tiny_warm_start_steps if cfg.model.tiny_warm_start else 0))
     data_path = cfg.data.path
     if not data_path:
         from asyncflow.algorithms.tasks import write_jsonl
 
-        data_path = str(write_jsonl(rd / "data.jsonl", cfg.data.num_prompts, seed=cfg.data.seed))
+        data_path = str(write_jsonl(rd / "data.jsonl", cfg.data.num_prompts, seed=cfg.data.seed, task=cfg.data.task))
     launch = LaunchInfo(model_dir=os.path.abspath(model_dir), base_model_dir=os.path.abspath(model_dir),
                         data_path=os.path.abspath(data_path))
     (rd / "config.json").write_text(dump_config(cfg))

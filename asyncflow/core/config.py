@@ -36,8 +36,10 @@ class ModelConfig(_Section):
     tiny: Literal["qwen2", "llama"] = "qwen2"
     """Architecture of the tiny model built when ``path`` is empty."""
     tiny_warm_start: bool = True
-    """Warm-start the tiny model with a few seconds of supervised training on the
-    task's answer format, so RL has a signal from step one."""
+    """Warm-start the tiny model with a short supervised pass on the task, stopped
+    early (about 10% greedy accuracy), so RL has a signal from step one."""
+    tiny_warm_start_steps: int = 100
+    """Supervised steps of that warm start (more: a stronger start, less left to learn)."""
 
 
 class DataConfig(_Section):
