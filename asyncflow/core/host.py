@@ -19,6 +19,7 @@ import importlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -74,6 +75,7 @@ class HostActor(Actor):
     """Takes StartActors, StopActor, Ping, Stop; answers Started / Ok."""
 
     Inbox = protocol.HostIn
+    Urgent = (protocol.Ping,)  # the driver's heartbeat: answered while StartActors loads a model
 
     def __init__(self, ctx: ActorContext, stopped: threading.Event):
         super().__init__(ctx)
@@ -94,6 +96,10 @@ class HostActor(Actor):
                     self._stop_one(name)
                 self._stopped.set()
                 return protocol.Ok()
+
+    def handle_urgent(self, msg):
+        return protocol.Pong(name=self.ctx.name, pid=os.getpid(), host=socket.gethostname(),
+                             num_rejected_frames=self.ctx.num_rejected_frames)
 
     def _stop_one(self, name: str) -> None:
         actor = self.actors.pop(name, None)

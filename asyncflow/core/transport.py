@@ -4,6 +4,8 @@
   hostile or broken peer) and timeouts.
 - Listeners bind ipc or loopback tcp unless ``bind_host`` says otherwise; binding
   a non-loopback address without a cluster secret is refused.
+- The address a tcp listener registers is the one peers can dial: ``bind_host``
+  itself, or ``advertise_host`` when ``bind_host`` is a wildcard (``0.0.0.0``).
 - tcp requests must carry the cluster secret (``secret`` here, or the environment
   variable ``ASYNCFLOW_SECRET``); ipc/inproc peers are trusted by the filesystem
   (the ipc directory is private to the user).
@@ -23,6 +25,7 @@ import pynng
 SECRET_ENV = "ASYNCFLOW_SECRET"
 TRANSPORT_ENV = "ASYNCFLOW_TRANSPORT"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+_WILDCARD = {"0.0.0.0", "::", ""}
 
 
 class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -35,6 +38,9 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     max_message_bytes: int = 2 << 30
     ipc_dir: str = ""
     connect_timeout_s: float = 10.0
+    advertise_host: str = ""
+    """tcp with a wildcard ``bind_host``: the node's own address, registered in the
+    directory so that peers on other nodes can dial it (launcher = ray sets it)."""
 
     def secret_bytes(self) -> bytes:
         return (self.secret or os.environ.get(SECRET_ENV, "")).encode()
@@ -46,6 +52,11 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             raise ValueError(
                 f"[cluster.transport] bind_host = {self.bind_host!r} is not loopback: set "
                 f"[cluster.transport] secret or the {SECRET_ENV} environment variable"
+            )
+        if self.scheme == "tcp" and self.bind_host in _WILDCARD and self.advertise_host in _WILDCARD:
+            raise ValueError(
+                f"[cluster.transport] bind_host = {self.bind_host!r} listens on every interface, but peers need one "
+                f"address to dial: set [cluster.transport] advertise_host to this node's address, or bind_host to it"
             )
         if self.max_message_bytes <= 0:
             raise ValueError("[cluster.transport] max_message_bytes must be > 0")
@@ -90,7 +101,10 @@ def listen(address: str, config: TransportConfig) -> tuple[pynng.Rep0, str]:
     sock = pynng.Rep0(recv_max_size=config.max_message_bytes, send_timeout=int(config.connect_timeout_s * 1000))
     listener = sock.listen(address)
     if is_tcp(address):
-        address = f"tcp://{listener.local_address}"
+        host, _, port = str(listener.local_address).rpartition(":")
+        if host in _WILDCARD:
+            host = config.advertise_host
+        address = f"tcp://{host}:{port}"
     return sock, address
 
 

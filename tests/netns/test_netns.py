@@ -1,0 +1,143 @@
+"""Several hosts on one machine as network namespaces: the actors' traffic crosses
+between them over TCP with the cluster secret, a peer without it is refused, and a
+cut link is detected and reported by name.
+
+Layout (see _lab.py): pytest is the driver in the root namespace; node 0 runs the
+directory; nodes 1..3 run process hosts, each bound to its own 10.213.X.Y address.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from asyncflow.actors._heartbeat import Heartbeat
+from asyncflow.core import protocol
+from asyncflow.core.errors import ActorTimeout, RemoteError, Unauthorized
+from asyncflow.core.ref import ActorRef
+from asyncflow.core.tq.client import TQClient
+from asyncflow.core.tq.launch import queue_specs
+from asyncflow.core.transport import TransportConfig
+
+ECHO = "asyncflow.core.echo:EchoActor"
+RELAY = "_relay:RelayActor"
+
+
+def _host_of(address: str) -> str:
+    return address.removeprefix("tcp://").rpartition(":")[0]
+
+
+def test_actors_in_different_namespaces_talk_over_tcp_on_their_own_addresses(cluster):
+    lab = cluster.lab
+    cluster.spawn_host("a", node=1)
+    cluster.spawn_host("b", node=2)
+    echo = cluster.start("a", "echo.a", ECHO)
+    relay = cluster.start("b", "relay.b", RELAY)
+    assert _host_of(echo.address) == lab.addresses[1] and _host_of(relay.address) == lab.addresses[2]
+    registered = {e.name: _host_of(e.address) for e in cluster.dc.list()}
+    assert registered["host.a"] == lab.addresses[1] and registered["host.b"] == lab.addresses[2]
+
+    # driver (root namespace) -> relay.b (node 2) -> directory (node 0) -> echo.a (node 1) and back
+    reply = cluster.dc.ref("relay.b").ask(protocol.Echo(payload=b"echo.a"), timeout_s=15)
+    assert bytes(reply.payload) == f"from {relay.address} | reached {echo.address}".encode()
+    pong = cluster.dc.ref("echo.a").ask(protocol.Ping(), timeout_s=5)
+    assert pong.name == "echo.a" and pong.num_rejected_frames == 0
+
+
+def test_queue_rows_cross_namespaces_between_manager_shard_and_client(cluster):
+    cluster.spawn_host("queue", node=1)
+    cluster.spawn_host("shard", node=2)
+    q = queue_specs(["train"], num_shards=1, capacity_rows=64, stripe_rows=4)
+    cluster.hosts["queue"].start([q.manager, *q.controllers], timeout_s=30)
+    cluster.hosts["shard"].start(q.shards, timeout_s=30)
+    tq = TQClient(cluster.dc, reserve_rows=0, timeout_s=15)
+    assert not tq.use_shm  # tcp peers: every byte goes over the veth links
+    metas = tq.allocate(3, step=0)
+    rng = np.random.default_rng(0)
+    rows = [rng.standard_normal(n).astype(np.float32) for n in (5, 1 << 20, 17)]  # 4 MiB in the middle
+    tq.put([m.index for m in metas], {"x": rows}, metas)
+    batch = tq.get_batch("train", ["x"], 3)
+    by_index = {m.index: r for m, r in zip(metas, rows)}
+    for k, index in enumerate(batch.indices):
+        np.testing.assert_array_equal(batch.columns["x"][k], by_index[index])
+    tq.ack(batch)
+    tq.close()
+
+
+def test_a_peer_without_the_secret_is_refused(cluster, monkeypatch):
+    lab = cluster.lab
+    monkeypatch.delenv("ASYNCFLOW_SECRET", raising=False)
+    cluster.spawn_host("a", node=1)
+    echo = cluster.start("a", "echo.a", ECHO)
+    for secret in ("wrong", ""):
+        stranger = TransportConfig(scheme="tcp", bind_host=lab.driver_address, secret=secret)
+        with pytest.raises(Unauthorized, match="echo.a.*secret"):
+            ActorRef("echo.a", echo.address, stranger).ask(protocol.Echo(payload=b"let me in"), timeout_s=5)
+    # a stranger in another namespace, with no secret at all
+    probe = (
+        "import sys; from asyncflow.core import protocol; from asyncflow.core.ref import ActorRef\n"
+        "from asyncflow.core.transport import TransportConfig\n"
+        "try:\n"
+        f"    ActorRef('echo.a', {echo.address!r}, TransportConfig(scheme='tcp')).ask(protocol.Echo(), timeout_s=5)\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    out = subprocess.run(lab.command(3, [sys.executable, "-c", probe]), capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in cluster._env(cluster.transport(lab.addresses[3])).items()
+                              if k not in ("ASYNCFLOW_SECRET", "ASYNCFLOW_TRANSPORT")})
+    assert out.stdout.startswith("Unauthorized"), out.stdout + out.stderr
+    assert cluster.dc.ref("echo.a").ask(protocol.Ping(), timeout_s=5).num_rejected_frames == 3
+
+
+def test_a_wildcard_bind_registers_the_advertised_node_address(cluster):
+    lab = cluster.lab
+    cluster.spawn_host("w", node=3, transport=cluster.transport("0.0.0.0", advertise_host=lab.addresses[3]))
+    echo = cluster.start("w", "echo.w", ECHO)
+    assert _host_of(echo.address) == lab.addresses[3]
+    assert _host_of(cluster.dc.lookup("host.w").address) == lab.addresses[3]
+    assert bytes(cluster.dc.ref("echo.w").ask(protocol.Echo(payload=b"hi"), timeout_s=5).payload) == b"hi"
+
+
+def test_a_wildcard_bind_without_an_advertised_address_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="advertise_host"):
+        TransportConfig(scheme="tcp", bind_host="0.0.0.0", secret="s").validate()
+
+
+def test_a_cut_link_is_reported_naming_the_actor_and_the_heartbeat_names_the_lost_host(cluster):
+    lab = cluster.lab
+    hosts = {"a": cluster.spawn_host("a", node=1), "b": cluster.spawn_host("b", node=2)}
+    echo = cluster.start("a", "echo.a", ECHO)
+    cluster.start("b", "relay.b", RELAY)
+    beat = Heartbeat(cluster.driver_transport, interval_s=0.5, lost_after_s=2.0)
+    for name in hosts:
+        beat.watch(name, f"host.{name}", cluster.dc.lookup(f"host.{name}").address)
+    beat.start()
+    try:
+        time.sleep(1.0)  # a few answered rounds first
+        assert beat.lost() == {}
+        lab.cut(1)
+        cut_at = time.monotonic()
+        while "a" not in beat.lost() and time.monotonic() - cut_at < 10:
+            time.sleep(0.1)
+        detected_s = time.monotonic() - cut_at
+        lost = beat.lost()
+        assert list(lost) == ["a"] and lab.addresses[1] in lost["a"], lost
+        assert detected_s < 5
+        with pytest.raises(ActorTimeout, match=r"'echo\.a' at " + echo.address):
+            cluster.dc.ref("echo.a").ask(protocol.Echo(payload=b"anyone?"), timeout_s=2)
+        # an actor on another node asking the cut one gets the same report, passed back to us
+        with pytest.raises(RemoteError, match=r"ActorTimeout.*'echo\.a'"):
+            cluster.dc.ref("relay.b").ask(protocol.Echo(payload=b"echo.a"), timeout_s=15)
+        print(f"\nlost host reported {detected_s:.1f} s after the cut: {lost['a']}")
+        lab.restore(1)
+        deadline = time.monotonic() + 15
+        while beat.lost() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert beat.lost() == {}  # the link back: the host answers again, nothing was restarted
+        assert hosts["a"].alive()
+    finally:
+        beat.stop()
