@@ -2,7 +2,8 @@
 out the moves it asks for, in the driver's main thread (the only thread that starts
 and stops processes, so a move never races the restart of a failed worker).
 
-A move to rollout: the trainer gives up torch threads (SetThreads), then a new
+A move sets the split to the decision's ``split_after``. Adding a replica: the
+trainer first gives up the torch threads it loses (SetThreads), then a new
 ``rollout.<i>`` process host starts (a new name, never a reused one), the weight
 sync learns of it (RegisterReplica; the replica fetches the newest weights itself
 when it starts) and it starts working. A move to training: the newest replica is
@@ -15,6 +16,7 @@ Each move is answered to the planner with MoveApplied (the new split, or the err
 
 from __future__ import annotations
 
+import os
 import queue
 
 import click
@@ -47,6 +49,7 @@ class Scaler:
             PlannerActor, PLANNER, la.transport, directory_address=la.directory.address,
             run_dir=str(la.run_dir), config=la.cfg.planner, rollout_replicas=self.replicas,
             train_threads=self.train_threads, apply=self.moves.put, num_steps=la.cfg.train.num_steps,
+            cores=(la.cfg.planner.cores or os.cpu_count() or 1) if la.cfg.cluster.device == "cpu" else 0,
         )
         la.dc.register(self.planner.entry())
         la.collector_proxy.subscribers = [self.planner.pykka_ref]
@@ -67,16 +70,18 @@ class Scaler:
             self.planner.pykka_ref.tell(self.apply(decision))
 
     def apply(self, decision: MoveDecision) -> protocol.MoveApplied:
-        n = decision.num_workers
+        """Reach ``decision.split_after``: replicas = rollout_workers, trainer threads =
+        train_workers (threads given up first, so the new replica finds the core free)."""
+        n, target = decision.num_workers, decision.split_after
         try:
-            if decision.to_role == "rollout":
-                self._set_train_threads(self.train_threads - n)
-                for _ in range(n):
-                    self._add_replica()
-            else:
-                for _ in range(n):
-                    self._remove_replica()
-                self._set_train_threads(self.train_threads + n)
+            if target.train_workers < self.train_threads:
+                self._set_train_threads(target.train_workers)
+            while len(self.replicas) < target.rollout_workers:
+                self._add_replica()
+            while len(self.replicas) > target.rollout_workers:
+                self._remove_replica()
+            if target.train_workers > self.train_threads:
+                self._set_train_threads(target.train_workers)
         except (AsyncflowError, LookupError, ValueError) as exc:
             click.echo(f"!! planner: the move {n} {decision.from_role} -> {decision.to_role} failed: {exc}", err=True)
             return protocol.MoveApplied(ok=False, rollout_replicas=list(self.replicas),
@@ -96,9 +101,13 @@ class Scaler:
         self.next_index += 1
         kwargs = msgspec.msgpack.encode({"run_dir": str(la.run_dir)})
         spec = protocol.ActorSpec(name=name, cls="asyncflow.actors.rollout:RolloutActor", kwargs=kwargs)
-        la.hosts[name] = spawn_host(name, la.dc, la.transport, [spec], env=la.env, timeout_s=300)
         la.host_specs[name] = [spec]
         la.host_kind[name] = "rollout"  # restarted like the others if it dies
+        try:
+            la.hosts[name] = spawn_host(name, la.dc, la.transport, [spec], env=la.host_env(name), timeout_s=300)
+        except BaseException:
+            del la.host_specs[name], la.host_kind[name]
+            raise
         la.workers.insert(la.workers.index(TRAINER), name)
         la.dc.ref(WEIGHTS_NAME).ask(protocol.RegisterReplica(replica=name), timeout_s=30)
         la.dc.ref(name).ask(protocol.StartWork(), timeout_s=30)

@@ -10,10 +10,11 @@ move it returns is logged with its predicted gain and handed to the driver
 (``apply``), which carries it out between steps and answers MoveApplied. After
 ``measure_steps`` more steps the measured gain is logged beside the prediction.
 
-A worker on this machine is a CPU thread: rollout has one per replica process,
-training one per torch thread of the trainer. A move to rollout starts one more
-replica and takes a thread from the trainer; a move to training stops the newest
-replica and gives the trainer a thread.
+Workers: rollout has one per replica process, training one per torch thread of
+the trainer. With devices (``cores = 0``) a move to rollout starts one more replica
+and takes a thread from the trainer, and the reverse (`planner.online`). On a CPU
+box (``cores`` > 0: processes share the cores) a move adds or removes one replica
+and leaves the trainer's threads alone (`planner.shared_cores`).
 
 Takes: StepMetrics (tell, from the collector), MoveApplied (tell, from the driver),
 Ping, Stop.
@@ -47,7 +48,7 @@ from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 from asyncflow.core.config import PlannerConfig
 from asyncflow.core.errors import AsyncflowError
-from asyncflow.planner import online
+from asyncflow.planner import online, shared_cores
 
 PLANNER = "planner"
 TRAINER = "trainer"
@@ -58,10 +59,13 @@ class PlannerActor(Actor):
 
     def __init__(
         self, ctx, run_dir: str, config: PlannerConfig, rollout_replicas: list[str], train_threads: int,
-        apply: Callable[[online.MoveDecision], None], num_steps: int, read_queue: bool = True, echo: bool = True,
+        apply: Callable[[online.MoveDecision], None], num_steps: int, cores: int = 0, read_queue: bool = True,
+        echo: bool = True,
     ):
         """``apply(decision)`` hands a move to the driver (it must not block); the driver
-        answers MoveApplied. ``read_queue=False``: no queue to read (tests), depth 0."""
+        answers MoveApplied. ``cores`` > 0: roles share that many CPU cores (moves add or
+        remove replicas, `planner.shared_cores`); 0: workers are devices (`planner.online`).
+        ``read_queue=False``: no queue to read (tests), depth 0."""
         super().__init__(ctx)
         self.config = config
         self.path = Path(run_dir) / "planner.jsonl"
@@ -69,6 +73,7 @@ class PlannerActor(Actor):
         self.train_threads = train_threads
         self.apply = apply
         self.num_steps = num_steps
+        self.cores = cores
         self.read_queue = read_queue
         self.echo = echo
         self.policy = online.OnlinePolicy(
@@ -89,7 +94,7 @@ class PlannerActor(Actor):
     def on_start(self) -> None:
         self.ctx.ref(TRAINER).ask(protocol.SetThreads(num_threads=self.train_threads), timeout_s=60)
         self._log("start", split=self.split_dict(), policy=msgspec.to_builtins(self.policy),
-                  max_rollout_replicas=self.config.max_rollout_replicas)
+                  max_rollout_replicas=self.config.max_rollout_replicas, shared_cores=self.cores)
 
     def on_stop(self) -> None:
         self._pool.shutdown(wait=False)
@@ -212,7 +217,10 @@ class PlannerActor(Actor):
 
     # -- deciding ------------------------------------------------------------------------
     def _decide(self, step: int) -> None:
-        decision = online.decide(self.history, self.split, self.policy)
+        if self.cores:
+            decision = shared_cores.decide(self.history, self.split, self.cores, self.config.max_rollout_replicas, self.policy)
+        else:
+            decision = online.decide(self.history, self.split, self.policy)
         if decision is None:
             return
         held = self._held(decision)

@@ -22,7 +22,7 @@ from pathlib import Path
 import click
 import msgspec
 
-ROLLOUT_POLL_S = 0.2  # the rollout's blocking get_batch timeout when its next rows are gated (actors/rollout.py)
+ROLLOUT_POLL_S = 0.05  # the rollout's blocking get_batch timeout when its next rows are gated (actors/rollout.py)
 
 
 def mean_prompt_tokens(cfg, model_dir: str, limit: int = 500) -> float:

@@ -255,6 +255,10 @@ class PlannerConfig(_Section):
     to rollout); 0: cluster.threads_per_process."""
     measure_steps: int = 3
     """Steps after a move over which its measured gain is recorded in planner.jsonl."""
+    cores: int = 0
+    """With cluster.device = cpu: the cores every process shares (0: all of this
+    machine's). There the planner adds or removes rollout replicas and never gives
+    the trainer threads (docs/planner.md, "online reallocation on a CPU box")."""
 
 
 class RunConfig(_Section):

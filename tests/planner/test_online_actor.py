@@ -16,6 +16,7 @@ from asyncflow.core.actor import Actor, serve_actor
 from asyncflow.core.config import PlannerConfig
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.transport import TransportConfig
+from asyncflow.planner.online import Split
 
 
 class FakeRole(Actor):
@@ -43,7 +44,8 @@ class FakeRole(Actor):
 class Bench:
     """A directory, fake roles and the planner, in this process over inproc sockets."""
 
-    def __init__(self, tmp_path, config: PlannerConfig, replicas: list[str], train_threads: int, num_steps: int = 30):
+    def __init__(self, tmp_path, config: PlannerConfig, replicas: list[str], train_threads: int, num_steps: int = 30,
+                 cores: int = 0):
         self.transport = TransportConfig(scheme="inproc")
         self.directory = start_directory(self.transport)
         self.dc = DirectoryClient(self.directory.address, self.transport)
@@ -57,7 +59,7 @@ class Bench:
         self.planner = serve_actor(
             PlannerActor, "planner", self.transport, directory_address=self.directory.address, run_dir=str(tmp_path),
             config=config, rollout_replicas=replicas, train_threads=train_threads, apply=self.moves.put,
-            num_steps=num_steps, read_queue=False, echo=False,
+            num_steps=num_steps, cores=cores, read_queue=False, echo=False,
         )
         self.dc.register(self.planner.entry())
         self.ref = self.dc.ref("planner")
@@ -129,6 +131,24 @@ def test_a_trainer_waiting_on_rollout_gets_a_replica_and_the_gain_is_measured_af
     [measured] = b.events("measured")
     assert measured["measured_gain"] == pytest.approx(10.0 / 6.0 - 1, abs=1e-3)
     assert measured["predicted_gain"] == pytest.approx(1.0)
+    assert b.moves.empty()
+
+
+@pytest.mark.timeout(60)
+def test_on_shared_cores_an_idle_trainer_gets_a_replica_beside_it_and_keeps_its_threads(make_bench):
+    cfg = PlannerConfig(online=True, patience_steps=2, max_rollout_replicas=3)
+    b = make_bench(config=cfg, replicas=["rollout.0"], train_threads=1, cores=2)
+    for step in range(3):
+        b.step(step, 10.0, {"rollout.0": 1.0, "trainer": 0.23})
+    move = b.moves.get(timeout=10)
+    assert move.split_after == Split(rollout_workers=2, train_workers=1)
+    # CPU s per step: rollout 10, train 2.3; 2 cores: max(10/2, 2.3/1, 12.3/2) = 6.15 s
+    assert move.predicted_step_s_after == pytest.approx(6.15)
+    assert "cores shared" in move.reason
+    b.add_role("rollout.1")
+    b.ref.tell(protocol.MoveApplied(ok=True, rollout_replicas=["rollout.0", "rollout.1"], train_threads=1))
+    for step in range(3, 8):  # both cores busy now: a third replica would not pay
+        b.step(step, 6.5, {"rollout.0": 1.0, "rollout.1": 1.0, "trainer": 0.35})
     assert b.moves.empty()
 
 
@@ -223,3 +243,11 @@ def test_moves_during_a_tiny_run_add_and_remove_a_replica_and_every_step_still_t
     assert [t["step"] for t in trained] == list(range(6))
     rows = [i for t in trained for i in t["indices"]]
     assert len(rows) == len(set(rows)) == 6 * 4
+
+
+def test_shared_cores_bound_counts_each_sides_parallelism_and_the_cores_together():
+    from asyncflow.planner.shared_cores import bound_s
+
+    assert bound_s(10.0, 2.3, 1, 1, 2) == 10.0  # one replica: rollout-bound
+    assert bound_s(10.0, 2.3, 2, 1, 2) == pytest.approx(6.15)  # two: the cores are the limit
+    assert bound_s(10.0, 2.3, 3, 1, 2) == pytest.approx(6.15)  # a third adds nothing
