@@ -169,15 +169,15 @@ def run_queue_bench(
 
 
 @click.command()
-@click.option("--samples", "-B", default=8, show_default=True, help="Rows per round.")
-@click.option("--seq-len", "-L", default=64, show_default=True, help="Tokens per row.")
-@click.option("--rounds", "-n", default=200, show_default=True, help="Measured rounds.")
-@click.option("--shards", "-S", default=1, show_default=True, help="Storage shards (one process each).")
-@click.option("--warmup", default=5, show_default=True, help="Rounds run before measuring.")
+@click.option("--samples", "-B", default=8, type=click.IntRange(min=1), show_default=True, help="Rows per round.")
+@click.option("--seq-len", "-L", default=64, type=click.IntRange(min=1), show_default=True, help="Tokens per row.")
+@click.option("--rounds", "-n", default=200, type=click.IntRange(min=1), show_default=True, help="Measured rounds.")
+@click.option("--shards", "-S", default=1, type=click.IntRange(min=1), show_default=True, help="Storage shards (one process each).")
+@click.option("--warmup", default=5, type=click.IntRange(min=0), show_default=True, help="Rounds run before measuring.")
 @click.option("--shm/--no-shm", "use_shm", default=True, show_default=True,
               help="Same-host shared-memory data path for puts of 1 MB or more.")
 @click.option("--zero-copy", is_flag=True, help="Read shared-memory rows as views (valid until acked), not copies.")
-@click.option("--window", "window_rounds", default=4, show_default=True,
+@click.option("--window", "window_rounds", default=4, type=click.IntRange(min=1), show_default=True,
               help="Queue capacity in rounds (at least 1024 rows): how far the streaming producer may run ahead.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
 def queue(samples: int, seq_len: int, rounds: int, shards: int, warmup: int, use_shm: bool, zero_copy: bool,
