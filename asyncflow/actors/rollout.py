@@ -145,9 +145,12 @@ class RolloutActor(LoopActor):
                     self._fetched.wait(timeout=1.0)
                     self._fetched.clear()
                 return True
+            # Nothing admissible: either no prompts yet, or the staleness gate holds and the
+            # trainer has not announced the next version. Wait briefly for rows, then look
+            # at the weights again: a long blocking get would sit through an announcement.
             with self.activity("wait_data"):
                 try:
-                    batch = self.tq.get_batch("rollout", ["prompt_ids"], G, policy="group", timeout_s=0.2, max_step=max_step)
+                    batch = self.tq.get_batch("rollout", ["prompt_ids"], G, policy="group", timeout_s=0.05, max_step=max_step)
                 except BatchTimeout:
                     return True
         groups: dict[int, list[int]] = {}  # group id -> positions in the batch

@@ -127,8 +127,9 @@ class RewardConfig(_Section):
     """Weight per function (default 1 each)."""
     num_workers: int = 1
     """Worker processes."""
-    batch_size: int = 16
-    """Rows scored per call."""
+    batch_size: int = 256
+    """Most rows scored per call (async mode takes whatever is ready, up to this; a
+    call costs a few queue round trips, so small calls waste CPU)."""
 
 
 class CriticConfig(_Section):
