@@ -26,7 +26,6 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
-import signal
 import sys
 import tempfile
 import threading
@@ -73,6 +72,8 @@ class Launcher:
         self.restarts: list[dict] = []
         self.stopping = False
         self.scaler = None  # the online planner's driver side ([planner] online = true)
+        self.spawn = spawn_host  # with [cluster] launcher = "ray": RayHosts.spawn (actors/ray_hosts.py)
+        self.ray_hosts = None
 
     # -- layout ------------------------------------------------------------------------
     def tasks(self) -> list[str]:
@@ -141,6 +142,12 @@ class Launcher:
         cfg = self.cfg
         self.ipc_dir = tempfile.mkdtemp(prefix="af-")  # short: ipc paths are limited to ~100 bytes
         transport = msgspec.structs.replace(cfg.cluster.transport, ipc_dir=self.ipc_dir)
+        if cfg.cluster.launcher == "ray":  # Ray places the hosts; the driver listens on its node's address
+            from asyncflow.actors.ray_hosts import RayHosts
+
+            self.ray_hosts = RayHosts(cfg.cluster, self.host_kind)
+            self.spawn = self.ray_hosts.spawn
+            transport = self.ray_hosts.connect(transport)
         self.transport = transport.validate()
         self.directory = start_directory(self.transport)
         self.dc = DirectoryClient(self.directory.address, self.transport)
@@ -159,7 +166,7 @@ class Launcher:
                "ASYNCFLOW_SPANS": "1" if cfg.logging.spans else "0"}
         self.env = env
         for host in self.host_specs:
-            self.hosts[host] = spawn_host(host, self.dc, self.transport, env=self.host_env(host))
+            self.hosts[host] = self.spawn(host, self.dc, self.transport, env=self.host_env(host))
         self.write_cluster_file()
         order = [h for h in self.host_specs if self.host_kind[h] in ("queue", "shard")]
         self._start_hosts(order)
@@ -209,6 +216,8 @@ class Launcher:
         _cluster_file.mark_stopped(self.run_dir.absolute())
         if hasattr(self, "directory"):
             self.directory.stop()
+        if self.ray_hosts is not None:
+            self.ray_hosts.close()
 
     # -- watching ------------------------------------------------------------------------
     def role_stats(self) -> dict[str, protocol.RoleStats]:
@@ -236,7 +245,7 @@ class Launcher:
             for spec in self.host_specs[host]:
                 self.dc.unregister(spec.name)
             click.echo(f"!! {host} exited with code {code}: requeued {requeued} rows it held, restarting it", err=True)
-            self.hosts[host] = spawn_host(host, self.dc, self.transport, self.host_specs[host], env=self.host_env(host))
+            self.hosts[host] = self.spawn(host, self.dc, self.transport, self.host_specs[host], env=self.host_env(host))
             for spec in self.host_specs[host]:
                 self.dc.ref(spec.name, refresh=True).ask(protocol.StartWork(), timeout_s=30)
             self.restarts.append({"host": host, "exit_code": code, "requeued_rows": requeued, "time": time.time()})
@@ -285,7 +294,7 @@ class Launcher:
         for host, proc in self.hosts.items():
             if proc.alive():
                 print(f"--- Python stacks of process {host} (pid {proc.pid}) ---", file=sys.stderr, flush=True)
-                os.kill(proc.pid, signal.SIGUSR1)
+                proc.dump_stacks()
                 time.sleep(0.2)  # let its dump finish before the next one starts
 
     def wait(self) -> protocol.RunFinished:

@@ -164,6 +164,10 @@ class HostProcess:
             self.proc.kill()
             self.proc.wait()
 
+    def dump_stacks(self) -> None:
+        """The host prints every thread's Python stack to its stderr (SIGUSR1)."""
+        os.kill(self.pid, signal.SIGUSR1)
+
     def kill(self) -> None:
         """SIGKILL (fault-injection and last resort)."""
         self.proc.kill()

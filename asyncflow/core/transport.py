@@ -53,11 +53,6 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
                 f"[cluster.transport] bind_host = {self.bind_host!r} is not loopback: set "
                 f"[cluster.transport] secret or the {SECRET_ENV} environment variable"
             )
-        if self.scheme == "tcp" and self.bind_host in _WILDCARD and self.advertise_host in _WILDCARD:
-            raise ValueError(
-                f"[cluster.transport] bind_host = {self.bind_host!r} listens on every interface, but peers need one "
-                f"address to dial: set [cluster.transport] advertise_host to this node's address, or bind_host to it"
-            )
         if self.max_message_bytes <= 0:
             raise ValueError("[cluster.transport] max_message_bytes must be > 0")
         return self
@@ -97,7 +92,14 @@ def is_tcp(address: str) -> bool:
 
 
 def listen(address: str, config: TransportConfig) -> tuple[pynng.Rep0, str]:
-    """A Rep0 listener on ``address``; returns it and the bound address (tcp port filled in)."""
+    """A Rep0 listener on ``address``; returns it and the address peers dial (tcp: port
+    filled in; a wildcard host replaced by ``advertise_host``)."""
+    if is_tcp(address) and address[6:].rpartition(":")[0] in _WILDCARD and config.advertise_host in _WILDCARD:
+        raise ValueError(
+            f"[cluster.transport] bind_host = {config.bind_host!r} listens on every interface, but peers need one "
+            f"address to dial: set [cluster.transport] advertise_host to this node's address, or bind_host to it "
+            f"(launcher = 'ray' sets it on each node)"
+        )
     sock = pynng.Rep0(recv_max_size=config.max_message_bytes, send_timeout=int(config.connect_timeout_s * 1000))
     listener = sock.listen(address)
     if is_tcp(address):

@@ -17,6 +17,8 @@ import pytest
 
 from asyncflow.actors._heartbeat import Heartbeat
 from asyncflow.core import protocol
+from asyncflow.core.actor import serve_actor
+from asyncflow.core.echo import EchoActor
 from asyncflow.core.errors import ActorTimeout, RemoteError, Unauthorized
 from asyncflow.core.ref import ActorRef
 from asyncflow.core.tq.client import TQClient
@@ -103,8 +105,9 @@ def test_a_wildcard_bind_registers_the_advertised_node_address(cluster):
 
 
 def test_a_wildcard_bind_without_an_advertised_address_is_refused_with_the_fix():
+    wildcard = TransportConfig(scheme="tcp", bind_host="0.0.0.0", secret="s").validate()  # valid: ray fills it in
     with pytest.raises(ValueError, match="advertise_host"):
-        TransportConfig(scheme="tcp", bind_host="0.0.0.0", secret="s").validate()
+        serve_actor(EchoActor, "echo", wildcard)
 
 
 def test_a_cut_link_is_reported_naming_the_actor_and_the_heartbeat_names_the_lost_host(cluster):

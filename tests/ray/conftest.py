@@ -1,0 +1,43 @@
+"""A local Ray cluster for the ``ray``-marked tests (``pip install 'asyncflow[ray]'``).
+
+Run: ``timeout 900 python -m pytest tests/ray -m ray -q``. The cluster is started by a
+helper process (``_ray_head.py``) and shut down by it, so no other Ray on the machine
+is touched (never ``ray stop``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncflow.core.host import PARENT_ENV
+
+
+@pytest.fixture(scope="module")
+def ray_env():
+    """The environment a driver joins the local cluster with (address and auth token)."""
+    pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'asyncflow[ray]'")
+    # Ray >= 2.5x authenticates with a token: ours, in the env (never written to ~/.ray)
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0"}
+    env = dict(os.environ, **auth, **{PARENT_ENV: str(os.getpid())})
+    env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_AUTH_TOKEN_PATH", None)
+    head = subprocess.Popen([sys.executable, str(Path(__file__).parent / "_ray_head.py"), "4"], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        address = head.stdout.readline().strip()
+        if not address:
+            pytest.fail(f"the local Ray cluster did not start (exit {head.wait(timeout=60)})")
+        yield {"RAY_ADDRESS": address, **auth}
+    finally:
+        head.stdin.close()
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()

@@ -1,0 +1,45 @@
+"""The tiny end-to-end run with ``[cluster] launcher = "ray"`` on a local Ray cluster:
+every process host is a Ray actor's child, registered over tcp on the node's IP with
+the cluster secret. Marked ``ray`` (not in the default run): see conftest.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "workflow"))
+from wf_helpers import assert_trained_exactly_once, read_jsonl, write_config  # noqa: E402
+
+RAY_CLUSTER = """
+[cluster]
+launcher = "ray"
+[cluster.transport]
+scheme = "tcp"
+bind_host = "0.0.0.0"
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_a_tiny_run_with_hosts_placed_by_ray_trains_every_step_exactly_once(tmp_path, ray_env):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path, mode="async", num_steps=3, staleness=1, extra=RAY_CLUSTER)
+    env = dict(os.environ, OMP_NUM_THREADS="1", ASYNCFLOW_SECRET="ray-test-secret", **ray_env)
+    done = subprocess.run([sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
+                          env=env, capture_output=True, text=True, timeout=540)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    assert "done: 3 steps" in out
+    for host in ("queue", "shard.0", "loader", "rollout.0", "reward.0", "trainer"):
+        assert f"ray: process {host} on node " in out, out[-6000:]
+    assert [int(m["step"]) for m in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2]
+    assert_trained_exactly_once(run_dir, 3, 2, 2)
+    cluster = json.loads((run_dir / "cluster.json").read_text())
+    assert cluster["directory"].startswith("tcp://") and cluster["transport"]["secret"] == ""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarts"] == []
