@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -43,3 +44,28 @@ def test_a_tiny_run_with_hosts_placed_by_ray_trains_every_step_exactly_once(tmp_
     assert cluster["directory"].startswith("tcp://") and cluster["transport"]["secret"] == ""
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["restarts"] == []
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_a_killed_rollout_host_under_ray_is_placed_again_and_every_sample_is_trained_exactly_once(tmp_path, ray_env):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path, mode="async", num_steps=4, staleness=1, extra=RAY_CLUSTER)
+    env = dict(os.environ, OMP_NUM_THREADS="1", ASYNCFLOW_SECRET="ray-test-secret", **ray_env)
+    proc = subprocess.Popen([sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, rollout_pid, killed = [], None, False
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("ray: process rollout.0 on node ") and rollout_pid is None:
+            rollout_pid = int(line.split("(pid ")[1].split(",")[0])  # a local Ray cluster: the pid is on this machine
+        if line.startswith("step ") and not killed:
+            os.kill(rollout_pid, signal.SIGKILL)
+            killed = True
+    out = "".join(lines)
+    assert proc.wait(timeout=60) == 0, out[-6000:]
+    assert killed and out.count("ray: process rollout.0 on node ") == 2, out[-6000:]
+    assert "rollout.0 exited with code -9: requeued" in out
+    assert_trained_exactly_once(run_dir, 4, 2, 2)
+    restarts = json.loads((run_dir / "summary.json").read_text())["restarts"]
+    assert [r["host"] for r in restarts] == ["rollout.0"]
