@@ -27,7 +27,6 @@ from asyncflow.actors.weight_sync import WEIGHTS_NAME
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.errors import AsyncflowError
-from asyncflow.core.host import spawn_host
 from asyncflow.core.tq.client import TQClient
 from asyncflow.planner.online import MoveDecision
 
@@ -104,7 +103,7 @@ class Scaler:
         la.host_specs[name] = [spec]
         la.host_kind[name] = "rollout"  # restarted like the others if it dies
         try:
-            la.hosts[name] = spawn_host(name, la.dc, la.transport, [spec], env=la.host_env(name), timeout_s=300)
+            la.hosts[name] = la.spawn(name, la.dc, la.transport, [spec], env=la.host_env(name))  # local or Ray
         except BaseException:
             del la.host_specs[name], la.host_kind[name]
             raise
