@@ -8,7 +8,8 @@ the mean of its replicas) and the depth of the training queue (rows generated an
 not yet taken by the trainer). It gives the window to ``planner.online.decide``; a
 move it returns is logged with its predicted gain and handed to the driver
 (``apply``), which carries it out between steps and answers MoveApplied. After
-``measure_steps`` more steps the measured gain is logged beside the prediction.
+``measure_steps`` more steps the measured gain (mean step of the window that
+motivated the move / mean step after it) is logged beside the prediction.
 
 Workers: rollout has one per replica process, training one per torch thread of
 the trainer. With devices (``cores = 0``) a move to rollout starts one more replica
@@ -84,6 +85,7 @@ class PlannerActor(Actor):
         self.pending: online.MoveDecision | None = None  # handed to the driver, not yet applied
         self.measuring: dict | None = None  # the last applied move, until its gain is measured
         self.skip_next = False  # the step during which a move was applied
+        self.decided_on: list[online.StepObservation] = []  # the window of the pending move
         self.held_reason = ""
         self.decisions: list[dict] = []
         self._last_time_s: float | None = None
@@ -139,7 +141,7 @@ class PlannerActor(Actor):
             self._log("applied", ok=False, error=msg.error, split=self.split_dict())
             self.history = []
             return
-        before = self.history[-self.policy.patience_steps:]
+        before = self.decided_on  # the steps that motivated the move, not those during it (a spawn slows them)
         self.replicas = list(msg.rollout_replicas)
         self.train_threads = msg.train_threads
         self.history = []
@@ -231,6 +233,7 @@ class PlannerActor(Actor):
             return
         self.held_reason = ""
         self.pending = decision
+        self.decided_on = self.history[-self.policy.patience_steps:]
         record = self._log(
             "decision", step=step, move=f"{decision.num_workers} {decision.from_role} -> {decision.to_role}",
             split_before=self.split_dict(), split_after=msgspec.to_builtins(decision.split_after),
