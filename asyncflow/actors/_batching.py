@@ -32,12 +32,12 @@ def token_batch(
     extra_BT = {name: torch.zeros(B, T, dtype=torch.float32) for name in (per_token or {})}
     for b, (p, r) in enumerate(zip(prompt_ids, response_ids)):
         P, L = len(p), len(r)
-        ids_BT[b, :P] = torch.from_numpy(np.asarray(p, dtype=np.int64))
-        ids_BT[b, P : P + L] = torch.from_numpy(np.asarray(r, dtype=np.int64))
+        ids_BT[b, :P] = torch.as_tensor(np.array(p, dtype=np.int64))  # a copy: queue arrays are read-only
+        ids_BT[b, P : P + L] = torch.as_tensor(np.array(r, dtype=np.int64))
         attn_BT[b, : P + L] = 1
         resp_BT[b, P : P + L] = 1.0
         for name, col in (per_token or {}).items():
-            extra_BT[name][b, P : P + L] = torch.from_numpy(np.asarray(col[b], dtype=np.float32))
+            extra_BT[name][b, P : P + L] = torch.as_tensor(np.array(col[b], dtype=np.float32))
     batch = TokenBatch(input_ids=ids_BT, attention_mask=attn_BT, response_mask=resp_BT)
     for name, value in extra_BT.items():
         setattr(batch, name, value)

@@ -25,7 +25,7 @@ import click
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 
-COLLECTOR = "collector"
+from asyncflow.actors._loop import COLLECTOR  # noqa: E402  (one name, defined by the loop base)
 
 
 class CollectorActor(Actor):

@@ -10,13 +10,12 @@
 from __future__ import annotations
 
 import threading
-import weakref
 
 import numpy as np
 import pynng
 from pynng import ffi, lib
 
-_contexts: "weakref.WeakKeyDictionary[pynng.Socket, weakref.WeakSet]" = weakref.WeakKeyDictionary()
+_contexts: dict[int, set] = {}  # id(socket) -> its open contexts (strong refs: see close_socket)
 _contexts_lock = threading.Lock()
 
 
@@ -45,25 +44,35 @@ def recv(ctx: pynng.Context) -> memoryview:
 def new_context(sock: pynng.Socket) -> pynng.Context:
     """A context of ``sock``, remembered so ``close_socket`` can close it first."""
     ctx = sock.new_context()
+    ctx._af_socket = id(sock)
     with _contexts_lock:
-        _contexts.setdefault(sock, weakref.WeakSet()).add(ctx)
+        _contexts.setdefault(id(sock), set()).add(ctx)
     return ctx
 
 
 def close_socket(sock: pynng.Socket) -> None:
-    """Close the socket's contexts, then the socket: pynng would otherwise raise
-    ``Closed`` from each context's finaliser at garbage collection."""
+    """Close the socket's open contexts, then the socket.
+
+    Contexts are held by strong references until closed here or by ``close_quietly``,
+    so pynng's finaliser never runs on an open context (it raced with explicit
+    closes from other threads and printed errors at garbage collection)."""
     with _contexts_lock:
-        ctxs = list(_contexts.pop(sock, ()))
+        ctxs = list(_contexts.pop(id(sock), ()))
     for ctx in ctxs:
         close_quietly(ctx)
     sock.close()
 
 
 def close_quietly(ctx: pynng.Context) -> None:
-    """Close a context whose socket may already be closed (no noise at GC time)."""
-    try:
-        ctx.close()
-    except (pynng.Closed, TypeError):  # TypeError: pynng's close raced with another closer
-        pass
-    ctx._context = None
+    """Close a context once, whoever calls first; later calls do nothing."""
+    with _contexts_lock:
+        owned = _contexts.get(getattr(ctx, "_af_socket", None))
+        if owned is not None:
+            owned.discard(ctx)
+        if ctx._context is None:
+            return
+        try:
+            ctx.close()
+        except pynng.Closed:
+            pass
+        ctx._context = None
