@@ -387,6 +387,9 @@ def run(cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | 
     Give a config and a run directory for a new run, or ``resume=RUN_DIR``."""
     cfg, rd, launch = prepare_resume(resume) if resume else prepare_new(cfg, run_dir)
     faulthandler.enable()
+    from asyncflow.actors._preflight import check
+
+    click.echo(check(cfg, launch.model_dir))
     launcher = Launcher(cfg, rd, launch)
     launcher.plan()
     t0 = time.monotonic()

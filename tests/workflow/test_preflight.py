@@ -1,0 +1,38 @@
+"""The memory check before launch: a run that cannot fit is refused with the numbers."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from asyncflow.actors._preflight import check, estimate
+from asyncflow.core.config import ConfigError, load_config_text
+
+
+def _model_dir(tmp_path, hidden: int, layers: int, vocab: int):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": hidden, "intermediate_size": 4 * hidden, "num_hidden_layers": layers,
+        "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": vocab, "tie_word_embeddings": False,
+    }))
+    return str(tmp_path)
+
+
+def test_the_estimate_counts_model_states_replicas_and_the_kv_budget(tmp_path):
+    model = _model_dir(tmp_path, hidden=64, layers=2, vocab=100)
+    cfg = load_config_text("[rollout]\nnum_replicas = 2\n[rollout.engine]\nkv_cache_bytes = 1000000")
+    per_role = estimate(cfg, model)
+    assert set(per_role) == {"trainer", "rollout.0", "rollout.1"}
+    params = (per_role["rollout.0"] - 1_000_000) / 8  # fp32 weights + fp32 staged copy
+    assert per_role["trainer"] == pytest.approx(params * 20)  # 16 B/param of states + 4 of the staged snapshot
+    assert "memory: at least" in check(cfg, model)
+
+
+def test_a_model_too_large_for_this_host_is_refused_before_launch(tmp_path):
+    model = _model_dir(tmp_path, hidden=16384, layers=120, vocab=150000)  # a few hundred billion parameters
+    cfg = load_config_text("")
+    with pytest.raises(ConfigError, match=r"needs at least .* GiB of host memory .* use a smaller model"):
+        check(cfg, model)
+    gpu = msgspec.structs.replace(cfg, cluster=msgspec.structs.replace(cfg.cluster, device="cuda"))
+    assert check(gpu, model).startswith("memory per device")
