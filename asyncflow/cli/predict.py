@@ -151,7 +151,7 @@ def run_predict(config_path: str, profile_path: str | None, response_len: float 
         st = p["stages"]
         click.echo(f"  {mode:<5} (k={p['staleness']}): {p['predicted_step_s']:.3f} s/step, {p['predicted_samples_per_s']:.1f} samples/s"
                    f"  [call {st['call_s'] * 1e3:.1f} ms x {st['calls_per_step']}, train {st['train_s'] * 1e3:.1f} ms, "
-                   f"{p['num_polls']} polls of {st['poll_s']:.1f} s, contention x{p['contention']['rollout']:.2f}; "
+                   f"{p['num_polls']} polls of {st['poll_s']:.2f} s, contention x{p['contention']['rollout']:.2f}; "
                    f"without the workflow's mechanics {p['analytical_step_s']:.3f} s]")
     if measured:
         for mode, m in measured.items():
