@@ -145,9 +145,6 @@ class Launcher:
         if cfg.cluster.launcher == "ray":  # Ray places the hosts; the driver listens on its node's address
             from asyncflow.actors.ray_hosts import RayHosts
 
-            if cfg.planner.online:
-                raise ConfigError("[planner] online = true does not work with [cluster] launcher = 'ray' yet "
-                                  "(it would start replicas on the driver's machine): set one of them back")
             self.ray_hosts = RayHosts(cfg.cluster, self.host_kind)
             self.spawn = self.ray_hosts.spawn
             transport = self.ray_hosts.connect(transport)

@@ -32,8 +32,9 @@ class DirectoryActor(Actor):
                     if not waiter.done:
                         waiter.resolve(protocol.Found(entry=entry))
                 return protocol.Ok()
-            case protocol.Unregister(name=name):
-                self._entries.pop(name, None)
+            case protocol.Unregister(name=name, address=address):
+                if not address or (name in self._entries and self._entries[name].address == address):
+                    self._entries.pop(name, None)
                 return protocol.Ok()
             case protocol.Lookup(name=name, wait_s=wait_s):
                 if name in self._entries:
@@ -68,9 +69,10 @@ class DirectoryClient:
     def register(self, entry: protocol.ActorEntry) -> None:
         self._ref.ask(protocol.Register(entry=entry), timeout_s=self.transport.connect_timeout_s)
 
-    def unregister(self, name: str) -> None:
+    def unregister(self, name: str, address: str = "") -> None:
+        """Forget ``name``; with ``address``, only if it is still registered there."""
         self._cache.pop(name, None)
-        self._ref.ask(protocol.Unregister(name=name), timeout_s=self.transport.connect_timeout_s)
+        self._ref.ask(protocol.Unregister(name=name, address=address), timeout_s=self.transport.connect_timeout_s)
 
     def lookup(self, name: str, wait_s: float = 0.0) -> protocol.ActorEntry:
         try:

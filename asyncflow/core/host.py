@@ -106,7 +106,7 @@ class HostActor(Actor):
         if actor is None:
             raise KeyError(f"this host runs no actor named {name!r}; it runs {sorted(self.actors)}")
         try:
-            self.ctx.directory.unregister(name)
+            self.ctx.directory.unregister(name, actor.address)
         except ActorTimeout:
             log.warning("directory gone while unregistering %s", name)
         actor.stop()
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     for actor in list(host_actor.actors.get().values()):
         actor.stop()
     try:
-        directory.unregister(host.name)
+        directory.unregister(host.name, host.address)  # never a successor's entry
     except ActorTimeout:
         pass
     host.stop()

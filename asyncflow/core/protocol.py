@@ -110,6 +110,9 @@ class Register(_Msg):
 
 class Unregister(_Msg):
     name: str
+    address: str = ""
+    """When set, the entry is removed only while it still has this address: a stale
+    process (its node cut off, then back) never removes its successor's entry."""
 
 
 class Lookup(_Msg):

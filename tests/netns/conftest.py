@@ -58,6 +58,7 @@ class Cluster:
         transport = transport or self.transport(self.lab.addresses[node])
         argv = self.lab.command(node, [sys.executable, "-m", "asyncflow.core.host", "--name", name,
                                        "--directory", self.directory_address])
+        self.dc.unregister(f"host.{name}")  # as spawn_host: never look up a predecessor of the same name
         host = HostProcess(name, subprocess.Popen(argv, env=self._env(transport)), self.dc)
         self.hosts[name] = host
         return host

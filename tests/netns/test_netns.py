@@ -144,3 +144,22 @@ def test_a_cut_link_is_reported_naming_the_actor_and_the_heartbeat_names_the_los
         assert hosts["a"].alive()
     finally:
         beat.stop()
+
+
+def test_a_host_cut_off_and_replaced_never_removes_its_successors_entry_when_it_comes_back(cluster):
+    lab = cluster.lab
+    old = cluster.spawn_host("a", node=1)
+    cluster.start("a", "echo.a", ECHO)
+    cluster.hosts["a (cut off)"] = old
+    lab.cut(1)
+    cluster.dc.unregister("echo.a")  # what the launcher does before it starts a successor
+    cluster.spawn_host("a", node=2)  # the successor, same names, on another node
+    echo = cluster.start("a", "echo.a", ECHO)
+    successor = cluster.dc.lookup("host.a").address
+    assert _host_of(successor) == lab.addresses[2]
+    lab.restore(1)
+    old.proc.terminate()  # the old process comes back and stops: it unregisters what it registered
+    assert old.proc.wait(timeout=30) == 0
+    assert cluster.dc.lookup("host.a").address == successor
+    assert cluster.dc.lookup("echo.a").address == echo.address
+    assert cluster.dc.ref("echo.a", refresh=True).ask(protocol.Ping(), timeout_s=5).name == "echo.a"
