@@ -20,6 +20,7 @@ Invariants (the state's, see ``state.py``):
 from __future__ import annotations
 
 import os
+import threading
 
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor, Pending
@@ -37,9 +38,14 @@ class _Waiter:
 
 class ControllerActor(Actor):
     Inbox = protocol.ControllerIn
+    # shards' notices and acks are served on the listener thread (no hop to the actor
+    # thread: a waiting GetBatch is answered straight from there); the state is
+    # touched only under ``_lock``
+    Urgent = (protocol.RowsWritten, protocol.Ack, protocol.ForgetRows)
 
     def __init__(self, ctx, task: str, manager: str = "tq.manager", ack_linger_s: float = 0.005):
         super().__init__(ctx)
+        self._lock = threading.Lock()
         self.task = task
         self.manager = manager
         self.state = TaskState(task)
@@ -49,9 +55,10 @@ class ControllerActor(Actor):
 
     def on_stop(self) -> None:
         self.notifier.close()
-        for w in self.waiters:
-            if not w.pending.done:
-                w.pending.reject(RuntimeError(f"controller of task {self.task!r} stopped"))
+        with self._lock:
+            for w in self.waiters:
+                if not w.pending.done:
+                    w.pending.reject(RuntimeError(f"controller of task {self.task!r} stopped"))
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -90,6 +97,10 @@ class ControllerActor(Actor):
         self.waiters = still
 
     def _expire(self, waiter: _Waiter) -> None:
+        with self._lock:
+            self._expire_locked(waiter)
+
+    def _expire_locked(self, waiter: _Waiter) -> None:
         if waiter.pending.done:
             return
         self.waiters = [w for w in self.waiters if w is not waiter]
@@ -112,7 +123,15 @@ class ControllerActor(Actor):
 
     # -- messages ----------------------------------------------------------------------
 
+    def handle_urgent(self, msg):
+        with self._lock:
+            return self._handle(msg, None)
+
     def handle(self, msg, pending):
+        with self._lock:
+            return self._handle(msg, pending)
+
+    def _handle(self, msg, pending):
         match msg:
             case protocol.RowsWritten(shard=shard, indices=indices, columns=columns, metas=metas):
                 self.state.on_written(shard, indices, columns, metas)
@@ -132,11 +151,8 @@ class ControllerActor(Actor):
                 self.call_later(msg.timeout_s, lambda: self._expire(waiter))
                 return DEFER
             case protocol.Ack(consumer=consumer, indices=indices):
-                done = self.state.ack(consumer, indices)
-                if pending is not None:
-                    pending.resolve(protocol.Ok())
-                self._tell_acked(done)
-                return DEFER
+                self._tell_acked(self.state.ack(consumer, indices))
+                return protocol.Ok()
             case protocol.Requeue(consumer=consumer):
                 indices = self.state.requeue(consumer)
                 self._serve_waiters()

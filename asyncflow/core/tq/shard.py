@@ -18,6 +18,8 @@ Invariants:
 
 from __future__ import annotations
 
+import threading
+
 
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
@@ -35,9 +37,13 @@ def _proc_status_bytes(field: str) -> int:
 
 class ShardActor(Actor):
     Inbox = protocol.ShardIn
+    # the data plane is served on the listener thread (no hop to the actor thread);
+    # every message touching the store holds ``_lock``
+    Urgent = (protocol.PutRows, protocol.PutRowsShm, protocol.ReserveShm, protocol.GetRows, protocol.FreeRows)
 
     def __init__(self, ctx, shard: int, controllers: list[str], arena_bytes: int = 1 << 30):
         super().__init__(ctx)
+        self._lock = threading.Lock()
         self.shard = shard
         self.controllers = list(controllers)
         self.store = ShardStore(ctx.name, arena_bytes)
@@ -45,14 +51,23 @@ class ShardActor(Actor):
 
     def on_stop(self) -> None:
         self.notifier.close()
-        self.store.close()
+        with self._lock:
+            self.store.close()
 
     def _notify(self, indices: list[int], columns: list[str], metas: list[protocol.RowMeta]) -> None:
         msg = protocol.RowsWritten(shard=self.shard, indices=indices, columns=columns, metas=metas)
         for name in self.controllers:
             self.notifier.tell(name, msg)
 
+    def handle_urgent(self, msg):
+        with self._lock:
+            return self._handle(msg)
+
     def handle(self, msg, pending):
+        with self._lock:
+            return self._handle(msg)
+
+    def _handle(self, msg):
         match msg:
             case protocol.PutRows(indices=indices, columns=columns, metas=metas):
                 self.store.put(indices, columns, metas)
