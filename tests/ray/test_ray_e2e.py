@@ -4,11 +4,13 @@ the cluster secret. Marked ``ray`` (not in the default run): see conftest.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,40 @@ def test_a_killed_rollout_host_under_ray_is_placed_again_and_every_sample_is_tra
     assert proc.wait(timeout=60) == 0, out[-6000:]
     assert killed and out.count("ray: process rollout.0 on node ") == 2, out[-6000:]
     assert "rollout.0 exited with code -9: requeued" in out
+    assert_trained_exactly_once(run_dir, 4, 2, 2)
+    restarts = json.loads((run_dir / "summary.json").read_text())["restarts"]
+    assert [r["host"] for r in restarts] == ["rollout.0"]
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_a_frozen_rollout_host_under_ray_is_reported_lost_by_the_heartbeat_and_placed_again(tmp_path, ray_env):
+    """SIGSTOP: the process neither exits nor answers, as a node that hangs or is cut off."""
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path, mode="async", num_steps=4, staleness=1, extra=RAY_CLUSTER)
+    env = dict(os.environ, OMP_NUM_THREADS="1", ASYNCFLOW_SECRET="ray-test-secret", **ray_env)
+    proc = subprocess.Popen([sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, frozen_pid, frozen_at, reported_after_s = [], None, None, None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("ray: process rollout.0 on node ") and frozen_pid is None:
+                frozen_pid = int(line.split("(pid ")[1].split(",")[0])
+            if line.startswith("step ") and frozen_at is None:
+                os.kill(frozen_pid, signal.SIGSTOP)
+                frozen_at = time.monotonic()
+            if "host 'rollout.0'" in line and "has not answered Ping" in line and reported_after_s is None:
+                reported_after_s = time.monotonic() - frozen_at
+        out = "".join(lines)
+        assert proc.wait(timeout=60) == 0, out[-6000:]
+    finally:
+        if frozen_pid is not None:  # Ray's kill reached its parent; SIGKILL works on a stopped process
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(frozen_pid, signal.SIGKILL)
+    assert reported_after_s is not None and reported_after_s < 15, out[-6000:]
+    print(f"\nthe frozen host was reported lost {reported_after_s:.1f} s after SIGSTOP")
+    assert out.count("ray: process rollout.0 on node ") == 2
     assert_trained_exactly_once(run_dir, 4, 2, 2)
     restarts = json.loads((run_dir / "summary.json").read_text())["restarts"]
     assert [r["host"] for r in restarts] == ["rollout.0"]
