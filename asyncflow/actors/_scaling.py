@@ -21,6 +21,7 @@ import queue
 
 import click
 import msgspec
+import pykka
 
 from asyncflow.actors.planner import PLANNER, TRAINER, PlannerActor
 from asyncflow.actors.weight_sync import WEIGHTS_NAME
@@ -66,7 +67,12 @@ class Scaler:
                 decision = self.moves.get_nowait()
             except queue.Empty:
                 return
-            self.planner.pykka_ref.tell(self.apply(decision))
+            applied = self.apply(decision)
+            try:
+                self.planner.pykka_ref.tell(applied)
+            except pykka.ActorDeadError:  # the planner failed (its error is in the log): the run goes on without it
+                click.echo(f"!! planner: gone; the split stays {applied.rollout_replicas}, "
+                           f"{applied.train_threads} trainer threads", err=True)
 
     def apply(self, decision: MoveDecision) -> protocol.MoveApplied:
         """Reach ``decision.split_after``: replicas = rollout_workers, trainer threads =

@@ -7,7 +7,10 @@ The planner should move a thread from the trainer to a second replica, so the la
 window of steps runs faster than the first. Samples/s over a window of W steps is
 samples / (end of its last step - end of the step before it): the first window
 starts after step 0 (which carries the start-up). ``--compare`` also runs the same
-config with the planner off, for the same windows.
+config with the planner off, for the same windows and for the steps after the
+move. Runs go one after the other: on a machine shared with other jobs the load
+drifts between them, so compare the planner's own ``measured`` line too (before and
+after the move, in one run).
 """
 
 from __future__ import annotations
@@ -33,6 +36,26 @@ def window_rates(rows: list[dict], window: int) -> tuple[float, float]:
 
 def _read(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def after_move(results: dict, root: Path) -> dict | None:
+    """Samples/s of every run over the steps after the online run's first move took effect."""
+    applied = [e for e in results["online"]["applied"] if e["ok"]]
+    if not applied:
+        return None
+    events = _read(root / "online" / "planner.jsonl")
+    later = [e["step"] for e in events if e["event"] == "observe" and e["time"] > applied[0]["time"]]
+    if not later:
+        return None
+    out = {"first_step": min(later) + 1}
+    for mode in results:
+        rows = _read(root / mode / "metrics.jsonl")
+        lo, hi = out["first_step"], len(rows)
+        if hi - lo < 2:
+            return None
+        out["last_step"] = hi - 1
+        out[mode] = sum(r["samples"] for r in rows[lo:hi]) / (rows[hi - 1]["time_s"] - rows[lo - 1]["time_s"])
+    return out
 
 
 @click.command()
@@ -83,6 +106,13 @@ def planner(config_path: str, steps: int | None, window: int, compare: bool, out
     for mode, r in results.items():
         click.echo(f"{mode:<12}{r['first_window_samples_per_s']:>16.2f}{r['last_window_samples_per_s']:>16.2f}"
                    f"{r['speedup']:>11.2f}x{r['samples_per_s']:>12.2f}")
+    after = after_move(results, root)
+    if after:
+        line = f"steps {after['first_step']}-{after['last_step']} (after the move): online {after['online']:.2f} samples/s"
+        if "static" in after:
+            line += f", static {after['static']:.2f} ({after['online'] / after['static']:.2f}x, same steps, run one after the other)"
+        click.echo(line)
+        results["after_move"] = after
     for e in results["online"]["decisions"]:
         if e["event"] == "held":
             click.echo(f"held at step {e['step']}: {e['reason']}")
