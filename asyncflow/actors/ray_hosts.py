@@ -233,7 +233,7 @@ class RayHosts:
             )
             host._exit_ref = runner.wait_exit.remote()
             click.echo(f"ray: process {name} on node {host.node_ip} (pid {host.pid}, reserved {bundle})")
-            entry = directory.lookup(host.actor_name, wait_s=timeout_s)
+            entry = self._wait_registered(host, directory, timeout_s)
             self.heartbeat.watch(name, host.actor_name, entry.address)
             if specs:
                 host.start(specs, timeout_s=timeout_s)
@@ -242,6 +242,23 @@ class RayHosts:
             raise
         self.handles[name] = host
         return host
+
+    @staticmethod
+    def _wait_registered(host: RayHost, directory: DirectoryClient, timeout_s: float) -> protocol.ActorEntry:
+        """The host's directory entry, once it registers; an error at once if it exits first."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return directory.lookup(host.actor_name, wait_s=1.0)
+            except LookupError:
+                if host._exited():
+                    raise RuntimeError(
+                        f"process host {host.name!r} on node {host.node_ip} exited with code {host.returncode} "
+                        f"before it registered: its error is in the Ray worker's log on that node (printed here "
+                        f"under '(_HostRunner pid=...)'); is asyncflow installed there, and the run directory shared?"
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise
 
     def close(self) -> None:
         if self.heartbeat is not None:

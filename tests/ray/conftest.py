@@ -7,6 +7,7 @@ is touched (never ``ray stop``).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import subprocess
@@ -18,12 +19,17 @@ import pytest
 from asyncflow.core.host import PARENT_ENV
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_env():
-    """The environment a driver joins the local cluster with (address and auth token)."""
-    pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'asyncflow[ray]'")
+    """The environment a driver joins the local cluster with (address and auth token).
+    Also set in this process (before Ray is imported: it reads its auth mode once), so
+    that a test may be a Ray driver itself; one cluster and one token per session."""
     # Ray >= 2.5x authenticates with a token: ours, in the env (never written to ~/.ray)
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0"}
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("the ray extra is not installed: pip install 'asyncflow[ray]'")
+    saved = {key: os.environ.get(key) for key in auth}
+    os.environ.update(auth)
     env = dict(os.environ, **auth, **{PARENT_ENV: str(os.getpid())})
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_AUTH_TOKEN_PATH", None)
@@ -41,3 +47,8 @@ def ray_env():
         except subprocess.TimeoutExpired:
             head.kill()
             head.wait()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
