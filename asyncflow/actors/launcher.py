@@ -236,7 +236,7 @@ class Launcher:
         for host, proc in list(self.hosts.items()):
             if proc.alive() or self.stopping:
                 continue
-            kind, code = self.host_kind[host], proc.proc.returncode
+            kind, code = self.host_kind[host], proc.returncode
             if kind not in RESTARTABLE:
                 raise RunFailed(f"process {host!r} ({kind}) exited with code {code}; the run cannot go on. "
                                 f"Resume from the last checkpoint: afctl up --resume {self.run_dir}")

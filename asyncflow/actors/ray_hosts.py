@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 
 import click
 import msgspec
@@ -105,20 +104,13 @@ class RayHost(HostProcess):
         return self._pid  # on node ``node_ip``: never signal it from the driver
 
     @property
-    def proc(self):  # the launcher reads proc.returncode of a dead host
-        return types.SimpleNamespace(returncode=self.returncode, pid=self._pid)
-
-    @proc.setter
-    def proc(self, value) -> None:
-        pass
-
-    @property
     def returncode(self) -> int | None:
         if self._exit_ref is None or not self._exited():
             return None if self.name not in self._hosts.heartbeat.lost() else -1
+        ray = _ray()
         try:
-            return _ray().get(self._exit_ref, timeout=5)
-        except Exception:  # the Ray actor or its node died: no exit code to tell
+            return ray.get(self._exit_ref, timeout=5)
+        except ray.exceptions.RayError:  # the Ray actor or its node died: no exit code to tell
             return -1
 
     def _exited(self) -> bool:

@@ -150,6 +150,11 @@ class HostProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once the process ended (negative: the signal that ended it)."""
+        return self.proc.returncode
+
     def stop(self, timeout_s: float = 15.0) -> None:
         """Stop cleanly; SIGKILL after ``timeout_s`` if it does not exit."""
         if self.alive():
