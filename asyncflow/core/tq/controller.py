@@ -38,10 +38,10 @@ class _Waiter:
 
 class ControllerActor(Actor):
     Inbox = protocol.ControllerIn
-    # shards' notices and acks are served on the listener thread (no hop to the actor
-    # thread: a waiting GetBatch is answered straight from there); the state is
-    # touched only under ``_lock``
-    Urgent = (protocol.RowsWritten, protocol.Ack, protocol.ForgetRows)
+    # shards' notices are served on the listener thread (no hop to the actor thread:
+    # a waiting GetBatch is answered straight from there); the state is touched only
+    # under ``_lock``
+    Urgent = (protocol.RowsWritten,)
 
     def __init__(self, ctx, task: str, manager: str = "tq.manager", ack_linger_s: float = 0.005):
         super().__init__(ctx)

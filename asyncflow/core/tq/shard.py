@@ -37,9 +37,9 @@ def _proc_status_bytes(field: str) -> int:
 
 class ShardActor(Actor):
     Inbox = protocol.ShardIn
-    # the data plane is served on the listener thread (no hop to the actor thread);
+    # puts and reads are served on the listener thread (no hop to the actor thread);
     # every message touching the store holds ``_lock``
-    Urgent = (protocol.PutRows, protocol.PutRowsShm, protocol.ReserveShm, protocol.GetRows, protocol.FreeRows)
+    Urgent = (protocol.PutRows, protocol.PutRowsShm, protocol.ReserveShm, protocol.GetRows)
 
     def __init__(self, ctx, shard: int, controllers: list[str], arena_bytes: int = 1 << 30):
         super().__init__(ctx)
