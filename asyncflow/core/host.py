@@ -30,7 +30,7 @@ import msgspec
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, ActorContext, ServedActor, serve_actor
 from asyncflow.core.directory import DirectoryClient
-from asyncflow.core.errors import ActorTimeout
+from asyncflow.core.errors import ActorGone, ActorTimeout
 from asyncflow.core.ref import close_all_sockets
 from asyncflow.core.transport import TRANSPORT_ENV, TransportConfig
 
@@ -224,10 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     host_actor = host.pykka_ref.proxy()
     for actor in list(host_actor.actors.get().values()):
         actor.stop()
-    try:
-        directory.unregister(host.name, host.address)  # never a successor's entry
-    except ActorTimeout:
-        pass
+    orphaned = os.getppid() != int(os.environ.get(PARENT_ENV, "0") or os.getppid())
+    if not orphaned:  # an orphan's driver (and its directory) is gone: do not wait on it
+        try:
+            directory.unregister(host.name, host.address, timeout_s=2.0)  # never a successor's entry
+        except (ActorTimeout, ActorGone):
+            pass
     host.stop()
     close_all_sockets()
     return 0
