@@ -43,7 +43,7 @@ def unavailable() -> str | None:
     made = _ip("netns", "add", probe, check=False)
     if made.returncode != 0:
         return f"`ip netns add` failed: {made.stderr.strip()}"
-    veth = _ip("-n", probe, "link", "add", "a", "type", "veth", "peer", "name", "b", check=False)
+    veth = _ip("-n", probe, "link", "add", "probe0", "type", "veth", "peer", "name", "probe1", check=False)
     _ip("netns", "del", probe, check=False)
     if veth.returncode != 0:
         return f"veth pairs are unavailable (`ip link add ... type veth`): {veth.stderr.strip()}"
