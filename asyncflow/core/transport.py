@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import tempfile
 import threading
 import uuid
@@ -41,6 +42,17 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     advertise_host: str = ""
     """tcp with a wildcard ``bind_host``: the node's own address, registered in the
     directory so that peers on other nodes can dial it (launcher = ray sets it)."""
+    ports: str = ""
+    """tcp: the range ``"MIN-MAX"`` of ports listeners take, one per actor (to open in
+    a firewall); empty: any free port."""
+
+    def port_range(self) -> tuple[int, int] | None:
+        if not self.ports:
+            return None
+        low, sep, high = self.ports.partition("-")
+        if not (sep and low.isdigit() and high.isdigit() and 0 < int(low) <= int(high) < 65536):
+            raise ValueError(f"[cluster.transport] ports = {self.ports!r}: write a range such as '41000-41999'")
+        return int(low), int(high)
 
     def secret_bytes(self) -> bytes:
         return (self.secret or os.environ.get(SECRET_ENV, "")).encode()
@@ -53,6 +65,7 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
                 f"[cluster.transport] bind_host = {self.bind_host!r} is not loopback: set "
                 f"[cluster.transport] secret or the {SECRET_ENV} environment variable"
             )
+        self.port_range()
         if self.max_message_bytes <= 0:
             raise ValueError("[cluster.transport] max_message_bytes must be > 0")
         return self
@@ -101,13 +114,32 @@ def listen(address: str, config: TransportConfig) -> tuple[pynng.Rep0, str]:
             f"(launcher = 'ray' sets it on each node)"
         )
     sock = pynng.Rep0(recv_max_size=config.max_message_bytes, send_timeout=int(config.connect_timeout_s * 1000))
-    listener = sock.listen(address)
+    if is_tcp(address) and address.endswith(":0") and config.ports:
+        listener = _listen_in_range(sock, address[: -len(":0")], config)
+    else:
+        listener = sock.listen(address)
     if is_tcp(address):
         host, _, port = str(listener.local_address).rpartition(":")
         if host in _WILDCARD:
             host = config.advertise_host
         address = f"tcp://{host}:{port}"
     return sock, address
+
+
+def _listen_in_range(sock: pynng.Rep0, base: str, config: TransportConfig):
+    """Listen on the first free port of ``config.ports``, from a random start (fewer
+    collisions between processes starting at once)."""
+    low, high = config.port_range()
+    num_ports = high - low + 1
+    start = random.randrange(num_ports)
+    for k in range(num_ports):
+        try:
+            return sock.listen(f"{base}:{low + (start + k) % num_ports}")
+        except pynng.AddressInUse:
+            continue
+    sock.close()
+    raise ValueError(f"every port of [cluster.transport] ports = {config.ports!r} is taken on this node "
+                     f"({base}): widen the range, each actor listens on one port")
 
 
 def dial(address: str, config: TransportConfig) -> pynng.Req0:

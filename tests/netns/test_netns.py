@@ -163,3 +163,25 @@ def test_a_host_cut_off_and_replaced_never_removes_its_successors_entry_when_it_
     assert cluster.dc.lookup("host.a").address == successor
     assert cluster.dc.lookup("echo.a").address == echo.address
     assert cluster.dc.ref("echo.a", refresh=True).ask(protocol.Ping(), timeout_s=5).name == "echo.a"
+
+
+def test_listeners_take_ports_from_the_configured_range_for_firewalls(cluster):
+    lab = cluster.lab
+    cluster.spawn_host("p", node=3, transport=cluster.transport(lab.addresses[3], ports="42100-42109"))
+    entries = [cluster.start("p", f"echo.p{i}", ECHO) for i in range(3)] + [cluster.dc.lookup("host.p")]
+    ports = {int(e.address.rpartition(":")[2]) for e in entries}
+    assert len(ports) == 4 and all(42100 <= p <= 42109 for p in ports)
+    assert all(_host_of(e.address) == lab.addresses[3] for e in entries)
+    assert bytes(cluster.dc.ref("echo.p2").ask(protocol.Echo(payload=b"in range"), timeout_s=5).payload) == b"in range"
+
+
+def test_a_port_range_too_small_for_the_actors_says_to_widen_it():
+    one_port = TransportConfig(scheme="tcp", ports="42199-42199")
+    first = serve_actor(EchoActor, "echo.first", one_port)
+    try:
+        with pytest.raises(ValueError, match="ports = '42199-42199' is taken.*widen the range"):
+            serve_actor(EchoActor, "echo.second", one_port)
+    finally:
+        first.stop()
+    with pytest.raises(ValueError, match="write a range such as"):
+        TransportConfig(scheme="tcp", ports="42199").validate()
