@@ -105,3 +105,34 @@ def test_a_frozen_rollout_host_under_ray_is_reported_lost_by_the_heartbeat_and_p
     assert_trained_exactly_once(run_dir, 4, 2, 2)
     restarts = json.loads((run_dir / "summary.json").read_text())["restarts"]
     assert [r["host"] for r in restarts] == ["rollout.0"]
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_ctrl_c_under_ray_stops_every_host_and_says_how_to_resume(tmp_path, ray_env):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path, mode="async", num_steps=50, staleness=1, extra=RAY_CLUSTER)
+    env = dict(os.environ, OMP_NUM_THREADS="1", ASYNCFLOW_SECRET="ray-test-secret", **ray_env)
+    proc = subprocess.Popen([sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids = []
+    for line in proc.stdout:
+        if line.startswith("ray: process "):
+            pids.append(int(line.split("(pid ")[1].split(",")[0]))
+        if line.startswith("step "):
+            proc.send_signal(signal.SIGINT)
+            break
+    out = proc.stdout.read()
+    assert proc.wait(timeout=120) == 130, out[-6000:]
+    assert f"afctl up --resume {run_dir}" in out
+    assert len(pids) == 6
+
+    def running(pid: int) -> bool:
+        with contextlib.suppress(FileNotFoundError):
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return False
+
+    deadline = time.monotonic() + 30
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(running(p) for p in pids)
