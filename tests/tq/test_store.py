@@ -87,3 +87,20 @@ def test_save_and_load_keep_rows_columns_and_metas(tmp_path):
     assert [r.index for r in rows] == [3, 4] and t.meta(3).step == 9
     inline, _, _ = t.get([4], ["a"])
     assert to_numpy(inline["a"][0]).shape == (2, 2) and t.num_bytes == s.num_bytes
+
+
+@pytest.mark.skipif(not shm.available(), reason="needs /dev/shm")
+def test_arenas_left_by_a_dead_shard_are_reaped_and_live_ones_kept():
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = shm.Arena(f"{shm.PREFIX}test-shard-{dead.pid}-0", 4096)
+    mine = shm.Arena(f"{shm.PREFIX}test-shard-{os.getpid()}-0", 4096)
+    try:
+        assert orphan.name in shm.reap_orphans()
+        assert not os.path.exists(shm.path_of(orphan.name)) and os.path.exists(shm.path_of(mine.name))
+    finally:
+        orphan.unlink()
+        mine.unlink()

@@ -18,13 +18,18 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 import threading
 
 
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
+from asyncflow.core.tq import shm
 from asyncflow.core.tq.notify import Notifier
 from asyncflow.core.tq.store import ShardStore
+
+
+log = logging.getLogger(__name__)
 
 
 def _proc_status_bytes(field: str) -> int:
@@ -47,6 +52,8 @@ class ShardActor(Actor):
         self.shard = shard
         self.controllers = list(controllers)
         self.store = ShardStore(ctx.name, arena_bytes)
+        for name in shm.reap_orphans():
+            log.warning("%s: removed /dev/shm/%s, left by a shard that died", ctx.name, name)
         self.notifier = Notifier(ctx.name, resolve=ctx.ref)
 
     def on_stop(self) -> None:

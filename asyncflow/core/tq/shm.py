@@ -132,3 +132,28 @@ class Mappings:
 
 
 MAPPINGS = Mappings()
+
+
+def reap_orphans() -> list[str]:
+    """Unlink arenas whose owning shard process is gone (it crashed before it could);
+    returns their names. An arena is named ``<PREFIX><shard>-<pid>-<n>``."""
+    reaped = []
+    if not os.path.isdir(SHM_DIR):
+        return reaped
+    for name in os.listdir(SHM_DIR):
+        if not name.startswith(PREFIX):
+            continue
+        parts = name.rsplit("-", 2)
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                reaped.append(name)
+            except FileNotFoundError:
+                pass
+        except PermissionError:
+            pass  # alive, someone else's
+    return reaped
