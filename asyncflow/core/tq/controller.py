@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor, Pending
@@ -29,11 +30,12 @@ from asyncflow.core.tq.state import TaskState, check_filters
 
 
 class _Waiter:
-    __slots__ = ("msg", "pending")
+    __slots__ = ("msg", "pending", "deadline")
 
     def __init__(self, msg: protocol.GetBatch, pending: Pending):
         self.msg = msg
         self.pending = pending
+        self.deadline = time.monotonic() + msg.timeout_s
 
 
 class ControllerActor(Actor):
@@ -50,6 +52,7 @@ class ControllerActor(Actor):
         self.manager = manager
         self.state = TaskState(task)
         self.waiters: list[_Waiter] = []
+        self._timer_at: float | None = None  # when the armed timer fires
         # acks go to the manager in batches: capacity frees a few ms later, for far fewer messages
         self.notifier = Notifier(ctx.name, resolve=ctx.ref, linger_s=ack_linger_s)
 
@@ -96,9 +99,22 @@ class ControllerActor(Actor):
                 w.pending.resolve(self._reply(sel))
         self.waiters = still
 
-    def _expire(self, waiter: _Waiter) -> None:
+    def _arm(self, deadline: float) -> None:
+        """One timer for the earliest deadline (not one per waiting request: a
+        consumer that always waits costs no timer per batch)."""
+        if self._timer_at is None or deadline < self._timer_at:
+            self._timer_at = deadline
+            self.call_later(max(0.0, deadline - time.monotonic()), self._on_timer)
+
+    def _on_timer(self) -> None:
         with self._lock:
-            self._expire_locked(waiter)
+            now = time.monotonic()
+            self._timer_at = None
+            for w in [w for w in self.waiters if w.deadline <= now]:
+                self._expire_locked(w)
+            live = [w.deadline for w in self.waiters if not w.pending.done]
+            if live:
+                self._arm(min(live))
 
     def _expire_locked(self, waiter: _Waiter) -> None:
         if waiter.pending.done:
@@ -148,7 +164,7 @@ class ControllerActor(Actor):
                     raise ValueError("GetBatch must be asked, not told")
                 waiter = _Waiter(msg, pending)
                 self.waiters.append(waiter)
-                self.call_later(msg.timeout_s, lambda: self._expire(waiter))
+                self._arm(waiter.deadline)
                 return DEFER
             case protocol.Ack(consumer=consumer, indices=indices):
                 self._tell_acked(self.state.ack(consumer, indices))
