@@ -5,6 +5,12 @@
 - ``recv``: returns a read-only memoryview over the nng message body itself (no
   copy). The view keeps the nng message alive: a small ndarray subclass holds the
   pynng ``Message`` so the body is freed only when the last view is gone.
+
+Invariant: a send never runs concurrently with the close of its socket. nng aborts
+the process ("pthread_mutex_lock: Invalid argument") when a reply is sent on a
+context whose socket is being closed, which happened when an actor stopped while
+another thread answered a request. Sends and ``close_socket`` take the socket's
+lock; a send after the close raises ``pynng.Closed``.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import pynng
 from pynng import ffi, lib
 
 _contexts: dict[int, set] = {}  # id(socket) -> its open contexts (strong refs: see close_socket)
+_locks: dict[int, threading.RLock] = {}  # id(socket) -> held by sends and by its close
 _contexts_lock = threading.Lock()
+_ECLOSED = 7  # NNG_ECLOSED
 
 
 class _MessageBytes(np.ndarray):
@@ -26,7 +34,17 @@ class _MessageBytes(np.ndarray):
 
 
 def send(ctx: pynng.Context, frame: bytearray | bytes) -> None:
-    ctx.send_msg(pynng.Message(ffi.from_buffer(frame)))
+    owner = getattr(ctx, "_af_socket", None)
+    if owner is None:  # a context not made by new_context
+        ctx.send_msg(pynng.Message(ffi.from_buffer(frame)))
+        return
+    lock = _locks.get(owner)
+    if lock is None:
+        raise pynng.Closed("the socket of this context is closed", _ECLOSED)
+    with lock:
+        if ctx._context is None:
+            raise pynng.Closed("the socket of this context is closed", _ECLOSED)
+        ctx.send_msg(pynng.Message(ffi.from_buffer(frame)))
 
 
 def recv(ctx: pynng.Context) -> memoryview:
@@ -47,6 +65,7 @@ def new_context(sock: pynng.Socket) -> pynng.Context:
     ctx._af_socket = id(sock)
     with _contexts_lock:
         _contexts.setdefault(id(sock), set()).add(ctx)
+        _locks.setdefault(id(sock), threading.RLock())
     return ctx
 
 
@@ -56,16 +75,21 @@ def close_socket(sock: pynng.Socket) -> None:
     Contexts are held by strong references until closed here or by ``close_quietly``,
     so pynng's finaliser never runs on an open context (it raced with explicit
     closes from other threads and printed errors at garbage collection)."""
+    lock = _locks.get(id(sock)) or threading.RLock()
+    with lock:  # waits for a send in progress; later sends see closed contexts
+        with _contexts_lock:
+            ctxs = list(_contexts.pop(id(sock), ()))
+        for ctx in ctxs:
+            close_quietly(ctx)
+        sock.close()
     with _contexts_lock:
-        ctxs = list(_contexts.pop(id(sock), ()))
-    for ctx in ctxs:
-        close_quietly(ctx)
-    sock.close()
+        _locks.pop(id(sock), None)
 
 
 def close_quietly(ctx: pynng.Context) -> None:
     """Close a context once, whoever calls first; later calls do nothing."""
-    with _contexts_lock:
+    lock = _locks.get(getattr(ctx, "_af_socket", None)) or threading.RLock()
+    with lock, _contexts_lock:  # lock order: the socket's, then the registry's
         owned = _contexts.get(getattr(ctx, "_af_socket", None))
         if owned is not None:
             owned.discard(ctx)
