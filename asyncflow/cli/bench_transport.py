@@ -21,7 +21,10 @@ def _raw_server(address: str, ready) -> None:
         sock.listen(address)
         ready.set()
         while True:
-            msg = sock.recv_msg()
+            try:
+                msg = sock.recv_msg()
+            except pynng.Closed:  # the benchmark is over
+                return
             sock.send_msg(msg)
 
 
