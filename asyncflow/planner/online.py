@@ -65,6 +65,16 @@ class MoveDecision(msgspec.Struct, kw_only=True, frozen=True):
     reason: str
 
 
+def steady_lean(history: Sequence[StepObservation], policy: OnlinePolicy) -> str | None:
+    """The side every one of the last ``patience_steps`` steps leans to, or None
+    (too few steps, or they disagree, or one is balanced): the hysteresis."""
+    k = policy.patience_steps
+    if len(history) < k:
+        return None
+    leans = {lean(o, policy) for o in history[-k:]}
+    return leans.pop() if len(leans) == 1 and None not in leans else None
+
+
 def lean(obs: StepObservation, policy: OnlinePolicy) -> str | None:
     """'rollout' when the step needs more rollout workers, 'train' for more trainers, else None."""
     gap = obs.rollout.busy_fraction - obs.train.busy_fraction
@@ -96,14 +106,13 @@ def decide(
 ) -> MoveDecision | None:
     """A move of workers at the next step boundary, or None. `history`: oldest first."""
     policy = policy or OnlinePolicy()
+    if steps_since_last_move is not None and steps_since_last_move < policy.patience_steps:
+        return None
+    to_role = steady_lean(history, policy)
+    if to_role is None:
+        return None
     k = policy.patience_steps
-    if len(history) < k or (steps_since_last_move is not None and steps_since_last_move < k):
-        return None
     window = list(history[-k:])
-    leans = {lean(o, policy) for o in window}
-    if len(leans) != 1 or None in leans:
-        return None
-    to_role = leans.pop()
     from_role = "train" if to_role == "rollout" else "rollout"
     unit = policy.train_worker_granularity if from_role == "train" else policy.rollout_worker_granularity
     donor = split.train_workers if from_role == "train" else split.rollout_workers

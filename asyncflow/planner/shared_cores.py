@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from asyncflow.planner.online import MoveDecision, OnlinePolicy, Split, StepObservation, lean
+from asyncflow.planner.online import MoveDecision, OnlinePolicy, Split, StepObservation, steady_lean
 
 
 def bound_s(work_r: float, work_t: float, replicas: int, train_threads: int, cores: int) -> float:
@@ -37,14 +37,11 @@ def decide(
     """Add or remove one rollout replica at the next step boundary, or None.
     `split`: rollout_workers = replicas, train_workers = the trainer's threads (kept)."""
     policy = policy or OnlinePolicy()
+    to_role = steady_lean(history, policy)
+    if to_role is None:
+        return None
     k = policy.patience_steps
-    if len(history) < k:
-        return None
     window = list(history[-k:])
-    leans = {lean(o, policy) for o in window}
-    if len(leans) != 1 or None in leans:
-        return None
-    to_role = leans.pop()
     R, T = split.rollout_workers, split.train_workers
     R_after = R + 1 if to_role == "rollout" else R - 1
     if not 1 <= R_after <= max_replicas:
