@@ -347,7 +347,10 @@ def _check(cfg: RunConfig) -> None:
         cfg.planner.max_rollout_replicas >= cfg.rollout.num_replicas, "planner.max_rollout_replicas",
         cfg.planner.max_rollout_replicas, f"must be at least rollout.num_replicas ({cfg.rollout.num_replicas})",
     )
-    cfg.cluster.transport.validate()
+    try:
+        cfg.cluster.transport.validate()
+    except ValueError as exc:  # the transport names its keys already
+        raise ConfigError(str(exc).replace("[cluster.transport] ", "cluster.transport.")) from None
     for key, devices, count in (("rollout_devices", cfg.cluster.rollout_devices, cfg.rollout.num_replicas),
                                 ("reference_devices", cfg.cluster.reference_devices, cfg.reference.num_workers)):
         need(not devices or len(devices) == count, f"cluster.{key}", devices, f"give one device id per worker ({count})")

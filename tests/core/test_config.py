@@ -1,0 +1,41 @@
+"""cluster.toml: wrong keys and values fail at once, naming the key and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asyncflow.core.config import ConfigError, config_markdown, load_config, load_config_text
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("text,message", [
+    ('[workflow]\nmode = "fast"', "workflow.mode: Invalid enum value 'fast'; use one of 'sync', 'async'"),
+    ("[workflow]\nstalenes = 2", "workflow.stalenes: unknown key; did you mean 'staleness'?"),
+    ('[rollout.engine]\nkv_cache_bytes = "x"', "rollout.engine.kv_cache_bytes: Expected `int | null`, got `str`"),
+    ("[algorithm]\ngroup_size = 1", "algorithm.group_size = 1: GRPO needs at least 2 responses per prompt"),
+    ("[train]\nnum_ranks = 2", "train.num_ranks = 2: only 1 is supported"),
+    ('[[roles]]\nname = "trainer"\ncls = "m:C"', "roles.name = 'trainer': this name belongs to a built-in role"),
+    ("[cluster.transport]\nscheme = 'tcp'\nbind_host = '0.0.0.0'",
+     "cluster.transport.bind_host = '0.0.0.0' is not loopback: set cluster.transport.secret"),
+])
+def test_a_wrong_key_or_value_names_the_key_and_the_fix(text, message, monkeypatch):
+    monkeypatch.delenv("ASYNCFLOW_SECRET", raising=False)
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text)
+    assert message in str(info.value)
+
+
+def test_every_example_config_loads():
+    for path in sorted((ROOT / "examples").glob("*.toml")):
+        if path.name in ("gpu.toml", "npu.toml"):  # they name model and data paths of a GPU/NPU machine
+            continue
+        load_config(path)
+
+
+def test_docs_config_md_documents_every_key_as_the_code_has_it():
+    assert (ROOT / "docs" / "config.md").read_text().strip() == config_markdown().strip(), (
+        "docs/config.md is stale: regenerate it with `python -m asyncflow.core.config --markdown > docs/config.md`"
+    )
