@@ -71,7 +71,7 @@ def test_a_few_steps_run_end_to_end_and_staleness_never_exceeds_k(tmp_path, mode
 @pytest.mark.timeout(300)
 def test_a_killed_rollout_process_is_restarted_and_every_sample_is_trained_exactly_once(tmp_path):
     run_dir = tmp_path / "run"
-    config = write_config(tmp_path, num_steps=8)
+    config = write_config(tmp_path, num_steps=30)  # long enough that the kill lands mid-run
     proc = afctl("up", str(config), "--run-dir", str(run_dir))
     _wait_for_steps(run_dir, proc, 2, 200)
     hosts = child_hosts(proc.pid)
@@ -82,13 +82,14 @@ def test_a_killed_rollout_process_is_restarted_and_every_sample_is_trained_exact
     assert "rollout.0 exited with code -9" in out
     summary = json.loads((run_dir / "summary.json").read_text())
     assert len(summary["restarts"]) == 1 and summary["restarts"][0]["host"] == "rollout.0"
-    assert_trained_exactly_once(run_dir, 8, 2, 2)
+    assert_trained_exactly_once(run_dir, 30, 2, 2)
 
 
 @pytest.mark.timeout(300)
 def test_resume_continues_with_the_next_step_and_the_same_queue_contents(tmp_path):
     run_dir = tmp_path / "run"
-    config = write_config(tmp_path, num_steps=6, checkpoint_every=2)
+    # long enough that the interrupt lands mid-run even on a fast machine
+    config = write_config(tmp_path, num_steps=40, checkpoint_every=2)
     first = afctl("up", str(config), "--run-dir", str(run_dir))
     _wait_for_steps(run_dir, first, 3, 200)  # the checkpoint after step index 1 (version 2) is written
     first.send_signal(signal.SIGINT)
@@ -99,8 +100,8 @@ def test_resume_continues_with_the_next_step_and_the_same_queue_contents(tmp_pat
     assert second.returncode == 0, out
     assert "resumed the queue" in out
     metrics = read_jsonl(run_dir / "metrics.jsonl")
-    assert [int(m["step"]) for m in metrics] == list(range(6))
-    assert_trained_exactly_once(run_dir, 6, 2, 2)
+    assert [int(m["step"]) for m in metrics] == list(range(40))
+    assert_trained_exactly_once(run_dir, 40, 2, 2)
 
 
 @pytest.mark.timeout(200)
