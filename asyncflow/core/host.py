@@ -205,6 +205,22 @@ def spawn_host(
     return host
 
 
+STOP_GRACE_S = 30.0
+"""A host asked to stop exits within this long, even if an actor hangs in its unit
+of work or in on_stop (its stacks are printed first, so the hang can be found)."""
+
+
+def _exit_after(seconds: float, name: str) -> None:
+    def expire() -> None:
+        print(f"[{name}] did not stop within {seconds:g} s; stacks follow, then exit", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(all_threads=True)
+        os._exit(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="asyncflow process host (started by the driver)")
     parser.add_argument("--name", required=True)
@@ -221,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     host = serve_actor(HostActor, f"host.{args.name}", transport, directory_address=args.directory, stopped=stopped)
     directory.register(host.entry())
     stopped.wait()
+    _exit_after(STOP_GRACE_S, args.name)
     host_actor = host.pykka_ref.proxy()
     for actor in list(host_actor.actors.get().values()):
         actor.stop()
