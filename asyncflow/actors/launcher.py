@@ -14,9 +14,9 @@ Processes on the embedded local default (one host per line)::
     trainer     trainer, weights
     <role>      custom roles from [[roles]]
 
-Fault tolerance: when a rollout, reward or reference process dies, the rows it had
-taken are requeued to its task (``Requeue``), the process is started again, and
-the run goes on; the restart is reported and counted in summary.json. The loss of
+Fault tolerance: when a rollout, reward, reference or custom-role process dies, the
+rows it had taken are requeued to its task (``Requeue``), the process is started
+again, and the run goes on; the restart is reported and counted in summary.json. The loss of
 the queue, a shard, the loader or the trainer stops the run (resume from the last
 checkpoint with ``afctl up --resume RUN_DIR``).
 """
@@ -237,11 +237,13 @@ class Launcher:
             if proc.alive() or self.stopping:
                 continue
             kind, code = self.host_kind[host], proc.returncode
-            if kind not in RESTARTABLE:
+            custom = {r.name: r for r in self.cfg.roles}.get(host) if kind == "custom" else None
+            if kind not in RESTARTABLE and custom is None:
                 raise RunFailed(f"process {host!r} ({kind}) exited with code {code}; the run cannot go on. "
                                 f"Resume from the last checkpoint: afctl up --resume {self.run_dir}")
+            task = custom.task if custom is not None else RESTARTABLE[kind]  # a custom role may read no task
             tq = TQClient(self.dc, consumer="driver")
-            requeued = sum(tq.requeue(RESTARTABLE[kind], spec.name) for spec in self.host_specs[host])
+            requeued = sum(tq.requeue(task, spec.name) for spec in self.host_specs[host]) if task else 0
             for spec in self.host_specs[host]:
                 self.dc.unregister(spec.name)
             click.echo(f"!! {host} exited with code {code}: requeued {requeued} rows it held, restarting it", err=True)

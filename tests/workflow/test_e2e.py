@@ -69,19 +69,20 @@ def test_a_few_steps_run_end_to_end_and_staleness_never_exceeds_k(tmp_path, mode
 
 
 @pytest.mark.timeout(300)
-def test_a_killed_rollout_process_is_restarted_and_every_sample_is_trained_exactly_once(tmp_path):
+def test_killed_rollout_and_custom_role_processes_are_restarted_and_every_sample_is_trained_exactly_once(tmp_path):
     run_dir = tmp_path / "run"
-    config = write_config(tmp_path, num_steps=30)  # long enough that the kill lands mid-run
+    config = write_config(tmp_path, num_steps=30, extra=JUDGE)  # long enough that the kills land mid-run
     proc = afctl("up", str(config), "--run-dir", str(run_dir))
     _wait_for_steps(run_dir, proc, 2, 200)
     hosts = child_hosts(proc.pid)
-    assert "rollout.0" in hosts, f"no rollout.0 process under {proc.pid}: {hosts}"
+    assert {"rollout.0", "judge"} <= set(hosts), f"no rollout.0 or judge process under {proc.pid}: {hosts}"
     os.kill(hosts["rollout.0"], signal.SIGKILL)
+    os.kill(hosts["judge"], signal.SIGKILL)  # a custom role is restarted the same way
     out, _ = proc.communicate(timeout=250)
     assert proc.returncode == 0, out
-    assert "rollout.0 exited with code -9" in out
+    assert "rollout.0 exited with code -9" in out and "judge exited with code -9" in out
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert len(summary["restarts"]) == 1 and summary["restarts"][0]["host"] == "rollout.0"
+    assert sorted(r["host"] for r in summary["restarts"]) == ["judge", "rollout.0"]
     assert_trained_exactly_once(run_dir, 30, 2, 2)
 
 
