@@ -41,7 +41,6 @@ class _Tick:
 class LoopActor(Actor):
     Inbox = protocol.LoopIn
     Urgent = (protocol.GetRoleStats,)  # answered at once, mid-unit, with the running activity counted so far
-    role_kind = "worker"
 
     def __init__(self, ctx: ActorContext):
         super().__init__(ctx)
@@ -65,10 +64,6 @@ class LoopActor(Actor):
     def resumable_state(self) -> bytes:
         """State to save at a checkpoint (returned in Paused)."""
         return b""
-
-    def on_message(self, msg, pending):
-        """Role-specific messages (WeightsReady for rollout)."""
-        raise TypeError(f"{self.ctx.name} does not handle {type(msg).__name__}")
 
     @property
     def version(self) -> int:
@@ -173,8 +168,6 @@ class LoopActor(Actor):
                 self._paused = False
                 self._schedule()
                 return protocol.Ok()
-            case protocol.GetRoleStats():
-                return self.stats()
             case protocol.SetThreads(num_threads=num_threads):
                 if num_threads < 1:
                     raise ValueError(f"{self.ctx.name}: SetThreads({num_threads}): use 1 or more threads")
@@ -186,4 +179,4 @@ class LoopActor(Actor):
                 self._running = False
                 return protocol.Ok()
             case _:
-                return self.on_message(msg, pending)
+                raise TypeError(f"{self.ctx.name} does not handle {type(msg).__name__}")

@@ -31,7 +31,6 @@ from asyncflow.core.tq.errors import BatchTimeout
 
 
 class ColumnRole(LoopActor):
-    role_kind = "custom"
     inputs: Sequence[str] = ("response_ids",)
     """Columns the role needs (they must be produced before a row is handed to it)."""
 

@@ -23,7 +23,6 @@ from asyncflow.core.tq.errors import QueueFull
 
 
 class PromptLoaderActor(LoopActor):
-    role_kind = "loader"
 
     def __init__(self, ctx, run_dir: str):
         super().__init__(ctx)

@@ -20,7 +20,6 @@ from asyncflow.core.tq.errors import BatchTimeout
 
 
 class ReferenceActor(LoopActor):
-    role_kind = "reference"
     COLUMNS = ["prompt_ids", "response_ids"]
 
     def __init__(self, ctx, run_dir: str):

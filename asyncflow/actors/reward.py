@@ -27,7 +27,6 @@ def build_reward_fn(functions: list[str], weights: list[float]):
 
 
 class RewardActor(LoopActor):
-    role_kind = "reward"
     COLUMNS = ["prompt_ids", "response_ids", "answer", "finish"]
 
     def __init__(self, ctx, run_dir: str):

@@ -37,8 +37,7 @@ log = logging.getLogger(__name__)
 
 
 class RolloutActor(LoopActor):
-    role_kind = "rollout"
-    Urgent = (protocol.WeightsReady, protocol.GetRoleStats)  # start fetching at once, even mid-generation
+    Urgent = LoopActor.Urgent + (protocol.WeightsReady,)  # start fetching at once, even mid-generation
 
     def __init__(self, ctx, run_dir: str):
         super().__init__(ctx)

@@ -57,7 +57,6 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 class TrainerActor(LoopActor):
-    role_kind = "trainer"
 
     def __init__(self, ctx, run_dir: str, other_roles: list[str], rollout_replicas: list[str]):
         super().__init__(ctx)

@@ -89,8 +89,3 @@ def ok_reply(body: Any = None) -> bytearray:
 
 def error_reply(error_type: str, error: str) -> bytearray:
     return encode_frame(protocol.ReplyHeader(ok=False, error_type=error_type, error=error))
-
-
-def encode(obj: Any) -> bytes:
-    """msgpack-encode with the shared encoder (for kwargs blobs and state files)."""
-    return _ENCODER.encode(obj)
