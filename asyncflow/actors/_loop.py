@@ -2,8 +2,9 @@
 
 A worker does its work in units (``work_once``: one generate call, one scored
 batch, one train step). Units run in the actor's own thread, one per ``_Tick``
-message the actor tells itself, so other messages (Pause, GetRoleStats,
-WeightsReady, Stop) are handled between units, never in the middle of one.
+message the actor tells itself, so other messages (Pause, Resume, Stop) are
+handled between units, never in the middle of one; GetRoleStats (and the
+rollout's WeightsReady) are Urgent: answered at once on the listener thread.
 
 Takes: StartWork, Pause, Resume, GetRoleStats, SetThreads, WeightsReady (rollout), Ping, Stop.
 Sends: Paused, RoleStats; RoleFailed to the collector if a unit raises.
