@@ -73,7 +73,7 @@ def snapshot(info) -> dict:
             f"the directory of {info.run_dir} does not answer at {info.directory} ({exc}); if the run is on tcp, "
             f"set ASYNCFLOW_SECRET to its secret. {Path(info.run_dir) / CLUSTER_FILE} says driver pid {info.driver_pid}."
         ) from None
-    infra = ("tq.", "host.", "directory", "collector", "weights", "planner")
+    infra = ("tq.", "host.", "directory", "collector", "weights", "planner", "dist.")
     workers = set(info.workers) | {e.name for e in entries if not e.name.startswith(infra)}  # replicas added later too
 
     def role_stats(name: str):
