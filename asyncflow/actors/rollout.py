@@ -9,10 +9,13 @@ group's ``group_size`` responses, put ``response_ids`` (int64), ``rollout_logp``
 Delayed parameter update: ``WeightsReady`` starts a background fetch of the new
 weights into a host buffer while generation goes on with the old ones; the swap
 onto the device happens between units (``AcquireSwap`` first: with sub-step
-updates, replicas swap one at a time).
+updates, replicas swap one at a time). With ``workflow.weight_transport =
+"collective"`` the fetch receives the bytes over this replica's own two-member
+torch.distributed group into buffers on its device (``_weight_channel.py``); where
+the trainer's side has no such collective it falls back to nng.
 
-Takes: LoopActor messages + WeightsReady. Sends: GetWeightChunk, AcquireSwap,
-ReleaseSwap (to ``weights``); TQ reads and writes.
+Takes: LoopActor messages + WeightsReady. Sends: GetWeightChunk or StreamWeights,
+AcquireSwap, ReleaseSwap (to ``weights``); TQ reads and writes.
 Invariant: every row a unit took is put and acked (or, if the process dies,
 requeued by the launcher) before the next unit starts.
 """
@@ -57,6 +60,24 @@ class RolloutActor(LoopActor):
         self._staged: tuple[int, list] | None = None  # fetched, not yet swapped in
         self._fetching = False
         self._fetched = threading.Event()  # set when a fetch stages new weights
+        self._receiver = None  # the collective weight channel's rank 1 (weight_transport = "collective")
+        if cfg.workflow.weight_transport == "collective":
+            self._receiver = self._make_receiver()
+
+    def _make_receiver(self):
+        from asyncflow.actors._weight_channel import WeightReceiver
+
+        import torch
+
+        device = getattr(self.engine, "device", None)
+        if not isinstance(device, torch.device):
+            device = torch.device(self.run.config.cluster.device)
+        try:
+            return WeightReceiver(self.ctx.directory, self.ctx.transport, self.ctx.name, device)
+        except (RuntimeError, ValueError) as exc:  # e.g. npu without torch_npu
+            log.warning("%s: weight transport 'collective' unavailable on this replica (%s); using nng",
+                        self.ctx.name, exc)
+            return None
 
     @property
     def version(self) -> int:
@@ -81,6 +102,8 @@ class RolloutActor(LoopActor):
 
     def _fetch_loop(self) -> None:
         """Background: pull announced versions into the host buffer until up to date."""
+        from asyncflow.actors._weight_channel import Refused
+
         weights = self.ctx.ref(WEIGHTS_NAME)
         while True:
             with self._lock:
@@ -90,19 +113,31 @@ class RolloutActor(LoopActor):
                     self._fetching = False
                     return
             try:
-                latest = weights.ask(protocol.GetLatestWeights(), timeout_s=30)
-                tensors = []
-                for i in range(latest.num_chunks):
-                    chunk = weights.ask(protocol.GetWeightChunk(version=latest.version, index=i), timeout_s=120)
-                    tensors.extend((n, to_torch(t)) for n, t in zip(chunk.names, chunk.tensors))
+                if self._receiver is not None:
+                    version, tensors = self._receiver.fetch(weights)
+                else:
+                    version, tensors = self._fetch_nng(weights)
+            except Refused as exc:  # the trainer's side has no such collective: nng from now on
+                log.warning("%s: weight transport 'collective' unavailable (%s); using nng", self.ctx.name, exc)
+                self._receiver = None
+                continue
             except Exception as exc:  # a failed fetch is retried at the next announcement
                 log.warning("%s: fetching weights failed: %s", self.ctx.name, exc)
                 with self._lock:
                     self._fetching = False
                 return
             with self._lock:
-                self._staged = (latest.version, tensors)
+                self._staged = (version, tensors)
             self._fetched.set()
+
+    @staticmethod
+    def _fetch_nng(weights) -> tuple[int, list]:
+        latest = weights.ask(protocol.GetLatestWeights(), timeout_s=30)
+        tensors = []
+        for i in range(latest.num_chunks):
+            chunk = weights.ask(protocol.GetWeightChunk(version=latest.version, index=i), timeout_s=120)
+            tensors.extend((n, to_torch(t)) for n, t in zip(chunk.names, chunk.tensors))
+        return latest.version, tensors
 
     def _maybe_swap(self) -> None:
         with self._lock:

@@ -7,9 +7,15 @@ replica ``WeightsReady``. Replicas pull the chunks in a background thread while
 they keep generating (delayed parameter update), then ask ``AcquireSwap`` before
 loading them onto their device at a generation boundary.
 
-Takes: GetLatestWeights, GetWeightChunk, AcquireSwap, ReleaseSwap, RegisterReplica,
-UnregisterReplica (replicas added or removed by the online planner), Ping, Stop.
-Sends: WeightsReady (tell, to each replica), WeightChunk.
+With ``workflow.weight_transport = "collective"`` a replica asks ``StreamWeights``
+instead of pulling chunks: the same staged snapshot is broadcast over a two-member
+torch.distributed group per replica (``_weight_channel.py``), in a thread per
+replica so this actor keeps answering.
+
+Takes: GetLatestWeights, GetWeightChunk, StreamWeights, AcquireSwap, ReleaseSwap,
+RegisterReplica, UnregisterReplica (replicas added or removed by the online
+planner), Ping, Stop.
+Sends: WeightsReady (tell, to each replica), WeightChunk, WeightStream.
 
 Invariants:
 - The chunks of a version never change once published; the two newest versions
@@ -42,6 +48,10 @@ class WeightSyncActor(Actor):
         self.substep = substep
         self.chunk_bytes = chunk_bytes
         self._versions: dict[int, list[protocol.WeightChunk]] = {}
+        self._named: dict[int, list] = {}  # the snapshots themselves (the chunks are views of them)
+        self._layouts: dict[int, list[protocol.StreamChunk]] = {}  # collective layout, made on first use
+        self._senders: dict = {}  # replica -> its group's rank 0
+        self._before_chunk = None  # test hook: called in the sender thread before each chunk
         self._latest = -1
         self._holder: str | None = None
         self._swap_queue: deque = deque()
@@ -57,9 +67,12 @@ class WeightSyncActor(Actor):
         ]
         num_bytes = sum(len(t.data) for c in chunks for t in c.tensors)
         self._versions[version] = chunks
+        self._named[version] = list(named_tensors)
         self._latest = max(self._latest, version)
         for old in sorted(self._versions)[:-2]:
             del self._versions[old]
+            self._named.pop(old, None)
+            self._layouts.pop(old, None)
         ready = protocol.WeightsReady(version=version, num_chunks=len(chunks), num_bytes=num_bytes)
         for name in self.replicas:
             try:
@@ -82,6 +95,8 @@ class WeightSyncActor(Actor):
                 if version not in self._versions:
                     raise KeyError(f"weights v{version} are no longer staged (latest v{self._latest}); fetch the latest")
                 return self._versions[version][index]
+            case protocol.StreamWeights():
+                return self._stream(msg)
             case protocol.AcquireSwap(replica=replica):
                 if not self.substep or self._holder in (None, replica):
                     self._holder = replica if self.substep else None
@@ -103,9 +118,46 @@ class WeightSyncActor(Actor):
                 return protocol.Ok()
             case protocol.UnregisterReplica(replica=replica):
                 self.replicas = [r for r in self.replicas if r != replica]
+                if replica in self._senders:
+                    self._senders.pop(replica).close()
                 self._swap_queue = deque((r, p) for r, p in self._swap_queue if r != replica)
                 if self._holder == replica:  # it stopped between AcquireSwap and ReleaseSwap
                     self.handle(protocol.ReleaseSwap(replica=replica, version=-1), None)
                 return protocol.Ok()
             case protocol.Stop():
+                self._close_senders()
                 return protocol.Ok()
+
+    def on_stop(self) -> None:
+        self._close_senders()
+
+    def _close_senders(self) -> None:
+        for sender in self._senders.values():
+            sender.close()
+        self._senders.clear()
+
+    def _stream(self, msg: protocol.StreamWeights) -> protocol.WeightStream:
+        """Answer with the newest version's layout and start broadcasting it over the
+        replica's group (made now if ``msg.group`` is new)."""
+        from asyncflow.actors import _weight_channel as channel  # torch: only where the collective is used
+
+        why = channel.unavailable(msg.backend)
+        if why:
+            return protocol.WeightStream(version=-1, refused=f"{msg.backend} on the trainer's side: {why}")
+        if self._latest < 0:
+            raise KeyError("no weights published yet")
+        sender = self._senders.get(msg.replica)
+        if sender is not None and (sender.group != msg.group or sender.failed):
+            sender.close()  # the replica gave up on that group (or restarted): a fresh one
+            sender = None
+        if sender is not None and sender.busy:
+            raise RuntimeError(f"a weight stream to {msg.replica} over {msg.group} is still running")
+        if sender is None:
+            sender = channel.StreamSender(self.ctx.directory, self.ctx.transport, msg.replica, msg.group, msg.backend)
+            self._senders[msg.replica] = sender
+        version = self._latest
+        if version not in self._layouts:
+            self._layouts[version] = channel.layout(self._named[version], self.chunk_bytes)
+        chunks = self._layouts[version]
+        sender.start(version, self._named[version], chunks, self._before_chunk)
+        return protocol.WeightStream(version=version, chunks=chunks)

@@ -184,6 +184,12 @@ class RoleEntry(_Section):
     name: str
     """Actor name (unique)."""
     cls: str
+    weight_transport: Literal["nng", "collective"] = "nng"
+    """How the weight bytes reach rollout replicas. nng: chunks pulled over the actor
+    transport (host-staged). collective: broadcast over a two-member torch.distributed
+    group per replica (gloo on cpu, nccl on cuda, hccl on npu) into buffers on the
+    replica's device; announcements and swap grants stay on nng. A replica whose
+    trainer side has no such collective falls back to nng (logged)."""
     """Dotted path ``package.module:Class`` of an asyncflow Actor."""
     kwargs: dict = msgspec.field(default_factory=dict)
     """Keyword arguments of its constructor (after ``ctx``; ``run_dir`` is always given)."""

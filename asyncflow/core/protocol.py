@@ -557,6 +557,39 @@ class ReleaseSwap(_Msg):
     version: int
 
 
+class StreamWeights(_Msg):
+    """Ask (rollout -> weight sync; ``workflow.weight_transport = "collective"``): send
+    the newest staged version over the two-member torch.distributed group ``group``
+    (weight sync is rank 0 and hosts its store as ``dist.<group>``; the replica is
+    rank 1). A group name not seen before for this replica replaces its old group.
+    Answered at once with the layout; the bytes follow over the group, one
+    broadcast per chunk."""
+
+    replica: str
+    group: str
+    backend: str  # gloo, nccl or hccl: what the replica's device takes
+
+
+class StreamChunk(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One broadcast of a weight stream: ``num_bytes`` bytes holding each tensor at its
+    offset (aligned), C order."""
+
+    num_bytes: int
+    names: list[str]
+    dtypes: list[str]  # torch names: float32, bfloat16, ...
+    shapes: list[tuple[int, ...]]
+    offsets: list[int]
+
+
+class WeightStream(_Msg):
+    """Reply to StreamWeights: the version being sent and its chunks' layout, or
+    ``refused`` (why this side has no such collective: the replica uses nng)."""
+
+    version: int
+    chunks: list[StreamChunk] = []
+    refused: str = ""
+
+
 # -- metrics: roles -> collector (in the driver) ----------------------------------
 
 
@@ -626,7 +659,29 @@ class MoveApplied(_Msg):
     error: str = ""
 
 
+class TrainPart(_Msg):
+    """Tell (trainer rank 0 -> trainer rank r > 0): train step ``step`` on your part of
+    the global batch: rows ``indices`` (read them from the shards yourself), of prompt
+    groups ``group_ids`` (one per row). Every rank then runs the same collectives
+    (gradients, figures, weight gather), so rank 0 tells every rank before its own part."""
+
+    step: int
+    indices: list[int]
+    group_ids: list[int]
+    columns: list[str]
+
+
+class SaveRankCheckpoint(_Msg):
+    """Tell (trainer rank 0 -> trainer rank r > 0): join the collective save of the
+    model (and critic) into ``path`` (rank 0 writes the files)."""
+
+    path: str
+
+
 LoopIn = Union[StartWork, Pause, Resume, GetRoleStats, WeightsReady, SetThreads, Ping, Stop]
-WeightSyncIn = Union[GetLatestWeights, GetWeightChunk, AcquireSwap, ReleaseSwap, RegisterReplica, UnregisterReplica, Ping, Stop]
+TrainerRankIn = Union[StartWork, Pause, Resume, GetRoleStats, SetThreads, TrainPart, SaveRankCheckpoint, Ping, Stop]
+WeightSyncIn = Union[
+    GetLatestWeights, GetWeightChunk, StreamWeights, AcquireSwap, ReleaseSwap, RegisterReplica, UnregisterReplica, Ping, Stop
+]
 CollectorIn = Union[StepMetrics, Spans, RunFinished, RoleFailed, Ping, Stop]
 PlannerIn = Union[StepMetrics, MoveApplied, Ping, Stop]
