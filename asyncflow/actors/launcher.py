@@ -11,13 +11,14 @@ Processes on the embedded local default (one host per line)::
     rollout.<i> rollout.<i>
     reward.<i>  reward.<i>
     reference.<i> reference.<i>                      (when algorithm.kl_coef > 0)
-    trainer     trainer, weights
+    trainer     trainer, weights                     (trainer rank 0)
+    trainer.<r> trainer.<r>                          (ranks 1.. with train.num_ranks > 1)
     <role>      custom roles from [[roles]]
 
 Fault tolerance: when a rollout, reward, reference or custom-role process dies, the
 rows it had taken are requeued to its task (``Requeue``), the process is started
 again, and the run goes on; the restart is reported and counted in summary.json. The loss of
-the queue, a shard, the loader or the trainer stops the run (resume from the last
+the queue, a shard, the loader or a trainer rank stops the run (resume from the last
 checkpoint with ``afctl up --resume RUN_DIR``).
 """
 
@@ -28,7 +29,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -41,6 +41,7 @@ from asyncflow.actors import _cluster_file
 from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors.collector import COLLECTOR, CollectorActor
 from asyncflow.actors.trainer import latest_checkpoint
+from asyncflow.actors.trainer_rank import rank_name
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.config import ConfigError, RunConfig, dump_config
@@ -113,11 +114,14 @@ class Launcher:
             self._add(role.name, "custom", [_spec(role.name, role.cls, run_dir=rd, **{k: v for k, v in given.items() if v},
                                                   **role.kwargs)])
         others = [n for kind in ("loader", "rollout", "reward", "reference", "custom") for n in names[kind]]
+        ranks = [rank_name(r) for r in range(1, cfg.train.num_ranks)]
         self._add("trainer", "trainer", [_spec(
             "trainer", "asyncflow.actors.trainer:TrainerActor", run_dir=rd, other_roles=others,
-            rollout_replicas=names["rollout"],
+            rollout_replicas=names["rollout"], ranks=ranks,
         )])
-        self.workers = others + ["trainer"]
+        for r, name in enumerate(ranks, start=1):  # started together with rank 0: they rendezvous at start
+            self._add(name, "trainer_rank", [_spec(name, "asyncflow.actors.trainer_rank:TrainerRankActor", run_dir=rd, rank=r)])
+        self.workers = others + ["trainer"] + ranks  # rank 0 first: Stop reaches it before the ranks it drives
 
     def _add(self, host: str, kind: str, specs: list[protocol.ActorSpec]) -> None:
         self.host_specs[host] = specs
@@ -130,8 +134,12 @@ class Launcher:
         def pick(ids: list[int]):  # a replica added during the run (planner) beyond the list sees all
             return ids[int(index)] if index.isdigit() and int(index) < len(ids) else None
 
+        if self.cfg.train.num_ranks > 1 and kind in ("trainer", "trainer_rank"):  # one device per rank
+            train = pick(c.train_devices) if kind == "trainer_rank" else (c.train_devices[0] if c.train_devices else None)
+        else:
+            train = ",".join(map(str, c.train_devices)) if c.train_devices else None
         devices = {"rollout": pick(c.rollout_devices), "reference": pick(c.reference_devices),
-                   "trainer": ",".join(map(str, c.train_devices)) if c.train_devices else None}.get(kind)
+                   "trainer": train, "trainer_rank": train}.get(kind)
         if devices is None or c.device == "cpu":
             return self.env
         var = "ASCEND_RT_VISIBLE_DEVICES" if c.device == "npu" else "CUDA_VISIBLE_DEVICES"
@@ -145,7 +153,7 @@ class Launcher:
         if cfg.cluster.launcher == "ray":  # Ray places the hosts; the driver listens on its node's address
             from asyncflow.actors.ray_hosts import RayHosts
 
-            self.ray_hosts = RayHosts(cfg.cluster, self.host_kind)
+            self.ray_hosts = RayHosts(cfg.cluster, self.host_kind, num_ranks=cfg.train.num_ranks)
             self.spawn = self.ray_hosts.spawn
             transport = self.ray_hosts.connect(transport)
         self.transport = transport.validate()
@@ -202,6 +210,8 @@ class Launcher:
         if self.scaler is not None:
             self.scaler.stop()
         for name in getattr(self, "workers", []) if hasattr(self, "dc") else []:
+            if not self._host_alive(name):
+                continue  # its process is gone: asking would only wait out the timeout
             try:
                 self.dc.ref(name, wait_s=0.1).ask(protocol.Stop(), timeout_s=60)
             except (AsyncflowError, LookupError):
@@ -219,10 +229,20 @@ class Launcher:
         if self.ray_hosts is not None:
             self.ray_hosts.close()
 
+    def _host_alive(self, actor: str) -> bool:
+        """Whether the process hosting ``actor`` is up (True when unknown)."""
+        for host, specs in self.host_specs.items():
+            if any(spec.name == actor for spec in specs):
+                proc = self.hosts.get(host)
+                return proc is None or proc.alive()
+        return True
+
     # -- watching ------------------------------------------------------------------------
     def role_stats(self) -> dict[str, protocol.RoleStats]:
         out = {}
         for name in self.workers:
+            if not self._host_alive(name):
+                continue
             try:
                 out[name] = self.dc.ref(name, wait_s=0.5).ask(protocol.GetRoleStats(), timeout_s=5)
             except (AsyncflowError, LookupError):
@@ -307,7 +327,14 @@ class Launcher:
         while not finished.wait(0.5):
             if failed.is_set():
                 role, error = collector.failures.get()[0]
-                raise RunFailed(f"role {role} failed:\n{error}")
+                # a role often fails because a peer process died (a trainer rank's collective
+                # breaks when another rank is killed): name the dead process first, if any
+                deadline = time.monotonic() + 2.0
+                while time.monotonic() < deadline and all(p.alive() for p in self.hosts.values()):
+                    time.sleep(0.1)
+                self.check_hosts()
+                raise RunFailed(f"role {role} failed:\n{error}\nResume from the last checkpoint: "
+                                f"afctl up --resume {self.run_dir}")
             self.check_hosts()
             if self.scaler is not None:
                 self.scaler.apply_pending()  # moves of the online planner, between steps

@@ -15,12 +15,20 @@ PPO: the critic runs in this process (its own TrainEngine with a value head): it
 values before the update are the old values, GAE gives advantages and returns, and
 it is trained on the same batch.
 
+Data parallel (``train.num_ranks = N > 1``): this actor is rank 0 of N trainer
+processes in one torch.distributed group (FSDP2; rendezvous through the directory,
+``actors/_policy.py``). It asks the queue for the step's batch split into N parts of
+whole prompt groups and balanced token counts (``dp_size``), tells each other rank
+(TrainerRankActor, ``trainer.<r>``) its part (TrainPart: row indices only), then
+reads and trains its own part; every rank reads its rows straight from the shards.
+The figures, the weight gather and checkpoint saves are collectives all ranks join.
+
 Checkpoints (every ``train.checkpoint_every`` steps and at the end): pause every
 other role (each answers between units, with its rows acked), save the queue, the
 model and optimizer (Hugging Face format) and the roles' states, resume them.
 
 Takes: LoopActor messages. Sends: StepMetrics, RunFinished (collector); Pause,
-Resume (roles); TQ reads, acks, save.
+Resume (roles); TrainPart, SaveRankCheckpoint (other trainer ranks); TQ reads, acks, save.
 """
 
 from __future__ import annotations
@@ -33,10 +41,9 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
-import torch
 
-from asyncflow.actors._batching import token_batch
 from asyncflow.actors._loop import COLLECTOR, LoopActor
+from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors.weight_sync import WEIGHTS_NAME, WeightSyncActor
 from asyncflow.core import protocol
@@ -58,48 +65,28 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 class TrainerActor(LoopActor):
 
-    def __init__(self, ctx, run_dir: str, other_roles: list[str], rollout_replicas: list[str]):
+    def __init__(self, ctx, run_dir: str, other_roles: list[str], rollout_replicas: list[str], ranks: list[str] = ()):
         super().__init__(ctx)
-        from asyncflow.algorithms.grpo import PolicyLossConfig, policy_loss_fn
-        from asyncflow.engines.factory import build_train_engine
-
         self.run = Run(run_dir)
         cfg = self.run.config
         launch = self.run.launch
         set_threads(cfg)
         self.other_roles = other_roles
         self._initial_replicas = set(rollout_replicas)
-        self.engine = build_train_engine(cfg.train.engine, launch.model_dir)
-        self.critic = None
-        if cfg.algorithm.name == "ppo":
-            critic_dir = Path(launch.resume_from) / "critic" if launch.resume_from else Path(launch.model_dir)
-            self.critic = build_train_engine(msgspec.structs.replace(cfg.critic.engine, critic=True), critic_dir)
-        if launch.resume_from:
-            self.engine.load_checkpoint(str(Path(launch.resume_from) / "model"), with_optimizer=True)
-            if self.critic is not None:
-                self.critic.load_checkpoint(str(Path(launch.resume_from) / "critic"), with_optimizer=True)
-        alg = cfg.algorithm
-        self.loss_fn = policy_loss_fn(PolicyLossConfig(
-            clip_low=alg.clip_eps, clip_high=alg.clip_eps,
-            kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef, kl_estimator=alg.kl_estimator,
-            entropy_coef=alg.entropy_coef,
-            agg="token-mean" if alg.loss_agg == "token_mean" else "seq-mean-token-mean",
-            tis_cap=alg.is_truncation,
-        ))
-        self.temperature = cfg.rollout.sampling.temperature or 1.0
+        self.ranks = list(ranks)  # the other trainer ranks' actors (trainer.1 ...), data parallel
+        self._store = join_trainer_group(ctx, self.run, rank=0)
+        self.policy = PolicyUpdate(self.run)
+        self.engine = self.policy.engine
         self.step = launch.start_step
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
-        self.columns = ["prompt_ids", "response_ids", "rollout_logp", "reward"]
-        if alg.kl_coef > 0:
-            self.columns.append("ref_logp")
-        self.extra_rewards = [(r.reward_column, r.reward_weight) for r in cfg.roles if r.reward_column]
-        self.columns += [column for column, _ in self.extra_rewards]
+        self.columns = self.policy.columns
         self._weights = serve_actor(
             WeightSyncActor, WEIGHTS_NAME, ctx.transport, directory_address=ctx.directory_address,
             replicas=rollout_replicas, substep=cfg.workflow.substep_updates,
         )
         ctx.directory.register(self._weights.entry())
         self._collector = ctx.ref(COLLECTOR)
+        self._rank_refs = [ctx.ref(name, wait_s=cfg.train.dist_timeout_s) for name in self.ranks]
         self._started = time.monotonic()
         self._num_samples = 0
         self._num_tokens = 0
@@ -118,37 +105,43 @@ class TrainerActor(LoopActor):
         if self.step >= cfg.train.num_steps:
             self._finish()
             return False
+        num_ranks = 1 + len(self.ranks)
         with self.activity("wait_data"):
             try:
-                batch = self.tq.get_batch("train", self.columns, cfg.samples_per_step, policy="group",
-                                          min_step=self.step, max_step=self.step, timeout_s=1.0)
+                meta = self.tq.get_meta("train", self.columns, cfg.samples_per_step, policy="group", dp_size=num_ranks,
+                                        min_step=self.step, max_step=self.step, timeout_s=1.0)
             except BatchTimeout:
                 return True
         t0 = time.monotonic()
+        parts = meta.parts if num_ranks > 1 else [list(range(len(meta.indices)))]
+        for ref, positions in zip(self._rank_refs, parts[1:]):  # the other ranks read and train their parts
+            ref.tell(protocol.TrainPart(step=self.step, indices=[meta.indices[p] for p in positions],
+                                        group_ids=[meta.metas[p].group_id for p in positions], columns=self.columns))
+        mine = parts[0]
+        with self.activity("read"):
+            columns = self.tq.read([meta.indices[p] for p in mine], self.columns)
         with self.activity("train"):
-            values = self._train(batch)
+            values = self.policy.train(columns, [meta.metas[p].group_id for p in mine])
+            figures = self.policy.batch_figures(columns)
         version = self.step + 1
         with self.activity("sync_weights"):
-            snapshot = [(name, t.detach().to("cpu", copy=True)) for name, t in self.engine.export_weights()]
+            snapshot = self.policy.export_weights()
             weight_bytes = self._weights.pykka_ref.proxy().publish(version, snapshot).get()
-        self.tq.ack(batch)
-        self._audit(batch)
-        staleness = [self.step - m.version for m in batch.metas]
-        response_tokens = int(sum(len(r) for r in batch.columns["response_ids"]))
-        total_tokens = response_tokens + int(sum(len(p) for p in batch.columns["prompt_ids"]))
-        self._num_samples += len(batch)
-        self._num_tokens += total_tokens
-        rewards = [float(r[0]) for r in batch.columns["reward"]]
+        self.tq.ack("train", meta.indices)
+        self._audit(meta, parts)
+        staleness = [self.step - m.version for m in meta.metas]
+        self._num_samples += len(meta.indices)
+        self._num_tokens += int(figures["tokens"])
         values.update(
-            step=self.step, version=version, reward_mean=float(np.mean(rewards)), reward_max=float(np.max(rewards)),
-            samples=len(batch), tokens=total_tokens, response_tokens=response_tokens,
-            response_len_mean=response_tokens / len(batch), total_samples=self._num_samples,
+            step=self.step, version=version, reward_mean=figures["reward_mean"], reward_max=figures["reward_max"],
+            samples=len(meta.indices), tokens=figures["tokens"], response_tokens=figures["response_tokens"],
+            response_len_mean=figures["response_tokens"] / len(meta.indices), total_samples=self._num_samples,
             total_tokens=self._num_tokens, time_s=time.monotonic() - self._started,
             step_time_s=time.monotonic() - t0, staleness_max=max(staleness), staleness_mean=float(np.mean(staleness)),
-            weight_bytes=weight_bytes,
+            weight_bytes=weight_bytes, num_ranks=num_ranks,
         )
         self._collector.tell(protocol.StepMetrics(step=self.step, values={k: float(v) for k, v in values.items()}))
-        self.num_items += len(batch)
+        self.num_items += len(mine)
         self.step = version
         every = cfg.train.checkpoint_every
         if every and self.step % every == 0 and self.step < cfg.train.num_steps:
@@ -156,51 +149,16 @@ class TrainerActor(LoopActor):
                 self.checkpoint()
         return True
 
-    def _train(self, batch) -> dict[str, float]:
-        from asyncflow.algorithms.advantages import broadcast_to_tokens, grpo_advantages
-
-        cfg = self.run.config
-        alg = cfg.algorithm
-        per_token = {"rollout_logp": batch.columns["rollout_logp"]}
-        if "ref_logp" in batch.columns:
-            per_token["ref_logp"] = batch.columns["ref_logp"]
-        tb, _ = token_batch(batch.columns["prompt_ids"], batch.columns["response_ids"], per_token)
-        rewards_B = torch.tensor([float(r[0]) for r in batch.columns["reward"]])
-        for column, weight in self.extra_rewards:  # custom roles' scores (e.g. a judge)
-            rewards_B = rewards_B + weight * torch.tensor([float(v[0]) for v in batch.columns[column]])
-        out: dict[str, float] = {}
-        if alg.name == "grpo":
-            groups: dict[int, list[int]] = {}
-            for pos, meta in enumerate(batch.metas):
-                groups.setdefault(meta.group_id, []).append(pos)
-            order = [pos for positions in groups.values() for pos in positions]
-            G = alg.group_size
-            adv_GN = grpo_advantages(rewards_B[order].view(-1, G), divide_by_std=alg.std_normalize)
-            adv_B = torch.empty_like(rewards_B)
-            adv_B[order] = adv_GN.reshape(-1)
-            tb.advantages = broadcast_to_tokens(adv_B, tb.response_mask)
-        else:
-            from asyncflow.algorithms.ppo import PPOConfig, critic_loss_fn, ppo_advantages
-
-            ppo = PPOConfig(
-                gamma=alg.gamma, lam=alg.lam, value_clip=alg.value_clip, kl_estimator=alg.kl_estimator,
-                kl_in_reward_coef=alg.kl_coef if alg.kl_in_reward else 0.0,
-            )
-            values_BT = self.critic.forward(tb).values
-            tb.advantages, tb.returns = ppo_advantages(ppo, rewards_B, values_BT, tb.response_mask, tb.rollout_logp, tb.ref_logp)
-            tb.old_values = values_BT
-            critic_result = self.critic.train_step(tb, critic_loss_fn(ppo))
-            out.update(critic_loss=critic_result.loss, **{f"critic_{k}": v for k, v in critic_result.metrics.items()})
-        for _ in range(alg.epochs):
-            result = self.engine.train_step(tb, self.loss_fn, temperature=self.temperature)
-        out.update(loss=result.loss, grad_norm=result.grad_norm, **result.metrics)
-        return out
-
-    def _audit(self, batch) -> None:
+    def _audit(self, meta: protocol.BatchMeta, parts: list[list[int]]) -> None:
         """RUN_DIR/trained.jsonl: which rows (and prompt groups) each step trained on,
-        with their policy versions: the exactly-once record a user (or a test) checks."""
-        line = {"step": self.step, "indices": list(batch.indices), "groups": [m.group_id for m in batch.metas],
-                "versions": [m.version for m in batch.metas]}
+        with their policy versions and the trainer rank that trained each: the
+        exactly-once record a user (or a test) checks."""
+        rank_of = [0] * len(meta.indices)
+        for rank, positions in enumerate(parts):
+            for p in positions:
+                rank_of[p] = rank
+        line = {"step": self.step, "indices": list(meta.indices), "groups": [m.group_id for m in meta.metas],
+                "versions": [m.version for m in meta.metas], "ranks": rank_of}
         with (self.run.dir / "trained.jsonl").open("a") as f:
             f.write(msgspec.json.encode(line).decode() + "\n")
 
@@ -221,9 +179,9 @@ class TrainerActor(LoopActor):
                 paused = ref.ask(protocol.Pause(), timeout_s=600)
                 states[paused.role] = paused.state
             self.tq.save(str(tmp / "queue"))
-            self.engine.save_checkpoint(str(tmp / "model"), with_optimizer=True)
-            if self.critic is not None:
-                self.critic.save_checkpoint(str(tmp / "critic"), with_optimizer=True)
+            for ref in self._rank_refs:  # the save gathers the shards of every rank
+                ref.tell(protocol.SaveRankCheckpoint(path=str(tmp)))
+            self.policy.save(tmp)
             (tmp / "roles.msgpack").write_bytes(msgspec.msgpack.encode(states))
             (tmp / "DONE").write_text(f"{self.step}\n")
             shutil.rmtree(final, ignore_errors=True)

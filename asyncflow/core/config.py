@@ -149,7 +149,15 @@ class TrainConfig(_Section):
     prompts_per_step: int = 8
     """Prompt groups per global batch (samples per step = this * group_size)."""
     num_ranks: int = 1
-    """Trainer processes (data parallel; FSDP2 when engine.fsdp)."""
+    """Trainer processes (data parallel with FSDP2: needs ``engine.fsdp = true``). Rank 0
+    reads the batch plan and publishes weights; every rank reads its own rows from the
+    queue. With ``cluster.train_devices``, give one device per rank."""
+    dist_port: int = 0
+    """Port of rank 0's torch.distributed store (0: any free port, published through the
+    directory). Set it when only some ports are open between nodes."""
+    dist_timeout_s: float = 600.0
+    """How long trainer ranks wait for each other (rendezvous, each collective) before
+    failing: a rank whose peer vanished fails after this, it never hangs."""
     checkpoint_every: int = 0
     """Save a Hugging Face checkpoint and the queue state every N steps (0: at the end only)."""
 
@@ -176,6 +184,12 @@ class WorkflowConfig(_Section):
     s - v <= k. Forced to 0 in sync mode."""
     substep_updates: bool = True
     """Rollout replicas swap to new weights one at a time (capacity never drops to 0)."""
+    weight_transport: Literal["nng", "collective"] = "nng"
+    """How the weight bytes reach rollout replicas. nng: chunks pulled over the actor
+    transport (host-staged). collective: broadcast over a two-member torch.distributed
+    group per replica (gloo on cpu, nccl on cuda, hccl on npu) into buffers on the
+    replica's device; announcements and swap grants stay on nng. A replica whose
+    trainer side has no such collective falls back to nng (logged)."""
 
 
 class RoleEntry(_Section):
@@ -184,12 +198,6 @@ class RoleEntry(_Section):
     name: str
     """Actor name (unique)."""
     cls: str
-    weight_transport: Literal["nng", "collective"] = "nng"
-    """How the weight bytes reach rollout replicas. nng: chunks pulled over the actor
-    transport (host-staged). collective: broadcast over a two-member torch.distributed
-    group per replica (gloo on cpu, nccl on cuda, hccl on npu) into buffers on the
-    replica's device; announcements and swap grants stay on nng. A replica whose
-    trainer side has no such collective falls back to nng (logged)."""
     """Dotted path ``package.module:Class`` of an asyncflow Actor."""
     kwargs: dict = msgspec.field(default_factory=dict)
     """Keyword arguments of its constructor (after ``ctx``; ``run_dir`` is always given)."""
@@ -218,7 +226,8 @@ class ClusterConfig(_Section):
     """Accelerator ids for rollout replicas, one per replica (CUDA_VISIBLE_DEVICES /
     ASCEND_RT_VISIBLE_DEVICES of its process). Empty: the process sees every device."""
     train_devices: list[int] = msgspec.field(default_factory=list)
-    """Accelerator ids of the trainer process."""
+    """Accelerator ids of the trainer: all of them for one rank, one per rank with
+    ``train.num_ranks > 1``."""
     reference_devices: list[int] = msgspec.field(default_factory=list)
     """Accelerator ids for reference workers, one per worker."""
     python_path: list[str] = msgspec.field(default_factory=list)
@@ -318,9 +327,19 @@ def _check(cfg: RunConfig) -> None:
     need(cfg.rollout.prompts_per_call >= 1, "rollout.prompts_per_call", cfg.rollout.prompts_per_call, "use 1 or more")
     need(cfg.reward.num_workers >= 1, "reward.num_workers", cfg.reward.num_workers, "use 1 or more")
     need(cfg.queue.num_shards >= 1, "queue.num_shards", cfg.queue.num_shards, "use 1 or more")
-    need(cfg.train.num_ranks == 1, "train.num_ranks", cfg.train.num_ranks,
-         "only 1 is supported by the workflow today (the engine runs FSDP2 across processes, see "
-         "`afctl bench train`; the trainer actor does not start several ranks yet): use 1")
+    ranks = cfg.train.num_ranks
+    need(ranks >= 1, "train.num_ranks", ranks, "use 1 or more")
+    if ranks > 1:
+        need(cfg.train.engine.fsdp, "train.engine.fsdp", cfg.train.engine.fsdp,
+             f"train.num_ranks = {ranks} trains data parallel with FSDP2: set [train.engine] fsdp = true")
+        need(cfg.algorithm.name != "ppo" or cfg.critic.engine.fsdp, "critic.engine.fsdp", cfg.critic.engine.fsdp,
+             f"the PPO critic trains on the same {ranks} ranks: set [critic.engine] fsdp = true")
+        need(cfg.train.prompts_per_step % ranks == 0, "train.prompts_per_step", cfg.train.prompts_per_step,
+             f"every rank trains whole prompt groups: use a multiple of train.num_ranks ({ranks})")
+        need(not cfg.cluster.train_devices or len(cfg.cluster.train_devices) == ranks, "cluster.train_devices",
+             cfg.cluster.train_devices, f"give one device per trainer rank ({ranks} ids), or none")
+    need(cfg.train.dist_timeout_s > 0, "train.dist_timeout_s", cfg.train.dist_timeout_s, "use a positive number of seconds")
+    need(0 <= cfg.train.dist_port < 65536, "train.dist_port", cfg.train.dist_port, "use 0 (any free port) or a port number")
     need(
         not cfg.reward.weights or len(cfg.reward.weights) == len(cfg.reward.functions),
         "reward.weights", cfg.reward.weights, f"give one weight per function ({len(cfg.reward.functions)})",

@@ -1,0 +1,160 @@
+"""The policy update of one trainer rank, shared by rank 0 (TrainerActor) and the
+other ranks (TrainerRankActor): engines, loss, advantages, and the step's figures.
+
+With ``train.num_ranks = N > 1`` every rank holds an FSDP2 shard of the policy (and
+of the PPO critic) in one torch.distributed default group, and trains its own part
+of the global batch: whole prompt groups, so GRPO advantages need no exchange.
+Everything below that touches the engine is a collective: every rank calls it in
+the same order with the same number of micro-batches (the engine checks).
+
+Shape legend: B rows of this rank, T tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import torch
+
+from asyncflow.actors._batching import token_batch
+from asyncflow.actors._run import Run
+
+log = logging.getLogger(__name__)
+
+GROUP = "trainer"
+"""The trainer ranks' torch.distributed group, published in the directory as ``dist.trainer``."""
+
+
+def join_trainer_group(ctx, run: Run, rank: int):
+    """Rendezvous of the trainer ranks (no-op for one rank); returns the store to keep alive."""
+    cfg = run.config
+    if cfg.train.num_ranks == 1:
+        return None
+    from asyncflow.core.rendezvous import init_default_group
+    from asyncflow.engines.device import dist_backend
+
+    device = cfg.train.engine.device
+    log.info("trainer rank %d/%d: joining group %r", rank, cfg.train.num_ranks, GROUP)
+    store = init_default_group(ctx.directory, GROUP, ctx.transport, rank, cfg.train.num_ranks, dist_backend(device),
+                               cfg.train.dist_timeout_s, port=cfg.train.dist_port)
+    if device == "cuda" and torch.cuda.device_count() > 1:  # every device visible: one per rank
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    elif device == "npu" and torch.npu.device_count() > 1:  # type: ignore[attr-defined]
+        torch.npu.set_device(rank % torch.npu.device_count())  # type: ignore[attr-defined]
+    return store
+
+
+class PolicyUpdate:
+    """Engines and loss of one rank; ``train`` runs one optimizer step on this rank's rows."""
+
+    def __init__(self, run: Run):
+        from asyncflow.algorithms.grpo import PolicyLossConfig, policy_loss_fn
+        from asyncflow.engines.factory import build_train_engine
+
+        cfg, launch = run.config, run.launch
+        self.cfg = cfg
+        self.engine = build_train_engine(cfg.train.engine, launch.model_dir)
+        self.critic = None
+        if cfg.algorithm.name == "ppo":
+            critic_dir = Path(launch.resume_from) / "critic" if launch.resume_from else Path(launch.model_dir)
+            self.critic = build_train_engine(msgspec.structs.replace(cfg.critic.engine, critic=True), critic_dir)
+        if launch.resume_from:
+            self.engine.load_checkpoint(str(Path(launch.resume_from) / "model"), with_optimizer=True)
+            if self.critic is not None:
+                self.critic.load_checkpoint(str(Path(launch.resume_from) / "critic"), with_optimizer=True)
+        alg = cfg.algorithm
+        self.loss_fn = policy_loss_fn(PolicyLossConfig(
+            clip_low=alg.clip_eps, clip_high=alg.clip_eps,
+            kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef, kl_estimator=alg.kl_estimator,
+            entropy_coef=alg.entropy_coef,
+            agg="token-mean" if alg.loss_agg == "token_mean" else "seq-mean-token-mean",
+            tis_cap=alg.is_truncation,
+        ))
+        self.temperature = cfg.rollout.sampling.temperature or 1.0
+        self.columns = ["prompt_ids", "response_ids", "rollout_logp", "reward"]
+        if alg.kl_coef > 0:
+            self.columns.append("ref_logp")
+        self.extra_rewards = [(r.reward_column, r.reward_weight) for r in cfg.roles if r.reward_column]
+        self.columns += [column for column, _ in self.extra_rewards]
+        self.distributed = cfg.train.num_ranks > 1
+
+    def rewards(self, columns: dict[str, list]) -> torch.Tensor:
+        """Reward of each row: the reward column plus custom roles' weighted scores."""
+        rewards_B = torch.tensor([float(r[0]) for r in columns["reward"]])
+        for column, weight in self.extra_rewards:  # custom roles' scores (e.g. a judge)
+            rewards_B = rewards_B + weight * torch.tensor([float(v[0]) for v in columns[column]])
+        return rewards_B
+
+    def train(self, columns: dict[str, list], group_ids: list[int]) -> dict[str, float]:
+        """One step on this rank's rows (``columns[name][b]``, prompt group ``group_ids[b]``)."""
+        from asyncflow.algorithms.advantages import broadcast_to_tokens, grpo_advantages
+
+        alg = self.cfg.algorithm
+        per_token = {"rollout_logp": columns["rollout_logp"]}
+        if "ref_logp" in columns:
+            per_token["ref_logp"] = columns["ref_logp"]
+        tb, _ = token_batch(columns["prompt_ids"], columns["response_ids"], per_token)
+        rewards_B = self.rewards(columns)
+        out: dict[str, float] = {}
+        if alg.name == "grpo":
+            groups: dict[int, list[int]] = {}
+            for pos, group in enumerate(group_ids):
+                groups.setdefault(group, []).append(pos)
+            order = [pos for positions in groups.values() for pos in positions]
+            G = alg.group_size
+            adv_GN = grpo_advantages(rewards_B[order].view(-1, G), divide_by_std=alg.std_normalize)
+            adv_B = torch.empty_like(rewards_B)
+            adv_B[order] = adv_GN.reshape(-1)
+            tb.advantages = broadcast_to_tokens(adv_B, tb.response_mask)
+        else:
+            from asyncflow.algorithms.ppo import PPOConfig, critic_loss_fn, ppo_advantages
+
+            ppo = PPOConfig(
+                gamma=alg.gamma, lam=alg.lam, value_clip=alg.value_clip, kl_estimator=alg.kl_estimator,
+                kl_in_reward_coef=alg.kl_coef if alg.kl_in_reward else 0.0,
+            )
+            values_BT = self.critic.forward(tb).values
+            tb.advantages, tb.returns = ppo_advantages(ppo, rewards_B, values_BT, tb.response_mask, tb.rollout_logp, tb.ref_logp)
+            tb.old_values = values_BT
+            critic_result = self.critic.train_step(tb, critic_loss_fn(ppo))
+            out.update(critic_loss=critic_result.loss, **{f"critic_{k}": v for k, v in critic_result.metrics.items()})
+        for _ in range(alg.epochs):
+            result = self.engine.train_step(tb, self.loss_fn, temperature=self.temperature)
+        out.update(loss=result.loss, grad_norm=result.grad_norm, **result.metrics)
+        return out
+
+    def batch_figures(self, columns: dict[str, list]) -> dict[str, float]:
+        """Rows, tokens and rewards of the global batch: this rank's, summed (max for
+        ``reward_max``) over every rank when distributed (a collective)."""
+        rewards = self.rewards(columns)
+        response = float(sum(len(r) for r in columns["response_ids"]))
+        prompt = float(sum(len(p) for p in columns["prompt_ids"]))
+        sums = torch.tensor([float(len(rewards)), float(rewards.sum()), response, prompt], dtype=torch.float64)
+        top = torch.tensor([float(rewards.max()) if len(rewards) else -np.inf], dtype=torch.float64)
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.all_reduce(sums)
+            dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        n, reward_sum, response, prompt = sums.tolist()
+        return {"samples": n, "reward_mean": reward_sum / max(n, 1.0), "reward_max": top.item(),
+                "response_tokens": response, "tokens": response + prompt}
+
+    def export_weights(self, keep: bool = True) -> list[tuple[str, torch.Tensor]]:
+        """A cpu snapshot of the full policy weights (fresh copies the engine will not
+        touch again). A gather on every rank: ranks that do not publish pass
+        ``keep=False`` and hold one tensor at a time."""
+        if keep:
+            return list(self.engine.export_weights())
+        for _ in self.engine.export_weights():
+            pass
+        return []
+
+    def save(self, path: Path) -> None:
+        """Model (+ critic) with optimizer into ``path`` (collective; rank 0 writes)."""
+        self.engine.save_checkpoint(str(path / "model"), with_optimizer=True)
+        if self.critic is not None:
+            self.critic.save_checkpoint(str(path / "critic"), with_optimizer=True)
