@@ -199,18 +199,20 @@ class StreamSender:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    @property
-    def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def start(self, version: int, named_tensors: list, chunks: list[protocol.StreamChunk],
               before_chunk=None) -> None:
-        """Send ``named_tensors`` (the staged snapshot of ``version``) in a background thread."""
-        self._thread = threading.Thread(target=self._send, args=(version, named_tensors, chunks, before_chunk),
+        """Send ``named_tensors`` (the staged snapshot of ``version``) in a background
+        thread, after the previous stream's thread (the replica may have received the
+        last bytes and asked again before that thread returned)."""
+        self._thread = threading.Thread(target=self._send, args=(self._thread, version, named_tensors, chunks, before_chunk),
                                         name=f"weights-stream-{self.replica}", daemon=True)
         self._thread.start()
 
-    def _send(self, version: int, named_tensors: list, chunks: list[protocol.StreamChunk], before_chunk) -> None:
+    def _send(self, previous, version: int, named_tensors: list, chunks: list[protocol.StreamChunk], before_chunk) -> None:
+        if previous is not None:
+            previous.join()
+        if self.failed:
+            return
         try:
             if self.pg is None:
                 self.pg = PairGroup(self.store, 0, self.backend, self.device, self.timeout_s, self.host)

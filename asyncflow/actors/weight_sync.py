@@ -150,8 +150,6 @@ class WeightSyncActor(Actor):
         if sender is not None and (sender.group != msg.group or sender.failed):
             sender.close()  # the replica gave up on that group (or restarted): a fresh one
             sender = None
-        if sender is not None and sender.busy:
-            raise RuntimeError(f"a weight stream to {msg.replica} over {msg.group} is still running")
         if sender is None:
             sender = channel.StreamSender(self.ctx.directory, self.ctx.transport, msg.replica, msg.group, msg.backend)
             self._senders[msg.replica] = sender

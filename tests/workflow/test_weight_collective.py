@@ -3,6 +3,7 @@ real gloo groups, real nng, real processes. The nccl test needs a CUDA GPU."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -210,3 +211,17 @@ def test_nccl_moves_the_tensor_set_into_the_replicas_gpu_memory():
         assert receiver.fetch(side.dc.ref(WEIGHTS_NAME))[0] == 2
     finally:
         side.close()
+
+
+@pytest.mark.timeout(90)
+def test_afctl_bench_weights_prints_both_transports_side_by_side():
+    from click.testing import CliRunner
+
+    from asyncflow.cli.main import main
+
+    result = CliRunner().invoke(main, ["bench", "weights", "--mb", "2", "--tensor-mb", "0.5", "--chunk-mb", "1",
+                                       "--repeats", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output.strip().splitlines()[-1])["rows"]
+    assert [r["transport"] for r in rows] == ["nng", "collective (gloo)"]
+    assert all(r["bytes"] == 2 << 20 and r["tensors"] == 4 and r["gb_per_s"] > 0 for r in rows)
