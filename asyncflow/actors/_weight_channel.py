@@ -133,8 +133,11 @@ class PairGroup:
         if backend == "gloo":
             opts = dist.ProcessGroupGloo._Options()
             opts._timeout = timeout
-            # the node's advertised address: the peer may be on another node
-            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+            # the node's advertised address (the peer may be on another node), or the
+            # interface GLOO_SOCKET_IFNAME names, as torch.distributed does
+            ifname = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
+            opts._devices = [dist.ProcessGroupGloo.create_device(interface=ifname) if ifname
+                             else dist.ProcessGroupGloo.create_device(hostname=host)]
             self.pg = dist.ProcessGroupGloo(store, rank, 2, opts)
         elif backend == "nccl":
             torch.cuda.set_device(device)
