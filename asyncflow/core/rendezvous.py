@@ -46,6 +46,39 @@ def node_host(transport: TransportConfig) -> str:
     return "127.0.0.1"
 
 
+def interface_of(address: str) -> str | None:
+    """The name of this machine's network interface that holds IPv4 ``address``."""
+    import fcntl
+    import socket
+    import struct
+
+    SIOCGIFADDR = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address on it
+            if socket.inet_ntoa(raw[20:24]) == address:
+                return name
+    return None
+
+
+def pin_interface(transport: TransportConfig) -> None:
+    """Make gloo, NCCL and HCCL's socket bootstrap use the interface of this node's
+    advertised address (they otherwise pick the one the hostname resolves to, which
+    on multi-homed nodes may be unreachable from the peers). A value the user set
+    in the environment wins."""
+    host = node_host(transport)
+    if host.startswith("127."):
+        return
+    name = interface_of(host)
+    if name is None:
+        return
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME"):
+        os.environ.setdefault(var, name)
+
+
 def host_store(directory, group: str, transport: TransportConfig, world_size: int, timeout_s: float,
                port: int = 0) -> dist.TCPStore:
     """Start the group's TCPStore here (rank 0) and publish its address as ``dist.<group>``."""
@@ -88,6 +121,7 @@ def init_default_group(directory, group: str, transport: TransportConfig, rank: 
                        backend: str, timeout_s: float, port: int = 0) -> dist.TCPStore:
     """Initialise this process's default process group as ``rank`` of ``world_size``
     (rank 0 publishes the store, the others find it). Returns the store (keep it alive)."""
+    pin_interface(transport)
     if rank == 0:
         store = host_store(directory, group, transport, world_size, timeout_s, port)
     else:

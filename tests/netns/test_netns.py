@@ -185,3 +185,26 @@ def test_a_port_range_too_small_for_the_actors_says_to_widen_it():
         first.stop()
     with pytest.raises(ValueError, match="write a range such as"):
         TransportConfig(scheme="tcp", ports="42199").validate()
+
+
+def test_trainer_style_ranks_in_two_namespaces_rendezvous_through_the_directory_and_reduce_over_gloo(cluster):
+    """What trainer ranks on two nodes do: rank 0 publishes its torch.distributed store
+    (on its node's address) in the directory, rank 1 finds it there; gloo then runs
+    between the namespaces on the interfaces of their own addresses."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    lab = cluster.lab
+    cluster.spawn_host("r0", node=1)
+    cluster.spawn_host("r1", node=2)
+    for rank, host in enumerate(("r0", "r1")):
+        cluster.start(host, f"probe.{rank}", "_relay:DistProbeActor", rank=rank, world_size=2)
+    refs = [cluster.dc.ref(f"probe.{rank}") for rank in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(lambda ref: bytes(ref.ask(protocol.Echo(payload=b""), timeout_s=60).payload), refs))
+    expected_checksum = int(np.arange(1 << 18, dtype=np.float64).sum())
+    for reply in replies:
+        total, checksum, interface = reply.decode().split(" ")
+        assert int(total) == 3 and int(checksum) == expected_checksum
+        assert interface and interface != "lo", reply  # pinned to the node's own interface
+    store = cluster.dc.lookup("dist.probe")
+    assert _host_of(store.address) == lab.addresses[1]  # on rank 0's node, not loopback
