@@ -102,6 +102,30 @@ def test_a_named_tensor_set_moves_bit_exactly_and_the_group_is_reused_for_the_ne
 
 
 @pytest.mark.timeout(60)
+def test_a_replica_that_gives_up_mid_stream_gets_the_next_version_over_a_fresh_group():
+    side = InProcess()
+    try:
+        side.publish(1, _tensor_set(0))
+        receiver = side.receiver(timeout_s=10)
+        weights = side.dc.ref(WEIGHTS_NAME)
+
+        def give_up(i: int) -> None:
+            raise ConnectionError("replica gave up after chunk 0")
+
+        with pytest.raises(ConnectionError):
+            receiver.fetch(weights, on_chunk=give_up)
+        assert receiver.group is None  # its side of the group is closed
+        sent = _tensor_set(1)
+        side.publish(2, sent)
+        version, got = receiver.fetch(weights)  # the sender drops the old group for the new one
+        assert version == 2
+        _assert_same(sent, got, side.device)
+        assert [e.name for e in side.dc.list("dist.weights.")] == [f"dist.{receiver.group}"]
+    finally:
+        side.close()
+
+
+@pytest.mark.timeout(60)
 def test_a_backend_the_trainer_side_lacks_is_refused_so_the_replica_falls_back_to_nng():
     side = InProcess()
     try:
