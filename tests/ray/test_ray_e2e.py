@@ -50,6 +50,23 @@ def test_a_tiny_run_with_hosts_placed_by_ray_trains_every_step_exactly_once(tmp_
 
 @pytest.mark.ray
 @pytest.mark.timeout(600)
+def test_two_trainer_ranks_placed_by_ray_rendezvous_through_the_directory_and_train(tmp_path, ray_env):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path, mode="async", num_steps=3, staleness=1, extra=RAY_CLUSTER)
+    text = config.read_text().replace("prompts_per_step = 2\n", "prompts_per_step = 2\nnum_ranks = 2\n")
+    config.write_text(text.replace("lr = 1e-3\n", "lr = 1e-3\nfsdp = true\n"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", ASYNCFLOW_SECRET="ray-test-secret", **ray_env)
+    done = subprocess.run([sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
+                          env=env, capture_output=True, text=True, timeout=540)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    assert "ray: process trainer.1 on node " in out, out[-6000:]
+    assert_trained_exactly_once(run_dir, 3, 2, 2)
+    assert all(sorted(l["ranks"]) == [0, 0, 1, 1] for l in read_jsonl(run_dir / "trained.jsonl"))
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
 def test_a_killed_rollout_host_under_ray_is_placed_again_and_every_sample_is_trained_exactly_once(tmp_path, ray_env):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path, mode="async", num_steps=4, staleness=1, extra=RAY_CLUSTER)

@@ -24,6 +24,10 @@ def test_devices_are_reserved_by_ray_resource_name_one_per_replica_and_the_train
     npu = RayHosts(ClusterConfig(launcher="ray", device="npu"), KINDS)
     assert npu.bundle("reference.0")["NPU"] == 1 and npu.bundle("trainer")["NPU"] == 1
 
+    ranks = RayHosts(ClusterConfig(launcher="ray", device="cuda", train_devices=[0, 1]),
+                     {**KINDS, "trainer.1": "trainer_rank"}, num_ranks=2)
+    assert ranks.bundle("trainer")["GPU"] == 1 and ranks.bundle("trainer.1")["GPU"] == 1  # one device per rank
+
 
 def test_each_node_listens_on_its_own_ip_or_advertises_it_behind_a_wildcard():
     bound = node_transport(TransportConfig(scheme="tcp", bind_host="127.0.0.1", secret="s"), "10.0.0.7")
