@@ -35,24 +35,9 @@ done
 export RAY_ADDRESS=$(head -n1 "$work/address")
 echo "local Ray cluster at $RAY_ADDRESS; run directory $work/run"
 
-cat > "$work/ray_tiny.toml" <<TOML
-seed = 0
-[model]
-tiny = "qwen2"
-tiny_warm_start = false
-[data]
-num_prompts = 64
-[algorithm]
-group_size = 2
-[rollout]
-prompts_per_call = 2
-[rollout.sampling]
-max_new_tokens = 4
-[reward]
-functions = ["asyncflow.algorithms.tasks:reward"]
-[train]
-num_steps = $num_steps
-prompts_per_step = 2
+# examples/tiny.toml with NUM_STEPS steps, placed by Ray
+sed "s/^num_steps = .*/num_steps = $num_steps/" "$repo/examples/tiny.toml" > "$work/ray_tiny.toml"
+cat >> "$work/ray_tiny.toml" <<TOML
 [cluster]
 launcher = "ray"
 [cluster.transport]

@@ -6,43 +6,20 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
+
+from tiny_config import write_tiny_config
 
 HERE = Path(__file__).parent
 
-CONFIG = """
-seed = 0
-[model]
-tiny = "qwen2"
-tiny_warm_start = false
-[data]
-num_prompts = 50
-[algorithm]
-group_size = 2
-[rollout]
-prompts_per_call = 2
-[rollout.sampling]
-max_new_tokens = 4
-[reward]
-functions = ["{reward}"]
-[train]
-num_steps = {num_steps}
-prompts_per_step = 2
-checkpoint_every = 0
-[workflow]
-mode = "{mode}"
-staleness = {staleness}
-[logging]
-hang_timeout_s = {hang_timeout_s}
-"""
-
-
 def write_config(path: Path, *, mode: str = "async", num_steps: int = 4, staleness: int = 1,
                  reward: str = "asyncflow.algorithms.tasks:reward", hang_timeout_s: float = 300) -> Path:
-    path.write_text(CONFIG.format(mode=mode, num_steps=num_steps, staleness=staleness, reward=reward,
-                                  hang_timeout_s=hang_timeout_s))
-    return path
+    """examples/tiny.toml with these settings (tests/tiny_config.py)."""
+    return write_tiny_config(path, {
+        "reward": {"functions": [reward]}, "train": {"num_steps": num_steps},
+        "workflow": {"mode": mode, "staleness": staleness},
+        "logging": {"hang_timeout_s": hang_timeout_s},
+    })
 
 
 def env(**extra: str) -> dict[str, str]:

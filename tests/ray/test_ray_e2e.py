@@ -52,9 +52,8 @@ def test_a_tiny_run_with_hosts_placed_by_ray_trains_every_step_exactly_once(tmp_
 @pytest.mark.timeout(600)
 def test_two_trainer_ranks_placed_by_ray_rendezvous_through_the_directory_and_train(tmp_path, ray_env):
     run_dir = tmp_path / "run"
-    config = write_config(tmp_path, mode="async", num_steps=3, staleness=1, extra=RAY_CLUSTER)
-    text = config.read_text().replace("prompts_per_step = 2\n", "prompts_per_step = 2\nnum_ranks = 2\n")
-    config.write_text(text.replace("lr = 1e-3\n", "lr = 1e-3\nfsdp = true\n"))
+    config = write_config(tmp_path, mode="async", num_steps=3, staleness=1, extra=RAY_CLUSTER,
+                          changes={"train": {"num_ranks": 2}, "train.engine": {"fsdp": True}})
     env = dict(os.environ, OMP_NUM_THREADS="1", ASYNCFLOW_SECRET="ray-test-secret", **ray_env)
     done = subprocess.run([sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
                           env=env, capture_output=True, text=True, timeout=540)

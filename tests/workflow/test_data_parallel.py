@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 import safetensors.torch
 import torch
 
-from wf_helpers import afctl, assert_trained_exactly_once, child_hosts, read_jsonl, write_config
+from wf_helpers import afctl, assert_trained_exactly_once, child_hosts, read_jsonl, wait_for_steps, write_config
 
 HERE = Path(__file__).parent
 
@@ -25,25 +24,11 @@ python_path = ["{HERE}"]
 
 
 def _config(tmp_path: Path, num_steps: int) -> Path:
-    path = write_config(tmp_path, num_steps=num_steps, checkpoint_every=2, extra=DATA_PARALLEL)
-    text = path.read_text()
-    text = text.replace('functions = ["asyncflow.algorithms.tasks:reward"]', 'functions = ["wf_rewards:length"]')
-    text = text.replace("prompts_per_step = 2\n", "prompts_per_step = 2\nnum_ranks = 2\n")
-    text = text.replace("lr = 1e-3\n", "lr = 1e-3\nfsdp = true\n")
-    path.write_text(text)
-    return path
-
-
-def _wait_for_steps(run_dir: Path, proc, num_steps: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    path = run_dir / "metrics.jsonl"
-    while time.monotonic() < deadline:
-        if path.exists() and len(read_jsonl(path)) >= num_steps:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"afctl up exited early ({proc.returncode}):\n{proc.stdout.read()}")
-        time.sleep(0.1)
-    raise AssertionError(f"no {num_steps} steps within {timeout_s} s")
+    return write_config(tmp_path, num_steps=num_steps, checkpoint_every=2, extra=DATA_PARALLEL, changes={
+        "reward": {"functions": ["wf_rewards:length"]},
+        "train": {"num_ranks": 2},
+        "train.engine": {"fsdp": True},
+    })
 
 
 @pytest.mark.timeout(300)
@@ -51,7 +36,7 @@ def test_two_trainer_ranks_train_their_own_groups_a_lost_rank_stops_the_run_and_
     run_dir = tmp_path / "run"
     num_steps = 24
     first = afctl("up", str(_config(tmp_path, num_steps)), "--run-dir", str(run_dir))
-    _wait_for_steps(run_dir, first, 3, 200)  # the checkpoint of version 2 is written
+    wait_for_steps(run_dir, first, 3, 200)  # the checkpoint of version 2 is written
     hosts = child_hosts(first.pid)
     assert {"trainer", "trainer.1"} <= set(hosts), hosts
     os.kill(hosts["trainer.1"], signal.SIGKILL)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from wf_helpers import afctl, assert_trained_exactly_once, child_hosts, read_jsonl, write_config
+from wf_helpers import afctl, assert_trained_exactly_once, child_hosts, read_jsonl, wait_for_steps, write_config
 
 
 JUDGE = f"""
@@ -23,19 +22,6 @@ kwargs = {{ target_tokens = 2 }}
 [cluster]
 python_path = ["{Path(__file__).resolve().parents[2] / 'examples' / 'roles'}"]
 """
-
-
-def _wait_for_steps(run_dir: Path, proc, num_steps: int, timeout_s: float) -> None:
-    """Block until metrics.jsonl has ``num_steps`` lines (polling a file the run appends to)."""
-    deadline = time.monotonic() + timeout_s
-    path = run_dir / "metrics.jsonl"
-    while time.monotonic() < deadline:
-        if path.exists() and len(read_jsonl(path)) >= num_steps:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"afctl up exited early ({proc.returncode}):\n{proc.stdout.read()}")
-        time.sleep(0.1)
-    raise AssertionError(f"no {num_steps} steps within {timeout_s} s")
 
 
 @pytest.mark.timeout(240)
@@ -73,7 +59,7 @@ def test_killed_rollout_and_custom_role_processes_are_restarted_and_every_sample
     run_dir = tmp_path / "run"
     config = write_config(tmp_path, num_steps=30, extra=JUDGE)  # long enough that the kills land mid-run
     proc = afctl("up", str(config), "--run-dir", str(run_dir))
-    _wait_for_steps(run_dir, proc, 2, 200)
+    wait_for_steps(run_dir, proc, 2, 200)
     hosts = child_hosts(proc.pid)
     assert {"rollout.0", "judge"} <= set(hosts), f"no rollout.0 or judge process under {proc.pid}: {hosts}"
     os.kill(hosts["rollout.0"], signal.SIGKILL)
@@ -92,7 +78,7 @@ def test_resume_continues_with_the_next_step_and_the_same_queue_contents(tmp_pat
     # long enough that the interrupt lands mid-run even on a fast machine
     config = write_config(tmp_path, num_steps=40, checkpoint_every=2)
     first = afctl("up", str(config), "--run-dir", str(run_dir))
-    _wait_for_steps(run_dir, first, 3, 200)  # the checkpoint after step index 1 (version 2) is written
+    wait_for_steps(run_dir, first, 3, 200)  # the checkpoint after step index 1 (version 2) is written
     first.send_signal(signal.SIGINT)
     out, _ = first.communicate(timeout=60)
     assert "afctl up --resume" in out
@@ -109,7 +95,7 @@ def test_resume_continues_with_the_next_step_and_the_same_queue_contents(tmp_pat
 def test_ctrl_c_stops_every_process(tmp_path):
     run_dir = tmp_path / "run"
     proc = afctl("up", str(write_config(tmp_path, num_steps=50)), "--run-dir", str(run_dir))
-    _wait_for_steps(run_dir, proc, 1, 180)
+    wait_for_steps(run_dir, proc, 1, 180)
     children = list(child_hosts(proc.pid).values())
     assert len(children) >= 5
     proc.send_signal(signal.SIGINT)

@@ -7,45 +7,33 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
-import pytest
-
-TINY = """
-seed = 0
-[model]
-tiny = "qwen2"
-tiny_warm_start = false
-[data]
-num_prompts = 64
-[algorithm]
-group_size = 2
-[rollout]
-prompts_per_call = 2
-[rollout.sampling]
-max_new_tokens = 4
-[reward]
-functions = ["asyncflow.algorithms.tasks:reward"]
-[train]
-num_steps = {num_steps}
-prompts_per_step = 2
-checkpoint_every = {checkpoint_every}
-[train.engine]
-lr = 1e-3
-[workflow]
-mode = "{mode}"
-staleness = {staleness}
-[logging]
-progress = true
-"""
+from tiny_config import write_tiny_config
 
 
 def write_config(tmp_path: Path, mode: str = "async", num_steps: int = 4, staleness: int = 1,
-                 checkpoint_every: int = 0, extra: str = "") -> Path:
-    path = tmp_path / f"{mode}.toml"
-    path.write_text(TINY.format(mode=mode, num_steps=num_steps, staleness=staleness,
-                                checkpoint_every=checkpoint_every) + textwrap.dedent(extra))
-    return path
+                 checkpoint_every: int = 0, extra: str = "", changes: dict | None = None) -> Path:
+    """examples/tiny.toml with these settings (``changes``: more keys, see tests/tiny_config.py)."""
+    base = {"train": {"num_steps": num_steps, "checkpoint_every": checkpoint_every},
+            "workflow": {"mode": mode, "staleness": staleness}}
+    for table, values in (changes or {}).items():
+        base.setdefault(table, {}).update(values)
+    return write_tiny_config(tmp_path / f"{mode}.toml", base, textwrap.dedent(extra))
+
+
+def wait_for_steps(run_dir: Path, proc, num_steps: int, timeout_s: float) -> None:
+    """Block until metrics.jsonl has ``num_steps`` lines (polling a file the run appends to)."""
+    deadline = time.monotonic() + timeout_s
+    path = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if path.exists() and len(read_jsonl(path)) >= num_steps:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"afctl up exited early ({proc.returncode}):\n{proc.stdout.read()}")
+        time.sleep(0.1)
+    raise AssertionError(f"no {num_steps} steps within {timeout_s} s")
 
 
 def afctl(*args: str, **kwargs) -> subprocess.Popen:
