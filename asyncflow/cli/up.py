@@ -11,22 +11,28 @@ import click
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Where to write the run (default runs/<config>-<time>).")
 @click.option("--resume", type=click.Path(file_okay=False, exists=True), help="Continue the run in this directory from its last checkpoint.")
-def up(config: str | None, run_dir: str | None, resume: str | None) -> None:
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Change one config key (repeatable), e.g. --set train.num_ranks=2 --set train.engine.fsdp=true.")
+def up(config: str | None, run_dir: str | None, resume: str | None, overrides: tuple[str, ...]) -> None:
     """Start every role of CONFIG on this machine (or the cluster it names) and train.
 
     Progress is one line per trainer step; RUN_DIR gets config.json, metrics.jsonl,
     checkpoints/ (Hugging Face format) and summary.json. Ctrl-C stops every process.
+    --set KEY=VALUE changes a key of CONFIG for this run (the resolved config is
+    saved in RUN_DIR/config.json).
     """
     from asyncflow.actors.launcher import RunFailed, default_run_dir, run
     from asyncflow.core.config import ConfigError, load_config
 
     if bool(config) == bool(resume):
         raise click.UsageError("give a CONFIG file to start a run, or --resume RUN_DIR to continue one (not both)")
+    if resume and overrides:
+        raise click.UsageError("--set changes a new run's config; a resumed run keeps the config saved in RUN_DIR")
     try:
         if resume:
             summary = run(None, None, resume=resume)
         else:
-            summary = run(load_config(config), run_dir or default_run_dir(config))
+            summary = run(load_config(config, overrides), run_dir or default_run_dir(config))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except RunFailed as exc:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 import msgspec
 
@@ -431,11 +431,34 @@ def _format_error(exc: msgspec.ValidationError, source: str) -> ConfigError:
     return ConfigError(f"{what} (in {source})")
 
 
-def load_config_text(text: str, source: str = "<string>") -> RunConfig:
+def apply_overrides(raw: dict, overrides: Sequence[str]) -> dict:
+    """Set ``KEY=VALUE`` items (``train.engine.lr=3e-4``) into a parsed config; VALUE
+    is a TOML value (``true``, ``2``, ``"a"``, ``[0, 1]``), bare words are strings."""
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"--set {item!r}: write KEY=VALUE with a dotted key, e.g. --set train.num_steps=10")
+        try:
+            value = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()  # a bare word: a string
+        table = raw
+        *parents, leaf = key.split(".")
+        for depth, part in enumerate(parents):
+            table = table.setdefault(part, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"--set {item!r}: {'.'.join(parents[:depth + 1])} is a value, not a table")
+        table[leaf] = value
+    return raw
+
+
+def load_config_text(text: str, source: str = "<string>", overrides: Sequence[str] = ()) -> RunConfig:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source} is not valid TOML: {exc}") from None
+    apply_overrides(raw, overrides)
     try:
         cfg = msgspec.convert(raw, RunConfig)
     except msgspec.ValidationError as exc:
@@ -444,11 +467,12 @@ def load_config_text(text: str, source: str = "<string>") -> RunConfig:
     return cfg
 
 
-def load_config(path: str | os.PathLike) -> RunConfig:
+def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
+    """The config in ``path``, with ``KEY=VALUE`` overrides (``afctl up --set``) applied."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
-    cfg = load_config_text(path.read_text(), str(path))
+    cfg = load_config_text(path.read_text(), str(path), overrides)
     if cfg.cluster.python_path:  # relative to the config file, so a run works from any directory
         resolved = [str((path.parent / p).resolve()) for p in cfg.cluster.python_path]
         for p in resolved:

@@ -39,6 +39,22 @@ def test_every_example_config_loads():
         load_config(path)
 
 
+def test_set_overrides_change_keys_of_the_file_and_name_a_wrong_one():
+    tiny = ROOT / "examples" / "tiny.toml"
+    cfg = load_config(tiny, ["train.num_ranks=2", "train.engine.fsdp=true", "cluster.train_devices=[]",
+                             "workflow.mode=sync", "logging.hang_timeout_s = 30"])
+    assert cfg.train.num_ranks == 2 and cfg.train.engine.fsdp is True and cfg.workflow.mode == "sync"
+    assert cfg.logging.hang_timeout_s == 30.0 and cfg.train.num_steps == 4  # the file's own keys stay
+    with pytest.raises(ConfigError, match="train.num_rank: unknown key; did you mean 'num_ranks'"):
+        load_config(tiny, ["train.num_rank=2"])
+    with pytest.raises(ConfigError, match="train.engine.fsdp = False: train.num_ranks = 2"):
+        load_config(tiny, ["train.num_ranks=2"])  # checked like the file
+    with pytest.raises(ConfigError, match="write KEY=VALUE"):
+        load_config(tiny, ["train.num_ranks"])
+    with pytest.raises(ConfigError, match="train.num_steps is a value, not a table"):
+        load_config(tiny, ["train.num_steps.x=1"])
+
+
 def test_docs_config_md_documents_every_key_as_the_code_has_it():
     assert (ROOT / "docs" / "config.md").read_text().strip() == config_markdown().strip(), (
         "docs/config.md is stale: regenerate it with `python -m asyncflow.core.config --markdown > docs/config.md`"
