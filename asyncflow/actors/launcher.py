@@ -97,7 +97,8 @@ class Launcher:
     def plan(self) -> None:
         cfg, rd = self.cfg, str(self.run_dir)
         capacity = cfg.queue.capacity_rows or cfg.samples_per_step * (cfg.staleness + 3)
-        q = queue_specs(self.tasks(), num_shards=cfg.queue.num_shards, capacity_rows=capacity)
+        q = queue_specs(self.tasks(), num_shards=cfg.queue.num_shards, capacity_rows=capacity,
+                        inline_max_bytes=cfg.queue.inline_max_bytes)
         self._add("queue", "queue", [q.manager, *q.controllers])
         for i, shard in enumerate(q.shards):
             self._add(f"shard.{i}", "shard", [shard])

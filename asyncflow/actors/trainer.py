@@ -119,7 +119,7 @@ class TrainerActor(LoopActor):
                                         group_ids=[meta.metas[p].group_id for p in positions], columns=self.columns))
         mine = parts[0]
         with self.activity("read"):
-            columns = self.tq.read([meta.indices[p] for p in mine], self.columns)
+            columns = self.tq.read_batch(meta, self.columns, mine)
         with self.activity("train"):
             values = self.policy.train(columns, [meta.metas[p].group_id for p in mine])
             figures = self.policy.batch_figures(columns)

@@ -91,7 +91,7 @@ def _consumer(directory: str, samples: int, seq_len: int, lockstep: int, streame
 
 def run_queue_bench(
     samples: int, seq_len: int, rounds: int, shards: int, warmup: int, use_shm: bool, zero_copy: bool = False,
-    window_rounds: int = 4,
+    window_rounds: int = 4, inline_max_bytes: int | None = None,
 ) -> dict:
     from asyncflow.core.directory import DirectoryClient, start_directory
     from asyncflow.core.tq.client import TQClient
@@ -105,7 +105,8 @@ def run_queue_bench(
     procs = []
     try:
         capacity_rows = max(1024, window_rounds * samples)  # how far the streaming producer may run ahead
-        queue_procs = spawn_queue(dc, transport, ["train"], num_shards=shards, capacity_rows=capacity_rows)
+        extra = {} if inline_max_bytes is None else {"inline_max_bytes": inline_max_bytes}
+        queue_procs = spawn_queue(dc, transport, ["train"], num_shards=shards, capacity_rows=capacity_rows, **extra)
         driver = TQClient(dc, use_shm=use_shm)
         baseline = {s.name: s.rss_bytes for s in driver.shard_stats()}
         pids = [h.pid for h in queue_procs.hosts]
@@ -123,8 +124,13 @@ def run_queue_bench(
         procs = [consumer, producer]
         for p in procs:
             p.start()
-        if not out_recv.poll(600):
-            raise TimeoutError("the bench's producer reported nothing within 600 s")
+        deadline = time.monotonic() + 600
+        while not out_recv.poll(0.5):  # a process that died says so now, not after the deadline
+            failed = [p for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                raise RuntimeError(f"bench {failed[0].name} exited with code {failed[0].exitcode} (its error is above)")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the bench's producer reported nothing within 600 s")
         times, t_stream, t_stream_end = out_recv.recv()
         times = times[warmup:]
         queue_cpu_s = sum(_cpu_s(pid) for pid in pids) - cpu0
@@ -179,11 +185,26 @@ def run_queue_bench(
 @click.option("--zero-copy", is_flag=True, help="Read shared-memory rows as views (valid until acked), not copies.")
 @click.option("--window", "window_rounds", default=4, type=click.IntRange(min=1), show_default=True,
               help="Queue capacity in rounds (at least 1024 rows): how far the streaming producer may run ahead.")
+@click.option("--inline-max-bytes", type=click.IntRange(min=0), default=None,
+              help="Puts up to this size travel with their notice and come back in the GetBatch reply "
+                   "([queue] inline_max_bytes; default 16384; 0: always read from the shard).")
+@click.option("--compare-inline", is_flag=True,
+              help="Run twice, inline off then on, and print the round-trip ratio (off / on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
 def queue(samples: int, seq_len: int, rounds: int, shards: int, warmup: int, use_shm: bool, zero_copy: bool,
-          window_rounds: int, as_json: bool) -> None:
+          window_rounds: int, inline_max_bytes: int | None, compare_inline: bool, as_json: bool) -> None:
     """TransferQueue round trip and bandwidth, producer and consumer in their own processes."""
-    result = run_queue_bench(samples, seq_len, rounds, shards, warmup, use_shm, zero_copy, window_rounds)
+    if compare_inline:
+        off = run_queue_bench(samples, seq_len, rounds, shards, warmup, use_shm, zero_copy, window_rounds, 0)
+        on = run_queue_bench(samples, seq_len, rounds, shards, warmup, use_shm, zero_copy, window_rounds,
+                             inline_max_bytes)
+        result = {"round_trip_ms_read": off["round_trip_ms"], "round_trip_ms_inline": on["round_trip_ms"],
+                  "samples_per_s_read": off["samples_per_s"], "samples_per_s_inline": on["samples_per_s"],
+                  "round_trip_ratio": round(off["round_trip_ms"] / on["round_trip_ms"], 3),
+                  "load_avg_1m": os.getloadavg()[0]}
+    else:
+        result = run_queue_bench(samples, seq_len, rounds, shards, warmup, use_shm, zero_copy, window_rounds,
+                                 inline_max_bytes)
     for key, value in result.items():
         click.echo(f"{key:>20}  {value}")
     if as_json:

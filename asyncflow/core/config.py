@@ -171,6 +171,10 @@ class QueueConfig(_Section):
     """Most rows held at once (producers wait beyond it). 0: enough for staleness+2 steps."""
     shm: bool = True
     """Same-host shared-memory data path for tensor bytes."""
+    inline_max_bytes: int = 16384
+    """A put of at most this many bytes travels with the shard's notice to the
+    controllers, and the consumer gets it in the GetBatch reply: one round trip less
+    for small rows. 0: every read goes to the shard."""
 
 
 class WorkflowConfig(_Section):
@@ -327,6 +331,8 @@ def _check(cfg: RunConfig) -> None:
     need(cfg.rollout.prompts_per_call >= 1, "rollout.prompts_per_call", cfg.rollout.prompts_per_call, "use 1 or more")
     need(cfg.reward.num_workers >= 1, "reward.num_workers", cfg.reward.num_workers, "use 1 or more")
     need(cfg.queue.num_shards >= 1, "queue.num_shards", cfg.queue.num_shards, "use 1 or more")
+    need(0 <= cfg.queue.inline_max_bytes <= 1 << 20, "queue.inline_max_bytes", cfg.queue.inline_max_bytes,
+         "use 0 (off) to 1048576: larger rows belong on the shards' data path")
     ranks = cfg.train.num_ranks
     need(ranks >= 1, "train.num_ranks", ranks, "use 1 or more")
     if ranks > 1:

@@ -308,12 +308,14 @@ class ShardStats(_Msg):
 
 
 class RowsWritten(_Msg):
-    """Tell: shard ``shard`` stored ``columns`` of ``indices`` (one message per put)."""
+    """Tell: shard ``shard`` stored ``columns`` of ``indices`` (one message per put).
+    ``inline``: the put's cells too, when the put is small (``tq/inline.py``)."""
 
     shard: int
     indices: list[int]
     columns: list[str]
     metas: list[RowMeta] = []
+    inline: dict[str, list[Tensor]] = {}
 
 
 class GetBatch(_Msg):
@@ -334,13 +336,17 @@ class GetBatch(_Msg):
 
 
 class BatchMeta(_Msg):
-    """Metadata of a batch; ``parts`` lists positions into ``indices`` per dp rank."""
+    """Metadata of a batch; ``parts`` lists positions into ``indices`` per dp rank.
+    ``columns``: the requested columns themselves (``columns[name][k]`` of
+    ``indices[k]``) when the rows are small and the controller holds them all; empty
+    otherwise (read them from the shards)."""
 
     task: str
     indices: list[int]
     metas: list[RowMeta]
     shards: list[int]  # shard number of each row
     parts: list[list[int]] = []
+    columns: dict[str, list[Tensor]] = {}
 
 
 class Ack(_Msg):

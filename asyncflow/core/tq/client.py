@@ -312,7 +312,17 @@ class TQClient:
         With ``partial=True`` the batch may be smaller, even empty. ``zero_copy``: see
         ``read``."""
         meta = self.get_meta(task, columns, batch_size, **kwargs)
-        return Batch(task, meta, self.read(meta.indices, columns, zero_copy=zero_copy))
+        return Batch(task, meta, self.read_batch(meta, columns, zero_copy=zero_copy))
+
+    def read_batch(self, meta: protocol.BatchMeta, columns: Sequence[str], positions: Sequence[int] | None = None,
+                   *, zero_copy: bool = False) -> dict[str, list[np.ndarray]]:
+        """Columns of a GetBatch reply's rows (those at ``positions``, default all): from
+        the reply itself when it carries them (small rows), else from the shards."""
+        if meta.columns and all(name in meta.columns for name in columns):
+            picked = range(len(meta.indices)) if positions is None else positions
+            return {name: [tensors.to_numpy(meta.columns[name][p]) for p in picked] for name in columns}
+        indices = meta.indices if positions is None else [meta.indices[p] for p in positions]
+        return self.read(indices, columns, zero_copy=zero_copy)
 
     def read(self, indices: Sequence[int], columns: Sequence[str], *, zero_copy: bool = False) -> dict[str, list[np.ndarray]]:
         """Columns of rows, straight from the shards: ``out[name][k]`` is row ``indices[k]``.

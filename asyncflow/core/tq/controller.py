@@ -9,8 +9,9 @@ Sends: RowsAcked (tell) to the manager for every ack or discard.
 
 Invariants (the state's, see ``state.py``):
 - a row is never handed to two consumers of this task, and never again once acked;
-- a GetBatch is answered with metadata only (indices, shards, RowMeta); the data is
-  read straight from the shards by the consumer;
+- a GetBatch is answered with metadata (indices, shards, RowMeta); the data is read
+  straight from the shards by the consumer, except for small rows whose cells the
+  shards sent along with their notices (``inline.py``): those come in the reply;
 - a blocking GetBatch waits (DEFER) without holding the actor: requests are served in
   arrival order as rows become ready, or fail after ``timeout_s`` with an error that
   names the task, the columns still missing and how many rows are ready;
@@ -25,6 +26,7 @@ import time
 
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor, Pending
+from asyncflow.core.tq.inline import InlineCache
 from asyncflow.core.tq.notify import Notifier
 from asyncflow.core.tq.state import TaskState, check_filters
 
@@ -52,6 +54,7 @@ class ControllerActor(Actor):
         self.manager = manager
         self.state = TaskState(task)
         self.waiters: list[_Waiter] = []
+        self.inline = InlineCache()  # small rows' cells, answered with their metadata
         self._timer_at: float | None = None  # when the armed timer fires
         # acks go to the manager in batches: capacity frees a few ms later, for far fewer messages
         self.notifier = Notifier(ctx.name, resolve=ctx.ref, linger_s=ack_linger_s)
@@ -71,7 +74,7 @@ class ControllerActor(Actor):
             policy=msg.policy, partial=msg.partial, filters=msg.filters, dp_size=msg.dp_size,
         )
 
-    def _reply(self, sel) -> protocol.BatchMeta:
+    def _reply(self, sel, columns: list[str]) -> protocol.BatchMeta:
         state = self.state
         return protocol.BatchMeta(
             task=self.task,
@@ -79,6 +82,7 @@ class ControllerActor(Actor):
             metas=[state.meta(i) for i in sel.indices],
             shards=[state.shard(i) for i in sel.indices],
             parts=sel.parts,
+            columns=self.inline.take(sel.indices, columns),
         )
 
     def _serve_waiters(self) -> None:
@@ -96,7 +100,7 @@ class ControllerActor(Actor):
             if sel is None:
                 still.append(w)
             else:
-                w.pending.resolve(self._reply(sel))
+                w.pending.resolve(self._reply(sel, w.msg.columns))
         self.waiters = still
 
     def _arm(self, deadline: float) -> None:
@@ -135,6 +139,7 @@ class ControllerActor(Actor):
 
     def _tell_acked(self, indices: list[int]) -> None:
         if indices:
+            self.inline.drop(indices)  # never handed out again
             self.notifier.tell(self.manager, protocol.RowsAcked(task=self.task, indices=indices))
 
     # -- messages ----------------------------------------------------------------------
@@ -149,8 +154,9 @@ class ControllerActor(Actor):
 
     def _handle(self, msg, pending):
         match msg:
-            case protocol.RowsWritten(shard=shard, indices=indices, columns=columns, metas=metas):
+            case protocol.RowsWritten(shard=shard, indices=indices, columns=columns, metas=metas, inline=inline):
                 self.state.on_written(shard, indices, columns, metas)
+                self.inline.on_written(indices, columns, inline)
                 self._serve_waiters()
                 return protocol.Ok()
             case protocol.GetBatch():
@@ -159,7 +165,7 @@ class ControllerActor(Actor):
                     self._tell_acked(self.state.ack(msg.consumer, msg.ack))
                 sel = self._select(msg)
                 if sel is not None:
-                    return self._reply(sel)
+                    return self._reply(sel, msg.columns)
                 if pending is None:
                     raise ValueError("GetBatch must be asked, not told")
                 waiter = _Waiter(msg, pending)
@@ -179,6 +185,7 @@ class ControllerActor(Actor):
                 return protocol.Discarded(indices=indices)
             case protocol.ForgetRows(indices=indices):
                 self.state.forget(indices)
+                self.inline.drop(indices)
                 return protocol.Ok()
             case protocol.SaveController(path=path):
                 self.notifier.flush()
@@ -193,6 +200,7 @@ class ControllerActor(Actor):
                 if state.task != self.task:
                     raise ValueError(f"{path} holds the state of task {state.task!r}, not {self.task!r}")
                 self.state = state
+                self.inline.clear()  # rows come back through the shards' notices
                 self._serve_waiters()
                 return protocol.Ok()
             case protocol.GetTaskStatus():

@@ -11,6 +11,7 @@ import msgspec
 
 from asyncflow.core.protocol import ActorSpec
 from asyncflow.core.tq.client import MANAGER_NAME, controller_name, shard_name
+from asyncflow.core.tq.inline import INLINE_MAX_BYTES
 
 
 class QueueSpecs(msgspec.Struct, kw_only=True):
@@ -23,7 +24,8 @@ class QueueSpecs(msgspec.Struct, kw_only=True):
 
 
 def queue_specs(
-    tasks: list[str], num_shards: int = 1, capacity_rows: int = 65536, stripe_rows: int = 64
+    tasks: list[str], num_shards: int = 1, capacity_rows: int = 65536, stripe_rows: int = 64,
+    inline_max_bytes: int = INLINE_MAX_BYTES,
 ) -> QueueSpecs:
     if num_shards < 1:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
@@ -46,7 +48,8 @@ def queue_specs(
         ],
         shards=[
             ActorSpec(name=name, cls="asyncflow.core.tq.shard:ShardActor",
-                      kwargs=enc(dict(shard=k, controllers=list(controllers.values()))))
+                      kwargs=enc(dict(shard=k, controllers=list(controllers.values()),
+                                      inline_max_bytes=inline_max_bytes)))
             for k, name in enumerate(shards)
         ],
     )
@@ -76,13 +79,14 @@ def spawn_queue(
     stripe_rows: int = 64,
     separate: bool = True,
     prefix: str = "tq",
+    inline_max_bytes: int = INLINE_MAX_BYTES,
 ) -> QueueProcesses:
     """Start a queue in process hosts: with ``separate``, the manager with the
     controllers in one process and each shard in its own (as deployed); otherwise all
     of it in one process."""
     from asyncflow.core.host import spawn_host
 
-    specs = queue_specs(tasks, num_shards, capacity_rows, stripe_rows)
+    specs = queue_specs(tasks, num_shards, capacity_rows, stripe_rows, inline_max_bytes)
     hosts = []
     try:
         if separate:

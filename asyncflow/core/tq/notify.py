@@ -32,7 +32,10 @@ def merge(a: Any, b: Any) -> Any | None:
     if isinstance(a, protocol.RowsWritten):
         if a.shard != b.shard or a.columns != b.columns or bool(a.metas) != bool(b.metas):
             return None
-        return protocol.RowsWritten(shard=a.shard, indices=a.indices + b.indices, columns=a.columns, metas=a.metas + b.metas)
+        # cells sent inline stay only if both notices carry them (else those rows are read from the shard)
+        inline = {name: a.inline[name] + b.inline[name] for name in a.inline} if a.inline.keys() == b.inline.keys() else {}
+        return protocol.RowsWritten(shard=a.shard, indices=a.indices + b.indices, columns=a.columns,
+                                    metas=a.metas + b.metas, inline=inline)
     if isinstance(a, protocol.RowsAcked):
         return protocol.RowsAcked(task=a.task, indices=a.indices + b.indices) if a.task == b.task else None
     if isinstance(a, (protocol.FreeRows, protocol.ForgetRows)):

@@ -3,7 +3,8 @@
 Takes: PutRows, PutRowsShm (ask: Ok), ReserveShm (ask: ShmReserved), GetRows (ask:
 Rows), FreeRows (tell),
 SaveShard, LoadShard (ask: ShardSaved), GetShardStats (ask: ShardStats), Ping, Stop.
-Sends: RowsWritten (tell) to every controller, one per put per controller.
+Sends: RowsWritten (tell) to every controller, one per put per controller; a put of
+at most ``inline_max_bytes`` carries its cells along (``inline.py``).
 
 Invariants:
 - the put is acknowledged once the rows are stored; the controllers are told from a
@@ -25,6 +26,7 @@ import threading
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 from asyncflow.core.tq import shm
+from asyncflow.core.tq.inline import INLINE_MAX_BYTES
 from asyncflow.core.tq.notify import Notifier
 from asyncflow.core.tq.store import ShardStore
 
@@ -46,8 +48,10 @@ class ShardActor(Actor):
     # every message touching the store holds ``_lock``
     Urgent = (protocol.PutRows, protocol.PutRowsShm, protocol.ReserveShm, protocol.GetRows)
 
-    def __init__(self, ctx, shard: int, controllers: list[str], arena_bytes: int = 1 << 30):
+    def __init__(self, ctx, shard: int, controllers: list[str], arena_bytes: int = 1 << 30,
+                 inline_max_bytes: int = INLINE_MAX_BYTES):
         super().__init__(ctx)
+        self.inline_max_bytes = inline_max_bytes
         self._lock = threading.Lock()
         self.shard = shard
         self.controllers = list(controllers)
@@ -61,8 +65,9 @@ class ShardActor(Actor):
         with self._lock:
             self.store.close()
 
-    def _notify(self, indices: list[int], columns: list[str], metas: list[protocol.RowMeta]) -> None:
-        msg = protocol.RowsWritten(shard=self.shard, indices=indices, columns=columns, metas=metas)
+    def _notify(self, indices: list[int], columns: list[str], metas: list[protocol.RowMeta],
+                inline: dict[str, list[protocol.Tensor]] | None = None) -> None:
+        msg = protocol.RowsWritten(shard=self.shard, indices=indices, columns=columns, metas=metas, inline=inline or {})
         for name in self.controllers:
             self.notifier.tell(name, msg)
 
@@ -78,7 +83,8 @@ class ShardActor(Actor):
         match msg:
             case protocol.PutRows(indices=indices, columns=columns, metas=metas):
                 self.store.put(indices, columns, metas)
-                self._notify(indices, list(columns), metas)  # first: the consumers wait on it
+                small = sum(len(t.data) for cells in columns.values() for t in cells) <= self.inline_max_bytes
+                self._notify(indices, list(columns), metas, columns if small else None)  # first: the consumers wait on it
                 return protocol.Ok()
             case protocol.ReserveShm(num_bytes=num_bytes):
                 segment, offset = self.store.reserve(num_bytes)
