@@ -59,7 +59,10 @@ def _boundary(infeasible) -> list:
 @click.option("--devices", type=int, help="Number of devices of --hardware (e.g. worker processes with --hardware cpu).")
 @click.option("--hardware", help="910b, a100, h100, h200 or cpu.")
 @click.option("--prompt-len", type=int, default=1024, show_default=True, help="Mean prompt length, tokens.")
-@click.option("--response-len", type=int, default=2048, show_default=True, help="Mean response length, tokens.")
+@click.option("--response-len", type=float, default=2048, show_default=True,
+              help="Mean response length, tokens (whole tokens, except with --config).")
+@click.option("--longest-response-len", type=float,
+              help="With --config: the longest response of a generate call, tokens (default: max_new_tokens).")
 @click.option("--max-response-len", type=int, default=8192, show_default=True, help="Generation cap, tokens (the long tail).")
 @click.option("--batch-size", type=int, default=256, show_default=True, help="Prompts per RL step.")
 @click.option("-n", "--samples-per-prompt", type=int, default=8, show_default=True, help="Responses per prompt (GRPO group).")
@@ -75,7 +78,7 @@ def _boundary(infeasible) -> list:
               help="Predict this run config's time per step on this machine, sync and async (needs --profile).")
 @click.option("--compare", "compare_dir", type=click.Path(exists=True, file_okay=False),
               help="With --config: the --out directory of `afctl bench e2e`, to print the prediction errors.")
-def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, max_response_len, batch_size,
+def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, longest_response_len, max_response_len, batch_size,
          samples_per_prompt, staleness, no_reference, critic, top, profile_path, as_json, simulate_dir, steps,
          config_path, compare_dir) -> None:
     """Preview the best split of devices between rollout, training and reference.
@@ -89,8 +92,9 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, ma
         given = click.get_current_context().get_parameter_source("response_len") == click.core.ParameterSource.COMMANDLINE
         run_predict(config_path, profile_path, response_len if given else None,
                     steps if click.get_current_context().get_parameter_source("steps") == click.core.ParameterSource.COMMANDLINE else 20,
-                    compare_dir, as_json)
+                    compare_dir, as_json, longest_response_len=longest_response_len)
         return
+    response_len = int(round(response_len))
     import msgspec
 
     from asyncflow.planner.calibration import Efficiency, load_profile

@@ -55,9 +55,13 @@ def model_dir_of(cfg, scratch: Path) -> str:
     return str(scratch)
 
 
-def predict(cfg, profile, response_len: float | None = None, num_steps: int = 20, cores: int | None = None) -> dict:
-    """Predicted seconds per step of `cfg` in sync and async mode, with the stage times."""
-    from asyncflow.planner import cost, workflow
+def predict(cfg, profile, response_len: float | None = None, num_steps: int = 20, cores: int | None = None,
+            longest_response_len: float | None = None) -> dict:
+    """Predicted seconds per step of `cfg` in sync and async mode, with the stage times.
+
+    `response_len`: mean response (default: the cap, or the longest if given);
+    `longest_response_len`: the longest response of a generate call (default: the cap)."""
+    from asyncflow.planner import cost, framework, workflow
     from asyncflow.planner.hardware import get_hardware
     from asyncflow.planner.models import from_hf_config
 
@@ -70,40 +74,64 @@ def predict(cfg, profile, response_len: float | None = None, num_steps: int = 20
         prompt = mean_prompt_tokens(cfg, model_dir)
     G = cfg.algorithm.group_size
     cap = cfg.rollout.sampling.max_new_tokens
-    resp = response_len or cap
+    longest = min(cap, longest_response_len or cap)
+    resp = min(response_len or longest, longest)
     batch = cfg.rollout.prompts_per_call * G
     wl = cost.Workload(
         prompt_len_tokens=max(1, round(prompt)), response_len_tokens=max(1, round(resp)), max_response_len_tokens=cap,
         prompts_per_step=cfg.train.prompts_per_step, samples_per_prompt=G, use_reference=cfg.algorithm.kl_coef > 0,
         use_critic=cfg.algorithm.name == "ppo",
     )
-    # one call: a static batch, prefilled once, decoded until its longest sample ends (the cap)
-    prefill_s = (batch * model.prefill_flops(wl.prompt_len_tokens) / (hw.peak_bf16_flops * eff.prefill_flops)
-                 + model.num_layers * eff.prefill_overhead_s_per_layer)
-    decode_s = cap * cost.decode_iteration_s(model, hw, eff, 1, batch, prompt + cap / 2)
+    # one call: a static batch, prefilled once, decoded until its longest sample ends; finished samples leave the batch
+    call = framework.generate_call(model, hw, eff, batch, prompt, resp, longest)
     threads = cfg.cluster.threads_per_process
     train_threads = (cfg.planner.train_threads or threads) if cfg.planner.online else threads
-    train = cost.train_cost(model, hw, eff, wl, train_threads, 1, 1)
-    ref = cost.forward_cost(model, hw, eff, wl, threads, 1) if wl.use_reference else None
+    # the engine trains the right-padded batch: every row as long as prompt + the longest response
+    padded = msgspec.structs.replace(wl, response_len_tokens=max(1, round(longest)))
+    train = cost.train_cost(model, hw, eff, padded, train_threads, 1, 1)
+    ref = cost.forward_cost(model, hw, eff, padded, threads, 1) if wl.use_reference else None
     transfer_s = cost.weight_transfer_s(model, hw, eff, 1)
     replicas = cfg.rollout.num_replicas
     rollout_workers = replicas * threads
     C = workflow.calls_per_step(cfg.train.prompts_per_step, cfg.rollout.prompts_per_call)
+    S = wl.num_samples
+    # the framework's own work per unit (afctl profile: trainer rows, weight snapshot, queue asks)
+    framework_s = {
+        "call_queue_s": framework.queue_s(eff, framework.ROLLOUT_CALL_ASKS, batch),
+        "trainer_s": framework.trainer_extra_s(eff, S),
+        "trainer_queue_s": framework.queue_s(eff, framework.TRAINER_STEP_ASKS, S),
+        "snapshot_s": framework.snapshot_s(eff, model.num_params),
+        "publish_asks_s": framework.queue_s(eff, framework.PUBLISH_ASKS, 0),
+        "reward_queue_s": framework.queue_s(eff, framework.REWARD_UNIT_ASKS, batch),
+    }
     out = {"model": model.name, "num_params": model.num_params, "prompt_tokens": prompt, "response_tokens": resp,
-           "calls_per_step": C, "call_batch": batch, "cores": cores, "modes": {}}
+           "longest_response_tokens": longest, "calls_per_step": C, "call_batch": batch, "cores": cores,
+           "call": {**msgspec.to_builtins(call), "time_s": call.time_s}, "engine_train_s": train.time_s,
+           "framework": framework_s, "modes": {}}
     for mode, k in (("sync", 0), ("async", cfg.workflow.staleness)):
         # processes share the cores: in sync the phases take turns, in async rollout and training overlap
         f_roll = workflow.contention(rollout_workers if mode == "sync" else rollout_workers + train_threads, cores)
         f_train = workflow.contention(train_threads if mode == "sync" else rollout_workers + train_threads, cores)
-        st = workflow.StageTimes(
-            call_s=(prefill_s + decode_s) * f_roll, calls_per_step=C, train_s=train.time_s * f_train,
-            publish_s=transfer_s, fetch_s=transfer_s, swap_s=cost.weight_swap_s(model, hw, 1),
-            reward_s=(ref.time_s if mode == "sync" else ref.latency_s) if ref else 0.0, poll_s=ROLLOUT_POLL_S,
-        )
-        sim = workflow.simulate(st, replicas, k, num_steps)
+        # and a stage computing while the other side computes runs slower (corun_slowdown, measured by
+        # afctl profile), by the fraction of the time the other side is busy: iterate to a fixed point
+        s_roll = s_train = 1.0
+        for _ in range(8 if mode == "async" else 1):
+            st = workflow.StageTimes(
+                call_s=call.time_s * f_roll * s_roll + framework_s["call_queue_s"], calls_per_step=C,
+                train_s=(train.time_s + framework_s["trainer_s"]) * f_train * s_train + framework_s["trainer_queue_s"],
+                publish_s=transfer_s + framework_s["snapshot_s"] * f_train * s_train + framework_s["publish_asks_s"],
+                fetch_s=transfer_s + framework.queue_s(eff, framework.FETCH_ASKS, 0),
+                swap_s=cost.weight_swap_s(model, hw, 1) + framework.queue_s(eff, framework.SWAP_ASKS, 0),
+                reward_s=((ref.time_s if mode == "sync" else ref.latency_s) if ref else 0.0) + framework_s["reward_queue_s"],
+                poll_s=ROLLOUT_POLL_S + framework.queue_s(eff, framework.POLL_ASKS, 0),
+            )
+            sim = workflow.simulate(st, replicas, k, num_steps)
+            used = (s_roll, s_train)
+            if mode == "async":
+                s_roll, s_train = framework.corun_stretch(eff, sim.train_busy), framework.corun_stretch(eff, sim.rollout_busy)
         out["modes"][mode] = {
             "predicted_step_s": sim.step_s, "predicted_samples_per_s": wl.num_samples / sim.step_s,
-            "stages": msgspec.to_builtins(st), "contention": {"rollout": f_roll, "train": f_train},
+            "stages": msgspec.to_builtins(st), "contention": {"rollout": f_roll * used[0], "train": f_train * used[1]},
             "num_polls": sim.num_polls, "staleness": k,
             # the analytical bound without the workflow's mechanics, for comparison
             "analytical_step_s": (cost.sync_step(_role(C * st.call_s / replicas, replicas), _role(st.train_s, 1), None, transfer_s)
@@ -131,7 +159,7 @@ def compare(pred: dict, e2e_dir: str, samples_per_step: int) -> dict:
 
 
 def run_predict(config_path: str, profile_path: str | None, response_len: float | None, steps: int,
-                compare_dir: str | None, as_json: bool) -> None:
+                compare_dir: str | None, as_json: bool, longest_response_len: float | None = None) -> None:
     from asyncflow.core.config import load_config
     from asyncflow.planner.calibration import Profile, load_profile
 
@@ -139,19 +167,25 @@ def run_predict(config_path: str, profile_path: str | None, response_len: float 
         raise click.UsageError("--config needs --profile FILE (calibrate first: afctl profile --out FILE)")
     cfg = load_config(config_path)
     profile: Profile = load_profile(profile_path)
-    pred = predict(cfg, profile, response_len=response_len, num_steps=steps)
+    pred = predict(cfg, profile, response_len=response_len, num_steps=steps, longest_response_len=longest_response_len)
     measured = compare(pred, compare_dir, cfg.samples_per_step) if compare_dir else None
     if as_json:
         sys.stdout.write(json.dumps({"prediction": pred, "comparison": measured}) + "\n")
         return
     click.echo(f"{config_path}: {pred['model']} ({pred['num_params'] / 1e6:.2f} M params), prompt {pred['prompt_tokens']:.1f} "
-               f"+ response {pred['response_tokens']:.1f} tokens, {pred['calls_per_step']} generate calls of "
-               f"{pred['call_batch']} sequences per step, {pred['cores']} cores; profile {profile_path}")
+               f"+ response {pred['response_tokens']:.1f} tokens (longest of a call {pred['longest_response_tokens']:.1f}), "
+               f"{pred['calls_per_step']} generate calls of {pred['call_batch']} sequences per step, {pred['cores']} cores; "
+               f"profile {profile_path}")
+    c, fw = pred["call"], pred["framework"]
+    click.echo(f"  call: overhead {c['overhead_s'] * 1e3:.1f} + prefill {c['prefill_s'] * 1e3:.1f} + decode {c['decode_s'] * 1e3:.1f} ms "
+               f"({c['iterations']:.1f} iterations) + queue {fw['call_queue_s'] * 1e3:.1f} ms; trainer: engine "
+               f"{pred['engine_train_s'] * 1e3:.1f} + own work {fw['trainer_s'] * 1e3:.1f} + queue {fw['trainer_queue_s'] * 1e3:.1f} "
+               f"+ snapshot {fw['snapshot_s'] * 1e3:.1f} + publish {fw['publish_asks_s'] * 1e3:.1f} ms")
     for mode, p in pred["modes"].items():
         st = p["stages"]
         click.echo(f"  {mode:<5} (k={p['staleness']}): {p['predicted_step_s']:.3f} s/step, {p['predicted_samples_per_s']:.1f} samples/s"
                    f"  [call {st['call_s'] * 1e3:.1f} ms x {st['calls_per_step']}, train {st['train_s'] * 1e3:.1f} ms, "
-                   f"{p['num_polls']} polls of {st['poll_s']:.2f} s, contention x{p['contention']['rollout']:.2f}; "
+                   f"{p['num_polls']} polls of {st['poll_s']:.2f} s, contention x{p['contention']['rollout']:.2f}/x{p['contention']['train']:.2f}; "
                    f"without the workflow's mechanics {p['analytical_step_s']:.3f} s]")
     if measured:
         for mode, m in measured.items():

@@ -62,13 +62,14 @@ def _measure(model_dir: Path, shape, repeats: int, device: str) -> list:
         points.append(Point(kind="decode", size=f"{size}, batch {batch}", work=work, time_s=max(full - only_prefill, 1e-9) / iterations,
                             flops=batch * shape.forward_flops_per_token(context), batch=batch,
                             num_layers=shape.num_layers))
-    long_prompt = 128
-    for batch in (4, 16):
-        prompts = [[7 + (i + j) % 50 for j in range(long_prompt)] for i in range(batch)]
+    # prefill (one generate call of one token): long prompts for the arithmetic, and many
+    # short ones for the per-call and per-sequence costs of a call
+    for batch, plen in ((4, 128), (16, 128), (64, 8)):
+        prompts = [[7 + (i + j) % 50 for j in range(plen)] for i in range(batch)]
         t = _median_time(lambda: rollout.generate(prompts, SamplingParams(max_new_tokens=1, seed=0)), repeats)
-        work = batch * shape.prefill_flops(long_prompt)
-        points.append(Point(kind="prefill", size=f"{size}, {batch} x {long_prompt} tokens", work=work, time_s=t,
-                            num_layers=shape.num_layers))
+        work = batch * shape.prefill_flops(plen)
+        points.append(Point(kind="prefill", size=f"{size}, {batch} x {plen} tokens", work=work, time_s=t,
+                            num_layers=shape.num_layers, batch=batch))
     rollout.close()
 
     seq_len = 64
@@ -86,16 +87,178 @@ def _measure(model_dir: Path, shape, repeats: int, device: str) -> list:
         tokens = batch * seq_len
         t_train = _median_time(lambda: trainer.train_step(tb, loss_fn), repeats)
         points.append(Point(kind="train", size=f"{size}, {batch} x {seq_len}", time_s=t_train,
-                            work=3 * tokens * shape.forward_flops_per_token(seq_len / 2)))
+                            work=3 * tokens * shape.forward_flops_per_token(seq_len / 2),
+                            num_layers=shape.num_layers, tokens=tokens))
         t_fwd = _median_time(lambda: trainer.forward(tb), repeats)
         points.append(Point(kind="forward", size=f"{size}, {batch} x {seq_len}", time_s=t_fwd,
-                            work=tokens * shape.forward_flops_per_token(seq_len / 2)))
+                            work=tokens * shape.forward_flops_per_token(seq_len / 2),
+                            num_layers=shape.num_layers, tokens=tokens))
+    # the trainer's weight publish: export a host copy, chunk it for the replicas (weight_sync.publish)
+    t_snap = _median_time(lambda: _stage(list(trainer.export_weights())), repeats)
+    points.append(Point(kind="snapshot", size=size, work=float(shape.num_params), time_s=t_snap))
+    return points
+
+
+def _stage(named_tensors: list) -> list:
+    """What WeightSyncActor.publish does to a snapshot before announcing it."""
+    from asyncflow.core.tensors import to_wire
+    from asyncflow.engines.base import chunk_by_bytes
+
+    return [[to_wire(t) for _, t in chunk] for chunk in chunk_by_bytes(named_tensors, 32 << 20)]
+
+
+def _measure_corun(model_dir: Path, repeats: int, device: str) -> list:
+    """The same train step (the smallest model, 16 x 64 tokens) alone, then in two forked
+    processes at once: what sharing the machine with our other compute costs a stage
+    (caches, memory bandwidth, SMT siblings, and other sessions' load at the time)."""
+    import multiprocessing as mp
+
+    import torch
+
+    from asyncflow.engines.base import TokenBatch
+    from asyncflow.engines.config import TrainEngineConfig
+    from asyncflow.engines.factory import build_train_engine
+    from asyncflow.planner.calibration import Point
+
+    trainer = build_train_engine(TrainEngineConfig(device=device, micro_batch_size=16, num_threads=1), model_dir)
+    ids = torch.randint(7, 57, (16, 64))
+    tb = TokenBatch(input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=torch.ones((16, 64)))
+
+    def loss_fn(out, mb, ctx):
+        return -(out.logp * mb.response_mask).sum() / ctx.num_tokens, {}
+
+    n = max(repeats, 5)
+    points = [Point(kind="corun", size="alone", work=1.0, time_s=_median_time(lambda: trainer.train_step(tb, loss_fn), n))]
+    ctx = mp.get_context("fork")  # the children inherit the built engine: no import or build to wait for
+    start = ctx.Event()
+    pipes, procs = [], []
+
+    def child(conn) -> None:
+        start.wait()
+        conn.send(_median_time(lambda: trainer.train_step(tb, loss_fn), n))
+        conn.close()
+
+    for _ in range(2):
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=child, args=(send,), daemon=True)
+        proc.start()
+        pipes.append(recv)
+        procs.append(proc)
+    start.set()
+    for recv in pipes:
+        if recv.poll(120):
+            points.append(Point(kind="corun", size="two at once", work=2.0, time_s=recv.recv()))
+    for proc in procs:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    return points
+
+
+TRAINER_ROWS = (32, 128, 512)
+
+
+def _measure_trainer_rows(repeats: int) -> list:
+    """The trainer's work on a step's rows outside train_step (actors/_policy.py): token
+    batching of queue rows into a padded batch, rewards, GRPO advantages broadcast to
+    tokens, the step's figures. Rows of 8 prompt + 1 to 6 response tokens, groups of 8."""
+    import numpy as np
+    import torch
+
+    from asyncflow.actors._batching import token_batch
+    from asyncflow.algorithms.advantages import broadcast_to_tokens, grpo_advantages
+    from asyncflow.planner.calibration import Point
+
+    import msgspec
+
+    rng = np.random.default_rng(0)
+    points = []
+    audit = Path(tempfile.mkdtemp(prefix="afctl-profile-audit-")) / "trained.jsonl"
+    for rows in TRAINER_ROWS:
+        prompts = [rng.integers(7, 50, 8).astype(np.int64) for _ in range(rows)]
+        responses = [rng.integers(7, 50, int(rng.integers(1, 7))).astype(np.int64) for _ in range(rows)]
+        logps = [(-rng.random(len(r))).astype(np.float32) for r in responses]
+        rewards = [np.array([rng.random()], dtype=np.float32) for _ in range(rows)]
+
+        def step():
+            tb, _ = token_batch(prompts, responses, {"rollout_logp": logps})
+            rewards_B = torch.tensor([float(r[0]) for r in rewards])
+            adv_GN = grpo_advantages(rewards_B.view(-1, 8))
+            tb.advantages = broadcast_to_tokens(adv_GN.reshape(-1), tb.response_mask)
+            figures = torch.tensor([float(len(rewards_B)), float(rewards_B.sum()), float(sum(len(r) for r in responses)),
+                                    float(sum(len(p) for p in prompts))], dtype=torch.float64)
+            # the step's audit line (RUN_DIR/trained.jsonl) and its metrics message
+            line = {"step": 0, "indices": list(range(rows)), "groups": [i // 8 for i in range(rows)],
+                    "versions": [0] * rows, "ranks": [0] * rows}
+            with audit.open("a") as f:
+                f.write(msgspec.json.encode(line).decode() + "\n")
+            msgspec.msgpack.encode({f"figure_{i}": float(v) for i, v in enumerate(figures.tolist() * 6)})
+            return tb
+
+        points.append(Point(kind="trainer", size=f"{rows} rows", work=float(rows), time_s=_median_time(step, repeats)))
+    return points
+
+
+QUEUE_ROWS = (8, 64, 256)
+
+
+def _measure_queue(repeats: int) -> list:
+    """One ask to the queue's actors, as deployed (controller and shard in their own
+    processes, nng ipc): allocate, put of small columns, get_meta, read, ack of
+    `rows` rows, each one request-reply, timed from this process."""
+    import numpy as np
+
+    from asyncflow.core.directory import DirectoryClient, start_directory
+    from asyncflow.core.tq.client import TQClient
+    from asyncflow.core.tq.launch import spawn_queue
+    from asyncflow.core.transport import TransportConfig
+    from asyncflow.planner.calibration import Point
+
+    transport = TransportConfig(scheme="ipc")
+    directory = start_directory(transport)
+    procs = None
+    points = []
+    try:
+        dc = DirectoryClient(directory.address, transport)
+        # the tasks of a run (actors/launcher.py), so a put notifies as many controllers
+        procs = spawn_queue(dc, transport, ["rollout", "reward", "train"], num_shards=1, capacity_rows=4096)
+        tq = TQClient(dc, consumer="profile")
+        for rows in QUEUE_ROWS:
+            # a rollout unit's put: responses, their log-probs, the finish flag
+            cols = {"response_ids": [np.arange(6, dtype=np.int64) for _ in range(rows)],
+                    "rollout_logp": [np.zeros(6, dtype=np.float32) for _ in range(rows)],
+                    "finish": [np.ones(1, dtype=np.uint8) for _ in range(rows)]}
+            times: dict[str, list[float]] = {"put": [], "get_meta": [], "read": [], "ack": []}
+            for r in range(repeats + 1):
+                metas = tq.allocate(rows, step=r)
+                for m in metas:
+                    m.response_len = 6
+                t0 = time.perf_counter()
+                tq.put([m.index for m in metas], cols, metas)
+                t1 = time.perf_counter()
+                meta = tq.get_meta("reward", list(cols), rows, timeout_s=30)
+                t2 = time.perf_counter()
+                tq.read(meta.indices, list(cols))
+                t3 = time.perf_counter()
+                tq.ack("reward", meta.indices)
+                t4 = time.perf_counter()
+                if r:  # the first round warms up
+                    for name, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                        times[name].append(dt)
+            for name, ts in times.items():
+                points.append(Point(kind="queue", size=f"{name} of {rows} rows", work=float(rows),
+                                    time_s=statistics.median(ts)))
+        tq.close()
+    finally:
+        if procs is not None:
+            procs.stop()
+        directory.stop()
     return points
 
 
 def fit_profile(points: list, hardware) -> "object":
     """Fit each kind of point to (efficiency, overhead); kinds not measured keep defaults."""
-    from asyncflow.planner.calibration import Efficiency, fit_max
+    from asyncflow.planner.calibration import Efficiency, fit_corun, fit_max, fit_terms
 
     def pick(kind):
         chosen = [p for p in points if p.kind == kind]
@@ -105,17 +268,38 @@ def fit_profile(points: list, hardware) -> "object":
     flops, bandwidth = hardware.peak_bf16_flops, hardware.memory_bandwidth_bytes_per_s
     prefill = [p for p in points if p.kind == "prefill"]
     if prefill:
-        fields["prefill_flops"], (fields["prefill_overhead_s_per_layer"],) = fit_max(
-            [p.work for p in prefill], [0.0] * len(prefill), [p.time_s for p in prefill], flops,
-            overhead_columns=[[float(p.num_layers) for p in prefill]],
+        # a prefill point is a whole generate call of one token: per call + per layer + per sequence + FLOPs
+        columns = [[float(p.num_layers) for p in prefill]]
+        if len({p.batch for p in prefill}) > 1:
+            columns += [[1.0] * len(prefill), [float(p.batch) for p in prefill]]
+        fields["prefill_flops"], overheads = fit_max(
+            [p.work for p in prefill], [0.0] * len(prefill), [p.time_s for p in prefill], flops, overhead_columns=columns,
         )
+        fields["prefill_overhead_s_per_layer"] = overheads[0]
+        if len(overheads) == 3:
+            fields["generate_overhead_s"], fields["generate_overhead_s_per_seq"] = overheads[1:]
+    for kind, names in (("trainer", ("trainer_overhead_s", "trainer_overhead_s_per_row")),
+                        ("snapshot", ("snapshot_overhead_s", "snapshot_s_per_param")),
+                        ("queue", ("queue_ask_s", "queue_ask_s_per_row"))):
+        chosen = [p for p in points if p.kind == kind]
+        if chosen:  # time = fixed + work (rows or parameters) x per-unit
+            fields.update(zip(names, fit_terms([[1.0] * len(chosen), [p.work for p in chosen]], [p.time_s for p in chosen])))
+    if {p.work for p in points if p.kind == "corun"} == {1.0, 2.0}:
+        fields["corun_slowdown"] = fit_corun(points)
     for kind, eff_name, overhead_name in (
         ("train", "train_flops", "train_overhead_s"),
         ("forward", "forward_flops", "forward_overhead_s"),
     ):
         work, times = pick(kind)
         if work:
-            fields[eff_name], (fields[overhead_name],) = fit_max(work, [0.0] * len(work), times, flops)
+            chosen = [p for p in points if p.kind == kind]
+            columns = [[1.0] * len(work)]
+            if all(p.tokens and p.num_layers for p in chosen):  # per micro-batch + per token per layer
+                columns.append([float(p.tokens * p.num_layers) for p in chosen])
+            fields[eff_name], overheads = fit_max(work, [0.0] * len(work), times, flops, overhead_columns=columns)
+            fields[overhead_name] = overheads[0]
+            if len(overheads) == 2:
+                fields[f"{kind}_overhead_s_per_token_layer"] = overheads[1]
     decode = [p for p in points if p.kind == "decode"]
     if decode:
         # Decode is bound by bandwidth or by compute (at the prefill efficiency), whichever is slower.
@@ -138,10 +322,21 @@ def fit_errors(points: list, eff, hardware) -> dict[str, float]:
             compute = p.flops / (eff.prefill_flops * flops)
             return (eff.decode_overhead_s + p.num_layers * eff.decode_overhead_s_per_layer + p.batch * eff.decode_overhead_s_per_seq
                     + max(p.work / (eff.decode_bandwidth * bandwidth), compute))
+        linear = {
+            "trainer": (eff.trainer_overhead_s, eff.trainer_overhead_s_per_row),
+            "snapshot": (eff.snapshot_overhead_s, eff.snapshot_s_per_param),
+            "queue": (eff.queue_ask_s, eff.queue_ask_s_per_row),
+        }
+        if p.kind in linear:
+            return linear[p.kind][0] + p.work * linear[p.kind][1]
+        if p.kind == "corun":  # against the mean time alone
+            alone = [q.time_s for q in points if q.kind == "corun" and q.work == 1]
+            return sum(alone) / len(alone) * (eff.corun_slowdown if p.work == 2 else 1.0)
+        call = eff.generate_overhead_s + p.batch * eff.generate_overhead_s_per_seq
         factor, overhead = {
-            "prefill": (eff.prefill_flops, p.num_layers * eff.prefill_overhead_s_per_layer),
-            "train": (eff.train_flops, eff.train_overhead_s),
-            "forward": (eff.forward_flops, eff.forward_overhead_s),
+            "prefill": (eff.prefill_flops, p.num_layers * eff.prefill_overhead_s_per_layer + call),
+            "train": (eff.train_flops, eff.train_overhead_s + p.tokens * p.num_layers * eff.train_overhead_s_per_token_layer),
+            "forward": (eff.forward_flops, eff.forward_overhead_s + p.tokens * p.num_layers * eff.forward_overhead_s_per_token_layer),
         }[p.kind]
         return overhead + p.work / (factor * flops)
 
@@ -227,6 +422,12 @@ def profile(out_path, hardware, device, quick, repeats, check) -> None:
             shape = from_hf_config(model_dir)
             click.echo(f"profiling {shape.num_params / 1e6:.2f} M params (hidden {hidden}, {layers} layers) ...", err=True)
             points += _measure(model_dir, shape, repeats, device)
+        click.echo("profiling the trainer's own step work and queue asks ...", err=True)
+        points += _measure_trainer_rows(repeats)
+        points += _measure_queue(max(repeats, 5))
+        points += _measure_corun(make_tiny_model(Path(tmp) / "corun", hidden_size=SIZES[0][0], num_layers=SIZES[0][1],
+                                                 num_heads=SIZES[0][2], num_kv_heads=SIZES[0][3],
+                                                 intermediate_size=SIZES[0][4]), repeats, device)
     eff = fit_profile(points, hw)
     errors = fit_errors(points, eff, hw)
     prof = Profile(
@@ -237,8 +438,10 @@ def profile(out_path, hardware, device, quick, repeats, check) -> None:
     )
     save_profile(prof, out_path)
     for name in ("prefill_flops", "decode_bandwidth", "train_flops", "forward_flops", "decode_overhead_s",
-                 "decode_overhead_s_per_layer", "decode_overhead_s_per_seq", "prefill_overhead_s_per_layer", "train_overhead_s", "forward_overhead_s"):
-        click.echo(f"  {name:20s} {getattr(eff, name):.4g}")
+                 "decode_overhead_s_per_layer", "decode_overhead_s_per_seq", "prefill_overhead_s_per_layer", "train_overhead_s",
+                 "forward_overhead_s", "train_overhead_s_per_token_layer", "forward_overhead_s_per_token_layer", "generate_overhead_s", "generate_overhead_s_per_seq", "trainer_overhead_s",
+                 "trainer_overhead_s_per_row", "snapshot_overhead_s", "snapshot_s_per_param", "queue_ask_s", "queue_ask_s_per_row", "corun_slowdown"):
+        click.echo(f"  {name:27s} {getattr(eff, name):.4g}")
     click.echo("  mean fit error: " + ", ".join(f"{k} {v:.0%}" for k, v in errors.items()))
     click.echo(f"wrote {out_path} ({len(points)} measurements); use it with: afctl plan --profile {out_path}")
     if check:

@@ -29,6 +29,18 @@ class Efficiency(msgspec.Struct, kw_only=True, frozen=True):
     prefill_overhead_s_per_layer: float = 0.0  # per layer per prefill call
     train_overhead_s: float = 0.0  # fixed cost per training micro-batch
     forward_overhead_s: float = 0.0  # fixed cost per forward micro-batch
+    train_overhead_s_per_token_layer: float = 0.0  # per token per layer: norms, activations, softmax (not FLOP-bound)
+    forward_overhead_s_per_token_layer: float = 0.0
+    # Framework work around the engines (afctl profile times the real code paths):
+    generate_overhead_s: float = 0.0  # per generate call (scheduler set-up, KV slots, results)
+    generate_overhead_s_per_seq: float = 0.0  # per sequence of a call (admission, its Completion)
+    trainer_overhead_s: float = 0.0  # per trainer step outside train_step (metrics, bookkeeping)
+    trainer_overhead_s_per_row: float = 0.0  # per row: token batching, rewards, advantages
+    snapshot_overhead_s: float = 0.0  # per weight publish: fixed part (chunking, announcing)
+    snapshot_s_per_param: float = 0.0  # per parameter: export to a host copy and stage it
+    queue_ask_s: float = 0.0  # one request-reply to a queue actor (controller or shard)
+    queue_ask_s_per_row: float = 0.0  # per row the ask carries (metadata, small columns)
+    corun_slowdown: float = 1.0  # a compute stage's time while another of our processes computes, over its time alone
 
 
 class Point(msgspec.Struct, kw_only=True, frozen=True):
@@ -41,6 +53,7 @@ class Point(msgspec.Struct, kw_only=True, frozen=True):
     flops: float = 0.0  # decode points: the iteration's FLOPs (it may be compute-bound)
     batch: int = 0  # decode points: sequences per iteration
     num_layers: int = 0  # of the model measured
+    tokens: int = 0  # train / forward points: tokens of the batch
 
 
 class Profile(msgspec.Struct, kw_only=True):
@@ -139,6 +152,26 @@ def fit_max(
     fine = [min(0.0, centre - step + 2 * step * j / 100) for j in range(101)]
     best = min([best] + [score(x) for x in fine], key=lambda r: r[0])
     return best[1], best[2]
+
+
+def fit_terms(columns: list[list[float]], time_s: list[float]) -> list[float]:
+    """Non-negative coefficients c_j of `time = sum_j c_j x_j` (relative least squares).
+
+    For the framework's fixed costs: e.g. columns [1, rows] give (seconds per step,
+    seconds per row); [1, params] (seconds per publish, seconds per parameter)."""
+    if not time_s or any(len(col) != len(time_s) for col in columns):
+        raise ValueError("fit_terms needs one value per measurement in every column")
+    return nonneg_least_squares(columns, list(time_s), [1.0 / t**2 for t in time_s])
+
+
+def fit_corun(points: list[Point]) -> float:
+    """`corun_slowdown` from "corun" points: work 1 = the stage alone, work 2 = two at once
+    (each point a median time); the ratio of the means, at least 1."""
+    alone = [p.time_s for p in points if p.kind == "corun" and p.work == 1]
+    both = [p.time_s for p in points if p.kind == "corun" and p.work == 2]
+    if not alone or not both:
+        raise ValueError("fit_corun needs points of one process alone (work 1) and of two at once (work 2)")
+    return max(1.0, (sum(both) / len(both)) / (sum(alone) / len(alone)))
 
 
 def _toml_value(value) -> str:

@@ -190,6 +190,8 @@ def rollout_cost(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload,
     prefill_calls = math.ceil(seqs_per_instance / batch)  # admissions of up to `batch` new sequences
     prefill_s = prefill_flops / (hw.peak_bf16_flops * eff.prefill_flops)
     prefill_s += prefill_calls * model.num_layers * eff.prefill_overhead_s_per_layer
+    # the engine's own per-call and per-sequence work (scheduling, completions; afctl profile)
+    prefill_s += prefill_calls * eff.generate_overhead_s + seqs_per_instance * eff.generate_overhead_s_per_seq
     # The tail: the last sequences run on at a shrinking batch until the longest ends.
     tail_batch = max(1, batch // 4)
     tail_s = (wl.max_response_len_tokens - wl.response_len_tokens) * decode_iteration_s(
@@ -219,6 +221,7 @@ def forward_cost(
     mb = micro_batch_tokens(wl, replicas)
     num_mb = math.ceil(tokens / replicas / mb)
     time_s = flops / (devices * hw.peak_bf16_flops * eff.forward_flops) + num_mb * eff.forward_overhead_s
+    time_s += tokens / replicas * model.num_layers * eff.forward_overhead_s_per_token_layer
     time_s += num_mb * model.num_layers * 2 * allreduce_s(hw, eff, mb * model.hidden_size * DTYPE_BYTES, tp, False)
     cost = RoleCost(
         role=role, devices=devices, tp=tp, dp=replicas, time_s=time_s, latency_s=time_s / max(num_mb, 1),
@@ -256,6 +259,7 @@ def train_cost(
     state_bytes = MODEL_STATE_BYTES_PER_PARAM * models_trained * model.num_params / devices
     optimizer_s = 3 * state_bytes / (hw.memory_bandwidth_bytes_per_s * eff.decode_bandwidth)
     time_s = compute_s + tp_s + exposed_comm_s + optimizer_s + num_mb * eff.train_overhead_s
+    time_s += models_trained * tokens / dp * layers_per_stage * eff.train_overhead_s_per_token_layer
     memory = {
         "model_states": state_bytes,
         "gathered_layers": 2 * models_trained * model.params_per_layer * DTYPE_BYTES / tp,
