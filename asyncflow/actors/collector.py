@@ -10,12 +10,15 @@ wall clock): one track (pid) per role with its spans as complete events (cat
 "busy" or "wait"); a "policy version" counter on each role's track wherever its
 version changes; "staleness" on the trainer's track per step; a flow from the
 trainer's ``sync_weights`` span that published version v to every rollout
-``swap_weights`` span that loaded v (flow id ``v * 1000 + track``).
+``swap_weights`` span that loaded v (flow id ``v * 1000 + track``). It is rewritten
+every ``logging.trace_every_s`` while the run goes on (atomically: a reader never
+sees half a file), so ``afctl trace`` works on a live run, and once more at the end.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -31,9 +34,14 @@ from asyncflow.actors._loop import COLLECTOR  # noqa: E402  (one name, defined b
 class CollectorActor(Actor):
     Inbox = protocol.CollectorIn
 
-    def __init__(self, ctx, run_dir: str, num_steps: int, progress: bool, loggers: list | None = None):
+    def __init__(self, ctx, run_dir: str, num_steps: int, progress: bool, loggers: list | None = None,
+                 trace_every_s: float = 0.0):
         super().__init__(ctx)
         self.metrics_path = Path(run_dir) / "metrics.jsonl"
+        self.trace_path = Path(run_dir) / "trace.json"
+        self.trace_every_s = trace_every_s
+        self.trace_written = threading.Event()  # set after each live rewrite (tests wait on it)
+        self._traced = 0  # events in the last file written
         self.num_steps = num_steps
         self.progress = progress
         self.loggers = loggers or []
@@ -52,6 +60,16 @@ class CollectorActor(Actor):
         self._published: dict[int, float] = {}  # version -> ts (us) of the trainer's sync_weights span
         self._swaps: list[tuple[int, int, float]] = []  # (version, track, ts us) of rollout swap_weights spans
         self.last_span: dict[str, tuple[str, float]] = {}  # role -> (name, wall-clock end s), for the hang report
+
+    def on_start(self) -> None:
+        if self.trace_every_s > 0:
+            self.call_later(self.trace_every_s, self._write_live)
+
+    def _write_live(self) -> None:
+        if len(self.trace_events) != self._traced:  # nothing new: leave the file as it is
+            self.write_trace(str(self.trace_path))
+            self.trace_written.set()
+        self.call_later(self.trace_every_s, self._write_live)
 
     def handle(self, msg, pending):
         match msg:
@@ -139,8 +157,11 @@ class CollectorActor(Actor):
 
     def write_trace(self, path: str) -> int:
         """RUN_DIR/trace.json in the Chrome trace event format (Perfetto, chrome://tracing)."""
+        self._traced = len(self.trace_events)
         events = sorted(self._metadata_and_flows() + self.trace_events, key=lambda e: e.get("ts", 0))
-        Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+        tmp = Path(path).with_name(Path(path).name + ".tmp")
+        tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+        os.replace(tmp, path)
         return len(events)
 
 

@@ -166,7 +166,7 @@ class Launcher:
         self.collector = serve_actor(
             CollectorActor, COLLECTOR, self.transport, directory_address=self.directory.address,
             run_dir=str(self.run_dir), num_steps=cfg.train.num_steps, progress=cfg.logging.progress,
-            loggers=self.loggers,
+            loggers=self.loggers, trace_every_s=cfg.logging.trace_every_s if cfg.logging.spans else 0.0,
         )
         self.dc.register(self.collector.entry())
         self.collector_proxy = self.collector.pykka_ref.proxy()

@@ -254,6 +254,9 @@ class LoggingConfig(_Section):
     """If no trainer step completes for this long, print what every role waits on."""
     spans: bool = True
     """Record what every role does over time into RUN_DIR/trace.json (afctl trace)."""
+    trace_every_s: float = 30.0
+    """Rewrite RUN_DIR/trace.json this often during the run (afctl trace on a live run);
+    0: only at the end."""
 
 
 class PlannerConfig(_Section):
@@ -344,6 +347,8 @@ def _check(cfg: RunConfig) -> None:
              f"every rank trains whole prompt groups: use a multiple of train.num_ranks ({ranks})")
         need(not cfg.cluster.train_devices or len(cfg.cluster.train_devices) == ranks, "cluster.train_devices",
              cfg.cluster.train_devices, f"give one device per trainer rank ({ranks} ids), or none")
+    need(cfg.logging.trace_every_s >= 0, "logging.trace_every_s", cfg.logging.trace_every_s,
+         "use 0 (only at the end) or a positive number of seconds")
     need(cfg.train.dist_timeout_s > 0, "train.dist_timeout_s", cfg.train.dist_timeout_s, "use a positive number of seconds")
     need(0 <= cfg.train.dist_port < 65536, "train.dist_port", cfg.train.dist_port, "use 0 (any free port) or a port number")
     need(

@@ -95,3 +95,23 @@ def test_wandb_without_the_package_says_how_to_install_it(tmp_path):
         pass
     with pytest.raises(RuntimeError, match=r"pip install 'asyncflow\[wandb\]'"):
         build_loggers(LoggingConfig(wandb_project="p"), tmp_path)
+
+
+@pytest.mark.timeout(30)
+def test_the_trace_is_rewritten_during_the_run_so_a_live_run_can_be_drawn(tmp_path):
+    ctx = ActorContext("collector", TransportConfig(scheme="inproc"))
+    ref = CollectorActor.start(ctx, run_dir=str(tmp_path), num_steps=2, progress=False, trace_every_s=0.05)
+    try:
+        written = ref.proxy().trace_written.get()
+        ref.ask(_spans("trainer", 11, [("wait_data", 100.0, 1.0, 0), ("train", 101.0, 0.5, 0)], 0))
+        assert written.wait(10)
+        first = json.loads((tmp_path / "trace.json").read_text())
+        assert {e["name"] for e in first["traceEvents"] if e["ph"] == "X"} == {"wait_data", "train"}
+        written.clear()
+        ref.ask(_spans("trainer", 11, [("sync_weights", 101.5, 0.1, 0)], 1))
+        assert written.wait(10)
+        second = json.loads((tmp_path / "trace.json").read_text())
+        assert "sync_weights" in {e["name"] for e in second["traceEvents"] if e["ph"] == "X"}
+        assert not (tmp_path / "trace.json.tmp").exists()
+    finally:
+        ref.stop()
