@@ -44,6 +44,46 @@ def mean_prompt_tokens(cfg, model_dir: str, limit: int = 500) -> float:
     return sum(lens) / len(lens)
 
 
+def reward_score_s(cfg, model_dir: str, rows: int, limit: int = 64) -> float:
+    """Seconds the reward actor spends scoring `rows` rows of this config (actors/reward.py):
+    decode prompts and responses, call the configured functions. Timed here on the
+    config's own prompts, with their reference answers as responses."""
+    import time
+
+    from asyncflow.actors.reward import build_reward_fn
+    from asyncflow.algorithms.rewards import call_reward
+    from asyncflow.engines.hf import load_tokenizer
+
+    if not cfg.reward.functions:
+        return 0.0
+    if cfg.data.path:
+        from asyncflow.actors._run import read_prompts
+
+        examples = read_prompts(cfg.data.path)[:limit]
+    else:
+        from asyncflow.algorithms.tasks import make_examples
+
+        examples = make_examples(min(limit, cfg.data.num_prompts), seed=cfg.data.seed, task=cfg.data.task)
+    tok = load_tokenizer(model_dir)
+    fn = build_reward_fn(cfg.reward.functions, cfg.reward.weights)
+    ids = [(tok(str(r["prompt"]), add_special_tokens=False)["input_ids"], tok(str(r.get("answer", "")), add_special_tokens=False)["input_ids"])
+           for r in examples]
+    answers = [str(r.get("answer", "")) for r in examples]
+    batch = [ids[i % len(ids)] for i in range(rows)]
+
+    def score() -> None:
+        prompts = [tok.decode(p, skip_special_tokens=True) for p, _ in batch]
+        responses = [tok.decode(r, skip_special_tokens=True) for _, r in batch]
+        call_reward(fn, prompts, responses, [answers[i % len(answers)] for i in range(rows)], ["stop"] * rows)
+
+    times = []
+    for _ in range(4):
+        start = time.perf_counter()
+        score()
+        times.append(time.perf_counter() - start)
+    return sorted(times[1:])[1]  # the median of three, after a warm-up
+
+
 def model_dir_of(cfg, scratch: Path) -> str:
     """The model the run would use: model.path, or the tiny model's config and tokenizer (no weights)."""
     if cfg.model.path:
@@ -72,6 +112,10 @@ def predict(cfg, profile, response_len: float | None = None, num_steps: int = 20
         model_dir = model_dir_of(cfg, Path(scratch))
         model = from_hf_config(model_dir)
         prompt = mean_prompt_tokens(cfg, model_dir)
+        G0 = cfg.algorithm.group_size
+        # sync: one unit scores the whole step; async: units as rows come (one call's at most)
+        score_s = {"sync": reward_score_s(cfg, model_dir, cfg.samples_per_step),
+                   "async": reward_score_s(cfg, model_dir, min(cfg.reward.batch_size or 1 << 30, cfg.rollout.prompts_per_call * G0))}
     G = cfg.algorithm.group_size
     cap = cfg.rollout.sampling.max_new_tokens
     longest = min(cap, longest_response_len or cap)
@@ -103,6 +147,9 @@ def predict(cfg, profile, response_len: float | None = None, num_steps: int = 20
         "snapshot_s": framework.snapshot_s(eff, model.num_params),
         "publish_asks_s": framework.queue_s(eff, framework.PUBLISH_ASKS, 0),
         "reward_queue_s": framework.queue_s(eff, framework.REWARD_UNIT_ASKS, batch),
+        # rollout's put -> the reward wakes; the reward's put -> the trainer wakes
+        "handoffs_s": 2 * eff.queue_handoff_s,
+        "reward_score_s": score_s,
     }
     out = {"model": model.name, "num_params": model.num_params, "prompt_tokens": prompt, "response_tokens": resp,
            "longest_response_tokens": longest, "calls_per_step": C, "call_batch": batch, "cores": cores,
@@ -122,7 +169,8 @@ def predict(cfg, profile, response_len: float | None = None, num_steps: int = 20
                 publish_s=transfer_s + framework_s["snapshot_s"] * f_train * s_train + framework_s["publish_asks_s"],
                 fetch_s=transfer_s + framework.queue_s(eff, framework.FETCH_ASKS, 0),
                 swap_s=cost.weight_swap_s(model, hw, 1) + framework.queue_s(eff, framework.SWAP_ASKS, 0),
-                reward_s=((ref.time_s if mode == "sync" else ref.latency_s) if ref else 0.0) + framework_s["reward_queue_s"],
+                reward_s=((ref.time_s if mode == "sync" else ref.latency_s) if ref else 0.0) + framework_s["reward_queue_s"]
+                + framework_s["handoffs_s"] + score_s[mode],
                 poll_s=ROLLOUT_POLL_S + framework.queue_s(eff, framework.POLL_ASKS, 0),
             )
             sim = workflow.simulate(st, replicas, k, num_steps)
@@ -155,6 +203,12 @@ def compare(pred: dict, e2e_dir: str, samples_per_step: int) -> dict:
         measured = samples_per_step / summary["samples_per_s"]
         out[mode] = {"measured_step_s": measured, "predicted_step_s": p["predicted_step_s"],
                      "error": p["predicted_step_s"] / measured - 1}
+        metrics = Path(e2e_dir) / mode / "metrics.jsonl"
+        if metrics.exists():  # the workload the run had: its policy's mean response length
+            lens = [json.loads(line).get("response_len_mean") for line in metrics.read_text().splitlines() if line.strip()]
+            lens = [x for x in lens if x is not None]
+            if lens:
+                out[mode]["measured_response_len"] = sum(lens) / len(lens)
     return out
 
 
@@ -180,7 +234,9 @@ def run_predict(config_path: str, profile_path: str | None, response_len: float 
     click.echo(f"  call: overhead {c['overhead_s'] * 1e3:.1f} + prefill {c['prefill_s'] * 1e3:.1f} + decode {c['decode_s'] * 1e3:.1f} ms "
                f"({c['iterations']:.1f} iterations) + queue {fw['call_queue_s'] * 1e3:.1f} ms; trainer: engine "
                f"{pred['engine_train_s'] * 1e3:.1f} + own work {fw['trainer_s'] * 1e3:.1f} + queue {fw['trainer_queue_s'] * 1e3:.1f} "
-               f"+ snapshot {fw['snapshot_s'] * 1e3:.1f} + publish {fw['publish_asks_s'] * 1e3:.1f} ms")
+               f"+ snapshot {fw['snapshot_s'] * 1e3:.1f} + publish {fw['publish_asks_s'] * 1e3:.1f} ms; reward: score "
+               f"{fw['reward_score_s']['sync'] * 1e3:.1f} (sync) / {fw['reward_score_s']['async'] * 1e3:.1f} (async) + queue "
+               f"{fw['reward_queue_s'] * 1e3:.1f} + hand-offs {fw['handoffs_s'] * 1e3:.1f} ms")
     for mode, p in pred["modes"].items():
         st = p["stages"]
         click.echo(f"  {mode:<5} (k={p['staleness']}): {p['predicted_step_s']:.3f} s/step, {p['predicted_samples_per_s']:.1f} samples/s"
@@ -189,4 +245,5 @@ def run_predict(config_path: str, profile_path: str | None, response_len: float 
                    f"without the workflow's mechanics {p['analytical_step_s']:.3f} s]")
     if measured:
         for mode, m in measured.items():
-            click.echo(f"  {mode:<5} measured {m['measured_step_s']:.3f} s/step: prediction error {m['error']:+.0%}")
+            resp = f" (its responses: {m['measured_response_len']:.1f} tokens on average)" if "measured_response_len" in m else ""
+            click.echo(f"  {mode:<5} measured {m['measured_step_s']:.3f} s/step: prediction error {m['error']:+.0%}{resp}")

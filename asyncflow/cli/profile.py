@@ -155,6 +155,50 @@ def _measure_corun(model_dir: Path, repeats: int, device: str) -> list:
     return points
 
 
+def _measure_handoff(directory_address: str, tq, rounds: int, rows: int = 64) -> list:
+    """From a put's return to a consumer blocked in another process holding the rows:
+    the shard's notice to the controller, its reply to the waiting GetBatch, the wake-up.
+    Every unit pays it between the role that puts and the role that waits."""
+    import multiprocessing as mp
+
+    import numpy as np
+
+    from asyncflow.planner.calibration import Point
+
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_handoff_consumer, args=(directory_address, rounds + 1, rows, send), daemon=True)
+    proc.start()
+    cols = {"response_ids": [np.arange(6, dtype=np.int64) for _ in range(rows)]}
+    gaps = []
+    try:
+        if not recv.poll(120):
+            return []
+        recv.recv()  # the consumer is up (EOFError: it died)
+        for r in range(rounds + 1):
+            metas = tq.allocate(rows, step=HANDOFF_STEP + r)
+            time.sleep(0.05)  # let the consumer block in its GetBatch, as a waiting role does (not a synchronisation)
+            put_start = time.monotonic()
+            tq.put([m.index for m in metas], cols, metas)
+            if not recv.poll(60):
+                break
+            if r:  # the first round warms up
+                gaps.append(recv.recv() - put_start)
+            else:
+                recv.recv()
+    except EOFError:
+        log_ = "the handoff consumer exited early"
+        click.echo(f"  ({log_}; no handoff point)", err=True)
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    if not gaps:
+        return []
+    return [Point(kind="handoff", size=f"put of {rows} rows starts -> a waiting consumer holds them", work=float(rows),
+                  time_s=max(statistics.median(gaps), 1e-6))]
+
+
 TRAINER_ROWS = (32, 128, 512)
 
 
@@ -200,6 +244,23 @@ def _measure_trainer_rows(repeats: int) -> list:
 
 
 QUEUE_ROWS = (8, 64, 256)
+
+
+HANDOFF_STEP = 10_000  # the handoff rounds' steps: above the rows the other queue measurements left
+
+
+def _handoff_consumer(directory: str, rounds: int, rows: int, conn) -> None:
+    """A consumer in its own process, blocked on the ``train`` task as a role waits for
+    its rows; sends the monotonic time at which it holds each round's rows."""
+    from asyncflow.core.tq.client import TQClient
+
+    tq = TQClient(directory, consumer="handoff")
+    conn.send("ready")
+    for _ in range(rounds):
+        batch = tq.get_batch("train", ["response_ids"], rows, timeout_s=60, min_step=HANDOFF_STEP)
+        conn.send(time.monotonic())
+        tq.ack(batch)
+    tq.close()
 
 
 def _measure_queue(repeats: int) -> list:
@@ -248,6 +309,7 @@ def _measure_queue(repeats: int) -> list:
             for name, ts in times.items():
                 points.append(Point(kind="queue", size=f"{name} of {rows} rows", work=float(rows),
                                     time_s=statistics.median(ts)))
+        points += _measure_handoff(directory.address, tq, max(repeats, 5))
         tq.close()
     finally:
         if procs is not None:
@@ -284,6 +346,10 @@ def fit_profile(points: list, hardware) -> "object":
         chosen = [p for p in points if p.kind == kind]
         if chosen:  # time = fixed + work (rows or parameters) x per-unit
             fields.update(zip(names, fit_terms([[1.0] * len(chosen), [p.work for p in chosen]], [p.time_s for p in chosen])))
+    handoff = [p for p in points if p.kind == "handoff"]
+    if handoff:  # beyond the put's own ask (the producer's put may return before or after the consumer wakes)
+        fields["queue_handoff_s"] = max(0.0, statistics.median(
+            [p.time_s - fields.get("queue_ask_s", 0.0) - p.work * fields.get("queue_ask_s_per_row", 0.0) for p in handoff]))
     if {p.work for p in points if p.kind == "corun"} == {1.0, 2.0}:
         fields["corun_slowdown"] = fit_corun(points)
     for kind, eff_name, overhead_name in (
@@ -329,6 +395,8 @@ def fit_errors(points: list, eff, hardware) -> dict[str, float]:
         }
         if p.kind in linear:
             return linear[p.kind][0] + p.work * linear[p.kind][1]
+        if p.kind == "handoff":
+            return eff.queue_handoff_s + eff.queue_ask_s + p.work * eff.queue_ask_s_per_row
         if p.kind == "corun":  # against the mean time alone
             alone = [q.time_s for q in points if q.kind == "corun" and q.work == 1]
             return sum(alone) / len(alone) * (eff.corun_slowdown if p.work == 2 else 1.0)
@@ -440,7 +508,7 @@ def profile(out_path, hardware, device, quick, repeats, check) -> None:
     for name in ("prefill_flops", "decode_bandwidth", "train_flops", "forward_flops", "decode_overhead_s",
                  "decode_overhead_s_per_layer", "decode_overhead_s_per_seq", "prefill_overhead_s_per_layer", "train_overhead_s",
                  "forward_overhead_s", "train_overhead_s_per_token_layer", "forward_overhead_s_per_token_layer", "generate_overhead_s", "generate_overhead_s_per_seq", "trainer_overhead_s",
-                 "trainer_overhead_s_per_row", "snapshot_overhead_s", "snapshot_s_per_param", "queue_ask_s", "queue_ask_s_per_row", "corun_slowdown"):
+                 "trainer_overhead_s_per_row", "snapshot_overhead_s", "snapshot_s_per_param", "queue_ask_s", "queue_ask_s_per_row", "queue_handoff_s", "corun_slowdown"):
         click.echo(f"  {name:27s} {getattr(eff, name):.4g}")
     click.echo("  mean fit error: " + ", ".join(f"{k} {v:.0%}" for k, v in errors.items()))
     click.echo(f"wrote {out_path} ({len(points)} measurements); use it with: afctl plan --profile {out_path}")

@@ -40,6 +40,7 @@ class Efficiency(msgspec.Struct, kw_only=True, frozen=True):
     snapshot_s_per_param: float = 0.0  # per parameter: export to a host copy and stage it
     queue_ask_s: float = 0.0  # one request-reply to a queue actor (controller or shard)
     queue_ask_s_per_row: float = 0.0  # per row the ask carries (metadata, small columns)
+    queue_handoff_s: float = 0.0  # from a put's return to a role waiting in another process holding the rows
     corun_slowdown: float = 1.0  # a compute stage's time while another of our processes computes, over its time alone
 
 
