@@ -149,7 +149,14 @@ def test_plan_config_adds_the_framework_terms_to_the_stages():
         assert a["publish_s"] - b["publish_s"] == pytest.approx(framework.PUBLISH_ASKS * 1e-3)
         assert a["poll_s"] - b["poll_s"] == pytest.approx(framework.POLL_ASKS * 1e-3)
         assert a["swap_s"] - b["swap_s"] == pytest.approx(framework.SWAP_ASKS * 1e-3)
-        assert a["reward_s"] - b["reward_s"] == pytest.approx(framework.REWARD_UNIT_ASKS * 1e-3)
+        # the reward phase: its asks, beside the config's reward function timed in each prediction
+        reward = lambda out, s: s["reward_s"] - out["framework"]["reward_score_s"][mode]  # noqa: E731
+        b_ = base["modes"][mode]["stages"]
+        assert reward(asks, a) - reward(base, b_) == pytest.approx(framework.REWARD_UNIT_ASKS * 1e-3)
+    handoff = run(Efficiency(queue_handoff_s=0.004))
+    assert (handoff["modes"]["sync"]["stages"]["reward_s"] - handoff["framework"]["reward_score_s"]["sync"]
+            - base["modes"]["sync"]["stages"]["reward_s"] + base["framework"]["reward_score_s"]["sync"]) == pytest.approx(0.008)
+    assert base["framework"]["reward_score_s"]["sync"] > 0  # the config's reward function, timed
     own = run(Efficiency(trainer_overhead_s=0.002, trainer_overhead_s_per_row=1e-5, snapshot_overhead_s=0.001,
                          snapshot_s_per_param=1e-9))
     sb, so = base["modes"]["sync"]["stages"], own["modes"]["sync"]["stages"]
@@ -162,6 +169,7 @@ def test_plan_config_adds_the_framework_terms_to_the_stages():
     assert short["engine_train_s"] < base["engine_train_s"]  # the padded batch is shorter
     # sharing the machine slows the overlapping async stages, never the sync phases
     shared = run(Efficiency(corun_slowdown=1.5))
-    assert shared["modes"]["sync"]["predicted_step_s"] == pytest.approx(base["modes"]["sync"]["predicted_step_s"])
+    for stage in ("call_s", "train_s", "publish_s"):
+        assert shared["modes"]["sync"]["stages"][stage] == pytest.approx(base["modes"]["sync"]["stages"][stage])
     assert shared["modes"]["async"]["stages"]["call_s"] > base["modes"]["async"]["stages"]["call_s"]
     assert 1.0 < shared["modes"]["async"]["contention"]["train"] <= 1.5
