@@ -77,6 +77,7 @@ def test_profile_fit_sets_every_measured_factor():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_afctl_profile_runs_the_real_engines_and_its_profile_feeds_afctl_plan(tmp_path):
     import json
 
@@ -90,6 +91,10 @@ def test_afctl_profile_runs_the_real_engines_and_its_profile_feeds_afctl_plan(tm
     prof = load_profile(path)
     assert prof.hardware == "cpu" and len(prof.points) >= 10
     assert 0 < prof.efficiency.train_flops <= 1 and 0 < prof.efficiency.decode_bandwidth <= 1
+    eff = prof.efficiency  # the framework's own terms, from the real code paths
+    assert eff.trainer_overhead_s_per_row > 0 and eff.snapshot_s_per_param > 0 and eff.queue_ask_s > 0
+    assert eff.queue_handoff_s >= 0 and eff.corun_slowdown >= 1
+    assert {p.kind for p in prof.points} >= {"trainer", "snapshot", "queue", "handoff", "corun"}
     out = CliRunner().invoke(main, ["plan", "--model", "0.5b", "--devices", "4", "--hardware", "cpu", "--batch-size", "4",
                                     "-n", "2", "--prompt-len", "32", "--response-len", "32", "--max-response-len", "64",
                                     "--profile", str(path), "--json"])
