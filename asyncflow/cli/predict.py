@@ -23,6 +23,7 @@ import click
 import msgspec
 
 ROLLOUT_POLL_S = 0.05  # the rollout's blocking get_batch timeout when its next rows are gated (actors/rollout.py)
+ROLLOUT_WAKES_ON_ANNOUNCE = False  # True once a gated rollout's wait ends at WeightsReady (not at the poll's end)
 
 
 def mean_prompt_tokens(cfg, model_dir: str, limit: int = 500) -> float:
@@ -172,6 +173,7 @@ def predict(cfg, profile, response_len: float | None = None, num_steps: int = 20
                 reward_s=((ref.time_s if mode == "sync" else ref.latency_s) if ref else 0.0) + framework_s["reward_queue_s"]
                 + framework_s["handoffs_s"] + score_s[mode],
                 poll_s=ROLLOUT_POLL_S + framework.queue_s(eff, framework.POLL_ASKS, 0),
+                wake_on_announce=ROLLOUT_WAKES_ON_ANNOUNCE,
             )
             sim = workflow.simulate(st, replicas, k, num_steps)
             used = (s_roll, s_train)

@@ -62,9 +62,9 @@ def _measure(model_dir: Path, shape, repeats: int, device: str) -> list:
         points.append(Point(kind="decode", size=f"{size}, batch {batch}", work=work, time_s=max(full - only_prefill, 1e-9) / iterations,
                             flops=batch * shape.forward_flops_per_token(context), batch=batch,
                             num_layers=shape.num_layers))
-    # prefill (one generate call of one token): long prompts for the arithmetic, and many
-    # short ones for the per-call and per-sequence costs of a call
-    for batch, plen in ((4, 128), (16, 128), (64, 8)):
+    # prefill (one generate call of one token): long prompts for the arithmetic, one short
+    # prompt and many for the per-call and per-sequence costs of a call
+    for batch, plen in ((1, 8), (4, 128), (16, 128), (64, 8)):
         prompts = [[7 + (i + j) % 50 for j in range(plen)] for i in range(batch)]
         t = _median_time(lambda: rollout.generate(prompts, SamplingParams(max_new_tokens=1, seed=0)), repeats)
         work = batch * shape.prefill_flops(plen)
@@ -492,10 +492,11 @@ def profile(out_path, hardware, device, quick, repeats, check) -> None:
             points += _measure(model_dir, shape, repeats, device)
         click.echo("profiling the trainer's own step work and queue asks ...", err=True)
         points += _measure_trainer_rows(repeats)
-        points += _measure_queue(max(repeats, 5))
+        # forked before this process starts the queue's processes and its nng threads
         points += _measure_corun(make_tiny_model(Path(tmp) / "corun", hidden_size=SIZES[0][0], num_layers=SIZES[0][1],
                                                  num_heads=SIZES[0][2], num_kv_heads=SIZES[0][3],
                                                  intermediate_size=SIZES[0][4]), repeats, device)
+        points += _measure_queue(max(repeats, 5))
     eff = fit_profile(points, hw)
     errors = fit_errors(points, eff, hw)
     prof = Profile(

@@ -38,6 +38,7 @@ class StageTimes(msgspec.Struct, kw_only=True, frozen=True):
     swap_s: float = 0.0  # replica: load them, between calls
     reward_s: float = 0.0  # from a step's last put to its rows being ready for the trainer
     poll_s: float = 0.2  # a gated replica's blocking queue poll
+    wake_on_announce: bool = False  # the gated wait ends at the announcement of new weights, not at the poll's end
 
 
 class WorkflowResult(msgspec.Struct, kw_only=True):
@@ -99,7 +100,11 @@ def simulate(st: StageTimes, num_replicas: int, staleness: int, num_steps: int) 
         announced = [at for v, at in published.items() if v > rep_v[i] and at <= t]
         if announced:  # WeightsReady came: wait for the fetch, then swap
             rep_t[i] = max(t, min(announced) + st.fetch_s)
-        else:  # nothing announced yet: a blocking poll
+        else:  # nothing announced yet: a blocking poll (or a wait the announcement ends)
+            upcoming = [at for v, at in published.items() if v > rep_v[i] and at > t]
+            if st.wake_on_announce and upcoming and min(upcoming) < t + st.poll_s:
+                rep_t[i] = min(upcoming)
+                continue
             rep_t[i] = t + st.poll_s
             polls += 1
     advance_trainer()

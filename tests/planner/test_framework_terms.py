@@ -173,3 +173,15 @@ def test_plan_config_adds_the_framework_terms_to_the_stages():
         assert shared["modes"]["sync"]["stages"][stage] == pytest.approx(base["modes"]["sync"]["stages"][stage])
     assert shared["modes"]["async"]["stages"]["call_s"] > base["modes"]["async"]["stages"]["call_s"]
     assert 1.0 < shared["modes"]["async"]["contention"]["train"] <= 1.5
+
+
+@pytest.mark.timeout(10)
+def test_a_gated_replica_that_wakes_on_the_announcement_does_not_wait_for_its_poll_to_end():
+    from asyncflow.planner.workflow import StageTimes, simulate
+
+    # 2 calls of 25 ms, then training 30 ms: with a 50 ms poll the period is 100 ms (two
+    # polls after the last call); woken by the announcement, it is the 80 ms chain itself
+    polled = simulate(StageTimes(call_s=0.025, calls_per_step=2, train_s=0.03, poll_s=0.05), 1, 0, 20)
+    woken = simulate(StageTimes(call_s=0.025, calls_per_step=2, train_s=0.03, poll_s=0.05, wake_on_announce=True), 1, 0, 20)
+    assert polled.step_s == pytest.approx((19 * 0.1 + 0.03) / 20)
+    assert woken.step_s == pytest.approx((19 * 0.08 + 0.03) / 20) and woken.num_polls == 0
