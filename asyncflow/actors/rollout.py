@@ -34,7 +34,6 @@ from asyncflow.actors.weight_sync import WEIGHTS_NAME
 from asyncflow.core import protocol
 from asyncflow.core.tensors import to_torch
 from asyncflow.core.tq.client import TQClient
-from asyncflow.core.tq.errors import BatchTimeout
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +59,7 @@ class RolloutActor(LoopActor):
         self._staged: tuple[int, list] | None = None  # fetched, not yet swapped in
         self._fetching = False
         self._fetched = threading.Event()  # set when a fetch stages new weights
+        self._announced = threading.Event()  # set when WeightsReady arrives: wakes a gated wait at once
         self._receiver = None  # the collective weight channel's rank 1 (weight_transport = "collective")
         if cfg.workflow.weight_transport == "collective":
             self._receiver = self._make_receiver()
@@ -90,6 +90,7 @@ class RolloutActor(LoopActor):
             return super().handle_urgent(msg)
         if msg.version > self.engine.version:
             self._want(msg.version)
+            self._announced.set()
         return protocol.Ok()
 
     def _want(self, version: int) -> None:
@@ -179,14 +180,14 @@ class RolloutActor(LoopActor):
                     self._fetched.wait(timeout=1.0)
                     self._fetched.clear()
                 return True
-            # Nothing admissible: either no prompts yet, or the staleness gate holds and the
-            # trainer has not announced the next version. Wait briefly for rows, then look
-            # at the weights again: a long blocking get would sit through an announcement.
+            # Nothing admissible: the staleness gate holds and the trainer has not announced
+            # the next version (the usual case: the loader keeps rows of later steps queued),
+            # or no prompts yet. Wait for the announcement, which wakes this at once (a
+            # blocking get would sit through it), or 50 ms, then look again.
             with self.activity("wait_data"):
-                try:
-                    batch = self.tq.get_batch("rollout", ["prompt_ids"], G, policy="group", timeout_s=0.05, max_step=max_step)
-                except BatchTimeout:
-                    return True
+                if self._announced.wait(timeout=0.05):
+                    self._announced.clear()
+                return True
         groups: dict[int, list[int]] = {}  # group id -> positions in the batch
         for pos, meta in enumerate(batch.metas):
             groups.setdefault(meta.group_id, []).append(pos)
