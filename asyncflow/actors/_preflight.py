@@ -38,7 +38,10 @@ def estimate(cfg: RunConfig, model_dir: str) -> dict[str, float]:
     rollout_b = _DTYPE_BYTES[cfg.rollout.engine.dtype]
     kv = cfg.rollout.engine.kv_cache_bytes or (64 << 20 if cfg.rollout.engine.kv_cache_fraction is None else 0)
     trainer = params * train_b * 4 * (2 if cfg.algorithm.name == "ppo" else 1)  # weights, grads, 2 Adam moments
-    out = {"trainer": trainer + params * 4}  # + the host-staged snapshot published to rollout (fp32 on cpu)
+    ranks = cfg.train.num_ranks  # FSDP2 shards that state over the ranks
+    out = {"trainer": trainer / ranks + params * 4}  # + the host-staged snapshot published to rollout (fp32 on cpu)
+    for r in range(1, ranks):
+        out[f"trainer.{r}"] = trainer / ranks
     for i in range(cfg.rollout.num_replicas):
         out[f"rollout.{i}"] = params * rollout_b + kv + params * 4  # weights + KV budget + the staged next version
     if cfg.algorithm.kl_coef > 0:

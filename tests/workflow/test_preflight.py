@@ -27,6 +27,9 @@ def test_the_estimate_counts_model_states_replicas_and_the_kv_budget(tmp_path):
     params = (per_role["rollout.0"] - 1_000_000) / 8  # fp32 weights + fp32 staged copy
     assert per_role["trainer"] == pytest.approx(params * 20)  # 16 B/param of states + 4 of the staged snapshot
     assert "memory: at least" in check(cfg, model)
+    dp = estimate(load_config_text("[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true"), model)
+    assert dp["trainer.1"] == pytest.approx(params * 8)  # half the states: FSDP2 shards them
+    assert dp["trainer"] == pytest.approx(params * 12)  # its half + the full snapshot it publishes
 
 
 def test_a_model_too_large_for_this_host_is_refused_before_launch(tmp_path):
