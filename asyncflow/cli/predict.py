@@ -22,8 +22,8 @@ from pathlib import Path
 import click
 import msgspec
 
-ROLLOUT_POLL_S = 0.05  # the rollout's blocking get_batch timeout when its next rows are gated (actors/rollout.py)
-ROLLOUT_WAKES_ON_ANNOUNCE = False  # True once a gated rollout's wait ends at WeightsReady (not at the poll's end)
+ROLLOUT_POLL_S = 0.05  # how long a gated rollout waits before it looks again (actors/rollout.py)
+ROLLOUT_WAKES_ON_ANNOUNCE = True  # its wait ends at WeightsReady (since 51cadc0; before, a blocking get slept through it)
 
 
 def mean_prompt_tokens(cfg, model_dir: str, limit: int = 500) -> float:
