@@ -59,7 +59,13 @@ def _spec(name: str, cls: str, **kwargs) -> protocol.ActorSpec:
 
 
 class RunFailed(AsyncflowError):
-    pass
+    """The run cannot go on. ``process_lost``: because a process (or its node) that
+    cannot be restarted alone is gone, which a resume from the last checkpoint heals
+    (``cluster.max_resumes``); otherwise a role raised, which resuming would repeat."""
+
+    def __init__(self, message: str, process_lost: bool = False):
+        super().__init__(message)
+        self.process_lost = process_lost
 
 
 class Launcher:
@@ -261,7 +267,7 @@ class Launcher:
             custom = {r.name: r for r in self.cfg.roles}.get(host) if kind == "custom" else None
             if kind not in RESTARTABLE and custom is None:
                 raise RunFailed(f"process {host!r} ({kind}) exited with code {code}; the run cannot go on. "
-                                f"Resume from the last checkpoint: afctl up --resume {self.run_dir}")
+                                f"Resume from the last checkpoint: afctl up --resume {self.run_dir}", process_lost=True)
             task = custom.task if custom is not None else RESTARTABLE[kind]  # a custom role may read no task
             tq = TQClient(self.dc, consumer="driver")
             requeued = sum(tq.requeue(task, spec.name) for spec in self.host_specs[host]) if task else 0
@@ -411,8 +417,34 @@ def default_run_dir(config_path: str) -> str:
 
 def run(cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | None = None) -> dict:
     """Run to the end; returns the summary (also written to RUN_DIR/summary.json).
-    Give a config and a run directory for a new run, or ``resume=RUN_DIR``."""
+    Give a config and a run directory for a new run, or ``resume=RUN_DIR``.
+
+    When a process that cannot be restarted alone is lost (the queue, a shard, the
+    loader, a trainer rank, or its node), the run stops cleanly and, up to
+    ``cluster.max_resumes`` times, resumes itself from its last checkpoint."""
     cfg, rd, launch = prepare_resume(resume) if resume else prepare_new(cfg, run_dir)
+    resumes: list[dict] = []
+    while True:
+        try:
+            summary = _run_once(cfg, rd, launch)
+        except RunFailed as exc:
+            ckpt = latest_checkpoint(rd)
+            if not exc.process_lost or len(resumes) >= cfg.cluster.max_resumes or ckpt is None:
+                if exc.process_lost and cfg.cluster.max_resumes and ckpt is None:
+                    click.echo("!! no checkpoint yet to resume from (train.checkpoint_every)", err=True)
+                raise
+            resumes.append({"error": str(exc).splitlines()[0], "checkpoint": str(ckpt), "time": time.time()})
+            click.echo(f"!! {str(exc).splitlines()[0]}\n!! resuming from {ckpt} "
+                       f"(automatic resume {len(resumes)} of {cfg.cluster.max_resumes})", err=True)
+            cfg, rd, launch = prepare_resume(str(rd))
+            continue
+        if resumes:
+            summary["resumes"] = resumes
+            (rd / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+
+def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo) -> dict:
     faulthandler.enable()
     from asyncflow.actors._preflight import check
 

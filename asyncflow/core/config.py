@@ -220,6 +220,12 @@ class ClusterConfig(_Section):
 
     launcher: Literal["local", "ray"] = "local"
     """local: every process on this machine. ray: placed by a running Ray cluster."""
+    max_resumes: int = 0
+    """When a process that cannot be restarted alone dies (queue, shard, loader, a
+    trainer rank) or its node is lost, stop cleanly and resume from the last
+    checkpoint, up to this many times per `afctl up` (0: stop and print the resume
+    command). Rollout, reward, reference and custom-role processes are restarted
+    in place regardless."""
     device: Literal["cpu", "cuda", "npu"] = "cpu"
     """Device kind of rollout and training."""
     transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
@@ -349,6 +355,7 @@ def _check(cfg: RunConfig) -> None:
              cfg.cluster.train_devices, f"give one device per trainer rank ({ranks} ids), or none")
     need(cfg.logging.trace_every_s >= 0, "logging.trace_every_s", cfg.logging.trace_every_s,
          "use 0 (only at the end) or a positive number of seconds")
+    need(cfg.cluster.max_resumes >= 0, "cluster.max_resumes", cfg.cluster.max_resumes, "use 0 or more")
     need(cfg.train.dist_timeout_s > 0, "train.dist_timeout_s", cfg.train.dist_timeout_s, "use a positive number of seconds")
     need(0 <= cfg.train.dist_port < 65536, "train.dist_port", cfg.train.dist_port, "use 0 (any free port) or a port number")
     need(

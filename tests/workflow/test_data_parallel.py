@@ -1,6 +1,7 @@
 """Two trainer ranks (``train.num_ranks = 2``, FSDP2 over gloo) in the real workflow:
 each rank trains whole prompt groups it reads itself; losing a rank stops the run
-cleanly, and the run resumes from its checkpoint with both ranks."""
+cleanly, and it resumes itself from its checkpoint with both ranks
+(``cluster.max_resumes``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ HERE = Path(__file__).parent
 DATA_PARALLEL = f"""
 [cluster]
 python_path = ["{HERE}"]
+max_resumes = 1
 """
 
 
@@ -32,23 +34,20 @@ def _config(tmp_path: Path, num_steps: int) -> Path:
 
 
 @pytest.mark.timeout(300)
-def test_two_trainer_ranks_train_their_own_groups_a_lost_rank_stops_the_run_and_it_resumes(tmp_path):
+def test_two_trainer_ranks_train_their_own_groups_and_a_lost_rank_is_healed_by_a_resume(tmp_path):
     run_dir = tmp_path / "run"
     num_steps = 24
-    first = afctl("up", str(_config(tmp_path, num_steps)), "--run-dir", str(run_dir))
-    wait_for_steps(run_dir, first, 3, 200)  # the checkpoint of version 2 is written
-    hosts = child_hosts(first.pid)
+    proc = afctl("up", str(_config(tmp_path, num_steps)), "--run-dir", str(run_dir))
+    wait_for_steps(run_dir, proc, 3, 200)  # the checkpoint of version 2 is written
+    hosts = child_hosts(proc.pid)
     assert {"trainer", "trainer.1"} <= set(hosts), hosts
     os.kill(hosts["trainer.1"], signal.SIGKILL)
-    out, _ = first.communicate(timeout=120)
-    assert first.returncode != 0, out
-    assert "trainer.1" in out and f"afctl up --resume {run_dir}" in out, out
-    for pid in hosts.values():  # nothing is left behind
+    out, _ = proc.communicate(timeout=250)
+    assert proc.returncode == 0, out
+    # the run stopped every process, then resumed itself from its checkpoint ([cluster] max_resumes = 1)
+    assert "process 'trainer.1' (trainer_rank) exited with code -9" in out and "automatic resume 1 of 1" in out, out
+    for pid in hosts.values():  # the first launch's processes are gone
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], pid
-
-    second = afctl("up", "--resume", str(run_dir))
-    out, _ = second.communicate(timeout=200)
-    assert second.returncode == 0, out
     assert_trained_exactly_once(run_dir, num_steps, 2, 2)
     for line in read_jsonl(run_dir / "trained.jsonl"):
         # one whole prompt group per rank per step
@@ -60,6 +59,7 @@ def test_two_trainer_ranks_train_their_own_groups_a_lost_rank_stops_the_run_and_
     assert any(m["loss"] != 0.0 for m in metrics)  # the length reward gives real gradients
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["busy_s"]["trainer.1"] > 0
+    assert len(summary["resumes"]) == 1 and "trainer.1" in summary["resumes"][0]["error"]
     final = Path(summary["checkpoint"]) / "model" / "model.safetensors"
     start = run_dir / "model" / "model.safetensors"
     trained, initial = safetensors.torch.load_file(final), safetensors.torch.load_file(start)
