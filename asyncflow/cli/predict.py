@@ -178,7 +178,12 @@ def predict(cfg, profile, response_len: float | None = None, num_steps: int = 20
             sim = workflow.simulate(st, replicas, k, num_steps)
             used = (s_roll, s_train)
             if mode == "async":
-                s_roll, s_train = framework.corun_stretch(eff, sim.train_busy), framework.corun_stretch(eff, sim.rollout_busy)
+                # the other side, and the reward and queue processes, runnable part of the time beside a stage
+                aux = [v / sim.step_s for v in framework.aux_cpu_s(eff, C, score_s["async"]).values()]
+                s_roll = (framework.corun_stretch(eff, sim.train_busy)
+                          * framework.shared_core_stretch([sim.train_busy * train_threads] + aux, cores))
+                s_train = (framework.corun_stretch(eff, sim.rollout_busy)
+                           * framework.shared_core_stretch([sim.rollout_busy] * rollout_workers + aux, cores))
         out["modes"][mode] = {
             "predicted_step_s": sim.step_s, "predicted_samples_per_s": wl.num_samples / sim.step_s,
             "stages": msgspec.to_builtins(st), "contention": {"rollout": f_roll * used[0], "train": f_train * used[1]},

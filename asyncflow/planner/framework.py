@@ -87,3 +87,23 @@ def corun_stretch(eff: Efficiency, other_busy: float) -> float:
     """Expected slowdown of a compute stage while another of our processes computes a
     fraction `other_busy` of the time on the other core (`corun_slowdown` when always)."""
     return 1.0 + (eff.corun_slowdown - 1.0) * min(max(other_busy, 0.0), 1.0)
+
+
+def shared_core_stretch(others_busy: list[float], cores: int) -> float:
+    """Expected slowdown of a stage on one core while other processes are runnable, each
+    independently a fraction `others_busy[i]` of the time: with k of them runnable the
+    1 + k share `cores` (time slicing), so the stretch is E[max(1, (1 + k) / cores)]."""
+    dist = [1.0]  # P(k others runnable), built one process at a time
+    for b in others_busy:
+        b = min(max(b, 0.0), 1.0)
+        dist = [(dist[k] if k < len(dist) else 0.0) * (1 - b) + (dist[k - 1] * b if k else 0.0) for k in range(len(dist) + 1)]
+    return sum(p * max(1.0, (1 + k) / max(cores, 1)) for k, p in enumerate(dist))
+
+
+def aux_cpu_s(eff: Efficiency, calls_per_step: int, reward_score_s: float) -> dict[str, float]:
+    """CPU seconds per step of our processes besides rollout and trainer: the reward
+    actor (a unit per call: its score and asks) and the queue's processes (the server
+    side of every ask of the step, taken as one ask's latency each)."""
+    asks = (calls_per_step * (ROLLOUT_CALL_ASKS + REWARD_UNIT_ASKS) + TRAINER_STEP_ASKS)
+    return {"reward": calls_per_step * (reward_score_s + REWARD_UNIT_ASKS * eff.queue_ask_s),
+            "queue": asks * eff.queue_ask_s}
