@@ -157,12 +157,13 @@ def predict(cfg, profile, response_len: float | None = None, num_steps: int = 20
            "call": {**msgspec.to_builtins(call), "time_s": call.time_s}, "engine_train_s": train.time_s,
            "framework": framework_s, "modes": {}}
     for mode, k in (("sync", 0), ("async", cfg.workflow.staleness)):
-        # processes share the cores: in sync the phases take turns, in async rollout and training overlap
-        f_roll = workflow.contention(rollout_workers if mode == "sync" else rollout_workers + train_threads, cores)
-        f_train = workflow.contention(train_threads if mode == "sync" else rollout_workers + train_threads, cores)
-        # and a stage computing while the other side computes runs slower (corun_slowdown, measured by
-        # afctl profile), by the fraction of the time the other side is busy: iterate to a fixed point
-        s_roll = s_train = 1.0
+        # processes share the cores: in sync the phases take turns (stretched only beyond the cores); in
+        # async a stage shares the cores with the other side and the reward and queue processes as far as
+        # they are runnable (time slices), and runs slower while the other core computes (corun_slowdown,
+        # measured by afctl profile): stretches from the simulated busy fractions, iterated to a fixed point
+        f_roll = workflow.contention(rollout_workers, cores) if mode == "sync" else 1.0
+        f_train = workflow.contention(train_threads, cores) if mode == "sync" else 1.0
+        s_roll = s_train = 1.0 if mode == "sync" else workflow.contention(rollout_workers + train_threads, cores)
         for _ in range(8 if mode == "async" else 1):
             st = workflow.StageTimes(
                 call_s=call.time_s * f_roll * s_roll + framework_s["call_queue_s"], calls_per_step=C,
@@ -181,9 +182,11 @@ def predict(cfg, profile, response_len: float | None = None, num_steps: int = 20
                 # the other side, and the reward and queue processes, runnable part of the time beside a stage
                 aux = [v / sim.step_s for v in framework.aux_cpu_s(eff, C, score_s["async"]).values()]
                 s_roll = (framework.corun_stretch(eff, sim.train_busy)
-                          * framework.shared_core_stretch([sim.train_busy * train_threads] + aux, cores))
+                          * framework.shared_core_stretch([sim.train_busy] * train_threads
+                                                          + [sim.rollout_busy] * (rollout_workers - 1) + aux, cores))
                 s_train = (framework.corun_stretch(eff, sim.rollout_busy)
-                           * framework.shared_core_stretch([sim.rollout_busy] * rollout_workers + aux, cores))
+                           * framework.shared_core_stretch([sim.rollout_busy] * rollout_workers
+                                                           + [sim.train_busy] * (train_threads - 1) + aux, cores))
         out["modes"][mode] = {
             "predicted_step_s": sim.step_s, "predicted_samples_per_s": wl.num_samples / sim.step_s,
             "stages": msgspec.to_builtins(st), "contention": {"rollout": f_roll * used[0], "train": f_train * used[1]},
