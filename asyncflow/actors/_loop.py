@@ -11,7 +11,8 @@ Sends: Paused, RoleStats; RoleFailed to the collector if a unit raises.
 
 Invariants:
 - Pause is answered between units, so every row a unit took has been acked or
-  put back when Paused is sent (checkpoints rely on it).
+  put back when Paused is sent (checkpoints rely on it); acks deferred to the next
+  request (``self.acks``, ``_acks.py``) are flushed first.
 - Time is accounted per activity (``with self.activity("generate")``); what is not
   inside an activity called ``wait_*`` counts as busy. GetRoleStats is answered at
   once on the listener thread (not between units), the activity in progress counted
@@ -56,6 +57,7 @@ class LoopActor(Actor):
         self.num_items = 0
         self._started_at = time.monotonic()
         self.tracer = None  # a SpanRecorder once the work starts
+        self.acks = None  # a DeferredAcks (actors/_acks.py) of a role that acks with its next request
 
     # -- to implement ----------------------------------------------------------------
     def work_once(self) -> bool:
@@ -164,6 +166,8 @@ class LoopActor(Actor):
                 return protocol.Ok()
             case protocol.Pause():
                 self._paused = True
+                if self.acks is not None:
+                    self.acks.flush()  # every finished row acked before the checkpoint looks
                 return protocol.Paused(role=self.ctx.name, state=self.resumable_state())
             case protocol.Resume():
                 self._paused = False
@@ -178,6 +182,8 @@ class LoopActor(Actor):
                 return protocol.Ok()
             case protocol.Stop():
                 self._running = False
+                if self.acks is not None:
+                    self.acks.flush()
                 return protocol.Ok()
             case _:
                 raise TypeError(f"{self.ctx.name} does not handle {type(msg).__name__}")

@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run
 from asyncflow.core import protocol
@@ -41,6 +42,7 @@ class ColumnRole(LoopActor):
         self.output = output
         self.batch_size = batch_size
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
+        self.acks = DeferredAcks(self.tq)
 
     def score(self, columns: dict[str, list[np.ndarray]], metas: list[protocol.RowMeta]) -> list[float]:
         """One float per row; ``columns[name][k]`` is column ``name`` of row k."""
@@ -49,7 +51,8 @@ class ColumnRole(LoopActor):
     def work_once(self) -> bool:
         with self.activity("wait_data"):
             try:
-                batch = self.tq.get_batch(self.task, list(self.inputs), self.batch_size, partial=True)
+                batch = self.tq.get_batch(self.task, list(self.inputs), self.batch_size, partial=True,
+                                          ack=self.acks.take(self.task))
                 if len(batch) == 0:
                     batch = self.tq.get_batch(self.task, list(self.inputs), 1, timeout_s=0.5)
             except BatchTimeout:
@@ -60,6 +63,6 @@ class ColumnRole(LoopActor):
                 raise ValueError(f"{type(self).__name__}.score returned {len(scores)} values for {len(batch)} rows")
         with self.activity("put"):
             self.tq.put(batch.indices, {self.output: [np.asarray([s], dtype=np.float32) for s in scores]})
-            self.tq.ack(batch)
+        self.acks.add(batch)  # acked inside the next request
         self.num_items += len(batch)
         return True

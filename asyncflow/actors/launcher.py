@@ -52,6 +52,8 @@ from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.launch import queue_specs
 
 RESTARTABLE = {"rollout": "rollout", "reward": "reward", "reference": "reference"}  # kind -> its queue task
+OUTPUTS = {"rollout": ["response_ids", "rollout_logp", "finish"], "reward": ["reward"], "reference": ["ref_logp"]}
+"""The columns a role puts: rows a dead worker already put them for are acked, not redone."""
 
 
 def _spec(name: str, cls: str, **kwargs) -> protocol.ActorSpec:
@@ -269,8 +271,9 @@ class Launcher:
                 raise RunFailed(f"process {host!r} ({kind}) exited with code {code}; the run cannot go on. "
                                 f"Resume from the last checkpoint: afctl up --resume {self.run_dir}", process_lost=True)
             task = custom.task if custom is not None else RESTARTABLE[kind]  # a custom role may read no task
+            outputs = ([custom.reward_column] if custom.reward_column else []) if custom is not None else OUTPUTS[kind]
             tq = TQClient(self.dc, consumer="driver")
-            requeued = sum(tq.requeue(task, spec.name) for spec in self.host_specs[host]) if task else 0
+            requeued = sum(tq.requeue(task, spec.name, outputs) for spec in self.host_specs[host]) if task else 0
             for spec in self.host_specs[host]:
                 self.dc.unregister(spec.name)
             click.echo(f"!! {host} exited with code {code}: requeued {requeued} rows it held, restarting it", err=True)

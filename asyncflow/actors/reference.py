@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._batching import token_batch
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run, set_threads
@@ -33,6 +34,7 @@ class ReferenceActor(LoopActor):
         self.temperature = cfg.rollout.sampling.temperature or 1.0
         self.sync = cfg.workflow.mode == "sync"
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
+        self.acks = DeferredAcks(self.tq)
 
     def work_once(self) -> bool:
         cfg = self.run.config
@@ -40,7 +42,8 @@ class ReferenceActor(LoopActor):
         with self.activity("wait_data"):
             try:
                 batch = self.tq.get_batch("reference", self.COLUMNS, size, partial=not self.sync,
-                                          timeout_s=0.5, policy="group" if self.sync else "fifo")
+                                          timeout_s=0.5, policy="group" if self.sync else "fifo",
+                                          ack=self.acks.take("reference"))
                 if len(batch) == 0:
                     batch = self.tq.get_batch("reference", self.COLUMNS, 1, timeout_s=0.5)
             except BatchTimeout:
@@ -54,6 +57,6 @@ class ReferenceActor(LoopActor):
             ]
         with self.activity("put"):
             self.tq.put(batch.indices, {"ref_logp": out})
-            self.tq.ack(batch)
+        self.acks.add(batch)  # acked inside the next request
         self.num_items += len(batch)
         return True

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run
 from asyncflow.core.tq.client import TQClient
@@ -37,6 +38,7 @@ class RewardActor(LoopActor):
         self.fn = build_reward_fn(cfg.reward.functions, cfg.reward.weights)
         self.sync = cfg.workflow.mode == "sync"
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
+        self.acks = DeferredAcks(self.tq)
         self._remaining = cfg.samples_per_step * (cfg.train.num_steps - self.run.launch.start_step)
 
     def work_once(self) -> bool:
@@ -46,9 +48,11 @@ class RewardActor(LoopActor):
         with self.activity("wait_data"):
             try:
                 if self.sync:  # the baseline: score the whole batch once it is generated
-                    batch = self.tq.get_batch("reward", self.COLUMNS, cfg.samples_per_step, policy="group", timeout_s=0.5)
+                    batch = self.tq.get_batch("reward", self.COLUMNS, cfg.samples_per_step, policy="group", timeout_s=0.5,
+                                              ack=self.acks.take("reward"))
                 else:
-                    batch = self.tq.get_batch("reward", self.COLUMNS, cfg.reward.batch_size, partial=True)
+                    batch = self.tq.get_batch("reward", self.COLUMNS, cfg.reward.batch_size, partial=True,
+                                              ack=self.acks.take("reward"))
                     if len(batch) == 0:
                         batch = self.tq.get_batch("reward", self.COLUMNS, 1, timeout_s=0.5)
             except BatchTimeout:
@@ -62,6 +66,6 @@ class RewardActor(LoopActor):
             rewards = call_reward(self.fn, prompts, responses, answers, finish)
         with self.activity("put"):
             self.tq.put(batch.indices, {"reward": [np.asarray([r], dtype=np.float32) for r in rewards]})
-            self.tq.ack(batch)
+        self.acks.add(batch)  # acked inside the next request
         self.num_items += len(batch)
         return True

@@ -28,6 +28,7 @@ import threading
 import msgspec
 import numpy as np
 
+from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors.weight_sync import WEIGHTS_NAME
@@ -54,6 +55,7 @@ class RolloutActor(LoopActor):
         self.params = msgspec.structs.replace(cfg.rollout.sampling, n=cfg.algorithm.group_size, stop_token_ids=tuple(stop))
         self.k = cfg.staleness
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
+        self.acks = DeferredAcks(self.tq)
         self._lock = threading.Lock()
         self._wanted = -1  # newest version announced
         self._staged: tuple[int, list] | None = None  # fetched, not yet swapped in
@@ -173,7 +175,7 @@ class RolloutActor(LoopActor):
         G = cfg.algorithm.group_size
         max_step = self.engine.version + self.k
         batch = self.tq.get_batch("rollout", ["prompt_ids"], cfg.rollout.prompts_per_call * G,
-                                  policy="group", partial=True, max_step=max_step)
+                                  policy="group", partial=True, max_step=max_step, ack=self.acks.take("rollout"))
         if len(batch) == 0:
             if self._wanted > self.engine.version:  # gated by staleness, new weights on the way
                 with self.activity("wait_weights"):
@@ -205,6 +207,6 @@ class RolloutActor(LoopActor):
                 indices.append(batch.indices[pos])
         with self.activity("put"):
             self.tq.put(indices, {"response_ids": responses, "rollout_logp": logps, "finish": finish}, metas)
-            self.tq.ack(batch)
+        self.acks.add(batch)  # acked inside the next request
         self.num_items += len(batch)
         return True

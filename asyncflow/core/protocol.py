@@ -357,13 +357,18 @@ class Ack(_Msg):
 
 
 class Requeue(_Msg):
-    """Return a (dead) consumer's handed-out, un-acked rows to the task's pool."""
+    """Return a (dead) consumer's handed-out, un-acked rows to the task's pool. Rows
+    that already have every column of ``done_columns`` (the consumer's outputs: it
+    died after putting them, before acking) are acked instead: redoing them would
+    overwrite outputs that later roles may already have used."""
 
     consumer: str
+    done_columns: list[str] = []
 
 
 class Requeued(_Msg):
     num_rows: int
+    num_done: int = 0  # rows acked instead (their outputs were in)
 
 
 class Discard(_Msg):

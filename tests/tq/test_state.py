@@ -60,10 +60,21 @@ def test_requeue_returns_only_the_dead_consumers_unacked_rows_first_in_line():
     dead = s.select("dead", ["a"], 3).indices
     s.ack("dead", dead[:1])
     alive = s.select("alive", ["a"], 1).indices
-    assert s.requeue("dead") == dead[1:]
+    assert s.requeue("dead") == (dead[1:], [])
     assert s.state_of(alive[0]) == HANDED
     assert s.select("new", ["a"], 2).indices == dead[1:]
     assert s.state_of(dead[0]) == ACKED
+
+
+def test_requeue_acks_the_rows_whose_outputs_the_dead_consumer_already_put():
+    s = TaskState("rollout")
+    write(s, range(4))
+    taken = s.select("dead", ["a"], 4).indices
+    s.on_written(0, taken[:2], ["out1", "out2"])  # it put both outputs of two rows, then died
+    s.on_written(0, taken[2:3], ["out1"])  # half of a third row's: redo it
+    assert s.requeue("dead", ["out1", "out2"]) == (taken[2:], taken[:2])
+    assert all(s.state_of(i) == ACKED for i in taken[:2])
+    assert s.select("new", ["a"], 4, partial=True).indices == taken[2:]
 
 
 def test_group_policy_hands_whole_groups_only():

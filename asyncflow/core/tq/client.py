@@ -380,9 +380,11 @@ class TQClient:
         if indices:
             self._controller(task).ask(protocol.Ack(consumer=self.consumer, indices=list(indices)), timeout_s=self.timeout_s)
 
-    def requeue(self, task: str, consumer: str) -> int:
-        """Hand a dead consumer's un-acked rows of ``task`` to others; returns how many."""
-        return self._controller(task).ask(protocol.Requeue(consumer=consumer), timeout_s=self.timeout_s).num_rows
+    def requeue(self, task: str, consumer: str, done_columns: Sequence[str] = ()) -> int:
+        """Hand a dead consumer's un-acked rows of ``task`` to others; returns how many.
+        Rows that already have all of ``done_columns`` (its outputs) are acked instead."""
+        msg = protocol.Requeue(consumer=consumer, done_columns=list(done_columns))
+        return self._controller(task).ask(msg, timeout_s=self.timeout_s).num_rows
 
     def discard(self, task: str, filters: Sequence[protocol.RowFilter]) -> list[int]:
         """Ack for ``task``, without reading, every waiting row matching ``filters``."""

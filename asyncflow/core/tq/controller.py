@@ -175,10 +175,11 @@ class ControllerActor(Actor):
             case protocol.Ack(consumer=consumer, indices=indices):
                 self._tell_acked(self.state.ack(consumer, indices))
                 return protocol.Ok()
-            case protocol.Requeue(consumer=consumer):
-                indices = self.state.requeue(consumer)
+            case protocol.Requeue(consumer=consumer, done_columns=done_columns):
+                indices, done = self.state.requeue(consumer, done_columns)
+                self._tell_acked(done)
                 self._serve_waiters()
-                return protocol.Requeued(num_rows=len(indices))
+                return protocol.Requeued(num_rows=len(indices), num_done=len(done))
             case protocol.Discard(filters=filters):
                 indices = self.state.discard(filters)
                 self._tell_acked(indices)

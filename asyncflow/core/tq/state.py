@@ -26,7 +26,8 @@ Invariants (tests/tq/test_state.py):
 - a selection is all-or-nothing: without ``partial`` either ``batch_size`` rows are
   handed out or none;
 - ``group`` never splits a group;
-- ``requeue(consumer)`` returns exactly that consumer's HANDED rows to FREE, ahead of
+- ``requeue(consumer, done_columns)`` acks that consumer's HANDED rows that already
+  have every ``done_columns`` (its outputs), and returns the rest to FREE, ahead of
   the other ready rows (they are the oldest);
 - a snapshot saves HANDED rows as FREE: after a restart, work that was handed out but
   not acked is handed out again (acked work never is).
@@ -365,10 +366,19 @@ class TaskState:
             else:
                 self._group_acked.pop(key, None)  # the whole group is done
 
-    def requeue(self, consumer: str) -> list[int]:
-        """Return ``consumer``'s HANDED rows to FREE, ahead of other ready rows."""
+    def requeue(self, consumer: str, done_columns: Sequence[str] = ()) -> tuple[list[int], list[int]]:
+        """Return ``consumer``'s HANDED rows to FREE, ahead of other ready rows; those
+        that already have every column of ``done_columns`` are acked instead. Returns
+        (requeued, acked)."""
         indices = sorted(self._pending.pop(consumer, ()))
         rows = self._rows
+        done: list[int] = []
+        if done_columns:
+            mask = self._mask(done_columns)
+            done = [i for i in indices if rows[i].mask & mask == mask]
+            for index in done:
+                self._set_acked(rows[index])
+            indices = [i for i in indices if rows[i].state != ACKED]
         for index in indices:
             row = rows[index]
             row.state = FREE
@@ -379,7 +389,7 @@ class TaskState:
                 front = dict.fromkeys(i for i in indices if i in view.ready)
                 front.update(view.ready)
                 view.ready = front
-        return indices
+        return indices, done
 
     def discard(self, filters: Sequence[RowFilter]) -> list[int]:
         """Ack, without handing out, every FREE row matching all ``filters``."""
