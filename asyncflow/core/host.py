@@ -92,8 +92,8 @@ class HostActor(Actor):
                 self._stop_one(name)
                 return protocol.Ok()
             case protocol.Stop():
-                for name in list(self.actors):
-                    self._stop_one(name)
+                for name in reversed(list(self.actors)):  # the reverse of the start order: the
+                    self._stop_one(name)  # queue's controllers before the manager they notify
                 self._stopped.set()
                 return protocol.Ok()
 
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     stopped.wait()
     _exit_after(STOP_GRACE_S, args.name)
     host_actor = host.pykka_ref.proxy()
-    for actor in list(host_actor.actors.get().values()):
+    for actor in reversed(list(host_actor.actors.get().values())):
         actor.stop()
     orphaned = os.getppid() != int(os.environ.get(PARENT_ENV, "0") or os.getppid())
     if not orphaned:  # an orphan's driver (and its directory) is gone: do not wait on it
