@@ -11,7 +11,8 @@ Subclass it and implement ``score``; name it in the config::
     kwargs = { batch_size = 16 }
 
 Each unit takes up to ``batch_size`` rows of ``task`` whose ``inputs`` are produced,
-calls ``score`` and puts ``output`` (one float32 per row), then acks them.
+calls ``score`` and puts ``output`` (one float32 per row), then acks them (with its
+next request, ``_acks.py``).
 
 Takes: the LoopActor messages (StartWork, Pause, Resume, GetRoleStats, Stop).
 Invariant: every row gets exactly one score (the queue hands a row to a task once).

@@ -2,7 +2,7 @@
 
 Each unit: take rows of the ``reference`` task with ``prompt_ids`` and
 ``response_ids``, compute per-token log-probs of the response under the base model
-(no gradients), put ``ref_logp`` (float32 [L]) per row, ack. Started only when
+(no gradients), put ``ref_logp`` (float32 [L]) per row, ack (with the next request). Started only when
 ``algorithm.kl_coef > 0``.
 
 Takes: LoopActor messages. Sends: TQ reads and writes.

@@ -3,7 +3,8 @@
 Each unit: take rows of the ``reward`` task with ``response_ids``, ``answer`` and
 ``finish`` produced (async: whatever is ready, up to ``reward.batch_size``; sync:
 the whole global batch at once), decode them, call the configured functions and
-put ``reward`` (float32 [1]) per row, then ack.
+put ``reward`` (float32 [1]) per row; the rows are acked with the next request
+(``_acks.py``).
 
 Takes: LoopActor messages. Sends: TQ reads and writes.
 Invariant: every row gets exactly one reward (rows are consumed exactly once).

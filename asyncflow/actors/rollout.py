@@ -4,7 +4,8 @@ Each unit: take up to ``prompts_per_call`` whole prompt groups from the ``rollou
 task whose planned step s satisfies ``s <= version + k`` (the staleness bound:
 rollout stops admitting prompts rather than run further ahead), generate the
 group's ``group_size`` responses, put ``response_ids`` (int64), ``rollout_logp``
-(float32) and ``finish`` (uint8, 1 = stop token) with the policy version, ack.
+(float32) and ``finish`` (uint8, 1 = stop token) with the policy version, ack (with
+the next request, ``_acks.py``).
 
 Delayed parameter update: ``WeightsReady`` starts a background fetch of the new
 weights into a host buffer while generation goes on with the old ones; the swap
@@ -16,8 +17,10 @@ the trainer's side has no such collective it falls back to nng.
 
 Takes: LoopActor messages + WeightsReady. Sends: GetWeightChunk or StreamWeights,
 AcquireSwap, ReleaseSwap (to ``weights``); TQ reads and writes.
-Invariant: every row a unit took is put and acked (or, if the process dies,
-requeued by the launcher) before the next unit starts.
+Invariant: every row a unit took is put before the next unit starts, and acked
+inside the next unit's first request (or at Pause/Stop). If the process dies, the
+launcher acks the rows whose outputs are in and requeues the others: a response is
+never generated twice for one row.
 """
 
 from __future__ import annotations
