@@ -78,7 +78,8 @@ class RolloutActor(LoopActor):
         if not isinstance(device, torch.device):
             device = torch.device(self.run.config.cluster.device)
         try:
-            return WeightReceiver(self.ctx.directory, self.ctx.transport, self.ctx.name, device)
+            return WeightReceiver(self.ctx.directory, self.ctx.transport, self.ctx.name, device,
+                                  timeout_s=self.run.config.workflow.weight_timeout_s)
         except (RuntimeError, ValueError) as exc:  # e.g. npu without torch_npu
             log.warning("%s: weight transport 'collective' unavailable on this replica (%s); using nng",
                         self.ctx.name, exc)
@@ -122,7 +123,7 @@ class RolloutActor(LoopActor):
                 if self._receiver is not None:
                     version, tensors = self._receiver.fetch(weights)
                 else:
-                    version, tensors = self._fetch_nng(weights)
+                    version, tensors = self._fetch_nng(weights, self.run.config.workflow.weight_timeout_s)
             except Refused as exc:  # the trainer's side has no such collective: nng from now on
                 log.warning("%s: weight transport 'collective' unavailable (%s); using nng", self.ctx.name, exc)
                 self._receiver = None
@@ -137,11 +138,11 @@ class RolloutActor(LoopActor):
             self._fetched.set()
 
     @staticmethod
-    def _fetch_nng(weights) -> tuple[int, list]:
+    def _fetch_nng(weights, timeout_s: float) -> tuple[int, list]:
         latest = weights.ask(protocol.GetLatestWeights(), timeout_s=30)
         tensors = []
         for i in range(latest.num_chunks):
-            chunk = weights.ask(protocol.GetWeightChunk(version=latest.version, index=i), timeout_s=120)
+            chunk = weights.ask(protocol.GetWeightChunk(version=latest.version, index=i), timeout_s=timeout_s)
             tensors.extend((n, to_torch(t)) for n, t in zip(chunk.names, chunk.tensors))
         return latest.version, tensors
 

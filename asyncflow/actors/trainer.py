@@ -82,7 +82,7 @@ class TrainerActor(LoopActor):
         self.columns = self.policy.columns
         self._weights = serve_actor(
             WeightSyncActor, WEIGHTS_NAME, ctx.transport, directory_address=ctx.directory_address,
-            replicas=rollout_replicas, substep=cfg.workflow.substep_updates,
+            replicas=rollout_replicas, substep=cfg.workflow.substep_updates, timeout_s=cfg.workflow.weight_timeout_s,
         )
         ctx.directory.register(self._weights.entry())
         self._collector = ctx.ref(COLLECTOR)

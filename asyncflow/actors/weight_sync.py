@@ -42,8 +42,9 @@ WEIGHTS_NAME = "weights"
 class WeightSyncActor(Actor):
     Inbox = protocol.WeightSyncIn
 
-    def __init__(self, ctx, replicas: list[str], substep: bool, chunk_bytes: int = 32 << 20):
+    def __init__(self, ctx, replicas: list[str], substep: bool, chunk_bytes: int = 32 << 20, timeout_s: float = 120.0):
         super().__init__(ctx)
+        self.timeout_s = timeout_s  # of each broadcast of the collective channel
         self.replicas = replicas
         self.substep = substep
         self.chunk_bytes = chunk_bytes
@@ -151,7 +152,8 @@ class WeightSyncActor(Actor):
             sender.close()  # the replica gave up on that group (or restarted): a fresh one
             sender = None
         if sender is None:
-            sender = channel.StreamSender(self.ctx.directory, self.ctx.transport, msg.replica, msg.group, msg.backend)
+            sender = channel.StreamSender(self.ctx.directory, self.ctx.transport, msg.replica, msg.group, msg.backend,
+                                          timeout_s=self.timeout_s)
             self._senders[msg.replica] = sender
         version = self._latest
         if version not in self._layouts:

@@ -60,7 +60,7 @@ def weights(mb: int, tensor_mb: float, chunk_mb: int, scheme: str, repeats: int,
     try:
         ref = client.ref(WEIGHTS_NAME)
         receiver = WeightReceiver(client, transport, "bench.0", torch.device("cpu"))
-        fetchers = {"nng": lambda: RolloutActor._fetch_nng(ref), f"collective ({receiver.backend})": lambda: receiver.fetch(ref)}
+        fetchers = {"nng": lambda: RolloutActor._fetch_nng(ref, 120.0), f"collective ({receiver.backend})": lambda: receiver.fetch(ref)}
         for name, fetch in fetchers.items():
             fetch()  # warm up: connections, the collective's group, the layout
             times, num_bytes = [], 0

@@ -188,6 +188,10 @@ class WorkflowConfig(_Section):
     s - v <= k. Forced to 0 in sync mode."""
     substep_updates: bool = True
     """Rollout replicas swap to new weights one at a time (capacity never drops to 0)."""
+    weight_timeout_s: float = 120.0
+    """How long one step of a weight transfer (a chunk over nng, a broadcast over the
+    collective, building its group) may take before the replica gives up on that
+    version and fetches the next one announced."""
     weight_transport: Literal["nng", "collective"] = "nng"
     """How the weight bytes reach rollout replicas. nng: chunks pulled over the actor
     transport (host-staged). collective: broadcast over a two-member torch.distributed
@@ -356,6 +360,8 @@ def _check(cfg: RunConfig) -> None:
     need(cfg.logging.trace_every_s >= 0, "logging.trace_every_s", cfg.logging.trace_every_s,
          "use 0 (only at the end) or a positive number of seconds")
     need(cfg.cluster.max_resumes >= 0, "cluster.max_resumes", cfg.cluster.max_resumes, "use 0 or more")
+    need(cfg.workflow.weight_timeout_s > 0, "workflow.weight_timeout_s", cfg.workflow.weight_timeout_s,
+         "use a positive number of seconds")
     need(cfg.train.dist_timeout_s > 0, "train.dist_timeout_s", cfg.train.dist_timeout_s, "use a positive number of seconds")
     need(0 <= cfg.train.dist_port < 65536, "train.dist_port", cfg.train.dist_port, "use 0 (any free port) or a port number")
     need(
