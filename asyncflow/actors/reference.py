@@ -10,6 +10,7 @@ Takes: LoopActor messages. Sends: TQ reads and writes.
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
 from asyncflow.actors._acks import DeferredAcks
@@ -30,7 +31,8 @@ class ReferenceActor(LoopActor):
         self.run = Run(run_dir)
         cfg = self.run.config
         set_threads(cfg)
-        self.engine = build_train_engine(cfg.train.engine, self.run.launch.base_model_dir)
+        # the trainer's engine settings, in one process: a reference worker is not a trainer rank
+        self.engine = build_train_engine(msgspec.structs.replace(cfg.train.engine, fsdp=False), self.run.launch.base_model_dir)
         self.temperature = cfg.rollout.sampling.temperature or 1.0
         self.sync = cfg.workflow.mode == "sync"
         self.tq = TQClient(ctx.directory, consumer=ctx.name)

@@ -65,3 +65,21 @@ def test_two_trainer_ranks_train_their_own_groups_and_a_lost_rank_is_healed_by_a
     trained, initial = safetensors.torch.load_file(final), safetensors.torch.load_file(start)
     assert trained.keys() == initial.keys()
     assert any(not torch.equal(trained[k], initial[k]) for k in trained)
+
+
+@pytest.mark.timeout(200)
+def test_ppo_with_a_kl_reference_trains_its_critic_on_both_ranks_too(tmp_path):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path, num_steps=3, changes={
+        "reward": {"functions": ["wf_rewards:length"]},
+        "algorithm": {"name": "ppo", "kl_coef": 0.01},
+        "train": {"num_ranks": 2}, "train.engine": {"fsdp": True}, "critic.engine": {"fsdp": True},
+    }, extra=f'[cluster]\npython_path = ["{HERE}"]\n')
+    proc = afctl("up", str(config), "--run-dir", str(run_dir))
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [int(m["step"]) for m in metrics] == [0, 1, 2]
+    assert all(m["num_ranks"] == 2 and "critic_loss" in m and "kl" in m for m in metrics)
+    final = Path(json.loads((run_dir / "summary.json").read_text())["checkpoint"])
+    assert (final / "critic" / "value_head.safetensors").exists() and (final / "model" / "model.safetensors").exists()
