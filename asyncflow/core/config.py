@@ -357,6 +357,9 @@ def _check(cfg: RunConfig) -> None:
              f"every rank trains whole prompt groups: use a multiple of train.num_ranks ({ranks})")
         need(not cfg.cluster.train_devices or len(cfg.cluster.train_devices) == ranks, "cluster.train_devices",
              cfg.cluster.train_devices, f"give one device per trainer rank ({ranks} ids), or none")
+        need(not cfg.planner.online, "planner.online", cfg.planner.online,
+             "the online planner moves threads and replicas for a one-rank trainer only: set it to false, "
+             "or train.num_ranks = 1")
     need(cfg.logging.trace_every_s >= 0, "logging.trace_every_s", cfg.logging.trace_every_s,
          "use 0 (only at the end) or a positive number of seconds")
     need(cfg.cluster.max_resumes >= 0, "cluster.max_resumes", cfg.cluster.max_resumes, "use 0 or more")

@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
     ("[train]\nnum_ranks = 2", "train.engine.fsdp = False: train.num_ranks = 2 trains data parallel with FSDP2"),
     ("[train]\nnum_ranks = 2\nprompts_per_step = 3\n[train.engine]\nfsdp = true",
      "train.prompts_per_step = 3: every rank trains whole prompt groups: use a multiple of train.num_ranks (2)"),
+    ("[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true\n[planner]\nonline = true",
+     "planner.online = True: the online planner moves threads and replicas for a one-rank trainer only"),
     ("[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true\n[cluster]\ntrain_devices = [0]",
      "cluster.train_devices = [0]: give one device per trainer rank (2 ids), or none"),
     ('[[roles]]\nname = "trainer"\ncls = "m:C"', "roles.name = 'trainer': this name belongs to a built-in role"),
