@@ -44,7 +44,7 @@ class Timeline:
 def role_sort_key(role: str) -> tuple:
     kind, _, index = role.partition(".")
     rank = ROLE_ORDER.index(kind) if kind in ROLE_ORDER else len(ROLE_ORDER)
-    return (rank, kind, int(index) if index.isdigit() else index)
+    return (rank, kind, int(index) if index.isdigit() else -1, index)  # "trainer" before "trainer.1"
 
 
 def run_mode(run_dir: Path) -> str:

@@ -155,7 +155,7 @@ def render(snap: dict) -> str:
 def _order(name: str) -> tuple:
     from asyncflow.cli._runs import role_sort_key
 
-    infra = name.startswith(("tq.", "host.", "directory", "collector", "weights", "planner"))
+    infra = name.startswith(("tq.", "host.", "directory", "collector", "weights", "planner", "dist."))
     return (1 if infra else 0, role_sort_key(name))
 
 

@@ -230,8 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("ASYNCFLOW_LOG", "WARNING"), format=f"[{args.name}] %(levelname)s %(name)s: %(message)s")
     transport = TransportConfig.from_env().validate()
     stopped = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopped.set())
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    if os.environ.get(PARENT_ENV):
+        # Ctrl-C in a terminal reaches every process of the foreground group: a host started
+        # by a driver leaves it to the driver, which stops the roles in order, then the hosts
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGINT, lambda *_: stopped.set())
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the driver's hang report asks for stacks
     directory = DirectoryClient(args.directory, transport)
     host = serve_actor(HostActor, f"host.{args.name}", transport, directory_address=args.directory, stopped=stopped)

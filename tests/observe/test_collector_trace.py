@@ -115,3 +115,13 @@ def test_the_trace_is_rewritten_during_the_run_so_a_live_run_can_be_drawn(tmp_pa
         assert not (tmp_path / "trace.json.tmp").exists()
     finally:
         ref.stop()
+
+
+@pytest.mark.timeout(10)
+def test_roles_sort_in_pipeline_order_with_ranks_and_infrastructure_last():
+    from asyncflow.cli.status import _order
+
+    names = ["dist.trainer", "trainer.1", "tq.manager", "trainer", "rollout.10", "rollout.2", "loader", "weights"]
+    ordered = sorted(names, key=_order)
+    assert ordered[:5] == ["loader", "rollout.2", "rollout.10", "trainer", "trainer.1"]
+    assert set(ordered[5:]) == {"dist.trainer", "tq.manager", "weights"}
