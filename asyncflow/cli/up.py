@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import click
@@ -17,7 +18,8 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
     """Start every role of CONFIG on this machine (or the cluster it names) and train.
 
     Progress is one line per trainer step; RUN_DIR gets config.json, metrics.jsonl,
-    checkpoints/ (Hugging Face format) and summary.json. Ctrl-C stops every process.
+    checkpoints/ (Hugging Face format) and summary.json. Ctrl-C (or SIGTERM) stops
+    every process in order.
     --set KEY=VALUE changes a key of CONFIG for this run (the resolved config is
     saved in RUN_DIR/config.json).
     """
@@ -28,6 +30,10 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
         raise click.UsageError("give a CONFIG file to start a run, or --resume RUN_DIR to continue one (not both)")
     if resume and overrides:
         raise click.UsageError("--set changes a new run's config; a resumed run keeps the config saved in RUN_DIR")
+    def terminate(*_):  # `kill`, a scheduler cancelling the job: the same orderly stop as Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
     try:
         if resume:
             summary = run(None, None, resume=resume)

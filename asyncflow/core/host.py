@@ -6,7 +6,9 @@ starts the actors it is asked for (``StartActors``), registering each by name.
 ``Stop`` stops every actor, unregisters them, and ends the process.
 
 No orphans: the child asks Linux to SIGTERM it when its parent dies
-(``PR_SET_PDEATHSIG``) and stops cleanly on SIGTERM/SIGINT.
+(``PR_SET_PDEATHSIG``) and stops cleanly on SIGTERM (and on SIGINT unless a driver
+started it: Ctrl-C reaches the whole process group, and the driver stops the roles
+in order first).
 SIGUSR1 dumps the Python stack of every thread to stderr (the driver's hang report).
 """
 

@@ -92,14 +92,18 @@ def test_resume_continues_with_the_next_step_and_the_same_queue_contents(tmp_pat
 
 
 @pytest.mark.timeout(200)
-def test_ctrl_c_stops_every_process(tmp_path):
+@pytest.mark.parametrize("how", ["ctrl_c", "sigterm"])
+def test_ctrl_c_stops_every_process(tmp_path, how):
     run_dir = tmp_path / "run"
     # its own process group, like a job in a terminal: Ctrl-C reaches the driver and every host
     proc = afctl("up", str(write_config(tmp_path, num_steps=50)), "--run-dir", str(run_dir), start_new_session=True)
     wait_for_steps(run_dir, proc, 1, 180)
     children = list(child_hosts(proc.pid).values())
     assert len(children) >= 5
-    os.killpg(proc.pid, signal.SIGINT)
+    if how == "ctrl_c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:  # `kill DRIVER_PID`, or a scheduler cancelling the job: the driver alone gets SIGTERM
+        proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     # the driver stops the roles in order: no role fails because the queue vanished under it
