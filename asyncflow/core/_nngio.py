@@ -48,7 +48,14 @@ def send(ctx: pynng.Context, frame: bytearray | bytes) -> None:
 
 
 def recv(ctx: pynng.Context) -> memoryview:
-    msg = ctx.recv_msg()
+    try:
+        msg = ctx.recv_msg()
+    except TypeError:
+        # the socket was closed (actor stopping) between making this context and receiving
+        # on it: pynng has set its handle to None. Say so as nng would.
+        if ctx._context is None:
+            raise pynng.Closed("the socket of this context is closed", _ECLOSED) from None
+        raise
     size = lib.nng_msg_len(msg._nng_msg)
     if size == 0:
         return memoryview(b"")

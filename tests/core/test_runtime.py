@@ -185,3 +185,17 @@ def test_a_lookup_of_an_unknown_name_says_so(tmp_path):
             DirectoryClient(directory.address, transport).lookup("nope", wait_s=0.2)
     finally:
         directory.stop()
+
+
+@pytest.mark.timeout(10)
+def test_receiving_on_a_context_whose_socket_closed_meanwhile_says_closed():
+    """A listener that made a fresh context just before its actor stopped must see
+    Closed (and exit its loop), not a TypeError from pynng's cleared handle."""
+    from asyncflow.core import _nngio
+
+    sock = pynng.Rep0()
+    sock.listen("inproc://af-test-closed-race")
+    ctx = _nngio.new_context(sock)
+    _nngio.close_socket(sock)
+    with pytest.raises(pynng.Closed):
+        _nngio.recv(ctx)
