@@ -18,6 +18,7 @@ def _cell(values) -> protocol.Tensor:
 @pytest.mark.timeout(10)
 def test_the_cache_answers_only_when_it_holds_every_cell_and_forgets_overwritten_and_acked_ones():
     cache = InlineCache(max_bytes=1 << 20)
+    cache.wanted = {"a", "b"}
     cache.on_written([0, 1], ["a", "b"], {"a": [_cell([1]), _cell([2])], "b": [_cell([3]), _cell([4])]})
     got = cache.take([1, 0], ["b", "a"])
     assert [tensors.to_numpy(t).tolist() for t in got["b"]] == [[4], [3]]
@@ -31,12 +32,23 @@ def test_the_cache_answers_only_when_it_holds_every_cell_and_forgets_overwritten
 @pytest.mark.timeout(10)
 def test_the_cache_keeps_to_its_budget_and_copies_cells_out_of_the_received_message():
     cache = InlineCache(max_bytes=16)  # two int64 cells
+    cache.wanted = {"a"}
     frame = bytearray(np.arange(3, dtype=np.int64).tobytes())
     cells = [protocol.Tensor(dtype="int64", shape=[1], data=memoryview(frame)[8 * k: 8 * k + 8]) for k in range(3)]
     cache.on_written([0, 1, 2], ["a"], {"a": cells})
     assert cache.num_bytes == 16 and cache.take([2], ["a"]) == {}
     frame[:] = bytes(len(frame))  # the message buffer reused: the cache's copies are intact
     assert tensors.to_numpy(cache.take([1], ["a"])["a"][0]).tolist() == [1]
+
+
+@pytest.mark.timeout(10)
+def test_the_cache_keeps_only_columns_its_task_asks_for_and_rows_it_has_not_finished():
+    cache = InlineCache()
+    cache.wanted = {"a"}
+    cache.on_written([0, 1], ["a", "z"], {"a": [_cell([1]), _cell([2])], "z": [_cell([3]), _cell([4])]},
+                     skip=lambda i: i == 1)  # row 1 already acked by this task
+    assert cache.take([0], ["a"]) != {} and cache.take([0], ["z"]) == {} and cache.take([1], ["a"]) == {}
+    assert cache.num_bytes == 8
 
 
 @pytest.mark.timeout(10)
@@ -62,6 +74,8 @@ def test_small_rows_come_in_the_reply_big_ones_from_the_shard_both_intact(tmp_pa
     queue = spawn_queue(dc, transport, ["train"], num_shards=1, capacity_rows=64, inline_max_bytes=1024)
     tq = TQClient(dc, reserve_rows=0)
     try:
+        # the controller keeps the small cells of the columns its task has asked for
+        assert tq.get_meta("train", ["x"], 4, partial=True, min_step=99).indices == []
         rng = np.random.default_rng(0)
         small = tq.allocate(4, step=0)
         small_cells = [rng.integers(0, 100, 8) for _ in small]  # 4 x 64 bytes: carried inline

@@ -28,7 +28,7 @@ from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor, Pending
 from asyncflow.core.tq.inline import InlineCache
 from asyncflow.core.tq.notify import Notifier
-from asyncflow.core.tq.state import TaskState, check_filters
+from asyncflow.core.tq.state import ACKED, TaskState, check_filters
 
 
 class _Waiter:
@@ -156,11 +156,13 @@ class ControllerActor(Actor):
         match msg:
             case protocol.RowsWritten(shard=shard, indices=indices, columns=columns, metas=metas, inline=inline):
                 self.state.on_written(shard, indices, columns, metas)
-                self.inline.on_written(indices, columns, inline)
+                # rows this task already finished are never handed out again: keep none of theirs
+                self.inline.on_written(indices, columns, inline, skip=lambda i: self.state.state_of(i) == ACKED)
                 self._serve_waiters()
                 return protocol.Ok()
             case protocol.GetBatch():
                 check_filters(msg.filters)
+                self.inline.wanted.update(msg.columns)  # keep these columns' small cells from now on
                 if msg.ack:
                     self._tell_acked(self.state.ack(msg.consumer, msg.ack))
                 sel = self._select(msg)

@@ -3,8 +3,9 @@ few kilobytes, so a consumer gets them in the GetBatch reply instead of reading
 them from the shard (one round trip less on the latency path of small puts).
 
 A shard adds the cells of a put to its RowsWritten notice when the put is at most
-``INLINE_MAX_BYTES``; the controller keeps them (``InlineCache``) until its task
-acks, discards or forgets the rows, and answers a GetBatch with the requested
+``INLINE_MAX_BYTES``; the controller keeps those of the columns its task has asked
+for (``InlineCache.wanted``: a task's first GetBatch still reads from the shard),
+for rows its task has not finished, until its task acks, discards or forgets them, and answers a GetBatch with the requested
 columns inline when it holds every one of them for every selected row. Anything
 else (a big put, a cache over its budget, a column written again by a big put) is
 read from the shard as before: the cache is an optimisation, never the truth.
@@ -12,7 +13,7 @@ read from the shard as before: the cache is an optimisation, never the truth.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from asyncflow.core import protocol
 
@@ -28,20 +29,22 @@ class InlineCache:
         self.max_bytes = max_bytes
         self.num_bytes = 0
         self._rows: dict[int, dict[str, protocol.Tensor]] = {}
+        self.wanted: set[str] = set()  # columns the task has asked for: only those are kept
 
     def on_written(self, indices: Sequence[int], columns: Iterable[str],
-                   inline: dict[str, list[protocol.Tensor]]) -> None:
-        """Rows ``indices`` got ``columns``; keep the cells sent inline, forget older
-        cells of columns written without them (they were overwritten by a big put)."""
+                   inline: dict[str, list[protocol.Tensor]], skip: Callable[[int], bool] | None = None) -> None:
+        """Rows ``indices`` got ``columns``; keep the cells sent inline (of ``wanted``
+        columns, rows not ``skip``-ped), forget older cells of columns written without
+        them (they were overwritten by a big put)."""
         rows = self._rows
         for name in columns:
-            cells = inline.get(name)
+            cells = inline.get(name) if name in self.wanted else None
             for k, index in enumerate(indices):
                 entry = rows.get(index)
                 old = entry.pop(name, None) if entry is not None else None
                 if old is not None:
                     self.num_bytes -= len(old.data)
-                if cells is None:
+                if cells is None or (skip is not None and skip(index)):
                     continue
                 cell = cells[k]
                 size = len(cell.data)
