@@ -5,8 +5,9 @@ them from the shard (one round trip less on the latency path of small puts).
 A shard adds the cells of a put to its RowsWritten notice when the put is at most
 ``INLINE_MAX_BYTES``; the controller keeps those of the columns its task has asked
 for (``InlineCache.wanted``: a task's first GetBatch still reads from the shard),
-for rows its task has not finished, until its task acks, discards or forgets them, and answers a GetBatch with the requested
-columns inline when it holds every one of them for every selected row. Anything
+for rows its task has not finished, until its task acks, discards or forgets them,
+and answers a GetBatch with the requested columns inline when it holds every one
+of them for every selected row. Anything
 else (a big put, a cache over its budget, a column written again by a big put) is
 read from the shard as before: the cache is an optimisation, never the truth.
 """
