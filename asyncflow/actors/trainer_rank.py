@@ -54,14 +54,14 @@ class TrainerRankActor(LoopActor):
         self.step = self.run.launch.start_step
         self._failed = False
         self._idle_since = time.monotonic()  # between rank 0's commands this rank waits for it
+        self._state = "wait_leader"
 
     @property
     def version(self) -> int:
         return self.step
 
-    def work_once(self) -> bool:
-        self._state = "wait_leader"  # rank 0 drives this rank with TrainPart messages
-        return False
+    def _schedule(self) -> None:
+        """No loop of its own (no units to tick): rank 0 drives this rank with TrainPart."""
 
     def handle(self, msg, pending):
         match msg:
