@@ -15,6 +15,14 @@ updates, replicas swap one at a time). With ``workflow.weight_transport =
 torch.distributed group into buffers on its device (``_weight_channel.py``); where
 the trainer's side has no such collective it falls back to nng.
 
+Version integrity (``workflow.verify_weights``): every row is stamped with the
+weights digest (``engines/digest.py``) of the weights that generated it: the
+engine's own, read back after each swap and checked against the digest of the
+tensors it was sent, or, for an engine that cannot read its weights back, the
+digest of those tensors. A generate call during which the engine's version or
+weights changed fails the unit. The trainer checks each row's digest against the
+version the row is tagged with.
+
 Takes: LoopActor messages + WeightsReady. Sends: GetWeightChunk or StreamWeights,
 AcquireSwap, ReleaseSwap (to ``weights``); TQ reads and writes.
 Invariant: every row a unit took is put before the next unit starts, and acked
@@ -38,6 +46,8 @@ from asyncflow.actors.weight_sync import WEIGHTS_NAME
 from asyncflow.core import protocol
 from asyncflow.core.tensors import to_torch
 from asyncflow.core.tq.client import TQClient
+from asyncflow.engines.device import torch_dtype
+from asyncflow.engines.digest import weights_digest
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +71,10 @@ class RolloutActor(LoopActor):
         self.acks = DeferredAcks(self.tq)
         self._lock = threading.Lock()
         self._wanted = -1  # newest version announced
-        self._staged: tuple[int, list] | None = None  # fetched, not yet swapped in
+        self._staged: tuple[int, list, int] | None = None  # (version, tensors, digest) fetched, not yet swapped in
+        self._verify = cfg.workflow.verify_weights != "off"
+        self._dtype = torch_dtype(cfg.rollout.engine.dtype)
+        self._digest = (self.engine.weights_digest() or 0) if self._verify else 0  # of the weights held
         self._fetching = False
         self._fetched = threading.Event()  # set when a fetch stages new weights
         self._announced = threading.Event()  # set when WeightsReady arrives: wakes a gated wait at once
@@ -133,8 +146,9 @@ class RolloutActor(LoopActor):
                 with self._lock:
                     self._fetching = False
                 return
+            digest = weights_digest(tensors, self._dtype) if self._verify else 0
             with self._lock:
-                self._staged = (version, tensors)
+                self._staged = (version, tensors, digest)
             self._fetched.set()
 
     @staticmethod
@@ -151,15 +165,21 @@ class RolloutActor(LoopActor):
             staged, self._staged = self._staged, None
         if staged is None or staged[0] <= self.engine.version:
             return
-        version, tensors = staged
+        version, tensors, digest = staged
         weights = self.ctx.ref(WEIGHTS_NAME)
         with self.activity("wait_swap"):
             weights.ask(protocol.AcquireSwap(replica=self.ctx.name, version=version), timeout_s=600)
         try:
             with self.activity("swap_weights"):
                 self.engine.load_weights(tensors, version)
+                held = self.engine.weights_digest() if self._verify else None
         finally:
             weights.ask(protocol.ReleaseSwap(replica=self.ctx.name, version=version), timeout_s=30)
+        if held is not None and held != digest:
+            raise RuntimeError(f"{self.ctx.name}: after loading weights v{version} the engine holds weights with digest "
+                               f"{held:x}, not the {digest:x} of the tensors it was sent: its load_weights did not copy "
+                               "every tensor (a name it skips, a dtype it mangles?)")
+        self._digest = held if held is not None else digest
 
     def on_start(self) -> None:
         # a (re)started replica catches up with the newest published weights first
@@ -197,9 +217,11 @@ class RolloutActor(LoopActor):
         groups: dict[int, list[int]] = {}  # group id -> positions in the batch
         for pos, meta in enumerate(batch.metas):
             groups.setdefault(meta.group_id, []).append(pos)
+        version, digest = self.engine.version, self._digest
         with self.activity("generate"):
             prompts = [batch.columns["prompt_ids"][positions[0]].tolist() for positions in groups.values()]
             completions = self.engine.generate(prompts, self.params)  # ordered (prompt, sample)
+        self._check_unchanged(version, digest, completions)
         responses, logps, finish, metas, indices = [], [], [], [], []
         for g, positions in enumerate(groups.values()):
             for j, pos in enumerate(positions):
@@ -207,10 +229,26 @@ class RolloutActor(LoopActor):
                 responses.append(np.asarray(c.response_ids, dtype=np.int64))
                 logps.append(np.asarray(c.logprobs, dtype=np.float32))
                 finish.append(np.asarray([c.finish_reason == "stop"], dtype=np.uint8))
-                metas.append(msgspec.structs.replace(batch.metas[pos], version=c.version, response_len=len(c.response_ids)))
+                metas.append(msgspec.structs.replace(batch.metas[pos], version=c.version, response_len=len(c.response_ids),
+                                                     weights_digest=digest))
                 indices.append(batch.indices[pos])
         with self.activity("put"):
             self.tq.put(indices, {"response_ids": responses, "rollout_logp": logps, "finish": finish}, metas)
         self.acks.add(batch)  # acked inside the next request
         self.num_items += len(batch)
         return True
+
+    def _check_unchanged(self, version: int, digest: int, completions) -> None:
+        """The weights a generate call started with are the ones it ended with, and
+        every completion carries that version: a swap in the middle of a unit (weights
+        loaded from another thread) fails the unit instead of mislabelling its rows."""
+        tags = {c.version for c in completions}
+        if self.engine.version != version or tags - {version}:
+            raise RuntimeError(f"{self.ctx.name}: the engine's version changed during a generate call (v{version} -> "
+                               f"v{self.engine.version}, completions tagged {sorted(tags)}): weights must only swap "
+                               "between units")
+        if self._verify and digest:
+            held = self.engine.weights_digest()
+            if held is not None and held != digest:
+                raise RuntimeError(f"{self.ctx.name}: the engine's weights changed during a generate call at v{version} "
+                                   f"(digest {digest:x} -> {held:x}): weights must only swap between units")

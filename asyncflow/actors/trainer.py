@@ -23,6 +23,14 @@ whole prompt groups and balanced token counts (``dp_size``), tells each other ra
 reads and trains its own part; every rank reads its rows straight from the shards.
 The figures, the weight gather and checkpoint saves are collectives all ranks join.
 
+Version integrity (``workflow.verify_weights``): the trainer keeps the weights
+digest of every version it could still see rows of (its start weights and each
+version it publishes, ``engines/digest.py``) and checks every row's stamp against
+the version the row is tagged with: a mismatch fails the step ("error") or is
+counted in ``weights_mismatch`` ("count"); rows of engines that cannot read their
+weights back before their first swap (and, with several trainer ranks, rows of the
+start weights) count in ``weights_unverified``.
+
 Checkpoints (every ``train.checkpoint_every`` steps and at the end): pause every
 other role (each answers between units, with its rows acked), save the queue, the
 model and optimizer (Hugging Face format) and the roles' states, resume them.
@@ -45,11 +53,14 @@ import numpy as np
 from asyncflow.actors._loop import COLLECTOR, LoopActor
 from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._run import Run, set_threads
+from asyncflow.actors._versions import VersionLedger
 from asyncflow.actors.weight_sync import WEIGHTS_NAME, WeightSyncActor
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
+from asyncflow.engines.device import torch_dtype
+from asyncflow.engines.digest import weights_digest
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +101,11 @@ class TrainerActor(LoopActor):
         self._started = time.monotonic()
         self._num_samples = 0
         self._num_tokens = 0
+        self._verify = cfg.workflow.verify_weights
+        self._rollout_dtype = torch_dtype(cfg.rollout.engine.dtype)
+        self._versions = VersionLedger()  # version -> weights digest, of the versions rows may still carry
+        if self._verify != "off" and not self.ranks:  # with ranks the export is a collective: start rows go unverified
+            self._versions.record(self.step, weights_digest(self.policy.export_weights(), self._rollout_dtype))
 
     @property
     def version(self) -> int:
@@ -113,6 +129,9 @@ class TrainerActor(LoopActor):
             except BatchTimeout:
                 return True
         t0 = time.monotonic()
+        integrity = {}
+        if self._verify != "off":
+            integrity = self._versions.check(self.step, meta.indices, meta.metas, strict=self._verify == "error")
         parts = meta.parts if num_ranks > 1 else [list(range(len(meta.indices)))]
         for ref, positions in zip(self._rank_refs, parts[1:]):  # the other ranks read and train their parts
             ref.tell(protocol.TrainPart(step=self.step, indices=[meta.indices[p] for p in positions],
@@ -126,7 +145,12 @@ class TrainerActor(LoopActor):
         version = self.step + 1
         with self.activity("sync_weights"):
             snapshot = self.policy.export_weights()
-            weight_bytes = self._weights.pykka_ref.proxy().publish(version, snapshot).get()
+            digest = 0
+            if self._verify != "off":
+                digest = weights_digest(snapshot, self._rollout_dtype)
+                self._versions.record(version, digest)
+                self._versions.forget_before(version - cfg.staleness - 1)
+            weight_bytes = self._weights.pykka_ref.proxy().publish(version, snapshot, digest).get()
         self.tq.ack("train", meta.indices)
         self._audit(meta, parts)
         staleness = [self.step - m.version for m in meta.metas]
@@ -138,7 +162,7 @@ class TrainerActor(LoopActor):
             response_len_mean=figures["response_tokens"] / len(meta.indices), total_samples=self._num_samples,
             total_tokens=self._num_tokens, time_s=time.monotonic() - self._started,
             step_time_s=time.monotonic() - t0, staleness_max=max(staleness), staleness_mean=float(np.mean(staleness)),
-            weight_bytes=weight_bytes, num_ranks=num_ranks,
+            weight_bytes=weight_bytes, num_ranks=num_ranks, **integrity,
         )
         self._collector.tell(protocol.StepMetrics(step=self.step, values={k: float(v) for k, v in values.items()}))
         self.num_items += len(mine)

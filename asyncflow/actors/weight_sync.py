@@ -50,6 +50,7 @@ class WeightSyncActor(Actor):
         self.chunk_bytes = chunk_bytes
         self._versions: dict[int, list[protocol.WeightChunk]] = {}
         self._named: dict[int, list] = {}  # the snapshots themselves (the chunks are views of them)
+        self._digests: dict[int, int] = {}  # version -> weights_digest (engines/digest.py), 0 unknown
         self._layouts: dict[int, list[protocol.StreamChunk]] = {}  # collective layout, made on first use
         self._senders: dict = {}  # replica -> its group's rank 0
         self._before_chunk = None  # test hook: called in the sender thread before each chunk
@@ -58,8 +59,9 @@ class WeightSyncActor(Actor):
         self._swap_queue: deque = deque()
 
     # in-process API (called through the pykka proxy by the trainer)
-    def publish(self, version: int, named_tensors: list) -> int:
-        """Stage ``named_tensors`` (cpu snapshots the trainer will not modify) as ``version``."""
+    def publish(self, version: int, named_tensors: list, digest: int = 0) -> int:
+        """Stage ``named_tensors`` (cpu snapshots the trainer will not modify) as
+        ``version``, whose weights digest is ``digest``; announced with it."""
         from asyncflow.engines.base import chunk_by_bytes
 
         chunks = [
@@ -69,12 +71,14 @@ class WeightSyncActor(Actor):
         num_bytes = sum(len(t.data) for c in chunks for t in c.tensors)
         self._versions[version] = chunks
         self._named[version] = list(named_tensors)
+        self._digests[version] = digest
         self._latest = max(self._latest, version)
         for old in sorted(self._versions)[:-2]:
             del self._versions[old]
             self._named.pop(old, None)
+            self._digests.pop(old, None)
             self._layouts.pop(old, None)
-        ready = protocol.WeightsReady(version=version, num_chunks=len(chunks), num_bytes=num_bytes)
+        ready = protocol.WeightsReady(version=version, num_chunks=len(chunks), num_bytes=num_bytes, digest=digest)
         for name in self.replicas:
             try:
                 # fresh lookup: a restarted replica has a new address
@@ -90,7 +94,8 @@ class WeightSyncActor(Actor):
                     return protocol.WeightsReady(version=-1, num_chunks=0, num_bytes=0)
                 chunks = self._versions[self._latest]
                 return protocol.WeightsReady(
-                    version=self._latest, num_chunks=len(chunks), num_bytes=sum(len(t.data) for c in chunks for t in c.tensors)
+                    version=self._latest, num_chunks=len(chunks), num_bytes=sum(len(t.data) for c in chunks for t in c.tensors),
+                    digest=self._digests.get(self._latest, 0),
                 )
             case protocol.GetWeightChunk(version=version, index=index):
                 if version not in self._versions:

@@ -192,6 +192,11 @@ class WorkflowConfig(_Section):
     """How long one step of a weight transfer (a chunk over nng, a broadcast over the
     collective, building its group) may take before the replica gives up on that
     version and fetches the next one announced."""
+    verify_weights: Literal["error", "count", "off"] = "error"
+    """Version integrity: every row carries the digest of the weights that generated it
+    and the trainer checks it against the version the row is tagged with
+    (``engines/digest.py``). error: a mismatch fails the step, naming the row. count:
+    counted in the ``weights_mismatch`` metric. off: no digests."""
     weight_transport: Literal["nng", "collective"] = "nng"
     """How the weight bytes reach rollout replicas. nng: chunks pulled over the actor
     transport (host-staged). collective: broadcast over a two-member torch.distributed

@@ -194,6 +194,7 @@ class RowMeta(msgspec.Struct, kw_only=True, array_like=True):
     version: int = -1
     prompt_len: int = -1
     response_len: int = -1
+    weights_digest: int = 0  # of the weights that generated the row (engines/digest.py); 0: unknown
 
 
 class RowFilter(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -537,6 +538,7 @@ class WeightsReady(_Msg):
     version: int
     num_chunks: int
     num_bytes: int
+    digest: int = 0  # weights_digest of the version (engines/digest.py); 0: unknown
 
 
 class GetLatestWeights(_Msg):

@@ -64,6 +64,12 @@ class RolloutEngine(abc.ABC):
     def version(self) -> int:
         """Policy version of the weights held."""
 
+    def weights_digest(self) -> int | None:
+        """``engines/digest.py``'s digest of the weights held, read back from the
+        model itself; None where the engine cannot read them cheaply (the replica then
+        stamps the digest of the tensors it loaded)."""
+        return None
+
     def close(self) -> None:
         """Free the model and cache."""
 

@@ -101,6 +101,11 @@ class NativeRolloutEngine(RolloutEngine):
     def version(self) -> int:
         return self._version
 
+    def weights_digest(self) -> int:
+        from asyncflow.engines.digest import weights_digest
+
+        return weights_digest(self._params.items())
+
     @property
     def kv_capacity_bytes(self) -> int:
         return self.pool.capacity_bytes

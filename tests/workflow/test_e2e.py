@@ -39,6 +39,8 @@ def test_a_few_steps_run_end_to_end_and_staleness_never_exceeds_k(tmp_path, mode
     assert [int(m["step"]) for m in metrics] == [0, 1, 2, 3]
     assert all(m["staleness_max"] <= staleness for m in metrics)
     assert all(m["samples"] == 4 for m in metrics)
+    # version integrity: every row checked against its tag's weights digest, none off
+    assert all(m["weights_mismatch"] == 0 and m["weights_unverified"] == 0 for m in metrics)
     trained = read_jsonl(run_dir / "trained.jsonl")
     assert all(l["step"] - v <= staleness for l in trained for v in l["versions"])
     assert_trained_exactly_once(run_dir, 4, 2, 2)

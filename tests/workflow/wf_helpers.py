@@ -36,8 +36,8 @@ def wait_for_steps(run_dir: Path, proc, num_steps: int, timeout_s: float) -> Non
     raise AssertionError(f"no {num_steps} steps within {timeout_s} s")
 
 
-def afctl(*args: str, **kwargs) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def afctl(*args: str, env_extra: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
     return subprocess.Popen([sys.executable, "-m", "asyncflow.cli.main", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 

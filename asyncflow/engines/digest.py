@@ -1,0 +1,45 @@
+"""Weights digests: a 63-bit fingerprint of one policy version's weights.
+
+The trainer stamps every version it publishes with the digest of its snapshot; a
+rollout replica stamps every row it generates with the digest of the weights it
+generated with; the trainer checks the two agree for the version the row is tagged
+with (``workflow.verify_weights``). A replica that generates with weights other than
+its tag names, loads a version only in part, or swaps in the middle of a unit is
+caught at the next step, whatever the transport.
+
+The digest hashes each tensor's name, shape and a fixed strided sample of at most
+``SAMPLES`` of its elements, so it costs the same for a 0.5 M or a 70 B model (one
+gather per tensor). Any optimizer step changes essentially every element, so two
+versions never share a sample. Elements are first cast to the rollout engine's
+dtype, then to float32: a float32 trainer and a bfloat16 replica of the same
+version agree (both round the same way), two versions do not.
+
+Invariant: ``weights_digest`` depends only on the (name, tensor) pairs, not on
+their order, device, or memory layout; it is never 0 (0 means "unknown" on rows).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+import torch
+
+SAMPLES = 1024
+"""Elements sampled per tensor (all of them for smaller tensors)."""
+
+
+def weights_digest(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None) -> int:
+    """The digest of a set of named tensors, elements cast to ``dtype`` first."""
+    h = hashlib.blake2b(digest_size=8)
+    for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
+        flat = tensor.detach().reshape(-1)
+        n = flat.numel()
+        if n > SAMPLES:
+            flat = flat[torch.linspace(0, n - 1, SAMPLES, device=flat.device).long()]
+        if dtype is not None and flat.dtype != dtype:
+            flat = flat.to(dtype)
+        h.update(name.encode())
+        h.update(repr(tuple(tensor.shape)).encode())
+        h.update(flat.to(device="cpu", dtype=torch.float32).numpy().tobytes())
+    return (int.from_bytes(h.digest(), "little") >> 1) or 1
