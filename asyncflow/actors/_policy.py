@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -21,6 +22,10 @@ import torch
 
 from asyncflow.actors._batching import token_batch
 from asyncflow.actors._run import Run
+from asyncflow.core.config import AlgorithmConfig
+
+if TYPE_CHECKING:
+    from asyncflow.algorithms.grpo import PolicyLossConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +52,25 @@ def join_trainer_group(ctx, run: Run, rank: int):
     return store
 
 
+def loss_config(alg: AlgorithmConfig) -> PolicyLossConfig:
+    """The policy loss of ``[algorithm]`` (the KL goes to the reward instead with
+    ``kl_in_reward``)."""
+    from asyncflow.algorithms.grpo import PolicyLossConfig
+
+    return PolicyLossConfig(
+        clip_low=alg.clip_eps, clip_high=alg.clip_eps,
+        kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef, kl_estimator=alg.kl_estimator,
+        entropy_coef=alg.entropy_coef,
+        agg="token-mean" if alg.loss_agg == "token_mean" else "seq-mean-token-mean",
+        tis_cap=alg.is_truncation, clip_against=alg.clip_against,
+    )
+
+
 class PolicyUpdate:
     """Engines and loss of one rank; ``train`` runs one optimizer step on this rank's rows."""
 
     def __init__(self, run: Run):
-        from asyncflow.algorithms.grpo import PolicyLossConfig, policy_loss_fn
+        from asyncflow.algorithms.grpo import policy_loss_fn
         from asyncflow.engines.factory import build_train_engine
 
         cfg, launch = run.config, run.launch
@@ -66,13 +85,7 @@ class PolicyUpdate:
             if self.critic is not None:
                 self.critic.load_checkpoint(str(Path(launch.resume_from) / "critic"), with_optimizer=True)
         alg = cfg.algorithm
-        self.loss_fn = policy_loss_fn(PolicyLossConfig(
-            clip_low=alg.clip_eps, clip_high=alg.clip_eps,
-            kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef, kl_estimator=alg.kl_estimator,
-            entropy_coef=alg.entropy_coef,
-            agg="token-mean" if alg.loss_agg == "token_mean" else "seq-mean-token-mean",
-            tis_cap=alg.is_truncation,
-        ))
+        self.loss_fn = policy_loss_fn(loss_config(alg))
         self.temperature = cfg.rollout.sampling.temperature or 1.0
         self.columns = ["prompt_ids", "response_ids", "rollout_logp", "reward"]
         if alg.kl_coef > 0:

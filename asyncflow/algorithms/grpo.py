@@ -2,10 +2,15 @@
 
 Shape legend: B sequences, T tokens.
 
-loss = agg( w * clippedPG(logp, prox, A) + kl_coef * KL(logp || ref) - entropy_coef * H )
-with w the truncated importance weight min(pi_prox / mu, tis_cap) when the batch
-carries ``rollout_logp`` (1 otherwise), prox = ``prox_logp`` when given, else
-``logp.detach()`` (one optimizer step per batch: the ratio is 1 and only w corrects).
+loss = agg( w * clippedPG(logp, old, A) + kl_coef * KL(logp || ref) - entropy_coef * H )
+with prox = ``prox_logp`` when given, else ``logp.detach()`` (one optimizer step per
+batch), and, by ``clip_against``:
+- "proximal" (decoupled PPO): old = prox, w = min(pi_prox / mu, tis_cap) when the
+  batch carries ``rollout_logp`` (1 otherwise); with one step per batch the ratio is
+  1 and only w corrects;
+- "behaviour" (coupled PPO): old = ``rollout_logp`` (mu), w = 1: the trust region is
+  around the policy that generated the samples.
+See docs/algorithms.md.
 
 Invariant: metrics are normalised by the step totals like the loss, so the engine's
 sum over micro-batches is the step mean.
@@ -17,7 +22,7 @@ import msgspec
 import torch
 
 from asyncflow.algorithms.kl import KLEstimator, kl_per_token
-from asyncflow.algorithms.losses import AggMode, aggregate, clipped_policy_loss, entropy_bonus, truncated_is_weights
+from asyncflow.algorithms.losses import AggMode, ClipAgainst, aggregate, clipped_policy_loss, entropy_bonus, truncated_is_weights
 from asyncflow.engines.base import ForwardOutput, LossContext, LossFn, TokenBatch
 
 
@@ -40,7 +45,10 @@ class PolicyLossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     """How per-token losses reduce: token-mean, seq-mean-token-mean, seq-mean-token-sum."""
     tis_cap: float = 2.0
     """Cap of the truncated importance weight pi_prox / mu for stale samples; 0
-    disables the correction."""
+    disables the correction. Unused with clip_against = "behaviour"."""
+    clip_against: ClipAgainst = "proximal"
+    """The ratio's denominator: "proximal" (pi_prox, times the weight above) or
+    "behaviour" (mu = rollout_logp, no separate weight)."""
 
 
 def policy_loss_fn(cfg: PolicyLossConfig) -> LossFn:
@@ -53,9 +61,14 @@ def policy_loss_fn(cfg: PolicyLossConfig) -> LossFn:
         mask_BT = mb.response_mask.float()
         logp_BT = out.logp
         prox_BT = mb.prox_logp if mb.prox_logp is not None else logp_BT.detach()
-        pg_BT, clipped_BT = clipped_policy_loss(logp_BT, prox_BT, mb.advantages, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+        behaviour = cfg.clip_against == "behaviour"
+        if behaviour and mb.rollout_logp is None:
+            raise ValueError('clip_against = "behaviour" needs batch.rollout_logp (the rollout log-probs); '
+                             'or set clip_against = "proximal"')
+        old_BT = mb.rollout_logp if behaviour else prox_BT
+        pg_BT, clipped_BT = clipped_policy_loss(logp_BT, old_BT, mb.advantages, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
         metrics: dict[str, float] = {}
-        if cfg.tis_cap > 0 and mb.rollout_logp is not None:
+        if not behaviour and cfg.tis_cap > 0 and mb.rollout_logp is not None:
             w_BT = truncated_is_weights(prox_BT, mb.rollout_logp, cfg.tis_cap)
             pg_BT = pg_BT * w_BT
             metrics["is_weight"] = float(aggregate(w_BT, mask_BT, "token-mean", ctx))

@@ -11,6 +11,8 @@ The PPO ratio pi/pi_prox is clipped (trust region); the staleness pi_prox/mu is
 corrected by a truncated importance weight min(pi_prox/mu, cap), without gradient
 (decoupled PPO with truncated IS). A sample generated k versions ago therefore
 contributes at most ``cap`` times its on-policy weight, which keeps k > 0 stable.
+Coupled PPO instead clips pi/mu directly (``ClipAgainst``): a trust region around
+the policy that generated the samples.
 
 Invariants:
 - Per-token losses are 0 off ``mask_BT``.
@@ -27,6 +29,9 @@ import torch
 from asyncflow.engines.base import LossContext
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+ClipAgainst = Literal["proximal", "behaviour"]
+"""The PPO ratio's denominator: pi_prox (decoupled PPO, staleness left to the
+importance weight) or mu, the behaviour policy (coupled PPO)."""
 
 MAX_LOG_RATIO = 20.0
 """Log-ratios are clamped to +-20 before exp: no inf, and a weight of e^20 is

@@ -92,6 +92,14 @@ class AlgorithmConfig(_Section):
     """PPO: value clipping range."""
     epochs: int = 1
     """Optimizer passes over each global batch."""
+    clip_against: Literal["proximal", "behaviour"] = "proximal"
+    """What the PPO ratio is clipped against. proximal (decoupled PPO): pi / pi_prox,
+    pi_prox the policy before this update, times the truncated importance weight
+    pi_prox / mu (``is_truncation``); with one optimizer step per batch the ratio is 1
+    and only that weight corrects staleness. behaviour (coupled PPO): pi / mu, mu the
+    rollout policy that generated the sample, with no separate weight
+    (``is_truncation`` unused): a trust region around the data's policy, which limits
+    drift on stale samples. See docs/algorithms.md."""
 
 
 class RolloutConfig(_Section):
