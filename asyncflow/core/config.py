@@ -76,7 +76,10 @@ class AlgorithmConfig(_Section):
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator."""
     kl_in_reward: bool = False
-    """Put the KL penalty into the reward instead of the loss."""
+    """Put the KL penalty into the reward instead of the loss, estimated by
+    ``kl_estimator`` on the rollout log-probs. GRPO: each response's reward minus
+    kl_coef x its KL summed over the response tokens, before the group normalisation.
+    PPO: minus kl_coef x the token's KL on every response token's reward, before GAE."""
     entropy_coef: float = 0.0
     """Entropy bonus weight."""
     loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
