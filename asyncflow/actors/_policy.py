@@ -121,6 +121,11 @@ class PolicyUpdate:
             tb.advantages = self.grpo_advantages(tb, rewards_B, group_ids)
         else:
             out.update(self.ppo_advantages_and_critic(tb, rewards_B))
+        if alg.epochs > 1:
+            # Every epoch's ratio is against the policy before this step's first update
+            # (and the IS weight is pi_old / mu, not pi_now / mu). A collective: every
+            # rank takes this branch, as epochs is the same everywhere.
+            tb.prox_logp = self.engine.forward(tb, temperature=self.temperature).logp
         for _ in range(alg.epochs):
             result = self.engine.train_step(tb, self.loss_fn, temperature=self.temperature)
         out.update(loss=result.loss, grad_norm=result.grad_norm, **result.metrics)

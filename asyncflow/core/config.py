@@ -94,7 +94,9 @@ class AlgorithmConfig(_Section):
     value_clip: float = 0.2
     """PPO: value clipping range."""
     epochs: int = 1
-    """Optimizer passes over each global batch."""
+    """Optimizer passes over each global batch. Above 1, the trainer first recomputes
+    the batch's log-probs (one forward pass, pi_prox) so that every pass clips its
+    ratio against the policy before the first one."""
     clip_against: Literal["proximal", "behaviour"] = "proximal"
     """What the PPO ratio is clipped against. proximal (decoupled PPO): pi / pi_prox,
     pi_prox the policy before this update, times the truncated importance weight
@@ -348,6 +350,7 @@ def _check(cfg: RunConfig) -> None:
         cfg.algorithm.name != "grpo" or cfg.algorithm.group_size >= 2,
         "algorithm.group_size", cfg.algorithm.group_size, "GRPO needs at least 2 responses per prompt",
     )
+    need(cfg.algorithm.epochs >= 1, "algorithm.epochs", cfg.algorithm.epochs, "use 1 or more")
     need(cfg.workflow.staleness >= 0, "workflow.staleness", cfg.workflow.staleness, "use 0 or more")
     need(cfg.train.num_steps >= 1, "train.num_steps", cfg.train.num_steps, "use 1 or more")
     need(cfg.train.prompts_per_step >= 1, "train.prompts_per_step", cfg.train.prompts_per_step, "use 1 or more")
