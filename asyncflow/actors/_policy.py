@@ -22,6 +22,7 @@ import torch
 
 from asyncflow.actors._batching import token_batch
 from asyncflow.actors._run import Run
+from asyncflow.algorithms.off_policy import ratio_quantiles
 from asyncflow.core.config import AlgorithmConfig
 from asyncflow.engines.base import TokenBatch
 
@@ -64,6 +65,7 @@ def loss_config(alg: AlgorithmConfig) -> PolicyLossConfig:
         entropy_coef=alg.entropy_coef,
         agg="token-mean" if alg.loss_agg == "token_mean" else "seq-mean-token-mean",
         tis_cap=alg.is_truncation, clip_against=alg.clip_against,
+        is_level=alg.is_level, is_mask_low=alg.is_mask_low, is_mask_high=alg.is_mask_high,
     )
 
 
@@ -86,7 +88,8 @@ class PolicyUpdate:
             if self.critic is not None:
                 self.critic.load_checkpoint(str(Path(launch.resume_from) / "critic"), with_optimizer=True)
         alg = cfg.algorithm
-        self.loss_fn = policy_loss_fn(loss_config(alg))
+        self.log_ratios: list[torch.Tensor] = []  # per micro-batch, of the step's first pass
+        self.loss_fn = policy_loss_fn(loss_config(alg), log_ratio_sink=self.log_ratios)
         self.temperature = cfg.rollout.sampling.temperature or 1.0
         self.columns = ["prompt_ids", "response_ids", "rollout_logp", "reward"]
         if alg.kl_coef > 0:
@@ -121,15 +124,25 @@ class PolicyUpdate:
             tb.advantages = self.grpo_advantages(tb, rewards_B, group_ids)
         else:
             out.update(self.ppo_advantages_and_critic(tb, rewards_B))
+        out.update(self.update(tb))
+        return out
+
+    def update(self, tb: TokenBatch) -> dict[str, float]:
+        """``algorithm.epochs`` optimizer steps on the batch; the last step's figures,
+        with the quantiles of pi_prox / mu over this rank's response tokens."""
+        alg = self.cfg.algorithm
         if alg.epochs > 1:
             # Every epoch's ratio is against the policy before this step's first update
             # (and the IS weight is pi_old / mu, not pi_now / mu). A collective: every
             # rank takes this branch, as epochs is the same everywhere.
             tb.prox_logp = self.engine.forward(tb, temperature=self.temperature).logp
-        for _ in range(alg.epochs):
+        self.log_ratios.clear()
+        for epoch in range(alg.epochs):
             result = self.engine.train_step(tb, self.loss_fn, temperature=self.temperature)
-        out.update(loss=result.loss, grad_norm=result.grad_norm, **result.metrics)
-        return out
+            if epoch == 0:  # before any update: the mismatch of the data as it came
+                quantiles = ratio_quantiles(torch.cat(self.log_ratios)) if self.log_ratios else {}
+            self.log_ratios.clear()
+        return {"loss": result.loss, "grad_norm": result.grad_norm, **result.metrics, **quantiles}
 
     def grpo_advantages(self, tb: TokenBatch, rewards_B: torch.Tensor, group_ids: list[int]) -> torch.Tensor:
         """advantages_BT: each row's reward (minus kl_coef times its sequence KL to the
