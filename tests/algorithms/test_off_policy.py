@@ -141,3 +141,12 @@ def test_ratio_quantiles_are_nearest_rank_quantiles_of_the_token_ratios():
     log_r_N = torch.log(torch.arange(1, 102, dtype=torch.float32))  # ratios 1..101
     assert ratio_quantiles(log_r_N) == pytest.approx({"ratio_p05": 6.0, "ratio_p50": 51.0, "ratio_p95": 96.0})
     assert ratio_quantiles(torch.zeros(0)) == {}
+
+
+def test_a_mask_bound_of_zero_leaves_that_side_open():
+    # Ratios 3 and 0.2: a lower bound alone drops only the 0.2, an upper bound alone only the 3.
+    out, mb = one_row([math.log(0.6), math.log(0.1)], advantages=[1.0] * 2, rollout_logp=[math.log(0.2), math.log(0.5)])
+    ctx = LossContext(num_tokens=2, num_seqs=1)
+    for low, high in ((0.5, 0.0), (0.0, 2.0)):
+        loss, metrics = policy_loss_fn(PolicyLossConfig(tis_cap=0.0, is_mask_low=low, is_mask_high=high))(out, mb, ctx)
+        assert metrics["is_masked_frac"] == 0.5
