@@ -148,5 +148,5 @@ def test_a_mask_bound_of_zero_leaves_that_side_open():
     out, mb = one_row([math.log(0.6), math.log(0.1)], advantages=[1.0] * 2, rollout_logp=[math.log(0.2), math.log(0.5)])
     ctx = LossContext(num_tokens=2, num_seqs=1)
     for low, high in ((0.5, 0.0), (0.0, 2.0)):
-        loss, metrics = policy_loss_fn(PolicyLossConfig(tis_cap=0.0, is_mask_low=low, is_mask_high=high))(out, mb, ctx)
+        _, metrics = policy_loss_fn(PolicyLossConfig(tis_cap=0.0, is_mask_low=low, is_mask_high=high))(out, mb, ctx)
         assert metrics["is_masked_frac"] == 0.5
