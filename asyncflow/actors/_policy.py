@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -21,6 +22,12 @@ import torch
 
 from asyncflow.actors._batching import token_batch
 from asyncflow.actors._run import Run
+from asyncflow.algorithms.off_policy import ratio_quantiles
+from asyncflow.core.config import AlgorithmConfig
+from asyncflow.engines.base import TokenBatch
+
+if TYPE_CHECKING:
+    from asyncflow.algorithms.grpo import PolicyLossConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +54,26 @@ def join_trainer_group(ctx, run: Run, rank: int):
     return store
 
 
+def loss_config(alg: AlgorithmConfig) -> PolicyLossConfig:
+    """The policy loss of ``[algorithm]`` (the KL goes to the reward instead with
+    ``kl_in_reward``)."""
+    from asyncflow.algorithms.grpo import PolicyLossConfig
+
+    return PolicyLossConfig(
+        clip_low=alg.clip_eps, clip_high=alg.clip_eps,
+        kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef, kl_estimator=alg.kl_estimator,
+        entropy_coef=alg.entropy_coef,
+        agg="token-mean" if alg.loss_agg == "token_mean" else "seq-mean-token-mean",
+        tis_cap=alg.is_truncation, clip_against=alg.clip_against,
+        is_level=alg.is_level, is_mask_low=alg.is_mask_low, is_mask_high=alg.is_mask_high,
+    )
+
+
 class PolicyUpdate:
     """Engines and loss of one rank; ``train`` runs one optimizer step on this rank's rows."""
 
     def __init__(self, run: Run):
-        from asyncflow.algorithms.grpo import PolicyLossConfig, policy_loss_fn
+        from asyncflow.algorithms.grpo import policy_loss_fn
         from asyncflow.engines.factory import build_train_engine
 
         cfg, launch = run.config, run.launch
@@ -66,13 +88,8 @@ class PolicyUpdate:
             if self.critic is not None:
                 self.critic.load_checkpoint(str(Path(launch.resume_from) / "critic"), with_optimizer=True)
         alg = cfg.algorithm
-        self.loss_fn = policy_loss_fn(PolicyLossConfig(
-            clip_low=alg.clip_eps, clip_high=alg.clip_eps,
-            kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef, kl_estimator=alg.kl_estimator,
-            entropy_coef=alg.entropy_coef,
-            agg="token-mean" if alg.loss_agg == "token_mean" else "seq-mean-token-mean",
-            tis_cap=alg.is_truncation,
-        ))
+        self.log_ratios: list[torch.Tensor] = []  # per micro-batch, of the step's first pass
+        self.loss_fn = policy_loss_fn(loss_config(alg), log_ratio_sink=self.log_ratios)
         self.temperature = cfg.rollout.sampling.temperature or 1.0
         self.columns = ["prompt_ids", "response_ids", "rollout_logp", "reward"]
         if alg.kl_coef > 0:
@@ -90,8 +107,6 @@ class PolicyUpdate:
 
     def train(self, columns: dict[str, list], group_ids: list[int]) -> dict[str, float]:
         """One step on this rank's rows (``columns[name][b]``, prompt group ``group_ids[b]``)."""
-        from asyncflow.algorithms.advantages import broadcast_to_tokens, grpo_advantages
-
         alg = self.cfg.algorithm
         per_token = {"rollout_logp": columns["rollout_logp"]}
         if "ref_logp" in columns:
@@ -99,32 +114,71 @@ class PolicyUpdate:
         tb, _ = token_batch(columns["prompt_ids"], columns["response_ids"], per_token)
         rewards_B = self.rewards(columns)
         out: dict[str, float] = {}
-        if alg.name == "grpo":
-            groups: dict[int, list[int]] = {}
-            for pos, group in enumerate(group_ids):
-                groups.setdefault(group, []).append(pos)
-            order = [pos for positions in groups.values() for pos in positions]
-            G = alg.group_size
-            adv_GN = grpo_advantages(rewards_B[order].view(-1, G), divide_by_std=alg.std_normalize)
-            adv_B = torch.empty_like(rewards_B)
-            adv_B[order] = adv_GN.reshape(-1)
-            tb.advantages = broadcast_to_tokens(adv_B, tb.response_mask)
-        else:
-            from asyncflow.algorithms.ppo import PPOConfig, critic_loss_fn, ppo_advantages
+        if alg.kl_in_reward and alg.kl_coef > 0:
+            from asyncflow.algorithms.kl import kl_per_token
 
-            ppo = PPOConfig(
-                gamma=alg.gamma, lam=alg.lam, value_clip=alg.value_clip, kl_estimator=alg.kl_estimator,
-                kl_in_reward_coef=alg.kl_coef if alg.kl_in_reward else 0.0,
-            )
-            values_BT = self.critic.forward(tb).values
-            tb.advantages, tb.returns = ppo_advantages(ppo, rewards_B, values_BT, tb.response_mask, tb.rollout_logp, tb.ref_logp)
-            tb.old_values = values_BT
-            critic_result = self.critic.train_step(tb, critic_loss_fn(ppo))
-            out.update(critic_loss=critic_result.loss, **{f"critic_{k}": v for k, v in critic_result.metrics.items()})
-        for _ in range(alg.epochs):
-            result = self.engine.train_step(tb, self.loss_fn, temperature=self.temperature)
-        out.update(loss=result.loss, grad_norm=result.grad_norm, **result.metrics)
+            mask_BT = tb.response_mask
+            kl_BT = kl_per_token(tb.rollout_logp, tb.ref_logp, alg.kl_estimator) * mask_BT
+            out["kl"] = float(kl_BT.sum() / mask_BT.sum().clamp(min=1.0))  # this rank's token mean
+        if alg.name == "grpo":
+            tb.advantages = self.grpo_advantages(tb, rewards_B, group_ids)
+        else:
+            out.update(self.ppo_advantages_and_critic(tb, rewards_B))
+        out.update(self.update(tb))
         return out
+
+    def update(self, tb: TokenBatch) -> dict[str, float]:
+        """``algorithm.epochs`` optimizer steps on the batch; the last step's figures,
+        with the quantiles of pi_prox / mu over this rank's response tokens."""
+        alg = self.cfg.algorithm
+        if alg.epochs > 1:
+            # Every epoch's ratio is against the policy before this step's first update
+            # (and the IS weight is pi_old / mu, not pi_now / mu). A collective: every
+            # rank takes this branch, as epochs is the same everywhere.
+            tb.prox_logp = self.engine.forward(tb, temperature=self.temperature).logp
+        self.log_ratios.clear()
+        for epoch in range(alg.epochs):
+            result = self.engine.train_step(tb, self.loss_fn, temperature=self.temperature)
+            if epoch == 0:  # before any update: the mismatch of the data as it came
+                quantiles = ratio_quantiles(torch.cat(self.log_ratios)) if self.log_ratios else {}
+            self.log_ratios.clear()
+        return {"loss": result.loss, "grad_norm": result.grad_norm, **result.metrics, **quantiles}
+
+    def grpo_advantages(self, tb: TokenBatch, rewards_B: torch.Tensor, group_ids: list[int]) -> torch.Tensor:
+        """advantages_BT: each row's reward (minus kl_coef times its sequence KL to the
+        reference with ``kl_in_reward``) normalised within its prompt group."""
+        from asyncflow.algorithms.advantages import broadcast_to_tokens, grpo_advantages
+        from asyncflow.algorithms.kl import kl_penalized_rewards
+
+        alg = self.cfg.algorithm
+        if alg.kl_in_reward and alg.kl_coef > 0:
+            rewards_B = kl_penalized_rewards(rewards_B, tb.rollout_logp, tb.ref_logp, tb.response_mask,
+                                             alg.kl_coef, alg.kl_estimator)
+        groups: dict[int, list[int]] = {}
+        for pos, group in enumerate(group_ids):
+            groups.setdefault(group, []).append(pos)
+        order = [pos for positions in groups.values() for pos in positions]
+        adv_GN = grpo_advantages(rewards_B[order].view(-1, alg.group_size), divide_by_std=alg.std_normalize)
+        adv_B = torch.empty_like(rewards_B)
+        adv_B[order] = adv_GN.reshape(-1)
+        return broadcast_to_tokens(adv_B, tb.response_mask)
+
+    def ppo_advantages_and_critic(self, tb: TokenBatch, rewards_B: torch.Tensor) -> dict[str, float]:
+        """Sets the batch's advantages, returns and old values (GAE on the critic's
+        values, the KL in the token rewards with ``kl_in_reward``), then trains the
+        critic one step; returns its figures."""
+        from asyncflow.algorithms.ppo import PPOConfig, critic_loss_fn, ppo_advantages
+
+        alg = self.cfg.algorithm
+        ppo = PPOConfig(
+            gamma=alg.gamma, lam=alg.lam, value_clip=alg.value_clip, kl_estimator=alg.kl_estimator,
+            kl_in_reward_coef=alg.kl_coef if alg.kl_in_reward else 0.0,
+        )
+        values_BT = self.critic.forward(tb).values
+        tb.advantages, tb.returns = ppo_advantages(ppo, rewards_B, values_BT, tb.response_mask, tb.rollout_logp, tb.ref_logp)
+        tb.old_values = values_BT
+        critic_result = self.critic.train_step(tb, critic_loss_fn(ppo))
+        return {"critic_loss": critic_result.loss, **{f"critic_{k}": v for k, v in critic_result.metrics.items()}}
 
     def batch_figures(self, columns: dict[str, list]) -> dict[str, float]:
         """Rows, tokens and rewards of the global batch: this rank's, summed (max for

@@ -1,6 +1,7 @@
 """RL algorithms as pure functions on tensors: ``advantages`` (GRPO, GAE), ``kl``
-(k1/k2/k3), ``losses`` (clipped policy and value losses, aggregation, truncated
-importance weights), ``grpo`` / ``ppo`` (loss assembly for a training engine),
+(k1/k2/k3), ``losses`` (clipped policy and value losses, aggregation),
+``off_policy`` (importance weights and masks between the rollout and the trainer's
+policy, mismatch figures), ``grpo`` / ``ppo`` (loss assembly for a training engine),
 ``rewards`` (rule-based and custom by dotted path), ``tasks`` (the tiny verifiable
 task). Nothing is imported at package level.
 """

@@ -2,10 +2,17 @@
 
 Shape legend: B sequences, T tokens.
 
-loss = agg( w * clippedPG(logp, prox, A) + kl_coef * KL(logp || ref) - entropy_coef * H )
-with w the truncated importance weight min(pi_prox / mu, tis_cap) when the batch
-carries ``rollout_logp`` (1 otherwise), prox = ``prox_logp`` when given, else
-``logp.detach()`` (one optimizer step per batch: the ratio is 1 and only w corrects).
+loss = agg( keep * w * clippedPG(logp, old, A) + kl_coef * KL(logp || ref) - entropy_coef * H )
+with prox = ``prox_logp`` when given, else ``logp.detach()`` (one optimizer step per
+batch), rho = pi_prox / mu per token or per sequence (``is_level``), and, by
+``clip_against``:
+- "proximal" (decoupled PPO): old = prox, w = min(rho, tis_cap); with one step per
+  batch the ratio is 1 and only w corrects;
+- "behaviour" (coupled PPO): old = ``rollout_logp`` (mu), w = 1: the trust region is
+  around the policy that generated the samples.
+keep = 1 where is_mask_low <= rho <= is_mask_high (0 bounds: none), else 0. Without
+``rollout_logp`` in the batch, w = keep = 1.
+See docs/algorithms.md.
 
 Invariant: metrics are normalised by the step totals like the loss, so the engine's
 sum over micro-batches is the step mean.
@@ -17,7 +24,10 @@ import msgspec
 import torch
 
 from asyncflow.algorithms.kl import KLEstimator, kl_per_token
-from asyncflow.algorithms.losses import AggMode, aggregate, clipped_policy_loss, entropy_bonus, truncated_is_weights
+from asyncflow.algorithms.losses import AggMode, aggregate, clipped_policy_loss, entropy_bonus
+from asyncflow.algorithms.off_policy import (
+    ClipAgainst, ISLevel, is_log_ratio, keep_mask, mismatch_kl, truncated_weights,
+)
 from asyncflow.engines.base import ForwardOutput, LossContext, LossFn, TokenBatch
 
 
@@ -40,12 +50,48 @@ class PolicyLossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     """How per-token losses reduce: token-mean, seq-mean-token-mean, seq-mean-token-sum."""
     tis_cap: float = 2.0
     """Cap of the truncated importance weight pi_prox / mu for stale samples; 0
-    disables the correction."""
+    disables the correction. Unused with clip_against = "behaviour"."""
+    clip_against: ClipAgainst = "proximal"
+    """The ratio's denominator: "proximal" (pi_prox, times the weight above) or
+    "behaviour" (mu = rollout_logp, no separate weight)."""
+    is_level: ISLevel = "token"
+    """The weight and the mask per token, or per sequence (the product of its token
+    ratios on each of its tokens)."""
+    is_mask_low: float = 0.0
+    """Tokens (sequences) whose pi_prox / mu is below this are dropped from the
+    policy-gradient term; 0: no lower bound."""
+    is_mask_high: float = 0.0
+    """... or above this; 0: no upper bound (both 0: no mask)."""
+
+    @property
+    def masking(self) -> bool:
+        return self.is_mask_low > 0 or self.is_mask_high > 0
 
 
-def policy_loss_fn(cfg: PolicyLossConfig) -> LossFn:
+def off_policy_factor(cfg: PolicyLossConfig, prox_BT: torch.Tensor, mu_BT: torch.Tensor, mask_BT: torch.Tensor,
+                      ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+    """The per-token factor of the policy-gradient term (truncated weight times keep
+    mask, no gradient) and the mismatch figures, as step means."""
+    log_r_BT = is_log_ratio(prox_BT, mu_BT, mask_BT, cfg.is_level)
+    factor_BT = torch.ones_like(log_r_BT)
+    metrics = {"mismatch_kl": float(aggregate(mismatch_kl(prox_BT, mu_BT), mask_BT, "token-mean", ctx))}
+    if cfg.clip_against == "proximal" and cfg.tis_cap > 0:
+        factor_BT = truncated_weights(log_r_BT, cfg.tis_cap)
+        metrics["is_weight"] = float(aggregate(factor_BT, mask_BT, "token-mean", ctx))
+        metrics["is_truncated_frac"] = float(aggregate((factor_BT >= cfg.tis_cap).float(), mask_BT, "token-mean", ctx))
+    dropped_BT = torch.zeros_like(log_r_BT)
+    if cfg.masking:
+        keep_BT = keep_mask(log_r_BT, cfg.is_mask_low, cfg.is_mask_high if cfg.is_mask_high > 0 else float("inf"))
+        factor_BT, dropped_BT = factor_BT * keep_BT, 1.0 - keep_BT
+    metrics["is_masked_frac"] = float(aggregate(dropped_BT, mask_BT, "token-mean", ctx))
+    return factor_BT, metrics
+
+
+def policy_loss_fn(cfg: PolicyLossConfig, log_ratio_sink: list[torch.Tensor] | None = None) -> LossFn:
     """The ``loss_fn`` for ``TrainEngine.train_step``. The batch needs
-    ``advantages`` (and ``rollout_logp``, ``ref_logp`` as the config asks)."""
+    ``advantages`` (and ``rollout_logp``, ``ref_logp`` as the config asks).
+    ``log_ratio_sink``: a list that gets, per call, the per-token log(pi_prox / mu)
+    of the micro-batch's response tokens (cpu, [N]), for quantiles over the step."""
 
     def loss_fn(out: ForwardOutput, mb: TokenBatch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         if mb.advantages is None:
@@ -53,13 +99,18 @@ def policy_loss_fn(cfg: PolicyLossConfig) -> LossFn:
         mask_BT = mb.response_mask.float()
         logp_BT = out.logp
         prox_BT = mb.prox_logp if mb.prox_logp is not None else logp_BT.detach()
-        pg_BT, clipped_BT = clipped_policy_loss(logp_BT, prox_BT, mb.advantages, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+        behaviour = cfg.clip_against == "behaviour"
+        if behaviour and mb.rollout_logp is None:
+            raise ValueError('clip_against = "behaviour" needs batch.rollout_logp (the rollout log-probs); '
+                             'or set clip_against = "proximal"')
+        old_BT = mb.rollout_logp if behaviour else prox_BT
+        pg_BT, clipped_BT = clipped_policy_loss(logp_BT, old_BT, mb.advantages, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
         metrics: dict[str, float] = {}
-        if cfg.tis_cap > 0 and mb.rollout_logp is not None:
-            w_BT = truncated_is_weights(prox_BT, mb.rollout_logp, cfg.tis_cap)
-            pg_BT = pg_BT * w_BT
-            metrics["is_weight"] = float(aggregate(w_BT, mask_BT, "token-mean", ctx))
-            metrics["is_truncated_frac"] = float(aggregate((w_BT >= cfg.tis_cap).float(), mask_BT, "token-mean", ctx))
+        if mb.rollout_logp is not None:
+            factor_BT, metrics = off_policy_factor(cfg, prox_BT, mb.rollout_logp, mask_BT, ctx)
+            pg_BT = pg_BT * factor_BT
+            if log_ratio_sink is not None:
+                log_ratio_sink.append((prox_BT - mb.rollout_logp).detach()[mask_BT > 0].float().cpu())
         loss_BT = pg_BT
         metrics["pg_loss"] = float(aggregate(pg_BT.detach(), mask_BT, cfg.agg, ctx))
         metrics["clip_frac"] = float(aggregate(clipped_BT, mask_BT, "token-mean", ctx))

@@ -1,4 +1,4 @@
-"""Policy and value losses, entropy bonus, loss aggregation, off-policy correction.
+"""Policy and value losses, entropy bonus, loss aggregation.
 
 Shape legend: B sequences, T tokens.
 
@@ -9,8 +9,10 @@ Three log-probs of the same sampled tokens meet here:
 - ``logp``: the trainer's current log-probs, with gradient.
 The PPO ratio pi/pi_prox is clipped (trust region); the staleness pi_prox/mu is
 corrected by a truncated importance weight min(pi_prox/mu, cap), without gradient
-(decoupled PPO with truncated IS). A sample generated k versions ago therefore
-contributes at most ``cap`` times its on-policy weight, which keeps k > 0 stable.
+(decoupled PPO with truncated IS; ``off_policy``). A sample generated k versions ago
+therefore contributes at most ``cap`` times its on-policy weight, which keeps k > 0
+stable. Coupled PPO instead clips pi/mu directly: a trust region around the policy
+that generated the samples.
 
 Invariants:
 - Per-token losses are 0 off ``mask_BT``.
@@ -54,12 +56,6 @@ def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: AggMode = "tok
     has_tokens_B = (mask_BT.sum(dim=1) > 0).float()
     denom = ctx.num_seqs / ctx.dp_size if ctx else has_tokens_B.sum().clamp(min=1.0)
     return (per_seq_B * has_tokens_B).sum() / denom
-
-
-def truncated_is_weights(prox_logp_BT: torch.Tensor, rollout_logp_BT: torch.Tensor, cap: float) -> torch.Tensor:
-    """min(pi_prox / mu, cap), no gradient."""
-    log_w_BT = (prox_logp_BT - rollout_logp_BT).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    return torch.exp(log_w_BT).clamp(max=cap)
 
 
 def clipped_policy_loss(

@@ -12,6 +12,7 @@ Docs of every key: ``docs/config.md`` (generated from these docstrings by
 
 from __future__ import annotations
 
+import logging
 import os
 import tomllib
 from pathlib import Path
@@ -21,6 +22,9 @@ import msgspec
 
 from asyncflow.core.transport import TransportConfig
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams, TrainEngineConfig
+
+
+log = logging.getLogger(__name__)
 
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -76,14 +80,19 @@ class AlgorithmConfig(_Section):
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator."""
     kl_in_reward: bool = False
-    """Put the KL penalty into the reward instead of the loss."""
+    """Put the KL penalty into the reward instead of the loss, estimated by
+    ``kl_estimator`` on the rollout log-probs. GRPO: each response's reward minus
+    kl_coef x its KL summed over the response tokens, before the group normalisation.
+    PPO: minus kl_coef x the token's KL on every response token's reward, before GAE."""
     entropy_coef: float = 0.0
     """Entropy bonus weight."""
     loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
     """Aggregate the per-token loss by token mean or by sequence mean."""
     is_truncation: float = 2.0
-    """Off-policy correction: cap of the importance weight between the trainer's
-    current policy and the rollout policy of stale samples (0 disables)."""
+    """Off-policy correction: cap of the importance weight pi_prox / mu between the
+    trainer's policy before the update and the rollout policy of stale samples (0
+    disables; with ``clip_against = "proximal"`` only). Per token or per sequence by
+    ``is_level``."""
     gamma: float = 1.0
     """PPO: discount."""
     lam: float = 0.95
@@ -91,7 +100,30 @@ class AlgorithmConfig(_Section):
     value_clip: float = 0.2
     """PPO: value clipping range."""
     epochs: int = 1
-    """Optimizer passes over each global batch."""
+    """Optimizer passes over each global batch. Above 1, the trainer first recomputes
+    the batch's log-probs (one forward pass, pi_prox) so that every pass clips its
+    ratio against the policy before the first one."""
+    clip_against: Literal["proximal", "behaviour"] = "proximal"
+    """What the PPO ratio is clipped against. proximal (decoupled PPO): pi / pi_prox,
+    pi_prox the policy before this update, times the truncated importance weight
+    pi_prox / mu (``is_truncation``); with one optimizer step per batch the ratio is 1
+    and only that weight corrects staleness. behaviour (coupled PPO): pi / mu, mu the
+    rollout policy that generated the sample, with no separate weight
+    (``is_truncation`` unused): a trust region around the data's policy, which limits
+    drift on stale samples. See docs/algorithms.md."""
+    is_level: Literal["token", "sequence"] = "token"
+    """Level of the importance ratio pi_prox / mu used by ``is_truncation`` and the
+    mask: each token's own, or one per sequence (the product of its token ratios,
+    exp of the sum of their logs over the response) on every token of it."""
+    is_mask_low: float = 0.0
+    """Masked importance sampling (IcePop style): tokens (whole sequences with
+    ``is_level = "sequence"``) whose pi_prox / mu is below this are dropped from the
+    policy-gradient term; counted in the metric ``is_masked_frac``. 0: no lower
+    bound; otherwise below 1 (e.g. 0.5)."""
+    is_mask_high: float = 0.0
+    """Masked importance sampling: tokens (sequences) whose pi_prox / mu is above this
+    are dropped too. 0: no upper bound; otherwise above 1 (e.g. 2.0). Both bounds 0:
+    no mask."""
 
 
 class RolloutConfig(_Section):
@@ -332,16 +364,19 @@ class ConfigError(ValueError):
     """A config value is wrong; the message names the key and the fix."""
 
 
-def _check(cfg: RunConfig) -> None:
-    def need(ok: bool, key: str, value, fix: str) -> None:
-        if not ok:
-            raise ConfigError(f"{key} = {value!r}: {fix}")
+def _need(ok: bool, key: str, value, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key} = {value!r}: {fix}")
 
+
+def _check(cfg: RunConfig) -> None:
+    need = _need
     need(cfg.algorithm.group_size >= 1, "algorithm.group_size", cfg.algorithm.group_size, "use 1 or more")
     need(
         cfg.algorithm.name != "grpo" or cfg.algorithm.group_size >= 2,
         "algorithm.group_size", cfg.algorithm.group_size, "GRPO needs at least 2 responses per prompt",
     )
+    _check_algorithm(cfg.algorithm)
     need(cfg.workflow.staleness >= 0, "workflow.staleness", cfg.workflow.staleness, "use 0 or more")
     need(cfg.train.num_steps >= 1, "train.num_steps", cfg.train.num_steps, "use 1 or more")
     need(cfg.train.prompts_per_step >= 1, "train.prompts_per_step", cfg.train.prompts_per_step, "use 1 or more")
@@ -411,6 +446,30 @@ def _check(cfg: RunConfig) -> None:
     for key, devices, count in (("rollout_devices", cfg.cluster.rollout_devices, cfg.rollout.num_replicas),
                                 ("reference_devices", cfg.cluster.reference_devices, cfg.reference.num_workers)):
         need(not devices or len(devices) == count, f"cluster.{key}", devices, f"give one device id per worker ({count})")
+
+
+def _check_algorithm(alg: AlgorithmConfig) -> None:
+    need = _need
+    need(alg.epochs >= 1, "algorithm.epochs", alg.epochs, "use 1 or more")
+    need(alg.is_truncation >= 0, "algorithm.is_truncation", alg.is_truncation,
+         "use 0 (no importance weight) or a cap such as 2.0")
+    need(0 <= alg.is_mask_low < 1, "algorithm.is_mask_low", alg.is_mask_low,
+         "use 0 (no lower bound) or a ratio below 1 such as 0.5")
+    need(alg.is_mask_high == 0 or alg.is_mask_high > 1, "algorithm.is_mask_high", alg.is_mask_high,
+         "use 0 (no upper bound) or a ratio above 1 such as 2.0")
+
+
+def _warn(cfg: RunConfig) -> None:
+    """Loud warnings for configs that are valid but likely wrong."""
+    alg = cfg.algorithm
+    uncorrected = (alg.is_truncation == 0 and alg.is_mask_low == 0 and alg.is_mask_high == 0
+                   and alg.clip_against == "proximal")
+    if cfg.staleness > 0 and uncorrected:
+        log.warning(
+            "workflow.staleness = %d in async mode trains on samples up to %d policy versions old, with no "
+            "off-policy correction: set algorithm.is_truncation (e.g. 2.0), algorithm.is_mask_low / "
+            "algorithm.is_mask_high (e.g. 0.5 / 2.0) or algorithm.clip_against = \"behaviour\" "
+            "(see docs/algorithms.md)", cfg.staleness, cfg.staleness)
 
 
 def _struct_at(path: str) -> type | None:
@@ -496,6 +555,7 @@ def load_config_text(text: str, source: str = "<string>", overrides: Sequence[st
     except msgspec.ValidationError as exc:
         raise _format_error(exc, source) from None
     _check(cfg)
+    _warn(cfg)
     return cfg
 
 

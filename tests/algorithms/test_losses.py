@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from asyncflow.algorithms.losses import aggregate, clipped_policy_loss, clipped_value_loss, entropy_bonus, truncated_is_weights
+from asyncflow.algorithms.losses import aggregate, clipped_policy_loss, clipped_value_loss, entropy_bonus
 from asyncflow.engines.base import LossContext
 
 
@@ -58,12 +58,6 @@ def test_aggregation_with_step_totals_sums_to_the_step_mean_across_micro_batches
     assert part.item() == pytest.approx(6 / 8 * 2)  # FSDP then averages over the 2 ranks
     part = aggregate(torch.tensor([[1.0, 2.0, 3.0]]), torch.ones(1, 3), "seq-mean-token-mean", ctx)
     assert part.item() == pytest.approx(2 / 4 * 2)
-
-
-def test_truncated_importance_weights_by_hand():
-    prox = torch.log(torch.tensor([0.6, 0.2, 0.5]))
-    rollout = torch.log(torch.tensor([0.2, 0.4, 0.5]))
-    assert truncated_is_weights(prox, rollout, cap=2.0).tolist() == pytest.approx([2.0, 0.5, 1.0])
 
 
 def test_entropy_bonus_rewards_entropy():

@@ -1,0 +1,35 @@
+"""A PolicyUpdate on the tiny model, and queue-like columns for it, without a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from tiny_config import tiny_config_text
+
+from asyncflow.actors._policy import PolicyUpdate
+from asyncflow.actors._run import LaunchInfo
+from asyncflow.core.config import load_config_text
+
+
+def policy_update(model_dir: Path, changes: dict[str, dict[str, Any]]) -> PolicyUpdate:
+    """PolicyUpdate of examples/tiny.toml with ``changes`` (``{"algorithm": {...}}``)."""
+    cfg = load_config_text(tiny_config_text(changes))
+    launch = LaunchInfo(model_dir=str(model_dir), base_model_dir=str(model_dir), data_path="")
+    return PolicyUpdate(SimpleNamespace(config=cfg, launch=launch))
+
+
+def columns(prompts: list[list[int]], responses: list[list[int]], rewards: list[float],
+            rollout_logp: list[list[float]], ref_logp: list[list[float]] | None = None) -> dict[str, list]:
+    """Rows as the trainer reads them from the queue."""
+    out = {
+        "prompt_ids": [np.array(p, dtype=np.int64) for p in prompts],
+        "response_ids": [np.array(r, dtype=np.int64) for r in responses],
+        "rollout_logp": [np.array(lp, dtype=np.float32) for lp in rollout_logp],
+        "reward": [np.array([r], dtype=np.float32) for r in rewards],
+    }
+    if ref_logp is not None:
+        out["ref_logp"] = [np.array(lp, dtype=np.float32) for lp in ref_logp]
+    return out
