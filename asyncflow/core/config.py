@@ -165,8 +165,9 @@ class TrainConfig(_Section):
 class EvalConfig(_Section):
     """Evaluation of the policy on held-out prompts during the run (docs/metrics.md,
     ``val/*``). The trainer evaluates in its own process, with a private native
-    rollout engine on its device holding the weights it has just published; only
-    trainer rank 0 evaluates."""
+    rollout engine on its device holding the weights it has just published (whatever
+    ``rollout.engine.type``; its KV cache: ``rollout.engine.kv_cache_bytes``, or 64 MiB);
+    only trainer rank 0 evaluates, the other ranks wait for it."""
 
     every_steps: int = 0
     """Evaluate after every this many trainer steps and after the last one; 0 disables

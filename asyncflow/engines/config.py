@@ -85,8 +85,9 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     """AdamW learning rate (the peak, with a schedule)."""
     lr_warmup_steps: int = 0
     """Optimizer steps of linear warmup: step k (0-based) of the first this many uses
-    ``lr * (k + 1) / lr_warmup_steps``. 0: no warmup. In a run an optimizer step is a
-    trainer step (times ``algorithm.epochs`` when above 1)."""
+    ``lr * (k + 1) / lr_warmup_steps``. 0: no warmup. In a run the policy takes one
+    optimizer step per trainer step and epoch (``algorithm.epochs``), the PPO critic one
+    per trainer step."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
     """After warmup: constant keeps ``lr``; cosine decays it along half a cosine to
     ``lr * lr_min_ratio`` at the run's last optimizer step. The lr is a function of the
