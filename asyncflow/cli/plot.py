@@ -65,6 +65,11 @@ def plot(run_dirs: tuple[Path, ...], png: Path, window: int) -> None:
         click.echo(f"{label}: {len(rows)} steps, reward {rows[0]['reward_mean']:.3f} -> {rows[-1]['reward_mean']:.3f}, "
                    f"{sum(r['samples'] for r in rows) / max(rows[-1]['time_s'], 1e-9):.1f} samples/s overall, "
                    f"last step {rate[-1]:.1f} samples/s")
+        evals = [r for r in rows if "val/accuracy" in r]
+        if evals:
+            top = max(evals, key=lambda r: r["val/accuracy"])
+            click.echo(f"{label}: held-out accuracy best {top['val/accuracy']:.3f} after step {int(top['step']) + 1}, "
+                       f"last {evals[-1]['val/accuracy']:.3f}")
     click.echo(f"wrote {png}")
 
 

@@ -151,7 +151,7 @@ def test_a_run_evaluates_every_n_steps_keeps_the_best_weights_and_never_trains_a
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     # after the second step (metrics step 1) and after the last one (step 2)
     assert [int(m["step"]) for m in metrics if "val/accuracy" in m] == [1, 2]
-    assert out.count("val acc") == 2
+    assert out.count("val acc") == 2 and "held-out accuracy: best" in out
     assert [m["lr"] for m in metrics] == pytest.approx([lr_at(TrainEngineConfig(**schedule), k, 3) for k in range(3)])
     summary = json.loads((run_dir / "summary.json").read_text())
     evals = {int(m["step"]): m["val/accuracy"] for m in metrics if "val/accuracy" in m}
