@@ -45,7 +45,6 @@ from asyncflow.engines.hf import TOKENIZER_FILES, load_model
 from asyncflow.engines.lr_schedule import lr_at
 
 
-
 class _Net(torch.nn.Module):
     """The HF causal LM, plus a scalar value head for a critic."""
 
