@@ -78,11 +78,14 @@ class PolicyUpdate:
 
         cfg, launch = run.config, run.launch
         self.cfg = cfg
-        self.engine = build_train_engine(cfg.train.engine, launch.model_dir)
+        # the lr schedule runs over optimizer steps: one per epoch of each trainer step (the critic: one per step)
+        self.engine = build_train_engine(cfg.train.engine, launch.model_dir,
+                                         total_steps=cfg.train.num_steps * cfg.algorithm.epochs)
         self.critic = None
         if cfg.algorithm.name == "ppo":
             critic_dir = Path(launch.resume_from) / "critic" if launch.resume_from else Path(launch.model_dir)
-            self.critic = build_train_engine(msgspec.structs.replace(cfg.critic.engine, critic=True), critic_dir)
+            self.critic = build_train_engine(msgspec.structs.replace(cfg.critic.engine, critic=True), critic_dir,
+                                             total_steps=cfg.train.num_steps)
         if launch.resume_from:
             self.engine.load_checkpoint(str(Path(launch.resume_from) / "model"), with_optimizer=True)
             if self.critic is not None:

@@ -6,13 +6,19 @@
       model/ data.jsonl    the tiny model and task data, when the config builds them
       metrics.jsonl        one object per trainer step
       checkpoints/step_N/  Hugging Face model + optimizer, queue/, roles.msgpack
+      checkpoints/best     link to best_N/ (weights of the best evaluation, [eval]), best.json
       summary.json         written at the end
+
+Prompts: with ``[eval] every_steps > 0`` the data file is split once, by a pure
+function of (data, ``eval.num_prompts``, ``data.seed``): the loader trains on one
+part only and the trainer evaluates on the other (``split_prompts``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 import msgspec
@@ -70,3 +76,59 @@ def read_prompts(path: str) -> list[dict]:
     if not rows:
         raise ValueError(f"{path} has no rows")
     return rows
+
+
+def split_prompts(prompts: list[str], num_heldout: int, seed: int) -> tuple[list[int], list[int]]:
+    """(training rows, held-out rows) of a data file with these prompts.
+
+    ``num_heldout`` distinct prompt texts are drawn with ``seed``; every row with one of
+    them is left out of training (a prompt that repeats in the file is held out
+    everywhere), and the first row of each is a held-out row. ``num_heldout = 0``:
+    every row trains, none is held out. Rows keep their file order in both lists."""
+    if num_heldout == 0:
+        return list(range(len(prompts))), []
+    distinct = list(dict.fromkeys(prompts))
+    if num_heldout >= len(distinct):
+        raise ValueError(
+            f"eval.num_prompts = {num_heldout}: the data has only {len(distinct)} distinct prompts, so none "
+            f"would be left to train on; hold out fewer (at most {len(distinct) - 1}, say {max(1, len(distinct) // 5)}), "
+            "or give more data"
+        )
+    chosen = set(random.Random(seed * 1_000_003 + 17).sample(distinct, num_heldout))
+    train = [i for i, p in enumerate(prompts) if p not in chosen]
+    first: dict[str, int] = {}
+    for i, p in enumerate(prompts):
+        if p in chosen:
+            first.setdefault(p, i)
+    return train, sorted(first.values())
+
+
+class PromptOrder:
+    """Which prompt of a pool of ``size`` feeds group ``g`` of step ``s``: position
+    ``s * prompts_per_step + g`` of an endless sequence of epochs, each a permutation
+    of the pool drawn from ``seed`` (or the pool in order, without shuffle). A pure
+    function of its arguments, so a resumed run continues with the same prompts."""
+
+    def __init__(self, size: int, prompts_per_step: int, shuffle: bool, seed: int):
+        self.size, self.prompts_per_step, self.shuffle, self.seed = size, prompts_per_step, shuffle, seed
+        self._orders: dict[int, list[int]] = {}
+
+    def index(self, step: int, group: int) -> int:
+        epoch, pos = divmod(step * self.prompts_per_step + group, self.size)
+        if not self.shuffle:
+            return pos
+        if epoch not in self._orders:  # one permutation per epoch, drawn once
+            order = list(range(self.size))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._orders = {epoch: order}
+        return self._orders[epoch][pos]
+
+
+def encode_prompt(tokenizer, prompt: str, chat_template: bool):
+    """The prompt's token ids (int64), through the chat template when ``data.chat_template``."""
+    import numpy as np
+
+    from asyncflow.engines.tiny import encode_chat_prompt
+
+    ids = encode_chat_prompt(tokenizer, prompt) if chat_template else tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return np.asarray(ids, dtype=np.int64)

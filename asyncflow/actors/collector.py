@@ -168,8 +168,9 @@ class CollectorActor(Actor):
 def progress_line(v: dict[str, float], num_steps: int, busy: dict[str, float]) -> str:
     t = max(v["time_s"], 1e-9)
     roles = " ".join(f"{r.split('.')[0][:7]}{'' if r.count('.') == 0 else r.split('.')[-1]}={f:.2f}" for r, f in sorted(busy.items()))
+    val = f" | val acc {v['val/accuracy']:.3f}" if "val/accuracy" in v else ""
     return (
-        f"step {int(v['step']) + 1:>4}/{num_steps} | reward {v['reward_mean']:.3f} | "
+        f"step {int(v['step']) + 1:>4}/{num_steps} | reward {v['reward_mean']:.3f}{val} | "
         f"{v['total_samples'] / t:7.1f} samples/s | {v['total_tokens'] / t:8.0f} tok/s | "
         f"stale<={int(v['staleness_max'])} | resp {v['response_len_mean']:.1f} tok | busy {roles}"
     )

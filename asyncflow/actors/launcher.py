@@ -368,6 +368,18 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
     if (rd / "metrics.jsonl").exists():
         raise ConfigError(f"run directory {rd} already holds a run: resume it with `afctl up --resume {rd}` or choose another --run-dir")
     rd.mkdir(parents=True, exist_ok=True)
+    data_path = cfg.data.path
+    if not data_path:
+        from asyncflow.algorithms.tasks import write_jsonl
+
+        data_path = str(write_jsonl(rd / "data.jsonl", cfg.data.num_prompts, seed=cfg.data.seed, task=cfg.data.task))
+    if cfg.eval.every_steps:  # the held-out split must leave prompts to train on: say so now, not in the loader
+        from asyncflow.actors._run import read_prompts, split_prompts
+
+        try:
+            split_prompts([str(r["prompt"]) for r in read_prompts(data_path)], cfg.eval.num_prompts, cfg.data.seed)
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (data: {data_path})") from None
     model_dir = cfg.model.path
     if not model_dir:
         from asyncflow.algorithms.tasks import make_task_model
@@ -375,11 +387,6 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
         click.echo(f"building the tiny {cfg.model.tiny} model into {rd / 'model'} ...")
         model_dir = str(make_task_model(rd / "model", seed=cfg.seed, arch=cfg.model.tiny, task=cfg.data.task,
                                         warm_start_steps=cfg.model.tiny_warm_start_steps if cfg.model.tiny_warm_start else 0))
-    data_path = cfg.data.path
-    if not data_path:
-        from asyncflow.algorithms.tasks import write_jsonl
-
-        data_path = str(write_jsonl(rd / "data.jsonl", cfg.data.num_prompts, seed=cfg.data.seed, task=cfg.data.task))
     launch = LaunchInfo(model_dir=os.path.abspath(model_dir), base_model_dir=os.path.abspath(model_dir),
                         data_path=os.path.abspath(data_path))
     (rd / "config.json").write_text(dump_config(cfg))
@@ -497,4 +504,21 @@ def summarize(rd: Path, cfg: RunConfig, stats: dict[str, protocol.RoleStats], wa
         "pipeline_efficiency": min(1.0, max(busy.values(), default=0.0) / max(span, 1e-9)),
         "restarts": restarts,
         "checkpoint": result.checkpoint if result else "",
+        **val_summary(rd, rows),
+    }
+
+
+def val_summary(rd: Path, rows: list[dict]) -> dict:
+    """The evaluations' figures: the best (that of checkpoints/best when saved) and the last."""
+    from asyncflow.actors._eval import read_best
+
+    evals = [r for r in rows if "val/accuracy" in r]
+    best = read_best(rd)
+    if best is None and evals:
+        top = max(evals, key=lambda r: r["val/accuracy"])  # the first of equals, as the trainer keeps it
+        best = {"value": top["val/accuracy"], "step": top["step"]}
+    return {
+        "val_best_accuracy": best["value"] if best else None,
+        "val_best_step": int(best["step"]) if best else None,
+        "val_final_accuracy": evals[-1]["val/accuracy"] if evals else None,
     }

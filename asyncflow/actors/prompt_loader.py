@@ -5,19 +5,20 @@ Each unit allocates ``prompts_per_step`` groups of ``group_size`` rows for step 
 and ``answer`` (utf-8 bytes as uint8) into every row of a group.
 
 Takes: the LoopActor messages. Sends: Allocate/PutRows via TQClient.
-Invariant: the prompt of (step s, group g) is a pure function of (seed, s, g), so
-a resumed run continues with exactly the prompts it would have had.
+Invariants:
+- The prompt of (step s, group g) is a pure function of (seed, s, g) (``PromptOrder``),
+  so a resumed run continues with exactly the prompts it would have had.
+- With ``[eval] every_steps > 0`` only the training part of ``split_prompts`` is ever
+  loaded: a held-out prompt is never trained on.
 """
 
 from __future__ import annotations
-
-import random
 
 import msgspec
 import numpy as np
 
 from asyncflow.actors._loop import LoopActor
-from asyncflow.actors._run import Run, read_prompts
+from asyncflow.actors._run import PromptOrder, Run, encode_prompt, read_prompts, split_prompts
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import QueueFull
 
@@ -30,31 +31,15 @@ class PromptLoaderActor(LoopActor):
         cfg = self.run.config
         tokenizer = self.run.tokenizer()
         rows = read_prompts(self.run.launch.data_path)
-        self.prompt_ids = [self._encode(tokenizer, r["prompt"], cfg.data.chat_template) for r in rows]
+        heldout = cfg.eval.num_prompts if cfg.eval.every_steps else 0
+        train, _ = split_prompts([str(r["prompt"]) for r in rows], heldout, cfg.data.seed)
+        rows = [rows[i] for i in train]
+        self.prompt_ids = [encode_prompt(tokenizer, r["prompt"], cfg.data.chat_template) for r in rows]
         self.answers = [np.frombuffer(str(r["answer"]).encode(), dtype=np.uint8) for r in rows]
         state = self.run.role_state(ctx.name)
         self.next_step = msgspec.msgpack.decode(state) if state else self.run.launch.start_step
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
-        self._orders: dict[int, list[int]] = {}
-
-    @staticmethod
-    def _encode(tokenizer, prompt: str, chat: bool) -> np.ndarray:
-        from asyncflow.engines.tiny import encode_chat_prompt
-
-        ids = encode_chat_prompt(tokenizer, prompt) if chat else tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        return np.asarray(ids, dtype=np.int64)
-
-    def _prompt_index(self, step: int, group: int) -> int:
-        cfg = self.run.config
-        flat = step * cfg.train.prompts_per_step + group
-        epoch, pos = divmod(flat, len(self.prompt_ids))
-        if not cfg.data.shuffle:
-            return pos
-        if epoch not in self._orders:  # one permutation per epoch, drawn once
-            order = list(range(len(self.prompt_ids)))
-            random.Random(cfg.data.seed * 1_000_003 + epoch).shuffle(order)
-            self._orders = {epoch: order}
-        return self._orders[epoch][pos]
+        self.order = PromptOrder(len(rows), cfg.train.prompts_per_step, cfg.data.shuffle, cfg.data.seed)
 
     def resumable_state(self) -> bytes:
         return msgspec.msgpack.encode(self.next_step)
@@ -72,7 +57,7 @@ class PromptLoaderActor(LoopActor):
         with self.activity("load"):
             ids, answers = [], []
             for pos, meta in enumerate(metas):  # rows come group by group
-                k = self._prompt_index(self.next_step, pos // G)
+                k = self.order.index(self.next_step, pos // G)
                 ids.append(self.prompt_ids[k])
                 answers.append(self.answers[k])
                 meta.prompt_len = len(self.prompt_ids[k])

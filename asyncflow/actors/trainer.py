@@ -31,6 +31,12 @@ counted in ``weights_mismatch`` ("count"); rows of engines that cannot read thei
 weights back before their first swap (and, with several trainer ranks, rows of the
 start weights) count in ``weights_unverified``.
 
+Evaluation (``eval.every_steps``, ``actors/_eval.py``): after publishing version v,
+when v is a multiple of ``every_steps`` or the last, rank 0 evaluates that snapshot
+on the held-out prompts in this process (activity "eval"), adds ``val/*`` to the
+step's metrics, and on a new best ``val/accuracy`` saves it as ``checkpoints/best``.
+The other ranks wait for it in the next step's collectives.
+
 Checkpoints (every ``train.checkpoint_every`` steps and at the end): pause every
 other role (each answers between units, with its rows acked), save the queue, the
 model and optimizer (Hugging Face format) and the roles' states, resume them.
@@ -106,6 +112,14 @@ class TrainerActor(LoopActor):
         self._versions = VersionLedger()  # version -> weights digest, of the versions rows may still carry
         if self._verify != "off" and not self.ranks:  # with ranks the export is a collective: start rows go unverified
             self._versions.record(self.step, weights_digest(self.policy.export_weights(), self._rollout_dtype))
+        self._evaluator = None
+        self._best = float("-inf")  # best val/accuracy so far (kept across a resume by best.json)
+        if cfg.eval.every_steps:
+            from asyncflow.actors._eval import Evaluator, read_best
+
+            self._evaluator = Evaluator(self.run)
+            best = read_best(self.run.dir)
+            self._best = best["value"] if best else float("-inf")
 
     @property
     def version(self) -> int:
@@ -114,6 +128,8 @@ class TrainerActor(LoopActor):
     def on_stop(self) -> None:
         super().on_stop()
         self._weights.stop()
+        if self._evaluator is not None:
+            self._evaluator.close()
 
     # -- one step ----------------------------------------------------------------------
     def work_once(self) -> bool:
@@ -164,6 +180,9 @@ class TrainerActor(LoopActor):
             step_time_s=time.monotonic() - t0, staleness_max=max(staleness), staleness_mean=float(np.mean(staleness)),
             weight_bytes=weight_bytes, num_ranks=num_ranks, **integrity,
         )
+        eval_every = cfg.eval.every_steps
+        if eval_every and (version % eval_every == 0 or version == cfg.train.num_steps):
+            values.update(self._evaluate(snapshot, version))
         self._collector.tell(protocol.StepMetrics(step=self.step, values={k: float(v) for k, v in values.items()}))
         self.num_items += len(mine)
         self.step = version
@@ -172,6 +191,20 @@ class TrainerActor(LoopActor):
             with self.activity("checkpoint"):
                 self.checkpoint()
         return True
+
+    def _evaluate(self, snapshot, version: int) -> dict[str, float]:
+        """``val/*`` of the policy just published (version ``self.step + 1``); a new best is saved."""
+        t0 = time.monotonic()
+        with self.activity("eval"):
+            values = self._evaluator.evaluate(snapshot, version)
+            if self.run.config.eval.save_best and values["val/accuracy"] > self._best:
+                from asyncflow.actors._eval import save_best
+
+                path = save_best(self.run.dir, snapshot, self.run.launch.model_dir, self.step, values)
+                self._best = values["val/accuracy"]
+                log.info("step %d: val/accuracy %.3f, a new best: %s", self.step, self._best, path)
+        values["val/time_s"] = time.monotonic() - t0
+        return values
 
     def _audit(self, meta: protocol.BatchMeta, parts: list[list[int]]) -> None:
         """RUN_DIR/trained.jsonl: which rows (and prompt groups) each step trained on,

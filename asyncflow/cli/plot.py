@@ -1,6 +1,7 @@
 """``afctl plot RUN_DIR [RUN_DIR...] --png out.png``: the metrics of one or more runs
 overlaid (one colour per run): reward, response length, samples/s, staleness and
-busy fractions, each over trainer steps (left) and over wall time (right)."""
+busy fractions, each over trainer steps (left) and over wall time (right), and the
+held-out evaluations (``val/accuracy``, ``val/pass_at_k``) when a run has them."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ PANELS = [  # (title, function of a run's metrics -> y values)
     ("staleness (max, steps)", "staleness_max"),
     ("busy fraction per role", "busy"),
 ]
+VAL_PANEL = ("held-out accuracy (val/accuracy; dashed: val/pass_at_k)", "val")
+VAL_KEYS = (("val/accuracy", "-"), ("val/pass_at_k", "--"))
 ROLE_STYLES = ["-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1))]
 
 
@@ -62,6 +65,11 @@ def plot(run_dirs: tuple[Path, ...], png: Path, window: int) -> None:
         click.echo(f"{label}: {len(rows)} steps, reward {rows[0]['reward_mean']:.3f} -> {rows[-1]['reward_mean']:.3f}, "
                    f"{sum(r['samples'] for r in rows) / max(rows[-1]['time_s'], 1e-9):.1f} samples/s overall, "
                    f"last step {rate[-1]:.1f} samples/s")
+        evals = [r for r in rows if "val/accuracy" in r]
+        if evals:
+            top = max(evals, key=lambda r: r["val/accuracy"])
+            click.echo(f"{label}: held-out accuracy best {top['val/accuracy']:.3f} after step {int(top['step']) + 1}, "
+                       f"last {evals[-1]['val/accuracy']:.3f}")
     click.echo(f"wrote {png}")
 
 
@@ -71,17 +79,25 @@ def draw(runs: list[tuple[str, list[dict]]], png: Path, window: int = 1) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(PANELS), 2, figsize=(13, 2.3 * len(PANELS) + 0.6), squeeze=False)
+    panels = PANELS + ([VAL_PANEL] if any("val/accuracy" in r for _, rows in runs for r in rows) else [])
+    fig, axes = plt.subplots(len(panels), 2, figsize=(13, 2.3 * len(panels) + 0.6), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for k, (label, rows) in enumerate(runs):
         colour = colours[k % len(colours)]
         steps = [r["step"] for r in rows]
         times = [r["time_s"] for r in rows]
         series = {"samples_per_s": samples_per_s(rows)}
-        for row, (title, key) in enumerate(PANELS):
+        for row, (title, key) in enumerate(panels):
             for col, xs in enumerate((steps, times)):
                 ax = axes[row, col]
-                if key == "busy":
+                if key == "val":  # sparse points: the steps that evaluated, not smoothed
+                    for name, style in VAL_KEYS:
+                        points = [(x, r[name]) for x, r in zip(xs, rows) if name in r]
+                        if points:
+                            ax.plot(*zip(*points), color=colour, linestyle=style, marker="o", markersize=3,
+                                    linewidth=1.2, label=f"{label}: {name}" if col == 0 else None)
+                    ax.set_ylim(-0.02, 1.02)
+                elif key == "busy":
                     roles = sorted({m.removeprefix("busy/") for r in rows for m in r if m.startswith("busy/")})
                     for j, role in enumerate(roles):
                         ys = [r.get(f"busy/{role}", float("nan")) for r in rows]
@@ -97,7 +113,10 @@ def draw(runs: list[tuple[str, list[dict]]], png: Path, window: int = 1) -> None
     axes[-1, 0].set_xlabel("trainer step")
     axes[-1, 1].set_xlabel("wall time since the trainer started (s)")
     axes[0, 0].legend(fontsize=8)
-    axes[-1, 0].legend(fontsize=7, ncol=2)
+    keys = [key for _, key in panels]
+    for key, columns in (("busy", 2), ("val", 1)):
+        if key in keys and (ax := axes[keys.index(key), 0]).get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, ncol=columns)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=100)

@@ -51,3 +51,6 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
         f"reward {summary['reward_first_10pct']:.3f} (first 10%) -> {summary['reward_last_10pct']:.3f} (last 10%), "
         f"staleness <= {summary['staleness_max']}; checkpoint {summary['checkpoint']}"
     )
+    if summary.get("val_best_accuracy") is not None:  # [eval]: steps counted as in the progress lines
+        click.echo(f"held-out accuracy: best {summary['val_best_accuracy']:.3f} after step {summary['val_best_step'] + 1}, "
+                   f"last {summary['val_final_accuracy']:.3f}")

@@ -194,6 +194,36 @@ class TrainConfig(_Section):
     """Save a Hugging Face checkpoint and the queue state every N steps (0: at the end only)."""
 
 
+class EvalConfig(_Section):
+    """Evaluation of the policy on held-out prompts during the run (docs/metrics.md,
+    ``val/*``). The trainer evaluates in its own process, with a private native
+    rollout engine on its device holding the weights it has just published (whatever
+    ``rollout.engine.type``; its KV cache: ``rollout.engine.kv_cache_bytes``, or 64 MiB);
+    only trainer rank 0 evaluates, the other ranks wait for it."""
+
+    every_steps: int = 0
+    """Evaluate after every this many trainer steps and after the last one; 0 disables
+    evaluation (and the held-out split: every prompt is trained on)."""
+    num_prompts: int = 100
+    """Held-out prompts: this many distinct prompts drawn (with ``data.seed``) from the
+    data file; every row with one of them is left out of training. The data must have
+    more distinct prompts than this (the built-in ``add`` task has 100)."""
+    mode: Literal["greedy", "pass_at_k"] = "greedy"
+    """greedy: one response per prompt at temperature 0. pass_at_k: ``k`` responses per
+    prompt at ``rollout.sampling.temperature``; a prompt passes if any is correct."""
+    k: int = 4
+    """Responses per prompt in pass_at_k mode."""
+    max_new_tokens: int = 0
+    """Most response tokens; 0: ``rollout.sampling.max_new_tokens``."""
+    correct_reward: float = 0.999
+    """A response counts as correct when its reward (``reward.functions`` with
+    ``reward.weights``) is at least this. The built-in tasks give 1.0 to an exact answer."""
+    save_best: bool = True
+    """At each evaluation whose ``val/accuracy`` beats every earlier one, save the
+    weights (a Hugging Face directory, no optimizer) to ``checkpoints/best_<version>``
+    and point the link ``checkpoints/best`` at it (``checkpoints/best.json`` says which)."""
+
+
 class QueueConfig(_Section):
     """TransferQueue."""
 
@@ -342,6 +372,7 @@ class RunConfig(_Section):
     reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
     critic: CriticConfig = msgspec.field(default_factory=CriticConfig)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
+    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     queue: QueueConfig = msgspec.field(default_factory=QueueConfig)
     workflow: WorkflowConfig = msgspec.field(default_factory=WorkflowConfig)
     cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
@@ -431,6 +462,20 @@ def _check(cfg: RunConfig) -> None:
              "roles.name", r.name, "this name belongs to a built-in role; choose another")
         need(not r.reward_column or bool(r.task), "roles.reward_column", r.reward_column,
              f"role {r.name!r} must also set `task` (the queue task it reads rows from)")
+    for key, engine in (("train.engine", cfg.train.engine), ("critic.engine", cfg.critic.engine)):
+        need(engine.lr_warmup_steps >= 0, f"{key}.lr_warmup_steps", engine.lr_warmup_steps, "use 0 (no warmup) or more")
+        need(0.0 <= engine.lr_min_ratio <= 1.0, f"{key}.lr_min_ratio", engine.lr_min_ratio,
+             "use a fraction of lr between 0 and 1")
+    ev = cfg.eval
+    need(ev.every_steps >= 0, "eval.every_steps", ev.every_steps, "use 0 (no evaluation) or a number of steps")
+    if ev.every_steps:
+        need(ev.num_prompts >= 1, "eval.num_prompts", ev.num_prompts, "use 1 or more held-out prompts")
+        need(ev.k >= 1, "eval.k", ev.k, "use 1 or more responses per prompt")
+        need(ev.max_new_tokens >= 0, "eval.max_new_tokens", ev.max_new_tokens,
+             "use 0 (rollout.sampling.max_new_tokens) or a number of tokens")
+        need(ev.mode != "pass_at_k" or cfg.rollout.sampling.temperature > 0, "eval.mode", ev.mode,
+             "pass_at_k samples at rollout.sampling.temperature, which is 0 (greedy): every sample would be "
+             "the same; use mode = 'greedy' or a temperature above 0")
     need(cfg.planner.patience_steps >= 1, "planner.patience_steps", cfg.planner.patience_steps, "use 1 or more")
     need(cfg.planner.measure_steps >= 1, "planner.measure_steps", cfg.planner.measure_steps, "use 1 or more")
     need(cfg.planner.train_threads >= 0, "planner.train_threads", cfg.planner.train_threads,

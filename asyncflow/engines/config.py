@@ -82,7 +82,18 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     dtype: DType = "float32"
     """Parameter dtype (optimizer states follow it)."""
     lr: float = 1e-5
-    """AdamW learning rate."""
+    """AdamW learning rate (the peak, with a schedule)."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps of linear warmup: step k (0-based) of the first this many uses
+    ``lr * (k + 1) / lr_warmup_steps``. 0: no warmup. In a run the policy takes one
+    optimizer step per trainer step and epoch (``algorithm.epochs``), the PPO critic one
+    per trainer step."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """After warmup: constant keeps ``lr``; cosine decays it along half a cosine to
+    ``lr * lr_min_ratio`` at the run's last optimizer step. The lr is a function of the
+    optimizer step count alone, so a resumed run continues the schedule where it was."""
+    lr_min_ratio: float = 0.0
+    """Cosine only: the final lr as a fraction of ``lr`` (0 to 1)."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
     weight_decay: float = 0.0

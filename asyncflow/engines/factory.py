@@ -27,12 +27,14 @@ def build_rollout_engine(cfg: RolloutEngineConfig, model_dir: str | Path, versio
     raise ValueError(f"unknown rollout engine type {cfg.type!r}; use 'native', 'vllm' or 'vllm_ascend'")
 
 
-def build_train_engine(cfg: TrainEngineConfig, model_dir: str | Path) -> TrainEngine:
-    """A training engine of ``cfg.type`` starting from ``model_dir``. With
-    ``cfg.fsdp`` the default process group must already be initialised on every rank
+def build_train_engine(cfg: TrainEngineConfig, model_dir: str | Path, total_steps: int = 0) -> TrainEngine:
+    """A training engine of ``cfg.type`` starting from ``model_dir``, for a run of
+    ``total_steps`` optimizer steps (the length of a cosine lr schedule; 0 when
+    unknown, which only ``lr_schedule = "constant"`` accepts). With ``cfg.fsdp`` the
+    default process group must already be initialised on every rank
     (``asyncflow.engines.device.init_process_group``)."""
     if cfg.type == "torch":
         from asyncflow.engines.torch_train import TorchTrainEngine
 
-        return TorchTrainEngine(cfg, model_dir)
+        return TorchTrainEngine(cfg, model_dir, total_steps=total_steps)
     raise ValueError(f"unknown train engine type {cfg.type!r}; use 'torch'")

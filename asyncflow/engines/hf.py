@@ -13,6 +13,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json", "generation_config.json")
+"""Files beside the weights that a checkpoint copies from the model it started from."""
+
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
 """Same block layout (pre-norm, RoPE, GQA, SwiGLU); Qwen2 adds q/k/v biases."""
 

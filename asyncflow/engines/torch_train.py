@@ -9,7 +9,8 @@ Invariants:
   chosen (from the hidden state at t-1), column 0 is 0. Same alignment as the
   rollout engine's log-probs, so the two compare position by position.
 - One ``train_step`` is one optimizer step: gradients of all micro-batches
-  accumulate, are clipped to ``grad_clip`` (global norm, across ranks), then AdamW.
+  accumulate, are clipped to ``grad_clip`` (global norm, across ranks), then AdamW
+  with the lr of ``lr_schedule.lr_at`` at this step count (reported as ``lr``).
 - With FSDP every rank must call ``train_step``/``forward``/``export_weights``/
   ``save_checkpoint`` together with the same number of micro-batches (collectives);
   a mismatch is detected and raised before any forward, not left to hang.
@@ -40,9 +41,8 @@ from torch.distributed.checkpoint.state_dict import (
 from asyncflow.engines.base import ForwardOutput, LossContext, LossFn, TokenBatch, TrainEngine, TrainStepResult
 from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
-from asyncflow.engines.hf import load_model
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json", "generation_config.json")
+from asyncflow.engines.hf import TOKENIZER_FILES, load_model
+from asyncflow.engines.lr_schedule import lr_at
 
 
 class _Net(torch.nn.Module):
@@ -88,9 +88,10 @@ def shift_entropy(logits_BTV: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 class TorchTrainEngine(TrainEngine):
-    def __init__(self, cfg: TrainEngineConfig, model_dir: str | Path):
+    def __init__(self, cfg: TrainEngineConfig, model_dir: str | Path, total_steps: int = 0):
         set_cpu_threads(cfg.num_threads)
         self.cfg = cfg
+        self.total_steps = total_steps  # optimizer steps of the run (the cosine schedule's length)
         self.model_dir = Path(model_dir)
         self.device = torch_device(cfg.device, torch.cuda.current_device() if cfg.device == "cuda" else 0)
         lm = load_model(model_dir, dtype=torch_dtype(cfg.dtype), device=self.device)
@@ -176,6 +177,9 @@ class TorchTrainEngine(TrainEngine):
         grad_norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), max_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
+        lr = lr_at(self.cfg, self._step, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._step += 1
@@ -188,6 +192,7 @@ class TorchTrainEngine(TrainEngine):
             figures /= self.dp_size
             total_loss = figures[0].item()
             metrics = {k: figures[i + 1].item() for i, k in enumerate(names)}
+        metrics["lr"] = lr
         return TrainStepResult(
             loss=total_loss, grad_norm=float(grad_norm), num_tokens=int(totals[0].item()), metrics=metrics, step=self._step
         )

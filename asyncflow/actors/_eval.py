@@ -1,0 +1,139 @@
+"""Evaluation of the policy on the held-out prompts, in the trainer's process
+(``[eval]``), and the ``checkpoints/best`` weights it keeps.
+
+The trainer (rank 0 only) calls ``Evaluator.evaluate`` after publishing version v,
+with the snapshot it published: a private native rollout engine on the trainer's
+device loads it and generates for every held-out prompt (``split_prompts``: never
+trained on), greedy or k samples; the run's reward functions score the responses.
+
+Figures (``val/*`` in metrics.jsonl): a response is correct when its reward is at
+least ``eval.correct_reward``. ``val/accuracy``: fraction of correct responses (in
+greedy mode: of prompts answered correctly). ``val/reward_mean``: mean reward.
+``val/pass_at_k`` (pass_at_k mode): fraction of prompts with a correct response
+among their k.
+
+Best weights: ``save_best`` writes the snapshot as a Hugging Face directory
+``checkpoints/best_<version>`` (weights, config and tokenizer: no optimizer, so it
+is not a resume point), then re-points the relative link ``checkpoints/best`` at it
+and rewrites ``checkpoints/best.json``, then removes the previous ``best_*``. None of
+these names match ``step_*``, so ``latest_checkpoint`` never sees them. A resumed
+run starts from the best in best.json (possibly from steps it trains again).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import msgspec
+import torch
+
+from asyncflow.actors._run import Run, encode_prompt, read_prompts, split_prompts
+
+BEST = "best"
+
+
+class Evaluator:
+    def __init__(self, run: Run):
+        from asyncflow.actors.reward import build_reward_fn
+
+        cfg = run.config
+        self.run = run
+        self.cfg = cfg.eval
+        self.tokenizer = run.tokenizer()
+        rows = read_prompts(run.launch.data_path)
+        _, heldout = split_prompts([str(r["prompt"]) for r in rows], cfg.eval.num_prompts, cfg.data.seed)
+        self.prompt_ids = [encode_prompt(self.tokenizer, rows[i]["prompt"], cfg.data.chat_template).tolist() for i in heldout]
+        # the reward functions get what the reward role gives them: the decoded prompt tokens
+        self.prompts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in self.prompt_ids]
+        self.answers = [str(rows[i]["answer"]) for i in heldout]
+        self.reward_fn = build_reward_fn(cfg.reward.functions, cfg.reward.weights)
+        sampling = cfg.rollout.sampling
+        greedy = cfg.eval.mode == "greedy"
+        self.params = msgspec.structs.replace(
+            sampling, n=1 if greedy else cfg.eval.k, temperature=0.0 if greedy else sampling.temperature,
+            max_new_tokens=cfg.eval.max_new_tokens or sampling.max_new_tokens,
+            stop_token_ids=tuple(sampling.stop_token_ids or (self.tokenizer.eos_token_id,)),
+        )
+        device = cfg.train.engine.device
+        index = {"cuda": lambda: torch.cuda.current_device(), "npu": lambda: torch.npu.current_device()}  # type: ignore[attr-defined]
+        # the trainer's device; a KV cache of a fixed size there (never a fraction of what training left free)
+        self.engine_cfg = msgspec.structs.replace(
+            cfg.rollout.engine, type="native", device=device, device_index=index[device]() if device in index else 0,
+            kv_cache_fraction=None, num_threads=None, seed=cfg.seed,
+        )
+        self.engine = None  # built at the first evaluation
+
+    def evaluate(self, snapshot: list[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+        """The ``val/*`` figures of the policy with these weights (HF names, any device)."""
+        from asyncflow.algorithms.rewards import call_reward
+        from asyncflow.engines.factory import build_rollout_engine
+
+        if self.engine is None:
+            self.engine = build_rollout_engine(self.engine_cfg, self.run.launch.model_dir, version=version)
+        self.engine.load_weights(snapshot, version)
+        params = self.params if self.params.temperature == 0 else msgspec.structs.replace(self.params, seed=version)
+        outs = self.engine.generate(self.prompt_ids, params)  # ordered by (prompt, sample)
+        rewards = call_reward(
+            self.reward_fn,
+            [self.prompts[c.prompt_index] for c in outs],
+            [self.tokenizer.decode(c.response_ids, skip_special_tokens=True) for c in outs],
+            [self.answers[c.prompt_index] for c in outs],
+            [c.finish_reason for c in outs],
+        )
+        correct = [r >= self.cfg.correct_reward for r in rewards]
+        values = {"val/accuracy": sum(correct) / len(correct), "val/reward_mean": sum(rewards) / len(rewards)}
+        if self.cfg.mode == "pass_at_k":
+            passed = [False] * len(self.prompt_ids)
+            for c, ok in zip(outs, correct):
+                passed[c.prompt_index] |= ok
+            values["val/pass_at_k"] = sum(passed) / len(passed)
+        return values
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+
+def read_best(run_dir: str | Path) -> dict | None:
+    """``checkpoints/best.json`` (step, version, metric, value, path), if any."""
+    path = Path(run_dir) / "checkpoints" / f"{BEST}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def save_best(run_dir: str | Path, snapshot: list[tuple[str, torch.Tensor]], like_dir: str | Path,
+              step: int, values: dict[str, float]) -> Path:
+    """Write the weights of policy version ``step + 1`` as the best so far; returns its directory."""
+    import safetensors.torch
+
+    from asyncflow.engines.hf import TOKENIZER_FILES
+
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"{BEST}_{step + 1:06d}"
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in snapshot}
+    safetensors.torch.save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+    for name in ("config.json", *TOKENIZER_FILES):
+        if (Path(like_dir) / name).is_file():
+            shutil.copy(Path(like_dir) / name, tmp / name)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    link = root / BEST
+    tmp_link = root / f".{BEST}.link"
+    if tmp_link.is_symlink():
+        tmp_link.unlink()
+    os.symlink(final.name, tmp_link)  # relative: the run directory can move
+    os.replace(tmp_link, link)
+    record = {"step": step, "version": step + 1, "metric": "val/accuracy", "value": values["val/accuracy"],
+              "path": final.name, **{k: v for k, v in values.items() if k.startswith("val/")}}
+    (root / f"{BEST}.json.tmp").write_text(json.dumps(record, indent=2))
+    os.replace(root / f"{BEST}.json.tmp", root / f"{BEST}.json")
+    for old in root.glob(f"{BEST}_*"):
+        if old.is_dir() and old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final

@@ -1,0 +1,170 @@
+"""Held-out evaluation ([eval]): the split, the scoring, checkpoints/best, and one
+`afctl up` that evaluates after 2 of its 3 steps and the last, under a warmup + cosine lr schedule."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from asyncflow.actors._eval import Evaluator, read_best, save_best
+from asyncflow.actors._run import PromptOrder, Run, read_prompts, split_prompts
+from asyncflow.actors.collector import progress_line
+from asyncflow.actors.trainer import latest_checkpoint
+from asyncflow.core.config import ConfigError, load_config
+from asyncflow.engines.base import Completion
+from asyncflow.engines.config import TrainEngineConfig
+from asyncflow.engines.lr_schedule import lr_at
+from wf_helpers import afctl, read_jsonl, write_config
+
+
+@pytest.mark.timeout(10)
+def test_the_split_holds_out_whole_prompts_the_same_way_for_the_same_seed():
+    prompts = ["1+1=", "2+2=", "1+1=", "3+3=", "4+4=", "2+2=", "5+5="]
+    train, heldout = split_prompts(prompts, 2, seed=3)
+    assert (train, heldout) == split_prompts(prompts, 2, seed=3)
+    held = {prompts[i] for i in heldout}
+    assert len(heldout) == len(held) == 2
+    assert not held & {prompts[i] for i in train}  # a repeated prompt is held out everywhere
+    assert sorted(train + [i for i, p in enumerate(prompts) if p in held]) == list(range(len(prompts)))
+    assert split_prompts(prompts, 0, seed=3) == (list(range(7)), [])
+    with pytest.raises(ValueError, match=r"eval.num_prompts = 5: the data has only 5 distinct prompts.*at most 4"):
+        split_prompts(prompts, 5, seed=3)
+
+
+@pytest.fixture(scope="module")
+def eval_run(tmp_path_factory):
+    """A run directory as `afctl up` prepares it: untrained tiny model, add-task data, [eval] on."""
+    from asyncflow.actors.launcher import prepare_new
+    from asyncflow.core.config import load_config_text
+    from tiny_config import tiny_config_text
+
+    root = tmp_path_factory.mktemp("evalrun")
+    cfg = load_config_text(tiny_config_text({"eval": {"every_steps": 1, "num_prompts": 6, "mode": "pass_at_k", "k": 3}}))
+    _, rd, _ = prepare_new(cfg, root / "run")
+    return Run(rd)
+
+
+class ScriptedEngine:
+    """Stands in for the rollout engine: answers each prompt with the given texts."""
+
+    def __init__(self, tokenizer, texts_per_prompt):
+        self.tokenizer, self.texts = tokenizer, texts_per_prompt
+
+    def load_weights(self, named_tensors, version):
+        self.version = version
+
+    def generate(self, prompts, params):
+        assert params.n == 3 and params.temperature > 0
+        return [Completion(prompt_index=p, sample_index=s, response_ids=self.tokenizer(text, add_special_tokens=False)["input_ids"],
+                           logprobs=[], finish_reason="stop", version=self.version)
+                for p in range(len(prompts)) for s, text in enumerate(self.texts[p])]
+
+
+@pytest.mark.timeout(60)
+def test_pass_at_k_counts_a_prompt_with_any_correct_sample_and_accuracy_counts_samples(eval_run):
+    evaluator = Evaluator(eval_run)
+    assert len(evaluator.prompt_ids) == 6
+    answers = evaluator.answers
+    wrong = [str((int(a) + 1) % 19) for a in answers]
+    # prompt 0: all three right; prompts 1-2: one of three; the rest: none
+    texts = [[a] * 3 if p == 0 else [w, a, w] if p in (1, 2) else [w] * 3 for p, (a, w) in enumerate(zip(answers, wrong))]
+    evaluator.engine = ScriptedEngine(evaluator.tokenizer, texts)
+    values = evaluator.evaluate([], version=4)
+    assert values["val/pass_at_k"] == pytest.approx(3 / 6)
+    assert values["val/accuracy"] == pytest.approx(5 / 18)
+    assert 5 / 18 <= values["val/reward_mean"] < 1.0  # wrong answers still earn the format reward
+
+
+@pytest.mark.timeout(60)
+def test_a_real_engine_evaluates_the_held_out_prompts_with_the_trainers_weights(eval_run):
+    from asyncflow.engines.hf import load_model
+
+    evaluator = Evaluator(eval_run)
+    weights = list(load_model(eval_run.launch.model_dir).named_parameters())
+    values = evaluator.evaluate([(n, p.detach()) for n, p in weights], version=1)
+    assert set(values) == {"val/accuracy", "val/reward_mean", "val/pass_at_k"}
+    assert evaluator.engine.version == 1 and 0.0 <= values["val/accuracy"] <= values["val/pass_at_k"] <= 1.0
+    evaluator.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_new_best_replaces_the_old_one_behind_a_relative_link_that_resume_never_takes_for_a_checkpoint(eval_run, tmp_path):
+    from asyncflow.engines.hf import load_model
+
+    weights = [(n, p.detach()) for n, p in load_model(eval_run.launch.model_dir).named_parameters()]
+    (tmp_path / "checkpoints" / "step_000002").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_000002" / "DONE").write_text("2\n")
+    save_best(tmp_path, weights, eval_run.launch.model_dir, 1, {"val/accuracy": 0.25, "val/reward_mean": 0.4})
+    path = save_best(tmp_path, weights, eval_run.launch.model_dir, 3, {"val/accuracy": 0.5, "val/reward_mean": 0.6})
+    link = tmp_path / "checkpoints" / "best"
+    assert os.readlink(link) == "best_000004" and link.resolve() == path.resolve()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best", "best.json", "best_000004", "step_000002"]
+    assert read_best(tmp_path) == {"step": 3, "version": 4, "metric": "val/accuracy", "value": 0.5, "path": "best_000004",
+                                   "val/accuracy": 0.5, "val/reward_mean": 0.6}
+    assert latest_checkpoint(tmp_path).name == "step_000002"
+
+
+@pytest.mark.timeout(10)
+def test_the_progress_line_shows_the_val_accuracy_only_at_steps_that_evaluated():
+    v = {"step": 3, "reward_mean": 0.5, "total_samples": 8, "total_tokens": 80, "time_s": 2.0, "staleness_max": 1,
+         "response_len_mean": 3.0}
+    assert "val acc" not in progress_line(v, 10, {})
+    assert "reward 0.500 | val acc 0.250 |" in progress_line({**v, "val/accuracy": 0.25}, 10, {})
+
+
+@pytest.mark.timeout(30)
+def test_plot_draws_a_held_out_accuracy_panel_when_a_run_has_evaluations(tmp_path):
+    from asyncflow.cli.plot import draw
+
+    rows = [{"step": s, "time_s": 1.0 + s, "step_time_s": 1.0, "samples": 4, "reward_mean": 0.1 * s,
+             "response_len_mean": 3.0, "staleness_max": 1, **({"val/accuracy": 0.2 * s, "val/pass_at_k": 0.3 * s}
+                                                              if s % 2 else {})} for s in range(4)]
+    draw([("run", rows)], tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+@pytest.mark.timeout(10)
+def test_an_impossible_eval_setting_names_the_key_and_the_fix(tmp_path):
+    config = write_config(tmp_path, changes={"eval": {"every_steps": 2, "mode": "pass_at_k"},
+                                             "rollout.sampling": {"temperature": 0.0}})
+    with pytest.raises(ConfigError, match="eval.mode = 'pass_at_k': pass_at_k samples at rollout.sampling.temperature"):
+        load_config(config)
+    config = write_config(tmp_path, changes={"train.engine": {"lr_min_ratio": 2.0}})
+    with pytest.raises(ConfigError, match="train.engine.lr_min_ratio = 2.0: use a fraction of lr between 0 and 1"):
+        load_config(config)
+
+
+@pytest.mark.timeout(120)
+def test_a_run_evaluates_every_n_steps_keeps_the_best_weights_and_never_trains_a_held_out_prompt(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run_dir = tmp_path / "run"
+    schedule = {"lr": 1e-3, "lr_warmup_steps": 1, "lr_schedule": "cosine", "lr_min_ratio": 0.1}
+    config = write_config(tmp_path, num_steps=3, changes={
+        "eval": {"every_steps": 2, "num_prompts": 8}, "train.engine": schedule, "data": {"num_prompts": 24}})
+    proc = afctl("up", str(config), "--run-dir", str(run_dir))
+    out, _ = proc.communicate(timeout=110)
+    assert proc.returncode == 0, out
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    # after the second step (metrics step 1) and after the last one (step 2)
+    assert [int(m["step"]) for m in metrics if "val/accuracy" in m] == [1, 2]
+    assert out.count("val acc") == 2 and "held-out accuracy: best" in out
+    assert [m["lr"] for m in metrics] == pytest.approx([lr_at(TrainEngineConfig(**schedule), k, 3) for k in range(3)])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    evals = {int(m["step"]): m["val/accuracy"] for m in metrics if "val/accuracy" in m}
+    assert summary["val_final_accuracy"] == evals[2]
+    assert summary["val_best_accuracy"] == max(evals.values()) == evals[summary["val_best_step"]]
+    best = run_dir / "checkpoints" / "best"
+    assert best.is_symlink() and not os.path.isabs(os.readlink(best))
+    assert read_best(run_dir)["step"] == summary["val_best_step"]
+    AutoModelForCausalLM.from_pretrained(best, local_files_only=True)
+    assert latest_checkpoint(run_dir).name == "step_000003"
+    # group g of the queue is group g % P of step g // P; the loader's pool is the training rows
+    rows = read_prompts(str(run_dir / "data.jsonl"))
+    train, heldout = split_prompts([r["prompt"] for r in rows], 8, seed=0)
+    order = PromptOrder(len(train), 2, shuffle=True, seed=0)
+    trained = {rows[train[order.index(*divmod(g, 2))]]["prompt"]
+               for line in read_jsonl(run_dir / "trained.jsonl") for g in line["groups"]}
+    assert len(trained) >= 3 and not trained & {rows[i]["prompt"] for i in heldout}
