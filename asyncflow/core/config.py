@@ -204,7 +204,7 @@ class EvalConfig(_Section):
     every_steps: int = 0
     """Evaluate after every this many trainer steps and after the last one; 0 disables
     evaluation (and the held-out split: every prompt is trained on)."""
-    num_prompts: int = 100
+    num_prompts: int = 20
     """Held-out prompts: this many distinct prompts drawn (with ``data.seed``) from the
     data file; every row with one of them is left out of training. The data must have
     more distinct prompts than this (the built-in ``add`` task has 100)."""

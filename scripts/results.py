@@ -1,0 +1,162 @@
+"""Regenerate docs/results.md: run each measuring command, keep its JSON line, write
+the page from those lines alone. No figure in the page is typed by hand.
+
+    python scripts/results.py                      # run what is missing, write docs/results.md
+    python scripts/results.py --only parity        # rerun one section (its JSON is replaced)
+    python scripts/results.py --render             # rewrite the page from the JSON kept in --work
+
+Each section's JSON is kept in ``--work`` (default runs/results/<section>.json) with
+the command that produced it and when; a section without JSON is measured, which
+takes about 12 minutes for all of them on a 2-core machine (the parity runs are
+most of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+SECTIONS: dict[str, list[str]] = {
+    "parity": [PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--out", "{work}/parity"],
+    "objective": [PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--modes", "async",
+                  "--set", "algorithm.clip_against=proximal", "--out", "{work}/objective"],
+    "e2e": [PY, "-m", "asyncflow.cli.main", "bench", "e2e", "--config", "examples/local.toml", "--steps", "100",
+            "--json", "--out", "{work}/e2e"],
+    "e2e_k2": [PY, "-m", "asyncflow.cli.main", "bench", "e2e", "--config", "examples/local.toml", "--steps", "100",
+               "--staleness", "2", "--json", "--out", "{work}/e2e_k2"],
+    "queue": [PY, "-m", "asyncflow.cli.main", "bench", "queue", "-B", "8", "-L", "64", "-n", "300", "--compare-inline", "--json"],
+    "train": [PY, "-m", "asyncflow.cli.main", "bench", "train", "--json"],
+}
+
+
+def measure(name: str, work: Path) -> dict:
+    cmd = [part.format(work=work) for part in SECTIONS[name]]
+    print(f"== {name}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    started = time.time()
+    done = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}")
+    last = [line for line in done.stdout.splitlines() if line.startswith("{")][-1]
+    record = {"command": shlex.join(["python" if c == PY else c for c in cmd]), "when": time.strftime("%Y-%m-%d %H:%M"),
+              "seconds": round(time.time() - started), "load_avg_1m": round(os.getloadavg()[0], 1),
+              "result": json.loads(last)}
+    (work / f"{name}.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def render(records: dict[str, dict]) -> str:
+    out = ["# Measured results (this 2-core CPU machine)", "",
+           "Written by `python scripts/results.py` from the JSON line of each command below; do not edit by hand.",
+           "The machine: 2 cores, 24 GiB, no accelerator, sometimes shared with other jobs (the load average at the",
+           "end of each command is given), so absolute figures move by 10-30% between runs; ratios measured side by",
+           "side in one invocation are more trustworthy.", ""]
+    if "parity" in records:
+        r = records["parity"]
+        p = r["result"]["parity"]
+        s, a = p["sync"], p["async"]
+        out += ["## Learning: async (k = 1) against sync, seed by seed", "",
+                f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): `examples/local.toml` as shipped, 300 steps"
+                " x 128 samples per run, each run a fresh `afctl up`.", "",
+                "| mode | seed | reward, first 10% of steps | reward, last 10% | samples/s | held-out greedy accuracy, final / best |",
+                "|---|---|---|---|---|---|"]
+        for mode, m in (("sync", s), ("async", a)):
+            for i, seed in enumerate(p["seeds"]):
+                out.append(f"| {mode} | {seed} | {m['reward_first_10pct'][i]:.3f} | {m['reward_last_10pct'][i]:.3f} | "
+                           f"{m['samples_per_s'][i]:.0f} | {m['val_final_accuracy'][i]} / {m['val_best_accuracy'][i]} |")
+        out += ["", f"Last-10% reward over the seeds: **sync {s['reward_last_10pct_mean']:.3f}, async "
+                f"{a['reward_last_10pct_mean']:.3f}** (async - sync = {p['async_minus_sync']:+.3f}); async samples/s "
+                f"{_mean(a['samples_per_s']):.0f} against sync {_mean(s['samples_per_s']):.0f} "
+                f"({_mean(a['samples_per_s']) / _mean(s['samples_per_s']):.2f}x, separate runs).", ""]
+    if "objective" in records:
+        r = records["objective"]
+        o = r["result"]["parity"]["async"]
+        line = ["## Why async needs the behaviour clip", "",
+                f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): the same async runs with the ratio clipped "
+                "against the proximal policy (the trainer's weights before the step), the default until this page's "
+                "previous version.", "",
+                "| seed | reward, last 10% |", "|---|---|"]
+        line += [f"| {seed} | {x:.3f} |" for seed, x in zip(r["result"]["parity"]["seeds"], o["reward_last_10pct"])]
+        line += ["", f"Mean **{o['reward_last_10pct_mean']:.3f}**. With one optimizer step per batch the proximal "
+                 "ratio is identically 1, so nothing bounds how far a step moves the policy from the one that "
+                 "generated its (one version old) samples; see docs/algorithms.md.", ""]
+        if "parity" in records:
+            a = records["parity"]["result"]["parity"]["async"]["reward_last_10pct_mean"]
+            line[-2] += f" Clipped against the behaviour policy (shipped): {a:.3f}."
+        out += line
+    for name, k in (("e2e", 1), ("e2e_k2", 2)):
+        if name not in records:
+            continue
+        r = records[name]
+        e = r["result"]
+        if name == "e2e":
+            out += ["## Throughput: sync vs async side by side", "",
+                    "| command | k | sync samples/s | async samples/s | ratio | async pipeline efficiency | async busy fractions |",
+                    "|---|---|---|---|---|---|---|"]
+        busy = ", ".join(f"{role} {v:.2f}" for role, v in sorted(e["async_busy_fraction"].items()))
+        out.append(f"| `{r['command']}` (load {r['load_avg_1m']}) | {k} | {e['sync_samples_per_s']:.0f} | "
+                   f"{e['async_samples_per_s']:.0f} | {e['ratio']:.2f} | {e['async_pipeline_efficiency']:.2f} | {busy} |")
+        if name == "e2e_k2" or "e2e_k2" not in records:
+            out += ["", "On these 2 cores async is CPU-bound: the busy fractions of all roles add up to more than one "
+                    "core, so each process runs slower while the others share its cores. Where rollout and training "
+                    "have their own devices the async bound is max(train, rollout), not their sum.", ""]
+    if "queue" in records:
+        r = records["queue"]
+        q = r["result"]
+        out += ["## TransferQueue: small rows in the controller's reply", "",
+                f"`{r['command']}` (load {r['load_avg_1m']}), both in one invocation:", "",
+                "| | round trip (put -> consumer holds the rows) | samples/s |", "|---|---|---|",
+                f"| read from the shard | {q['round_trip_ms_read']:.3f} ms | {q['samples_per_s_read']:.0f} |",
+                f"| inline in the GetBatch reply | {q['round_trip_ms_inline']:.3f} ms | {q['samples_per_s_inline']:.0f} |",
+                "", f"Ratio {q['round_trip_ratio']:.2f}.", ""]
+    if "train" in records:
+        r = records["train"]
+        t = r["result"]
+        out += ["## Data-parallel trainer (FSDP2 over gloo)", "",
+                f"`{r['command']}` (load {r['load_avg_1m']}): one process {t['tokens_per_s']:.0f} tokens/s, "
+                f"{t['fsdp2_processes']} FSDP2 processes {t['fsdp2_tokens_per_s']:.0f} tokens/s (ratio "
+                f"{t['ratio_fsdp2_to_one_process']:.2f}). A model this small has nothing to gain from sharding; "
+                "data parallelism is there for models that do not fit one device.", ""]
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", default="runs/results", help="where each section's JSON (and runs) are kept")
+    parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), help="measure these sections again")
+    parser.add_argument("--render", action="store_true", help="measure nothing; write the page from the kept JSON")
+    parser.add_argument("--out", default="docs/results.md")
+    args = parser.parse_args()
+    work = (ROOT / args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    records = {}
+    for name in SECTIONS:
+        path = work / f"{name}.json"
+        fresh = args.only is not None and name in args.only
+        if path.exists() and not fresh:
+            records[name] = json.loads(path.read_text())
+        elif not args.render:
+            if fresh:
+                import shutil
+
+                shutil.rmtree(work / name, ignore_errors=True)
+            records[name] = measure(name, work)
+    (ROOT / args.out).write_text(render(records) + "\n")
+    print(f"wrote {args.out} from {', '.join(records)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
