@@ -103,8 +103,9 @@ class AlgorithmConfig(_Section):
     """Optimizer passes over each global batch. Above 1, the trainer first recomputes
     the batch's log-probs (one forward pass, pi_prox) so that every pass clips its
     ratio against the policy before the first one."""
-    clip_against: Literal["proximal", "behaviour"] = "proximal"
-    """What the PPO ratio is clipped against. proximal (decoupled PPO): pi / pi_prox,
+    clip_against: Literal["proximal", "behaviour"] = "behaviour"
+    """What the PPO ratio is clipped against. behaviour (the default) is what keeps
+    async runs learning as much as sync (docs/results.md). proximal (decoupled PPO): pi / pi_prox,
     pi_prox the policy before this update, times the truncated importance weight
     pi_prox / mu (``is_truncation``); with one optimizer step per batch the ratio is 1
     and only that weight corrects staleness. behaviour (coupled PPO): pi / mu, mu the

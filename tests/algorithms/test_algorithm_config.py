@@ -30,7 +30,8 @@ def test_a_wrong_off_policy_correction_names_the_key_and_the_fix(changes, messag
 
 def test_stale_samples_with_no_correction_at_all_warn_at_load_naming_the_keys(caplog):
     with caplog.at_level(logging.WARNING, logger="asyncflow.core.config"):
-        load_config_text(tiny_config_text({"algorithm": {"is_truncation": 0.0}, "workflow": {"staleness": 2}}))
+        load_config_text(tiny_config_text({"algorithm": {"is_truncation": 0.0, "clip_against": "proximal"},
+                                           "workflow": {"staleness": 2}}))
     [record] = caplog.records
     assert record.levelno == logging.WARNING
     for key in ("workflow.staleness = 2", "algorithm.is_truncation", "algorithm.is_mask_low", "algorithm.clip_against"):
@@ -38,11 +39,12 @@ def test_stale_samples_with_no_correction_at_all_warn_at_load_naming_the_keys(ca
 
 
 @pytest.mark.parametrize("changes", [
-    {"algorithm": {}},  # the default truncated weight
-    {"algorithm": {"is_truncation": 0.0, "is_mask_high": 2.0}},
+    {"algorithm": {}},  # the default: clipped against the behaviour policy
+    {"algorithm": {"clip_against": "proximal"}},  # the default truncated weight
+    {"algorithm": {"is_truncation": 0.0, "clip_against": "proximal", "is_mask_high": 2.0}},
     {"algorithm": {"is_truncation": 0.0, "clip_against": "behaviour"}},
-    {"algorithm": {"is_truncation": 0.0}, "workflow": {"staleness": 0}},
-    {"algorithm": {"is_truncation": 0.0}, "workflow": {"mode": "sync"}},
+    {"algorithm": {"is_truncation": 0.0, "clip_against": "proximal"}, "workflow": {"staleness": 0}},
+    {"algorithm": {"is_truncation": 0.0, "clip_against": "proximal"}, "workflow": {"mode": "sync"}},
 ])
 def test_a_corrected_or_on_policy_run_loads_without_a_warning(changes, caplog):
     with caplog.at_level(logging.WARNING, logger="asyncflow.core.config"):

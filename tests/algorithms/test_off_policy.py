@@ -41,9 +41,9 @@ def test_the_algorithm_section_chooses_what_the_ratio_is_clipped_against():
     from asyncflow.core.config import load_config_text
     from tiny_config import tiny_config_text
 
-    cfg = load_config_text(tiny_config_text({"algorithm": {"clip_against": "behaviour"}}))
-    assert loss_config(cfg.algorithm).clip_against == "behaviour"
-    assert loss_config(load_config_text(tiny_config_text()).algorithm).clip_against == "proximal"
+    cfg = load_config_text(tiny_config_text({"algorithm": {"clip_against": "proximal"}}))
+    assert loss_config(cfg.algorithm).clip_against == "proximal"
+    assert loss_config(load_config_text(tiny_config_text()).algorithm).clip_against == "behaviour"
 
 
 def test_an_unknown_clip_against_value_names_the_key_and_the_choices():
