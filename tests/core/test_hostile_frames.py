@@ -129,3 +129,17 @@ def test_any_exception_while_serving_a_frame_is_contained_and_counted(monkeypatc
         assert actor.num_rejected_frames == 1
     finally:
         actor.stop()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("scheme", ["inproc", "ipc"])
+def test_an_actor_stopped_right_after_it_started_leaves_no_thread_exception(scheme, tmp_path, monkeypatch):
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(f"{args.thread.name}: {args.exc_type.__name__}: {args.exc_value}"))
+    transport = TransportConfig(scheme=scheme, ipc_dir=str(tmp_path))
+    for _ in range(50):
+        actor = serve_actor(EchoActor, "echo", transport)
+        actor.stop()
+        actor._listener._thread.join(timeout=5)
+        assert not actor._listener._thread.is_alive()
+    assert raised == []
