@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -50,6 +51,8 @@ from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.host import HostProcess, spawn_host
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.launch import queue_specs
+
+log = logging.getLogger(__name__)
 
 RESTARTABLE = {"rollout": "rollout", "reward": "reward", "reference": "reference"}  # kind -> its queue task
 OUTPUTS = {"rollout": ["response_ids", "rollout_logp", "finish"], "reward": ["reward"], "reference": ["ref_logp"]}
@@ -213,30 +216,54 @@ class Launcher:
         with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
             list(pool.map(lambda h: self.hosts[h].start(self.host_specs[h], timeout_s=300), names))
 
-    def stop(self) -> None:
-        """Stop the workers' loops first (each finishes its unit), then the processes."""
+    def stop(self) -> list[tuple[str, BaseException]]:
+        """Stop the workers' loops first (each finishes its unit), then the processes,
+        the collector (after it writes trace.json), the loggers and the directory.
+
+        Every stage runs whatever failed before it: an error (a full disk while writing
+        the trace, a host that cannot be stopped) is logged and returned as
+        ``(stage, error)``, and the next stage goes on, so the driver never waits at
+        exit on an actor left running."""
+        errors: list[tuple[str, BaseException]] = []
+
+        def stage(name: str, fn, *args) -> None:
+            try:
+                fn(*args)
+            except Exception as exc:  # the stop path's containment boundary: the next stages must run
+                log.error("stopping the run: %s failed: %s: %s (going on with the rest of the stop)",
+                          name, type(exc).__name__, exc)
+                errors.append((name, exc))
+
         self.stopping = True
         if self.scaler is not None:
-            self.scaler.stop()
+            stage("stop the online planner", self.scaler.stop)
         for name in getattr(self, "workers", []) if hasattr(self, "dc") else []:
-            if not self._host_alive(name):
-                continue  # its process is gone: asking would only wait out the timeout
-            try:
-                self.dc.ref(name, wait_s=0.1).ask(protocol.Stop(), timeout_s=60)
-            except (AsyncflowError, LookupError):
-                pass  # never started, or already gone
+            stage(f"stop role {name}", self._stop_worker, name)
         with ThreadPoolExecutor(max_workers=max(1, len(self.hosts))) as pool:
-            list(pool.map(lambda h: h.stop(timeout_s=20), self.hosts.values()))
+            futures = {h: pool.submit(p.stop, timeout_s=20) for h, p in self.hosts.items()}
+        for host, future in futures.items():
+            stage(f"stop host {host}", future.result)
         if hasattr(self, "collector"):
-            self.collector_proxy.write_trace(str(self.run_dir / "trace.json")).get()
-            self.collector.stop()
+            stage("write trace.json", lambda: self.collector_proxy.write_trace(str(self.run_dir / "trace.json")).get())
+            stage("stop the collector", self.collector.stop)
         for logger in getattr(self, "loggers", []):
-            logger.close()
-        _cluster_file.mark_stopped(self.run_dir.absolute())
+            stage(f"close logger {type(logger).__name__}", logger.close)
+        stage("mark cluster.json stopped", _cluster_file.mark_stopped, self.run_dir.absolute())
         if hasattr(self, "directory"):
-            self.directory.stop()
+            stage("stop the directory", self.directory.stop)
         if self.ray_hosts is not None:
-            self.ray_hosts.close()
+            stage("close the Ray hosts", self.ray_hosts.close)
+        for name, exc in errors:
+            click.echo(f"!! while stopping: {name} failed: {type(exc).__name__}: {exc}", err=True)
+        return errors
+
+    def _stop_worker(self, name: str) -> None:
+        if not self._host_alive(name):
+            return  # its process is gone: asking would only wait out the timeout
+        try:
+            self.dc.ref(name, wait_s=0.1).ask(protocol.Stop(), timeout_s=60)
+        except (AsyncflowError, LookupError):
+            pass  # never started, or already gone
 
     def _host_alive(self, actor: str) -> bool:
         """Whether the process hosting ``actor`` is up (True when unknown)."""
