@@ -41,7 +41,7 @@ import msgspec
 from asyncflow.actors import _cluster_file
 from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors.collector import COLLECTOR, CollectorActor
-from asyncflow.actors.trainer import latest_checkpoint
+from asyncflow.actors.trainer import latest_good_checkpoint
 from asyncflow.actors.trainer_rank import rank_name
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
@@ -426,9 +426,15 @@ def prepare_resume(run_dir: str) -> tuple[RunConfig, Path, LaunchInfo]:
     if not (rd / "config.json").exists():
         raise ConfigError(f"{rd} is not a run directory (no config.json)")
     cfg = msgspec.json.decode((rd / "config.json").read_bytes(), type=RunConfig)
-    ckpt = latest_checkpoint(rd)
+    ckpt, damaged = latest_good_checkpoint(rd)
+    for path, wrong in damaged:
+        click.echo(f"!! checkpoint {path.name} is damaged: {wrong}; skipping it", err=True)
     if ckpt is None:
+        if damaged:
+            raise ConfigError(f"{rd}: every complete checkpoint is damaged (see above); start a new run")
         raise ConfigError(f"{rd} has no complete checkpoint to resume from (checkpoints/step_*/DONE)")
+    if damaged:
+        click.echo(f"!! resuming from {ckpt}, the newest checkpoint that verifies", err=True)
     previous = msgspec.json.decode((rd / "launch.json").read_bytes(), type=LaunchInfo)
     step = int((ckpt / "DONE").read_text())
     if step >= cfg.train.num_steps:
@@ -443,9 +449,23 @@ def prepare_resume(run_dir: str) -> tuple[RunConfig, Path, LaunchInfo]:
     for name in ("metrics.jsonl", "trained.jsonl"):
         path = rd / name
         if path.exists():
-            kept = [l for l in path.read_text().splitlines() if l and json.loads(l)["step"] < step]
+            kept = [l for l in _complete_lines(path) if json.loads(l)["step"] < step]
             path.write_text("".join(l + "\n" for l in kept))
     return cfg, rd, launch
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The lines of a JSON-lines file the run appends to, without a torn last line (a
+    process killed mid-write leaves one; it is dropped, and said so)."""
+    text = path.read_text()
+    lines = [l for l in text.splitlines() if l]
+    if lines and not text.endswith("\n"):
+        try:
+            json.loads(lines[-1])
+        except json.JSONDecodeError:
+            click.echo(f"!! {path.name}: dropped a torn last line ({len(lines[-1])} characters)", err=True)
+            lines.pop()
+    return lines
 
 
 def default_run_dir(config_path: str) -> str:
@@ -465,7 +485,7 @@ def run(cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | 
         try:
             summary = _run_once(cfg, rd, launch)
         except RunFailed as exc:
-            ckpt = latest_checkpoint(rd)
+            ckpt, _ = latest_good_checkpoint(rd)
             if not exc.process_lost or len(resumes) >= cfg.cluster.max_resumes or ckpt is None:
                 if exc.process_lost and cfg.cluster.max_resumes and ckpt is None:
                     click.echo("!! no checkpoint yet to resume from (train.checkpoint_every)", err=True)
