@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -40,7 +41,7 @@ import msgspec
 from asyncflow.actors import _cluster_file
 from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors.collector import COLLECTOR, CollectorActor
-from asyncflow.actors.trainer import latest_checkpoint
+from asyncflow.actors.trainer import latest_good_checkpoint
 from asyncflow.actors.trainer_rank import rank_name
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
@@ -50,6 +51,8 @@ from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.host import HostProcess, spawn_host
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.launch import queue_specs
+
+log = logging.getLogger(__name__)
 
 RESTARTABLE = {"rollout": "rollout", "reward": "reward", "reference": "reference"}  # kind -> its queue task
 OUTPUTS = {"rollout": ["response_ids", "rollout_logp", "finish"], "reward": ["reward"], "reference": ["ref_logp"]}
@@ -213,30 +216,54 @@ class Launcher:
         with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
             list(pool.map(lambda h: self.hosts[h].start(self.host_specs[h], timeout_s=300), names))
 
-    def stop(self) -> None:
-        """Stop the workers' loops first (each finishes its unit), then the processes."""
+    def stop(self) -> list[tuple[str, BaseException]]:
+        """Stop the workers' loops first (each finishes its unit), then the processes,
+        the collector (after it writes trace.json), the loggers and the directory.
+
+        Every stage runs whatever failed before it: an error (a full disk while writing
+        the trace, a host that cannot be stopped) is logged and returned as
+        ``(stage, error)``, and the next stage goes on, so the driver never waits at
+        exit on an actor left running."""
+        errors: list[tuple[str, BaseException]] = []
+
+        def stage(name: str, fn, *args) -> None:
+            try:
+                fn(*args)
+            except Exception as exc:  # the stop path's containment boundary: the next stages must run
+                log.error("stopping the run: %s failed: %s: %s (going on with the rest of the stop)",
+                          name, type(exc).__name__, exc)
+                errors.append((name, exc))
+
         self.stopping = True
         if self.scaler is not None:
-            self.scaler.stop()
+            stage("stop the online planner", self.scaler.stop)
         for name in getattr(self, "workers", []) if hasattr(self, "dc") else []:
-            if not self._host_alive(name):
-                continue  # its process is gone: asking would only wait out the timeout
-            try:
-                self.dc.ref(name, wait_s=0.1).ask(protocol.Stop(), timeout_s=60)
-            except (AsyncflowError, LookupError):
-                pass  # never started, or already gone
+            stage(f"stop role {name}", self._stop_worker, name)
         with ThreadPoolExecutor(max_workers=max(1, len(self.hosts))) as pool:
-            list(pool.map(lambda h: h.stop(timeout_s=20), self.hosts.values()))
+            futures = {h: pool.submit(p.stop, timeout_s=20) for h, p in self.hosts.items()}
+        for host, future in futures.items():
+            stage(f"stop host {host}", future.result)
         if hasattr(self, "collector"):
-            self.collector_proxy.write_trace(str(self.run_dir / "trace.json")).get()
-            self.collector.stop()
+            stage("write trace.json", lambda: self.collector_proxy.write_trace(str(self.run_dir / "trace.json")).get())
+            stage("stop the collector", self.collector.stop)
         for logger in getattr(self, "loggers", []):
-            logger.close()
-        _cluster_file.mark_stopped(self.run_dir.absolute())
+            stage(f"close logger {type(logger).__name__}", logger.close)
+        stage("mark cluster.json stopped", _cluster_file.mark_stopped, self.run_dir.absolute())
         if hasattr(self, "directory"):
-            self.directory.stop()
+            stage("stop the directory", self.directory.stop)
         if self.ray_hosts is not None:
-            self.ray_hosts.close()
+            stage("close the Ray hosts", self.ray_hosts.close)
+        for name, exc in errors:
+            click.echo(f"!! while stopping: {name} failed: {type(exc).__name__}: {exc}", err=True)
+        return errors
+
+    def _stop_worker(self, name: str) -> None:
+        if not self._host_alive(name):
+            return  # its process is gone: asking would only wait out the timeout
+        try:
+            self.dc.ref(name, wait_s=0.1).ask(protocol.Stop(), timeout_s=60)
+        except (AsyncflowError, LookupError):
+            pass  # never started, or already gone
 
     def _host_alive(self, actor: str) -> bool:
         """Whether the process hosting ``actor`` is up (True when unknown)."""
@@ -399,9 +426,15 @@ def prepare_resume(run_dir: str) -> tuple[RunConfig, Path, LaunchInfo]:
     if not (rd / "config.json").exists():
         raise ConfigError(f"{rd} is not a run directory (no config.json)")
     cfg = msgspec.json.decode((rd / "config.json").read_bytes(), type=RunConfig)
-    ckpt = latest_checkpoint(rd)
+    ckpt, damaged = latest_good_checkpoint(rd)
+    for path, wrong in damaged:
+        click.echo(f"!! checkpoint {path.name} is damaged: {wrong}; skipping it", err=True)
     if ckpt is None:
+        if damaged:
+            raise ConfigError(f"{rd}: every complete checkpoint is damaged (see above); start a new run")
         raise ConfigError(f"{rd} has no complete checkpoint to resume from (checkpoints/step_*/DONE)")
+    if damaged:
+        click.echo(f"!! resuming from {ckpt}, the newest checkpoint that verifies", err=True)
     previous = msgspec.json.decode((rd / "launch.json").read_bytes(), type=LaunchInfo)
     step = int((ckpt / "DONE").read_text())
     if step >= cfg.train.num_steps:
@@ -416,9 +449,23 @@ def prepare_resume(run_dir: str) -> tuple[RunConfig, Path, LaunchInfo]:
     for name in ("metrics.jsonl", "trained.jsonl"):
         path = rd / name
         if path.exists():
-            kept = [l for l in path.read_text().splitlines() if l and json.loads(l)["step"] < step]
+            kept = [l for l in _complete_lines(path) if json.loads(l)["step"] < step]
             path.write_text("".join(l + "\n" for l in kept))
     return cfg, rd, launch
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The lines of a JSON-lines file the run appends to, without a torn last line (a
+    process killed mid-write leaves one; it is dropped, and said so)."""
+    text = path.read_text()
+    lines = [l for l in text.splitlines() if l]
+    if lines and not text.endswith("\n"):
+        try:
+            json.loads(lines[-1])
+        except json.JSONDecodeError:
+            click.echo(f"!! {path.name}: dropped a torn last line ({len(lines[-1])} characters)", err=True)
+            lines.pop()
+    return lines
 
 
 def default_run_dir(config_path: str) -> str:
@@ -438,7 +485,7 @@ def run(cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | 
         try:
             summary = _run_once(cfg, rd, launch)
         except RunFailed as exc:
-            ckpt = latest_checkpoint(rd)
+            ckpt, _ = latest_good_checkpoint(rd)
             if not exc.process_lost or len(resumes) >= cfg.cluster.max_resumes or ckpt is None:
                 if exc.process_lost and cfg.cluster.max_resumes and ckpt is None:
                     click.echo("!! no checkpoint yet to resume from (train.checkpoint_every)", err=True)

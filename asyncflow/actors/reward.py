@@ -64,7 +64,7 @@ class RewardActor(LoopActor):
             responses = [decode(a) for a in batch.columns["response_ids"]]
             answers = [bytes(a).decode() for a in batch.columns["answer"]]
             finish = ["stop" if int(f[0]) else "length" for f in batch.columns["finish"]]
-            rewards = call_reward(self.fn, prompts, responses, answers, finish)
+            rewards = call_reward(self.fn, prompts, responses, answers, finish, row_ids=list(batch.indices))
         with self.activity("put"):
             self.tq.put(batch.indices, {"reward": [np.asarray([r], dtype=np.float32) for r in rewards]})
         self.acks.add(batch)  # acked inside the next request

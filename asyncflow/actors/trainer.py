@@ -67,6 +67,7 @@ from asyncflow.core.actor import serve_actor
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
 from asyncflow.engines.device import torch_dtype
+from asyncflow.actors._manifest import write_manifest
 from asyncflow.engines.digest import weights_digest
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,20 @@ def checkpoint_dir(run_dir: str | Path, version: int) -> Path:
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     done = sorted(p for p in (Path(run_dir) / "checkpoints").glob("step_*") if (p / "DONE").exists())
     return done[-1] if done else None
+
+
+def latest_good_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest complete checkpoint whose MANIFEST.json verifies, and the newer ones
+    skipped as damaged, each with what is wrong (naming the file)."""
+    from asyncflow.actors._manifest import damage
+
+    skipped = []
+    for path in sorted((p for p in (Path(run_dir) / "checkpoints").glob("step_*") if (p / "DONE").exists()), reverse=True):
+        wrong = damage(path)
+        if wrong is None:
+            return path, skipped
+        skipped.append((path, wrong))
+    return None, skipped
 
 
 class TrainerActor(LoopActor):
@@ -241,6 +256,7 @@ class TrainerActor(LoopActor):
                 ref.tell(protocol.SaveRankCheckpoint(path=str(tmp)))
             self.policy.save(tmp)
             (tmp / "roles.msgpack").write_bytes(msgspec.msgpack.encode(states))
+            write_manifest(tmp)  # checked on resume: a damaged checkpoint is named and skipped
             (tmp / "DONE").write_text(f"{self.step}\n")
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)

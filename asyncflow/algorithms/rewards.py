@@ -11,6 +11,11 @@ max_new_tokens; ``answers`` are the dataset's reference answers. The result has 
 float per sample. A custom reward is named ``"package.module:function"`` and loaded
 with ``load_reward_fn``.
 
+Every value a reward function returns is checked before it is used: a function that
+returns the wrong number of values, or a value that is not a finite number (NaN,
+inf), is refused with a ``RewardError`` naming the function and the row. Bad values
+never reach training. ``weighted_sum`` checks each of its terms the same way.
+
 Invariant: rule-based rewards are deterministic and never raise on malformed model
 output (an unparsable answer scores 0).
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import re
 from collections.abc import Callable, Sequence
 from fractions import Fraction
@@ -106,17 +112,56 @@ def format_reward(pattern: str) -> RewardFn:
     return reward
 
 
-def weighted_sum(*terms: tuple[float, RewardFn]) -> RewardFn:
-    """sum_i w_i * fn_i(...): e.g. partial credit for format plus exact match."""
+class RewardError(ValueError):
+    """A reward function returned values that cannot be trained on."""
 
-    def reward(prompts: list[str], responses: list[str], answers: list[str], finish_reasons: list[str]) -> list[float]:
+
+def reward_name(fn: Callable) -> str:
+    """``module:qualname`` of a reward function, as a config names it."""
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _checked(fn: Callable, out: Sequence, prompts: Sequence[str], row_ids: Sequence[int] | None) -> list[float]:
+    """``out`` as floats, after checking it has one finite number per prompt."""
+    name = reward_name(fn)
+    try:
+        count = len(out)
+    except TypeError:
+        raise RewardError(f"reward function {name} returned {type(out).__name__}, not a list of floats; "
+                          f"return one float per sample") from None
+    if count != len(prompts):
+        raise RewardError(f"reward function {name} returned {count} values for {len(prompts)} responses "
+                          f"(expected {len(prompts)}, got {count}); return one float per sample")
+    values = []
+    for i, v in enumerate(out):
+        try:
+            value = float(v)
+        except (TypeError, ValueError):
+            value = math.nan
+        if not math.isfinite(value):
+            row = f"row {row_ids[i]}, " if row_ids is not None else ""
+            raise RewardError(f"reward function {name} returned {v!r} for sample {i} ({row}prompt {prompts[i][:80]!r}); "
+                              f"a reward must be a finite number")
+        values.append(value)
+    return values
+
+
+class weighted_sum:
+    """sum_i w_i * fn_i(...): e.g. partial credit for format plus exact match. Each
+    term's values are checked (count, finiteness) under the term's own name."""
+
+    def __init__(self, *terms: tuple[float, RewardFn]):
+        self.terms = terms
+        self.__module__ = __name__
+        self.__qualname__ = "weighted_sum(" + ", ".join(f"{w:g}*{reward_name(fn)}" for w, fn in terms) + ")"
+
+    def __call__(self, prompts: list[str], responses: list[str], answers: list[str], finish_reasons: list[str],
+                 row_ids: Sequence[int] | None = None) -> list[float]:
         total = [0.0] * len(responses)
-        for weight, fn in terms:
-            for i, v in enumerate(fn(prompts, responses, answers, finish_reasons)):
+        for weight, fn in self.terms:
+            for i, v in enumerate(_checked(fn, fn(prompts, responses, answers, finish_reasons), prompts, row_ids)):
                 total[i] += weight * v
         return total
-
-    return reward
 
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "math_answer": math_answer}
@@ -143,9 +188,11 @@ def load_reward_fn(spec: str) -> RewardFn:
     return fn
 
 
-def call_reward(fn: RewardFn, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str], finish_reasons: Sequence[str]) -> list[float]:
-    """Call a reward function and check it returned one float per sample."""
-    out = fn(list(prompts), list(responses), list(answers), list(finish_reasons))
-    if len(out) != len(responses):
-        raise ValueError(f"reward function returned {len(out)} values for {len(responses)} responses; return one per sample")
-    return [float(v) for v in out]
+def call_reward(fn: RewardFn, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str],
+                finish_reasons: Sequence[str], row_ids: Sequence[int] | None = None) -> list[float]:
+    """Call a reward function and check it returned one finite float per sample
+    (``RewardError`` naming the function and the row otherwise; ``row_ids`` label the
+    rows in that error)."""
+    args = (list(prompts), list(responses), list(answers), list(finish_reasons))
+    out = fn(*args, row_ids=row_ids) if isinstance(fn, weighted_sum) else fn(*args)
+    return _checked(fn, out, prompts, row_ids)

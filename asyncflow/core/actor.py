@@ -12,9 +12,13 @@ Rules:
 - An exception in ``handle`` goes back to the asker as a ``RemoteError`` naming the
   actor and message; for a tell it is logged loudly and the actor keeps serving
   (pykka would stop the actor; a bad message must not take down a role).
-- Malformed frames (random bytes, truncated, wrong schema) are rejected with an
-  error reply and counted (``num_rejected_frames``); the listener keeps serving.
-- tcp requests without the cluster secret are refused (``auth``) and counted.
+- Malformed frames (random bytes, truncated, wrong schema, nested too deep) are
+  rejected with an error reply and counted (``num_rejected_frames``, also in every
+  ``Pong``), with a log line at most every ``REJECT_LOG_INTERVAL_S``; the listener
+  keeps serving. Any exception while serving one frame is contained the same way:
+  no frame ends the receive thread.
+- tcp requests without the cluster secret are refused (``auth``) and counted; the
+  secret is read from the header's fixed prefix before the header is decoded.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ from asyncflow.core.errors import FrameError
 from asyncflow.core.transport import TransportConfig, is_tcp, listen
 
 log = logging.getLogger(__name__)
+
+REJECT_LOG_INTERVAL_S = 10.0
+"""A listener logs at most one rejected frame per this interval (a flood stays quiet)."""
 
 DEFER = object()
 """Returned by ``handle`` when the reply will be sent later through ``pending``."""
@@ -222,11 +229,17 @@ class _Listener:
         self._sock, self.address = listen(address, ctx.transport)
         self._check_secret = is_tcp(self.address)
         self._closed = False
+        self._next_reject_log = 0.0
         self._thread = threading.Thread(target=self._run, name=f"listen-{self._name}", daemon=True)
         self._thread.start()
 
     def _reject(self, ctx: pynng.Context, error_type: str, error: str) -> None:
         self._ctx.num_rejected_frames += 1
+        now = time.monotonic()
+        if now >= self._next_reject_log:  # a flood of bad frames logs once per interval
+            log.warning("actor %s rejected a frame (%s; %d rejected so far): %s",
+                        self._name, error_type, self._ctx.num_rejected_frames, error)
+            self._next_reject_log = now + REJECT_LOG_INTERVAL_S
         try:
             _nngio.send(ctx, frames.error_reply(error_type, error))
         except (pynng.Closed, pynng.Timeout):
@@ -235,46 +248,60 @@ class _Listener:
 
     def _run(self) -> None:
         while not self._closed:
+            ctx = None
             try:
                 ctx = _nngio.new_context(self._sock)
                 frame = _nngio.recv(ctx)
             except pynng.Closed:
-                _nngio.close_quietly(ctx)
+                if ctx is not None:
+                    _nngio.close_quietly(ctx)
                 return
             try:
-                head_view, body_view = frames.split_frame(frame)
-                header = frames.decode_header(head_view)
-            except FrameError as exc:
-                self._reject(ctx, "rejected", f"actor {self._name!r}: {exc}")
-                continue
-            if self._check_secret and not hmac.compare_digest(header.secret, self._secret):
+                self._serve(ctx, frame)
+            except Exception as exc:  # the containment boundary: one frame never ends the listener
+                self._reject(ctx, "rejected", f"actor {self._name!r} failed on a frame: {type(exc).__name__}: {exc}")
+
+    def _serve(self, ctx: pynng.Context, frame: memoryview) -> None:
+        try:
+            head_view, body_view = frames.split_frame(frame)
+        except FrameError as exc:
+            self._reject(ctx, "rejected", f"actor {self._name!r}: {exc}")
+            return
+        if self._check_secret:  # before the header is decoded: an unauthenticated peer gets no parser
+            secret = frames.peek_secret(head_view)
+            if secret is None or not hmac.compare_digest(secret, self._secret):
                 self._reject(ctx, "auth", f"actor {self._name!r} refused the request: wrong or missing cluster secret")
-                continue
-            if header.target != self._name:
-                self._reject(ctx, "unknown_actor", f"this address serves {self._name!r}, not {header.target!r}")
-                continue
+                return
+        try:
+            header = frames.decode_header(head_view)
+        except FrameError as exc:
+            self._reject(ctx, "rejected", f"actor {self._name!r}: {exc}")
+            return
+        if header.target != self._name:
+            self._reject(ctx, "unknown_actor", f"this address serves {self._name!r}, not {header.target!r}")
+            return
+        try:
+            msg = frames.decode_body(self._decoder, body_view)
+        except FrameError as exc:
+            self._reject(ctx, "rejected", f"actor {self._name!r} {exc}")
+            return
+        if self._urgent and isinstance(msg, self._urgent):
+            self._serve_urgent(ctx, msg)
+            return
+        if header.kind == protocol.TELL:
+            pending = None
             try:
-                msg = self._decoder.decode(body_view)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                self._reject(ctx, "rejected", f"actor {self._name!r} cannot decode the message: {exc}")
-                continue
-            if self._urgent and isinstance(msg, self._urgent):
-                self._serve_urgent(ctx, msg)
-                continue
-            if header.kind == protocol.TELL:
-                pending = None
-                try:
-                    _nngio.send(ctx, frames.ok_reply())
-                except (pynng.Closed, pynng.Timeout):
-                    pass
-                _nngio.close_quietly(ctx)
-            else:
-                pending = Pending(ctx, self._name, type(msg).__name__)
-            try:
-                self._pykka_ref.tell(_Delivery(msg, pending))
-            except pykka.ActorDeadError:
-                if pending is not None:
-                    pending._send(frames.error_reply("remote", f"actor {self._name!r} has stopped"))
+                _nngio.send(ctx, frames.ok_reply())
+            except (pynng.Closed, pynng.Timeout):
+                pass
+            _nngio.close_quietly(ctx)
+        else:
+            pending = Pending(ctx, self._name, type(msg).__name__)
+        try:
+            self._pykka_ref.tell(_Delivery(msg, pending))
+        except pykka.ActorDeadError:
+            if pending is not None:
+                pending._send(frames.error_reply("remote", f"actor {self._name!r} has stopped"))
 
     def _serve_urgent(self, ctx: pynng.Context, msg: Any) -> None:
         try:

@@ -3,6 +3,12 @@
 The body is encoded straight after the header with ``encode_into`` so a large
 tensor payload is copied once into the frame; decoding yields memoryviews into the
 received frame (no copy). Encoders and decoders are built once per process.
+
+Every decoder here turns any malformed input (bad msgpack, a wrong schema, values
+nested so deep that msgspec raises ``RecursionError``) into ``FrameError``.
+The request header is the msgpack array ``[target, kind, secret, timeout_s]``:
+``peek_secret`` reads the secret from that fixed prefix without decoding anything
+else, so a listener refuses an unauthenticated frame before it parses the rest.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ _ENCODER = msgspec.msgpack.Encoder()
 _HEADER_DECODER = msgspec.msgpack.Decoder(protocol.Header)
 _REPLY_HEADER_DECODER = msgspec.msgpack.Decoder(protocol.ReplyHeader)
 _NONE = _ENCODER.encode(None)
+_MALFORMED = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
 def encode_frame(header: msgspec.Struct, body: Any = None) -> bytearray:
@@ -45,14 +52,68 @@ def split_frame(frame: bytes | memoryview) -> tuple[memoryview, memoryview]:
 def decode_header(view: memoryview) -> protocol.Header:
     try:
         return _HEADER_DECODER.decode(view)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except _MALFORMED as exc:
         raise FrameError(f"bad request header: {exc}") from None
+
+
+def _msgpack_length(view: memoryview, pos: int, fixed: tuple[int, int], sized: dict[int, int]) -> tuple[int, int] | None:
+    """(length, position after the type prefix) of a msgpack str/bin/array at ``pos``;
+    None when the byte there is none of the ``fixed`` range or ``sized`` codes."""
+    if pos >= len(view):
+        return None
+    code = view[pos]
+    if fixed[0] <= code <= fixed[1]:
+        return code - fixed[0], pos + 1
+    width = sized.get(code)
+    if width is None or pos + 1 + width > len(view):
+        return None
+    return int.from_bytes(view[pos + 1 : pos + 1 + width], "big"), pos + 1 + width
+
+
+_ARRAY = ((0x90, 0x9F), {0xDC: 2, 0xDD: 4})
+_STR = ((0xA0, 0xBF), {0xD9: 1, 0xDA: 2, 0xDB: 4})
+_BIN = ((1, 0), {0xC4: 1, 0xC5: 2, 0xC6: 4})  # no fixed form
+_INT_WIDTH = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}
+
+
+def peek_secret(view: memoryview) -> bytes | None:
+    """The ``secret`` of a request header, read from its fixed prefix (array head,
+    ``target`` str, ``kind`` int, ``secret`` bin) without decoding the rest; None
+    when the header does not start that way (the frame is then refused as unauthenticated)."""
+    array = _msgpack_length(view, 0, *_ARRAY)
+    if array is None or array[0] < 3:
+        return None
+    target = _msgpack_length(view, array[1], *_STR)
+    if target is None:
+        return None
+    pos = target[1] + target[0]
+    if pos >= len(view):
+        return None
+    code = view[pos]
+    if code <= 0x7F or code >= 0xE0:  # positive or negative fixint
+        pos += 1
+    elif code in _INT_WIDTH:
+        pos += 1 + _INT_WIDTH[code]
+    else:
+        return None
+    secret = _msgpack_length(view, pos, *_BIN)
+    if secret is None or secret[1] + secret[0] > len(view):
+        return None
+    return bytes(view[secret[1] : secret[1] + secret[0]])
+
+
+def decode_body(decoder: msgspec.msgpack.Decoder, view: memoryview) -> Any:
+    """Decode a request body with an actor's inbox decoder."""
+    try:
+        return decoder.decode(view)
+    except _MALFORMED as exc:
+        raise FrameError(f"cannot decode the message: {exc}") from None
 
 
 def decode_reply_header(view: memoryview) -> protocol.ReplyHeader:
     try:
         return _REPLY_HEADER_DECODER.decode(view)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except _MALFORMED as exc:
         raise FrameError(f"bad reply header: {exc}") from None
 
 
@@ -79,7 +140,7 @@ def decode_any(view: memoryview) -> Any:
     """Decode a reply body: any protocol message, or None."""
     try:
         return _any_message_decoder().decode(view)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except _MALFORMED as exc:
         raise FrameError(f"bad reply body: {exc}") from None
 
 

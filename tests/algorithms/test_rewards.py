@@ -58,7 +58,7 @@ def test_custom_rewards_load_by_dotted_path_or_builtin_name():
 
 
 def test_a_reward_returning_the_wrong_count_is_an_error():
-    with pytest.raises(ValueError, match="one per sample"):
+    with pytest.raises(ValueError, match=r"returned 1 values for 2 responses \(expected 2, got 1\)"):
         call_reward(lambda p, r, a, f: [1.0], ["a", "b"], ["a", "b"], ["a", "b"], ["stop", "stop"])
 
 
@@ -77,3 +77,51 @@ def test_reverse_task_reward_and_dataset_file(tmp_path):
     got = tasks.reverse_reward(["rev:372"] * 4, ["273", "27", "723", "273"], ["273"] * 4, ["stop", "stop", "stop", "length"])
     # 0.1 format + 0.9 x digits in place: 1.0; 0.9 x 2/3; 0.1 + 0.9 x 1/3; 0.9
     assert got == pytest.approx([1.0, 0.6, 0.4, 0.9])
+
+
+def nan_for_the_second(prompts, responses, answers, finish_reasons):
+    return [1.0, float("nan"), 0.0][: len(responses)]
+
+
+def inf_everywhere(prompts, responses, answers, finish_reasons):
+    return [float("inf")] * len(responses)
+
+
+def one_value_short(prompts, responses, answers, finish_reasons):
+    return [1.0] * (len(responses) - 1)
+
+
+_ROWS = (["1+1=", "2+2=", "3+3="], ["2", "4", "6"], ["2", "4", "6"], ["stop"] * 3)
+
+
+@pytest.mark.timeout(10)
+def test_a_nan_reward_is_refused_naming_the_function_and_the_row():
+    with pytest.raises(ValueError, match=r"test_rewards:nan_for_the_second returned nan for sample 1 \(row 41, prompt '2\+2='\)"):
+        call_reward(nan_for_the_second, *_ROWS, row_ids=[40, 41, 42])
+
+
+@pytest.mark.timeout(10)
+def test_an_infinite_reward_inside_a_weighted_sum_is_refused_naming_the_term():
+    fn = weighted_sum((0.5, exact_match), (0.5, inf_everywhere))
+    with pytest.raises(ValueError, match=r"test_rewards:inf_everywhere returned inf for sample 0 \(prompt '1\+1='\)"):
+        call_reward(fn, *_ROWS)
+
+
+@pytest.mark.timeout(10)
+def test_a_term_of_a_weighted_sum_returning_too_few_values_is_refused_not_padded():
+    fn = weighted_sum((0.5, exact_match), (0.5, one_value_short))
+    with pytest.raises(ValueError, match=r"test_rewards:one_value_short returned 2 values for 3 responses \(expected 3, got 2\)"):
+        call_reward(fn, *_ROWS)
+
+
+@pytest.mark.timeout(10)
+def test_a_reward_that_is_not_a_number_is_refused():
+    with pytest.raises(ValueError, match=r"returned 'high' for sample 0"):
+        call_reward(lambda p, r, a, f: ["high"] * len(r), *_ROWS)
+
+
+@pytest.mark.timeout(10)
+def test_a_nan_term_of_a_weighted_sum_names_the_row_ids_given_to_call_reward():
+    fn = weighted_sum((1.0, nan_for_the_second))
+    with pytest.raises(ValueError, match=r"nan_for_the_second returned nan for sample 1 \(row 8, prompt '2\+2='\)"):
+        call_reward(fn, *_ROWS, row_ids=[7, 8, 9])

@@ -1,0 +1,58 @@
+"""The driver's stop path runs to the end whatever fails inside it (issue 11, item 4)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import tempfile
+
+import pytest
+
+from asyncflow.actors._run import LaunchInfo
+from asyncflow.actors.collector import CollectorActor
+from asyncflow.actors.launcher import Launcher
+from asyncflow.core.config import load_config_text
+
+
+class _StuckHost:
+    """A process host whose stop fails (its process table entry is unreadable, say)."""
+
+    def __init__(self):
+        self.asked = False
+
+    def stop(self, timeout_s: float) -> None:
+        self.asked = True
+        raise OSError(errno.EIO, "Input/output error")
+
+
+class _Host:
+    def __init__(self):
+        self.stopped = False
+
+    def stop(self, timeout_s: float) -> None:
+        self.stopped = True
+
+
+@pytest.mark.timeout(60)
+def test_a_full_disk_while_writing_the_trace_still_stops_the_hosts_the_collector_and_the_directory(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the cluster pointer file stays in this test
+    cfg = load_config_text("[logging]\nprogress = false\n")
+
+    def disk_full(self, path):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(CollectorActor, "write_trace", disk_full)
+    launcher = Launcher(cfg, tmp_path, LaunchInfo(model_dir="m", base_model_dir="m", data_path="d"))
+    launcher.workers = []  # no roles: the driver's own actors are what this test stops
+    launcher.start()
+    stuck, fine = _StuckHost(), _Host()
+    launcher.hosts = {"stuck": stuck, "fine": fine}
+    with caplog.at_level(logging.ERROR, logger="asyncflow.actors.launcher"):
+        errors = launcher.stop()
+    assert stuck.asked and fine.stopped
+    assert not launcher.collector.pykka_ref.is_alive()
+    assert not launcher.directory.pykka_ref.is_alive()
+    assert json.loads((tmp_path / "cluster.json").read_text())["running"] is False
+    assert [stage for stage, _ in errors] == ["stop host stuck", "write trace.json"]
+    assert "No space left on device" in caplog.text and "write trace.json" in caplog.text
