@@ -1,7 +1,8 @@
 """The run directory and what every role reads from it at start.
 
     RUN_DIR/
-      config.json          the resolved RunConfig
+      config.json          the resolved RunConfig, without the cluster secret
+      secret               the cluster secret of a config that sets one (mode 0600)
       launch.json          this launch: model dir, data file, start step (LaunchInfo)
       model/ data.jsonl    the tiny model and task data, when the config builds them
       metrics.jsonl        one object per trainer step

@@ -44,6 +44,7 @@ from asyncflow.actors.collector import COLLECTOR, CollectorActor
 from asyncflow.actors.trainer import latest_good_checkpoint
 from asyncflow.actors.trainer_rank import rank_name
 from asyncflow.core import protocol
+from asyncflow.core._private import write_private
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.config import ConfigError, RunConfig, dump_config
 from asyncflow.core.directory import DirectoryClient, start_directory
@@ -416,16 +417,42 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
                                         warm_start_steps=cfg.model.tiny_warm_start_steps if cfg.model.tiny_warm_start else 0))
     launch = LaunchInfo(model_dir=os.path.abspath(model_dir), base_model_dir=os.path.abspath(model_dir),
                         data_path=os.path.abspath(data_path))
-    (rd / "config.json").write_text(dump_config(cfg))
+    write_run_config(cfg, rd)
     (rd / "launch.json").write_bytes(msgspec.json.format(msgspec.json.encode(launch)))
     return cfg, rd, launch
+
+
+SECRET_FILE = "secret"
+"""RUN_DIR/secret: the cluster secret of a config that sets one (mode 0600)."""
+
+
+def write_run_config(cfg: RunConfig, rd: Path) -> None:
+    """RUN_DIR/config.json, which never holds the cluster secret (it is read by every
+    role and copied around); a secret set in the config goes to RUN_DIR/secret at mode 0600."""
+    transport = cfg.cluster.transport
+    if transport.secret:
+        write_private(rd / SECRET_FILE, transport.secret.encode())
+        cfg = msgspec.structs.replace(cfg, cluster=msgspec.structs.replace(
+            cfg.cluster, transport=msgspec.structs.replace(transport, secret="")))
+    (rd / "config.json").write_text(dump_config(cfg))
+
+
+def read_run_config(rd: Path) -> RunConfig:
+    """RUN_DIR/config.json with the secret of RUN_DIR/secret put back (when there is one)."""
+    rd = Path(rd)
+    cfg = msgspec.json.decode((rd / "config.json").read_bytes(), type=RunConfig)
+    secret_file = rd / SECRET_FILE
+    if secret_file.exists():
+        transport = msgspec.structs.replace(cfg.cluster.transport, secret=secret_file.read_text())
+        cfg = msgspec.structs.replace(cfg, cluster=msgspec.structs.replace(cfg.cluster, transport=transport))
+    return cfg
 
 
 def prepare_resume(run_dir: str) -> tuple[RunConfig, Path, LaunchInfo]:
     rd = Path(run_dir)
     if not (rd / "config.json").exists():
         raise ConfigError(f"{rd} is not a run directory (no config.json)")
-    cfg = msgspec.json.decode((rd / "config.json").read_bytes(), type=RunConfig)
+    cfg = read_run_config(rd)
     ckpt, damaged = latest_good_checkpoint(rd)
     for path, wrong in damaged:
         click.echo(f"!! checkpoint {path.name} is damaged: {wrong}; skipping it", err=True)

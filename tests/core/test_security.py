@@ -1,0 +1,48 @@
+"""Transport and run-directory security (issue 11, item 8): secret files, ipc
+directory checks, IPv6 loopback, receive limits, TLS."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import msgspec
+import pytest
+
+from asyncflow.core.config import load_config_text
+from tiny_config import tiny_config_text
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = "s3cr3t-for-the-test"
+
+
+def _config_with_secret(tmp_path):
+    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    (tmp_path / "model").mkdir()
+    text = tiny_config_text(
+        {"data": {"path": str(tmp_path / "data.jsonl")}, "model": {"path": str(tmp_path / "model")}},
+        extra=f'\n[cluster.transport]\nsecret = "{SECRET}"\n',
+    )
+    return load_config_text(text)
+
+
+def test_the_run_directory_keeps_the_secret_out_of_config_json_and_in_a_file_of_mode_0600(tmp_path):
+    from asyncflow.actors.launcher import prepare_new
+
+    cfg = _config_with_secret(tmp_path)
+    _, rd, _ = prepare_new(cfg, tmp_path / "run")
+    config_text = (rd / "config.json").read_text()
+    assert SECRET not in config_text
+    assert json.loads(config_text)["cluster"]["transport"]["secret"] == ""
+    secret_file = rd / "secret"
+    assert secret_file.read_text() == SECRET
+    assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+
+
+def test_a_resumed_run_takes_its_secret_back_from_the_secret_file(tmp_path):
+    from asyncflow.actors.launcher import read_run_config, prepare_new
+
+    cfg = _config_with_secret(tmp_path)
+    _, rd, _ = prepare_new(cfg, tmp_path / "run")
+    assert read_run_config(rd).cluster.transport.secret == SECRET
