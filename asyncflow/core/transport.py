@@ -7,8 +7,9 @@
 - The address a tcp listener registers is the one peers can dial: ``bind_host``
   itself, or ``advertise_host`` when ``bind_host`` is a wildcard (``0.0.0.0``).
 - tcp requests must carry the cluster secret (``secret`` here, or the environment
-  variable ``ASYNCFLOW_SECRET``); ipc/inproc peers are trusted by the filesystem
-  (the ipc directory is private to the user).
+  variable ``ASYNCFLOW_SECRET``); ipc/inproc peers are trusted by the filesystem:
+  the ipc directory must belong to this user and be writable by no one else
+  (``ipc_dir`` refuses it otherwise).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import stat
 import tempfile
 import threading
 import uuid
@@ -84,10 +86,29 @@ _ipc_lock = threading.Lock()
 
 
 def ipc_dir(config: TransportConfig) -> str:
+    """The directory of this process's ipc sockets: made private (0700) when new, and
+    refused when another user owns it or others may write to it (they could replace
+    a socket with their own and receive our frames)."""
     with _ipc_lock:
         path = config.ipc_dir or os.path.join(tempfile.gettempdir(), f"asyncflow-{os.getuid()}")
         os.makedirs(path, mode=0o700, exist_ok=True)
+        check_private_dir(path)
         return path
+
+
+def check_private_dir(path: str) -> None:
+    st = os.stat(path)
+    key = "[cluster.transport] ipc_dir"
+    if st.st_uid != os.getuid():
+        raise PermissionError(
+            f"{key}: the ipc directory {path} is owned by uid {st.st_uid}, not by this user (uid {os.getuid()}): "
+            f"set ipc_dir to a directory of your own (mode 0700), or remove {path}"
+        )
+    if st.st_mode & 0o022:
+        raise PermissionError(
+            f"{key}: the ipc directory {path} has mode {stat.S_IMODE(st.st_mode):04o}, writable by other users: "
+            f"`chmod 700 {path}`, or set ipc_dir to a private directory"
+        )
 
 
 def new_address(config: TransportConfig, name: str) -> str:

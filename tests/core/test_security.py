@@ -46,3 +46,33 @@ def test_a_resumed_run_takes_its_secret_back_from_the_secret_file(tmp_path):
     cfg = _config_with_secret(tmp_path)
     _, rd, _ = prepare_new(cfg, tmp_path / "run")
     assert read_run_config(rd).cluster.transport.secret == SECRET
+
+
+def test_an_ipc_directory_writable_by_others_is_refused_with_the_key_to_change(tmp_path):
+    from asyncflow.core.transport import TransportConfig, new_address
+
+    shared = tmp_path / "ipc"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(PermissionError, match=r"\[cluster.transport\] ipc_dir.*0777"):
+        new_address(TransportConfig(scheme="ipc", ipc_dir=str(shared)), "echo")
+
+
+def test_an_ipc_directory_owned_by_another_user_is_refused(tmp_path, monkeypatch):
+    import os
+
+    from asyncflow.core import transport
+
+    private = tmp_path / "ipc"
+    private.mkdir(mode=0o700)
+    monkeypatch.setattr(transport.os, "getuid", lambda: os.stat(private).st_uid + 1)  # we are someone else
+    with pytest.raises(PermissionError, match=r"owned by uid"):
+        transport.new_address(transport.TransportConfig(scheme="ipc", ipc_dir=str(private)), "echo")
+
+
+def test_a_private_ipc_directory_is_used(tmp_path):
+    from asyncflow.core.transport import TransportConfig, new_address
+
+    private = tmp_path / "ipc"
+    private.mkdir(mode=0o700)
+    assert new_address(TransportConfig(scheme="ipc", ipc_dir=str(private)), "echo").startswith(f"ipc://{private}/")
