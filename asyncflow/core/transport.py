@@ -27,8 +27,8 @@ import pynng
 
 SECRET_ENV = "ASYNCFLOW_SECRET"
 TRANSPORT_ENV = "ASYNCFLOW_TRANSPORT"
-_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-_WILDCARD = {"0.0.0.0", "::", ""}
+_LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+_WILDCARD = {"0.0.0.0", "::", "[::]", ""}
 
 
 class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -118,7 +118,12 @@ def new_address(config: TransportConfig, name: str) -> str:
         return f"inproc://{safe}-{uuid.uuid4().hex[:8]}"
     if config.scheme == "ipc":
         return f"ipc://{ipc_dir(config)}/{safe}-{os.getpid()}-{next(_counter)}.sock"
-    return f"tcp://{config.bind_host}:0"
+    return f"tcp://{url_host(config.bind_host)}:0"
+
+
+def url_host(host: str) -> str:
+    """``host`` as it goes in a URL: an IPv6 literal in brackets (``[::1]``), as nng wants."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def is_tcp(address: str) -> bool:
@@ -143,7 +148,7 @@ def listen(address: str, config: TransportConfig) -> tuple[pynng.Rep0, str]:
         host, _, port = str(listener.local_address).rpartition(":")
         if host in _WILDCARD:
             host = config.advertise_host
-        address = f"tcp://{host}:{port}"
+        address = f"tcp://{url_host(host)}:{port}"
     return sock, address
 
 

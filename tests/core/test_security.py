@@ -76,3 +76,31 @@ def test_a_private_ipc_directory_is_used(tmp_path):
     private = tmp_path / "ipc"
     private.mkdir(mode=0o700)
     assert new_address(TransportConfig(scheme="ipc", ipc_dir=str(private)), "echo").startswith(f"ipc://{private}/")
+
+
+def _has_ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="this kernel has no IPv6 loopback")
+def test_an_actor_bound_on_the_ipv6_loopback_answers_over_tcp():
+    from asyncflow.core import protocol
+    from asyncflow.core.actor import serve_actor
+    from asyncflow.core.echo import EchoActor
+    from asyncflow.core.ref import ActorRef
+    from asyncflow.core.transport import TransportConfig
+
+    transport = TransportConfig(scheme="tcp", bind_host="::1", secret=SECRET)
+    served = serve_actor(EchoActor, "echo", transport)
+    try:
+        assert served.address.startswith("tcp://[::1]:")
+        assert ActorRef("echo", served.address, transport).ask(protocol.Echo(payload=b"v6"), timeout_s=5).payload == b"v6"
+    finally:
+        served.stop()
