@@ -170,6 +170,10 @@ class Actor(pykka.ThreadingActor):
     waiting behind the message in progress (notifications such as WeightsReady
     that must not wait for a long unit of work). Thread safety is the actor's."""
 
+    Control: ClassVar[bool] = False
+    """A control actor (directory, process host) takes only small messages: its listener
+    receives frames of up to ``control_max_message_bytes`` instead of ``max_message_bytes``."""
+
     def handle_urgent(self, msg: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} lists {type(msg).__name__} in Urgent but has no handle_urgent")
 
@@ -226,7 +230,8 @@ class _Listener:
         self._decoder = frames.decoder_for(actor_cls.Inbox)
         self._urgent = actor_cls.Urgent
         self._secret = ctx.transport.secret_bytes()
-        self._sock, self.address = listen(address, ctx.transport)
+        limit = ctx.transport.control_max_message_bytes if actor_cls.Control else ctx.transport.max_message_bytes
+        self._sock, self.address = listen(address, ctx.transport, limit)
         self._check_secret = is_tcp(self.address)
         self._closed = False
         self._next_reject_log = 0.0

@@ -18,6 +18,7 @@ DIRECTORY_NAME = "directory"
 
 class DirectoryActor(Actor):
     Inbox = protocol.DirectoryIn
+    Control = True  # small frames only (control_max_message_bytes)
 
     def __init__(self, ctx: ActorContext):
         super().__init__(ctx)

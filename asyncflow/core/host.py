@@ -78,6 +78,7 @@ class HostActor(Actor):
 
     Inbox = protocol.HostIn
     Urgent = (protocol.Ping,)  # the driver's heartbeat: answered while StartActors loads a model
+    Control = True  # small frames only (control_max_message_bytes)
 
     def __init__(self, ctx: ActorContext, stopped: threading.Event):
         super().__init__(ctx)

@@ -15,7 +15,7 @@ import pynng
 
 from asyncflow.core import _nngio, frames, protocol
 from asyncflow.core.errors import ActorGone, ActorTimeout, RemoteError, Unauthorized
-from asyncflow.core.transport import TransportConfig, dial, set_context_timeouts
+from asyncflow.core.transport import TransportConfig, dial, is_tcp, set_context_timeouts
 
 _sockets: dict[tuple[str, int], pynng.Req0] = {}
 _sockets_lock = threading.Lock()
@@ -33,7 +33,7 @@ def _context_for(sock: pynng.Req0) -> pynng.Context:
 
 
 def _socket_for(address: str, config: TransportConfig) -> pynng.Req0:
-    key = (address, config.max_message_bytes)
+    key = (address, config.max_message_bytes, config.tls_dir)
     with _sockets_lock:
         sock = _sockets.get(key)
         if sock is None:
@@ -62,7 +62,7 @@ class ActorRef:
         self.name = name
         self.address = address
         self._config = config or TransportConfig.from_env()
-        self._secret = self._config.secret_bytes() if address.startswith("tcp://") else b""
+        self._secret = self._config.secret_bytes() if is_tcp(address) else b""
 
     def __repr__(self) -> str:
         return f"ActorRef({self.name!r}, {self.address!r})"

@@ -6,6 +6,7 @@
   a non-loopback address without a cluster secret is refused.
 - The address a tcp listener registers is the one peers can dial: ``bind_host``
   itself, or ``advertise_host`` when ``bind_host`` is a wildcard (``0.0.0.0``).
+- With ``tls_dir`` tcp is ``tls+tcp://`` with mutual authentication (``core/tls.py``).
 - tcp requests must carry the cluster secret (``secret`` here, or the environment
   variable ``ASYNCFLOW_SECRET``); ipc/inproc peers are trusted by the filesystem:
   the ipc directory must belong to this user and be writable by no one else
@@ -38,12 +39,28 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     scheme: str = "ipc"
     bind_host: str = "127.0.0.1"
     secret: str = ""
+    """tcp without ``tls_dir``: the cluster secret every frame carries and every tcp
+    listener checks (it travels in clear text: see docs/security.md). Prefer the
+    ASYNCFLOW_SECRET environment variable; one set here is written to RUN_DIR/secret
+    (mode 0600), never to RUN_DIR/config.json."""
     max_message_bytes: int = 2 << 30
     ipc_dir: str = ""
+    """ipc: the directory of the sockets (empty: a fresh one per run, or
+    TMPDIR/asyncflow-UID). It must belong to this user and be writable by no one else."""
     connect_timeout_s: float = 10.0
     advertise_host: str = ""
     """tcp with a wildcard ``bind_host``: the node's own address, registered in the
     directory so that peers on other nodes can dial it (launcher = ray sets it)."""
+    tls_dir: str = ""
+    """tcp: a directory made by `afctl certs DIR` (ca.pem, node.pem, node.key), present
+    on every node. When set, tcp listeners and dialers use TLS (``tls+tcp://``) with
+    mutual authentication against this cluster's CA: frames are encrypted, a captured
+    frame cannot be replayed, and a peer without the cluster's certificate cannot send
+    a byte to a listener. See docs/security.md."""
+    control_max_message_bytes: int = 16 << 20
+    """The largest frame the control listeners (directory, process hosts) accept; other
+    listeners accept ``max_message_bytes``. nng buffers a whole frame before the
+    listener sees it, so this bounds what an unauthenticated peer makes them hold."""
     ports: str = ""
     """tcp: the range ``"MIN-MAX"`` of ports listeners take, one per actor (to open in
     a firewall); empty: any free port."""
@@ -62,14 +79,20 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     def validate(self) -> "TransportConfig":
         if self.scheme not in ("inproc", "ipc", "tcp"):
             raise ValueError(f"[cluster.transport] scheme = {self.scheme!r}: use 'inproc', 'ipc' or 'tcp'")
-        if self.scheme == "tcp" and self.bind_host not in _LOOPBACK and not self.secret_bytes():
+        if self.scheme == "tcp" and self.bind_host not in _LOOPBACK and not (self.secret_bytes() or self.tls_dir):
             raise ValueError(
                 f"[cluster.transport] bind_host = {self.bind_host!r} is not loopback: set "
-                f"[cluster.transport] secret or the {SECRET_ENV} environment variable"
+                f"[cluster.transport] tls_dir (from `afctl certs DIR`), or a secret "
+                f"([cluster.transport] secret or the {SECRET_ENV} environment variable)"
             )
         self.port_range()
         if self.max_message_bytes <= 0:
             raise ValueError("[cluster.transport] max_message_bytes must be > 0")
+        if self.control_max_message_bytes <= 0:
+            raise ValueError("[cluster.transport] control_max_message_bytes must be > 0")
+        if self.tls_dir and self.scheme != "tcp":
+            raise ValueError(f"[cluster.transport] tls_dir is set but scheme = {self.scheme!r}: TLS is for tcp; "
+                             f"set scheme = 'tcp' or remove tls_dir")
         return self
 
     def to_env(self) -> str:
@@ -118,7 +141,11 @@ def new_address(config: TransportConfig, name: str) -> str:
         return f"inproc://{safe}-{uuid.uuid4().hex[:8]}"
     if config.scheme == "ipc":
         return f"ipc://{ipc_dir(config)}/{safe}-{os.getpid()}-{next(_counter)}.sock"
-    return f"tcp://{url_host(config.bind_host)}:0"
+    return f"{_tcp_scheme(config)}://{url_host(config.bind_host)}:0"
+
+
+def _tcp_scheme(config: TransportConfig) -> str:
+    return "tls+tcp" if config.tls_dir else "tcp"
 
 
 def url_host(host: str) -> str:
@@ -127,19 +154,34 @@ def url_host(host: str) -> str:
 
 
 def is_tcp(address: str) -> bool:
-    return address.startswith("tcp://")
+    """tcp, with or without TLS."""
+    return address.startswith(("tcp://", "tls+tcp://"))
 
 
-def listen(address: str, config: TransportConfig) -> tuple[pynng.Rep0, str]:
+def _tls(address: str, config: TransportConfig, server: bool) -> dict:
+    """The socket options of ``address``: a TLSConfig for ``tls+tcp://``."""
+    if not address.startswith("tls+tcp://"):
+        return {}
+    if not config.tls_dir:
+        raise ValueError(f"{address} needs TLS: set [cluster.transport] tls_dir to this cluster's `afctl certs` directory")
+    from asyncflow.core.tls import tls_config
+
+    return {"tls_config": tls_config(config.tls_dir, server)}
+
+
+def listen(address: str, config: TransportConfig, max_message_bytes: int | None = None) -> tuple[pynng.Rep0, str]:
     """A Rep0 listener on ``address``; returns it and the address peers dial (tcp: port
-    filled in; a wildcard host replaced by ``advertise_host``)."""
-    if is_tcp(address) and address[6:].rpartition(":")[0] in _WILDCARD and config.advertise_host in _WILDCARD:
+    filled in; a wildcard host replaced by ``advertise_host``). It receives frames of
+    up to ``max_message_bytes`` (default: the config's)."""
+    scheme, _, rest = address.partition("://")
+    if is_tcp(address) and rest.rpartition(":")[0] in _WILDCARD and config.advertise_host in _WILDCARD:
         raise ValueError(
             f"[cluster.transport] bind_host = {config.bind_host!r} listens on every interface, but peers need one "
             f"address to dial: set [cluster.transport] advertise_host to this node's address, or bind_host to it "
             f"(launcher = 'ray' sets it on each node)"
         )
-    sock = pynng.Rep0(recv_max_size=config.max_message_bytes, send_timeout=int(config.connect_timeout_s * 1000))
+    sock = pynng.Rep0(recv_max_size=max_message_bytes or config.max_message_bytes,
+                      send_timeout=int(config.connect_timeout_s * 1000), **_tls(address, config, server=True))
     if is_tcp(address) and address.endswith(":0") and config.ports:
         listener = _listen_in_range(sock, address[: -len(":0")], config)
     else:
@@ -148,7 +190,7 @@ def listen(address: str, config: TransportConfig) -> tuple[pynng.Rep0, str]:
         host, _, port = str(listener.local_address).rpartition(":")
         if host in _WILDCARD:
             host = config.advertise_host
-        address = f"tcp://{url_host(host)}:{port}"
+        address = f"{scheme}://{url_host(host)}:{port}"
     return sock, address
 
 
@@ -172,7 +214,8 @@ def dial(address: str, config: TransportConfig) -> pynng.Req0:
     """A Req0 dialer; connects in the background and reconnects on its own.
 
     Resend is off: a request is delivered at most once (exactly-once is built on top)."""
-    sock = pynng.Req0(recv_max_size=config.max_message_bytes, reconnect_time_min=20, reconnect_time_max=500)
+    sock = pynng.Req0(recv_max_size=config.max_message_bytes, reconnect_time_min=20, reconnect_time_max=500,
+                      **_tls(address, config, server=False))
     sock.resend_time = -1
     sock.dial(address, block=False)
     return sock

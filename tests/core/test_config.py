@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
      "cluster.train_devices = [0]: give one device per trainer rank (2 ids), or none"),
     ('[[roles]]\nname = "trainer"\ncls = "m:C"', "roles.name = 'trainer': this name belongs to a built-in role"),
     ("[cluster.transport]\nscheme = 'tcp'\nbind_host = '0.0.0.0'",
-     "cluster.transport.bind_host = '0.0.0.0' is not loopback: set cluster.transport.secret"),
+     "cluster.transport.bind_host = '0.0.0.0' is not loopback: set cluster.transport.tls_dir"),
 ])
 def test_a_wrong_key_or_value_names_the_key_and_the_fix(text, message, monkeypatch):
     monkeypatch.delenv("ASYNCFLOW_SECRET", raising=False)

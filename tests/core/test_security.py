@@ -104,3 +104,130 @@ def test_an_actor_bound_on_the_ipv6_loopback_answers_over_tcp():
         assert ActorRef("echo", served.address, transport).ask(protocol.Echo(payload=b"v6"), timeout_s=5).payload == b"v6"
     finally:
         served.stop()
+
+
+# -- TLS (tls+tcp://, mutual authentication) -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster_certs(tmp_path_factory):
+    pytest.importorskip("cryptography")
+    from asyncflow.core.tls import make_cluster_certs
+
+    return make_cluster_certs(tmp_path_factory.mktemp("certs") / "tls")
+
+
+@pytest.fixture
+def tls_echo(cluster_certs):
+    from asyncflow.core.actor import serve_actor
+    from asyncflow.core.echo import EchoActor
+    from asyncflow.core.transport import TransportConfig
+
+    transport = TransportConfig(scheme="tcp", tls_dir=str(cluster_certs))
+    served = serve_actor(EchoActor, "echo", transport)
+    yield served, transport
+    served.stop()
+
+
+def test_afctl_certs_writes_the_keys_at_mode_0600(tmp_path):
+    pytest.importorskip("cryptography")
+    from click.testing import CliRunner
+
+    from asyncflow.cli.main import main
+
+    result = CliRunner().invoke(main, ["certs", str(tmp_path / "tls")])
+    assert result.exit_code == 0, result.output
+    for name in ("ca.key", "node.key"):
+        assert stat.S_IMODE((tmp_path / "tls" / name).stat().st_mode) == 0o600
+    assert {p.name for p in (tmp_path / "tls").iterdir()} == {"ca.pem", "ca.key", "node.pem", "node.key"}
+
+
+def test_a_tls_actor_answers_a_peer_of_its_cluster_and_no_other(tls_echo, tmp_path):
+    from asyncflow.core import protocol
+    from asyncflow.core.errors import ActorGone, ActorTimeout
+    from asyncflow.core.ref import ActorRef
+    from asyncflow.core.tls import make_cluster_certs
+
+    served, transport = tls_echo
+    assert served.address.startswith("tls+tcp://127.0.0.1:")
+    assert ActorRef("echo", served.address, transport).ask(protocol.Echo(payload=b"hi"), timeout_s=5).payload == b"hi"
+    other = msgspec.structs.replace(transport, tls_dir=str(make_cluster_certs(tmp_path / "other")))
+    with pytest.raises((ActorTimeout, ActorGone)):
+        ActorRef("echo", served.address, other).tell(protocol.Echo(payload=b"intruder"), timeout_s=1.5)
+    plain = served.address.replace("tls+tcp://", "tcp://")
+    with pytest.raises((ActorTimeout, ActorGone)):
+        ActorRef("echo", plain, msgspec.structs.replace(transport, tls_dir="")).tell(protocol.Echo(), timeout_s=1.5)
+    assert served.pykka_ref.proxy().num_told.get() == 0
+    assert served.num_rejected_frames == 0  # refused by the TLS handshake: no frame reached the listener
+
+
+class _Relay:
+    """A tcp relay that records every byte the client sends (a wiretap)."""
+
+    def __init__(self, target_port: int):
+        import socket
+        import threading
+
+        self.sent = bytearray()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._target_port = target_port
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+
+        client, _ = self._server.accept()
+        upstream = socket.create_connection(("127.0.0.1", self._target_port))
+        threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+        self._pump(upstream, client, False)
+
+    def _pump(self, src, dst, record):
+        while data := src.recv(65536):
+            if record:
+                self.sent += data
+            dst.sendall(data)
+
+
+def test_a_captured_tls_stream_replayed_delivers_nothing_and_the_actor_keeps_serving(tls_echo):
+    import socket
+
+    from asyncflow.core import protocol
+    from asyncflow.core.ref import ActorRef
+
+    served, transport = tls_echo
+    port = int(served.address.rpartition(":")[2])
+    relay = _Relay(port)
+    tapped = ActorRef("echo", f"tls+tcp://127.0.0.1:{relay.port}", transport)
+    tapped.tell(protocol.Echo(payload=b"once"), timeout_s=5)
+    tapped.tell(protocol.Stop(), timeout_s=5)
+    assert served.pykka_ref.proxy().num_told.get() == 1
+    captured = bytes(relay.sent)
+    assert b"once" not in captured  # encrypted on the wire
+    for _ in range(50):  # a wiretapper replays the whole client stream on new connections
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            raw.sendall(captured)
+            while raw.recv(65536):  # the listener closes the connection: the handshake failed
+                pass
+    direct = ActorRef("echo", served.address, transport)
+    assert direct.ask(protocol.Echo(payload=b"after"), timeout_s=5).payload == b"after"
+    assert served.pykka_ref.proxy().num_told.get() == 1  # none of the 50 replays was delivered
+
+
+def test_a_control_listener_drops_a_frame_over_its_small_limit_and_keeps_answering(tmp_path):
+    from asyncflow.core import protocol
+    from asyncflow.core.directory import start_directory
+    from asyncflow.core.errors import ActorGone, ActorTimeout
+    from asyncflow.core.ref import ActorRef
+    from asyncflow.core.transport import TransportConfig
+
+    transport = TransportConfig(scheme="tcp", secret=SECRET, control_max_message_bytes=64 << 10)
+    directory = start_directory(transport)
+    try:
+        ref = ActorRef(directory.name, directory.address, transport)
+        with pytest.raises((ActorTimeout, ActorGone)):
+            ref.ask(protocol.Register(entry=protocol.ActorEntry(name="x" * (1 << 20), address="inproc://x")), timeout_s=1.5)
+        assert isinstance(ref.ask(protocol.Ping(), timeout_s=5), protocol.Pong)
+    finally:
+        directory.stop()

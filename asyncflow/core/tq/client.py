@@ -37,6 +37,7 @@ from asyncflow.core.errors import RemoteError
 from asyncflow.core.tq import shm
 from asyncflow.core.tq.errors import BatchTimeout, QueueFull
 from asyncflow.core.tq.ledger import shard_of
+from asyncflow.core.transport import is_tcp
 
 MANAGER_NAME = "tq.manager"
 
@@ -111,7 +112,7 @@ class TQClient:
         if use_shm is None:
             here = socket.gethostname()
             use_shm = shm.available() and all(
-                not ref.address.startswith("tcp://") and directory.lookup(ref.name).host == here for ref in self._shards
+                not is_tcp(ref.address) and directory.lookup(ref.name).host == here for ref in self._shards
             )
         self.use_shm = use_shm
         self._pool: ThreadPoolExecutor | None = None
