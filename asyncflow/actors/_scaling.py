@@ -125,6 +125,7 @@ class Scaler:
         name = self.replicas[-1]
         la.dc.ref(WEIGHTS_NAME).ask(protocol.UnregisterReplica(replica=name), timeout_s=30)
         host = la.hosts.pop(name)  # first, so the driver does not restart it
+        la.restart_at.pop(name, None)  # nor finish a restart it had planned
         la.host_specs.pop(name)
         la.host_kind.pop(name)
         la.workers.remove(name)

@@ -16,10 +16,16 @@ Processes on the embedded local default (one host per line)::
     <role>      custom roles from [[roles]]
 
 Fault tolerance: when a rollout, reward, reference or custom-role process dies, the
-rows it had taken are requeued to its task (``Requeue``), the process is started
-again, and the run goes on; the restart is reported and counted in summary.json. The loss of
-the queue, a shard, the loader or a trainer rank stops the run (resume from the last
-checkpoint with ``afctl up --resume RUN_DIR``).
+rows it had taken are requeued to its task (``Requeue``) at once, and the process is
+started again when the restart policy says (``_restarts.py``: the first restart of a
+role in ``cluster.restart_window_s`` is immediate, later ones back off); the restart
+is reported and counted in summary.json. A process that dies during its own restart
+(before it registers, or while its actors start) is one more death of its role. When
+the role's budget (``cluster.max_restarts_per_role``) is spent, or a death cannot be
+handled (its rows cannot be requeued), the run stops with ``RunFailed(process_lost)``,
+which ``cluster.max_resumes`` resumes from the last checkpoint: the driver never dies
+with a traceback for a worker's death. The loss of the queue, a shard, the loader or
+a trainer rank stops the run the same way (or resume with ``afctl up --resume RUN_DIR``).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import click
 import msgspec
 
 from asyncflow.actors import _cluster_file
+from asyncflow.actors._restarts import RestartPolicy
 from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors.collector import COLLECTOR, CollectorActor
 from asyncflow.actors.trainer import latest_good_checkpoint
@@ -83,6 +90,9 @@ class Launcher:
         self.host_specs: dict[str, list[protocol.ActorSpec]] = {}
         self.host_kind: dict[str, str] = {}
         self.restarts: list[dict] = []
+        c = cfg.cluster
+        self.restart_policy = RestartPolicy(c.max_restarts_per_role, c.restart_window_s, c.restart_backoff_s)
+        self.restart_at: dict[str, float] = {}  # dead host -> when to start it again (time.monotonic)
         self.stopping = False
         self.scaler = None  # the online planner's driver side ([planner] online = true)
         self.spawn = spawn_host  # with [cluster] launcher = "ray": RayHosts.spawn (actors/ray_hosts.py)
@@ -215,7 +225,12 @@ class Launcher:
 
     def _start_hosts(self, names: list[str]) -> None:
         with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
-            list(pool.map(lambda h: self.hosts[h].start(self.host_specs[h], timeout_s=300), names))
+            futures = {h: pool.submit(self.hosts[h].start, self.host_specs[h], timeout_s=300) for h in names}
+        for host, future in futures.items():
+            exc = future.exception()
+            if isinstance(exc, (AsyncflowError, LookupError)):  # a clean stop, not a traceback
+                raise RunFailed(f"process {host!r} could not start its actors: {exc}")
+            future.result()
 
     def stop(self) -> list[tuple[str, BaseException]]:
         """Stop the workers' loops first (each finishes its unit), then the processes,
@@ -290,26 +305,76 @@ class Launcher:
         return {n: s.busy_s / max(1e-9, s.busy_s + sum(s.wait_s.values())) for n, s in stats.items()}
 
     def check_hosts(self) -> None:
-        for host, proc in list(self.hosts.items()):
-            if proc.alive() or self.stopping:
-                continue
-            kind, code = self.host_kind[host], proc.returncode
-            custom = {r.name: r for r in self.cfg.roles}.get(host) if kind == "custom" else None
-            if kind not in RESTARTABLE and custom is None:
-                raise RunFailed(f"process {host!r} ({kind}) exited with code {code}; the run cannot go on. "
+        """Handle the processes that died since the last look, and start again those
+        whose restart is due. Raises RunFailed (never anything else for a death)."""
+        if self.stopping:
+            return
+        dead = [h for h, p in list(self.hosts.items()) if not p.alive() and h not in self.restart_at]
+        for host in dead:  # a process that cannot be restarted names the failure, before any requeue
+            if self._role(host) is None:
+                raise RunFailed(f"process {host!r} ({self.host_kind[host]}) exited with code "
+                                f"{self.hosts[host].returncode}; the run cannot go on. "
                                 f"Resume from the last checkpoint: afctl up --resume {self.run_dir}", process_lost=True)
-            task = custom.task if custom is not None else RESTARTABLE[kind]  # a custom role may read no task
-            outputs = ([custom.reward_column] if custom.reward_column else []) if custom is not None else OUTPUTS[kind]
+        for host in dead:
+            self._on_death(host, f"exited with code {self.hosts[host].returncode}")
+        now = time.monotonic()
+        for host, at in list(self.restart_at.items()):
+            if at <= now:
+                self._restart(host)
+
+    def _role(self, host: str) -> str | None:
+        """The restart budget ``host`` counts against: its kind, or a custom role's
+        name; None when it cannot be restarted alone."""
+        kind = self.host_kind[host]
+        if kind == "custom":
+            return host
+        return kind if kind in RESTARTABLE else None
+
+    def _on_death(self, host: str, why: str) -> None:
+        """Requeue the rows a dead worker held (now: others take them) and plan its
+        restart, or stop the run when its role's budget is spent."""
+        custom = {r.name: r for r in self.cfg.roles}.get(host)
+        task = custom.task if custom is not None else RESTARTABLE[self.host_kind[host]]  # a custom role may read no task
+        outputs = ([custom.reward_column] if custom.reward_column else []) if custom is not None else OUTPUTS[self.host_kind[host]]
+        try:
             tq = TQClient(self.dc, consumer="driver")
             requeued = sum(tq.requeue(task, spec.name, outputs) for spec in self.host_specs[host]) if task else 0
             for spec in self.host_specs[host]:
                 self.dc.unregister(spec.name)
-            click.echo(f"!! {host} exited with code {code}: requeued {requeued} rows it held, restarting it", err=True)
-            self.hosts[host] = self.spawn(host, self.dc, self.transport, self.host_specs[host], env=self.host_env(host))
-            for spec in self.host_specs[host]:
+        except (AsyncflowError, LookupError) as exc:  # the queue is gone too: only a resume heals this
+            raise RunFailed(f"process {host!r} {why}, and the rows it held could not be requeued ({exc}). "
+                            f"Resume from the last checkpoint: afctl up --resume {self.run_dir}",
+                            process_lost=True) from None
+        role, now = self._role(host), time.monotonic()
+        at = self.restart_policy.on_death(role, now)
+        if at is None:
+            c = self.cfg.cluster
+            raise RunFailed(f"role {role}: {self.restart_policy.num_recent(role, now)} restarts within "
+                            f"{c.restart_window_s:g} s, and {host} {why} again; its restart budget is spent "
+                            f"(cluster.max_restarts_per_role = {c.max_restarts_per_role}). Its stderr above says why "
+                            f"it dies. Resume from the last checkpoint: afctl up --resume {self.run_dir}",
+                            process_lost=True)
+        later = f" in {at - now:.1f} s" if at > now else ""
+        click.echo(f"!! {host} {why}: requeued {requeued} rows it held, restarting it{later}", err=True)
+        self.restart_at[host] = at
+        self.restarts.append({"host": host, "why": why, "exit_code": self.hosts[host].returncode,
+                              "requeued_rows": requeued, "time": time.time()})
+
+    def _restart(self, host: str) -> None:
+        del self.restart_at[host]
+        specs = self.host_specs[host]
+        try:
+            self.hosts[host] = self.spawn(host, self.dc, self.transport, specs, env=self.host_env(host))
+            for spec in specs:
                 self.dc.ref(spec.name, refresh=True).ask(protocol.StartWork(), timeout_s=30)
-            self.restarts.append({"host": host, "exit_code": code, "requeued_rows": requeued, "time": time.time()})
-            self.write_cluster_file()  # the new pid
+        except (AsyncflowError, LookupError) as exc:  # it died (or hangs) in its own start: one more death
+            click.echo(f"!! restart of {host} failed: {exc}", err=True)
+            proc = self.hosts[host]
+            if proc.alive():
+                proc.kill()
+            self._on_death(host, "died during its restart")
+            return
+        self.write_cluster_file()  # the new pid
 
     def hang_report(self, waited_s: float) -> str:
         lines = [f"no trainer step completed in {waited_s:.0f} s; what every role is doing:"]

@@ -64,6 +64,7 @@ from asyncflow.actors._versions import VersionLedger
 from asyncflow.actors.weight_sync import WEIGHTS_NAME, WeightSyncActor
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
+from asyncflow.core.errors import ActorGone, ActorTimeout
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
 from asyncflow.engines.device import torch_dtype
@@ -262,7 +263,10 @@ class TrainerActor(LoopActor):
             os.replace(tmp, final)
         finally:
             for ref in refs:
-                ref.tell(protocol.Resume())
+                try:
+                    ref.tell(protocol.Resume())
+                except (ActorGone, ActorTimeout) as exc:  # it died since its Pause: restarted, it starts unpaused
+                    log.warning("checkpoint at step %d: %s not resumed, its process is gone (%s)", self.step, ref.name, exc)
         log.info("checkpoint at step %d: %s", self.step, final)
         return final
 

@@ -297,7 +297,17 @@ class ClusterConfig(_Section):
     trainer rank) or its node is lost, stop cleanly and resume from the last
     checkpoint, up to this many times per `afctl up` (0: stop and print the resume
     command). Rollout, reward, reference and custom-role processes are restarted
-    in place regardless."""
+    in place (within ``max_restarts_per_role``)."""
+    max_restarts_per_role: int = 10
+    """Restarts of one role's processes (rollout, reward, reference, or a custom role;
+    its workers share the count) allowed within any ``restart_window_s``. A worker that
+    dies during its own restart counts again. One more death stops the run cleanly,
+    which ``max_resumes`` then resumes from the last checkpoint. 0: never restart."""
+    restart_window_s: float = 300.0
+    """The window of ``max_restarts_per_role``, in seconds: older restarts no longer count."""
+    restart_backoff_s: float = 1.0
+    """A role's first restart in the window is immediate; the next waits this long,
+    and each one after twice as long as the one before (at most 60 s)."""
     device: Literal["cpu", "cuda", "npu"] = "cpu"
     """Device kind of rollout and training."""
     transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
@@ -435,6 +445,12 @@ def _check(cfg: RunConfig) -> None:
     need(cfg.logging.trace_every_s >= 0, "logging.trace_every_s", cfg.logging.trace_every_s,
          "use 0 (only at the end) or a positive number of seconds")
     need(cfg.cluster.max_resumes >= 0, "cluster.max_resumes", cfg.cluster.max_resumes, "use 0 or more")
+    need(cfg.cluster.max_restarts_per_role >= 0, "cluster.max_restarts_per_role", cfg.cluster.max_restarts_per_role,
+         "use 0 (never restart: stop, or resume with max_resumes) or more")
+    need(cfg.cluster.restart_window_s > 0, "cluster.restart_window_s", cfg.cluster.restart_window_s,
+         "use a positive number of seconds")
+    need(cfg.cluster.restart_backoff_s >= 0, "cluster.restart_backoff_s", cfg.cluster.restart_backoff_s,
+         "use 0 or a positive number of seconds")
     need(cfg.workflow.weight_timeout_s > 0, "workflow.weight_timeout_s", cfg.workflow.weight_timeout_s,
          "use a positive number of seconds")
     need(cfg.train.dist_timeout_s > 0, "train.dist_timeout_s", cfg.train.dist_timeout_s, "use a positive number of seconds")

@@ -29,6 +29,17 @@ class ActorGone(AsyncflowError, ConnectionError):
         self.address = address
 
 
+class HostExited(AsyncflowError):
+    """A process host exited while it was being started: before it registered, or
+    while it started its actors (an import that kills the process, a device that is
+    not there). Its own stderr, above in the driver's output, says why."""
+
+    def __init__(self, host: str, returncode: int | None, during: str):
+        super().__init__(f"process {host!r} exited with code {returncode} {during}; its stderr above says why")
+        self.host = host
+        self.returncode = returncode
+
+
 class RemoteError(AsyncflowError):
     """The remote handler raised, or refused the frame; ``kind`` says which."""
 

@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import msgspec
@@ -32,7 +33,7 @@ import msgspec
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, ActorContext, ServedActor, serve_actor
 from asyncflow.core.directory import DirectoryClient
-from asyncflow.core.errors import ActorGone, ActorTimeout
+from asyncflow.core.errors import ActorGone, ActorTimeout, HostExited
 from asyncflow.core.ref import close_all_sockets
 from asyncflow.core.transport import TRANSPORT_ENV, TransportConfig
 
@@ -130,6 +131,13 @@ def _die_with_parent(parent_pid: int) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+REGISTER_POLL_S = 0.5
+"""How often a host's start looks whether the process exited while its registration
+is awaited (each look is one directory lookup that waits this long)."""
+EXIT_GRACE_S = 2.0
+"""After a host's connection broke, how long to wait for its exit to be visible."""
+
+
 class HostProcess:
     """Driver-side handle of a spawned process host."""
 
@@ -147,8 +155,40 @@ class HostProcess:
         return self.proc.pid
 
     def start(self, specs: list[protocol.ActorSpec], timeout_s: float = 120.0) -> list[protocol.ActorEntry]:
-        ref = self._directory.ref(self.actor_name, wait_s=timeout_s, refresh=True)
-        return ref.ask(protocol.StartActors(specs=specs), timeout_s=timeout_s).entries
+        """Start ``specs`` in this host once it registered. A host that exits first
+        raises HostExited at once (its exit is watched while the registration is
+        awaited), as does one that dies while it starts the actors."""
+        ref = self._wait_registered(timeout_s)
+        try:
+            return ref.ask(protocol.StartActors(specs=specs), timeout_s=timeout_s).entries
+        except (ActorGone, ActorTimeout):
+            if self._exited_within(EXIT_GRACE_S):
+                raise HostExited(self.name, self.returncode, "while it started its actors") from None
+            raise
+
+    def _wait_registered(self, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._directory.ref(self.actor_name, wait_s=REGISTER_POLL_S, refresh=True)
+            except LookupError:
+                if not self.alive():
+                    raise HostExited(self.name, self.returncode, "before it registered") from None
+                if time.monotonic() >= deadline:
+                    raise LookupError(
+                        f"process host {self.name!r} (pid {self.pid}) did not register within {timeout_s:g} s; "
+                        f"it is still running: its stacks (`kill -USR1 {self.pid}`) show where it hangs"
+                    ) from None
+
+    def _exited_within(self, seconds: float) -> bool:
+        """Whether the process has exited, or does within ``seconds`` (its socket
+        breaks a moment before the exit is visible)."""
+        deadline = time.monotonic() + seconds
+        while self.alive():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def alive(self) -> bool:
         return self.proc.poll() is None

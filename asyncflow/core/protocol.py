@@ -334,6 +334,9 @@ class GetBatch(_Msg):
     filters: list[RowFilter] = []
     dp_size: int = 1  # > 1: split into dp_size parts of balanced total length
     ack: list[int] = []  # rows this consumer is done with, acked first (saves an Ack round trip)
+    # the asking TQClient's id (fresh per client); after a Requeue of ``consumer`` its
+    # earlier incarnations are refused. "" (an older client): not checked
+    incarnation: str = ""
 
 
 class BatchMeta(_Msg):
@@ -355,13 +358,17 @@ class Ack(_Msg):
 
     consumer: str
     indices: list[int]
+    incarnation: str = ""  # as in GetBatch
 
 
 class Requeue(_Msg):
     """Return a (dead) consumer's handed-out, un-acked rows to the task's pool. Rows
     that already have every column of ``done_columns`` (the consumer's outputs: it
     died after putting them, before acking) are acked instead: redoing them would
-    overwrite outputs that later roles may already have used."""
+    overwrite outputs that later roles may already have used. In the same step the
+    consumer's waiting GetBatch requests are dropped and its incarnations seen so far
+    are retired (their later requests are refused): a row written after the requeue
+    goes to the restarted consumer (same name, new incarnation), never the dead one."""
 
     consumer: str
     done_columns: list[str] = []

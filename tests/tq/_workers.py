@@ -52,3 +52,13 @@ def hold_rows(directory: str, task: str, num_rows: int, got) -> None:
     batch = tq.get_batch(task, ["ids"], num_rows, timeout_s=10)
     got.put((tq.consumer, batch.indices))
     threading.Event().wait()
+
+
+def wait_for_rows(directory: str, task: str, consumer: str, started) -> None:
+    """Block in one get as ``consumer`` (a worker's fixed name) and never return from
+    it (killed by the test while it waits)."""
+    from asyncflow.core.tq.client import TQClient
+
+    tq = TQClient(directory, consumer=consumer)
+    started.set()
+    tq.get_batch(task, ["ids"], 1, timeout_s=60)

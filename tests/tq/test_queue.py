@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from asyncflow.core.directory import DirectoryClient, start_directory
+from asyncflow.core.errors import RemoteError
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout, QueueFull
 from asyncflow.core.tq.launch import spawn_queue
@@ -186,6 +187,49 @@ def test_rows_of_a_killed_consumer_are_requeued_to_another(cluster):
     assert tq.requeue("train", dead_consumer) == 4
     again = tq.get_batch("train", ["ids"], 4)
     assert sorted(again.indices) == sorted(held)
+
+
+@pytest.mark.timeout(120)
+def test_a_restarted_consumer_gets_every_row_that_arrives_after_the_requeue_of_its_dead_waiting_self(cluster):
+    start, _, address, _ = cluster
+    tq = start(reserve_rows=0)
+    for trial in range(3):
+        name = f"reward.{trial}"  # a restarted worker reuses its name
+        started = SPAWN.Event()
+        old = SPAWN.Process(target=_workers.wait_for_rows, args=(address, "train", name, started))
+        old.start()
+        assert started.wait(60)
+        _wait_for(lambda: tq.task_status("train").num_waiting == 1, timeout_s=30)  # its get waits
+        old.kill()
+        old.join(10)
+        tq.requeue("train", name)
+        assert tq.task_status("train").num_waiting == 0  # the dead incarnation's get went with it
+        new = TQClient(tq.directory, consumer=name, timeout_s=5)
+        metas = tq.allocate(2)
+        tq.put([m.index for m in metas], {"ids": [np.array([m.index]) for m in metas]})
+        batch = new.get_batch("train", ["ids"], 2, timeout_s=2)
+        assert sorted(batch.indices) == [m.index for m in metas]  # none went to the dead one
+        new.ack(batch)
+        new.close()
+
+
+@pytest.mark.timeout(60)
+def test_requests_of_a_requeued_incarnation_are_refused_with_the_reason(cluster):
+    start, *_ = cluster
+    tq = start(reserve_rows=0)
+    old = TQClient(tq.directory, consumer="reward.0", timeout_s=5)
+    metas = tq.allocate(2)
+    tq.put([m.index for m in metas], {"ids": [np.array([m.index]) for m in metas]})
+    held = old.get_batch("train", ["ids"], 1)
+    assert tq.requeue("train", "reward.0") == 1
+    with pytest.raises(RemoteError, match="was requeued"):
+        old.get_batch("train", ["ids"], 1, timeout_s=1)
+    with pytest.raises(RemoteError, match="was requeued"):
+        old.ack(held)
+    new = TQClient(tq.directory, consumer="reward.0", timeout_s=5)
+    assert sorted(new.get_batch("train", ["ids"], 2).indices) == [m.index for m in metas]
+    old.close()
+    new.close()
 
 
 def test_save_and_load_restore_the_queue_in_new_processes(cluster, tmp_path):

@@ -171,3 +171,19 @@ def test_readiness_names_missing_columns():
     write(s, [0, 1], columns=["a"])
     r = s.readiness(["a", "b"])
     assert r.num_ready == 0 and r.num_missing == {"a": 0, "b": 2}
+
+
+@pytest.mark.timeout(10)
+def test_requeue_retires_the_consumers_incarnations_and_admits_a_new_one():
+    s = TaskState("train")
+    s.admit("reward.0", "old")
+    s.admit("other", "keep")
+    s.requeue("reward.0")
+    with pytest.raises(ValueError, match="'reward.0' .*was requeued as dead.*makes a new TQClient"):
+        s.admit("reward.0", "old")
+    s.admit("reward.0", "new")  # the restarted consumer
+    s.admit("other", "keep")  # another consumer is untouched
+    s.admit("reward.0", "")  # a client that does not say is not checked
+    s.requeue("reward.0")
+    with pytest.raises(ValueError, match="was requeued"):
+        s.admit("reward.0", "new")

@@ -103,6 +103,9 @@ class TQClient:
             directory = DirectoryClient(directory)
         self.directory = directory
         self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        # this client's id: a restarted worker reuses ``consumer`` but never this; a
+        # requeue of ``consumer`` retires it (the controller refuses its requests after)
+        self.incarnation = uuid.uuid4().hex
         self.timeout_s = timeout_s
         self.shm_min_bytes = shm_min_bytes
         self._manager = directory.ref(manager, wait_s=timeout_s)
@@ -299,7 +302,7 @@ class TQClient:
         msg = protocol.GetBatch(
             consumer=self.consumer, columns=list(columns), batch_size=batch_size, policy=policy,
             timeout_s=timeout_s, partial=partial, filters=filters, dp_size=dp_size,
-            ack=list(ack.indices if isinstance(ack, Batch) else ack or ()),
+            ack=list(ack.indices if isinstance(ack, Batch) else ack or ()), incarnation=self.incarnation,
         )
         try:
             return self._controller(task).ask(msg, timeout_s=timeout_s + self.timeout_s)
@@ -379,7 +382,7 @@ class TQClient:
         else:
             task = batch_or_task
         if indices:
-            self._controller(task).ask(protocol.Ack(consumer=self.consumer, indices=list(indices)), timeout_s=self.timeout_s)
+            self._controller(task).ask(protocol.Ack(consumer=self.consumer, indices=list(indices), incarnation=self.incarnation), timeout_s=self.timeout_s)
 
     def requeue(self, task: str, consumer: str, done_columns: Sequence[str] = ()) -> int:
         """Hand a dead consumer's un-acked rows of ``task`` to others; returns how many.

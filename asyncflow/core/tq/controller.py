@@ -15,7 +15,10 @@ Invariants (the state's, see ``state.py``):
 - a blocking GetBatch waits (DEFER) without holding the actor: requests are served in
   arrival order as rows become ready, or fail after ``timeout_s`` with an error that
   names the task, the columns still missing and how many rows are ready;
-- after LoadController, rows that were handed out but not acked are handed out again.
+- after LoadController, rows that were handed out but not acked are handed out again;
+- a Requeue of a consumer, under the same lock as the shards' notices, also drops its
+  waiting GetBatch requests and retires its incarnations (``TaskState.admit``): no row
+  written after it is handed to the dead consumer, and its later requests are refused.
 """
 
 from __future__ import annotations
@@ -137,6 +140,19 @@ class ControllerActor(Actor):
             )
         )
 
+    def _drop_waiters_locked(self, consumer: str) -> None:
+        """A requeued consumer's waiting requests: answered with an error now (nobody
+        reads it if the consumer is dead), never with rows."""
+        dropped = [w for w in self.waiters if w.msg.consumer == consumer]
+        if not dropped:
+            return
+        self.waiters = [w for w in self.waiters if w.msg.consumer != consumer]
+        for w in dropped:
+            if not w.pending.done:
+                w.pending.reject(RuntimeError(
+                    f"task {self.task!r}: consumer {consumer!r} was requeued as dead while this request waited"
+                ))
+
     def _tell_acked(self, indices: list[int]) -> None:
         if indices:
             self.inline.drop(indices)  # never handed out again
@@ -161,6 +177,7 @@ class ControllerActor(Actor):
                 self._serve_waiters()
                 return protocol.Ok()
             case protocol.GetBatch():
+                self.state.admit(msg.consumer, msg.incarnation)
                 check_filters(msg.filters)
                 self.inline.wanted.update(msg.columns)  # keep these columns' small cells from now on
                 if msg.ack:
@@ -175,11 +192,13 @@ class ControllerActor(Actor):
                 self._arm(waiter.deadline)
                 return DEFER
             case protocol.Ack(consumer=consumer, indices=indices):
+                self.state.admit(consumer, msg.incarnation)
                 self._tell_acked(self.state.ack(consumer, indices))
                 return protocol.Ok()
             case protocol.Requeue(consumer=consumer, done_columns=done_columns):
                 indices, done = self.state.requeue(consumer, done_columns)
                 self._tell_acked(done)
+                self._drop_waiters_locked(consumer)
                 self._serve_waiters()
                 return protocol.Requeued(num_rows=len(indices), num_done=len(done))
             case protocol.Discard(filters=filters):

@@ -30,7 +30,11 @@ Invariants (tests/tq/test_state.py):
   have every ``done_columns`` (its outputs), and returns the rest to FREE, ahead of
   the other ready rows (they are the oldest);
 - a snapshot saves HANDED rows as FREE: after a restart, work that was handed out but
-  not acked is handed out again (acked work never is).
+  not acked is handed out again (acked work never is);
+- ``requeue(consumer)`` also retires every incarnation of ``consumer`` seen so far
+  (one per TQClient): ``admit`` refuses their later requests, so a restarted
+  consumer that reuses the name is the only one served. Retired incarnations are not
+  saved in a snapshot (after a load every process is new).
 """
 
 from __future__ import annotations
@@ -123,6 +127,8 @@ class TaskState:
         self._views: dict[int, _View] = {}
         self._pending: dict[str, set[int]] = {}  # consumer -> HANDED rows
         self._group_acked: dict[int, int] = {}  # group key -> rows acked (partially acked groups)
+        self._incarnations: dict[str, set[str]] = {}  # consumer -> incarnations seen since its last requeue
+        self._retired: set[str] = set()  # incarnations of requeued consumers
         self.num_acked = 0
 
     # -- writes ------------------------------------------------------------------
@@ -329,6 +335,18 @@ class TaskState:
 
     # -- consumption -----------------------------------------------------------------
 
+    def admit(self, consumer: str, incarnation: str) -> None:
+        """Check a request of ``consumer`` made by its TQClient ``incarnation`` ("" is
+        not checked): refused when that incarnation was requeued (declared dead)."""
+        if not incarnation:
+            return
+        if incarnation in self._retired:
+            raise ValueError(
+                f"task {self.task!r}: consumer {consumer!r} (incarnation {incarnation}) was requeued as dead, "
+                f"and its rows went back to the pool; a restarted consumer makes a new TQClient"
+            )
+        self._incarnations.setdefault(consumer, set()).add(incarnation)
+
     def ack(self, consumer: str, indices: Sequence[int]) -> list[int]:
         """Mark rows handed to ``consumer`` done; returns those newly acked. Acking a
         row twice is harmless; acking a row handed to another consumer is an error."""
@@ -369,7 +387,8 @@ class TaskState:
     def requeue(self, consumer: str, done_columns: Sequence[str] = ()) -> tuple[list[int], list[int]]:
         """Return ``consumer``'s HANDED rows to FREE, ahead of other ready rows; those
         that already have every column of ``done_columns`` are acked instead. Returns
-        (requeued, acked)."""
+        (requeued, acked). Every incarnation of ``consumer`` seen so far is retired."""
+        self._retired.update(self._incarnations.pop(consumer, ()))
         indices = sorted(self._pending.pop(consumer, ()))
         rows = self._rows
         done: list[int] = []
