@@ -38,8 +38,10 @@ class ModelConfig(_Section):
     """The policy model."""
 
     path: str = ""
-    """Local Hugging Face directory (config.json, safetensors, tokenizer). Empty:
-    build the tiny model (``tiny``) into ``RUN_DIR/model``."""
+    """Local Hugging Face directory (config.json, safetensors, tokenizer), relative to
+    the config file or absolute; a run's checkpoint (``checkpoints/step_N``, or the
+    link ``checkpoints/latest``) works too. Empty: build the tiny model (``tiny``)
+    into ``RUN_DIR/model``. docs/your-model-and-data.md."""
     tiny: Literal["qwen2", "llama"] = "qwen2"
     """Architecture of the tiny model built when ``path`` is empty."""
     tiny_warm_start: bool = True
@@ -53,8 +55,9 @@ class DataConfig(_Section):
     """Prompts: a local JSONL or Parquet file with ``prompt`` and ``answer`` fields."""
 
     path: str = ""
-    """The data file. Empty: generate the tiny arithmetic task (``task``) into
-    ``RUN_DIR/data.jsonl``."""
+    """The data file, relative to the config file or absolute (fields:
+    docs/your-model-and-data.md). Empty: generate the tiny arithmetic task
+    (``task``) into ``RUN_DIR/data.jsonl``."""
     task: str = "add"
     """Built-in task when ``path`` is empty (see asyncflow.engines.tiny)."""
     num_prompts: Count = 2000
@@ -316,7 +319,7 @@ class ClusterConfig(_Section):
     reference_devices: list[NonNegInt] = msgspec.field(default_factory=list)
     """Accelerator ids for reference workers, one per worker."""
     python_path: list[str] = msgspec.field(default_factory=list)
-    """Directories (relative to the config file, or absolute) added to every process's
+    """Directories (relative to the config file, like every path in it, or absolute) added to every process's
     PYTHONPATH, so custom roles and rewards in your own modules import."""
     ray_address: str = ""
     """Ray cluster address (launcher = ray); empty: RAY_ADDRESS."""
@@ -434,9 +437,15 @@ def _check(cfg: RunConfig) -> None:
         f"must hold at least one global batch ({cfg.samples_per_step} rows) or be 0 (automatic)",
     )
     if cfg.model.path:
-        need(os.path.isdir(cfg.model.path), "model.path", cfg.model.path, "no such directory; give a local Hugging Face model directory")
+        need(os.path.isdir(cfg.model.path), "model.path", cfg.model.path,
+             "no such directory; give a local Hugging Face model directory (relative to the config file), "
+             "or a checkpoint of a run (RUN_DIR/checkpoints/latest)")
+        need(os.path.isfile(os.path.join(cfg.model.path, "config.json")), "model.path", cfg.model.path,
+             "not a Hugging Face model directory (no config.json); give a directory saved with save_pretrained, "
+             "or a checkpoint of a run (RUN_DIR/checkpoints/step_N or RUN_DIR/checkpoints/latest)")
     if cfg.data.path:
-        need(os.path.isfile(cfg.data.path), "data.path", cfg.data.path, "no such file; give a .jsonl or .parquet file")
+        need(os.path.isfile(cfg.data.path), "data.path", cfg.data.path,
+             "no such file; give a .jsonl or .parquet file (relative to the config file, or absolute)")
         need(
             cfg.data.path.endswith((".jsonl", ".parquet")), "data.path", cfg.data.path, "use a .jsonl or .parquet file",
         )
@@ -612,7 +621,10 @@ def apply_overrides(raw: dict, overrides: Sequence[str]) -> dict:
     return raw
 
 
-def load_config_text(text: str, source: str = "<string>", overrides: Sequence[str] = ()) -> RunConfig:
+def load_config_text(text: str, source: str = "<string>", overrides: Sequence[str] = (),
+                     base_dir: str | os.PathLike | None = None) -> RunConfig:
+    """The config in ``text``. ``base_dir``: the directory relative paths in it are
+    relative to (that of the config file); None: the working directory."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -622,24 +634,55 @@ def load_config_text(text: str, source: str = "<string>", overrides: Sequence[st
         cfg = msgspec.convert(raw, RunConfig)
     except msgspec.ValidationError as exc:
         raise _format_error(exc, source, raw, overrides) from None
+    given = {item.partition("=")[0].strip() for item in overrides}  # a --set path is relative to the working directory
+    _resolve_paths(cfg, Path(base_dir) if base_dir is not None else None, source, given)
     _check(cfg)
     _warn(cfg)
     return cfg
 
 
+def _resolve_paths(cfg: RunConfig, base: Path | None, source: str, given: set[str] = frozenset()) -> None:
+    """Paths in a config file are relative to the file's directory: ``model.path``,
+    ``data.path``, ``cluster.python_path``, so a run works from any directory. A
+    ``model.path`` that is a checkpoint (``checkpoints/step_N``, with the Hugging Face
+    model in ``step_N/model``) means that model directory. A path given with
+    ``--set`` (keys in ``given``) is relative to the working directory."""
+    def resolve(key: str, value: str) -> str:
+        if key in given:
+            return os.path.abspath(value)
+        if base is None or os.path.isabs(value):
+            return value
+        beside = base / value
+        if not beside.exists() and os.path.exists(value):  # older configs: relative to the working directory
+            log.warning("%s = %r is relative to the working directory; paths in a config file are relative to "
+                        "the file (%s): write %r, or an absolute path", key, value, source,
+                        os.path.relpath(os.path.abspath(value), base))
+            return os.path.abspath(value)
+        return str(beside.resolve())
+
+    if cfg.model.path:
+        cfg.model.path = resolve("model.path", cfg.model.path)
+        if not os.path.isfile(os.path.join(cfg.model.path, "config.json")) and \
+                os.path.isfile(os.path.join(cfg.model.path, "model", "config.json")):
+            cfg.model.path = os.path.join(cfg.model.path, "model")  # a checkpoint directory: its model
+    if cfg.data.path:
+        cfg.data.path = resolve("data.path", cfg.data.path)
+    if base is not None and cfg.cluster.python_path:
+        resolved = [str((base / p).resolve()) for p in cfg.cluster.python_path]
+        for key_value, p in zip(cfg.cluster.python_path, resolved):
+            if not os.path.isdir(p):
+                raise ConfigError(f"cluster.python_path: {key_value!r} is {p}, not a directory (paths are relative "
+                                  f"to the config file, {source})")
+        cfg.cluster.python_path = resolved
+
+
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
-    """The config in ``path``, with ``KEY=VALUE`` overrides (``afctl up --set``) applied."""
+    """The config in ``path``, with ``KEY=VALUE`` overrides (``afctl up --set``) applied;
+    its relative paths are relative to ``path``'s directory."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
-    cfg = load_config_text(path.read_text(), str(path), overrides)
-    if cfg.cluster.python_path:  # relative to the config file, so a run works from any directory
-        resolved = [str((path.parent / p).resolve()) for p in cfg.cluster.python_path]
-        for p in resolved:
-            if not os.path.isdir(p):
-                raise ConfigError(f"cluster.python_path: {p} is not a directory")
-        cfg.cluster.python_path = resolved
-    return cfg
+    return load_config_text(path.read_text(), str(path), overrides, base_dir=path.parent)
 
 
 def dump_config(cfg: RunConfig) -> str:
