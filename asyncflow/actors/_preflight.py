@@ -1,4 +1,6 @@
 """Before launch: will the run fit in memory? Say so now, not as an OOM an hour in.
+And (``check_inputs``) will its workers start: the reward functions and custom roles
+import, the devices exist, the data has its fields, the model has a chat template.
 
 The estimate counts what each process holds for the whole run: the trainer's model
 states (weights, gradients, AdamW moments at the parameter dtype; twice with a PPO
@@ -11,6 +13,8 @@ compare with the devices (or with `afctl plan`, which models activations too).
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 from asyncflow.core.config import ConfigError, RunConfig
@@ -65,3 +69,104 @@ def check(cfg: RunConfig, model_dir: str) -> str:
             )
         return f"memory: at least {total / _GIB:.2f} GiB of {available / _GIB:.1f} GiB available ({detail} GiB)"
     return f"memory per device, at least (activations not counted): {detail} GiB"
+
+
+# -- inputs: what a worker would otherwise find out after the processes started ----------
+
+def _importable(path: str, python_path: list[str]):
+    """``module:attr`` imported the way a worker will (PYTHONPATH = cluster.python_path,
+    then the working directory); raises ValueError saying what is missing."""
+    import importlib
+    import sys
+
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{path!r} is not a dotted path 'package.module:name'")
+    saved = list(sys.path)
+    sys.path[:0] = [*python_path, os.getcwd()]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        where = ", ".join(python_path) if python_path else "nothing"
+        raise ValueError(
+            f"cannot import module {module_name!r} ({exc}); put the directory that holds it in "
+            f"cluster.python_path (relative to the config file; now {where})") from None
+    finally:
+        sys.path[:] = saved
+    if not hasattr(module, attr):
+        raise ValueError(f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no {attr!r}")
+    return getattr(module, attr)
+
+
+def check_inputs(cfg: RunConfig) -> None:
+    """Everything a worker process would fail on at start, checked in the driver before
+    any process starts (and before the run directory is made); a ConfigError names
+    the key and the fix. The built-in tiny model and task need no data or template check."""
+    from asyncflow.algorithms.rewards import BUILTIN_REWARDS, load_reward_fn
+
+    for i, name in enumerate(cfg.reward.functions):
+        if name in BUILTIN_REWARDS:
+            continue
+        key = f"reward.functions[{i}] = {name!r}"
+        if ":" not in name:
+            raise ConfigError(f"{key}: use a built-in ({', '.join(sorted(BUILTIN_REWARDS))}) or a dotted path "
+                              "'package.module:function' (docs/your-model-and-data.md, 'Your reward')")
+        try:
+            _importable(name, cfg.cluster.python_path)
+            load_reward_fn(name)  # its signature (the module is imported now)
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+    for i, role in enumerate(cfg.roles):
+        key = f"roles[{i}].cls = {role.cls!r}"
+        try:
+            cls = _importable(role.cls, cfg.cluster.python_path)
+        except ValueError as exc:
+            raise ConfigError(f"{key} (role {role.name!r}): {exc}") from None
+        from asyncflow.core.actor import Actor
+
+        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+            raise ConfigError(f"{key} (role {role.name!r}): not an asyncflow Actor subclass; subclass "
+                              "asyncflow.actors.column_role:ColumnRole (docs/custom-roles.md)")
+    _check_devices(cfg)
+    data_path, model_dir = cfg.data.path, cfg.model.path
+    if data_path:
+        from asyncflow.actors._run import read_prompts
+
+        try:
+            read_prompts(data_path)
+        except (ValueError, RuntimeError) as exc:
+            raise ConfigError(f"data.path = {data_path!r}: {exc} (fields: docs/your-model-and-data.md)") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"data.path = {data_path!r}: not JSON lines ({exc}); write one JSON object per "
+                              "line with 'prompt' and 'answer'") from None
+    if cfg.data.chat_template and model_dir:
+        from asyncflow.engines.hf import load_tokenizer
+
+        if not getattr(load_tokenizer(model_dir), "chat_template", None):
+            raise ConfigError(
+                f"data.chat_template = true, but the tokenizer of {model_dir} has no chat template: set "
+                "data.chat_template = false (prompts go to the model as plain text), or give the tokenizer a "
+                "template (tokenizer.chat_template = '...'; tokenizer.save_pretrained(model_dir))")
+
+
+def _check_devices(cfg: RunConfig) -> None:
+    used = [("cluster.device", cfg.cluster.device), ("rollout.engine.device", cfg.rollout.engine.device),
+            ("train.engine.device", cfg.train.engine.device)]
+    if cfg.algorithm.name == "ppo":
+        used.append(("critic.engine.device", cfg.critic.engine.device))
+    kinds = {device for _, device in used}
+    if "cuda" in kinds:
+        import torch
+
+        if not torch.cuda.is_available():
+            key = next(k for k, d in used if d == "cuda")
+            raise ConfigError(f"{key} = 'cuda', but torch sees no CUDA device here (torch {torch.__version__}, "
+                              "torch.cuda.is_available() is False): use 'cpu', or run on a machine with a GPU and a "
+                              "CUDA build of torch")
+    if "npu" in kinds:
+        import importlib.util
+
+        if importlib.util.find_spec("torch_npu") is None:
+            key = next(k for k, d in used if d == "npu")
+            raise ConfigError(f"{key} = 'npu', but torch_npu is not installed: use 'cpu', or install torch_npu "
+                              "on an Ascend machine (extra npu)")

@@ -194,7 +194,8 @@ class Launcher:
         self.collector_proxy = self.collector.pykka_ref.proxy()
         env = {"OMP_NUM_THREADS": str(cfg.cluster.threads_per_process), "TOKENIZERS_PARALLELISM": "false",
                "PYTHONPATH": os.pathsep.join(filter(None, [*cfg.cluster.python_path, os.getcwd(), os.environ.get("PYTHONPATH", "")])),
-               "ASYNCFLOW_SPANS": "1" if cfg.logging.spans else "0"}
+               "ASYNCFLOW_SPANS": "1" if cfg.logging.spans else "0",
+               "ASYNCFLOW_LOG_DIR": str((self.run_dir / "logs").absolute())}
         self.env = env
         for host in self.host_specs:
             self.hosts[host] = self.spawn(host, self.dc, self.transport, env=self.host_env(host))
@@ -288,6 +289,11 @@ class Launcher:
                 proc = self.hosts.get(host)
                 return proc is None or proc.alive()
         return True
+
+    def log_file(self, actor: str) -> Path:
+        """RUN_DIR/logs/<process>.log: the whole log of the process hosting ``actor``."""
+        host = next((h for h, specs in self.host_specs.items() if any(s.name == actor for s in specs)), actor)
+        return self.run_dir / "logs" / f"{host}.log"
 
     # -- watching ------------------------------------------------------------------------
     def role_stats(self) -> dict[str, protocol.RoleStats]:
@@ -436,8 +442,8 @@ class Launcher:
                 while time.monotonic() < deadline and all(p.alive() for p in self.hosts.values()):
                     time.sleep(0.1)
                 self.check_hosts()
-                raise RunFailed(f"role {role} failed:\n{error}\nResume from the last checkpoint: "
-                                f"afctl up --resume {self.run_dir}")
+                raise RunFailed(f"role {role} failed: {error.splitlines()[0]} (traceback in "
+                                f"{self.log_file(role)})\n{resume_advice(self.run_dir)}")
             self.check_hosts()
             if self.scaler is not None:
                 self.scaler.apply_pending()  # moves of the online planner, between steps
@@ -460,6 +466,9 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
     rd = Path(run_dir)
     if (rd / "metrics.jsonl").exists():
         raise ConfigError(f"run directory {rd} already holds a run: resume it with `afctl up --resume {rd}` or choose another --run-dir")
+    from asyncflow.actors._preflight import check_inputs
+
+    check_inputs(cfg)  # imports, devices, data fields, chat template: before any process starts
     rd.mkdir(parents=True, exist_ok=True)
     data_path = cfg.data.path
     if not data_path:
@@ -560,6 +569,19 @@ def _complete_lines(path: Path) -> list[str]:
     return lines
 
 
+def resume_advice(rd: Path) -> str:
+    """The resume command when the run has a complete checkpoint; otherwise why there is none."""
+    from asyncflow.actors.trainer import latest_checkpoint
+
+    ckpt = latest_checkpoint(rd)
+    if ckpt is not None:
+        return f"Resume from its last checkpoint ({ckpt.name}): afctl up --resume {rd}"
+    cfg_every = read_run_config(rd).train.checkpoint_every if (rd / "config.json").exists() else 0
+    why = (f"train.checkpoint_every = {cfg_every}: the first is saved after step {cfg_every}" if cfg_every
+           else "train.checkpoint_every = 0 saves one only at the end")
+    return f"No checkpoint to resume from: none was saved yet ({why}); fix the cause and start the run again."
+
+
 def default_run_dir(config_path: str) -> str:
     return os.path.join("runs", f"{Path(config_path).stem}-{datetime.now():%Y%m%d-%H%M%S}")
 
@@ -608,7 +630,7 @@ def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo) -> dict:
         result = launcher.wait()
         stats = launcher.role_stats()
     except KeyboardInterrupt:
-        click.echo(f"\ninterrupted: stopping every process. Continue with: afctl up --resume {rd}", err=True)
+        click.echo(f"\ninterrupted: stopping every process. {resume_advice(rd)}", err=True)
         raise
     finally:
         launcher.stop()

@@ -40,7 +40,8 @@ The other ranks wait for it in the next step's collectives.
 
 Checkpoints (every ``train.checkpoint_every`` steps and at the end): pause every
 other role (each answers between units, with its rows acked), save the queue, the
-model and optimizer (Hugging Face format) and the roles' states, resume them.
+model and optimizer (Hugging Face format, ``step_N/model``) and the roles' states,
+resume them; then point the link ``checkpoints/latest`` at ``step_N/model``.
 
 Takes: LoopActor messages. Sends: StepMetrics, RunFinished (collector); Pause,
 Resume (roles); TrainPart, SaveRankCheckpoint (other trainer ranks); TQ reads, acks, save.
@@ -95,6 +96,19 @@ def latest_good_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple
             return path, skipped
         skipped.append((path, wrong))
     return None, skipped
+
+
+LATEST = "latest"
+"""``checkpoints/latest``: a relative link to the newest complete checkpoint's Hugging
+Face model directory (``step_N/model``), what ``from_pretrained`` and ``model.path`` load."""
+
+
+def _link_latest(final: Path) -> None:
+    link, tmp = final.parent / LATEST, final.parent / f".{LATEST}.tmp"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(f"{final.name}/model", tmp)
+    os.replace(tmp, link)  # atomic: a reader sees the old link or the new one
 
 
 class TrainerActor(LoopActor):
@@ -261,6 +275,7 @@ class TrainerActor(LoopActor):
             (tmp / "DONE").write_text(f"{self.step}\n")
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
+            _link_latest(final)
         finally:
             for ref in refs:
                 try:

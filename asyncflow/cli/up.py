@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -49,8 +50,12 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
     click.echo(
         f"done: {summary['steps']} steps, {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s, "
         f"reward {summary['reward_first_10pct']:.3f} (first 10%) -> {summary['reward_last_10pct']:.3f} (last 10%), "
-        f"staleness <= {summary['staleness_max']}; checkpoint {summary['checkpoint']}"
+        f"staleness <= {summary['staleness_max']}"
     )
+    if summary.get("checkpoint"):  # the Hugging Face directory, what from_pretrained and model.path load
+        click.echo(f"model: {os.path.join(summary['checkpoint'], 'model')} "
+                   f"(also {os.path.join(os.path.dirname(summary['checkpoint']), 'latest')}; "
+                   "load it with transformers: README.md, 'Load the trained model')")
     if summary.get("val_best_accuracy") is not None:  # [eval]: steps counted as in the progress lines
         click.echo(f"held-out accuracy: best {summary['val_best_accuracy']:.3f} after step {summary['val_best_step'] + 1}, "
                    f"last {summary['val_final_accuracy']:.3f}")

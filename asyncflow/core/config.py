@@ -16,12 +16,15 @@ import logging
 import os
 import tomllib
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Annotated, Literal, Sequence
 
 import msgspec
+from msgspec import Meta
 
 from asyncflow.core.transport import TransportConfig
-from asyncflow.engines.config import RolloutEngineConfig, SamplingParams, TrainEngineConfig
+from asyncflow.engines.config import (
+    Count, Fraction, NonNegFloat, NonNegInt, PosFloat, RolloutEngineConfig, SamplingParams, Seconds, TrainEngineConfig,
+)
 
 
 log = logging.getLogger(__name__)
@@ -35,14 +38,16 @@ class ModelConfig(_Section):
     """The policy model."""
 
     path: str = ""
-    """Local Hugging Face directory (config.json, safetensors, tokenizer). Empty:
-    build the tiny model (``tiny``) into ``RUN_DIR/model``."""
+    """Local Hugging Face directory (config.json, safetensors, tokenizer), relative to
+    the config file or absolute; a run's checkpoint (``checkpoints/step_N``, or the
+    link ``checkpoints/latest``) works too. Empty: build the tiny model (``tiny``)
+    into ``RUN_DIR/model``. docs/your-model-and-data.md."""
     tiny: Literal["qwen2", "llama"] = "qwen2"
     """Architecture of the tiny model built when ``path`` is empty."""
     tiny_warm_start: bool = True
     """Warm-start the tiny model with a short supervised pass on the task, stopped
     early (about 10% greedy accuracy), so RL has a signal from step one."""
-    tiny_warm_start_steps: int = 100
+    tiny_warm_start_steps: NonNegInt = 100
     """Supervised steps of that warm start (more: a stronger start, less left to learn)."""
 
 
@@ -50,17 +55,18 @@ class DataConfig(_Section):
     """Prompts: a local JSONL or Parquet file with ``prompt`` and ``answer`` fields."""
 
     path: str = ""
-    """The data file. Empty: generate the tiny arithmetic task (``task``) into
-    ``RUN_DIR/data.jsonl``."""
+    """The data file, relative to the config file or absolute (fields:
+    docs/your-model-and-data.md). Empty: generate the tiny arithmetic task
+    (``task``) into ``RUN_DIR/data.jsonl``."""
     task: str = "add"
     """Built-in task when ``path`` is empty (see asyncflow.engines.tiny)."""
-    num_prompts: int = 2000
+    num_prompts: Count = 2000
     """Prompts generated for the built-in task."""
     chat_template: bool = True
     """Apply the tokenizer's chat template to each prompt."""
     shuffle: bool = True
     """Shuffle the prompts (with ``seed``) before each epoch."""
-    seed: int = 0
+    seed: NonNegInt = 0
     """Seed of the shuffle and of generated tasks."""
 
 
@@ -69,13 +75,13 @@ class AlgorithmConfig(_Section):
 
     name: Literal["grpo", "ppo"] = "grpo"
     """grpo: group-normalised advantages, no critic. ppo: critic + GAE."""
-    group_size: int = 8
+    group_size: Count = 8
     """Responses sampled per prompt (GRPO's n)."""
     std_normalize: bool = True
     """GRPO: divide group-centred rewards by the group's std."""
-    clip_eps: float = 0.2
+    clip_eps: PosFloat = 0.2
     """Policy ratio clip range (PPO-clip)."""
-    kl_coef: float = 0.0
+    kl_coef: NonNegFloat = 0.0
     """Weight of the KL to the reference policy; 0 disables the reference role."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator."""
@@ -84,22 +90,22 @@ class AlgorithmConfig(_Section):
     ``kl_estimator`` on the rollout log-probs. GRPO: each response's reward minus
     kl_coef x its KL summed over the response tokens, before the group normalisation.
     PPO: minus kl_coef x the token's KL on every response token's reward, before GAE."""
-    entropy_coef: float = 0.0
+    entropy_coef: NonNegFloat = 0.0
     """Entropy bonus weight."""
     loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
     """Aggregate the per-token loss by token mean or by sequence mean."""
-    is_truncation: float = 2.0
+    is_truncation: NonNegFloat = 2.0
     """Off-policy correction: cap of the importance weight pi_prox / mu between the
     trainer's policy before the update and the rollout policy of stale samples (0
     disables; with ``clip_against = "proximal"`` only). Per token or per sequence by
     ``is_level``."""
-    gamma: float = 1.0
+    gamma: Fraction = 1.0
     """PPO: discount."""
-    lam: float = 0.95
+    lam: Fraction = 0.95
     """PPO: GAE lambda."""
-    value_clip: float = 0.2
+    value_clip: NonNegFloat = 0.2
     """PPO: value clipping range."""
-    epochs: int = 1
+    epochs: Count = 1
     """Optimizer passes over each global batch. Above 1, the trainer first recomputes
     the batch's log-probs (one forward pass, pi_prox) so that every pass clips its
     ratio against the policy before the first one."""
@@ -116,12 +122,12 @@ class AlgorithmConfig(_Section):
     """Level of the importance ratio pi_prox / mu used by ``is_truncation`` and the
     mask: each token's own, or one per sequence (the product of its token ratios,
     exp of the sum of their logs over the response) on every token of it."""
-    is_mask_low: float = 0.0
+    is_mask_low: Annotated[float, Meta(ge=0, lt=1)] = 0.0
     """Masked importance sampling (IcePop style): tokens (whole sequences with
     ``is_level = "sequence"``) whose pi_prox / mu is below this are dropped from the
     policy-gradient term; counted in the metric ``is_masked_frac``. 0: no lower
     bound; otherwise below 1 (e.g. 0.5)."""
-    is_mask_high: float = 0.0
+    is_mask_high: NonNegFloat = 0.0
     """Masked importance sampling: tokens (sequences) whose pi_prox / mu is above this
     are dropped too. 0: no upper bound; otherwise above 1 (e.g. 2.0). Both bounds 0:
     no mask."""
@@ -134,18 +140,18 @@ class RolloutConfig(_Section):
     """Engine of every replica (see engines/config.py)."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     """Sampling; ``n`` is ignored (the algorithm's group_size is used)."""
-    num_replicas: int = 1
+    num_replicas: Count = 1
     """Replica processes; each takes whole prompt groups from the queue."""
-    prompts_per_call: int = 4
+    prompts_per_call: Count = 4
     """Prompt groups per generate call (the unit between weight swaps)."""
 
 
 class ReferenceConfig(_Section):
     """Reference policy log-probs (for the KL term)."""
 
-    num_workers: int = 1
+    num_workers: Count = 1
     """Worker processes (used only when algorithm.kl_coef > 0)."""
-    micro_batch_size: int = 16
+    micro_batch_size: Count = 16
     """Rows per forward pass."""
 
 
@@ -158,9 +164,9 @@ class RewardConfig(_Section):
     as ``fn(prompts, responses, answers, finish_reasons) -> list[float]``."""
     weights: list[float] = msgspec.field(default_factory=list)
     """Weight per function (default 1 each)."""
-    num_workers: int = 1
+    num_workers: Count = 1
     """Worker processes."""
-    batch_size: int = 256
+    batch_size: Count = 256
     """Most rows scored per call (async mode takes whatever is ready, up to this; a
     call costs a few queue round trips, so small calls waste CPU)."""
 
@@ -177,21 +183,21 @@ class TrainConfig(_Section):
 
     engine: TrainEngineConfig = msgspec.field(default_factory=TrainEngineConfig)
     """Training engine (see engines/config.py)."""
-    num_steps: int = 60
+    num_steps: Count = 60
     """Trainer steps (policy versions) in the run."""
-    prompts_per_step: int = 8
+    prompts_per_step: Count = 8
     """Prompt groups per global batch (samples per step = this * group_size)."""
-    num_ranks: int = 1
+    num_ranks: Count = 1
     """Trainer processes (data parallel with FSDP2: needs ``engine.fsdp = true``). Rank 0
     reads the batch plan and publishes weights; every rank reads its own rows from the
     queue. With ``cluster.train_devices``, give one device per rank."""
-    dist_port: int = 0
+    dist_port: Annotated[int, Meta(ge=0, le=65535)] = 0
     """Port of rank 0's torch.distributed store (0: any free port, published through the
     directory). Set it when only some ports are open between nodes."""
-    dist_timeout_s: float = 600.0
+    dist_timeout_s: Seconds = 600.0
     """How long trainer ranks wait for each other (rendezvous, each collective) before
     failing: a rank whose peer vanished fails after this, it never hangs."""
-    checkpoint_every: int = 0
+    checkpoint_every: NonNegInt = 0
     """Save a Hugging Face checkpoint and the queue state every N steps (0: at the end only)."""
 
 
@@ -202,19 +208,19 @@ class EvalConfig(_Section):
     ``rollout.engine.type``; its KV cache: ``rollout.engine.kv_cache_bytes``, or 64 MiB);
     only trainer rank 0 evaluates, the other ranks wait for it."""
 
-    every_steps: int = 0
+    every_steps: NonNegInt = 0
     """Evaluate after every this many trainer steps and after the last one; 0 disables
     evaluation (and the held-out split: every prompt is trained on)."""
-    num_prompts: int = 20
+    num_prompts: Count = 20
     """Held-out prompts: this many distinct prompts drawn (with ``data.seed``) from the
     data file; every row with one of them is left out of training. The data must have
     more distinct prompts than this (the built-in ``add`` task has 100)."""
     mode: Literal["greedy", "pass_at_k"] = "greedy"
     """greedy: one response per prompt at temperature 0. pass_at_k: ``k`` responses per
     prompt at ``rollout.sampling.temperature``; a prompt passes if any is correct."""
-    k: int = 4
+    k: Count = 4
     """Responses per prompt in pass_at_k mode."""
-    max_new_tokens: int = 0
+    max_new_tokens: NonNegInt = 0
     """Most response tokens; 0: ``rollout.sampling.max_new_tokens``."""
     correct_reward: float = 0.999
     """A response counts as correct when its reward (``reward.functions`` with
@@ -228,13 +234,13 @@ class EvalConfig(_Section):
 class QueueConfig(_Section):
     """TransferQueue."""
 
-    num_shards: int = 1
+    num_shards: Count = 1
     """Storage shard processes."""
-    capacity_rows: int = 0
+    capacity_rows: NonNegInt = 0
     """Most rows held at once (producers wait beyond it). 0: enough for staleness+2 steps."""
     shm: bool = True
     """Same-host shared-memory data path for tensor bytes."""
-    inline_max_bytes: int = 16384
+    inline_max_bytes: Annotated[int, Meta(ge=0, le=1 << 20)] = 16384
     """A put of at most this many bytes travels with the shard's notice to the
     controllers, and the consumer gets it in the GetBatch reply: one round trip less
     for small rows. 0: every read goes to the shard."""
@@ -246,12 +252,12 @@ class WorkflowConfig(_Section):
     mode: Literal["sync", "async"] = "async"
     """sync: generate the whole batch, then score, then train, then sync weights (the
     baseline). async: every role streams; rollout runs ahead by up to ``staleness``."""
-    staleness: int = 1
+    staleness: NonNegInt = 1
     """Bound k: a sample generated by policy version v is trained at step s only if
     s - v <= k. Forced to 0 in sync mode."""
     substep_updates: bool = True
     """Rollout replicas swap to new weights one at a time (capacity never drops to 0)."""
-    weight_timeout_s: float = 120.0
+    weight_timeout_s: Seconds = 120.0
     """How long one step of a weight transfer (a chunk over nng, a broadcast over the
     collective, building its group) may take before the replica gives up on that
     version and fetches the next one announced."""
@@ -292,38 +298,38 @@ class ClusterConfig(_Section):
 
     launcher: Literal["local", "ray"] = "local"
     """local: every process on this machine. ray: placed by a running Ray cluster."""
-    max_resumes: int = 0
+    max_resumes: NonNegInt = 0
     """When a process that cannot be restarted alone dies (queue, shard, loader, a
     trainer rank) or its node is lost, stop cleanly and resume from the last
     checkpoint, up to this many times per `afctl up` (0: stop and print the resume
     command). Rollout, reward, reference and custom-role processes are restarted
     in place (within ``max_restarts_per_role``)."""
-    max_restarts_per_role: int = 10
+    max_restarts_per_role: NonNegInt = 10
     """Restarts of one role's processes (rollout, reward, reference, or a custom role;
     its workers share the count) allowed within any ``restart_window_s``. A worker that
     dies during its own restart counts again. One more death stops the run cleanly,
     which ``max_resumes`` then resumes from the last checkpoint. 0: never restart."""
-    restart_window_s: float = 300.0
+    restart_window_s: PosFloat = 300.0
     """The window of ``max_restarts_per_role``, in seconds: older restarts no longer count."""
-    restart_backoff_s: float = 1.0
+    restart_backoff_s: NonNegFloat = 1.0
     """A role's first restart in the window is immediate; the next waits this long,
     and each one after twice as long as the one before (at most 60 s)."""
     device: Literal["cpu", "cuda", "npu"] = "cpu"
     """Device kind of rollout and training."""
     transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
     """nng transport of the actors (scheme ipc on one host, tcp across hosts)."""
-    threads_per_process: int = 1
+    threads_per_process: Count = 1
     """torch intra-op threads per worker process (cpu)."""
-    rollout_devices: list[int] = msgspec.field(default_factory=list)
+    rollout_devices: list[NonNegInt] = msgspec.field(default_factory=list)
     """Accelerator ids for rollout replicas, one per replica (CUDA_VISIBLE_DEVICES /
     ASCEND_RT_VISIBLE_DEVICES of its process). Empty: the process sees every device."""
-    train_devices: list[int] = msgspec.field(default_factory=list)
+    train_devices: list[NonNegInt] = msgspec.field(default_factory=list)
     """Accelerator ids of the trainer: all of them for one rank, one per rank with
     ``train.num_ranks > 1``."""
-    reference_devices: list[int] = msgspec.field(default_factory=list)
+    reference_devices: list[NonNegInt] = msgspec.field(default_factory=list)
     """Accelerator ids for reference workers, one per worker."""
     python_path: list[str] = msgspec.field(default_factory=list)
-    """Directories (relative to the config file, or absolute) added to every process's
+    """Directories (relative to the config file, like every path in it, or absolute) added to every process's
     PYTHONPATH, so custom roles and rewards in your own modules import."""
     ray_address: str = ""
     """Ray cluster address (launcher = ray); empty: RAY_ADDRESS."""
@@ -338,11 +344,11 @@ class LoggingConfig(_Section):
     """Write TensorBoard event files (extra: asyncflow[tensorboard])."""
     wandb_project: str = ""
     """Log to Weights & Biases under this project (extra: asyncflow[wandb])."""
-    hang_timeout_s: float = 300.0
+    hang_timeout_s: Seconds = 300.0
     """If no trainer step completes for this long, print what every role waits on."""
     spans: bool = True
     """Record what every role does over time into RUN_DIR/trace.json (afctl trace)."""
-    trace_every_s: float = 30.0
+    trace_every_s: NonNegFloat = 30.0
     """Rewrite RUN_DIR/trace.json this often during the run (afctl trace on a live run);
     0: only at the end."""
 
@@ -352,21 +358,21 @@ class PlannerConfig(_Section):
 
     online: bool = False
     """Move worker processes between rollout and training during the run."""
-    imbalance_threshold: float = 0.2
+    imbalance_threshold: NonNegFloat = 0.2
     """Busy-fraction gap (rollout - training) beyond which one side counts as
     waiting on the other in a step."""
-    patience_steps: int = 3
+    patience_steps: Count = 3
     """Steps in a row that must lean the same way before a move, and steps between moves."""
-    min_gain: float = 0.05
+    min_gain: NonNegFloat = 0.05
     """Predicted step-time gain (fraction) a move must bring to be made."""
-    max_rollout_replicas: int = 4
+    max_rollout_replicas: Count = 4
     """Most rollout replica processes the planner may run (it never adds beyond)."""
-    train_threads: int = 0
+    train_threads: NonNegInt = 0
     """torch threads of the trainer at start (its workers, the ones the planner moves
     to rollout); 0: cluster.threads_per_process."""
-    measure_steps: int = 3
+    measure_steps: Count = 3
     """Steps after a move over which its measured gain is recorded in planner.jsonl."""
-    cores: int = 0
+    cores: NonNegInt = 0
     """With cluster.device = cpu: the cores every process shares (0: all of this
     machine's). There the planner adds or removes rollout replicas and never gives
     the trainer threads (docs/planner.md, "online reallocation on a CPU box")."""
@@ -390,7 +396,7 @@ class RunConfig(_Section):
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     planner: PlannerConfig = msgspec.field(default_factory=PlannerConfig)
     roles: list[RoleEntry] = msgspec.field(default_factory=list)
-    seed: int = 0
+    seed: NonNegInt = 0
     """Global seed."""
 
     @property
@@ -413,23 +419,12 @@ def _need(ok: bool, key: str, value, fix: str) -> None:
 
 def _check(cfg: RunConfig) -> None:
     need = _need
-    need(cfg.algorithm.group_size >= 1, "algorithm.group_size", cfg.algorithm.group_size, "use 1 or more")
     need(
         cfg.algorithm.name != "grpo" or cfg.algorithm.group_size >= 2,
         "algorithm.group_size", cfg.algorithm.group_size, "GRPO needs at least 2 responses per prompt",
     )
     _check_algorithm(cfg.algorithm)
-    need(cfg.workflow.staleness >= 0, "workflow.staleness", cfg.workflow.staleness, "use 0 or more")
-    need(cfg.train.num_steps >= 1, "train.num_steps", cfg.train.num_steps, "use 1 or more")
-    need(cfg.train.prompts_per_step >= 1, "train.prompts_per_step", cfg.train.prompts_per_step, "use 1 or more")
-    need(cfg.rollout.num_replicas >= 1, "rollout.num_replicas", cfg.rollout.num_replicas, "use 1 or more")
-    need(cfg.rollout.prompts_per_call >= 1, "rollout.prompts_per_call", cfg.rollout.prompts_per_call, "use 1 or more")
-    need(cfg.reward.num_workers >= 1, "reward.num_workers", cfg.reward.num_workers, "use 1 or more")
-    need(cfg.queue.num_shards >= 1, "queue.num_shards", cfg.queue.num_shards, "use 1 or more")
-    need(0 <= cfg.queue.inline_max_bytes <= 1 << 20, "queue.inline_max_bytes", cfg.queue.inline_max_bytes,
-         "use 0 (off) to 1048576: larger rows belong on the shards' data path")
     ranks = cfg.train.num_ranks
-    need(ranks >= 1, "train.num_ranks", ranks, "use 1 or more")
     if ranks > 1:
         need(cfg.train.engine.fsdp, "train.engine.fsdp", cfg.train.engine.fsdp,
              f"train.num_ranks = {ranks} trains data parallel with FSDP2: set [train.engine] fsdp = true")
@@ -442,19 +437,6 @@ def _check(cfg: RunConfig) -> None:
         need(not cfg.planner.online, "planner.online", cfg.planner.online,
              "the online planner moves threads and replicas for a one-rank trainer only: set it to false, "
              "or train.num_ranks = 1")
-    need(cfg.logging.trace_every_s >= 0, "logging.trace_every_s", cfg.logging.trace_every_s,
-         "use 0 (only at the end) or a positive number of seconds")
-    need(cfg.cluster.max_resumes >= 0, "cluster.max_resumes", cfg.cluster.max_resumes, "use 0 or more")
-    need(cfg.cluster.max_restarts_per_role >= 0, "cluster.max_restarts_per_role", cfg.cluster.max_restarts_per_role,
-         "use 0 (never restart: stop, or resume with max_resumes) or more")
-    need(cfg.cluster.restart_window_s > 0, "cluster.restart_window_s", cfg.cluster.restart_window_s,
-         "use a positive number of seconds")
-    need(cfg.cluster.restart_backoff_s >= 0, "cluster.restart_backoff_s", cfg.cluster.restart_backoff_s,
-         "use 0 or a positive number of seconds")
-    need(cfg.workflow.weight_timeout_s > 0, "workflow.weight_timeout_s", cfg.workflow.weight_timeout_s,
-         "use a positive number of seconds")
-    need(cfg.train.dist_timeout_s > 0, "train.dist_timeout_s", cfg.train.dist_timeout_s, "use a positive number of seconds")
-    need(0 <= cfg.train.dist_port < 65536, "train.dist_port", cfg.train.dist_port, "use 0 (any free port) or a port number")
     need(
         not cfg.reward.weights or len(cfg.reward.weights) == len(cfg.reward.functions),
         "reward.weights", cfg.reward.weights, f"give one weight per function ({len(cfg.reward.functions)})",
@@ -465,9 +447,15 @@ def _check(cfg: RunConfig) -> None:
         f"must hold at least one global batch ({cfg.samples_per_step} rows) or be 0 (automatic)",
     )
     if cfg.model.path:
-        need(os.path.isdir(cfg.model.path), "model.path", cfg.model.path, "no such directory; give a local Hugging Face model directory")
+        need(os.path.isdir(cfg.model.path), "model.path", cfg.model.path,
+             "no such directory; give a local Hugging Face model directory (relative to the config file), "
+             "or a checkpoint of a run (RUN_DIR/checkpoints/latest)")
+        need(os.path.isfile(os.path.join(cfg.model.path, "config.json")), "model.path", cfg.model.path,
+             "not a Hugging Face model directory (no config.json); give a directory saved with save_pretrained, "
+             "or a checkpoint of a run (RUN_DIR/checkpoints/step_N or RUN_DIR/checkpoints/latest)")
     if cfg.data.path:
-        need(os.path.isfile(cfg.data.path), "data.path", cfg.data.path, "no such file; give a .jsonl or .parquet file")
+        need(os.path.isfile(cfg.data.path), "data.path", cfg.data.path,
+             "no such file; give a .jsonl or .parquet file (relative to the config file, or absolute)")
         need(
             cfg.data.path.endswith((".jsonl", ".parquet")), "data.path", cfg.data.path, "use a .jsonl or .parquet file",
         )
@@ -479,24 +467,11 @@ def _check(cfg: RunConfig) -> None:
              "roles.name", r.name, "this name belongs to a built-in role; choose another")
         need(not r.reward_column or bool(r.task), "roles.reward_column", r.reward_column,
              f"role {r.name!r} must also set `task` (the queue task it reads rows from)")
-    for key, engine in (("train.engine", cfg.train.engine), ("critic.engine", cfg.critic.engine)):
-        need(engine.lr_warmup_steps >= 0, f"{key}.lr_warmup_steps", engine.lr_warmup_steps, "use 0 (no warmup) or more")
-        need(0.0 <= engine.lr_min_ratio <= 1.0, f"{key}.lr_min_ratio", engine.lr_min_ratio,
-             "use a fraction of lr between 0 and 1")
     ev = cfg.eval
-    need(ev.every_steps >= 0, "eval.every_steps", ev.every_steps, "use 0 (no evaluation) or a number of steps")
     if ev.every_steps:
-        need(ev.num_prompts >= 1, "eval.num_prompts", ev.num_prompts, "use 1 or more held-out prompts")
-        need(ev.k >= 1, "eval.k", ev.k, "use 1 or more responses per prompt")
-        need(ev.max_new_tokens >= 0, "eval.max_new_tokens", ev.max_new_tokens,
-             "use 0 (rollout.sampling.max_new_tokens) or a number of tokens")
         need(ev.mode != "pass_at_k" or cfg.rollout.sampling.temperature > 0, "eval.mode", ev.mode,
              "pass_at_k samples at rollout.sampling.temperature, which is 0 (greedy): every sample would be "
              "the same; use mode = 'greedy' or a temperature above 0")
-    need(cfg.planner.patience_steps >= 1, "planner.patience_steps", cfg.planner.patience_steps, "use 1 or more")
-    need(cfg.planner.measure_steps >= 1, "planner.measure_steps", cfg.planner.measure_steps, "use 1 or more")
-    need(cfg.planner.train_threads >= 0, "planner.train_threads", cfg.planner.train_threads,
-         "use 0 (cluster.threads_per_process) or a number of threads")
     need(
         cfg.planner.max_rollout_replicas >= cfg.rollout.num_replicas, "planner.max_rollout_replicas",
         cfg.planner.max_rollout_replicas, f"must be at least rollout.num_replicas ({cfg.rollout.num_replicas})",
@@ -512,11 +487,6 @@ def _check(cfg: RunConfig) -> None:
 
 def _check_algorithm(alg: AlgorithmConfig) -> None:
     need = _need
-    need(alg.epochs >= 1, "algorithm.epochs", alg.epochs, "use 1 or more")
-    need(alg.is_truncation >= 0, "algorithm.is_truncation", alg.is_truncation,
-         "use 0 (no importance weight) or a cap such as 2.0")
-    need(0 <= alg.is_mask_low < 1, "algorithm.is_mask_low", alg.is_mask_low,
-         "use 0 (no lower bound) or a ratio below 1 such as 0.5")
     need(alg.is_mask_high == 0 or alg.is_mask_high > 1, "algorithm.is_mask_high", alg.is_mask_high,
          "use 0 (no upper bound) or a ratio above 1 such as 2.0")
 
@@ -564,21 +534,76 @@ def _field_hint(path: str) -> str:
     return ""
 
 
-def _format_error(exc: msgspec.ValidationError, source: str) -> ConfigError:
+def _range_of(path: str) -> str:
+    """The allowed range of the numeric key at ``path`` (``train.num_steps``,
+    ``cluster.rollout_devices[1]``), from its field's msgspec constraints: ``>= 1``,
+    ``between 0 and 1``; empty when it has none."""
+    import re
+    import typing
+
+    parent, _, name = re.sub(r"\[\d+\]$", "", path).rpartition(".")
+    cls = _struct_at(parent) if parent else RunConfig
+    if cls is None:
+        return ""
+    hint = typing.get_type_hints(cls, include_extras=True).get(name)
+    metas: list[msgspec.Meta] = []
+
+    def collect(h) -> None:
+        if typing.get_origin(h) is Annotated:
+            metas.extend(m for m in typing.get_args(h)[1:] if isinstance(m, msgspec.Meta))
+            return
+        for arg in typing.get_args(h):
+            collect(arg)
+
+    collect(hint)
+    if not metas:
+        return ""
+    m = metas[0]
+    low = (">=", m.ge) if m.ge is not None else ((">", m.gt) if m.gt is not None else None)
+    high = ("<=", m.le) if m.le is not None else (("<", m.lt) if m.lt is not None else None)
+    if low and high and low[0] == ">=" and high[0] == "<=":
+        return f"between {low[1]} and {high[1]}"
+    return " and ".join(f"{bound[0]} {bound[1]}" for bound in (low, high) if bound)
+
+
+def _raw_value(raw: dict, path: str):
+    """The value at a dotted path of the parsed TOML (``None`` when absent)."""
+    import re
+
+    node = raw
+    for part in re.findall(r"[^.\[\]]+", path):
+        try:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+    return node
+
+
+def _format_error(exc: msgspec.ValidationError, source: str, raw: dict | None = None,
+                  overrides: Sequence[str] = ()) -> ConfigError:
     import difflib
 
     text = str(exc)
     what, _, where = text.rpartition(" - at `$.")
     key = where.rstrip("`") if what else ""
     what = what or text
+    given = {item.partition("=")[0].strip(): item for item in overrides}
+    if key and key.split("[")[0] in given:  # the value came from the command line, not the file
+        source = f"--set {given[key.split('[')[0]]}"
     if what.startswith("Object contains unknown field"):
         unknown = what.split("`")[1]
         cls = _struct_at(key) if key else RunConfig
         known = list(cls.__struct_fields__) if cls else []
         close = difflib.get_close_matches(unknown, known, n=1)
         full = f"{key}.{unknown}" if key else unknown
+        if full in given:
+            source = f"--set {given[full]}"
         fix = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
         return ConfigError(f"{full}: unknown key; {fix} (in {source}; keys are documented in docs/config.md)")
+    allowed = _range_of(key) if key and ", got" not in what else ""
+    if allowed:  # a constraint: the key, the value and the range
+        return ConfigError(f"{key} = {_raw_value(raw or {}, key)!r}: out of range; use a value {allowed} "
+                           f"(in {source}; docs/config.md says what it means)")
     if key:
         return ConfigError(f"{key}: {what}{_field_hint(key)} (in {source})")
     return ConfigError(f"{what} (in {source})")
@@ -606,7 +631,10 @@ def apply_overrides(raw: dict, overrides: Sequence[str]) -> dict:
     return raw
 
 
-def load_config_text(text: str, source: str = "<string>", overrides: Sequence[str] = ()) -> RunConfig:
+def load_config_text(text: str, source: str = "<string>", overrides: Sequence[str] = (),
+                     base_dir: str | os.PathLike | None = None) -> RunConfig:
+    """The config in ``text``. ``base_dir``: the directory relative paths in it are
+    relative to (that of the config file); None: the working directory."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -615,25 +643,56 @@ def load_config_text(text: str, source: str = "<string>", overrides: Sequence[st
     try:
         cfg = msgspec.convert(raw, RunConfig)
     except msgspec.ValidationError as exc:
-        raise _format_error(exc, source) from None
+        raise _format_error(exc, source, raw, overrides) from None
+    given = {item.partition("=")[0].strip() for item in overrides}  # a --set path is relative to the working directory
+    _resolve_paths(cfg, Path(base_dir) if base_dir is not None else None, source, given)
     _check(cfg)
     _warn(cfg)
     return cfg
 
 
+def _resolve_paths(cfg: RunConfig, base: Path | None, source: str, given: set[str] = frozenset()) -> None:
+    """Paths in a config file are relative to the file's directory: ``model.path``,
+    ``data.path``, ``cluster.python_path``, so a run works from any directory. A
+    ``model.path`` that is a checkpoint (``checkpoints/step_N``, with the Hugging Face
+    model in ``step_N/model``) means that model directory. A path given with
+    ``--set`` (keys in ``given``) is relative to the working directory."""
+    def resolve(key: str, value: str) -> str:
+        if key in given:
+            return os.path.abspath(value)
+        if base is None or os.path.isabs(value):
+            return value
+        beside = base / value
+        if not beside.exists() and os.path.exists(value):  # older configs: relative to the working directory
+            log.warning("%s = %r is relative to the working directory; paths in a config file are relative to "
+                        "the file (%s): write %r, or an absolute path", key, value, source,
+                        os.path.relpath(os.path.abspath(value), base))
+            return os.path.abspath(value)
+        return str(beside.resolve())
+
+    if cfg.model.path:
+        cfg.model.path = resolve("model.path", cfg.model.path)
+        if not os.path.isfile(os.path.join(cfg.model.path, "config.json")) and \
+                os.path.isfile(os.path.join(cfg.model.path, "model", "config.json")):
+            cfg.model.path = os.path.join(cfg.model.path, "model")  # a checkpoint directory: its model
+    if cfg.data.path:
+        cfg.data.path = resolve("data.path", cfg.data.path)
+    if base is not None and cfg.cluster.python_path:
+        resolved = [str((base / p).resolve()) for p in cfg.cluster.python_path]
+        for key_value, p in zip(cfg.cluster.python_path, resolved):
+            if not os.path.isdir(p):
+                raise ConfigError(f"cluster.python_path: {key_value!r} is {p}, not a directory (paths are relative "
+                                  f"to the config file, {source})")
+        cfg.cluster.python_path = resolved
+
+
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
-    """The config in ``path``, with ``KEY=VALUE`` overrides (``afctl up --set``) applied."""
+    """The config in ``path``, with ``KEY=VALUE`` overrides (``afctl up --set``) applied;
+    its relative paths are relative to ``path``'s directory."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
-    cfg = load_config_text(path.read_text(), str(path), overrides)
-    if cfg.cluster.python_path:  # relative to the config file, so a run works from any directory
-        resolved = [str((path.parent / p).resolve()) for p in cfg.cluster.python_path]
-        for p in resolved:
-            if not os.path.isdir(p):
-                raise ConfigError(f"cluster.python_path: {p} is not a directory")
-        cfg.cluster.python_path = resolved
-    return cfg
+    return load_config_text(path.read_text(), str(path), overrides, base_dir=path.parent)
 
 
 def dump_config(cfg: RunConfig) -> str:
@@ -677,7 +736,9 @@ def config_markdown() -> str:
             default = f.default if f.default is not msgspec.NODEFAULT else (
                 f.default_factory() if f.default_factory is not msgspec.NODEFAULT else "(required)")
             type_name = hint.__name__ if isinstance(hint, type) and not typing.get_args(hint) else re.sub(r"[\w.]+\.(\w+)", r"\1", str(hint))
-            type_name = type_name.replace("|", "\\|")
+            allowed = _range_of(f"{path}.{f.name}" if path else f.name)
+            type_name = type_name.replace("Optional[", "").rstrip("]") + " | None" if type_name.startswith("Optional[") else type_name
+            type_name = (type_name + (f" ({allowed})" if allowed else "")).replace("|", "\\|")
             lines.append(f"| `{f.name}` | `{type_name}` | `{default!r}` | {docs.get(f.name, '')} |")
         lines.append("")
         for sub, sub_path in nested:

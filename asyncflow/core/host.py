@@ -264,13 +264,49 @@ def _exit_after(seconds: float, name: str) -> None:
     timer.start()
 
 
+LOG_DIR_ENV = "ASYNCFLOW_LOG_DIR"
+"""Set by the driver to RUN_DIR/logs: each host writes its whole log (tracebacks
+included) to ``<name>.log`` there and only each record's first line to stderr."""
+
+
+class _FirstLine(logging.Filter):
+    def __init__(self, log_file: str):
+        super().__init__()
+        self.log_file = log_file
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "\n" in text or record.exc_info:
+            record.msg, record.args, record.exc_info, record.exc_text = (
+                f"{text.splitlines()[0]} (full text in {self.log_file})", None, None, None)
+        return True
+
+
+def _setup_logging(name: str) -> None:
+    fmt = logging.Formatter(f"[{name}] %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    root.setLevel(os.environ.get("ASYNCFLOW_LOG", "WARNING"))
+    log_dir = os.environ.get(LOG_DIR_ENV)
+    if log_dir:  # the file first: it gets the record before the console's filter shortens it
+        os.makedirs(log_dir, exist_ok=True)
+        path = os.path.join(log_dir, f"{name}.log")
+        to_file = logging.FileHandler(path)
+        to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(to_file)
+    console = logging.StreamHandler()
+    console.setFormatter(fmt)
+    if log_dir:
+        console.addFilter(_FirstLine(path))
+    root.addHandler(console)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="asyncflow process host (started by the driver)")
     parser.add_argument("--name", required=True)
     parser.add_argument("--directory", required=True)
     args = parser.parse_args(argv)
     _die_with_parent(int(os.environ.get(PARENT_ENV, "0")))
-    logging.basicConfig(level=os.environ.get("ASYNCFLOW_LOG", "WARNING"), format=f"[{args.name}] %(levelname)s %(name)s: %(message)s")
+    _setup_logging(args.name)
     transport = TransportConfig.from_env().validate()
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())

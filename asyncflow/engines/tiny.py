@@ -5,7 +5,12 @@ model.safetensors, tokenizer files, chat template) that ``transformers`` and eve
 engine here load like any downloaded model. Nothing is downloaded.
 
 The tokenizer is character level: one token per character of ``CHARS`` plus the
-special tokens ``SPECIALS``. The chat template renders a conversation as
+special tokens ``SPECIALS``. Its vocabulary spells characters the byte-level way
+(space is ``Ġ``, newline ``Ċ``; printable ASCII is itself), with a byte-level
+pre-tokenizer and decoder: transformers 5 loads a ``qwen2`` directory's tokenizer as
+``Qwen2Tokenizer`` (byte-level BPE from the vocabulary, whatever ``tokenizer.json``
+says), and this way both read the same ids. A character outside ``CHARS`` has no
+token: ``encode_chat_prompt`` refuses it with an error naming it. The chat template renders a conversation as
 ``<|user|>{content}<|assistant|>{content}</s>``; with ``add_generation_prompt`` it
 ends in ``<|assistant|>``, so a response is generated characters then ``</s>``.
 
@@ -22,7 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
 from transformers import AutoModelForCausalLM
 
@@ -39,12 +44,15 @@ CHAT_TEMPLATE = (
 Arch = Literal["qwen2", "llama"]
 
 
+_BYTE_LEVEL = {" ": "\u0120", "\n": "\u010a"}  # what ByteLevel makes of the non-printable CHARS
+
+
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """The character-level tokenizer with its chat template."""
-    vocab = {tok: i for i, tok in enumerate(list(SPECIALS) + list(CHARS))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    vocab = {tok: i for i, tok in enumerate(list(SPECIALS) + [_BYTE_LEVEL.get(c, c) for c in CHARS])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<pad>",
@@ -116,7 +124,15 @@ def make_tiny_model(
 
 
 def encode_chat_prompt(tokenizer, prompt: str) -> list[int]:
-    """Token ids of a one-turn user prompt ending in the assistant marker."""
+    """Token ids of a one-turn user prompt ending in the assistant marker. With the
+    tiny tokenizer, a prompt with a character outside ``CHARS`` is refused (it would
+    become ``<unk>``, or vanish under ``Qwen2Tokenizer``)."""
+    if tokenizer.chat_template == CHAT_TEMPLATE:
+        unknown = sorted(set(prompt) - set(CHARS))
+        if unknown:
+            raise ValueError(f"prompt {prompt[:60]!r} has characters the tiny model's tokenizer does not know: "
+                             f"{''.join(unknown)!r}; it knows only asyncflow.engines.tiny.CHARS (ASCII letters, "
+                             "digits, space, newline and punctuation): use a model of your own (model.path) for other text")
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 

@@ -9,7 +9,7 @@ from asyncflow.core.config import ConfigError, load_config_text
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"epochs": 0}, "algorithm.epochs = 0: use 1 or more"),
+    ({"epochs": 0}, r"algorithm.epochs = 0: out of range; use a value >= 1"),
 ])
 def test_a_wrong_algorithm_value_names_the_key_and_the_fix(changes, message):
     with pytest.raises(ConfigError, match=message):
@@ -17,8 +17,8 @@ def test_a_wrong_algorithm_value_names_the_key_and_the_fix(changes, message):
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"is_truncation": -1.0}, r"algorithm.is_truncation = -1.0: use 0 \(no importance weight\) or a cap"),
-    ({"is_mask_low": 1.5}, r"algorithm.is_mask_low = 1.5: use 0 \(no lower bound\) or a ratio below 1"),
+    ({"is_truncation": -1.0}, r"algorithm.is_truncation = -1.0: out of range; use a value >= 0"),
+    ({"is_mask_low": 1.5}, r"algorithm.is_mask_low = 1.5: out of range; use a value >= 0 and < 1"),
     ({"is_mask_low": -0.1}, r"algorithm.is_mask_low = -0.1"),
     ({"is_mask_high": 0.8}, r"algorithm.is_mask_high = 0.8: use 0 \(no upper bound\) or a ratio above 1"),
     ({"is_level": "row"}, r"algorithm.is_level.*'token', 'sequence'"),

@@ -61,3 +61,66 @@ def test_docs_config_md_documents_every_key_as_the_code_has_it():
     assert (ROOT / "docs" / "config.md").read_text().strip() == config_markdown().strip(), (
         "docs/config.md is stale: regenerate it with `python -m asyncflow.core.config --markdown > docs/config.md`"
     )
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("text,message", [
+    ("[rollout.sampling]\ntemperature = -1", "rollout.sampling.temperature = -1: out of range; use a value >= 0"),
+    ("[rollout.sampling]\ntop_p = 0", "rollout.sampling.top_p = 0: out of range; use a value > 0 and <= 1"),
+    ("[rollout.engine]\nkv_cache_fraction = 1.5", "rollout.engine.kv_cache_fraction = 1.5: out of range; use a value > 0 and <= 1"),
+    ("[train]\nnum_steps = 0", "train.num_steps = 0: out of range; use a value >= 1"),
+    ("[train.engine]\nlr_min_ratio = 2", "train.engine.lr_min_ratio = 2: out of range; use a value between 0 and 1"),
+    ("[train.engine]\nbetas = [0.9, 1.5]", "train.engine.betas[1] = 1.5: out of range; use a value >= 0 and < 1"),
+    ("[cluster]\nrollout_devices = [0, -1]", "cluster.rollout_devices[1] = -1: out of range; use a value >= 0"),
+    ("[algorithm]\ngamma = 1.5", "algorithm.gamma = 1.5: out of range; use a value between 0 and 1"),
+])
+def test_a_value_outside_its_range_names_the_key_and_the_allowed_range(text, message):
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text)
+    assert message in str(info.value)
+
+
+@pytest.mark.timeout(10)
+def test_every_numeric_config_key_has_a_range():
+    import typing
+
+    import msgspec
+
+    from asyncflow.core.config import RunConfig
+
+    free = {"EvalConfig.correct_reward", "RoleEntry.reward_weight", "RewardConfig.weights"}  # rewards: any number
+    unconstrained, seen = [], set()
+
+    def walk(cls):
+        if cls in seen:
+            return
+        seen.add(cls)
+        for name, hint in typing.get_type_hints(cls, include_extras=True).items():
+            bare = [a for a in (typing.get_args(hint) or (hint,)) if a is not type(None)] if typing.get_origin(hint) in (
+                typing.Union, __import__("types").UnionType) else [hint]
+            for h in bare:
+                inner = typing.get_args(h)[0] if typing.get_origin(h) in (list, tuple) else h
+                if isinstance(inner, type) and issubclass(inner, msgspec.Struct):
+                    walk(inner)
+                elif inner in (int, float) and f"{cls.__name__}.{name}" not in free:
+                    unconstrained.append(f"{cls.__name__}.{name}")
+
+    from asyncflow.core.config import RoleEntry
+
+    walk(RunConfig)
+    walk(RoleEntry)
+    # [cluster.transport] checks its own values (TransportConfig.validate, core/transport.py)
+    assert [k for k in unconstrained if not k.startswith("TransportConfig.")] == []
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("override,message", [
+    ("train.num_steps=abc", "train.num_steps: Expected `int`, got `str` (in --set train.num_steps=abc)"),
+    ("rollout.sampling.temperature=-1", "(in --set rollout.sampling.temperature=-1;"),
+    ("train.num_stepz=3", "train.num_stepz: unknown key; did you mean 'num_steps'? (in --set train.num_stepz=3;"),
+])
+def test_a_wrong_value_given_with_set_blames_the_set_not_the_file(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(ROOT / "examples" / "tiny.toml", [override])
+    assert message in str(info.value)
+    assert "tiny.toml" not in str(info.value)

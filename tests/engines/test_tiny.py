@@ -1,5 +1,6 @@
 import hashlib
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -38,3 +39,18 @@ def test_supervised_warm_start_teaches_the_response_format(tmp_path):
     ids = encode_chat_prompt(tokenizer, "rev:123")
     out = model.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=0)
     assert tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True) == "321"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_saved_tiny_model_keeps_spaces_when_transformers_loads_its_tokenizer(tmp_path, arch):
+    # transformers 5 rebuilds a qwen2 directory's tokenizer as Qwen2Tokenizer (byte-level BPE)
+    # whatever tokenizer.json says; the tiny vocabulary must mean the same thing there
+    out = make_tiny_model(tmp_path / arch, arch=arch, num_layers=1)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    text = "What is 8 plus 9?\nIt is 17."
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    assert ids == build_char_tokenizer()(text, add_special_tokens=False)["input_ids"]
+    chat = encode_chat_prompt(tokenizer, "What is 8 plus 9?")
+    assert tokenizer.decode(chat) == "<|user|>What is 8 plus 9?<|assistant|>"

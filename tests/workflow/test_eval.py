@@ -132,7 +132,7 @@ def test_an_impossible_eval_setting_names_the_key_and_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="eval.mode = 'pass_at_k': pass_at_k samples at rollout.sampling.temperature"):
         load_config(config)
     config = write_config(tmp_path, changes={"train.engine": {"lr_min_ratio": 2.0}})
-    with pytest.raises(ConfigError, match="train.engine.lr_min_ratio = 2.0: use a fraction of lr between 0 and 1"):
+    with pytest.raises(ConfigError, match="train.engine.lr_min_ratio = 2.0: out of range; use a value between 0 and 1"):
         load_config(config)
 
 
