@@ -31,6 +31,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -448,11 +449,16 @@ def read_run_config(rd: Path) -> RunConfig:
     return cfg
 
 
-def prepare_resume(run_dir: str) -> tuple[RunConfig, Path, LaunchInfo]:
+def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConfig, Path, LaunchInfo]:
+    """Continue RUN_DIR from its newest good checkpoint; ``overrides`` (``--set``) may
+    change only the keys of core/resumable.py, and are saved into config.json."""
+    from asyncflow.core.resumable import apply_resume_overrides
+
     rd = Path(run_dir)
     if not (rd / "config.json").exists():
         raise ConfigError(f"{rd} is not a run directory (no config.json)")
-    cfg = read_run_config(rd)
+    saved = read_run_config(rd)
+    cfg = apply_resume_overrides(saved, overrides)
     ckpt, damaged = latest_good_checkpoint(rd)
     for path, wrong in damaged:
         click.echo(f"!! checkpoint {path.name} is damaged: {wrong}; skipping it", err=True)
@@ -465,7 +471,10 @@ def prepare_resume(run_dir: str) -> tuple[RunConfig, Path, LaunchInfo]:
     previous = msgspec.json.decode((rd / "launch.json").read_bytes(), type=LaunchInfo)
     step = int((ckpt / "DONE").read_text())
     if step >= cfg.train.num_steps:
-        raise ConfigError(f"{rd} already finished its {cfg.train.num_steps} steps; raise train.num_steps to go on")
+        raise ConfigError(f"{rd} already finished its {cfg.train.num_steps} steps; to train more, raise "
+                          f"train.num_steps: afctl up --resume {rd} --set train.num_steps={step + max(1, step)}")
+    if cfg is not saved:
+        write_run_config(cfg, rd)
     launch = LaunchInfo(
         model_dir=str(ckpt / "model"), base_model_dir=previous.base_model_dir, data_path=previous.data_path,
         start_step=step, resume_from=str(ckpt),
@@ -499,14 +508,16 @@ def default_run_dir(config_path: str) -> str:
     return os.path.join("runs", f"{Path(config_path).stem}-{datetime.now():%Y%m%d-%H%M%S}")
 
 
-def run(cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | None = None) -> dict:
+def run(cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | None = None,
+        resume_overrides: Sequence[str] = ()) -> dict:
     """Run to the end; returns the summary (also written to RUN_DIR/summary.json).
-    Give a config and a run directory for a new run, or ``resume=RUN_DIR``.
+    Give a config and a run directory for a new run, or ``resume=RUN_DIR`` (with
+    ``resume_overrides``: ``--set`` items of keys that may change on resume).
 
     When a process that cannot be restarted alone is lost (the queue, a shard, the
     loader, a trainer rank, or its node), the run stops cleanly and, up to
     ``cluster.max_resumes`` times, resumes itself from its last checkpoint."""
-    cfg, rd, launch = prepare_resume(resume) if resume else prepare_new(cfg, run_dir)
+    cfg, rd, launch = prepare_resume(resume, resume_overrides) if resume else prepare_new(cfg, run_dir)
     resumes: list[dict] = []
     while True:
         try:
