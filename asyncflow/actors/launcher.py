@@ -549,44 +549,65 @@ def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo) -> dict:
     t0 = time.monotonic()
     click.echo(f"run directory: {rd}  ({cfg.workflow.mode}, staleness {cfg.staleness}, "
                f"{len(launcher.host_specs)} processes, steps {launch.start_step}..{cfg.train.num_steps - 1})")
+    interrupted = False
     try:
         launcher.start()
         result = launcher.wait()
         stats = launcher.role_stats()
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: stopping every process. Continue with: afctl up --resume {rd}", err=True)
+        interrupted = True
         raise
     finally:
         launcher.stop()
+        if interrupted:  # what ran until Ctrl-C / SIGTERM, marked as such (no role stats: the roles are gone)
+            summary = summarize(rd, cfg, {}, time.monotonic() - t0, launcher.restarts, None, interrupted=True)
+            (rd / "summary.json").write_text(json.dumps(summary, indent=2))
     wall_s = time.monotonic() - t0
     summary = summarize(rd, cfg, stats, wall_s, launcher.restarts, result)
     (rd / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
-def summarize(rd: Path, cfg: RunConfig, stats: dict[str, protocol.RoleStats], wall_s: float, restarts: list, result) -> dict:
-    rows = [json.loads(l) for l in (rd / "metrics.jsonl").read_text().splitlines() if l]
-    n = max(1, len(rows) // 10)
+def summarize(rd: Path, cfg: RunConfig, stats: dict[str, protocol.RoleStats], wall_s: float, restarts: list, result,
+              interrupted: bool = False) -> dict:
+    """summary.json. Totals and rates cover the whole run, every launch of a resumed
+    one (``samples_per_s`` = all samples over the sum of the launches' training spans);
+    ``launch_*`` figures, ``wall_s`` and the busy fractions are this launch's."""
+    from asyncflow.actors._summary import launch_span_s, launches, reward_trend, train_span_s
+
+    path = rd / "metrics.jsonl"
+    rows = [json.loads(l) for l in _complete_lines(path)] if path.exists() else []
+    this = launches(rows)[-1] if rows else []
     busy = {name: s.busy_s for name, s in stats.items()}
-    first_t = rows[0]["time_s"] - rows[0]["step_time_s"] if rows else 0.0
-    span = (rows[-1]["time_s"] - first_t) if rows else wall_s
+    span = train_span_s(rows)
+    launch_span = launch_span_s(this) if this else wall_s
+    first, last = reward_trend(rows)
+    samples, tokens = sum(r["samples"] for r in rows), sum(r["tokens"] for r in rows)
+    launch_samples = sum(r["samples"] for r in this)
     return {
         "mode": cfg.workflow.mode,
         "staleness": cfg.staleness,
+        "interrupted": interrupted,
         "steps": len(rows),
+        "launches": len(launches(rows)),
         "wall_s": round(wall_s, 2),
         "train_span_s": round(span, 2),
-        "samples": sum(r["samples"] for r in rows),
-        "tokens": sum(r["tokens"] for r in rows),
-        "samples_per_s": sum(r["samples"] for r in rows) / max(span, 1e-9),
-        "tokens_per_s": sum(r["tokens"] for r in rows) / max(span, 1e-9),
-        "reward_first_10pct": sum(r["reward_mean"] for r in rows[:n]) / n if rows else None,
-        "reward_last_10pct": sum(r["reward_mean"] for r in rows[-n:]) / n if rows else None,
+        "samples": samples,
+        "tokens": tokens,
+        "samples_per_s": samples / max(span, 1e-9),
+        "tokens_per_s": tokens / max(span, 1e-9),
+        "launch_steps": len(this),
+        "launch_train_span_s": round(launch_span, 2),
+        "launch_samples": launch_samples,
+        "launch_samples_per_s": launch_samples / max(launch_span, 1e-9),
+        "reward_first_10pct": first,
+        "reward_last_10pct": last,
         "staleness_max": max((r["staleness_max"] for r in rows), default=0),
         "busy_s": busy,
-        # over the training span (first step's start to the last step's end): start-up excluded
-        "busy_fraction": {name: min(1.0, b / max(span, 1e-9)) for name, b in busy.items()},
-        "pipeline_efficiency": min(1.0, max(busy.values(), default=0.0) / max(span, 1e-9)),
+        # over this launch's training span (its first step's start to its last step's end): start-up excluded
+        "busy_fraction": {name: min(1.0, b / max(launch_span, 1e-9)) for name, b in busy.items()},
+        "pipeline_efficiency": min(1.0, max(busy.values(), default=0.0) / max(launch_span, 1e-9)),
         "restarts": restarts,
         "checkpoint": result.checkpoint if result else "",
         **val_summary(rd, rows),

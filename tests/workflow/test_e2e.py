@@ -112,3 +112,5 @@ def test_ctrl_c_stops_every_process(tmp_path, how):
     assert "failed" not in out and "Traceback" not in out, out
     for pid in children:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], pid
+    summary = json.loads((run_dir / "summary.json").read_text())  # what ran until the stop, marked as such
+    assert summary["interrupted"] is True and summary["steps"] >= 1, summary
