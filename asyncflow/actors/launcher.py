@@ -28,6 +28,7 @@ import faulthandler
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -59,6 +60,25 @@ log = logging.getLogger(__name__)
 RESTARTABLE = {"rollout": "rollout", "reward": "reward", "reference": "reference"}  # kind -> its queue task
 OUTPUTS = {"rollout": ["response_ids", "rollout_logp", "finish"], "reward": ["reward"], "reference": ["ref_logp"]}
 """The columns a role puts: rows a dead worker already put them for are acked, not redone."""
+
+
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+"""Environment of the driver and every process: no "Loading weights" / "Writing model
+shards" progress bars of transformers between the progress lines (a user who sets
+the variable keeps their value)."""
+
+
+def quiet_progress_bars() -> dict[str, str]:
+    """Turn the Hugging Face progress bars off in this process (before or after
+    transformers is imported); returns the variables to pass on to child processes."""
+    env = {k: os.environ.get(k, v) for k, v in QUIET_ENV.items()}
+    for k, v in env.items():
+        os.environ.setdefault(k, v)
+    if "transformers" in sys.modules and env["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    return env
 
 
 def _spec(name: str, cls: str, **kwargs) -> protocol.ActorSpec:
@@ -183,10 +203,11 @@ class Launcher:
         )
         self.dc.register(self.collector.entry())
         self.collector_proxy = self.collector.pykka_ref.proxy()
-        env = {"OMP_NUM_THREADS": str(cfg.cluster.threads_per_process), "TOKENIZERS_PARALLELISM": "false",
+        env = {**quiet_progress_bars(), "OMP_NUM_THREADS": str(cfg.cluster.threads_per_process), "TOKENIZERS_PARALLELISM": "false",
                "PYTHONPATH": os.pathsep.join(filter(None, [*cfg.cluster.python_path, os.getcwd(), os.environ.get("PYTHONPATH", "")])),
                "ASYNCFLOW_SPANS": "1" if cfg.logging.spans else "0"}
         self.env = env
+        click.echo(f"starting {len(self.host_specs)} processes: {', '.join(self.host_specs)}")
         for host in self.host_specs:
             self.hosts[host] = self.spawn(host, self.dc, self.transport, env=self.host_env(host))
         self.write_cluster_file()
@@ -203,6 +224,7 @@ class Launcher:
             self.scaler.start()
         for name in self.workers:
             self.dc.ref(name).ask(protocol.StartWork(), timeout_s=30)
+        click.echo("every process is up; waiting for the first step (the first rollouts and the first batch)")
 
     def write_cluster_file(self) -> None:
         """RUN_DIR/cluster.json and the pointer to it, for `afctl status` (no secret)."""
@@ -255,6 +277,8 @@ class Launcher:
             stage("stop the directory", self.directory.stop)
         if self.ray_hosts is not None:
             stage("close the Ray hosts", self.ray_hosts.close)
+        if getattr(self, "ipc_dir", None):  # the ipc sockets' directory (empty by now)
+            stage(f"remove {self.ipc_dir}", shutil.rmtree, self.ipc_dir, True)
         for name, exc in errors:
             click.echo(f"!! while stopping: {name} failed: {type(exc).__name__}: {exc}", err=True)
         return errors
@@ -517,6 +541,7 @@ def run(cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | 
     When a process that cannot be restarted alone is lost (the queue, a shard, the
     loader, a trainer rank, or its node), the run stops cleanly and, up to
     ``cluster.max_resumes`` times, resumes itself from its last checkpoint."""
+    quiet_progress_bars()  # before the tiny model is built and saved
     cfg, rd, launch = prepare_resume(resume, resume_overrides) if resume else prepare_new(cfg, run_dir)
     resumes: list[dict] = []
     while True:
