@@ -54,3 +54,14 @@ def test_summary_of_a_run_interrupted_before_its_first_step_is_still_written(tmp
 def test_reward_trend_is_the_mean_of_the_first_and_last_tenth():
     rows = [{"reward_mean": float(k)} for k in range(20)]
     assert reward_trend(rows) == (0.5, 18.5)
+
+
+@pytest.mark.timeout(10)
+def test_a_custom_roles_score_column_gets_a_per_step_mean_metric():
+    import numpy as np
+
+    from asyncflow.actors.trainer import score_means
+
+    columns = {"judge_score": [np.array([-0.1]), np.array([0.0]), np.array([-0.2])]}
+    assert score_means(columns, [("judge_score", 2.0)]) == {"score/judge_score": pytest.approx(-0.1)}
+    assert score_means(columns, []) == {}
