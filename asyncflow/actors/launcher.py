@@ -34,9 +34,11 @@ import faulthandler
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -65,6 +67,25 @@ log = logging.getLogger(__name__)
 RESTARTABLE = {"rollout": "rollout", "reward": "reward", "reference": "reference"}  # kind -> its queue task
 OUTPUTS = {"rollout": ["response_ids", "rollout_logp", "finish"], "reward": ["reward"], "reference": ["ref_logp"]}
 """The columns a role puts: rows a dead worker already put them for are acked, not redone."""
+
+
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+"""Environment of the driver and every process: no "Loading weights" / "Writing model
+shards" progress bars of transformers between the progress lines (a user who sets
+the variable keeps their value)."""
+
+
+def quiet_progress_bars() -> dict[str, str]:
+    """Turn the Hugging Face progress bars off in this process (before or after
+    transformers is imported); returns the variables to pass on to child processes."""
+    env = {k: os.environ.get(k, v) for k, v in QUIET_ENV.items()}
+    for k, v in env.items():
+        os.environ.setdefault(k, v)
+    if "transformers" in sys.modules and env["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    return env
 
 
 def _spec(name: str, cls: str, **kwargs) -> protocol.ActorSpec:
@@ -192,11 +213,12 @@ class Launcher:
         )
         self.dc.register(self.collector.entry())
         self.collector_proxy = self.collector.pykka_ref.proxy()
-        env = {"OMP_NUM_THREADS": str(cfg.cluster.threads_per_process), "TOKENIZERS_PARALLELISM": "false",
+        env = {**quiet_progress_bars(), "OMP_NUM_THREADS": str(cfg.cluster.threads_per_process), "TOKENIZERS_PARALLELISM": "false",
                "PYTHONPATH": os.pathsep.join(filter(None, [*cfg.cluster.python_path, os.getcwd(), os.environ.get("PYTHONPATH", "")])),
                "ASYNCFLOW_SPANS": "1" if cfg.logging.spans else "0",
                "ASYNCFLOW_LOG_DIR": str((self.run_dir / "logs").absolute())}
         self.env = env
+        click.echo(f"starting {len(self.host_specs)} processes: {', '.join(self.host_specs)}")
         for host in self.host_specs:
             self.hosts[host] = self.spawn(host, self.dc, self.transport, env=self.host_env(host))
         self.write_cluster_file()
@@ -213,6 +235,7 @@ class Launcher:
             self.scaler.start()
         for name in self.workers:
             self.dc.ref(name).ask(protocol.StartWork(), timeout_s=30)
+        click.echo("every process is up; waiting for the first step (the first rollouts and the first batch)")
 
     def write_cluster_file(self) -> None:
         """RUN_DIR/cluster.json and the pointer to it, for `afctl status` (no secret)."""
@@ -270,6 +293,8 @@ class Launcher:
             stage("stop the directory", self.directory.stop)
         if self.ray_hosts is not None:
             stage("close the Ray hosts", self.ray_hosts.close)
+        if getattr(self, "ipc_dir", None):  # the ipc sockets' directory (empty by now)
+            stage(f"remove {self.ipc_dir}", shutil.rmtree, self.ipc_dir, True)
         for name, exc in errors:
             click.echo(f"!! while stopping: {name} failed: {type(exc).__name__}: {exc}", err=True)
         return errors
@@ -522,11 +547,16 @@ def read_run_config(rd: Path) -> RunConfig:
     return cfg
 
 
-def prepare_resume(run_dir: str) -> tuple[RunConfig, Path, LaunchInfo]:
+def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConfig, Path, LaunchInfo]:
+    """Continue RUN_DIR from its newest good checkpoint; ``overrides`` (``--set``) may
+    change only the keys of core/resumable.py, and are saved into config.json."""
+    from asyncflow.core.resumable import apply_resume_overrides
+
     rd = Path(run_dir)
     if not (rd / "config.json").exists():
         raise ConfigError(f"{rd} is not a run directory (no config.json)")
-    cfg = read_run_config(rd)
+    saved = read_run_config(rd)
+    cfg = apply_resume_overrides(saved, overrides)
     ckpt, damaged = latest_good_checkpoint(rd)
     for path, wrong in damaged:
         click.echo(f"!! checkpoint {path.name} is damaged: {wrong}; skipping it", err=True)
@@ -539,7 +569,10 @@ def prepare_resume(run_dir: str) -> tuple[RunConfig, Path, LaunchInfo]:
     previous = msgspec.json.decode((rd / "launch.json").read_bytes(), type=LaunchInfo)
     step = int((ckpt / "DONE").read_text())
     if step >= cfg.train.num_steps:
-        raise ConfigError(f"{rd} already finished its {cfg.train.num_steps} steps; raise train.num_steps to go on")
+        raise ConfigError(f"{rd} already finished its {cfg.train.num_steps} steps; to train more, raise "
+                          f"train.num_steps: afctl up --resume {rd} --set train.num_steps={step + max(1, step)}")
+    if cfg is not saved:
+        write_run_config(cfg, rd)
     launch = LaunchInfo(
         model_dir=str(ckpt / "model"), base_model_dir=previous.base_model_dir, data_path=previous.data_path,
         start_step=step, resume_from=str(ckpt),
@@ -586,14 +619,17 @@ def default_run_dir(config_path: str) -> str:
     return os.path.join("runs", f"{Path(config_path).stem}-{datetime.now():%Y%m%d-%H%M%S}")
 
 
-def run(cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | None = None) -> dict:
+def run(cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | None = None,
+        resume_overrides: Sequence[str] = ()) -> dict:
     """Run to the end; returns the summary (also written to RUN_DIR/summary.json).
-    Give a config and a run directory for a new run, or ``resume=RUN_DIR``.
+    Give a config and a run directory for a new run, or ``resume=RUN_DIR`` (with
+    ``resume_overrides``: ``--set`` items of keys that may change on resume).
 
     When a process that cannot be restarted alone is lost (the queue, a shard, the
     loader, a trainer rank, or its node), the run stops cleanly and, up to
     ``cluster.max_resumes`` times, resumes itself from its last checkpoint."""
-    cfg, rd, launch = prepare_resume(resume) if resume else prepare_new(cfg, run_dir)
+    quiet_progress_bars()  # before the tiny model is built and saved
+    cfg, rd, launch = prepare_resume(resume, resume_overrides) if resume else prepare_new(cfg, run_dir)
     resumes: list[dict] = []
     while True:
         try:
@@ -625,44 +661,65 @@ def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo) -> dict:
     t0 = time.monotonic()
     click.echo(f"run directory: {rd}  ({cfg.workflow.mode}, staleness {cfg.staleness}, "
                f"{len(launcher.host_specs)} processes, steps {launch.start_step}..{cfg.train.num_steps - 1})")
+    interrupted = False
     try:
         launcher.start()
         result = launcher.wait()
         stats = launcher.role_stats()
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: stopping every process. {resume_advice(rd)}", err=True)
+        interrupted = True
         raise
     finally:
         launcher.stop()
+        if interrupted:  # what ran until Ctrl-C / SIGTERM, marked as such (no role stats: the roles are gone)
+            summary = summarize(rd, cfg, {}, time.monotonic() - t0, launcher.restarts, None, interrupted=True)
+            (rd / "summary.json").write_text(json.dumps(summary, indent=2))
     wall_s = time.monotonic() - t0
     summary = summarize(rd, cfg, stats, wall_s, launcher.restarts, result)
     (rd / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
-def summarize(rd: Path, cfg: RunConfig, stats: dict[str, protocol.RoleStats], wall_s: float, restarts: list, result) -> dict:
-    rows = [json.loads(l) for l in (rd / "metrics.jsonl").read_text().splitlines() if l]
-    n = max(1, len(rows) // 10)
+def summarize(rd: Path, cfg: RunConfig, stats: dict[str, protocol.RoleStats], wall_s: float, restarts: list, result,
+              interrupted: bool = False) -> dict:
+    """summary.json. Totals and rates cover the whole run, every launch of a resumed
+    one (``samples_per_s`` = all samples over the sum of the launches' training spans);
+    ``launch_*`` figures, ``wall_s`` and the busy fractions are this launch's."""
+    from asyncflow.actors._summary import launch_span_s, launches, reward_trend, train_span_s
+
+    path = rd / "metrics.jsonl"
+    rows = [json.loads(l) for l in _complete_lines(path)] if path.exists() else []
+    this = launches(rows)[-1] if rows else []
     busy = {name: s.busy_s for name, s in stats.items()}
-    first_t = rows[0]["time_s"] - rows[0]["step_time_s"] if rows else 0.0
-    span = (rows[-1]["time_s"] - first_t) if rows else wall_s
+    span = train_span_s(rows)
+    launch_span = launch_span_s(this) if this else wall_s
+    first, last = reward_trend(rows)
+    samples, tokens = sum(r["samples"] for r in rows), sum(r["tokens"] for r in rows)
+    launch_samples = sum(r["samples"] for r in this)
     return {
         "mode": cfg.workflow.mode,
         "staleness": cfg.staleness,
+        "interrupted": interrupted,
         "steps": len(rows),
+        "launches": len(launches(rows)),
         "wall_s": round(wall_s, 2),
         "train_span_s": round(span, 2),
-        "samples": sum(r["samples"] for r in rows),
-        "tokens": sum(r["tokens"] for r in rows),
-        "samples_per_s": sum(r["samples"] for r in rows) / max(span, 1e-9),
-        "tokens_per_s": sum(r["tokens"] for r in rows) / max(span, 1e-9),
-        "reward_first_10pct": sum(r["reward_mean"] for r in rows[:n]) / n if rows else None,
-        "reward_last_10pct": sum(r["reward_mean"] for r in rows[-n:]) / n if rows else None,
+        "samples": samples,
+        "tokens": tokens,
+        "samples_per_s": samples / max(span, 1e-9),
+        "tokens_per_s": tokens / max(span, 1e-9),
+        "launch_steps": len(this),
+        "launch_train_span_s": round(launch_span, 2),
+        "launch_samples": launch_samples,
+        "launch_samples_per_s": launch_samples / max(launch_span, 1e-9),
+        "reward_first_10pct": first,
+        "reward_last_10pct": last,
         "staleness_max": max((r["staleness_max"] for r in rows), default=0),
         "busy_s": busy,
-        # over the training span (first step's start to the last step's end): start-up excluded
-        "busy_fraction": {name: min(1.0, b / max(span, 1e-9)) for name, b in busy.items()},
-        "pipeline_efficiency": min(1.0, max(busy.values(), default=0.0) / max(span, 1e-9)),
+        # over this launch's training span (its first step's start to its last step's end): start-up excluded
+        "busy_fraction": {name: min(1.0, b / max(launch_span, 1e-9)) for name, b in busy.items()},
+        "pipeline_efficiency": min(1.0, max(busy.values(), default=0.0) / max(launch_span, 1e-9)),
         "restarts": restarts,
         "checkpoint": result.checkpoint if result else "",
         **val_summary(rd, rows),

@@ -21,7 +21,7 @@ class TensorBoardLogger:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise RuntimeError(
-                "[logging] tensorboard = true needs the tensorboard package: pip install 'asyncflow[tensorboard]' "
+                "[logging] tensorboard = true needs the tensorboard package: pip install -e '.[tensorboard]' (in the asyncflow checkout) "
                 "(or set [logging] tensorboard = false)") from None
         self.log_dir = str(log_dir)
         self._writer = SummaryWriter(log_dir=self.log_dir)
@@ -43,7 +43,7 @@ class WandbLogger:
             import wandb
         except ImportError:
             raise RuntimeError(
-                f"[logging] wandb_project = {project!r} needs the wandb package: pip install 'asyncflow[wandb]' "
+                f"[logging] wandb_project = {project!r} needs the wandb package: pip install -e '.[wandb]' (in the asyncflow checkout) "
                 "(or remove [logging] wandb_project)") from None
         self._run = wandb.init(project=project, name=Path(run_dir).name, dir=str(run_dir), config=config or {})
 

@@ -17,7 +17,7 @@ process host the driver
 ``RayHosts.spawn`` has the signature of :func:`asyncflow.core.host.spawn_host`, and
 returns a :class:`RayHost` that answers what the launcher asks of a local
 ``HostProcess`` (alive, stop, kill, pid, dump_stacks). Ray is imported only here:
-``pip install 'asyncflow[ray]'``.
+``pip install -e '.[ray]' (in the asyncflow checkout)``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _ray():
     try:
         import ray
     except ModuleNotFoundError:
-        raise ConfigError("[cluster] launcher = 'ray' needs Ray: pip install 'asyncflow[ray]'") from None
+        raise ConfigError("[cluster] launcher = 'ray' needs Ray: pip install -e '.[ray]' (in the asyncflow checkout)") from None
     return ray
 
 

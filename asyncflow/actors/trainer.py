@@ -209,7 +209,7 @@ class TrainerActor(LoopActor):
             response_len_mean=figures["response_tokens"] / len(meta.indices), total_samples=self._num_samples,
             total_tokens=self._num_tokens, time_s=time.monotonic() - self._started,
             step_time_s=time.monotonic() - t0, staleness_max=max(staleness), staleness_mean=float(np.mean(staleness)),
-            weight_bytes=weight_bytes, num_ranks=num_ranks, **integrity,
+            weight_bytes=weight_bytes, num_ranks=num_ranks, **integrity, **score_means(columns, self.policy.extra_rewards),
         )
         eval_every = cfg.eval.every_steps
         if eval_every and (version % eval_every == 0 or version == cfg.train.num_steps):
@@ -288,3 +288,11 @@ class TrainerActor(LoopActor):
     def _finish(self) -> None:
         path = self.checkpoint()
         self._collector.tell(protocol.RunFinished(last_step=self.step - 1, checkpoint=str(path)))
+
+
+def score_means(columns: dict[str, list], extra_rewards: list[tuple[str, float]]) -> dict[str, float]:
+    """``score/<column>``: the mean of each custom role's ``reward_column`` over the rows
+    this trainer process read (all of the step's rows with one rank; rank 0's share
+    with several), before ``reward_weight``."""
+    return {f"score/{column}": float(np.mean([float(v[0]) for v in columns[column]])) if columns[column] else 0.0
+            for column, _ in extra_rewards}

@@ -58,9 +58,13 @@ def after_move(results: dict, root: Path) -> dict | None:
     return out
 
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "unbalanced.toml"
+"""The default config, found next to the package (a source checkout), not in the working directory."""
+
+
 @click.command()
-@click.option("--config", "config_path", default="examples/unbalanced.toml", show_default=True,
-              type=click.Path(exists=True, dir_okay=False))
+@click.option("--config", "config_path", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="The run config to rebalance [default: examples/unbalanced.toml of this checkout].")
 @click.option("--steps", type=int, help="Trainer steps (default: the config's).")
 @click.option("--window", default=5, show_default=True, help="Steps per measured window (first and last).")
 @click.option("--compare", is_flag=True, help="Also run the config with the planner off.")
@@ -73,6 +77,11 @@ def planner(config_path: str, steps: int | None, window: int, compare: bool, out
     from asyncflow.actors.launcher import prepare_new, run
     from asyncflow.core.config import load_config
 
+    if config_path is None:
+        if not EXAMPLE.is_file():
+            raise click.ClickException(f"{EXAMPLE} does not exist (asyncflow is not installed from a source checkout): "
+                                       f"give a config with --config PATH")
+        config_path = str(EXAMPLE)
     base = load_config(config_path)
     if steps:
         base = msgspec.structs.replace(base, train=msgspec.structs.replace(base.train, num_steps=steps))

@@ -27,12 +27,12 @@ def _params(n: float) -> str:
 
 
 def _table(plans) -> list[str]:
-    head = ("#", "rollout dev x tp", "train dev tp/pp/dp", "ref dev", "step s", "samples/s", "tokens/s", "bottleneck", "peak GiB/dev")
+    head = ("#", "rollout devices (instances x tp)", "train dev tp/pp/dp", "ref dev", "step s", "samples/s", "tokens/s", "bottleneck", "peak GiB/dev")
     rows = [head]
     for i, p in enumerate(plans, 1):
         ref = f"{p.reference_devices} tp{p.reference_tp}" if p.reference_devices else "on train"
         rows.append((
-            str(i), f"{p.rollout_devices} x tp{p.rollout_tp}", f"{p.train_devices} {p.train_tp}/{p.train_pp}/{p.train_dp}",
+            str(i), f"{p.rollout_devices} ({p.rollout_devices // p.rollout_tp} x tp{p.rollout_tp})", f"{p.train_devices} {p.train_tp}/{p.train_pp}/{p.train_dp}",
             ref, _sig(p.predicted_step_s), _sig(p.predicted_samples_per_s), _fmt_rate(p.predicted_tokens_per_s),
             p.bottleneck, _sig(p.peak_memory_bytes / GiB),
         ))
@@ -103,6 +103,10 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, lo
     from asyncflow.planner.models import get_model
     from asyncflow.planner.search import best_sync, search, speedup
 
+    try:  # the model first: a wrong name is the mistake to report, whatever else is missing
+        model = get_model(model_name)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--model") from None
     given = [x for x in (npus, gpus, devices) if x is not None]
     if len(given) != 1:
         raise click.UsageError("give exactly one of --npus N, --gpus N or --devices N")
@@ -110,7 +114,6 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, lo
     hw_name = hardware or ("910b" if npus is not None else "h100" if gpus is not None else "cpu")
     try:
         hw = get_hardware(hw_name)
-        model = get_model(model_name)
         eff = Efficiency()
         if profile_path:
             prof = load_profile(profile_path)

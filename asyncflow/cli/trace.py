@@ -1,7 +1,9 @@
 """``afctl trace RUN_DIR [RUN_DIR...] [--png out.png]``: check RUN_DIR/trace.json and
 draw the timeline: one row per role, busy activities in colour, waits in light
-grey, weight-sync transfers as arrows from the trainer to the replica that loads them; several runs stacked (sync above async) on one time axis, so a bubble (a
-row that is grey while another works) is visible at a glance."""
+grey, weight-sync transfers as arrows from the trainer to the replica that loads them
+(at most ``--arrows`` of them, spread over the drawn time); several runs stacked (sync
+above async) on one time axis, so a bubble (a row that is grey while another works) is
+visible at a glance. The legend sits above the rows, the axis label below."""
 
 from __future__ import annotations
 
@@ -25,7 +27,10 @@ CYCLE = ["#ff7f0e", "#7f7f7f", "#aec7e8", "#98df8a", "#ff9896", "#c5b0d5", "#c49
 @click.option("--png", "png", type=click.Path(dir_okay=False, path_type=Path), help="Draw the timeline into this PNG.")
 @click.option("--from-s", "from_s", type=float, default=None, help="Draw from this many seconds after the first span.")
 @click.option("--to-s", "to_s", type=float, default=None, help="Draw up to this many seconds after the first span.")
-def trace(run_dirs: tuple[Path, ...], png: Path | None, from_s: float | None, to_s: float | None) -> None:
+@click.option("--arrows", "max_arrows", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Draw at most this many weight-sync arrows per run, spread evenly over the drawn time (0: none).")
+def trace(run_dirs: tuple[Path, ...], png: Path | None, from_s: float | None, to_s: float | None,
+          max_arrows: int) -> None:
     """Validate RUN_DIR/trace.json (Chrome trace format; open it in https://ui.perfetto.dev)
     and print every role's busy fraction; with --png, draw the timelines stacked,
     sync runs above async ones."""
@@ -60,13 +65,30 @@ def trace(run_dirs: tuple[Path, ...], png: Path | None, from_s: float | None, to
                 click.echo(f"    {p}", err=True)
         timelines.append(tl)
     if png is not None:
-        draw(timelines, png, from_s, to_s)
+        draw(timelines, png, from_s, to_s, max_arrows)
         click.echo(f"wrote {png}")
     if invalid:
         sys.exit(1)
 
 
-def draw(timelines: list, png: Path, from_s: float | None = None, to_s: float | None = None) -> None:
+def thin_flows(flows: list[tuple[str, float, str, float]], max_arrows: int, from_s: float | None = None,
+               to_s: float | None = None) -> list[tuple[str, float, str, float]]:
+    """At most ``max_arrows`` of ``flows`` (``(from role, s, to role, s)``) that start and
+    end inside [from_s, to_s], evenly spread over them in time order (first and last kept)."""
+    lo, hi = from_s if from_s is not None else float("-inf"), to_s if to_s is not None else float("inf")
+    inside = sorted((f for f in flows if lo <= f[1] and f[3] <= hi), key=lambda f: f[1])
+    if max_arrows <= 0:
+        return []
+    if len(inside) <= max_arrows:
+        return inside
+    if max_arrows == 1:
+        return inside[:1]
+    step = (len(inside) - 1) / (max_arrows - 1)
+    return [inside[round(k * step)] for k in range(max_arrows)]
+
+
+def draw(timelines: list, png: Path, from_s: float | None = None, to_s: float | None = None,
+         max_arrows: int = 20) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,7 +115,7 @@ def draw(timelines: list, png: Path, from_s: float | None = None, to_s: float | 
             ax.broken_barh([(s.start_s, s.duration_s) for s in spans], (row - 0.4, 0.8),
                            facecolors=[colour(s.name) for s in spans], linewidth=0)
         rows = {role: row for row, role in enumerate(roles)}
-        for src, t_src, dst, t_dst in tl.flows:
+        for src, t_src, dst, t_dst in thin_flows(tl.flows, max_arrows, from_s, to_s):
             if src in rows and dst in rows:
                 ax.annotate("", xy=(t_dst, rows[dst]), xytext=(t_src, rows[src]),
                             arrowprops={"arrowstyle": "->", "color": FLOW_COLOUR, "alpha": 0.6, "lw": 0.7})
@@ -104,12 +126,18 @@ def draw(timelines: list, png: Path, from_s: float | None = None, to_s: float | 
     axes[-1, 0].set_xlim(from_s if from_s is not None else 0.0, to_s if to_s is not None else end)
     axes[-1, 0].set_xlabel("seconds since the run's first span (row label: busy fraction)")
     legend = [Patch(color=c, label=n) for n, c in colours.items()] + [Patch(color=WAIT_COLOUR, label="wait_*")]
-    if any(tl.flows for tl in timelines):
+    if max_arrows and any(tl.flows for tl in timelines):
         from matplotlib.lines import Line2D
 
-        legend.append(Line2D([], [], color=FLOW_COLOUR, lw=0.8, label="weights v -> replica"))
-    fig.legend(handles=legend, loc="lower center", ncol=min(8, len(legend)), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+        shown = max(len(thin_flows(tl.flows, max_arrows, from_s, to_s)) for tl in timelines)
+        total = max(len(tl.flows) for tl in timelines)
+        legend.append(Line2D([], [], color=FLOW_COLOUR, lw=0.8, label="weights v -> replica"
+                             + (f" ({shown} of {total}; --arrows)" if shown < total else "")))
+    # the legend above the rows, in its own strip: it never covers the x-axis label
+    ncol = min(8, len(legend))
+    strip_in = 0.3 * -(-len(legend) // ncol) + 0.1
+    fig.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, 1.0), ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - strip_in / fig.get_figheight()))
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
     plt.close(fig)

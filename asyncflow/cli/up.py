@@ -22,22 +22,22 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
     checkpoints/ (Hugging Face format) and summary.json. Ctrl-C (or SIGTERM) stops
     every process in order.
     --set KEY=VALUE changes a key of CONFIG for this run (the resolved config is
-    saved in RUN_DIR/config.json).
+    saved in RUN_DIR/config.json). With --resume, --set may change only the keys
+    that are safe to change mid-run (train.num_steps to extend a finished run,
+    train.checkpoint_every, logging.*, ...); any other is refused by name.
     """
     from asyncflow.actors.launcher import RunFailed, default_run_dir, run
     from asyncflow.core.config import ConfigError, load_config
 
     if bool(config) == bool(resume):
         raise click.UsageError("give a CONFIG file to start a run, or --resume RUN_DIR to continue one (not both)")
-    if resume and overrides:
-        raise click.UsageError("--set changes a new run's config; a resumed run keeps the config saved in RUN_DIR")
     def terminate(*_):  # `kill`, a scheduler cancelling the job: the same orderly stop as Ctrl-C
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, terminate)
     try:
         if resume:
-            summary = run(None, None, resume=resume)
+            summary = run(None, None, resume=resume, resume_overrides=overrides)
         else:
             summary = run(load_config(config, overrides), run_dir or default_run_dir(config))
     except ConfigError as exc:

@@ -716,6 +716,20 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+_DOCS_OUTSIDE = {  # keys of Structs defined outside this module whose source has no field docstring yet
+    ("TransportConfig", "scheme"): "``inproc`` (every actor in one process: tests), ``ipc`` (one host: unix sockets "
+    "in ``ipc_dir``) or ``tcp`` (several hosts).",
+    ("TransportConfig", "bind_host"): "tcp: the address listeners bind. Loopback by default; any other address needs "
+    "``secret`` or ``tls_dir`` (docs/security.md), and a wildcard (``0.0.0.0``) needs ``advertise_host``.",
+    ("TransportConfig", "max_message_bytes"): "The largest frame an actor listener accepts (nng drops a bigger one): "
+    "bounds weight chunks and queue batches.",
+    ("TransportConfig", "connect_timeout_s"): "Seconds to wait when dialing a peer and for the directory's answers "
+    "(register, look up) before failing.",
+}
+"""Descriptions for docs/config.md of keys whose defining module (core/transport.py)
+has no docstring under them; a docstring written there takes precedence."""
+
+
 def config_markdown() -> str:
     """docs/config.md: every section and key with its type, default and meaning."""
     import re
@@ -725,9 +739,8 @@ def config_markdown() -> str:
 
     def section(cls: type, path: str) -> None:
         lines.extend([f"## `[{path}]`" if path else "## top level", "", " ".join((cls.__doc__ or "").split()), ""])
-        lines.extend(["| key | type | default | meaning |", "|---|---|---|---|"])
         docs = _field_docs(cls)
-        nested = []
+        nested, rows = [], []
         for f in msgspec.structs.fields(cls):
             hint = typing.get_type_hints(cls)[f.name]
             if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
@@ -739,7 +752,15 @@ def config_markdown() -> str:
             allowed = _range_of(f"{path}.{f.name}" if path else f.name)
             type_name = type_name.replace("Optional[", "").rstrip("]") + " | None" if type_name.startswith("Optional[") else type_name
             type_name = (type_name + (f" ({allowed})" if allowed else "")).replace("|", "\\|")
-            lines.append(f"| `{f.name}` | `{type_name}` | `{default!r}` | {docs.get(f.name, '')} |")
+            meaning = docs.get(f.name) or _DOCS_OUTSIDE.get((cls.__name__, f.name), "")
+            element = typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
+            if not meaning and isinstance(element, type) and issubclass(element, msgspec.Struct):
+                meaning = f"An array of tables, one `[[{f.name}]]` per entry: see `[[{f.name}]]` below."
+            rows.append(f"| `{f.name}` | `{type_name}` | `{default!r}` | {meaning} |")
+        if rows:
+            lines.extend(["| key | type | default | meaning |", "|---|---|---|---|", *rows])
+        else:
+            lines.append("No keys of its own: " + ", ".join(f"`[{p}]`" for _, p in nested) + " below.")
         lines.append("")
         for sub, sub_path in nested:
             section(sub, sub_path)

@@ -39,7 +39,7 @@ def make_cluster_certs(directory: str | os.PathLike, days: int = 365) -> Path:
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import NameOID
     except ImportError:
-        raise RuntimeError("afctl certs needs the cryptography package: pip install 'asyncflow[tls]'") from None
+        raise RuntimeError("afctl certs needs the cryptography package: pip install -e '.[tls]' (in the asyncflow checkout)") from None
     out = Path(directory)
     out.mkdir(mode=0o700, parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)

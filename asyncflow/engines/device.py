@@ -38,7 +38,7 @@ def torch_device(kind: str, index: int = 0) -> torch.device:
 
 def _import_torch_npu() -> None:
     if importlib.util.find_spec("torch_npu") is None:
-        raise RuntimeError("device 'npu' needs torch_npu: pip install 'asyncflow[npu]' on an Ascend host")
+        raise RuntimeError("device 'npu' needs torch_npu: pip install -e '.[npu]' (in the asyncflow checkout) on an Ascend host")
     importlib.import_module("torch_npu")
 
 

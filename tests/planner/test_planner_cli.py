@@ -1,9 +1,11 @@
 """`afctl plan`: the table, the JSON line, the simulation files, and errors that say what to change."""
 
 import json
+import re
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from asyncflow.cli.main import main
@@ -33,7 +35,7 @@ def test_the_table_shows_roles_rates_bottleneck_memory_and_the_sync_alternative(
     out = _run("--model", "7b", "--gpus", "64", "--hardware", "h100", "--top", "3")
     lines = out.splitlines()
     assert "h100" in lines[0] and "qwen2.5-7b" in lines[0]
-    assert "rollout dev x tp" in lines[1] and "samples/s" in lines[1] and "peak GiB/dev" in lines[1]
+    assert "rollout devices (instances x tp)" in lines[1] and "samples/s" in lines[1] and "peak GiB/dev" in lines[1]
     assert [line.split()[0] for line in lines[2:5]] == ["1", "2", "3"] and not lines[5][:2].strip().isdigit()
     assert any(line.startswith("sync alternative:") and "speedup" in line for line in lines)
 
@@ -86,3 +88,18 @@ def test_plan_help_imports_neither_torch_nor_numpy_nor_matplotlib():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.timeout(30)
+def test_a_rollout_cell_reads_as_devices_then_instances_times_tp():
+    row = _run("--model", "7b", "--gpus", "64", "--hardware", "h100", "--top", "1").splitlines()[2]
+    devices, instances, tp = re.match(r"\s*1\s+(\d+) \((\d+) x tp(\d+)\)", row).groups()
+    assert int(instances) * int(tp) == int(devices), row
+
+
+@pytest.mark.timeout(30)
+def test_an_unknown_model_is_reported_before_a_missing_device_count():
+    result = CliRunner().invoke(main, ["plan", "--model", "13x"])
+    assert result.exit_code != 0
+    assert "unknown model '13x'" in result.output and "0.5b" in result.output, result.output
+    assert "--npus" not in result.output, result.output

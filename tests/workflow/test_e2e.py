@@ -48,6 +48,9 @@ def test_a_few_steps_run_end_to_end_and_staleness_never_exceeds_k(tmp_path, mode
     assert summary["mode"] == mode and summary["restarts"] == []
     if judge:
         assert summary["busy_s"]["judge"] > 0
+        # the role's own figures per step: its score's mean (before reward_weight) and its busy fraction
+        assert all(-1.0 < m["score/judge_score"] <= 0.0 for m in metrics), metrics
+        assert all("busy/judge" in m for m in metrics if any(k.startswith("busy/") for k in m))
     final = Path(summary["checkpoint"])
     assert (final / "model" / "config.json").exists() and (final / "DONE").read_text().strip() == "4"
     trace = json.loads((run_dir / "trace.json").read_text())
@@ -112,3 +115,5 @@ def test_ctrl_c_stops_every_process(tmp_path, how):
     assert "failed" not in out and "Traceback" not in out, out
     for pid in children:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], pid
+    summary = json.loads((run_dir / "summary.json").read_text())  # what ran until the stop, marked as such
+    assert summary["interrupted"] is True and summary["steps"] >= 1, summary
