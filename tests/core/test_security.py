@@ -19,7 +19,9 @@ SECRET = "s3cr3t-for-the-test"
 
 def _config_with_secret(tmp_path):
     (tmp_path / "data.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
-    (tmp_path / "model").mkdir()
+    from asyncflow.algorithms.tasks import make_task_model
+
+    make_task_model(tmp_path / "model", warm_start_steps=0)  # preflight loads its tokenizer
     text = tiny_config_text(
         {"data": {"path": str(tmp_path / "data.jsonl")}, "model": {"path": str(tmp_path / "model")}},
         extra=f'\n[cluster.transport]\nsecret = "{SECRET}"\n',

@@ -16,7 +16,7 @@ PROMPTS = [[4, 9, 16, 10, 20, 5], [4, 12, 5]]
 def test_without_vllm_the_factory_says_what_to_install(qwen2_dir):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
-    with pytest.raises(RuntimeError, match=r"asyncflow\[gpu\]"):
+    with pytest.raises(RuntimeError, match=r"pip install -e '\.\[gpu\]'"):
         build_rollout_engine(RolloutEngineConfig(type="vllm"), qwen2_dir)
 
 

@@ -93,7 +93,7 @@ def test_wandb_without_the_package_says_how_to_install_it(tmp_path):
         pytest.skip("wandb is installed")
     except ImportError:
         pass
-    with pytest.raises(RuntimeError, match=r"pip install 'asyncflow\[wandb\]'"):
+    with pytest.raises(RuntimeError, match=r"pip install -e '\.\[wandb\]'"):
         build_loggers(LoggingConfig(wandb_project="p"), tmp_path)
 
 
