@@ -33,6 +33,7 @@ def _config(tmp_path: Path, num_steps: int) -> Path:
     })
 
 
+@pytest.mark.slow  # 45 s: keeps the default suite under 10 minutes on 2 cores
 @pytest.mark.timeout(300)
 def test_two_trainer_ranks_train_their_own_groups_and_a_lost_rank_is_healed_by_a_resume(tmp_path):
     run_dir = tmp_path / "run"
