@@ -25,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 HOOKS = HERE / "hooks"
 NUM_STEPS, CHECKPOINT_EVERY, PROMPTS_PER_STEP, GROUP_SIZE = 6, 2, 2, 2
 SEED_SHIFT = int(os.environ.get("AF_CHAOS_SEED", "0"))
+LIVE: list["ChaosRun"] = []  # killed by the autouse fixture of conftest.py after each test, whatever happened
 
 
 def rng_for(seed: int) -> random.Random:
@@ -64,7 +65,21 @@ class ChaosRun:
             extra=f'[cluster]\npython_path = ["{HERE}"]\nmax_resumes = 2\nrestart_backoff_s = 0.2\n{self.extra_cluster}',
         )
         self.proc = self._afctl("up", str(config), "--run-dir", str(self.run_dir))
+        LIVE.append(self)
         return self
+
+    def kill_everything(self) -> None:
+        """kill -9 the driver and every host it ever had (a test that failed or timed out)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.pids.update(child_hosts(self.proc.pid).values())
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        for pid in self.pids:
+            if _alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def _afctl(self, *args: str) -> subprocess.Popen:
         path = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH", "")) if p)
