@@ -25,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 HOOKS = HERE / "hooks"
 NUM_STEPS, CHECKPOINT_EVERY, PROMPTS_PER_STEP, GROUP_SIZE = 6, 2, 2, 2
 SEED_SHIFT = int(os.environ.get("AF_CHAOS_SEED", "0"))
+HOSTS_FOLLOW_S = 40.0  # a host's stop grace (core/host.py STOP_GRACE_S) and some
 LIVE: list["ChaosRun"] = []  # killed by the autouse fixture of conftest.py after each test, whatever happened
 
 
@@ -125,9 +126,20 @@ class ChaosRun:
         os.kill(pid, signal.SIGKILL)
         return pid
 
+    def kill_driver(self) -> None:
+        """kill -9 the driver (``afctl up``) itself: its hosts must follow it (they get
+        SIGTERM when their parent dies) within ``HOSTS_FOLLOW_S``."""
+        self.hosts()
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+        deadline = time.monotonic() + HOSTS_FOLLOW_S
+        while time.monotonic() < deadline and any(_alive(pid) for pid in self.pids):
+            time.sleep(0.1)
+
     def finish(self, timeout_s: float = 240.0, expect_stop: str | None = None) -> str:
-        """Wait for the run's end. A clean stop (exit code 1, no traceback) is resumed
-        with ``afctl up --resume RUN_DIR``; ``expect_stop``: text the stop must print."""
+        """Wait for the run's end. A clean stop (exit code 1, no traceback), or a driver
+        this test killed (-9), is resumed with ``afctl up --resume RUN_DIR``;
+        ``expect_stop``: text the stop must print."""
         out, _ = self.proc.communicate(timeout=timeout_s)
         self.outputs.append(out)
         self.assert_nothing_left()
@@ -136,7 +148,8 @@ class ChaosRun:
             assert self.proc.returncode == 1, self.why(f"expected a clean stop, got {self.proc.returncode}:\n{out}")
             assert expect_stop in out, self.why(f"the stop does not say {expect_stop!r}:\n{out}")
         if self.proc.returncode != 0:
-            assert self.proc.returncode == 1 and "run failed" in out, self.why(f"not a clean stop:\n{out}")
+            clean = self.proc.returncode == 1 and "run failed" in out
+            assert clean or self.proc.returncode == -9, self.why(f"not a clean stop:\n{out}")
             self.before_resume()
             self.proc = self._afctl("up", "--resume", str(self.run_dir))
             out, _ = self.proc.communicate(timeout=timeout_s)

@@ -16,16 +16,12 @@ pytestmark = pytest.mark.chaos
 KINDS = ["rollout.0", "reward.0", "loader", "queue", "shard.0", "trainer"]
 
 # Found by this suite (seed 100, and every run of the rollout-during-checkpoint case): a
-# worker killed while the trainer checkpoints leaves the trainer blocked for 600 s in
-# ``ref.ask(Pause(), timeout_s=600)`` (actors/trainer.py, checkpoint): the ref names the
-# dead process's address, the send waits for a peer that never returns, the restarted
-# worker is never asked. The driver's hang report names it ("trainer ... state checkpoint").
-PAUSE_HANG = pytest.mark.xfail(run=False, reason="issue 11: a worker killed during a checkpoint blocks the "
-                               "trainer's Pause for 600 s (trainer.checkpoint asks the dead process)")
+# worker killed while the trainer checkpointed left the trainer blocked 600 s in Pause, asked
+# at the dead process's address. Fixed: actors/_pause.py asks the restarted process.
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("host,seed", [pytest.param("rollout.0", 100, marks=PAUSE_HANG)]
+@pytest.mark.parametrize("host,seed", [("rollout.0", 100)]
                          + [(h, 110 + i) for i, h in enumerate(KINDS)], ids=lambda v: str(v))
 def test_a_process_killed_at_a_random_moment_leaves_every_group_trained_exactly_once(tmp_path, host, seed):
     rng = rng_for(seed)
@@ -65,7 +61,7 @@ def test_a_process_killed_during_a_weight_sync_leaves_every_group_trained_exactl
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("host,seed", [("trainer", 400), pytest.param("rollout.0", 401, marks=PAUSE_HANG), ("shard.0", 402)],
+@pytest.mark.parametrize("host,seed", [("trainer", 400), ("rollout.0", 401), ("shard.0", 402)],
                          ids=lambda v: str(v))
 def test_a_process_killed_during_a_checkpoint_leaves_every_group_trained_exactly_once(tmp_path, host, seed):
     step = 2 * rng_for(seed).randint(2, NUM_STEPS // 2 - 1)  # a checkpoint after the first one
@@ -74,4 +70,16 @@ def test_a_process_killed_during_a_checkpoint_leaves_every_group_trained_exactly
     run.wait_until(f"checkpoint step_{step:06d}", (run.marks / f"checkpoint.{tmp_dir.name}").exists)
     assert tmp_dir.is_dir(), run.why("the hook marks the checkpoint while its .tmp directory is written")
     run.kill(host)  # the trainer holds 1 s before the manifest: the checkpoint is half written
+    run.finish()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("seed", [120])
+def test_the_driver_killed_takes_its_hosts_with_it_and_resume_completes(tmp_path, seed):
+    rng = rng_for(seed)
+    step, delay_s = rng.randint(3, NUM_STEPS - 2), rng.uniform(0.0, 1.5)
+    run = ChaosRun(tmp_path, seed).start()
+    run.wait_for_step(step)
+    time.sleep(delay_s)
+    run.kill_driver()  # no stop path runs: the hosts see their parent die
     run.finish()
