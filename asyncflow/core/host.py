@@ -251,6 +251,10 @@ def spawn_host(
 STOP_GRACE_S = 30.0
 """A host asked to stop exits within this long, even if an actor hangs in its unit
 of work or in on_stop (its stacks are printed first, so the hang can be found)."""
+ORPHAN_GRACE_S = 10.0
+"""The same for a host whose driver died (kill -9): no peer is left to finish with."""
+ACTOR_STOP_S, ORPHAN_ACTOR_STOP_S = 10.0, 3.0
+"""How long the stop of one actor waits for it (its unit of work in progress to end)."""
 
 
 def _exit_after(seconds: float, name: str) -> None:
@@ -321,19 +325,36 @@ def main(argv: list[str] | None = None) -> int:
     host = serve_actor(HostActor, f"host.{args.name}", transport, directory_address=args.directory, stopped=stopped)
     directory.register(host.entry())
     stopped.wait()
-    _exit_after(STOP_GRACE_S, args.name)
-    host_actor = host.pykka_ref.proxy()
-    for actor in reversed(list(host_actor.actors.get().values())):
-        actor.stop()
     orphaned = os.getppid() != int(os.environ.get(PARENT_ENV, "0") or os.getppid())
+    # an orphan's driver is gone, and with it every peer its actors would wait for: exit sooner
+    _exit_after(ORPHAN_GRACE_S if orphaned else STOP_GRACE_S, args.name)
+    host_actor = host.pykka_ref.proxy()
+    stuck = [actor.name for actor in reversed(list(host_actor.actors.get().values()))
+             if not _stop_contained(actor, ORPHAN_ACTOR_STOP_S if orphaned else ACTOR_STOP_S)]
     if not orphaned:  # an orphan's driver (and its directory) is gone: do not wait on it
         try:
             directory.unregister(host.name, host.address, timeout_s=2.0)  # never a successor's entry
         except (ActorTimeout, ActorGone):
             pass
-    host.stop()
+    _stop_contained(host, ACTOR_STOP_S)
     close_all_sockets()
+    if stuck:  # their threads never end: exit now rather than at the exit timer
+        log.warning("exiting with %s still running", ", ".join(stuck))
+        logging.shutdown()
+        os._exit(1)
     return 0
+
+
+def _stop_contained(actor: ServedActor, timeout_s: float) -> bool:
+    """Stop one actor; a failure or a timeout is logged in one line and the stop goes on
+    with the next (the host's exit timer ends a real hang). True if it stopped."""
+    try:
+        actor.stop(timeout_s=timeout_s)
+        return True
+    except Exception as exc:  # noqa: BLE001  (any: the rest of the stop path must run)
+        log.warning("%s did not stop cleanly (%s: %s); going on with the rest of the stop",
+                    actor.name, type(exc).__name__, exc or "no detail")
+        return False
 
 
 if __name__ == "__main__":

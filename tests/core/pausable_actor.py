@@ -19,3 +19,19 @@ class PausableActor(Actor):
                 return protocol.Paused(role=self.ctx.name, state=str(os.getpid()).encode())
             case protocol.Resume() | protocol.Stop():
                 return protocol.Ok()
+
+
+class StuckActor(Actor):
+    """Its Pause never ends in time (a unit of work that hangs): its stop times out."""
+
+    Inbox = Union[protocol.Pause, protocol.Ping, protocol.Stop]
+
+    def handle(self, msg, pending):
+        match msg:
+            case protocol.Pause():
+                import time
+
+                time.sleep(120)
+                return protocol.Paused(role=self.ctx.name)
+            case protocol.Stop():
+                return protocol.Ok()
