@@ -33,7 +33,7 @@ import msgspec
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, ActorContext, ServedActor, serve_actor
 from asyncflow.core.directory import DirectoryClient
-from asyncflow.core.errors import ActorGone, ActorTimeout, HostExited
+from asyncflow.core.errors import ActorGone, ActorTimeout, AsyncflowError, HostExited
 from asyncflow.core.ref import close_all_sockets
 from asyncflow.core.transport import TRANSPORT_ENV, TransportConfig
 
@@ -85,6 +85,7 @@ class HostActor(Actor):
         super().__init__(ctx)
         self._stopped = stopped
         self.actors: dict[str, ServedActor] = {}
+        self.stuck: list[str] = []  # actors whose stop timed out or failed (their threads may still run)
 
     def handle(self, msg, pending):
         match msg:
@@ -111,9 +112,10 @@ class HostActor(Actor):
             raise KeyError(f"this host runs no actor named {name!r}; it runs {sorted(self.actors)}")
         try:
             self.ctx.directory.unregister(name, actor.address)
-        except ActorTimeout:
+        except (ActorTimeout, ActorGone):
             log.warning("directory gone while unregistering %s", name)
-        actor.stop()
+        if not _stop_contained(actor, ACTOR_STOP_S):
+            self.stuck.append(name)
 
 
 PARENT_ENV = "ASYNCFLOW_PARENT_PID"
@@ -203,7 +205,7 @@ class HostProcess:
         if self.alive():
             try:
                 self._directory.ref(self.actor_name, wait_s=0.5).ask(protocol.Stop(), timeout_s=timeout_s)
-            except (ActorTimeout, LookupError) as exc:
+            except (AsyncflowError, LookupError) as exc:  # whatever the answer, the process must end
                 log.warning("host %s did not stop on request (%s); terminating", self.name, exc)
                 self.proc.terminate()
         try:
@@ -329,8 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     # an orphan's driver is gone, and with it every peer its actors would wait for: exit sooner
     _exit_after(ORPHAN_GRACE_S if orphaned else STOP_GRACE_S, args.name)
     host_actor = host.pykka_ref.proxy()
-    stuck = [actor.name for actor in reversed(list(host_actor.actors.get().values()))
-             if not _stop_contained(actor, ORPHAN_ACTOR_STOP_S if orphaned else ACTOR_STOP_S)]
+    stuck = host_actor.stuck.get() + [  # those a Stop from the driver could not stop, and the rest
+        actor.name for actor in reversed(list(host_actor.actors.get().values()))
+        if not _stop_contained(actor, ORPHAN_ACTOR_STOP_S if orphaned else ACTOR_STOP_S)]
     if not orphaned:  # an orphan's driver (and its directory) is gone: do not wait on it
         try:
             directory.unregister(host.name, host.address, timeout_s=2.0)  # never a successor's entry

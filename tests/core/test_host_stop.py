@@ -41,3 +41,25 @@ def test_a_host_whose_actor_hangs_names_it_in_one_line_and_exits_at_once(tmp_pat
     assert "Traceback" not in err, err
     assert "stuck did not stop cleanly (Timeout" in err and "going on with the rest of the stop" in err, err
     assert proc.returncode == 1 and "exiting with stuck still running" in err, err  # at once, not at the exit timer
+
+
+@pytest.mark.timeout(90)
+def test_the_driver_stopping_a_host_with_a_hung_actor_ends_its_process(tmp_path):
+    """The driver's HostProcess.stop must end the process whatever its Stop answers: it
+    raised RemoteError (the host's pykka Timeout) and left the process running while
+    the driver went on, to an automatic resume that started a second set of processes."""
+    from asyncflow.core.host import spawn_host
+
+    transport = TransportConfig(scheme="ipc", ipc_dir=str(tmp_path))
+    directory = start_directory(transport)
+    client = DirectoryClient(directory.address, transport)
+    env = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    host = spawn_host("h", client, transport, [protocol.ActorSpec(name="stuck", cls="pausable_actor:StuckActor")], env=env)
+    try:
+        client.ref("stuck").tell(protocol.Pause())
+        host.stop(timeout_s=20)
+        assert not host.alive()
+    finally:
+        if host.alive():
+            host.kill()
+        directory.stop()
