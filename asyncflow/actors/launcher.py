@@ -69,6 +69,8 @@ OUTPUTS = {"rollout": ["response_ids", "rollout_logp", "finish"], "reward": ["re
 """The columns a role puts: rows a dead worker already put them for are acked, not redone."""
 
 
+LOST_STOP_GRACE_S = 5.0
+"""After a lost process, how long each host gets between SIGTERM and SIGKILL."""
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 """Environment of the driver and every process: no "Loading weights" / "Writing model
 shards" progress bars of transformers between the progress lines (a user who sets
@@ -115,6 +117,7 @@ class Launcher:
         self.restart_policy = RestartPolicy(c.max_restarts_per_role, c.restart_window_s, c.restart_backoff_s)
         self.restart_at: dict[str, float] = {}  # dead host -> when to start it again (time.monotonic)
         self.stopping = False
+        self.lost_process = False  # a process the run cannot go on without died: stop fast, then resume
         self.scaler = None  # the online planner's driver side ([planner] online = true)
         self.spawn = spawn_host  # with [cluster] launcher = "ray": RayHosts.spawn (actors/ray_hosts.py)
         self.ray_hosts = None
@@ -277,10 +280,20 @@ class Launcher:
         self.stopping = True
         if self.scaler is not None:
             stage("stop the online planner", self.scaler.stop)
-        for name in getattr(self, "workers", []) if hasattr(self, "dc") else []:
-            stage(f"stop role {name}", self._stop_worker, name)
-        with ThreadPoolExecutor(max_workers=max(1, len(self.hosts))) as pool:
-            futures = {h: pool.submit(p.stop, timeout_s=20) for h, p in self.hosts.items()}
+        workers = getattr(self, "workers", []) if hasattr(self, "dc") else []
+        if self.lost_process:
+            # the run resumes from its last checkpoint: nothing a worker would finish or ack
+            # now is kept, and workers that wait on the lost process would hold the stop for
+            # their whole timeouts (serially: minutes), so the hosts are ended at once
+            with ThreadPoolExecutor(max_workers=max(1, len(self.hosts))) as pool:
+                futures = {h: pool.submit(p.terminate, LOST_STOP_GRACE_S) for h, p in self.hosts.items()}
+        else:
+            with ThreadPoolExecutor(max_workers=max(1, len(workers))) as pool:  # at once: each finishes its unit
+                stops = {name: pool.submit(self._stop_worker, name) for name in workers}
+            for name, future in stops.items():
+                stage(f"stop role {name}", future.result)
+            with ThreadPoolExecutor(max_workers=max(1, len(self.hosts))) as pool:
+                futures = {h: pool.submit(p.stop, timeout_s=20) for h, p in self.hosts.items()}
         for host, future in futures.items():
             stage(f"stop host {host}", future.result)
         if hasattr(self, "collector"):
@@ -340,6 +353,13 @@ class Launcher:
         whose restart is due. Raises RunFailed (never anything else for a death)."""
         if self.stopping:
             return
+        try:
+            self._check_hosts()
+        except RunFailed as exc:
+            self.lost_process = exc.process_lost  # the stop that follows ends the hosts at once
+            raise
+
+    def _check_hosts(self) -> None:
         dead = [h for h, p in list(self.hosts.items()) if not p.alive() and h not in self.restart_at]
         for host in dead:  # a process that cannot be restarted names the failure, before any requeue
             if self._role(host) is None:

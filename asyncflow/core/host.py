@@ -214,6 +214,15 @@ class HostProcess:
             self.proc.kill()
             self.proc.wait()
 
+    def terminate(self, grace_s: float) -> None:
+        """SIGTERM (the host stops its actors, briefly), SIGKILL after ``grace_s``."""
+        if self.alive():
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
     def dump_stacks(self) -> None:
         """The host prints every thread's Python stack to its stderr (SIGUSR1)."""
         os.kill(self.pid, signal.SIGUSR1)
