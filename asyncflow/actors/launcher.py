@@ -34,6 +34,7 @@ import faulthandler
 import json
 import logging
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -59,6 +60,7 @@ from asyncflow.core.config import ConfigError, RunConfig, dump_config
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.host import HostProcess, spawn_host
+from asyncflow.core.transport import is_loopback
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.launch import queue_specs
 
@@ -536,6 +538,7 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
                                         warm_start_steps=cfg.model.tiny_warm_start_steps if cfg.model.tiny_warm_start else 0))
     launch = LaunchInfo(model_dir=os.path.abspath(model_dir), base_model_dir=os.path.abspath(model_dir),
                         data_path=os.path.abspath(data_path))
+    cfg = with_run_secret(cfg)
     write_run_config(cfg, rd)
     (rd / "launch.json").write_bytes(msgspec.json.format(msgspec.json.encode(launch)))
     return cfg, rd, launch
@@ -543,6 +546,18 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
 
 SECRET_FILE = "secret"
 """RUN_DIR/secret: the cluster secret of a config that sets one (mode 0600)."""
+
+
+def with_run_secret(cfg: RunConfig) -> RunConfig:
+    """A run on loopback tcp with neither a secret nor TLS gets a random secret of its
+    own (kept in RUN_DIR/secret): without one, any local user could stop its hosts.
+    Every host is started by this driver and gets it with the transport; `afctl status`
+    reads it from RUN_DIR/secret. Off loopback the config must set one (or ``tls_dir``)."""
+    t = cfg.cluster.transport
+    if t.scheme != "tcp" or t.tls_dir or t.secret_bytes() or not is_loopback(t.bind_host):
+        return cfg
+    transport = msgspec.structs.replace(t, secret=secrets.token_hex(16))
+    return msgspec.structs.replace(cfg, cluster=msgspec.structs.replace(cfg.cluster, transport=transport))
 
 
 def write_run_config(cfg: RunConfig, rd: Path) -> None:
