@@ -25,7 +25,7 @@ CLUSTER_FILE = "cluster.json"
 class ClusterFile(msgspec.Struct, kw_only=True):
     run_dir: str
     directory: str  # the directory actor's address
-    transport: TransportConfig  # secret always empty: take it from ASYNCFLOW_SECRET
+    transport: TransportConfig  # secret always empty: from ASYNCFLOW_SECRET, or RUN_DIR/secret (read)
     driver_pid: int
     started_at: float  # wall clock, seconds
     hosts: dict[str, int] = {}  # process host name -> pid
@@ -70,7 +70,12 @@ def read(run_dir: str | os.PathLike | None) -> ClusterFile:
     path = Path(run_dir) / CLUSTER_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: {run_dir} is not the run directory of a started cluster")
-    return msgspec.json.decode(path.read_bytes(), type=ClusterFile)
+    info = msgspec.json.decode(path.read_bytes(), type=ClusterFile)
+    secret_file = Path(run_dir) / "secret"  # the run's own secret (0600: readable by its user only)
+    if not info.transport.secret_bytes() and os.access(secret_file, os.R_OK):
+        info = msgspec.structs.replace(info, transport=msgspec.structs.replace(
+            info.transport, secret=secret_file.read_text()))
+    return info
 
 
 def driver_alive(info: ClusterFile) -> bool:

@@ -34,6 +34,7 @@ import faulthandler
 import json
 import logging
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -59,6 +60,7 @@ from asyncflow.core.config import ConfigError, RunConfig, dump_config
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.host import HostProcess, spawn_host
+from asyncflow.core.transport import is_loopback
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.launch import queue_specs
 
@@ -69,6 +71,8 @@ OUTPUTS = {"rollout": ["response_ids", "rollout_logp", "finish"], "reward": ["re
 """The columns a role puts: rows a dead worker already put them for are acked, not redone."""
 
 
+LOST_STOP_GRACE_S = 5.0
+"""After a lost process, how long each host gets between SIGTERM and SIGKILL."""
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 """Environment of the driver and every process: no "Loading weights" / "Writing model
 shards" progress bars of transformers between the progress lines (a user who sets
@@ -115,6 +119,7 @@ class Launcher:
         self.restart_policy = RestartPolicy(c.max_restarts_per_role, c.restart_window_s, c.restart_backoff_s)
         self.restart_at: dict[str, float] = {}  # dead host -> when to start it again (time.monotonic)
         self.stopping = False
+        self.lost_process = False  # a process the run cannot go on without died: stop fast, then resume
         self.scaler = None  # the online planner's driver side ([planner] online = true)
         self.spawn = spawn_host  # with [cluster] launcher = "ray": RayHosts.spawn (actors/ray_hosts.py)
         self.ray_hosts = None
@@ -277,10 +282,20 @@ class Launcher:
         self.stopping = True
         if self.scaler is not None:
             stage("stop the online planner", self.scaler.stop)
-        for name in getattr(self, "workers", []) if hasattr(self, "dc") else []:
-            stage(f"stop role {name}", self._stop_worker, name)
-        with ThreadPoolExecutor(max_workers=max(1, len(self.hosts))) as pool:
-            futures = {h: pool.submit(p.stop, timeout_s=20) for h, p in self.hosts.items()}
+        workers = getattr(self, "workers", []) if hasattr(self, "dc") else []
+        if self.lost_process:
+            # the run resumes from its last checkpoint: nothing a worker would finish or ack
+            # now is kept, and workers that wait on the lost process would hold the stop for
+            # their whole timeouts (serially: minutes), so the hosts are ended at once
+            with ThreadPoolExecutor(max_workers=max(1, len(self.hosts))) as pool:
+                futures = {h: pool.submit(p.terminate, LOST_STOP_GRACE_S) for h, p in self.hosts.items()}
+        else:
+            with ThreadPoolExecutor(max_workers=max(1, len(workers))) as pool:  # at once: each finishes its unit
+                stops = {name: pool.submit(self._stop_worker, name) for name in workers}
+            for name, future in stops.items():
+                stage(f"stop role {name}", future.result)
+            with ThreadPoolExecutor(max_workers=max(1, len(self.hosts))) as pool:
+                futures = {h: pool.submit(p.stop, timeout_s=20) for h, p in self.hosts.items()}
         for host, future in futures.items():
             stage(f"stop host {host}", future.result)
         if hasattr(self, "collector"):
@@ -340,6 +355,13 @@ class Launcher:
         whose restart is due. Raises RunFailed (never anything else for a death)."""
         if self.stopping:
             return
+        try:
+            self._check_hosts()
+        except RunFailed as exc:
+            self.lost_process = exc.process_lost  # the stop that follows ends the hosts at once
+            raise
+
+    def _check_hosts(self) -> None:
         dead = [h for h, p in list(self.hosts.items()) if not p.alive() and h not in self.restart_at]
         for host in dead:  # a process that cannot be restarted names the failure, before any requeue
             if self._role(host) is None:
@@ -516,6 +538,7 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
                                         warm_start_steps=cfg.model.tiny_warm_start_steps if cfg.model.tiny_warm_start else 0))
     launch = LaunchInfo(model_dir=os.path.abspath(model_dir), base_model_dir=os.path.abspath(model_dir),
                         data_path=os.path.abspath(data_path))
+    cfg = with_run_secret(cfg)
     write_run_config(cfg, rd)
     (rd / "launch.json").write_bytes(msgspec.json.format(msgspec.json.encode(launch)))
     return cfg, rd, launch
@@ -523,6 +546,18 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
 
 SECRET_FILE = "secret"
 """RUN_DIR/secret: the cluster secret of a config that sets one (mode 0600)."""
+
+
+def with_run_secret(cfg: RunConfig) -> RunConfig:
+    """A run on loopback tcp with neither a secret nor TLS gets a random secret of its
+    own (kept in RUN_DIR/secret): without one, any local user could stop its hosts.
+    Every host is started by this driver and gets it with the transport; `afctl status`
+    reads it from RUN_DIR/secret. Off loopback the config must set one (or ``tls_dir``)."""
+    t = cfg.cluster.transport
+    if t.scheme != "tcp" or t.tls_dir or t.secret_bytes() or not is_loopback(t.bind_host):
+        return cfg
+    transport = msgspec.structs.replace(t, secret=secrets.token_hex(16))
+    return msgspec.structs.replace(cfg, cluster=msgspec.structs.replace(cfg.cluster, transport=transport))
 
 
 def write_run_config(cfg: RunConfig, rd: Path) -> None:

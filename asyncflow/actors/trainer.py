@@ -70,6 +70,7 @@ from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
 from asyncflow.engines.device import torch_dtype
 from asyncflow.actors._manifest import write_manifest
+from asyncflow.actors._pause import pause_role
 from asyncflow.engines.digest import weights_digest
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,9 @@ def latest_good_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple
         skipped.append((path, wrong))
     return None, skipped
 
+
+PAUSE_DEADLINE_S = 600.0
+"""How long a checkpoint waits for one role to pause (it answers between units of work)."""
 
 LATEST = "latest"
 """``checkpoints/latest``: a relative link to the newest complete checkpoint's Hugging
@@ -260,11 +264,12 @@ class TrainerActor(LoopActor):
         # the online planner may have added or removed rollout replicas: the weight sync knows the current ones
         replicas = self._weights.pykka_ref.proxy().replicas.get()
         names = [n for n in self.other_roles if n not in self._initial_replicas] + list(replicas)
-        refs = [self.ctx.ref(name) for name in names]
+        refs = []  # the references that answered Pause: a role restarted meanwhile is asked at its new address
         states = {}
         try:
-            for ref in refs:
-                paused = ref.ask(protocol.Pause(), timeout_s=600)
+            for name in names:
+                ref, paused = pause_role(self._fresh_ref, name, deadline_s=PAUSE_DEADLINE_S)
+                refs.append(ref)
                 states[paused.role] = paused.state
             self.tq.save(str(tmp / "queue"))
             for ref in self._rank_refs:  # the save gathers the shards of every rank
@@ -284,6 +289,10 @@ class TrainerActor(LoopActor):
                     log.warning("checkpoint at step %d: %s not resumed, its process is gone (%s)", self.step, ref.name, exc)
         log.info("checkpoint at step %d: %s", self.step, final)
         return final
+
+    def _fresh_ref(self, name: str):
+        """The newest process registered as ``name`` (not the cached reference: it may be dead)."""
+        return self.ctx.directory.ref(name, wait_s=1.0, refresh=True)
 
     def _finish(self) -> None:
         path = self.checkpoint()

@@ -33,7 +33,7 @@ import msgspec
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, ActorContext, ServedActor, serve_actor
 from asyncflow.core.directory import DirectoryClient
-from asyncflow.core.errors import ActorGone, ActorTimeout, HostExited
+from asyncflow.core.errors import ActorGone, ActorTimeout, AsyncflowError, HostExited
 from asyncflow.core.ref import close_all_sockets
 from asyncflow.core.transport import TRANSPORT_ENV, TransportConfig
 
@@ -85,6 +85,7 @@ class HostActor(Actor):
         super().__init__(ctx)
         self._stopped = stopped
         self.actors: dict[str, ServedActor] = {}
+        self.stuck: list[str] = []  # actors whose stop timed out or failed (their threads may still run)
 
     def handle(self, msg, pending):
         match msg:
@@ -111,9 +112,10 @@ class HostActor(Actor):
             raise KeyError(f"this host runs no actor named {name!r}; it runs {sorted(self.actors)}")
         try:
             self.ctx.directory.unregister(name, actor.address)
-        except ActorTimeout:
+        except (ActorTimeout, ActorGone):
             log.warning("directory gone while unregistering %s", name)
-        actor.stop()
+        if not _stop_contained(actor, ACTOR_STOP_S):
+            self.stuck.append(name)
 
 
 PARENT_ENV = "ASYNCFLOW_PARENT_PID"
@@ -203,7 +205,7 @@ class HostProcess:
         if self.alive():
             try:
                 self._directory.ref(self.actor_name, wait_s=0.5).ask(protocol.Stop(), timeout_s=timeout_s)
-            except (ActorTimeout, LookupError) as exc:
+            except (AsyncflowError, LookupError) as exc:  # whatever the answer, the process must end
                 log.warning("host %s did not stop on request (%s); terminating", self.name, exc)
                 self.proc.terminate()
         try:
@@ -211,6 +213,15 @@ class HostProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def terminate(self, grace_s: float) -> None:
+        """SIGTERM (the host stops its actors, briefly), SIGKILL after ``grace_s``."""
+        if self.alive():
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
 
     def dump_stacks(self) -> None:
         """The host prints every thread's Python stack to its stderr (SIGUSR1)."""
@@ -251,6 +262,10 @@ def spawn_host(
 STOP_GRACE_S = 30.0
 """A host asked to stop exits within this long, even if an actor hangs in its unit
 of work or in on_stop (its stacks are printed first, so the hang can be found)."""
+ORPHAN_GRACE_S = 10.0
+"""The same for a host whose driver died (kill -9): no peer is left to finish with."""
+ACTOR_STOP_S, ORPHAN_ACTOR_STOP_S = 10.0, 3.0
+"""How long the stop of one actor waits for it (its unit of work in progress to end)."""
 
 
 def _exit_after(seconds: float, name: str) -> None:
@@ -321,19 +336,37 @@ def main(argv: list[str] | None = None) -> int:
     host = serve_actor(HostActor, f"host.{args.name}", transport, directory_address=args.directory, stopped=stopped)
     directory.register(host.entry())
     stopped.wait()
-    _exit_after(STOP_GRACE_S, args.name)
-    host_actor = host.pykka_ref.proxy()
-    for actor in reversed(list(host_actor.actors.get().values())):
-        actor.stop()
     orphaned = os.getppid() != int(os.environ.get(PARENT_ENV, "0") or os.getppid())
+    # an orphan's driver is gone, and with it every peer its actors would wait for: exit sooner
+    _exit_after(ORPHAN_GRACE_S if orphaned else STOP_GRACE_S, args.name)
+    host_actor = host.pykka_ref.proxy()
+    stuck = host_actor.stuck.get() + [  # those a Stop from the driver could not stop, and the rest
+        actor.name for actor in reversed(list(host_actor.actors.get().values()))
+        if not _stop_contained(actor, ORPHAN_ACTOR_STOP_S if orphaned else ACTOR_STOP_S)]
     if not orphaned:  # an orphan's driver (and its directory) is gone: do not wait on it
         try:
             directory.unregister(host.name, host.address, timeout_s=2.0)  # never a successor's entry
         except (ActorTimeout, ActorGone):
             pass
-    host.stop()
+    _stop_contained(host, ACTOR_STOP_S)
     close_all_sockets()
+    if stuck:  # their threads never end: exit now rather than at the exit timer
+        log.warning("exiting with %s still running", ", ".join(stuck))
+        logging.shutdown()
+        os._exit(1)
     return 0
+
+
+def _stop_contained(actor: ServedActor, timeout_s: float) -> bool:
+    """Stop one actor; a failure or a timeout is logged in one line and the stop goes on
+    with the next (the host's exit timer ends a real hang). True if it stopped."""
+    try:
+        actor.stop(timeout_s=timeout_s)
+        return True
+    except Exception as exc:  # noqa: BLE001  (any: the rest of the stop path must run)
+        log.warning("%s did not stop cleanly (%s: %s); going on with the rest of the stop",
+                    actor.name, type(exc).__name__, exc or "no detail")
+        return False
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@ _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 _WILDCARD = {"0.0.0.0", "::", "[::]", ""}
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``bind_host`` keeps every listener on this machine's loopback."""
+    return host in _LOOPBACK
+
+
 class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How actors talk. ``scheme``: ``inproc`` (one process), ``ipc`` (one host),
     ``tcp`` (several hosts)."""

@@ -50,6 +50,52 @@ def test_a_resumed_run_takes_its_secret_back_from_the_secret_file(tmp_path):
     assert read_run_config(rd).cluster.transport.secret == SECRET
 
 
+def test_a_loopback_tcp_run_without_a_secret_gets_its_own_and_its_hosts_refuse_frames_without_it(tmp_path, monkeypatch):
+    """Loopback tcp with neither secret nor TLS: any local user could stop a process host
+    (issue 11, item 8). The run now makes a random secret of its own (RUN_DIR/secret,
+    0600), its hosts require it, and `afctl status` reads it from there."""
+    from asyncflow.actors import _cluster_file
+    from asyncflow.actors.launcher import prepare_new, read_run_config
+    from asyncflow.core import protocol
+    from asyncflow.core.directory import DirectoryClient, start_directory
+    from asyncflow.core.errors import Unauthorized
+    from asyncflow.core.host import spawn_host
+    from asyncflow.core.ref import ActorRef
+    from asyncflow.core.transport import SECRET_ENV
+
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    from asyncflow.algorithms.tasks import make_task_model
+
+    make_task_model(tmp_path / "model", warm_start_steps=0)
+    cfg = load_config_text(tiny_config_text(
+        {"data": {"path": str(tmp_path / "data.jsonl")}, "model": {"path": str(tmp_path / "model")}},
+        extra='\n[cluster.transport]\nscheme = "tcp"\nbind_host = "127.0.0.1"\n'))
+    assert cfg.cluster.transport.secret == ""
+    cfg, rd, _ = prepare_new(cfg, tmp_path / "run")
+    secret = cfg.cluster.transport.secret
+    assert len(secret) == 32 and (rd / "secret").read_text() == secret
+    assert stat.S_IMODE((rd / "secret").stat().st_mode) == 0o600 and secret not in (rd / "config.json").read_text()
+    assert read_run_config(rd).cluster.transport.secret == secret  # a resume keeps it
+
+    transport = cfg.cluster.transport
+    directory = start_directory(transport)
+    client = DirectoryClient(directory.address, transport)
+    host = spawn_host("h", client, transport)
+    try:
+        address = client.lookup("host.h", wait_s=30).address
+        no_secret = msgspec.structs.replace(transport, secret="")
+        with pytest.raises(Unauthorized):
+            ActorRef("host.h", address, no_secret).ask(protocol.Stop(), timeout_s=5)
+        assert host.alive()
+        (rd / "cluster.json").write_bytes(msgspec.json.encode(_cluster_file.ClusterFile(
+            run_dir=str(rd), directory=directory.address, transport=no_secret, driver_pid=0, started_at=0.0)))
+        assert _cluster_file.read(rd).transport.secret == secret  # what `afctl status RUN_DIR` uses
+    finally:
+        host.stop(timeout_s=5)
+        directory.stop()
+
+
 def test_an_ipc_directory_writable_by_others_is_refused_with_the_key_to_change(tmp_path):
     from asyncflow.core.transport import TransportConfig, new_address
 

@@ -1,0 +1,58 @@
+"""Fault hooks for the chaos suite, imported at start-up by every process of a run
+(Python imports ``sitecustomize`` from the first directory on sys.path that has one;
+tests/chaos/chaos_helpers.py puts this directory first on PYTHONPATH).
+
+Without ``AF_CHAOS_MARKS`` nothing is patched. With it (a directory):
+
+- a rollout engine's ``load_weights`` (a weight sync) writes ``MARKS/sync.<pid>.<n>``
+  and waits ``AF_CHAOS_HOLD_S`` before it loads, so a test can kill a process while
+  a weight sync is in progress;
+- the trainer's checkpoint writes ``MARKS/checkpoint.<step>`` once its ``.tmp``
+  directory holds the queue and the model, and waits ``AF_CHAOS_HOLD_S`` before the
+  manifest, so a test can kill a process while a checkpoint is being written;
+- while the file ``AF_CHAOS_ENOSPC`` exists, the checkpoint's manifest write raises
+  ``OSError(ENOSPC)``: a disk that is full during a checkpoint.
+"""
+
+import os
+
+MARKS = os.environ.get("AF_CHAOS_MARKS", "")
+
+if MARKS:
+    import errno
+    import itertools
+    import time
+    from pathlib import Path
+
+    HOLD_S = float(os.environ.get("AF_CHAOS_HOLD_S", "0.5"))
+    ENOSPC_FLAG = os.environ.get("AF_CHAOS_ENOSPC", "")
+    _syncs = itertools.count()
+
+    def _mark(name: str) -> None:
+        tmp = Path(MARKS) / f".{name}.tmp"
+        tmp.write_text(str(os.getpid()))
+        os.replace(tmp, Path(MARKS) / name)  # a reader sees the whole mark or none
+
+    from asyncflow.engines.native_rollout import NativeRolloutEngine
+
+    _load_weights = NativeRolloutEngine.load_weights
+
+    def load_weights(self, named_tensors, version):
+        _mark(f"sync.{os.getpid()}.{next(_syncs)}")
+        time.sleep(HOLD_S)
+        return _load_weights(self, named_tensors, version)
+
+    NativeRolloutEngine.load_weights = load_weights
+
+    import asyncflow.actors.trainer as _trainer
+
+    _write_manifest = _trainer.write_manifest
+
+    def write_manifest(path):
+        if ENOSPC_FLAG and Path(ENOSPC_FLAG).exists():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(Path(path) / "MANIFEST.json"))
+        _mark(f"checkpoint.{Path(path).name}")
+        time.sleep(HOLD_S)
+        return _write_manifest(path)
+
+    _trainer.write_manifest = write_manifest

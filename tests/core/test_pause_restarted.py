@@ -1,0 +1,78 @@
+"""A checkpoint pauses every role; a role whose process was killed and restarted at a
+new address must be asked there, not waited for at the dead one (the chaos suite found
+the trainer blocked 600 s in ``Pause`` after a worker died: issue 11)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncflow.actors._pause import pause_role
+from asyncflow.core import protocol
+from asyncflow.core.directory import DirectoryClient, start_directory
+from asyncflow.core.errors import ActorTimeout
+from asyncflow.core.host import spawn_host
+from asyncflow.core.transport import TransportConfig
+
+HERE = Path(__file__).resolve().parent
+SPEC = protocol.ActorSpec(name="worker", cls="pausable_actor:PausableActor")
+
+
+@pytest.fixture
+def cluster(request, tmp_path):
+    transport = TransportConfig(scheme=request.param, secret="s", ipc_dir=str(tmp_path))
+    directory = start_directory(transport)
+    client = DirectoryClient(directory.address, transport)
+    env = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    hosts = []
+
+    def start(name: str):
+        hosts.append(spawn_host(name, client, transport, [SPEC], env=env))
+        return hosts[-1]
+
+    yield client, start
+    for host in hosts:
+        host.stop(timeout_s=5)
+    directory.stop()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cluster", ["ipc", "tcp"], indirect=True)
+def test_a_role_restarted_at_a_new_address_is_paused_there(cluster):
+    client, start = cluster
+    first = start("a")
+    stale = client.ref("worker")  # what a role's cached reference holds
+    assert pause_role(lambda n: client.ref(n, refresh=True), "worker")[1].state == str(first.pid).encode()
+
+    os.kill(first.pid, signal.SIGKILL)
+    first.proc.wait(timeout=10)
+    # the premise: an ask to the dead address is not refused, it waits out its timeout
+    with pytest.raises(ActorTimeout):
+        stale.ask(protocol.Pause(), timeout_s=1.0)
+    second = start("b")  # the restart registers the same name at a new address
+    assert client.ref("worker", refresh=True).address != stale.address
+
+    answers = iter([stale])  # the first lookup still names the dead process (it died just after)
+
+    def lookup(name):
+        return next(answers, None) or client.ref(name, refresh=True)
+
+    began = time.monotonic()
+    ref, paused = pause_role(lookup, "worker", deadline_s=30, poll_s=0.5)
+    assert paused.state == str(second.pid).encode() and ref.address != stale.address
+    assert time.monotonic() - began < 25  # not the whole deadline
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cluster", ["ipc"], indirect=True)
+def test_a_role_that_never_comes_back_fails_the_pause_at_the_deadline_naming_it(cluster):
+    client, start = cluster
+    host = start("a")
+    os.kill(host.pid, signal.SIGKILL)
+    host.proc.wait(timeout=10)
+    with pytest.raises(ActorTimeout, match="worker"):
+        pause_role(lambda n: client.ref(n, refresh=True), "worker", deadline_s=2.0, poll_s=0.5)
