@@ -26,7 +26,7 @@ from asyncflow.planner.predict import predict as planner_predict
 def mean_prompt_tokens(cfg, model_dir: str, limit: int = 500) -> float:
     """Mean prompt length in tokens, the way the loader encodes prompts."""
     from asyncflow.engines.hf import load_tokenizer
-    from asyncflow.engines.tiny import encode_chat_prompt
+    from asyncflow.engines.prompts import prompt_ids
 
     if cfg.data.path:
         from asyncflow.actors._run import read_prompts
@@ -37,8 +37,7 @@ def mean_prompt_tokens(cfg, model_dir: str, limit: int = 500) -> float:
 
         prompts = [r["prompt"] for r in make_examples(min(limit, cfg.data.num_prompts), seed=cfg.data.seed, task=cfg.data.task)]
     tok = load_tokenizer(model_dir)
-    lens = [len(encode_chat_prompt(tok, p) if cfg.data.chat_template else tok(p, add_special_tokens=False)["input_ids"])
-            for p in prompts]
+    lens = [len(prompt_ids(tok, p, cfg.data.chat_template)) for p in prompts]
     return sum(lens) / len(lens)
 
 
