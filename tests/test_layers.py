@@ -10,6 +10,9 @@ Rules:
 - no import cycle between modules of ``asyncflow``;
 - ``asyncflow.core`` imports nothing from ``actors``, ``algorithms``, ``planner``,
   ``engines`` or ``cli``;
+- ``asyncflow.engines`` imports nothing from ``actors``, ``algorithms``, ``planner``
+  or ``cli``, and outside it nothing imports a concrete engine (``engines.factory``
+  is the only place that names one);
 - the planner's pure modules (every module of ``asyncflow.planner`` but ``io``)
   import nothing from ``actors``, ``cli``, ``engines`` or ``planner.io``, nor
   plotting or file-system modules (matplotlib, pathlib, os, ...): file reading and
@@ -40,6 +43,9 @@ ALLOWED: dict[tuple[str, str], str] = {
 }
 
 CORE_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.engines", "asyncflow.cli")
+ENGINES_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli")
+CONCRETE_ENGINES = tuple(f"asyncflow.engines.{m}" for m in (
+    "native_rollout", "native_model", "kv_cache", "vllm_rollout", "vllm_worker", "torch_train"))
 PLANNER_PURE_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.cli", "asyncflow.engines", "asyncflow.planner.io")
 PLANNER_PURE_NO_THIRD_PARTY = ("matplotlib", "PIL", "pathlib", "os", "shutil", "tempfile", "glob", "io", "subprocess",
                                "transformers", "torch")
@@ -150,6 +156,10 @@ def layer_violations(internal: dict[str, dict[str, int]], external: dict[str, di
             rule = None
             if _under(module, ("asyncflow.core",)) and _under(target, CORE_MAY_NOT_IMPORT):
                 rule = "core is the bottom layer"
+            elif _under(module, ("asyncflow.engines",)) and _under(target, ENGINES_MAY_NOT_IMPORT):
+                rule = "engines sit below the roles, the algorithms and the planner"
+            elif not _under(module, ("asyncflow.engines",)) and _under(target, CONCRETE_ENGINES):
+                rule = "a concrete engine is named only by engines/factory.py"
             elif (_under(module, ("asyncflow.planner",)) and not _under(module, ("asyncflow.planner.io",))
                   and _under(target, PLANNER_PURE_MAY_NOT_IMPORT)):
                 rule = "the planner's pure modules do no I/O and know no actors, engines or CLI"
