@@ -35,7 +35,7 @@ def _available_host_bytes() -> int | None:
 
 def estimate(cfg: RunConfig, model_dir: str) -> dict[str, float]:
     """Bytes per process role (lower bound: no activations)."""
-    from asyncflow.planner.models import from_hf_config
+    from asyncflow.planner.io import from_hf_config
 
     params = from_hf_config(Path(model_dir) / "config.json").num_params
     train_b = _DTYPE_BYTES[cfg.train.engine.dtype]

@@ -129,7 +129,6 @@ def encode_prompt(tokenizer, prompt: str, chat_template: bool):
     """The prompt's token ids (int64), through the chat template when ``data.chat_template``."""
     import numpy as np
 
-    from asyncflow.engines.tiny import encode_chat_prompt
+    from asyncflow.engines.prompts import prompt_ids
 
-    ids = encode_chat_prompt(tokenizer, prompt) if chat_template else tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    return np.asarray(ids, dtype=np.int64)
+    return np.asarray(prompt_ids(tokenizer, prompt, chat_template), dtype=np.int64)

@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import click
 
@@ -35,12 +36,14 @@ class CollectorActor(Actor):
     Inbox = protocol.CollectorIn
 
     def __init__(self, ctx, run_dir: str, num_steps: int, progress: bool, loggers: list | None = None,
-                 trace_every_s: float = 0.0):
+                 trace_every_s: float = 0.0, on_trace_written: Callable[[int], None] | None = None):
+        """``on_trace_written(num_events)`` is called in the actor's thread after each live
+        rewrite of trace.json (e.g. to follow a live run)."""
         super().__init__(ctx)
         self.metrics_path = Path(run_dir) / "metrics.jsonl"
         self.trace_path = Path(run_dir) / "trace.json"
         self.trace_every_s = trace_every_s
-        self.trace_written = threading.Event()  # set after each live rewrite (tests wait on it)
+        self.on_trace_written = on_trace_written
         self._traced = 0  # events in the last file written
         self.num_steps = num_steps
         self.progress = progress
@@ -67,8 +70,9 @@ class CollectorActor(Actor):
 
     def _write_live(self) -> None:
         if len(self.trace_events) != self._traced:  # nothing new: leave the file as it is
-            self.write_trace(str(self.trace_path))
-            self.trace_written.set()
+            written = self.write_trace(str(self.trace_path))
+            if self.on_trace_written is not None:
+                self.on_trace_written(written)
         self.call_later(self.trace_every_s, self._write_live)
 
     def handle(self, msg, pending):

@@ -60,13 +60,14 @@ class PlannerActor(Actor):
 
     def __init__(
         self, ctx, run_dir: str, config: PlannerConfig, rollout_replicas: list[str], train_threads: int,
-        apply: Callable[[online.MoveDecision], None], num_steps: int, cores: int = 0, read_queue: bool = True,
-        echo: bool = True,
+        apply: Callable[[online.MoveDecision], None], num_steps: int, cores: int = 0,
+        queue_depth: Callable[[], float] | None = None,
     ):
         """``apply(decision)`` hands a move to the driver (it must not block); the driver
         answers MoveApplied. ``cores`` > 0: roles share that many CPU cores (moves add or
         remove replicas, `planner.shared_cores`); 0: workers are devices (`planner.online`).
-        ``read_queue=False``: no queue to read (tests), depth 0."""
+        ``queue_depth()``: the rows generated and not yet taken by the trainer, asked at
+        each step boundary; None: read from the run's queue (``training_queue_depth``)."""
         super().__init__(ctx)
         self.config = config
         self.path = Path(run_dir) / "planner.jsonl"
@@ -75,8 +76,7 @@ class PlannerActor(Actor):
         self.apply = apply
         self.num_steps = num_steps
         self.cores = cores
-        self.read_queue = read_queue
-        self.echo = echo
+        self.queue_depth = queue_depth or self.training_queue_depth
         self.policy = online.OnlinePolicy(
             imbalance_threshold=config.imbalance_threshold, patience_steps=config.patience_steps,
             min_gain=config.min_gain, max_move_workers=1, min_workers=1,
@@ -171,7 +171,7 @@ class PlannerActor(Actor):
         obs = online.StepObservation(
             step=step, step_s=time_s - last,
             rollout=online.RoleWindow(busy_fraction=rollout_busy),
-            train=online.RoleWindow(busy_fraction=fractions[TRAINER], queue_depth=self._queue_depth()),
+            train=online.RoleWindow(busy_fraction=fractions[TRAINER], queue_depth=self.queue_depth()),
         )
         self._log("observe", step=step, step_s=round(obs.step_s, 4), rollout_busy=round(rollout_busy, 3),
                   train_busy=round(obs.train.busy_fraction, 3), train_queue_rows=obs.train.queue_depth,
@@ -191,10 +191,8 @@ class PlannerActor(Actor):
             return 0.0 if s.state.startswith("wait_") else 1.0
         return d_busy / (d_busy + d_wait)
 
-    def _queue_depth(self) -> float:
+    def training_queue_depth(self) -> float:
         """Rows generated and not yet handed to the trainer (freed rows are forgotten)."""
-        if not self.read_queue:
-            return 0.0
         if self._tq is None:
             from asyncflow.core.tq.client import TQClient
 
@@ -257,6 +255,6 @@ class PlannerActor(Actor):
         record = {"event": event, "time": round(time.time(), 3), **fields}
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.echo and not quiet:
+        if not quiet:
             click.echo(f"planner: {event} " + " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("window", "policy")))
         return record

@@ -97,10 +97,10 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, lo
     response_len = int(round(response_len))
     import msgspec
 
-    from asyncflow.planner.calibration import Efficiency, load_profile
+    from asyncflow.planner.calibration import Efficiency
     from asyncflow.planner.cost import Workload
     from asyncflow.planner.hardware import get_hardware
-    from asyncflow.planner.models import get_model
+    from asyncflow.planner.io import get_model, load_profile
     from asyncflow.planner.search import best_sync, search, speedup
 
     try:  # the model first: a wrong name is the mistake to report, whatever else is missing
@@ -132,7 +132,7 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, lo
     sync = best_sync(result)
     gain = speedup(result)
     if simulate_dir and result.plans:
-        from asyncflow.planner.simulate import simulate_plan
+        from asyncflow.planner.io import simulate_plan
 
         sim = simulate_plan(model, hw, eff, wl, result.plans[0], num_steps=steps, out_dir=simulate_dir)
     else:

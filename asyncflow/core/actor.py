@@ -38,6 +38,7 @@ import pykka
 import pynng
 
 from asyncflow.core import _nngio, frames, protocol
+from asyncflow.core.directory_client import DirectoryClient
 from asyncflow.core.errors import FrameError
 from asyncflow.core.transport import TransportConfig, is_tcp, listen
 
@@ -151,8 +152,6 @@ class ActorContext:
         if self._directory is None:
             if self.directory_address is None:
                 raise RuntimeError(f"actor {self.name!r} was started without a directory address")
-            from asyncflow.core.directory import DirectoryClient
-
             self._directory = DirectoryClient(self.directory_address, self.transport)
         return self._directory
 

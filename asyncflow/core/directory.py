@@ -3,17 +3,20 @@
 Takes: Register, Unregister, Lookup (waits up to ``wait_s`` for the name), ListActors,
 Ping, Stop. Sends: Ok, Found, ActorList. Invariant: a name maps to one address; a
 second Register of a live name replaces it (a restarted role re-registers).
+
+The client (``DirectoryClient``) lives in ``directory_client.py``, which does not
+import the actor runtime, so ``actor.py`` can use it without an import cycle; it is
+re-exported here.
 """
 
 from __future__ import annotations
 
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor, ActorContext, Pending, ServedActor, serve_actor
-from asyncflow.core.errors import RemoteError
-from asyncflow.core.ref import ActorRef
+from asyncflow.core.directory_client import DIRECTORY_NAME, DirectoryClient
 from asyncflow.core.transport import TransportConfig
 
-DIRECTORY_NAME = "directory"
+__all__ = ["DIRECTORY_NAME", "DirectoryActor", "DirectoryClient", "start_directory"]
 
 
 class DirectoryActor(Actor):
@@ -56,41 +59,6 @@ class DirectoryActor(Actor):
         if not pending.done:
             self._waiting.get(name, []).remove(pending)
             pending.reject(KeyError(f"no actor named {name!r} registered within {wait_s:g} s"))
-
-
-class DirectoryClient:
-    """Client of the directory, with a cache of resolved references."""
-
-    def __init__(self, address: str, transport: TransportConfig | None = None):
-        self.address = address
-        self.transport = transport or TransportConfig.from_env()
-        self._ref = ActorRef(DIRECTORY_NAME, address, self.transport)
-        self._cache: dict[str, ActorRef] = {}
-
-    def register(self, entry: protocol.ActorEntry) -> None:
-        self._ref.ask(protocol.Register(entry=entry), timeout_s=self.transport.connect_timeout_s)
-
-    def unregister(self, name: str, address: str = "", timeout_s: float | None = None) -> None:
-        """Forget ``name``; with ``address``, only if it is still registered there."""
-        self._cache.pop(name, None)
-        self._ref.ask(protocol.Unregister(name=name, address=address),
-                      timeout_s=self.transport.connect_timeout_s if timeout_s is None else timeout_s)
-
-    def lookup(self, name: str, wait_s: float = 0.0) -> protocol.ActorEntry:
-        try:
-            found = self._ref.ask(protocol.Lookup(name=name, wait_s=wait_s), timeout_s=wait_s + self.transport.connect_timeout_s)
-        except RemoteError as exc:
-            raise LookupError(f"{exc.detail} (directory at {self.address})") from None
-        return found.entry
-
-    def ref(self, name: str, wait_s: float = 10.0, refresh: bool = False) -> ActorRef:
-        if refresh or name not in self._cache:
-            entry = self.lookup(name, wait_s)
-            self._cache[name] = ActorRef(name, entry.address, self.transport)
-        return self._cache[name]
-
-    def list(self, prefix: str = "") -> list[protocol.ActorEntry]:
-        return self._ref.ask(protocol.ListActors(prefix=prefix), timeout_s=self.transport.connect_timeout_s).entries
 
 
 def start_directory(transport: TransportConfig, address: str | None = None) -> ServedActor:

@@ -1,6 +1,6 @@
 """Every wire message of asyncflow, in one module.
 
-Rules (see STYLE.md):
+Rules (ARCHITECTURE.md: every wire message is a Struct here):
 - Messages are frozen, ``kw_only``, tagged msgspec Structs. Each actor accepts one
   union (``DirectoryIn``, ``ShardIn``...), decoded by a ``Decoder`` built once.
 - Schema evolution: new fields get defaults and are appended; types never change.

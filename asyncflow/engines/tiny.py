@@ -10,7 +10,7 @@ special tokens ``SPECIALS``. Its vocabulary spells characters the byte-level way
 pre-tokenizer and decoder: transformers 5 loads a ``qwen2`` directory's tokenizer as
 ``Qwen2Tokenizer`` (byte-level BPE from the vocabulary, whatever ``tokenizer.json``
 says), and this way both read the same ids. A character outside ``CHARS`` has no
-token: ``encode_chat_prompt`` refuses it with an error naming it. The chat template renders a conversation as
+token: ``encode_chat_prompt`` (``engines/prompts.py``) refuses it with an error naming it. The chat template renders a conversation as
 ``<|user|>{content}<|assistant|>{content}</s>``; with ``add_generation_prompt`` it
 ends in ``<|assistant|>``, so a response is generated characters then ``</s>``.
 
@@ -31,16 +31,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
 from transformers import AutoModelForCausalLM
 
-SPECIALS = ("<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>")
-CHARS = "0123456789+-*/=()., ?:;!'\"<>[]{}\\^_|#%&$abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n"
-CHAT_TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'assistant' %}<|assistant|>{{ m['content'] }}</s>"
-    "{% else %}<|user|>{{ m['content'] }}{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
+# The alphabet and chat template live beside the prompt encoding that checks prompts
+# against them (engines/prompts.py, production code); re-exported here.
+from asyncflow.engines.prompts import CHARS, CHAT_TEMPLATE, encode_chat_prompt  # noqa: F401
 
+SPECIALS = ("<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>")
 Arch = Literal["qwen2", "llama"]
 
 
@@ -121,20 +116,6 @@ def make_tiny_model(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
-
-
-def encode_chat_prompt(tokenizer, prompt: str) -> list[int]:
-    """Token ids of a one-turn user prompt ending in the assistant marker. With the
-    tiny tokenizer, a prompt with a character outside ``CHARS`` is refused (it would
-    become ``<unk>``, or vanish under ``Qwen2Tokenizer``)."""
-    if tokenizer.chat_template == CHAT_TEMPLATE:
-        unknown = sorted(set(prompt) - set(CHARS))
-        if unknown:
-            raise ValueError(f"prompt {prompt[:60]!r} has characters the tiny model's tokenizer does not know: "
-                             f"{''.join(unknown)!r}; it knows only asyncflow.engines.tiny.CHARS (ASCII letters, "
-                             "digits, space, newline and punctuation): use a model of your own (model.path) for other text")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def supervised_warm_start(

@@ -1,6 +1,7 @@
-"""Efficiency factors (achieved over peak) and the profile file that stores them.
+"""Efficiency factors (achieved over peak) and the profile that stores them.
 
-A profile is a msgspec Struct saved as JSON or TOML (by the file's suffix). The
+A profile is a msgspec Struct, saved as JSON or TOML (by the file's suffix) by
+`planner.io.save_profile` and read by `planner.io.load_profile`. The
 factors multiply the hardware's peak figures; the fixed overheads add per call.
 `fit_linear` turns measured (work, seconds) points into (efficiency, overhead_s):
 time = overhead_s + work / (efficiency * peak), solved by least squares.
@@ -8,11 +9,12 @@ time = overhead_s + work / (efficiency * peak), solved by least squares.
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
+import statistics
 
 import msgspec
+
+from asyncflow.planner.hardware import Hardware
 
 
 class Efficiency(msgspec.Struct, kw_only=True, frozen=True):
@@ -175,45 +177,96 @@ def fit_corun(points: list[Point]) -> float:
     return max(1.0, (sum(both) / len(both)) / (sum(alone) / len(alone)))
 
 
-def _toml_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return "nan" if value != value else ("inf" if value == float("inf") else "-inf" if value == float("-inf") else repr(value))
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # JSON string escapes are valid TOML basic strings
-    raise TypeError(f"no TOML form for {type(value).__name__}")
+def fit_profile(points: list[Point], hardware: Hardware) -> Efficiency:
+    """Fit each kind of point to (efficiency, overhead); kinds not measured keep defaults
+    (`afctl profile` measures the points)."""
+    def pick(kind):
+        chosen = [p for p in points if p.kind == kind]
+        return [p.work for p in chosen], [p.time_s for p in chosen]
+
+    fields = {}
+    flops, bandwidth = hardware.peak_bf16_flops, hardware.memory_bandwidth_bytes_per_s
+    prefill = [p for p in points if p.kind == "prefill"]
+    if prefill:
+        # a prefill point is a whole generate call of one token: per call + per layer + per sequence + FLOPs
+        columns = [[float(p.num_layers) for p in prefill]]
+        if len({p.batch for p in prefill}) > 1:
+            columns += [[1.0] * len(prefill), [float(p.batch) for p in prefill]]
+        fields["prefill_flops"], overheads = fit_max(
+            [p.work for p in prefill], [0.0] * len(prefill), [p.time_s for p in prefill], flops, overhead_columns=columns,
+        )
+        fields["prefill_overhead_s_per_layer"] = overheads[0]
+        if len(overheads) == 3:
+            fields["generate_overhead_s"], fields["generate_overhead_s_per_seq"] = overheads[1:]
+    for kind, names in (("trainer", ("trainer_overhead_s", "trainer_overhead_s_per_row")),
+                        ("snapshot", ("snapshot_overhead_s", "snapshot_s_per_param")),
+                        ("queue", ("queue_ask_s", "queue_ask_s_per_row"))):
+        chosen = [p for p in points if p.kind == kind]
+        if chosen:  # time = fixed + work (rows or parameters) x per-unit
+            fields.update(zip(names, fit_terms([[1.0] * len(chosen), [p.work for p in chosen]], [p.time_s for p in chosen])))
+    handoff = [p for p in points if p.kind == "handoff"]
+    if handoff:  # beyond the put's own ask (the producer's put may return before or after the consumer wakes)
+        fields["queue_handoff_s"] = max(0.0, statistics.median(
+            [p.time_s - fields.get("queue_ask_s", 0.0) - p.work * fields.get("queue_ask_s_per_row", 0.0) for p in handoff]))
+    if {p.work for p in points if p.kind == "corun"} == {1.0, 2.0}:
+        fields["corun_slowdown"] = fit_corun(points)
+    for kind, eff_name, overhead_name in (
+        ("train", "train_flops", "train_overhead_s"),
+        ("forward", "forward_flops", "forward_overhead_s"),
+    ):
+        work, times = pick(kind)
+        if work:
+            chosen = [p for p in points if p.kind == kind]
+            columns = [[1.0] * len(work)]
+            if all(p.tokens and p.num_layers for p in chosen):  # per micro-batch + per token per layer
+                columns.append([float(p.tokens * p.num_layers) for p in chosen])
+            fields[eff_name], overheads = fit_max(work, [0.0] * len(work), times, flops, overhead_columns=columns)
+            fields[overhead_name] = overheads[0]
+            if len(overheads) == 2:
+                fields[f"{kind}_overhead_s_per_token_layer"] = overheads[1]
+    decode = [p for p in points if p.kind == "decode"]
+    if decode:
+        # Decode is bound by bandwidth or by compute (at the prefill efficiency), whichever is slower.
+        compute_eff = fields.get("prefill_flops", Efficiency().prefill_flops)
+        fields["decode_bandwidth"], overheads = fit_max(
+            [p.work for p in decode], [p.flops / (compute_eff * flops) for p in decode], [p.time_s for p in decode],
+            bandwidth, overhead_columns=[[1.0] * len(decode), [float(p.num_layers) for p in decode],
+                                         [float(p.batch) for p in decode]],
+        )
+        fields["decode_overhead_s"], fields["decode_overhead_s_per_layer"], fields["decode_overhead_s_per_seq"] = overheads
+    return Efficiency(**fields)
 
 
-def _to_toml(data: dict) -> str:
-    """TOML of a profile: scalars, then tables, then arrays of tables (no tomli_w needed)."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
-    for key, table in ((k, v) for k, v in data.items() if isinstance(v, dict)):
-        lines += ["", f"[{key}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
-    for key, rows in ((k, v) for k, v in data.items() if isinstance(v, list)):
-        for row in rows:
-            lines += ["", f"[[{key}]]"] + [f"{k} = {_toml_value(v)}" for k, v in row.items()]
-    return "\n".join(lines) + "\n"
+def fit_errors(points: list[Point], eff: Efficiency, hardware: Hardware) -> dict[str, float]:
+    """Mean |predicted / measured - 1| per kind, with the fitted factors."""
+    flops, bandwidth = hardware.peak_bf16_flops, hardware.memory_bandwidth_bytes_per_s
 
+    def predict(p) -> float:
+        if p.kind == "decode":
+            compute = p.flops / (eff.prefill_flops * flops)
+            return (eff.decode_overhead_s + p.num_layers * eff.decode_overhead_s_per_layer + p.batch * eff.decode_overhead_s_per_seq
+                    + max(p.work / (eff.decode_bandwidth * bandwidth), compute))
+        linear = {
+            "trainer": (eff.trainer_overhead_s, eff.trainer_overhead_s_per_row),
+            "snapshot": (eff.snapshot_overhead_s, eff.snapshot_s_per_param),
+            "queue": (eff.queue_ask_s, eff.queue_ask_s_per_row),
+        }
+        if p.kind in linear:
+            return linear[p.kind][0] + p.work * linear[p.kind][1]
+        if p.kind == "handoff":
+            return eff.queue_handoff_s + eff.queue_ask_s + p.work * eff.queue_ask_s_per_row
+        if p.kind == "corun":  # against the mean time alone
+            alone = [q.time_s for q in points if q.kind == "corun" and q.work == 1]
+            return sum(alone) / len(alone) * (eff.corun_slowdown if p.work == 2 else 1.0)
+        call = eff.generate_overhead_s + p.batch * eff.generate_overhead_s_per_seq
+        factor, overhead = {
+            "prefill": (eff.prefill_flops, p.num_layers * eff.prefill_overhead_s_per_layer + call),
+            "train": (eff.train_flops, eff.train_overhead_s + p.tokens * p.num_layers * eff.train_overhead_s_per_token_layer),
+            "forward": (eff.forward_flops, eff.forward_overhead_s + p.tokens * p.num_layers * eff.forward_overhead_s_per_token_layer),
+        }[p.kind]
+        return overhead + p.work / (factor * flops)
 
-def save_profile(profile: Profile, path: str | Path) -> None:
-    path = Path(path)
-    if path.suffix == ".toml":
-        path.write_text(_to_toml(msgspec.to_builtins(profile)))
-    else:
-        path.write_bytes(msgspec.json.format(msgspec.json.encode(profile), indent=2))
-
-
-def load_profile(path: str | Path) -> Profile:
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no profile at {path}: create one with `afctl profile --out {path}`")
-    data = path.read_bytes()
-    try:
-        if path.suffix == ".toml":
-            return msgspec.toml.decode(data, type=Profile)
-        return msgspec.json.decode(data, type=Profile)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"{path} is not a planner profile ({exc}); recreate it with `afctl profile`") from exc
+    errors: dict[str, list[float]] = {}
+    for p in points:
+        errors.setdefault(p.kind, []).append(abs(predict(p) / p.time_s - 1))
+    return {k: sum(v) / len(v) for k, v in errors.items()}

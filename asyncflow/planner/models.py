@@ -1,4 +1,5 @@
-"""Model shapes: Qwen2.5-like presets, or read from a local Hugging Face config.json.
+"""Model shapes: Qwen2.5-like presets, or the shape in a Hugging Face config (read from
+a local config.json by `planner.io.from_hf_config` / `planner.io.get_model`).
 
 Only the shape matters to the cost model: parameter count, FLOPs per token, KV-cache
 bytes per token. Parameters are counted from the shape (attention with q/k/v biases,
@@ -7,9 +8,6 @@ published checkpoint to within a fraction of a percent.
 """
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import msgspec
 
@@ -90,19 +88,15 @@ PRESETS: dict[str, ModelShape] = {
 }
 
 
-def from_hf_config(path: str | Path) -> ModelShape:
-    """Read a local Hugging Face model directory or its config.json (Llama/Qwen2 style)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.exists():
-        raise FileNotFoundError(f"no config.json at {path}: pass a preset ({', '.join(PRESETS)}) or a model directory")
-    cfg = json.loads(path.read_text())
+def shape_from_hf_config(cfg: dict, name: str, source: str) -> ModelShape:
+    """The shape in a Hugging Face config (a decoder-only Llama/Qwen2-style one), already
+    read into a dict; ``name`` if it has no ``_name_or_path``, ``source`` names it in errors.
+    Reading the file: `planner.io.from_hf_config`."""
     missing = [k for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if k not in cfg]
     if missing:
-        raise ValueError(f"{path} lacks {', '.join(missing)}: the planner needs a decoder-only (Llama/Qwen2-style) config")
+        raise ValueError(f"{source} lacks {', '.join(missing)}: the planner needs a decoder-only (Llama/Qwen2-style) config")
     return ModelShape(
-        name=cfg.get("_name_or_path") or path.parent.name,
+        name=cfg.get("_name_or_path") or name,
         num_layers=cfg["num_hidden_layers"],
         hidden_size=cfg["hidden_size"],
         intermediate_size=cfg["intermediate_size"],
@@ -112,12 +106,3 @@ def from_hf_config(path: str | Path) -> ModelShape:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         head_dim=cfg.get("head_dim") or 0,
     )
-
-
-def get_model(name_or_path: str) -> ModelShape:
-    key = name_or_path.lower()
-    if key in PRESETS:
-        return PRESETS[key]
-    if Path(name_or_path).exists():
-        return from_hf_config(name_or_path)
-    raise ValueError(f"unknown model {name_or_path!r}: choose a preset ({', '.join(PRESETS)}) or a local HF model directory")

@@ -11,16 +11,16 @@ response, clipped at its cap): the long tail that makes synchronous steps wait.
   cost model; training of step s ends after its last sample, then the new weights
   travel to rollout (weight transfer). Sync mode runs the phases one after another.
 
-`simulate_plan` writes a Chrome/Perfetto trace (trace.json) and a PNG timeline with
-the sync run above the async run on the same time axis.
+Pure: `simulate_result` gives the figures and both runs, `chrome_trace` the trace
+events; `planner.io.simulate_plan` writes them as a Chrome/Perfetto trace
+(trace.json) and a PNG timeline with the sync run above the async run on the same
+time axis.
 """
 
 from __future__ import annotations
 
 import heapq
-import json
 import math
-from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -247,53 +247,17 @@ def _trace_lane(span: Span) -> str:
     return span.lane
 
 
-def draw_timeline(runs: list[ModeRun], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    horizon = max(r.total_s for r in runs)
-    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 2.2 + 0.45 * 8 * len(runs)), sharex=True)
-    cmap = plt.get_cmap("tab10")
-    for ax, run in zip(np.atleast_1d(axes), runs):
-        lanes = ["rollout slots busy"] + list(dict.fromkeys(s.lane for s in run.spans))
-        series = np.asarray(run.rollout_busy_series)
-        ax.fill_between(series[:, 0], 0.4, 0.4 - 0.8 * series[:, 1], color="grey", step="post")
-        for y, lane in enumerate(lanes[1:], 1):
-            for s in (s for s in run.spans if s.lane == lane):
-                # Overlapping generation of consecutive steps: even steps upper half, odd lower.
-                if lane.startswith("rollout"):
-                    box = (y - 0.4, 0.4) if s.step % 2 == 0 else (y, 0.4)
-                else:
-                    box = (y - 0.4, 0.8)
-                ax.broken_barh([(s.start_s, s.end_s - s.start_s)], box, color=cmap(s.step % 10), alpha=0.85)
-        ax.set_yticks(range(len(lanes)), lanes)
-        ax.invert_yaxis()
-        ax.set_xlim(0, horizon)
-        ax.set_title(f"{run.mode}: {run.step_s:.1f} s/step, rollout slots busy {run.rollout_busy_fraction:.0%}", fontsize=10)
-    np.atleast_1d(axes)[-1].set_xlabel("time (s); colour = step")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
-def simulate_plan(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, plan, num_steps: int = 6,
-                  out_dir: str | Path | None = None, seed: int = 0) -> SimResult:
+def simulate_result(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, plan, num_steps: int = 6,
+                    seed: int = 0) -> tuple[SimResult, list[ModeRun]]:
+    """The summary of one plan's simulation, and its two runs (sync, then async) for the trace."""
     sync, streaming = simulate(model, hw, eff, wl, plan, num_steps, seed)
     result = SimResult(
         num_steps=num_steps, staleness=max(1, wl.staleness), sync_step_s=sync.step_s, async_step_s=streaming.step_s,
         sync_rollout_busy_fraction=sync.rollout_busy_fraction, async_rollout_busy_fraction=streaming.rollout_busy_fraction,
     )
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        trace = out / "trace.json"
-        trace.write_text(json.dumps(chrome_trace([sync, streaming])))
-        png = out / "timeline.png"
-        title = (f"{model.name} on {plan.rollout_devices}+{plan.train_devices}+{plan.reference_devices} x {hw.name}: "
-                 f"rollout / train / reference")
-        draw_timeline([sync, streaming], png, title)
-        result.trace_path, result.png_path = str(trace), str(png)
-    return result
+    return result, [sync, streaming]
+
+
+def timeline_title(model: ModelShape, hw: Hardware, plan) -> str:
+    return (f"{model.name} on {plan.rollout_devices}+{plan.train_devices}+{plan.reference_devices} x {hw.name}: "
+            f"rollout / train / reference")

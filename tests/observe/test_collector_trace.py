@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -100,9 +101,10 @@ def test_wandb_without_the_package_says_how_to_install_it(tmp_path):
 @pytest.mark.timeout(30)
 def test_the_trace_is_rewritten_during_the_run_so_a_live_run_can_be_drawn(tmp_path):
     ctx = ActorContext("collector", TransportConfig(scheme="inproc"))
-    ref = CollectorActor.start(ctx, run_dir=str(tmp_path), num_steps=2, progress=False, trace_every_s=0.05)
+    written = threading.Event()
+    ref = CollectorActor.start(ctx, run_dir=str(tmp_path), num_steps=2, progress=False, trace_every_s=0.05,
+                               on_trace_written=lambda num_events: written.set())
     try:
-        written = ref.proxy().trace_written.get()
         ref.ask(_spans("trainer", 11, [("wait_data", 100.0, 1.0, 0), ("train", 101.0, 0.5, 0)], 0))
         assert written.wait(10)
         first = json.loads((tmp_path / "trace.json").read_text())

@@ -56,10 +56,11 @@ class Bench:
             self.add_role(name)
         self.moves: queue.Queue = queue.Queue()
         self.path = tmp_path / "planner.jsonl"
+        self.depth = 0.0  # the training queue's depth the planner reads (no queue here)
         self.planner = serve_actor(
             PlannerActor, "planner", self.transport, directory_address=self.directory.address, run_dir=str(tmp_path),
             config=config, rollout_replicas=replicas, train_threads=train_threads, apply=self.moves.put,
-            num_steps=num_steps, cores=cores, read_queue=False, echo=False,
+            num_steps=num_steps, cores=cores, queue_depth=self.queue_depth,
         )
         self.dc.register(self.planner.entry())
         self.ref = self.dc.ref("planner")
@@ -70,6 +71,9 @@ class Bench:
         actor = serve_actor(FakeRole, name, self.transport, table=self.table, threads=self.threads)
         self.dc.register(actor.entry())
         self.actors.append(actor)
+
+    def queue_depth(self) -> float:
+        return self.depth
 
     def step(self, step: int, step_s: float, busy: dict[str, float]) -> None:
         """Advance every role by one step of ``step_s`` at the given busy fractions, then
@@ -102,6 +106,18 @@ def make_bench(tmp_path):
     yield make
     for bench in made:
         bench.close()
+
+
+@pytest.mark.timeout(60)
+def test_each_observed_step_carries_the_training_queue_depth_read_at_its_boundary(make_bench):
+    b = make_bench(config=PlannerConfig(online=True, patience_steps=2, measure_steps=2), replicas=["rollout.0"],
+                   train_threads=2)
+    balanced = {"rollout.0": 0.8, "trainer": 0.8}
+    b.step(0, 10.0, balanced)  # starts the clock: not observed
+    for step, depth in ((1, 12.0), (2, 0.0)):
+        b.depth = depth
+        b.step(step, 10.0, balanced)
+    assert [(e["step"], e["train_queue_rows"]) for e in b.events("observe")] == [(1, 12.0), (2, 0.0)]
 
 
 @pytest.mark.timeout(60)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from asyncflow.planner.calibration import Efficiency, Point, Profile, fit_linear, load_profile, save_profile
+from asyncflow.planner.calibration import Efficiency, Point, Profile, fit_linear
+from asyncflow.planner.io import load_profile, save_profile
 
 
 def test_fit_recovers_the_efficiency_and_the_fixed_overhead_from_exact_points():
@@ -59,7 +60,7 @@ def test_decode_fit_recovers_bandwidth_efficiency_when_some_iterations_are_compu
 
 
 def test_profile_fit_sets_every_measured_factor():
-    from asyncflow.cli.profile import fit_profile
+    from asyncflow.planner.calibration import fit_profile
     from asyncflow.planner.hardware import get_hardware
 
     hw = get_hardware("cpu")

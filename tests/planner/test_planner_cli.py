@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from asyncflow.cli.main import main
-from asyncflow.planner.calibration import Efficiency, Profile, save_profile
+from asyncflow.planner.calibration import Efficiency, Profile
+from asyncflow.planner.io import save_profile
 
 KEYS = {"rollout_devices", "train_devices", "reference_devices", "predicted_step_s", "predicted_samples_per_s", "bottleneck"}
 

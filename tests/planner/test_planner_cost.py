@@ -18,7 +18,8 @@ from asyncflow.planner.cost import (
     weight_transfer_s,
 )
 from asyncflow.planner.hardware import HARDWARE, get_hardware
-from asyncflow.planner.models import PRESETS, from_hf_config, get_model
+from asyncflow.planner.io import from_hf_config, get_model
+from asyncflow.planner.models import PRESETS
 
 PEAK = Efficiency(prefill_flops=1.0, decode_bandwidth=1.0, train_flops=1.0, forward_flops=1.0, link_bandwidth=1.0)
 

@@ -38,9 +38,10 @@ def test_processes_beyond_the_cores_stretch_each_other():
 
 @pytest.mark.timeout(60)
 def test_plan_config_maps_a_run_config_and_predicts_both_modes(tmp_path):
-    from asyncflow.cli.predict import predict
+    from asyncflow.cli.predict import config_inputs
     from asyncflow.core.config import load_config_text
     from asyncflow.planner.calibration import Efficiency, Profile
+    from asyncflow.planner.predict import predict
 
     cfg = load_config_text("""
         [algorithm]
@@ -52,10 +53,31 @@ def test_plan_config_maps_a_run_config_and_predicts_both_modes(tmp_path):
         [train]
         prompts_per_step = 4
     """)
-    out = predict(cfg, Profile(hardware="cpu", efficiency=Efficiency()), num_steps=10, cores=2)
+    inputs = config_inputs(cfg)  # measured from the config's (tiny) model and data by the CLI
+    out = predict(cfg, Profile(hardware="cpu", efficiency=Efficiency()), inputs, num_steps=10, cores=2)
     assert out["calls_per_step"] == 2 and out["call_batch"] == 8 and out["response_tokens"] == 8
     assert out["prompt_tokens"] > 3  # "a+b=" in the chat template
+    assert out["framework"]["reward_score_s"]["sync"] > 0  # the config's reward function, timed
     sync, async_ = out["modes"]["sync"], out["modes"]["async"]
     assert async_["staleness"] == 1 and sync["staleness"] == 0
     assert 0 < async_["predicted_step_s"] <= sync["predicted_step_s"]
     assert sync["predicted_samples_per_s"] == pytest.approx(16 / sync["predicted_step_s"])
+
+
+def test_the_predictions_poll_is_the_rollout_actors_gated_wait():
+    """planner.predict copies the rollout actor's gated wait (actors/rollout.py, a literal
+    there): the copy must match the actor's source until the actor names it (issue 14)."""
+    import ast
+    from pathlib import Path
+
+    import asyncflow
+    from asyncflow.planner.predict import ROLLOUT_POLL_S
+
+    source = Path(asyncflow.__file__).parent / "actors" / "rollout.py"
+    waits = [kw.value.value for node in ast.walk(ast.parse(source.read_text()))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "wait"
+             and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "_announced"
+             for kw in node.keywords if kw.arg == "timeout" and isinstance(kw.value, ast.Constant)]
+    assert waits == [ROLLOUT_POLL_S], (f"actors/rollout.py waits {waits} s for an announcement; "
+                                       f"planner.predict.ROLLOUT_POLL_S is {ROLLOUT_POLL_S}")
+

@@ -1,0 +1,35 @@
+"""Prompt encoding (engines/prompts.py): what the loader, evaluation and
+``afctl plan --config`` all use to turn a run's prompts into token ids."""
+
+import subprocess
+import sys
+
+import pytest
+
+from asyncflow.engines.prompts import encode_chat_prompt, prompt_ids
+from asyncflow.engines.tiny import build_char_tokenizer
+
+
+@pytest.mark.timeout(60)
+def test_prompt_ids_use_the_chat_template_only_when_the_config_asks():
+    tokenizer = build_char_tokenizer()
+    chat = prompt_ids(tokenizer, "3+4=", chat_template=True)
+    assert chat == encode_chat_prompt(tokenizer, "3+4=")
+    assert tokenizer.decode(chat) == "<|user|>3+4=<|assistant|>"
+    raw = prompt_ids(tokenizer, "3+4=", chat_template=False)
+    assert tokenizer.decode(raw) == "3+4=" and len(raw) == 4
+
+
+@pytest.mark.timeout(60)
+def test_a_prompt_the_tiny_tokenizer_cannot_spell_is_refused_with_its_characters():
+    with pytest.raises(ValueError, match="does not know: 'é'"):
+        prompt_ids(build_char_tokenizer(), "café", chat_template=True)
+
+
+@pytest.mark.timeout(60)
+def test_the_prompt_module_needs_neither_torch_nor_transformers():
+    code = ("import sys\nimport asyncflow.engines.prompts\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

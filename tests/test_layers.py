@@ -1,0 +1,216 @@
+"""The layer rules of ARCHITECTURE.md, checked on the source with ``ast`` (issue 14).
+
+Every ``import`` and ``from ... import`` anywhere in a module counts, at module level
+or inside a function, so a lazy import cannot hide a dependency. An imported name is
+resolved to the deepest module of ``asyncflow`` it names (``from asyncflow.core
+import protocol`` -> ``asyncflow.core.protocol``; ``from asyncflow.core.tq import
+TQClient`` -> ``asyncflow.core.tq``).
+
+Rules:
+- no import cycle between modules of ``asyncflow``;
+- ``asyncflow.core`` imports nothing from ``actors``, ``algorithms``, ``planner``,
+  ``engines`` or ``cli``;
+- ``asyncflow.engines`` imports nothing from ``actors``, ``algorithms``, ``planner``
+  or ``cli``, and outside it nothing imports a concrete engine (``engines.factory``
+  is the only place that names one);
+- the planner's pure modules (every module of ``asyncflow.planner`` but ``io``)
+  import nothing from ``actors``, ``cli``, ``engines`` or ``planner.io``, nor
+  plotting or file-system modules (matplotlib, pathlib, os, ...): file reading and
+  writing and plotting live in ``asyncflow/planner/io.py``.
+
+An exception that cannot be removed yet is an entry of ``ALLOWED`` below, with the
+reason; every entry must still be needed (a stale one fails too).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import asyncflow
+
+pytestmark = pytest.mark.timeout(60)
+
+PACKAGE = Path(asyncflow.__file__).resolve().parent
+
+# (importer, imported) -> why it is allowed for now.
+ALLOWED: dict[tuple[str, str], str] = {
+    ("asyncflow.core.config", "asyncflow.engines.config"):
+        "issue 14 step 6: the RL config schema (core/config.py) moves up next to the roles; "
+        "until then core/config.py takes the engine config structs from engines/config.py",
+}
+
+CORE_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.engines", "asyncflow.cli")
+ENGINES_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli")
+CONCRETE_ENGINES = tuple(f"asyncflow.engines.{m}" for m in (
+    "native_rollout", "native_model", "kv_cache", "vllm_rollout", "vllm_worker", "torch_train"))
+PLANNER_PURE_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.cli", "asyncflow.engines", "asyncflow.planner.io")
+PLANNER_PURE_NO_THIRD_PARTY = ("matplotlib", "PIL", "pathlib", "os", "shutil", "tempfile", "glob", "io", "subprocess",
+                               "transformers", "torch")
+
+
+def _module_files(package: Path = PACKAGE) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file under the package."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _deepest(name: str, modules: dict[str, Path]) -> str | None:
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> tuple[dict[str, int], dict[str, int]]:
+    """(asyncflow modules imported -> first line, other top-level packages imported -> first line)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    internal: dict[str, int] = {}
+    external: dict[str, int] = {}
+
+    def add(table: dict[str, int], name: str, line: int) -> None:
+        table[name] = min(line, table.get(name, line))
+
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "asyncflow" or alias.name.startswith("asyncflow."):
+                    target = _deepest(alias.name, modules)
+                    if target:
+                        add(internal, target, node.lineno)
+                else:
+                    add(external, alias.name.split(".")[0], node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if not (source == "asyncflow" or source.startswith("asyncflow.")):
+                add(external, source.split(".")[0], node.lineno)
+                continue
+            for alias in node.names:
+                target = f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else _deepest(source, modules)
+                if target:
+                    add(internal, target, node.lineno)
+    internal.pop(module, None)
+    return internal, external
+
+
+def import_graph(package: Path = PACKAGE) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+    modules = _module_files(package)
+    internal, external = {}, {}
+    for name, path in modules.items():
+        internal[name], external[name] = imports_of(name, path, modules)
+    return internal, external
+
+
+def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None (depth-first search, iterative)."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    colour = dict.fromkeys(graph, WHITE)
+    for root in sorted(graph):
+        if colour[root] != WHITE:
+            continue
+        stack = [(root, iter(sorted(graph[root])))]
+        path = [root]
+        colour[root] = GREY
+        while stack:
+            node, children = stack[-1]
+            for child in children:
+                if colour.get(child, BLACK) == GREY:
+                    return path[path.index(child):] + [child]
+                if colour.get(child) == WHITE:
+                    colour[child] = GREY
+                    path.append(child)
+                    stack.append((child, iter(sorted(graph[child]))))
+                    break
+            else:
+                colour[node] = BLACK
+                path.pop()
+                stack.pop()
+    return None
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def layer_violations(internal: dict[str, dict[str, int]], external: dict[str, dict[str, int]],
+                     modules: dict[str, Path], package: Path = PACKAGE) -> tuple[list[str], set[tuple[str, str]]]:
+    """(violations not allowed, each as 'file:line: a imports b (rule)'; allow-list entries used)."""
+    found: list[str] = []
+    used: set[tuple[str, str]] = set()
+
+    def where(module: str, line: int) -> str:
+        return f"{modules[module].relative_to(package.parent)}:{line}"
+
+    for module, targets in sorted(internal.items()):
+        for target, line in sorted(targets.items()):
+            rule = None
+            if _under(module, ("asyncflow.core",)) and _under(target, CORE_MAY_NOT_IMPORT):
+                rule = "core is the bottom layer"
+            elif _under(module, ("asyncflow.engines",)) and _under(target, ENGINES_MAY_NOT_IMPORT):
+                rule = "engines sit below the roles, the algorithms and the planner"
+            elif not _under(module, ("asyncflow.engines",)) and _under(target, CONCRETE_ENGINES):
+                rule = "a concrete engine is named only by engines/factory.py"
+            elif (_under(module, ("asyncflow.planner",)) and not _under(module, ("asyncflow.planner.io",))
+                  and _under(target, PLANNER_PURE_MAY_NOT_IMPORT)):
+                rule = "the planner's pure modules do no I/O and know no actors, engines or CLI"
+            if rule is None:
+                continue
+            if (module, target) in ALLOWED:
+                used.add((module, target))
+                continue
+            found.append(f"{where(module, line)}: {module} imports {target} ({rule})")
+        if _under(module, ("asyncflow.planner",)) and not _under(module, ("asyncflow.planner.io",)):
+            for other, line in sorted(external[module].items()):
+                if other in PLANNER_PURE_NO_THIRD_PARTY:
+                    found.append(f"{where(module, line)}: {module} imports {other} "
+                                 "(plotting and file I/O belong in asyncflow/planner/io.py)")
+    return found, used
+
+
+def test_there_is_no_import_cycle():
+    internal, _ = import_graph()
+    cycle = find_cycle(internal)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_layers_import_only_downwards_and_the_allow_list_is_current():
+    internal, external = import_graph()
+    found, used = layer_violations(internal, external, _module_files())
+    assert not found, "layer rules broken (ARCHITECTURE.md, Layers):\n" + "\n".join(found)
+    stale = set(ALLOWED) - used
+    assert not stale, f"allow-list entries no longer needed, remove them: {sorted(stale)}"
+
+
+def test_the_checker_sees_imports_inside_functions_and_reports_a_cycle(tmp_path):
+    """The rules themselves, on a planted package: a lazy import closes a cycle, core
+    reaches up into actors, a pure planner module draws with matplotlib."""
+    root = tmp_path / "asyncflow"
+    for sub in ("core", "actors", "planner"):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "core" / "a.py").write_text("from asyncflow.core import b\n")
+    (root / "core" / "b.py").write_text("def f():\n    from asyncflow.core.a import x\n")
+    (root / "core" / "c.py").write_text("def g():\n    import asyncflow.actors.role\n")
+    (root / "actors" / "role.py").write_text("")
+    (root / "planner" / "sim.py").write_text("def draw():\n    import matplotlib.pyplot as plt\n")
+    (root / "planner" / "io.py").write_text("import matplotlib\nfrom pathlib import Path\n")
+    modules = _module_files(root)
+    internal = {m: imports_of(m, p, modules)[0] for m, p in modules.items()}
+    external = {m: imports_of(m, p, modules)[1] for m, p in modules.items()}
+    assert find_cycle(internal) in (["asyncflow.core.a", "asyncflow.core.b", "asyncflow.core.a"],
+                                    ["asyncflow.core.b", "asyncflow.core.a", "asyncflow.core.b"])
+    found, _ = layer_violations(internal, external, modules, root)
+    assert len(found) == 2, found
+    assert "asyncflow.core.c imports asyncflow.actors.role" in found[0]
+    assert "asyncflow.planner.sim imports matplotlib" in found[1]
