@@ -17,6 +17,7 @@ import numpy as np
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run
+from asyncflow.core.phases import phase
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
 
@@ -60,11 +61,13 @@ class RewardActor(LoopActor):
                 return True
         with self.activity("score"):
             decode = lambda ids: self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)  # noqa: E731
-            prompts = [decode(a) for a in batch.columns["prompt_ids"]]
-            responses = [decode(a) for a in batch.columns["response_ids"]]
-            answers = [bytes(a).decode() for a in batch.columns["answer"]]
-            finish = ["stop" if int(f[0]) else "length" for f in batch.columns["finish"]]
-            rewards = call_reward(self.fn, prompts, responses, answers, finish, row_ids=list(batch.indices))
+            with phase("detokenize"):
+                prompts = [decode(a) for a in batch.columns["prompt_ids"]]
+                responses = [decode(a) for a in batch.columns["response_ids"]]
+                answers = [bytes(a).decode() for a in batch.columns["answer"]]
+                finish = ["stop" if int(f[0]) else "length" for f in batch.columns["finish"]]
+            with phase("reward_fn"):
+                rewards = call_reward(self.fn, prompts, responses, answers, finish, row_ids=list(batch.indices))
         with self.activity("put"):
             self.tq.put(batch.indices, {"reward": [np.asarray([r], dtype=np.float32) for r in rewards]})
         self.acks.add(batch)  # acked inside the next request

@@ -65,6 +65,7 @@ from asyncflow.actors._versions import VersionLedger
 from asyncflow.actors.weight_sync import WEIGHTS_NAME, WeightSyncActor
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
+from asyncflow.core.phases import phase
 from asyncflow.core.errors import ActorGone, ActorTimeout
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
@@ -188,18 +189,23 @@ class TrainerActor(LoopActor):
             columns = self.tq.read_batch(meta, self.columns, mine)
         with self.activity("train"):
             values = self.policy.train(columns, [meta.metas[p].group_id for p in mine])
-            figures = self.policy.batch_figures(columns)
+            with phase("figures"):
+                figures = self.policy.batch_figures(columns)
         version = self.step + 1
         with self.activity("sync_weights"):
-            snapshot = self.policy.export_weights()
+            with phase("export"):
+                snapshot = self.policy.export_weights()
             digest = 0
             if self._verify != "off":
-                digest = weights_digest(snapshot, self._rollout_dtype)
+                with phase("digest"):
+                    digest = weights_digest(snapshot, self._rollout_dtype)
                 self._versions.record(version, digest)
                 self._versions.forget_before(version - cfg.staleness - 1)
-            weight_bytes = self._weights.pykka_ref.proxy().publish(version, snapshot, digest).get()
-        self.tq.ack("train", meta.indices)
-        self._audit(meta, parts)
+            with phase("publish"):
+                weight_bytes = self._weights.pykka_ref.proxy().publish(version, snapshot, digest).get()
+        with self.activity("ack"):
+            self.tq.ack("train", meta.indices)
+            self._audit(meta, parts)
         staleness = [self.step - m.version for m in meta.metas]
         self._num_samples += len(meta.indices)
         self._num_tokens += int(figures["tokens"])

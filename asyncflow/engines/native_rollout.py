@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from asyncflow.core.phases import phase
 from asyncflow.engines.base import Completion, RolloutEngine
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
 from asyncflow.engines.device import free_memory_bytes, set_cpu_threads, torch_device, torch_dtype
@@ -219,7 +220,8 @@ class NativeRolloutEngine(RolloutEngine):
         ]
 
     def _append(self, seqs: list[_Seq], logits_BV: torch.Tensor, params: SamplingParams) -> None:
-        token_B, logp_B = sample(logits_BV, params, self.generator)
+        with phase("sample"):
+            token_B, logp_B = sample(logits_BV, params, self.generator)
         for q, t, lp in zip(seqs, token_B.tolist(), logp_B.tolist()):
             q.out_ids.append(t)
             q.out_logps.append(lp)
@@ -236,14 +238,15 @@ class NativeRolloutEngine(RolloutEngine):
             valid_BQ[b, :n] = True
         rows = torch.tensor([q.row for q in seqs], device=self.device)
         last_B = torch.tensor([len(q.prompt) - 1 for q in seqs], device=self.device)
-        logits_BV = self.decoder.step(
-            self.pool,
-            ids_BQ.to(self.device),
-            pos_BQ.to(self.device),
-            valid_BQ.to(self.device),
-            slot_table_RK[rows, :Q],
-            last_B,
-        )
+        with phase("prefill_model"):
+            logits_BV = self.decoder.step(
+                self.pool,
+                ids_BQ.to(self.device),
+                pos_BQ.to(self.device),
+                valid_BQ.to(self.device),
+                slot_table_RK[rows, :Q],
+                last_B,
+            )
         self._append(seqs, logits_BV, params)
 
     def _decode(self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams) -> None:
@@ -254,7 +257,8 @@ class NativeRolloutEngine(RolloutEngine):
         pos_B1 = torch.tensor(pos, device=self.device).unsqueeze(1)
         rows = torch.tensor([q.row for q in seqs], device=self.device)
         last_B = torch.zeros(len(seqs), dtype=torch.long, device=self.device)
-        logits_BV = self.decoder.step(self.pool, ids_B1, pos_B1, None, slot_table_RK[rows, :K], last_B)
+        with phase("decode_model"):
+            logits_BV = self.decoder.step(self.pool, ids_B1, pos_B1, None, slot_table_RK[rows, :K], last_B)
         self._append(seqs, logits_BV, params)
 
     def close(self) -> None:

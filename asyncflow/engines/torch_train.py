@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from asyncflow.core.phases import phase
 from asyncflow.engines.base import ForwardOutput, LossContext, LossFn, TokenBatch, TrainEngine, TrainStepResult
 from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
@@ -167,21 +168,25 @@ class TorchTrainEngine(TrainEngine):
         metrics: dict[str, float] = {}
         for mb in mbs:
             mb = mb.to(self.device)
-            out = self._run(mb, temperature, with_entropy=True)
-            loss, mb_metrics = loss_fn(out, mb, ctx)
-            loss.backward()
+            with phase("forward"):
+                out = self._run(mb, temperature, with_entropy=True)
+            with phase("loss"):
+                loss, mb_metrics = loss_fn(out, mb, ctx)
+            with phase("backward"):
+                loss.backward()
             total_loss += float(loss.detach())
             for k, v in mb_metrics.items():
                 metrics[k] = metrics.get(k, 0.0) + float(v)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), max_norm)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        lr = lr_at(self.cfg, self._step, self.total_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with phase("optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), max_norm)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            lr = lr_at(self.cfg, self._step, self.total_steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self._step += 1
         if self.distributed:
             # Each rank's loss was scaled by dp_size (FSDP averages gradients): the
