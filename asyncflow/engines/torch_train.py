@@ -62,11 +62,16 @@ class _Net(torch.nn.Module):
                 torch.nn.init.normal_(self.value_head.weight, std=1.0 / hidden**0.5)
                 torch.nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def forward(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.value_head is None:
             return self.lm(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).logits, None
         hidden_BTE = self.lm.model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).last_hidden_state
         return None, self.value_head(hidden_BTE).squeeze(-1)
+
+
+def right_padded(mask_BT: torch.Tensor) -> bool:
+    """Every row of the 0/1 attention mask is ones then zeros (an all-zero row too)."""
+    return mask_BT.shape[1] < 2 or bool((mask_BT[:, 1:] <= mask_BT[:, :-1]).all())
 
 
 def shift_logp(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -125,7 +130,12 @@ class TorchTrainEngine(TrainEngine):
 
     def _run(self, mb: TokenBatch, temperature: float, with_entropy: bool) -> ForwardOutput:
         ids = mb.input_ids.to(self.device)
-        logits, values = self.net(ids, mb.attention_mask.to(self.device))
+        mask = mb.attention_mask
+        # Right padding (every row's ones first): causal attention alone never lets a real
+        # token see a pad, so the mask changes nothing at real positions (up to float rounding) and
+        # the model skips building and applying it. Any other mask is passed as is.
+        mask = None if right_padded(mask) else mask.to(self.device)
+        logits, values = self.net(ids, mask)
         if values is not None:
             return ForwardOutput(logp=torch.zeros_like(values, dtype=torch.float32), values=F.pad(values[:, :-1].float(), (1, 0)))
         entropy = shift_entropy(logits, temperature) if with_entropy else None
