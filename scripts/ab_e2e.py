@@ -7,8 +7,8 @@ each tree), so load changes on a shared machine hit both alike. Prints the mean
 samples/s of sync and async per tree, their ratios, the ms per step of every role's
 busy time (from each run's trace.json, ``cli/_breakdown.py``) and one JSON line.
 
-    git archive <base> | tar -x -C /tmp/before
-    python scripts/ab_e2e.py --before /tmp/before --after . --rounds 2 --steps 100
+    python scripts/ab_e2e.py --before-rev <base commit> --rounds 2 --steps 100
+    python scripts/ab_e2e.py --before /some/old/tree --after . --rounds 2 --steps 100
 """
 
 from __future__ import annotations
@@ -44,20 +44,30 @@ def run_tree(tree: Path, config: str, steps: int, out: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", required=True, type=Path, help="source tree of the old code")
+    parser.add_argument("--before", type=Path, help="source tree of the old code")
+    parser.add_argument("--before-rev", help="or a git revision of this repository, extracted into OUT/before-tree")
     parser.add_argument("--after", default=ROOT, type=Path, help="source tree of the new code (default: this one)")
     parser.add_argument("--config", default="examples/local.toml", help="relative to each tree")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs/ab"))
     args = parser.parse_args()
+    if args.before_rev:
+        tree = (args.out / "before-tree").resolve()
+        if not (tree / "asyncflow").is_dir():
+            tree.mkdir(parents=True, exist_ok=True)
+            archive = subprocess.run(["git", "archive", args.before_rev], cwd=ROOT, stdout=subprocess.PIPE, check=True)
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+        args.before = tree
+    if args.before is None:
+        parser.error("give --before TREE or --before-rev REV")
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     for r in range(args.rounds):
         for name, tree in trees.items():
             print(f"== round {r + 1}: {name} ({tree})", file=sys.stderr, flush=True)
             runs[name].append(run_tree(tree, args.config, args.steps, (args.out / f"{name}-{r}").resolve()))
-    summary: dict = {"steps": args.steps, "rounds": args.rounds, "config": args.config,
+    summary: dict = {"steps": args.steps, "rounds": args.rounds, "config": args.config, "before_rev": args.before_rev,
                      "load_avg_1m": [x["load_avg_1m"] for name in runs for x in runs[name]]}
     for name, results in runs.items():
         summary[name] = {

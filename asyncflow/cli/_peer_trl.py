@@ -10,7 +10,10 @@ prompts go through the model's chat template as TRL does for conversational data
 asyncflow's reward role gives them: decoded prompt and response, the answer, and
 "stop" or "length". Loss: token mean over the batch (TRL ``dapo`` = asyncflow
 ``token_mean``); advantages normalised within each group (``scale_rewards="group"``
-= ``std_normalize``); no KL (``beta=0``), one optimizer step per batch.
+= ``std_normalize``); no KL (``beta=0``), one optimizer step per batch; no
+gradient checkpointing (TRL's default, a memory saving this model does not need).
+The lr schedule is the config's (warmup then constant or cosine to ``lr_min_ratio``)
+through the Hugging Face schedulers, whose warmup starts at 0 rather than lr / W.
 
 Samples/s is the training time only: ``train_runtime`` (generation, reward and
 update; not the model load) over steps x samples per step. The last-10% reward is
@@ -63,6 +66,7 @@ def run(spec: dict) -> dict:
         epsilon=spec["clip_eps"], beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
         max_grad_norm=spec["grad_clip"], weight_decay=0.0, seed=spec["seed"], use_cpu=True, bf16=False, fp16=False,
         logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+        gradient_checkpointing=False,  # TRL's default recomputes the forward to save memory; nothing to save here
     )
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer)
     started = time.monotonic()
