@@ -12,7 +12,8 @@ version changes; "staleness" on the trainer's track per step; a flow from the
 trainer's ``sync_weights`` span that published version v to every rollout
 ``swap_weights`` span that loaded v (flow id ``v * 1000 + track``). Phases of an
 activity (``<activity>/<phase>``, ``core/phases.py``) are spans of cat "phase" on
-lane (tid) 1 of the role's track. It is rewritten
+lane (tid) 1 of the role's track; a "cpu" counter holds the CPU seconds of the
+role's process, sent with each batch of spans. It is rewritten
 every ``logging.trace_every_s`` while the run goes on (atomically: a reader never
 sees half a file), so ``afctl trace`` works on a live run, and once more at the end.
 """
@@ -143,6 +144,9 @@ class CollectorActor(Actor):
                 self._last_version[msg.role] = end_version
                 events.append({"ph": "C", "name": "policy version", "ts": ts + dur * 1e6, "pid": track,
                                "args": {"version": end_version}})
+        if "cpu_s" in msg.counters:
+            events.append({"ph": "C", "name": "cpu", "ts": time.time() * 1e6, "pid": track,
+                           "args": {"cpu_s": float(msg.counters["cpu_s"])}})
         if activities:
             i = activities[-1]
             self.last_span[msg.role] = (msg.names[i], msg.starts_s[i] + msg.durations_s[i])

@@ -10,6 +10,9 @@ each phase, all divided by the number of trainer steps; ``compute_ms`` is the pa
 spent in the model and the user's functions (``COMPUTE_PHASES``), ``framework_ms``
 the rest of the busy time (queue hand-offs, padding, weight snapshots, Python
 bookkeeping), ``eval_ms`` the held-out evaluation (a feature, neither).
+``cpu_ms`` is the CPU the role's whole process used (every thread, from the
+start of its work to its last report): on a machine whose cores the roles share,
+that, not wall time, is what one role takes from the others.
 """
 
 from __future__ import annotations
@@ -38,6 +41,13 @@ def breakdown(trace: dict, num_steps: int) -> dict[str, dict]:
         role = out.setdefault(names.get(e["pid"], f"track {e['pid']}"), {"activities": {}, "phases": {}})
         kind = "phases" if e.get("cat") == "phase" else "activities"
         role[kind][e["name"]] = role[kind].get(e["name"], 0.0) + e["dur"] / 1e3 / per
+    cpu: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("ph") == "C" and e.get("name") == "cpu":
+            cpu.setdefault(names.get(e["pid"], f"track {e['pid']}"), []).append(e["args"]["cpu_s"])
+    for name, role in out.items():
+        samples = cpu.get(name, [])
+        role["cpu_ms"] = 1e3 * (max(samples) - min(samples)) / per if len(samples) > 1 else 0.0
     for role in out.values():
         acts, phases = role["activities"], role["phases"]
         role["busy_ms"] = sum(ms for name, ms in acts.items() if not name.startswith("wait_"))
@@ -82,7 +92,7 @@ def table(by_run: dict[str, dict[str, dict]]) -> list[str]:
             return x
 
         lines.append(f"{role}")
-        for key in ("busy_ms", "compute_ms", "framework_ms", "eval_ms", "wait_ms"):
+        for key in ("busy_ms", "compute_ms", "framework_ms", "eval_ms", "wait_ms", "cpu_ms"):
             lines.append(row(f"  {key.removesuffix('_ms')}", lambda b, key=key: pick(b, key)))
         acts = sorted({a for b in by_run.values() for a in (b.get(role) or {}).get("activities", {})},
                       key=lambda a: (a.startswith("wait_"), -max((by_run[r].get(role) or {}).get("activities", {}).get(a, 0.0)

@@ -78,3 +78,4 @@ def test_a_real_run_breaks_down_into_the_phases_of_every_role(tmp_path):
     assert b["reward.0"]["phases"].get("score/reward_fn", 0.0) > 0.0
     for role in (trainer, rollout):
         assert 0.0 < role["compute_ms"] < role["busy_ms"] and role["framework_ms"] > 0.0
+        assert role["cpu_ms"] > 0.0  # the "cpu" counter of its process
