@@ -15,11 +15,14 @@ import click
 @click.option("--steps", default=20, show_default=True, help="Trainer steps per mode.")
 @click.option("--staleness", default=1, show_default=True, help="k of the async run.")
 @click.option("--out", type=click.Path(file_okay=False), help="Keep both run directories here.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Change a config key for both runs, as afctl up --set (repeatable).")
 @click.option("--breakdown", is_flag=True,
               help="Also print where each role's time goes, per activity and phase, in ms per trainer step "
                    "(compute vs the framework's share), from each run's trace.json; the JSON gets it too.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def e2e(config_path: str, steps: int, staleness: int, out: str | None, breakdown: bool, as_json: bool) -> None:
+def e2e(config_path: str, steps: int, staleness: int, out: str | None, overrides: tuple[str, ...], breakdown: bool,
+        as_json: bool) -> None:
     """Samples/s and tokens/s of sync vs async, busy fraction of every role, and
     pipeline efficiency (busiest role's busy time over the training span)."""
     import msgspec
@@ -27,7 +30,7 @@ def e2e(config_path: str, steps: int, staleness: int, out: str | None, breakdown
     from asyncflow.actors.launcher import run
     from asyncflow.core.config import load_config
 
-    base = load_config(config_path)
+    base = load_config(config_path, list(overrides))
     root = Path(out or tempfile.mkdtemp(prefix="af-e2e-"))
     root.mkdir(parents=True, exist_ok=True)
     # build the tiny model and data once, so both modes start from the same weights
