@@ -1,5 +1,6 @@
 """docs/performance.md from the JSON lines ``scripts/results.py`` keeps (sections
-breakdown, peer, ab, ab_pin). Every figure comes from those lines."""
+breakdown, peer, ab, ab_pin, ab_call, and parity when kept: the learning check of the same
+code). Every figure comes from those lines."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def _ab(r: dict, title: str, what: str) -> list[str]:
 
 def render_performance(records: dict[str, dict]) -> str:
     out = ["# Performance: the framework's own cost per step (issue 13)", "",
-           "Written by `python scripts/results.py --only breakdown peer ab ab_pin` from the JSON line of each command "
+           "Written by `python scripts/results.py --only breakdown peer ab ab_pin ab_call` from the JSON line of each command "
            "below; do not edit by hand. The machine: 2 cores, no accelerator, shared with other jobs (the load "
            "average is given with each figure), so absolute figures move between runs; the ratios measured side "
            "by side in one invocation are the ones to trust.", ""]
@@ -118,6 +119,10 @@ def render_performance(records: dict[str, dict]) -> str:
     if "ab_pin" in records:
         out += _ab(records["ab_pin"], "Pinning the trainer to its own core",
                    "this code with `cluster.pin_trainer_cores = 0` (before) and `= 1` (after, as shipped), the")
+    if "ab_call" in records:
+        out += _ab(records["ab_call"], "A whole step per generate call",
+                   "this code with `rollout.prompts_per_call = 8`, `rollout.engine.max_batch_size = 64` (before, the "
+                   "previous example) and `16`, `128` (after, as shipped), the")
     out += ["## What changed, and why it is exact", "",
             "- `actors/_batching.token_batch`: one concatenation and scatter per column instead of per-row tensor "
             "writes (the same tensors; `tests/perf/test_token_batch_vectorised.py`).",
@@ -132,9 +137,27 @@ def render_performance(records: dict[str, dict]) -> str:
             "one put per rollout put instead of two.",
             "- `[cluster] pin_trainer_cores` (async, on in `examples/local.toml`): the trainer, the critical path "
             "of an async step, gets a core to itself.",
+            "- `examples/local.toml`: a whole step's 16 prompt groups per generate call, decoded as one batch of "
+            "128 (half the model forwards of 8 groups in batches of 64).",
             "- `afctl bench e2e --breakdown` and the `core/phases.py` spans it reads; `afctl bench peer`; "
             "`scripts/ab_e2e.py`.", "",
-            "Learning is unchanged: `python scripts/convergence_parity.py` (sync vs async, seeds 0/1/2) before "
-            "this page's changes were merged; its figures are in docs/results.md when that page is regenerated.",
             ""]
+    if "parity" in records:
+        out += _parity(records["parity"])
     return "\n".join(out)
+
+
+def _parity(r: dict) -> list[str]:
+    p = r["result"]["parity"]
+    s, a = p["sync"], p["async"]
+    out = ["## Learning is unchanged", "",
+           f"`{r['command']}` ({r['when']}, {_load(r)}): `examples/local.toml` as shipped after these changes, "
+           "each run a fresh `afctl up`.", "",
+           "| seed | sync last-10% reward | async last-10% reward | sync samples/s | async samples/s |",
+           "|---|---|---|---|---|"]
+    for i, seed in enumerate(p["seeds"]):
+        out.append(f"| {seed} | {s['reward_last_10pct'][i]:.3f} | {a['reward_last_10pct'][i]:.3f} | "
+                   f"{s['samples_per_s'][i]:.0f} | {a['samples_per_s'][i]:.0f} |")
+    out += ["", f"Means: **sync {s['reward_last_10pct_mean']:.3f}, async {a['reward_last_10pct_mean']:.3f}** "
+            f"(async - sync = {p['async_minus_sync']:+.3f}; the bound is 0.03, and async at least 0.55).", ""]
+    return out

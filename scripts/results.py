@@ -5,7 +5,7 @@ typed by hand.
     python scripts/results.py                      # run what is missing, write docs/results.md
     python scripts/results.py --only parity        # rerun one section (its JSON is replaced)
     python scripts/results.py --render             # rewrite the pages from the JSON kept in --work
-    python scripts/results.py --only breakdown peer ab ab_pin   # docs/performance.md's sections
+    python scripts/results.py --only breakdown peer ab ab_pin ab_call   # docs/performance.md's sections
 
 Each section's JSON is kept in ``--work`` (default runs/results/<section>.json) with
 the command that produced it and when; a section without JSON is measured (unless
@@ -47,8 +47,11 @@ SECTIONS: dict[str, list[str]] = {
     "ab": [PY, "scripts/ab_e2e.py", "--before-rev", BASE_REV, "--rounds", "2", "--steps", "100", "--out", "{work}/ab"],
     "ab_pin": [PY, "scripts/ab_e2e.py", "--before", ".", "--before-set", "cluster.pin_trainer_cores=0", "--rounds", "2",
                "--steps", "100", "--out", "{work}/ab_pin"],
+    "ab_call": [PY, "scripts/ab_e2e.py", "--before", ".", "--before-set", "rollout.prompts_per_call=8",
+                "--before-set", "rollout.engine.max_batch_size=64", "--rounds", "2", "--steps", "100",
+                "--out", "{work}/ab_call"],
 }
-PERFORMANCE = ("breakdown", "peer", "ab", "ab_pin")
+PERFORMANCE = ("breakdown", "peer", "ab", "ab_pin", "ab_call")
 """The sections of docs/performance.md; the others are docs/results.md's."""
 
 
@@ -172,12 +175,12 @@ def main() -> int:
     from performance_page import render_performance
 
     results = {k: v for k, v in records.items() if k not in PERFORMANCE}
-    perf = {k: v for k, v in records.items() if k in PERFORMANCE}
+    perf = {k: v for k, v in records.items() if k in PERFORMANCE or k == "parity"}
     touched = lambda names: names and (args.only is None or any(n in args.only for n in names))  # noqa: E731
     if touched(results):
         (ROOT / args.out).write_text(render(results) + "\n")
         print(f"wrote {args.out} from {', '.join(results)}", file=sys.stderr)
-    if touched(perf):
+    if touched([k for k in perf if k in PERFORMANCE]):
         (ROOT / args.performance_out).write_text(render_performance(perf) + "\n")
         print(f"wrote {args.performance_out} from {', '.join(perf)}", file=sys.stderr)
     return 0
