@@ -2,9 +2,9 @@
 
 Each unit: take rows of the ``reward`` task with ``response_ids``, ``answer`` and
 ``finish`` produced (async: whatever is ready, up to ``reward.batch_size``, or once
-none is, the rows of the next put; sync: the whole global batch at once), decode them, call the configured functions and
-put ``reward`` (float32 [1]) per row; the rows are acked with the next request
-(``_acks.py``).
+none is, the rows of the next put; sync: the whole global batch at once), decode
+them, call the configured functions and put ``reward`` (float32 [1]) per row; the
+rows are acked with the next request (``_acks.py``).
 
 Takes: LoopActor messages. Sends: TQ reads and writes.
 Invariant: every row gets exactly one reward (rows are consumed exactly once).
@@ -17,8 +17,8 @@ import numpy as np
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run
-from asyncflow.core.phases import phase
 from asyncflow.core import protocol
+from asyncflow.core.phases import phase
 from asyncflow.core.tq.client import Batch, TQClient
 from asyncflow.core.tq.errors import BatchTimeout
 
@@ -68,8 +68,10 @@ class RewardActor(LoopActor):
                         # wait for the next put, then take every row it made ready (a rollout puts a
                         # whole generate call's rows at once): one score and one put for all of them
                         first = self.tq.get_batch("reward", self.COLUMNS, 1, timeout_s=0.5)
-                        rest = self.tq.get_batch("reward", self.COLUMNS, cfg.reward.batch_size - 1, partial=True)
-                        batch = joined(first, rest)
+                        if cfg.reward.batch_size > 1:
+                            rest = self.tq.get_batch("reward", self.COLUMNS, cfg.reward.batch_size - 1, partial=True)
+                            first = joined(first, rest)
+                        batch = first
             except BatchTimeout:
                 return True
         with self.activity("score"):

@@ -68,8 +68,8 @@ from asyncflow.actors._versions import VersionLedger
 from asyncflow.actors.weight_sync import WEIGHTS_NAME, WeightSyncActor
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
-from asyncflow.core.phases import phase
 from asyncflow.core.errors import ActorGone, ActorTimeout
+from asyncflow.core.phases import phase
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
 from asyncflow.engines.device import torch_dtype

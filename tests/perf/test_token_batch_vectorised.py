@@ -63,3 +63,21 @@ def test_right_padded_batches_train_without_the_mask_and_give_the_same_logprobs(
         want = shift_logp(logits, tb.input_ids, 1.0)
     diff = ((got - want) * tb.response_mask).abs().max().item()
     assert diff < 1e-5, diff  # the same math; the kernels may round differently (seen: 5e-7)
+
+
+@pytest.mark.timeout(30)
+def test_the_reward_joins_two_batches_row_for_row():
+    from asyncflow.actors.reward import joined
+    from asyncflow.core import protocol
+    from asyncflow.core.tq.client import Batch
+
+    def batch(indices):
+        meta = protocol.BatchMeta(task="reward", indices=indices, metas=[protocol.RowMeta(index=i) for i in indices],
+                                  shards=[0] * len(indices))
+        return Batch("reward", meta, {"x": [np.asarray([i]) for i in indices]})
+
+    both = joined(batch([4]), batch([7, 9]))
+    assert both.task == "reward" and both.indices == [4, 7, 9] and [m.index for m in both.metas] == [4, 7, 9]
+    assert [int(a[0]) for a in both.columns["x"]] == [4, 7, 9]
+    one = batch([4])
+    assert joined(one, batch([])) is one
