@@ -5,8 +5,10 @@ The same model directory (the config's, or the tiny warm-started model it builds
 once), the same data file, the same reward functions, prompts per step, group size,
 new tokens, temperature, lr schedule, clip and grad clip, steps and seed. TRL runs in
 a process of its own (``cli/_peer_trl.py``; the ``bench`` extra) with
-``--trl-threads`` torch threads (default: every core, as a single-process trainer
-would use them); asyncflow runs the config as ``afctl up`` does, without evaluation
+``--trl-threads`` torch threads (default 1, as each asyncflow process has with
+``cluster.threads_per_process = 1``; with 2 on a machine that other jobs share,
+TRL's OpenMP threads spin waiting for a descheduled sibling and it runs ten times
+slower); asyncflow runs the config as ``afctl up`` does, without evaluation
 and checkpoints (TRL does neither here), async with the config's staleness.
 """
 
@@ -53,7 +55,8 @@ def unsupported(cfg) -> str | None:
 @click.option("--config", "config_path", default=str(DEFAULT_CONFIG), show_default=True,
               type=click.Path(exists=True, dir_okay=False))
 @click.option("--steps", default=300, show_default=True, help="Trainer steps of each system (e.g. 3 for a smoke run).")
-@click.option("--trl-threads", default=0, show_default=True, help="Torch threads of the TRL process; 0: every core.")
+@click.option("--trl-threads", default=1, show_default=True,
+              help="Torch threads of the TRL process; 0: every core (fastest on an idle machine, very slow on a shared one).")
 @click.option("--skip-trl", is_flag=True, help="Run only asyncflow sync and async (no bench extra needed).")
 @click.option("--out", type=click.Path(file_okay=False), help="Keep the run directories here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
