@@ -81,3 +81,24 @@ def test_the_reward_joins_two_batches_row_for_row():
     assert [int(a[0]) for a in both.columns["x"]] == [4, 7, 9]
     one = batch([4])
     assert joined(one, batch([])) is one
+
+
+@pytest.mark.timeout(60)
+def test_the_native_engines_slot_table_rows_are_each_sequences_block_slots(qwen2_dir):
+    """NativeRolloutEngine._fill_slots (one scatter) writes, for each admitted sequence,
+    exactly the slots KVBlockPool.slots gives for its blocks, and leaves other rows alone."""
+    from asyncflow.engines.config import RolloutEngineConfig
+    from asyncflow.engines.native_rollout import NativeRolloutEngine, _Seq
+
+    engine = NativeRolloutEngine(RolloutEngineConfig(kv_block_tokens=4), qwen2_dir)
+    seqs = []
+    for row, need in ((3, 5), (0, 13), (6, 4)):
+        q = _Seq(prompt_index=row, sample_index=0, prompt=[1] * need)
+        q.blocks, q.row = engine.pool.allocate(need), row
+        seqs.append(q)
+    table = torch.full((8, 16), -1, dtype=torch.long)
+    engine._fill_slots(seqs, table)
+    for q in seqs:
+        want = engine.pool.slots(q.blocks)
+        assert torch.equal(table[q.row, : want.numel()], want)
+    assert (table[[1, 2, 4, 5, 7]] == -1).all()
