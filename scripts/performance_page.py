@@ -117,8 +117,11 @@ def render_performance(records: dict[str, dict]) -> str:
         out += _ab(records["ab"], "Before and after, side by side",
                    f"the code before this work (`{rev}`, its own `examples/local.toml`) and after it, the")
     if "ab_pin" in records:
-        out += _ab(records["ab_pin"], "Pinning the trainer to its own core",
-                   "this code with `cluster.pin_trainer_cores = 0` (before) and `= 1` (after, as shipped), the")
+        out += _ab(records["ab_pin"], "Pinning the trainer to its own core (opt-in)",
+                   "this code with `cluster.pin_trainer_cores = 0` (before, as shipped) and `= 1` (after), the")
+        out += ["Pinning pays on a machine the run has to itself (the trainer, an async step's critical path, never "
+                "waits for a core); where other jobs load the machine the trainer is held to one busy core while "
+                "the other may be free, so `examples/local.toml` leaves it off.", ""]
     if "ab_call" in records:
         out += _ab(records["ab_call"], "A whole step per generate call",
                    "this code with `rollout.prompts_per_call = 8`, `rollout.engine.max_batch_size = 64` (before, the "
@@ -135,8 +138,8 @@ def render_performance(records: dict[str, dict]) -> str:
             "(identical completions for a seed).",
             "- Reward (async): once it waited for a put, it takes every row that put made ready: one score and "
             "one put per rollout put instead of two.",
-            "- `[cluster] pin_trainer_cores` (async, on in `examples/local.toml`): the trainer, the critical path "
-            "of an async step, gets a core to itself.",
+            "- `[cluster] pin_trainer_cores` (async, opt-in): the trainer, the critical path of an async step, "
+            "gets a core to itself.",
             "- `examples/local.toml`: a whole step's 16 prompt groups per generate call, decoded as one batch of "
             "128 (half the model forwards of 8 groups in batches of 64).",
             "- `afctl bench e2e --breakdown` and the `core/phases.py` spans it reads; `afctl bench peer`; "

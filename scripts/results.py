@@ -45,10 +45,10 @@ SECTIONS: dict[str, list[str]] = {
                   "--breakdown", "--json", "--out", "{work}/breakdown"],
     "peer": [PY, "-m", "asyncflow.cli.main", "bench", "peer", "--steps", "300", "--json", "--out", "{work}/peer"],
     "ab": [PY, "scripts/ab_e2e.py", "--before-rev", BASE_REV, "--rounds", "2", "--steps", "100", "--out", "{work}/ab"],
-    "ab_pin": [PY, "scripts/ab_e2e.py", "--before", ".", "--before-set", "cluster.pin_trainer_cores=0", "--rounds", "2",
-               "--steps", "100", "--out", "{work}/ab_pin"],
+    "ab_pin": [PY, "scripts/ab_e2e.py", "--before", ".", "--before-set", "cluster.pin_trainer_cores=0",
+               "--after-set", "cluster.pin_trainer_cores=1", "--rounds", "1", "--steps", "100", "--out", "{work}/ab_pin"],
     "ab_call": [PY, "scripts/ab_e2e.py", "--before", ".", "--before-set", "rollout.prompts_per_call=8",
-                "--before-set", "rollout.engine.max_batch_size=64", "--rounds", "2", "--steps", "100",
+                "--before-set", "rollout.engine.max_batch_size=64", "--rounds", "1", "--steps", "100",
                 "--out", "{work}/ab_call"],
 }
 PERFORMANCE = ("breakdown", "peer", "ab", "ab_pin", "ab_call")

@@ -323,10 +323,11 @@ class ClusterConfig(_Section):
     pin_trainer_cores: NonNegInt = 0
     """Async mode, local launcher: this many of the cores the driver may use (the
     first ones) go to the trainer's processes alone; every other process shares the
-    rest (Linux CPU affinity). On a machine whose few cores every role shares, the
-    trainer (the critical path of an async step) then never waits for a core
-    (docs/performance.md). 0: the OS places every process on every core. Sync mode
-    ignores it: its phases take turns, and each may use every core."""
+    rest (Linux CPU affinity). On a machine the run has to itself, whose few cores
+    every role shares, the trainer (the critical path of an async step) then never
+    waits for a core (docs/performance.md); where other jobs load the machine it
+    hurts (the trainer is held to its busy cores). 0: the OS places every process on
+    every core. Sync mode ignores it: its phases take turns, each may use every core."""
     rollout_devices: list[NonNegInt] = msgspec.field(default_factory=list)
     """Accelerator ids for rollout replicas, one per replica (CUDA_VISIBLE_DEVICES /
     ASCEND_RT_VISIBLE_DEVICES of its process). Empty: the process sees every device."""
