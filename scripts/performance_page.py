@@ -154,8 +154,9 @@ def _parity(r: dict) -> list[str]:
     p = r["result"]["parity"]
     s, a = p["sync"], p["async"]
     out = ["## Learning is unchanged", "",
-           f"`{r['command']}` ({r['when']}, {_load(r)}): `examples/local.toml` as shipped after these changes, "
-           "each run a fresh `afctl up`.", "",
+           f"`{r['command']}` ({r['when']}, {_load(r)}): `examples/local.toml` with these changes (16 prompt "
+           "groups per generate call; that run also had `cluster.pin_trainer_cores = 1`, since made opt-in, which "
+           "changes only the cores processes run on), each run a fresh `afctl up`.", "",
            "| seed | sync last-10% reward | async last-10% reward | sync samples/s | async samples/s |",
            "|---|---|---|---|---|"]
     for i, seed in enumerate(p["seeds"]):
