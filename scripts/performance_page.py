@@ -104,7 +104,7 @@ def _ab(r: dict, title: str, what: str) -> list[str]:
 
 def render_performance(records: dict[str, dict]) -> str:
     out = ["# Performance: the framework's own cost per step (issue 13)", "",
-           "Written by `python scripts/results.py --only breakdown peer ab ab_pin ab_call` from the JSON line of each command "
+           "Written by `python scripts/results.py --only breakdown peer ab ab_pin ab_call micro` from the JSON line of each command "
            "below; do not edit by hand. The machine: 2 cores, no accelerator, shared with other jobs (the load "
            "average is given with each figure), so absolute figures move between runs; the ratios measured side "
            "by side in one invocation are the ones to trust.", ""]
@@ -126,6 +126,18 @@ def render_performance(records: dict[str, dict]) -> str:
         out += _ab(records["ab_call"], "A whole step per generate call",
                    "this code with `rollout.prompts_per_call = 8`, `rollout.engine.max_batch_size = 64` (before, the "
                    "previous example) and `16`, `128` (after, as shipped), the")
+    if "micro" in records:
+        r = records["micro"]
+        m = r["result"]["micro"]
+        labels = {"token_batch": "`token_batch`, 128 rows (trainer)",
+                  "generate": "native engine `generate`, 16 prompts x 8 samples (rollout; same completions)",
+                  "forward_backward_mask": "training forward + backward, with the mask (old) / without (new)",
+                  "adamw_step": "AdamW step, default (old) / fused (new)"}
+        out += ["## Each change on its own, old code against new", "",
+                f"`{r['command']}` ({r['when']}, {_load(r)}): one process, one thread, best of the alternated rounds.",
+                "", "| what | old ms | new ms | old / new |", "|---|---|---|---|"]
+        out += [f"| {labels.get(k, k)} | {v['old_ms']:.3f} | {v['new_ms']:.3f} | {v['ratio']:.2f}x |" for k, v in m.items()]
+        out.append("")
     out += ["## What changed, and why it is exact", "",
             "- `actors/_batching.token_batch`: one concatenation and scatter per column instead of per-row tensor "
             "writes (the same tensors; `tests/perf/test_token_batch_vectorised.py`).",

@@ -5,7 +5,7 @@ typed by hand.
     python scripts/results.py                      # run what is missing, write docs/results.md
     python scripts/results.py --only parity        # rerun one section (its JSON is replaced)
     python scripts/results.py --render             # rewrite the pages from the JSON kept in --work
-    python scripts/results.py --only breakdown peer ab ab_pin ab_call   # docs/performance.md's sections
+    python scripts/results.py --only breakdown peer ab ab_pin ab_call micro   # docs/performance.md's sections
 
 Each section's JSON is kept in ``--work`` (default runs/results/<section>.json) with
 the command that produced it and when; a section without JSON is measured (unless
@@ -50,8 +50,9 @@ SECTIONS: dict[str, list[str]] = {
     "ab_call": [PY, "scripts/ab_e2e.py", "--before", ".", "--before-set", "rollout.prompts_per_call=8",
                 "--before-set", "rollout.engine.max_batch_size=64", "--rounds", "1", "--steps", "100",
                 "--out", "{work}/ab_call"],
+    "micro": [PY, "scripts/perf_micro.py", "--before-rev", BASE_REV, "--json"],
 }
-PERFORMANCE = ("breakdown", "peer", "ab", "ab_pin", "ab_call")
+PERFORMANCE = ("breakdown", "peer", "ab", "ab_pin", "ab_call", "micro")
 """The sections of docs/performance.md; the others are docs/results.md's."""
 
 
