@@ -21,7 +21,7 @@ def _peer(r: dict) -> list[str]:
            "Samples/s counts training time only; no evaluation or checkpoints on either side.", "",
            "| system | samples/s | vs TRL | last-10% reward |", "|---|---|---|---|"]
     trl = s.get("trl", {}).get("samples_per_s")
-    for name, label in (("trl", f"TRL GRPOTrainer ({s.get('trl', {}).get('threads', '?')} torch threads)"),
+    for name, label in (("trl", f"TRL GRPOTrainer (torch threads: {s.get('trl', {}).get('threads', '?')})"),
                         ("sync", "asyncflow sync"), ("async", f"asyncflow async (k = {s['async'].get('staleness')})")):
         if name in s:
             x = s[name]
@@ -44,8 +44,10 @@ def _breakdown(r: dict) -> list[str]:
            "Per role, in ms per trainer step: **busy** (every activity but `wait_*`), of which **compute** (the "
            "model's forward, backward, optimizer step, decode and sampling, and the reward functions) and "
            "**framework** (everything else: queue hand-offs, padding, weight snapshots, bookkeeping), **eval** "
-           "(held-out evaluation), **wait** (idle), and **cpu**: the CPU time of the role's whole process. "
-           "Busy wall time above cpu is time the role was blocked on a round trip or waiting for a core.", "",
+           "(held-out evaluation), **wait** (idle), and **cpu**: the CPU time of the role's whole process from "
+           "the start of its work to its last report, which also holds what no activity covers (its other "
+           "threads: the trainer's weight staging and message listeners; the trainer's final checkpoint). Busy "
+           "wall time above cpu is time the role was blocked on a round trip or waiting for a core.", "",
            "| role | busy | compute | framework | eval | wait | cpu |", "|---|---|---|---|---|---|---|"]
     for role in sorted(set(b["sync"]) | set(b["async"])):
         cells = []
@@ -75,9 +77,11 @@ def _breakdown(r: dict) -> list[str]:
 def _ab(r: dict, title: str, what: str) -> list[str]:
     a = r["result"]["ab"]
     bef, aft = a["before"], a["after"]
+    rounds = (f"{a['rounds']} rounds interleaved (before, after, before, after...)" if a["rounds"] > 1
+              else "one round (before, then after)")
     out = [f"## {title}", "", f"`{r['command']}` ({r['when']}): {what} `bench e2e` of each, "
-           f"{a['rounds']} rounds interleaved (before, after, before, after), {a['steps']} steps per mode; load "
-           f"average after each run: {', '.join(str(x) for x in a['load_avg_1m'])}.", "",
+           f"{rounds}, {a['steps']} steps per mode; load average after each run: "
+           f"{', '.join(str(x) for x in a['load_avg_1m'])}.", "",
            "| | before | after | after / before |", "|---|---|---|---|"]
     for key, label in (("sync_samples_per_s", "sync samples/s"), ("async_samples_per_s", "async samples/s")):
         out.append(f"| {label} | {bef[key]:.0f} | {aft[key]:.0f} | {aft[key] / bef[key]:.2f}x |")

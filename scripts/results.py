@@ -177,13 +177,18 @@ def main() -> int:
 
     results = {k: v for k, v in records.items() if k not in PERFORMANCE}
     perf = {k: v for k, v in records.items() if k in PERFORMANCE or k == "parity"}
-    touched = lambda names: names and (args.only is None or any(n in args.only for n in names))  # noqa: E731
-    if touched(results):
-        (ROOT / args.out).write_text(render(results) + "\n")
-        print(f"wrote {args.out} from {', '.join(results)}", file=sys.stderr)
-    if touched([k for k in perf if k in PERFORMANCE]):
-        (ROOT / args.performance_out).write_text(render_performance(perf) + "\n")
-        print(f"wrote {args.performance_out} from {', '.join(perf)}", file=sys.stderr)
+    pages = ((args.out, [n for n in SECTIONS if n not in PERFORMANCE], results, render),
+             (args.performance_out, list(PERFORMANCE), perf, render_performance))
+    for out, sections, got, render_page in pages:
+        if args.only is not None and not any(n in args.only for n in sections):
+            continue  # none of this page's sections was measured now: leave it as it is
+        missing = [n for n in sections if n not in got]
+        if missing:  # a page is written whole or not at all
+            print(f"{out} not rewritten: no JSON in {work} for {', '.join(missing)} (measure them with --only)",
+                  file=sys.stderr)
+            continue
+        (ROOT / out).write_text(render_page(got) + "\n")
+        print(f"wrote {out} from {', '.join(got)}", file=sys.stderr)
     return 0
 
 
