@@ -123,9 +123,9 @@ def render_performance(records: dict[str, dict]) -> str:
     if "ab_pin" in records:
         out += _ab(records["ab_pin"], "Pinning the trainer to its own core (opt-in)",
                    "this code with `cluster.pin_trainer_cores = 0` (before, as shipped) and `= 1` (after), the")
-        out += ["Pinning pays on a machine the run has to itself (the trainer, an async step's critical path, never "
-                "waits for a core); where other jobs load the machine the trainer is held to one busy core while "
-                "the other may be free, so `examples/local.toml` leaves it off.", ""]
+        out += ["Pinning is meant for a machine the run has to itself (the trainer, an async step's critical path, "
+                "then never waits for a core). Where other jobs load both cores it can hurt (the trainer is held to "
+                "one busy core while the other may be free), so `examples/local.toml` leaves it off.", ""]
     if "ab_call" in records:
         out += _ab(records["ab_call"], "A whole step per generate call",
                    "this code with `rollout.prompts_per_call = 8`, `rollout.engine.max_batch_size = 64` (before, the "
@@ -159,7 +159,7 @@ def render_performance(records: dict[str, dict]) -> str:
             "- `examples/local.toml`: a whole step's 16 prompt groups per generate call, decoded as one batch of "
             "128 (half the model forwards of 8 groups in batches of 64).",
             "- `afctl bench e2e --breakdown` and the `core/phases.py` spans it reads; `afctl bench peer`; "
-            "`scripts/ab_e2e.py`.", "",
+            "`scripts/ab_e2e.py` (before/after of whole runs); `scripts/perf_micro.py` (each change alone).", "",
             ""]
     if "parity" in records:
         out += _parity(records["parity"])
