@@ -1,14 +1,17 @@
-"""Regenerate docs/results.md: run each measuring command, keep its JSON line, write
-the page from those lines alone. No figure in the page is typed by hand.
+"""Regenerate docs/results.md and docs/performance.md: run each measuring command,
+keep its JSON line, write the pages from those lines alone. No figure in a page is
+typed by hand.
 
     python scripts/results.py                      # run what is missing, write docs/results.md
     python scripts/results.py --only parity        # rerun one section (its JSON is replaced)
-    python scripts/results.py --render             # rewrite the page from the JSON kept in --work
+    python scripts/results.py --render             # rewrite the pages from the JSON kept in --work
+    python scripts/results.py --only breakdown peer ab ab_pin ab_call micro   # docs/performance.md's sections
 
 Each section's JSON is kept in ``--work`` (default runs/results/<section>.json) with
-the command that produced it and when; a section without JSON is measured, which
-takes about 12 minutes for all of them on a 2-core machine (the parity runs are
-most of it).
+the command that produced it and when; a section without JSON is measured (unless
+``--only`` names others), which takes about 12 minutes for docs/results.md's on a
+2-core machine (the parity runs are most of it) and about 13 for
+docs/performance.md's (scripts/performance_page.py renders that page).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
+BASE_REV = "b50b5b7"
+"""The commit before the work of issue 13 (the "before" of docs/performance.md)."""
 
 SECTIONS: dict[str, list[str]] = {
     "parity": [PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--out", "{work}/parity"],
@@ -35,7 +40,20 @@ SECTIONS: dict[str, list[str]] = {
                "--staleness", "2", "--json", "--out", "{work}/e2e_k2"],
     "queue": [PY, "-m", "asyncflow.cli.main", "bench", "queue", "-B", "8", "-L", "64", "-n", "300", "--compare-inline", "--json"],
     "train": [PY, "-m", "asyncflow.cli.main", "bench", "train", "--json"],
+    # docs/performance.md
+    "breakdown": [PY, "-m", "asyncflow.cli.main", "bench", "e2e", "--config", "examples/local.toml", "--steps", "100",
+                  "--breakdown", "--json", "--out", "{work}/breakdown"],
+    "peer": [PY, "-m", "asyncflow.cli.main", "bench", "peer", "--steps", "300", "--json", "--out", "{work}/peer"],
+    "ab": [PY, "scripts/ab_e2e.py", "--before-rev", BASE_REV, "--rounds", "2", "--steps", "100", "--out", "{work}/ab"],
+    "ab_pin": [PY, "scripts/ab_e2e.py", "--before", ".", "--before-set", "cluster.pin_trainer_cores=0",
+               "--after-set", "cluster.pin_trainer_cores=1", "--rounds", "1", "--steps", "100", "--out", "{work}/ab_pin"],
+    "ab_call": [PY, "scripts/ab_e2e.py", "--before", ".", "--before-set", "rollout.prompts_per_call=8",
+                "--before-set", "rollout.engine.max_batch_size=64", "--rounds", "1", "--steps", "100",
+                "--out", "{work}/ab_call"],
+    "micro": [PY, "scripts/perf_micro.py", "--before-rev", BASE_REV, "--json"],
 }
+PERFORMANCE = ("breakdown", "peer", "ab", "ab_pin", "ab_call", "micro")
+"""The sections of docs/performance.md; the others are docs/results.md's."""
 
 
 def measure(name: str, work: Path) -> dict:
@@ -135,9 +153,11 @@ def render(records: dict[str, dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default="runs/results", help="where each section's JSON (and runs) are kept")
-    parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), help="measure these sections again")
+    parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS),
+                        help="measure these sections again (and no other); only their pages are rewritten")
     parser.add_argument("--render", action="store_true", help="measure nothing; write the page from the kept JSON")
     parser.add_argument("--out", default="docs/results.md")
+    parser.add_argument("--performance-out", default="docs/performance.md")
     args = parser.parse_args()
     work = (ROOT / args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -147,14 +167,28 @@ def main() -> int:
         fresh = args.only is not None and name in args.only
         if path.exists() and not fresh:
             records[name] = json.loads(path.read_text())
-        elif not args.render:
+        elif not args.render and (args.only is None or fresh):
             if fresh:
                 import shutil
 
                 shutil.rmtree(work / name, ignore_errors=True)
             records[name] = measure(name, work)
-    (ROOT / args.out).write_text(render(records) + "\n")
-    print(f"wrote {args.out} from {', '.join(records)}", file=sys.stderr)
+    from performance_page import render_performance
+
+    results = {k: v for k, v in records.items() if k not in PERFORMANCE}
+    perf = {k: v for k, v in records.items() if k in PERFORMANCE or k == "parity"}
+    pages = ((args.out, [n for n in SECTIONS if n not in PERFORMANCE], results, render),
+             (args.performance_out, list(PERFORMANCE), perf, render_performance))
+    for out, sections, got, render_page in pages:
+        if args.only is not None and not any(n in args.only for n in sections):
+            continue  # none of this page's sections was measured now: leave it as it is
+        missing = [n for n in sections if n not in got]
+        if missing:  # a page is written whole or not at all
+            print(f"{out} not rewritten: no JSON in {work} for {', '.join(missing)} (measure them with --only)",
+                  file=sys.stderr)
+            continue
+        (ROOT / out).write_text(render_page(got) + "\n")
+        print(f"wrote {out} from {', '.join(got)}", file=sys.stderr)
     return 0
 
 

@@ -22,23 +22,26 @@ def token_batch(
     per_token: dict[str, Sequence[np.ndarray]] | None = None,
 ) -> tuple[TokenBatch, list[int]]:
     """The batch and each row's response start. ``per_token[name][b]`` has one value
-    per response token; it becomes field ``name`` of the TokenBatch ([B, T], 0 elsewhere)."""
+    per response token; it becomes field ``name`` of the TokenBatch ([B, T], 0 elsewhere).
+
+    Vectorised: each column is one concatenation and one scatter into the padded
+    array (no per-row tensor ops); the queue's arrays are only read."""
     B = len(prompt_ids)
-    starts = [len(p) for p in prompt_ids]
-    T = max(len(p) + len(r) for p, r in zip(prompt_ids, response_ids))
-    ids_BT = torch.zeros(B, T, dtype=torch.long)
-    attn_BT = torch.zeros(B, T, dtype=torch.long)
-    resp_BT = torch.zeros(B, T, dtype=torch.float32)
-    extra_BT = {name: torch.zeros(B, T, dtype=torch.float32) for name in (per_token or {})}
-    for b, (p, r) in enumerate(zip(prompt_ids, response_ids)):
-        P, L = len(p), len(r)
-        ids_BT[b, :P] = torch.as_tensor(np.array(p, dtype=np.int64))  # a copy: queue arrays are read-only
-        ids_BT[b, P : P + L] = torch.as_tensor(np.array(r, dtype=np.int64))
-        attn_BT[b, : P + L] = 1
-        resp_BT[b, P : P + L] = 1.0
-        for name, col in (per_token or {}).items():
-            extra_BT[name][b, P : P + L] = torch.as_tensor(np.array(col[b], dtype=np.float32))
-    batch = TokenBatch(input_ids=ids_BT, attention_mask=attn_BT, response_mask=resp_BT)
-    for name, value in extra_BT.items():
-        setattr(batch, name, value)
-    return batch, starts
+    P_B = np.fromiter((len(p) for p in prompt_ids), dtype=np.int64, count=B)
+    L_B = np.fromiter((len(r) for r in response_ids), dtype=np.int64, count=B)
+    N_B = P_B + L_B
+    T = int(N_B.max())
+    col_T = np.arange(T)
+    attn_BT = col_T < N_B[:, None]  # prompt + response
+    resp_BT = attn_BT & (col_T >= P_B[:, None])  # response only
+    # row-major order of the True cells of attn_BT is prompt_0, response_0, prompt_1, ...
+    pieces = [piece for p, r in zip(prompt_ids, response_ids) for piece in (p, r)]
+    ids_BT = np.zeros((B, T), dtype=np.int64)
+    ids_BT[attn_BT] = np.concatenate(pieces).astype(np.int64, copy=False) if pieces else []
+    batch = TokenBatch(input_ids=torch.from_numpy(ids_BT), attention_mask=torch.from_numpy(attn_BT.astype(np.int64)),
+                       response_mask=torch.from_numpy(resp_BT.astype(np.float32)))
+    for name, col in (per_token or {}).items():
+        extra_BT = np.zeros((B, T), dtype=np.float32)
+        extra_BT[resp_BT] = np.concatenate([np.asarray(c, dtype=np.float32).reshape(-1) for c in col]) if B else []
+        setattr(batch, name, torch.from_numpy(extra_BT))
+    return batch, P_B.tolist()

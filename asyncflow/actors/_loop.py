@@ -17,6 +17,8 @@ Invariants:
   inside an activity called ``wait_*`` counts as busy. GetRoleStats is answered at
   once on the listener thread (not between units), the activity in progress counted
   up to that moment, so the planner reads busy fractions at step boundaries.
+- Finer parts of an activity (``core/phases.py``: forward, backward, sampling, queue
+  encode...) are spans ``<activity>/<phase>`` in the trace, never busy or idle time.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 import traceback
 from contextlib import contextmanager
 
-from asyncflow.core import protocol
+from asyncflow.core import phases, protocol
 from asyncflow.core.actor import Actor, ActorContext
 
 log = logging.getLogger(__name__)
@@ -94,6 +96,14 @@ class LoopActor(Actor):
                 self.tracer.span(self.ctx.name, name, start, elapsed)
                 self.tracer.counters["version"] = self.version
             self._state = previous
+
+    def _phase_sink(self, thread_id: int):
+        """Phases (``core/phases.py``) of this role's own thread become spans named
+        ``<activity>/<phase>``; they count as neither busy nor idle (their activity does)."""
+        def sink(name: str, start: float, duration_s: float) -> None:
+            if self.tracer is not None and threading.get_ident() == thread_id and self._in_activity is not None:
+                self.tracer.span(self.ctx.name, f"{self._in_activity[0]}/{name}", start, duration_s)
+        return sink
 
     def stats(self) -> protocol.RoleStats:
         """Cumulative times, the activity in progress included up to now (any thread)."""
@@ -161,6 +171,8 @@ class LoopActor(Actor):
                     from asyncflow.actors._spans import SpanRecorder
 
                     self.tracer = SpanRecorder(self.ctx.name, self.ctx.ref(COLLECTOR))
+                    if self.tracer.enabled:
+                        phases.set_sink(self._phase_sink(threading.get_ident()))
                 self._running = True
                 self._schedule()
                 return protocol.Ok()

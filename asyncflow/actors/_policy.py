@@ -24,6 +24,7 @@ from asyncflow.actors._batching import token_batch
 from asyncflow.actors._run import Run
 from asyncflow.algorithms.off_policy import ratio_quantiles
 from asyncflow.core.config import AlgorithmConfig
+from asyncflow.core.phases import phase
 from asyncflow.engines.base import TokenBatch
 
 if TYPE_CHECKING:
@@ -114,8 +115,9 @@ class PolicyUpdate:
         per_token = {"rollout_logp": columns["rollout_logp"]}
         if "ref_logp" in columns:
             per_token["ref_logp"] = columns["ref_logp"]
-        tb, _ = token_batch(columns["prompt_ids"], columns["response_ids"], per_token)
-        rewards_B = self.rewards(columns)
+        with phase("batch"):
+            tb, _ = token_batch(columns["prompt_ids"], columns["response_ids"], per_token)
+            rewards_B = self.rewards(columns)
         out: dict[str, float] = {}
         if alg.kl_in_reward and alg.kl_coef > 0:
             from asyncflow.algorithms.kl import kl_per_token
@@ -124,7 +126,8 @@ class PolicyUpdate:
             kl_BT = kl_per_token(tb.rollout_logp, tb.ref_logp, alg.kl_estimator) * mask_BT
             out["kl"] = float(kl_BT.sum() / mask_BT.sum().clamp(min=1.0))  # this rank's token mean
         if alg.name == "grpo":
-            tb.advantages = self.grpo_advantages(tb, rewards_B, group_ids)
+            with phase("advantages"):
+                tb.advantages = self.grpo_advantages(tb, rewards_B, group_ids)
         else:
             out.update(self.ppo_advantages_and_critic(tb, rewards_B))
         out.update(self.update(tb))
@@ -138,7 +141,8 @@ class PolicyUpdate:
             # Every epoch's ratio is against the policy before this step's first update
             # (and the IS weight is pi_old / mu, not pi_now / mu). A collective: every
             # rank takes this branch, as epochs is the same everywhere.
-            tb.prox_logp = self.engine.forward(tb, temperature=self.temperature).logp
+            with phase("prox_logp"):
+                tb.prox_logp = self.engine.forward(tb, temperature=self.temperature).logp
         self.log_ratios.clear()
         for epoch in range(alg.epochs):
             result = self.engine.train_step(tb, self.loss_fn, temperature=self.temperature)

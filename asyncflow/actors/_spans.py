@@ -10,6 +10,11 @@ counter the loop sets after every span); the version at a span's end is the next
 span's, or the counter at flush time for the last one. The collector draws the
 weight-sync flows from them.
 
+Every flush also sends ``cpu_s``, the CPU seconds of the whole process so far (all
+its threads), first taken when the recorder starts (the role's work starts): the
+collector draws it as a "cpu" counter, ``afctl bench e2e --breakdown`` divides its
+growth by the steps.
+
 Switched off with ``[logging] spans = false`` (the driver sets ASYNCFLOW_SPANS=0 in
 every process): ``span`` then returns at once and nothing is sent.
 """
@@ -38,7 +43,7 @@ class SpanRecorder:
         self.enabled = spans_enabled() if enabled is None else enabled
         self._ref = collector_ref
         self._spans: list[tuple[str, float, float, int]] = []  # name, start (wall s), duration s, version
-        self.counters: dict[str, float] = {}
+        self.counters: dict[str, float] = {"cpu_s": time.process_time()}  # this process's CPU seconds so far
         self._offset = time.time() - time.monotonic()  # monotonic -> wall clock
         self._stop = threading.Event()
         self._thread = None
@@ -55,6 +60,7 @@ class SpanRecorder:
         if not self.enabled:
             return
         spans, self._spans = self._spans, []  # one swap, atomic under the GIL: no span is lost or torn
+        self.counters["cpu_s"] = time.process_time()
         if not spans and not self.counters:
             return
         names, starts, durations, versions = (list(column) for column in zip(*spans)) if spans else ([], [], [], [])

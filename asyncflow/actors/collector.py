@@ -10,7 +10,10 @@ wall clock): one track (pid) per role with its spans as complete events (cat
 "busy" or "wait"); a "policy version" counter on each role's track wherever its
 version changes; "staleness" on the trainer's track per step; a flow from the
 trainer's ``sync_weights`` span that published version v to every rollout
-``swap_weights`` span that loaded v (flow id ``v * 1000 + track``). It is rewritten
+``swap_weights`` span that loaded v (flow id ``v * 1000 + track``). Phases of an
+activity (``<activity>/<phase>``, ``core/phases.py``) are spans of cat "phase" on
+lane (tid) 1 of the role's track; a "cpu" counter holds the CPU seconds of the
+role's process, sent with each batch of spans. It is rewritten
 every ``logging.trace_every_s`` while the run goes on (atomically: a reader never
 sees half a file), so ``afctl trace`` works on a live run, and once more at the end.
 """
@@ -124,11 +127,19 @@ class CollectorActor(Actor):
         n = len(msg.names)
         versions = msg.versions if len(msg.versions) == n else [-1] * n
         final_version = int(msg.counters.get("version", -1))
+        activities = []  # positions of the activity spans; phases ("<activity>/<phase>") go on lane 1
         for i, (name, start, dur) in enumerate(zip(msg.names, msg.starts_s, msg.durations_s)):
+            if "/" in name:
+                events.append({"ph": "X", "name": name, "cat": "phase", "ts": start * 1e6, "dur": dur * 1e6,
+                               "pid": track, "tid": 1})
+            else:
+                activities.append(i)
+        for j, i in enumerate(activities):
+            name, start, dur = msg.names[i], msg.starts_s[i], msg.durations_s[i]
             ts = start * 1e6
             events.append({"ph": "X", "name": name, "cat": "wait" if name.startswith("wait_") else "busy",
                            "ts": ts, "dur": dur * 1e6, "pid": track, "tid": 0})
-            end_version = versions[i + 1] if i + 1 < n else final_version
+            end_version = versions[activities[j + 1]] if j + 1 < len(activities) else final_version
             if name == "sync_weights" and versions[i] >= 0:
                 self._published[versions[i] + 1] = ts
             elif name == "swap_weights" and end_version >= 0:
@@ -137,8 +148,12 @@ class CollectorActor(Actor):
                 self._last_version[msg.role] = end_version
                 events.append({"ph": "C", "name": "policy version", "ts": ts + dur * 1e6, "pid": track,
                                "args": {"version": end_version}})
-        if n:
-            self.last_span[msg.role] = (msg.names[-1], msg.starts_s[-1] + msg.durations_s[-1])
+        if "cpu_s" in msg.counters:
+            events.append({"ph": "C", "name": "cpu", "ts": time.time() * 1e6, "pid": track,
+                           "args": {"cpu_s": float(msg.counters["cpu_s"])}})
+        if activities:
+            i = activities[-1]
+            self.last_span[msg.role] = (msg.names[i], msg.starts_s[i] + msg.durations_s[i])
 
     def _metadata_and_flows(self) -> list[dict]:
         out = []

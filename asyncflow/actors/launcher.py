@@ -59,7 +59,7 @@ from asyncflow.core.actor import serve_actor
 from asyncflow.core.config import ConfigError, RunConfig, dump_config
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.errors import AsyncflowError
-from asyncflow.core.host import HostProcess, spawn_host
+from asyncflow.core.host import CPUS_ENV, HostProcess, spawn_host
 from asyncflow.core.transport import is_loopback
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.launch import queue_specs
@@ -189,10 +189,24 @@ class Launcher:
             train = ",".join(map(str, c.train_devices)) if c.train_devices else None
         devices = {"rollout": pick(c.rollout_devices), "reference": pick(c.reference_devices),
                    "trainer": train, "trainer_rank": train}.get(kind)
+        env = {**self.env, **self.cpu_env(kind)}
         if devices is None or c.device == "cpu":
-            return self.env
+            return env
         var = "ASCEND_RT_VISIBLE_DEVICES" if c.device == "npu" else "CUDA_VISIBLE_DEVICES"
-        return {**self.env, var: str(devices)}
+        return {**env, var: str(devices)}
+
+    def cpu_env(self, kind: str) -> dict[str, str]:
+        """``[cluster] pin_trainer_cores`` (async): the cores a process may run on
+        (``core/host.py`` applies them), the first ones to the trainer's processes."""
+        n = self.cfg.cluster.pin_trainer_cores
+        if n == 0 or self.cfg.workflow.mode != "async":
+            return {}
+        cores = sorted(os.sched_getaffinity(0))
+        if n >= len(cores):
+            raise ConfigError(f"cluster.pin_trainer_cores = {n}: the driver may use {len(cores)} cores ({cores}) and the "
+                              f"other processes need at least one; use at most {len(cores) - 1}, or 0 to pin nothing")
+        mine = cores[:n] if kind in ("trainer", "trainer_rank") else cores[n:]
+        return {CPUS_ENV: ",".join(map(str, mine))}
 
     # -- start / stop --------------------------------------------------------------------
     def start(self) -> None:

@@ -1,10 +1,10 @@
 """RewardActor: scores responses with rule-based or custom reward functions.
 
 Each unit: take rows of the ``reward`` task with ``response_ids``, ``answer`` and
-``finish`` produced (async: whatever is ready, up to ``reward.batch_size``; sync:
-the whole global batch at once), decode them, call the configured functions and
-put ``reward`` (float32 [1]) per row; the rows are acked with the next request
-(``_acks.py``).
+``finish`` produced (async: whatever is ready, up to ``reward.batch_size``, or once
+none is, the rows of the next put; sync: the whole global batch at once), decode
+them, call the configured functions and put ``reward`` (float32 [1]) per row; the
+rows are acked with the next request (``_acks.py``).
 
 Takes: LoopActor messages. Sends: TQ reads and writes.
 Invariant: every row gets exactly one reward (rows are consumed exactly once).
@@ -17,8 +17,18 @@ import numpy as np
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run
-from asyncflow.core.tq.client import TQClient
+from asyncflow.core import protocol
+from asyncflow.core.phases import phase
+from asyncflow.core.tq.client import Batch, TQClient
 from asyncflow.core.tq.errors import BatchTimeout
+
+
+def joined(a: Batch, b: Batch) -> Batch:
+    """One batch of the rows of ``a`` then ``b`` (same task and columns)."""
+    if len(b) == 0:
+        return a
+    meta = protocol.BatchMeta(task=a.task, indices=[*a.indices, *b.indices], metas=[*a.metas, *b.metas], shards=[])
+    return Batch(a.task, meta, {name: [*col, *b.columns[name]] for name, col in a.columns.items()})
 
 
 def build_reward_fn(functions: list[str], weights: list[float]):
@@ -55,16 +65,24 @@ class RewardActor(LoopActor):
                     batch = self.tq.get_batch("reward", self.COLUMNS, cfg.reward.batch_size, partial=True,
                                               ack=self.acks.take("reward"))
                     if len(batch) == 0:
-                        batch = self.tq.get_batch("reward", self.COLUMNS, 1, timeout_s=0.5)
+                        # wait for the next put, then take every row it made ready (a rollout puts a
+                        # whole generate call's rows at once): one score and one put for all of them
+                        first = self.tq.get_batch("reward", self.COLUMNS, 1, timeout_s=0.5)
+                        if cfg.reward.batch_size > 1:
+                            rest = self.tq.get_batch("reward", self.COLUMNS, cfg.reward.batch_size - 1, partial=True)
+                            first = joined(first, rest)
+                        batch = first
             except BatchTimeout:
                 return True
         with self.activity("score"):
             decode = lambda ids: self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)  # noqa: E731
-            prompts = [decode(a) for a in batch.columns["prompt_ids"]]
-            responses = [decode(a) for a in batch.columns["response_ids"]]
-            answers = [bytes(a).decode() for a in batch.columns["answer"]]
-            finish = ["stop" if int(f[0]) else "length" for f in batch.columns["finish"]]
-            rewards = call_reward(self.fn, prompts, responses, answers, finish, row_ids=list(batch.indices))
+            with phase("detokenize"):
+                prompts = [decode(a) for a in batch.columns["prompt_ids"]]
+                responses = [decode(a) for a in batch.columns["response_ids"]]
+                answers = [bytes(a).decode() for a in batch.columns["answer"]]
+                finish = ["stop" if int(f[0]) else "length" for f in batch.columns["finish"]]
+            with phase("reward_fn"):
+                rewards = call_reward(self.fn, prompts, responses, answers, finish, row_ids=list(batch.indices))
         with self.activity("put"):
             self.tq.put(batch.indices, {"reward": [np.asarray([r], dtype=np.float32) for r in rewards]})
         self.acks.add(batch)  # acked inside the next request

@@ -198,8 +198,9 @@ class RolloutActor(LoopActor):
             return False
         G = cfg.algorithm.group_size
         max_step = self.engine.version + self.k
-        batch = self.tq.get_batch("rollout", ["prompt_ids"], cfg.rollout.prompts_per_call * G,
-                                  policy="group", partial=True, max_step=max_step, ack=self.acks.take("rollout"))
+        with self.activity("get"):
+            batch = self.tq.get_batch("rollout", ["prompt_ids"], cfg.rollout.prompts_per_call * G,
+                                      policy="group", partial=True, max_step=max_step, ack=self.acks.take("rollout"))
         if len(batch) == 0:
             if self._wanted > self.engine.version:  # gated by staleness, new weights on the way
                 with self.activity("wait_weights"):
@@ -221,17 +222,18 @@ class RolloutActor(LoopActor):
         with self.activity("generate"):
             prompts = [batch.columns["prompt_ids"][positions[0]].tolist() for positions in groups.values()]
             completions = self.engine.generate(prompts, self.params)  # ordered (prompt, sample)
-        self._check_unchanged(version, digest, completions)
-        responses, logps, finish, metas, indices = [], [], [], [], []
-        for g, positions in enumerate(groups.values()):
-            for j, pos in enumerate(positions):
-                c = completions[g * G + j]
-                responses.append(np.asarray(c.response_ids, dtype=np.int64))
-                logps.append(np.asarray(c.logprobs, dtype=np.float32))
-                finish.append(np.asarray([c.finish_reason == "stop"], dtype=np.uint8))
-                metas.append(msgspec.structs.replace(batch.metas[pos], version=c.version, response_len=len(c.response_ids),
-                                                     weights_digest=digest))
-                indices.append(batch.indices[pos])
+        with self.activity("pack"):
+            self._check_unchanged(version, digest, completions)
+            responses, logps, finish, metas, indices = [], [], [], [], []
+            for g, positions in enumerate(groups.values()):
+                for j, pos in enumerate(positions):
+                    c = completions[g * G + j]
+                    responses.append(np.asarray(c.response_ids, dtype=np.int64))
+                    logps.append(np.asarray(c.logprobs, dtype=np.float32))
+                    finish.append(np.asarray([c.finish_reason == "stop"], dtype=np.uint8))
+                    metas.append(msgspec.structs.replace(batch.metas[pos], version=c.version,
+                                                         response_len=len(c.response_ids), weights_digest=digest))
+                    indices.append(batch.indices[pos])
         with self.activity("put"):
             self.tq.put(indices, {"response_ids": responses, "rollout_logp": logps, "finish": finish}, metas)
         self.acks.add(batch)  # acked inside the next request

@@ -80,12 +80,19 @@ class WeightSyncActor(Actor):
             self._layouts.pop(old, None)
         ready = protocol.WeightsReady(version=version, num_chunks=len(chunks), num_bytes=num_bytes, digest=digest)
         for name in self.replicas:
-            try:
-                # fresh lookup: a restarted replica has a new address
-                self.ctx.directory.ref(name, wait_s=1.0, refresh=True).tell(ready, timeout_s=2.0)
-            except (AsyncflowError, LookupError) as exc:  # a dead replica fetches the latest when restarted
-                log.warning("could not tell %s about weights v%d: %s", name, version, exc)
+            self._announce(name, ready)
         return num_bytes
+
+    def _announce(self, name: str, ready: protocol.WeightsReady) -> None:
+        """Tell ``name`` through the directory's cached ref; where that fails (a restarted
+        replica has a new address) look it up afresh and tell once more."""
+        for refresh in (False, True):
+            try:
+                self.ctx.directory.ref(name, wait_s=1.0, refresh=refresh).tell(ready, timeout_s=2.0)
+                return
+            except (AsyncflowError, LookupError) as exc:  # a dead replica fetches the latest when restarted
+                if refresh:
+                    log.warning("could not tell %s about weights v%d: %s", name, ready.version, exc)
 
     def handle(self, msg, pending):
         match msg:

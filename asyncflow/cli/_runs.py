@@ -122,7 +122,7 @@ def timeline(trace: dict, label: str = "", mode: str = "") -> Timeline:
     events = trace["traceEvents"]
     names = {e["pid"]: e["args"]["name"].split(" (pid")[0] for e in events
              if e.get("ph") == "M" and e.get("name") == "process_name"}
-    spans = [e for e in events if e.get("ph") == "X"]
+    spans = [e for e in events if e.get("ph") == "X" and e.get("cat") != "phase"]  # phases: bench e2e --breakdown
     tl = Timeline(label=label, mode=mode)
     if not spans:
         return tl

@@ -15,8 +15,14 @@ import click
 @click.option("--steps", default=20, show_default=True, help="Trainer steps per mode.")
 @click.option("--staleness", default=1, show_default=True, help="k of the async run.")
 @click.option("--out", type=click.Path(file_okay=False), help="Keep both run directories here.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Change a config key for both runs, as afctl up --set (repeatable).")
+@click.option("--breakdown", is_flag=True,
+              help="Also print where each role's time goes, per activity and phase, in ms per trainer step "
+                   "(compute vs the framework's share), from each run's trace.json; the JSON gets it too.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def e2e(config_path: str, steps: int, staleness: int, out: str | None, as_json: bool) -> None:
+def e2e(config_path: str, steps: int, staleness: int, out: str | None, overrides: tuple[str, ...], breakdown: bool,
+        as_json: bool) -> None:
     """Samples/s and tokens/s of sync vs async, busy fraction of every role, and
     pipeline efficiency (busiest role's busy time over the training span)."""
     import msgspec
@@ -24,7 +30,7 @@ def e2e(config_path: str, steps: int, staleness: int, out: str | None, as_json: 
     from asyncflow.actors.launcher import run
     from asyncflow.core.config import load_config
 
-    base = load_config(config_path)
+    base = load_config(config_path, list(overrides))
     root = Path(out or tempfile.mkdtemp(prefix="af-e2e-"))
     root.mkdir(parents=True, exist_ok=True)
     # build the tiny model and data once, so both modes start from the same weights
@@ -54,8 +60,19 @@ def e2e(config_path: str, steps: int, staleness: int, out: str | None, as_json: 
         click.echo(f"{'busy ' + role:<22}{s['busy_fraction'].get(role, 0):>12.3f}{a['busy_fraction'].get(role, 0):>12.3f}")
     ratio = a["samples_per_s"] / s["samples_per_s"]
     click.echo(f"async / sync samples/s: {ratio:.2f}x   (runs in {root})")
+    extra = {}
+    if breakdown:
+        from asyncflow.cli._breakdown import breakdown as of_trace, rounded, table
+        from asyncflow.cli._runs import load_trace
+
+        by_mode = {mode: of_trace(load_trace(root / mode / "trace.json"), steps) for mode in ("sync", "async")}
+        click.echo("")
+        for line in table(by_mode):
+            click.echo(line)
+        extra = {"steps": steps, "breakdown": {mode: rounded(b) for mode, b in by_mode.items()},
+                 "sync_ms_per_step": 1e3 * s["train_span_s"] / steps, "async_ms_per_step": 1e3 * a["train_span_s"] / steps}
     if as_json:
-        click.echo(json.dumps({
+        click.echo(json.dumps({**extra,
             "sync_samples_per_s": s["samples_per_s"], "async_samples_per_s": a["samples_per_s"],
             "sync_tokens_per_s": s["tokens_per_s"], "async_tokens_per_s": a["tokens_per_s"],
             "ratio": ratio, "sync_pipeline_efficiency": s["pipeline_efficiency"],

@@ -320,6 +320,14 @@ class ClusterConfig(_Section):
     """nng transport of the actors (scheme ipc on one host, tcp across hosts)."""
     threads_per_process: Count = 1
     """torch intra-op threads per worker process (cpu)."""
+    pin_trainer_cores: NonNegInt = 0
+    """Async mode, local launcher: this many of the cores the driver may use (the
+    first ones) go to the trainer's processes alone; every other process shares the
+    rest (Linux CPU affinity). On a machine the run has to itself, whose few cores
+    every role shares, the trainer (the critical path of an async step) then never
+    waits for a core (docs/performance.md); where other jobs load the machine it
+    hurts (the trainer is held to its busy cores). 0: the OS places every process on
+    every core. Sync mode ignores it: its phases take turns, each may use every core."""
     rollout_devices: list[NonNegInt] = msgspec.field(default_factory=list)
     """Accelerator ids for rollout replicas, one per replica (CUDA_VISIBLE_DEVICES /
     ASCEND_RT_VISIBLE_DEVICES of its process). Empty: the process sees every device."""
@@ -460,6 +468,8 @@ def _check(cfg: RunConfig) -> None:
             cfg.data.path.endswith((".jsonl", ".parquet")), "data.path", cfg.data.path, "use a .jsonl or .parquet file",
         )
     names = [r.name for r in cfg.roles]
+    need(cfg.cluster.pin_trainer_cores == 0 or cfg.cluster.launcher == "local", "cluster.pin_trainer_cores",
+         cfg.cluster.pin_trainer_cores, "pins cores of this machine: use it with launcher = 'local', or set it to 0")
     need(len(names) == len(set(names)), "roles.name", names, "role names must be unique")
     builtin = {"loader", "trainer", "weights", "collector", "directory"}
     for r in cfg.roles:

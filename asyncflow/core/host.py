@@ -233,6 +233,11 @@ class HostProcess:
         self.proc.wait()
 
 
+CPUS_ENV = "ASYNCFLOW_CPUS"
+"""Cores (comma-separated ids) a host process runs on, set by the driver
+(``[cluster] pin_trainer_cores``); unset: every core."""
+
+
 def spawn_host(
     name: str,
     directory: DirectoryClient,
@@ -322,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _die_with_parent(int(os.environ.get(PARENT_ENV, "0")))
     _setup_logging(args.name)
+    if os.environ.get(CPUS_ENV):  # [cluster] pin_trainer_cores: the cores the driver gave this process
+        os.sched_setaffinity(0, {int(c) for c in os.environ[CPUS_ENV].split(",")})
     transport = TransportConfig.from_env().validate()
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())

@@ -11,7 +11,8 @@ key is refused by name, with the reason. The allow-list is deliberately small:
   where the old schedule had brought it (docs/faults.md, "Extending a run").
 - ``train.checkpoint_every``, ``train.dist_timeout_s``, ``logging.*``,
   ``workflow.weight_timeout_s``, ``cluster.max_resumes``,
-  ``cluster.threads_per_process``: how often, how long, what is written.
+  ``cluster.threads_per_process``, ``cluster.pin_trainer_cores``: how often, how
+  long, what is written, where processes run.
 - ``eval.every_steps``: between two non-zero values only (turning evaluation on or
   off changes which prompts the loader trains on, and the loader resumes at a place
   in that order).
@@ -33,6 +34,7 @@ RESUMABLE_KEYS = (
     "workflow.weight_timeout_s",
     "cluster.max_resumes",
     "cluster.threads_per_process",
+    "cluster.pin_trainer_cores",
     "logging.*",
 )
 """Keys (``section.*``: every key of the section) that may change on resume."""

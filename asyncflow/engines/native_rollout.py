@@ -26,8 +26,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from asyncflow.core.phases import phase
 from asyncflow.engines.base import Completion, RolloutEngine
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
 from asyncflow.engines.device import free_memory_bytes, set_cpu_threads, torch_device, torch_dtype
@@ -183,10 +185,9 @@ class NativeRolloutEngine(RolloutEngine):
                     waiting.popleft()
                     q.blocks = blocks
                     q.row = free_rows.pop()
-                    slots = self.pool.slots(blocks).to(self.device)
-                    slot_table_RK[q.row, : slots.numel()] = slots
                     admitted.append(q)
                 if admitted:
+                    self._fill_slots(admitted, slot_table_RK)
                     if running:
                         stats.admitted_while_running += len(admitted)
                     self._prefill(admitted, slot_table_RK, params)
@@ -219,31 +220,45 @@ class NativeRolloutEngine(RolloutEngine):
         ]
 
     def _append(self, seqs: list[_Seq], logits_BV: torch.Tensor, params: SamplingParams) -> None:
-        token_B, logp_B = sample(logits_BV, params, self.generator)
+        with phase("sample"):
+            token_B, logp_B = sample(logits_BV, params, self.generator)
         for q, t, lp in zip(seqs, token_B.tolist(), logp_B.tolist()):
             q.out_ids.append(t)
             q.out_logps.append(lp)
 
-    def _prefill(self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams) -> None:
-        Q = max(len(q.prompt) for q in seqs)
-        ids_BQ = torch.zeros((len(seqs), Q), dtype=torch.long)
-        pos_BQ = torch.zeros((len(seqs), Q), dtype=torch.long)
-        valid_BQ = torch.zeros((len(seqs), Q), dtype=torch.bool)
-        for b, q in enumerate(seqs):
-            n = len(q.prompt)
-            ids_BQ[b, :n] = torch.tensor(q.prompt)
-            pos_BQ[b, :n] = torch.arange(n)  # padding keeps position 0: valid index, masked out of writes
-            valid_BQ[b, :n] = True
+    def _fill_slots(self, seqs: list[_Seq], slot_table_RK: torch.Tensor) -> None:
+        """Each admitted sequence's row of the slot table: the token slots of its blocks,
+        in order (one scatter for all of them; past its blocks the row is never read
+        unmasked)."""
+        n_S = np.fromiter((len(q.blocks) for q in seqs), dtype=np.int64, count=len(seqs))
+        blocks_SN = np.zeros((len(seqs), int(n_S.max())), dtype=np.int64)
+        blocks_SN[np.arange(blocks_SN.shape[1]) < n_S[:, None]] = np.concatenate([q.blocks for q in seqs])
+        bt = self.pool.block_tokens
+        slots_SK = (blocks_SN[:, :, None] * bt + np.arange(bt)).reshape(len(seqs), -1)
         rows = torch.tensor([q.row for q in seqs], device=self.device)
-        last_B = torch.tensor([len(q.prompt) - 1 for q in seqs], device=self.device)
-        logits_BV = self.decoder.step(
-            self.pool,
-            ids_BQ.to(self.device),
-            pos_BQ.to(self.device),
-            valid_BQ.to(self.device),
-            slot_table_RK[rows, :Q],
-            last_B,
-        )
+        slot_table_RK[rows, : slots_SK.shape[1]] = torch.from_numpy(slots_SK).to(self.device)
+
+    def _prefill(self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams) -> None:
+        n_B = np.fromiter((len(q.prompt) for q in seqs), dtype=np.int64, count=len(seqs))
+        Q = int(n_B.max())
+        col_Q = np.arange(Q)
+        valid = col_Q < n_B[:, None]
+        ids = np.zeros((len(seqs), Q), dtype=np.int64)
+        ids[valid] = np.concatenate([q.prompt for q in seqs])
+        ids_BQ = torch.from_numpy(ids)
+        pos_BQ = torch.from_numpy(np.where(valid, col_Q, 0))  # padding keeps position 0: valid index, masked out of writes
+        valid_BQ = torch.from_numpy(valid)
+        rows = torch.tensor([q.row for q in seqs], device=self.device)
+        last_B = torch.from_numpy(n_B - 1).to(self.device)
+        with phase("prefill_model"):
+            logits_BV = self.decoder.step(
+                self.pool,
+                ids_BQ.to(self.device),
+                pos_BQ.to(self.device),
+                valid_BQ.to(self.device),
+                slot_table_RK[rows, :Q],
+                last_B,
+            )
         self._append(seqs, logits_BV, params)
 
     def _decode(self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams) -> None:
@@ -254,7 +269,8 @@ class NativeRolloutEngine(RolloutEngine):
         pos_B1 = torch.tensor(pos, device=self.device).unsqueeze(1)
         rows = torch.tensor([q.row for q in seqs], device=self.device)
         last_B = torch.zeros(len(seqs), dtype=torch.long, device=self.device)
-        logits_BV = self.decoder.step(self.pool, ids_B1, pos_B1, None, slot_table_RK[rows, :K], last_B)
+        with phase("decode_model"):
+            logits_BV = self.decoder.step(self.pool, ids_B1, pos_B1, None, slot_table_RK[rows, :K], last_B)
         self._append(seqs, logits_BV, params)
 
     def close(self) -> None:

@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from asyncflow.core.phases import phase
 from asyncflow.engines.base import ForwardOutput, LossContext, LossFn, TokenBatch, TrainEngine, TrainStepResult
 from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
@@ -61,11 +62,16 @@ class _Net(torch.nn.Module):
                 torch.nn.init.normal_(self.value_head.weight, std=1.0 / hidden**0.5)
                 torch.nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def forward(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.value_head is None:
             return self.lm(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).logits, None
         hidden_BTE = self.lm.model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).last_hidden_state
         return None, self.value_head(hidden_BTE).squeeze(-1)
+
+
+def right_padded(mask_BT: torch.Tensor) -> bool:
+    """Every row of the 0/1 attention mask is ones then zeros (an all-zero row too)."""
+    return mask_BT.shape[1] < 2 or bool((mask_BT[:, 1:] <= mask_BT[:, :-1]).all())
 
 
 def shift_logp(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -113,8 +119,11 @@ class TorchTrainEngine(TrainEngine):
             fully_shard(self.net)
         self.dp_size = dist.get_world_size() if self.distributed else 1
         self.rank = dist.get_rank() if self.distributed else 0
+        # the fused kernel (cpu, cuda): one call for every parameter instead of ~10 small ops each
+        # (0.8 -> 0.2 ms a step for the tiny model); FSDP's sharded parameters keep the default
+        fused = True if self.device.type in ("cpu", "cuda") and not cfg.fsdp else None
         self.optimizer = torch.optim.AdamW(
-            self.net.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+            self.net.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused
         )
         self._step = 0
 
@@ -124,7 +133,12 @@ class TorchTrainEngine(TrainEngine):
 
     def _run(self, mb: TokenBatch, temperature: float, with_entropy: bool) -> ForwardOutput:
         ids = mb.input_ids.to(self.device)
-        logits, values = self.net(ids, mb.attention_mask.to(self.device))
+        mask = mb.attention_mask
+        # Right padding (every row's ones first): causal attention alone never lets a real
+        # token see a pad, so the mask changes nothing at real positions (up to float rounding) and
+        # the model skips building and applying it. Any other mask is passed as is.
+        mask = None if right_padded(mask) else mask.to(self.device)
+        logits, values = self.net(ids, mask)
         if values is not None:
             return ForwardOutput(logp=torch.zeros_like(values, dtype=torch.float32), values=F.pad(values[:, :-1].float(), (1, 0)))
         entropy = shift_entropy(logits, temperature) if with_entropy else None
@@ -167,21 +181,25 @@ class TorchTrainEngine(TrainEngine):
         metrics: dict[str, float] = {}
         for mb in mbs:
             mb = mb.to(self.device)
-            out = self._run(mb, temperature, with_entropy=True)
-            loss, mb_metrics = loss_fn(out, mb, ctx)
-            loss.backward()
+            with phase("forward"):
+                out = self._run(mb, temperature, with_entropy=True)
+            with phase("loss"):
+                loss, mb_metrics = loss_fn(out, mb, ctx)
+            with phase("backward"):
+                loss.backward()
             total_loss += float(loss.detach())
             for k, v in mb_metrics.items():
                 metrics[k] = metrics.get(k, 0.0) + float(v)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), max_norm)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        lr = lr_at(self.cfg, self._step, self.total_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with phase("optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), max_norm)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            lr = lr_at(self.cfg, self._step, self.total_steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self._step += 1
         if self.distributed:
             # Each rank's loss was scaled by dp_size (FSDP averages gradients): the

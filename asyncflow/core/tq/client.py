@@ -33,6 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from asyncflow.core import protocol, tensors
+from asyncflow.core.phases import phase
 from asyncflow.core.errors import RemoteError
 from asyncflow.core.tq import shm
 from asyncflow.core.tq.errors import BatchTimeout, QueueFull
@@ -209,18 +210,20 @@ class TQClient:
                 rows = [indices[p] for p in positions]
                 cols = {name: [cells[p] for p in positions] for name, cells in columns.items()}
                 row_metas = [metas[p] for p in positions] if metas is not None else []
-            arrays = {name: [_as_array(c) for c in cells] for name, cells in cols.items()}
-            num_bytes = sum(a.nbytes for cells in arrays.values() for _, a in cells)
-            if self.use_shm and num_bytes >= self.shm_min_bytes:
-                msg = self._shm_put(self._shards[k], rows, arrays, row_metas)
-            else:
-                wire = {
-                    name: [protocol.Tensor(dtype=d, shape=a.shape, data=memoryview(a).cast("B") if a.size else b"")
-                           for d, a in cells]
-                    for name, cells in arrays.items()
-                }
-                msg = protocol.PutRows(indices=rows, columns=wire, metas=row_metas)
-            self._shards[k].ask(msg, timeout_s=self.timeout_s)
+            with phase("encode"):
+                arrays = {name: [_as_array(c) for c in cells] for name, cells in cols.items()}
+                num_bytes = sum(a.nbytes for cells in arrays.values() for _, a in cells)
+                if self.use_shm and num_bytes >= self.shm_min_bytes:
+                    msg = self._shm_put(self._shards[k], rows, arrays, row_metas)
+                else:
+                    wire = {
+                        name: [protocol.Tensor(dtype=d, shape=a.shape, data=memoryview(a).cast("B") if a.size else b"")
+                               for d, a in cells]
+                        for name, cells in arrays.items()
+                    }
+                    msg = protocol.PutRows(indices=rows, columns=wire, metas=row_metas)
+            with phase("put_round_trip"):
+                self._shards[k].ask(msg, timeout_s=self.timeout_s)
 
         self._each(put_one, list(by_shard.items()))
 
@@ -315,8 +318,10 @@ class TQClient:
         """``get_meta`` then read ``columns`` of the rows from their shards (concurrently).
         With ``partial=True`` the batch may be smaller, even empty. ``zero_copy``: see
         ``read``."""
-        meta = self.get_meta(task, columns, batch_size, **kwargs)
-        return Batch(task, meta, self.read_batch(meta, columns, zero_copy=zero_copy))
+        with phase("get_meta"):
+            meta = self.get_meta(task, columns, batch_size, **kwargs)
+        with phase("read"):
+            return Batch(task, meta, self.read_batch(meta, columns, zero_copy=zero_copy))
 
     def read_batch(self, meta: protocol.BatchMeta, columns: Sequence[str], positions: Sequence[int] | None = None,
                    *, zero_copy: bool = False) -> dict[str, list[np.ndarray]]:

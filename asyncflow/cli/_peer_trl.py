@@ -1,0 +1,90 @@
+"""TRL's GRPOTrainer on asyncflow's task, in a process of its own (``afctl bench peer``).
+
+    python -m asyncflow.cli._peer_trl SPEC.json  ->  one JSON line on stdout
+
+SPEC (written by ``bench_peer.py`` from the run config): the model directory, the
+data file, the reward functions, prompts per step, group size, new tokens,
+temperature, lr and its schedule, clip, grad clip, steps, seed, threads. The
+prompts go through the model's chat template as TRL does for conversational data
+(the same ids asyncflow's loader puts in the queue); the reward functions get what
+asyncflow's reward role gives them: decoded prompt and response, the answer, and
+"stop" or "length". Loss: token mean over the batch (TRL ``dapo`` = asyncflow
+``token_mean``); advantages normalised within each group (``scale_rewards="group"``
+= ``std_normalize``); no KL (``beta=0``), one optimizer step per batch; no
+gradient checkpointing (TRL's default, a memory saving this model does not need).
+The lr schedule is the config's (warmup then constant or cosine to ``lr_min_ratio``)
+through the Hugging Face schedulers, whose warmup starts at 0 rather than lr / W.
+
+Samples/s is the training time only: ``train_runtime`` (generation, reward and
+update; not the model load) over steps x samples per step. The last-10% reward is
+the mean of the logged per-step reward over the last tenth of the steps.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def run(spec: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from asyncflow.actors.reward import build_reward_fn
+    from asyncflow.actors._run import read_prompts
+    from asyncflow.algorithms.rewards import call_reward
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"], local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32, local_files_only=True)
+    rows = read_prompts(spec["data_path"])
+    if spec["chat_template"]:
+        prompts = [[{"role": "user", "content": str(r["prompt"])}] for r in rows]
+    else:
+        prompts = [str(r["prompt"]) for r in rows]
+    data = Dataset.from_dict({"prompt": prompts, "answer": [str(r["answer"]) for r in rows]})
+    fn = build_reward_fn(spec["reward_functions"], spec["reward_weights"])
+    eos = tokenizer.eos_token_id
+
+    def reward(prompts, completions, completion_ids, answer, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        shown = [p[-1]["content"] if isinstance(p, list) else p for p in prompts]
+        finish = ["stop" if eos in ids else "length" for ids in completion_ids]
+        return call_reward(fn, shown, texts, answer, finish)
+
+    reward.__name__ = "asyncflow_reward"
+    schedule = {"constant": "constant_with_warmup", "cosine": "cosine_with_min_lr"}[spec["lr_schedule"]]
+    args = GRPOConfig(
+        output_dir=spec["out_dir"], max_steps=spec["steps"], per_device_train_batch_size=spec["samples_per_step"],
+        num_generations=spec["group_size"], max_completion_length=spec["max_new_tokens"],
+        temperature=spec["temperature"], top_p=1.0, top_k=0, learning_rate=spec["lr"], warmup_steps=spec["warmup_steps"],
+        lr_scheduler_type=schedule, lr_scheduler_kwargs={"min_lr_rate": spec["lr_min_ratio"]} if schedule.startswith("cosine") else {},
+        epsilon=spec["clip_eps"], beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
+        max_grad_norm=spec["grad_clip"], weight_decay=0.0, seed=spec["seed"], use_cpu=True, bf16=False, fp16=False,
+        logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+        gradient_checkpointing=False,  # TRL's default recomputes the forward to save memory; nothing to save here
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer)
+    started = time.monotonic()
+    out = trainer.train()
+    wall = time.monotonic() - started
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    tail = rewards[-max(1, len(rewards) // 10):] if rewards else [float("nan")]
+    runtime = out.metrics.get("train_runtime", wall)
+    return {"samples_per_s": spec["steps"] * spec["samples_per_step"] / runtime, "train_runtime_s": runtime,
+            "reward_last_10pct": sum(tail) / len(tail), "reward_first": rewards[0] if rewards else None,
+            "steps": len(rewards), "threads": spec["threads"]}
+
+
+def main() -> int:
+    spec = json.loads(open(sys.argv[1]).read())
+    print(json.dumps({"trl": run(spec)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""``afctl bench peer``: TRL's GRPOTrainer, asyncflow sync and asyncflow async on the
+same task, one after the other in one invocation.
+
+The same model directory (the config's, or the tiny warm-started model it builds,
+once), the same data file, the same reward functions, prompts per step, group size,
+new tokens, temperature, lr schedule, clip and grad clip, steps and seed. TRL runs in
+a process of its own (``cli/_peer_trl.py``; the ``bench`` extra) with
+``--trl-threads`` torch threads (default 1, as each asyncflow process has with
+``cluster.threads_per_process = 1``; with 2 on a machine that other jobs share,
+TRL's OpenMP threads spin waiting for a descheduled sibling and it runs ten times
+slower); asyncflow runs the config as ``afctl up`` does, without evaluation
+and checkpoints (TRL does neither here), async with the config's staleness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "local.toml"
+
+
+def trl_spec(cfg, steps: int, threads: int, out_dir: Path) -> dict:
+    """What ``_peer_trl`` needs, from the run config (model and data already built)."""
+    eng = cfg.train.engine
+    return {
+        "model_dir": cfg.model.path, "data_path": cfg.data.path, "chat_template": cfg.data.chat_template,
+        "reward_functions": list(cfg.reward.functions), "reward_weights": list(cfg.reward.weights),
+        "samples_per_step": cfg.samples_per_step, "group_size": cfg.algorithm.group_size,
+        "max_new_tokens": cfg.rollout.sampling.max_new_tokens, "temperature": cfg.rollout.sampling.temperature,
+        "lr": eng.lr, "lr_schedule": eng.lr_schedule, "warmup_steps": eng.lr_warmup_steps,
+        "lr_min_ratio": eng.lr_min_ratio, "clip_eps": cfg.algorithm.clip_eps, "grad_clip": eng.grad_clip,
+        "steps": steps, "seed": cfg.seed, "threads": threads, "out_dir": str(out_dir),
+    }
+
+
+def unsupported(cfg) -> str | None:
+    """Why TRL cannot run this config's work the same way (None: it can)."""
+    alg = cfg.algorithm
+    if alg.name != "grpo" or alg.kl_coef > 0 or alg.epochs != 1 or alg.loss_agg != "token_mean" or not alg.std_normalize:
+        return ("bench peer compares plain GRPO: algorithm.name = 'grpo', kl_coef = 0, epochs = 1, "
+                "loss_agg = 'token_mean', std_normalize = true")
+    if cfg.roles:
+        return "bench peer runs no custom [[roles]]: remove them for the comparison"
+    return None
+
+
+@click.command()
+@click.option("--config", "config_path", default=str(DEFAULT_CONFIG), show_default=True,
+              type=click.Path(exists=True, dir_okay=False))
+@click.option("--steps", default=300, show_default=True, help="Trainer steps of each system (e.g. 3 for a smoke run).")
+@click.option("--trl-threads", default=1, show_default=True,
+              help="Torch threads of the TRL process; 0: every core (fastest on an idle machine, very slow on a shared one).")
+@click.option("--skip-trl", is_flag=True, help="Run only asyncflow sync and async (no bench extra needed).")
+@click.option("--out", type=click.Path(file_okay=False), help="Keep the run directories here.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
+def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, out: str | None, as_json: bool) -> None:
+    """Samples/s (training time only) and last-10% reward of TRL GRPOTrainer,
+    asyncflow sync and asyncflow async on the same work."""
+    import msgspec
+
+    from asyncflow.actors.launcher import prepare_new, run
+    from asyncflow.core.config import load_config
+
+    base = load_config(config_path)
+    why = unsupported(base)
+    if why:
+        raise click.ClickException(why)
+    if not skip_trl:
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            raise click.ClickException("bench peer runs TRL's GRPOTrainer: pip install -e '.[bench]' "
+                                       "(or --skip-trl for asyncflow alone)") from None
+    root = Path(out or tempfile.mkdtemp(prefix="af-peer-"))
+    root.mkdir(parents=True, exist_ok=True)
+    if not base.model.path or not base.data.path:
+        _, _, launch = prepare_new(base, root / "shared")
+        base = msgspec.structs.replace(
+            base,
+            model=msgspec.structs.replace(base.model, path=launch.model_dir),
+            data=msgspec.structs.replace(base.data, path=launch.data_path),
+        )
+    results: dict[str, dict] = {}
+    if not skip_trl:
+        click.echo("== trl ==")
+        spec_path = root / "trl_spec.json"
+        spec_path.write_text(json.dumps(trl_spec(base, steps, trl_threads or os.cpu_count() or 1, root / "trl")))
+        done = subprocess.run([sys.executable, "-m", "asyncflow.cli._peer_trl", str(spec_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        (root / "trl.log").write_text(done.stdout)
+        lines = [line for line in done.stdout.splitlines() if line.startswith('{"trl"')]
+        if done.returncode != 0 or not lines:
+            raise click.ClickException(f"TRL failed ({done.returncode}); its output is in {root / 'trl.log'}:\n"
+                                       f"{done.stdout[-2000:]}")
+        results["trl"] = json.loads(lines[-1])["trl"]
+    for mode in ("sync", "async"):
+        cfg = msgspec.structs.replace(
+            base,
+            workflow=msgspec.structs.replace(base.workflow, mode=mode),
+            train=msgspec.structs.replace(base.train, num_steps=steps, checkpoint_every=0),
+            eval=msgspec.structs.replace(base.eval, every_steps=0),
+            logging=msgspec.structs.replace(base.logging, progress=False),
+        )
+        click.echo(f"== asyncflow {mode} ==")
+        summary = run(cfg, root / mode)
+        results[mode] = {"samples_per_s": summary["samples_per_s"], "reward_last_10pct": summary["reward_last_10pct"],
+                         "staleness": cfg.staleness, "pipeline_efficiency": summary["pipeline_efficiency"]}
+    click.echo(f"\n{'':<16}{'samples/s':>12}{'last-10% reward':>18}{'vs trl':>10}")
+    for name, r in results.items():
+        ratio = f"{r['samples_per_s'] / results['trl']['samples_per_s']:.2f}x" if "trl" in results else "-"
+        click.echo(f"{name:<16}{r['samples_per_s']:>12.1f}{r['reward_last_10pct']:>18.3f}{ratio:>10}")
+    click.echo(f"(runs in {root})")
+    if as_json:
+        line = {"steps": steps, "samples_per_step": base.samples_per_step, "systems": results}
+        if "trl" in results:
+            line["async_over_trl"] = results["async"]["samples_per_s"] / results["trl"]["samples_per_s"]
+            line["sync_over_trl"] = results["sync"]["samples_per_s"] / results["trl"]["samples_per_s"]
+        click.echo(json.dumps(line))

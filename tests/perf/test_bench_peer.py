@@ -1,0 +1,42 @@
+"""``afctl bench peer``: TRL's GRPOTrainer, asyncflow sync and async on the same task."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import msgspec
+import pytest
+
+from asyncflow.cli.bench_peer import DEFAULT_CONFIG, trl_spec, unsupported
+
+
+@pytest.mark.timeout(30)
+def test_the_peer_gets_the_configs_work_and_refuses_what_it_cannot_do(tmp_path):
+    from asyncflow.core.config import load_config
+
+    cfg = load_config(str(DEFAULT_CONFIG))
+    assert unsupported(cfg) is None
+    spec = trl_spec(cfg, steps=7, threads=2, out_dir=tmp_path)
+    assert (spec["samples_per_step"], spec["group_size"], spec["max_new_tokens"]) == (128, 8, 6)
+    assert (spec["lr"], spec["clip_eps"], spec["steps"]) == (cfg.train.engine.lr, cfg.algorithm.clip_eps, 7)
+    assert spec["reward_functions"] == ["asyncflow.algorithms.tasks:reward"]
+    kl = msgspec.structs.replace(cfg, algorithm=msgspec.structs.replace(cfg.algorithm, kl_coef=0.1))
+    assert "kl_coef = 0" in unsupported(kl)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bench_peer_runs_the_three_systems_for_a_few_steps(tmp_path):
+    pytest.importorskip("trl", reason="the bench extra: pip install -e '.[bench]'")
+    done = subprocess.run([sys.executable, "-m", "asyncflow.cli.main", "bench", "peer", "--steps", "3", "--json",
+                           "--out", str(tmp_path)], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=580)
+    assert done.returncode == 0, done.stdout[-3000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(line["systems"]) == {"trl", "sync", "async"}
+    for name, r in line["systems"].items():
+        assert r["samples_per_s"] > 0 and 0.0 <= r["reward_last_10pct"] <= 1.0, (name, r)
+    assert line["systems"]["trl"]["steps"] == 3
