@@ -28,21 +28,13 @@ def e2e(config_path: str, steps: int, staleness: int, out: str | None, overrides
     import msgspec
 
     from asyncflow.actors.launcher import run
+    from asyncflow.cli._shared_inputs import with_shared_inputs
     from asyncflow.core.config import load_config
 
     base = load_config(config_path, list(overrides))
     root = Path(out or tempfile.mkdtemp(prefix="af-e2e-"))
     root.mkdir(parents=True, exist_ok=True)
-    # build the tiny model and data once, so both modes start from the same weights
-    if not base.model.path or not base.data.path:
-        from asyncflow.actors.launcher import prepare_new
-
-        _, _, launch = prepare_new(base, root / "shared")
-        base = msgspec.structs.replace(
-            base,
-            model=msgspec.structs.replace(base.model, path=launch.model_dir),
-            data=msgspec.structs.replace(base.data, path=launch.data_path),
-        )
+    base = with_shared_inputs(base, root)  # both modes start from the same weights and data
     results = {}
     for mode in ("sync", "async"):
         cfg = msgspec.structs.replace(

@@ -65,7 +65,8 @@ def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, out: st
     asyncflow sync and asyncflow async on the same work."""
     import msgspec
 
-    from asyncflow.actors.launcher import prepare_new, run
+    from asyncflow.actors.launcher import run
+    from asyncflow.cli._shared_inputs import with_shared_inputs
     from asyncflow.core.config import load_config
 
     base = load_config(config_path)
@@ -80,13 +81,7 @@ def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, out: st
                                        "(or --skip-trl for asyncflow alone)") from None
     root = Path(out or tempfile.mkdtemp(prefix="af-peer-"))
     root.mkdir(parents=True, exist_ok=True)
-    if not base.model.path or not base.data.path:
-        _, _, launch = prepare_new(base, root / "shared")
-        base = msgspec.structs.replace(
-            base,
-            model=msgspec.structs.replace(base.model, path=launch.model_dir),
-            data=msgspec.structs.replace(base.data, path=launch.data_path),
-        )
+    base = with_shared_inputs(base, root)
     results: dict[str, dict] = {}
     if not skip_trl:
         click.echo("== trl ==")

@@ -1,0 +1,25 @@
+"""Benchmarks that compare several runs (``bench e2e``, ``bench peer``) start them all
+from the same weights and data: the tiny model and data set are built once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from asyncflow.core.config import RunConfig
+
+
+def with_shared_inputs(base: RunConfig, root: Path) -> RunConfig:
+    """``base`` with ``model.path`` and ``data.path`` set, building the tiny model and
+    data into ``root/shared`` when the config names none."""
+    if base.model.path and base.data.path:
+        return base
+    from asyncflow.actors.launcher import prepare_new
+
+    _, _, launch = prepare_new(base, root / "shared")
+    return msgspec.structs.replace(
+        base,
+        model=msgspec.structs.replace(base.model, path=launch.model_dir),
+        data=msgspec.structs.replace(base.data, path=launch.data_path),
+    )
