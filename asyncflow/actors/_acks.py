@@ -20,8 +20,12 @@ class DeferredAcks:
 
     def add(self, batch) -> None:
         """``batch`` (a TQClient Batch) is done: ack it with the next request."""
-        if len(batch):
-            self._pending.setdefault(batch.task, []).extend(batch.indices)
+        self.add_rows(batch.task, batch.indices)
+
+    def add_rows(self, task: str, indices) -> None:
+        """Rows ``indices`` of ``task`` are done: ack them with the next request."""
+        if len(indices):
+            self._pending.setdefault(task, []).extend(indices)
 
     def take(self, task: str) -> list[int]:
         """The rows to pass as ``ack=`` of the next GetBatch of ``task`` (now the caller's to ack)."""

@@ -214,7 +214,7 @@ class TrainerActor(LoopActor):
             with phase("publish"):
                 weight_bytes = self._publish(version, snapshot, digest)
         # the rows are acked (and freed) inside the next step's request, or by the checkpoint's flush
-        self.acks.add(_Trained(meta.indices))
+        self.acks.add_rows("train", meta.indices)
         with self.activity("audit"):
             self._audit(meta, parts)
         staleness = [self.step - m.version for m in meta.metas]
@@ -326,18 +326,6 @@ class TrainerActor(LoopActor):
     def _finish(self) -> None:
         path = self.checkpoint()
         self._collector.tell(protocol.RunFinished(last_step=self.step - 1, checkpoint=str(path)))
-
-
-class _Trained:
-    """A step's rows as DeferredAcks takes them (task and indices)."""
-
-    task = "train"
-
-    def __init__(self, indices: list[int]):
-        self.indices = list(indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
 
 
 def score_means(columns: dict[str, list], extra_rewards: list[tuple[str, float]]) -> dict[str, float]:
