@@ -5,7 +5,8 @@ Each sample of each prompt is a sequence. The scheduler loop:
 1. admit waiting sequences, in order, while a batch row is free (``max_batch_size``)
    and the KV pool can reserve ``prompt_len + max_new_tokens - 1`` token slots
    for them (the worst case: the last sampled token is never fed back);
-2. prefill the admitted prompts in one padded forward and sample their first token;
+2. prefill the admitted prompts in one padded forward and sample their first token
+   (each distinct prompt runs once; its other samples get a copy of its prompt KV);
 3. decode one token for every running sequence in one forward;
 4. sequences that sampled a stop token or reached ``max_new_tokens`` leave: their
    blocks and row are freed at once, so waiting sequences join on the next iteration.
@@ -60,6 +61,9 @@ class SchedulerStats:
     """Decode forwards."""
     num_prefills: int = 0
     """Prefill forwards."""
+    prefill_rows: int = 0
+    """Sequences run through prefill forwards: one per distinct prompt admitted together
+    (its other samples copy its prompt KV)."""
     max_running: int = 0
     """Most sequences running at once."""
     admitted_while_running: int = 0
@@ -190,7 +194,7 @@ class NativeRolloutEngine(RolloutEngine):
                     self._fill_slots(admitted, slot_table_RK)
                     if running:
                         stats.admitted_while_running += len(admitted)
-                    self._prefill(admitted, slot_table_RK, params)
+                    stats.prefill_rows += self._prefill(admitted, slot_table_RK, params)
                     stats.num_prefills += 1
                     running.extend(finish_check(admitted))
                 stats.max_running = max(stats.max_running, len(running))
@@ -238,17 +242,26 @@ class NativeRolloutEngine(RolloutEngine):
         rows = torch.tensor([q.row for q in seqs], device=self.device)
         slot_table_RK[rows, : slots_SK.shape[1]] = torch.from_numpy(slots_SK).to(self.device)
 
-    def _prefill(self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams) -> None:
-        n_B = np.fromiter((len(q.prompt) for q in seqs), dtype=np.int64, count=len(seqs))
+    def _prefill(self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams) -> int:
+        """Prefill the admitted sequences and sample their first tokens. The samples of
+        one prompt share it, so each distinct prompt is run once (its first sample, the
+        leader, in admission order); the others get a copy of the leader's prompt KV and
+        the leader's last logits. Every sequence still samples its own first token, from
+        one ``sample`` call over all of them in admission order, as if each had been run.
+        Returns the number of rows the forward ran."""
+        leader_of: dict[int, int] = {}  # prompt index -> position of its leader in seqs
+        lead_S = [leader_of.setdefault(q.prompt_index, s) for s, q in enumerate(seqs)]
+        leaders = [seqs[s] for s in leader_of.values()]
+        n_B = np.fromiter((len(q.prompt) for q in leaders), dtype=np.int64, count=len(leaders))
         Q = int(n_B.max())
         col_Q = np.arange(Q)
         valid = col_Q < n_B[:, None]
-        ids = np.zeros((len(seqs), Q), dtype=np.int64)
-        ids[valid] = np.concatenate([q.prompt for q in seqs])
+        ids = np.zeros((len(leaders), Q), dtype=np.int64)
+        ids[valid] = np.concatenate([q.prompt for q in leaders])
         ids_BQ = torch.from_numpy(ids)
         pos_BQ = torch.from_numpy(np.where(valid, col_Q, 0))  # padding keeps position 0: valid index, masked out of writes
         valid_BQ = torch.from_numpy(valid)
-        rows = torch.tensor([q.row for q in seqs], device=self.device)
+        rows = torch.tensor([q.row for q in leaders], device=self.device)
         last_B = torch.from_numpy(n_B - 1).to(self.device)
         with phase("prefill_model"):
             logits_BV = self.decoder.step(
@@ -259,7 +272,27 @@ class NativeRolloutEngine(RolloutEngine):
                 slot_table_RK[rows, :Q],
                 last_B,
             )
+        if len(leaders) < len(seqs):
+            with phase("prefill_share"):
+                self._share_prompt_kv(seqs, lead_S, slot_table_RK)
+                index_of = {s: b for b, s in enumerate(leader_of.values())}
+                logits_BV = logits_BV[torch.tensor([index_of[s] for s in lead_S], device=self.device)]
         self._append(seqs, logits_BV, params)
+        return len(leaders)
+
+    def _share_prompt_kv(self, seqs: list[_Seq], lead_S: list[int], slot_table_RK: torch.Tensor) -> None:
+        """Copy each leader's prompt KV (every layer, keys and values) into the slots of
+        the other samples of its prompt: one gather and one scatter for all of them."""
+        followers = [s for s, lead in enumerate(lead_S) if lead != s]
+        n = [len(seqs[s].prompt) for s in followers]
+        src_rows = torch.tensor([seqs[lead_S[s]].row for s in followers], device=self.device)
+        dst_rows = torch.tensor([seqs[s].row for s in followers], device=self.device)
+        Q = max(n)
+        keep_FQ = torch.arange(Q, device=self.device) < torch.tensor(n, device=self.device).unsqueeze(1)
+        src = slot_table_RK[src_rows, :Q][keep_FQ]
+        dst = slot_table_RK[dst_rows, :Q][keep_FQ]
+        self.pool.k[:, dst] = self.pool.k[:, src]
+        self.pool.v[:, dst] = self.pool.v[:, src]
 
     def _decode(self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams) -> None:
         # The last sampled token of each sequence is fed at position len(prompt) + len(out) - 1.

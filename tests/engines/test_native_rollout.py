@@ -31,6 +31,22 @@ def test_rollout_logprobs_match_training_engine_logprobs_at_temperature_one_in_f
         assert torch.allclose(recomputed, torch.tensor(c.logprobs), atol=1e-4, rtol=0)
 
 
+def test_the_samples_of_a_prompt_share_one_prefill_and_still_draw_their_own_tokens(qwen2_dir):
+    rollout = engine(qwen2_dir, max_batch_size=12)
+    out = rollout.generate(PROMPTS[:3], SamplingParams(temperature=1.0, max_new_tokens=8, n=4, seed=4))
+    assert rollout.stats.num_prefills == 1 and rollout.stats.prefill_rows == 3  # 12 sequences, 3 distinct prompts
+    # the followers' KV is the leader's: their log-probs are the training engine's (checked in depth above), and
+    # they sample independently (4 samples of a prompt at temperature 1 are not all one response)
+    by_prompt = {p: {tuple(c.response_ids) for c in out if c.prompt_index == p} for p in range(3)}
+    assert all(len(responses) > 1 for responses in by_prompt.values())
+    trainer = build_train_engine(TrainEngineConfig(), qwen2_dir)
+    batch = make_token_batch([PROMPTS[c.prompt_index] for c in out], [c.response_ids for c in out], pad_token_id=0)
+    logp_BT = trainer.forward(batch).logp
+    for b, c in enumerate(out):
+        start = len(PROMPTS[c.prompt_index])
+        assert torch.allclose(logp_BT[b, start : start + len(c.response_ids)], torch.tensor(c.logprobs), atol=1e-4, rtol=0)
+
+
 def test_logprobs_at_other_temperatures_match_training_logprobs_at_that_temperature(qwen2_dir):
     rollout = engine(qwen2_dir)
     out = rollout.generate(PROMPTS[:2], SamplingParams(temperature=0.7, top_k=20, max_new_tokens=10, seed=2))
