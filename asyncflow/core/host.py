@@ -74,8 +74,14 @@ def start_actors(
     return served
 
 
+class _Leftovers:
+    """In-process (the host's own exit path): which actors the host still runs, and
+    which it could not stop; answered as ``(stuck, running)`` lists of names/actors."""
+
+
 class HostActor(Actor):
-    """Takes StartActors, StopActor, Ping, Stop; answers Started / Ok."""
+    """Takes StartActors, StopActor, Ping, Stop; answers Started / Ok. In-process,
+    ``_Leftovers`` from the host's exit path."""
 
     Inbox = protocol.HostIn
     Urgent = (protocol.Ping,)  # the driver's heartbeat: answered while StartActors loads a model
@@ -101,6 +107,8 @@ class HostActor(Actor):
                     self._stop_one(name)  # queue's controllers before the manager they notify
                 self._stopped.set()
                 return protocol.Ok()
+            case _Leftovers():
+                return list(self.stuck), list(self.actors.values())
 
     def handle_urgent(self, msg):
         return protocol.Pong(name=self.ctx.name, pid=os.getpid(), host=socket.gethostname(),
@@ -346,9 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     orphaned = os.getppid() != int(os.environ.get(PARENT_ENV, "0") or os.getppid())
     # an orphan's driver is gone, and with it every peer its actors would wait for: exit sooner
     _exit_after(ORPHAN_GRACE_S if orphaned else STOP_GRACE_S, args.name)
-    host_actor = host.pykka_ref.proxy()
-    stuck = host_actor.stuck.get() + [  # those a Stop from the driver could not stop, and the rest
-        actor.name for actor in reversed(list(host_actor.actors.get().values()))
+    could_not_stop, running = host.pykka_ref.ask(_Leftovers())
+    stuck = could_not_stop + [  # those a Stop from the driver could not stop, and the rest
+        actor.name for actor in reversed(running)
         if not _stop_contained(actor, ORPHAN_ACTOR_STOP_S if orphaned else ACTOR_STOP_S)]
     if not orphaned:  # an orphan's driver (and its directory) is gone: do not wait on it
         try:
