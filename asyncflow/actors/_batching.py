@@ -8,7 +8,7 @@ engines' convention that ``logp_BT[b, t]`` is the log-prob of token t.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

@@ -20,7 +20,7 @@ Invariant: every row gets exactly one score (the queue hands a row to a task onc
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -90,7 +90,7 @@ class _HostRunner:
 class RayHost(HostProcess):
     """Driver-side handle of a process host running under a Ray actor."""
 
-    def __init__(self, name: str, directory: DirectoryClient, runner, group, hosts: "RayHosts"):
+    def __init__(self, name: str, directory: DirectoryClient, runner, group, hosts: RayHosts):
         super().__init__(name, proc=None, directory=directory)
         self._runner = runner
         self._group = group

@@ -26,7 +26,12 @@ import torch
 from asyncflow.algorithms.kl import KLEstimator, kl_per_token
 from asyncflow.algorithms.losses import AggMode, aggregate, clipped_policy_loss, entropy_bonus
 from asyncflow.algorithms.off_policy import (
-    ClipAgainst, ISLevel, is_log_ratio, keep_mask, mismatch_kl, truncated_weights,
+    ClipAgainst,
+    ISLevel,
+    is_log_ratio,
+    keep_mask,
+    mismatch_kl,
+    truncated_weights,
 )
 from asyncflow.engines.base import ForwardOutput, LossContext, LossFn, TokenBatch
 

@@ -46,7 +46,7 @@ def digit_accuracy(prompts: list[str], responses: list[str], answers: list[str],
 reward: RewardFn = weighted_sum((0.1, format_reward(r"\d{1,2}")), (0.9, exact_match))
 """Reward of the ``add`` task: fn(prompts, responses, answers, finish_reasons)."""
 
-reverse_reward: RewardFn = weighted_sum((0.1, format_reward(r"\d{%d}" % REVERSE_DIGITS)), (0.9, digit_accuracy))
+reverse_reward: RewardFn = weighted_sum((0.1, format_reward(rf"\d{{{REVERSE_DIGITS}}}")), (0.9, digit_accuracy))
 """Reward of the ``reverse`` task."""
 
 

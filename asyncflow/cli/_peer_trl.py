@@ -35,8 +35,8 @@ def run(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from asyncflow.actors.reward import build_reward_fn
     from asyncflow.actors._run import read_prompts
+    from asyncflow.actors.reward import build_reward_fn
     from asyncflow.algorithms.rewards import call_reward
 
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"], local_files_only=True)

@@ -27,12 +27,14 @@ def _params(n: float) -> str:
 
 
 def _table(plans) -> list[str]:
-    head = ("#", "rollout devices (instances x tp)", "train dev tp/pp/dp", "ref dev", "step s", "samples/s", "tokens/s", "bottleneck", "peak GiB/dev")
+    head = ("#", "rollout devices (instances x tp)", "train dev tp/pp/dp", "ref dev", "step s", "samples/s", "tokens/s",
+            "bottleneck", "peak GiB/dev")
     rows = [head]
     for i, p in enumerate(plans, 1):
         ref = f"{p.reference_devices} tp{p.reference_tp}" if p.reference_devices else "on train"
         rows.append((
-            str(i), f"{p.rollout_devices} ({p.rollout_devices // p.rollout_tp} x tp{p.rollout_tp})", f"{p.train_devices} {p.train_tp}/{p.train_pp}/{p.train_dp}",
+            str(i), f"{p.rollout_devices} ({p.rollout_devices // p.rollout_tp} x tp{p.rollout_tp})",
+            f"{p.train_devices} {p.train_tp}/{p.train_pp}/{p.train_dp}",
             ref, _sig(p.predicted_step_s), _sig(p.predicted_samples_per_s), _fmt_rate(p.predicted_tokens_per_s),
             p.bottleneck, _sig(p.peak_memory_bytes / GiB),
         ))

@@ -206,14 +206,13 @@ def _measure_trainer_rows(repeats: int) -> list:
     """The trainer's work on a step's rows outside train_step (actors/_policy.py): token
     batching of queue rows into a padded batch, rewards, GRPO advantages broadcast to
     tokens, the step's figures. Rows of 8 prompt + 1 to 6 response tokens, groups of 8."""
+    import msgspec
     import numpy as np
     import torch
 
     from asyncflow.actors._batching import token_batch
     from asyncflow.algorithms.advantages import broadcast_to_tokens, grpo_advantages
     from asyncflow.planner.calibration import Point
-
-    import msgspec
 
     rng = np.random.default_rng(0)
     points = []
@@ -374,12 +373,12 @@ def profile(out_path, hardware, device, quick, repeats, check) -> None:
 
     Then: afctl plan --profile FILE ...
     """
+    from transformers.utils import logging as hf_logging
+
     from asyncflow.engines.tiny import make_tiny_model
     from asyncflow.planner.calibration import Profile, fit_errors, fit_profile
     from asyncflow.planner.hardware import get_hardware
     from asyncflow.planner.io import from_hf_config, save_profile
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     try:
@@ -412,8 +411,10 @@ def profile(out_path, hardware, device, quick, repeats, check) -> None:
     save_profile(prof, out_path)
     for name in ("prefill_flops", "decode_bandwidth", "train_flops", "forward_flops", "decode_overhead_s",
                  "decode_overhead_s_per_layer", "decode_overhead_s_per_seq", "prefill_overhead_s_per_layer", "train_overhead_s",
-                 "forward_overhead_s", "train_overhead_s_per_token_layer", "forward_overhead_s_per_token_layer", "generate_overhead_s", "generate_overhead_s_per_seq", "trainer_overhead_s",
-                 "trainer_overhead_s_per_row", "snapshot_overhead_s", "snapshot_s_per_param", "queue_ask_s", "queue_ask_s_per_row", "queue_handoff_s", "corun_slowdown"):
+                 "forward_overhead_s", "train_overhead_s_per_token_layer", "forward_overhead_s_per_token_layer",
+                 "generate_overhead_s", "generate_overhead_s_per_seq", "trainer_overhead_s", "trainer_overhead_s_per_row",
+                 "snapshot_overhead_s", "snapshot_s_per_param", "queue_ask_s", "queue_ask_s_per_row", "queue_handoff_s",
+                 "corun_slowdown"):
         click.echo(f"  {name:27s} {getattr(eff, name):.4g}")
     click.echo("  mean fit error: " + ", ".join(f"{k} {v:.0%}" for k, v in errors.items()))
     click.echo(f"wrote {out_path} ({len(points)} measurements); use it with: afctl plan --profile {out_path}")

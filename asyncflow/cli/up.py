@@ -12,7 +12,8 @@ import click
 @click.command()
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Where to write the run (default runs/<config>-<time>).")
-@click.option("--resume", type=click.Path(file_okay=False, exists=True), help="Continue the run in this directory from its last checkpoint.")
+@click.option("--resume", type=click.Path(file_okay=False, exists=True),
+              help="Continue the run in this directory from its last checkpoint.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Change one config key (repeatable), e.g. --set train.num_ranks=2 --set train.engine.fsdp=true.")
 def up(config: str | None, run_dir: str | None, resume: str | None, overrides: tuple[str, ...]) -> None:

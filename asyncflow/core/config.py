@@ -20,21 +20,30 @@ from __future__ import annotations
 import logging
 import os
 import re
-import tomllib
 import typing
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import Annotated, Literal, Sequence
+from typing import Annotated, Literal
 
 import msgspec
+import tomllib
 from msgspec import Meta
 
 from asyncflow.core import schema
 from asyncflow.core.schema import ConfigError, Refused, check_tree
 from asyncflow.core.transport import TransportConfig
 from asyncflow.engines.config import (
-    Count, Fraction, NonNegFloat, NonNegInt, PosFloat, RolloutEngineConfig, SamplingParams, Seconds, TrainEngineConfig,
+    Count,
+    Fraction,
+    NonNegFloat,
+    NonNegInt,
+    PosFloat,
+    RolloutEngineConfig,
+    SamplingParams,
+    Seconds,
+    TrainEngineConfig,
 )
-
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +346,8 @@ class ClusterConfig(_Section):
         "Accelerator ids for rollout replicas, one per replica (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES of "
         "its process). Empty: the process sees every device.")] = msgspec.field(default_factory=list)
     train_devices: Annotated[list[NonNegInt], Meta(description=
-        "Accelerator ids of the trainer: all of them for one rank, one per rank with ``train.num_ranks > 1``.")] = msgspec.field(default_factory=list)
+        "Accelerator ids of the trainer: all of them for one rank, one per rank with ``train.num_ranks > 1``."
+    )] = msgspec.field(default_factory=list)
     reference_devices: Annotated[list[NonNegInt], Meta(description=
         "Accelerator ids for reference workers, one per worker.")] = msgspec.field(default_factory=list)
     python_path: Annotated[list[str], Meta(description=
@@ -607,7 +617,7 @@ def load_config_text(text: str, source: str = "<string>", overrides: Sequence[st
     return cfg
 
 
-def _resolve_paths(cfg: RunConfig, base: Path | None, source: str, given: set[str] = frozenset()) -> None:
+def _resolve_paths(cfg: RunConfig, base: Path | None, source: str, given: AbstractSet[str] = frozenset()) -> None:
     """Paths in a config file are relative to the file's directory: ``model.path``,
     ``data.path``, ``cluster.python_path``, so a run works from any directory. A
     ``model.path`` that is a checkpoint (``checkpoints/step_N``, with the Hugging Face

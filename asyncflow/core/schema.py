@@ -75,7 +75,7 @@ def check_tree(root: msgspec.Struct) -> None:
             raise ConfigError(f"{key} = {value!r}: {exc.fix}") from None
 
 
-def struct_type(hint: Any) -> type | None:
+def struct_type(hint: Any) -> type[msgspec.Struct] | None:
     """The Struct type a field holds (itself, or the element of a list of them)."""
     hint = _strip(hint)
     if typing.get_origin(hint) in (list, tuple):
@@ -95,9 +95,9 @@ def literal_values(hint: Any) -> tuple[Any, ...]:
     return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
 
 
-def struct_at(root: type, path: str) -> type | None:
+def struct_at(root: type[msgspec.Struct], path: str) -> type[msgspec.Struct] | None:
     """The Struct type at a dotted path (``rollout.engine``, ``roles[0]``) below ``root``."""
-    cls: type | None = root
+    cls: type[msgspec.Struct] | None = root
     for part in [p for p in path.replace("]", "").replace("[", ".").split(".") if p and not p.isdigit()]:
         hints = typing.get_type_hints(cls, include_extras=True) if cls else {}
         if part not in hints:

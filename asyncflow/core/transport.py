@@ -88,7 +88,7 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     def secret_bytes(self) -> bytes:
         return (self.secret or os.environ.get(SECRET_ENV, "")).encode()
 
-    def validate(self) -> "TransportConfig":
+    def validate(self) -> TransportConfig:
         if self.scheme not in ("inproc", "ipc", "tcp"):
             raise ValueError(f"[cluster.transport] scheme = {self.scheme!r}: use 'inproc', 'ipc' or 'tcp'")
         if self.scheme == "tcp" and self.bind_host not in _LOOPBACK and not (self.secret_bytes() or self.tls_dir):
@@ -111,7 +111,7 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         return msgspec.json.encode(self).decode()
 
     @classmethod
-    def from_env(cls) -> "TransportConfig":
+    def from_env(cls) -> TransportConfig:
         raw = os.environ.get(TRANSPORT_ENV)
         return msgspec.json.decode(raw, type=cls) if raw else cls()
 
@@ -209,7 +209,9 @@ def listen(address: str, config: TransportConfig, max_message_bytes: int | None 
 def _listen_in_range(sock: pynng.Rep0, base: str, config: TransportConfig):
     """Listen on the first free port of ``config.ports``, from a random start (fewer
     collisions between processes starting at once)."""
-    low, high = config.port_range()
+    ports = config.port_range()
+    assert ports is not None  # called only with config.ports set
+    low, high = ports
     num_ports = high - low + 1
     start = random.randrange(num_ports)
     for k in range(num_ports):
