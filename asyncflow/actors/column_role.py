@@ -33,6 +33,7 @@ from asyncflow.core.tq.errors import BatchTimeout
 
 
 class ColumnRole(LoopActor):
+    acks: DeferredAcks  # made in __init__ (the base class allows None)
     inputs: Sequence[str] = ("response_ids",)
     """Columns the role needs (they must be produced before a row is handed to it)."""
 

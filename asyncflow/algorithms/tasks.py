@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Literal
 
 from asyncflow.algorithms.rewards import RewardFn, exact_match, format_reward, weighted_sum
 
@@ -104,7 +105,7 @@ def make_task_model(
     task: str = "add",
     warm_start: str = "task",
     warm_start_steps: int = 100,
-    arch: str = "qwen2",
+    arch: Literal["qwen2", "llama"] = "qwen2",
     **config_kwargs,
 ) -> Path:
     """The tiny model for ``task``, warm-started and saved to ``out_dir``.

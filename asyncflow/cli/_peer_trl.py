@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 
 def run(spec: dict) -> dict:
@@ -42,6 +43,7 @@ def run(spec: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"], local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32, local_files_only=True)
     rows = read_prompts(spec["data_path"])
+    prompts: list[Any]
     if spec["chat_template"]:
         prompts = [[{"role": "user", "content": str(r["prompt"])}] for r in rows]
     else:

@@ -7,6 +7,7 @@ imported only by `--simulate`.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -45,7 +46,7 @@ def _table(plans) -> list[str]:
 
 def _boundary(infeasible) -> list:
     """Per role, the closest miss (smallest shortfall; the most devices among equals)."""
-    by_role = {}
+    by_role: dict[str, Any] = {}
     for item in infeasible:
         best = by_role.get(item.role)
         if best is None or (item.short_bytes, -item.devices) < (best.short_bytes, -best.devices):
@@ -91,8 +92,8 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, lo
     if config_path:
         from asyncflow.cli.predict import run_predict
 
-        given = click.get_current_context().get_parameter_source("response_len") == click.core.ParameterSource.COMMANDLINE
-        run_predict(config_path, profile_path, response_len if given else None,
+        len_given = click.get_current_context().get_parameter_source("response_len") == click.core.ParameterSource.COMMANDLINE
+        run_predict(config_path, profile_path, response_len if len_given else None,
                     steps if click.get_current_context().get_parameter_source("steps") == click.core.ParameterSource.COMMANDLINE else 20,
                     compare_dir, as_json, longest_response_len=longest_response_len)
         return
@@ -169,6 +170,7 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, lo
                    "a larger --staleness relaxes it)")
     if sync is not None:
         alt = result.colocated if sync is result.colocated else result.sync
+        assert alt is not None  # sync is one of the two
         where = ("colocated on all devices (verl-like)" if alt.mode == "colocated"
                  else f"task-separated, rollout {alt.rollout_devices} / train {alt.train_devices}")
         other = result.sync if alt is result.colocated else result.colocated

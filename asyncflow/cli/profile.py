@@ -18,13 +18,18 @@ import datetime as _dt
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 # (hidden, layers, heads, kv heads, intermediate): around 0.1 M to 5 M parameters.
 SIZES = [(64, 2, 4, 2, 192), (128, 4, 4, 2, 384), (256, 4, 8, 4, 768), (384, 6, 8, 4, 1152)]
 QUICK_SIZES = SIZES[:2]
+
+if TYPE_CHECKING:
+    from asyncflow.engines.config import Device
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -37,7 +42,7 @@ def _median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _measure(model_dir: Path, shape, repeats: int, device: str) -> list:
+def _measure(model_dir: Path, shape, repeats: int, device: Device) -> list:
     import torch
 
     from asyncflow.engines.base import TokenBatch
@@ -56,7 +61,7 @@ def _measure(model_dir: Path, shape, repeats: int, device: str) -> list:
         prompts = [[7 + (i + j) % 50 for j in range(prompt_len)] for i in range(batch)]
         only_prefill = _median_time(lambda: rollout.generate(prompts, SamplingParams(max_new_tokens=1, seed=0)), repeats)
         full = _median_time(lambda: rollout.generate(prompts, SamplingParams(max_new_tokens=new_tokens, seed=0)), repeats)
-        iterations = max(rollout.stats.num_steps, 1)
+        iterations = max(rollout.stats.num_steps, 1)  # type: ignore[attr-defined]  # the native engine's (the default type)
         context = prompt_len + new_tokens / 2
         work = shape.num_params * DTYPE_BYTES + batch * shape.kv_bytes_per_token() * context
         points.append(Point(kind="decode", size=f"{size}, batch {batch}", work=work, time_s=max(full - only_prefill, 1e-9) / iterations,
@@ -107,7 +112,7 @@ def _stage(named_tensors: list) -> list:
     return [[to_wire(t) for _, t in chunk] for chunk in chunk_by_bytes(named_tensors, 32 << 20)]
 
 
-def _measure_corun(model_dir: Path, repeats: int, device: str) -> list:
+def _measure_corun(model_dir: Path, repeats: int, device: Device) -> list:
     """The same train step (the smallest model, 16 x 64 tokens) alone, then in two forked
     processes at once: what sharing the machine with our other compute costs a stage
     (caches, memory bandwidth, SMT siblings, and other sessions' load at the time)."""
@@ -285,7 +290,7 @@ def _measure_queue(repeats: int) -> list:
         tq = TQClient(dc, consumer="profile")
         for rows in QUEUE_ROWS:
             # a rollout unit's put: responses, their log-probs, the finish flag
-            cols = {"response_ids": [np.arange(6, dtype=np.int64) for _ in range(rows)],
+            cols: dict[str, Sequence[Any]] = {"response_ids": [np.arange(6, dtype=np.int64) for _ in range(rows)],
                     "rollout_logp": [np.zeros(6, dtype=np.float32) for _ in range(rows)],
                     "finish": [np.ones(1, dtype=np.uint8) for _ in range(rows)]}
             times: dict[str, list[float]] = {"put": [], "get_meta": [], "read": [], "ack": []}
@@ -320,7 +325,7 @@ def _measure_queue(repeats: int) -> list:
 CHECK_SIZE = (320, 5, 8, 4, 960)  # between the fitted sizes, not one of them
 
 
-def check_step(model_dir: Path, shape, eff, hw, device: str, repeats: int) -> dict[str, tuple[float, float]]:
+def check_step(model_dir: Path, shape, eff, hw, device: Device, repeats: int) -> dict[str, tuple[float, float]]:
     """One colocated GRPO-like step on one device with the real engines: generate, reference
     forward, train step. Returns phase -> (predicted s, measured s)."""
     import torch

@@ -40,6 +40,7 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
         if resume:
             summary = run(None, None, resume=resume, resume_overrides=overrides)
         else:
+            assert config is not None  # exactly one of config and resume (checked above)
             summary = run(load_config(config, overrides), run_dir or default_run_dir(config))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
