@@ -346,8 +346,8 @@ class ClusterConfig(_Section):
         "Accelerator ids for rollout replicas, one per replica (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES of "
         "its process). Empty: the process sees every device.")] = msgspec.field(default_factory=list)
     train_devices: Annotated[list[NonNegInt], Meta(description=
-        "Accelerator ids of the trainer: all of them for one rank, one per rank with ``train.num_ranks > 1``."
-    )] = msgspec.field(default_factory=list)
+        "Accelerator ids of the trainer: all of them for one rank, one per rank with "
+        "``train.num_ranks > 1``.")] = msgspec.field(default_factory=list)
     reference_devices: Annotated[list[NonNegInt], Meta(description=
         "Accelerator ids for reference workers, one per worker.")] = msgspec.field(default_factory=list)
     python_path: Annotated[list[str], Meta(description=
