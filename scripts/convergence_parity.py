@@ -28,7 +28,8 @@ from pathlib import Path
 def run_one(config: str, run_dir: Path, mode: str, seed: int, overrides: list[str]) -> dict:
     """``afctl up`` of one (mode, seed); its summary.json."""
     if not (run_dir / "summary.json").exists():
-        sets = [f"seed={seed}", f"data.seed={seed}", f"workflow.mode={mode}", "logging.progress=false", "train.checkpoint_every=0", *overrides]
+        sets = [f"seed={seed}", f"data.seed={seed}", f"workflow.mode={mode}", "logging.progress=false",
+                "train.checkpoint_every=0", *overrides]
         cmd = [sys.executable, "-m", "asyncflow.cli.main", "up", config, "--run-dir", str(run_dir)]
         for s in sets:
             cmd += ["--set", s]

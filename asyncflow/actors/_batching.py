@@ -8,7 +8,7 @@ engines' convention that ``logp_BT[b, t]`` is the log-prob of token t.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from asyncflow.engines.base import TokenBatch
 def token_batch(
     prompt_ids: Sequence[np.ndarray],
     response_ids: Sequence[np.ndarray],
-    per_token: dict[str, Sequence[np.ndarray]] | None = None,
+    per_token: Mapping[str, Sequence[np.ndarray]] | None = None,
 ) -> tuple[TokenBatch, list[int]]:
     """The batch and each row's response start. ``per_token[name][b]`` has one value
     per response token; it becomes field ``name`` of the TokenBatch ([B, T], 0 elsewhere).

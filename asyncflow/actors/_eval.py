@@ -26,11 +26,15 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import torch
 
 from asyncflow.actors._run import Run, encode_prompt, read_prompts, split_prompts
+
+if TYPE_CHECKING:
+    from asyncflow.engines.base import RolloutEngine
 
 BEST = "best"
 
@@ -64,7 +68,7 @@ class Evaluator:
             cfg.rollout.engine, type="native", device=device, device_index=index[device]() if device in index else 0,
             kv_cache_fraction=None, num_threads=None, seed=cfg.seed,
         )
-        self.engine = None  # built at the first evaluation
+        self.engine: RolloutEngine | None = None  # built at the first evaluation
 
     def evaluate(self, snapshot: list[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
         """The ``val/*`` figures of the policy with these weights (HF names, any device)."""

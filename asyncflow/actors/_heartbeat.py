@@ -57,7 +57,7 @@ class Heartbeat:
                 for host, ref in self._refs.items() if now - self._last_answer[host] > self.lost_after_s
             }
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         self._thread = threading.Thread(target=self._run, name="asyncflow-heartbeat", daemon=True)
         self._thread.start()
         return self

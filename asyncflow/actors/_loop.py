@@ -29,9 +29,13 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from asyncflow.core import phases, protocol
 from asyncflow.core.actor import Actor, ActorContext
+
+if TYPE_CHECKING:
+    from asyncflow.actors._acks import DeferredAcks
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +63,7 @@ class LoopActor(Actor):
         self.num_items = 0
         self._started_at = time.monotonic()
         self.tracer = None  # a SpanRecorder once the work starts
-        self.acks = None  # a DeferredAcks (actors/_acks.py) of a role that acks with its next request
+        self.acks: DeferredAcks | None = None  # a DeferredAcks (actors/_acks.py) of a role that acks with its next request
 
     # -- to implement ----------------------------------------------------------------
     def work_once(self) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from asyncflow.core import protocol
 from asyncflow.core.errors import ActorGone, ActorTimeout

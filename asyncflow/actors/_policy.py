@@ -123,6 +123,7 @@ class PolicyUpdate:
             from asyncflow.algorithms.kl import kl_per_token
 
             mask_BT = tb.response_mask
+            assert tb.rollout_logp is not None and tb.ref_logp is not None  # read above; kl_coef > 0 runs the reference
             kl_BT = kl_per_token(tb.rollout_logp, tb.ref_logp, alg.kl_estimator) * mask_BT
             out["kl"] = float(kl_BT.sum() / mask_BT.sum().clamp(min=1.0))  # this rank's token mean
         if alg.name == "grpo":
@@ -159,6 +160,7 @@ class PolicyUpdate:
 
         alg = self.cfg.algorithm
         if alg.kl_in_reward and alg.kl_coef > 0:
+            assert tb.rollout_logp is not None and tb.ref_logp is not None  # kl_coef > 0 runs the reference
             rewards_B = kl_penalized_rewards(rewards_B, tb.rollout_logp, tb.ref_logp, tb.response_mask,
                                              alg.kl_coef, alg.kl_estimator)
         groups: dict[int, list[int]] = {}
@@ -181,7 +183,9 @@ class PolicyUpdate:
             gamma=alg.gamma, lam=alg.lam, value_clip=alg.value_clip, kl_estimator=alg.kl_estimator,
             kl_in_reward_coef=alg.kl_coef if alg.kl_in_reward else 0.0,
         )
+        assert self.critic is not None  # built for ppo
         values_BT = self.critic.forward(tb).values
+        assert values_BT is not None  # a critic's forward gives values
         tb.advantages, tb.returns = ppo_advantages(ppo, rewards_B, values_BT, tb.response_mask, tb.rollout_logp, tb.ref_logp)
         tb.old_values = values_BT
         critic_result = self.critic.train_step(tb, critic_loss_fn(ppo))

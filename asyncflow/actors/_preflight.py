@@ -67,6 +67,8 @@ def check(cfg: RunConfig, model_dir: str) -> str:
                 f"counted) but {available / _GIB:.1f} GiB is available: use a smaller model, fewer "
                 f"rollout.num_replicas, a smaller rollout.engine.kv_cache_bytes, or bfloat16 weights"
             )
+        if available is None:  # this system does not say (no /proc/meminfo)
+            return f"memory: at least {total / _GIB:.2f} GiB ({detail} GiB)"
         return f"memory: at least {total / _GIB:.2f} GiB of {available / _GIB:.1f} GiB available ({detail} GiB)"
     return f"memory per device, at least (activations not counted): {detail} GiB"
 

@@ -46,6 +46,7 @@ class VersionLedger:
                 mismatched += 1
                 first = first or (index, m, expected)
         if mismatched and strict:
+            assert first is not None  # set at the first mismatch
             index, m, expected = first
             raise VersionMismatch(
                 f"step {step}: {mismatched} of {len(indices)} rows were not generated with the weights of the version "

@@ -24,15 +24,14 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import click
 
+from asyncflow.actors._loop import COLLECTOR as COLLECTOR  # re-exported: launcher.py imports it from here
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
-
-from asyncflow.actors._loop import COLLECTOR  # noqa: E402  (one name, defined by the loop base)
 
 
 class CollectorActor(Actor):

@@ -20,7 +20,7 @@ Invariant: every row gets exactly one score (the queue hands a row to a task onc
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from asyncflow.core.tq.errors import BatchTimeout
 
 
 class ColumnRole(LoopActor):
+    acks: DeferredAcks  # made in __init__ (the base class allows None)
     inputs: Sequence[str] = ("response_ids",)
     """Columns the role needs (they must be produced before a row is handed to it)."""
 

@@ -60,9 +60,9 @@ from asyncflow.core.config import ConfigError, RunConfig, dump_config
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.host import CPUS_ENV, HostProcess, spawn_host
-from asyncflow.core.transport import is_loopback
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.launch import queue_specs
+from asyncflow.core.transport import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -632,8 +632,8 @@ def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConf
     for name in ("metrics.jsonl", "trained.jsonl"):
         path = rd / name
         if path.exists():
-            kept = [l for l in _complete_lines(path) if json.loads(l)["step"] < step]
-            path.write_text("".join(l + "\n" for l in kept))
+            kept = [line for line in _complete_lines(path) if json.loads(line)["step"] < step]
+            path.write_text("".join(line + "\n" for line in kept))
     return cfg, rd, launch
 
 
@@ -641,7 +641,7 @@ def _complete_lines(path: Path) -> list[str]:
     """The lines of a JSON-lines file the run appends to, without a torn last line (a
     process killed mid-write leaves one; it is dropped, and said so)."""
     text = path.read_text()
-    lines = [l for l in text.splitlines() if l]
+    lines = [line for line in text.splitlines() if line]
     if lines and not text.endswith("\n"):
         try:
             json.loads(lines[-1])
@@ -738,7 +738,7 @@ def summarize(rd: Path, cfg: RunConfig, stats: dict[str, protocol.RoleStats], wa
     from asyncflow.actors._summary import launch_span_s, launches, reward_trend, train_span_s
 
     path = rd / "metrics.jsonl"
-    rows = [json.loads(l) for l in _complete_lines(path)] if path.exists() else []
+    rows = [json.loads(line) for line in _complete_lines(path)] if path.exists() else []
     this = launches(rows)[-1] if rows else []
     busy = {name: s.busy_s for name, s in stats.items()}
     span = train_span_s(rows)

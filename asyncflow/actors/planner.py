@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 import msgspec
@@ -50,6 +51,9 @@ from asyncflow.core.actor import Actor
 from asyncflow.core.config import PlannerConfig
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.planner import online, shared_cores
+
+if TYPE_CHECKING:
+    from asyncflow.core.tq.client import TQClient
 
 PLANNER = "planner"
 TRAINER = "trainer"
@@ -83,7 +87,7 @@ class PlannerActor(Actor):
         )
         self.history: list[online.StepObservation] = []  # under the current split
         self.pending: online.MoveDecision | None = None  # handed to the driver, not yet applied
-        self.measuring: dict | None = None  # the last applied move, until its gain is measured
+        self.measuring: dict[str, Any] | None = None  # the last applied move, until its gain is measured
         self.skip_next = False  # the step during which a move was applied
         self.decided_on: list[online.StepObservation] = []  # the window of the pending move
         self.held_reason = ""
@@ -91,7 +95,7 @@ class PlannerActor(Actor):
         self._last_time_s: float | None = None
         self._prev: dict[str, tuple[float, float]] = {}  # role -> (busy_s, wait_s) at the last boundary
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="planner-stats")
-        self._tq = None
+        self._tq: TQClient | None = None  # made on first use
 
     def on_start(self) -> None:
         self.ctx.ref(TRAINER).ask(protocol.SetThreads(num_threads=self.train_threads), timeout_s=60)
@@ -203,6 +207,7 @@ class PlannerActor(Actor):
 
     def _measure(self, obs: online.StepObservation) -> None:
         m = self.measuring
+        assert m is not None  # called only while a move is measured
         m["after"].append(obs)
         if len(m["after"]) < self.config.measure_steps:
             return

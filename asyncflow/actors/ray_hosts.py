@@ -80,9 +80,11 @@ class _HostRunner:
         return node_ip, self.proc.pid
 
     def wait_exit(self) -> int:
+        assert self.proc is not None, "start() first"
         return self.proc.wait()
 
     def send_signal(self, sig: int) -> None:
+        assert self.proc is not None, "start() first"
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
 
@@ -90,8 +92,8 @@ class _HostRunner:
 class RayHost(HostProcess):
     """Driver-side handle of a process host running under a Ray actor."""
 
-    def __init__(self, name: str, directory: DirectoryClient, runner, group, hosts: "RayHosts"):
-        super().__init__(name, proc=None, directory=directory)
+    def __init__(self, name: str, directory: DirectoryClient, runner, group, hosts: RayHosts):
+        super().__init__(name, proc=None, directory=directory)  # type: ignore[arg-type]  # its process is on its node: every use of proc is overridden here
         self._runner = runner
         self._group = group
         self._hosts = hosts
@@ -106,7 +108,7 @@ class RayHost(HostProcess):
     @property
     def returncode(self) -> int | None:
         if self._exit_ref is None or not self._exited():
-            return None if self.name not in self._hosts.heartbeat.lost() else -1
+            return None if self.name not in self._hosts.watcher.lost() else -1
         ray = _ray()
         try:
             return ray.get(self._exit_ref, timeout=5)
@@ -120,7 +122,7 @@ class RayHost(HostProcess):
     def alive(self) -> bool:
         if self._exit_ref is not None and self._exited():
             return False
-        lost = self._hosts.heartbeat.lost().get(self.name)
+        lost = self._hosts.watcher.lost().get(self.name)
         if lost and not self._reported:
             click.echo(f"!! {lost} (node {self.node_ip})", err=True)
             self._reported = True
@@ -141,7 +143,7 @@ class RayHost(HostProcess):
 
     def kill(self) -> None:
         ray = _ray()
-        self._hosts.heartbeat.forget(self.name)
+        self._hosts.watcher.forget(self.name)
         ray.kill(self._runner)  # its host child gets SIGTERM (PR_SET_PDEATHSIG)
         ray.util.remove_placement_group(self._group)
 
@@ -155,9 +157,15 @@ class RayHosts:
         self.num_ranks = num_ranks  # trainer ranks (train.num_ranks): each reserves one device
         self.host_kind = host_kind  # host name -> kind (rollout, trainer, ...), the launcher's
         self.place_timeout_s = place_timeout_s
-        self.heartbeat: Heartbeat | None = None
+        self.heartbeat: Heartbeat | None = None  # started by start()
         self.handles: dict[str, RayHost] = {}  # the latest handle of each host name
 
+
+    @property
+    def watcher(self) -> Heartbeat:
+        """The heartbeat that watches every host (started by ``start``)."""
+        assert self.heartbeat is not None, "RayHosts.start() first"
+        return self.heartbeat
     def connect(self, transport: TransportConfig) -> TransportConfig:
         """Join the Ray cluster; returns the driver's transport, reachable from every node."""
         if transport.scheme != "tcp":
@@ -229,7 +237,7 @@ class RayHosts:
             host._exit_ref = runner.wait_exit.remote()
             click.echo(f"ray: process {name} on node {host.node_ip} (pid {host.pid}, reserved {bundle})")
             entry = self._wait_registered(host, directory, timeout_s)
-            self.heartbeat.watch(name, host.actor_name, entry.address)
+            self.watcher.watch(name, host.actor_name, entry.address)
             if specs:
                 host.start(specs, timeout_s=timeout_s)
         except BaseException:

@@ -22,6 +22,7 @@ from asyncflow.core.tq.errors import BatchTimeout
 
 
 class ReferenceActor(LoopActor):
+    acks: DeferredAcks  # made in __init__ (the base class allows None)
     COLUMNS = ["prompt_ids", "response_ids"]
 
     def __init__(self, ctx, run_dir: str):

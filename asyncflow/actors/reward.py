@@ -39,6 +39,7 @@ def build_reward_fn(functions: list[str], weights: list[float]):
 
 
 class RewardActor(LoopActor):
+    acks: DeferredAcks  # made in __init__ (the base class allows None)
     COLUMNS = ["prompt_ids", "response_ids", "answer", "finish"]
 
     def __init__(self, ctx, run_dir: str):

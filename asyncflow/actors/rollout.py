@@ -83,9 +83,9 @@ class RolloutActor(LoopActor):
             self._receiver = self._make_receiver()
 
     def _make_receiver(self):
-        from asyncflow.actors._weight_channel import WeightReceiver
-
         import torch
+
+        from asyncflow.actors._weight_channel import WeightReceiver
 
         device = getattr(self.engine, "device", None)
         if not isinstance(device, torch.device):

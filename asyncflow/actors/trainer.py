@@ -62,6 +62,8 @@ import numpy as np
 
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import COLLECTOR, LoopActor
+from asyncflow.actors._manifest import write_manifest
+from asyncflow.actors._pause import pause_role
 from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors._versions import VersionLedger
@@ -73,8 +75,6 @@ from asyncflow.core.phases import phase
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
 from asyncflow.engines.device import torch_dtype
-from asyncflow.actors._manifest import write_manifest
-from asyncflow.actors._pause import pause_role
 from asyncflow.engines.digest import weights_digest
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,12 @@ import torch
 from asyncflow.algorithms.kl import KLEstimator, kl_per_token
 from asyncflow.algorithms.losses import AggMode, aggregate, clipped_policy_loss, entropy_bonus
 from asyncflow.algorithms.off_policy import (
-    ClipAgainst, ISLevel, is_log_ratio, keep_mask, mismatch_kl, truncated_weights,
+    ClipAgainst,
+    ISLevel,
+    is_log_ratio,
+    keep_mask,
+    mismatch_kl,
+    truncated_weights,
 )
 from asyncflow.engines.base import ForwardOutput, LossContext, LossFn, TokenBatch
 
@@ -103,7 +108,7 @@ def policy_loss_fn(cfg: PolicyLossConfig, log_ratio_sink: list[torch.Tensor] | N
         if behaviour and mb.rollout_logp is None:
             raise ValueError('clip_against = "behaviour" needs batch.rollout_logp (the rollout log-probs); '
                              'or set clip_against = "proximal"')
-        old_BT = mb.rollout_logp if behaviour else prox_BT
+        old_BT = mb.rollout_logp if behaviour and mb.rollout_logp is not None else prox_BT  # None: refused above
         pg_BT, clipped_BT = clipped_policy_loss(logp_BT, old_BT, mb.advantages, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
         metrics: dict[str, float] = {}
         if mb.rollout_logp is not None:

@@ -19,7 +19,9 @@ import torch
 KLEstimator = Literal["k1", "k2", "k3"]
 
 
-def kl_per_token(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, estimator: KLEstimator = "k3", clamp: float | None = 10.0) -> torch.Tensor:
+def kl_per_token(
+    logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, estimator: KLEstimator = "k3", clamp: float | None = 10.0
+) -> torch.Tensor:
     """Per-token KL(pi || ref) estimate. ``clamp`` bounds log r first (None: off),
     so one wild token cannot overflow k3's exponential."""
     log_r_BT = ref_logp_BT - logp_BT

@@ -77,8 +77,8 @@ def parse_number(text: str) -> Fraction | None:
         return None
     s = s.replace(",", "")
     if "/" in s:
-        num, den = s.split("/")
-        return None if int(den) == 0 else Fraction(num) / Fraction(den)
+        top, bottom = s.split("/")
+        return None if int(bottom) == 0 else Fraction(top) / Fraction(bottom)
     return Fraction(s)
 
 

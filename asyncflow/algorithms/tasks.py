@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Literal
 
 from asyncflow.algorithms.rewards import RewardFn, exact_match, format_reward, weighted_sum
 
@@ -46,7 +47,7 @@ def digit_accuracy(prompts: list[str], responses: list[str], answers: list[str],
 reward: RewardFn = weighted_sum((0.1, format_reward(r"\d{1,2}")), (0.9, exact_match))
 """Reward of the ``add`` task: fn(prompts, responses, answers, finish_reasons)."""
 
-reverse_reward: RewardFn = weighted_sum((0.1, format_reward(r"\d{%d}" % REVERSE_DIGITS)), (0.9, digit_accuracy))
+reverse_reward: RewardFn = weighted_sum((0.1, format_reward(rf"\d{{{REVERSE_DIGITS}}}")), (0.9, digit_accuracy))
 """Reward of the ``reverse`` task."""
 
 
@@ -104,7 +105,7 @@ def make_task_model(
     task: str = "add",
     warm_start: str = "task",
     warm_start_steps: int = 100,
-    arch: str = "qwen2",
+    arch: Literal["qwen2", "llama"] = "qwen2",
     **config_kwargs,
 ) -> Path:
     """The tiny model for ``task``, warm-started and saved to ``out_dir``.

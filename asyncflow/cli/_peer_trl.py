@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 
 def run(spec: dict) -> dict:
@@ -35,13 +36,14 @@ def run(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from asyncflow.actors.reward import build_reward_fn
     from asyncflow.actors._run import read_prompts
+    from asyncflow.actors.reward import build_reward_fn
     from asyncflow.algorithms.rewards import call_reward
 
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"], local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32, local_files_only=True)
     rows = read_prompts(spec["data_path"])
+    prompts: list[Any]
     if spec["chat_template"]:
         prompts = [[{"role": "user", "content": str(r["prompt"])}] for r in rows]
     else:

@@ -54,7 +54,8 @@ def e2e(config_path: str, steps: int, staleness: int, out: str | None, overrides
     click.echo(f"async / sync samples/s: {ratio:.2f}x   (runs in {root})")
     extra = {}
     if breakdown:
-        from asyncflow.cli._breakdown import breakdown as of_trace, rounded, table
+        from asyncflow.cli._breakdown import breakdown as of_trace
+        from asyncflow.cli._breakdown import rounded, table
         from asyncflow.cli._runs import load_trace
 
         by_mode = {mode: of_trace(load_trace(root / mode / "trace.json"), steps) for mode in ("sync", "async")}

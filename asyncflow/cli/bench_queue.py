@@ -26,6 +26,7 @@ import multiprocessing as mp
 import os
 import statistics
 import time
+from typing import Any
 
 import click
 
@@ -85,7 +86,8 @@ def _consumer(directory: str, samples: int, seq_len: int, lockstep: int, streame
         del ids, logp
         if r < lockstep or r == lockstep + streamed - 1:
             done.send((r, time.monotonic()))
-    tq.ack(batch)
+    if batch is not None:
+        tq.ack(batch)
     tq.close()
 
 
@@ -105,7 +107,7 @@ def run_queue_bench(
     procs = []
     try:
         capacity_rows = max(1024, window_rounds * samples)  # how far the streaming producer may run ahead
-        extra = {} if inline_max_bytes is None else {"inline_max_bytes": inline_max_bytes}
+        extra: dict[str, Any] = {} if inline_max_bytes is None else {"inline_max_bytes": inline_max_bytes}
         queue_procs = spawn_queue(dc, transport, ["train"], num_shards=shards, capacity_rows=capacity_rows, **extra)
         driver = TQClient(dc, use_shm=use_shm)
         baseline = {s.name: s.rss_bytes for s in driver.shard_stats()}

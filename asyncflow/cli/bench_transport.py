@@ -29,7 +29,7 @@ def _raw_server(address: str, ready) -> None:
 
 
 def _time_calls(call, size: int, min_calls: int, min_s: float) -> list[float]:
-    times = []
+    times: list[float] = []
     start = time.perf_counter()
     while len(times) < min_calls or time.perf_counter() - start < min_s:
         t0 = time.perf_counter()
@@ -75,7 +75,7 @@ def transport(schemes: str, seconds: float, as_json: bool) -> None:
         transport_cfg = TransportConfig(scheme=scheme, secret="bench", ipc_dir=tmp)
         # raw pynng echo
         address = {"inproc": "inproc://raw-bench", "ipc": f"ipc://{tmp}/raw.sock", "tcp": "tcp://127.0.0.1:45871"}[scheme]
-        ctx = mp.get_context("fork" if scheme == "inproc" else "spawn")
+        ctx = mp.get_context("fork") if scheme == "inproc" else mp.get_context("spawn")
         ready = ctx.Event()
         if scheme == "inproc":
             import threading
@@ -109,7 +109,7 @@ def transport(schemes: str, seconds: float, as_json: bool) -> None:
                 directory.stop()
 
         for size in SIZES_BYTES:
-            msg = protocol.Echo(payload=b"x" * size)
+            msg = protocol.Echo(payload=memoryview(b"x" * size))
             times = _time_calls(lambda: ref.ask(msg), size, 20, seconds)
             rows.append(_row("asyncflow", scheme, size, times))
         stop()

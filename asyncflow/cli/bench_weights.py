@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from typing import Any
 
 import click
 
@@ -56,7 +57,7 @@ def weights(mb: int, tensor_mb: float, chunk_mb: int, scheme: str, repeats: int,
     kwargs = dict(num_bytes=mb << 20, tensor_bytes=int(tensor_mb * (1 << 20)), chunk_bytes=chunk_mb << 20)
     host = spawn_host("bench-weights", client, transport, [protocol.ActorSpec(
         name=WEIGHTS_NAME, cls=f"{__name__}:BenchWeights", kwargs=msgspec.msgpack.encode(kwargs))])
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         ref = client.ref(WEIGHTS_NAME)
         receiver = WeightReceiver(client, transport, "bench.0", torch.device("cpu"))

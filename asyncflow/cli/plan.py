@@ -7,6 +7,7 @@ imported only by `--simulate`.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -27,12 +28,14 @@ def _params(n: float) -> str:
 
 
 def _table(plans) -> list[str]:
-    head = ("#", "rollout devices (instances x tp)", "train dev tp/pp/dp", "ref dev", "step s", "samples/s", "tokens/s", "bottleneck", "peak GiB/dev")
+    head = ("#", "rollout devices (instances x tp)", "train dev tp/pp/dp", "ref dev", "step s", "samples/s", "tokens/s",
+            "bottleneck", "peak GiB/dev")
     rows = [head]
     for i, p in enumerate(plans, 1):
         ref = f"{p.reference_devices} tp{p.reference_tp}" if p.reference_devices else "on train"
         rows.append((
-            str(i), f"{p.rollout_devices} ({p.rollout_devices // p.rollout_tp} x tp{p.rollout_tp})", f"{p.train_devices} {p.train_tp}/{p.train_pp}/{p.train_dp}",
+            str(i), f"{p.rollout_devices} ({p.rollout_devices // p.rollout_tp} x tp{p.rollout_tp})",
+            f"{p.train_devices} {p.train_tp}/{p.train_pp}/{p.train_dp}",
             ref, _sig(p.predicted_step_s), _sig(p.predicted_samples_per_s), _fmt_rate(p.predicted_tokens_per_s),
             p.bottleneck, _sig(p.peak_memory_bytes / GiB),
         ))
@@ -43,7 +46,7 @@ def _table(plans) -> list[str]:
 
 def _boundary(infeasible) -> list:
     """Per role, the closest miss (smallest shortfall; the most devices among equals)."""
-    by_role = {}
+    by_role: dict[str, Any] = {}
     for item in infeasible:
         best = by_role.get(item.role)
         if best is None or (item.short_bytes, -item.devices) < (best.short_bytes, -best.devices):
@@ -89,8 +92,8 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, lo
     if config_path:
         from asyncflow.cli.predict import run_predict
 
-        given = click.get_current_context().get_parameter_source("response_len") == click.core.ParameterSource.COMMANDLINE
-        run_predict(config_path, profile_path, response_len if given else None,
+        len_given = click.get_current_context().get_parameter_source("response_len") == click.core.ParameterSource.COMMANDLINE
+        run_predict(config_path, profile_path, response_len if len_given else None,
                     steps if click.get_current_context().get_parameter_source("steps") == click.core.ParameterSource.COMMANDLINE else 20,
                     compare_dir, as_json, longest_response_len=longest_response_len)
         return
@@ -167,6 +170,7 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, lo
                    "a larger --staleness relaxes it)")
     if sync is not None:
         alt = result.colocated if sync is result.colocated else result.sync
+        assert alt is not None  # sync is one of the two
         where = ("colocated on all devices (verl-like)" if alt.mode == "colocated"
                  else f"task-separated, rollout {alt.rollout_devices} / train {alt.train_devices}")
         other = result.sync if alt is result.colocated else result.colocated

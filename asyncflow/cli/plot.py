@@ -10,6 +10,7 @@ The data functions (``ema``, ``gap_starts``, ``broken``, ``samples_per_s``,
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -22,7 +23,7 @@ PANELS = [  # (title, function of a run's metrics -> y values)
 ]
 VAL_PANEL = ("held-out accuracy (val/accuracy; dashed: val/pass_at_k)", "val")
 VAL_KEYS = (("val/accuracy", "-"), ("val/pass_at_k", "--"))
-ROLE_STYLES = ["-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1))]
+ROLE_STYLES: list[Any] = ["-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1))]  # matplotlib linestyles
 
 
 def samples_per_s(rows: list[dict]) -> list[float]:

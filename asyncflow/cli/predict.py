@@ -63,7 +63,8 @@ def reward_score_s(cfg, model_dir: str, rows: int, limit: int = 64) -> float:
         examples = make_examples(min(limit, cfg.data.num_prompts), seed=cfg.data.seed, task=cfg.data.task)
     tok = load_tokenizer(model_dir)
     fn = build_reward_fn(cfg.reward.functions, cfg.reward.weights)
-    ids = [(tok(str(r["prompt"]), add_special_tokens=False)["input_ids"], tok(str(r.get("answer", "")), add_special_tokens=False)["input_ids"])
+    ids = [(tok(str(r["prompt"]), add_special_tokens=False)["input_ids"],
+            tok(str(r.get("answer", "")), add_special_tokens=False)["input_ids"])
            for r in examples]
     answers = [str(r.get("answer", "")) for r in examples]
     batch = [ids[i % len(ids)] for i in range(rows)]
@@ -164,7 +165,8 @@ def run_predict(config_path: str, profile_path: str | None, response_len: float 
         st = p["stages"]
         click.echo(f"  {mode:<5} (k={p['staleness']}): {p['predicted_step_s']:.3f} s/step, {p['predicted_samples_per_s']:.1f} samples/s"
                    f"  [call {st['call_s'] * 1e3:.1f} ms x {st['calls_per_step']}, train {st['train_s'] * 1e3:.1f} ms, "
-                   f"{p['num_polls']} polls of {st['poll_s']:.2f} s, contention x{p['contention']['rollout']:.2f}/x{p['contention']['train']:.2f}; "
+                   f"{p['num_polls']} polls of {st['poll_s']:.2f} s, "
+                   f"contention x{p['contention']['rollout']:.2f}/x{p['contention']['train']:.2f}; "
                    f"without the workflow's mechanics {p['analytical_step_s']:.3f} s]")
     if measured:
         for mode, m in measured.items():

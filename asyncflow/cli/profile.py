@@ -18,13 +18,18 @@ import datetime as _dt
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 # (hidden, layers, heads, kv heads, intermediate): around 0.1 M to 5 M parameters.
 SIZES = [(64, 2, 4, 2, 192), (128, 4, 4, 2, 384), (256, 4, 8, 4, 768), (384, 6, 8, 4, 1152)]
 QUICK_SIZES = SIZES[:2]
+
+if TYPE_CHECKING:
+    from asyncflow.engines.config import Device
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -37,7 +42,7 @@ def _median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _measure(model_dir: Path, shape, repeats: int, device: str) -> list:
+def _measure(model_dir: Path, shape, repeats: int, device: Device) -> list:
     import torch
 
     from asyncflow.engines.base import TokenBatch
@@ -56,7 +61,7 @@ def _measure(model_dir: Path, shape, repeats: int, device: str) -> list:
         prompts = [[7 + (i + j) % 50 for j in range(prompt_len)] for i in range(batch)]
         only_prefill = _median_time(lambda: rollout.generate(prompts, SamplingParams(max_new_tokens=1, seed=0)), repeats)
         full = _median_time(lambda: rollout.generate(prompts, SamplingParams(max_new_tokens=new_tokens, seed=0)), repeats)
-        iterations = max(rollout.stats.num_steps, 1)
+        iterations = max(rollout.stats.num_steps, 1)  # type: ignore[attr-defined]  # the native engine's (the default type)
         context = prompt_len + new_tokens / 2
         work = shape.num_params * DTYPE_BYTES + batch * shape.kv_bytes_per_token() * context
         points.append(Point(kind="decode", size=f"{size}, batch {batch}", work=work, time_s=max(full - only_prefill, 1e-9) / iterations,
@@ -107,7 +112,7 @@ def _stage(named_tensors: list) -> list:
     return [[to_wire(t) for _, t in chunk] for chunk in chunk_by_bytes(named_tensors, 32 << 20)]
 
 
-def _measure_corun(model_dir: Path, repeats: int, device: str) -> list:
+def _measure_corun(model_dir: Path, repeats: int, device: Device) -> list:
     """The same train step (the smallest model, 16 x 64 tokens) alone, then in two forked
     processes at once: what sharing the machine with our other compute costs a stage
     (caches, memory bandwidth, SMT siblings, and other sessions' load at the time)."""
@@ -206,14 +211,13 @@ def _measure_trainer_rows(repeats: int) -> list:
     """The trainer's work on a step's rows outside train_step (actors/_policy.py): token
     batching of queue rows into a padded batch, rewards, GRPO advantages broadcast to
     tokens, the step's figures. Rows of 8 prompt + 1 to 6 response tokens, groups of 8."""
+    import msgspec
     import numpy as np
     import torch
 
     from asyncflow.actors._batching import token_batch
     from asyncflow.algorithms.advantages import broadcast_to_tokens, grpo_advantages
     from asyncflow.planner.calibration import Point
-
-    import msgspec
 
     rng = np.random.default_rng(0)
     points = []
@@ -286,7 +290,7 @@ def _measure_queue(repeats: int) -> list:
         tq = TQClient(dc, consumer="profile")
         for rows in QUEUE_ROWS:
             # a rollout unit's put: responses, their log-probs, the finish flag
-            cols = {"response_ids": [np.arange(6, dtype=np.int64) for _ in range(rows)],
+            cols: dict[str, Sequence[Any]] = {"response_ids": [np.arange(6, dtype=np.int64) for _ in range(rows)],
                     "rollout_logp": [np.zeros(6, dtype=np.float32) for _ in range(rows)],
                     "finish": [np.ones(1, dtype=np.uint8) for _ in range(rows)]}
             times: dict[str, list[float]] = {"put": [], "get_meta": [], "read": [], "ack": []}
@@ -321,7 +325,7 @@ def _measure_queue(repeats: int) -> list:
 CHECK_SIZE = (320, 5, 8, 4, 960)  # between the fitted sizes, not one of them
 
 
-def check_step(model_dir: Path, shape, eff, hw, device: str, repeats: int) -> dict[str, tuple[float, float]]:
+def check_step(model_dir: Path, shape, eff, hw, device: Device, repeats: int) -> dict[str, tuple[float, float]]:
     """One colocated GRPO-like step on one device with the real engines: generate, reference
     forward, train step. Returns phase -> (predicted s, measured s)."""
     import torch
@@ -374,12 +378,12 @@ def profile(out_path, hardware, device, quick, repeats, check) -> None:
 
     Then: afctl plan --profile FILE ...
     """
+    from transformers.utils import logging as hf_logging
+
     from asyncflow.engines.tiny import make_tiny_model
     from asyncflow.planner.calibration import Profile, fit_errors, fit_profile
     from asyncflow.planner.hardware import get_hardware
     from asyncflow.planner.io import from_hf_config, save_profile
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     try:
@@ -412,8 +416,10 @@ def profile(out_path, hardware, device, quick, repeats, check) -> None:
     save_profile(prof, out_path)
     for name in ("prefill_flops", "decode_bandwidth", "train_flops", "forward_flops", "decode_overhead_s",
                  "decode_overhead_s_per_layer", "decode_overhead_s_per_seq", "prefill_overhead_s_per_layer", "train_overhead_s",
-                 "forward_overhead_s", "train_overhead_s_per_token_layer", "forward_overhead_s_per_token_layer", "generate_overhead_s", "generate_overhead_s_per_seq", "trainer_overhead_s",
-                 "trainer_overhead_s_per_row", "snapshot_overhead_s", "snapshot_s_per_param", "queue_ask_s", "queue_ask_s_per_row", "queue_handoff_s", "corun_slowdown"):
+                 "forward_overhead_s", "train_overhead_s_per_token_layer", "forward_overhead_s_per_token_layer",
+                 "generate_overhead_s", "generate_overhead_s_per_seq", "trainer_overhead_s", "trainer_overhead_s_per_row",
+                 "snapshot_overhead_s", "snapshot_s_per_param", "queue_ask_s", "queue_ask_s_per_row", "queue_handoff_s",
+                 "corun_slowdown"):
         click.echo(f"  {name:27s} {getattr(eff, name):.4g}")
     click.echo("  mean fit error: " + ", ".join(f"{k} {v:.0%}" for k, v in errors.items()))
     click.echo(f"wrote {out_path} ({len(points)} measurements); use it with: afctl plan --profile {out_path}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -125,7 +126,7 @@ def draw(timelines: list, png: Path, from_s: float | None = None, to_s: float | 
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlim(from_s if from_s is not None else 0.0, to_s if to_s is not None else end)
     axes[-1, 0].set_xlabel("seconds since the run's first span (row label: busy fraction)")
-    legend = [Patch(color=c, label=n) for n, c in colours.items()] + [Patch(color=WAIT_COLOUR, label="wait_*")]
+    legend: list[Any] = [Patch(color=c, label=n) for n, c in colours.items()] + [Patch(color=WAIT_COLOUR, label="wait_*")]
     if max_arrows and any(tl.flows for tl in timelines):
         from matplotlib.lines import Line2D
 

@@ -12,7 +12,8 @@ import click
 @click.command()
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Where to write the run (default runs/<config>-<time>).")
-@click.option("--resume", type=click.Path(file_okay=False, exists=True), help="Continue the run in this directory from its last checkpoint.")
+@click.option("--resume", type=click.Path(file_okay=False, exists=True),
+              help="Continue the run in this directory from its last checkpoint.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Change one config key (repeatable), e.g. --set train.num_ranks=2 --set train.engine.fsdp=true.")
 def up(config: str | None, run_dir: str | None, resume: str | None, overrides: tuple[str, ...]) -> None:
@@ -39,6 +40,7 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
         if resume:
             summary = run(None, None, resume=resume, resume_overrides=overrides)
         else:
+            assert config is not None  # exactly one of config and resume (checked above)
             summary = run(load_config(config, overrides), run_dir or default_run_dir(config))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None

@@ -63,7 +63,7 @@ def recv(ctx: pynng.Context) -> memoryview:
     arr = np.frombuffer(body, dtype=np.uint8).view(_MessageBytes)
     arr._message = msg
     arr.flags.writeable = False
-    return memoryview(arr)
+    return memoryview(arr)  # type: ignore[arg-type]  # ndarray is a buffer; numpy's stubs lack __buffer__
 
 
 def new_context(sock: pynng.Socket) -> pynng.Context:
@@ -95,9 +95,10 @@ def close_socket(sock: pynng.Socket) -> None:
 
 def close_quietly(ctx: pynng.Context) -> None:
     """Close a context once, whoever calls first; later calls do nothing."""
-    lock = _locks.get(getattr(ctx, "_af_socket", None)) or threading.RLock()
+    owner: int = getattr(ctx, "_af_socket", -1)  # id() of its socket, set where it was opened; -1: none
+    lock = _locks.get(owner) or threading.RLock()
     with lock, _contexts_lock:  # lock order: the socket's, then the registry's
-        owned = _contexts.get(getattr(ctx, "_af_socket", None))
+        owned = _contexts.get(owner)
         if owned is not None:
             owned.discard(ctx)
         if ctx._context is None:

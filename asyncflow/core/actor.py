@@ -31,9 +31,9 @@ import socket
 import threading
 import time
 import traceback
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
-import msgspec
 import pykka
 import pynng
 
@@ -144,7 +144,7 @@ class ActorContext:
         self.transport = transport
         self.directory_address = directory_address
         self.num_rejected_frames = 0  # counted by the listener
-        self.actor: "Actor | None" = None
+        self.actor: Actor | None = None
         self._directory = None
 
     @property
@@ -309,7 +309,9 @@ class _Listener:
 
     def _serve_urgent(self, ctx: pynng.Context, msg: Any) -> None:
         try:
-            reply = frames.ok_reply(self._ctx.actor.handle_urgent(msg))
+            actor = self._ctx.actor
+            assert actor is not None  # set before the listener serves
+            reply = frames.ok_reply(actor.handle_urgent(msg))
         except Exception as exc:
             log.warning("actor %s failed on urgent %s: %s", self._name, type(msg).__name__, exc)
             reply = frames.error_reply("remote", f"{type(exc).__name__}: {exc}")

@@ -1,204 +1,224 @@
 """``cluster.toml``: the typed schema of a run, and its loader.
 
-Every section is a msgspec Struct with defaults; unknown keys are errors. A wrong
-key or value fails at load time with the key's dotted name and what to change:
+Every section is a msgspec Struct with defaults; unknown keys are errors. Each field
+carries its rules and its documentation: ``Annotated[int, Meta(ge=1, description=...)]``
+(msgspec checks the range while decoding). Rules between fields are one ``check``
+method per section (core/schema.py); whether paths exist is checked after them, by
+``check_paths``. A wrong key or value fails at load time with the key's dotted name
+and what to change:
 
-    >>> load_config_text('[workflow]\\nmode = "fast"')
-    ConfigError: workflow.mode = 'fast': Expected `'sync' | 'async'` ... (in <string>)
+    >>> load_config_text('[train]\\nnum_steps = 0')
+    ConfigError: train.num_steps = 0: out of range; use a value >= 1 (in <string>; set it in [train]
+    num_steps, or --set train.num_steps=...; docs/config.md says what it means)
 
-Docs of every key: ``docs/config.md`` (generated from these docstrings by
-``python -m asyncflow.core.config --markdown``).
+Docs of every key: ``docs/config.md``, generated from the schema (descriptions,
+types, defaults, ranges) by ``python -m asyncflow.core.config --markdown``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import tomllib
+import re
+import typing
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import Annotated, Literal, Sequence
+from typing import Annotated, Literal
 
 import msgspec
+import tomllib
 from msgspec import Meta
 
+from asyncflow.core import schema
+from asyncflow.core.schema import ConfigError, Refused, check_tree
 from asyncflow.core.transport import TransportConfig
 from asyncflow.engines.config import (
-    Count, Fraction, NonNegFloat, NonNegInt, PosFloat, RolloutEngineConfig, SamplingParams, Seconds, TrainEngineConfig,
+    Count,
+    Fraction,
+    NonNegFloat,
+    NonNegInt,
+    PosFloat,
+    RolloutEngineConfig,
+    SamplingParams,
+    Seconds,
+    TrainEngineConfig,
 )
-
 
 log = logging.getLogger(__name__)
 
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    pass
+    """A ``[section]``. Its single-field rules are constraints on the fields; its
+    cross-field rules are one ``check(run)`` method (core/schema.py), which raises
+    ``Refused(key, fix)`` with the key relative to the section."""
 
 
 class ModelConfig(_Section):
     """The policy model."""
 
-    path: str = ""
-    """Local Hugging Face directory (config.json, safetensors, tokenizer), relative to
-    the config file or absolute; a run's checkpoint (``checkpoints/step_N``, or the
-    link ``checkpoints/latest``) works too. Empty: build the tiny model (``tiny``)
-    into ``RUN_DIR/model``. docs/your-model-and-data.md."""
-    tiny: Literal["qwen2", "llama"] = "qwen2"
-    """Architecture of the tiny model built when ``path`` is empty."""
-    tiny_warm_start: bool = True
-    """Warm-start the tiny model with a short supervised pass on the task, stopped
-    early (about 10% greedy accuracy), so RL has a signal from step one."""
-    tiny_warm_start_steps: NonNegInt = 100
-    """Supervised steps of that warm start (more: a stronger start, less left to learn)."""
+    path: Annotated[str, Meta(description=
+        "Local Hugging Face directory (config.json, safetensors, tokenizer), relative to the config file or absolute; "
+        "a run's checkpoint (``checkpoints/step_N``, or the link ``checkpoints/latest``) works too. Empty: build the "
+        "tiny model (``tiny``) into ``RUN_DIR/model``. docs/your-model-and-data.md.")] = ""
+    tiny: Annotated[Literal["qwen2", "llama"], Meta(description=
+        "Architecture of the tiny model built when ``path`` is empty.")] = "qwen2"
+    tiny_warm_start: Annotated[bool, Meta(description=
+        "Warm-start the tiny model with a short supervised pass on the task, stopped early (about 10% greedy "
+        "accuracy), so RL has a signal from step one.")] = True
+    tiny_warm_start_steps: Annotated[NonNegInt, Meta(description=
+        "Supervised steps of that warm start (more: a stronger start, less left to learn).")] = 100
 
 
 class DataConfig(_Section):
     """Prompts: a local JSONL or Parquet file with ``prompt`` and ``answer`` fields."""
 
-    path: str = ""
-    """The data file, relative to the config file or absolute (fields:
-    docs/your-model-and-data.md). Empty: generate the tiny arithmetic task
-    (``task``) into ``RUN_DIR/data.jsonl``."""
-    task: str = "add"
-    """Built-in task when ``path`` is empty (see asyncflow.engines.tiny)."""
-    num_prompts: Count = 2000
-    """Prompts generated for the built-in task."""
-    chat_template: bool = True
-    """Apply the tokenizer's chat template to each prompt."""
-    shuffle: bool = True
-    """Shuffle the prompts (with ``seed``) before each epoch."""
-    seed: NonNegInt = 0
-    """Seed of the shuffle and of generated tasks."""
+    path: Annotated[str, Meta(description=
+        "The data file, relative to the config file or absolute (fields: docs/your-model-and-data.md). Empty: generate "
+        "the tiny arithmetic task (``task``) into ``RUN_DIR/data.jsonl``.")] = ""
+    task: Annotated[str, Meta(description="Built-in task when ``path`` is empty (see asyncflow.engines.tiny).")] = "add"
+    num_prompts: Annotated[Count, Meta(description="Prompts generated for the built-in task.")] = 2000
+    chat_template: Annotated[bool, Meta(description="Apply the tokenizer's chat template to each prompt.")] = True
+    shuffle: Annotated[bool, Meta(description="Shuffle the prompts (with ``seed``) before each epoch.")] = True
+    seed: Annotated[NonNegInt, Meta(description="Seed of the shuffle and of generated tasks.")] = 0
+
+    def check(self, run: RunConfig) -> None:
+        if self.path and not self.path.endswith((".jsonl", ".parquet")):
+            raise Refused("path", "use a .jsonl or .parquet file")
 
 
 class AlgorithmConfig(_Section):
     """The RL algorithm and its knobs."""
 
-    name: Literal["grpo", "ppo"] = "grpo"
-    """grpo: group-normalised advantages, no critic. ppo: critic + GAE."""
-    group_size: Count = 8
-    """Responses sampled per prompt (GRPO's n)."""
-    std_normalize: bool = True
-    """GRPO: divide group-centred rewards by the group's std."""
-    clip_eps: PosFloat = 0.2
-    """Policy ratio clip range (PPO-clip)."""
-    kl_coef: NonNegFloat = 0.0
-    """Weight of the KL to the reference policy; 0 disables the reference role."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """KL estimator."""
-    kl_in_reward: bool = False
-    """Put the KL penalty into the reward instead of the loss, estimated by
-    ``kl_estimator`` on the rollout log-probs. GRPO: each response's reward minus
-    kl_coef x its KL summed over the response tokens, before the group normalisation.
-    PPO: minus kl_coef x the token's KL on every response token's reward, before GAE."""
-    entropy_coef: NonNegFloat = 0.0
-    """Entropy bonus weight."""
-    loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
-    """Aggregate the per-token loss by token mean or by sequence mean."""
-    is_truncation: NonNegFloat = 2.0
-    """Off-policy correction: cap of the importance weight pi_prox / mu between the
-    trainer's policy before the update and the rollout policy of stale samples (0
-    disables; with ``clip_against = "proximal"`` only). Per token or per sequence by
-    ``is_level``."""
-    gamma: Fraction = 1.0
-    """PPO: discount."""
-    lam: Fraction = 0.95
-    """PPO: GAE lambda."""
-    value_clip: NonNegFloat = 0.2
-    """PPO: value clipping range."""
-    epochs: Count = 1
-    """Optimizer passes over each global batch. Above 1, the trainer first recomputes
-    the batch's log-probs (one forward pass, pi_prox) so that every pass clips its
-    ratio against the policy before the first one."""
-    clip_against: Literal["proximal", "behaviour"] = "behaviour"
-    """What the PPO ratio is clipped against. behaviour (the default) is what keeps
-    async runs learning as much as sync (docs/results.md). proximal (decoupled PPO): pi / pi_prox,
-    pi_prox the policy before this update, times the truncated importance weight
-    pi_prox / mu (``is_truncation``); with one optimizer step per batch the ratio is 1
-    and only that weight corrects staleness. behaviour (coupled PPO): pi / mu, mu the
-    rollout policy that generated the sample, with no separate weight
-    (``is_truncation`` unused): a trust region around the data's policy, which limits
-    drift on stale samples. See docs/algorithms.md."""
-    is_level: Literal["token", "sequence"] = "token"
-    """Level of the importance ratio pi_prox / mu used by ``is_truncation`` and the
-    mask: each token's own, or one per sequence (the product of its token ratios,
-    exp of the sum of their logs over the response) on every token of it."""
-    is_mask_low: Annotated[float, Meta(ge=0, lt=1)] = 0.0
-    """Masked importance sampling (IcePop style): tokens (whole sequences with
-    ``is_level = "sequence"``) whose pi_prox / mu is below this are dropped from the
-    policy-gradient term; counted in the metric ``is_masked_frac``. 0: no lower
-    bound; otherwise below 1 (e.g. 0.5)."""
-    is_mask_high: NonNegFloat = 0.0
-    """Masked importance sampling: tokens (sequences) whose pi_prox / mu is above this
-    are dropped too. 0: no upper bound; otherwise above 1 (e.g. 2.0). Both bounds 0:
-    no mask."""
+    name: Annotated[Literal["grpo", "ppo"], Meta(description=
+        "grpo: group-normalised advantages, no critic. ppo: critic + GAE.")] = "grpo"
+    group_size: Annotated[Count, Meta(description="Responses sampled per prompt (GRPO's n).")] = 8
+    std_normalize: Annotated[bool, Meta(description="GRPO: divide group-centred rewards by the group's std.")] = True
+    clip_eps: Annotated[PosFloat, Meta(description="Policy ratio clip range (PPO-clip).")] = 0.2
+    kl_coef: Annotated[NonNegFloat, Meta(description=
+        "Weight of the KL to the reference policy; 0 disables the reference role.")] = 0.0
+    kl_estimator: Annotated[Literal["k1", "k2", "k3"], Meta(description="KL estimator.")] = "k3"
+    kl_in_reward: Annotated[bool, Meta(description=
+        "Put the KL penalty into the reward instead of the loss, estimated by ``kl_estimator`` on the rollout "
+        "log-probs. GRPO: each response's reward minus kl_coef x its KL summed over the response tokens, before the "
+        "group normalisation. PPO: minus kl_coef x the token's KL on every response token's reward, before GAE.")] = False
+    entropy_coef: Annotated[NonNegFloat, Meta(description="Entropy bonus weight.")] = 0.0
+    loss_agg: Annotated[Literal["token_mean", "seq_mean"], Meta(description=
+        "Aggregate the per-token loss by token mean or by sequence mean.")] = "token_mean"
+    is_truncation: Annotated[NonNegFloat, Meta(description=
+        "Off-policy correction: cap of the importance weight pi_prox / mu between the trainer's policy before the "
+        'update and the rollout policy of stale samples (0 disables; with ``clip_against = "proximal"`` only). Per '
+        "token or per sequence by ``is_level``.")] = 2.0
+    gamma: Annotated[Fraction, Meta(description="PPO: discount.")] = 1.0
+    lam: Annotated[Fraction, Meta(description="PPO: GAE lambda.")] = 0.95
+    value_clip: Annotated[NonNegFloat, Meta(description="PPO: value clipping range.")] = 0.2
+    epochs: Annotated[Count, Meta(description=
+        "Optimizer passes over each global batch. Above 1, the trainer first recomputes the batch's log-probs (one "
+        "forward pass, pi_prox) so that every pass clips its ratio against the policy before the first one.")] = 1
+    clip_against: Annotated[Literal["proximal", "behaviour"], Meta(description=
+        "What the PPO ratio is clipped against. behaviour (the default) is what keeps async runs learning as much as "
+        "sync (docs/results.md). proximal (decoupled PPO): pi / pi_prox, pi_prox the policy before this update, times "
+        "the truncated importance weight pi_prox / mu (``is_truncation``); with one optimizer step per batch the ratio "
+        "is 1 and only that weight corrects staleness. behaviour (coupled PPO): pi / mu, mu the rollout policy that "
+        "generated the sample, with no separate weight (``is_truncation`` unused): a trust region around the data's "
+        "policy, which limits drift on stale samples. See docs/algorithms.md.")] = "behaviour"
+    is_level: Annotated[Literal["token", "sequence"], Meta(description=
+        "Level of the importance ratio pi_prox / mu used by ``is_truncation`` and the mask: each token's own, or one "
+        "per sequence (the product of its token ratios, exp of the sum of their logs over the response) on every token "
+        "of it.")] = "token"
+    is_mask_low: Annotated[float, Meta(ge=0, lt=1, description=
+        'Masked importance sampling (IcePop style): tokens (whole sequences with ``is_level = "sequence"``) whose '
+        "pi_prox / mu is below this are dropped from the policy-gradient term; counted in the metric "
+        "``is_masked_frac``. 0: no lower bound; otherwise below 1 (e.g. 0.5).")] = 0.0
+    is_mask_high: Annotated[NonNegFloat, Meta(description=
+        "Masked importance sampling: tokens (sequences) whose pi_prox / mu is above this are dropped too. 0: no upper "
+        "bound; otherwise above 1 (e.g. 2.0). Both bounds 0: no mask.")] = 0.0
+
+    def check(self, run: RunConfig) -> None:
+        if self.name == "grpo" and self.group_size < 2:
+            raise Refused("group_size", "GRPO needs at least 2 responses per prompt")
+        if self.is_mask_high != 0 and self.is_mask_high <= 1:
+            raise Refused("is_mask_high", "use 0 (no upper bound) or a ratio above 1 such as 2.0")
 
 
 class RolloutConfig(_Section):
     """Rollout replicas (generation)."""
 
-    engine: RolloutEngineConfig = msgspec.field(default_factory=RolloutEngineConfig)
-    """Engine of every replica (see engines/config.py)."""
-    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
-    """Sampling; ``n`` is ignored (the algorithm's group_size is used)."""
-    num_replicas: Count = 1
-    """Replica processes; each takes whole prompt groups from the queue."""
-    prompts_per_call: Count = 4
-    """Prompt groups per generate call (the unit between weight swaps)."""
+    engine: Annotated[RolloutEngineConfig, Meta(description=
+        "Engine of every replica (see engines/config.py).")] = msgspec.field(default_factory=RolloutEngineConfig)
+    sampling: Annotated[SamplingParams, Meta(description=
+        "Sampling; ``n`` is ignored (the algorithm's group_size is used).")] = msgspec.field(default_factory=SamplingParams)
+    num_replicas: Annotated[Count, Meta(description="Replica processes; each takes whole prompt groups from the queue.")] = 1
+    prompts_per_call: Annotated[Count, Meta(description="Prompt groups per generate call (the unit between weight swaps).")] = 4
 
 
 class ReferenceConfig(_Section):
     """Reference policy log-probs (for the KL term)."""
 
-    num_workers: Count = 1
-    """Worker processes (used only when algorithm.kl_coef > 0)."""
-    micro_batch_size: Count = 16
-    """Rows per forward pass."""
+    num_workers: Annotated[Count, Meta(description="Worker processes (used only when algorithm.kl_coef > 0).")] = 1
+    micro_batch_size: Annotated[Count, Meta(description="Rows per forward pass.")] = 16
 
 
 class RewardConfig(_Section):
     """Reward workers."""
 
-    functions: list[str] = msgspec.field(default_factory=lambda: ["math_answer"])
-    """Rewards summed (with ``weights``): built-ins ``exact_match``, ``math_answer``, or
-    dotted paths ``package.module:function`` of custom rewards, each called on a batch
-    as ``fn(prompts, responses, answers, finish_reasons) -> list[float]``."""
-    weights: list[float] = msgspec.field(default_factory=list)
-    """Weight per function (default 1 each)."""
-    num_workers: Count = 1
-    """Worker processes."""
-    batch_size: Count = 256
-    """Most rows scored per call (async mode takes whatever is ready, up to this; a
-    call costs a few queue round trips, so small calls waste CPU)."""
+    functions: Annotated[list[str], Meta(description=
+        "Rewards summed (with ``weights``): built-ins ``exact_match``, ``math_answer``, or dotted paths "
+        "``package.module:function`` of custom rewards, each called on a batch as ``fn(prompts, responses, answers, "
+        "finish_reasons) -> list[float]``.")] = msgspec.field(default_factory=lambda: ["math_answer"])
+    weights: Annotated[list[float], Meta(description=
+        "Weight per function (default 1 each).")] = msgspec.field(default_factory=list)
+    num_workers: Annotated[Count, Meta(description="Worker processes.")] = 1
+    batch_size: Annotated[Count, Meta(description=
+        "Most rows scored per call (async mode takes whatever is ready, up to this; a call costs a few queue round "
+        "trips, so small calls waste CPU).")] = 256
+
+    def check(self, run: RunConfig) -> None:
+        if self.weights and len(self.weights) != len(self.functions):
+            raise Refused("weights", f"give one weight per function ({len(self.functions)})")
 
 
 class CriticConfig(_Section):
     """PPO critic (value model), initialised from the policy with a value head."""
 
-    engine: TrainEngineConfig = msgspec.field(default_factory=lambda: TrainEngineConfig(critic=True, lr=1e-4))
-    """Training engine of the critic."""
+    engine: Annotated[TrainEngineConfig, Meta(description=
+        "Training engine of the critic.")] = msgspec.field(default_factory=lambda: TrainEngineConfig(critic=True, lr=1e-4))
+
+    def check(self, run: RunConfig) -> None:
+        ranks = run.train.num_ranks
+        if ranks > 1 and run.train.engine.fsdp and run.algorithm.name == "ppo" and not self.engine.fsdp:
+            raise Refused("engine.fsdp", f"the PPO critic trains on the same {ranks} ranks: set [critic.engine] fsdp = true")
 
 
 class TrainConfig(_Section):
     """The trainer (actor update)."""
 
-    engine: TrainEngineConfig = msgspec.field(default_factory=TrainEngineConfig)
-    """Training engine (see engines/config.py)."""
-    num_steps: Count = 60
-    """Trainer steps (policy versions) in the run."""
-    prompts_per_step: Count = 8
-    """Prompt groups per global batch (samples per step = this * group_size)."""
-    num_ranks: Count = 1
-    """Trainer processes (data parallel with FSDP2: needs ``engine.fsdp = true``). Rank 0
-    reads the batch plan and publishes weights; every rank reads its own rows from the
-    queue. With ``cluster.train_devices``, give one device per rank."""
-    dist_port: Annotated[int, Meta(ge=0, le=65535)] = 0
-    """Port of rank 0's torch.distributed store (0: any free port, published through the
-    directory). Set it when only some ports are open between nodes."""
-    dist_timeout_s: Seconds = 600.0
-    """How long trainer ranks wait for each other (rendezvous, each collective) before
-    failing: a rank whose peer vanished fails after this, it never hangs."""
-    checkpoint_every: NonNegInt = 0
-    """Save a Hugging Face checkpoint and the queue state every N steps (0: at the end only)."""
+    engine: Annotated[TrainEngineConfig, Meta(description=
+        "Training engine (see engines/config.py).")] = msgspec.field(default_factory=TrainEngineConfig)
+    num_steps: Annotated[Count, Meta(description="Trainer steps (policy versions) in the run.")] = 60
+    prompts_per_step: Annotated[Count, Meta(description=
+        "Prompt groups per global batch (samples per step = this * group_size).")] = 8
+    num_ranks: Annotated[Count, Meta(description=
+        "Trainer processes (data parallel with FSDP2: needs ``engine.fsdp = true``). Rank 0 reads the batch plan and "
+        "publishes weights; every rank reads its own rows from the queue. With ``cluster.train_devices``, give one "
+        "device per rank.")] = 1
+    dist_port: Annotated[int, Meta(ge=0, le=65535, description=
+        "Port of rank 0's torch.distributed store (0: any free port, published through the directory). Set it when "
+        "only some ports are open between nodes.")] = 0
+    dist_timeout_s: Annotated[Seconds, Meta(description=
+        "How long trainer ranks wait for each other (rendezvous, each collective) before failing: a rank whose peer "
+        "vanished fails after this, it never hangs.")] = 600.0
+    checkpoint_every: Annotated[NonNegInt, Meta(description=
+        "Save a Hugging Face checkpoint and the queue state every N steps (0: at the end only).")] = 0
+
+    def check(self, run: RunConfig) -> None:
+        ranks = self.num_ranks
+        if ranks > 1 and not self.engine.fsdp:
+            raise Refused("engine.fsdp", f"train.num_ranks = {ranks} trains data parallel with FSDP2: "
+                                         "set [train.engine] fsdp = true")
+        if self.prompts_per_step % ranks:
+            raise Refused("prompts_per_step", "every rank trains whole prompt groups: use a multiple of "
+                                              f"train.num_ranks ({ranks})")
 
 
 class EvalConfig(_Section):
@@ -208,182 +228,190 @@ class EvalConfig(_Section):
     ``rollout.engine.type``; its KV cache: ``rollout.engine.kv_cache_bytes``, or 64 MiB);
     only trainer rank 0 evaluates, the other ranks wait for it."""
 
-    every_steps: NonNegInt = 0
-    """Evaluate after every this many trainer steps and after the last one; 0 disables
-    evaluation (and the held-out split: every prompt is trained on)."""
-    num_prompts: Count = 20
-    """Held-out prompts: this many distinct prompts drawn (with ``data.seed``) from the
-    data file; every row with one of them is left out of training. The data must have
-    more distinct prompts than this (the built-in ``add`` task has 100)."""
-    mode: Literal["greedy", "pass_at_k"] = "greedy"
-    """greedy: one response per prompt at temperature 0. pass_at_k: ``k`` responses per
-    prompt at ``rollout.sampling.temperature``; a prompt passes if any is correct."""
-    k: Count = 4
-    """Responses per prompt in pass_at_k mode."""
-    max_new_tokens: NonNegInt = 0
-    """Most response tokens; 0: ``rollout.sampling.max_new_tokens``."""
-    correct_reward: float = 0.999
-    """A response counts as correct when its reward (``reward.functions`` with
-    ``reward.weights``) is at least this. The built-in tasks give 1.0 to an exact answer."""
-    save_best: bool = True
-    """At each evaluation whose ``val/accuracy`` beats every earlier one, save the
-    weights (a Hugging Face directory, no optimizer) to ``checkpoints/best_<version>``
-    and point the link ``checkpoints/best`` at it (``checkpoints/best.json`` says which)."""
+    every_steps: Annotated[NonNegInt, Meta(description=
+        "Evaluate after every this many trainer steps and after the last one; 0 disables evaluation (and the held-out "
+        "split: every prompt is trained on).")] = 0
+    num_prompts: Annotated[Count, Meta(description=
+        "Held-out prompts: this many distinct prompts drawn (with ``data.seed``) from the data file; every row with "
+        "one of them is left out of training. The data must have more distinct prompts than this (the built-in ``add`` "
+        "task has 100).")] = 20
+    mode: Annotated[Literal["greedy", "pass_at_k"], Meta(description=
+        "greedy: one response per prompt at temperature 0. pass_at_k: ``k`` responses per prompt at "
+        "``rollout.sampling.temperature``; a prompt passes if any is correct.")] = "greedy"
+    k: Annotated[Count, Meta(description="Responses per prompt in pass_at_k mode.")] = 4
+    max_new_tokens: Annotated[NonNegInt, Meta(description="Most response tokens; 0: ``rollout.sampling.max_new_tokens``.")] = 0
+    correct_reward: Annotated[float, Meta(description=
+        "A response counts as correct when its reward (``reward.functions`` with ``reward.weights``) is at least this. "
+        "The built-in tasks give 1.0 to an exact answer.")] = 0.999
+    save_best: Annotated[bool, Meta(description=
+        "At each evaluation whose ``val/accuracy`` beats every earlier one, save the weights (a Hugging Face "
+        "directory, no optimizer) to ``checkpoints/best_<version>`` and point the link ``checkpoints/best`` at it "
+        "(``checkpoints/best.json`` says which).")] = True
+
+    def check(self, run: RunConfig) -> None:
+        if self.every_steps and self.mode == "pass_at_k" and run.rollout.sampling.temperature == 0:
+            raise Refused("mode", "pass_at_k samples at rollout.sampling.temperature, which is 0 (greedy): every "
+                                  "sample would be the same; use mode = 'greedy' or a temperature above 0")
 
 
 class QueueConfig(_Section):
     """TransferQueue."""
 
-    num_shards: Count = 1
-    """Storage shard processes."""
-    capacity_rows: NonNegInt = 0
-    """Most rows held at once (producers wait beyond it). 0: enough for staleness+2 steps."""
-    shm: bool = True
-    """Same-host shared-memory data path for tensor bytes."""
-    inline_max_bytes: Annotated[int, Meta(ge=0, le=1 << 20)] = 16384
-    """A put of at most this many bytes travels with the shard's notice to the
-    controllers, and the consumer gets it in the GetBatch reply: one round trip less
-    for small rows. 0: every read goes to the shard."""
+    num_shards: Annotated[Count, Meta(description="Storage shard processes.")] = 1
+    capacity_rows: Annotated[NonNegInt, Meta(description=
+        "Most rows held at once (producers wait beyond it). 0: enough for staleness+2 steps.")] = 0
+    shm: Annotated[bool, Meta(description="Same-host shared-memory data path for tensor bytes.")] = True
+    inline_max_bytes: Annotated[int, Meta(ge=0, le=1 << 20, description=
+        "A put of at most this many bytes travels with the shard's notice to the controllers, and the consumer gets it "
+        "in the GetBatch reply: one round trip less for small rows. 0: every read goes to the shard.")] = 16384
+
+    def check(self, run: RunConfig) -> None:
+        if self.capacity_rows and self.capacity_rows < run.samples_per_step:
+            raise Refused("capacity_rows", f"must hold at least one global batch ({run.samples_per_step} rows) "
+                                           "or be 0 (automatic)")
 
 
 class WorkflowConfig(_Section):
     """How the roles overlap."""
 
-    mode: Literal["sync", "async"] = "async"
-    """sync: generate the whole batch, then score, then train, then sync weights (the
-    baseline). async: every role streams; rollout runs ahead by up to ``staleness``."""
-    staleness: NonNegInt = 1
-    """Bound k: a sample generated by policy version v is trained at step s only if
-    s - v <= k. Forced to 0 in sync mode."""
-    substep_updates: bool = True
-    """Rollout replicas swap to new weights one at a time (capacity never drops to 0)."""
-    weight_timeout_s: Seconds = 120.0
-    """How long one step of a weight transfer (a chunk over nng, a broadcast over the
-    collective, building its group) may take before the replica gives up on that
-    version and fetches the next one announced."""
-    verify_weights: Literal["error", "count", "off"] = "error"
-    """Version integrity: every row carries the digest of the weights that generated it
-    and the trainer checks it against the version the row is tagged with
-    (``engines/digest.py``). error: a mismatch fails the step, naming the row. count:
-    counted in the ``weights_mismatch`` metric. off: no digests."""
-    weight_transport: Literal["nng", "collective"] = "nng"
-    """How the weight bytes reach rollout replicas. nng: chunks pulled over the actor
-    transport (host-staged). collective: broadcast over a two-member torch.distributed
-    group per replica (gloo on cpu, nccl on cuda, hccl on npu) into buffers on the
-    replica's device; announcements and swap grants stay on nng. A replica whose
-    trainer side has no such collective falls back to nng (logged)."""
+    mode: Annotated[Literal["sync", "async"], Meta(description=
+        "sync: generate the whole batch, then score, then train, then sync weights (the baseline). async: every role "
+        "streams; rollout runs ahead by up to ``staleness``.")] = "async"
+    staleness: Annotated[NonNegInt, Meta(description=
+        "Bound k: a sample generated by policy version v is trained at step s only if s - v <= k. Forced to 0 in sync "
+        "mode.")] = 1
+    substep_updates: Annotated[bool, Meta(description=
+        "Rollout replicas swap to new weights one at a time (capacity never drops to 0).")] = True
+    weight_timeout_s: Annotated[Seconds, Meta(description=
+        "How long one step of a weight transfer (a chunk over nng, a broadcast over the collective, building its "
+        "group) may take before the replica gives up on that version and fetches the next one announced.")] = 120.0
+    verify_weights: Annotated[Literal["error", "count", "off"], Meta(description=
+        "Version integrity: every row carries the digest of the weights that generated it and the trainer checks it "
+        "against the version the row is tagged with (``engines/digest.py``). error: a mismatch fails the step, naming "
+        "the row. count: counted in the ``weights_mismatch`` metric. off: no digests.")] = "error"
+    weight_transport: Annotated[Literal["nng", "collective"], Meta(description=
+        "How the weight bytes reach rollout replicas. nng: chunks pulled over the actor transport (host-staged). "
+        "collective: broadcast over a two-member torch.distributed group per replica (gloo on cpu, nccl on cuda, hccl "
+        "on npu) into buffers on the replica's device; announcements and swap grants stay on nng. A replica whose "
+        "trainer side has no such collective falls back to nng (logged).")] = "nng"
 
 
 class RoleEntry(_Section):
     """A custom role: any Actor subclass, started in its own process."""
 
-    name: str
-    """Actor name (unique)."""
-    cls: str
-    """Dotted path ``package.module:Class`` of an asyncflow Actor."""
-    kwargs: dict = msgspec.field(default_factory=dict)
-    """Keyword arguments of its constructor (after ``ctx``; ``run_dir`` is always given)."""
-    task: str = ""
-    """A queue task to create for this role (``tq.controller.<task>``): rows are freed
-    only after the role acked them. Empty: the role reads no rows."""
-    reward_column: str = ""
-    """A column this role puts (one float per row) that the trainer waits for and adds
-    to the reward, times ``reward_weight``."""
-    reward_weight: float = 1.0
-    """Weight of ``reward_column`` in the reward."""
+    name: Annotated[str, Meta(description="Actor name (unique).")]
+    cls: Annotated[str, Meta(description="Dotted path ``package.module:Class`` of an asyncflow Actor.")]
+    kwargs: Annotated[dict, Meta(description=
+        "Keyword arguments of its constructor (after ``ctx``; ``run_dir`` is always given).")] = msgspec.field(default_factory=dict)
+    task: Annotated[str, Meta(description=
+        "A queue task to create for this role (``tq.controller.<task>``): rows are freed only after the role acked "
+        "them. Empty: the role reads no rows.")] = ""
+    reward_column: Annotated[str, Meta(description=
+        "A column this role puts (one float per row) that the trainer waits for and adds to the reward, times "
+        "``reward_weight``.")] = ""
+    reward_weight: Annotated[float, Meta(description="Weight of ``reward_column`` in the reward.")] = 1.0
 
 
 class ClusterConfig(_Section):
     """Where processes run."""
 
-    launcher: Literal["local", "ray"] = "local"
-    """local: every process on this machine. ray: placed by a running Ray cluster."""
-    max_resumes: NonNegInt = 0
-    """When a process that cannot be restarted alone dies (queue, shard, loader, a
-    trainer rank) or its node is lost, stop cleanly and resume from the last
-    checkpoint, up to this many times per `afctl up` (0: stop and print the resume
-    command). Rollout, reward, reference and custom-role processes are restarted
-    in place (within ``max_restarts_per_role``)."""
-    max_restarts_per_role: NonNegInt = 10
-    """Restarts of one role's processes (rollout, reward, reference, or a custom role;
-    its workers share the count) allowed within any ``restart_window_s``. A worker that
-    dies during its own restart counts again. One more death stops the run cleanly,
-    which ``max_resumes`` then resumes from the last checkpoint. 0: never restart."""
-    restart_window_s: PosFloat = 300.0
-    """The window of ``max_restarts_per_role``, in seconds: older restarts no longer count."""
-    restart_backoff_s: NonNegFloat = 1.0
-    """A role's first restart in the window is immediate; the next waits this long,
-    and each one after twice as long as the one before (at most 60 s)."""
-    device: Literal["cpu", "cuda", "npu"] = "cpu"
-    """Device kind of rollout and training."""
-    transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
-    """nng transport of the actors (scheme ipc on one host, tcp across hosts)."""
-    threads_per_process: Count = 1
-    """torch intra-op threads per worker process (cpu)."""
-    pin_trainer_cores: NonNegInt = 0
-    """Async mode, local launcher: this many of the cores the driver may use (the
-    first ones) go to the trainer's processes alone; every other process shares the
-    rest (Linux CPU affinity). On a machine the run has to itself, whose few cores
-    every role shares, the trainer (the critical path of an async step) then never
-    waits for a core (docs/performance.md); where other jobs load the machine it
-    hurts (the trainer is held to its busy cores). 0: the OS places every process on
-    every core. Sync mode ignores it: its phases take turns, each may use every core."""
-    rollout_devices: list[NonNegInt] = msgspec.field(default_factory=list)
-    """Accelerator ids for rollout replicas, one per replica (CUDA_VISIBLE_DEVICES /
-    ASCEND_RT_VISIBLE_DEVICES of its process). Empty: the process sees every device."""
-    train_devices: list[NonNegInt] = msgspec.field(default_factory=list)
-    """Accelerator ids of the trainer: all of them for one rank, one per rank with
-    ``train.num_ranks > 1``."""
-    reference_devices: list[NonNegInt] = msgspec.field(default_factory=list)
-    """Accelerator ids for reference workers, one per worker."""
-    python_path: list[str] = msgspec.field(default_factory=list)
-    """Directories (relative to the config file, like every path in it, or absolute) added to every process's
-    PYTHONPATH, so custom roles and rewards in your own modules import."""
-    ray_address: str = ""
-    """Ray cluster address (launcher = ray); empty: RAY_ADDRESS."""
+    launcher: Annotated[Literal["local", "ray"], Meta(description=
+        "local: every process on this machine. ray: placed by a running Ray cluster.")] = "local"
+    max_resumes: Annotated[NonNegInt, Meta(description=
+        "When a process that cannot be restarted alone dies (queue, shard, loader, a trainer rank) or its node is "
+        "lost, stop cleanly and resume from the last checkpoint, up to this many times per `afctl up` (0: stop and "
+        "print the resume command). Rollout, reward, reference and custom-role processes are restarted in place "
+        "(within ``max_restarts_per_role``).")] = 0
+    max_restarts_per_role: Annotated[NonNegInt, Meta(description=
+        "Restarts of one role's processes (rollout, reward, reference, or a custom role; its workers share the count) "
+        "allowed within any ``restart_window_s``. A worker that dies during its own restart counts again. One more "
+        "death stops the run cleanly, which ``max_resumes`` then resumes from the last checkpoint. 0: never restart.")] = 10
+    restart_window_s: Annotated[PosFloat, Meta(description=
+        "The window of ``max_restarts_per_role``, in seconds: older restarts no longer count.")] = 300.0
+    restart_backoff_s: Annotated[NonNegFloat, Meta(description=
+        "A role's first restart in the window is immediate; the next waits this long, and each one after twice as long "
+        "as the one before (at most 60 s).")] = 1.0
+    device: Annotated[Literal["cpu", "cuda", "npu"], Meta(description="Device kind of rollout and training.")] = "cpu"
+    transport: Annotated[TransportConfig, Meta(description=
+        "nng transport of the actors (scheme ipc on one host, tcp across hosts).")] = msgspec.field(default_factory=TransportConfig)
+    threads_per_process: Annotated[Count, Meta(description="torch intra-op threads per worker process (cpu).")] = 1
+    pin_trainer_cores: Annotated[NonNegInt, Meta(description=
+        "Async mode, local launcher: this many of the cores the driver may use (the first ones) go to the trainer's "
+        "processes alone; every other process shares the rest (Linux CPU affinity). On a machine the run has to "
+        "itself, whose few cores every role shares, the trainer (the critical path of an async step) then never waits "
+        "for a core (docs/performance.md); where other jobs load the machine it hurts (the trainer is held to its busy "
+        "cores). 0: the OS places every process on every core. Sync mode ignores it: its phases take turns, each may "
+        "use every core.")] = 0
+    rollout_devices: Annotated[list[NonNegInt], Meta(description=
+        "Accelerator ids for rollout replicas, one per replica (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES of "
+        "its process). Empty: the process sees every device.")] = msgspec.field(default_factory=list)
+    train_devices: Annotated[list[NonNegInt], Meta(description=
+        "Accelerator ids of the trainer: all of them for one rank, one per rank with "
+        "``train.num_ranks > 1``.")] = msgspec.field(default_factory=list)
+    reference_devices: Annotated[list[NonNegInt], Meta(description=
+        "Accelerator ids for reference workers, one per worker.")] = msgspec.field(default_factory=list)
+    python_path: Annotated[list[str], Meta(description=
+        "Directories (relative to the config file, like every path in it, or absolute) added to every process's "
+        "PYTHONPATH, so custom roles and rewards in your own modules import.")] = msgspec.field(default_factory=list)
+    ray_address: Annotated[str, Meta(description="Ray cluster address (launcher = ray); empty: RAY_ADDRESS.")] = ""
+
+    def check(self, run: RunConfig) -> None:
+        if self.pin_trainer_cores and self.launcher != "local":
+            raise Refused("pin_trainer_cores", "pins cores of this machine: use it with launcher = 'local', or set it to 0")
+        ranks = run.train.num_ranks
+        if ranks > 1 and self.train_devices and len(self.train_devices) != ranks:
+            raise Refused("train_devices", f"give one device per trainer rank ({ranks} ids), or none")
+        for key, devices, count in (("rollout_devices", self.rollout_devices, run.rollout.num_replicas),
+                                    ("reference_devices", self.reference_devices, run.reference.num_workers)):
+            if devices and len(devices) != count:
+                raise Refused(key, f"give one device id per worker ({count})")
+        try:
+            self.transport.validate()
+        except ValueError as exc:  # the transport names its keys already
+            raise ConfigError(str(exc).replace("[cluster.transport] ", "cluster.transport.")) from None
 
 
 class LoggingConfig(_Section):
     """What the run writes besides metrics.jsonl."""
 
-    progress: bool = True
-    """Print one progress line per trainer step."""
-    tensorboard: bool = False
-    """Write TensorBoard event files (extra: asyncflow[tensorboard])."""
-    wandb_project: str = ""
-    """Log to Weights & Biases under this project (extra: asyncflow[wandb])."""
-    hang_timeout_s: Seconds = 300.0
-    """If no trainer step completes for this long, print what every role waits on."""
-    spans: bool = True
-    """Record what every role does over time into RUN_DIR/trace.json (afctl trace)."""
-    trace_every_s: NonNegFloat = 30.0
-    """Rewrite RUN_DIR/trace.json this often during the run (afctl trace on a live run);
-    0: only at the end."""
+    progress: Annotated[bool, Meta(description="Print one progress line per trainer step.")] = True
+    tensorboard: Annotated[bool, Meta(description="Write TensorBoard event files (extra: asyncflow[tensorboard]).")] = False
+    wandb_project: Annotated[str, Meta(description="Log to Weights & Biases under this project (extra: asyncflow[wandb]).")] = ""
+    hang_timeout_s: Annotated[Seconds, Meta(description=
+        "If no trainer step completes for this long, print what every role waits on.")] = 300.0
+    spans: Annotated[bool, Meta(description=
+        "Record what every role does over time into RUN_DIR/trace.json (afctl trace).")] = True
+    trace_every_s: Annotated[NonNegFloat, Meta(description=
+        "Rewrite RUN_DIR/trace.json this often during the run (afctl trace on a live run); 0: only at the end.")] = 30.0
 
 
 class PlannerConfig(_Section):
     """The planner actor (online reallocation; docs/planner.md)."""
 
-    online: bool = False
-    """Move worker processes between rollout and training during the run."""
-    imbalance_threshold: NonNegFloat = 0.2
-    """Busy-fraction gap (rollout - training) beyond which one side counts as
-    waiting on the other in a step."""
-    patience_steps: Count = 3
-    """Steps in a row that must lean the same way before a move, and steps between moves."""
-    min_gain: NonNegFloat = 0.05
-    """Predicted step-time gain (fraction) a move must bring to be made."""
-    max_rollout_replicas: Count = 4
-    """Most rollout replica processes the planner may run (it never adds beyond)."""
-    train_threads: NonNegInt = 0
-    """torch threads of the trainer at start (its workers, the ones the planner moves
-    to rollout); 0: cluster.threads_per_process."""
-    measure_steps: Count = 3
-    """Steps after a move over which its measured gain is recorded in planner.jsonl."""
-    cores: NonNegInt = 0
-    """With cluster.device = cpu: the cores every process shares (0: all of this
-    machine's). There the planner adds or removes rollout replicas and never gives
-    the trainer threads (docs/planner.md, "online reallocation on a CPU box")."""
+    online: Annotated[bool, Meta(description="Move worker processes between rollout and training during the run.")] = False
+    imbalance_threshold: Annotated[NonNegFloat, Meta(description=
+        "Busy-fraction gap (rollout - training) beyond which one side counts as waiting on the other in a step.")] = 0.2
+    patience_steps: Annotated[Count, Meta(description=
+        "Steps in a row that must lean the same way before a move, and steps between moves.")] = 3
+    min_gain: Annotated[NonNegFloat, Meta(description="Predicted step-time gain (fraction) a move must bring to be made.")] = 0.05
+    max_rollout_replicas: Annotated[Count, Meta(description=
+        "Most rollout replica processes the planner may run (it never adds beyond).")] = 4
+    train_threads: Annotated[NonNegInt, Meta(description=
+        "torch threads of the trainer at start (its workers, the ones the planner moves to rollout); 0: "
+        "cluster.threads_per_process.")] = 0
+    measure_steps: Annotated[Count, Meta(description=
+        "Steps after a move over which its measured gain is recorded in planner.jsonl.")] = 3
+    cores: Annotated[NonNegInt, Meta(description=
+        "With cluster.device = cpu: the cores every process shares (0: all of this machine's). There the planner adds "
+        'or removes rollout replicas and never gives the trainer threads (docs/planner.md, "online reallocation on a '
+        'CPU box").')] = 0
+
+    def check(self, run: RunConfig) -> None:
+        if self.max_rollout_replicas < run.rollout.num_replicas:
+            raise Refused("max_rollout_replicas", f"must be at least rollout.num_replicas ({run.rollout.num_replicas})")
+        if self.online and run.train.num_ranks > 1:
+            raise Refused("online", "the online planner moves threads and replicas for a one-rank trainer only: set "
+                                    "it to false, or train.num_ranks = 1")
 
 
 class RunConfig(_Section):
@@ -404,8 +432,7 @@ class RunConfig(_Section):
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     planner: PlannerConfig = msgspec.field(default_factory=PlannerConfig)
     roles: list[RoleEntry] = msgspec.field(default_factory=list)
-    seed: NonNegInt = 0
-    """Global seed."""
+    seed: Annotated[NonNegInt, Meta(description="Global seed.")] = 0
 
     @property
     def staleness(self) -> int:
@@ -415,90 +442,47 @@ class RunConfig(_Section):
     def samples_per_step(self) -> int:
         return self.train.prompts_per_step * self.algorithm.group_size
 
+    def check(self, run: RunConfig) -> None:
+        """Rules across ``[[roles]]`` entries (each section checks its own keys)."""
+        names = [r.name for r in self.roles]
+        if len(names) != len(set(names)):
+            raise Refused("roles.name", "role names must be unique", names)
+        for r in self.roles:
+            if r.name in _BUILTIN_NAMES or r.name.startswith(_BUILTIN_PREFIXES):
+                raise Refused("roles.name", "this name belongs to a built-in role; choose another", r.name)
+            if r.reward_column and not r.task:
+                raise Refused("roles.reward_column", f"role {r.name!r} must also set `task` (the queue task it reads "
+                                                     "rows from)", r.reward_column)
 
-class ConfigError(ValueError):
-    """A config value is wrong; the message names the key and the fix."""
+
+_BUILTIN_NAMES = ("loader", "trainer", "weights", "collector", "directory")
+_BUILTIN_PREFIXES = ("rollout.", "reward.", "reference.", "tq.", "host.")
+"""Actor names of the built-in roles, which a ``[[roles]]`` entry may not take."""
 
 
-def _need(ok: bool, key: str, value, fix: str) -> None:
-    if not ok:
+def validate(cfg: RunConfig) -> None:
+    """The cross-field rules: every section's ``check``; the first one broken raises
+    ConfigError naming the key, its value and the fix. (msgspec has checked each
+    field's own constraints while decoding.)"""
+    check_tree(cfg)
+
+
+def check_paths(cfg: RunConfig) -> None:
+    """What the schema cannot know: that ``model.path`` and ``data.path`` exist."""
+    def refuse(key: str, value: str, fix: str) -> None:
         raise ConfigError(f"{key} = {value!r}: {fix}")
 
-
-def _check(cfg: RunConfig) -> None:
-    need = _need
-    need(
-        cfg.algorithm.name != "grpo" or cfg.algorithm.group_size >= 2,
-        "algorithm.group_size", cfg.algorithm.group_size, "GRPO needs at least 2 responses per prompt",
-    )
-    _check_algorithm(cfg.algorithm)
-    ranks = cfg.train.num_ranks
-    if ranks > 1:
-        need(cfg.train.engine.fsdp, "train.engine.fsdp", cfg.train.engine.fsdp,
-             f"train.num_ranks = {ranks} trains data parallel with FSDP2: set [train.engine] fsdp = true")
-        need(cfg.algorithm.name != "ppo" or cfg.critic.engine.fsdp, "critic.engine.fsdp", cfg.critic.engine.fsdp,
-             f"the PPO critic trains on the same {ranks} ranks: set [critic.engine] fsdp = true")
-        need(cfg.train.prompts_per_step % ranks == 0, "train.prompts_per_step", cfg.train.prompts_per_step,
-             f"every rank trains whole prompt groups: use a multiple of train.num_ranks ({ranks})")
-        need(not cfg.cluster.train_devices or len(cfg.cluster.train_devices) == ranks, "cluster.train_devices",
-             cfg.cluster.train_devices, f"give one device per trainer rank ({ranks} ids), or none")
-        need(not cfg.planner.online, "planner.online", cfg.planner.online,
-             "the online planner moves threads and replicas for a one-rank trainer only: set it to false, "
-             "or train.num_ranks = 1")
-    need(
-        not cfg.reward.weights or len(cfg.reward.weights) == len(cfg.reward.functions),
-        "reward.weights", cfg.reward.weights, f"give one weight per function ({len(cfg.reward.functions)})",
-    )
-    need(
-        cfg.queue.capacity_rows == 0 or cfg.queue.capacity_rows >= cfg.samples_per_step,
-        "queue.capacity_rows", cfg.queue.capacity_rows,
-        f"must hold at least one global batch ({cfg.samples_per_step} rows) or be 0 (automatic)",
-    )
     if cfg.model.path:
-        need(os.path.isdir(cfg.model.path), "model.path", cfg.model.path,
-             "no such directory; give a local Hugging Face model directory (relative to the config file), "
-             "or a checkpoint of a run (RUN_DIR/checkpoints/latest)")
-        need(os.path.isfile(os.path.join(cfg.model.path, "config.json")), "model.path", cfg.model.path,
-             "not a Hugging Face model directory (no config.json); give a directory saved with save_pretrained, "
-             "or a checkpoint of a run (RUN_DIR/checkpoints/step_N or RUN_DIR/checkpoints/latest)")
-    if cfg.data.path:
-        need(os.path.isfile(cfg.data.path), "data.path", cfg.data.path,
-             "no such file; give a .jsonl or .parquet file (relative to the config file, or absolute)")
-        need(
-            cfg.data.path.endswith((".jsonl", ".parquet")), "data.path", cfg.data.path, "use a .jsonl or .parquet file",
-        )
-    names = [r.name for r in cfg.roles]
-    need(cfg.cluster.pin_trainer_cores == 0 or cfg.cluster.launcher == "local", "cluster.pin_trainer_cores",
-         cfg.cluster.pin_trainer_cores, "pins cores of this machine: use it with launcher = 'local', or set it to 0")
-    need(len(names) == len(set(names)), "roles.name", names, "role names must be unique")
-    builtin = {"loader", "trainer", "weights", "collector", "directory"}
-    for r in cfg.roles:
-        need(r.name not in builtin and not r.name.startswith(("rollout.", "reward.", "reference.", "tq.", "host.")),
-             "roles.name", r.name, "this name belongs to a built-in role; choose another")
-        need(not r.reward_column or bool(r.task), "roles.reward_column", r.reward_column,
-             f"role {r.name!r} must also set `task` (the queue task it reads rows from)")
-    ev = cfg.eval
-    if ev.every_steps:
-        need(ev.mode != "pass_at_k" or cfg.rollout.sampling.temperature > 0, "eval.mode", ev.mode,
-             "pass_at_k samples at rollout.sampling.temperature, which is 0 (greedy): every sample would be "
-             "the same; use mode = 'greedy' or a temperature above 0")
-    need(
-        cfg.planner.max_rollout_replicas >= cfg.rollout.num_replicas, "planner.max_rollout_replicas",
-        cfg.planner.max_rollout_replicas, f"must be at least rollout.num_replicas ({cfg.rollout.num_replicas})",
-    )
-    try:
-        cfg.cluster.transport.validate()
-    except ValueError as exc:  # the transport names its keys already
-        raise ConfigError(str(exc).replace("[cluster.transport] ", "cluster.transport.")) from None
-    for key, devices, count in (("rollout_devices", cfg.cluster.rollout_devices, cfg.rollout.num_replicas),
-                                ("reference_devices", cfg.cluster.reference_devices, cfg.reference.num_workers)):
-        need(not devices or len(devices) == count, f"cluster.{key}", devices, f"give one device id per worker ({count})")
-
-
-def _check_algorithm(alg: AlgorithmConfig) -> None:
-    need = _need
-    need(alg.is_mask_high == 0 or alg.is_mask_high > 1, "algorithm.is_mask_high", alg.is_mask_high,
-         "use 0 (no upper bound) or a ratio above 1 such as 2.0")
+        if not os.path.isdir(cfg.model.path):
+            refuse("model.path", cfg.model.path, "no such directory; give a local Hugging Face model directory "
+                   "(relative to the config file), or a checkpoint of a run (RUN_DIR/checkpoints/latest)")
+        if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
+            refuse("model.path", cfg.model.path, "not a Hugging Face model directory (no config.json); give a "
+                   "directory saved with save_pretrained, or a checkpoint of a run (RUN_DIR/checkpoints/step_N or "
+                   "RUN_DIR/checkpoints/latest)")
+    if cfg.data.path and not os.path.isfile(cfg.data.path):
+        refuse("data.path", cfg.data.path, "no such file; give a .jsonl or .parquet file (relative to the config "
+               "file, or absolute)")
 
 
 def _warn(cfg: RunConfig) -> None:
@@ -514,72 +498,43 @@ def _warn(cfg: RunConfig) -> None:
             "(see docs/algorithms.md)", cfg.staleness, cfg.staleness)
 
 
-def _struct_at(path: str) -> type | None:
-    """The Struct type at a dotted config path (``rollout.engine``), if any."""
-    import typing
-
-    cls: type = RunConfig
-    for part in [p for p in path.replace("]", "").replace("[", ".").split(".") if p and not p.isdigit()]:
-        hints = typing.get_type_hints(cls)
-        if part not in hints:
-            return None
-        hint = hints[part]
-        hint = typing.get_args(hint)[0] if typing.get_origin(hint) is list else hint
-        if not (isinstance(hint, type) and issubclass(hint, msgspec.Struct)):
-            return None
-        cls = hint
-    return cls
+def _field(path: str) -> msgspec.inspect.Field | None:
+    """msgspec's view of the field at a dotted key (``train.num_steps``,
+    ``cluster.rollout_devices[1]``, ``roles[0].name``), if there is one."""
+    parent, _, name = re.sub(r"\[\d+\]$", "", path).rpartition(".")
+    cls = schema.struct_at(RunConfig, parent) if parent else RunConfig
+    if cls is None or name not in cls.__struct_fields__:
+        return None
+    return schema.field_info(cls, name)
 
 
-def _field_hint(path: str) -> str:
-    import typing
-
+def _choices(path: str) -> str:
+    """``; use one of 'sync', 'async'`` for a key whose type is a Literal."""
     parent, _, name = path.rpartition(".")
-    cls = _struct_at(parent) if parent else RunConfig
-    if cls is None:
-        return ""
-    hint = typing.get_type_hints(cls).get(name)
-    if typing.get_origin(hint) is Literal:
-        return "; use one of " + ", ".join(repr(v) for v in typing.get_args(hint))
-    return ""
+    cls = schema.struct_at(RunConfig, parent) if parent else RunConfig
+    hint = typing.get_type_hints(cls, include_extras=True).get(name) if cls else None
+    values = schema.literal_values(hint)
+    return "; use one of " + ", ".join(repr(v) for v in values) if values else ""
 
 
 def _range_of(path: str) -> str:
-    """The allowed range of the numeric key at ``path`` (``train.num_steps``,
-    ``cluster.rollout_devices[1]``), from its field's msgspec constraints: ``>= 1``,
-    ``between 0 and 1``; empty when it has none."""
-    import re
-    import typing
+    """The allowed range of the numeric key at ``path`` from its field's constraints
+    (``>= 1``, ``between 0 and 1``); empty when it has none."""
+    field = _field(path)
+    return schema.allowed_range(field.type) if field else ""
 
-    parent, _, name = re.sub(r"\[\d+\]$", "", path).rpartition(".")
-    cls = _struct_at(parent) if parent else RunConfig
-    if cls is None:
-        return ""
-    hint = typing.get_type_hints(cls, include_extras=True).get(name)
-    metas: list[msgspec.Meta] = []
 
-    def collect(h) -> None:
-        if typing.get_origin(h) is Annotated:
-            metas.extend(m for m in typing.get_args(h)[1:] if isinstance(m, msgspec.Meta))
-            return
-        for arg in typing.get_args(h):
-            collect(arg)
-
-    collect(hint)
-    if not metas:
-        return ""
-    m = metas[0]
-    low = (">=", m.ge) if m.ge is not None else ((">", m.gt) if m.gt is not None else None)
-    high = ("<=", m.le) if m.le is not None else (("<", m.lt) if m.lt is not None else None)
-    if low and high and low[0] == ">=" and high[0] == "<=":
-        return f"between {low[1]} and {high[1]}"
-    return " and ".join(f"{bound[0]} {bound[1]}" for bound in (low, high) if bound)
+def _where(key: str) -> str:
+    """Where a key is set: ``[train] num_steps, or --set train.num_steps=...``."""
+    bare = re.sub(r"\[\d+\]", "", key)
+    parent, _, name = bare.rpartition(".")
+    if parent == "roles":  # an array of tables: --set cannot reach into it
+        return f"[[roles]] {name}"
+    return f"[{parent}] {name}, or --set {bare}=..." if parent else f"{name} at the top level, or --set {bare}=..."
 
 
 def _raw_value(raw: dict, path: str):
     """The value at a dotted path of the parsed TOML (``None`` when absent)."""
-    import re
-
     node = raw
     for part in re.findall(r"[^.\[\]]+", path):
         try:
@@ -602,7 +557,7 @@ def _format_error(exc: msgspec.ValidationError, source: str, raw: dict | None = 
         source = f"--set {given[key.split('[')[0]]}"
     if what.startswith("Object contains unknown field"):
         unknown = what.split("`")[1]
-        cls = _struct_at(key) if key else RunConfig
+        cls = schema.struct_at(RunConfig, key) if key else RunConfig
         known = list(cls.__struct_fields__) if cls else []
         close = difflib.get_close_matches(unknown, known, n=1)
         full = f"{key}.{unknown}" if key else unknown
@@ -613,9 +568,9 @@ def _format_error(exc: msgspec.ValidationError, source: str, raw: dict | None = 
     allowed = _range_of(key) if key and ", got" not in what else ""
     if allowed:  # a constraint: the key, the value and the range
         return ConfigError(f"{key} = {_raw_value(raw or {}, key)!r}: out of range; use a value {allowed} "
-                           f"(in {source}; docs/config.md says what it means)")
+                           f"(in {source}; set it in {_where(key)}; docs/config.md says what it means)")
     if key:
-        return ConfigError(f"{key}: {what}{_field_hint(key)} (in {source})")
+        return ConfigError(f"{key}: {what}{_choices(key)} (in {source}); set it in {_where(key)}")
     return ConfigError(f"{what} (in {source})")
 
 
@@ -656,12 +611,13 @@ def load_config_text(text: str, source: str = "<string>", overrides: Sequence[st
         raise _format_error(exc, source, raw, overrides) from None
     given = {item.partition("=")[0].strip() for item in overrides}  # a --set path is relative to the working directory
     _resolve_paths(cfg, Path(base_dir) if base_dir is not None else None, source, given)
-    _check(cfg)
+    validate(cfg)
+    check_paths(cfg)
     _warn(cfg)
     return cfg
 
 
-def _resolve_paths(cfg: RunConfig, base: Path | None, source: str, given: set[str] = frozenset()) -> None:
+def _resolve_paths(cfg: RunConfig, base: Path | None, source: str, given: AbstractSet[str] = frozenset()) -> None:
     """Paths in a config file are relative to the file's directory: ``model.path``,
     ``data.path``, ``cluster.python_path``, so a run works from any directory. A
     ``model.path`` that is a checkpoint (``checkpoints/step_N``, with the Hugging Face
@@ -710,72 +666,66 @@ def dump_config(cfg: RunConfig) -> str:
     return msgspec.json.format(msgspec.json.encode(cfg).decode(), indent=2)
 
 
-def _field_docs(cls: type) -> dict[str, str]:
-    """Field docstrings (the string literal under each field) read from the source."""
-    import ast
-    import inspect
-    import textwrap
-
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
-    docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-_DOCS_OUTSIDE = {  # keys of Structs defined outside this module whose source has no field docstring yet
-    ("TransportConfig", "scheme"): "``inproc`` (every actor in one process: tests), ``ipc`` (one host: unix sockets "
-    "in ``ipc_dir``) or ``tcp`` (several hosts).",
-    ("TransportConfig", "bind_host"): "tcp: the address listeners bind. Loopback by default; any other address needs "
-    "``secret`` or ``tls_dir`` (docs/security.md), and a wildcard (``0.0.0.0``) needs ``advertise_host``.",
-    ("TransportConfig", "max_message_bytes"): "The largest frame an actor listener accepts (nng drops a bigger one): "
-    "bounds weight chunks and queue batches.",
-    ("TransportConfig", "connect_timeout_s"): "Seconds to wait when dialing a peer and for the directory's answers "
-    "(register, look up) before failing.",
-}
-"""Descriptions for docs/config.md of keys whose defining module (core/transport.py)
-has no docstring under them; a docstring written there takes precedence."""
+def _toml(value: object) -> str:
+    """A default as it is written in cluster.toml."""
+    if value is None:
+        return "(unset)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return msgspec.json.encode(value).decode()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(_toml, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def config_markdown() -> str:
-    """docs/config.md: every section and key with its type, default and meaning."""
-    import re
-    import typing
+    """docs/config.md, walked from the schema: every section and key with its type,
+    default, allowed range and description (``Meta(description=...)`` on the field)."""
+    lines = ["# cluster.toml reference", "", "Generated by `python -m asyncflow.core.config --markdown` from the schema "
+             "(core/config.py, engines/config.py, core/transport.py).", ""]
 
-    lines = ["# cluster.toml reference", "", "Generated by `python -m asyncflow.core.config --markdown`.", ""]
-
-    def section(cls: type, path: str) -> None:
-        lines.extend([f"## `[{path}]`" if path else "## top level", "", " ".join((cls.__doc__ or "").split()), ""])
-        docs = _field_docs(cls)
+    def section(cls: type, path: str, defaults: object = None, about: str = "") -> None:
+        """``defaults``: the section as its parent builds it (``[critic.engine]`` has
+        ``critic = true``), None for a table that has no default (``[[roles]]``)."""
+        title = f"## `[{path}]`" if path else "## top level"
+        lines.extend([title, "", *([about, ""] if about else []), " ".join((cls.__doc__ or "").split()), ""])
+        info = msgspec.inspect.type_info(cls)
+        assert isinstance(info, msgspec.inspect.StructType)
         nested, rows = [], []
-        for f in msgspec.structs.fields(cls):
-            hint = typing.get_type_hints(cls)[f.name]
-            if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
-                nested.append((hint, f"{path}.{f.name}" if path else f.name))
+        for field in info.fields:
+            meaning = schema.description(field)
+            hint = typing.get_type_hints(cls, include_extras=True)[field.name]
+            sub = schema.struct_type(hint)
+            if sub is not None and not isinstance(schema.bare_type(field.type), msgspec.inspect.ListType):
+                nested.append((sub, f"{path}.{field.name}" if path else field.name, getattr(defaults, field.name), meaning))
                 continue
-            default = f.default if f.default is not msgspec.NODEFAULT else (
-                f.default_factory() if f.default_factory is not msgspec.NODEFAULT else "(required)")
-            type_name = hint.__name__ if isinstance(hint, type) and not typing.get_args(hint) else re.sub(r"[\w.]+\.(\w+)", r"\1", str(hint))
-            allowed = _range_of(f"{path}.{f.name}" if path else f.name)
-            type_name = type_name.replace("Optional[", "").rstrip("]") + " | None" if type_name.startswith("Optional[") else type_name
-            type_name = (type_name + (f" ({allowed})" if allowed else "")).replace("|", "\\|")
-            meaning = docs.get(f.name) or _DOCS_OUTSIDE.get((cls.__name__, f.name), "")
-            element = typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
-            if not meaning and isinstance(element, type) and issubclass(element, msgspec.Struct):
-                meaning = f"An array of tables, one `[[{f.name}]]` per entry: see `[[{f.name}]]` below."
-            rows.append(f"| `{f.name}` | `{type_name}` | `{default!r}` | {meaning} |")
+            if field.required:
+                default = "(required)"
+            elif defaults is not None:
+                default = f"`{_toml(getattr(defaults, field.name))}`"
+            else:
+                default = f"`{_toml(field.default if field.default_factory is msgspec.NODEFAULT else field.default_factory())}`"
+            allowed = schema.allowed_range(field.type)
+            values = schema.literal_values(hint)
+            type_name = " | ".join(map(repr, values)) if values else schema.type_name(field.type)
+            type_name += f" ({allowed})" if allowed else ""
+            if sub is not None:
+                meaning = meaning or f"An array of tables, one `[[{field.name}]]` per entry: see `[[{field.name}]]` below."
+                type_name = f"list[{sub.__name__}]"
+            cells = [f"`{field.name}`", f"`{type_name}`", default, meaning]
+            rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells[:3]) + f" | {meaning} |")
         if rows:
             lines.extend(["| key | type | default | meaning |", "|---|---|---|---|", *rows])
         else:
-            lines.append("No keys of its own: " + ", ".join(f"`[{p}]`" for _, p in nested) + " below.")
+            lines.append("No keys of its own: " + ", ".join(f"`[{p}]`" for _, p, _, _ in nested) + " below.")
         lines.append("")
-        for sub, sub_path in nested:
-            section(sub, sub_path)
+        for sub_cls, sub_path, sub_defaults, sub_about in nested:
+            section(sub_cls, sub_path, sub_defaults, sub_about)
 
-    section(RunConfig, "")
+    section(RunConfig, "", RunConfig())
     section(RoleEntry, "[roles]")
     return "\n".join(lines)
 

@@ -118,8 +118,9 @@ def decode_reply_header(view: memoryview) -> protocol.ReplyHeader:
 
 
 def _all_messages(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
+    out: list[type] = []
+    subclasses: list[type] = cls.__subclasses__()
+    for sub in subclasses:
         out.append(sub)
         out.extend(_all_messages(sub))
     return out
@@ -133,7 +134,7 @@ def decoder_for(union: Any) -> msgspec.msgpack.Decoder:
 
 @functools.cache
 def _any_message_decoder() -> msgspec.msgpack.Decoder:
-    return msgspec.msgpack.Decoder(Union[tuple(_all_messages(protocol._Msg))] | None)
+    return msgspec.msgpack.Decoder(Union[tuple(_all_messages(protocol._Msg))] | None)  # noqa: UP007  (a union of a run-time tuple)
 
 
 def decode_any(view: memoryview) -> Any:

@@ -163,7 +163,7 @@ class StopActor(_Msg):
 class Echo(_Msg):
     """Answered with itself (transport benchmark, health checks, tests)."""
 
-    payload: memoryview = b""  # bytes-like
+    payload: memoryview = b""  # type: ignore[assignment]  # bytes-like
     fail: str = ""  # when set, the echo actor raises ValueError(fail) instead
     delay_s: float = 0.0  # when > 0, the echo actor answers after this delay (deferred)
 

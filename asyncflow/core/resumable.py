@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from asyncflow.core.config import ConfigError, RunConfig, _check, _format_error, apply_overrides
+from asyncflow.core.config import ConfigError, RunConfig, _format_error, apply_overrides, check_paths, validate
 
 RESUMABLE_KEYS = (
     "train.num_steps",
@@ -86,5 +86,6 @@ def apply_resume_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfi
             f"{'on' if new.eval.every_steps else 'off'} when resuming (the held-out split decides which prompts "
             f"the loader trains on, and the loader resumes at its place in that order); change it between "
             f"non-zero values only, or start a new run")
-    _check(new)
+    validate(new)
+    check_paths(new)
     return new

@@ -20,7 +20,7 @@ def to_wire(array) -> Tensor:
     """numpy array or torch tensor (any device) -> wire Tensor."""
     if isinstance(array, np.ndarray):
         arr = np.ascontiguousarray(array)
-        return Tensor(dtype=arr.dtype.name, shape=tuple(arr.shape), data=memoryview(arr).cast("B"))
+        return Tensor(dtype=arr.dtype.name, shape=tuple(arr.shape), data=memoryview(arr).cast("B"))  # type: ignore[arg-type]  # ndarray is a buffer; numpy's stubs lack __buffer__
     import torch
 
     if not isinstance(array, torch.Tensor):
@@ -34,7 +34,7 @@ def to_wire(array) -> Tensor:
         raw = t.view(getattr(torch, np.dtype(_TORCH_ONLY[name]).name)).numpy()
     else:
         raw = t.numpy()
-    return Tensor(dtype=name, shape=tuple(t.shape), data=memoryview(raw).cast("B") if raw.size else b"")
+    return Tensor(dtype=name, shape=tuple(t.shape), data=memoryview(raw).cast("B") if raw.size else memoryview(b""))  # type: ignore[arg-type]  # as above
 
 
 def to_numpy(t: Tensor) -> np.ndarray:

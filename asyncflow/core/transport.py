@@ -22,9 +22,11 @@ import stat
 import tempfile
 import threading
 import uuid
+from typing import Annotated
 
 import msgspec
 import pynng
+from msgspec import Meta
 
 SECRET_ENV = "ASYNCFLOW_SECRET"
 TRANSPORT_ENV = "ASYNCFLOW_TRANSPORT"
@@ -41,34 +43,39 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """How actors talk. ``scheme``: ``inproc`` (one process), ``ipc`` (one host),
     ``tcp`` (several hosts)."""
 
-    scheme: str = "ipc"
-    bind_host: str = "127.0.0.1"
-    secret: str = ""
-    """tcp without ``tls_dir``: the cluster secret every frame carries and every tcp
-    listener checks (it travels in clear text: see docs/security.md). Prefer the
-    ASYNCFLOW_SECRET environment variable; one set here is written to RUN_DIR/secret
-    (mode 0600), never to RUN_DIR/config.json."""
-    max_message_bytes: int = 2 << 30
-    ipc_dir: str = ""
-    """ipc: the directory of the sockets (empty: a fresh one per run, or
-    TMPDIR/asyncflow-UID). It must belong to this user and be writable by no one else."""
-    connect_timeout_s: float = 10.0
-    advertise_host: str = ""
-    """tcp with a wildcard ``bind_host``: the node's own address, registered in the
-    directory so that peers on other nodes can dial it (launcher = ray sets it)."""
-    tls_dir: str = ""
-    """tcp: a directory made by `afctl certs DIR` (ca.pem, node.pem, node.key), present
-    on every node. When set, tcp listeners and dialers use TLS (``tls+tcp://``) with
-    mutual authentication against this cluster's CA: frames are encrypted, a captured
-    frame cannot be replayed, and a peer without the cluster's certificate cannot send
-    a byte to a listener. See docs/security.md."""
-    control_max_message_bytes: int = 16 << 20
-    """The largest frame the control listeners (directory, process hosts) accept; other
-    listeners accept ``max_message_bytes``. nng buffers a whole frame before the
-    listener sees it, so this bounds what an unauthenticated peer makes them hold."""
-    ports: str = ""
-    """tcp: the range ``"MIN-MAX"`` of ports listeners take, one per actor (to open in
-    a firewall); empty: any free port."""
+    scheme: Annotated[str, Meta(description=
+        "``inproc`` (every actor in one process: tests), ``ipc`` (one host: unix sockets in ``ipc_dir``) or ``tcp`` "
+        "(several hosts).")] = "ipc"
+    bind_host: Annotated[str, Meta(description=
+        "tcp: the address listeners bind. Loopback by default; any other address needs ``secret`` or ``tls_dir`` "
+        "(docs/security.md), and a wildcard (``0.0.0.0``) needs ``advertise_host``.")] = "127.0.0.1"
+    secret: Annotated[str, Meta(description=
+        "tcp without ``tls_dir``: the cluster secret every frame carries and every tcp listener checks (it travels in "
+        "clear text: see docs/security.md). Prefer the ASYNCFLOW_SECRET environment variable; one set here is written "
+        "to RUN_DIR/secret (mode 0600), never to RUN_DIR/config.json.")] = ""
+    max_message_bytes: Annotated[int, Meta(gt=0, description=
+        "The largest frame an actor listener accepts (nng drops a bigger one): bounds weight chunks and queue "
+        "batches.")] = 2 << 30
+    ipc_dir: Annotated[str, Meta(description=
+        "ipc: the directory of the sockets (empty: a fresh one per run, or TMPDIR/asyncflow-UID). It must belong to "
+        "this user and be writable by no one else.")] = ""
+    connect_timeout_s: Annotated[float, Meta(gt=0, description=
+        "Seconds to wait when dialing a peer and for the directory's answers (register, look up) before failing.")] = 10.0
+    advertise_host: Annotated[str, Meta(description=
+        "tcp with a wildcard ``bind_host``: the node's own address, registered in the directory so that peers on other "
+        "nodes can dial it (launcher = ray sets it).")] = ""
+    tls_dir: Annotated[str, Meta(description=
+        "tcp: a directory made by `afctl certs DIR` (ca.pem, node.pem, node.key), present on every node. When set, tcp "
+        "listeners and dialers use TLS (``tls+tcp://``) with mutual authentication against this cluster's CA: frames "
+        "are encrypted, a captured frame cannot be replayed, and a peer without the cluster's certificate cannot send "
+        "a byte to a listener. See docs/security.md.")] = ""
+    control_max_message_bytes: Annotated[int, Meta(gt=0, description=
+        "The largest frame the control listeners (directory, process hosts) accept; other listeners accept "
+        "``max_message_bytes``. nng buffers a whole frame before the listener sees it, so this bounds what an "
+        "unauthenticated peer makes them hold.")] = 16 << 20
+    ports: Annotated[str, Meta(description=
+        'tcp: the range ``"MIN-MAX"`` of ports listeners take, one per actor (to open in a firewall); empty: any free '
+        "port.")] = ""
 
     def port_range(self) -> tuple[int, int] | None:
         if not self.ports:
@@ -81,7 +88,7 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     def secret_bytes(self) -> bytes:
         return (self.secret or os.environ.get(SECRET_ENV, "")).encode()
 
-    def validate(self) -> "TransportConfig":
+    def validate(self) -> TransportConfig:
         if self.scheme not in ("inproc", "ipc", "tcp"):
             raise ValueError(f"[cluster.transport] scheme = {self.scheme!r}: use 'inproc', 'ipc' or 'tcp'")
         if self.scheme == "tcp" and self.bind_host not in _LOOPBACK and not (self.secret_bytes() or self.tls_dir):
@@ -104,7 +111,7 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         return msgspec.json.encode(self).decode()
 
     @classmethod
-    def from_env(cls) -> "TransportConfig":
+    def from_env(cls) -> TransportConfig:
         raw = os.environ.get(TRANSPORT_ENV)
         return msgspec.json.decode(raw, type=cls) if raw else cls()
 
@@ -202,7 +209,9 @@ def listen(address: str, config: TransportConfig, max_message_bytes: int | None 
 def _listen_in_range(sock: pynng.Rep0, base: str, config: TransportConfig):
     """Listen on the first free port of ``config.ports``, from a random start (fewer
     collisions between processes starting at once)."""
-    low, high = config.port_range()
+    ports = config.port_range()
+    assert ports is not None  # called only with config.ports set
+    low, high = ports
     num_ports = high - low + 1
     start = random.randrange(num_ports)
     for k in range(num_ports):

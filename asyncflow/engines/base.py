@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -70,7 +70,7 @@ class RolloutEngine(abc.ABC):
         stamps the digest of the tensors it loaded)."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (optional: an engine with nothing to free keeps this no-op)
         """Free the model and cache."""
 
 
@@ -105,7 +105,7 @@ class TokenBatch:
     def batch_size(self) -> int:
         return self.input_ids.shape[0]
 
-    def split(self, micro_batch_size: int) -> list["TokenBatch"]:
+    def split(self, micro_batch_size: int) -> list[TokenBatch]:
         """Micro-batches along dim 0, each trimmed to its longest real sequence."""
         out = []
         for start in range(0, self.batch_size, micro_batch_size):
@@ -119,12 +119,13 @@ class TokenBatch:
                 x = x[rows]
                 return x[:, :width] if x.dim() >= 2 and x.shape[1] == self.input_ids.shape[1] else x
 
-            kw = {f.name: cut(getattr(self, f.name)) for f in fields(self) if f.name != "extra"}
-            out.append(replace(self, **kw, extra={k: cut(v) for k, v in self.extra.items()}))
+            kw: dict[str, Any] = {f.name: cut(getattr(self, f.name)) for f in fields(self) if f.name != "extra"}
+            extra: dict[str, Any] = {k: cut(v) for k, v in self.extra.items()}
+            out.append(replace(self, **kw, extra=extra))
         return out
 
-    def to(self, device: torch.device | str) -> "TokenBatch":
-        kw = {
+    def to(self, device: torch.device | str) -> TokenBatch:
+        kw: dict[str, Any] = {
             f.name: (getattr(self, f.name).to(device) if getattr(self, f.name) is not None else None)
             for f in fields(self)
             if f.name != "extra"

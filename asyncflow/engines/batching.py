@@ -42,9 +42,9 @@ def make_token_batch(
         ids_BT[b, :n] = torch.tensor(list(p) + list(r), dtype=torch.long)
         attn_BT[b, :n] = 1
         resp_BT[b, n_p:n] = 1.0
-        if rollout_BT is not None:
+        if rollout_BT is not None and rollout_logprobs is not None:
             rollout_BT[b, n_p:n] = torch.tensor(rollout_logprobs[b], dtype=torch.float32)
-        if ref_BT is not None:
+        if ref_BT is not None and ref_logprobs is not None:
             ref_BT[b, n_p:n] = torch.tensor(ref_logprobs[b], dtype=torch.float32)
     adv_BT = advantages_B.float().unsqueeze(1) * resp_BT if advantages_B is not None else None
     return TokenBatch(

@@ -1,4 +1,4 @@
-"""Engine configuration: msgspec Structs, every field with a default and a comment.
+"""Engine configuration: msgspec Structs, every field with a default and a description.
 
 Invariants:
 - Structs are ``kw_only`` and ``forbid_unknown_fields``: a misspelt key in a TOML file
@@ -15,11 +15,15 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from asyncflow.core.schema import Refused
+
 Device = Literal["cpu", "cuda", "npu"]
 DType = Literal["float32", "bfloat16", "float16"]
 
 # Ranges of numeric keys, checked by msgspec when a config is loaded (the error names
-# the key and the range: core/config.py):
+# the key and the range: core/config.py). A field adds its description with a second
+# Meta: ``Annotated[Count, Meta(description=...)]``; a rule between fields is the
+# Struct's ``check`` method (core/schema.py).
 Count = Annotated[int, Meta(ge=1)]
 """1 or more."""
 NonNegInt = Annotated[int, Meta(ge=0)]
@@ -37,93 +41,76 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     the sampled token under ``softmax(logits / temperature)`` (before top-k/top-p
     truncation), so a trainer recomputes them with the same temperature."""
 
-    temperature: NonNegFloat = 1.0
-    """Softmax temperature; 0 means greedy (log-probs are then those at temperature 1)."""
-    top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
-    """Nucleus sampling mass in (0, 1]; 1 disables it."""
-    top_k: NonNegInt = 0
-    """Keep only the k most likely tokens; 0 disables it."""
-    max_new_tokens: Count = 64
-    """Upper bound on response tokens per sample (the stop token counts)."""
-    stop_token_ids: tuple[NonNegInt, ...] = ()
-    """A response ends after emitting any of these (the stop token is kept in the
-    response and has a log-prob). Empty: the tokenizer's eos is used by the caller."""
-    n: Count = 1
-    """Samples per prompt (the GRPO group size)."""
-    seed: NonNegInt | None = None
-    """Seed of the engine's sampling generator for this call; None keeps its stream."""
+    temperature: Annotated[NonNegFloat, Meta(description=
+        "Softmax temperature; 0 means greedy (log-probs are then those at temperature 1).")] = 1.0
+    top_p: Annotated[float, Meta(gt=0, le=1, description=
+        "Nucleus sampling mass in (0, 1]; 1 disables it.")] = 1.0
+    top_k: Annotated[NonNegInt, Meta(description="Keep only the k most likely tokens; 0 disables it.")] = 0
+    max_new_tokens: Annotated[Count, Meta(description="Upper bound on response tokens per sample (the stop token counts).")] = 64
+    stop_token_ids: Annotated[tuple[NonNegInt, ...], Meta(description=
+        "A response ends after emitting any of these (the stop token is kept in the response and has a log-prob). "
+        "Empty: the tokenizer's eos is used by the caller.")] = ()
+    n: Annotated[Count, Meta(description="Samples per prompt (the GRPO group size).")] = 1
+    seed: Annotated[NonNegInt | None, Meta(description=
+        "Seed of the engine's sampling generator for this call; None keeps its stream.")] = None
 
 
 class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A rollout (generation) engine."""
 
-    type: Literal["native", "vllm", "vllm_ascend"] = "native"
-    """native: PyTorch, KV cache + continuous batching, cpu/cuda/npu.
-    vllm: vLLM on CUDA. vllm_ascend: vLLM with the vllm-ascend plugin on NPU."""
-    device: Device = "cpu"
-    """Where the model runs."""
-    device_index: NonNegInt = 0
-    """Which accelerator on the host (ignored on cpu)."""
-    dtype: DType = "float32"
-    """Weights and KV-cache dtype. Log-prob consistency with training needs float32."""
-    kv_cache_bytes: Count | None = None
-    """KV-cache budget in bytes. Exactly one of this and ``kv_cache_fraction`` may be
-    set; neither: 64 MiB."""
-    kv_cache_fraction: Annotated[float, Meta(gt=0, le=1)] | None = None
-    """KV-cache budget as a fraction of the device's free memory (cuda/npu only for
-    native; vLLM's gpu_memory_utilization)."""
-    kv_block_tokens: Count = 16
-    """Tokens per KV-cache block (native engine's allocation unit)."""
-    max_batch_size: Count = 64
-    """Most sequences decoded together in one step."""
-    seed: NonNegInt = 0
-    """Seed of the sampling generator."""
-    num_threads: Count | None = None
-    """torch intra-op threads on cpu; None leaves torch's setting alone."""
-    tensor_parallel_size: Count = 1
-    """vLLM only: tensor-parallel degree."""
-    enforce_eager: bool = False
-    """vLLM only: disable CUDA/NPU graphs (faster start, slower decode)."""
+    type: Annotated[Literal["native", "vllm", "vllm_ascend"], Meta(description=
+        "native: PyTorch, KV cache + continuous batching, cpu/cuda/npu. vllm: vLLM on CUDA. vllm_ascend: vLLM with the "
+        "vllm-ascend plugin on NPU.")] = "native"
+    device: Annotated[Device, Meta(description="Where the model runs.")] = "cpu"
+    device_index: Annotated[NonNegInt, Meta(description="Which accelerator on the host (ignored on cpu).")] = 0
+    dtype: Annotated[DType, Meta(description=
+        "Weights and KV-cache dtype. Log-prob consistency with training needs float32.")] = "float32"
+    kv_cache_bytes: Annotated[Count | None, Meta(description=
+        "KV-cache budget in bytes. Exactly one of this and ``kv_cache_fraction`` may be set; neither: 64 MiB.")] = None
+    kv_cache_fraction: Annotated[Annotated[float, Meta(gt=0, le=1)] | None, Meta(description=
+        "KV-cache budget as a fraction of the device's free memory (cuda/npu only for native; vLLM's "
+        "gpu_memory_utilization).")] = None
+    kv_block_tokens: Annotated[Count, Meta(description="Tokens per KV-cache block (native engine's allocation unit).")] = 16
+    max_batch_size: Annotated[Count, Meta(description="Most sequences decoded together in one step.")] = 64
+    seed: Annotated[NonNegInt, Meta(description="Seed of the sampling generator.")] = 0
+    num_threads: Annotated[Count | None, Meta(description=
+        "torch intra-op threads on cpu; None leaves torch's setting alone.")] = None
+    tensor_parallel_size: Annotated[Count, Meta(description="vLLM only: tensor-parallel degree.")] = 1
+    enforce_eager: Annotated[bool, Meta(description="vLLM only: disable CUDA/NPU graphs (faster start, slower decode).")] = False
+
+    def check(self, run: object) -> None:
+        """Cross-field rules (core/schema.py); ``run``: the whole config, unused."""
+        if self.kv_cache_bytes is not None and self.kv_cache_fraction is not None:
+            raise Refused("kv_cache_fraction", "set kv_cache_bytes or kv_cache_fraction, not both")
 
 
 class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A training engine."""
 
-    type: Literal["torch"] = "torch"
-    """torch: PyTorch, one process or FSDP2 over torch.distributed."""
-    device: Device = "cpu"
-    """Where the model trains."""
-    dtype: DType = "float32"
-    """Parameter dtype (optimizer states follow it)."""
-    lr: PosFloat = 1e-5
-    """AdamW learning rate (the peak, with a schedule)."""
-    lr_warmup_steps: NonNegInt = 0
-    """Optimizer steps of linear warmup: step k (0-based) of the first this many uses
-    ``lr * (k + 1) / lr_warmup_steps``. 0: no warmup. In a run the policy takes one
-    optimizer step per trainer step and epoch (``algorithm.epochs``), the PPO critic one
-    per trainer step."""
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    """After warmup: constant keeps ``lr``; cosine decays it along half a cosine to
-    ``lr * lr_min_ratio`` at the run's last optimizer step. The lr is a function of the
-    optimizer step count alone, so a resumed run continues the schedule where it was."""
-    lr_min_ratio: Fraction = 0.0
-    """Cosine only: the final lr as a fraction of ``lr`` (0 to 1)."""
-    betas: tuple[Annotated[float, Meta(ge=0, lt=1)], Annotated[float, Meta(ge=0, lt=1)]] = (0.9, 0.999)
-    """AdamW betas."""
-    weight_decay: NonNegFloat = 0.0
-    """AdamW decoupled weight decay."""
-    grad_clip: NonNegFloat = 1.0
-    """Max global grad norm; 0 disables clipping."""
-    micro_batch_size: Count = 8
-    """Sequences per forward/backward; gradients accumulate over a step's micro-batches."""
-    fsdp: bool = False
-    """Shard parameters, grads and optimizer state with FSDP2 (``fully_shard``) over
-    the initialised default process group."""
-    critic: bool = False
-    """Add a scalar value head (PPO critic); ``forward`` then returns values."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
-    seed: NonNegInt = 0
-    """Seed for the value head's initialisation."""
-    num_threads: Count | None = None
-    """torch intra-op threads on cpu; None leaves torch's setting alone."""
+    type: Annotated[Literal["torch"], Meta(description="torch: PyTorch, one process or FSDP2 over torch.distributed.")] = "torch"
+    device: Annotated[Device, Meta(description="Where the model trains.")] = "cpu"
+    dtype: Annotated[DType, Meta(description="Parameter dtype (optimizer states follow it).")] = "float32"
+    lr: Annotated[PosFloat, Meta(description="AdamW learning rate (the peak, with a schedule).")] = 1e-5
+    lr_warmup_steps: Annotated[NonNegInt, Meta(description=
+        "Optimizer steps of linear warmup: step k (0-based) of the first this many uses ``lr * (k + 1) / "
+        "lr_warmup_steps``. 0: no warmup. In a run the policy takes one optimizer step per trainer step and epoch "
+        "(``algorithm.epochs``), the PPO critic one per trainer step.")] = 0
+    lr_schedule: Annotated[Literal["constant", "cosine"], Meta(description=
+        "After warmup: constant keeps ``lr``; cosine decays it along half a cosine to ``lr * lr_min_ratio`` at the "
+        "run's last optimizer step. The lr is a function of the optimizer step count alone, so a resumed run continues "
+        "the schedule where it was.")] = "constant"
+    lr_min_ratio: Annotated[Fraction, Meta(description="Cosine only: the final lr as a fraction of ``lr`` (0 to 1).")] = 0.0
+    betas: Annotated[tuple[Annotated[float, Meta(ge=0, lt=1)], Annotated[float, Meta(ge=0, lt=1)]], Meta(description=
+        "AdamW betas.")] = (0.9, 0.999)
+    weight_decay: Annotated[NonNegFloat, Meta(description="AdamW decoupled weight decay.")] = 0.0
+    grad_clip: Annotated[NonNegFloat, Meta(description="Max global grad norm; 0 disables clipping.")] = 1.0
+    micro_batch_size: Annotated[Count, Meta(description=
+        "Sequences per forward/backward; gradients accumulate over a step's micro-batches.")] = 8
+    fsdp: Annotated[bool, Meta(description=
+        "Shard parameters, grads and optimizer state with FSDP2 (``fully_shard``) over the initialised default process "
+        "group.")] = False
+    critic: Annotated[bool, Meta(description="Add a scalar value head (PPO critic); ``forward`` then returns values.")] = False
+    gradient_checkpointing: Annotated[bool, Meta(description="Recompute activations in backward to save memory.")] = False
+    seed: Annotated[NonNegInt, Meta(description="Seed for the value head's initialisation.")] = 0
+    num_threads: Annotated[Count | None, Meta(description=
+        "torch intra-op threads on cpu; None leaves torch's setting alone.")] = None

@@ -9,6 +9,7 @@ Invariants:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
@@ -43,7 +44,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32, device
     """The causal LM in eval mode on ``device``."""
     path = _check_dir(model_dir)
     load_config(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)  # a PreTrainedModel
     return model.to(device).eval()
 
 

@@ -16,6 +16,8 @@ Invariants:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -24,20 +26,21 @@ from asyncflow.engines.kv_cache import KVBlockPool
 
 class NativeDecoder:
     def __init__(self, hf_model: torch.nn.Module):
-        config = hf_model.config
+        # a Hugging Face causal LM: torch types its submodules (model.layers, rotary_emb) as Tensor | Module
+        config: Any = hf_model.config
         if getattr(config, "use_sliding_window", False):
             raise ValueError("the native engine has no sliding-window attention; set use_sliding_window=false or use vllm")
         rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
         if rope_type == "dynamic":
             raise ValueError("the native engine precomputes rotary tables; dynamic rope scaling needs vllm")
-        self.model = hf_model
+        self.model: Any = hf_model
         self.config = config
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.num_layers = config.num_hidden_layers
         self.max_positions = config.max_position_embeddings
-        base = hf_model.model
+        base: Any = hf_model.model
         param = next(hf_model.parameters())
         with torch.no_grad():
             pos = torch.arange(self.max_positions, device=param.device).unsqueeze(0)

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
 
 # The alphabet and chat template live beside the prompt encoding that checks prompts
 # against them (engines/prompts.py, production code); re-exported here.
@@ -71,7 +70,7 @@ def tiny_config(
     max_position_embeddings: int = 512,
 ) -> Qwen2Config | LlamaConfig:
     """A small decoder config (grouped-query attention, tied embeddings)."""
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,

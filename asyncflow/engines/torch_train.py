@@ -25,6 +25,7 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import safetensors.torch
 import torch
@@ -49,12 +50,14 @@ from asyncflow.engines.lr_schedule import lr_at
 class _Net(torch.nn.Module):
     """The HF causal LM, plus a scalar value head for a critic."""
 
+    lm: Any  # a Hugging Face causal LM: torch types its submodules as Tensor | Module
+
     def __init__(self, lm: torch.nn.Module, critic: bool, seed: int):
         super().__init__()
         self.lm = lm
         self.value_head = None
         if critic:
-            hidden = lm.config.hidden_size
+            hidden = self.lm.config.hidden_size
             param = next(lm.parameters())
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
@@ -62,7 +65,9 @@ class _Net(torch.nn.Module):
                 torch.nn.init.normal_(self.value_head.weight, std=1.0 / hidden**0.5)
                 torch.nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def forward(
+        self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.value_head is None:
             return self.lm(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).logits, None
         hidden_BTE = self.lm.model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).last_hidden_state
@@ -100,7 +105,7 @@ class TorchTrainEngine(TrainEngine):
         self.total_steps = total_steps  # optimizer steps of the run (the cosine schedule's length)
         self.model_dir = Path(model_dir)
         self.device = torch_device(cfg.device, torch.cuda.current_device() if cfg.device == "cuda" else 0)
-        lm = load_model(model_dir, dtype=torch_dtype(cfg.dtype), device=self.device)
+        lm: Any = load_model(model_dir, dtype=torch_dtype(cfg.dtype), device=self.device)
         if cfg.gradient_checkpointing:
             lm.gradient_checkpointing_enable()
         lm.train()
@@ -133,11 +138,11 @@ class TorchTrainEngine(TrainEngine):
 
     def _run(self, mb: TokenBatch, temperature: float, with_entropy: bool) -> ForwardOutput:
         ids = mb.input_ids.to(self.device)
-        mask = mb.attention_mask
+        mask: torch.Tensor | None = mb.attention_mask
         # Right padding (every row's ones first): causal attention alone never lets a real
         # token see a pad, so the mask changes nothing at real positions (up to float rounding) and
         # the model skips building and applying it. Any other mask is passed as is.
-        mask = None if right_padded(mask) else mask.to(self.device)
+        mask = None if right_padded(mb.attention_mask) else mb.attention_mask.to(self.device)
         logits, values = self.net(ids, mask)
         if values is not None:
             return ForwardOutput(logp=torch.zeros_like(values, dtype=torch.float32), values=F.pad(values[:, :-1].float(), (1, 0)))
@@ -167,7 +172,9 @@ class TorchTrainEngine(TrainEngine):
                 return None
             return torch.cat([F.pad(p, (0, width - p.shape[1])) for p in parts]).cpu()
 
-        return ForwardOutput(logp=cat("logp"), entropy=cat("entropy"), values=cat("values"))
+        logp = cat("logp")
+        assert logp is not None  # every forward computes log-probs
+        return ForwardOutput(logp=logp, entropy=cat("entropy"), values=cat("values"))
 
     def train_step(self, batch: TokenBatch, loss_fn: LossFn, temperature: float = 1.0) -> TrainStepResult:
         mbs = self._micro_batches(batch)
@@ -226,7 +233,7 @@ class TorchTrainEngine(TrainEngine):
 
     def save_checkpoint(self, path: str | Path, with_optimizer: bool = True) -> None:
         out = Path(path)
-        state = get_model_state_dict(self.net, options=self._full_options())
+        state: dict[str, Any] = get_model_state_dict(self.net, options=self._full_options())  # tensors, full
         optim = get_optimizer_state_dict(self.net, self.optimizer, options=self._full_options()) if with_optimizer else None
         if self.rank != 0:
             return
@@ -248,7 +255,7 @@ class TorchTrainEngine(TrainEngine):
 
     def load_checkpoint(self, path: str | Path, with_optimizer: bool = True) -> None:
         src = Path(path)
-        state = {"lm." + k: v for k, v in safetensors.torch.load_file(src / "model.safetensors").items()}
+        state: dict[str, Any] = {"lm." + k: v for k, v in safetensors.torch.load_file(src / "model.safetensors").items()}
         if (src / "value_head.safetensors").is_file():
             state.update({"value_head." + k: v for k, v in safetensors.torch.load_file(src / "value_head.safetensors").items()})
         set_model_state_dict(self.net, state, options=StateDictOptions(full_state_dict=True, strict=False))

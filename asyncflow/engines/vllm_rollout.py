@@ -32,6 +32,7 @@ import importlib
 import importlib.util
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -44,7 +45,8 @@ WORKER_EXTENSION = "asyncflow.engines.vllm_worker:WeightSyncExtension"
 
 def _require(module: str, extra: str) -> None:
     if importlib.util.find_spec(module) is None:
-        raise RuntimeError(f"rollout engine needs {module!r}: pip install -e '.[{extra}]' (in the asyncflow checkout), or set type = \"native\"")
+        raise RuntimeError(f"rollout engine needs {module!r}: pip install -e '.[{extra}]' (in the asyncflow checkout), "
+                           "or set type = \"native\"")
 
 
 class VLLMRolloutEngine(RolloutEngine):
@@ -58,7 +60,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
         if cfg.kv_cache_bytes is not None and cfg.kv_cache_fraction is not None:
             raise ValueError("set kv_cache_bytes or kv_cache_fraction, not both")
-        memory = {}
+        memory: dict[str, float] = {}
         if cfg.kv_cache_bytes is not None:
             memory["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
         else:
@@ -104,7 +106,7 @@ class VLLMRolloutEngine(RolloutEngine):
             for s, sample in enumerate(out.outputs):
                 ids = list(sample.token_ids)
                 logps = [step[t].logprob for t, step in zip(ids, sample.logprobs)]
-                reason = "stop" if ids and ids[-1] in stop else "length"
+                reason: Literal["stop", "length"] = "stop" if ids and ids[-1] in stop else "length"
                 completions.append(Completion(p, s, ids, logps, reason, self._version))
         return completions
 

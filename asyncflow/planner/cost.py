@@ -132,7 +132,7 @@ def allreduce_s(hw: Hardware, eff: Efficiency, num_bytes: float, group: int, int
     return hw.collective_latency_s + 2 * (group - 1) / group * num_bytes / bandwidth
 
 
-def decode_iteration_s(model: ModelShape, hw: Hardware, eff: Efficiency, tp: int, batch: int, context_tokens: float) -> float:
+def decode_iteration_s(model: ModelShape, hw: Hardware, eff: Efficiency, tp: int, batch: float, context_tokens: float) -> float:
     """One decode iteration of `batch` sequences at mean context `context_tokens`, on tp devices."""
     weight_bytes = model.num_params * DTYPE_BYTES / tp
     kv_bytes = batch * kv_bytes_per_token_per_device(model, tp) * context_tokens
@@ -317,7 +317,7 @@ def async_step(
     # generate (incl. the tail) -> reference -> train -> sync spans k+1 periods.
     loop_s = rollout.time_s + rollout.tail_s + (reference.latency_s if reference else 0.0) + train.latency_s + transfer_s
     stages["dependency"] = loop_s / (staleness + 1)
-    bottleneck = max(stages, key=stages.get)
+    bottleneck = max(stages, key=lambda name: stages[name])
     return StepCost(mode="async", staleness=staleness, step_s=stages[bottleneck], bottleneck=bottleneck, stage_s=stages)
 
 
@@ -327,7 +327,7 @@ def sync_step(rollout: RoleCost, train: RoleCost, reference: RoleCost | None, tr
     stages = {"rollout": rollout.time_s + rollout.tail_s, "train": train.time_s, "weight_sync": transfer_s + extra_s}
     if reference is not None:
         stages["reference"] = reference.time_s
-    bottleneck = max(stages, key=stages.get)
+    bottleneck = max(stages, key=lambda name: stages[name])
     return StepCost(mode=mode, staleness=0, step_s=sum(stages.values()), bottleneck=bottleneck, stage_s=stages)
 
 

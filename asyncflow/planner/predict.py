@@ -14,6 +14,8 @@ measures it (`asyncflow/cli/predict.py`). Pure: no I/O.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from asyncflow.planner import cost, framework, workflow
@@ -72,7 +74,7 @@ def predict(cfg, profile: Profile, inputs: ConfigInputs, cores: int, response_le
     C = workflow.calls_per_step(cfg.train.prompts_per_step, cfg.rollout.prompts_per_call)
     S = wl.num_samples
     # the framework's own work per unit (afctl profile: trainer rows, weight snapshot, queue asks)
-    framework_s = {
+    framework_s: dict[str, Any] = {  # seconds, and score_s: seconds per mode
         "call_queue_s": framework.queue_s(eff, framework.ROLLOUT_CALL_ASKS, batch),
         "trainer_s": framework.trainer_extra_s(eff, S),
         "trainer_queue_s": framework.queue_s(eff, framework.TRAINER_STEP_ASKS, S),

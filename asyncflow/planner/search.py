@@ -149,10 +149,11 @@ class _Roles:
         if key not in self._rollout:
             k = self.wl.staleness
             cands = [rollout_cost(self.model, self.hw, self.eff, self.wl, devices, tp) for tp in self.tps if devices % tp == 0]
-            if mode == "async":
-                score = lambda c: max(c.time_s + weight_swap_s(self.model, self.hw, c.tp), (c.time_s + c.tail_s) / (k + 1))
-            else:
-                score = lambda c: c.time_s + c.tail_s + weight_transfer_s(self.model, self.hw, self.eff, c.tp, mode == "colocated")
+            def score(c: RoleCost) -> float:
+                if mode == "async":
+                    return max(c.time_s + weight_swap_s(self.model, self.hw, c.tp), (c.time_s + c.tail_s) / (k + 1))
+                return c.time_s + c.tail_s + weight_transfer_s(self.model, self.hw, self.eff, c.tp, mode == "colocated")
+
             sink = self.infeasible if mode == "async" else []
             self._rollout[key] = _best(cands, score, sink)
         return self._rollout[key]
@@ -211,6 +212,7 @@ def search(
                               weight_swap_s(model, hw, rollout.tp), wl.staleness)
             scored.append((step.step_s, rollout_devices, ref_devices))
             rollout_sync = roles.rollout(rollout_devices, "sync")
+            assert rollout_sync is not None  # the async rollout fits on these devices, so the sync one does
             sync = sync_step(rollout_sync, train, reference, weight_transfer_s(model, hw, eff, rollout_sync.tp))
             if sync_best is None or sync.step_s < sync_best[0]:
                 sync_best = (sync.step_s, rollout_devices, ref_devices)
@@ -220,6 +222,7 @@ def search(
         rollout = roles.rollout(rollout_devices, "async")
         reference = roles.reference(ref_devices) if ref_devices else None
         train = roles.train(num_devices - rollout_devices - ref_devices, with_reference=use_ref and not ref_devices)
+        assert rollout is not None and train is not None  # this split was scored above, so it is feasible
         step = async_step(rollout, train, reference, weight_transfer_s(model, hw, eff, rollout.tp),
                           weight_swap_s(model, hw, rollout.tp), wl.staleness)
         plans.append(_plan("async", step, rollout, train, reference, wl))
@@ -229,6 +232,7 @@ def search(
         rollout = roles.rollout(rollout_devices, "sync")
         reference = roles.reference(ref_devices) if ref_devices else None
         train = roles.train(num_devices - rollout_devices - ref_devices, with_reference=use_ref and not ref_devices)
+        assert rollout is not None and train is not None  # the best sync split was scored, so it is feasible
         step = sync_step(rollout, train, reference, weight_transfer_s(model, hw, eff, rollout.tp))
         sync_plan = _plan("sync", step, rollout, train, reference, wl)
     return SearchResult(

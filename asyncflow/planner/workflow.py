@@ -74,9 +74,10 @@ def simulate(st: StageTimes, num_replicas: int, staleness: int, num_steps: int) 
         while len(train_end) < num_steps:
             s = len(train_end)
             ends = call_end[s * C:(s + 1) * C]
-            if any(e is None for e in ends):
+            done = [e for e in ends if e is not None]
+            if len(done) < len(ends):
                 return
-            start = max(train_end[-1] if train_end else 0.0, max(ends) + st.reward_s)
+            start = max(train_end[-1] if train_end else 0.0, max(done) + st.reward_s)
             train_start.append(start)
             train_end.append(start + st.train_s + st.publish_s)
             published[s + 1] = train_end[-1]

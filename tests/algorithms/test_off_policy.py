@@ -37,9 +37,10 @@ def test_clipping_against_the_behaviour_policy_without_rollout_logprobs_names_th
 
 
 def test_the_algorithm_section_chooses_what_the_ratio_is_clipped_against():
+    from tiny_config import tiny_config_text
+
     from asyncflow.actors._policy import loss_config
     from asyncflow.core.config import load_config_text
-    from tiny_config import tiny_config_text
 
     cfg = load_config_text(tiny_config_text({"algorithm": {"clip_against": "proximal"}}))
     assert loss_config(cfg.algorithm).clip_against == "proximal"
@@ -47,8 +48,9 @@ def test_the_algorithm_section_chooses_what_the_ratio_is_clipped_against():
 
 
 def test_an_unknown_clip_against_value_names_the_key_and_the_choices():
-    from asyncflow.core.config import ConfigError, load_config_text
     from tiny_config import tiny_config_text
+
+    from asyncflow.core.config import ConfigError, load_config_text
 
     with pytest.raises(ConfigError, match=r"algorithm.clip_against.*'proximal', 'behaviour'"):
         load_config_text(tiny_config_text({"algorithm": {"clip_against": "coupled"}}))

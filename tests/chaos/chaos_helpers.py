@@ -26,7 +26,7 @@ HOOKS = HERE / "hooks"
 NUM_STEPS, CHECKPOINT_EVERY, PROMPTS_PER_STEP, GROUP_SIZE = 6, 2, 2, 2
 SEED_SHIFT = int(os.environ.get("AF_CHAOS_SEED", "0"))
 HOSTS_FOLLOW_S = 40.0  # a host's stop grace (core/host.py STOP_GRACE_S) and some
-LIVE: list["ChaosRun"] = []  # killed by the autouse fixture of conftest.py after each test, whatever happened
+LIVE: list[ChaosRun] = []  # killed by the autouse fixture of conftest.py after each test, whatever happened
 
 
 def rng_for(seed: int) -> random.Random:
@@ -58,7 +58,7 @@ class ChaosRun:
     def why(self, text: str = "") -> str:
         return f"seed {self.seed + SEED_SHIFT} (AF_CHAOS_SEED={SEED_SHIFT}): {text}"
 
-    def start(self) -> "ChaosRun":
+    def start(self) -> ChaosRun:
         self.marks.mkdir(exist_ok=True)
         changes = {"reward": {"functions": ["chaos_rewards:switchable"]}, **self.changes}
         config = write_config(
@@ -102,7 +102,7 @@ class ChaosRun:
 
     def steps_done(self) -> int:
         path = self.run_dir / "metrics.jsonl"
-        return len([l for l in path.read_text().splitlines() if l.strip()]) if path.exists() else 0
+        return len([line for line in path.read_text().splitlines() if line.strip()]) if path.exists() else 0
 
     def wait_until(self, what: str, predicate, timeout_s: float = 150.0):
         """Poll ``predicate`` (files the run writes, /proc) until it gives something true."""

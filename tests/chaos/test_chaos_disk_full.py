@@ -6,7 +6,6 @@ completes, every group trained exactly once, no process left."""
 from __future__ import annotations
 
 import pytest
-
 from chaos_helpers import NUM_STEPS, ChaosRun, rng_for
 
 pytestmark = pytest.mark.chaos

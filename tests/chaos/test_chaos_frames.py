@@ -13,7 +13,6 @@ from pathlib import Path
 import msgspec
 import pynng
 import pytest
-
 from chaos_helpers import ChaosRun, rng_for
 
 pytestmark = pytest.mark.chaos

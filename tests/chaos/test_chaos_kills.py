@@ -9,7 +9,6 @@ import re
 import time
 
 import pytest
-
 from chaos_helpers import NUM_STEPS, ChaosRun, rng_for
 
 pytestmark = pytest.mark.chaos

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from chaos_helpers import NUM_STEPS, ChaosRun, rng_for
 
 pytestmark = pytest.mark.chaos

@@ -4,14 +4,13 @@ pausing a role whose process is restarted at a new address (test_pause_restarted
 from __future__ import annotations
 
 import os
-from typing import Union
 
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 
 
 class PausableActor(Actor):
-    Inbox = Union[protocol.Pause, protocol.Resume, protocol.Ping, protocol.Stop]
+    Inbox = protocol.Pause | protocol.Resume | protocol.Ping | protocol.Stop
 
     def handle(self, msg, pending):
         match msg:
@@ -24,7 +23,7 @@ class PausableActor(Actor):
 class StuckActor(Actor):
     """Its Pause never ends in time (a unit of work that hangs): its stop times out."""
 
-    Inbox = Union[protocol.Pause, protocol.Ping, protocol.Stop]
+    Inbox = protocol.Pause | protocol.Ping | protocol.Stop
 
     def handle(self, msg, pending):
         match msg:

@@ -135,7 +135,8 @@ def test_any_exception_while_serving_a_frame_is_contained_and_counted(monkeypatc
 @pytest.mark.parametrize("scheme", ["inproc", "ipc"])
 def test_an_actor_stopped_right_after_it_started_leaves_no_thread_exception(scheme, tmp_path, monkeypatch):
     raised = []
-    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(f"{args.thread.name}: {args.exc_type.__name__}: {args.exc_value}"))
+    monkeypatch.setattr(threading, "excepthook",
+                        lambda args: raised.append(f"{args.thread.name}: {args.exc_type.__name__}: {args.exc_value}"))
     transport = TransportConfig(scheme=scheme, ipc_dir=str(tmp_path))
     for _ in range(50):
         actor = serve_actor(EchoActor, "echo", transport)

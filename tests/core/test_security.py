@@ -8,9 +8,9 @@ import stat
 
 import msgspec
 import pytest
+from tiny_config import tiny_config_text
 
 from asyncflow.core.config import load_config_text
-from tiny_config import tiny_config_text
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,7 +43,7 @@ def test_the_run_directory_keeps_the_secret_out_of_config_json_and_in_a_file_of_
 
 
 def test_a_resumed_run_takes_its_secret_back_from_the_secret_file(tmp_path):
-    from asyncflow.actors.launcher import read_run_config, prepare_new
+    from asyncflow.actors.launcher import prepare_new, read_run_config
 
     cfg = _config_with_secret(tmp_path)
     _, rd, _ = prepare_new(cfg, tmp_path / "run")

@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from test_torch_train import batch, nll
 
 from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.factory import build_train_engine
 from asyncflow.engines.lr_schedule import lr_at
-
-from test_torch_train import batch, nll
 
 
 @pytest.mark.timeout(10)

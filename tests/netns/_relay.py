@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 

@@ -11,10 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _lab
 import msgspec
 import pytest
 
-import _lab
 from asyncflow.core import protocol
 from asyncflow.core.directory import DirectoryClient
 from asyncflow.core.host import PARENT_ENV, HostProcess

@@ -62,9 +62,9 @@ class Run:
 
     def wait_for_line(self, text: str, timeout_s: float) -> None:
         with self._changed:
-            ok = self._changed.wait_for(lambda: any(text in l for l in self.lines) or self.proc.poll() is not None,
+            ok = self._changed.wait_for(lambda: any(text in line for line in self.lines) or self.proc.poll() is not None,
                                         timeout=timeout_s)
-        if not ok or not any(text in l for l in self.lines):
+        if not ok or not any(text in line for line in self.lines):
             raise AssertionError(f"no line with {text!r} within {timeout_s} s (exit code {self.proc.poll()}):\n{self.output}")
 
     def finish(self, timeout_s: float) -> int:

@@ -72,7 +72,7 @@ def test_every_step_reaches_the_loggers_and_the_staleness_counter(tmp_path):
         c.handle(_step(step, staleness=step), None)
     assert [s for s, _ in logger.logged] == [0, 1] and logger.logged[1][1]["busy/trainer"] == 0.5
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(l)["staleness_max"] for l in lines] == [0, 1]
+    assert [json.loads(line)["staleness_max"] for line in lines] == [0, 1]
     assert [e["args"]["max"] for e in c.trace_events if e["name"] == "staleness"] == [0, 1]
 
 

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import struct
-from pathlib import Path
 
 import pytest
-
 from obs_helpers import Run, afctl, write_config
 
 WORKERS = ["loader", "rollout.0", "reward.0", "trainer"]

@@ -256,7 +256,7 @@ def test_moves_during_a_tiny_run_add_and_remove_a_replica_and_every_step_still_t
     assert [(e["ok"], e["split"]["rollout_replicas"], e["split"]["train_threads"]) for e in applied] == [
         (True, ["rollout.0", "rollout.1"], 1), (True, ["rollout.0"], 2)]
     assert "rollout.1" not in hosts and "rollout.0" in hosts
-    trained = [json.loads(l) for l in (rd / "trained.jsonl").read_text().splitlines()]
+    trained = [json.loads(line) for line in (rd / "trained.jsonl").read_text().splitlines()]
     assert [t["step"] for t in trained] == list(range(6))
     rows = [i for t in trained for i in t["indices"]]
     assert len(rows) == len(set(rows)) == 6 * 4

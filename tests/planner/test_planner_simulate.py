@@ -7,9 +7,9 @@ import numpy as np
 from asyncflow.planner.calibration import Efficiency
 from asyncflow.planner.cost import Workload
 from asyncflow.planner.hardware import get_hardware
+from asyncflow.planner.io import simulate_plan
 from asyncflow.planner.models import PRESETS, ModelShape
 from asyncflow.planner.search import search
-from asyncflow.planner.io import simulate_plan
 from asyncflow.planner.simulate import response_lengths, simulate
 
 TINY = ModelShape(name="tiny", num_layers=2, hidden_size=64, intermediate_size=192, num_attention_heads=4,

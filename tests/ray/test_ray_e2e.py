@@ -61,7 +61,7 @@ def test_two_trainer_ranks_placed_by_ray_rendezvous_through_the_directory_and_tr
     assert done.returncode == 0, out[-6000:]
     assert "ray: process trainer.1 on node " in out, out[-6000:]
     assert_trained_exactly_once(run_dir, 3, 2, 2)
-    assert all(sorted(l["ranks"]) == [0, 0, 1, 1] for l in read_jsonl(run_dir / "trained.jsonl"))
+    assert all(sorted(rec["ranks"]) == [0, 0, 1, 1] for rec in read_jsonl(run_dir / "trained.jsonl"))
 
 
 @pytest.mark.ray

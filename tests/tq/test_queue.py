@@ -7,6 +7,7 @@ import multiprocessing as mp
 import threading
 import time
 
+import _workers  # noqa: E402  (tests/tq is on sys.path; spawned processes import it by name)
 import numpy as np
 import pytest
 import torch
@@ -17,8 +18,6 @@ from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout, QueueFull
 from asyncflow.core.tq.launch import spawn_queue
 from asyncflow.core.transport import TransportConfig
-
-import _workers  # noqa: E402  (tests/tq is on sys.path; spawned processes import it by name)
 
 SPAWN = mp.get_context("spawn")
 
@@ -90,7 +89,7 @@ def test_each_row_is_consumed_exactly_once_per_task_by_concurrent_consumer_proce
     ]
     for p in procs:
         p.start()
-    for k in range(0, total, 8):  # rows arrive while the consumers run
+    for _ in range(0, total, 8):  # rows arrive while the consumers run
         metas = tq.allocate(8)
         tq.put([m.index for m in metas], {"ids": [np.array([m.index]) for m in metas]})
     results = [out.get(timeout=60) for _ in procs]
@@ -110,7 +109,7 @@ def test_each_row_is_consumed_exactly_once_per_task_by_concurrent_consumer_proce
 
 def test_group_policy_hands_whole_groups_even_when_rows_arrive_interleaved(cluster):
     start, _, address, _ = cluster
-    tq = start(num_shards=2, reserve_rows=0)
+    start(num_shards=2, reserve_rows=0)  # the queue the processes below dial at `address`
     num_groups, group_size = 24, 4
     counter = SPAWN.Value("i", 0)
     out = SPAWN.Queue()

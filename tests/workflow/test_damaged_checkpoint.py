@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-
 from wf_helpers import afctl, assert_trained_exactly_once, read_jsonl, write_config
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-
 from wf_helpers import afctl, assert_trained_exactly_once, child_hosts, read_jsonl, wait_for_steps, write_config
 
 HERE = Path(__file__).parent

@@ -8,9 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
-
 from wf_helpers import afctl, assert_trained_exactly_once, child_hosts, read_jsonl, wait_for_steps, write_config
-
 
 JUDGE = f"""
 [[roles]]
@@ -42,7 +40,7 @@ def test_a_few_steps_run_end_to_end_and_staleness_never_exceeds_k(tmp_path, mode
     # version integrity: every row checked against its tag's weights digest, none off
     assert all(m["weights_mismatch"] == 0 and m["weights_unverified"] == 0 for m in metrics)
     trained = read_jsonl(run_dir / "trained.jsonl")
-    assert all(l["step"] - v <= staleness for l in trained for v in l["versions"])
+    assert all(rec["step"] - v <= staleness for rec in trained for v in rec["versions"])
     assert_trained_exactly_once(run_dir, 4, 2, 2)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["mode"] == mode and summary["restarts"] == []

@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+from wf_helpers import afctl, read_jsonl, write_config
 
 from asyncflow.actors._eval import Evaluator, read_best, save_best
 from asyncflow.actors._run import PromptOrder, Run, read_prompts, split_prompts
@@ -16,7 +17,6 @@ from asyncflow.core.config import ConfigError, load_config
 from asyncflow.engines.base import Completion
 from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.lr_schedule import lr_at
-from wf_helpers import afctl, read_jsonl, write_config
 
 
 @pytest.mark.timeout(10)
@@ -36,9 +36,10 @@ def test_the_split_holds_out_whole_prompts_the_same_way_for_the_same_seed():
 @pytest.fixture(scope="module")
 def eval_run(tmp_path_factory):
     """A run directory as `afctl up` prepares it: untrained tiny model, add-task data, [eval] on."""
+    from tiny_config import tiny_config_text
+
     from asyncflow.actors.launcher import prepare_new
     from asyncflow.core.config import load_config_text
-    from tiny_config import tiny_config_text
 
     root = tmp_path_factory.mktemp("evalrun")
     cfg = load_config_text(tiny_config_text({"eval": {"every_steps": 1, "num_prompts": 6, "mode": "pass_at_k", "k": 3}}))

@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 
 import pytest
-
 from wf_helpers import afctl, read_jsonl, write_config
 
 HERE = Path(__file__).resolve().parent

@@ -10,7 +10,6 @@ import signal
 from pathlib import Path
 
 import pytest
-
 from wf_helpers import afctl, assert_trained_exactly_once, child_hosts, wait_for_steps, write_config
 
 HERE = Path(__file__).resolve().parent

@@ -6,12 +6,12 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from wf_helpers import afctl, read_jsonl, write_config
 
 from asyncflow.actors.launcher import write_run_config
 from asyncflow.cli.up import up
 from asyncflow.core.config import ConfigError, RunConfig
 from asyncflow.core.resumable import apply_resume_overrides
-from wf_helpers import afctl, read_jsonl, write_config
 
 
 @pytest.mark.timeout(10)
@@ -51,7 +51,7 @@ def test_a_finished_run_resumed_with_more_steps_trains_only_the_new_steps(tmp_pa
     assert first.returncode == 0, out
     again = afctl("up", "--resume", str(run_dir))
     out, _ = again.communicate(timeout=60)
-    assert again.returncode != 0 and f"--set train.num_steps=" in out, out  # the error says how to go on
+    assert again.returncode != 0 and "--set train.num_steps=" in out, out  # the error says how to go on
     second = afctl("up", "--resume", str(run_dir), "--set", "train.num_steps=5")
     out, _ = second.communicate(timeout=140)
     assert second.returncode == 0, out

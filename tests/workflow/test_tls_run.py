@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from wf_helpers import afctl, write_config
 
 

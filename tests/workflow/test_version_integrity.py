@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
+from wf_helpers import afctl, write_config
 
 from asyncflow.actors._versions import VersionLedger, VersionMismatch
 from asyncflow.core import protocol
-from wf_helpers import afctl, write_config
 
 HERE = Path(__file__).parent
 FAULTS = HERE / "faults"

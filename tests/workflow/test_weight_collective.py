@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from wf_helpers import afctl, read_jsonl, write_config
 
 from asyncflow.actors._weight_channel import Refused, WeightReceiver
 from asyncflow.actors.weight_sync import WEIGHTS_NAME, WeightSyncActor
@@ -18,7 +19,6 @@ from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.transport import TransportConfig
-from wf_helpers import afctl, read_jsonl, write_config
 
 HERE = Path(__file__).resolve().parent
 

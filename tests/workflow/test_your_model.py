@@ -38,7 +38,7 @@ def test_your_model_and_jsonl_train_from_any_directory_and_the_printed_model_loa
     elsewhere.mkdir()  # paths in run.toml are relative to the file, not to where afctl runs
     result = afctl("up", str(config), "--run-dir", "run", cwd=elsewhere)
     assert result.returncode == 0, result.stderr[-3000:]
-    [line] = [l for l in result.stdout.splitlines() if l.startswith("model: ")]
+    [line] = [out for out in result.stdout.splitlines() if out.startswith("model: ")]
     printed = elsewhere / line.split()[1]  # as given: relative to where afctl ran
     assert printed.resolve() == (elsewhere / "run" / "checkpoints" / "step_000003" / "model").resolve()
     latest = elsewhere / "run" / "checkpoints" / "latest"
@@ -117,7 +117,7 @@ def test_a_mistake_is_one_error_line_naming_the_key_before_any_process_starts(tm
     config, sets = write_bad(tmp_path, case)
     result = afctl("up", str(config), "--run-dir", str(tmp_path / "run"), *sets, cwd=tmp_path, timeout=50)
     assert result.returncode != 0
-    errors = [l for l in result.stderr.splitlines() if l.startswith("Error:")]
+    errors = [out for out in result.stderr.splitlines() if out.startswith("Error:")]
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     if case == "reward_module":
@@ -135,7 +135,7 @@ def test_a_role_failing_at_run_time_is_one_line_with_the_traceback_in_its_log_an
         "    raise ValueError('my reward cannot parse ' + repr(responses[0]))\n")
     result = afctl("up", str(config), "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
     assert result.returncode == 1
-    [line] = [l for l in result.stderr.splitlines() if l.startswith("run failed:")]
+    [line] = [out for out in result.stderr.splitlines() if out.startswith("run failed:")]
     assert "role reward.0 failed: ValueError: my reward cannot parse" in line
     log = tmp_path / "run" / "logs" / "reward.0.log"
     assert f"(traceback in {log})" in line

@@ -43,7 +43,7 @@ def afctl(*args: str, env_extra: dict[str, str] | None = None, **kwargs) -> subp
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def child_hosts(parent_pid: int) -> dict[str, int]:
@@ -66,9 +66,9 @@ def child_hosts(parent_pid: int) -> dict[str, int]:
 def assert_trained_exactly_once(run_dir: Path, num_steps: int, prompts_per_step: int, group_size: int) -> None:
     """Every planned prompt group of every step was trained once, with all its rows, and nothing else."""
     lines = read_jsonl(run_dir / "trained.jsonl")
-    assert [l["step"] for l in lines] == list(range(num_steps))
-    groups = [g for l in lines for g in l["groups"]]
-    indices = [i for l in lines for i in l["indices"]]
+    assert [rec["step"] for rec in lines] == list(range(num_steps))
+    groups = [g for rec in lines for g in rec["groups"]]
+    indices = [i for rec in lines for i in rec["indices"]]
     assert len(indices) == len(set(indices)) == num_steps * prompts_per_step * group_size
     counts = {g: groups.count(g) for g in set(groups)}
     assert set(counts.values()) == {group_size}

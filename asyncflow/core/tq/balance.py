@@ -9,7 +9,7 @@ every dp rank runs the same number of micro-batches and none waits on a long tai
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def balanced_parts(lengths: Sequence[int], num_parts: int) -> list[list[int]]:

@@ -27,14 +27,15 @@ import os
 import socket
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from asyncflow.core import protocol, tensors
-from asyncflow.core.phases import phase
 from asyncflow.core.errors import RemoteError
+from asyncflow.core.phases import phase
 from asyncflow.core.tq import shm
 from asyncflow.core.tq.errors import BatchTimeout, QueueFull
 from asyncflow.core.tq.ledger import shard_of
@@ -74,7 +75,7 @@ class Batch:
 
         return [torch.from_numpy(a if a.flags.writeable else a.copy()) for a in self.columns[name]]
 
-    def part(self, rank: int) -> "Batch":
+    def part(self, rank: int) -> Batch:
         """The sub-batch of dp rank ``rank``."""
         positions = self.parts[rank]
         meta = protocol.BatchMeta(
@@ -288,7 +289,7 @@ class TQClient:
         dp_size: int = 1,
         min_step: int | None = None,
         max_step: int | None = None,
-        ack: "Batch | Sequence[int] | None" = None,
+        ack: Batch | Sequence[int] | None = None,
     ) -> protocol.BatchMeta:
         """Ask ``task``'s controller for rows (metadata only); they are now this
         consumer's until acked. Raises BatchTimeout with the reason after ``timeout_s``.
@@ -387,7 +388,8 @@ class TQClient:
         else:
             task = batch_or_task
         if indices:
-            self._controller(task).ask(protocol.Ack(consumer=self.consumer, indices=list(indices), incarnation=self.incarnation), timeout_s=self.timeout_s)
+            ack = protocol.Ack(consumer=self.consumer, indices=list(indices), incarnation=self.incarnation)
+            self._controller(task).ask(ack, timeout_s=self.timeout_s)
 
     def requeue(self, task: str, consumer: str, done_columns: Sequence[str] = ()) -> int:
         """Hand a dead consumer's un-acked rows of ``task`` to others; returns how many.

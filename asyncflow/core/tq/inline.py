@@ -52,7 +52,7 @@ class InlineCache:
                 if self.num_bytes + size > self.max_bytes:
                     continue  # over budget: this cell is read from the shard
                 # a copy: the received cell is a view into its whole message
-                kept = protocol.Tensor(dtype=cell.dtype, shape=cell.shape, data=bytes(cell.data))
+                kept = protocol.Tensor(dtype=cell.dtype, shape=cell.shape, data=memoryview(bytes(cell.data)))
                 rows.setdefault(index, {})[name] = kept
                 self.num_bytes += size
 

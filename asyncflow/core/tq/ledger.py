@@ -13,7 +13,8 @@ may be freed. Pure logic, no sockets, no threads.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import msgspec
 
@@ -157,7 +158,7 @@ class Ledger:
         )
 
     @classmethod
-    def restore(cls, snap: LedgerSnapshot) -> "Ledger":
+    def restore(cls, snap: LedgerSnapshot) -> Ledger:
         ledger = cls(snap.tasks, snap.capacity_rows)
         ledger.next_index = snap.next_index
         ledger.next_group_id = snap.next_group_id

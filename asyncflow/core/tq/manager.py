@@ -23,12 +23,12 @@ from __future__ import annotations
 import json
 import os
 
+import msgspec
+
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor
 from asyncflow.core.tq.ledger import Ledger, LedgerSnapshot, shard_of
 from asyncflow.core.tq.notify import Notifier
-
-import msgspec
 
 
 class QueueManagerActor(Actor):

@@ -18,7 +18,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from asyncflow.core import protocol
 
@@ -100,7 +101,7 @@ class Notifier:
                     continue
                 prev = last.get(name)
                 merged = merge(prev[1], msg) if prev is not None else None
-                if merged is not None:
+                if prev is not None and merged is not None:
                     prev[1] = merged
                 else:
                     entry = [name, msg]

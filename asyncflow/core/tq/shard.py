@@ -22,14 +22,12 @@ from __future__ import annotations
 import logging
 import threading
 
-
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 from asyncflow.core.tq import shm
 from asyncflow.core.tq.inline import INLINE_MAX_BYTES
 from asyncflow.core.tq.notify import Notifier
 from asyncflow.core.tq.store import ShardStore
-
 
 log = logging.getLogger(__name__)
 

@@ -137,7 +137,7 @@ MAPPINGS = Mappings()
 def reap_orphans() -> list[str]:
     """Unlink arenas whose owning shard process is gone (it crashed before it could);
     returns their names. An arena is named ``<PREFIX><shard>-<pid>-<n>``."""
-    reaped = []
+    reaped: list[str] = []
     if not os.path.isdir(SHM_DIR):
         return reaped
     for name in os.listdir(SHM_DIR):

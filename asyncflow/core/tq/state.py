@@ -39,7 +39,7 @@ Invariants (tests/tq/test_state.py):
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -474,7 +474,7 @@ class TaskState:
         )
 
     @classmethod
-    def restore(cls, snap: TaskSnapshot) -> "TaskState":
+    def restore(cls, snap: TaskSnapshot) -> TaskState:
         state = cls(snap.task)
         for name in snap.columns:
             state._mask([name])
@@ -491,5 +491,5 @@ class TaskState:
         return msgspec.msgpack.encode(self.snapshot())
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "TaskState":
+    def from_bytes(cls, data: bytes) -> TaskState:
         return cls.restore(msgspec.msgpack.decode(data, type=TaskSnapshot))

@@ -10,13 +10,14 @@ in it is freed or overwritten. ``num_bytes`` counts tensor bytes held.
 from __future__ import annotations
 
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import msgspec
 
 from asyncflow.core.protocol import RowMeta, ShmColumn, Tensor
-from asyncflow.core.tq import shm
 from asyncflow.core.tensors import nbytes
+from asyncflow.core.tq import shm
 
 _META_FIELDS = tuple(f for f in RowMeta.__struct_fields__ if f != "index")
 
@@ -76,6 +77,7 @@ class ShardStore:
             name = f"{shm.PREFIX}{safe}-{os.getpid()}-{len(self._arenas)}"
             arena = self._arenas[name] = shm.Arena(name, max(self.arena_bytes, shm.align(num_bytes, shm.EXTENT_ALIGN_BYTES)))
             offset = arena.alloc(num_bytes)
+        assert offset is not None  # a fresh arena holds num_bytes
         self._reserved[(arena.name, offset)] = num_bytes
         return arena.name, offset
 
@@ -91,7 +93,7 @@ class ShardStore:
         reserved = self._reserved.pop((segment, extent_offset), None)
         if reserved is None or reserved != extent_bytes:
             raise ValueError(f"{self.name}: no reserved extent of {extent_bytes} bytes at {segment}:{extent_offset}")
-        extent = [segment, extent_offset, extent_bytes, 0]
+        extent: list[Any] = [segment, extent_offset, extent_bytes, 0]  # arena, offset, bytes, cells in it
         end = extent_offset + extent_bytes
         for name, col in columns.items():
             if len(col.shapes) != len(indices) or len(col.offsets) != len(indices):
@@ -222,7 +224,7 @@ class ShardStore:
             return cell
         arena, offset, num_bytes, dtype, shape, _ = cell
         data = shm.MAPPINGS.get(arena)[offset : offset + num_bytes]
-        return Tensor(dtype=dtype, shape=shape, data=memoryview(data))
+        return Tensor(dtype=dtype, shape=shape, data=memoryview(data))  # type: ignore[arg-type]  # ndarray is a buffer; numpy's stubs lack __buffer__
 
     def indices(self) -> list[int]:
         return sorted(self._rows)

@@ -1,0 +1,148 @@
+"""Config rules declared on the schema: a constraint on each field, one ``check`` per
+section for rules between fields, and the file system checked apart from both."""
+
+from __future__ import annotations
+
+import typing
+
+import msgspec
+import pytest
+
+from asyncflow.core import schema
+from asyncflow.core.config import ConfigError, RoleEntry, RunConfig, check_paths, load_config_text, validate
+
+# One value outside its field's constraint in every section (and the top level).
+OUT_OF_RANGE = [
+    ("seed = -1", "seed = -1: out of range; use a value >= 0", "seed at the top level, or --set seed="),
+    ("[model]\ntiny_warm_start_steps = -1", "model.tiny_warm_start_steps = -1: out of range; use a value >= 0",
+     "[model] tiny_warm_start_steps"),
+    ("[data]\nnum_prompts = 0", "data.num_prompts = 0: out of range; use a value >= 1", "[data] num_prompts"),
+    ("[algorithm]\nclip_eps = 0", "algorithm.clip_eps = 0: out of range; use a value > 0", "[algorithm] clip_eps"),
+    ("[rollout]\nnum_replicas = 0", "rollout.num_replicas = 0: out of range; use a value >= 1", "[rollout] num_replicas"),
+    ("[rollout.engine]\nmax_batch_size = 0", "rollout.engine.max_batch_size = 0: out of range; use a value >= 1",
+     "--set rollout.engine.max_batch_size="),
+    ("[rollout.sampling]\nmax_new_tokens = 0", "rollout.sampling.max_new_tokens = 0: out of range",
+     "[rollout.sampling] max_new_tokens"),
+    ("[reference]\nmicro_batch_size = 0", "reference.micro_batch_size = 0: out of range; use a value >= 1",
+     "[reference] micro_batch_size"),
+    ("[reward]\nbatch_size = 0", "reward.batch_size = 0: out of range; use a value >= 1", "[reward] batch_size"),
+    ("[critic.engine]\nlr = 0", "critic.engine.lr = 0: out of range; use a value > 0", "[critic.engine] lr"),
+    ("[train]\nnum_steps = 0", "train.num_steps = 0: out of range; use a value >= 1",
+     "set it in [train] num_steps, or --set train.num_steps="),
+    ("[train.engine]\nmicro_batch_size = 0", "train.engine.micro_batch_size = 0: out of range", "[train.engine]"),
+    ("[eval]\nk = 0", "eval.k = 0: out of range; use a value >= 1", "[eval] k"),
+    ("[queue]\ninline_max_bytes = -1", "queue.inline_max_bytes = -1: out of range; use a value between 0 and 1048576",
+     "[queue] inline_max_bytes"),
+    ("[workflow]\nweight_timeout_s = 0", "workflow.weight_timeout_s = 0: out of range; use a value > 0",
+     "[workflow] weight_timeout_s"),
+    ("[cluster]\nthreads_per_process = 0", "cluster.threads_per_process = 0: out of range; use a value >= 1",
+     "[cluster] threads_per_process"),
+    ("[cluster.transport]\nmax_message_bytes = 0", "cluster.transport.max_message_bytes = 0: out of range; use a "
+     "value > 0", "[cluster.transport] max_message_bytes"),
+    ("[logging]\ntrace_every_s = -1", "logging.trace_every_s = -1: out of range; use a value >= 0",
+     "[logging] trace_every_s"),
+    ("[planner]\npatience_steps = 0", "planner.patience_steps = 0: out of range; use a value >= 1",
+     "[planner] patience_steps"),
+    ('[[roles]]\nname = "judge"\ncls = "m:C"\nreward_weight = "high"', "roles[0].reward_weight: Expected `float`, "
+     "got `str`", "[[roles]] reward_weight"),
+]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("text,message,where", OUT_OF_RANGE, ids=[t.split("\n")[0] for t, _, _ in OUT_OF_RANGE])
+def test_a_value_outside_its_field_constraint_is_refused_naming_the_key_and_where_to_set_it(text, message, where):
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text)
+    assert message in str(info.value)
+    assert where in str(info.value)
+
+
+def test_every_section_of_the_schema_has_a_bad_value_case_above():
+    run = RunConfig(roles=[RoleEntry(name="a", cls="m:C")])
+    sections = {path.split("[")[0] for path, section in schema.sections(run)
+                if any(not isinstance(getattr(section, f), msgspec.Struct) for f in section.__struct_fields__)}
+    assert {"", "train", "train.engine", "cluster.transport", "roles"} <= sections  # [critic] has no keys of its own
+    covered = set()
+    for _, message, _ in OUT_OF_RANGE:
+        key = message.split(" ")[0].split(":")[0]
+        covered.add(key.rpartition(".")[0].split("[")[0])
+    assert sections - covered == set()
+
+
+# One broken rule between fields per section that has one: the key it blames, and the fix.
+CROSS_FIELD = [
+    ("[data]\npath = 'prompts.csv'", "data.path = 'prompts.csv': use a .jsonl or .parquet file"),
+    ("[algorithm]\nis_mask_high = 0.5", "algorithm.is_mask_high = 0.5: use 0 (no upper bound)"),
+    ("[reward]\nweights = [1.0, 2.0]", "reward.weights = [1.0, 2.0]: give one weight per function (1)"),
+    ("[algorithm]\nname = 'ppo'\n[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true",
+     "critic.engine.fsdp = False: the PPO critic trains on the same 2 ranks"),
+    ("[train]\nnum_ranks = 2", "train.engine.fsdp = False: train.num_ranks = 2 trains data parallel"),
+    ("[eval]\nevery_steps = 1\nmode = 'pass_at_k'\n[rollout.sampling]\ntemperature = 0",
+     "eval.mode = 'pass_at_k': pass_at_k samples at rollout.sampling.temperature, which is 0"),
+    ("[queue]\ncapacity_rows = 10", "queue.capacity_rows = 10: must hold at least one global batch (64 rows)"),
+    ("[cluster]\nrollout_devices = [0, 1]", "cluster.rollout_devices = [0, 1]: give one device id per worker (1)"),
+    ("[cluster]\nlauncher = 'ray'\npin_trainer_cores = 2", "cluster.pin_trainer_cores = 2: pins cores of this machine"),
+    ("[rollout]\nnum_replicas = 5", "planner.max_rollout_replicas = 4: must be at least rollout.num_replicas (5)"),
+    ("[rollout.engine]\nkv_cache_bytes = 1000000\nkv_cache_fraction = 0.5",
+     "rollout.engine.kv_cache_fraction = 0.5: set kv_cache_bytes or kv_cache_fraction, not both"),
+    ('[[roles]]\nname = "a"\ncls = "m:C"\n[[roles]]\nname = "a"\ncls = "m:D"',
+     "roles.name = ['a', 'a']: role names must be unique"),
+    ('[[roles]]\nname = "judge"\ncls = "m:C"\nreward_column = "score"',
+     "roles.reward_column = 'score': role 'judge' must also set `task`"),
+]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("text,message", CROSS_FIELD, ids=[m.split(" ")[0] for _, m in CROSS_FIELD])
+def test_a_broken_rule_between_fields_is_refused_naming_the_key_its_value_and_the_fix(text, message):
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text)
+    assert message in str(info.value)
+
+
+def test_a_section_check_names_its_key_relative_to_the_section_and_the_tree_adds_the_path():
+    class Inner(msgspec.Struct, kw_only=True):
+        size: int = 0
+
+        def check(self, run: object) -> None:
+            if self.size == 3:
+                raise schema.Refused("size", "three is refused")
+
+    class Outer(msgspec.Struct, kw_only=True):
+        inner: list[Inner] = msgspec.field(default_factory=list)
+
+    schema.check_tree(Outer(inner=[Inner(size=1)]))
+    with pytest.raises(schema.ConfigError, match=r"^inner\[1\]\.size = 3: three is refused$"):
+        schema.check_tree(Outer(inner=[Inner(size=1), Inner(size=3)]))
+
+
+def test_the_schema_rules_never_read_the_file_system_and_check_paths_does():
+    cfg = RunConfig()
+    cfg.model.path = "/no/such/model"
+    cfg.data.path = "/no/such/data.jsonl"
+    validate(cfg)  # the schema's rules pass: the paths are well formed
+    with pytest.raises(ConfigError, match=r"model.path = '/no/such/model': no such directory"):
+        check_paths(cfg)
+    cfg.model.path = ""
+    with pytest.raises(ConfigError, match=r"data.path = '/no/such/data.jsonl': no such file"):
+        check_paths(cfg)
+
+
+def test_every_key_of_the_schema_carries_a_description_on_its_field():
+    missing, seen = [], set()
+
+    def walk(cls: type) -> None:
+        if cls in seen:
+            return
+        seen.add(cls)
+        hints = typing.get_type_hints(cls, include_extras=True)
+        for field in msgspec.inspect.type_info(cls).fields:
+            sub = schema.struct_type(hints[field.name])
+            if sub is not None:
+                walk(sub)
+            if not schema.description(field) and cls is not RunConfig:
+                missing.append(f"{cls.__name__}.{field.name}")
+
+    walk(RunConfig)
+    walk(RoleEntry)
+    assert missing == []
