@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     orphaned = os.getppid() != int(os.environ.get(PARENT_ENV, "0") or os.getppid())
     # an orphan's driver is gone, and with it every peer its actors would wait for: exit sooner
     _exit_after(ORPHAN_GRACE_S if orphaned else STOP_GRACE_S, args.name)
-    leftovers: tuple[list[str], list[ServedActor]] = host.pykka_ref.ask(_Leftovers())
+    leftovers: tuple[list[str], list[ServedActor]] = host.pykka_ref.ask(_Leftovers(), block=True)
     could_not_stop, running = leftovers
     stuck = could_not_stop + [  # those a Stop from the driver could not stop, and the rest
         actor.name for actor in reversed(running)
