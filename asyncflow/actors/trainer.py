@@ -64,6 +64,7 @@ from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import COLLECTOR, LoopActor
 from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._run import Run, set_threads
+from asyncflow.actors import names, roles
 from asyncflow.actors._versions import VersionLedger
 from asyncflow.actors.weight_sync import WEIGHTS_NAME, WeightSyncActor
 from asyncflow.core import protocol
@@ -334,3 +335,14 @@ def score_means(columns: dict[str, list], extra_rewards: list[tuple[str, float]]
     with several), before ``reward_weight``."""
     return {f"score/{column}": float(np.mean([float(v[0]) for v in columns[column]])) if columns[column] else 0.0
             for column, _ in extra_rewards}
+
+
+# -- the role, as the driver sees it (actors/topology.py) ---------------------------------
+
+ROLE = roles.RoleSpec(
+    name=names.TRAINER, actor=TrainerActor, section="train", instances=roles.one(names.TRAINER),
+    task=names.TASK_TRAIN, inputs=("prompt_ids", "response_ids", "rollout_logp", "reward"),  # + ref_logp, [[roles]] columns
+    device=roles.Devices.GROUP, device_list="train_devices", train_group=True,
+    kwargs=lambda layout, name: {"other_roles": layout.workers_outside_training(),
+                                 "rollout_replicas": layout.of(names.ROLLOUT), "ranks": layout.of(names.TRAINER_RANK)},
+)
