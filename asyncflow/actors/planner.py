@@ -45,15 +45,12 @@ from typing import Callable
 import click
 import msgspec
 
+from asyncflow.actors import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 from asyncflow.core.config import PlannerConfig
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.planner import online, shared_cores
-
-PLANNER = "planner"
-TRAINER = "trainer"
-
 
 class PlannerActor(Actor):
     Inbox = protocol.PlannerIn
@@ -94,7 +91,7 @@ class PlannerActor(Actor):
         self._tq = None
 
     def on_start(self) -> None:
-        self.ctx.ref(TRAINER).ask(protocol.SetThreads(num_threads=self.train_threads), timeout_s=60)
+        self.ctx.ref(names.TRAINER).ask(protocol.SetThreads(num_threads=self.train_threads), timeout_s=60)
         self._log("start", split=self.split_dict(), policy=msgspec.to_builtins(self.policy),
                   max_rollout_replicas=self.config.max_rollout_replicas, shared_cores=self.cores)
 
@@ -157,9 +154,9 @@ class PlannerActor(Actor):
         if time_s is None:
             raise ValueError(f"StepMetrics of step {step} has no 'time_s'; the planner needs the trainer's clock")
         last, self._last_time_s = self._last_time_s, time_s
-        names = [*self.replicas, TRAINER]
+        roles = [*self.replicas, names.TRAINER]
         try:
-            stats = dict(zip(names, self._pool.map(self._stats, names)))
+            stats = dict(zip(roles, self._pool.map(self._stats, roles)))
         except (AsyncflowError, LookupError) as exc:  # a role restarting or gone: no figure for this step
             self._log("skipped", step=step, reason=str(exc))
             self._last_time_s, self._prev, self.history = None, {}, []
@@ -171,7 +168,7 @@ class PlannerActor(Actor):
         obs = online.StepObservation(
             step=step, step_s=time_s - last,
             rollout=online.RoleWindow(busy_fraction=rollout_busy),
-            train=online.RoleWindow(busy_fraction=fractions[TRAINER], queue_depth=self.queue_depth()),
+            train=online.RoleWindow(busy_fraction=fractions[names.TRAINER], queue_depth=self.queue_depth()),
         )
         self._log("observe", step=step, step_s=round(obs.step_s, 4), rollout_busy=round(rollout_busy, 3),
                   train_busy=round(obs.train.busy_fraction, 3), train_queue_rows=obs.train.queue_depth,
@@ -196,9 +193,9 @@ class PlannerActor(Actor):
         if self._tq is None:
             from asyncflow.core.tq.client import TQClient
 
-            self._tq = TQClient(self.ctx.directory, consumer=PLANNER)
-        generated = self._tq.task_status("rollout").num_acked
-        taken = sum(self._tq.task_status("train").num_pending.values())
+            self._tq = TQClient(self.ctx.directory, consumer=names.PLANNER)
+        generated = self._tq.task_status(names.TASK_ROLLOUT).num_acked
+        taken = sum(self._tq.task_status(names.TASK_TRAIN).num_pending.values())
         return float(max(0, generated - taken))
 
     def _measure(self, obs: online.StepObservation) -> None:

@@ -208,7 +208,8 @@ def test_a_failed_move_keeps_the_split_and_lets_the_planner_decide_again(make_be
 @pytest.mark.slow  # ~75 s on the shared 2 cores: the start-up plus spawning a replica mid-run (run with -m slow)
 @pytest.mark.timeout(240)
 def test_moves_during_a_tiny_run_add_and_remove_a_replica_and_every_step_still_trains_once(tmp_path):
-    from asyncflow.actors.launcher import Launcher, prepare_new
+    from asyncflow.actors._prepare import prepare_new
+    from asyncflow.actors.launcher import Launcher
     from asyncflow.core.config import load_config_text
     from asyncflow.planner.online import MoveDecision, Split
 

@@ -11,7 +11,7 @@ import pytest
 from asyncflow.actors._eval import Evaluator, read_best, save_best
 from asyncflow.actors._run import PromptOrder, Run, read_prompts, split_prompts
 from asyncflow.actors.collector import progress_line
-from asyncflow.actors.trainer import latest_checkpoint
+from asyncflow.actors._checkpoints import latest_checkpoint
 from asyncflow.core.config import ConfigError, load_config
 from asyncflow.engines.base import Completion
 from asyncflow.engines.config import TrainEngineConfig
@@ -36,7 +36,7 @@ def test_the_split_holds_out_whole_prompts_the_same_way_for_the_same_seed():
 @pytest.fixture(scope="module")
 def eval_run(tmp_path_factory):
     """A run directory as `afctl up` prepares it: untrained tiny model, add-task data, [eval] on."""
-    from asyncflow.actors.launcher import prepare_new
+    from asyncflow.actors._prepare import prepare_new
     from asyncflow.core.config import load_config_text
     from tiny_config import tiny_config_text
 
