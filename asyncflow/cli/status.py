@@ -16,6 +16,11 @@ from pathlib import Path
 
 import click
 
+from asyncflow.actors import names
+
+INFRA = ("tq.", "host.", "directory", names.COLLECTOR, names.WEIGHTS, names.PLANNER, "dist.")
+"""Prefixes of the actors that are not roles (the queue, hosts, the driver's own, rendezvous)."""
+
 
 @click.command()
 @click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
@@ -73,7 +78,7 @@ def snapshot(info) -> dict:
             f"the directory of {info.run_dir} does not answer at {info.directory} ({exc}); if the run is on tcp, "
             f"set ASYNCFLOW_SECRET to its secret. {Path(info.run_dir) / CLUSTER_FILE} says driver pid {info.driver_pid}."
         ) from None
-    infra = ("tq.", "host.", "directory", "collector", "weights", "planner", "dist.")
+    infra = INFRA
     workers = set(info.workers) | {e.name for e in entries if not e.name.startswith(infra)}  # replicas added later too
 
     def role_stats(name: str):
@@ -112,7 +117,7 @@ def snapshot(info) -> dict:
     except (AsyncflowError, LookupError) as exc:
         snap["queue_error"] = str(exc)
     try:
-        latest = dc.ref("weights", wait_s=0.0).ask(protocol.GetLatestWeights(), timeout_s=3)
+        latest = dc.ref(names.WEIGHTS, wait_s=0.0).ask(protocol.GetLatestWeights(), timeout_s=3)
         rollouts = {a["name"]: a.get("version") for a in actors if a["name"].startswith("rollout.")}
         snap["weights"] = {"published": latest.version, "bytes": latest.num_bytes,
                            "in_flight_to": sorted(n for n, v in rollouts.items() if v is not None and v < latest.version)}
@@ -155,7 +160,7 @@ def render(snap: dict) -> str:
 def _order(name: str) -> tuple:
     from asyncflow.cli._runs import role_sort_key
 
-    infra = name.startswith(("tq.", "host.", "directory", "collector", "weights", "planner", "dist."))
+    infra = name.startswith(INFRA)
     return (1 if infra else 0, role_sort_key(name))
 
 
