@@ -19,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asyncflow.actors import prompt_loader, reference, reward, rollout, trainer, trainer_rank
+from asyncflow.actors._preflight import _importable
 from asyncflow.actors.roles import Layout, RoleSpec, actor_spec, one
 from asyncflow.core import protocol
-from asyncflow.core.config import RoleEntry, RunConfig
+from asyncflow.core.config import ConfigError, RoleEntry, RunConfig
 from asyncflow.core.tq.launch import queue_specs
 
 BUILT_IN: list[RoleSpec] = [
@@ -42,12 +43,13 @@ def built_in(name: str) -> RoleSpec:
     return next(r for r in BUILT_IN if r.name == name)
 
 
-def custom_role(entry: RoleEntry) -> RoleSpec:
-    """A ``[[roles]]`` entry as a RoleSpec: its class loaded from the dotted path the
-    user wrote (the preflight already imported it with ``cluster.python_path``)."""
-    from asyncflow.core.host import import_object
-
-    cls = import_object(entry.cls)
+def custom_role(entry: RoleEntry, python_path: list[str]) -> RoleSpec:
+    """A ``[[roles]]`` entry as a RoleSpec: its class imported from the dotted path the
+    user wrote, the way its process will (``cluster.python_path`` first)."""
+    try:
+        cls = _importable(entry.cls, python_path)
+    except ValueError as exc:
+        raise ConfigError(f"roles.cls = {entry.cls!r} (role {entry.name!r}): {exc}") from None
     given = {"task": entry.task, "output": entry.reward_column}
     given = {k: v for k, v in given.items() if v}
     return RoleSpec(
@@ -59,7 +61,7 @@ def custom_role(entry: RoleEntry) -> RoleSpec:
 
 def roles_of(cfg: RunConfig) -> list[RoleSpec]:
     """The roles of a run in start order: built-in workers, custom roles, the training group."""
-    custom = [custom_role(entry) for entry in cfg.roles]
+    custom = [custom_role(entry, cfg.cluster.python_path) for entry in cfg.roles]
     return ([r for r in BUILT_IN if not r.train_group] + custom + [r for r in BUILT_IN if r.train_group])
 
 

@@ -249,7 +249,7 @@ def test_moves_during_a_tiny_run_add_and_remove_a_replica_and_every_step_still_t
         launcher.scaler.moves.put(move("rollout", Split(rollout_workers=2, train_workers=1)))
         launcher.scaler.moves.put(move("train", Split(rollout_workers=1, train_workers=2)))
         finished = launcher.wait()
-        hosts = set(launcher.hosts)
+        hosts = set(launcher.supervisor.names())
     finally:
         launcher.stop()
     assert finished.last_step == 5
