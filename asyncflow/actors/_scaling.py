@@ -35,11 +35,15 @@ class Scaler:
     def __init__(self, launcher):
         self.launcher = launcher
         cfg = launcher.cfg
-        self.replicas = launcher.supervisor.names(names.ROLLOUT)
         self.train_threads = cfg.planner.train_threads or cfg.cluster.threads_per_process
-        self.next_index = len(self.replicas)
+        self.next_index = len(self.replicas)  # a new replica gets a new name, never a reused one
         self.moves: queue.Queue[MoveDecision] = queue.Queue()
         self.planner = None
+
+    @property
+    def replicas(self) -> list[str]:
+        """The rollout replicas now (the supervisor's record, oldest first)."""
+        return self.launcher.supervisor.names(names.ROLLOUT)
 
     def start(self) -> None:
         """Start the planner (after the trainer's process) and subscribe it to StepMetrics."""
@@ -107,7 +111,6 @@ class Scaler:
         la.supervisor.add(topology.role_host(role, name, topology.layout(la.roles, la.cfg), str(la.run_dir)))
         la.dc.ref(names.WEIGHTS).ask(protocol.RegisterReplica(replica=name), timeout_s=30)
         la.dc.ref(name).ask(protocol.StartWork(), timeout_s=30)
-        self.replicas.append(name)
 
     def _remove_replica(self) -> None:
         la = self.launcher
@@ -116,7 +119,6 @@ class Scaler:
         name = self.replicas[-1]
         la.dc.ref(names.WEIGHTS).ask(protocol.UnregisterReplica(replica=name), timeout_s=30)
         host = la.supervisor.remove(name)  # first, so the driver neither restarts it nor finishes a planned restart
-        self.replicas.remove(name)
         la.dc.ref(name).ask(protocol.Stop(), timeout_s=600)  # answered after its current unit
         host.proc.stop(timeout_s=20)
         tq = TQClient(la.dc, consumer="driver")

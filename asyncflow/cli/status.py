@@ -87,9 +87,9 @@ def snapshot(info) -> dict:
         except (AsyncflowError, LookupError):
             return None  # inside a long unit of work, restarting, or gone
 
-    names = [e.name for e in entries if e.name in workers]
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(names)))) as pool:
-        stats = dict(zip(names, pool.map(role_stats, names)))
+    role_names = [e.name for e in entries if e.name in workers]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(role_names)))) as pool:
+        stats = dict(zip(role_names, pool.map(role_stats, role_names)))
     actors = []
     for e in sorted(entries, key=lambda e: _order(e.name)):
         row = {"name": e.name, "host": e.host, "pid": e.pid, "kind": e.kind.rpartition(":")[2]}
