@@ -100,3 +100,20 @@ def test_devices_one_per_replica_and_the_training_group_shares_its_list_alone_or
     assert visible_devices(trainer, "trainer", ranks) == "0" and visible_devices(rank, "trainer.1", ranks) == "1"
     assert num_devices(trainer, ranks) == 1 and num_devices(rank, ranks) == 1
     assert visible_devices(None, "queue", cfg) is None and num_devices(None, cfg) == 0
+
+
+def test_the_reference_role_lives_in_its_module_and_one_registry_line_only():
+    """Removing a built-in role is deleting its module and its entry in topology.py
+    (issue 14): no other module names its module, class or its names.py constants."""
+    import re
+    from pathlib import Path
+
+    import asyncflow
+
+    package = Path(asyncflow.__file__).parent
+    mentions = re.compile(r"actors\.reference\b|\breference\.ROLE\b|ReferenceActor|\bREFERENCE\b|TASK_REFERENCE|"
+                          r"import [\w, ]*\breference\b")
+    naming = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if mentions.search(p.read_text()))
+    assert naming == ["actors/names.py", "actors/reference.py", "actors/topology.py"]
+    registry = [l for l in (package / "actors" / "topology.py").read_text().splitlines() if mentions.search(l)]
+    assert len(registry) == 2  # its name in the import of the role modules, and its line in BUILT_IN
