@@ -117,3 +117,13 @@ def test_the_reference_role_lives_in_its_module_and_one_registry_line_only():
     assert naming == ["actors/names.py", "actors/reference.py", "actors/topology.py"]
     registry = [l for l in (package / "actors" / "topology.py").read_text().splitlines() if mentions.search(l)]
     assert len(registry) == 2  # its name in the import of the role modules, and its line in BUILT_IN
+
+
+def test_finding_checkpoints_and_preparing_a_resume_import_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, asyncflow.actors._checkpoints, asyncflow.actors._prepare, asyncflow.actors.roles; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
