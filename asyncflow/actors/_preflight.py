@@ -124,11 +124,13 @@ def check_inputs(cfg: RunConfig) -> None:
             cls = _importable(role.cls, cfg.cluster.python_path)
         except ValueError as exc:
             raise ConfigError(f"{key} (role {role.name!r}): {exc}") from None
+        from asyncflow.actors.column_role import ColumnRole
+        from asyncflow.actors.roles import class_path
         from asyncflow.core.actor import Actor
 
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise ConfigError(f"{key} (role {role.name!r}): not an asyncflow Actor subclass; subclass "
-                              "asyncflow.actors.column_role:ColumnRole (docs/custom-roles.md)")
+                              f"{class_path(ColumnRole)} (docs/custom-roles.md)")
     _check_devices(cfg)
     data_path, model_dir = cfg.data.path, cfg.model.path
     if data_path:

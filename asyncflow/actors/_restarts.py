@@ -3,8 +3,8 @@ start it again, and when to give up. Pure logic, no processes, no clock of its o
 (the caller passes ``now``, a ``time.monotonic()`` reading).
 
 The shape is Erlang/OTP's supervisor *intensity* and *period*: at most
-``max_restarts`` restarts of one role within any ``window_s`` seconds. A role is a
-kind of worker (``rollout``, ``reward``, ``reference``) or a custom role's name: the
+``max_restarts`` restarts of one role within any ``window_s`` seconds. A role is the
+``name`` of a restartable ``RoleSpec`` (``roles.py``; a custom role's is its own): the
 workers of one role share the budget, since a fault that kills one on start (a reward
 module that fails to import, a full device) kills them all.
 

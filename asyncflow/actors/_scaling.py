@@ -20,11 +20,10 @@ import os
 import queue
 
 import click
-import msgspec
 import pykka
 
-from asyncflow.actors.planner import PLANNER, TRAINER, PlannerActor
-from asyncflow.actors.weight_sync import WEIGHTS_NAME
+from asyncflow.actors import names, topology
+from asyncflow.actors.planner import PlannerActor
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.errors import AsyncflowError
@@ -36,27 +35,31 @@ class Scaler:
     def __init__(self, launcher):
         self.launcher = launcher
         cfg = launcher.cfg
-        self.replicas = list(launcher.role_names()["rollout"])
         self.train_threads = cfg.planner.train_threads or cfg.cluster.threads_per_process
-        self.next_index = len(self.replicas)
+        self.next_index = len(self.replicas)  # a new replica gets a new name, never a reused one
         self.moves: queue.Queue[MoveDecision] = queue.Queue()
         self.planner = None
+
+    @property
+    def replicas(self) -> list[str]:
+        """The rollout replicas now (the supervisor's record, oldest first)."""
+        return self.launcher.supervisor.names(names.ROLLOUT)
 
     def start(self) -> None:
         """Start the planner (after the trainer's process) and subscribe it to StepMetrics."""
         la = self.launcher
         self.planner = serve_actor(
-            PlannerActor, PLANNER, la.transport, directory_address=la.directory.address,
+            PlannerActor, names.PLANNER, la.transport, directory_address=la.directory.address,
             run_dir=str(la.run_dir), config=la.cfg.planner, rollout_replicas=self.replicas,
             train_threads=self.train_threads, apply=self.moves.put, num_steps=la.cfg.train.num_steps,
             cores=(la.cfg.planner.cores or os.cpu_count() or 1) if la.cfg.cluster.device == "cpu" else 0,
         )
         la.dc.register(self.planner.entry())
-        la.collector_proxy.subscribers = [self.planner.pykka_ref]
+        la.subscribe([self.planner.pykka_ref])
 
     def stop(self) -> None:
         if self.planner is not None:
-            self.launcher.collector_proxy.subscribers = []
+            self.launcher.subscribe([])
             self.planner.stop(timeout_s=120)
             self.planner = None
 
@@ -97,43 +100,29 @@ class Scaler:
     def _set_train_threads(self, num_threads: int) -> None:
         if num_threads < 1:
             raise ValueError(f"the trainer would be left with {num_threads} threads; it needs at least 1")
-        self.launcher.dc.ref(TRAINER).ask(protocol.SetThreads(num_threads=num_threads), timeout_s=600)
+        self.launcher.dc.ref(names.TRAINER).ask(protocol.SetThreads(num_threads=num_threads), timeout_s=600)
         self.train_threads = num_threads
 
     def _add_replica(self) -> None:
         la = self.launcher
-        name = f"rollout.{self.next_index}"
+        name = names.replica(names.ROLLOUT, self.next_index)
         self.next_index += 1
-        kwargs = msgspec.msgpack.encode({"run_dir": str(la.run_dir)})
-        spec = protocol.ActorSpec(name=name, cls="asyncflow.actors.rollout:RolloutActor", kwargs=kwargs)
-        la.host_specs[name] = [spec]
-        la.host_kind[name] = "rollout"  # restarted like the others if it dies
-        try:
-            la.hosts[name] = la.spawn(name, la.dc, la.transport, [spec], env=la.host_env(name))  # local or Ray
-        except BaseException:
-            del la.host_specs[name], la.host_kind[name]
-            raise
-        la.workers.insert(la.workers.index(TRAINER), name)
-        la.dc.ref(WEIGHTS_NAME).ask(protocol.RegisterReplica(replica=name), timeout_s=30)
+        role = topology.built_in(names.ROLLOUT)
+        la.supervisor.add(topology.role_host(role, name, topology.layout(la.roles, la.cfg), str(la.run_dir)))
+        la.dc.ref(names.WEIGHTS).ask(protocol.RegisterReplica(replica=name), timeout_s=30)
         la.dc.ref(name).ask(protocol.StartWork(), timeout_s=30)
-        self.replicas.append(name)
 
     def _remove_replica(self) -> None:
         la = self.launcher
         if len(self.replicas) <= 1:
             raise ValueError("rollout would be left without a replica")
         name = self.replicas[-1]
-        la.dc.ref(WEIGHTS_NAME).ask(protocol.UnregisterReplica(replica=name), timeout_s=30)
-        host = la.hosts.pop(name)  # first, so the driver does not restart it
-        la.restart_at.pop(name, None)  # nor finish a restart it had planned
-        la.host_specs.pop(name)
-        la.host_kind.pop(name)
-        la.workers.remove(name)
-        self.replicas.remove(name)
+        la.dc.ref(names.WEIGHTS).ask(protocol.UnregisterReplica(replica=name), timeout_s=30)
+        host = la.supervisor.remove(name)  # first, so the driver neither restarts it nor finishes a planned restart
         la.dc.ref(name).ask(protocol.Stop(), timeout_s=600)  # answered after its current unit
-        host.stop(timeout_s=20)
+        host.proc.stop(timeout_s=20)
         tq = TQClient(la.dc, consumer="driver")
-        requeued = tq.requeue("rollout", name)
+        requeued = tq.requeue(names.TASK_ROLLOUT, name)
         tq.close()
         if requeued:
             click.echo(f"planner: requeued {requeued} rows {name} still held", err=True)

@@ -1,9 +1,11 @@
 """CollectorActor: runs in the driver; receives what the roles report.
 
 Takes: StepMetrics (appends one JSON object per trainer step to metrics.jsonl,
-prints the progress line and passes it on to ``subscribers``: the planner), RunFinished, RoleFailed, Ping, Stop.
-The driver reads ``finished`` / ``failures`` and adds the latest busy fractions of
-every role (which it polls) to each metrics object; the loggers get it too.
+prints the progress line and passes it on to the subscribers: the planner),
+RunFinished, RoleFailed (each sets the ``ended`` event the driver waits on), Spans;
+from the driver: SetBusy (the roles' busy fractions it polls, added to each metrics
+object; the loggers get it too), GetRunState (-> RunState), WriteTrace, and in its
+own process ``Subscribe`` (pykka refs, not a wire message); Ping, Stop.
 
 The trace (RUN_DIR/trace.json, Chrome trace event format, times in microseconds of
 wall clock): one track (pid) per role with its spans as complete events (cat
@@ -29,18 +31,28 @@ from pathlib import Path
 
 import click
 
-from asyncflow.actors._loop import COLLECTOR as COLLECTOR  # re-exported: launcher.py imports it from here
+from asyncflow.actors import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
+
+
+class Subscribe:
+    """In-process (driver -> collector): tell every following StepMetrics to these pykka
+    refs (the planner); an empty list ends the subscription. Answered with Ok."""
+
+    def __init__(self, refs: list):
+        self.refs = list(refs)
 
 
 class CollectorActor(Actor):
     Inbox = protocol.CollectorIn
 
     def __init__(self, ctx, run_dir: str, num_steps: int, progress: bool, loggers: list | None = None,
-                 trace_every_s: float = 0.0, on_trace_written: Callable[[int], None] | None = None):
+                 trace_every_s: float = 0.0, on_trace_written: Callable[[int], None] | None = None,
+                 ended: threading.Event | None = None):
         """``on_trace_written(num_events)`` is called in the actor's thread after each live
-        rewrite of trace.json (e.g. to follow a live run)."""
+        rewrite of trace.json (e.g. to follow a live run). ``ended`` is set on RunFinished
+        and on RoleFailed: what the driver waits on."""
         super().__init__(ctx)
         self.metrics_path = Path(run_dir) / "metrics.jsonl"
         self.trace_path = Path(run_dir) / "trace.json"
@@ -50,14 +62,13 @@ class CollectorActor(Actor):
         self.num_steps = num_steps
         self.progress = progress
         self.loggers = loggers or []
-        self.finished = threading.Event()
-        self.failed = threading.Event()
-        self.failures: list[tuple[str, str]] = []
+        self.ended = ended or threading.Event()
+        self.failures: list[protocol.RoleFailed] = []
         self.result: protocol.RunFinished | None = None
         self.last_step_at = time.monotonic()
         self.last_values: dict[str, float] = {}
         self.busy: dict[str, float] = {}  # role -> busy fraction, refreshed by the driver
-        self.subscribers: list = []  # in-process pykka refs told every StepMetrics (the planner)
+        self.subscribers: list = []  # in-process pykka refs told every StepMetrics (Subscribe: the planner)
         self.trace_events: list[dict] = []
         self._tracks: dict[str, int] = {}  # role -> track (Chrome trace pid)
         self._role_pids: dict[str, int] = {}  # role -> OS pid
@@ -88,7 +99,7 @@ class CollectorActor(Actor):
                     logger.log(step, values)
                 if "staleness_max" in values:
                     self.trace_events.append({"ph": "C", "name": "staleness", "ts": time.time() * 1e6,
-                                              "pid": self._track("trainer"),
+                                              "pid": self._track(names.TRAINER),
                                               "args": {"max": values["staleness_max"],
                                                        "mean": values.get("staleness_mean", 0.0)}})
                 self.last_step_at = time.monotonic()
@@ -103,11 +114,24 @@ class CollectorActor(Actor):
                 return protocol.Ok()
             case protocol.RunFinished():
                 self.result = msg
-                self.finished.set()
+                self.ended.set()
                 return protocol.Ok()
-            case protocol.RoleFailed(role=role, error=error):
-                self.failures.append((role, error))
-                self.failed.set()
+            case protocol.RoleFailed():
+                self.failures.append(msg)
+                self.ended.set()
+                return protocol.Ok()
+            case protocol.SetBusy(fractions=fractions):
+                self.busy = dict(fractions)
+                return protocol.Ok()
+            case protocol.GetRunState():
+                return protocol.RunState(finished=self.result, failures=list(self.failures),
+                                         since_step_s=time.monotonic() - self.last_step_at,
+                                         last_spans=dict(self.last_span))
+            case protocol.WriteTrace(path=path):
+                self.write_trace(path)
+                return protocol.Ok()
+            case Subscribe(refs=refs):
+                self.subscribers = refs
                 return protocol.Ok()
             case protocol.Stop():
                 return protocol.Ok()
@@ -161,7 +185,7 @@ class CollectorActor(Actor):
             label = f"{role} (pid {pid})" if pid else role
             out.append({"ph": "M", "name": "process_name", "pid": track, "tid": 0, "args": {"name": label}})
             out.append({"ph": "M", "name": "process_sort_index", "pid": track, "tid": 0, "args": {"sort_index": track}})
-        trainer = self._tracks.get("trainer")
+        trainer = self._tracks.get(names.TRAINER)
         for version, track, ts in self._swaps:
             published = self._published.get(version)
             if trainer is None or published is None:

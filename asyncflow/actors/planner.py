@@ -41,22 +41,16 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import click
 import msgspec
 
+from asyncflow.actors import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 from asyncflow.core.config import PlannerConfig
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.planner import online, shared_cores
-
-if TYPE_CHECKING:
-    from asyncflow.core.tq.client import TQClient
-
-PLANNER = "planner"
-TRAINER = "trainer"
 
 
 class PlannerActor(Actor):
@@ -87,7 +81,7 @@ class PlannerActor(Actor):
         )
         self.history: list[online.StepObservation] = []  # under the current split
         self.pending: online.MoveDecision | None = None  # handed to the driver, not yet applied
-        self.measuring: dict[str, Any] | None = None  # the last applied move, until its gain is measured
+        self.measuring: dict | None = None  # the last applied move, until its gain is measured
         self.skip_next = False  # the step during which a move was applied
         self.decided_on: list[online.StepObservation] = []  # the window of the pending move
         self.held_reason = ""
@@ -95,10 +89,10 @@ class PlannerActor(Actor):
         self._last_time_s: float | None = None
         self._prev: dict[str, tuple[float, float]] = {}  # role -> (busy_s, wait_s) at the last boundary
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="planner-stats")
-        self._tq: TQClient | None = None  # made on first use
+        self._tq = None
 
     def on_start(self) -> None:
-        self.ctx.ref(TRAINER).ask(protocol.SetThreads(num_threads=self.train_threads), timeout_s=60)
+        self.ctx.ref(names.TRAINER).ask(protocol.SetThreads(num_threads=self.train_threads), timeout_s=60)
         self._log("start", split=self.split_dict(), policy=msgspec.to_builtins(self.policy),
                   max_rollout_replicas=self.config.max_rollout_replicas, shared_cores=self.cores)
 
@@ -161,9 +155,9 @@ class PlannerActor(Actor):
         if time_s is None:
             raise ValueError(f"StepMetrics of step {step} has no 'time_s'; the planner needs the trainer's clock")
         last, self._last_time_s = self._last_time_s, time_s
-        names = [*self.replicas, TRAINER]
+        roles = [*self.replicas, names.TRAINER]
         try:
-            stats = dict(zip(names, self._pool.map(self._stats, names)))
+            stats = dict(zip(roles, self._pool.map(self._stats, roles)))
         except (AsyncflowError, LookupError) as exc:  # a role restarting or gone: no figure for this step
             self._log("skipped", step=step, reason=str(exc))
             self._last_time_s, self._prev, self.history = None, {}, []
@@ -175,7 +169,7 @@ class PlannerActor(Actor):
         obs = online.StepObservation(
             step=step, step_s=time_s - last,
             rollout=online.RoleWindow(busy_fraction=rollout_busy),
-            train=online.RoleWindow(busy_fraction=fractions[TRAINER], queue_depth=self.queue_depth()),
+            train=online.RoleWindow(busy_fraction=fractions[names.TRAINER], queue_depth=self.queue_depth()),
         )
         self._log("observe", step=step, step_s=round(obs.step_s, 4), rollout_busy=round(rollout_busy, 3),
                   train_busy=round(obs.train.busy_fraction, 3), train_queue_rows=obs.train.queue_depth,
@@ -200,14 +194,13 @@ class PlannerActor(Actor):
         if self._tq is None:
             from asyncflow.core.tq.client import TQClient
 
-            self._tq = TQClient(self.ctx.directory, consumer=PLANNER)
-        generated = self._tq.task_status("rollout").num_acked
-        taken = sum(self._tq.task_status("train").num_pending.values())
+            self._tq = TQClient(self.ctx.directory, consumer=names.PLANNER)
+        generated = self._tq.task_status(names.TASK_ROLLOUT).num_acked
+        taken = sum(self._tq.task_status(names.TASK_TRAIN).num_pending.values())
         return float(max(0, generated - taken))
 
     def _measure(self, obs: online.StepObservation) -> None:
         m = self.measuring
-        assert m is not None  # called only while a move is measured
         m["after"].append(obs)
         if len(m["after"]) < self.config.measure_steps:
             return

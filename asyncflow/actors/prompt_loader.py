@@ -17,6 +17,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
+from asyncflow.actors import names, roles
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import PromptOrder, Run, encode_prompt, read_prompts, split_prompts
 from asyncflow.core.tq.client import TQClient
@@ -65,3 +66,11 @@ class PromptLoaderActor(LoopActor):
         self.num_items += len(metas)
         self.next_step += 1
         return True
+
+
+# -- the role, as the driver sees it (actors/topology.py) ---------------------------------
+
+ROLE = roles.RoleSpec(
+    name=names.LOADER, actor=PromptLoaderActor, section="data", instances=roles.one(names.LOADER),
+    outputs=("prompt_ids", "answer"),
+)

@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import click
 import msgspec
@@ -151,11 +152,9 @@ class RayHost(HostProcess):
 class RayHosts:
     """Places the run's process hosts on a Ray cluster; ``spawn`` replaces ``spawn_host``."""
 
-    def __init__(self, cluster: ClusterConfig, host_kind: dict[str, str], place_timeout_s: float = 300.0,
-                 num_ranks: int = 1):
+    def __init__(self, cluster: ClusterConfig, num_devices: Callable[[str], int], place_timeout_s: float = 300.0):
         self.cluster = cluster
-        self.num_ranks = num_ranks  # trainer ranks (train.num_ranks): each reserves one device
-        self.host_kind = host_kind  # host name -> kind (rollout, trainer, ...), the launcher's
+        self.num_devices = num_devices  # host name -> devices it uses (the supervisor's: its role's RoleSpec)
         self.place_timeout_s = place_timeout_s
         self.heartbeat: Heartbeat | None = None  # started by start()
         self.handles: dict[str, RayHost] = {}  # the latest handle of each host name
@@ -190,9 +189,7 @@ class RayHosts:
 
     def bundle(self, host: str) -> dict[str, float]:
         """What ``host`` reserves: its devices by Ray's name, else a fraction of a CPU."""
-        c, kind = self.cluster, self.host_kind.get(host, "")
-        train = 1 if self.num_ranks > 1 else max(1, len(c.train_devices))  # data parallel: one device per rank
-        num_devices = {"rollout": 1, "reference": 1, "trainer": train, "trainer_rank": 1}.get(kind, 0)
+        c, num_devices = self.cluster, self.num_devices(host)
         if c.device == "cpu" or num_devices == 0:
             return {"CPU": CPU_PER_HOST}
         return {"CPU": CPU_PER_HOST, RAY_RESOURCE[c.device]: float(num_devices)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
+from asyncflow.actors import names, roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._batching import token_batch
 from asyncflow.actors._loop import LoopActor
@@ -44,11 +45,11 @@ class ReferenceActor(LoopActor):
         size = cfg.samples_per_step if self.sync else cfg.reference.micro_batch_size
         with self.activity("wait_data"):
             try:
-                batch = self.tq.get_batch("reference", self.COLUMNS, size, partial=not self.sync,
+                batch = self.tq.get_batch(names.TASK_REFERENCE, self.COLUMNS, size, partial=not self.sync,
                                           timeout_s=0.5, policy="group" if self.sync else "fifo",
-                                          ack=self.acks.take("reference"))
+                                          ack=self.acks.take(names.TASK_REFERENCE))
                 if len(batch) == 0:
-                    batch = self.tq.get_batch("reference", self.COLUMNS, 1, timeout_s=0.5)
+                    batch = self.tq.get_batch(names.TASK_REFERENCE, self.COLUMNS, 1, timeout_s=0.5)
             except BatchTimeout:
                 return True
         with self.activity("forward"):
@@ -63,3 +64,13 @@ class ReferenceActor(LoopActor):
         self.acks.add(batch)  # acked inside the next request
         self.num_items += len(batch)
         return True
+
+
+# -- the role, as the driver sees it (actors/topology.py) ---------------------------------
+
+ROLE = roles.RoleSpec(
+    name=names.REFERENCE, actor=ReferenceActor, section="reference",
+    instances=roles.numbered(names.REFERENCE, lambda cfg: cfg.reference.num_workers if cfg.algorithm.kl_coef > 0 else 0),
+    task=names.TASK_REFERENCE, inputs=tuple(ReferenceActor.COLUMNS), outputs=("ref_logp",), restartable=True,
+    device=roles.Devices.ONE, device_list="reference_devices",
+)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from asyncflow.actors import names, roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run
@@ -60,17 +61,17 @@ class RewardActor(LoopActor):
         with self.activity("wait_data"):
             try:
                 if self.sync:  # the baseline: score the whole batch once it is generated
-                    batch = self.tq.get_batch("reward", self.COLUMNS, cfg.samples_per_step, policy="group", timeout_s=0.5,
-                                              ack=self.acks.take("reward"))
+                    batch = self.tq.get_batch(names.TASK_REWARD, self.COLUMNS, cfg.samples_per_step, policy="group", timeout_s=0.5,
+                                              ack=self.acks.take(names.TASK_REWARD))
                 else:
-                    batch = self.tq.get_batch("reward", self.COLUMNS, cfg.reward.batch_size, partial=True,
-                                              ack=self.acks.take("reward"))
+                    batch = self.tq.get_batch(names.TASK_REWARD, self.COLUMNS, cfg.reward.batch_size, partial=True,
+                                              ack=self.acks.take(names.TASK_REWARD))
                     if len(batch) == 0:
                         # wait for the next put, then take every row it made ready (a rollout puts a
                         # whole generate call's rows at once): one score and one put for all of them
-                        first = self.tq.get_batch("reward", self.COLUMNS, 1, timeout_s=0.5)
+                        first = self.tq.get_batch(names.TASK_REWARD, self.COLUMNS, 1, timeout_s=0.5)
                         if cfg.reward.batch_size > 1:
-                            rest = self.tq.get_batch("reward", self.COLUMNS, cfg.reward.batch_size - 1, partial=True)
+                            rest = self.tq.get_batch(names.TASK_REWARD, self.COLUMNS, cfg.reward.batch_size - 1, partial=True)
                             first = joined(first, rest)
                         batch = first
             except BatchTimeout:
@@ -89,3 +90,12 @@ class RewardActor(LoopActor):
         self.acks.add(batch)  # acked inside the next request
         self.num_items += len(batch)
         return True
+
+
+# -- the role, as the driver sees it (actors/topology.py) ---------------------------------
+
+ROLE = roles.RoleSpec(
+    name=names.REWARD, actor=RewardActor, section="reward",
+    instances=roles.numbered(names.REWARD, lambda cfg: cfg.reward.num_workers),
+    task=names.TASK_REWARD, inputs=tuple(RewardActor.COLUMNS), outputs=("reward",), restartable=True,
+)

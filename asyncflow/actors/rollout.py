@@ -39,6 +39,7 @@ import threading
 import msgspec
 import numpy as np
 
+from asyncflow.actors import names, roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run, set_threads
@@ -254,3 +255,13 @@ class RolloutActor(LoopActor):
             if held is not None and held != digest:
                 raise RuntimeError(f"{self.ctx.name}: the engine's weights changed during a generate call at v{version} "
                                    f"(digest {digest:x} -> {held:x}): weights must only swap between units")
+
+
+# -- the role, as the driver sees it (actors/topology.py) ---------------------------------
+
+ROLE = roles.RoleSpec(
+    name=names.ROLLOUT, actor=RolloutActor, section="rollout",
+    instances=roles.numbered(names.ROLLOUT, lambda cfg: cfg.rollout.num_replicas),
+    task=names.TASK_ROLLOUT, inputs=("prompt_ids",), outputs=("response_ids", "rollout_logp", "finish"),
+    restartable=True, device=roles.Devices.ONE, device_list="rollout_devices",
+)

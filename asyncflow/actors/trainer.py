@@ -60,7 +60,9 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from asyncflow.actors import names, roles
 from asyncflow.actors._acks import DeferredAcks
+from asyncflow.actors._checkpoints import _link_latest, checkpoint_dir
 from asyncflow.actors._loop import COLLECTOR, LoopActor
 from asyncflow.actors._manifest import write_manifest
 from asyncflow.actors._pause import pause_role
@@ -80,43 +82,8 @@ from asyncflow.engines.digest import weights_digest
 log = logging.getLogger(__name__)
 
 
-def checkpoint_dir(run_dir: str | Path, version: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step_{version:06d}"
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    done = sorted(p for p in (Path(run_dir) / "checkpoints").glob("step_*") if (p / "DONE").exists())
-    return done[-1] if done else None
-
-
-def latest_good_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest complete checkpoint whose MANIFEST.json verifies, and the newer ones
-    skipped as damaged, each with what is wrong (naming the file)."""
-    from asyncflow.actors._manifest import damage
-
-    skipped = []
-    for path in sorted((p for p in (Path(run_dir) / "checkpoints").glob("step_*") if (p / "DONE").exists()), reverse=True):
-        wrong = damage(path)
-        if wrong is None:
-            return path, skipped
-        skipped.append((path, wrong))
-    return None, skipped
-
-
 PAUSE_DEADLINE_S = 600.0
 """How long a checkpoint waits for one role to pause (it answers between units of work)."""
-
-LATEST = "latest"
-"""``checkpoints/latest``: a relative link to the newest complete checkpoint's Hugging
-Face model directory (``step_N/model``), what ``from_pretrained`` and ``model.path`` load."""
-
-
-def _link_latest(final: Path) -> None:
-    link, tmp = final.parent / LATEST, final.parent / f".{LATEST}.tmp"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    os.symlink(f"{final.name}/model", tmp)
-    os.replace(tmp, link)  # atomic: a reader sees the old link or the new one
 
 
 class TrainerActor(LoopActor):
@@ -334,3 +301,14 @@ def score_means(columns: dict[str, list], extra_rewards: list[tuple[str, float]]
     with several), before ``reward_weight``."""
     return {f"score/{column}": float(np.mean([float(v[0]) for v in columns[column]])) if columns[column] else 0.0
             for column, _ in extra_rewards}
+
+
+# -- the role, as the driver sees it (actors/topology.py) ---------------------------------
+
+ROLE = roles.RoleSpec(
+    name=names.TRAINER, actor=TrainerActor, section="train", instances=roles.one(names.TRAINER),
+    task=names.TASK_TRAIN, inputs=("prompt_ids", "response_ids", "rollout_logp", "reward"),  # + ref_logp, [[roles]] columns
+    device=roles.Devices.GROUP, device_list="train_devices", train_group=True,
+    kwargs=lambda layout, name: {"other_roles": layout.workers_outside_training(),
+                                 "rollout_replicas": layout.of(names.ROLLOUT), "ranks": layout.of(names.TRAINER_RANK)},
+)

@@ -27,6 +27,7 @@ import time
 import traceback
 from pathlib import Path
 
+from asyncflow.actors import names, roles
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._run import Run, set_threads
@@ -106,3 +107,13 @@ class TrainerRankActor(LoopActor):
     def _save(self, path: str) -> None:
         with self.activity("checkpoint"):
             self.policy.save(Path(path))
+
+
+# -- the role, as the driver sees it (actors/topology.py) ---------------------------------
+
+ROLE = roles.RoleSpec(
+    name=names.TRAINER_RANK, actor=TrainerRankActor, section="train",
+    instances=roles.numbered(names.TRAINER, lambda cfg: cfg.train.num_ranks - 1, first=1),  # trainer.1, ...
+    device=roles.Devices.GROUP, device_list="train_devices", train_group=True,
+    kwargs=lambda layout, name: {"rank": roles.index_of(name)},
+)

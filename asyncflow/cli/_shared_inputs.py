@@ -15,7 +15,7 @@ def with_shared_inputs(base: RunConfig, root: Path) -> RunConfig:
     data into ``root/shared`` when the config names none."""
     if base.model.path and base.data.path:
         return base
-    from asyncflow.actors.launcher import prepare_new
+    from asyncflow.actors._prepare import prepare_new
 
     _, _, launch = prepare_new(base, root / "shared")
     return msgspec.structs.replace(

@@ -74,7 +74,8 @@ def planner(config_path: str, steps: int | None, window: int, compare: bool, out
     """Samples/s in the first and last windows of an unbalanced run, and the planner's decisions."""
     import msgspec
 
-    from asyncflow.actors.launcher import prepare_new, run
+    from asyncflow.actors._prepare import prepare_new
+    from asyncflow.actors.launcher import run
     from asyncflow.core.config import load_config
 
     if config_path is None:

@@ -13,9 +13,13 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import click
+
+from asyncflow.actors import names
+
+INFRA = ("tq.", "host.", "directory", names.COLLECTOR, names.WEIGHTS, names.PLANNER, "dist.")
+"""Prefixes of the actors that are not roles (the queue, hosts, the driver's own, rendezvous)."""
 
 
 @click.command()
@@ -74,7 +78,7 @@ def snapshot(info) -> dict:
             f"the directory of {info.run_dir} does not answer at {info.directory} ({exc}); if the run is on tcp, "
             f"set ASYNCFLOW_SECRET to its secret. {Path(info.run_dir) / CLUSTER_FILE} says driver pid {info.driver_pid}."
         ) from None
-    infra = ("tq.", "host.", "directory", "collector", "weights", "planner", "dist.")
+    infra = INFRA
     workers = set(info.workers) | {e.name for e in entries if not e.name.startswith(infra)}  # replicas added later too
 
     def role_stats(name: str):
@@ -83,10 +87,10 @@ def snapshot(info) -> dict:
         except (AsyncflowError, LookupError):
             return None  # inside a long unit of work, restarting, or gone
 
-    names = [e.name for e in entries if e.name in workers]
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(names)))) as pool:
-        stats = dict(zip(names, pool.map(role_stats, names)))
-    actors: list[dict[str, Any]] = []
+    role_names = [e.name for e in entries if e.name in workers]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(role_names)))) as pool:
+        stats = dict(zip(role_names, pool.map(role_stats, role_names)))
+    actors = []
     for e in sorted(entries, key=lambda e: _order(e.name)):
         row = {"name": e.name, "host": e.host, "pid": e.pid, "kind": e.kind.rpartition(":")[2]}
         s = stats.get(e.name)
@@ -113,7 +117,7 @@ def snapshot(info) -> dict:
     except (AsyncflowError, LookupError) as exc:
         snap["queue_error"] = str(exc)
     try:
-        latest = dc.ref("weights", wait_s=0.0).ask(protocol.GetLatestWeights(), timeout_s=3)
+        latest = dc.ref(names.WEIGHTS, wait_s=0.0).ask(protocol.GetLatestWeights(), timeout_s=3)
         rollouts = {a["name"]: a.get("version") for a in actors if a["name"].startswith("rollout.")}
         snap["weights"] = {"published": latest.version, "bytes": latest.num_bytes,
                            "in_flight_to": sorted(n for n, v in rollouts.items() if v is not None and v < latest.version)}
@@ -133,7 +137,7 @@ def render(snap: dict) -> str:
         state = a.get("state", a["kind"])
         waits = a.get("wait_s") or {}
         total = sum(waits.values())
-        top = max(waits, key=lambda name: waits[name]) if total > 0 else ""
+        top = max(waits, key=waits.get) if total > 0 else ""
         waits_on = f"{top} ({waits[top] / total:.0%})" if top else ""
         lines.append(f"{a['name']:<22}{a['host'][:11]:<12}{a['pid']:>8}  {state[:17]:<18}{busy:>6}  {waits_on:<20}"
                      f"{version:>8}{a.get('items', ''):>8}")
@@ -156,7 +160,7 @@ def render(snap: dict) -> str:
 def _order(name: str) -> tuple:
     from asyncflow.cli._runs import role_sort_key
 
-    infra = name.startswith(("tq.", "host.", "directory", "collector", "weights", "planner", "dist."))
+    infra = name.startswith(INFRA)
     return (1 if infra else 0, role_sort_key(name))
 
 

@@ -27,7 +27,9 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
     that are safe to change mid-run (train.num_steps to extend a finished run,
     train.checkpoint_every, logging.*, ...); any other is refused by name.
     """
-    from asyncflow.actors.launcher import RunFailed, default_run_dir, run
+    from asyncflow.actors._prepare import default_run_dir
+    from asyncflow.actors.launcher import run
+    from asyncflow.actors.supervisor import RunFailed
     from asyncflow.core.config import ConfigError, load_config
 
     if bool(config) == bool(resume):

@@ -703,5 +703,41 @@ TrainerRankIn = Union[StartWork, Pause, Resume, GetRoleStats, SetThreads, TrainP
 WeightSyncIn = Union[
     GetLatestWeights, GetWeightChunk, StreamWeights, AcquireSwap, ReleaseSwap, RegisterReplica, UnregisterReplica, Ping, Stop
 ]
-CollectorIn = Union[StepMetrics, Spans, RunFinished, RoleFailed, Ping, Stop]
 PlannerIn = Union[StepMetrics, MoveApplied, Ping, Stop]
+
+
+# -- the driver -> its collector: what the driver's loop asks and tells ------------
+
+
+class SetBusy(_Msg):
+    """Tell (driver -> collector): every role's latest busy fraction, added to each
+    following StepMetrics (``busy/<role>``) and to the progress line."""
+
+    fractions: dict[str, float]
+
+
+class WriteTrace(_Msg):
+    """Ask (driver -> collector): write the trace to ``path`` now (at the end of a run).
+    Answered with Ok once it is written."""
+
+    path: str
+
+
+class GetRunState(_Msg):
+    """Ask (driver -> collector): how the run stands. Answered with RunState."""
+
+
+class RunState(_Msg):
+    """Reply to GetRunState."""
+
+    finished: RunFinished | None
+    """The trainer's RunFinished, once told."""
+    failures: list[RoleFailed]
+    """Every RoleFailed told so far, oldest first."""
+    since_step_s: float
+    """Seconds since the last StepMetrics (or since the collector started)."""
+    last_spans: dict[str, tuple[str, float]]
+    """Role -> (name, wall-clock end in s) of its last finished activity span."""
+
+
+CollectorIn = Union[StepMetrics, Spans, RunFinished, RoleFailed, SetBusy, WriteTrace, GetRunState, Ping, Stop]

@@ -4,12 +4,11 @@ refusals naming the key, and a real async run whose trainer ran on its own core.
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import msgspec
 import pytest
 
-from asyncflow.actors.launcher import Launcher
+from asyncflow.actors.supervisor import pinned_cores
 from asyncflow.core.config import ConfigError, load_config
 from asyncflow.core.host import CPUS_ENV
 
@@ -25,12 +24,12 @@ def _cfg(pin: int, mode: str = "async"):
 @pytest.mark.timeout(30)
 def test_the_trainer_gets_the_first_cores_and_every_other_process_the_rest(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 5, 7})
-    env = lambda cfg, kind: Launcher.cpu_env(SimpleNamespace(cfg=cfg), kind)  # noqa: E731
-    assert env(_cfg(1), "trainer") == {CPUS_ENV: "3"} and env(_cfg(1), "trainer_rank") == {CPUS_ENV: "3"}
-    assert env(_cfg(1), "rollout") == {CPUS_ENV: "5,7"} and env(_cfg(2), "queue") == {CPUS_ENV: "7"}
-    assert env(_cfg(0), "trainer") == {} and env(_cfg(1, mode="sync"), "trainer") == {}
+    training, other = True, False  # a process of the training group (trainer and its ranks), or any other
+    assert pinned_cores(_cfg(1), training) == {CPUS_ENV: "3"}
+    assert pinned_cores(_cfg(1), other) == {CPUS_ENV: "5,7"} and pinned_cores(_cfg(2), other) == {CPUS_ENV: "7"}
+    assert pinned_cores(_cfg(0), training) == {} and pinned_cores(_cfg(1, mode="sync"), training) == {}
     with pytest.raises(ConfigError, match="cluster.pin_trainer_cores = 3.*at most 2"):
-        env(_cfg(3), "trainer")
+        pinned_cores(_cfg(3), training)
 
 
 @pytest.mark.timeout(30)

@@ -208,7 +208,8 @@ def test_a_failed_move_keeps_the_split_and_lets_the_planner_decide_again(make_be
 @pytest.mark.slow  # ~75 s on the shared 2 cores: the start-up plus spawning a replica mid-run (run with -m slow)
 @pytest.mark.timeout(240)
 def test_moves_during_a_tiny_run_add_and_remove_a_replica_and_every_step_still_trains_once(tmp_path):
-    from asyncflow.actors.launcher import Launcher, prepare_new
+    from asyncflow.actors._prepare import prepare_new
+    from asyncflow.actors.launcher import Launcher
     from asyncflow.core.config import load_config_text
     from asyncflow.planner.online import MoveDecision, Split
 
@@ -248,7 +249,7 @@ def test_moves_during_a_tiny_run_add_and_remove_a_replica_and_every_step_still_t
         launcher.scaler.moves.put(move("rollout", Split(rollout_workers=2, train_workers=1)))
         launcher.scaler.moves.put(move("train", Split(rollout_workers=1, train_workers=2)))
         finished = launcher.wait()
-        hosts = set(launcher.hosts)
+        hosts = set(launcher.supervisor.names())
     finally:
         launcher.stop()
     assert finished.last_step == 5

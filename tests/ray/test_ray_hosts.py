@@ -8,25 +8,22 @@ from asyncflow.actors.ray_hosts import CPU_PER_HOST, RayHosts, node_transport
 from asyncflow.core.config import ClusterConfig, ConfigError
 from asyncflow.core.transport import TransportConfig
 
-KINDS = {"queue": "queue", "rollout.0": "rollout", "reference.0": "reference", "trainer": "trainer"}
+DEVICES = {"queue": 0, "rollout.0": 1, "reference.0": 1, "trainer": 4}.get
+"""Host -> devices it uses (the supervisor's count, from each role's RoleSpec: test_topology.py)."""
 
 
 def test_hosts_without_devices_reserve_a_fraction_of_a_cpu():
-    hosts = RayHosts(ClusterConfig(launcher="ray"), KINDS)
-    assert {hosts.bundle(h)["CPU"] for h in KINDS} == {CPU_PER_HOST} and CPU_PER_HOST < 1
-    assert all(len(hosts.bundle(h)) == 1 for h in KINDS)
+    hosts = RayHosts(ClusterConfig(launcher="ray"), DEVICES)
+    assert {hosts.bundle(h)["CPU"] for h in ("queue", "rollout.0", "trainer")} == {CPU_PER_HOST} and CPU_PER_HOST < 1
+    assert all(len(hosts.bundle(h)) == 1 for h in ("queue", "rollout.0", "trainer"))
 
 
-def test_devices_are_reserved_by_ray_resource_name_one_per_replica_and_the_trainers_list():
-    gpu = RayHosts(ClusterConfig(launcher="ray", device="cuda", train_devices=[0, 1, 2, 3]), KINDS)
+def test_devices_are_reserved_by_ray_resource_name():
+    gpu = RayHosts(ClusterConfig(launcher="ray", device="cuda", train_devices=[0, 1, 2, 3]), DEVICES)
     assert gpu.bundle("rollout.0")["GPU"] == 1 and gpu.bundle("trainer")["GPU"] == 4
     assert "GPU" not in gpu.bundle("queue")
-    npu = RayHosts(ClusterConfig(launcher="ray", device="npu"), KINDS)
-    assert npu.bundle("reference.0")["NPU"] == 1 and npu.bundle("trainer")["NPU"] == 1
-
-    ranks = RayHosts(ClusterConfig(launcher="ray", device="cuda", train_devices=[0, 1]),
-                     {**KINDS, "trainer.1": "trainer_rank"}, num_ranks=2)
-    assert ranks.bundle("trainer")["GPU"] == 1 and ranks.bundle("trainer.1")["GPU"] == 1  # one device per rank
+    npu = RayHosts(ClusterConfig(launcher="ray", device="npu"), DEVICES)
+    assert npu.bundle("reference.0")["NPU"] == 1
 
 
 def test_each_node_listens_on_its_own_ip_or_advertises_it_behind_a_wildcard():
@@ -43,4 +40,4 @@ def test_each_node_listens_on_its_own_ip_or_advertises_it_behind_a_wildcard():
 def test_the_ray_launcher_says_what_to_change_in_the_transport(transport, fix, monkeypatch):
     monkeypatch.delenv("ASYNCFLOW_SECRET", raising=False)
     with pytest.raises(ConfigError, match=fix):
-        RayHosts(ClusterConfig(launcher="ray"), KINDS).connect(transport)
+        RayHosts(ClusterConfig(launcher="ray"), DEVICES).connect(transport)

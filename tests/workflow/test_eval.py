@@ -9,10 +9,10 @@ import os
 import pytest
 from wf_helpers import afctl, read_jsonl, write_config
 
+from asyncflow.actors._checkpoints import latest_checkpoint
 from asyncflow.actors._eval import Evaluator, read_best, save_best
 from asyncflow.actors._run import PromptOrder, Run, read_prompts, split_prompts
 from asyncflow.actors.collector import progress_line
-from asyncflow.actors.trainer import latest_checkpoint
 from asyncflow.core.config import ConfigError, load_config
 from asyncflow.engines.base import Completion
 from asyncflow.engines.config import TrainEngineConfig
@@ -38,7 +38,7 @@ def eval_run(tmp_path_factory):
     """A run directory as `afctl up` prepares it: untrained tiny model, add-task data, [eval] on."""
     from tiny_config import tiny_config_text
 
-    from asyncflow.actors.launcher import prepare_new
+    from asyncflow.actors._prepare import prepare_new
     from asyncflow.core.config import load_config_text
 
     root = tmp_path_factory.mktemp("evalrun")

@@ -12,6 +12,7 @@ import pytest
 from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors.collector import CollectorActor
 from asyncflow.actors.launcher import Launcher
+from asyncflow.actors.topology import HostPlan
 from asyncflow.core.config import load_config_text
 
 
@@ -44,10 +45,12 @@ def test_a_full_disk_while_writing_the_trace_still_stops_the_hosts_the_collector
 
     monkeypatch.setattr(CollectorActor, "write_trace", disk_full)
     launcher = Launcher(cfg, tmp_path, LaunchInfo(model_dir="m", base_model_dir="m", data_path="d"))
-    launcher.workers = []  # no roles: the driver's own actors are what this test stops
-    launcher.start()
+    launcher.start()  # nothing planned: no roles; the driver's own actors are what this test stops
     stuck, fine = _StuckHost(), _Host()
-    launcher.hosts = {"stuck": stuck, "fine": fine}
+    fakes = {"stuck": stuck, "fine": fine}
+    launcher.supervisor.spawn = lambda name, *args, **kwargs: fakes[name]
+    for name in fakes:
+        launcher.supervisor.add(HostPlan(name=name, kind="fake", role=None, specs=[]))
     with caplog.at_level(logging.ERROR, logger="asyncflow.actors.launcher"):
         errors = launcher.stop()
     assert stuck.asked and fine.stopped

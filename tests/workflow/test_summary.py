@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from asyncflow.actors._summary import launches, reward_trend, run_clock, train_span_s
-from asyncflow.actors.launcher import summarize
+from asyncflow.actors._summary import launches, reward_trend, run_clock, summarize, train_span_s
 from asyncflow.core.config import RunConfig
 
 

@@ -1,0 +1,117 @@
+"""RoleSpec: what the driver needs to know about a role, declared once, in the role's
+own module (``ROLE = RoleSpec(...)`` at its end).
+
+A role is an actor class run in one process host per instance (``rollout.0``,
+``rollout.1``, ...; ``loader``). Its spec names the class as an object (a renamed
+class breaks at import time, not in the middle of a run), the queue task it takes
+rows from and the columns it reads and puts, whether a dead instance may be started
+again in place, its config section, the devices it runs on, how many instances a
+config asks for and the keyword arguments of each. The built-in roles are listed
+once, in ``topology.BUILT_IN``; ``[[roles]]`` entries of the config become the same
+``RoleSpec`` (``topology.custom_role``).
+
+The wire's ``ActorSpec.cls`` string is derived from the class here (``actor_spec``),
+and nowhere else.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from asyncflow.actors import names
+from asyncflow.core import protocol
+from asyncflow.core.config import RunConfig
+
+
+class Devices(enum.Enum):
+    """Which accelerators a role's instance sees (``RoleSpec.device_list`` names the
+    ``[cluster]`` list they come from)."""
+
+    NONE = "none"
+    """None: it runs on CPU threads only."""
+    ONE = "one"
+    """Instance i takes device i of the list; an instance beyond the list sees them all."""
+    GROUP = "group"
+    """The training group: alone (``train.num_ranks = 1``) it sees the whole list; with
+    several ranks, rank r takes device r."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """The instance names of every role of a run, which some roles' constructor
+    arguments need (the trainer pauses every other worker and drives its ranks)."""
+
+    names: dict[str, list[str]]
+    """Role name -> its instances' names, in start order."""
+    train_group: list[str]
+    """Names of the roles of the training group (``RoleSpec.train_group``)."""
+
+    def of(self, role: str) -> list[str]:
+        return self.names.get(role, [])
+
+    def workers_outside_training(self) -> list[str]:
+        return [n for role, ns in self.names.items() if role not in self.train_group for n in ns]
+
+
+def no_kwargs(layout: Layout, name: str) -> dict:
+    return {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleSpec:
+    name: str
+    """The role's name (``names.py``): the restart budget's key, the name of a single
+    instance, the prefix of numbered ones."""
+    actor: type
+    """The actor class (a ``core.actor.Actor`` subclass)."""
+    instances: Callable[[RunConfig], list[str]]
+    """The names of its instances for a config (``one`` or ``numbered``); none: not started."""
+    section: str
+    """The config section that sets it up (``[rollout]``, ``[[roles]]`` ...)."""
+    task: str = ""
+    """The queue task it takes rows from (empty: none)."""
+    inputs: tuple[str, ...] = ()
+    """The columns it reads from each row of its task."""
+    outputs: tuple[str, ...] = ()
+    """The columns it puts: rows a dead instance already put them for are acked, not redone."""
+    restartable: bool = False
+    """A dead instance is requeued and started again in place (``_restarts.py``);
+    otherwise its death stops the run (resume from the last checkpoint)."""
+    device: Devices = Devices.NONE
+    device_list: str = ""
+    """The ``[cluster]`` field its devices come from (``rollout_devices`` ...)."""
+    train_group: bool = False
+    """Part of the training group: started after every other worker (which it pauses at
+    checkpoints), stopped after them, given the pinned cores (``pin_trainer_cores``)."""
+    kwargs: Callable[[Layout, str], dict] = field(default=no_kwargs)
+    """Constructor keyword arguments of instance ``name`` besides ``run_dir`` (always given)."""
+
+
+def one(name: str) -> Callable[[RunConfig], list[str]]:
+    """``instances`` of a role with exactly one instance, named like the role."""
+    return lambda cfg: [name]
+
+
+def numbered(prefix: str, count: Callable[[RunConfig], int], first: int = 0) -> Callable[[RunConfig], list[str]]:
+    """``instances`` of a replicated role: ``prefix.<first>`` ... (``count(cfg)`` of them)."""
+    return lambda cfg: [names.replica(prefix, i) for i in range(first, first + count(cfg))]
+
+
+def index_of(name: str) -> int:
+    """The number of an instance (``rollout.3`` -> 3); 0 for a name without one."""
+    head, _, tail = name.rpartition(".")
+    return int(tail) if head and tail.isdigit() else 0
+
+
+def class_path(cls: type) -> str:
+    """``module:Class``: how a process host finds ``cls`` (``core/host.py``)."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def actor_spec(name: str, cls: type, **kwargs) -> protocol.ActorSpec:
+    """The wire form of "start ``cls(ctx, **kwargs)`` as ``name``"."""
+    return protocol.ActorSpec(name=name, cls=class_path(cls), kwargs=msgspec.msgpack.encode(kwargs))

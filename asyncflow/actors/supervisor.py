@@ -1,0 +1,264 @@
+"""Supervisor: the driver's one record of the run's process hosts, and the only code
+that changes it.
+
+It holds one ``dict[name, HostRecord]``: each host's plan (kind, RoleSpec, actor
+specs), its process handle, and when a dead one is to be started again. It starts
+the hosts (local processes, or Ray's: ``spawn``), restarts a dead worker of a
+restartable role after requeueing the rows it held (``_on_death``, the restart
+policy of ``_restarts.py``), and adds or removes a host when the online planner
+moves a replica (``_scaling.py`` asks; it never edits the record). Everything else
+reads it: the launcher's stop, the cluster file, the hang report.
+
+Invariants:
+- a host is in the record from its plan until it is removed; ``proc`` is None only
+  before its first start;
+- a dead host is handled once: its rows are requeued and it gets a ``restart_at``;
+  until it is started again ``check`` does not see it as a new death;
+- a death that cannot be healed in place (a host of no restartable role, a queue that
+  does not answer the requeue, a spent restart budget) raises ``RunFailed(process_lost=True)``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from asyncflow.actors._restarts import RestartPolicy
+from asyncflow.actors.roles import Devices, RoleSpec, index_of
+from asyncflow.actors.topology import HostPlan
+from asyncflow.core import protocol
+from asyncflow.core.config import ConfigError, RunConfig
+from asyncflow.core.directory import DirectoryClient
+from asyncflow.core.errors import AsyncflowError
+from asyncflow.core.host import CPUS_ENV, HostProcess, spawn_host
+from asyncflow.core.tq.client import TQClient
+from asyncflow.core.transport import TransportConfig
+
+
+class RunFailed(AsyncflowError):
+    """The run cannot go on. ``process_lost``: because a process (or its node) that
+    cannot be restarted alone is gone, which a resume from the last checkpoint heals
+    (``cluster.max_resumes``); otherwise a role raised, which resuming would repeat."""
+
+    def __init__(self, message: str, process_lost: bool = False):
+        super().__init__(message)
+        self.process_lost = process_lost
+
+
+@dataclass
+class HostRecord:
+    plan: HostPlan
+    proc: HostProcess | None = None
+    """None until it is first started."""
+    restart_at: float | None = None
+    """Dead and requeued: when to start it again (time.monotonic)."""
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def role(self) -> RoleSpec | None:
+        return self.plan.role
+
+    def alive(self) -> bool:
+        """Whether its process is up (True before it is started); a Ray host also
+        answers for its heartbeat (``ray_hosts.py``)."""
+        return self.proc is None or self.proc.alive()
+
+
+def num_devices(role: RoleSpec | None, cfg: RunConfig) -> int:
+    """How many devices one host of ``role`` uses (what Ray reserves for it)."""
+    if role is None or role.device is Devices.NONE:
+        return 0
+    if role.device is Devices.ONE or cfg.train.num_ranks > 1:
+        return 1
+    return max(1, len(getattr(cfg.cluster, role.device_list)))
+
+
+def visible_devices(role: RoleSpec | None, name: str, cfg: RunConfig) -> str | None:
+    """The devices host ``name`` of ``role`` may see (its *_VISIBLE_DEVICES), or None:
+    every device (no device list, or an instance the planner added beyond the list)."""
+    if role is None or role.device is Devices.NONE:
+        return None
+    ids = getattr(cfg.cluster, role.device_list)
+    if role.device is Devices.GROUP and cfg.train.num_ranks == 1:  # alone: the whole list
+        return ",".join(map(str, ids)) if ids else None
+    index = index_of(name)
+    return str(ids[index]) if index < len(ids) else None
+
+
+def pinned_cores(cfg: RunConfig, train_group: bool) -> dict[str, str]:
+    """``[cluster] pin_trainer_cores`` (async): the cores a process may run on
+    (``core/host.py`` applies them), the first ones to the training group's processes."""
+    n = cfg.cluster.pin_trainer_cores
+    if n == 0 or cfg.workflow.mode != "async":
+        return {}
+    cores = sorted(os.sched_getaffinity(0))
+    if n >= len(cores):
+        raise ConfigError(f"cluster.pin_trainer_cores = {n}: the driver may use {len(cores)} cores ({cores}) and the "
+                          f"other processes need at least one; use at most {len(cores) - 1}, or 0 to pin nothing")
+    mine = cores[:n] if train_group else cores[n:]
+    return {CPUS_ENV: ",".join(map(str, mine))}
+
+
+class Supervisor:
+    def __init__(self, cfg: RunConfig, run_dir: Path):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self._hosts: dict[str, HostRecord] = {}
+        c = cfg.cluster
+        self.restart_policy = RestartPolicy(c.max_restarts_per_role, c.restart_window_s, c.restart_backoff_s)
+        self.restarts: list[dict] = []  # each restart, for summary.json
+        self.spawn = spawn_host  # with [cluster] launcher = "ray": RayHosts.spawn (actors/ray_hosts.py)
+        self.dc: DirectoryClient | None = None
+        self.transport: TransportConfig | None = None
+        self.env: dict[str, str] = {}
+        self.on_restart: Callable[[], None] = lambda: None  # the launcher rewrites cluster.json (the new pid)
+
+    # -- reading --------------------------------------------------------------------------
+    def names(self, kind: str | None = None) -> list[str]:
+        """The hosts (of one kind: a role's name, or topology.QUEUE / SHARD), in start order."""
+        return [h for h, r in self._hosts.items() if kind is None or r.plan.kind == kind]
+
+    def workers(self) -> list[str]:
+        """The role actors, in the order they are started and stopped: the training group
+        last, rank 0 first (Stop reaches it before the ranks it drives)."""
+        roles = [r for r in self._hosts.values() if r.role is not None]
+        return [r.name for r in roles if not r.role.train_group] + [r.name for r in roles if r.role.train_group]
+
+    def procs(self) -> dict[str, HostProcess]:
+        """Every started host's process handle (a copy)."""
+        return {h: r.proc for h, r in self._hosts.items() if r.proc is not None}
+
+    def _host_of(self, actor: str) -> HostRecord | None:
+        return next((r for r in self._hosts.values() if any(s.name == actor for s in r.plan.specs)), None)
+
+    def actor_alive(self, actor: str) -> bool:
+        """Whether the process hosting ``actor`` is up (True when unknown)."""
+        record = self._host_of(actor)
+        return record is None or record.alive()
+
+    def log_file(self, actor: str) -> Path:
+        """RUN_DIR/logs/<process>.log: the whole log of the process hosting ``actor``."""
+        record = self._host_of(actor)
+        return self.run_dir / "logs" / f"{record.name if record else actor}.log"
+
+    def num_devices(self, host: str) -> int:
+        record = self._hosts.get(host)
+        return num_devices(record.role if record else None, self.cfg)
+
+    def host_env(self, host: str) -> dict[str, str]:
+        """Environment of one process: the common one plus its cores and the devices it may see."""
+        record = self._hosts[host]
+        env = {**self.env, **pinned_cores(self.cfg, record.role is not None and record.role.train_group)}
+        devices = visible_devices(record.role, host, self.cfg)
+        if devices is None or self.cfg.cluster.device == "cpu":
+            return env
+        var = "ASCEND_RT_VISIBLE_DEVICES" if self.cfg.cluster.device == "npu" else "CUDA_VISIBLE_DEVICES"
+        return {**env, var: devices}
+
+    # -- changing the record: plan, start, add, remove, restart ---------------------------------
+    def plan(self, plans: list[HostPlan]) -> None:
+        """The hosts to start (before ``start``)."""
+        for p in plans:
+            self._hosts[p.name] = HostRecord(p)
+
+    def attach(self, dc: DirectoryClient, transport: TransportConfig, env: dict[str, str]) -> None:
+        """The directory, transport and common environment every host is started with."""
+        self.dc, self.transport, self.env = dc, transport, env
+
+    def spawn_all(self) -> None:
+        """Start every planned host's process (its actors come with ``start_actors``)."""
+        for record in self._hosts.values():
+            record.proc = self.spawn(record.name, self.dc, self.transport, env=self.host_env(record.name))
+
+    def start_actors(self, hosts: list[str]) -> None:
+        """Start the actors of ``hosts``, all at once; RunFailed names a host that could not."""
+        with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+            futures = {h: pool.submit(self._hosts[h].proc.start, self._hosts[h].plan.specs, timeout_s=300) for h in hosts}
+        for host, future in futures.items():
+            exc = future.exception()
+            if isinstance(exc, (AsyncflowError, LookupError)):  # a clean stop, not a traceback
+                raise RunFailed(f"process {host!r} could not start its actors: {exc}")
+            future.result()
+
+    def add(self, plan: HostPlan) -> HostRecord:
+        """Start one more host and its actors while the run goes on (a replica the planner
+        adds); restarted like the others if it dies. Not recorded if it fails to start."""
+        record = self._hosts[plan.name] = HostRecord(plan)  # recorded first: its env and Ray bundle read it
+        try:
+            record.proc = self.spawn(plan.name, self.dc, self.transport, plan.specs, env=self.host_env(plan.name))
+        except BaseException:
+            del self._hosts[plan.name]
+            raise
+        return record
+
+    def remove(self, host: str) -> HostRecord:
+        """Forget a host (never restarted from now on, nor a restart it had planned
+        finished); the caller stops its actors and process."""
+        return self._hosts.pop(host)
+
+    def check(self) -> None:
+        """Handle the processes that died since the last look, and start again those
+        whose restart is due. Raises RunFailed (never anything else for a death)."""
+        dead = [r for r in self._hosts.values() if r.restart_at is None and not r.alive()]
+        for record in dead:  # a process that cannot be restarted names the failure, before any requeue
+            if record.role is None or not record.role.restartable:
+                raise RunFailed(f"process {record.name!r} ({record.plan.kind}) exited with code "
+                                f"{record.proc.returncode}; the run cannot go on. "
+                                f"Resume from the last checkpoint: afctl up --resume {self.run_dir}", process_lost=True)
+        for record in dead:
+            self._on_death(record, f"exited with code {record.proc.returncode}")
+        now = time.monotonic()
+        for record in [r for r in self._hosts.values() if r.restart_at is not None and r.restart_at <= now]:
+            self._restart(record)
+
+    def _on_death(self, record: HostRecord, why: str) -> None:
+        """Requeue the rows a dead worker held (now: others take them) and plan its
+        restart, or stop the run when its role's budget is spent."""
+        role, host = record.role, record.name
+        try:
+            tq = TQClient(self.dc, consumer="driver")
+            requeued = sum(tq.requeue(role.task, s.name, list(role.outputs)) for s in record.plan.specs) if role.task else 0
+            for spec in record.plan.specs:
+                self.dc.unregister(spec.name)
+        except (AsyncflowError, LookupError) as exc:  # the queue is gone too: only a resume heals this
+            raise RunFailed(f"process {host!r} {why}, and the rows it held could not be requeued ({exc}). "
+                            f"Resume from the last checkpoint: afctl up --resume {self.run_dir}",
+                            process_lost=True) from None
+        now = time.monotonic()
+        at = self.restart_policy.on_death(role.name, now)
+        if at is None:
+            c = self.cfg.cluster
+            raise RunFailed(f"role {role.name}: {self.restart_policy.num_recent(role.name, now)} restarts within "
+                            f"{c.restart_window_s:g} s, and {host} {why} again; its restart budget is spent "
+                            f"(cluster.max_restarts_per_role = {c.max_restarts_per_role}). Its stderr above says why "
+                            f"it dies. Resume from the last checkpoint: afctl up --resume {self.run_dir}",
+                            process_lost=True)
+        later = f" in {at - now:.1f} s" if at > now else ""
+        click.echo(f"!! {host} {why}: requeued {requeued} rows it held, restarting it{later}", err=True)
+        record.restart_at = at
+        self.restarts.append({"host": host, "why": why, "exit_code": record.proc.returncode,
+                              "requeued_rows": requeued, "time": time.time()})
+
+    def _restart(self, record: HostRecord) -> None:
+        record.restart_at = None
+        specs = record.plan.specs
+        try:
+            record.proc = self.spawn(record.name, self.dc, self.transport, specs, env=self.host_env(record.name))
+            for spec in specs:
+                self.dc.ref(spec.name, refresh=True).ask(protocol.StartWork(), timeout_s=30)
+        except (AsyncflowError, LookupError) as exc:  # it died (or hangs) in its own start: one more death
+            click.echo(f"!! restart of {record.name} failed: {exc}", err=True)
+            if record.proc.alive():
+                record.proc.kill()
+            self._on_death(record, "died during its restart")
+            return
+        self.on_restart()

@@ -1,0 +1,104 @@
+"""A run's topology: the registry of built-in roles, and the pure function from a
+config to the process hosts the driver starts (``plan_hosts``), tested without
+processes (tests/workflow/test_topology.py).
+
+Processes (one host per line)::
+
+    queue       tq.manager, tq.controller.<task>...
+    shard.<i>   tq.shard.<i>
+    <instance>  one per instance of each role, in this order: the built-in roles
+                outside training (BUILT_IN order), the [[roles]] of the config,
+                then the training group (trainer rank 0, then ranks 1..)
+
+A new built-in role is one module that ends with ``ROLE = RoleSpec(...)`` and one
+line in ``BUILT_IN``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asyncflow.actors import prompt_loader, reference, reward, rollout, trainer, trainer_rank
+from asyncflow.actors._preflight import _importable
+from asyncflow.actors.roles import Layout, RoleSpec, actor_spec, one
+from asyncflow.core import protocol
+from asyncflow.core.config import ConfigError, RoleEntry, RunConfig
+from asyncflow.core.tq.launch import queue_specs
+
+BUILT_IN: list[RoleSpec] = [
+    prompt_loader.ROLE,
+    rollout.ROLE,
+    reward.ROLE,
+    reference.ROLE,
+    trainer.ROLE,
+    trainer_rank.ROLE,
+]
+"""Every built-in role, one line each, in start order (the training group last)."""
+
+QUEUE, SHARD = "queue", "shard"
+"""Kinds of the queue's hosts, which are no role: their loss stops the run."""
+
+
+def built_in(name: str) -> RoleSpec:
+    return next(r for r in BUILT_IN if r.name == name)
+
+
+def custom_role(entry: RoleEntry, python_path: list[str]) -> RoleSpec:
+    """A ``[[roles]]`` entry as a RoleSpec: its class imported from the dotted path the
+    user wrote, the way its process will (``cluster.python_path`` first)."""
+    try:
+        cls = _importable(entry.cls, python_path)
+    except ValueError as exc:
+        raise ConfigError(f"roles.cls = {entry.cls!r} (role {entry.name!r}): {exc}") from None
+    given = {"task": entry.task, "output": entry.reward_column}
+    given = {k: v for k, v in given.items() if v}
+    return RoleSpec(
+        name=entry.name, actor=cls, instances=one(entry.name), section="roles", task=entry.task,
+        inputs=tuple(getattr(cls, "inputs", ())), outputs=(entry.reward_column,) if entry.reward_column else (),
+        restartable=True, kwargs=lambda layout, name: {**given, **entry.kwargs},
+    )
+
+
+def roles_of(cfg: RunConfig) -> list[RoleSpec]:
+    """The roles of a run in start order: built-in workers, custom roles, the training group."""
+    custom = [custom_role(entry, cfg.cluster.python_path) for entry in cfg.roles]
+    return ([r for r in BUILT_IN if not r.train_group] + custom + [r for r in BUILT_IN if r.train_group])
+
+
+def tasks(roles: list[RoleSpec], cfg: RunConfig) -> list[str]:
+    """The queue's tasks: that of every role with an instance (each a controller)."""
+    return [r.task for r in roles if r.task and r.instances(cfg)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostPlan:
+    """One process host to start: its name, what kind it is and the actors it runs."""
+
+    name: str
+    kind: str
+    """The role's name, or QUEUE / SHARD."""
+    role: RoleSpec | None
+    """None for the queue's hosts."""
+    specs: list[protocol.ActorSpec]
+
+
+def layout(roles: list[RoleSpec], cfg: RunConfig) -> Layout:
+    return Layout(names={r.name: r.instances(cfg) for r in roles}, train_group=[r.name for r in roles if r.train_group])
+
+
+def role_host(role: RoleSpec, name: str, lay: Layout, run_dir: str) -> HostPlan:
+    """The host of one instance of ``role`` (also how the planner adds a replica)."""
+    return HostPlan(name=name, kind=role.name, role=role,
+                    specs=[actor_spec(name, role.actor, run_dir=run_dir, **role.kwargs(lay, name))])
+
+
+def plan_hosts(cfg: RunConfig, run_dir: str, roles: list[RoleSpec] | None = None) -> list[HostPlan]:
+    """Every process host of a run, in start order (pure: no process, no file)."""
+    roles = roles_of(cfg) if roles is None else roles
+    capacity = cfg.queue.capacity_rows or cfg.samples_per_step * (cfg.staleness + 3)
+    q = queue_specs(tasks(roles, cfg), num_shards=cfg.queue.num_shards, capacity_rows=capacity,
+                    inline_max_bytes=cfg.queue.inline_max_bytes)
+    hosts = [HostPlan(name=QUEUE, kind=QUEUE, role=None, specs=[q.manager, *q.controllers])]
+    hosts += [HostPlan(name=f"{SHARD}.{i}", kind=SHARD, role=None, specs=[s]) for i, s in enumerate(q.shards)]
+    lay = layout(roles, cfg)
+    return hosts + [role_host(r, name, lay, run_dir) for r in roles for name in lay.of(r.name)]

@@ -1,0 +1,132 @@
+"""A config -> the run's process hosts, as a pure function (actors/topology.py), and
+what the supervisor derives from each role's RoleSpec (devices, cores): no process."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from asyncflow.actors import names, topology
+from asyncflow.actors.column_role import ColumnRole
+from asyncflow.actors.roles import class_path
+from asyncflow.actors.supervisor import num_devices, visible_devices
+from asyncflow.core.config import ClusterConfig, RoleEntry, load_config_text
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Judge(ColumnRole):
+    inputs = ("response_ids", "answer")
+
+
+def _cfg(text: str = ""):
+    return load_config_text(text)
+
+
+def _kwargs(plan) -> dict:
+    return msgspec.msgpack.decode(plan.specs[0].kwargs)
+
+
+def test_a_default_config_gives_the_queue_a_shard_and_one_host_per_role_instance_in_start_order():
+    hosts = topology.plan_hosts(_cfg(), "/run")
+    assert [(h.name, h.kind) for h in hosts] == [
+        ("queue", "queue"), ("shard.0", "shard"), ("loader", names.LOADER), ("rollout.0", names.ROLLOUT),
+        ("reward.0", names.REWARD), ("trainer", names.TRAINER)]
+    queue = hosts[0]
+    assert [s.name for s in queue.specs] == ["tq.manager", "tq.controller.rollout", "tq.controller.reward",
+                                             "tq.controller.train"]
+    assert all(h.role is None for h in hosts[:2]) and all(h.role is not None for h in hosts[2:])
+
+
+def test_each_role_host_runs_its_roles_class_with_the_run_dir_and_the_wire_path_is_derived_from_the_class():
+    for host in topology.plan_hosts(_cfg(), "/run")[2:]:
+        (spec,) = host.specs
+        assert spec.name == host.name and spec.cls == class_path(host.role.actor)
+        assert _kwargs(host)["run_dir"] == "/run"
+    assert class_path(Judge) == f"{__name__}:Judge"
+
+
+def test_replicas_reference_workers_and_trainer_ranks_follow_the_config():
+    cfg = _cfg("[rollout]\nnum_replicas = 3\n[algorithm]\nkl_coef = 0.1\n[reference]\nnum_workers = 2\n"
+               "[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true\n")
+    hosts = {h.name: h for h in topology.plan_hosts(cfg, "/run")}
+    assert list(hosts) == ["queue", "shard.0", "loader", "rollout.0", "rollout.1", "rollout.2", "reward.0",
+                           "reference.0", "reference.1", "trainer", "trainer.1"]
+    assert "tq.controller.reference" in [s.name for s in hosts["queue"].specs]
+    trainer = _kwargs(hosts["trainer"])
+    assert trainer["rollout_replicas"] == ["rollout.0", "rollout.1", "rollout.2"]
+    assert trainer["ranks"] == ["trainer.1"]
+    assert trainer["other_roles"] == ["loader", "rollout.0", "rollout.1", "rollout.2", "reward.0", "reference.0",
+                                      "reference.1"]
+    assert _kwargs(hosts["trainer.1"])["rank"] == 1
+
+
+def test_no_reference_role_without_kl():
+    cfg = _cfg("[reference]\nnum_workers = 2\n")
+    assert not [h for h in topology.plan_hosts(cfg, "/run") if h.kind == names.REFERENCE]
+    assert names.TASK_REFERENCE not in topology.tasks(topology.roles_of(cfg), cfg)
+
+
+def test_a_custom_role_is_a_restartable_rolespec_started_before_the_training_group_with_its_task():
+    cfg = msgspec.structs.replace(_cfg(), roles=[RoleEntry(
+        name="judge", cls=f"{__name__}:Judge", task="judge", reward_column="judge_score", kwargs={"batch_size": 4})])
+    hosts = topology.plan_hosts(cfg, "/run")
+    assert [h.name for h in hosts][-2:] == ["judge", "trainer"]
+    judge = hosts[-2]
+    assert judge.role.actor is Judge and judge.role.restartable and judge.role.task == "judge"
+    assert judge.role.inputs == ("response_ids", "answer") and judge.role.outputs == ("judge_score",)
+    assert _kwargs(judge) == {"run_dir": "/run", "task": "judge", "output": "judge_score", "batch_size": 4}
+    assert "tq.controller.judge" in [s.name for s in hosts[0].specs]
+    assert "judge" in _kwargs(hosts[-1])["other_roles"]
+
+
+def test_what_dies_alone_is_restarted_and_what_it_put_is_kept():
+    built_in = {r.name: r for r in topology.BUILT_IN}
+    cfg = _cfg()
+    assert all(hasattr(cfg, r.section) for r in built_in.values())  # each names a section of the config
+    assert all(hasattr(cfg.cluster, r.device_list) for r in built_in.values() if r.device_list)
+    assert {n for n, r in built_in.items() if r.restartable} == {names.ROLLOUT, names.REWARD, names.REFERENCE}
+    assert built_in[names.ROLLOUT].outputs == ("response_ids", "rollout_logp", "finish")
+    assert built_in[names.REWARD].task == names.TASK_REWARD and built_in[names.REWARD].outputs == ("reward",)
+
+
+def test_devices_one_per_replica_and_the_training_group_shares_its_list_alone_or_splits_it_by_rank():
+    rollout, trainer = topology.built_in(names.ROLLOUT), topology.built_in(names.TRAINER)
+    rank = topology.built_in(names.TRAINER_RANK)
+    cfg = msgspec.structs.replace(_cfg(), cluster=ClusterConfig(device="cuda", rollout_devices=[4, 5],
+                                                                train_devices=[0, 1, 2, 3]))
+    assert visible_devices(rollout, "rollout.1", cfg) == "5"
+    assert visible_devices(rollout, "rollout.2", cfg) is None  # added by the planner beyond the list: sees all
+    assert visible_devices(trainer, "trainer", cfg) == "0,1,2,3" and num_devices(trainer, cfg) == 4
+    assert num_devices(rollout, cfg) == 1 and num_devices(topology.built_in(names.LOADER), cfg) == 0
+    ranks = msgspec.structs.replace(cfg, train=msgspec.structs.replace(cfg.train, num_ranks=2))
+    assert visible_devices(trainer, "trainer", ranks) == "0" and visible_devices(rank, "trainer.1", ranks) == "1"
+    assert num_devices(trainer, ranks) == 1 and num_devices(rank, ranks) == 1
+    assert visible_devices(None, "queue", cfg) is None and num_devices(None, cfg) == 0
+
+
+def test_the_reference_role_lives_in_its_module_and_one_registry_line_only():
+    """Removing a built-in role is deleting its module and its entry in topology.py
+    (issue 14): no other module names its module, class or its names.py constants."""
+    import re
+    from pathlib import Path
+
+    import asyncflow
+
+    package = Path(asyncflow.__file__).parent
+    mentions = re.compile(r"actors\.reference\b|\breference\.ROLE\b|ReferenceActor|\bREFERENCE\b|TASK_REFERENCE|"
+                          r"import [\w, ]*\breference\b")
+    naming = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if mentions.search(p.read_text()))
+    assert naming == ["actors/names.py", "actors/reference.py", "actors/topology.py"]
+    registry = [line for line in (package / "actors" / "topology.py").read_text().splitlines() if mentions.search(line)]
+    assert len(registry) == 2  # its name in the import of the role modules, and its line in BUILT_IN
+
+
+def test_finding_checkpoints_and_preparing_a_resume_import_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, asyncflow.actors._checkpoints, asyncflow.actors._prepare, asyncflow.actors.roles; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
