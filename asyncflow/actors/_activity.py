@@ -15,9 +15,12 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from asyncflow.core import phases, protocol
+
+if TYPE_CHECKING:
+    from asyncflow.actors._spans import SpanRecorder
 
 
 class ActivityClock:
@@ -29,7 +32,7 @@ class ActivityClock:
         self.state = "idle"  # the activity in progress, or what the role says it is doing
         self._running: tuple[str, float] | None = None  # (activity, its start) in progress
         self._lock = threading.Lock()
-        self.tracer = None  # a SpanRecorder once the role starts working
+        self.tracer: SpanRecorder | None = None  # once the role starts working
 
     def start_tracing(self, collector) -> None:
         """Spans go to ``collector`` from now on; phases of the calling thread too."""
@@ -37,8 +40,8 @@ class ActivityClock:
             return
         from asyncflow.actors._spans import SpanRecorder
 
-        self.tracer = SpanRecorder(self.role, collector)
-        if self.tracer.enabled:
+        self.tracer = tracer = SpanRecorder(self.role, collector)
+        if tracer.enabled:
             phases.set_sink(self._phase_sink(threading.get_ident()))
 
     @contextmanager

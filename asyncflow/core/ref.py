@@ -21,7 +21,7 @@ from asyncflow.core import _nngio, frames, protocol
 from asyncflow.core.errors import ActorGone, ActorTimeout, AsyncflowError, RemoteError, Unauthorized
 from asyncflow.core.transport import TransportConfig, dial, is_tcp, set_context_timeouts
 
-_sockets: dict[tuple[str, int], pynng.Req0] = {}
+_sockets: dict[tuple[str, int, str], pynng.Req0] = {}  # (address, max message bytes, tls_dir)
 _sockets_lock = threading.Lock()
 _contexts = threading.local()  # per thread: socket id -> its reusable Req context
 

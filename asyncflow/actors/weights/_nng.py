@@ -64,7 +64,7 @@ class NngReceiver(WeightReceiver):
 
     def fetch(self, weights, on_chunk: Callable[[int], None] | None = None) -> tuple[int, NamedTensors]:
         latest = weights.ask(protocol.GetLatestWeights(), timeout_s=30)
-        tensors = []
+        tensors: NamedTensors = []
         for i in range(latest.num_chunks):
             chunk = weights.ask(protocol.GetWeightChunk(version=latest.version, index=i), timeout_s=self.timeout_s)
             tensors.extend((n, to_torch(t)) for n, t in zip(chunk.names, chunk.tensors))
