@@ -46,7 +46,8 @@ model and optimizer (Hugging Face format, ``step_N/model``) and the roles' state
 resume them; then point the link ``checkpoints/latest`` at ``step_N/model``.
 
 Takes: LoopActor messages. Sends: StepMetrics, RunFinished (collector); Pause,
-Resume (roles); TrainPart, SaveRankCheckpoint (other trainer ranks); TQ reads, acks, save.
+Resume (roles); Publish (in-process), GetReplicas (weights); TrainPart,
+SaveRankCheckpoint (the other trainer ranks, a ``RankGroup``); TQ reads, acks, save.
 """
 
 from __future__ import annotations
