@@ -13,10 +13,11 @@ Invariants:
 - Pause is answered between units, so every row a unit took has been acked or
   put back when Paused is sent (checkpoints rely on it); acks deferred to the next
   request (``self.acks``, ``_acks.py``) are flushed first.
-- Time is accounted per activity (``with self.activity("generate")``); what is not
-  inside an activity called ``wait_*`` counts as busy. GetRoleStats is answered at
-  once on the listener thread (not between units), the activity in progress counted
-  up to that moment, so the planner reads busy fractions at step boundaries.
+- Time is accounted per activity (``with self.activity("generate")``, an
+  ``ActivityClock``, ``_activity.py``); what is not inside an activity called
+  ``wait_*`` counts as busy. GetRoleStats is answered at once on the listener thread
+  (not between units), the activity in progress counted up to that moment, so the
+  planner reads busy fractions at step boundaries.
 - Finer parts of an activity (``core/phases.py``: forward, backward, sampling, queue
   encode...) are spans ``<activity>/<phase>`` in the trace, never busy or idle time.
 """
@@ -24,22 +25,17 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import os
-import threading
-import time
 import traceback
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
-from asyncflow.core import phases, protocol
+from asyncflow.actors._activity import ActivityClock
+from asyncflow.actors.names import COLLECTOR
+from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, ActorContext
 
 if TYPE_CHECKING:
     from asyncflow.actors._acks import DeferredAcks
 
 log = logging.getLogger(__name__)
-
-COLLECTOR = "collector"
 
 
 class _Tick:
@@ -55,14 +51,8 @@ class LoopActor(Actor):
         self._running = False
         self._paused = False
         self._finished = False
-        self._busy_s = 0.0
-        self._wait_s: dict[str, float] = {}
-        self._in_activity: tuple[str, float] | None = None  # (activity, its start) in progress
-        self._stats_lock = threading.Lock()  # stats are read on the listener thread
-        self._state = "idle"
+        self.clock = ActivityClock(ctx.name, lambda: self.version)
         self.num_items = 0
-        self._started_at = time.monotonic()
-        self.tracer = None  # a SpanRecorder once the work starts
         self.acks: DeferredAcks | None = None  # a DeferredAcks (actors/_acks.py) of a role that acks with its next request
 
     # -- to implement ----------------------------------------------------------------
@@ -78,57 +68,17 @@ class LoopActor(Actor):
     def version(self) -> int:
         return -1
 
-    # -- time accounting -------------------------------------------------------------
-    @contextmanager
+    # -- time accounting (_activity.py) -------------------------------------------------
     def activity(self, name: str):
         """Account the time of the block to ``name`` (``wait_*`` counts as waiting)."""
-        previous, self._state = self._state, name
-        start = time.monotonic()
-        outer, self._in_activity = self._in_activity, (name, start)
-        try:
-            yield
-        finally:
-            elapsed = time.monotonic() - start
-            with self._stats_lock:
-                self._in_activity = outer
-                if name.startswith("wait_"):
-                    key = name.removeprefix("wait_")
-                    self._wait_s[key] = self._wait_s.get(key, 0.0) + elapsed
-                else:
-                    self._busy_s += elapsed
-            if self.tracer is not None:
-                self.tracer.span(self.ctx.name, name, start, elapsed)
-                self.tracer.counters["version"] = self.version
-            self._state = previous
-
-    def _phase_sink(self, thread_id: int):
-        """Phases (``core/phases.py``) of this role's own thread become spans named
-        ``<activity>/<phase>``; they count as neither busy nor idle (their activity does)."""
-        def sink(name: str, start: float, duration_s: float) -> None:
-            if self.tracer is not None and threading.get_ident() == thread_id and self._in_activity is not None:
-                self.tracer.span(self.ctx.name, f"{self._in_activity[0]}/{name}", start, duration_s)
-        return sink
+        return self.clock.activity(name)
 
     def stats(self) -> protocol.RoleStats:
-        """Cumulative times, the activity in progress included up to now (any thread)."""
-        with self._stats_lock:
-            busy_s, wait_s, running = self._busy_s, dict(self._wait_s), self._in_activity
-        if running is not None:
-            name, start = running
-            if name.startswith("wait_"):
-                key = name.removeprefix("wait_")
-                wait_s[key] = wait_s.get(key, 0.0) + time.monotonic() - start
-            else:
-                busy_s += time.monotonic() - start
-        return protocol.RoleStats(
-            role=self.ctx.name, busy_s=busy_s, wait_s=wait_s, version=self.version,
-            num_items=self.num_items, state="paused" if self._paused else self._state, pid=os.getpid(),
-        )
+        return self.clock.stats(self.num_items, "paused" if self._paused else None)
 
     # -- loop --------------------------------------------------------------------------
     def on_stop(self) -> None:
-        if self.tracer is not None:
-            self.tracer.close()
+        self.clock.close()
 
     def handle_urgent(self, msg):
         if isinstance(msg, protocol.GetRoleStats):
@@ -158,25 +108,18 @@ class LoopActor(Actor):
             return
         if not more:
             self._finished = True
-            self._state = "done"
+            self.clock.state = "done"
             return
         self._schedule()
 
     def _report_failure(self, detail: str) -> None:
-        try:
-            self.ctx.ref(COLLECTOR, wait_s=1.0).tell(protocol.RoleFailed(role=self.ctx.name, error=detail))
-        except Exception as exc:  # the collector may be gone at shutdown; the log has it
-            log.error("could not report the failure of %s: %s", self.ctx.name, exc)
+        report_failure(self.ctx, detail)
 
     def handle(self, msg, pending):
         match msg:
             case protocol.StartWork():
-                if self.tracer is None:
-                    from asyncflow.actors._spans import SpanRecorder
-
-                    self.tracer = SpanRecorder(self.ctx.name, self.ctx.ref(COLLECTOR))
-                    if self.tracer.enabled:
-                        phases.set_sink(self._phase_sink(threading.get_ident()))
+                if self.clock.tracer is None:
+                    self.clock.start_tracing(self.ctx.ref(COLLECTOR))
                 self._running = True
                 self._schedule()
                 return protocol.Ok()
@@ -203,3 +146,11 @@ class LoopActor(Actor):
                 return protocol.Ok()
             case _:
                 raise TypeError(f"{self.ctx.name} does not handle {type(msg).__name__}")
+
+
+def report_failure(ctx: ActorContext, detail: str) -> None:
+    """Tell the collector that the role of ``ctx`` failed (``detail``: the error and traceback)."""
+    try:
+        ctx.ref(COLLECTOR, wait_s=1.0).tell(protocol.RoleFailed(role=ctx.name, error=detail))
+    except Exception as exc:  # the collector may be gone at shutdown; the log has it
+        log.error("could not report the failure of %s: %s", ctx.name, exc)

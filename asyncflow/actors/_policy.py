@@ -22,6 +22,7 @@ import torch
 
 from asyncflow.actors._batching import token_batch
 from asyncflow.actors._run import Run
+from asyncflow.actors.names import TRAINER
 from asyncflow.algorithms.off_policy import ratio_quantiles
 from asyncflow.core.config import AlgorithmConfig
 from asyncflow.core.phases import phase
@@ -32,12 +33,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-GROUP = "trainer"
-"""The trainer ranks' torch.distributed group, published in the directory as ``dist.trainer``."""
-
-
 def join_trainer_group(ctx, run: Run, rank: int):
-    """Rendezvous of the trainer ranks (no-op for one rank); returns the store to keep alive."""
+    """Rendezvous of the trainer ranks (no-op for one rank) in their torch.distributed
+    group, named after the role (published in the directory as ``dist.trainer``);
+    returns the store to keep alive."""
     cfg = run.config
     if cfg.train.num_ranks == 1:
         return None
@@ -45,8 +44,8 @@ def join_trainer_group(ctx, run: Run, rank: int):
     from asyncflow.engines.device import dist_backend
 
     device = cfg.train.engine.device
-    log.info("trainer rank %d/%d: joining group %r", rank, cfg.train.num_ranks, GROUP)
-    store = init_default_group(ctx.directory, GROUP, ctx.transport, rank, cfg.train.num_ranks, dist_backend(device),
+    log.info("trainer rank %d/%d: joining group %r", rank, cfg.train.num_ranks, TRAINER)
+    store = init_default_group(ctx.directory, TRAINER, ctx.transport, rank, cfg.train.num_ranks, dist_backend(device),
                                cfg.train.dist_timeout_s, port=cfg.train.dist_port)
     if device == "cuda" and torch.cuda.device_count() > 1:  # every device visible: one per rank
         torch.cuda.set_device(rank % torch.cuda.device_count())

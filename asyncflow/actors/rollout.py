@@ -10,10 +10,9 @@ the next request, ``_acks.py``).
 Delayed parameter update: ``WeightsReady`` starts a background fetch of the new
 weights into a host buffer while generation goes on with the old ones; the swap
 onto the device happens between units (``AcquireSwap`` first: with sub-step
-updates, replicas swap one at a time). With ``workflow.weight_transport =
-"collective"`` the fetch receives the bytes over this replica's own two-member
-torch.distributed group into buffers on its device (``_weight_channel.py``); where
-the trainer's side has no such collective it falls back to nng.
+updates, replicas swap one at a time). How the bytes travel is the business of a
+``WeightReceiver`` (``actors/weights/``), chosen once from ``[workflow]
+weight_transport``: nng chunks, or a per-replica torch.distributed group.
 
 Version integrity (``workflow.verify_weights``): every row is stamped with the
 weights digest (``engines/digest.py``) of the weights that generated it: the
@@ -23,8 +22,8 @@ digest of those tensors. A generate call during which the engine's version or
 weights changed fails the unit. The trainer checks each row's digest against the
 version the row is tagged with.
 
-Takes: LoopActor messages + WeightsReady. Sends: GetWeightChunk or StreamWeights,
-AcquireSwap, ReleaseSwap (to ``weights``); TQ reads and writes.
+Takes: LoopActor messages + WeightsReady. Sends: GetLatestWeights, AcquireSwap,
+ReleaseSwap and its receiver's requests (to ``weights``); TQ reads and writes.
 Invariant: every row a unit took is put before the next unit starts, and acked
 inside the next unit's first request (or at Pause/Stop). If the process dies, the
 launcher acks the rows whose outputs are in and requeues the others: a response is
@@ -43,9 +42,9 @@ from asyncflow.actors import names, roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run, set_threads
-from asyncflow.actors.weight_sync import WEIGHTS_NAME
+from asyncflow.actors.names import TASK_ROLLOUT, WEIGHTS
+from asyncflow.actors.weights import build_receiver
 from asyncflow.core import protocol
-from asyncflow.core.tensors import to_torch
 from asyncflow.core.tq.client import TQClient
 from asyncflow.engines.device import torch_dtype
 from asyncflow.engines.digest import weights_digest
@@ -79,25 +78,8 @@ class RolloutActor(LoopActor):
         self._fetching = False
         self._fetched = threading.Event()  # set when a fetch stages new weights
         self._announced = threading.Event()  # set when WeightsReady arrives: wakes a gated wait at once
-        self._receiver = None  # the collective weight channel's rank 1 (weight_transport = "collective")
-        if cfg.workflow.weight_transport == "collective":
-            self._receiver = self._make_receiver()
-
-    def _make_receiver(self):
-        import torch
-
-        from asyncflow.actors._weight_channel import WeightReceiver
-
-        device = getattr(self.engine, "device", None)
-        if not isinstance(device, torch.device):
-            device = torch.device(self.run.config.cluster.device)
-        try:
-            return WeightReceiver(self.ctx.directory, self.ctx.transport, self.ctx.name, device,
-                                  timeout_s=self.run.config.workflow.weight_timeout_s)
-        except (RuntimeError, ValueError) as exc:  # e.g. npu without torch_npu
-            log.warning("%s: weight transport 'collective' unavailable on this replica (%s); using nng",
-                        self.ctx.name, exc)
-            return None
+        self.receiver = build_receiver(cfg.workflow.weight_transport, ctx, cfg.workflow.weight_timeout_s,
+                                       device=cfg.cluster.device, engine=self.engine)
 
     @property
     def version(self) -> int:
@@ -122,10 +104,8 @@ class RolloutActor(LoopActor):
         threading.Thread(target=self._fetch_loop, name=f"{self.ctx.name}-weights", daemon=True).start()
 
     def _fetch_loop(self) -> None:
-        """Background: pull announced versions into the host buffer until up to date."""
-        from asyncflow.actors._weight_channel import Refused
-
-        weights = self.ctx.ref(WEIGHTS_NAME)
+        """Background: fetch announced versions into host (or device) buffers until up to date."""
+        weights = self.ctx.ref(WEIGHTS)
         while True:
             with self._lock:
                 target = self._wanted
@@ -134,14 +114,7 @@ class RolloutActor(LoopActor):
                     self._fetching = False
                     return
             try:
-                if self._receiver is not None:
-                    version, tensors = self._receiver.fetch(weights)
-                else:
-                    version, tensors = self._fetch_nng(weights, self.run.config.workflow.weight_timeout_s)
-            except Refused as exc:  # the trainer's side has no such collective: nng from now on
-                log.warning("%s: weight transport 'collective' unavailable (%s); using nng", self.ctx.name, exc)
-                self._receiver = None
-                continue
+                version, tensors = self.receiver.fetch(weights)
             except Exception as exc:  # a failed fetch is retried at the next announcement
                 log.warning("%s: fetching weights failed: %s", self.ctx.name, exc)
                 with self._lock:
@@ -152,22 +125,13 @@ class RolloutActor(LoopActor):
                 self._staged = (version, tensors, digest)
             self._fetched.set()
 
-    @staticmethod
-    def _fetch_nng(weights, timeout_s: float) -> tuple[int, list]:
-        latest = weights.ask(protocol.GetLatestWeights(), timeout_s=30)
-        tensors = []
-        for i in range(latest.num_chunks):
-            chunk = weights.ask(protocol.GetWeightChunk(version=latest.version, index=i), timeout_s=timeout_s)
-            tensors.extend((n, to_torch(t)) for n, t in zip(chunk.names, chunk.tensors))
-        return latest.version, tensors
-
     def _maybe_swap(self) -> None:
         with self._lock:
             staged, self._staged = self._staged, None
         if staged is None or staged[0] <= self.engine.version:
             return
         version, tensors, digest = staged
-        weights = self.ctx.ref(WEIGHTS_NAME)
+        weights = self.ctx.ref(WEIGHTS)
         with self.activity("wait_swap"):
             weights.ask(protocol.AcquireSwap(replica=self.ctx.name, version=version), timeout_s=600)
         try:
@@ -185,7 +149,7 @@ class RolloutActor(LoopActor):
     def on_start(self) -> None:
         # a (re)started replica catches up with the newest published weights first
         try:
-            latest = self.ctx.ref(WEIGHTS_NAME, wait_s=0.2).ask(protocol.GetLatestWeights(), timeout_s=10)
+            latest = self.ctx.ref(WEIGHTS, wait_s=0.2).ask(protocol.GetLatestWeights(), timeout_s=10)
         except LookupError:
             return  # the trainer has not started yet: nothing newer than the model dir
         if latest.version > self.engine.version:
@@ -200,8 +164,8 @@ class RolloutActor(LoopActor):
         G = cfg.algorithm.group_size
         max_step = self.engine.version + self.k
         with self.activity("get"):
-            batch = self.tq.get_batch("rollout", ["prompt_ids"], cfg.rollout.prompts_per_call * G,
-                                      policy="group", partial=True, max_step=max_step, ack=self.acks.take("rollout"))
+            batch = self.tq.get_batch(TASK_ROLLOUT, ["prompt_ids"], cfg.rollout.prompts_per_call * G,
+                                      policy="group", partial=True, max_step=max_step, ack=self.acks.take(TASK_ROLLOUT))
         if len(batch) == 0:
             if self._wanted > self.engine.version:  # gated by staleness, new weights on the way
                 with self.activity("wait_weights"):

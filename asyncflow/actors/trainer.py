@@ -46,7 +46,8 @@ model and optimizer (Hugging Face format, ``step_N/model``) and the roles' state
 resume them; then point the link ``checkpoints/latest`` at ``step_N/model``.
 
 Takes: LoopActor messages. Sends: StepMetrics, RunFinished (collector); Pause,
-Resume (roles); TrainPart, SaveRankCheckpoint (other trainer ranks); TQ reads, acks, save.
+Resume (roles); Publish (in-process), GetReplicas (weights); TrainPart,
+SaveRankCheckpoint (the other trainer ranks, a ``RankGroup``); TQ reads, acks, save.
 """
 
 from __future__ import annotations
@@ -63,13 +64,15 @@ import numpy as np
 from asyncflow.actors import names, roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._checkpoints import _link_latest, checkpoint_dir
-from asyncflow.actors._loop import COLLECTOR, LoopActor
+from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._manifest import write_manifest
 from asyncflow.actors._pause import pause_role
 from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors._versions import VersionLedger
-from asyncflow.actors.weight_sync import WEIGHTS_NAME, WeightSyncActor
+from asyncflow.actors.names import COLLECTOR, TASK_TRAIN, WEIGHTS
+from asyncflow.actors.trainer_rank import RankGroup
+from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.errors import ActorGone, ActorTimeout
@@ -96,7 +99,6 @@ class TrainerActor(LoopActor):
         set_threads(cfg)
         self.other_roles = other_roles
         self._initial_replicas = set(rollout_replicas)
-        self.ranks = list(ranks)  # the other trainer ranks' actors (trainer.1 ...), data parallel
         self._store = join_trainer_group(ctx, self.run, rank=0)
         self.policy = PolicyUpdate(self.run)
         self.engine = self.policy.engine
@@ -104,20 +106,16 @@ class TrainerActor(LoopActor):
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
         self.acks = DeferredAcks(self.tq)  # each step's rows ride on the next step's GetBatch
         self.columns = self.policy.columns
-        self._weights = serve_actor(
-            WeightSyncActor, WEIGHTS_NAME, ctx.transport, directory_address=ctx.directory_address,
-            replicas=rollout_replicas, substep=cfg.workflow.substep_updates, timeout_s=cfg.workflow.weight_timeout_s,
-        )
-        ctx.directory.register(self._weights.entry())
+        self._weights = self._start_weights(rollout_replicas)
         self._collector = ctx.ref(COLLECTOR)
-        self._rank_refs = [ctx.ref(name, wait_s=cfg.train.dist_timeout_s) for name in self.ranks]
+        self.ranks = RankGroup(ctx, list(ranks), wait_s=cfg.train.dist_timeout_s)  # trainer.1 ...: data parallel
         self._started = time.monotonic()
         self._num_samples = 0
         self._num_tokens = 0
         self._verify = cfg.workflow.verify_weights
         self._rollout_dtype = torch_dtype(cfg.rollout.engine.dtype)
         self._versions = VersionLedger()  # version -> weights digest, of the versions rows may still carry
-        if self._verify != "off" and not self.ranks:  # with ranks the export is a collective: start rows go unverified
+        if self._verify != "off" and self.ranks.num_ranks == 1:  # with ranks the export is a collective: start rows go unverified
             self._versions.record(self.step, weights_digest(self.policy.export_weights(), self._rollout_dtype))
         self._publishing = None  # the future of the last publish (weights stage it in their thread)
         self._evaluator = None
@@ -129,38 +127,77 @@ class TrainerActor(LoopActor):
             best = read_best(self.run.dir)
             self._best = best["value"] if best else float("-inf")
 
+    def _start_weights(self, rollout_replicas: list[str]):
+        """The ``weights`` actor in this process (it takes the published snapshots without
+        a copy); returns its in-process (pykka) reference."""
+        # moves to the trainer host's specs (launcher) at merge
+        self._weights_served = serve_actor(WeightSyncActor, WEIGHTS, self.ctx.transport,
+                                           directory_address=self.ctx.directory_address,
+                                           run_dir=str(self.run.dir), replicas=rollout_replicas)
+        self.ctx.directory.register(self._weights_served.entry())
+        return self._weights_served.pykka_ref
+
     @property
     def version(self) -> int:
         return self.step
 
     def on_stop(self) -> None:
         super().on_stop()
-        self._weights.stop()
+        self._weights_served.stop()
         if self._evaluator is not None:
             self._evaluator.close()
 
     # -- one step ----------------------------------------------------------------------
     def work_once(self) -> bool:
+        """One RL step s: take the step's batch, train on it, publish version s + 1,
+        report, and checkpoint when the schedule says so."""
         cfg = self.run.config
         if self.step >= cfg.train.num_steps:
             self._finish()
             return False
-        num_ranks = 1 + len(self.ranks)
+        meta = self._take_batch()
+        if meta is None:
+            return True  # the step's rows are not all in yet
+        t0 = time.monotonic()
+        integrity = self._check_versions(meta)
+        parts, columns, values, figures = self._train(meta)
+        version = self.step + 1
+        snapshot, weight_bytes = self._publish_weights(version)
+        # the rows are acked (and freed) inside the next step's request, or by the checkpoint's flush
+        self.acks.add_rows(TASK_TRAIN, meta.indices)
+        with self.activity("audit"):
+            self._audit(meta, parts)
+        self._report(meta, parts[0], columns, values, figures, integrity, snapshot, version, weight_bytes, t0)
+        self.step = version
+        every = cfg.train.checkpoint_every
+        if every and self.step % every == 0 and self.step < cfg.train.num_steps:
+            with self.activity("checkpoint"):
+                self.checkpoint()
+        return True
+
+    def _take_batch(self) -> protocol.BatchMeta | None:
+        """Exactly the rows planned for this step, with every column in, split into one
+        part of whole prompt groups per rank; None if they are not all in within 1 s."""
+        cfg = self.run.config
         with self.activity("wait_data"):
             try:
-                meta = self.tq.get_meta("train", self.columns, cfg.samples_per_step, policy="group", dp_size=num_ranks,
-                                        min_step=self.step, max_step=self.step, timeout_s=1.0,
-                                        ack=self.acks.take("train"))
+                return self.tq.get_meta(TASK_TRAIN, self.columns, cfg.samples_per_step, policy="group",
+                                        dp_size=self.ranks.num_ranks, min_step=self.step, max_step=self.step,
+                                        timeout_s=1.0, ack=self.acks.take(TASK_TRAIN))
             except BatchTimeout:
-                return True
-        t0 = time.monotonic()
-        integrity = {}
-        if self._verify != "off":
-            integrity = self._versions.check(self.step, meta.indices, meta.metas, strict=self._verify == "error")
-        parts = meta.parts if num_ranks > 1 else [list(range(len(meta.indices)))]
-        for ref, positions in zip(self._rank_refs, parts[1:]):  # the other ranks read and train their parts
-            ref.tell(protocol.TrainPart(step=self.step, indices=[meta.indices[p] for p in positions],
-                                        group_ids=[meta.metas[p].group_id for p in positions], columns=self.columns))
+                return None
+
+    def _check_versions(self, meta: protocol.BatchMeta) -> dict:
+        """Each row's weights digest against the digest of the version it is tagged with."""
+        if self._verify == "off":
+            return {}
+        return self._versions.check(self.step, meta.indices, meta.metas, strict=self._verify == "error")
+
+    def _train(self, meta: protocol.BatchMeta):
+        """The other ranks train their parts while this one reads and trains its own;
+        returns the parts, this rank's columns, the loss figures and the batch figures."""
+        parts = meta.parts if self.ranks.num_ranks > 1 else [list(range(len(meta.indices)))]
+        self.ranks.train_parts(self.step, meta, parts, self.columns)
         mine = parts[0]
         with self.activity("read"):
             columns = self.tq.read_batch(meta, self.columns, mine)
@@ -168,7 +205,12 @@ class TrainerActor(LoopActor):
             values = self.policy.train(columns, [meta.metas[p].group_id for p in mine])
             with phase("figures"):
                 figures = self.policy.batch_figures(columns)
-        version = self.step + 1
+        return parts, columns, values, figures
+
+    def _publish_weights(self, version: int) -> tuple[list, int]:
+        """Export the trained weights, record their digest, hand them to ``weights``;
+        returns the snapshot and its size in bytes."""
+        cfg = self.run.config
         with self.activity("sync_weights"):
             with phase("export"):
                 snapshot = self.policy.export_weights()
@@ -180,10 +222,11 @@ class TrainerActor(LoopActor):
                 self._versions.forget_before(version - cfg.staleness - 1)
             with phase("publish"):
                 weight_bytes = self._publish(version, snapshot, digest)
-        # the rows are acked (and freed) inside the next step's request, or by the checkpoint's flush
-        self.acks.add_rows("train", meta.indices)
-        with self.activity("audit"):
-            self._audit(meta, parts)
+        return snapshot, weight_bytes
+
+    def _report(self, meta, mine, columns, values, figures, integrity, snapshot, version, weight_bytes, t0) -> None:
+        """The step's metrics (with val/* when evaluation is due) to the collector."""
+        cfg = self.run.config
         staleness = [self.step - m.version for m in meta.metas]
         self._num_samples += len(meta.indices)
         self._num_tokens += int(figures["tokens"])
@@ -193,26 +236,21 @@ class TrainerActor(LoopActor):
             response_len_mean=figures["response_tokens"] / len(meta.indices), total_samples=self._num_samples,
             total_tokens=self._num_tokens, time_s=time.monotonic() - self._started,
             step_time_s=time.monotonic() - t0, staleness_max=max(staleness), staleness_mean=float(np.mean(staleness)),
-            weight_bytes=weight_bytes, num_ranks=num_ranks, **integrity, **score_means(columns, self.policy.extra_rewards),
+            weight_bytes=weight_bytes, num_ranks=self.ranks.num_ranks, **integrity,
+            **score_means(columns, self.policy.extra_rewards),
         )
         eval_every = cfg.eval.every_steps
         if eval_every and (version % eval_every == 0 or version == cfg.train.num_steps):
             values.update(self._evaluate(snapshot, version))
         self._collector.tell(protocol.StepMetrics(step=self.step, values={k: float(v) for k, v in values.items()}))
         self.num_items += len(mine)
-        self.step = version
-        every = cfg.train.checkpoint_every
-        if every and self.step % every == 0 and self.step < cfg.train.num_steps:
-            with self.activity("checkpoint"):
-                self.checkpoint()
-        return True
 
     def _publish(self, version: int, snapshot: list, digest: int) -> int:
         """Hand the snapshot to ``weights``, which stages it and tells the replicas in its
         own thread while this one goes on; the previous publish is waited for first (an
         error there fails this step), so versions are staged in order, one at a time."""
         self._published()
-        self._publishing = self._weights.pykka_ref.proxy().publish(version, snapshot, digest)
+        self._publishing = self._weights.ask(Publish(version, snapshot, digest), block=False)
         return sum(t.numel() * t.element_size() for _, t in snapshot)
 
     def _published(self) -> None:
@@ -250,41 +288,54 @@ class TrainerActor(LoopActor):
 
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint(self) -> Path:
-        """Save a consistent checkpoint of the whole run at this step boundary."""
+        """Save a consistent checkpoint of the whole run at this step boundary: pause
+        every other role, save the queue, the model and the roles' states, resume."""
         self._published()
         self.acks.flush()  # the queue is saved with every trained row acked
         final = checkpoint_dir(self.run.dir, self.step)
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        # the online planner may have added or removed rollout replicas: the weight sync knows the current ones
-        replicas = self._weights.pykka_ref.proxy().replicas.get()
-        names = [n for n in self.other_roles if n not in self._initial_replicas] + list(replicas)
-        refs = []  # the references that answered Pause: a role restarted meanwhile is asked at its new address
-        states = {}
+        paused: list = []  # the references that answered Pause: a role restarted meanwhile is asked at its new address
         try:
-            for name in names:
-                ref, paused = pause_role(self._fresh_ref, name, deadline_s=PAUSE_DEADLINE_S)
-                refs.append(ref)
-                states[paused.role] = paused.state
-            self.tq.save(str(tmp / "queue"))
-            for ref in self._rank_refs:  # the save gathers the shards of every rank
-                ref.tell(protocol.SaveRankCheckpoint(path=str(tmp)))
-            self.policy.save(tmp)
-            (tmp / "roles.msgpack").write_bytes(msgspec.msgpack.encode(states))
-            write_manifest(tmp)  # checked on resume: a damaged checkpoint is named and skipped
-            (tmp / "DONE").write_text(f"{self.step}\n")
+            states = self._pause_roles(paused)
+            self._save(tmp, states)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             _link_latest(final)
         finally:
-            for ref in refs:
-                try:
-                    ref.tell(protocol.Resume())
-                except (ActorGone, ActorTimeout) as exc:  # it died since its Pause: restarted, it starts unpaused
-                    log.warning("checkpoint at step %d: %s not resumed, its process is gone (%s)", self.step, ref.name, exc)
+            self._resume_roles(paused)
         log.info("checkpoint at step %d: %s", self.step, final)
         return final
+
+    def _pause_roles(self, paused: list) -> dict[str, bytes]:
+        """Pause every other role (each answers between units, its rows acked), appending
+        each reference that answered to ``paused``; returns their resumable states."""
+        # the online planner may have added or removed rollout replicas: the weight sync knows the current ones
+        replicas = self._weights.ask(protocol.GetReplicas()).names
+        names = [n for n in self.other_roles if n not in self._initial_replicas] + list(replicas)
+        states = {}
+        for name in names:
+            ref, answer = pause_role(self._fresh_ref, name, deadline_s=PAUSE_DEADLINE_S)
+            paused.append(ref)
+            states[answer.role] = answer.state
+        return states
+
+    def _save(self, tmp: Path, states: dict[str, bytes]) -> None:
+        """The queue, the model and optimizer (every rank joins), the roles' states, the manifest."""
+        self.tq.save(str(tmp / "queue"))
+        self.ranks.save_checkpoint(str(tmp))  # the save gathers the shards of every rank
+        self.policy.save(tmp)
+        (tmp / "roles.msgpack").write_bytes(msgspec.msgpack.encode(states))
+        write_manifest(tmp)  # checked on resume: a damaged checkpoint is named and skipped
+        (tmp / "DONE").write_text(f"{self.step}\n")
+
+    def _resume_roles(self, paused: list) -> None:
+        for ref in paused:
+            try:
+                ref.tell(protocol.Resume())
+            except (ActorGone, ActorTimeout) as exc:  # it died since its Pause: restarted, it starts unpaused
+                log.warning("checkpoint at step %d: %s not resumed, its process is gone (%s)", self.step, ref.name, exc)
 
     def _fresh_ref(self, name: str):
         """The newest process registered as ``name`` (not the cached reference: it may be dead)."""

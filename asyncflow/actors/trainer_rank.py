@@ -16,8 +16,11 @@ resume); if rank 0 dies, this rank's next collective fails (at once when the
 peer's socket closes, after ``train.dist_timeout_s`` when a link is cut) and the
 failure is reported to the collector. Nothing waits forever.
 
-Takes: TrainPart, SaveRankCheckpoint, StartWork, Pause, Resume, GetRoleStats,
-SetThreads, Ping, Stop. Sends: RoleFailed (collector), TQ reads.
+Rank 0 drives the others through a ``RankGroup`` (below): one object for "every
+other rank", with the commands of a step and of a checkpoint.
+
+Takes: TrainPart, SaveRankCheckpoint (rank 0), StartWork (starts its trace; it has no
+loop), GetRoleStats (urgent), Ping, Stop. Sends: RoleFailed (collector), TQ reads.
 """
 
 from __future__ import annotations
@@ -28,21 +31,54 @@ import traceback
 from pathlib import Path
 
 from asyncflow.actors import names, roles
-from asyncflow.actors._loop import LoopActor
+from asyncflow.actors._activity import ActivityClock
+from asyncflow.actors._loop import report_failure
 from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._run import Run, set_threads
+from asyncflow.actors.names import COLLECTOR, TRAINER, replica
 from asyncflow.core import protocol
+from asyncflow.core.actor import Actor
 from asyncflow.core.tq.client import TQClient
 
 log = logging.getLogger(__name__)
 
 
 def rank_name(rank: int) -> str:
-    return f"trainer.{rank}"
+    return replica(TRAINER, rank)
 
 
-class TrainerRankActor(LoopActor):
+class RankGroup:
+    """Rank 0's handle on the other trainer ranks (``trainer.1`` ...): each command goes
+    to every rank, in rank order, as a tell (the work is joined in collectives)."""
+
+    def __init__(self, ctx, names: list[str], wait_s: float):
+        self.names = list(names)
+        self._refs = [ctx.ref(name, wait_s=wait_s) for name in self.names]
+
+    @property
+    def num_ranks(self) -> int:
+        """Ranks in the data-parallel group, rank 0 included."""
+        return 1 + len(self._refs)
+
+    def train_parts(self, step: int, meta: protocol.BatchMeta, parts: list[list[int]], columns: list[str]) -> None:
+        """Tell rank r to read and train the rows at positions ``parts[r]`` of ``meta``
+        (``parts[0]`` is rank 0's own)."""
+        for ref, positions in zip(self._refs, parts[1:]):
+            ref.tell(protocol.TrainPart(step=step, indices=[meta.indices[p] for p in positions],
+                                        group_ids=[meta.metas[p].group_id for p in positions], columns=columns))
+
+    def save_checkpoint(self, path: str) -> None:
+        """Every rank joins the collective save into ``path`` (rank 0 writes)."""
+        self.broadcast(protocol.SaveRankCheckpoint(path=path))
+
+    def broadcast(self, msg: protocol.Request) -> None:
+        for ref in self._refs:
+            ref.tell(msg)
+
+
+class TrainerRankActor(Actor):
     Inbox = protocol.TrainerRankIn
+    Urgent = (protocol.GetRoleStats,)  # answered at once, mid-command
 
     def __init__(self, ctx, run_dir: str, rank: int):
         super().__init__(ctx)
@@ -53,16 +89,16 @@ class TrainerRankActor(LoopActor):
         self.policy = PolicyUpdate(self.run)
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
         self.step = self.run.launch.start_step
+        self.clock = ActivityClock(ctx.name, lambda: self.step)
+        self.clock.state = "wait_leader"
+        self.num_items = 0
         self._failed = False
         self._idle_since = time.monotonic()  # between rank 0's commands this rank waits for it
-        self._state = "wait_leader"
 
-    @property
-    def version(self) -> int:
-        return self.step
-
-    def _schedule(self) -> None:
-        """No loop of its own (no units to tick): rank 0 drives this rank with TrainPart."""
+    def handle_urgent(self, msg):
+        if isinstance(msg, protocol.GetRoleStats):
+            return self.clock.stats(self.num_items)
+        return super().handle_urgent(msg)
 
     def handle(self, msg, pending):
         match msg:
@@ -72,8 +108,16 @@ class TrainerRankActor(LoopActor):
             case protocol.SaveRankCheckpoint(path=path):
                 self._guarded(self._save, path)
                 return protocol.Ok()
+            case protocol.StartWork():  # no loop of its own: rank 0 drives it; spans from now on
+                self.clock.start_tracing(self.ctx.ref(COLLECTOR))
+                return protocol.Ok()
+            case protocol.Stop():
+                return protocol.Ok()
             case _:
-                return super().handle(msg, pending)
+                raise TypeError(f"{self.ctx.name} does not handle {type(msg).__name__}")
+
+    def on_stop(self) -> None:
+        self.clock.close()
 
     def _guarded(self, fn, arg) -> None:
         """Run one command of rank 0; a failure is reported once and later commands are
@@ -81,31 +125,29 @@ class TrainerRankActor(LoopActor):
         if self._failed:
             log.error("%s: ignoring a command after an earlier failure", self.ctx.name)
             return
-        now = time.monotonic()
-        with self._stats_lock:  # the time since the last command: waiting for rank 0
-            self._wait_s["leader"] = self._wait_s.get("leader", 0.0) + now - self._idle_since
+        self.clock.add_wait("leader", time.monotonic() - self._idle_since)  # the time since the last command
         try:
             fn(arg)
         except Exception as exc:
             self._failed = True
-            self._report_failure(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            report_failure(self.ctx, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         finally:
-            self._state = "wait_leader"
+            self.clock.state = "wait_leader"
             self._idle_since = time.monotonic()
 
     def _train_part(self, msg: protocol.TrainPart) -> None:
-        with self.activity("read"):
+        with self.clock.activity("read"):
             columns = self.tq.read(msg.indices, msg.columns)
-        with self.activity("train"):
+        with self.clock.activity("train"):
             self.policy.train(columns, msg.group_ids)
             self.policy.batch_figures(columns)
-        with self.activity("sync_weights"):
+        with self.clock.activity("sync_weights"):
             self.policy.export_weights(keep=False)
         self.num_items += len(msg.indices)
         self.step = msg.step + 1
 
     def _save(self, path: str) -> None:
-        with self.activity("checkpoint"):
+        with self.clock.activity("checkpoint"):
             self.policy.save(Path(path))
 
 

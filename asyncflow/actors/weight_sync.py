@@ -1,25 +1,24 @@
-"""WeightSyncActor: the host-side staging buffer of new policy weights.
+"""WeightSyncActor: the ``weights`` actor, host-side staging of new policy weights.
 
-Runs in the trainer's process (rank 0), registered as ``weights``. After each
-step the trainer hands it a snapshot of the weights (``publish``, an in-process
-call: no copy over a socket); it splits them into chunks and tells every rollout
-replica ``WeightsReady``. Replicas pull the chunks in a background thread while
+Runs in the trainer's process (rank 0), registered as ``weights``. After each step
+the trainer hands it a snapshot of the weights (``Publish``, an in-process message:
+no copy over a socket); its ``WeightSender`` (``actors/weights/``, chosen once from
+``[workflow] weight_transport``) stages it, and this actor tells every rollout
+replica ``WeightsReady``. Replicas fetch the bytes in a background thread while
 they keep generating (delayed parameter update), then ask ``AcquireSwap`` before
 loading them onto their device at a generation boundary.
 
-With ``workflow.weight_transport = "collective"`` a replica asks ``StreamWeights``
-instead of pulling chunks: the same staged snapshot is broadcast over a two-member
-torch.distributed group per replica (``_weight_channel.py``), in a thread per
-replica so this actor keeps answering.
+Constructed like any role actor from an ``ActorSpec``: ``run_dir`` (the config) and
+the rollout replicas at start.
 
-Takes: GetLatestWeights, GetWeightChunk, StreamWeights, AcquireSwap, ReleaseSwap,
-RegisterReplica, UnregisterReplica (replicas added or removed by the online
-planner), Ping, Stop.
-Sends: WeightsReady (tell, to each replica), WeightChunk, WeightStream.
+Takes: Publish (in-process), GetLatestWeights, GetWeightChunk / StreamWeights (served
+by the sender), AcquireSwap, ReleaseSwap, RegisterReplica, UnregisterReplica
+(replicas added or removed by the online planner), GetReplicas, Ping, Stop.
+Sends: WeightsReady (tell, to each replica).
 
 Invariants:
-- The chunks of a version never change once published; the two newest versions
-  are kept so a replica mid-fetch of the older one can finish.
+- The bytes of a version never change once published; the two newest versions are
+  kept so a replica mid-fetch of the older one can finish.
 - With sub-step updates, at most one replica holds the swap grant at a time, so
   generation capacity never drops to zero; otherwise grants are immediate.
 """
@@ -29,59 +28,41 @@ from __future__ import annotations
 import logging
 from collections import deque
 
+from asyncflow.actors._run import Run
+from asyncflow.actors.names import WEIGHTS as WEIGHTS_NAME  # noqa: F401 - _scaling.py imports it; removed at merge
+from asyncflow.actors.weights import build_sender
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor
 from asyncflow.core.errors import AsyncflowError
-from asyncflow.core.tensors import to_wire
 
 log = logging.getLogger(__name__)
 
-WEIGHTS_NAME = "weights"
+CHUNK_BYTES = 32 << 20
+"""Bytes per chunk (nng) or per broadcast (collective); a larger tensor travels alone."""
+
+
+class Publish:
+    """In-process (trainer -> weights): stage ``named_tensors``, cpu snapshots the trainer
+    will not modify, as ``version`` with weights digest ``digest`` (0: unknown) and
+    announce it. The reply is the announcement's ``num_bytes``."""
+
+    __slots__ = ("version", "named_tensors", "digest")
+
+    def __init__(self, version: int, named_tensors: list, digest: int = 0):
+        self.version, self.named_tensors, self.digest = version, named_tensors, digest
 
 
 class WeightSyncActor(Actor):
     Inbox = protocol.WeightSyncIn
 
-    def __init__(self, ctx, replicas: list[str], substep: bool, chunk_bytes: int = 32 << 20, timeout_s: float = 120.0):
+    def __init__(self, ctx, run_dir: str, replicas: list[str], chunk_bytes: int = CHUNK_BYTES):
         super().__init__(ctx)
-        self.timeout_s = timeout_s  # of each broadcast of the collective channel
-        self.replicas = replicas
-        self.substep = substep
-        self.chunk_bytes = chunk_bytes
-        self._versions: dict[int, list[protocol.WeightChunk]] = {}
-        self._named: dict[int, list] = {}  # the snapshots themselves (the chunks are views of them)
-        self._digests: dict[int, int] = {}  # version -> weights_digest (engines/digest.py), 0 unknown
-        self._layouts: dict[int, list[protocol.StreamChunk]] = {}  # collective layout, made on first use
-        self._senders: dict = {}  # replica -> its group's rank 0
-        self._before_chunk = None  # test hook: called in the sender thread before each chunk
-        self._latest = -1
+        workflow = Run(run_dir).config.workflow
+        self.replicas = list(replicas)
+        self.substep = workflow.substep_updates
+        self.sender = build_sender(workflow.weight_transport, ctx, chunk_bytes, workflow.weight_timeout_s)
         self._holder: str | None = None
         self._swap_queue: deque = deque()
-
-    # in-process API (called through the pykka proxy by the trainer)
-    def publish(self, version: int, named_tensors: list, digest: int = 0) -> int:
-        """Stage ``named_tensors`` (cpu snapshots the trainer will not modify) as
-        ``version``, whose weights digest is ``digest``; announced with it."""
-        from asyncflow.engines.base import chunk_by_bytes
-
-        chunks = [
-            protocol.WeightChunk(version=version, index=i, names=[n for n, _ in chunk], tensors=[to_wire(t) for _, t in chunk])
-            for i, chunk in enumerate(chunk_by_bytes(named_tensors, self.chunk_bytes))
-        ]
-        num_bytes = sum(len(t.data) for c in chunks for t in c.tensors)
-        self._versions[version] = chunks
-        self._named[version] = list(named_tensors)
-        self._digests[version] = digest
-        self._latest = max(self._latest, version)
-        for old in sorted(self._versions)[:-2]:
-            del self._versions[old]
-            self._named.pop(old, None)
-            self._digests.pop(old, None)
-            self._layouts.pop(old, None)
-        ready = protocol.WeightsReady(version=version, num_chunks=len(chunks), num_bytes=num_bytes, digest=digest)
-        for name in self.replicas:
-            self._announce(name, ready)
-        return num_bytes
 
     def _announce(self, name: str, ready: protocol.WeightsReady) -> None:
         """Tell ``name`` through the directory's cached ref; where that fails (a restarted
@@ -96,20 +77,15 @@ class WeightSyncActor(Actor):
 
     def handle(self, msg, pending):
         match msg:
+            case Publish(version=version, named_tensors=named_tensors, digest=digest):
+                ready = self.sender.publish(version, named_tensors, digest)
+                for name in self.replicas:
+                    self._announce(name, ready)
+                return ready.num_bytes
             case protocol.GetLatestWeights():
-                if self._latest < 0:
-                    return protocol.WeightsReady(version=-1, num_chunks=0, num_bytes=0)
-                chunks = self._versions[self._latest]
-                return protocol.WeightsReady(
-                    version=self._latest, num_chunks=len(chunks), num_bytes=sum(len(t.data) for c in chunks for t in c.tensors),
-                    digest=self._digests.get(self._latest, 0),
-                )
-            case protocol.GetWeightChunk(version=version, index=index):
-                if version not in self._versions:
-                    raise KeyError(f"weights v{version} are no longer staged (latest v{self._latest}); fetch the latest")
-                return self._versions[version][index]
-            case protocol.StreamWeights():
-                return self._stream(msg)
+                return self.sender.latest()
+            case protocol.GetWeightChunk() | protocol.StreamWeights():
+                return self.sender.serve(msg)
             case protocol.AcquireSwap(replica=replica):
                 if not self.substep or self._holder in (None, replica):
                     self._holder = replica if self.substep else None
@@ -117,13 +93,7 @@ class WeightSyncActor(Actor):
                 self._swap_queue.append((replica, pending))
                 return DEFER
             case protocol.ReleaseSwap(replica=replica):
-                if self._holder == replica:
-                    self._holder = None
-                    while self._swap_queue and self._holder is None:
-                        nxt, waiting = self._swap_queue.popleft()
-                        if not waiting.done:
-                            self._holder = nxt
-                            waiting.resolve(protocol.Ok())
+                self._release(replica)
                 return protocol.Ok()
             case protocol.RegisterReplica(replica=replica):
                 if replica not in self.replicas:
@@ -131,45 +101,29 @@ class WeightSyncActor(Actor):
                 return protocol.Ok()
             case protocol.UnregisterReplica(replica=replica):
                 self.replicas = [r for r in self.replicas if r != replica]
-                if replica in self._senders:
-                    self._senders.pop(replica).close()
+                self.sender.drop_replica(replica)
                 self._swap_queue = deque((r, p) for r, p in self._swap_queue if r != replica)
                 if self._holder == replica:  # it stopped between AcquireSwap and ReleaseSwap
-                    self.handle(protocol.ReleaseSwap(replica=replica, version=-1), None)
+                    self._release(replica)
                 return protocol.Ok()
+            case protocol.GetReplicas():
+                return protocol.Replicas(names=list(self.replicas))
             case protocol.Stop():
-                self._close_senders()
+                self.sender.close()
                 return protocol.Ok()
+            case _:
+                raise TypeError(f"{self.ctx.name} does not handle {type(msg).__name__}")
+
+    def _release(self, replica: str) -> None:
+        """``replica`` gives the swap grant back: the next one waiting gets it."""
+        if self._holder != replica:
+            return
+        self._holder = None
+        while self._swap_queue and self._holder is None:
+            nxt, waiting = self._swap_queue.popleft()
+            if not waiting.done:
+                self._holder = nxt
+                waiting.resolve(protocol.Ok())
 
     def on_stop(self) -> None:
-        self._close_senders()
-
-    def _close_senders(self) -> None:
-        for sender in self._senders.values():
-            sender.close()
-        self._senders.clear()
-
-    def _stream(self, msg: protocol.StreamWeights) -> protocol.WeightStream:
-        """Answer with the newest version's layout and start broadcasting it over the
-        replica's group (made now if ``msg.group`` is new)."""
-        from asyncflow.actors import _weight_channel as channel  # torch: only where the collective is used
-
-        why = channel.unavailable(msg.backend)
-        if why:
-            return protocol.WeightStream(version=-1, refused=f"{msg.backend} on the trainer's side: {why}")
-        if self._latest < 0:
-            raise KeyError("no weights published yet")
-        sender = self._senders.get(msg.replica)
-        if sender is not None and (sender.group != msg.group or sender.failed):
-            sender.close()  # the replica gave up on that group (or restarted): a fresh one
-            sender = None
-        if sender is None:
-            sender = channel.StreamSender(self.ctx.directory, self.ctx.transport, msg.replica, msg.group, msg.backend,
-                                          timeout_s=self.timeout_s)
-            self._senders[msg.replica] = sender
-        version = self._latest
-        if version not in self._layouts:
-            self._layouts[version] = channel.layout(self._named[version], self.chunk_bytes)
-        chunks = self._layouts[version]
-        sender.start(version, self._named[version], chunks, self._before_chunk)
-        return protocol.WeightStream(version=version, chunks=chunks)
+        self.sender.close()

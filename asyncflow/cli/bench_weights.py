@@ -2,7 +2,8 @@
 process host, as in the trainer's process) to a replica (this process), over the
 two transports side by side: nng chunks (GetWeightChunk, the default) and the
 collective channel (gloo on cpu; StreamWeights + one broadcast per chunk). Each
-fetch is the whole path a replica takes, up to host tensors ready to load."""
+fetch is the whole path a replica takes, up to host tensors ready to load (the
+weights actor runs the collective transport, whose sender also serves nng chunks)."""
 
 from __future__ import annotations
 
@@ -13,20 +14,37 @@ from typing import Any
 
 import click
 
-from asyncflow.actors.weight_sync import WeightSyncActor
+from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 
 
 class BenchWeights(WeightSyncActor):
     """A weights actor that publishes a synthetic model of ``num_bytes`` at start."""
 
-    def __init__(self, ctx, num_bytes: int, tensor_bytes: int, chunk_bytes: int):
-        super().__init__(ctx, replicas=[], substep=False, chunk_bytes=chunk_bytes)
+    def __init__(self, ctx, run_dir: str, num_bytes: int, tensor_bytes: int, chunk_bytes: int):
+        super().__init__(ctx, run_dir=run_dir, replicas=[], chunk_bytes=chunk_bytes)
         import torch
 
         g = torch.Generator().manual_seed(0)
         numel = tensor_bytes // 4
         named = [(f"layers.{i}.weight", torch.randn(numel, generator=g)) for i in range(max(1, num_bytes // tensor_bytes))]
-        self.publish(1, named)
+        self.handle(Publish(1, named), None)
+
+
+def bench_run_dir(path: str, substep_updates: bool = False) -> str:
+    """A run directory that holds only what the weights actor reads: a config with the
+    collective transport (whose sender also serves nng), and an empty launch."""
+    from pathlib import Path
+
+    import msgspec
+
+    from asyncflow.actors._run import LaunchInfo
+    from asyncflow.core.config import RunConfig, WorkflowConfig
+
+    run = Path(path)
+    config = RunConfig(workflow=WorkflowConfig(weight_transport="collective", substep_updates=substep_updates))
+    (run / "config.json").write_bytes(msgspec.json.encode(config))
+    (run / "launch.json").write_bytes(msgspec.json.encode(LaunchInfo(model_dir="", base_model_dir="", data_path="")))
+    return str(run)
 
 
 @click.command()
@@ -43,9 +61,9 @@ def weights(mb: int, tensor_mb: float, chunk_mb: int, scheme: str, repeats: int,
     import msgspec
     import torch
 
-    from asyncflow.actors._weight_channel import WeightReceiver
-    from asyncflow.actors.rollout import RolloutActor
-    from asyncflow.actors.weight_sync import WEIGHTS_NAME
+    from asyncflow.actors.names import WEIGHTS
+    from asyncflow.actors.weights._collective import CollectiveReceiver
+    from asyncflow.actors.weights._nng import NngReceiver
     from asyncflow.core import protocol
     from asyncflow.core.directory import DirectoryClient, start_directory
     from asyncflow.core.host import spawn_host
@@ -54,14 +72,14 @@ def weights(mb: int, tensor_mb: float, chunk_mb: int, scheme: str, repeats: int,
     transport = TransportConfig(scheme=scheme, secret="bench", ipc_dir=tempfile.mkdtemp(prefix="af-bench-"))
     directory = start_directory(transport)
     client = DirectoryClient(directory.address, transport)
-    kwargs = dict(num_bytes=mb << 20, tensor_bytes=int(tensor_mb * (1 << 20)), chunk_bytes=chunk_mb << 20)
+    kwargs = dict(run_dir=bench_run_dir(tempfile.mkdtemp(prefix="af-bench-run-")), num_bytes=mb << 20, tensor_bytes=int(tensor_mb * (1 << 20)), chunk_bytes=chunk_mb << 20)
     host = spawn_host("bench-weights", client, transport, [protocol.ActorSpec(
-        name=WEIGHTS_NAME, cls=f"{__name__}:BenchWeights", kwargs=msgspec.msgpack.encode(kwargs))])
+        name=WEIGHTS, cls=f"{__name__}:BenchWeights", kwargs=msgspec.msgpack.encode(kwargs))])
     rows: list[dict[str, Any]] = []
     try:
-        ref = client.ref(WEIGHTS_NAME)
-        receiver = WeightReceiver(client, transport, "bench.0", torch.device("cpu"))
-        fetchers = {"nng": lambda: RolloutActor._fetch_nng(ref, 120.0), f"collective ({receiver.backend})": lambda: receiver.fetch(ref)}
+        ref = client.ref(WEIGHTS)
+        receiver = CollectiveReceiver(client, transport, "bench.0", torch.device("cpu"))
+        fetchers = {"nng": lambda: NngReceiver(120.0).fetch(ref), f"collective ({receiver.backend})": lambda: receiver.fetch(ref)}
         for name, fetch in fetchers.items():
             fetch()  # warm up: connections, the collective's group, the layout
             times, num_bytes = [], 0

@@ -19,6 +19,11 @@ Rules:
   no frame ends the receive thread.
 - tcp requests without the cluster secret are refused (``auth``) and counted; the
   secret is read from the header's fixed prefix before the header is decoded.
+- Inside one process a message may also be handed to the actor's pykka inbox
+  (``served.pykka_ref.ask(msg)``): a plain class carrying Python objects that must not
+  be copied (a weight snapshot), or a wire message. It reaches ``handle(msg, None)``
+  in the actor's thread, its return value is the reply. An actor's fields are never
+  read or set from outside: ask it.
 """
 
 from __future__ import annotations

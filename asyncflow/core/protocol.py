@@ -19,13 +19,54 @@ same buffer so a large payload is copied once on the way out.
 
 from __future__ import annotations
 
-from typing import Union
+import sys
+import types
+import typing
+from typing import Any, ClassVar, Generic, TypeVar, Union
 
 import msgspec
 
 
 class _Msg(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Base of every tagged wire message (the tag is the class name)."""
+
+
+R = TypeVar("R")
+
+
+class Request(_Msg, Generic[R]):
+    """A message that is asked, tied to its reply type ``R``: ``class Lookup(Request[Found])``.
+    ``ActorRef.ask(msg: Request[R]) -> R`` is typed from it, and a reply of another type
+    raises ``WrongReply`` naming the request, the expected and the received type. The
+    tie is a class attribute: nothing of it travels on the wire."""
+
+    __reply__: ClassVar[Any] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in cls.__dict__.get("__orig_bases__", ()):
+            if typing.get_origin(base) is Request:
+                cls.__reply__ = typing.get_args(base)[0]
+
+
+_reply_types: dict[type, tuple[type, ...]] = {}
+
+
+def reply_types(cls: type) -> tuple[type, ...]:
+    """The types an ask of request class ``cls`` may be answered with (() for a message
+    that is not a Request: any reply); resolved once per class."""
+    got = _reply_types.get(cls)
+    if got is None:
+        hint = getattr(cls, "__reply__", None)
+        if hint is None:
+            got = ()
+        else:
+            if isinstance(hint, typing.ForwardRef):  # a reply class defined further down
+                hint = eval(hint.__forward_arg__, vars(sys.modules[cls.__module__]))  # noqa: S307 - our own class names
+            members = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+            got = tuple(type(None) if m is None else m for m in members)
+        _reply_types[cls] = got
+    return got
 
 
 # --------------------------------------------------------------------------------
@@ -72,7 +113,7 @@ class Tensor(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
 # --------------------------------------------------------------------------------
 
 
-class Ping(_Msg):
+class Ping(Request["Pong"]):
     pass
 
 
@@ -83,7 +124,7 @@ class Pong(_Msg):
     num_rejected_frames: int = 0
 
 
-class Stop(_Msg):
+class Stop(Request["Ok"]):
     """Ask an actor (or a process host) to stop cleanly."""
 
 
@@ -104,18 +145,18 @@ class ActorEntry(msgspec.Struct, frozen=True, kw_only=True):
     kind: str = ""  # the actor's class, for `afctl status`
 
 
-class Register(_Msg):
+class Register(Request["Ok"]):
     entry: ActorEntry
 
 
-class Unregister(_Msg):
+class Unregister(Request["Ok"]):
     name: str
     address: str = ""
     """When set, the entry is removed only while it still has this address: a stale
     process (its node cut off, then back) never removes its successor's entry."""
 
 
-class Lookup(_Msg):
+class Lookup(Request["Found"]):
     """Resolve a name; waits up to ``wait_s`` for it to be registered."""
 
     name: str
@@ -126,7 +167,7 @@ class Found(_Msg):
     entry: ActorEntry
 
 
-class ListActors(_Msg):
+class ListActors(Request["ActorList"]):
     prefix: str = ""
 
 
@@ -148,7 +189,7 @@ class ActorSpec(msgspec.Struct, frozen=True, kw_only=True):
     kwargs: bytes = b"\x80"  # msgpack of {} by default
 
 
-class StartActors(_Msg):
+class StartActors(Request["Started"]):
     specs: list[ActorSpec]
 
 
@@ -156,11 +197,11 @@ class Started(_Msg):
     entries: list[ActorEntry]
 
 
-class StopActor(_Msg):
+class StopActor(Request["Ok"]):
     name: str
 
 
-class Echo(_Msg):
+class Echo(Request["Echo"]):
     """Answered with itself (transport benchmark, health checks, tests)."""
 
     payload: memoryview = b""  # type: ignore[assignment]  # bytes-like
@@ -219,7 +260,7 @@ class ShmColumn(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
 # -- data plane: client -> shard ---------------------------------------------------
 
 
-class PutRows(_Msg):
+class PutRows(Request["Ok"]):
     """Store columns of rows. ``columns[name][k]`` is column ``name`` of row
     ``indices[k]``; ``metas`` (optional, same order) merge into the rows' metadata."""
 
@@ -228,7 +269,7 @@ class PutRows(_Msg):
     metas: list[RowMeta] = []
 
 
-class ReserveShm(_Msg):
+class ReserveShm(Request["ShmReserved"]):
     """Ask a shard for ``num_bytes`` in one of its shared-memory arenas; the producer
     writes the bytes there, then sends PutRowsShm for the extent."""
 
@@ -241,7 +282,7 @@ class ShmReserved(_Msg):
     num_bytes: int
 
 
-class PutRowsShm(_Msg):
+class PutRowsShm(Request["Ok"]):
     """As :class:`PutRows`, with the tensor bytes already written by the producer
     into an extent reserved with ReserveShm; the extent is the shard's again once
     every row in it is freed."""
@@ -254,7 +295,7 @@ class PutRowsShm(_Msg):
     metas: list[RowMeta] = []
 
 
-class GetRows(_Msg):
+class GetRows(Request["Rows"]):
     indices: list[int]
     columns: list[str]
     shm: bool = False  # the reader shares this host: answer with arena offsets where possible
@@ -270,15 +311,15 @@ class Rows(_Msg):
     shm_segments: list[str] = []
 
 
-class FreeRows(_Msg):
+class FreeRows(Request["Ok"]):
     indices: list[int]
 
 
-class SaveShard(_Msg):
+class SaveShard(Request["ShardSaved"]):
     path: str
 
 
-class LoadShard(_Msg):
+class LoadShard(Request["ShardSaved"]):
     """Load rows saved by SaveShard, then notify every controller of them."""
 
     path: str
@@ -290,7 +331,7 @@ class ShardSaved(_Msg):
     indices: list[int] = []  # after LoadShard: the rows now held
 
 
-class GetShardStats(_Msg):
+class GetShardStats(Request["ShardStats"]):
     pass
 
 
@@ -308,7 +349,7 @@ class ShardStats(_Msg):
 # -- control plane: shard -> controller, client -> controller -------------------
 
 
-class RowsWritten(_Msg):
+class RowsWritten(Request["Ok"]):
     """Tell: shard ``shard`` stored ``columns`` of ``indices`` (one message per put).
     ``inline``: the put's cells too, when the put is small (``tq/inline.py``)."""
 
@@ -319,7 +360,7 @@ class RowsWritten(_Msg):
     inline: dict[str, list[Tensor]] = {}
 
 
-class GetBatch(_Msg):
+class GetBatch(Request["BatchMeta"]):
     """Ask a task's controller for ``batch_size`` rows whose ``columns`` are all
     produced and not yet consumed by the task; they are marked consumed by
     ``consumer`` at once. Waits up to ``timeout_s`` unless ``partial`` (then answers
@@ -353,7 +394,7 @@ class BatchMeta(_Msg):
     columns: dict[str, list[Tensor]] = {}
 
 
-class Ack(_Msg):
+class Ack(Request["Ok"]):
     """A consumer finished ``indices``; they are never handed out again."""
 
     consumer: str
@@ -361,7 +402,7 @@ class Ack(_Msg):
     incarnation: str = ""  # as in GetBatch
 
 
-class Requeue(_Msg):
+class Requeue(Request["Requeued"]):
     """Return a (dead) consumer's handed-out, un-acked rows to the task's pool. Rows
     that already have every column of ``done_columns`` (the consumer's outputs: it
     died after putting them, before acking) are acked instead: redoing them would
@@ -379,7 +420,7 @@ class Requeued(_Msg):
     num_done: int = 0  # rows acked instead (their outputs were in)
 
 
-class Discard(_Msg):
+class Discard(Request["Discarded"]):
     """Mark every known, unconsumed row that matches all ``filters`` as consumed and
     acked without handing it out (e.g. samples too stale to train on)."""
 
@@ -390,21 +431,21 @@ class Discarded(_Msg):
     indices: list[int]
 
 
-class ForgetRows(_Msg):
+class ForgetRows(Request["Ok"]):
     """Tell from the manager: these rows are freed on the shards."""
 
     indices: list[int]
 
 
-class SaveController(_Msg):
+class SaveController(Request["Ok"]):
     path: str
 
 
-class LoadController(_Msg):
+class LoadController(Request["Ok"]):
     path: str
 
 
-class GetTaskStatus(_Msg):
+class GetTaskStatus(Request["TaskStatus"]):
     pass
 
 
@@ -420,7 +461,7 @@ class TaskStatus(_Msg):
 # -- manager --------------------------------------------------------------------------
 
 
-class GetQueueInfo(_Msg):
+class GetQueueInfo(Request["QueueInfo"]):
     pass
 
 
@@ -431,7 +472,7 @@ class QueueInfo(_Msg):
     capacity_rows: int
 
 
-class Allocate(_Msg):
+class Allocate(Request["Allocated"]):
     """Reserve indices for ``num_groups`` groups of ``group_size`` rows; waits
     (backpressure) while the queue holds ``capacity_rows`` live rows."""
 
@@ -447,24 +488,24 @@ class Allocated(_Msg):
     extra: list[RowMeta] = []  # the extra groups reserved, kept by the client for its next allocations
 
 
-class RowsAcked(_Msg):
+class RowsAcked(Request["Ok"]):
     """Tell from a controller: ``task`` is done with ``indices``."""
 
     task: str
     indices: list[int]
 
 
-class Release(_Msg):
+class Release(Request["Ok"]):
     """A producer gives back allocated rows it will not write; they are freed."""
 
     indices: list[int]
 
 
-class SaveQueue(_Msg):
+class SaveQueue(Request["QueueSaved"]):
     path: str
 
 
-class LoadQueue(_Msg):
+class LoadQueue(Request["QueueSaved"]):
     path: str
 
 
@@ -473,7 +514,7 @@ class QueueSaved(_Msg):
     num_bytes: int
 
 
-class GetQueueStatus(_Msg):
+class GetQueueStatus(Request["QueueStatus"]):
     pass
 
 
@@ -501,15 +542,15 @@ ManagerIn = Union[GetQueueInfo, Allocate, RowsAcked, Release, SaveQueue, LoadQue
 # unit of work is done and every row it took is acked (checkpoints use it).
 
 
-class StartWork(_Msg):
+class StartWork(Request["Ok"]):
     pass
 
 
-class Pause(_Msg):
+class Pause(Request["Paused"]):
     pass
 
 
-class Resume(_Msg):
+class Resume(Request["Ok"]):
     pass
 
 
@@ -520,7 +561,7 @@ class Paused(_Msg):
     state: bytes = b""
 
 
-class GetRoleStats(_Msg):
+class GetRoleStats(Request["RoleStats"]):
     pass
 
 
@@ -539,7 +580,7 @@ class RoleStats(_Msg):
 # -- weights: trainer -> weight sync -> rollout replicas ---------------------------
 
 
-class WeightsReady(_Msg):
+class WeightsReady(Request["Ok"]):
     """Tell (weight sync -> rollout): version ``version`` can be fetched in ``num_chunks`` chunks."""
 
     version: int
@@ -548,11 +589,11 @@ class WeightsReady(_Msg):
     digest: int = 0  # weights_digest of the version (engines/digest.py); 0: unknown
 
 
-class GetLatestWeights(_Msg):
+class GetLatestWeights(Request["WeightsReady"]):
     pass
 
 
-class GetWeightChunk(_Msg):
+class GetWeightChunk(Request["WeightChunk"]):
     version: int
     index: int
 
@@ -564,7 +605,7 @@ class WeightChunk(_Msg):
     tensors: list[Tensor]
 
 
-class AcquireSwap(_Msg):
+class AcquireSwap(Request["Ok"]):
     """Ask (rollout -> weight sync): may this replica swap weights now? Answered when
     no other replica is swapping (sub-step updates keep generation capacity > 0)."""
 
@@ -572,12 +613,12 @@ class AcquireSwap(_Msg):
     version: int
 
 
-class ReleaseSwap(_Msg):
+class ReleaseSwap(Request["Ok"]):
     replica: str
     version: int
 
 
-class StreamWeights(_Msg):
+class StreamWeights(Request["WeightStream"]):
     """Ask (rollout -> weight sync; ``workflow.weight_transport = "collective"``): send
     the newest staged version over the two-member torch.distributed group ``group``
     (weight sync is rank 0 and hosts its store as ``dist.<group>``; the replica is
@@ -610,17 +651,31 @@ class WeightStream(_Msg):
     refused: str = ""
 
 
+WeightRequest = Union[GetWeightChunk, StreamWeights]
+"""What a replica's weight receiver asks for bytes: one message per transport, served by
+the weights actor's sender (``actors/weights/``)."""
+
+
+class GetReplicas(Request["Replicas"]):
+    """Ask (trainer -> weight sync): the rollout replicas new weights are announced to
+    now (the online planner may have added or removed some)."""
+
+
+class Replicas(_Msg):
+    names: list[str]
+
+
 # -- metrics: roles -> collector (in the driver) ----------------------------------
 
 
-class StepMetrics(_Msg):
+class StepMetrics(Request["Ok"]):
     """Tell (trainer -> collector): one object per trainer step for metrics.jsonl."""
 
     step: int
     values: dict[str, float]
 
 
-class Spans(_Msg):
+class Spans(Request["Ok"]):
     """Tell (any role -> collector): what the role did, as spans (wall-clock seconds).
     Sent in batches every half second, never through the data plane."""
 
@@ -633,14 +688,14 @@ class Spans(_Msg):
     versions: list[int] = []  # the role's policy version when each span began (-1: unknown)
 
 
-class RunFinished(_Msg):
+class RunFinished(Request["Ok"]):
     """Tell (trainer -> collector): the last step is done and checkpointed."""
 
     last_step: int
     checkpoint: str
 
 
-class RoleFailed(_Msg):
+class RoleFailed(Request["Ok"]):
     """Tell (any role -> collector): the role's loop raised; the run cannot go on."""
 
     role: str
@@ -650,26 +705,26 @@ class RoleFailed(_Msg):
 # -- the online planner: moving workers between rollout and training ----------------
 
 
-class SetThreads(_Msg):
+class SetThreads(Request["Ok"]):
     """Ask (planner -> a loop role): use ``num_threads`` torch intra-op threads from
     the next unit on (answered between units)."""
 
     num_threads: int
 
 
-class RegisterReplica(_Msg):
+class RegisterReplica(Request["Ok"]):
     """Ask (driver -> weight sync): announce new weights to ``replica`` from now on."""
 
     replica: str
 
 
-class UnregisterReplica(_Msg):
+class UnregisterReplica(Request["Ok"]):
     """Ask (driver -> weight sync): ``replica`` is being stopped; stop telling it."""
 
     replica: str
 
 
-class MoveApplied(_Msg):
+class MoveApplied(Request["Ok"]):
     """Tell (driver -> planner): a move the planner asked for has been carried out
     (``ok``), or could not be (``error`` says why); the split is now as given."""
 
@@ -679,7 +734,7 @@ class MoveApplied(_Msg):
     error: str = ""
 
 
-class TrainPart(_Msg):
+class TrainPart(Request["Ok"]):
     """Tell (trainer rank 0 -> trainer rank r > 0): train step ``step`` on your part of
     the global batch: rows ``indices`` (read them from the shards yourself), of prompt
     groups ``group_ids`` (one per row). Every rank then runs the same collectives
@@ -691,7 +746,7 @@ class TrainPart(_Msg):
     columns: list[str]
 
 
-class SaveRankCheckpoint(_Msg):
+class SaveRankCheckpoint(Request["Ok"]):
     """Tell (trainer rank 0 -> trainer rank r > 0): join the collective save of the
     model (and critic) into ``path`` (rank 0 writes the files)."""
 
@@ -699,9 +754,10 @@ class SaveRankCheckpoint(_Msg):
 
 
 LoopIn = Union[StartWork, Pause, Resume, GetRoleStats, WeightsReady, SetThreads, Ping, Stop]
-TrainerRankIn = Union[StartWork, Pause, Resume, GetRoleStats, SetThreads, TrainPart, SaveRankCheckpoint, Ping, Stop]
+TrainerRankIn = Union[StartWork, GetRoleStats, TrainPart, SaveRankCheckpoint, Ping, Stop]
 WeightSyncIn = Union[
-    GetLatestWeights, GetWeightChunk, StreamWeights, AcquireSwap, ReleaseSwap, RegisterReplica, UnregisterReplica, Ping, Stop
+    GetLatestWeights, GetWeightChunk, StreamWeights, AcquireSwap, ReleaseSwap, RegisterReplica, UnregisterReplica,
+    GetReplicas, Ping, Stop,
 ]
 PlannerIn = Union[StepMetrics, MoveApplied, Ping, Stop]
 

@@ -3,21 +3,25 @@ on receipt) to a named actor, the same over inproc, ipc or tcp.
 
 One Req0 socket per (process, address) is shared by every reference; each call
 opens its own nng context, so references are safe to use from many threads.
+
+Replies are typed: a request class declares its reply (``class Lookup(Request[Found])``,
+``core/protocol.py``), so ``ask(Lookup(...))`` is a ``Found`` to mypy, and a reply of
+another type raises ``WrongReply`` (checked on the decoded reply: no extra decode).
 """
 
 from __future__ import annotations
 
 import atexit
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 import pynng
 
 from asyncflow.core import _nngio, frames, protocol
-from asyncflow.core.errors import ActorGone, ActorTimeout, RemoteError, Unauthorized
+from asyncflow.core.errors import ActorGone, ActorTimeout, AsyncflowError, RemoteError, Unauthorized
 from asyncflow.core.transport import TransportConfig, dial, is_tcp, set_context_timeouts
 
-_sockets: dict[tuple[str, int, str], pynng.Req0] = {}  # (address, max message bytes, tls dir)
+_sockets: dict[tuple[str, int, str], pynng.Req0] = {}  # (address, max message bytes, tls_dir)
 _sockets_lock = threading.Lock()
 _contexts = threading.local()  # per thread: socket id -> its reusable Req context
 
@@ -53,6 +57,20 @@ def close_all_sockets() -> None:
 atexit.register(close_all_sockets)
 
 
+R = TypeVar("R")
+
+
+class WrongReply(AsyncflowError, TypeError):
+    """An actor answered a request with a reply of another type than the request declares."""
+
+    def __init__(self, actor: str, request: str, expected: tuple[type, ...], received: Any):
+        self.actor, self.request, self.received = actor, request, type(received).__name__
+        self.expected = [t.__name__ for t in expected]
+        super().__init__(f"{actor} answered {request} with {self.received}, but {request} is answered with "
+                         f"{' | '.join(self.expected)} (its Request[...] in core/protocol.py): the actor's handle "
+                         "returns the wrong reply, or the request's declared reply type is wrong")
+
+
 class ActorRef:
     """A handle on a remote (or local) actor, by name and address."""
 
@@ -67,9 +85,14 @@ class ActorRef:
     def __repr__(self) -> str:
         return f"ActorRef({self.name!r}, {self.address!r})"
 
-    def ask(self, msg: Any, timeout_s: float = 30.0) -> Any:
-        """Send ``msg`` and wait for the reply; raises ``ActorTimeout`` or ``RemoteError``."""
-        return self._call(protocol.ASK, msg, timeout_s)
+    def ask(self, msg: protocol.Request[R], timeout_s: float = 30.0) -> R:
+        """Send ``msg`` and wait for its reply (of the type ``msg`` declares); raises
+        ``ActorTimeout``, ``RemoteError`` or ``WrongReply``."""
+        reply = self._call(protocol.ASK, msg, timeout_s)
+        expected = protocol.reply_types(type(msg))
+        if expected and not isinstance(reply, expected):
+            raise WrongReply(self.name, type(msg).__name__, expected, reply)
+        return reply
 
     def tell(self, msg: Any, timeout_s: float = 10.0) -> None:
         """Deliver ``msg`` without waiting for it to be handled (only for its receipt)."""

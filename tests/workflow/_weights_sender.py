@@ -1,16 +1,20 @@
 """A weights actor in its own process for test_weight_collective: publishes a
 known tensor set, prints READY; with --stall-at N it prints STREAMING and blocks
-before chunk N of its first stream (the test then kills this process)."""
+its first stream before chunk N (the test then kills this process)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import threading
 
 import torch
 
-from asyncflow.actors.weight_sync import WEIGHTS_NAME, WeightSyncActor
+from asyncflow.actors.names import WEIGHTS
+from asyncflow.actors.weight_sync import Publish, WeightSyncActor
+from asyncflow.actors.weights import _collective
+from asyncflow.cli.bench_weights import bench_run_dir
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.directory import DirectoryClient
 from asyncflow.core.transport import TransportConfig
@@ -21,19 +25,18 @@ def tensors() -> list:
     return [(f"layer{i}.weight", torch.randn(256, 1024, generator=g)) for i in range(4)]
 
 
-class StallingWeights(WeightSyncActor):
-    """Blocks its first stream before chunk ``stall_at`` (after telling the test)."""
+def stall_before_chunk(stall_at: int) -> None:
+    """Make the sender's first stream block before packing chunk ``stall_at``."""
+    pack, packed, forever = _collective.pack, [0], threading.Event()
 
-    def __init__(self, ctx, stall_at: int, **kwargs):
-        super().__init__(ctx, **kwargs)
-        forever = threading.Event()
+    def stalling_pack(*args):
+        if packed[0] == stall_at:
+            print("STREAMING", flush=True)
+            forever.wait()
+        packed[0] += 1
+        return pack(*args)
 
-        def before_chunk(i: int) -> None:
-            if i == stall_at:
-                print("STREAMING", flush=True)
-                forever.wait()
-
-        self._before_chunk = before_chunk
+    _collective.pack = stalling_pack
 
 
 def main() -> None:
@@ -42,12 +45,14 @@ def main() -> None:
     ap.add_argument("--ipc-dir", required=True)
     ap.add_argument("--stall-at", type=int, default=-1)
     args = ap.parse_args()
+    if args.stall_at >= 0:
+        stall_before_chunk(args.stall_at)
     transport = TransportConfig(scheme="ipc", ipc_dir=args.ipc_dir)
-    weights = serve_actor(StallingWeights, WEIGHTS_NAME, transport, directory_address=args.directory,
-                          stall_at=args.stall_at, replicas=[], substep=True,
+    weights = serve_actor(WeightSyncActor, WEIGHTS, transport, directory_address=args.directory,
+                          run_dir=bench_run_dir(tempfile.mkdtemp(), substep_updates=True), replicas=[],
                           chunk_bytes=1 << 20)  # one 1 MiB tensor per chunk
     DirectoryClient(args.directory, transport).register(weights.entry())
-    weights.pykka_ref.proxy().publish(1, tensors()).get()
+    weights.pykka_ref.ask(Publish(1, tensors()))
     print("READY", flush=True)
     sys.stdin.read()  # until the test closes our stdin (or kills us)
     weights.stop()

@@ -13,8 +13,11 @@ import pytest
 import torch
 from wf_helpers import afctl, read_jsonl, write_config
 
-from asyncflow.actors._weight_channel import Refused, WeightReceiver
-from asyncflow.actors.weight_sync import WEIGHTS_NAME, WeightSyncActor
+from asyncflow.actors.names import WEIGHTS
+from asyncflow.actors.weight_sync import Publish, WeightSyncActor
+from asyncflow.actors.weights import build_receiver
+from asyncflow.actors.weights._collective import CollectiveReceiver
+from asyncflow.cli.bench_weights import bench_run_dir
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
@@ -40,20 +43,21 @@ def _tensor_set(seed: int) -> list:
 class InProcess:
     """A directory and a weights actor in this process (inproc nng); the receiver is this thread."""
 
-    def __init__(self, device: str = "cpu"):
+    def __init__(self, run_dir: Path, device: str = "cpu"):
         self.transport = TransportConfig(scheme="inproc")
         self.directory = start_directory(self.transport)
         self.dc = DirectoryClient(self.directory.address, self.transport)
-        self.weights = serve_actor(WeightSyncActor, WEIGHTS_NAME, self.transport, directory_address=self.directory.address,
-                                   replicas=[], substep=True, chunk_bytes=1 << 20)
+        self.weights = serve_actor(WeightSyncActor, WEIGHTS, self.transport, directory_address=self.directory.address,
+                                   run_dir=bench_run_dir(str(run_dir), substep_updates=True), replicas=[],
+                                   chunk_bytes=1 << 20)
         self.dc.register(self.weights.entry())
         self.device = torch.device(device)
 
     def publish(self, version: int, named: list) -> None:
-        self.weights.pykka_ref.proxy().publish(version, named).get()
+        self.weights.pykka_ref.ask(Publish(version, named))
 
-    def receiver(self, replica: str = "rollout.0", timeout_s: float = 20.0) -> WeightReceiver:
-        return WeightReceiver(self.dc, self.transport, replica, self.device, timeout_s=timeout_s)
+    def receiver(self, replica: str = "rollout.0", timeout_s: float = 20.0) -> CollectiveReceiver:
+        return CollectiveReceiver(self.dc, self.transport, replica, self.device, timeout_s=timeout_s)
 
     def close(self) -> None:
         self.weights.stop()
@@ -70,11 +74,11 @@ def _assert_same(sent: list, got: list, device: torch.device) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_named_tensor_set_moves_bit_exactly_and_the_group_is_reused_for_the_next_version():
-    side = InProcess()
+def test_a_named_tensor_set_moves_bit_exactly_and_the_group_is_reused_for_the_next_version(tmp_path):
+    side = InProcess(tmp_path)
     try:
         receiver = side.receiver()
-        weights = side.dc.ref(WEIGHTS_NAME)
+        weights = side.dc.ref(WEIGHTS)
         sent = _tensor_set(0)
         side.publish(1, sent)
         chunks_seen: list[int] = []
@@ -102,12 +106,12 @@ def test_a_named_tensor_set_moves_bit_exactly_and_the_group_is_reused_for_the_ne
 
 
 @pytest.mark.timeout(60)
-def test_a_replica_that_gives_up_mid_stream_gets_the_next_version_over_a_fresh_group():
-    side = InProcess()
+def test_a_replica_that_gives_up_mid_stream_gets_the_next_version_over_a_fresh_group(tmp_path):
+    side = InProcess(tmp_path)
     try:
         side.publish(1, _tensor_set(0))
         receiver = side.receiver(timeout_s=10)
-        weights = side.dc.ref(WEIGHTS_NAME)
+        weights = side.dc.ref(WEIGHTS)
 
         def give_up(i: int) -> None:
             raise ConnectionError("replica gave up after chunk 0")
@@ -126,17 +130,32 @@ def test_a_replica_that_gives_up_mid_stream_gets_the_next_version_over_a_fresh_g
 
 
 @pytest.mark.timeout(60)
-def test_a_backend_the_trainer_side_lacks_is_refused_so_the_replica_falls_back_to_nng():
-    side = InProcess()
+def test_a_backend_the_trainer_side_lacks_is_refused_so_the_replica_falls_back_to_nng(tmp_path, caplog):
+    side = InProcess(tmp_path)
     try:
-        side.publish(1, _tensor_set(0))
+        sent = _tensor_set(0)
+        side.publish(1, sent)
         receiver = side.receiver()
         receiver.backend = "no-such-backend"  # what a cuda replica meets at a trainer without CUDA
-        with pytest.raises(Refused, match="unknown backend"):
-            receiver.fetch(side.dc.ref(WEIGHTS_NAME))
+        version, got = receiver.fetch(side.dc.ref(WEIGHTS))
+        assert version == 1 and receiver.num_streams == 0  # the bytes came as nng chunks
+        _assert_same(sent, got, torch.device("cpu"))
+        assert "unknown backend" in caplog.text and "using nng" in caplog.text
         assert side.dc.list("dist.weights.") == []  # nothing was set up
+        side.publish(2, _tensor_set(1))
+        assert receiver.fetch(side.dc.ref(WEIGHTS))[0] == 2 and receiver.num_streams == 0  # nng for good
     finally:
         side.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_replica_that_cannot_build_its_collective_side_uses_nng(tmp_path, caplog):
+    class Ctx:  # what build_receiver reads of an actor context
+        name, directory, transport = "rollout.0", None, TransportConfig(scheme="inproc")
+
+    receiver = build_receiver("collective", Ctx(), 10.0, device="meta")  # no torch.distributed backend
+    assert type(receiver).__name__ == "NngReceiver"
+    assert "weight transport 'collective' unavailable on this replica" in caplog.text
 
 
 @pytest.mark.timeout(90)
@@ -158,7 +177,7 @@ def test_a_receiver_whose_sender_dies_mid_stream_fails_within_the_timeout_and_re
     procs = []
     try:
         procs.append(first := sender(stall_at=2))
-        receiver = WeightReceiver(dc, transport, "rollout.0", torch.device("cpu"), timeout_s=timeout_s)
+        receiver = CollectiveReceiver(dc, transport, "rollout.0", torch.device("cpu"), timeout_s=timeout_s)
         chunks_seen: list[int] = []
         killed_at: list[float] = []
 
@@ -171,7 +190,7 @@ def test_a_receiver_whose_sender_dies_mid_stream_fails_within_the_timeout_and_re
                 killed_at.append(time.monotonic())
 
         with pytest.raises(Exception) as failed:
-            receiver.fetch(dc.ref(WEIGHTS_NAME, refresh=True), on_chunk=on_chunk)
+            receiver.fetch(dc.ref(WEIGHTS, refresh=True), on_chunk=on_chunk)
         waited = time.monotonic() - killed_at[0]
         print(f"receiver failed {waited:.2f} s after its sender died: {failed.value!r}")
         assert chunks_seen == [0, 1]
@@ -179,9 +198,9 @@ def test_a_receiver_whose_sender_dies_mid_stream_fails_within_the_timeout_and_re
         assert receiver.group is None  # closed: the next fetch builds a new group
 
         # the restarted sender (a new weights actor) streams over a fresh group
-        dc.unregister(WEIGHTS_NAME)
+        dc.unregister(WEIGHTS)
         procs.append(sender(stall_at=-1))
-        version, got = receiver.fetch(dc.ref(WEIGHTS_NAME, wait_s=10, refresh=True))
+        version, got = receiver.fetch(dc.ref(WEIGHTS, wait_s=10, refresh=True))
         assert version == 1 and len(got) == 4
         sys.path.insert(0, str(HERE))
         from _weights_sender import tensors
@@ -218,21 +237,21 @@ def test_a_run_with_the_collective_weight_transport_completes_and_rollout_versio
 
 @pytest.mark.gpu
 @pytest.mark.timeout(120)
-def test_nccl_moves_the_tensor_set_into_the_replicas_gpu_memory():
+def test_nccl_moves_the_tensor_set_into_the_replicas_gpu_memory(tmp_path):
     # NCCL refuses two ranks on one GPU: the sender uses cuda:0 (its current device), the receiver cuda:1
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA GPUs")
-    side = InProcess(device="cuda:1")
+    side = InProcess(tmp_path, device="cuda:1")
     try:
         receiver = side.receiver()
         assert receiver.backend == "nccl"
         sent = _tensor_set(0)
         side.publish(1, sent)
-        version, got = receiver.fetch(side.dc.ref(WEIGHTS_NAME))
+        version, got = receiver.fetch(side.dc.ref(WEIGHTS))
         assert version == 1
         _assert_same(sent, got, side.device)
         side.publish(2, _tensor_set(1))
-        assert receiver.fetch(side.dc.ref(WEIGHTS_NAME))[0] == 2
+        assert receiver.fetch(side.dc.ref(WEIGHTS))[0] == 2
     finally:
         side.close()
 

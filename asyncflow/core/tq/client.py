@@ -75,17 +75,6 @@ class Batch:
 
         return [torch.from_numpy(a if a.flags.writeable else a.copy()) for a in self.columns[name]]
 
-    def part(self, rank: int) -> Batch:
-        """The sub-batch of dp rank ``rank``."""
-        positions = self.parts[rank]
-        meta = protocol.BatchMeta(
-            task=self.task,
-            indices=[self.indices[p] for p in positions],
-            metas=[self.metas[p] for p in positions],
-            shards=[],
-        )
-        return Batch(self.task, meta, {n: [col[p] for p in positions] for n, col in self.columns.items()})
-
 
 class TQClient:
     def __init__(

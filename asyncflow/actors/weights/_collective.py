@@ -1,4 +1,4 @@
-"""The device-collective weight channel (``workflow.weight_transport = "collective"``).
+"""The collective weight transport (``workflow.weight_transport = "collective"``).
 
 The tensor bytes of a weight version travel over a two-member torch.distributed
 group per replica: the ``weights`` actor (in the trainer's process) is rank 0, the
@@ -20,7 +20,8 @@ Invariants:
   ``timeout_s`` on that side and closes the group; the replica retries at the next
   announcement with a fresh group, like a failed nng fetch.
 - Where a side has no such collective (e.g. nccl asked of a trainer without CUDA)
-  the sender answers ``refused`` and the replica uses nng (one log line).
+  the sender answers ``refused`` and the replica uses nng from then on (one log
+  line): the collective sender is also an nng sender.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import uuid
 import torch
 import torch.distributed as dist
 
+from asyncflow.actors.weights._base import NamedTensors, WeightReceiver
+from asyncflow.actors.weights._nng import NngReceiver, NngSender
 from asyncflow.core import protocol
 from asyncflow.core.rendezvous import entry_name, host_store, join_store, node_host
 
@@ -183,10 +186,63 @@ class PairGroup:
             log.debug("abort of a %s weight group: %s", self.backend, exc)
 
 
-# -- sender: the weights actor's side, one per replica ----------------------------------
+# -- sender: the weights actor's side ----------------------------------------------------
 
 
-class StreamSender:
+class CollectiveSender(NngSender):
+    """Streams the staged snapshot to each replica that asks ``StreamWeights``, in a
+    thread per replica so the weights actor keeps answering; serves nng chunks too
+    (a replica whose side refused the collective falls back to them)."""
+
+    def __init__(self, directory, transport, chunk_bytes: int, timeout_s: float = TIMEOUT_S):
+        super().__init__(chunk_bytes)
+        self.directory, self.transport, self.timeout_s = directory, transport, timeout_s
+        self._layouts: dict[int, list[protocol.StreamChunk]] = {}  # made on a version's first stream
+        self._streams: dict[str, ReplicaStream] = {}
+
+    def _forget(self, version: int) -> None:
+        super()._forget(version)
+        self._layouts.pop(version, None)
+
+    def serve(self, msg: protocol.WeightRequest) -> protocol.WeightChunk | protocol.WeightStream:
+        if not isinstance(msg, protocol.StreamWeights):
+            return super().serve(msg)
+        return self._stream(msg)
+
+    def _stream(self, msg: protocol.StreamWeights) -> protocol.WeightStream:
+        """Answer with the newest version's layout and start broadcasting it over the
+        replica's group (made now if ``msg.group`` is new)."""
+        why = unavailable(msg.backend)
+        if why:
+            return protocol.WeightStream(version=-1, refused=f"{msg.backend} on the trainer's side: {why}")
+        if self._latest < 0:
+            raise KeyError("no weights published yet")
+        stream = self._streams.get(msg.replica)
+        if stream is not None and (stream.group != msg.group or stream.failed):
+            stream.close()  # the replica gave up on that group (or restarted): a fresh one
+            stream = None
+        if stream is None:
+            stream = ReplicaStream(self.directory, self.transport, msg.replica, msg.group, msg.backend,
+                                   timeout_s=self.timeout_s)
+            self._streams[msg.replica] = stream
+        version = self._latest
+        if version not in self._layouts:
+            self._layouts[version] = layout(self._named[version], self.chunk_bytes)
+        chunks = self._layouts[version]
+        stream.start(version, self._named[version], chunks)
+        return protocol.WeightStream(version=version, chunks=chunks)
+
+    def drop_replica(self, replica: str) -> None:
+        if replica in self._streams:
+            self._streams.pop(replica).close()
+
+    def close(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
+
+
+class ReplicaStream:
     """Rank 0 of one replica's group. The store is hosted when the sender is made (so
     the replica finds it as soon as StreamWeights is answered); the group is built in
     the first stream's thread (it waits for the replica to join)."""
@@ -202,16 +258,15 @@ class StreamSender:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def start(self, version: int, named_tensors: list, chunks: list[protocol.StreamChunk],
-              before_chunk=None) -> None:
+    def start(self, version: int, named_tensors: list, chunks: list[protocol.StreamChunk]) -> None:
         """Send ``named_tensors`` (the staged snapshot of ``version``) in a background
         thread, after the previous stream's thread (the replica may have received the
         last bytes and asked again before that thread returned)."""
-        self._thread = threading.Thread(target=self._send, args=(self._thread, version, named_tensors, chunks, before_chunk),
+        self._thread = threading.Thread(target=self._send, args=(self._thread, version, named_tensors, chunks),
                                         name=f"weights-stream-{self.replica}", daemon=True)
         self._thread.start()
 
-    def _send(self, previous, version: int, named_tensors: list, chunks: list[protocol.StreamChunk], before_chunk) -> None:
+    def _send(self, previous, version: int, named_tensors: list, chunks: list[protocol.StreamChunk]) -> None:
         if previous is not None:
             previous.join()
         if self.failed:
@@ -221,9 +276,7 @@ class StreamSender:
                 self.pg = PairGroup(self.store, 0, self.backend, self.device, self.timeout_s, self.host)
             buf = torch.empty(max((c.num_bytes for c in chunks), default=0), dtype=torch.uint8, device=self.device)
             start = 0
-            for i, chunk in enumerate(chunks):
-                if before_chunk is not None:
-                    before_chunk(i)
+            for chunk in chunks:
                 tensors = [t for _, t in named_tensors[start:start + len(chunk.names)]]
                 start += len(chunk.names)
                 self.pg.broadcast(pack(tensors, chunk, buf))
@@ -247,9 +300,10 @@ class StreamSender:
 # -- receiver: the replica's side -----------------------------------------------------
 
 
-class WeightReceiver:
+class CollectiveReceiver(WeightReceiver):
     """Rank 1 of this replica's group: ``fetch`` asks the weights actor for the newest
-    version and receives it into buffers on ``device``."""
+    version and receives it into buffers on ``device``; once the trainer's side has
+    refused this backend, it fetches over nng instead."""
 
     def __init__(self, directory, transport, replica: str, device: torch.device, timeout_s: float = TIMEOUT_S):
         from asyncflow.engines.device import dist_backend
@@ -265,11 +319,21 @@ class WeightReceiver:
         self._store = None
         self.num_streams = 0
         self.num_bytes = 0
+        self.fallback: NngReceiver | None = None  # set when the trainer's side refused the collective
 
-    def fetch(self, weights, on_chunk=None) -> tuple[int, list[tuple[str, torch.Tensor]]]:
+    def fetch(self, weights, on_chunk=None) -> tuple[int, NamedTensors]:
         """Receive the newest staged version: ``(version, [(name, tensor on device)])``.
-        Raises :class:`Refused` when the sender cannot use this backend; any other error
-        closes the group (the next fetch builds a new one)."""
+        Where the sender cannot use this backend, this and every later fetch go over
+        nng; any other error closes the group (the next fetch builds a new one)."""
+        if self.fallback is None:
+            try:
+                return self._receive(weights, on_chunk)
+            except Refused as exc:
+                log.warning("%s: weight transport 'collective' unavailable (%s); using nng", self.replica, exc)
+                self.fallback = NngReceiver(self.timeout_s)
+        return self.fallback.fetch(weights, on_chunk)
+
+    def _receive(self, weights, on_chunk) -> tuple[int, NamedTensors]:
         if self.group is None:
             self._incarnation += 1
             self.group = group_name(self.replica, f"{self._token}-{self._incarnation}")

@@ -1,0 +1,80 @@
+"""Weight transport: how a published policy version travels from the trainer to the
+rollout replicas, behind one interface.
+
+- ``WeightSender`` (the trainer's side, used by the ``weights`` actor): stages each
+  published snapshot (host copies the trainer will not touch again) and answers the
+  replicas' requests for its bytes.
+- ``WeightReceiver`` (a replica's side, used by the rollout actor): ``fetch`` brings
+  the newest staged version into tensors the engine can load.
+
+Each has one implementation per transport, chosen once from ``[workflow]
+weight_transport`` by ``build_sender`` / ``build_receiver``:
+
+- ``nng`` (``_nng.py``): the replica pulls chunks (``GetWeightChunk``) over the actor
+  transport.
+- ``collective`` (``_collective.py``): the bytes are broadcast over a two-member
+  torch.distributed group per replica (gloo/nccl/hccl by the replica's device);
+  control (``StreamWeights``) stays on nng. Its sender also serves nng chunks, and its
+  receiver falls back to nng for good when the trainer's side refuses the backend.
+
+What stays outside the transport, in the actors: announcements (``WeightsReady``),
+the swap grant (``AcquireSwap``/``ReleaseSwap``), the replica list, and version
+integrity (the digest a version is published with, checked by the replica after it
+loads the tensors a receiver returned).
+
+Future transports plug in here, as one sender and one receiver each plus a line in
+the two factories: CUDA IPC (same-node replicas map the trainer's device buffers),
+vLLM's weight-transfer API (the engine receives into its own parameters), delta
+sync (only the tensors, or the bytes, that changed since the replica's version).
+
+Invariants every implementation keeps:
+- A published version never changes; the two newest versions stay staged, so a
+  replica mid-fetch of the older one can finish.
+- A failed fetch raises within the configured ``weight_timeout_s`` on the replica's
+  side and leaves nothing broken behind: the next ``fetch`` starts afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from asyncflow.actors.weights._base import WeightReceiver, WeightSender
+from asyncflow.actors.weights._nng import NngReceiver, NngSender
+
+log = logging.getLogger(__name__)
+
+__all__ = ["WeightReceiver", "WeightSender", "build_receiver", "build_sender"]
+
+
+def build_sender(transport: str, ctx, chunk_bytes: int, timeout_s: float) -> WeightSender:
+    """The trainer's side of ``transport`` (``[workflow] weight_transport``) for the
+    actor of ``ctx``; ``timeout_s`` bounds each transfer step."""
+    if transport == "nng":
+        return NngSender(chunk_bytes)
+    if transport == "collective":
+        from asyncflow.actors.weights._collective import CollectiveSender  # torch.distributed: only where used
+
+        return CollectiveSender(ctx.directory, ctx.transport, chunk_bytes, timeout_s)
+    raise ValueError(f"unknown weight transport {transport!r}: use 'nng' or 'collective'")
+
+
+def build_receiver(transport: str, ctx, timeout_s: float, device: str | None = None, engine=None) -> WeightReceiver:
+    """A replica's side of ``transport`` for the actor of ``ctx``. The collective
+    receives onto the engine's device (else ``device``); where this replica cannot
+    take part in one (e.g. npu without torch_npu) it says so once and uses nng."""
+    if transport == "nng":
+        return NngReceiver(timeout_s)
+    if transport != "collective":
+        raise ValueError(f"unknown weight transport {transport!r}: use 'nng' or 'collective'")
+    import torch
+
+    from asyncflow.actors.weights._collective import CollectiveReceiver
+
+    on = getattr(engine, "device", None)
+    if not isinstance(on, torch.device):
+        on = torch.device(device or "cpu")
+    try:
+        return CollectiveReceiver(ctx.directory, ctx.transport, ctx.name, on, timeout_s=timeout_s)
+    except (RuntimeError, ValueError) as exc:  # e.g. npu without torch_npu
+        log.warning("%s: weight transport 'collective' unavailable on this replica (%s); using nng", ctx.name, exc)
+        return NngReceiver(timeout_s)

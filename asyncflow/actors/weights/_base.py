@@ -1,0 +1,46 @@
+"""The two halves of a weight transport (see the package docstring)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable
+
+from asyncflow.core import protocol
+
+NamedTensors = list  # [(name, torch.Tensor)]
+
+
+class WeightSender(ABC):
+    """The trainer's side: stages published versions and serves their bytes."""
+
+    @abstractmethod
+    def publish(self, version: int, named_tensors: NamedTensors, digest: int) -> protocol.WeightsReady:
+        """Stage ``named_tensors`` (host copies nobody modifies) as ``version``; return
+        the announcement for the replicas."""
+
+    @abstractmethod
+    def latest(self) -> protocol.WeightsReady:
+        """The newest staged version (``version=-1`` before the first publish)."""
+
+    @abstractmethod
+    def serve(self, msg: protocol.WeightRequest) -> protocol.WeightChunk | protocol.WeightStream:
+        """Answer a replica's request for bytes (a transport's own message)."""
+
+    def drop_replica(self, replica: str) -> None:
+        """``replica`` is gone: release what this side holds for it."""
+
+    def close(self) -> None:
+        """Release everything (the weights actor stops)."""
+
+
+class WeightReceiver(ABC):
+    """A replica's side: fetches the newest staged version from the ``weights`` actor."""
+
+    @abstractmethod
+    def fetch(self, weights, on_chunk: Callable[[int], None] | None = None) -> tuple[int, NamedTensors]:
+        """``(version, [(name, tensor)])`` of the newest version ``weights`` (an
+        ActorRef) holds; ``on_chunk(i)`` after each chunk arrives. Raises on failure
+        (the caller retries at the next announcement)."""
+
+    def close(self) -> None:
+        """Release what this side holds (groups, buffers)."""

@@ -1,0 +1,85 @@
+"""The weight transport interface (actors/weights/): one sender and one receiver per
+transport, chosen once from ``[workflow] weight_transport``; the nng pair end to end
+through a real weights actor."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from asyncflow.actors.names import WEIGHTS
+from asyncflow.actors.weight_sync import Publish, WeightSyncActor
+from asyncflow.actors.weights import WeightReceiver, WeightSender, build_receiver, build_sender
+from asyncflow.actors.weights._collective import CollectiveReceiver, CollectiveSender
+from asyncflow.actors.weights._nng import NngReceiver, NngSender
+from asyncflow.cli.bench_weights import bench_run_dir
+from asyncflow.core import protocol
+from asyncflow.core.actor import serve_actor
+from asyncflow.core.directory import DirectoryClient, start_directory
+from asyncflow.core.transport import TransportConfig
+
+
+class _Ctx:  # what the factories read of an actor context
+    name, directory = "rollout.0", None
+    transport = TransportConfig(scheme="inproc")
+
+
+def test_the_config_chooses_the_sender_and_the_receiver_once():
+    assert type(build_sender("nng", _Ctx(), 1 << 20, 10.0)) is NngSender
+    assert type(build_receiver("nng", _Ctx(), 10.0)) is NngReceiver
+    assert type(build_receiver("collective", _Ctx(), 10.0, device="cpu")) is CollectiveReceiver
+    assert issubclass(CollectiveSender, WeightSender) and issubclass(CollectiveReceiver, WeightReceiver)
+    with pytest.raises(ValueError, match="unknown weight transport 'ipc'"):
+        build_sender("ipc", _Ctx(), 1 << 20, 10.0)
+
+
+def test_the_nng_sender_keeps_the_two_newest_versions_and_names_a_dropped_one():
+    sender = NngSender(chunk_bytes=64)
+    named = [("a", torch.zeros(16)), ("b", torch.ones(16))]  # 64 bytes each: one chunk each
+    for version in (1, 2, 3):
+        ready = sender.publish(version, named, digest=version * 10)
+    assert (ready.version, ready.num_chunks, ready.num_bytes, ready.digest) == (3, 2, 128, 30)
+    assert sender.latest() == ready
+    assert sender.serve(protocol.GetWeightChunk(version=2, index=1)).names == ["b"]
+    with pytest.raises(KeyError, match="weights v1 are no longer staged"):
+        sender.serve(protocol.GetWeightChunk(version=1, index=0))
+    with pytest.raises(TypeError, match="same \\[workflow\\] weight_transport"):
+        sender.serve(protocol.StreamWeights(replica="rollout.0", group="g", backend="gloo"))
+
+
+@pytest.mark.timeout(60)
+def test_a_replica_fetches_a_published_version_over_nng_and_swaps_are_granted_one_at_a_time(tmp_path):
+    transport = TransportConfig(scheme="inproc")
+    directory = start_directory(transport)
+    dc = DirectoryClient(directory.address, transport)
+    run_dir = bench_run_dir(str(tmp_path), substep_updates=True)
+    weights = serve_actor(WeightSyncActor, WEIGHTS, transport, directory_address=directory.address,
+                          run_dir=run_dir, replicas=[], chunk_bytes=1 << 10)
+    dc.register(weights.entry())
+    try:
+        ref = dc.ref(WEIGHTS)
+        assert ref.ask(protocol.GetLatestWeights()).version == -1
+        sent = [(f"w{i}", torch.randn(300)) for i in range(3)]  # 1200 bytes: a chunk each
+        assert weights.pykka_ref.ask(Publish(1, sent, 7)) == 3600
+        seen: list[int] = []
+        version, got = NngReceiver(10.0).fetch(ref, on_chunk=seen.append)
+        assert version == 1 and seen == [0, 1, 2]
+        assert all(torch.equal(a, b) and n == m for (n, a), (m, b) in zip(sent, got))
+        assert ref.ask(protocol.GetLatestWeights()).digest == 7
+
+        ref.ask(protocol.RegisterReplica(replica="rollout.0"))
+        assert weights.pykka_ref.ask(protocol.GetReplicas()).names == ["rollout.0"]
+        ref.ask(protocol.AcquireSwap(replica="rollout.0", version=1))
+        granted = threading.Event()
+        waiter = threading.Thread(target=lambda: (ref.ask(protocol.AcquireSwap(replica="rollout.1", version=1)),
+                                                  granted.set()), daemon=True)
+        waiter.start()
+        assert not granted.wait(0.3)  # rollout.1 waits while rollout.0 holds the grant
+        ref.ask(protocol.UnregisterReplica(replica="rollout.0"))  # stopped while holding it: the grant moves on
+        assert granted.wait(10)
+        assert weights.pykka_ref.ask(protocol.GetReplicas()).names == []
+    finally:
+        weights.stop()
+        directory.stop()
