@@ -9,9 +9,11 @@ TQClient`` -> ``asyncflow.core.tq``).
 Rules:
 - no import cycle between modules of ``asyncflow``;
 - ``asyncflow.core`` imports nothing from ``actors``, ``algorithms``, ``planner``,
-  ``engines`` or ``cli``;
-- ``asyncflow.engines`` imports nothing from ``actors``, ``algorithms``, ``planner``
-  or ``cli``, and outside it nothing imports a concrete engine (``engines.factory``
+  ``engines``, ``config`` or ``cli``: it knows no RL;
+- ``asyncflow.config`` (the RL run's schema) imports nothing from ``actors``,
+  ``algorithms``, ``planner`` or ``cli`` (it includes the engine sections);
+- ``asyncflow.engines`` imports nothing from ``actors``, ``algorithms``, ``planner``,
+  ``config`` or ``cli``, and outside it nothing imports a concrete engine (``engines.factory``
   is the only place that names one);
 - the planner's pure modules (every module of ``asyncflow.planner`` but ``io``)
   import nothing from ``actors``, ``cli``, ``engines`` or ``planner.io``, nor
@@ -36,13 +38,11 @@ pytestmark = pytest.mark.timeout(60)
 PACKAGE = Path(asyncflow.__file__).resolve().parent
 
 # (importer, imported) -> why it is allowed for now.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("asyncflow.core.config", "asyncflow.engines.config"):
-        "issue 14 step 6: the RL config schema (core/config.py) moves up next to the roles; "
-        "until then core/config.py takes the engine config structs from engines/config.py",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
-CORE_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.engines", "asyncflow.cli")
+CORE_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.engines", "asyncflow.cli",
+                       "asyncflow.config")
+CONFIG_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli")
 ENGINES_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli")
 CONCRETE_ENGINES = tuple(f"asyncflow.engines.{m}" for m in (
     "native_rollout", "native_model", "kv_cache", "vllm_rollout", "vllm_worker", "torch_train"))
@@ -156,7 +156,9 @@ def layer_violations(internal: dict[str, dict[str, int]], external: dict[str, di
             rule = None
             if _under(module, ("asyncflow.core",)) and _under(target, CORE_MAY_NOT_IMPORT):
                 rule = "core is the bottom layer"
-            elif _under(module, ("asyncflow.engines",)) and _under(target, ENGINES_MAY_NOT_IMPORT):
+            elif _under(module, ("asyncflow.config",)) and _under(target, CONFIG_MAY_NOT_IMPORT):
+                rule = "the RL config sits above core and engines, below the roles"
+            elif _under(module, ("asyncflow.engines",)) and _under(target, ENGINES_MAY_NOT_IMPORT + ("asyncflow.config",)):
                 rule = "engines sit below the roles, the algorithms and the planner"
             elif not _under(module, ("asyncflow.engines",)) and _under(target, CONCRETE_ENGINES):
                 rule = "a concrete engine is named only by engines/factory.py"

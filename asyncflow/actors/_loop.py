@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from typing import TYPE_CHECKING
 
 from asyncflow.actors._activity import ActivityClock
 from asyncflow.actors.names import COLLECTOR

@@ -24,7 +24,7 @@ from asyncflow.actors._batching import token_batch
 from asyncflow.actors._run import Run
 from asyncflow.actors.names import TRAINER
 from asyncflow.algorithms.off_policy import ratio_quantiles
-from asyncflow.core.config import AlgorithmConfig
+from asyncflow.config.run import AlgorithmConfig
 from asyncflow.core.phases import phase
 from asyncflow.engines.base import TokenBatch
 

@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from asyncflow.core.config import ConfigError, RunConfig
+from asyncflow.config.run import ConfigError, RunConfig
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _GIB = 1 << 30

@@ -19,8 +19,8 @@ import msgspec
 from asyncflow.actors._checkpoints import latest_checkpoint, latest_good_checkpoint
 from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors._summary import complete_lines
+from asyncflow.config.run import ConfigError, RunConfig, dump_config
 from asyncflow.core._private import write_private
-from asyncflow.core.config import ConfigError, RunConfig, dump_config
 from asyncflow.core.transport import is_loopback
 
 
@@ -99,8 +99,8 @@ def read_run_config(rd: Path) -> RunConfig:
 
 def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConfig, Path, LaunchInfo]:
     """Continue RUN_DIR from its newest good checkpoint; ``overrides`` (``--set``) may
-    change only the keys of core/resumable.py, and are saved into config.json."""
-    from asyncflow.core.resumable import apply_resume_overrides
+    change only the keys of config/resumable.py, and are saved into config.json."""
+    from asyncflow.config.resumable import apply_resume_overrides
 
     rd = Path(run_dir)
     if not (rd / "config.json").exists():

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import msgspec
 
-from asyncflow.core.config import RunConfig
+from asyncflow.config.run import RunConfig
 
 
 class LaunchInfo(msgspec.Struct, kw_only=True):

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import click
 
+from asyncflow.config.run import RunConfig
 from asyncflow.core import protocol
-from asyncflow.core.config import RunConfig
 
 
 def launches(rows: list[dict]) -> list[list[dict]]:

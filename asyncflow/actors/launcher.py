@@ -47,9 +47,9 @@ from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors._summary import summarize
 from asyncflow.actors.collector import CollectorActor, Subscribe
 from asyncflow.actors.supervisor import RunFailed, Supervisor
+from asyncflow.config.run import RunConfig
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
-from asyncflow.core.config import RunConfig
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.tq.client import TQClient

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asyncflow.core.config import LoggingConfig, RunConfig
+from asyncflow.config.run import LoggingConfig, RunConfig
 
 
 class TensorBoardLogger:

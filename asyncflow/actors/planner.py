@@ -46,9 +46,9 @@ import click
 import msgspec
 
 from asyncflow.actors import names
+from asyncflow.config.run import PlannerConfig
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
-from asyncflow.core.config import PlannerConfig
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.planner import online, shared_cores
 

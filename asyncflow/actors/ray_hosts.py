@@ -33,8 +33,8 @@ import click
 import msgspec
 
 from asyncflow.actors._heartbeat import Heartbeat
+from asyncflow.config.run import ClusterConfig, ConfigError
 from asyncflow.core import protocol
-from asyncflow.core.config import ClusterConfig, ConfigError
 from asyncflow.core.directory import DirectoryClient
 from asyncflow.core.errors import ActorTimeout
 from asyncflow.core.host import PARENT_ENV, HostProcess

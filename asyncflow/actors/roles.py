@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from asyncflow.actors import names
+from asyncflow.config.run import RunConfig
 from asyncflow.core import protocol
-from asyncflow.core.config import RunConfig
 
 
 class Devices(enum.Enum):
@@ -89,6 +89,21 @@ class RoleSpec:
     checkpoints), stopped after them, given the pinned cores (``pin_trainer_cores``)."""
     kwargs: Callable[[Layout, str], dict] = field(default=no_kwargs)
     """Constructor keyword arguments of instance ``name`` besides ``run_dir`` (always given)."""
+    companions: tuple[Companion, ...] = ()
+    """Actors started in each instance's process before the role's own actor, e.g. the
+    trainer's ``weights`` (which takes the trainer's weight snapshots without a copy).
+    They are not workers: no StartWork, no stats; they stop with their process."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Companion:
+    """An actor that lives in the process of a role's instance (``RoleSpec.companions``)."""
+
+    name: str
+    actor: type
+    kwargs: Callable[[Layout, str], dict] = field(default=no_kwargs)
+    """Its constructor keyword arguments besides ``run_dir``, given the layout and the
+    name of the instance whose process it shares."""
 
 
 def one(name: str) -> Callable[[RunConfig], list[str]]:

@@ -32,8 +32,8 @@ import click
 from asyncflow.actors._restarts import RestartPolicy
 from asyncflow.actors.roles import Devices, RoleSpec, index_of
 from asyncflow.actors.topology import HostPlan
+from asyncflow.config.run import ConfigError, RunConfig
 from asyncflow.core import protocol
-from asyncflow.core.config import ConfigError, RunConfig
 from asyncflow.core.directory import DirectoryClient
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.host import CPUS_ENV, HostProcess, spawn_host
@@ -253,8 +253,7 @@ class Supervisor:
         specs = record.plan.specs
         try:
             record.proc = self.spawn(record.name, self.dc, self.transport, specs, env=self.host_env(record.name))
-            for spec in specs:
-                self.dc.ref(spec.name, refresh=True).ask(protocol.StartWork(), timeout_s=30)
+            self.dc.ref(record.name, refresh=True).ask(protocol.StartWork(), timeout_s=30)  # not its companions
         except (AsyncflowError, LookupError) as exc:  # it died (or hangs) in its own start: one more death
             click.echo(f"!! restart of {record.name} failed: {exc}", err=True)
             if record.proc.alive():

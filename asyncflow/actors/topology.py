@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from asyncflow.actors import prompt_loader, reference, reward, rollout, trainer, trainer_rank
 from asyncflow.actors._preflight import _importable
 from asyncflow.actors.roles import Layout, RoleSpec, actor_spec, one
+from asyncflow.config.run import ConfigError, RoleEntry, RunConfig
 from asyncflow.core import protocol
-from asyncflow.core.config import ConfigError, RoleEntry, RunConfig
 from asyncflow.core.tq.launch import queue_specs
 
 BUILT_IN: list[RoleSpec] = [
@@ -88,8 +88,9 @@ def layout(roles: list[RoleSpec], cfg: RunConfig) -> Layout:
 
 def role_host(role: RoleSpec, name: str, lay: Layout, run_dir: str) -> HostPlan:
     """The host of one instance of ``role`` (also how the planner adds a replica)."""
+    companions = [actor_spec(c.name, c.actor, run_dir=run_dir, **c.kwargs(lay, name)) for c in role.companions]
     return HostPlan(name=name, kind=role.name, role=role,
-                    specs=[actor_spec(name, role.actor, run_dir=run_dir, **role.kwargs(lay, name))])
+                    specs=[*companions, actor_spec(name, role.actor, run_dir=run_dir, **role.kwargs(lay, name))])
 
 
 def plan_hosts(cfg: RunConfig, run_dir: str, roles: list[RoleSpec] | None = None) -> list[HostPlan]:

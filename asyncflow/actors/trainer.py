@@ -60,6 +60,7 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+import pykka
 
 from asyncflow.actors import names, roles
 from asyncflow.actors._acks import DeferredAcks
@@ -70,11 +71,10 @@ from asyncflow.actors._pause import pause_role
 from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors._versions import VersionLedger
-from asyncflow.actors.names import COLLECTOR, TASK_TRAIN, WEIGHTS
+from asyncflow.actors.names import COLLECTOR, TASK_TRAIN
 from asyncflow.actors.trainer_rank import RankGroup
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 from asyncflow.core import protocol
-from asyncflow.core.actor import serve_actor
 from asyncflow.core.errors import ActorGone, ActorTimeout
 from asyncflow.core.phases import phase
 from asyncflow.core.tq.client import TQClient
@@ -106,7 +106,7 @@ class TrainerActor(LoopActor):
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
         self.acks = DeferredAcks(self.tq)  # each step's rows ride on the next step's GetBatch
         self.columns = self.policy.columns
-        self._weights = self._start_weights(rollout_replicas)
+        self._weights = self._weights_actor()
         self._collector = ctx.ref(COLLECTOR)
         self.ranks = RankGroup(ctx, list(ranks), wait_s=cfg.train.dist_timeout_s)  # trainer.1 ...: data parallel
         self._started = time.monotonic()
@@ -127,15 +127,16 @@ class TrainerActor(LoopActor):
             best = read_best(self.run.dir)
             self._best = best["value"] if best else float("-inf")
 
-    def _start_weights(self, rollout_replicas: list[str]):
-        """The ``weights`` actor in this process (it takes the published snapshots without
-        a copy); returns its in-process (pykka) reference."""
-        # moves to the trainer host's specs (launcher) at merge
-        self._weights_served = serve_actor(WeightSyncActor, WEIGHTS, self.ctx.transport,
-                                           directory_address=self.ctx.directory_address,
-                                           run_dir=str(self.run.dir), replicas=rollout_replicas)
-        self.ctx.directory.register(self._weights_served.entry())
-        return self._weights_served.pykka_ref
+    @staticmethod
+    def _weights_actor():
+        """The ``weights`` actor of this process (the trainer's companion, started before
+        it by the host: ``ROLE.companions``); its in-process reference, so a published
+        snapshot is handed over without a copy."""
+        found = pykka.ActorRegistry.get_by_class(WeightSyncActor)
+        if len(found) != 1:
+            raise RuntimeError(f"the trainer's process runs {len(found)} weights actors; the trainer's host must start "
+                               "exactly one before it (actors/topology.py: RoleSpec.companions)")
+        return found[0]
 
     @property
     def version(self) -> int:
@@ -143,7 +144,6 @@ class TrainerActor(LoopActor):
 
     def on_stop(self) -> None:
         super().on_stop()
-        self._weights_served.stop()
         if self._evaluator is not None:
             self._evaluator.close()
 
@@ -362,4 +362,6 @@ ROLE = roles.RoleSpec(
     device=roles.Devices.GROUP, device_list="train_devices", train_group=True,
     kwargs=lambda layout, name: {"other_roles": layout.workers_outside_training(),
                                  "rollout_replicas": layout.of(names.ROLLOUT), "ranks": layout.of(names.TRAINER_RANK)},
+    companions=(roles.Companion(name=names.WEIGHTS, actor=WeightSyncActor,
+                                kwargs=lambda layout, name: {"replicas": layout.of(names.ROLLOUT)}),),
 )

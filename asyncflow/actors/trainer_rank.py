@@ -35,16 +35,12 @@ from asyncflow.actors._activity import ActivityClock
 from asyncflow.actors._loop import report_failure
 from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._run import Run, set_threads
-from asyncflow.actors.names import COLLECTOR, TRAINER, replica
+from asyncflow.actors.names import COLLECTOR
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 from asyncflow.core.tq.client import TQClient
 
 log = logging.getLogger(__name__)
-
-
-def rank_name(rank: int) -> str:
-    return replica(TRAINER, rank)
 
 
 class RankGroup:

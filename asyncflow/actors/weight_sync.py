@@ -29,7 +29,6 @@ import logging
 from collections import deque
 
 from asyncflow.actors._run import Run
-from asyncflow.actors.names import WEIGHTS as WEIGHTS_NAME  # noqa: F401 - _scaling.py imports it; removed at merge
 from asyncflow.actors.weights import build_sender
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor

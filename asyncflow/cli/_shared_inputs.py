@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgspec
 
-from asyncflow.core.config import RunConfig
+from asyncflow.config.run import RunConfig
 
 
 def with_shared_inputs(base: RunConfig, root: Path) -> RunConfig:

@@ -29,7 +29,7 @@ def e2e(config_path: str, steps: int, staleness: int, out: str | None, overrides
 
     from asyncflow.actors.launcher import run
     from asyncflow.cli._shared_inputs import with_shared_inputs
-    from asyncflow.core.config import load_config
+    from asyncflow.config.run import load_config
 
     base = load_config(config_path, list(overrides))
     root = Path(out or tempfile.mkdtemp(prefix="af-e2e-"))

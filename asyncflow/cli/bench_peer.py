@@ -67,7 +67,7 @@ def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, out: st
 
     from asyncflow.actors.launcher import run
     from asyncflow.cli._shared_inputs import with_shared_inputs
-    from asyncflow.core.config import load_config
+    from asyncflow.config.run import load_config
 
     base = load_config(config_path)
     why = unsupported(base)

@@ -137,7 +137,7 @@ def compare(pred: dict, e2e_dir: str, samples_per_step: int) -> dict:
 
 def run_predict(config_path: str, profile_path: str | None, response_len: float | None, steps: int,
                 compare_dir: str | None, as_json: bool, longest_response_len: float | None = None) -> None:
-    from asyncflow.core.config import load_config
+    from asyncflow.config.run import load_config
     from asyncflow.planner.calibration import Profile
     from asyncflow.planner.io import load_profile
 

@@ -21,7 +21,7 @@ Device = Literal["cpu", "cuda", "npu"]
 DType = Literal["float32", "bfloat16", "float16"]
 
 # Ranges of numeric keys, checked by msgspec when a config is loaded (the error names
-# the key and the range: core/config.py). A field adds its description with a second
+# the key and the range: config/run.py). A field adds its description with a second
 # Meta: ``Annotated[Count, Meta(description=...)]``; a rule between fields is the
 # Struct's ``check`` method (core/schema.py).
 Count = Annotated[int, Meta(ge=1)]

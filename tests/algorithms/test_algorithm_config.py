@@ -5,7 +5,7 @@ import logging
 import pytest
 from tiny_config import tiny_config_text
 
-from asyncflow.core.config import ConfigError, load_config_text
+from asyncflow.config.run import ConfigError, load_config_text
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -29,7 +29,7 @@ def test_a_wrong_off_policy_correction_names_the_key_and_the_fix(changes, messag
 
 
 def test_stale_samples_with_no_correction_at_all_warn_at_load_naming_the_keys(caplog):
-    with caplog.at_level(logging.WARNING, logger="asyncflow.core.config"):
+    with caplog.at_level(logging.WARNING, logger="asyncflow.config.run"):
         load_config_text(tiny_config_text({"algorithm": {"is_truncation": 0.0, "clip_against": "proximal"},
                                            "workflow": {"staleness": 2}}))
     [record] = caplog.records
@@ -47,6 +47,6 @@ def test_stale_samples_with_no_correction_at_all_warn_at_load_naming_the_keys(ca
     {"algorithm": {"is_truncation": 0.0, "clip_against": "proximal"}, "workflow": {"mode": "sync"}},
 ])
 def test_a_corrected_or_on_policy_run_loads_without_a_warning(changes, caplog):
-    with caplog.at_level(logging.WARNING, logger="asyncflow.core.config"):
+    with caplog.at_level(logging.WARNING, logger="asyncflow.config.run"):
         load_config_text(tiny_config_text(changes))
     assert caplog.records == []

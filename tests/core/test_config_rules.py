@@ -8,8 +8,8 @@ import typing
 import msgspec
 import pytest
 
+from asyncflow.config.run import ConfigError, RoleEntry, RunConfig, check_paths, load_config_text, validate
 from asyncflow.core import schema
-from asyncflow.core.config import ConfigError, RoleEntry, RunConfig, check_paths, load_config_text, validate
 
 # One value outside its field's constraint in every section (and the top level).
 OUT_OF_RANGE = [

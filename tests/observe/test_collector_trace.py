@@ -10,9 +10,9 @@ import pytest
 from asyncflow.actors.collector import CollectorActor
 from asyncflow.actors.loggers import build_loggers
 from asyncflow.cli._runs import timeline, validate_trace
+from asyncflow.config.run import LoggingConfig
 from asyncflow.core import protocol
 from asyncflow.core.actor import ActorContext
-from asyncflow.core.config import LoggingConfig
 from asyncflow.core.transport import TransportConfig
 
 

@@ -64,7 +64,7 @@ def test_a_real_run_breaks_down_into_the_phases_of_every_role(tmp_path):
 
     from asyncflow.actors.launcher import run
     from asyncflow.cli._runs import load_trace
-    from asyncflow.core.config import load_config
+    from asyncflow.config.run import load_config
 
     path = write_tiny_config(tmp_path / "c.toml", {"train": {"num_steps": 3, "checkpoint_every": 0},
                                                     "workflow": {"mode": "sync"}, "logging": {"progress": False}})

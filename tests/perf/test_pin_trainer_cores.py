@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from asyncflow.actors.supervisor import pinned_cores
-from asyncflow.core.config import ConfigError, load_config
+from asyncflow.config.run import ConfigError, load_config
 from asyncflow.core.host import CPUS_ENV
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "local.toml")

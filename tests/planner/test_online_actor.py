@@ -11,9 +11,9 @@ import queue
 import pytest
 
 from asyncflow.actors.planner import PlannerActor
+from asyncflow.config.run import PlannerConfig
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, serve_actor
-from asyncflow.core.config import PlannerConfig
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.transport import TransportConfig
 from asyncflow.planner.online import Split
@@ -210,7 +210,7 @@ def test_a_failed_move_keeps_the_split_and_lets_the_planner_decide_again(make_be
 def test_moves_during_a_tiny_run_add_and_remove_a_replica_and_every_step_still_trains_once(tmp_path):
     from asyncflow.actors._prepare import prepare_new
     from asyncflow.actors.launcher import Launcher
-    from asyncflow.core.config import load_config_text
+    from asyncflow.config.run import load_config_text
     from asyncflow.planner.online import MoveDecision, Split
 
     cfg = load_config_text("""

@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from asyncflow.actors.ray_hosts import RayHosts
+from asyncflow.config.run import ClusterConfig
 from asyncflow.core import protocol
-from asyncflow.core.config import ClusterConfig
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.transport import TransportConfig
 

@@ -10,8 +10,8 @@ from wf_helpers import afctl, read_jsonl, write_config
 
 from asyncflow.actors._prepare import write_run_config
 from asyncflow.cli.up import up
-from asyncflow.core.config import ConfigError, RunConfig
-from asyncflow.core.resumable import apply_resume_overrides
+from asyncflow.config.resumable import apply_resume_overrides
+from asyncflow.config.run import ConfigError, RunConfig
 
 
 @pytest.mark.timeout(10)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from asyncflow.actors._summary import launches, reward_trend, run_clock, summarize, train_span_s
-from asyncflow.core.config import RunConfig
+from asyncflow.config.run import RunConfig
 
 
 def _launch(num_steps: int, first_step: int, startup_s: float, step_s: float, samples: int = 4) -> list[dict]:

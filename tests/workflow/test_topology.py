@@ -10,7 +10,8 @@ from asyncflow.actors import names, topology
 from asyncflow.actors.column_role import ColumnRole
 from asyncflow.actors.roles import class_path
 from asyncflow.actors.supervisor import num_devices, visible_devices
-from asyncflow.core.config import ClusterConfig, RoleEntry, load_config_text
+from asyncflow.actors.weight_sync import WeightSyncActor
+from asyncflow.config.run import ClusterConfig, RoleEntry, load_config_text
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -24,7 +25,8 @@ def _cfg(text: str = ""):
 
 
 def _kwargs(plan) -> dict:
-    return msgspec.msgpack.decode(plan.specs[0].kwargs)
+    """The constructor arguments of the host's role actor (its last spec)."""
+    return msgspec.msgpack.decode(plan.specs[-1].kwargs)
 
 
 def test_a_default_config_gives_the_queue_a_shard_and_one_host_per_role_instance_in_start_order():
@@ -40,10 +42,21 @@ def test_a_default_config_gives_the_queue_a_shard_and_one_host_per_role_instance
 
 def test_each_role_host_runs_its_roles_class_with_the_run_dir_and_the_wire_path_is_derived_from_the_class():
     for host in topology.plan_hosts(_cfg(), "/run")[2:]:
-        (spec,) = host.specs
+        *companions, spec = host.specs  # the role's own actor last, after those sharing its process
         assert spec.name == host.name and spec.cls == class_path(host.role.actor)
+        assert [(c.name, c.cls) for c in companions] == [(c.name, class_path(c.actor)) for c in host.role.companions]
         assert _kwargs(host)["run_dir"] == "/run"
     assert class_path(Judge) == f"{__name__}:Judge"
+
+
+def test_the_weights_actor_starts_in_the_trainers_process_before_the_trainer_and_is_no_worker():
+    cfg = _cfg("[rollout]\nnum_replicas = 2\n")
+    trainer = next(h for h in topology.plan_hosts(cfg, "/run") if h.name == names.TRAINER)
+    weights, spec = trainer.specs
+    assert (weights.name, weights.cls) == (names.WEIGHTS, class_path(WeightSyncActor))
+    assert msgspec.msgpack.decode(weights.kwargs) == {"run_dir": "/run", "replicas": ["rollout.0", "rollout.1"]}
+    assert spec.name == names.TRAINER
+    assert names.WEIGHTS not in topology.layout(topology.roles_of(cfg), cfg).workers_outside_training()
 
 
 def test_replicas_reference_workers_and_trainer_ranks_follow_the_config():

@@ -4,7 +4,7 @@ as ``dtype, shape, raw bytes`` views of the staged snapshot (no copy on this sid
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from asyncflow.actors.weights._base import NamedTensors, WeightReceiver, WeightSender
 from asyncflow.core import protocol

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from asyncflow.core.config import ConfigError, RunConfig, _format_error, apply_overrides, check_paths, validate
+from asyncflow.config.run import ConfigError, RunConfig, _format_error, apply_overrides, check_paths, validate
 
 RESUMABLE_KEYS = (
     "train.num_steps",
