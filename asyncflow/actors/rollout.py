@@ -51,6 +51,11 @@ from asyncflow.engines.digest import weights_digest
 
 log = logging.getLogger(__name__)
 
+ANNOUNCE_WAIT_S = 0.05
+"""How long a replica held back by the staleness gate waits for the trainer's next
+announcement (which wakes it at once) before it looks at the queue again; the
+planner's predictions take it as ``poll_s`` (cli/predict.py passes it)."""
+
 
 class RolloutActor(LoopActor):
     Urgent = LoopActor.Urgent + (protocol.WeightsReady,)  # start fetching at once, even mid-generation
@@ -125,6 +130,12 @@ class RolloutActor(LoopActor):
                 self._staged = (version, tensors, digest)
             self._fetched.set()
 
+    def _wait_fetched(self) -> None:
+        """Wait (at most 1 s, then look again) until the announced weights are staged."""
+        with self.activity("wait_weights"):
+            self._fetched.wait(timeout=1.0)
+            self._fetched.clear()
+
     def _maybe_swap(self) -> None:
         with self._lock:
             staged, self._staged = self._staged, None
@@ -162,22 +173,26 @@ class RolloutActor(LoopActor):
         if self.engine.version >= cfg.train.num_steps:
             return False
         G = cfg.algorithm.group_size
+        if self.k == 0 and self._wanted > self.engine.version:
+            # sync: version + 1 is announced only once the trainer trained on every row of
+            # step <= version, so nothing is admissible until the swap: wait for the fetch
+            # instead of asking the queue (one round trip less per step)
+            self._wait_fetched()
+            return True
         max_step = self.engine.version + self.k
         with self.activity("get"):
             batch = self.tq.get_batch(TASK_ROLLOUT, ["prompt_ids"], cfg.rollout.prompts_per_call * G,
                                       policy="group", partial=True, max_step=max_step, ack=self.acks.take(TASK_ROLLOUT))
         if len(batch) == 0:
             if self._wanted > self.engine.version:  # gated by staleness, new weights on the way
-                with self.activity("wait_weights"):
-                    self._fetched.wait(timeout=1.0)
-                    self._fetched.clear()
+                self._wait_fetched()
                 return True
             # Nothing admissible: the staleness gate holds and the trainer has not announced
             # the next version (the usual case: the loader keeps rows of later steps queued),
             # or no prompts yet. Wait for the announcement, which wakes this at once (a
             # blocking get would sit through it), or 50 ms, then look again.
             with self.activity("wait_data"):
-                if self._announced.wait(timeout=0.05):
+                if self._announced.wait(timeout=ANNOUNCE_WAIT_S):
                     self._announced.clear()
                 return True
         groups: dict[int, list[int]] = {}  # group id -> positions in the batch

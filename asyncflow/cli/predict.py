@@ -114,8 +114,11 @@ def predict(cfg, profile, response_len: float | None = None, num_steps: int = 20
             longest_response_len: float | None = None) -> dict:
     """`planner.predict.predict` of `cfg` with its inputs measured here (`config_inputs`)
     on this machine's cores (or `cores`)."""
+    from asyncflow.actors.rollout import ANNOUNCE_WAIT_S
+
     return planner_predict(cfg, profile, config_inputs(cfg), cores=cores or os.cpu_count() or 1,
-                           response_len=response_len, num_steps=num_steps, longest_response_len=longest_response_len)
+                           response_len=response_len, num_steps=num_steps, longest_response_len=longest_response_len,
+                           poll_s=ANNOUNCE_WAIT_S)
 
 
 def compare(pred: dict, e2e_dir: str, samples_per_step: int) -> dict:

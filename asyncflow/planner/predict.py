@@ -23,10 +23,6 @@ from asyncflow.planner.calibration import Profile
 from asyncflow.planner.hardware import get_hardware
 from asyncflow.planner.models import ModelShape
 
-# The rollout actor's gated wait (actors/rollout.py: ``self._announced.wait(timeout=0.05)``).
-# A copy: tests/planner/test_workflow_model.py checks it against the actor's source until
-# the actor names the value and this module is given it (issue 14).
-ROLLOUT_POLL_S = 0.05  # how long a gated rollout waits before it looks again
 ROLLOUT_WAKES_ON_ANNOUNCE = True  # its wait ends at WeightsReady (since 51cadc0; before, a blocking get slept through it)
 
 
@@ -39,14 +35,16 @@ class ConfigInputs(msgspec.Struct, kw_only=True, frozen=True):
 
 
 def predict(cfg, profile: Profile, inputs: ConfigInputs, cores: int, response_len: float | None = None,
-            num_steps: int = 20, longest_response_len: float | None = None, poll_s: float = ROLLOUT_POLL_S,
+            num_steps: int = 20, longest_response_len: float | None = None, *, poll_s: float,
             wake_on_announce: bool = ROLLOUT_WAKES_ON_ANNOUNCE) -> dict:
     """Predicted seconds per step of the run config `cfg` in sync and async mode, with the
     stage times, on `cores` cores from the calibrated `profile`.
 
     `inputs`: what the config's model and data give (`ConfigInputs`); `response_len`:
     mean response (default: the cap, or the longest if given); `longest_response_len`:
-    the longest response of a generate call (default: the cap)."""
+    the longest response of a generate call (default: the cap); `poll_s`: how long a
+    replica held back by the staleness gate waits before it looks again (the rollout
+    actor's ``ANNOUNCE_WAIT_S``, which the CLI passes: this module knows no actor)."""
     hw = get_hardware(profile.hardware)
     eff = profile.efficiency
     model, prompt, score_s = inputs.model, inputs.prompt_tokens, inputs.reward_score_s

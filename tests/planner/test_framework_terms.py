@@ -140,7 +140,7 @@ def test_plan_config_adds_the_framework_terms_to_the_stages():
     inputs = ConfigInputs(model=TINY, prompt_tokens=6.0, reward_score_s={"sync": 2e-3, "async": 5e-4})
 
     def run(eff: Efficiency, **kw) -> dict:
-        return predict(cfg, Profile(hardware="cpu", efficiency=eff), inputs, num_steps=10, cores=2, **kw)
+        return predict(cfg, Profile(hardware="cpu", efficiency=eff), inputs, num_steps=10, cores=2, poll_s=0.05, **kw)
 
     base = run(base_eff)
     asks = run(Efficiency(queue_ask_s=1e-3))

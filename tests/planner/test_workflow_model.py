@@ -54,7 +54,7 @@ def test_plan_config_maps_a_run_config_and_predicts_both_modes(tmp_path):
         prompts_per_step = 4
     """)
     inputs = config_inputs(cfg)  # measured from the config's (tiny) model and data by the CLI
-    out = predict(cfg, Profile(hardware="cpu", efficiency=Efficiency()), inputs, num_steps=10, cores=2)
+    out = predict(cfg, Profile(hardware="cpu", efficiency=Efficiency()), inputs, num_steps=10, cores=2, poll_s=0.05)
     assert out["calls_per_step"] == 2 and out["call_batch"] == 8 and out["response_tokens"] == 8
     assert out["prompt_tokens"] > 3  # "a+b=" in the chat template
     assert out["framework"]["reward_score_s"]["sync"] > 0  # the config's reward function, timed
@@ -64,20 +64,15 @@ def test_plan_config_maps_a_run_config_and_predicts_both_modes(tmp_path):
     assert sync["predicted_samples_per_s"] == pytest.approx(16 / sync["predicted_step_s"])
 
 
-def test_the_predictions_poll_is_the_rollout_actors_gated_wait():
-    """planner.predict copies the rollout actor's gated wait (actors/rollout.py, a literal
-    there): the copy must match the actor's source until the actor names it (issue 14)."""
-    import ast
-    from pathlib import Path
+def test_the_cli_predicts_with_the_rollout_actors_own_gated_wait(monkeypatch):
+    """The planner knows no actor: `afctl predict` passes it the rollout's wait
+    (actors/rollout.py: ANNOUNCE_WAIT_S), the one value the actor itself waits."""
+    from asyncflow.actors import rollout
+    from asyncflow.cli import predict as cli_predict
 
-    import asyncflow
-    from asyncflow.planner.predict import ROLLOUT_POLL_S
-
-    source = Path(asyncflow.__file__).parent / "actors" / "rollout.py"
-    waits = [kw.value.value for node in ast.walk(ast.parse(source.read_text()))
-             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "wait"
-             and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "_announced"
-             for kw in node.keywords if kw.arg == "timeout" and isinstance(kw.value, ast.Constant)]
-    assert waits == [ROLLOUT_POLL_S], (f"actors/rollout.py waits {waits} s for an announcement; "
-                                       f"planner.predict.ROLLOUT_POLL_S is {ROLLOUT_POLL_S}")
-
+    seen = {}
+    monkeypatch.setattr(cli_predict, "config_inputs", lambda cfg: None)
+    monkeypatch.setattr(cli_predict, "planner_predict", lambda *a, **kw: seen.update(kw) or {})
+    monkeypatch.setattr(rollout, "ANNOUNCE_WAIT_S", 0.123)
+    cli_predict.predict(None, None, cores=2)
+    assert seen["poll_s"] == 0.123
