@@ -72,7 +72,8 @@ def weights(mb: int, tensor_mb: float, chunk_mb: int, scheme: str, repeats: int,
     transport = TransportConfig(scheme=scheme, secret="bench", ipc_dir=tempfile.mkdtemp(prefix="af-bench-"))
     directory = start_directory(transport)
     client = DirectoryClient(directory.address, transport)
-    kwargs = dict(run_dir=bench_run_dir(tempfile.mkdtemp(prefix="af-bench-run-")), num_bytes=mb << 20, tensor_bytes=int(tensor_mb * (1 << 20)), chunk_bytes=chunk_mb << 20)
+    kwargs = dict(run_dir=bench_run_dir(tempfile.mkdtemp(prefix="af-bench-run-")), num_bytes=mb << 20,
+                  tensor_bytes=int(tensor_mb * (1 << 20)), chunk_bytes=chunk_mb << 20)
     host = spawn_host("bench-weights", client, transport, [protocol.ActorSpec(
         name=WEIGHTS, cls=f"{__name__}:BenchWeights", kwargs=msgspec.msgpack.encode(kwargs))])
     rows: list[dict[str, Any]] = []
