@@ -36,6 +36,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 import msgspec
@@ -53,6 +54,10 @@ from asyncflow.core.actor import serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.tq.client import TQClient
+
+if TYPE_CHECKING:
+    from asyncflow.actors._scaling import Scaler
+    from asyncflow.actors.ray_hosts import RayHosts
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +92,8 @@ class Launcher:
         self.ended = threading.Event()  # set by the collector: RunFinished or RoleFailed
         self.stopping = False
         self.lost_process = False  # a process the run cannot go on without died: stop fast, then resume
-        self.scaler = None  # the online planner's driver side ([planner] online = true)
-        self.ray_hosts = None
+        self.scaler: Scaler | None = None  # the online planner's driver side ([planner] online = true)
+        self.ray_hosts: RayHosts | None = None  # [cluster] launcher = "ray"
 
     def tasks(self) -> list[str]:
         return topology.tasks(self.roles, self.cfg)
@@ -237,7 +242,8 @@ class Launcher:
         return {n: s.busy_s / max(1e-9, s.busy_s + sum(s.wait_s.values())) for n, s in stats.items()}
 
     def run_state(self) -> protocol.RunState:
-        return self.collector.pykka_ref.ask(protocol.GetRunState())
+        # block=True is the default; spelled out, it selects pykka's typed overload that returns the reply, not a Future
+        return self.collector.pykka_ref.ask(protocol.GetRunState(), block=True)
 
     def check_hosts(self) -> None:
         """Handle the processes that died since the last look, and start again those
@@ -322,7 +328,7 @@ class Launcher:
             self._role_failed(state.failures[0])
         return state.finished
 
-    def _role_failed(self, failure: protocol.RoleFailed) -> None:
+    def _role_failed(self, failure: protocol.RoleFailed) -> NoReturn:
         """Raise RunFailed for a role's error, naming first a dead process it may have
         failed for (a trainer rank's collective breaks when another rank is killed)."""
         deadline = time.monotonic() + 2.0
@@ -343,7 +349,11 @@ def run(cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | 
     loader, a trainer rank, or its node), the run stops cleanly and, up to
     ``cluster.max_resumes`` times, resumes itself from its last checkpoint."""
     quiet_progress_bars()  # before the tiny model is built and saved
-    cfg, rd, launch = prepare_resume(resume, resume_overrides) if resume else prepare_new(cfg, run_dir)
+    if resume:
+        cfg, rd, launch = prepare_resume(resume, resume_overrides)
+    else:
+        assert cfg is not None and run_dir is not None, "a new run needs a config and a run directory"
+        cfg, rd, launch = prepare_new(cfg, run_dir)
     resumes: list[dict] = []
     while True:
         try:

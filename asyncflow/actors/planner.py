@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import msgspec
@@ -51,6 +52,9 @@ from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.planner import online, shared_cores
+
+if TYPE_CHECKING:
+    from asyncflow.core.tq.client import TQClient
 
 
 class PlannerActor(Actor):
@@ -89,7 +93,7 @@ class PlannerActor(Actor):
         self._last_time_s: float | None = None
         self._prev: dict[str, tuple[float, float]] = {}  # role -> (busy_s, wait_s) at the last boundary
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="planner-stats")
-        self._tq = None
+        self._tq: TQClient | None = None  # made at the first training_queue_depth
 
     def on_start(self) -> None:
         self.ctx.ref(names.TRAINER).ask(protocol.SetThreads(num_threads=self.train_threads), timeout_s=60)
@@ -201,6 +205,7 @@ class PlannerActor(Actor):
 
     def _measure(self, obs: online.StepObservation) -> None:
         m = self.measuring
+        assert m is not None  # on_step calls this only while a move is measured
         m["after"].append(obs)
         if len(m["after"]) < self.config.measure_steps:
             return

@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 class RolloutActor(LoopActor):
     Urgent = LoopActor.Urgent + (protocol.WeightsReady,)  # start fetching at once, even mid-generation
+    acks: DeferredAcks  # not None: set in __init__ (this role acks with its next request)
 
     def __init__(self, ctx, run_dir: str):
         super().__init__(ctx)

@@ -130,8 +130,8 @@ class Supervisor:
     def workers(self) -> list[str]:
         """The role actors, in the order they are started and stopped: the training group
         last, rank 0 first (Stop reaches it before the ranks it drives)."""
-        roles = [r for r in self._hosts.values() if r.role is not None]
-        return [r.name for r in roles if not r.role.train_group] + [r.name for r in roles if r.role.train_group]
+        roles = [(r.name, r.role) for r in self._hosts.values() if r.role is not None]
+        return [name for name, role in roles if not role.train_group] + [name for name, role in roles if role.train_group]
 
     def procs(self) -> dict[str, HostProcess]:
         """Every started host's process handle (a copy)."""
@@ -176,13 +176,19 @@ class Supervisor:
 
     def spawn_all(self) -> None:
         """Start every planned host's process (its actors come with ``start_actors``)."""
+        assert self.dc is not None and self.transport is not None, "attach() comes first"
         for record in self._hosts.values():
             record.proc = self.spawn(record.name, self.dc, self.transport, env=self.host_env(record.name))
 
     def start_actors(self, hosts: list[str]) -> None:
         """Start the actors of ``hosts``, all at once; RunFailed names a host that could not."""
+        procs: dict[str, HostProcess] = {}
+        for h in hosts:
+            proc = self._hosts[h].proc
+            assert proc is not None, "spawn_all() or add() comes first"
+            procs[h] = proc
         with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
-            futures = {h: pool.submit(self._hosts[h].proc.start, self._hosts[h].plan.specs, timeout_s=300) for h in hosts}
+            futures = {h: pool.submit(p.start, self._hosts[h].plan.specs, timeout_s=300) for h, p in procs.items()}
         for host, future in futures.items():
             exc = future.exception()
             if isinstance(exc, (AsyncflowError, LookupError)):  # a clean stop, not a traceback
@@ -192,6 +198,7 @@ class Supervisor:
     def add(self, plan: HostPlan) -> HostRecord:
         """Start one more host and its actors while the run goes on (a replica the planner
         adds); restarted like the others if it dies. Not recorded if it fails to start."""
+        assert self.dc is not None and self.transport is not None, "attach() comes first"
         record = self._hosts[plan.name] = HostRecord(plan)  # recorded first: its env and Ray bundle read it
         try:
             record.proc = self.spawn(plan.name, self.dc, self.transport, plan.specs, env=self.host_env(plan.name))
@@ -210,11 +217,13 @@ class Supervisor:
         whose restart is due. Raises RunFailed (never anything else for a death)."""
         dead = [r for r in self._hosts.values() if r.restart_at is None and not r.alive()]
         for record in dead:  # a process that cannot be restarted names the failure, before any requeue
+            assert record.proc is not None  # dead, so started: alive() is True before the first start
             if record.role is None or not record.role.restartable:
                 raise RunFailed(f"process {record.name!r} ({record.plan.kind}) exited with code "
                                 f"{record.proc.returncode}; the run cannot go on. "
                                 f"Resume from the last checkpoint: afctl up --resume {self.run_dir}", process_lost=True)
         for record in dead:
+            assert record.proc is not None  # as above
             self._on_death(record, f"exited with code {record.proc.returncode}")
         now = time.monotonic()
         for record in [r for r in self._hosts.values() if r.restart_at is not None and r.restart_at <= now]:
@@ -224,6 +233,8 @@ class Supervisor:
         """Requeue the rows a dead worker held (now: others take them) and plan its
         restart, or stop the run when its role's budget is spent."""
         role, host = record.role, record.name
+        # check() and _restart() come here only for a started host of a restartable role, after attach()
+        assert role is not None and record.proc is not None and self.dc is not None
         try:
             tq = TQClient(self.dc, consumer="driver")
             requeued = sum(tq.requeue(role.task, s.name, list(role.outputs)) for s in record.plan.specs) if role.task else 0
@@ -251,11 +262,13 @@ class Supervisor:
     def _restart(self, record: HostRecord) -> None:
         record.restart_at = None
         specs = record.plan.specs
+        assert self.dc is not None and self.transport is not None, "attach() comes first"
         try:
             record.proc = self.spawn(record.name, self.dc, self.transport, specs, env=self.host_env(record.name))
             self.dc.ref(record.name, refresh=True).ask(protocol.StartWork(), timeout_s=30)  # not its companions
         except (AsyncflowError, LookupError) as exc:  # it died (or hangs) in its own start: one more death
             click.echo(f"!! restart of {record.name} failed: {exc}", err=True)
+            assert record.proc is not None  # the one that died, or the new one
             if record.proc.alive():
                 record.proc.kill()
             self._on_death(record, "died during its restart")

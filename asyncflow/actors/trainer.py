@@ -56,7 +56,9 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -82,6 +84,9 @@ from asyncflow.core.tq.errors import BatchTimeout
 from asyncflow.engines.device import torch_dtype
 from asyncflow.engines.digest import weights_digest
 
+if TYPE_CHECKING:
+    from asyncflow.actors._eval import Evaluator
+
 log = logging.getLogger(__name__)
 
 
@@ -90,8 +95,9 @@ PAUSE_DEADLINE_S = 600.0
 
 
 class TrainerActor(LoopActor):
+    acks: DeferredAcks  # not None: set in __init__ (this role acks with its next request)
 
-    def __init__(self, ctx, run_dir: str, other_roles: list[str], rollout_replicas: list[str], ranks: list[str] = ()):
+    def __init__(self, ctx, run_dir: str, other_roles: list[str], rollout_replicas: list[str], ranks: Sequence[str] = ()):
         super().__init__(ctx)
         self.run = Run(run_dir)
         cfg = self.run.config
@@ -118,7 +124,7 @@ class TrainerActor(LoopActor):
         if self._verify != "off" and self.ranks.num_ranks == 1:  # with ranks the export is a collective: start rows go unverified
             self._versions.record(self.step, weights_digest(self.policy.export_weights(), self._rollout_dtype))
         self._publishing = None  # the future of the last publish (weights stage it in their thread)
-        self._evaluator = None
+        self._evaluator: Evaluator | None = None  # with eval.every_steps
         self._best = float("-inf")  # best val/accuracy so far (kept across a resume by best.json)
         if cfg.eval.every_steps:
             from asyncflow.actors._eval import Evaluator, read_best
@@ -263,6 +269,7 @@ class TrainerActor(LoopActor):
         """``val/*`` of the policy just published (version ``self.step + 1``); a new best is saved."""
         t0 = time.monotonic()
         with self.activity("eval"):
+            assert self._evaluator is not None  # the step evaluates only with eval.every_steps, which made it
             values = self._evaluator.evaluate(snapshot, version)
             if self.run.config.eval.save_best and values["val/accuracy"] > self._best:
                 from asyncflow.actors._eval import save_best

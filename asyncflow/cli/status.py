@@ -13,6 +13,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -90,9 +91,9 @@ def snapshot(info) -> dict:
     role_names = [e.name for e in entries if e.name in workers]
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(role_names)))) as pool:
         stats = dict(zip(role_names, pool.map(role_stats, role_names)))
-    actors = []
+    actors: list[dict[str, Any]] = []  # JSON-like rows (afctl status --json)
     for e in sorted(entries, key=lambda e: _order(e.name)):
-        row = {"name": e.name, "host": e.host, "pid": e.pid, "kind": e.kind.rpartition(":")[2]}
+        row: dict[str, Any] = {"name": e.name, "host": e.host, "pid": e.pid, "kind": e.kind.rpartition(":")[2]}
         s = stats.get(e.name)
         if e.name in workers:
             if s is None:
@@ -135,9 +136,9 @@ def render(snap: dict) -> str:
         busy = f"{a['busy']:.0%}" if "busy" in a else ""
         version = str(a["version"]) if a.get("version", -1) >= 0 else ""
         state = a.get("state", a["kind"])
-        waits = a.get("wait_s") or {}
+        waits: dict[str, float] = a.get("wait_s") or {}
         total = sum(waits.values())
-        top = max(waits, key=waits.get) if total > 0 else ""
+        top = max(waits, key=waits.__getitem__) if total > 0 else ""
         waits_on = f"{top} ({waits[top] / total:.0%})" if top else ""
         lines.append(f"{a['name']:<22}{a['host'][:11]:<12}{a['pid']:>8}  {state[:17]:<18}{busy:>6}  {waits_on:<20}"
                      f"{version:>8}{a.get('items', ''):>8}")

@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import uuid
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -133,8 +134,12 @@ class PairGroup:
     def __init__(self, store, rank: int, backend: str, device: torch.device, timeout_s: float, host: str):
         self.backend, self.device, self.timeout_s = backend, device, timeout_s
         timeout = datetime.timedelta(seconds=timeout_s)
+        # a torch Backend of gloo, nccl or hccl: torch's stubs declare no broadcast on Backend (it has one at run
+        # time) and hccl's class is untyped, so no stub type fits all three
+        self.pg: Any
         if backend == "gloo":
-            opts = dist.ProcessGroupGloo._Options()
+            # torch's stub declares only Options; _Options (with _timeout, _devices) is the run-time class the constructor takes
+            opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
             opts._timeout = timeout
             # the node's advertised address (the peer may be on another node), or the
             # interface GLOO_SOCKET_IFNAME names, as torch.distributed does
@@ -150,7 +155,7 @@ class PairGroup:
             opts._timeout = timeout * 2
             self.pg = dist.ProcessGroupNCCL(store, rank, 2, opts)
         elif backend == "hccl":
-            from torch_npu._C._distributed_c10d import ProcessGroupHCCL  # type: ignore[import-not-found]
+            from torch_npu._C._distributed_c10d import ProcessGroupHCCL
 
             torch.npu.set_device(device)  # type: ignore[attr-defined]
             opts = ProcessGroupHCCL.Options()
@@ -251,7 +256,7 @@ class ReplicaStream:
         self.directory, self.replica, self.group, self.backend = directory, replica, group, backend
         self.timeout_s = timeout_s
         self.host = node_host(transport)
-        self.store = host_store(directory, group, transport, 2, timeout_s)
+        self.store: dist.TCPStore | None = host_store(directory, group, transport, 2, timeout_s)  # None once closed
         self.device = device_for(backend)
         self.pg: PairGroup | None = None
         self.failed = False  # a stream failed: the replica will come back with a new group
@@ -316,7 +321,7 @@ class CollectiveReceiver(WeightReceiver):
         self._incarnation = 0
         self.group: str | None = None
         self._pg: PairGroup | None = None
-        self._store = None
+        self._store: dist.TCPStore | None = None
         self.num_streams = 0
         self.num_bytes = 0
         self.fallback: NngReceiver | None = None  # set when the trainer's side refused the collective
