@@ -45,7 +45,9 @@ class _Tick:
 
 class LoopActor(Actor):
     Inbox = protocol.LoopIn
-    Urgent: ClassVar[tuple[type, ...]] = (protocol.GetRoleStats,)  # answered at once, mid-unit, with the running activity counted so far
+    Urgent: ClassVar[tuple[type, ...]] = (
+        protocol.GetRoleStats,
+    )  # answered at once, mid-unit, with the running activity counted so far
 
     def __init__(self, ctx: ActorContext):
         super().__init__(ctx)

@@ -102,8 +102,10 @@ def pinned_cores(cfg: RunConfig, train_group: bool) -> dict[str, str]:
         return {}
     cores = sorted(os.sched_getaffinity(0))
     if n >= len(cores):
-        raise ConfigError(f"cluster.pin_trainer_cores = {n}: the driver may use {len(cores)} cores ({cores}) and the "
-                          f"other processes need at least one; use at most {len(cores) - 1}, or 0 to pin nothing")
+        raise ConfigError(
+            f"cluster.pin_trainer_cores = {n}: the driver may use {len(cores)} cores ({cores}) and the "
+            f"other processes need at least one; use at most {len(cores) - 1}, or 0 to pin nothing"
+        )
     mine = cores[:n] if train_group else cores[n:]
     return {CPUS_ENV: ",".join(map(str, mine))}
 
@@ -219,9 +221,12 @@ class Supervisor:
         for record in dead:  # a process that cannot be restarted names the failure, before any requeue
             assert record.proc is not None  # dead, so started: alive() is True before the first start
             if record.role is None or not record.role.restartable:
-                raise RunFailed(f"process {record.name!r} ({record.plan.kind}) exited with code "
-                                f"{record.proc.returncode}; the run cannot go on. "
-                                f"Resume from the last checkpoint: afctl up --resume {self.run_dir}", process_lost=True)
+                raise RunFailed(
+                    f"process {record.name!r} ({record.plan.kind}) exited with code "
+                    f"{record.proc.returncode}; the run cannot go on. "
+                    f"Resume from the last checkpoint: afctl up --resume {self.run_dir}",
+                    process_lost=True,
+                )
         for record in dead:
             assert record.proc is not None  # as above
             self._on_death(record, f"exited with code {record.proc.returncode}")
@@ -241,23 +246,28 @@ class Supervisor:
             for spec in record.plan.specs:
                 self.dc.unregister(spec.name)
         except (AsyncflowError, LookupError) as exc:  # the queue is gone too: only a resume heals this
-            raise RunFailed(f"process {host!r} {why}, and the rows it held could not be requeued ({exc}). "
-                            f"Resume from the last checkpoint: afctl up --resume {self.run_dir}",
-                            process_lost=True) from None
+            raise RunFailed(
+                f"process {host!r} {why}, and the rows it held could not be requeued ({exc}). "
+                f"Resume from the last checkpoint: afctl up --resume {self.run_dir}",
+                process_lost=True,
+            ) from None
         now = time.monotonic()
         at = self.restart_policy.on_death(role.name, now)
         if at is None:
             c = self.cfg.cluster
-            raise RunFailed(f"role {role.name}: {self.restart_policy.num_recent(role.name, now)} restarts within "
-                            f"{c.restart_window_s:g} s, and {host} {why} again; its restart budget is spent "
-                            f"(cluster.max_restarts_per_role = {c.max_restarts_per_role}). Its stderr above says why "
-                            f"it dies. Resume from the last checkpoint: afctl up --resume {self.run_dir}",
-                            process_lost=True)
+            raise RunFailed(
+                f"role {role.name}: {self.restart_policy.num_recent(role.name, now)} restarts within "
+                f"{c.restart_window_s:g} s, and {host} {why} again; its restart budget is spent "
+                f"(cluster.max_restarts_per_role = {c.max_restarts_per_role}). Its stderr above says why "
+                f"it dies. Resume from the last checkpoint: afctl up --resume {self.run_dir}",
+                process_lost=True,
+            )
         later = f" in {at - now:.1f} s" if at > now else ""
         click.echo(f"!! {host} {why}: requeued {requeued} rows it held, restarting it{later}", err=True)
         record.restart_at = at
-        self.restarts.append({"host": host, "why": why, "exit_code": record.proc.returncode,
-                              "requeued_rows": requeued, "time": time.time()})
+        self.restarts.append(
+            {"host": host, "why": why, "exit_code": record.proc.returncode, "requeued_rows": requeued, "time": time.time()}
+        )
 
     def _restart(self, record: HostRecord) -> None:
         record.restart_at = None

@@ -74,10 +74,17 @@ def test_the_predictions_poll_is_the_rollout_actors_gated_wait():
     from asyncflow.planner.predict import ROLLOUT_POLL_S
 
     source = Path(asyncflow.__file__).parent / "actors" / "rollout.py"
-    waits = [kw.value.value for node in ast.walk(ast.parse(source.read_text()))
-             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "wait"
-             and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "_announced"
-             for kw in node.keywords if kw.arg == "timeout" and isinstance(kw.value, ast.Constant)]
-    assert waits == [ROLLOUT_POLL_S], (f"actors/rollout.py waits {waits} s for an announcement; "
-                                       f"planner.predict.ROLLOUT_POLL_S is {ROLLOUT_POLL_S}")
-
+    waits = [
+        kw.value.value
+        for node in ast.walk(ast.parse(source.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "wait"
+        and isinstance(node.func.value, ast.Attribute)
+        and node.func.value.attr == "_announced"
+        for kw in node.keywords
+        if kw.arg == "timeout" and isinstance(kw.value, ast.Constant)
+    ]
+    assert waits == [ROLLOUT_POLL_S], (
+        f"actors/rollout.py waits {waits} s for an announcement; planner.predict.ROLLOUT_POLL_S is {ROLLOUT_POLL_S}"
+    )
