@@ -28,8 +28,21 @@ from asyncflow.cli._breakdown import breakdown  # noqa: E402
 
 
 def run_tree(tree: Path, config: str, steps: int, out: Path, sets: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "asyncflow.cli.main", "bench", "e2e", "--config", config, "--steps", str(steps),
-           "--json", "--out", str(out), *[arg for s in sets for arg in ("--set", s)]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncflow.cli.main",
+        "bench",
+        "e2e",
+        "--config",
+        config,
+        "--steps",
+        str(steps),
+        "--json",
+        "--out",
+        str(out),
+        *[arg for s in sets for arg in ("--set", s)],
+    ]
     env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
@@ -39,8 +52,7 @@ def run_tree(tree: Path, config: str, steps: int, out: Path, sets: list[str]) ->
         b = breakdown(json.loads((out / mode / "trace.json").read_text()), steps)
         result[f"{mode}_busy_ms"] = {role: round(r["busy_ms"], 2) for role, r in b.items()}
         result[f"{mode}_cpu_ms"] = {role: round(r["cpu_ms"], 2) for role, r in b.items()}
-        result[f"{mode}_activities_ms"] = {role: {a: round(ms, 2) for a, ms in r["activities"].items()}
-                                           for role, r in b.items()}
+        result[f"{mode}_activities_ms"] = {role: {a: round(ms, 2) for a, ms in r["activities"].items()} for role, r in b.items()}
     result["load_avg_1m"] = round(os.getloadavg()[0], 2)
     return result
 
@@ -51,10 +63,16 @@ def main() -> int:
     parser.add_argument("--before-rev", help="or a git revision of this repository, extracted into OUT/before-tree")
     parser.add_argument("--after", default=ROOT, type=Path, help="source tree of the new code (default: this one)")
     parser.add_argument("--config", default="examples/local.toml", help="relative to each tree")
-    parser.add_argument("--before-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="bench e2e --set for the before runs (the tree's bench e2e must take --set)")
-    parser.add_argument("--after-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="bench e2e --set for the after runs")
+    parser.add_argument(
+        "--before-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="bench e2e --set for the before runs (the tree's bench e2e must take --set)",
+    )
+    parser.add_argument(
+        "--after-set", action="append", default=[], metavar="KEY=VALUE", help="bench e2e --set for the after runs"
+    )
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs/ab"))
@@ -75,21 +93,38 @@ def main() -> int:
             print(f"== round {r + 1}: {name} ({tree})", file=sys.stderr, flush=True)
             sets = args.before_set if name == "before" else args.after_set
             runs[name].append(run_tree(tree, args.config, args.steps, (args.out / f"{name}-{r}").resolve(), sets))
-    summary: dict = {"steps": args.steps, "rounds": args.rounds, "config": args.config, "before_rev": args.before_rev,
-                     "before_set": args.before_set, "after_set": args.after_set,
-                     "load_avg_1m": [x["load_avg_1m"] for name in runs for x in runs[name]]}
+    summary: dict = {
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "config": args.config,
+        "before_rev": args.before_rev,
+        "before_set": args.before_set,
+        "after_set": args.after_set,
+        "load_avg_1m": [x["load_avg_1m"] for name in runs for x in runs[name]],
+    }
     for name, results in runs.items():
         summary[name] = {
             "sync_samples_per_s": round(statistics.mean(x["sync_samples_per_s"] for x in results), 1),
             "async_samples_per_s": round(statistics.mean(x["async_samples_per_s"] for x in results), 1),
             "async_pipeline_efficiency": round(statistics.mean(x["async_pipeline_efficiency"] for x in results), 3),
-            **{f"{mode}_{what}_ms": {role: round(statistics.mean(x[f"{mode}_{what}_ms"].get(role, 0.0) for x in results), 2)
-                                     for role in results[0][f"{mode}_{what}_ms"]}
-               for mode in ("sync", "async") for what in ("busy", "cpu")},
-            **{f"{mode}_activities_ms": {
-                role: {a: round(statistics.mean(x[f"{mode}_activities_ms"].get(role, {}).get(a, 0.0) for x in results), 2)
-                       for a in sorted({a for x in results for a in x[f"{mode}_activities_ms"].get(role, {})})}
-                for role in results[0][f"{mode}_activities_ms"]} for mode in ("sync", "async")},
+            **{
+                f"{mode}_{what}_ms": {
+                    role: round(statistics.mean(x[f"{mode}_{what}_ms"].get(role, 0.0) for x in results), 2)
+                    for role in results[0][f"{mode}_{what}_ms"]
+                }
+                for mode in ("sync", "async")
+                for what in ("busy", "cpu")
+            },
+            **{
+                f"{mode}_activities_ms": {
+                    role: {
+                        a: round(statistics.mean(x[f"{mode}_activities_ms"].get(role, {}).get(a, 0.0) for x in results), 2)
+                        for a in sorted({a for x in results for a in x[f"{mode}_activities_ms"].get(role, {})})
+                    }
+                    for role in results[0][f"{mode}_activities_ms"]
+                }
+                for mode in ("sync", "async")
+            },
             "each": [{k: x[k] for k in ("sync_samples_per_s", "async_samples_per_s", "load_avg_1m")} for x in results],
         }
     for mode in ("sync", "async"):
@@ -101,9 +136,13 @@ def main() -> int:
         print(f"{key:<28}{b[key]:>10.3f}{a[key]:>10.3f}")
     for mode in ("sync", "async"):
         for role in a[f"{mode}_busy_ms"]:
-            print(f"{mode + ' busy ms/step ' + role:<28}{b[f'{mode}_busy_ms'].get(role, 0.0):>10.2f}"
-                  f"{a[f'{mode}_busy_ms'][role]:>10.2f}")
-    print(f"after/before samples/s: sync {summary['sync_after_over_before']:.2f}x, async {summary['async_after_over_before']:.2f}x")
+            print(
+                f"{mode + ' busy ms/step ' + role:<28}{b[f'{mode}_busy_ms'].get(role, 0.0):>10.2f}"
+                f"{a[f'{mode}_busy_ms'][role]:>10.2f}"
+            )
+    print(
+        f"after/before samples/s: sync {summary['sync_after_over_before']:.2f}x, async {summary['async_after_over_before']:.2f}x"
+    )
     print(json.dumps({"ab": summary}))
     return 0
 

@@ -28,8 +28,14 @@ from pathlib import Path
 def run_one(config: str, run_dir: Path, mode: str, seed: int, overrides: list[str]) -> dict:
     """``afctl up`` of one (mode, seed); its summary.json."""
     if not (run_dir / "summary.json").exists():
-        sets = [f"seed={seed}", f"data.seed={seed}", f"workflow.mode={mode}", "logging.progress=false",
-                "train.checkpoint_every=0", *overrides]
+        sets = [
+            f"seed={seed}",
+            f"data.seed={seed}",
+            f"workflow.mode={mode}",
+            "logging.progress=false",
+            "train.checkpoint_every=0",
+            *overrides,
+        ]
         cmd = [sys.executable, "-m", "asyncflow.cli.main", "up", config, "--run-dir", str(run_dir)]
         for s in sets:
             cmd += ["--set", s]
@@ -58,7 +64,9 @@ def parity(config: str, seeds: list[int], out: Path, overrides: list[str], modes
             "run_dirs": [str(out / f"{mode}-seed{seed}") for seed in seeds],
         }
     if "sync" in result and "async" in result:
-        result["async_minus_sync"] = round(result["async"]["reward_last_10pct_mean"] - result["sync"]["reward_last_10pct_mean"], 4)
+        result["async_minus_sync"] = round(
+            result["async"]["reward_last_10pct_mean"] - result["sync"]["reward_last_10pct_mean"], 4
+        )
     return result
 
 
@@ -67,8 +75,14 @@ def main() -> int:
     parser.add_argument("--config", default="examples/local.toml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="runs/parity")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config key for both modes (repeatable), as afctl up --set")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config key for both modes (repeatable), as afctl up --set",
+    )
     parser.add_argument("--modes", nargs="+", default=["sync", "async"], choices=["sync", "async"])
     parser.add_argument("--plot", action="store_true", help="also draw the reward curves into OUT/parity.png")
     args = parser.parse_args()
@@ -79,13 +93,17 @@ def main() -> int:
         r = result[mode]
         for i, seed in enumerate(args.seeds):
             val = f"{r['val_final_accuracy'][i]}/{r['val_best_accuracy'][i]}"
-            print(f"{mode:<6} {seed:>4} {r['reward_first_10pct'][i]:>17.3f} {r['reward_last_10pct'][i]:>9.3f} "
-                  f"{r['samples_per_s'][i]:>10.1f} {val:>15}")
+            print(
+                f"{mode:<6} {seed:>4} {r['reward_first_10pct'][i]:>17.3f} {r['reward_last_10pct'][i]:>9.3f} "
+                f"{r['samples_per_s'][i]:>10.1f} {val:>15}"
+            )
         print(f"{mode}: last-10% reward mean {r['reward_last_10pct_mean']:.3f} over {len(args.seeds)} seeds")
     if args.plot:
         dirs = [d for mode in args.modes for d in result[mode]["run_dirs"]]
-        subprocess.run([sys.executable, "-m", "asyncflow.cli.main", "plot", *dirs, "--png", str(out / "parity.png"),
-                        "--smooth", "10"], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "asyncflow.cli.main", "plot", *dirs, "--png", str(out / "parity.png"), "--smooth", "10"],
+            check=True,
+        )
     print(json.dumps({"parity": result}))
     return 0
 

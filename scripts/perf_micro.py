@@ -94,13 +94,21 @@ def main() -> int:
         logits.float().logsumexp(-1).mean().backward()
 
     fwd_bwd(tb.attention_mask)
-    optims = {"default": torch.optim.AdamW(lm.parameters(), lr=1e-9),
-              "fused": torch.optim.AdamW(lm.parameters(), lr=1e-9, fused=True)}
+    optims = {
+        "default": torch.optim.AdamW(lm.parameters(), lr=1e-9),
+        "fused": torch.optim.AdamW(lm.parameters(), lr=1e-9, fused=True),
+    }
     cases = {
-        "token_batch": {"old": lambda: old_batching.token_batch(rows_p, responses, {"rollout_logp": logps}),
-                        "new": lambda: token_batch(rows_p, responses, {"rollout_logp": logps}), "n": 50},
-        "generate": {"old": lambda: engines["old"].generate(lists, params),
-                     "new": lambda: engines["new"].generate(lists, params), "n": 20},
+        "token_batch": {
+            "old": lambda: old_batching.token_batch(rows_p, responses, {"rollout_logp": logps}),
+            "new": lambda: token_batch(rows_p, responses, {"rollout_logp": logps}),
+            "n": 50,
+        },
+        "generate": {
+            "old": lambda: engines["old"].generate(lists, params),
+            "new": lambda: engines["new"].generate(lists, params),
+            "n": 20,
+        },
         "forward_backward_mask": {"old": lambda: fwd_bwd(tb.attention_mask), "new": lambda: fwd_bwd(None), "n": 20},
         "adamw_step": {"old": optims["default"].step, "new": optims["fused"].step, "n": 50},
     }
@@ -110,8 +118,11 @@ def main() -> int:
         for _ in range(args.rounds):
             for side in ("old", "new"):
                 best[side] = min(best[side], per_call_ms(case[side], case["n"]))
-        result[name] = {"old_ms": round(best["old"], 3), "new_ms": round(best["new"], 3),
-                        "ratio": round(best["old"] / best["new"], 2)}
+        result[name] = {
+            "old_ms": round(best["old"], 3),
+            "new_ms": round(best["new"], 3),
+            "ratio": round(best["old"] / best["new"], 2),
+        }
         print(f"{name:<24} old {best['old']:8.3f} ms   new {best['new']:8.3f} ms   {best['old'] / best['new']:.2f}x")
     if args.json:
         print(json.dumps({"micro": result, "before_rev": args.before_rev}))

@@ -14,49 +14,71 @@ def _load(r: dict) -> str:
 def _peer(r: dict) -> list[str]:
     p = r["result"]
     s = p["systems"]
-    out = ["## Against the trainer a user would otherwise pick", "",
-           f"`{r['command']}` ({r['when']}, {_load(r)}): TRL's `GRPOTrainer` (the `bench` extra), then asyncflow "
-           f"sync, then asyncflow async (`examples/local.toml` as shipped), one after the other on the same "
-           f"warm-started model, data, reward, {p['samples_per_step']} samples per step, {p['steps']} steps. "
-           "Samples/s counts training time only; no evaluation or checkpoints on either side.", "",
-           "| system | samples/s | vs TRL | last-10% reward |", "|---|---|---|---|"]
+    out = [
+        "## Against the trainer a user would otherwise pick",
+        "",
+        f"`{r['command']}` ({r['when']}, {_load(r)}): TRL's `GRPOTrainer` (the `bench` extra), then asyncflow "
+        f"sync, then asyncflow async (`examples/local.toml` as shipped), one after the other on the same "
+        f"warm-started model, data, reward, {p['samples_per_step']} samples per step, {p['steps']} steps. "
+        "Samples/s counts training time only; no evaluation or checkpoints on either side.",
+        "",
+        "| system | samples/s | vs TRL | last-10% reward |",
+        "|---|---|---|---|",
+    ]
     trl = s.get("trl", {}).get("samples_per_s")
-    for name, label in (("trl", f"TRL GRPOTrainer (torch threads: {s.get('trl', {}).get('threads', '?')})"),
-                        ("sync", "asyncflow sync"), ("async", f"asyncflow async (k = {s['async'].get('staleness')})")):
+    for name, label in (
+        ("trl", f"TRL GRPOTrainer (torch threads: {s.get('trl', {}).get('threads', '?')})"),
+        ("sync", "asyncflow sync"),
+        ("async", f"asyncflow async (k = {s['async'].get('staleness')})"),
+    ):
         if name in s:
             x = s[name]
             ratio = f"{x['samples_per_s'] / trl:.2f}x" if trl else "-"
             out.append(f"| {label} | {x['samples_per_s']:.0f} | {ratio} | {x['reward_last_10pct']:.3f} |")
     if trl:
-        out += ["", f"Targets of issue 13: sync >= 1.1x TRL (measured {p['sync_over_trl']:.2f}x), async >= 1.6x TRL "
-                f"(measured {p['async_over_trl']:.2f}x) with a last-10% reward at least TRL's (async "
-                f"{s['async']['reward_last_10pct']:.3f}, TRL {s['trl']['reward_last_10pct']:.3f})."]
+        out += [
+            "",
+            f"Targets of issue 13: sync >= 1.1x TRL (measured {p['sync_over_trl']:.2f}x), async >= 1.6x TRL "
+            f"(measured {p['async_over_trl']:.2f}x) with a last-10% reward at least TRL's (async "
+            f"{s['async']['reward_last_10pct']:.3f}, TRL {s['trl']['reward_last_10pct']:.3f}).",
+        ]
     return out + [""]
 
 
 def _breakdown(r: dict) -> list[str]:
     e = r["result"]
     b = e["breakdown"]
-    out = ["## Where a step's time goes", "",
-           f"`{r['command']}` ({r['when']}, {_load(r)}). Sync {e['sync_ms_per_step']:.1f} ms per step, async "
-           f"{e['async_ms_per_step']:.1f} ms (k = 1; {e['async_samples_per_s'] / e['sync_samples_per_s']:.2f}x; "
-           f"async pipeline efficiency {e['async_pipeline_efficiency']:.2f}).", "",
-           "Per role, in ms per trainer step: **busy** (every activity but `wait_*`), of which **compute** (the "
-           "model's forward, backward, optimizer step, decode and sampling, and the reward functions) and "
-           "**framework** (everything else: queue hand-offs, padding, weight snapshots, bookkeeping), **eval** "
-           "(held-out evaluation), **wait** (idle), and **cpu**: the CPU time of the role's whole process from "
-           "the start of its work to its last report, which also holds what no activity covers (its other "
-           "threads: the trainer's weight staging and message listeners; the trainer's final checkpoint). Busy "
-           "wall time above cpu is time the role was blocked on a round trip or waiting for a core.", "",
-           "| role | busy | compute | framework | eval | wait | cpu |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "## Where a step's time goes",
+        "",
+        f"`{r['command']}` ({r['when']}, {_load(r)}). Sync {e['sync_ms_per_step']:.1f} ms per step, async "
+        f"{e['async_ms_per_step']:.1f} ms (k = 1; {e['async_samples_per_s'] / e['sync_samples_per_s']:.2f}x; "
+        f"async pipeline efficiency {e['async_pipeline_efficiency']:.2f}).",
+        "",
+        "Per role, in ms per trainer step: **busy** (every activity but `wait_*`), of which **compute** (the "
+        "model's forward, backward, optimizer step, decode and sampling, and the reward functions) and "
+        "**framework** (everything else: queue hand-offs, padding, weight snapshots, bookkeeping), **eval** "
+        "(held-out evaluation), **wait** (idle), and **cpu**: the CPU time of the role's whole process from "
+        "the start of its work to its last report, which also holds what no activity covers (its other "
+        "threads: the trainer's weight staging and message listeners; the trainer's final checkpoint). Busy "
+        "wall time above cpu is time the role was blocked on a round trip or waiting for a core.",
+        "",
+        "| role | busy | compute | framework | eval | wait | cpu |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for role in sorted(set(b["sync"]) | set(b["async"])):
         cells = []
         for key in ("busy_ms", "compute_ms", "framework_ms", "eval_ms", "wait_ms", "cpu_ms"):
             cells.append(" / ".join(f"{b[m].get(role, {}).get(key, 0.0):.1f}" for m in ("sync", "async")))
         out.append(f"| {role} | " + " | ".join(cells) + " |")
-    out += ["", "Each cell is sync / async. The activities and their phases (`activity/phase`), ms per step, those "
-            f"of at least {BIG_MS} ms in either mode:", "",
-            "| role | activity or phase | sync | async |", "|---|---|---|---|"]
+    out += [
+        "",
+        "Each cell is sync / async. The activities and their phases (`activity/phase`), ms per step, those "
+        f"of at least {BIG_MS} ms in either mode:",
+        "",
+        "| role | activity or phase | sync | async |",
+        "|---|---|---|---|",
+    ]
     for role in sorted(set(b["sync"]) | set(b["async"])):
         names = set()
         for m in ("sync", "async"):
@@ -69,98 +91,144 @@ def _breakdown(r: dict) -> list[str]:
 
         for name in sorted(names, key=lambda n: (n.split("/")[0].startswith("wait_"), n.split("/")[0], "/" in n, n)):
             if max(ms("sync", name), ms("async", name)) >= BIG_MS:
-                out.append(f"| {role} | {'&nbsp;&nbsp;' if '/' in name else ''}{name} | {ms('sync', name):.2f} | "
-                           f"{ms('async', name):.2f} |")
+                out.append(
+                    f"| {role} | {'&nbsp;&nbsp;' if '/' in name else ''}{name} | {ms('sync', name):.2f} | "
+                    f"{ms('async', name):.2f} |"
+                )
     return out + [""]
 
 
 def _ab(r: dict, title: str, what: str) -> list[str]:
     a = r["result"]["ab"]
     bef, aft = a["before"], a["after"]
-    rounds = (f"{a['rounds']} rounds interleaved (before, after, before, after...)" if a["rounds"] > 1
-              else "one round (before, then after)")
-    out = [f"## {title}", "", f"`{r['command']}` ({r['when']}): {what} `bench e2e` of each, "
-           f"{rounds}, {a['steps']} steps per mode; load average after each run: "
-           f"{', '.join(str(x) for x in a['load_avg_1m'])}.", "",
-           "| | before | after | after / before |", "|---|---|---|---|"]
+    rounds = (
+        f"{a['rounds']} rounds interleaved (before, after, before, after...)"
+        if a["rounds"] > 1
+        else "one round (before, then after)"
+    )
+    out = [
+        f"## {title}",
+        "",
+        f"`{r['command']}` ({r['when']}): {what} `bench e2e` of each, "
+        f"{rounds}, {a['steps']} steps per mode; load average after each run: "
+        f"{', '.join(str(x) for x in a['load_avg_1m'])}.",
+        "",
+        "| | before | after | after / before |",
+        "|---|---|---|---|",
+    ]
     for key, label in (("sync_samples_per_s", "sync samples/s"), ("async_samples_per_s", "async samples/s")):
         out.append(f"| {label} | {bef[key]:.0f} | {aft[key]:.0f} | {aft[key] / bef[key]:.2f}x |")
-    out.append(f"| async pipeline efficiency | {bef['async_pipeline_efficiency']:.2f} | "
-               f"{aft['async_pipeline_efficiency']:.2f} | |")
+    out.append(
+        f"| async pipeline efficiency | {bef['async_pipeline_efficiency']:.2f} | {aft['async_pipeline_efficiency']:.2f} | |"
+    )
     for mode in ("sync", "async"):
         for role in sorted(aft[f"{mode}_busy_ms"]):
             x, y = bef[f"{mode}_busy_ms"].get(role, 0.0), aft[f"{mode}_busy_ms"][role]
             out.append(f"| {mode}: {role} busy ms/step | {x:.1f} | {y:.1f} | |")
     if "sync_activities_ms" in aft and "sync_activities_ms" in bef:
-        out += ["", "Activities, ms per step (mean of the rounds; those of at least "
-                f"{BIG_MS} ms in either tree; an activity absent from one tree was not recorded there):", "",
-                "| mode | role | activity | before | after |", "|---|---|---|---|---|"]
+        out += [
+            "",
+            "Activities, ms per step (mean of the rounds; those of at least "
+            f"{BIG_MS} ms in either tree; an activity absent from one tree was not recorded there):",
+            "",
+            "| mode | role | activity | before | after |",
+            "|---|---|---|---|---|",
+        ]
         for mode in ("sync", "async"):
             for role in sorted(aft[f"{mode}_activities_ms"]):
                 x, y = bef[f"{mode}_activities_ms"].get(role, {}), aft[f"{mode}_activities_ms"][role]
                 for name in sorted(set(x) | set(y)):
                     if not name.startswith("wait_") and max(x.get(name, 0.0), y.get(name, 0.0)) >= BIG_MS:
+
                         def cell(d, name=name):
                             return f"{d[name]:.2f}" if name in d else "-"
+
                         out.append(f"| {mode} | {role} | {name} | {cell(x)} | {cell(y)} |")
     return out + [""]
 
 
 def render_performance(records: dict[str, dict]) -> str:
-    out = ["# Performance: the framework's own cost per step (issue 13)", "",
-           "Written by `python scripts/results.py --only breakdown peer ab ab_pin ab_call micro` from the JSON line of each command "
-           "below; do not edit by hand. The machine: 2 cores, no accelerator, shared with other jobs (the load "
-           "average is given with each figure), so absolute figures move between runs; the ratios measured side "
-           "by side in one invocation are the ones to trust.", ""]
+    out = [
+        "# Performance: the framework's own cost per step (issue 13)",
+        "",
+        "Written by `python scripts/results.py --only breakdown peer ab ab_pin ab_call micro` from the JSON line of each command "
+        "below; do not edit by hand. The machine: 2 cores, no accelerator, shared with other jobs (the load "
+        "average is given with each figure), so absolute figures move between runs; the ratios measured side "
+        "by side in one invocation are the ones to trust.",
+        "",
+    ]
     if "peer" in records:
         out += _peer(records["peer"])
     if "breakdown" in records:
         out += _breakdown(records["breakdown"])
     if "ab" in records:
         rev = records["ab"]["result"]["ab"].get("before_rev")
-        out += _ab(records["ab"], "Before and after, side by side",
-                   f"the code before this work (`{rev}`, its own `examples/local.toml`) and after it, the")
+        out += _ab(
+            records["ab"],
+            "Before and after, side by side",
+            f"the code before this work (`{rev}`, its own `examples/local.toml`) and after it, the",
+        )
     if "ab_pin" in records:
-        out += _ab(records["ab_pin"], "Pinning the trainer to its own core (opt-in)",
-                   "this code with `cluster.pin_trainer_cores = 0` (before, as shipped) and `= 1` (after), the")
-        out += ["Pinning is meant for a machine the run has to itself (the trainer, an async step's critical path, "
-                "then never waits for a core). Where other jobs load both cores it can hurt (the trainer is held to "
-                "one busy core while the other may be free), so `examples/local.toml` leaves it off.", ""]
+        out += _ab(
+            records["ab_pin"],
+            "Pinning the trainer to its own core (opt-in)",
+            "this code with `cluster.pin_trainer_cores = 0` (before, as shipped) and `= 1` (after), the",
+        )
+        out += [
+            "Pinning is meant for a machine the run has to itself (the trainer, an async step's critical path, "
+            "then never waits for a core). Where other jobs load both cores it can hurt (the trainer is held to "
+            "one busy core while the other may be free), so `examples/local.toml` leaves it off.",
+            "",
+        ]
     if "ab_call" in records:
-        out += _ab(records["ab_call"], "A whole step per generate call",
-                   "this code with `rollout.prompts_per_call = 8`, `rollout.engine.max_batch_size = 64` (before, the "
-                   "previous example) and `16`, `128` (after, as shipped), the")
+        out += _ab(
+            records["ab_call"],
+            "A whole step per generate call",
+            "this code with `rollout.prompts_per_call = 8`, `rollout.engine.max_batch_size = 64` (before, the "
+            "previous example) and `16`, `128` (after, as shipped), the",
+        )
     if "micro" in records:
         r = records["micro"]
         m = r["result"]["micro"]
-        labels = {"token_batch": "`token_batch`, 128 rows (trainer)",
-                  "generate": "native engine `generate`, 16 prompts x 8 samples (rollout; same completions)",
-                  "forward_backward_mask": "training forward + backward, with the mask (old) / without (new)",
-                  "adamw_step": "AdamW step, default (old) / fused (new)"}
-        out += ["## Each change on its own, old code against new", "",
-                f"`{r['command']}` ({r['when']}, {_load(r)}): one process, one thread, best of the alternated rounds.",
-                "", "| what | old ms | new ms | old / new |", "|---|---|---|---|"]
+        labels = {
+            "token_batch": "`token_batch`, 128 rows (trainer)",
+            "generate": "native engine `generate`, 16 prompts x 8 samples (rollout; same completions)",
+            "forward_backward_mask": "training forward + backward, with the mask (old) / without (new)",
+            "adamw_step": "AdamW step, default (old) / fused (new)",
+        }
+        out += [
+            "## Each change on its own, old code against new",
+            "",
+            f"`{r['command']}` ({r['when']}, {_load(r)}): one process, one thread, best of the alternated rounds.",
+            "",
+            "| what | old ms | new ms | old / new |",
+            "|---|---|---|---|",
+        ]
         out += [f"| {labels.get(k, k)} | {v['old_ms']:.3f} | {v['new_ms']:.3f} | {v['ratio']:.2f}x |" for k, v in m.items()]
         out.append("")
-    out += ["## What changed, and why it is exact", "",
-            "- `actors/_batching.token_batch`: one concatenation and scatter per column instead of per-row tensor "
-            "writes (the same tensors; `tests/perf/test_token_batch_vectorised.py`).",
-            "- Training engine: a right-padded batch trains without the attention mask (causal attention alone "
-            "never lets a real token see a pad: the same logits up to float rounding); fused AdamW on cpu/cuda.",
-            "- Trainer: the weights are handed to `weights` without waiting for it to stage them and tell the "
-            "replicas (cached replica addresses, a fresh lookup only when a tell fails); a step's rows are acked "
-            "inside the next step's GetBatch (flushed before a checkpoint saves the queue).",
-            "- Native rollout engine: the slot table and the prefill batch are built with one scatter each "
-            "(identical completions for a seed).",
-            "- Reward (async): once it waited for a put, it takes every row that put made ready: one score and "
-            "one put per rollout put instead of two.",
-            "- `[cluster] pin_trainer_cores` (async, opt-in): the trainer, the critical path of an async step, "
-            "gets a core to itself.",
-            "- `examples/local.toml`: a whole step's 16 prompt groups per generate call, decoded as one batch of "
-            "128 (half the model forwards of 8 groups in batches of 64).",
-            "- `afctl bench e2e --breakdown` and the `core/phases.py` spans it reads; `afctl bench peer`; "
-            "`scripts/ab_e2e.py` (before/after of whole runs); `scripts/perf_micro.py` (each change alone).", "",
-            ""]
+    out += [
+        "## What changed, and why it is exact",
+        "",
+        "- `actors/_batching.token_batch`: one concatenation and scatter per column instead of per-row tensor "
+        "writes (the same tensors; `tests/perf/test_token_batch_vectorised.py`).",
+        "- Training engine: a right-padded batch trains without the attention mask (causal attention alone "
+        "never lets a real token see a pad: the same logits up to float rounding); fused AdamW on cpu/cuda.",
+        "- Trainer: the weights are handed to `weights` without waiting for it to stage them and tell the "
+        "replicas (cached replica addresses, a fresh lookup only when a tell fails); a step's rows are acked "
+        "inside the next step's GetBatch (flushed before a checkpoint saves the queue).",
+        "- Native rollout engine: the slot table and the prefill batch are built with one scatter each "
+        "(identical completions for a seed).",
+        "- Reward (async): once it waited for a put, it takes every row that put made ready: one score and "
+        "one put per rollout put instead of two.",
+        "- `[cluster] pin_trainer_cores` (async, opt-in): the trainer, the critical path of an async step, "
+        "gets a core to itself.",
+        "- `examples/local.toml`: a whole step's 16 prompt groups per generate call, decoded as one batch of "
+        "128 (half the model forwards of 8 groups in batches of 64).",
+        "- `afctl bench e2e --breakdown` and the `core/phases.py` spans it reads; `afctl bench peer`; "
+        "`scripts/ab_e2e.py` (before/after of whole runs); `scripts/perf_micro.py` (each change alone).",
+        "",
+        "",
+    ]
     if "parity" in records:
         out += _parity(records["parity"])
     return "\n".join(out)
@@ -169,15 +237,25 @@ def render_performance(records: dict[str, dict]) -> str:
 def _parity(r: dict) -> list[str]:
     p = r["result"]["parity"]
     s, a = p["sync"], p["async"]
-    out = ["## Learning is unchanged", "",
-           f"`{r['command']}` ({r['when']}, {_load(r)}): `examples/local.toml` with these changes (16 prompt "
-           "groups per generate call; that run also had `cluster.pin_trainer_cores = 1`, since made opt-in, which "
-           "changes only the cores processes run on), each run a fresh `afctl up`.", "",
-           "| seed | sync last-10% reward | async last-10% reward | sync samples/s | async samples/s |",
-           "|---|---|---|---|---|"]
+    out = [
+        "## Learning is unchanged",
+        "",
+        f"`{r['command']}` ({r['when']}, {_load(r)}): `examples/local.toml` with these changes (16 prompt "
+        "groups per generate call; that run also had `cluster.pin_trainer_cores = 1`, since made opt-in, which "
+        "changes only the cores processes run on), each run a fresh `afctl up`.",
+        "",
+        "| seed | sync last-10% reward | async last-10% reward | sync samples/s | async samples/s |",
+        "|---|---|---|---|---|",
+    ]
     for i, seed in enumerate(p["seeds"]):
-        out.append(f"| {seed} | {s['reward_last_10pct'][i]:.3f} | {a['reward_last_10pct'][i]:.3f} | "
-                   f"{s['samples_per_s'][i]:.0f} | {a['samples_per_s'][i]:.0f} |")
-    out += ["", f"Means: **sync {s['reward_last_10pct_mean']:.3f}, async {a['reward_last_10pct_mean']:.3f}** "
-            f"(async - sync = {p['async_minus_sync']:+.3f}; the bound is 0.03, and async at least 0.55).", ""]
+        out.append(
+            f"| {seed} | {s['reward_last_10pct'][i]:.3f} | {a['reward_last_10pct'][i]:.3f} | "
+            f"{s['samples_per_s'][i]:.0f} | {a['samples_per_s'][i]:.0f} |"
+        )
+    out += [
+        "",
+        f"Means: **sync {s['reward_last_10pct_mean']:.3f}, async {a['reward_last_10pct_mean']:.3f}** "
+        f"(async - sync = {p['async_minus_sync']:+.3f}; the bound is 0.03, and async at least 0.55).",
+        "",
+    ]
     return out

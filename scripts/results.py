@@ -32,24 +32,102 @@ BASE_REV = "b50b5b7"
 
 SECTIONS: dict[str, list[str]] = {
     "parity": [PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--out", "{work}/parity"],
-    "objective": [PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--modes", "async",
-                  "--set", "algorithm.clip_against=proximal", "--out", "{work}/objective"],
-    "e2e": [PY, "-m", "asyncflow.cli.main", "bench", "e2e", "--config", "examples/local.toml", "--steps", "100",
-            "--json", "--out", "{work}/e2e"],
-    "e2e_k2": [PY, "-m", "asyncflow.cli.main", "bench", "e2e", "--config", "examples/local.toml", "--steps", "100",
-               "--staleness", "2", "--json", "--out", "{work}/e2e_k2"],
+    "objective": [
+        PY,
+        "scripts/convergence_parity.py",
+        "--seeds",
+        "0",
+        "1",
+        "2",
+        "--modes",
+        "async",
+        "--set",
+        "algorithm.clip_against=proximal",
+        "--out",
+        "{work}/objective",
+    ],
+    "e2e": [
+        PY,
+        "-m",
+        "asyncflow.cli.main",
+        "bench",
+        "e2e",
+        "--config",
+        "examples/local.toml",
+        "--steps",
+        "100",
+        "--json",
+        "--out",
+        "{work}/e2e",
+    ],
+    "e2e_k2": [
+        PY,
+        "-m",
+        "asyncflow.cli.main",
+        "bench",
+        "e2e",
+        "--config",
+        "examples/local.toml",
+        "--steps",
+        "100",
+        "--staleness",
+        "2",
+        "--json",
+        "--out",
+        "{work}/e2e_k2",
+    ],
     "queue": [PY, "-m", "asyncflow.cli.main", "bench", "queue", "-B", "8", "-L", "64", "-n", "300", "--compare-inline", "--json"],
     "train": [PY, "-m", "asyncflow.cli.main", "bench", "train", "--json"],
     # docs/performance.md
-    "breakdown": [PY, "-m", "asyncflow.cli.main", "bench", "e2e", "--config", "examples/local.toml", "--steps", "100",
-                  "--breakdown", "--json", "--out", "{work}/breakdown"],
+    "breakdown": [
+        PY,
+        "-m",
+        "asyncflow.cli.main",
+        "bench",
+        "e2e",
+        "--config",
+        "examples/local.toml",
+        "--steps",
+        "100",
+        "--breakdown",
+        "--json",
+        "--out",
+        "{work}/breakdown",
+    ],
     "peer": [PY, "-m", "asyncflow.cli.main", "bench", "peer", "--steps", "300", "--json", "--out", "{work}/peer"],
     "ab": [PY, "scripts/ab_e2e.py", "--before-rev", BASE_REV, "--rounds", "2", "--steps", "100", "--out", "{work}/ab"],
-    "ab_pin": [PY, "scripts/ab_e2e.py", "--before", ".", "--before-set", "cluster.pin_trainer_cores=0",
-               "--after-set", "cluster.pin_trainer_cores=1", "--rounds", "1", "--steps", "100", "--out", "{work}/ab_pin"],
-    "ab_call": [PY, "scripts/ab_e2e.py", "--before", ".", "--before-set", "rollout.prompts_per_call=8",
-                "--before-set", "rollout.engine.max_batch_size=64", "--rounds", "1", "--steps", "100",
-                "--out", "{work}/ab_call"],
+    "ab_pin": [
+        PY,
+        "scripts/ab_e2e.py",
+        "--before",
+        ".",
+        "--before-set",
+        "cluster.pin_trainer_cores=0",
+        "--after-set",
+        "cluster.pin_trainer_cores=1",
+        "--rounds",
+        "1",
+        "--steps",
+        "100",
+        "--out",
+        "{work}/ab_pin",
+    ],
+    "ab_call": [
+        PY,
+        "scripts/ab_e2e.py",
+        "--before",
+        ".",
+        "--before-set",
+        "rollout.prompts_per_call=8",
+        "--before-set",
+        "rollout.engine.max_batch_size=64",
+        "--rounds",
+        "1",
+        "--steps",
+        "100",
+        "--out",
+        "{work}/ab_call",
+    ],
     "micro": [PY, "scripts/perf_micro.py", "--before-rev", BASE_REV, "--json"],
 }
 PERFORMANCE = ("breakdown", "peer", "ab", "ab_pin", "ab_call", "micro")
@@ -64,9 +142,13 @@ def measure(name: str, work: Path) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}")
     last = [line for line in done.stdout.splitlines() if line.startswith("{")][-1]
-    record = {"command": shlex.join(["python" if c == PY else c for c in cmd]), "when": time.strftime("%Y-%m-%d %H:%M"),
-              "seconds": round(time.time() - started), "load_avg_1m": round(os.getloadavg()[0], 1),
-              "result": json.loads(last)}
+    record = {
+        "command": shlex.join(["python" if c == PY else c for c in cmd]),
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+        "seconds": round(time.time() - started),
+        "load_avg_1m": round(os.getloadavg()[0], 1),
+        "result": json.loads(last),
+    }
     (work / f"{name}.json").write_text(json.dumps(record, indent=1))
     return record
 
@@ -76,40 +158,63 @@ def _mean(xs: list[float]) -> float:
 
 
 def render(records: dict[str, dict]) -> str:
-    out = ["# Measured results (this 2-core CPU machine)", "",
-           "Written by `python scripts/results.py` from the JSON line of each command below; do not edit by hand.",
-           "The machine: 2 cores, 24 GiB, no accelerator, sometimes shared with other jobs (the load average at the",
-           "end of each command is given), so absolute figures move by 10-30% between runs; ratios measured side by",
-           "side in one invocation are more trustworthy.", ""]
+    out = [
+        "# Measured results (this 2-core CPU machine)",
+        "",
+        "Written by `python scripts/results.py` from the JSON line of each command below; do not edit by hand.",
+        "The machine: 2 cores, 24 GiB, no accelerator, sometimes shared with other jobs (the load average at the",
+        "end of each command is given), so absolute figures move by 10-30% between runs; ratios measured side by",
+        "side in one invocation are more trustworthy.",
+        "",
+    ]
     if "parity" in records:
         r = records["parity"]
         p = r["result"]["parity"]
         s, a = p["sync"], p["async"]
-        out += ["## Learning: async (k = 1) against sync, seed by seed", "",
-                f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): `examples/local.toml` as shipped, 300 steps"
-                " x 128 samples per run, each run a fresh `afctl up`.", "",
-                "| mode | seed | reward, first 10% of steps | reward, last 10% | samples/s | held-out greedy accuracy, final / best |",
-                "|---|---|---|---|---|---|"]
+        out += [
+            "## Learning: async (k = 1) against sync, seed by seed",
+            "",
+            f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): `examples/local.toml` as shipped, 300 steps"
+            " x 128 samples per run, each run a fresh `afctl up`.",
+            "",
+            "| mode | seed | reward, first 10% of steps | reward, last 10% | samples/s | held-out greedy accuracy, final / best |",
+            "|---|---|---|---|---|---|",
+        ]
         for mode, m in (("sync", s), ("async", a)):
             for i, seed in enumerate(p["seeds"]):
-                out.append(f"| {mode} | {seed} | {m['reward_first_10pct'][i]:.3f} | {m['reward_last_10pct'][i]:.3f} | "
-                           f"{m['samples_per_s'][i]:.0f} | {m['val_final_accuracy'][i]} / {m['val_best_accuracy'][i]} |")
-        out += ["", f"Last-10% reward over the seeds: **sync {s['reward_last_10pct_mean']:.3f}, async "
-                f"{a['reward_last_10pct_mean']:.3f}** (async - sync = {p['async_minus_sync']:+.3f}); async samples/s "
-                f"{_mean(a['samples_per_s']):.0f} against sync {_mean(s['samples_per_s']):.0f} "
-                f"({_mean(a['samples_per_s']) / _mean(s['samples_per_s']):.2f}x, separate runs).", ""]
+                out.append(
+                    f"| {mode} | {seed} | {m['reward_first_10pct'][i]:.3f} | {m['reward_last_10pct'][i]:.3f} | "
+                    f"{m['samples_per_s'][i]:.0f} | {m['val_final_accuracy'][i]} / {m['val_best_accuracy'][i]} |"
+                )
+        out += [
+            "",
+            f"Last-10% reward over the seeds: **sync {s['reward_last_10pct_mean']:.3f}, async "
+            f"{a['reward_last_10pct_mean']:.3f}** (async - sync = {p['async_minus_sync']:+.3f}); async samples/s "
+            f"{_mean(a['samples_per_s']):.0f} against sync {_mean(s['samples_per_s']):.0f} "
+            f"({_mean(a['samples_per_s']) / _mean(s['samples_per_s']):.2f}x, separate runs).",
+            "",
+        ]
     if "objective" in records:
         r = records["objective"]
         o = r["result"]["parity"]["async"]
-        line = ["## Why async needs the behaviour clip", "",
-                f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): the same async runs with the ratio clipped "
-                "against the proximal policy (the trainer's weights before the step), the default until this page's "
-                "previous version.", "",
-                "| seed | reward, last 10% |", "|---|---|"]
+        line = [
+            "## Why async needs the behaviour clip",
+            "",
+            f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): the same async runs with the ratio clipped "
+            "against the proximal policy (the trainer's weights before the step), the default until this page's "
+            "previous version.",
+            "",
+            "| seed | reward, last 10% |",
+            "|---|---|",
+        ]
         line += [f"| {seed} | {x:.3f} |" for seed, x in zip(r["result"]["parity"]["seeds"], o["reward_last_10pct"])]
-        line += ["", f"Mean **{o['reward_last_10pct_mean']:.3f}**. With one optimizer step per batch the proximal "
-                 "ratio is identically 1, so nothing bounds how far a step moves the policy from the one that "
-                 "generated its (one version old) samples; see docs/algorithms.md.", ""]
+        line += [
+            "",
+            f"Mean **{o['reward_last_10pct_mean']:.3f}**. With one optimizer step per batch the proximal "
+            "ratio is identically 1, so nothing bounds how far a step moves the policy from the one that "
+            "generated its (one version old) samples; see docs/algorithms.md.",
+            "",
+        ]
         if "parity" in records:
             a = records["parity"]["result"]["parity"]["async"]["reward_last_10pct_mean"]
             line[-2] += f" Clipped against the behaviour policy (shipped): {a:.3f}."
@@ -120,41 +225,65 @@ def render(records: dict[str, dict]) -> str:
         r = records[name]
         e = r["result"]
         if name == "e2e":
-            out += ["## Throughput: sync vs async side by side", "",
-                    "| command | k | sync samples/s | async samples/s | ratio | async pipeline efficiency | async busy fractions |",
-                    "|---|---|---|---|---|---|---|"]
+            out += [
+                "## Throughput: sync vs async side by side",
+                "",
+                "| command | k | sync samples/s | async samples/s | ratio | async pipeline efficiency | async busy fractions |",
+                "|---|---|---|---|---|---|---|",
+            ]
         busy = ", ".join(f"{role} {v:.2f}" for role, v in sorted(e["async_busy_fraction"].items()))
-        out.append(f"| `{r['command']}` (load {r['load_avg_1m']}) | {k} | {e['sync_samples_per_s']:.0f} | "
-                   f"{e['async_samples_per_s']:.0f} | {e['ratio']:.2f} | {e['async_pipeline_efficiency']:.2f} | {busy} |")
+        out.append(
+            f"| `{r['command']}` (load {r['load_avg_1m']}) | {k} | {e['sync_samples_per_s']:.0f} | "
+            f"{e['async_samples_per_s']:.0f} | {e['ratio']:.2f} | {e['async_pipeline_efficiency']:.2f} | {busy} |"
+        )
         if name == "e2e_k2" or "e2e_k2" not in records:
-            out += ["", "On these 2 cores async is CPU-bound: the busy fractions of all roles add up to more than one "
-                    "core, so each process runs slower while the others share its cores. Where rollout and training "
-                    "have their own devices the async bound is max(train, rollout), not their sum.", ""]
+            out += [
+                "",
+                "On these 2 cores async is CPU-bound: the busy fractions of all roles add up to more than one "
+                "core, so each process runs slower while the others share its cores. Where rollout and training "
+                "have their own devices the async bound is max(train, rollout), not their sum.",
+                "",
+            ]
     if "queue" in records:
         r = records["queue"]
         q = r["result"]
-        out += ["## TransferQueue: small rows in the controller's reply", "",
-                f"`{r['command']}` (load {r['load_avg_1m']}), both in one invocation:", "",
-                "| | round trip (put -> consumer holds the rows) | samples/s |", "|---|---|---|",
-                f"| read from the shard | {q['round_trip_ms_read']:.3f} ms | {q['samples_per_s_read']:.0f} |",
-                f"| inline in the GetBatch reply | {q['round_trip_ms_inline']:.3f} ms | {q['samples_per_s_inline']:.0f} |",
-                "", f"Ratio {q['round_trip_ratio']:.2f}.", ""]
+        out += [
+            "## TransferQueue: small rows in the controller's reply",
+            "",
+            f"`{r['command']}` (load {r['load_avg_1m']}), both in one invocation:",
+            "",
+            "| | round trip (put -> consumer holds the rows) | samples/s |",
+            "|---|---|---|",
+            f"| read from the shard | {q['round_trip_ms_read']:.3f} ms | {q['samples_per_s_read']:.0f} |",
+            f"| inline in the GetBatch reply | {q['round_trip_ms_inline']:.3f} ms | {q['samples_per_s_inline']:.0f} |",
+            "",
+            f"Ratio {q['round_trip_ratio']:.2f}.",
+            "",
+        ]
     if "train" in records:
         r = records["train"]
         t = r["result"]
-        out += ["## Data-parallel trainer (FSDP2 over gloo)", "",
-                f"`{r['command']}` (load {r['load_avg_1m']}): one process {t['tokens_per_s']:.0f} tokens/s, "
-                f"{t['fsdp2_processes']} FSDP2 processes {t['fsdp2_tokens_per_s']:.0f} tokens/s (ratio "
-                f"{t['ratio_fsdp2_to_one_process']:.2f}). A model this small has nothing to gain from sharding; "
-                "data parallelism is there for models that do not fit one device.", ""]
+        out += [
+            "## Data-parallel trainer (FSDP2 over gloo)",
+            "",
+            f"`{r['command']}` (load {r['load_avg_1m']}): one process {t['tokens_per_s']:.0f} tokens/s, "
+            f"{t['fsdp2_processes']} FSDP2 processes {t['fsdp2_tokens_per_s']:.0f} tokens/s (ratio "
+            f"{t['ratio_fsdp2_to_one_process']:.2f}). A model this small has nothing to gain from sharding; "
+            "data parallelism is there for models that do not fit one device.",
+            "",
+        ]
     return "\n".join(out)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default="runs/results", help="where each section's JSON (and runs) are kept")
-    parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS),
-                        help="measure these sections again (and no other); only their pages are rewritten")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=sorted(SECTIONS),
+        help="measure these sections again (and no other); only their pages are rewritten",
+    )
     parser.add_argument("--render", action="store_true", help="measure nothing; write the page from the kept JSON")
     parser.add_argument("--out", default="docs/results.md")
     parser.add_argument("--performance-out", default="docs/performance.md")
@@ -177,15 +306,16 @@ def main() -> int:
 
     results = {k: v for k, v in records.items() if k not in PERFORMANCE}
     perf = {k: v for k, v in records.items() if k in PERFORMANCE or k == "parity"}
-    pages = ((args.out, [n for n in SECTIONS if n not in PERFORMANCE], results, render),
-             (args.performance_out, list(PERFORMANCE), perf, render_performance))
+    pages = (
+        (args.out, [n for n in SECTIONS if n not in PERFORMANCE], results, render),
+        (args.performance_out, list(PERFORMANCE), perf, render_performance),
+    )
     for out, sections, got, render_page in pages:
         if args.only is not None and not any(n in args.only for n in sections):
             continue  # none of this page's sections was measured now: leave it as it is
         missing = [n for n in sections if n not in got]
         if missing:  # a page is written whole or not at all
-            print(f"{out} not rewritten: no JSON in {work} for {', '.join(missing)} (measure them with --only)",
-                  file=sys.stderr)
+            print(f"{out} not rewritten: no JSON in {work} for {', '.join(missing)} (measure them with --only)", file=sys.stderr)
             continue
         (ROOT / out).write_text(render_page(got) + "\n")
         print(f"wrote {out} from {', '.join(got)}", file=sys.stderr)

@@ -40,15 +40,33 @@ PACKAGE = Path(asyncflow.__file__).resolve().parent
 # (importer, imported) -> why it is allowed for now.
 ALLOWED: dict[tuple[str, str], str] = {}
 
-CORE_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.engines", "asyncflow.cli",
-                       "asyncflow.config")
+CORE_MAY_NOT_IMPORT = (
+    "asyncflow.actors",
+    "asyncflow.algorithms",
+    "asyncflow.planner",
+    "asyncflow.engines",
+    "asyncflow.cli",
+    "asyncflow.config",
+)
 CONFIG_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli")
 ENGINES_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli")
-CONCRETE_ENGINES = tuple(f"asyncflow.engines.{m}" for m in (
-    "native_rollout", "native_model", "kv_cache", "vllm_rollout", "vllm_worker", "torch_train"))
+CONCRETE_ENGINES = tuple(
+    f"asyncflow.engines.{m}" for m in ("native_rollout", "native_model", "kv_cache", "vllm_rollout", "vllm_worker", "torch_train")
+)
 PLANNER_PURE_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.cli", "asyncflow.engines", "asyncflow.planner.io")
-PLANNER_PURE_NO_THIRD_PARTY = ("matplotlib", "PIL", "pathlib", "os", "shutil", "tempfile", "glob", "io", "subprocess",
-                               "transformers", "torch")
+PLANNER_PURE_NO_THIRD_PARTY = (
+    "matplotlib",
+    "PIL",
+    "pathlib",
+    "os",
+    "shutil",
+    "tempfile",
+    "glob",
+    "io",
+    "subprocess",
+    "transformers",
+    "torch",
+)
 
 
 def _module_files(package: Path = PACKAGE) -> dict[str, Path]:
@@ -125,7 +143,7 @@ def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
             node, children = stack[-1]
             for child in children:
                 if colour.get(child, BLACK) == GREY:
-                    return path[path.index(child):] + [child]
+                    return path[path.index(child) :] + [child]
                 if colour.get(child) == WHITE:
                     colour[child] = GREY
                     path.append(child)
@@ -142,8 +160,9 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def layer_violations(internal: dict[str, dict[str, int]], external: dict[str, dict[str, int]],
-                     modules: dict[str, Path], package: Path = PACKAGE) -> tuple[list[str], set[tuple[str, str]]]:
+def layer_violations(
+    internal: dict[str, dict[str, int]], external: dict[str, dict[str, int]], modules: dict[str, Path], package: Path = PACKAGE
+) -> tuple[list[str], set[tuple[str, str]]]:
     """(violations not allowed, each as 'file:line: a imports b (rule)'; allow-list entries used)."""
     found: list[str] = []
     used: set[tuple[str, str]] = set()
@@ -162,8 +181,11 @@ def layer_violations(internal: dict[str, dict[str, int]], external: dict[str, di
                 rule = "engines sit below the roles, the algorithms and the planner"
             elif not _under(module, ("asyncflow.engines",)) and _under(target, CONCRETE_ENGINES):
                 rule = "a concrete engine is named only by engines/factory.py"
-            elif (_under(module, ("asyncflow.planner",)) and not _under(module, ("asyncflow.planner.io",))
-                  and _under(target, PLANNER_PURE_MAY_NOT_IMPORT)):
+            elif (
+                _under(module, ("asyncflow.planner",))
+                and not _under(module, ("asyncflow.planner.io",))
+                and _under(target, PLANNER_PURE_MAY_NOT_IMPORT)
+            ):
                 rule = "the planner's pure modules do no I/O and know no actors, engines or CLI"
             if rule is None:
                 continue
@@ -174,8 +196,10 @@ def layer_violations(internal: dict[str, dict[str, int]], external: dict[str, di
         if _under(module, ("asyncflow.planner",)) and not _under(module, ("asyncflow.planner.io",)):
             for other, line in sorted(external[module].items()):
                 if other in PLANNER_PURE_NO_THIRD_PARTY:
-                    found.append(f"{where(module, line)}: {module} imports {other} "
-                                 "(plotting and file I/O belong in asyncflow/planner/io.py)")
+                    found.append(
+                        f"{where(module, line)}: {module} imports {other} "
+                        "(plotting and file I/O belong in asyncflow/planner/io.py)"
+                    )
     return found, used
 
 
@@ -210,8 +234,10 @@ def test_the_checker_sees_imports_inside_functions_and_reports_a_cycle(tmp_path)
     modules = _module_files(root)
     internal = {m: imports_of(m, p, modules)[0] for m, p in modules.items()}
     external = {m: imports_of(m, p, modules)[1] for m, p in modules.items()}
-    assert find_cycle(internal) in (["asyncflow.core.a", "asyncflow.core.b", "asyncflow.core.a"],
-                                    ["asyncflow.core.b", "asyncflow.core.a", "asyncflow.core.b"])
+    assert find_cycle(internal) in (
+        ["asyncflow.core.a", "asyncflow.core.b", "asyncflow.core.a"],
+        ["asyncflow.core.b", "asyncflow.core.a", "asyncflow.core.b"],
+    )
     found, _ = layer_violations(internal, external, modules, root)
     assert len(found) == 2, found
     assert "asyncflow.core.c imports asyncflow.actors.role" in found[0]

@@ -76,6 +76,7 @@ class ActivityClock:
         def sink(name: str, start: float, duration_s: float) -> None:
             if self.tracer is not None and threading.get_ident() == thread_id and self._running is not None:
                 self.tracer.span(self.role, f"{self._running[0]}/{name}", start, duration_s)
+
         return sink
 
     def stats(self, num_items: int, state: str | None = None) -> protocol.RoleStats:
@@ -90,8 +91,13 @@ class ActivityClock:
             else:
                 busy_s += time.monotonic() - start
         return protocol.RoleStats(
-            role=self.role, busy_s=busy_s, wait_s=wait_s, version=self._version(),
-            num_items=num_items, state=state or self.state, pid=os.getpid(),
+            role=self.role,
+            busy_s=busy_s,
+            wait_s=wait_s,
+            version=self._version(),
+            num_items=num_items,
+            state=state or self.state,
+            pid=os.getpid(),
         )
 
     def close(self) -> None:

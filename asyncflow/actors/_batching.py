@@ -38,8 +38,11 @@ def token_batch(
     pieces = [piece for p, r in zip(prompt_ids, response_ids) for piece in (p, r)]
     ids_BT = np.zeros((B, T), dtype=np.int64)
     ids_BT[attn_BT] = np.concatenate(pieces).astype(np.int64, copy=False) if pieces else []
-    batch = TokenBatch(input_ids=torch.from_numpy(ids_BT), attention_mask=torch.from_numpy(attn_BT.astype(np.int64)),
-                       response_mask=torch.from_numpy(resp_BT.astype(np.float32)))
+    batch = TokenBatch(
+        input_ids=torch.from_numpy(ids_BT),
+        attention_mask=torch.from_numpy(attn_BT.astype(np.int64)),
+        response_mask=torch.from_numpy(resp_BT.astype(np.float32)),
+    )
     for name, col in (per_token or {}).items():
         extra_BT = np.zeros((B, T), dtype=np.float32)
         extra_BT[resp_BT] = np.concatenate([np.asarray(c, dtype=np.float32).reshape(-1) for c in col]) if B else []

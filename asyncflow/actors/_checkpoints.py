@@ -24,7 +24,7 @@ def latest_good_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple
     skipped as damaged, each with what is wrong (naming the file)."""
     from asyncflow.actors._manifest import damage
 
-    skipped = []
+    skipped: list[tuple[Path, str]] = []
     for path in sorted((p for p in (Path(run_dir) / "checkpoints").glob("step_*") if (p / "DONE").exists()), reverse=True):
         wrong = damage(path)
         if wrong is None:

@@ -65,7 +65,8 @@ def read(run_dir: str | os.PathLike | None) -> ClusterFile:
         if not pointer.exists():
             raise FileNotFoundError(
                 f"no running cluster found ({pointer} does not exist): start one with `afctl up CONFIG` "
-                f"or pass its run directory: `afctl status RUN_DIR`")
+                f"or pass its run directory: `afctl status RUN_DIR`"
+            )
         run_dir = msgspec.json.decode(pointer.read_bytes())["run_dir"]
     path = Path(run_dir) / CLUSTER_FILE
     if not path.exists():
@@ -73,8 +74,7 @@ def read(run_dir: str | os.PathLike | None) -> ClusterFile:
     info = msgspec.json.decode(path.read_bytes(), type=ClusterFile)
     secret_file = Path(run_dir) / "secret"  # the run's own secret (0600: readable by its user only)
     if not info.transport.secret_bytes() and os.access(secret_file, os.R_OK):
-        info = msgspec.structs.replace(info, transport=msgspec.structs.replace(
-            info.transport, secret=secret_file.read_text()))
+        info = msgspec.structs.replace(info, transport=msgspec.structs.replace(info.transport, secret=secret_file.read_text()))
     return info
 
 

@@ -57,7 +57,9 @@ class Evaluator:
         sampling = cfg.rollout.sampling
         greedy = cfg.eval.mode == "greedy"
         self.params = msgspec.structs.replace(
-            sampling, n=1 if greedy else cfg.eval.k, temperature=0.0 if greedy else sampling.temperature,
+            sampling,
+            n=1 if greedy else cfg.eval.k,
+            temperature=0.0 if greedy else sampling.temperature,
             max_new_tokens=cfg.eval.max_new_tokens or sampling.max_new_tokens,
             stop_token_ids=tuple(sampling.stop_token_ids or (self.tokenizer.eos_token_id,)),
         )
@@ -65,8 +67,13 @@ class Evaluator:
         index = {"cuda": lambda: torch.cuda.current_device(), "npu": lambda: torch.npu.current_device()}  # type: ignore[attr-defined]
         # the trainer's device; a KV cache of a fixed size there (never a fraction of what training left free)
         self.engine_cfg = msgspec.structs.replace(
-            cfg.rollout.engine, type="native", device=device, device_index=index[device]() if device in index else 0,
-            kv_cache_fraction=None, num_threads=None, seed=cfg.seed,
+            cfg.rollout.engine,
+            type="native",
+            device=device,
+            device_index=index[device]() if device in index else 0,
+            kv_cache_fraction=None,
+            num_threads=None,
+            seed=cfg.seed,
         )
         self.engine: RolloutEngine | None = None  # built at the first evaluation
 
@@ -108,8 +115,9 @@ def read_best(run_dir: str | Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def save_best(run_dir: str | Path, snapshot: list[tuple[str, torch.Tensor]], like_dir: str | Path,
-              step: int, values: dict[str, float]) -> Path:
+def save_best(
+    run_dir: str | Path, snapshot: list[tuple[str, torch.Tensor]], like_dir: str | Path, step: int, values: dict[str, float]
+) -> Path:
     """Write the weights of policy version ``step + 1`` as the best so far; returns its directory."""
     import safetensors.torch
 
@@ -133,8 +141,14 @@ def save_best(run_dir: str | Path, snapshot: list[tuple[str, torch.Tensor]], lik
         tmp_link.unlink()
     os.symlink(final.name, tmp_link)  # relative: the run directory can move
     os.replace(tmp_link, link)
-    record = {"step": step, "version": step + 1, "metric": "val/accuracy", "value": values["val/accuracy"],
-              "path": final.name, **{k: v for k, v in values.items() if k.startswith("val/")}}
+    record = {
+        "step": step,
+        "version": step + 1,
+        "metric": "val/accuracy",
+        "value": values["val/accuracy"],
+        "path": final.name,
+        **{k: v for k, v in values.items() if k.startswith("val/")},
+    }
     (root / f"{BEST}.json.tmp").write_text(json.dumps(record, indent=2))
     os.replace(root / f"{BEST}.json.tmp", root / f"{BEST}.json")
     for old in root.glob(f"{BEST}_*"):

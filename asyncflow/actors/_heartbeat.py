@@ -53,8 +53,9 @@ class Heartbeat:
         with self._lock:
             return {
                 host: f"host {host!r} at {ref.address} has not answered Ping for {now - self._last_answer[host]:.1f} s"
-                      f" ({self._last_error.get(host, 'no reply')}): its node is down or unreachable"
-                for host, ref in self._refs.items() if now - self._last_answer[host] > self.lost_after_s
+                f" ({self._last_error.get(host, 'no reply')}): its node is down or unreachable"
+                for host, ref in self._refs.items()
+                if now - self._last_answer[host] > self.lost_after_s
             }
 
     def start(self) -> Heartbeat:

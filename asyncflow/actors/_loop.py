@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from asyncflow.actors._activity import ActivityClock
 from asyncflow.actors.names import COLLECTOR
@@ -45,7 +45,9 @@ class _Tick:
 
 class LoopActor(Actor):
     Inbox = protocol.LoopIn
-    Urgent = (protocol.GetRoleStats,)  # answered at once, mid-unit, with the running activity counted so far
+    Urgent: ClassVar[tuple[type, ...]] = (
+        protocol.GetRoleStats,
+    )  # answered at once, mid-unit, with the running activity counted so far
 
     def __init__(self, ctx: ActorContext):
         super().__init__(ctx)

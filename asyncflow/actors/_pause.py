@@ -30,8 +30,9 @@ POLL_S = 5.0
 """How long one round waits for Paused before the name is looked up again."""
 
 
-def pause_role(lookup: Callable[[str], ActorRef], name: str, deadline_s: float = 600.0,
-               poll_s: float = POLL_S) -> tuple[ActorRef, protocol.Paused]:
+def pause_role(
+    lookup: Callable[[str], ActorRef], name: str, deadline_s: float = 600.0, poll_s: float = POLL_S
+) -> tuple[ActorRef, protocol.Paused]:
     """Pause ``name``; returns the reference that answered (to Resume later) and its Paused.
 
     ``lookup(name)`` gives a fresh reference from the directory, which names the
@@ -55,6 +56,5 @@ def pause_role(lookup: Callable[[str], ActorRef], name: str, deadline_s: float =
             log.info("pause %s: not in the directory now (%s); asking again", name, exc)
             continue
         if newer.address != ref.address:
-            log.warning("pause %s: it moved from %s to %s (restarted); asking the new process",
-                        name, ref.address, newer.address)
+            log.warning("pause %s: it moved from %s to %s (restarted); asking the new process", name, ref.address, newer.address)
             ref = newer

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 def join_trainer_group(ctx, run: Run, rank: int):
     """Rendezvous of the trainer ranks (no-op for one rank) in their torch.distributed
     group, named after the role (published in the directory as ``dist.trainer``);
@@ -45,8 +46,16 @@ def join_trainer_group(ctx, run: Run, rank: int):
 
     device = cfg.train.engine.device
     log.info("trainer rank %d/%d: joining group %r", rank, cfg.train.num_ranks, TRAINER)
-    store = init_default_group(ctx.directory, TRAINER, ctx.transport, rank, cfg.train.num_ranks, dist_backend(device),
-                               cfg.train.dist_timeout_s, port=cfg.train.dist_port)
+    store = init_default_group(
+        ctx.directory,
+        TRAINER,
+        ctx.transport,
+        rank,
+        cfg.train.num_ranks,
+        dist_backend(device),
+        cfg.train.dist_timeout_s,
+        port=cfg.train.dist_port,
+    )
     if device == "cuda" and torch.cuda.device_count() > 1:  # every device visible: one per rank
         torch.cuda.set_device(rank % torch.cuda.device_count())
     elif device == "npu" and torch.npu.device_count() > 1:  # type: ignore[attr-defined]
@@ -60,12 +69,17 @@ def loss_config(alg: AlgorithmConfig) -> PolicyLossConfig:
     from asyncflow.algorithms.grpo import PolicyLossConfig
 
     return PolicyLossConfig(
-        clip_low=alg.clip_eps, clip_high=alg.clip_eps,
-        kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef, kl_estimator=alg.kl_estimator,
+        clip_low=alg.clip_eps,
+        clip_high=alg.clip_eps,
+        kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef,
+        kl_estimator=alg.kl_estimator,
         entropy_coef=alg.entropy_coef,
         agg="token-mean" if alg.loss_agg == "token_mean" else "seq-mean-token-mean",
-        tis_cap=alg.is_truncation, clip_against=alg.clip_against,
-        is_level=alg.is_level, is_mask_low=alg.is_mask_low, is_mask_high=alg.is_mask_high,
+        tis_cap=alg.is_truncation,
+        clip_against=alg.clip_against,
+        is_level=alg.is_level,
+        is_mask_low=alg.is_mask_low,
+        is_mask_high=alg.is_mask_high,
     )
 
 
@@ -79,13 +93,15 @@ class PolicyUpdate:
         cfg, launch = run.config, run.launch
         self.cfg = cfg
         # the lr schedule runs over optimizer steps: one per epoch of each trainer step (the critic: one per step)
-        self.engine = build_train_engine(cfg.train.engine, launch.model_dir,
-                                         total_steps=cfg.train.num_steps * cfg.algorithm.epochs)
+        self.engine = build_train_engine(
+            cfg.train.engine, launch.model_dir, total_steps=cfg.train.num_steps * cfg.algorithm.epochs
+        )
         self.critic = None
         if cfg.algorithm.name == "ppo":
             critic_dir = Path(launch.resume_from) / "critic" if launch.resume_from else Path(launch.model_dir)
-            self.critic = build_train_engine(msgspec.structs.replace(cfg.critic.engine, critic=True), critic_dir,
-                                             total_steps=cfg.train.num_steps)
+            self.critic = build_train_engine(
+                msgspec.structs.replace(cfg.critic.engine, critic=True), critic_dir, total_steps=cfg.train.num_steps
+            )
         if launch.resume_from:
             self.engine.load_checkpoint(str(Path(launch.resume_from) / "model"), with_optimizer=True)
             if self.critic is not None:
@@ -160,8 +176,9 @@ class PolicyUpdate:
         alg = self.cfg.algorithm
         if alg.kl_in_reward and alg.kl_coef > 0:
             assert tb.rollout_logp is not None and tb.ref_logp is not None  # kl_coef > 0 runs the reference
-            rewards_B = kl_penalized_rewards(rewards_B, tb.rollout_logp, tb.ref_logp, tb.response_mask,
-                                             alg.kl_coef, alg.kl_estimator)
+            rewards_B = kl_penalized_rewards(
+                rewards_B, tb.rollout_logp, tb.ref_logp, tb.response_mask, alg.kl_coef, alg.kl_estimator
+            )
         groups: dict[int, list[int]] = {}
         for pos, group in enumerate(group_ids):
             groups.setdefault(group, []).append(pos)
@@ -179,7 +196,10 @@ class PolicyUpdate:
 
         alg = self.cfg.algorithm
         ppo = PPOConfig(
-            gamma=alg.gamma, lam=alg.lam, value_clip=alg.value_clip, kl_estimator=alg.kl_estimator,
+            gamma=alg.gamma,
+            lam=alg.lam,
+            value_clip=alg.value_clip,
+            kl_estimator=alg.kl_estimator,
             kl_in_reward_coef=alg.kl_coef if alg.kl_in_reward else 0.0,
         )
         assert self.critic is not None  # built for ppo
@@ -204,8 +224,13 @@ class PolicyUpdate:
             dist.all_reduce(sums)
             dist.all_reduce(top, op=dist.ReduceOp.MAX)
         n, reward_sum, response, prompt = sums.tolist()
-        return {"samples": n, "reward_mean": reward_sum / max(n, 1.0), "reward_max": top.item(),
-                "response_tokens": response, "tokens": response + prompt}
+        return {
+            "samples": n,
+            "reward_mean": reward_sum / max(n, 1.0),
+            "reward_max": top.item(),
+            "response_tokens": response,
+            "tokens": response + prompt,
+        }
 
     def export_weights(self, keep: bool = True) -> list[tuple[str, torch.Tensor]]:
         """A cpu snapshot of the full policy weights (fresh copies the engine will not

@@ -75,6 +75,7 @@ def check(cfg: RunConfig, model_dir: str) -> str:
 
 # -- inputs: what a worker would otherwise find out after the processes started ----------
 
+
 def _importable(path: str, python_path: list[str]):
     """``module:attr`` imported the way a worker will (PYTHONPATH = cluster.python_path,
     then the working directory); raises ValueError saying what is missing."""
@@ -92,7 +93,8 @@ def _importable(path: str, python_path: list[str]):
         where = ", ".join(python_path) if python_path else "nothing"
         raise ValueError(
             f"cannot import module {module_name!r} ({exc}); put the directory that holds it in "
-            f"cluster.python_path (relative to the config file; now {where})") from None
+            f"cluster.python_path (relative to the config file; now {where})"
+        ) from None
     finally:
         sys.path[:] = saved
     if not hasattr(module, attr):
@@ -111,8 +113,10 @@ def check_inputs(cfg: RunConfig) -> None:
             continue
         key = f"reward.functions[{i}] = {name!r}"
         if ":" not in name:
-            raise ConfigError(f"{key}: use a built-in ({', '.join(sorted(BUILTIN_REWARDS))}) or a dotted path "
-                              "'package.module:function' (docs/your-model-and-data.md, 'Your reward')")
+            raise ConfigError(
+                f"{key}: use a built-in ({', '.join(sorted(BUILTIN_REWARDS))}) or a dotted path "
+                "'package.module:function' (docs/your-model-and-data.md, 'Your reward')"
+            )
         try:
             _importable(name, cfg.cluster.python_path)
             load_reward_fn(name)  # its signature (the module is imported now)
@@ -129,8 +133,10 @@ def check_inputs(cfg: RunConfig) -> None:
         from asyncflow.core.actor import Actor
 
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
-            raise ConfigError(f"{key} (role {role.name!r}): not an asyncflow Actor subclass; subclass "
-                              f"{class_path(ColumnRole)} (docs/custom-roles.md)")
+            raise ConfigError(
+                f"{key} (role {role.name!r}): not an asyncflow Actor subclass; subclass "
+                f"{class_path(ColumnRole)} (docs/custom-roles.md)"
+            )
     _check_devices(cfg)
     data_path, model_dir = cfg.data.path, cfg.model.path
     if data_path:
@@ -141,8 +147,9 @@ def check_inputs(cfg: RunConfig) -> None:
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"data.path = {data_path!r}: {exc} (fields: docs/your-model-and-data.md)") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"data.path = {data_path!r}: not JSON lines ({exc}); write one JSON object per "
-                              "line with 'prompt' and 'answer'") from None
+            raise ConfigError(
+                f"data.path = {data_path!r}: not JSON lines ({exc}); write one JSON object per line with 'prompt' and 'answer'"
+            ) from None
     if cfg.data.chat_template and model_dir:
         from asyncflow.engines.hf import load_tokenizer
 
@@ -150,12 +157,16 @@ def check_inputs(cfg: RunConfig) -> None:
             raise ConfigError(
                 f"data.chat_template = true, but the tokenizer of {model_dir} has no chat template: set "
                 "data.chat_template = false (prompts go to the model as plain text), or give the tokenizer a "
-                "template (tokenizer.chat_template = '...'; tokenizer.save_pretrained(model_dir))")
+                "template (tokenizer.chat_template = '...'; tokenizer.save_pretrained(model_dir))"
+            )
 
 
 def _check_devices(cfg: RunConfig) -> None:
-    used = [("cluster.device", cfg.cluster.device), ("rollout.engine.device", cfg.rollout.engine.device),
-            ("train.engine.device", cfg.train.engine.device)]
+    used = [
+        ("cluster.device", cfg.cluster.device),
+        ("rollout.engine.device", cfg.rollout.engine.device),
+        ("train.engine.device", cfg.train.engine.device),
+    ]
     if cfg.algorithm.name == "ppo":
         used.append(("critic.engine.device", cfg.critic.engine.device))
     kinds = {device for _, device in used}
@@ -164,13 +175,16 @@ def _check_devices(cfg: RunConfig) -> None:
 
         if not torch.cuda.is_available():
             key = next(k for k, d in used if d == "cuda")
-            raise ConfigError(f"{key} = 'cuda', but torch sees no CUDA device here (torch {torch.__version__}, "
-                              "torch.cuda.is_available() is False): use 'cpu', or run on a machine with a GPU and a "
-                              "CUDA build of torch")
+            raise ConfigError(
+                f"{key} = 'cuda', but torch sees no CUDA device here (torch {torch.__version__}, "
+                "torch.cuda.is_available() is False): use 'cpu', or run on a machine with a GPU and a "
+                "CUDA build of torch"
+            )
     if "npu" in kinds:
         import importlib.util
 
         if importlib.util.find_spec("torch_npu") is None:
             key = next(k for k, d in used if d == "npu")
-            raise ConfigError(f"{key} = 'npu', but torch_npu is not installed: use 'cpu', or install torch_npu "
-                              "on an Ascend machine (extra npu)")
+            raise ConfigError(
+                f"{key} = 'npu', but torch_npu is not installed: use 'cpu', or install torch_npu on an Ascend machine (extra npu)"
+            )

@@ -27,7 +27,9 @@ from asyncflow.core.transport import is_loopback
 def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, Path, LaunchInfo]:
     rd = Path(run_dir)
     if (rd / "metrics.jsonl").exists():
-        raise ConfigError(f"run directory {rd} already holds a run: resume it with `afctl up --resume {rd}` or choose another --run-dir")
+        raise ConfigError(
+            f"run directory {rd} already holds a run: resume it with `afctl up --resume {rd}` or choose another --run-dir"
+        )
     from asyncflow.actors._preflight import check_inputs
 
     check_inputs(cfg)  # imports, devices, data fields, chat template: before any process starts
@@ -49,10 +51,18 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
         from asyncflow.algorithms.tasks import make_task_model
 
         click.echo(f"building the tiny {cfg.model.tiny} model into {rd / 'model'} ...")
-        model_dir = str(make_task_model(rd / "model", seed=cfg.seed, arch=cfg.model.tiny, task=cfg.data.task,
-                                        warm_start_steps=cfg.model.tiny_warm_start_steps if cfg.model.tiny_warm_start else 0))
-    launch = LaunchInfo(model_dir=os.path.abspath(model_dir), base_model_dir=os.path.abspath(model_dir),
-                        data_path=os.path.abspath(data_path))
+        model_dir = str(
+            make_task_model(
+                rd / "model",
+                seed=cfg.seed,
+                arch=cfg.model.tiny,
+                task=cfg.data.task,
+                warm_start_steps=cfg.model.tiny_warm_start_steps if cfg.model.tiny_warm_start else 0,
+            )
+        )
+    launch = LaunchInfo(
+        model_dir=os.path.abspath(model_dir), base_model_dir=os.path.abspath(model_dir), data_path=os.path.abspath(data_path)
+    )
     cfg = with_run_secret(cfg)
     write_run_config(cfg, rd)
     (rd / "launch.json").write_bytes(msgspec.json.format(msgspec.json.encode(launch)))
@@ -81,8 +91,9 @@ def write_run_config(cfg: RunConfig, rd: Path) -> None:
     transport = cfg.cluster.transport
     if transport.secret:
         write_private(rd / SECRET_FILE, transport.secret.encode())
-        cfg = msgspec.structs.replace(cfg, cluster=msgspec.structs.replace(
-            cfg.cluster, transport=msgspec.structs.replace(transport, secret="")))
+        cfg = msgspec.structs.replace(
+            cfg, cluster=msgspec.structs.replace(cfg.cluster, transport=msgspec.structs.replace(transport, secret=""))
+        )
     (rd / "config.json").write_text(dump_config(cfg))
 
 
@@ -119,13 +130,18 @@ def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConf
     previous = msgspec.json.decode((rd / "launch.json").read_bytes(), type=LaunchInfo)
     step = int((ckpt / "DONE").read_text())
     if step >= cfg.train.num_steps:
-        raise ConfigError(f"{rd} already finished its {cfg.train.num_steps} steps; to train more, raise "
-                          f"train.num_steps: afctl up --resume {rd} --set train.num_steps={step + max(1, step)}")
+        raise ConfigError(
+            f"{rd} already finished its {cfg.train.num_steps} steps; to train more, raise "
+            f"train.num_steps: afctl up --resume {rd} --set train.num_steps={step + max(1, step)}"
+        )
     if cfg is not saved:
         write_run_config(cfg, rd)
     launch = LaunchInfo(
-        model_dir=str(ckpt / "model"), base_model_dir=previous.base_model_dir, data_path=previous.data_path,
-        start_step=step, resume_from=str(ckpt),
+        model_dir=str(ckpt / "model"),
+        base_model_dir=previous.base_model_dir,
+        data_path=previous.data_path,
+        start_step=step,
+        resume_from=str(ckpt),
         role_states=msgspec.msgpack.decode((ckpt / "roles.msgpack").read_bytes()),
     )
     (rd / "launch.json").write_bytes(msgspec.json.format(msgspec.json.encode(launch)))
@@ -144,8 +160,11 @@ def resume_advice(rd: Path) -> str:
     if ckpt is not None:
         return f"Resume from its last checkpoint ({ckpt.name}): afctl up --resume {rd}"
     cfg_every = read_run_config(rd).train.checkpoint_every if (rd / "config.json").exists() else 0
-    why = (f"train.checkpoint_every = {cfg_every}: the first is saved after step {cfg_every}" if cfg_every
-           else "train.checkpoint_every = 0 saves one only at the end")
+    why = (
+        f"train.checkpoint_every = {cfg_every}: the first is saved after step {cfg_every}"
+        if cfg_every
+        else "train.checkpoint_every = 0 saves one only at the end"
+    )
     return f"No checkpoint to resume from: none was saved yet ({why}); fix the cause and start the run again."
 
 

@@ -49,9 +49,16 @@ class Scaler:
         """Start the planner (after the trainer's process) and subscribe it to StepMetrics."""
         la = self.launcher
         self.planner = serve_actor(
-            PlannerActor, names.PLANNER, la.transport, directory_address=la.directory.address,
-            run_dir=str(la.run_dir), config=la.cfg.planner, rollout_replicas=self.replicas,
-            train_threads=self.train_threads, apply=self.moves.put, num_steps=la.cfg.train.num_steps,
+            PlannerActor,
+            names.PLANNER,
+            la.transport,
+            directory_address=la.directory.address,
+            run_dir=str(la.run_dir),
+            config=la.cfg.planner,
+            rollout_replicas=self.replicas,
+            train_threads=self.train_threads,
+            apply=self.moves.put,
+            num_steps=la.cfg.train.num_steps,
             cores=(la.cfg.planner.cores or os.cpu_count() or 1) if la.cfg.cluster.device == "cpu" else 0,
         )
         la.dc.register(self.planner.entry())
@@ -74,8 +81,10 @@ class Scaler:
             try:
                 self.planner.pykka_ref.tell(applied)
             except pykka.ActorDeadError:  # the planner failed (its error is in the log): the run goes on without it
-                click.echo(f"!! planner: gone; the split stays {applied.rollout_replicas}, "
-                           f"{applied.train_threads} trainer threads", err=True)
+                click.echo(
+                    f"!! planner: gone; the split stays {applied.rollout_replicas}, {applied.train_threads} trainer threads",
+                    err=True,
+                )
 
     def apply(self, decision: MoveDecision) -> protocol.MoveApplied:
         """Reach ``decision.split_after``: replicas = rollout_workers, trainer threads =
@@ -92,8 +101,9 @@ class Scaler:
                 self._set_train_threads(target.train_workers)
         except (AsyncflowError, LookupError, ValueError) as exc:
             click.echo(f"!! planner: the move {n} {decision.from_role} -> {decision.to_role} failed: {exc}", err=True)
-            return protocol.MoveApplied(ok=False, rollout_replicas=list(self.replicas),
-                                        train_threads=self.train_threads, error=str(exc))
+            return protocol.MoveApplied(
+                ok=False, rollout_replicas=list(self.replicas), train_threads=self.train_threads, error=str(exc)
+            )
         return protocol.MoveApplied(ok=True, rollout_replicas=list(self.replicas), train_threads=self.train_threads)
 
     # -- the pieces of a move ----------------------------------------------------------------

@@ -65,9 +65,18 @@ class SpanRecorder:
             return
         names, starts, durations, versions = (list(column) for column in zip(*spans)) if spans else ([], [], [], [])
         try:
-            self._ref.tell(protocol.Spans(role=self.role, pid=os.getpid(), names=names, starts_s=starts,
-                                          durations_s=durations, counters=dict(self.counters),
-                                          versions=versions), timeout_s=2.0)
+            self._ref.tell(
+                protocol.Spans(
+                    role=self.role,
+                    pid=os.getpid(),
+                    names=names,
+                    starts_s=starts,
+                    durations_s=durations,
+                    counters=dict(self.counters),
+                    versions=versions,
+                ),
+                timeout_s=2.0,
+            )
         except Exception as exc:  # tracing must never stop a role; the collector may be gone at exit
             log.debug("spans of %s dropped: %s", self.role, exc)
 

@@ -78,8 +78,15 @@ def complete_lines(path: Path) -> list[str]:
     return lines
 
 
-def summarize(rd: Path, cfg: RunConfig, stats: dict[str, protocol.RoleStats], wall_s: float, restarts: list, result,
-              interrupted: bool = False) -> dict:
+def summarize(
+    rd: Path,
+    cfg: RunConfig,
+    stats: dict[str, protocol.RoleStats],
+    wall_s: float,
+    restarts: list,
+    result,
+    interrupted: bool = False,
+) -> dict:
     """summary.json. Totals and rates cover the whole run, every launch of a resumed
     one (``samples_per_s`` = all samples over the sum of the launches' training spans);
     ``launch_*`` figures, ``wall_s`` and the busy fractions are this launch's."""

@@ -52,5 +52,6 @@ class VersionLedger:
                 f"step {step}: {mismatched} of {len(indices)} rows were not generated with the weights of the version "
                 f"they are tagged with (row {index}: tagged v{m.version}, whose digest is {expected:x}, generated with "
                 f"{m.weights_digest:x}); a rollout replica mislabels its version or the published weights changed "
-                "after their digest was taken. workflow.verify_weights = \"count\" counts such rows instead")
+                'after their digest was taken. workflow.verify_weights = "count" counts such rows instead'
+            )
         return {"weights_mismatch": float(mismatched), "weights_unverified": float(unverified)}

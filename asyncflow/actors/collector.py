@@ -47,9 +47,17 @@ class Subscribe:
 class CollectorActor(Actor):
     Inbox = protocol.CollectorIn
 
-    def __init__(self, ctx, run_dir: str, num_steps: int, progress: bool, loggers: list | None = None,
-                 trace_every_s: float = 0.0, on_trace_written: Callable[[int], None] | None = None,
-                 ended: threading.Event | None = None):
+    def __init__(
+        self,
+        ctx,
+        run_dir: str,
+        num_steps: int,
+        progress: bool,
+        loggers: list | None = None,
+        trace_every_s: float = 0.0,
+        on_trace_written: Callable[[int], None] | None = None,
+        ended: threading.Event | None = None,
+    ):
         """``on_trace_written(num_events)`` is called in the actor's thread after each live
         rewrite of trace.json (e.g. to follow a live run). ``ended`` is set on RunFinished
         and on RoleFailed: what the driver waits on."""
@@ -98,10 +106,15 @@ class CollectorActor(Actor):
                 for logger in self.loggers:
                     logger.log(step, values)
                 if "staleness_max" in values:
-                    self.trace_events.append({"ph": "C", "name": "staleness", "ts": time.time() * 1e6,
-                                              "pid": self._track(names.TRAINER),
-                                              "args": {"max": values["staleness_max"],
-                                                       "mean": values.get("staleness_mean", 0.0)}})
+                    self.trace_events.append(
+                        {
+                            "ph": "C",
+                            "name": "staleness",
+                            "ts": time.time() * 1e6,
+                            "pid": self._track(names.TRAINER),
+                            "args": {"max": values["staleness_max"], "mean": values.get("staleness_mean", 0.0)},
+                        }
+                    )
                 self.last_step_at = time.monotonic()
                 self.last_values = values
                 if self.progress:
@@ -124,9 +137,12 @@ class CollectorActor(Actor):
                 self.busy = dict(fractions)
                 return protocol.Ok()
             case protocol.GetRunState():
-                return protocol.RunState(finished=self.result, failures=list(self.failures),
-                                         since_step_s=time.monotonic() - self.last_step_at,
-                                         last_spans=dict(self.last_span))
+                return protocol.RunState(
+                    finished=self.result,
+                    failures=list(self.failures),
+                    since_step_s=time.monotonic() - self.last_step_at,
+                    last_spans=dict(self.last_span),
+                )
             case protocol.WriteTrace(path=path):
                 self.write_trace(path)
                 return protocol.Ok()
@@ -153,15 +169,25 @@ class CollectorActor(Actor):
         activities = []  # positions of the activity spans; phases ("<activity>/<phase>") go on lane 1
         for i, (name, start, dur) in enumerate(zip(msg.names, msg.starts_s, msg.durations_s)):
             if "/" in name:
-                events.append({"ph": "X", "name": name, "cat": "phase", "ts": start * 1e6, "dur": dur * 1e6,
-                               "pid": track, "tid": 1})
+                events.append(
+                    {"ph": "X", "name": name, "cat": "phase", "ts": start * 1e6, "dur": dur * 1e6, "pid": track, "tid": 1}
+                )
             else:
                 activities.append(i)
         for j, i in enumerate(activities):
             name, start, dur = msg.names[i], msg.starts_s[i], msg.durations_s[i]
             ts = start * 1e6
-            events.append({"ph": "X", "name": name, "cat": "wait" if name.startswith("wait_") else "busy",
-                           "ts": ts, "dur": dur * 1e6, "pid": track, "tid": 0})
+            events.append(
+                {
+                    "ph": "X",
+                    "name": name,
+                    "cat": "wait" if name.startswith("wait_") else "busy",
+                    "ts": ts,
+                    "dur": dur * 1e6,
+                    "pid": track,
+                    "tid": 0,
+                }
+            )
             end_version = versions[activities[j + 1]] if j + 1 < len(activities) else final_version
             if name == "sync_weights" and versions[i] >= 0:
                 self._published[versions[i] + 1] = ts
@@ -169,11 +195,13 @@ class CollectorActor(Actor):
                 self._swaps.append((end_version, track, ts))
             if end_version >= 0 and end_version != self._last_version.get(msg.role):
                 self._last_version[msg.role] = end_version
-                events.append({"ph": "C", "name": "policy version", "ts": ts + dur * 1e6, "pid": track,
-                               "args": {"version": end_version}})
+                events.append(
+                    {"ph": "C", "name": "policy version", "ts": ts + dur * 1e6, "pid": track, "args": {"version": end_version}}
+                )
         if "cpu_s" in msg.counters:
-            events.append({"ph": "C", "name": "cpu", "ts": time.time() * 1e6, "pid": track,
-                           "args": {"cpu_s": float(msg.counters["cpu_s"])}})
+            events.append(
+                {"ph": "C", "name": "cpu", "ts": time.time() * 1e6, "pid": track, "args": {"cpu_s": float(msg.counters["cpu_s"])}}
+            )
         if activities:
             i = activities[-1]
             self.last_span[msg.role] = (msg.names[i], msg.starts_s[i] + msg.durations_s[i])
@@ -191,10 +219,29 @@ class CollectorActor(Actor):
             if trainer is None or published is None:
                 continue  # loaded from the start checkpoint, or the trainer's span was not received
             flow_id = version * 1000 + track
-            out.append({"ph": "s", "name": f"weights v{version}", "cat": "weights", "id": flow_id,
-                        "ts": published, "pid": trainer, "tid": 0})
-            out.append({"ph": "f", "bp": "e", "name": f"weights v{version}", "cat": "weights", "id": flow_id,
-                        "ts": ts, "pid": track, "tid": 0})
+            out.append(
+                {
+                    "ph": "s",
+                    "name": f"weights v{version}",
+                    "cat": "weights",
+                    "id": flow_id,
+                    "ts": published,
+                    "pid": trainer,
+                    "tid": 0,
+                }
+            )
+            out.append(
+                {
+                    "ph": "f",
+                    "bp": "e",
+                    "name": f"weights v{version}",
+                    "cat": "weights",
+                    "id": flow_id,
+                    "ts": ts,
+                    "pid": track,
+                    "tid": 0,
+                }
+            )
         return out
 
     def write_trace(self, path: str) -> int:
@@ -209,7 +256,9 @@ class CollectorActor(Actor):
 
 def progress_line(v: dict[str, float], num_steps: int, busy: dict[str, float]) -> str:
     t = max(v["time_s"], 1e-9)
-    roles = " ".join(f"{r.split('.')[0][:7]}{'' if r.count('.') == 0 else r.split('.')[-1]}={f:.2f}" for r, f in sorted(busy.items()))
+    roles = " ".join(
+        f"{r.split('.')[0][:7]}{'' if r.count('.') == 0 else r.split('.')[-1]}={f:.2f}" for r, f in sorted(busy.items())
+    )
     val = f" | val acc {v['val/accuracy']:.3f}" if "val/accuracy" in v else ""
     return (
         f"step {int(v['step']) + 1:>4}/{num_steps} | reward {v['reward_mean']:.3f}{val} | "

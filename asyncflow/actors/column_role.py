@@ -53,8 +53,9 @@ class ColumnRole(LoopActor):
     def work_once(self) -> bool:
         with self.activity("wait_data"):
             try:
-                batch = self.tq.get_batch(self.task, list(self.inputs), self.batch_size, partial=True,
-                                          ack=self.acks.take(self.task))
+                batch = self.tq.get_batch(
+                    self.task, list(self.inputs), self.batch_size, partial=True, ack=self.acks.take(self.task)
+                )
                 if len(batch) == 0:
                     batch = self.tq.get_batch(self.task, list(self.inputs), 1, timeout_s=0.5)
             except BatchTimeout:

@@ -36,6 +36,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 import msgspec
@@ -53,6 +54,10 @@ from asyncflow.core.actor import serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.tq.client import TQClient
+
+if TYPE_CHECKING:
+    from asyncflow.actors._scaling import Scaler
+    from asyncflow.actors.ray_hosts import RayHosts
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +92,8 @@ class Launcher:
         self.ended = threading.Event()  # set by the collector: RunFinished or RoleFailed
         self.stopping = False
         self.lost_process = False  # a process the run cannot go on without died: stop fast, then resume
-        self.scaler = None  # the online planner's driver side ([planner] online = true)
-        self.ray_hosts = None
+        self.scaler: Scaler | None = None  # the online planner's driver side ([planner] online = true)
+        self.ray_hosts: RayHosts | None = None  # [cluster] launcher = "ray"
 
     def tasks(self) -> list[str]:
         return topology.tasks(self.roles, self.cfg)
@@ -114,16 +119,28 @@ class Launcher:
 
         self.loggers = build_loggers(cfg.logging, self.run_dir, cfg)
         self.collector = serve_actor(
-            CollectorActor, names.COLLECTOR, self.transport, directory_address=self.directory.address,
-            run_dir=str(self.run_dir), num_steps=cfg.train.num_steps, progress=cfg.logging.progress,
-            loggers=self.loggers, trace_every_s=cfg.logging.trace_every_s if cfg.logging.spans else 0.0,
+            CollectorActor,
+            names.COLLECTOR,
+            self.transport,
+            directory_address=self.directory.address,
+            run_dir=str(self.run_dir),
+            num_steps=cfg.train.num_steps,
+            progress=cfg.logging.progress,
+            loggers=self.loggers,
+            trace_every_s=cfg.logging.trace_every_s if cfg.logging.spans else 0.0,
             ended=self.ended,
         )
         self.dc.register(self.collector.entry())
-        env = {**quiet_progress_bars(), "OMP_NUM_THREADS": str(cfg.cluster.threads_per_process), "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONPATH": os.pathsep.join(filter(None, [*cfg.cluster.python_path, os.getcwd(), os.environ.get("PYTHONPATH", "")])),
-               "ASYNCFLOW_SPANS": "1" if cfg.logging.spans else "0",
-               "ASYNCFLOW_LOG_DIR": str((self.run_dir / "logs").absolute())}
+        env = {
+            **quiet_progress_bars(),
+            "OMP_NUM_THREADS": str(cfg.cluster.threads_per_process),
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [*cfg.cluster.python_path, os.getcwd(), os.environ.get("PYTHONPATH", "")])
+            ),
+            "ASYNCFLOW_SPANS": "1" if cfg.logging.spans else "0",
+            "ASYNCFLOW_LOG_DIR": str((self.run_dir / "logs").absolute()),
+        }
         sup.attach(self.dc, self.transport, env)
         sup.on_restart = self.write_cluster_file
         click.echo(f"starting {len(sup.names())} processes: {', '.join(sup.names())}")
@@ -152,12 +169,18 @@ class Launcher:
         """RUN_DIR/cluster.json and the pointer to it, for `afctl status` (no secret)."""
         if not hasattr(self, "started_wall_s"):
             self.started_wall_s = time.time()  # kept when a restart rewrites the file
-        _cluster_file.write(_cluster_file.ClusterFile(
-            run_dir=str(self.run_dir.absolute()), directory=self.directory.address, transport=self.transport,
-            driver_pid=os.getpid(), started_at=self.started_wall_s,
-            hosts={h: p.pid for h, p in self.supervisor.procs().items()},
-            workers=self.supervisor.workers(), tasks=self.tasks(),
-        ))
+        _cluster_file.write(
+            _cluster_file.ClusterFile(
+                run_dir=str(self.run_dir.absolute()),
+                directory=self.directory.address,
+                transport=self.transport,
+                driver_pid=os.getpid(),
+                started_at=self.started_wall_s,
+                hosts={h: p.pid for h, p in self.supervisor.procs().items()},
+                workers=self.supervisor.workers(),
+                tasks=self.tasks(),
+            )
+        )
 
     def stop(self) -> list[tuple[str, BaseException]]:
         """Stop the workers' loops first (each finishes its unit), then the processes,
@@ -173,8 +196,9 @@ class Launcher:
             try:
                 fn(*args)
             except Exception as exc:  # the stop path's containment boundary: the next stages must run
-                log.error("stopping the run: %s failed: %s: %s (going on with the rest of the stop)",
-                          name, type(exc).__name__, exc)
+                log.error(
+                    "stopping the run: %s failed: %s: %s (going on with the rest of the stop)", name, type(exc).__name__, exc
+                )
                 errors.append((name, exc))
 
         self.stopping = True
@@ -237,7 +261,8 @@ class Launcher:
         return {n: s.busy_s / max(1e-9, s.busy_s + sum(s.wait_s.values())) for n, s in stats.items()}
 
     def run_state(self) -> protocol.RunState:
-        return self.collector.pykka_ref.ask(protocol.GetRunState())
+        # block=True is the default; spelled out, it selects pykka's typed overload that returns the reply, not a Future
+        return self.collector.pykka_ref.ask(protocol.GetRunState(), block=True)
 
     def check_hosts(self) -> None:
         """Handle the processes that died since the last look, and start again those
@@ -265,25 +290,29 @@ class Launcher:
                 lines.append(f"  {name:<14} NO ANSWER to GetRoleStats ({last})")
                 suspects.append((age, name, "not answering"))
             else:
-                lines.append(f"  {name:<14} pid {s.pid:<7} state {s.state:<14} version {s.version:<4} "
-                             f"items {s.num_items:<6} {last}")
+                lines.append(
+                    f"  {name:<14} pid {s.pid:<7} state {s.state:<14} version {s.version:<4} items {s.num_items:<6} {last}"
+                )
                 if not s.state.startswith("wait_") and s.state not in ("idle", "done", "paused"):
                     suspects.append((age, name, f"in {s.state!r}"))
         if suspects:
             age, name, doing = max(suspects)
-            lines.append(f"  most likely stalled: {name} ({doing}, no span finished for {age:.1f} s); "
-                         f"its stack is below")
+            lines.append(f"  most likely stalled: {name} ({doing}, no span finished for {age:.1f} s); its stack is below")
         else:
             lines.append("  every role is waiting: the task states below show which rows are missing")
         try:
             tq = TQClient(self.dc, consumer="driver")
             status = tq.status()
-            lines.append(f"  queue: {status.num_live_rows}/{status.capacity_rows} rows live, "
-                         f"{status.num_waiting_allocations} allocations waiting")
+            lines.append(
+                f"  queue: {status.num_live_rows}/{status.capacity_rows} rows live, "
+                f"{status.num_waiting_allocations} allocations waiting"
+            )
             for task in self.tasks():
                 t = tq.task_status(task)
-                lines.append(f"  task {task:<10} {t.num_rows} rows, {t.num_acked} acked, handed out {t.num_pending}, "
-                             f"{t.num_waiting} GetBatch waiting")
+                lines.append(
+                    f"  task {task:<10} {t.num_rows} rows, {t.num_acked} acked, handed out {t.num_pending}, "
+                    f"{t.num_waiting} GetBatch waiting"
+                )
         except AsyncflowError as exc:
             lines.append(f"  queue: no answer ({exc})")
         lines.append("  (Python stacks of every process follow on stderr)")
@@ -322,19 +351,22 @@ class Launcher:
             self._role_failed(state.failures[0])
         return state.finished
 
-    def _role_failed(self, failure: protocol.RoleFailed) -> None:
+    def _role_failed(self, failure: protocol.RoleFailed) -> NoReturn:
         """Raise RunFailed for a role's error, naming first a dead process it may have
         failed for (a trainer rank's collective breaks when another rank is killed)."""
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline and all(p.alive() for p in self.supervisor.procs().values()):
             time.sleep(0.1)
         self.check_hosts()
-        raise RunFailed(f"role {failure.role} failed: {failure.error.splitlines()[0]} (traceback in "
-                        f"{self.supervisor.log_file(failure.role)})\n{resume_advice(self.run_dir)}")
+        raise RunFailed(
+            f"role {failure.role} failed: {failure.error.splitlines()[0]} (traceback in "
+            f"{self.supervisor.log_file(failure.role)})\n{resume_advice(self.run_dir)}"
+        )
 
 
-def run(cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | None = None,
-        resume_overrides: Sequence[str] = ()) -> dict:
+def run(
+    cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | None = None, resume_overrides: Sequence[str] = ()
+) -> dict:
     """Run to the end; returns the summary (also written to RUN_DIR/summary.json).
     Give a config and a run directory for a new run, or ``resume=RUN_DIR`` (with
     ``resume_overrides``: ``--set`` items of keys that may change on resume).
@@ -343,7 +375,11 @@ def run(cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | 
     loader, a trainer rank, or its node), the run stops cleanly and, up to
     ``cluster.max_resumes`` times, resumes itself from its last checkpoint."""
     quiet_progress_bars()  # before the tiny model is built and saved
-    cfg, rd, launch = prepare_resume(resume, resume_overrides) if resume else prepare_new(cfg, run_dir)
+    if resume:
+        cfg, rd, launch = prepare_resume(resume, resume_overrides)
+    else:
+        assert cfg is not None and run_dir is not None, "a new run needs a config and a run directory"
+        cfg, rd, launch = prepare_new(cfg, run_dir)
     resumes: list[dict] = []
     while True:
         try:
@@ -355,8 +391,11 @@ def run(cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | 
                     click.echo("!! no checkpoint yet to resume from (train.checkpoint_every)", err=True)
                 raise
             resumes.append({"error": str(exc).splitlines()[0], "checkpoint": str(ckpt), "time": time.time()})
-            click.echo(f"!! {str(exc).splitlines()[0]}\n!! resuming from {ckpt} "
-                       f"(automatic resume {len(resumes)} of {cfg.cluster.max_resumes})", err=True)
+            click.echo(
+                f"!! {str(exc).splitlines()[0]}\n!! resuming from {ckpt} "
+                f"(automatic resume {len(resumes)} of {cfg.cluster.max_resumes})",
+                err=True,
+            )
             cfg, rd, launch = prepare_resume(str(rd))
             continue
         if resumes:
@@ -373,8 +412,10 @@ def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo) -> dict:
     launcher = Launcher(cfg, rd, launch)
     launcher.plan()
     t0 = time.monotonic()
-    click.echo(f"run directory: {rd}  ({cfg.workflow.mode}, staleness {cfg.staleness}, "
-               f"{len(launcher.supervisor.names())} processes, steps {launch.start_step}..{cfg.train.num_steps - 1})")
+    click.echo(
+        f"run directory: {rd}  ({cfg.workflow.mode}, staleness {cfg.staleness}, "
+        f"{len(launcher.supervisor.names())} processes, steps {launch.start_step}..{cfg.train.num_steps - 1})"
+    )
     interrupted = False
     try:
         launcher.start()
@@ -393,5 +434,3 @@ def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo) -> dict:
     summary = summarize(rd, cfg, stats, wall_s, launcher.supervisor.restarts, result)
     (rd / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-

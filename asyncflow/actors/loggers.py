@@ -22,7 +22,8 @@ class TensorBoardLogger:
         except ImportError:
             raise RuntimeError(
                 "[logging] tensorboard = true needs the tensorboard package: pip install -e '.[tensorboard]' (in the asyncflow checkout) "
-                "(or set [logging] tensorboard = false)") from None
+                "(or set [logging] tensorboard = false)"
+            ) from None
         self.log_dir = str(log_dir)
         self._writer = SummaryWriter(log_dir=self.log_dir)
 
@@ -44,7 +45,8 @@ class WandbLogger:
         except ImportError:
             raise RuntimeError(
                 f"[logging] wandb_project = {project!r} needs the wandb package: pip install -e '.[wandb]' (in the asyncflow checkout) "
-                "(or remove [logging] wandb_project)") from None
+                "(or remove [logging] wandb_project)"
+            ) from None
         self._run = wandb.init(project=project, name=Path(run_dir).name, dir=str(run_dir), config=config or {})
 
     def log(self, step: int, values: dict[str, float]) -> None:

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import msgspec
@@ -52,13 +53,23 @@ from asyncflow.core.actor import Actor
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.planner import online, shared_cores
 
+if TYPE_CHECKING:
+    from asyncflow.core.tq.client import TQClient
+
 
 class PlannerActor(Actor):
     Inbox = protocol.PlannerIn
 
     def __init__(
-        self, ctx, run_dir: str, config: PlannerConfig, rollout_replicas: list[str], train_threads: int,
-        apply: Callable[[online.MoveDecision], None], num_steps: int, cores: int = 0,
+        self,
+        ctx,
+        run_dir: str,
+        config: PlannerConfig,
+        rollout_replicas: list[str],
+        train_threads: int,
+        apply: Callable[[online.MoveDecision], None],
+        num_steps: int,
+        cores: int = 0,
         queue_depth: Callable[[], float] | None = None,
     ):
         """``apply(decision)`` hands a move to the driver (it must not block); the driver
@@ -76,8 +87,11 @@ class PlannerActor(Actor):
         self.cores = cores
         self.queue_depth = queue_depth or self.training_queue_depth
         self.policy = online.OnlinePolicy(
-            imbalance_threshold=config.imbalance_threshold, patience_steps=config.patience_steps,
-            min_gain=config.min_gain, max_move_workers=1, min_workers=1,
+            imbalance_threshold=config.imbalance_threshold,
+            patience_steps=config.patience_steps,
+            min_gain=config.min_gain,
+            max_move_workers=1,
+            min_workers=1,
         )
         self.history: list[online.StepObservation] = []  # under the current split
         self.pending: online.MoveDecision | None = None  # handed to the driver, not yet applied
@@ -89,12 +103,17 @@ class PlannerActor(Actor):
         self._last_time_s: float | None = None
         self._prev: dict[str, tuple[float, float]] = {}  # role -> (busy_s, wait_s) at the last boundary
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="planner-stats")
-        self._tq = None
+        self._tq: TQClient | None = None  # made at the first training_queue_depth
 
     def on_start(self) -> None:
         self.ctx.ref(names.TRAINER).ask(protocol.SetThreads(num_threads=self.train_threads), timeout_s=60)
-        self._log("start", split=self.split_dict(), policy=msgspec.to_builtins(self.policy),
-                  max_rollout_replicas=self.config.max_rollout_replicas, shared_cores=self.cores)
+        self._log(
+            "start",
+            split=self.split_dict(),
+            policy=msgspec.to_builtins(self.policy),
+            max_rollout_replicas=self.config.max_rollout_replicas,
+            shared_cores=self.cores,
+        )
 
     def on_stop(self) -> None:
         self._pool.shutdown(wait=False)
@@ -167,13 +186,21 @@ class PlannerActor(Actor):
             return None
         rollout_busy = sum(fractions[n] for n in self.replicas) / len(self.replicas)
         obs = online.StepObservation(
-            step=step, step_s=time_s - last,
+            step=step,
+            step_s=time_s - last,
             rollout=online.RoleWindow(busy_fraction=rollout_busy),
             train=online.RoleWindow(busy_fraction=fractions[names.TRAINER], queue_depth=self.queue_depth()),
         )
-        self._log("observe", step=step, step_s=round(obs.step_s, 4), rollout_busy=round(rollout_busy, 3),
-                  train_busy=round(obs.train.busy_fraction, 3), train_queue_rows=obs.train.queue_depth,
-                  busy={n: round(f, 3) for n, f in fractions.items()}, quiet=True)
+        self._log(
+            "observe",
+            step=step,
+            step_s=round(obs.step_s, 4),
+            rollout_busy=round(rollout_busy, 3),
+            train_busy=round(obs.train.busy_fraction, 3),
+            train_queue_rows=obs.train.queue_depth,
+            busy={n: round(f, 3) for n, f in fractions.items()},
+            quiet=True,
+        )
         return obs
 
     def _stats(self, name: str) -> protocol.RoleStats:
@@ -201,6 +228,7 @@ class PlannerActor(Actor):
 
     def _measure(self, obs: online.StepObservation) -> None:
         m = self.measuring
+        assert m is not None  # on_step calls this only while a move is measured
         m["after"].append(obs)
         if len(m["after"]) < self.config.measure_steps:
             return
@@ -208,10 +236,16 @@ class PlannerActor(Actor):
         decision: online.MoveDecision = m["decision"]
         gain = online.measured_gain(m["before"], m["after"])
         mean = lambda xs: sum(o.step_s for o in xs) / len(xs)  # noqa: E731
-        self._log("measured", step=obs.step, predicted_gain=round(decision.predicted_gain, 4),
-                  measured_gain=round(gain, 4), step_s_before=round(mean(m["before"]), 4),
-                  step_s_after=round(mean(m["after"]), 4), predicted_step_s_after=round(decision.predicted_step_s_after, 4),
-                  move=f"{decision.num_workers} {decision.from_role} -> {decision.to_role}")
+        self._log(
+            "measured",
+            step=obs.step,
+            predicted_gain=round(decision.predicted_gain, 4),
+            measured_gain=round(gain, 4),
+            step_s_before=round(mean(m["before"]), 4),
+            step_s_after=round(mean(m["after"]), 4),
+            predicted_step_s_after=round(decision.predicted_step_s_after, 4),
+            move=f"{decision.num_workers} {decision.from_role} -> {decision.to_role}",
+        )
 
     # -- deciding ------------------------------------------------------------------------
     def _decide(self, step: int) -> None:
@@ -229,14 +263,18 @@ class PlannerActor(Actor):
             return
         self.held_reason = ""
         self.pending = decision
-        self.decided_on = self.history[-self.policy.patience_steps:]
+        self.decided_on = self.history[-self.policy.patience_steps :]
         record = self._log(
-            "decision", step=step, move=f"{decision.num_workers} {decision.from_role} -> {decision.to_role}",
-            split_before=self.split_dict(), split_after=msgspec.to_builtins(decision.split_after),
+            "decision",
+            step=step,
+            move=f"{decision.num_workers} {decision.from_role} -> {decision.to_role}",
+            split_before=self.split_dict(),
+            split_after=msgspec.to_builtins(decision.split_after),
             predicted_step_s_before=round(decision.predicted_step_s_before, 4),
             predicted_step_s_after=round(decision.predicted_step_s_after, 4),
-            predicted_gain=round(decision.predicted_gain, 4), reason=decision.reason,
-            window=[msgspec.to_builtins(o) for o in self.history[-self.policy.patience_steps:]],
+            predicted_gain=round(decision.predicted_gain, 4),
+            reason=decision.reason,
+            window=[msgspec.to_builtins(o) for o in self.history[-self.policy.patience_steps :]],
         )
         self.decisions.append(record)
         self.apply(decision)
@@ -245,8 +283,10 @@ class PlannerActor(Actor):
         after = decision.split_after
         limit = self.config.max_rollout_replicas
         if after.rollout_workers > limit:
-            return (f"rollout needs more workers but already runs {len(self.replicas)} replicas "
-                    f"(planner.max_rollout_replicas = {limit}; raise it to allow more)")
+            return (
+                f"rollout needs more workers but already runs {len(self.replicas)} replicas "
+                f"(planner.max_rollout_replicas = {limit}; raise it to allow more)"
+            )
         return ""
 
     def _log(self, event: str, quiet: bool = False, **fields) -> dict:

@@ -25,7 +25,6 @@ from asyncflow.core.tq.errors import QueueFull
 
 
 class PromptLoaderActor(LoopActor):
-
     def __init__(self, ctx, run_dir: str):
         super().__init__(ctx)
         self.run = Run(run_dir)
@@ -71,6 +70,9 @@ class PromptLoaderActor(LoopActor):
 # -- the role, as the driver sees it (actors/topology.py) ---------------------------------
 
 ROLE = roles.RoleSpec(
-    name=names.LOADER, actor=PromptLoaderActor, section="data", instances=roles.one(names.LOADER),
+    name=names.LOADER,
+    actor=PromptLoaderActor,
+    section="data",
+    instances=roles.one(names.LOADER),
     outputs=("prompt_ids", "answer"),
 )

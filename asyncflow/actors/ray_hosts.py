@@ -159,28 +159,34 @@ class RayHosts:
         self.heartbeat: Heartbeat | None = None  # started by start()
         self.handles: dict[str, RayHost] = {}  # the latest handle of each host name
 
-
     @property
     def watcher(self) -> Heartbeat:
         """The heartbeat that watches every host (started by ``start``)."""
         assert self.heartbeat is not None, "RayHosts.start() first"
         return self.heartbeat
+
     def connect(self, transport: TransportConfig) -> TransportConfig:
         """Join the Ray cluster; returns the driver's transport, reachable from every node."""
         if transport.scheme != "tcp":
-            raise ConfigError(f"[cluster] launcher = 'ray' needs [cluster.transport] scheme = 'tcp' "
-                              f"(got {transport.scheme!r}): actors on other nodes dial each other over tcp")
+            raise ConfigError(
+                f"[cluster] launcher = 'ray' needs [cluster.transport] scheme = 'tcp' "
+                f"(got {transport.scheme!r}): actors on other nodes dial each other over tcp"
+            )
         if not transport.secret_bytes():
-            raise ConfigError("[cluster] launcher = 'ray' needs a cluster secret: export ASYNCFLOW_SECRET=<random> "
-                              "on the driver, or set [cluster.transport] secret")
+            raise ConfigError(
+                "[cluster] launcher = 'ray' needs a cluster secret: export ASYNCFLOW_SECRET=<random> "
+                "on the driver, or set [cluster.transport] secret"
+            )
         ray = _ray()
         address = self.cluster.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
         if not ray.is_initialized():
             try:
                 ray.init(address=address, log_to_driver=True, configure_logging=False)
             except ConnectionError as exc:
-                raise ConfigError(f"no Ray cluster at {address!r} ({exc}): start one with `ray start --head`, "
-                                  f"or set [cluster] ray_address / RAY_ADDRESS") from None
+                raise ConfigError(
+                    f"no Ray cluster at {address!r} ({exc}): start one with `ray start --head`, "
+                    f"or set [cluster] ray_address / RAY_ADDRESS"
+                ) from None
         # the secret travels to the hosts in their transport (from the config or this env)
         transport = msgspec.structs.replace(transport, secret=transport.secret_bytes().decode())
         self.transport = node_transport(transport, ray.util.get_node_ip_address()).validate()
@@ -216,15 +222,23 @@ class RayHosts:
         ready, _ = ray.wait([group.ready()], timeout=self.place_timeout_s)
         if not ready:
             ray.util.remove_placement_group(group)
-            raise ConfigError(f"Ray could not place process {name!r} (needs {bundle}) within {self.place_timeout_s:g} s; "
-                              f"free in the cluster: {ray.available_resources()}. Add nodes or devices, or lower "
-                              f"num_replicas / num_workers")
+            raise ConfigError(
+                f"Ray could not place process {name!r} (needs {bundle}) within {self.place_timeout_s:g} s; "
+                f"free in the cluster: {ray.available_resources()}. Add nodes or devices, or lower "
+                f"num_replicas / num_workers"
+            )
         devices = {k: v for k, v in bundle.items() if k != "CPU"}
-        runner = ray.remote(_HostRunner).options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
-            num_cpus=bundle["CPU"], num_gpus=devices.get("GPU", 0),
-            resources={k: v for k, v in devices.items() if k != "GPU"}, max_concurrency=4,
-        ).remote()
+        runner = (
+            ray.remote(_HostRunner)
+            .options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
+                num_cpus=bundle["CPU"],
+                num_gpus=devices.get("GPU", 0),
+                resources={k: v for k, v in devices.items() if k != "GPU"},
+                max_concurrency=4,
+            )
+            .remote()
+        )
         directory.unregister(f"host.{name}")  # never answer for a dead host of the same name
         host = RayHost(name, directory, runner, group, self)
         try:

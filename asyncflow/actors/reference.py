@@ -45,9 +45,15 @@ class ReferenceActor(LoopActor):
         size = cfg.samples_per_step if self.sync else cfg.reference.micro_batch_size
         with self.activity("wait_data"):
             try:
-                batch = self.tq.get_batch(names.TASK_REFERENCE, self.COLUMNS, size, partial=not self.sync,
-                                          timeout_s=0.5, policy="group" if self.sync else "fifo",
-                                          ack=self.acks.take(names.TASK_REFERENCE))
+                batch = self.tq.get_batch(
+                    names.TASK_REFERENCE,
+                    self.COLUMNS,
+                    size,
+                    partial=not self.sync,
+                    timeout_s=0.5,
+                    policy="group" if self.sync else "fifo",
+                    ack=self.acks.take(names.TASK_REFERENCE),
+                )
                 if len(batch) == 0:
                     batch = self.tq.get_batch(names.TASK_REFERENCE, self.COLUMNS, 1, timeout_s=0.5)
             except BatchTimeout:
@@ -69,8 +75,14 @@ class ReferenceActor(LoopActor):
 # -- the role, as the driver sees it (actors/topology.py) ---------------------------------
 
 ROLE = roles.RoleSpec(
-    name=names.REFERENCE, actor=ReferenceActor, section="reference",
+    name=names.REFERENCE,
+    actor=ReferenceActor,
+    section="reference",
     instances=roles.numbered(names.REFERENCE, lambda cfg: cfg.reference.num_workers if cfg.algorithm.kl_coef > 0 else 0),
-    task=names.TASK_REFERENCE, inputs=tuple(ReferenceActor.COLUMNS), outputs=("ref_logp",), restartable=True,
-    device=roles.Devices.ONE, device_list="reference_devices",
+    task=names.TASK_REFERENCE,
+    inputs=tuple(ReferenceActor.COLUMNS),
+    outputs=("ref_logp",),
+    restartable=True,
+    device=roles.Devices.ONE,
+    device_list="reference_devices",
 )

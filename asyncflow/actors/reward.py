@@ -61,11 +61,22 @@ class RewardActor(LoopActor):
         with self.activity("wait_data"):
             try:
                 if self.sync:  # the baseline: score the whole batch once it is generated
-                    batch = self.tq.get_batch(names.TASK_REWARD, self.COLUMNS, cfg.samples_per_step, policy="group", timeout_s=0.5,
-                                              ack=self.acks.take(names.TASK_REWARD))
+                    batch = self.tq.get_batch(
+                        names.TASK_REWARD,
+                        self.COLUMNS,
+                        cfg.samples_per_step,
+                        policy="group",
+                        timeout_s=0.5,
+                        ack=self.acks.take(names.TASK_REWARD),
+                    )
                 else:
-                    batch = self.tq.get_batch(names.TASK_REWARD, self.COLUMNS, cfg.reward.batch_size, partial=True,
-                                              ack=self.acks.take(names.TASK_REWARD))
+                    batch = self.tq.get_batch(
+                        names.TASK_REWARD,
+                        self.COLUMNS,
+                        cfg.reward.batch_size,
+                        partial=True,
+                        ack=self.acks.take(names.TASK_REWARD),
+                    )
                     if len(batch) == 0:
                         # wait for the next put, then take every row it made ready (a rollout puts a
                         # whole generate call's rows at once): one score and one put for all of them
@@ -95,7 +106,12 @@ class RewardActor(LoopActor):
 # -- the role, as the driver sees it (actors/topology.py) ---------------------------------
 
 ROLE = roles.RoleSpec(
-    name=names.REWARD, actor=RewardActor, section="reward",
+    name=names.REWARD,
+    actor=RewardActor,
+    section="reward",
     instances=roles.numbered(names.REWARD, lambda cfg: cfg.reward.num_workers),
-    task=names.TASK_REWARD, inputs=tuple(RewardActor.COLUMNS), outputs=("reward",), restartable=True,
+    task=names.TASK_REWARD,
+    inputs=tuple(RewardActor.COLUMNS),
+    outputs=("reward",),
+    restartable=True,
 )

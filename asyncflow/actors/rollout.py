@@ -59,6 +59,7 @@ planner's predictions take it as ``poll_s`` (cli/predict.py passes it)."""
 
 class RolloutActor(LoopActor):
     Urgent = LoopActor.Urgent + (protocol.WeightsReady,)  # start fetching at once, even mid-generation
+    acks: DeferredAcks  # not None: set in __init__ (this role acks with its next request)
 
     def __init__(self, ctx, run_dir: str):
         super().__init__(ctx)
@@ -83,8 +84,9 @@ class RolloutActor(LoopActor):
         self._fetching = False
         self._fetched = threading.Event()  # set when a fetch stages new weights
         self._announced = threading.Event()  # set when WeightsReady arrives: wakes a gated wait at once
-        self.receiver = build_receiver(cfg.workflow.weight_transport, ctx, cfg.workflow.weight_timeout_s,
-                                       device=cfg.cluster.device, engine=self.engine)
+        self.receiver = build_receiver(
+            cfg.workflow.weight_transport, ctx, cfg.workflow.weight_timeout_s, device=cfg.cluster.device, engine=self.engine
+        )
 
     @property
     def version(self) -> int:
@@ -152,9 +154,11 @@ class RolloutActor(LoopActor):
         finally:
             weights.ask(protocol.ReleaseSwap(replica=self.ctx.name, version=version), timeout_s=30)
         if held is not None and held != digest:
-            raise RuntimeError(f"{self.ctx.name}: after loading weights v{version} the engine holds weights with digest "
-                               f"{held:x}, not the {digest:x} of the tensors it was sent: its load_weights did not copy "
-                               "every tensor (a name it skips, a dtype it mangles?)")
+            raise RuntimeError(
+                f"{self.ctx.name}: after loading weights v{version} the engine holds weights with digest "
+                f"{held:x}, not the {digest:x} of the tensors it was sent: its load_weights did not copy "
+                "every tensor (a name it skips, a dtype it mangles?)"
+            )
         self._digest = held if held is not None else digest
 
     def on_start(self) -> None:
@@ -181,8 +185,15 @@ class RolloutActor(LoopActor):
             return True
         max_step = self.engine.version + self.k
         with self.activity("get"):
-            batch = self.tq.get_batch(TASK_ROLLOUT, ["prompt_ids"], cfg.rollout.prompts_per_call * G,
-                                      policy="group", partial=True, max_step=max_step, ack=self.acks.take(TASK_ROLLOUT))
+            batch = self.tq.get_batch(
+                TASK_ROLLOUT,
+                ["prompt_ids"],
+                cfg.rollout.prompts_per_call * G,
+                policy="group",
+                partial=True,
+                max_step=max_step,
+                ack=self.acks.take(TASK_ROLLOUT),
+            )
         if len(batch) == 0:
             if self._wanted > self.engine.version:  # gated by staleness, new weights on the way
                 self._wait_fetched()
@@ -211,8 +222,11 @@ class RolloutActor(LoopActor):
                     responses.append(np.asarray(c.response_ids, dtype=np.int64))
                     logps.append(np.asarray(c.logprobs, dtype=np.float32))
                     finish.append(np.asarray([c.finish_reason == "stop"], dtype=np.uint8))
-                    metas.append(msgspec.structs.replace(batch.metas[pos], version=c.version,
-                                                         response_len=len(c.response_ids), weights_digest=digest))
+                    metas.append(
+                        msgspec.structs.replace(
+                            batch.metas[pos], version=c.version, response_len=len(c.response_ids), weights_digest=digest
+                        )
+                    )
                     indices.append(batch.indices[pos])
         with self.activity("put"):
             self.tq.put(indices, {"response_ids": responses, "rollout_logp": logps, "finish": finish}, metas)
@@ -226,21 +240,31 @@ class RolloutActor(LoopActor):
         loaded from another thread) fails the unit instead of mislabelling its rows."""
         tags = {c.version for c in completions}
         if self.engine.version != version or tags - {version}:
-            raise RuntimeError(f"{self.ctx.name}: the engine's version changed during a generate call (v{version} -> "
-                               f"v{self.engine.version}, completions tagged {sorted(tags)}): weights must only swap "
-                               "between units")
+            raise RuntimeError(
+                f"{self.ctx.name}: the engine's version changed during a generate call (v{version} -> "
+                f"v{self.engine.version}, completions tagged {sorted(tags)}): weights must only swap "
+                "between units"
+            )
         if self._verify and digest:
             held = self.engine.weights_digest()
             if held is not None and held != digest:
-                raise RuntimeError(f"{self.ctx.name}: the engine's weights changed during a generate call at v{version} "
-                                   f"(digest {digest:x} -> {held:x}): weights must only swap between units")
+                raise RuntimeError(
+                    f"{self.ctx.name}: the engine's weights changed during a generate call at v{version} "
+                    f"(digest {digest:x} -> {held:x}): weights must only swap between units"
+                )
 
 
 # -- the role, as the driver sees it (actors/topology.py) ---------------------------------
 
 ROLE = roles.RoleSpec(
-    name=names.ROLLOUT, actor=RolloutActor, section="rollout",
+    name=names.ROLLOUT,
+    actor=RolloutActor,
+    section="rollout",
     instances=roles.numbered(names.ROLLOUT, lambda cfg: cfg.rollout.num_replicas),
-    task=names.TASK_ROLLOUT, inputs=("prompt_ids",), outputs=("response_ids", "rollout_logp", "finish"),
-    restartable=True, device=roles.Devices.ONE, device_list="rollout_devices",
+    task=names.TASK_ROLLOUT,
+    inputs=("prompt_ids",),
+    outputs=("response_ids", "rollout_logp", "finish"),
+    restartable=True,
+    device=roles.Devices.ONE,
+    device_list="rollout_devices",
 )

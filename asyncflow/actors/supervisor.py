@@ -102,8 +102,10 @@ def pinned_cores(cfg: RunConfig, train_group: bool) -> dict[str, str]:
         return {}
     cores = sorted(os.sched_getaffinity(0))
     if n >= len(cores):
-        raise ConfigError(f"cluster.pin_trainer_cores = {n}: the driver may use {len(cores)} cores ({cores}) and the "
-                          f"other processes need at least one; use at most {len(cores) - 1}, or 0 to pin nothing")
+        raise ConfigError(
+            f"cluster.pin_trainer_cores = {n}: the driver may use {len(cores)} cores ({cores}) and the "
+            f"other processes need at least one; use at most {len(cores) - 1}, or 0 to pin nothing"
+        )
     mine = cores[:n] if train_group else cores[n:]
     return {CPUS_ENV: ",".join(map(str, mine))}
 
@@ -130,8 +132,8 @@ class Supervisor:
     def workers(self) -> list[str]:
         """The role actors, in the order they are started and stopped: the training group
         last, rank 0 first (Stop reaches it before the ranks it drives)."""
-        roles = [r for r in self._hosts.values() if r.role is not None]
-        return [r.name for r in roles if not r.role.train_group] + [r.name for r in roles if r.role.train_group]
+        roles = [(r.name, r.role) for r in self._hosts.values() if r.role is not None]
+        return [name for name, role in roles if not role.train_group] + [name for name, role in roles if role.train_group]
 
     def procs(self) -> dict[str, HostProcess]:
         """Every started host's process handle (a copy)."""
@@ -176,13 +178,19 @@ class Supervisor:
 
     def spawn_all(self) -> None:
         """Start every planned host's process (its actors come with ``start_actors``)."""
+        assert self.dc is not None and self.transport is not None, "attach() comes first"
         for record in self._hosts.values():
             record.proc = self.spawn(record.name, self.dc, self.transport, env=self.host_env(record.name))
 
     def start_actors(self, hosts: list[str]) -> None:
         """Start the actors of ``hosts``, all at once; RunFailed names a host that could not."""
+        procs: dict[str, HostProcess] = {}
+        for h in hosts:
+            proc = self._hosts[h].proc
+            assert proc is not None, "spawn_all() or add() comes first"
+            procs[h] = proc
         with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
-            futures = {h: pool.submit(self._hosts[h].proc.start, self._hosts[h].plan.specs, timeout_s=300) for h in hosts}
+            futures = {h: pool.submit(p.start, self._hosts[h].plan.specs, timeout_s=300) for h, p in procs.items()}
         for host, future in futures.items():
             exc = future.exception()
             if isinstance(exc, (AsyncflowError, LookupError)):  # a clean stop, not a traceback
@@ -192,6 +200,7 @@ class Supervisor:
     def add(self, plan: HostPlan) -> HostRecord:
         """Start one more host and its actors while the run goes on (a replica the planner
         adds); restarted like the others if it dies. Not recorded if it fails to start."""
+        assert self.dc is not None and self.transport is not None, "attach() comes first"
         record = self._hosts[plan.name] = HostRecord(plan)  # recorded first: its env and Ray bundle read it
         try:
             record.proc = self.spawn(plan.name, self.dc, self.transport, plan.specs, env=self.host_env(plan.name))
@@ -210,11 +219,16 @@ class Supervisor:
         whose restart is due. Raises RunFailed (never anything else for a death)."""
         dead = [r for r in self._hosts.values() if r.restart_at is None and not r.alive()]
         for record in dead:  # a process that cannot be restarted names the failure, before any requeue
+            assert record.proc is not None  # dead, so started: alive() is True before the first start
             if record.role is None or not record.role.restartable:
-                raise RunFailed(f"process {record.name!r} ({record.plan.kind}) exited with code "
-                                f"{record.proc.returncode}; the run cannot go on. "
-                                f"Resume from the last checkpoint: afctl up --resume {self.run_dir}", process_lost=True)
+                raise RunFailed(
+                    f"process {record.name!r} ({record.plan.kind}) exited with code "
+                    f"{record.proc.returncode}; the run cannot go on. "
+                    f"Resume from the last checkpoint: afctl up --resume {self.run_dir}",
+                    process_lost=True,
+                )
         for record in dead:
+            assert record.proc is not None  # as above
             self._on_death(record, f"exited with code {record.proc.returncode}")
         now = time.monotonic()
         for record in [r for r in self._hosts.values() if r.restart_at is not None and r.restart_at <= now]:
@@ -224,38 +238,47 @@ class Supervisor:
         """Requeue the rows a dead worker held (now: others take them) and plan its
         restart, or stop the run when its role's budget is spent."""
         role, host = record.role, record.name
+        # check() and _restart() come here only for a started host of a restartable role, after attach()
+        assert role is not None and record.proc is not None and self.dc is not None
         try:
             tq = TQClient(self.dc, consumer="driver")
             requeued = sum(tq.requeue(role.task, s.name, list(role.outputs)) for s in record.plan.specs) if role.task else 0
             for spec in record.plan.specs:
                 self.dc.unregister(spec.name)
         except (AsyncflowError, LookupError) as exc:  # the queue is gone too: only a resume heals this
-            raise RunFailed(f"process {host!r} {why}, and the rows it held could not be requeued ({exc}). "
-                            f"Resume from the last checkpoint: afctl up --resume {self.run_dir}",
-                            process_lost=True) from None
+            raise RunFailed(
+                f"process {host!r} {why}, and the rows it held could not be requeued ({exc}). "
+                f"Resume from the last checkpoint: afctl up --resume {self.run_dir}",
+                process_lost=True,
+            ) from None
         now = time.monotonic()
         at = self.restart_policy.on_death(role.name, now)
         if at is None:
             c = self.cfg.cluster
-            raise RunFailed(f"role {role.name}: {self.restart_policy.num_recent(role.name, now)} restarts within "
-                            f"{c.restart_window_s:g} s, and {host} {why} again; its restart budget is spent "
-                            f"(cluster.max_restarts_per_role = {c.max_restarts_per_role}). Its stderr above says why "
-                            f"it dies. Resume from the last checkpoint: afctl up --resume {self.run_dir}",
-                            process_lost=True)
+            raise RunFailed(
+                f"role {role.name}: {self.restart_policy.num_recent(role.name, now)} restarts within "
+                f"{c.restart_window_s:g} s, and {host} {why} again; its restart budget is spent "
+                f"(cluster.max_restarts_per_role = {c.max_restarts_per_role}). Its stderr above says why "
+                f"it dies. Resume from the last checkpoint: afctl up --resume {self.run_dir}",
+                process_lost=True,
+            )
         later = f" in {at - now:.1f} s" if at > now else ""
         click.echo(f"!! {host} {why}: requeued {requeued} rows it held, restarting it{later}", err=True)
         record.restart_at = at
-        self.restarts.append({"host": host, "why": why, "exit_code": record.proc.returncode,
-                              "requeued_rows": requeued, "time": time.time()})
+        self.restarts.append(
+            {"host": host, "why": why, "exit_code": record.proc.returncode, "requeued_rows": requeued, "time": time.time()}
+        )
 
     def _restart(self, record: HostRecord) -> None:
         record.restart_at = None
         specs = record.plan.specs
+        assert self.dc is not None and self.transport is not None, "attach() comes first"
         try:
             record.proc = self.spawn(record.name, self.dc, self.transport, specs, env=self.host_env(record.name))
             self.dc.ref(record.name, refresh=True).ask(protocol.StartWork(), timeout_s=30)  # not its companions
         except (AsyncflowError, LookupError) as exc:  # it died (or hangs) in its own start: one more death
             click.echo(f"!! restart of {record.name} failed: {exc}", err=True)
+            assert record.proc is not None  # the one that died, or the new one
             if record.proc.alive():
                 record.proc.kill()
             self._on_death(record, "died during its restart")

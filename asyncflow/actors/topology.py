@@ -53,16 +53,22 @@ def custom_role(entry: RoleEntry, python_path: list[str]) -> RoleSpec:
     given = {"task": entry.task, "output": entry.reward_column}
     given = {k: v for k, v in given.items() if v}
     return RoleSpec(
-        name=entry.name, actor=cls, instances=one(entry.name), section="roles", task=entry.task,
-        inputs=tuple(getattr(cls, "inputs", ())), outputs=(entry.reward_column,) if entry.reward_column else (),
-        restartable=True, kwargs=lambda layout, name: {**given, **entry.kwargs},
+        name=entry.name,
+        actor=cls,
+        instances=one(entry.name),
+        section="roles",
+        task=entry.task,
+        inputs=tuple(getattr(cls, "inputs", ())),
+        outputs=(entry.reward_column,) if entry.reward_column else (),
+        restartable=True,
+        kwargs=lambda layout, name: {**given, **entry.kwargs},
     )
 
 
 def roles_of(cfg: RunConfig) -> list[RoleSpec]:
     """The roles of a run in start order: built-in workers, custom roles, the training group."""
     custom = [custom_role(entry, cfg.cluster.python_path) for entry in cfg.roles]
-    return ([r for r in BUILT_IN if not r.train_group] + custom + [r for r in BUILT_IN if r.train_group])
+    return [r for r in BUILT_IN if not r.train_group] + custom + [r for r in BUILT_IN if r.train_group]
 
 
 def tasks(roles: list[RoleSpec], cfg: RunConfig) -> list[str]:
@@ -89,16 +95,21 @@ def layout(roles: list[RoleSpec], cfg: RunConfig) -> Layout:
 def role_host(role: RoleSpec, name: str, lay: Layout, run_dir: str) -> HostPlan:
     """The host of one instance of ``role`` (also how the planner adds a replica)."""
     companions = [actor_spec(c.name, c.actor, run_dir=run_dir, **c.kwargs(lay, name)) for c in role.companions]
-    return HostPlan(name=name, kind=role.name, role=role,
-                    specs=[*companions, actor_spec(name, role.actor, run_dir=run_dir, **role.kwargs(lay, name))])
+    return HostPlan(
+        name=name,
+        kind=role.name,
+        role=role,
+        specs=[*companions, actor_spec(name, role.actor, run_dir=run_dir, **role.kwargs(lay, name))],
+    )
 
 
 def plan_hosts(cfg: RunConfig, run_dir: str, roles: list[RoleSpec] | None = None) -> list[HostPlan]:
     """Every process host of a run, in start order (pure: no process, no file)."""
     roles = roles_of(cfg) if roles is None else roles
     capacity = cfg.queue.capacity_rows or cfg.samples_per_step * (cfg.staleness + 3)
-    q = queue_specs(tasks(roles, cfg), num_shards=cfg.queue.num_shards, capacity_rows=capacity,
-                    inline_max_bytes=cfg.queue.inline_max_bytes)
+    q = queue_specs(
+        tasks(roles, cfg), num_shards=cfg.queue.num_shards, capacity_rows=capacity, inline_max_bytes=cfg.queue.inline_max_bytes
+    )
     hosts = [HostPlan(name=QUEUE, kind=QUEUE, role=None, specs=[q.manager, *q.controllers])]
     hosts += [HostPlan(name=f"{SHARD}.{i}", kind=SHARD, role=None, specs=[s]) for i, s in enumerate(q.shards)]
     lay = layout(roles, cfg)

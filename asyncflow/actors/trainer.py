@@ -56,7 +56,9 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -82,6 +84,9 @@ from asyncflow.core.tq.errors import BatchTimeout
 from asyncflow.engines.device import torch_dtype
 from asyncflow.engines.digest import weights_digest
 
+if TYPE_CHECKING:
+    from asyncflow.actors._eval import Evaluator
+
 log = logging.getLogger(__name__)
 
 
@@ -90,8 +95,9 @@ PAUSE_DEADLINE_S = 600.0
 
 
 class TrainerActor(LoopActor):
+    acks: DeferredAcks  # not None: set in __init__ (this role acks with its next request)
 
-    def __init__(self, ctx, run_dir: str, other_roles: list[str], rollout_replicas: list[str], ranks: list[str] = ()):
+    def __init__(self, ctx, run_dir: str, other_roles: list[str], rollout_replicas: list[str], ranks: Sequence[str] = ()):
         super().__init__(ctx)
         self.run = Run(run_dir)
         cfg = self.run.config
@@ -118,7 +124,7 @@ class TrainerActor(LoopActor):
         if self._verify != "off" and self.ranks.num_ranks == 1:  # with ranks the export is a collective: start rows go unverified
             self._versions.record(self.step, weights_digest(self.policy.export_weights(), self._rollout_dtype))
         self._publishing = None  # the future of the last publish (weights stage it in their thread)
-        self._evaluator = None
+        self._evaluator: Evaluator | None = None  # with eval.every_steps
         self._best = float("-inf")  # best val/accuracy so far (kept across a resume by best.json)
         if cfg.eval.every_steps:
             from asyncflow.actors._eval import Evaluator, read_best
@@ -134,8 +140,10 @@ class TrainerActor(LoopActor):
         snapshot is handed over without a copy."""
         found = pykka.ActorRegistry.get_by_class(WeightSyncActor)
         if len(found) != 1:
-            raise RuntimeError(f"the trainer's process runs {len(found)} weights actors; the trainer's host must start "
-                               "exactly one before it (actors/topology.py: RoleSpec.companions)")
+            raise RuntimeError(
+                f"the trainer's process runs {len(found)} weights actors; the trainer's host must start "
+                "exactly one before it (actors/topology.py: RoleSpec.companions)"
+            )
         return found[0]
 
     @property
@@ -181,9 +189,17 @@ class TrainerActor(LoopActor):
         cfg = self.run.config
         with self.activity("wait_data"):
             try:
-                return self.tq.get_meta(TASK_TRAIN, self.columns, cfg.samples_per_step, policy="group",
-                                        dp_size=self.ranks.num_ranks, min_step=self.step, max_step=self.step,
-                                        timeout_s=1.0, ack=self.acks.take(TASK_TRAIN))
+                return self.tq.get_meta(
+                    TASK_TRAIN,
+                    self.columns,
+                    cfg.samples_per_step,
+                    policy="group",
+                    dp_size=self.ranks.num_ranks,
+                    min_step=self.step,
+                    max_step=self.step,
+                    timeout_s=1.0,
+                    ack=self.acks.take(TASK_TRAIN),
+                )
             except BatchTimeout:
                 return None
 
@@ -231,12 +247,23 @@ class TrainerActor(LoopActor):
         self._num_samples += len(meta.indices)
         self._num_tokens += int(figures["tokens"])
         values.update(
-            step=self.step, version=version, reward_mean=figures["reward_mean"], reward_max=figures["reward_max"],
-            samples=len(meta.indices), tokens=figures["tokens"], response_tokens=figures["response_tokens"],
-            response_len_mean=figures["response_tokens"] / len(meta.indices), total_samples=self._num_samples,
-            total_tokens=self._num_tokens, time_s=time.monotonic() - self._started,
-            step_time_s=time.monotonic() - t0, staleness_max=max(staleness), staleness_mean=float(np.mean(staleness)),
-            weight_bytes=weight_bytes, num_ranks=self.ranks.num_ranks, **integrity,
+            step=self.step,
+            version=version,
+            reward_mean=figures["reward_mean"],
+            reward_max=figures["reward_max"],
+            samples=len(meta.indices),
+            tokens=figures["tokens"],
+            response_tokens=figures["response_tokens"],
+            response_len_mean=figures["response_tokens"] / len(meta.indices),
+            total_samples=self._num_samples,
+            total_tokens=self._num_tokens,
+            time_s=time.monotonic() - self._started,
+            step_time_s=time.monotonic() - t0,
+            staleness_max=max(staleness),
+            staleness_mean=float(np.mean(staleness)),
+            weight_bytes=weight_bytes,
+            num_ranks=self.ranks.num_ranks,
+            **integrity,
             **score_means(columns, self.policy.extra_rewards),
         )
         eval_every = cfg.eval.every_steps
@@ -263,6 +290,7 @@ class TrainerActor(LoopActor):
         """``val/*`` of the policy just published (version ``self.step + 1``); a new best is saved."""
         t0 = time.monotonic()
         with self.activity("eval"):
+            assert self._evaluator is not None  # the step evaluates only with eval.every_steps, which made it
             values = self._evaluator.evaluate(snapshot, version)
             if self.run.config.eval.save_best and values["val/accuracy"] > self._best:
                 from asyncflow.actors._eval import save_best
@@ -281,8 +309,13 @@ class TrainerActor(LoopActor):
         for rank, positions in enumerate(parts):
             for p in positions:
                 rank_of[p] = rank
-        line = {"step": self.step, "indices": list(meta.indices), "groups": [m.group_id for m in meta.metas],
-                "versions": [m.version for m in meta.metas], "ranks": rank_of}
+        line = {
+            "step": self.step,
+            "indices": list(meta.indices),
+            "groups": [m.group_id for m in meta.metas],
+            "versions": [m.version for m in meta.metas],
+            "ranks": rank_of,
+        }
         with (self.run.dir / "trained.jsonl").open("a") as f:
             f.write(msgspec.json.encode(line).decode() + "\n")
 
@@ -350,18 +383,32 @@ def score_means(columns: dict[str, list], extra_rewards: list[tuple[str, float]]
     """``score/<column>``: the mean of each custom role's ``reward_column`` over the rows
     this trainer process read (all of the step's rows with one rank; rank 0's share
     with several), before ``reward_weight``."""
-    return {f"score/{column}": float(np.mean([float(v[0]) for v in columns[column]])) if columns[column] else 0.0
-            for column, _ in extra_rewards}
+    return {
+        f"score/{column}": float(np.mean([float(v[0]) for v in columns[column]])) if columns[column] else 0.0
+        for column, _ in extra_rewards
+    }
 
 
 # -- the role, as the driver sees it (actors/topology.py) ---------------------------------
 
 ROLE = roles.RoleSpec(
-    name=names.TRAINER, actor=TrainerActor, section="train", instances=roles.one(names.TRAINER),
-    task=names.TASK_TRAIN, inputs=("prompt_ids", "response_ids", "rollout_logp", "reward"),  # + ref_logp, [[roles]] columns
-    device=roles.Devices.GROUP, device_list="train_devices", train_group=True,
-    kwargs=lambda layout, name: {"other_roles": layout.workers_outside_training(),
-                                 "rollout_replicas": layout.of(names.ROLLOUT), "ranks": layout.of(names.TRAINER_RANK)},
-    companions=(roles.Companion(name=names.WEIGHTS, actor=WeightSyncActor,
-                                kwargs=lambda layout, name: {"replicas": layout.of(names.ROLLOUT)}),),
+    name=names.TRAINER,
+    actor=TrainerActor,
+    section="train",
+    instances=roles.one(names.TRAINER),
+    task=names.TASK_TRAIN,
+    inputs=("prompt_ids", "response_ids", "rollout_logp", "reward"),  # + ref_logp, [[roles]] columns
+    device=roles.Devices.GROUP,
+    device_list="train_devices",
+    train_group=True,
+    kwargs=lambda layout, name: {
+        "other_roles": layout.workers_outside_training(),
+        "rollout_replicas": layout.of(names.ROLLOUT),
+        "ranks": layout.of(names.TRAINER_RANK),
+    },
+    companions=(
+        roles.Companion(
+            name=names.WEIGHTS, actor=WeightSyncActor, kwargs=lambda layout, name: {"replicas": layout.of(names.ROLLOUT)}
+        ),
+    ),
 )

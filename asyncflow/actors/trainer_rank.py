@@ -60,8 +60,14 @@ class RankGroup:
         """Tell rank r to read and train the rows at positions ``parts[r]`` of ``meta``
         (``parts[0]`` is rank 0's own)."""
         for ref, positions in zip(self._refs, parts[1:]):
-            ref.tell(protocol.TrainPart(step=step, indices=[meta.indices[p] for p in positions],
-                                        group_ids=[meta.metas[p].group_id for p in positions], columns=columns))
+            ref.tell(
+                protocol.TrainPart(
+                    step=step,
+                    indices=[meta.indices[p] for p in positions],
+                    group_ids=[meta.metas[p].group_id for p in positions],
+                    columns=columns,
+                )
+            )
 
     def save_checkpoint(self, path: str) -> None:
         """Every rank joins the collective save into ``path`` (rank 0 writes)."""
@@ -150,8 +156,12 @@ class TrainerRankActor(Actor):
 # -- the role, as the driver sees it (actors/topology.py) ---------------------------------
 
 ROLE = roles.RoleSpec(
-    name=names.TRAINER_RANK, actor=TrainerRankActor, section="train",
+    name=names.TRAINER_RANK,
+    actor=TrainerRankActor,
+    section="train",
     instances=roles.numbered(names.TRAINER, lambda cfg: cfg.train.num_ranks - 1, first=1),  # trainer.1, ...
-    device=roles.Devices.GROUP, device_list="train_devices", train_group=True,
+    device=roles.Devices.GROUP,
+    device_list="train_devices",
+    train_group=True,
     kwargs=lambda layout, name: {"rank": roles.index_of(name)},
 )

@@ -73,8 +73,9 @@ class PolicyLossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         return self.is_mask_low > 0 or self.is_mask_high > 0
 
 
-def off_policy_factor(cfg: PolicyLossConfig, prox_BT: torch.Tensor, mu_BT: torch.Tensor, mask_BT: torch.Tensor,
-                      ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+def off_policy_factor(
+    cfg: PolicyLossConfig, prox_BT: torch.Tensor, mu_BT: torch.Tensor, mask_BT: torch.Tensor, ctx: LossContext
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The per-token factor of the policy-gradient term (truncated weight times keep
     mask, no gradient) and the mismatch figures, as step means."""
     log_r_BT = is_log_ratio(prox_BT, mu_BT, mask_BT, cfg.is_level)
@@ -106,8 +107,9 @@ def policy_loss_fn(cfg: PolicyLossConfig, log_ratio_sink: list[torch.Tensor] | N
         prox_BT = mb.prox_logp if mb.prox_logp is not None else logp_BT.detach()
         behaviour = cfg.clip_against == "behaviour"
         if behaviour and mb.rollout_logp is None:
-            raise ValueError('clip_against = "behaviour" needs batch.rollout_logp (the rollout log-probs); '
-                             'or set clip_against = "proximal"')
+            raise ValueError(
+                'clip_against = "behaviour" needs batch.rollout_logp (the rollout log-probs); or set clip_against = "proximal"'
+            )
         old_BT = mb.rollout_logp if behaviour and mb.rollout_logp is not None else prox_BT  # None: refused above
         pg_BT, clipped_BT = clipped_policy_loss(logp_BT, old_BT, mb.advantages, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
         metrics: dict[str, float] = {}

@@ -35,7 +35,9 @@ MAX_LOG_RATIO = 20.0
 clipped or truncated anyway."""
 
 
-def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: AggMode = "token-mean", ctx: LossContext | None = None) -> torch.Tensor:
+def aggregate(
+    loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: AggMode = "token-mean", ctx: LossContext | None = None
+) -> torch.Tensor:
     """Reduce a per-token loss to a scalar.
 
     token-mean: sum over all masked tokens / number of masked tokens.

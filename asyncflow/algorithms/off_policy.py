@@ -30,8 +30,9 @@ importance weight) or mu, the behaviour policy (coupled PPO)."""
 QUANTILES = {"ratio_p05": 0.05, "ratio_p50": 0.5, "ratio_p95": 0.95}
 
 
-def is_log_ratio(prox_logp_BT: torch.Tensor, rollout_logp_BT: torch.Tensor, mask_BT: torch.Tensor,
-                 level: ISLevel = "token") -> torch.Tensor:
+def is_log_ratio(
+    prox_logp_BT: torch.Tensor, rollout_logp_BT: torch.Tensor, mask_BT: torch.Tensor, level: ISLevel = "token"
+) -> torch.Tensor:
     """log(pi_prox / mu) of each response token, or (``sequence``) its row's sum over
     the response on every token of the row; 0 off the mask, clamped to
     +-MAX_LOG_RATIO so that exp() stays finite."""

@@ -52,7 +52,9 @@ def ppo_advantages(
     if cfg.kl_in_reward_coef > 0:
         if logp_BT is None or ref_logp_BT is None:
             raise ValueError("kl_in_reward_coef > 0 needs the rollout log-probs and the reference log-probs")
-        token_rewards_BT = token_rewards_BT - cfg.kl_in_reward_coef * kl_per_token(logp_BT, ref_logp_BT, cfg.kl_estimator) * mask_BT
+        token_rewards_BT = (
+            token_rewards_BT - cfg.kl_in_reward_coef * kl_per_token(logp_BT, ref_logp_BT, cfg.kl_estimator) * mask_BT
+        )
     adv_BT, returns_BT = gae(token_rewards_BT, values_BT, mask_BT, cfg.gamma, cfg.lam)
     if cfg.whiten_advantages:
         adv_BT = masked_whiten(adv_BT, mask_BT)

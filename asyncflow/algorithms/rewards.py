@@ -127,11 +127,14 @@ def _checked(fn: Callable, out: Sequence, prompts: Sequence[str], row_ids: Seque
     try:
         count = len(out)
     except TypeError:
-        raise RewardError(f"reward function {name} returned {type(out).__name__}, not a list of floats; "
-                          f"return one float per sample") from None
+        raise RewardError(
+            f"reward function {name} returned {type(out).__name__}, not a list of floats; return one float per sample"
+        ) from None
     if count != len(prompts):
-        raise RewardError(f"reward function {name} returned {count} values for {len(prompts)} responses "
-                          f"(expected {len(prompts)}, got {count}); return one float per sample")
+        raise RewardError(
+            f"reward function {name} returned {count} values for {len(prompts)} responses "
+            f"(expected {len(prompts)}, got {count}); return one float per sample"
+        )
     values = []
     for i, v in enumerate(out):
         try:
@@ -140,8 +143,10 @@ def _checked(fn: Callable, out: Sequence, prompts: Sequence[str], row_ids: Seque
             value = math.nan
         if not math.isfinite(value):
             row = f"row {row_ids[i]}, " if row_ids is not None else ""
-            raise RewardError(f"reward function {name} returned {v!r} for sample {i} ({row}prompt {prompts[i][:80]!r}); "
-                              f"a reward must be a finite number")
+            raise RewardError(
+                f"reward function {name} returned {v!r} for sample {i} ({row}prompt {prompts[i][:80]!r}); "
+                f"a reward must be a finite number"
+            )
         values.append(value)
     return values
 
@@ -155,8 +160,14 @@ class weighted_sum:
         self.__module__ = __name__
         self.__qualname__ = "weighted_sum(" + ", ".join(f"{w:g}*{reward_name(fn)}" for w, fn in terms) + ")"
 
-    def __call__(self, prompts: list[str], responses: list[str], answers: list[str], finish_reasons: list[str],
-                 row_ids: Sequence[int] | None = None) -> list[float]:
+    def __call__(
+        self,
+        prompts: list[str],
+        responses: list[str],
+        answers: list[str],
+        finish_reasons: list[str],
+        row_ids: Sequence[int] | None = None,
+    ) -> list[float]:
         total = [0.0] * len(responses)
         for weight, fn in self.terms:
             for i, v in enumerate(_checked(fn, fn(prompts, responses, answers, finish_reasons), prompts, row_ids)):
@@ -188,8 +199,14 @@ def load_reward_fn(spec: str) -> RewardFn:
     return fn
 
 
-def call_reward(fn: RewardFn, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str],
-                finish_reasons: Sequence[str], row_ids: Sequence[int] | None = None) -> list[float]:
+def call_reward(
+    fn: RewardFn,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    answers: Sequence[str],
+    finish_reasons: Sequence[str],
+    row_ids: Sequence[int] | None = None,
+) -> list[float]:
     """Call a reward function and check it returned one finite float per sample
     (``RewardError`` naming the function and the row otherwise; ``row_ids`` label the
     rows in that error)."""

@@ -117,4 +117,6 @@ def make_task_model(
     if warm_start not in ("task", "format"):
         raise ValueError(f"warm_start={warm_start!r}; use 'task' or 'format'")
     pairs = task_warmup_pairs(seed=seed, task=task) if warm_start == "task" else format_warmup_pairs(seed=seed, task=task)
-    return make_tiny_model(out_dir, arch=arch, seed=seed, warm_start_pairs=pairs, warm_start_steps=warm_start_steps, **config_kwargs)
+    return make_tiny_model(
+        out_dir, arch=arch, seed=seed, warm_start_pairs=pairs, warm_start_steps=warm_start_steps, **config_kwargs
+    )

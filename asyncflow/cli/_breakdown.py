@@ -17,11 +17,19 @@ that, not wall time, is what one role takes from the others.
 
 from __future__ import annotations
 
-COMPUTE_PHASES = frozenset({
-    "forward", "loss", "backward", "optimizer", "prox_logp",  # trainer (engines/torch_train.py, actors/_policy.py)
-    "prefill_model", "decode_model", "sample",  # rollout (engines/native_rollout.py)
-    "reward_fn",  # reward: the configured functions
-})
+COMPUTE_PHASES = frozenset(
+    {
+        "forward",
+        "loss",
+        "backward",
+        "optimizer",
+        "prox_logp",  # trainer (engines/torch_train.py, actors/_policy.py)
+        "prefill_model",
+        "decode_model",
+        "sample",  # rollout (engines/native_rollout.py)
+        "reward_fn",  # reward: the configured functions
+    }
+)
 """Phases that are the work itself; any other busy time is the framework's share."""
 
 EVAL_ACTIVITIES = frozenset({"eval"})
@@ -31,8 +39,9 @@ def breakdown(trace: dict, num_steps: int) -> dict[str, dict]:
     """``{role: {"busy_ms", "wait_ms", "compute_ms", "framework_ms", "eval_ms",
     "activities": {name: ms}, "phases": {"activity/phase": ms}}}``, per trainer step."""
     events = trace["traceEvents"]
-    names = {e["pid"]: e["args"]["name"].split(" (pid")[0] for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    names = {
+        e["pid"]: e["args"]["name"].split(" (pid")[0] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
     per = max(num_steps, 1)
     out: dict[str, dict] = {}
     for e in events:
@@ -53,8 +62,11 @@ def breakdown(trace: dict, num_steps: int) -> dict[str, dict]:
         role["busy_ms"] = sum(ms for name, ms in acts.items() if not name.startswith("wait_"))
         role["wait_ms"] = sum(ms for name, ms in acts.items() if name.startswith("wait_"))
         role["eval_ms"] = sum(ms for name, ms in acts.items() if name in EVAL_ACTIVITIES)
-        role["compute_ms"] = sum(ms for name, ms in phases.items()
-                                 if name.split("/")[-1] in COMPUTE_PHASES and name.split("/")[0] not in EVAL_ACTIVITIES)
+        role["compute_ms"] = sum(
+            ms
+            for name, ms in phases.items()
+            if name.split("/")[-1] in COMPUTE_PHASES and name.split("/")[0] not in EVAL_ACTIVITIES
+        )
         role["framework_ms"] = role["busy_ms"] - role["eval_ms"] - role["compute_ms"]
         role["activities"] = dict(sorted(acts.items(), key=lambda kv: -kv[1]))
         role["phases"] = dict(sorted(phases.items(), key=lambda kv: -kv[1]))
@@ -63,8 +75,12 @@ def breakdown(trace: dict, num_steps: int) -> dict[str, dict]:
 
 def rounded(b: dict[str, dict], digits: int = 2) -> dict[str, dict]:
     """The same, every figure rounded (for JSON lines)."""
-    return {role: {k: ({n: round(v, digits) for n, v in x.items()} if isinstance(x, dict) else round(x, digits))
-                   for k, x in r.items()} for role, r in b.items()}
+    return {
+        role: {
+            k: ({n: round(v, digits) for n, v in x.items()} if isinstance(x, dict) else round(x, digits)) for k, x in r.items()
+        }
+        for role, r in b.items()
+    }
 
 
 def table(by_run: dict[str, dict[str, dict]]) -> list[str]:
@@ -83,6 +99,7 @@ def table(by_run: dict[str, dict[str, dict]]) -> list[str]:
         return f"{label:<40}" + "".join(cells)
 
     for role in roles:
+
         def pick(b, *keys, role=role):
             x = b.get(role)
             for k in keys:
@@ -94,13 +111,16 @@ def table(by_run: dict[str, dict[str, dict]]) -> list[str]:
         lines.append(f"{role}")
         for key in ("busy_ms", "compute_ms", "framework_ms", "eval_ms", "wait_ms", "cpu_ms"):
             lines.append(row(f"  {key.removesuffix('_ms')}", lambda b, key=key: pick(b, key)))
-        acts = sorted({a for b in by_run.values() for a in (b.get(role) or {}).get("activities", {})},
-                      key=lambda a: (a.startswith("wait_"), -max((by_run[r].get(role) or {}).get("activities", {}).get(a, 0.0)
-                                                                  for r in runs)))
+        acts = sorted(
+            {a for b in by_run.values() for a in (b.get(role) or {}).get("activities", {})},
+            key=lambda a: (
+                a.startswith("wait_"),
+                -max((by_run[r].get(role) or {}).get("activities", {}).get(a, 0.0) for r in runs),
+            ),
+        )
         for act in acts:
             lines.append(row(f"    {act}", lambda b, act=act: pick(b, "activities", act)))
-            subs = sorted({p for b in by_run.values() for p in (b.get(role) or {}).get("phases", {})
-                           if p.split("/")[0] == act})
+            subs = sorted({p for b in by_run.values() for p in (b.get(role) or {}).get("phases", {}) if p.split("/")[0] == act})
             for sub in subs:
                 lines.append(row(f"      {sub.split('/', 1)[1]}", lambda b, sub=sub: pick(b, "phases", sub)))
     return lines

@@ -61,13 +61,34 @@ def run(spec: dict) -> dict:
     reward.__name__ = "asyncflow_reward"
     schedule = {"constant": "constant_with_warmup", "cosine": "cosine_with_min_lr"}[spec["lr_schedule"]]
     args = GRPOConfig(
-        output_dir=spec["out_dir"], max_steps=spec["steps"], per_device_train_batch_size=spec["samples_per_step"],
-        num_generations=spec["group_size"], max_completion_length=spec["max_new_tokens"],
-        temperature=spec["temperature"], top_p=1.0, top_k=0, learning_rate=spec["lr"], warmup_steps=spec["warmup_steps"],
-        lr_scheduler_type=schedule, lr_scheduler_kwargs={"min_lr_rate": spec["lr_min_ratio"]} if schedule.startswith("cosine") else {},
-        epsilon=spec["clip_eps"], beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
-        max_grad_norm=spec["grad_clip"], weight_decay=0.0, seed=spec["seed"], use_cpu=True, bf16=False, fp16=False,
-        logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+        output_dir=spec["out_dir"],
+        max_steps=spec["steps"],
+        per_device_train_batch_size=spec["samples_per_step"],
+        num_generations=spec["group_size"],
+        max_completion_length=spec["max_new_tokens"],
+        temperature=spec["temperature"],
+        top_p=1.0,
+        top_k=0,
+        learning_rate=spec["lr"],
+        warmup_steps=spec["warmup_steps"],
+        lr_scheduler_type=schedule,
+        lr_scheduler_kwargs={"min_lr_rate": spec["lr_min_ratio"]} if schedule.startswith("cosine") else {},
+        epsilon=spec["clip_eps"],
+        beta=0.0,
+        num_iterations=1,
+        loss_type="dapo",
+        scale_rewards="group",
+        max_grad_norm=spec["grad_clip"],
+        weight_decay=0.0,
+        seed=spec["seed"],
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
         gradient_checkpointing=False,  # TRL's default recomputes the forward to save memory; nothing to save here
     )
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer)
@@ -75,11 +96,16 @@ def run(spec: dict) -> dict:
     out = trainer.train()
     wall = time.monotonic() - started
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    tail = rewards[-max(1, len(rewards) // 10):] if rewards else [float("nan")]
+    tail = rewards[-max(1, len(rewards) // 10) :] if rewards else [float("nan")]
     runtime = out.metrics.get("train_runtime", wall)
-    return {"samples_per_s": spec["steps"] * spec["samples_per_step"] / runtime, "train_runtime_s": runtime,
-            "reward_last_10pct": sum(tail) / len(tail), "reward_first": rewards[0] if rewards else None,
-            "steps": len(rewards), "threads": spec["threads"]}
+    return {
+        "samples_per_s": spec["steps"] * spec["samples_per_step"] / runtime,
+        "train_runtime_s": runtime,
+        "reward_last_10pct": sum(tail) / len(tail),
+        "reward_first": rewards[0] if rewards else None,
+        "steps": len(rewards),
+        "threads": spec["threads"],
+    }
 
 
 def main() -> int:

@@ -48,7 +48,7 @@ def role_sort_key(role: str) -> tuple:
 
 
 def run_mode(run_dir: Path) -> str:
-    """"sync", "async (k=1)"..., from RUN_DIR/config.json ("" when absent)."""
+    """ "sync", "async (k=1)"..., from RUN_DIR/config.json ("" when absent)."""
     path = run_dir / "config.json"
     if not path.exists():
         return ""
@@ -66,8 +66,10 @@ def load_trace(path: Path) -> dict:
     try:
         trace = json.loads(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path} does not exist: the run has not finished (trace.json is written at the end) "
-                                f"or ran with [logging] spans = false") from None
+        raise FileNotFoundError(
+            f"{path} does not exist: the run has not finished (trace.json is written at the end) "
+            f"or ran with [logging] spans = false"
+        ) from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON ({exc}): was the run killed while writing it?") from None
     return trace
@@ -89,8 +91,13 @@ def validate_trace(trace: dict, max_run_s: float | None = None) -> list[str]:
         if ph not in ("X", "M", "C", "s", "f", "t", "B", "E", "i", "I"):
             problems.append(f"event {k}: unknown phase {ph!r}")
             continue
-        need = {"X": ("name", "ts", "dur", "pid"), "M": ("name", "pid", "args"), "C": ("name", "ts", "pid", "args"),
-                "s": ("name", "ts", "pid", "id"), "f": ("name", "ts", "pid", "id")}.get(ph, ("ts", "pid"))
+        need = {
+            "X": ("name", "ts", "dur", "pid"),
+            "M": ("name", "pid", "args"),
+            "C": ("name", "ts", "pid", "args"),
+            "s": ("name", "ts", "pid", "id"),
+            "f": ("name", "ts", "pid", "id"),
+        }.get(ph, ("ts", "pid"))
         missing = [f for f in need if f not in e]
         if missing:
             problems.append(f"event {k} ({ph} {e.get('name', '?')!r}): missing {missing}")
@@ -102,26 +109,29 @@ def validate_trace(trace: dict, max_run_s: float | None = None) -> list[str]:
             if e["dur"] < 0:
                 problems.append(f"event {k}: span {e['name']!r} has a negative duration {e['dur']}")
             elif max_run_s is not None and e["dur"] / 1e6 > max_run_s:
-                problems.append(f"event {k}: span {e['name']!r} lasts {e['dur'] / 1e6:.1f} s, longer than the run "
-                                f"({max_run_s:.1f} s)")
+                problems.append(
+                    f"event {k}: span {e['name']!r} lasts {e['dur'] / 1e6:.1f} s, longer than the run ({max_run_s:.1f} s)"
+                )
         elif ph == "C" and not all(isinstance(v, (int, float)) for v in e["args"].values()):
             problems.append(f"event {k}: counter {e['name']!r} has a non-numeric value")
         elif ph in ("s", "f"):
             flows[(e["id"], ph)] = flows.get((e["id"], ph), 0) + 1
     for pid in sorted(with_spans - named):
         problems.append(f"track {pid} has spans but no process_name")
-    for (flow_id, ph) in flows:
+    for flow_id, ph in flows:
         if (flow_id, "f" if ph == "s" else "s") not in flows:
-            problems.append(f"flow {flow_id} has a {'start' if ph == 's' else 'finish'} but no "
-                            f"{'finish' if ph == 's' else 'start'}")
+            problems.append(
+                f"flow {flow_id} has a {'start' if ph == 's' else 'finish'} but no {'finish' if ph == 's' else 'start'}"
+            )
     return problems
 
 
 def timeline(trace: dict, label: str = "", mode: str = "") -> Timeline:
     """Spans per role (named by the process_name metadata, without the pid)."""
     events = trace["traceEvents"]
-    names = {e["pid"]: e["args"]["name"].split(" (pid")[0] for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    names = {
+        e["pid"]: e["args"]["name"].split(" (pid")[0] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
     spans = [e for e in events if e.get("ph") == "X" and e.get("cat") != "phase"]  # phases: bench e2e --breakdown
     tl = Timeline(label=label, mode=mode)
     if not spans:
@@ -137,8 +147,9 @@ def timeline(trace: dict, label: str = "", mode: str = "") -> Timeline:
     for e in events:
         if e.get("ph") == "f" and e["id"] in starts:
             s = starts[e["id"]]
-            tl.flows.append((names.get(s["pid"], ""), (s["ts"] - tl.t0_us) / 1e6,
-                             names.get(e["pid"], ""), (e["ts"] - tl.t0_us) / 1e6))
+            tl.flows.append(
+                (names.get(s["pid"], ""), (s["ts"] - tl.t0_us) / 1e6, names.get(e["pid"], ""), (e["ts"] - tl.t0_us) / 1e6)
+            )
     for e in events:
         if e.get("ph") == "C":
             tl.counters[e["name"]] = tl.counters.get(e["name"], 0) + 1

@@ -13,7 +13,10 @@ BENCHES = {
     "train": ("asyncflow.cli.bench_train:train", "Training tokens/s, one process and two-process FSDP2."),
     "e2e": ("asyncflow.cli.bench_e2e:e2e", "A config end to end, sync vs async, side by side."),
     "weights": ("asyncflow.cli.bench_weights:weights", "Weight fetch bytes/s: nng chunks vs the gloo collective, side by side."),
-    "planner": ("asyncflow.cli.bench_planner:planner", "An unbalanced run rebalanced by the online planner: first vs last samples/s."),
+    "planner": (
+        "asyncflow.cli.bench_planner:planner",
+        "An unbalanced run rebalanced by the online planner: first vs last samples/s.",
+    ),
     "peer": ("asyncflow.cli.bench_peer:peer", "TRL GRPOTrainer vs asyncflow sync and async on the same task (the bench extra)."),
 }
 

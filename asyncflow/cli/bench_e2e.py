@@ -15,14 +15,23 @@ import click
 @click.option("--steps", default=20, show_default=True, help="Trainer steps per mode.")
 @click.option("--staleness", default=1, show_default=True, help="k of the async run.")
 @click.option("--out", type=click.Path(file_okay=False), help="Keep both run directories here.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Change a config key for both runs, as afctl up --set (repeatable).")
-@click.option("--breakdown", is_flag=True,
-              help="Also print where each role's time goes, per activity and phase, in ms per trainer step "
-                   "(compute vs the framework's share), from each run's trace.json; the JSON gets it too.")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Change a config key for both runs, as afctl up --set (repeatable).",
+)
+@click.option(
+    "--breakdown",
+    is_flag=True,
+    help="Also print where each role's time goes, per activity and phase, in ms per trainer step "
+    "(compute vs the framework's share), from each run's trace.json; the JSON gets it too.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def e2e(config_path: str, steps: int, staleness: int, out: str | None, overrides: tuple[str, ...], breakdown: bool,
-        as_json: bool) -> None:
+def e2e(
+    config_path: str, steps: int, staleness: int, out: str | None, overrides: tuple[str, ...], breakdown: bool, as_json: bool
+) -> None:
     """Samples/s and tokens/s of sync vs async, busy fraction of every role, and
     pipeline efficiency (busiest role's busy time over the training span)."""
     import msgspec
@@ -62,13 +71,26 @@ def e2e(config_path: str, steps: int, staleness: int, out: str | None, overrides
         click.echo("")
         for line in table(by_mode):
             click.echo(line)
-        extra = {"steps": steps, "breakdown": {mode: rounded(b) for mode, b in by_mode.items()},
-                 "sync_ms_per_step": 1e3 * s["train_span_s"] / steps, "async_ms_per_step": 1e3 * a["train_span_s"] / steps}
+        extra = {
+            "steps": steps,
+            "breakdown": {mode: rounded(b) for mode, b in by_mode.items()},
+            "sync_ms_per_step": 1e3 * s["train_span_s"] / steps,
+            "async_ms_per_step": 1e3 * a["train_span_s"] / steps,
+        }
     if as_json:
-        click.echo(json.dumps({**extra,
-            "sync_samples_per_s": s["samples_per_s"], "async_samples_per_s": a["samples_per_s"],
-            "sync_tokens_per_s": s["tokens_per_s"], "async_tokens_per_s": a["tokens_per_s"],
-            "ratio": ratio, "sync_pipeline_efficiency": s["pipeline_efficiency"],
-            "async_pipeline_efficiency": a["pipeline_efficiency"],
-            "sync_busy_fraction": s["busy_fraction"], "async_busy_fraction": a["busy_fraction"],
-        }))
+        click.echo(
+            json.dumps(
+                {
+                    **extra,
+                    "sync_samples_per_s": s["samples_per_s"],
+                    "async_samples_per_s": a["samples_per_s"],
+                    "sync_tokens_per_s": s["tokens_per_s"],
+                    "async_tokens_per_s": a["tokens_per_s"],
+                    "ratio": ratio,
+                    "sync_pipeline_efficiency": s["pipeline_efficiency"],
+                    "async_pipeline_efficiency": a["pipeline_efficiency"],
+                    "sync_busy_fraction": s["busy_fraction"],
+                    "async_busy_fraction": a["busy_fraction"],
+                }
+            )
+        )

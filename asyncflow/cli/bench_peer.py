@@ -30,13 +30,25 @@ def trl_spec(cfg, steps: int, threads: int, out_dir: Path) -> dict:
     """What ``_peer_trl`` needs, from the run config (model and data already built)."""
     eng = cfg.train.engine
     return {
-        "model_dir": cfg.model.path, "data_path": cfg.data.path, "chat_template": cfg.data.chat_template,
-        "reward_functions": list(cfg.reward.functions), "reward_weights": list(cfg.reward.weights),
-        "samples_per_step": cfg.samples_per_step, "group_size": cfg.algorithm.group_size,
-        "max_new_tokens": cfg.rollout.sampling.max_new_tokens, "temperature": cfg.rollout.sampling.temperature,
-        "lr": eng.lr, "lr_schedule": eng.lr_schedule, "warmup_steps": eng.lr_warmup_steps,
-        "lr_min_ratio": eng.lr_min_ratio, "clip_eps": cfg.algorithm.clip_eps, "grad_clip": eng.grad_clip,
-        "steps": steps, "seed": cfg.seed, "threads": threads, "out_dir": str(out_dir),
+        "model_dir": cfg.model.path,
+        "data_path": cfg.data.path,
+        "chat_template": cfg.data.chat_template,
+        "reward_functions": list(cfg.reward.functions),
+        "reward_weights": list(cfg.reward.weights),
+        "samples_per_step": cfg.samples_per_step,
+        "group_size": cfg.algorithm.group_size,
+        "max_new_tokens": cfg.rollout.sampling.max_new_tokens,
+        "temperature": cfg.rollout.sampling.temperature,
+        "lr": eng.lr,
+        "lr_schedule": eng.lr_schedule,
+        "warmup_steps": eng.lr_warmup_steps,
+        "lr_min_ratio": eng.lr_min_ratio,
+        "clip_eps": cfg.algorithm.clip_eps,
+        "grad_clip": eng.grad_clip,
+        "steps": steps,
+        "seed": cfg.seed,
+        "threads": threads,
+        "out_dir": str(out_dir),
     }
 
 
@@ -44,19 +56,26 @@ def unsupported(cfg) -> str | None:
     """Why TRL cannot run this config's work the same way (None: it can)."""
     alg = cfg.algorithm
     if alg.name != "grpo" or alg.kl_coef > 0 or alg.epochs != 1 or alg.loss_agg != "token_mean" or not alg.std_normalize:
-        return ("bench peer compares plain GRPO: algorithm.name = 'grpo', kl_coef = 0, epochs = 1, "
-                "loss_agg = 'token_mean', std_normalize = true")
+        return (
+            "bench peer compares plain GRPO: algorithm.name = 'grpo', kl_coef = 0, epochs = 1, "
+            "loss_agg = 'token_mean', std_normalize = true"
+        )
     if cfg.roles:
         return "bench peer runs no custom [[roles]]: remove them for the comparison"
     return None
 
 
 @click.command()
-@click.option("--config", "config_path", default=str(DEFAULT_CONFIG), show_default=True,
-              type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--config", "config_path", default=str(DEFAULT_CONFIG), show_default=True, type=click.Path(exists=True, dir_okay=False)
+)
 @click.option("--steps", default=300, show_default=True, help="Trainer steps of each system (e.g. 3 for a smoke run).")
-@click.option("--trl-threads", default=1, show_default=True,
-              help="Torch threads of the TRL process; 0: every core (fastest on an idle machine, very slow on a shared one).")
+@click.option(
+    "--trl-threads",
+    default=1,
+    show_default=True,
+    help="Torch threads of the TRL process; 0: every core (fastest on an idle machine, very slow on a shared one).",
+)
 @click.option("--skip-trl", is_flag=True, help="Run only asyncflow sync and async (no bench extra needed).")
 @click.option("--out", type=click.Path(file_okay=False), help="Keep the run directories here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
@@ -77,8 +96,9 @@ def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, out: st
         try:
             import trl  # noqa: F401
         except ImportError:
-            raise click.ClickException("bench peer runs TRL's GRPOTrainer: pip install -e '.[bench]' "
-                                       "(or --skip-trl for asyncflow alone)") from None
+            raise click.ClickException(
+                "bench peer runs TRL's GRPOTrainer: pip install -e '.[bench]' (or --skip-trl for asyncflow alone)"
+            ) from None
     root = Path(out or tempfile.mkdtemp(prefix="af-peer-"))
     root.mkdir(parents=True, exist_ok=True)
     base = with_shared_inputs(base, root)
@@ -87,13 +107,18 @@ def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, out: st
         click.echo("== trl ==")
         spec_path = root / "trl_spec.json"
         spec_path.write_text(json.dumps(trl_spec(base, steps, trl_threads or os.cpu_count() or 1, root / "trl")))
-        done = subprocess.run([sys.executable, "-m", "asyncflow.cli._peer_trl", str(spec_path)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "asyncflow.cli._peer_trl", str(spec_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         (root / "trl.log").write_text(done.stdout)
         lines = [line for line in done.stdout.splitlines() if line.startswith('{"trl"')]
         if done.returncode != 0 or not lines:
-            raise click.ClickException(f"TRL failed ({done.returncode}); its output is in {root / 'trl.log'}:\n"
-                                       f"{done.stdout[-2000:]}")
+            raise click.ClickException(
+                f"TRL failed ({done.returncode}); its output is in {root / 'trl.log'}:\n{done.stdout[-2000:]}"
+            )
         results["trl"] = json.loads(lines[-1])["trl"]
     for mode in ("sync", "async"):
         cfg = msgspec.structs.replace(
@@ -105,8 +130,12 @@ def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, out: st
         )
         click.echo(f"== asyncflow {mode} ==")
         summary = run(cfg, root / mode)
-        results[mode] = {"samples_per_s": summary["samples_per_s"], "reward_last_10pct": summary["reward_last_10pct"],
-                         "staleness": cfg.staleness, "pipeline_efficiency": summary["pipeline_efficiency"]}
+        results[mode] = {
+            "samples_per_s": summary["samples_per_s"],
+            "reward_last_10pct": summary["reward_last_10pct"],
+            "staleness": cfg.staleness,
+            "pipeline_efficiency": summary["pipeline_efficiency"],
+        }
     click.echo(f"\n{'':<16}{'samples/s':>12}{'last-10% reward':>18}{'vs trl':>10}")
     for name, r in results.items():
         ratio = f"{r['samples_per_s'] / results['trl']['samples_per_s']:.2f}x" if "trl" in results else "-"

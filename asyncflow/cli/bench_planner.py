@@ -25,8 +25,10 @@ import click
 def window_rates(rows: list[dict], window: int) -> tuple[float, float]:
     """Samples/s over steps 1..W and over the last W steps (step 0 only starts the clock)."""
     if len(rows) < 2 * window + 1:
-        raise click.ClickException(f"{len(rows)} steps cannot hold two windows of {window} after step 0: "
-                                   f"raise --steps to at least {2 * window + 1} or lower --window")
+        raise click.ClickException(
+            f"{len(rows)} steps cannot hold two windows of {window} after step 0: "
+            f"raise --steps to at least {2 * window + 1} or lower --window"
+        )
 
     def rate(lo: int, hi: int) -> float:  # steps lo..hi-1, timed from the end of step lo-1
         return sum(r["samples"] for r in rows[lo:hi]) / (rows[hi - 1]["time_s"] - rows[lo - 1]["time_s"])
@@ -63,8 +65,13 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "unbalanced.toml"
 
 
 @click.command()
-@click.option("--config", "config_path", default=None, type=click.Path(exists=True, dir_okay=False),
-              help="The run config to rebalance [default: examples/unbalanced.toml of this checkout].")
+@click.option(
+    "--config",
+    "config_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The run config to rebalance [default: examples/unbalanced.toml of this checkout].",
+)
 @click.option("--steps", type=int, help="Trainer steps (default: the config's).")
 @click.option("--window", default=5, show_default=True, help="Steps per measured window (first and last).")
 @click.option("--compare", is_flag=True, help="Also run the config with the planner off.")
@@ -80,8 +87,9 @@ def planner(config_path: str, steps: int | None, window: int, compare: bool, out
 
     if config_path is None:
         if not EXAMPLE.is_file():
-            raise click.ClickException(f"{EXAMPLE} does not exist (asyncflow is not installed from a source checkout): "
-                                       f"give a config with --config PATH")
+            raise click.ClickException(
+                f"{EXAMPLE} does not exist (asyncflow is not installed from a source checkout): give a config with --config PATH"
+            )
         config_path = str(EXAMPLE)
     base = load_config(config_path)
     if steps:
@@ -91,7 +99,8 @@ def planner(config_path: str, steps: int | None, window: int, compare: bool, out
     if not base.model.path or not base.data.path:  # one model and data set for every run
         _, _, launch = prepare_new(base, root / "shared")
         base = msgspec.structs.replace(
-            base, model=msgspec.structs.replace(base.model, path=launch.model_dir),
+            base,
+            model=msgspec.structs.replace(base.model, path=launch.model_dir),
             data=msgspec.structs.replace(base.data, path=launch.data_path),
         )
     modes = {"online": True, **({"static": False} if compare else {})}
@@ -104,35 +113,48 @@ def planner(config_path: str, steps: int | None, window: int, compare: bool, out
         first, last = window_rates(rows, window)
         events = _read(root / mode / "planner.jsonl")
         results[mode] = {
-            "first_window_samples_per_s": first, "last_window_samples_per_s": last, "speedup": last / first,
-            "samples_per_s": summary["samples_per_s"], "train_span_s": summary["train_span_s"],
+            "first_window_samples_per_s": first,
+            "last_window_samples_per_s": last,
+            "speedup": last / first,
+            "samples_per_s": summary["samples_per_s"],
+            "train_span_s": summary["train_span_s"],
             "decisions": [e for e in events if e["event"] in ("decision", "held")],
             "applied": [e for e in events if e["event"] == "applied"],
             "measured": [e for e in events if e["event"] == "measured"],
             "run_dir": str(root / mode),
         }
-    click.echo(f"\n{'':<12}{'first ' + str(window) + ' steps':>16}{'last ' + str(window) + ' steps':>16}{'last/first':>12}"
-               f"{'whole run':>12}   (samples/s)")
+    click.echo(
+        f"\n{'':<12}{'first ' + str(window) + ' steps':>16}{'last ' + str(window) + ' steps':>16}{'last/first':>12}"
+        f"{'whole run':>12}   (samples/s)"
+    )
     for mode, r in results.items():
-        click.echo(f"{mode:<12}{r['first_window_samples_per_s']:>16.2f}{r['last_window_samples_per_s']:>16.2f}"
-                   f"{r['speedup']:>11.2f}x{r['samples_per_s']:>12.2f}")
+        click.echo(
+            f"{mode:<12}{r['first_window_samples_per_s']:>16.2f}{r['last_window_samples_per_s']:>16.2f}"
+            f"{r['speedup']:>11.2f}x{r['samples_per_s']:>12.2f}"
+        )
     after = after_move(results, root)
     if after:
         line = f"steps {after['first_step']}-{after['last_step']} (after the move): online {after['online']:.2f} samples/s"
         if "static" in after:
-            line += f", static {after['static']:.2f} ({after['online'] / after['static']:.2f}x, same steps, run one after the other)"
+            line += (
+                f", static {after['static']:.2f} ({after['online'] / after['static']:.2f}x, same steps, run one after the other)"
+            )
         click.echo(line)
         results["after_move"] = after
     for e in results["online"]["decisions"]:
         if e["event"] == "held":
             click.echo(f"held at step {e['step']}: {e['reason']}")
             continue
-        click.echo(f"decision at step {e['step']}: {e['move']}  {e['split_before']} -> {e['split_after']}  "
-                   f"predicted step {e['predicted_step_s_before']:.3f} -> {e['predicted_step_s_after']:.3f} s "
-                   f"(gain {e['predicted_gain']:+.0%})  because {e['reason']}")
+        click.echo(
+            f"decision at step {e['step']}: {e['move']}  {e['split_before']} -> {e['split_after']}  "
+            f"predicted step {e['predicted_step_s_before']:.3f} -> {e['predicted_step_s_after']:.3f} s "
+            f"(gain {e['predicted_gain']:+.0%})  because {e['reason']}"
+        )
     for e in results["online"]["measured"]:
-        click.echo(f"measured at step {e['step']}: step {e['step_s_before']:.3f} -> {e['step_s_after']:.3f} s, "
-                   f"gain {e['measured_gain']:+.0%} (predicted {e['predicted_gain']:+.0%})")
+        click.echo(
+            f"measured at step {e['step']}: step {e['step_s_before']:.3f} -> {e['step_s_after']:.3f} s, "
+            f"gain {e['measured_gain']:+.0%} (predicted {e['predicted_gain']:+.0%})"
+        )
     if not results["online"]["decisions"]:
         click.echo("the planner made no decision: the roles were balanced within planner.imbalance_threshold")
     click.echo(f"(runs in {root})")

@@ -72,7 +72,9 @@ def _producer(directory: str, samples: int, seq_len: int, lockstep: int, streame
     out.send((times, t_stream, t_end))
 
 
-def _consumer(directory: str, samples: int, seq_len: int, lockstep: int, streamed: int, use_shm: bool, zero_copy: bool, done) -> None:
+def _consumer(
+    directory: str, samples: int, seq_len: int, lockstep: int, streamed: int, use_shm: bool, zero_copy: bool, done
+) -> None:
     from asyncflow.core.tq.client import TQClient
 
     tq = TQClient(directory, use_shm=use_shm)
@@ -92,8 +94,15 @@ def _consumer(directory: str, samples: int, seq_len: int, lockstep: int, streame
 
 
 def run_queue_bench(
-    samples: int, seq_len: int, rounds: int, shards: int, warmup: int, use_shm: bool, zero_copy: bool = False,
-    window_rounds: int = 4, inline_max_bytes: int | None = None,
+    samples: int,
+    seq_len: int,
+    rounds: int,
+    shards: int,
+    warmup: int,
+    use_shm: bool,
+    zero_copy: bool = False,
+    window_rounds: int = 4,
+    inline_max_bytes: int | None = None,
 ) -> dict:
     from asyncflow.core.directory import DirectoryClient, start_directory
     from asyncflow.core.tq.client import TQClient
@@ -180,33 +189,62 @@ def run_queue_bench(
 @click.option("--samples", "-B", default=8, type=click.IntRange(min=1), show_default=True, help="Rows per round.")
 @click.option("--seq-len", "-L", default=64, type=click.IntRange(min=1), show_default=True, help="Tokens per row.")
 @click.option("--rounds", "-n", default=200, type=click.IntRange(min=1), show_default=True, help="Measured rounds.")
-@click.option("--shards", "-S", default=1, type=click.IntRange(min=1), show_default=True, help="Storage shards (one process each).")
+@click.option(
+    "--shards", "-S", default=1, type=click.IntRange(min=1), show_default=True, help="Storage shards (one process each)."
+)
 @click.option("--warmup", default=5, type=click.IntRange(min=0), show_default=True, help="Rounds run before measuring.")
-@click.option("--shm/--no-shm", "use_shm", default=True, show_default=True,
-              help="Same-host shared-memory data path for puts of 1 MB or more.")
+@click.option(
+    "--shm/--no-shm",
+    "use_shm",
+    default=True,
+    show_default=True,
+    help="Same-host shared-memory data path for puts of 1 MB or more.",
+)
 @click.option("--zero-copy", is_flag=True, help="Read shared-memory rows as views (valid until acked), not copies.")
-@click.option("--window", "window_rounds", default=4, type=click.IntRange(min=1), show_default=True,
-              help="Queue capacity in rounds (at least 1024 rows): how far the streaming producer may run ahead.")
-@click.option("--inline-max-bytes", type=click.IntRange(min=0), default=None,
-              help="Puts up to this size travel with their notice and come back in the GetBatch reply "
-                   "([queue] inline_max_bytes; default 16384; 0: always read from the shard).")
-@click.option("--compare-inline", is_flag=True,
-              help="Run twice, inline off then on, and print the round-trip ratio (off / on).")
+@click.option(
+    "--window",
+    "window_rounds",
+    default=4,
+    type=click.IntRange(min=1),
+    show_default=True,
+    help="Queue capacity in rounds (at least 1024 rows): how far the streaming producer may run ahead.",
+)
+@click.option(
+    "--inline-max-bytes",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Puts up to this size travel with their notice and come back in the GetBatch reply "
+    "([queue] inline_max_bytes; default 16384; 0: always read from the shard).",
+)
+@click.option("--compare-inline", is_flag=True, help="Run twice, inline off then on, and print the round-trip ratio (off / on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def queue(samples: int, seq_len: int, rounds: int, shards: int, warmup: int, use_shm: bool, zero_copy: bool,
-          window_rounds: int, inline_max_bytes: int | None, compare_inline: bool, as_json: bool) -> None:
+def queue(
+    samples: int,
+    seq_len: int,
+    rounds: int,
+    shards: int,
+    warmup: int,
+    use_shm: bool,
+    zero_copy: bool,
+    window_rounds: int,
+    inline_max_bytes: int | None,
+    compare_inline: bool,
+    as_json: bool,
+) -> None:
     """TransferQueue round trip and bandwidth, producer and consumer in their own processes."""
     if compare_inline:
         off = run_queue_bench(samples, seq_len, rounds, shards, warmup, use_shm, zero_copy, window_rounds, 0)
-        on = run_queue_bench(samples, seq_len, rounds, shards, warmup, use_shm, zero_copy, window_rounds,
-                             inline_max_bytes)
-        result = {"round_trip_ms_read": off["round_trip_ms"], "round_trip_ms_inline": on["round_trip_ms"],
-                  "samples_per_s_read": off["samples_per_s"], "samples_per_s_inline": on["samples_per_s"],
-                  "round_trip_ratio": round(off["round_trip_ms"] / on["round_trip_ms"], 3),
-                  "load_avg_1m": os.getloadavg()[0]}
+        on = run_queue_bench(samples, seq_len, rounds, shards, warmup, use_shm, zero_copy, window_rounds, inline_max_bytes)
+        result = {
+            "round_trip_ms_read": off["round_trip_ms"],
+            "round_trip_ms_inline": on["round_trip_ms"],
+            "samples_per_s_read": off["samples_per_s"],
+            "samples_per_s_inline": on["samples_per_s"],
+            "round_trip_ratio": round(off["round_trip_ms"] / on["round_trip_ms"], 3),
+            "load_avg_1m": os.getloadavg()[0],
+        }
     else:
-        result = run_queue_bench(samples, seq_len, rounds, shards, warmup, use_shm, zero_copy, window_rounds,
-                                 inline_max_bytes)
+        result = run_queue_bench(samples, seq_len, rounds, shards, warmup, use_shm, zero_copy, window_rounds, inline_max_bytes)
     for key, value in result.items():
         click.echo(f"{key:>20}  {value}")
     if as_json:

@@ -42,8 +42,13 @@ def rollout(num_prompts, batch_size, max_new_tokens, num_stop_tokens, hidden_siz
 
     torch.set_num_threads(threads)
     model_dir = make_tiny_model(
-        tempfile.mkdtemp(prefix="bench_rollout_"), seed=0, hidden_size=hidden_size, num_layers=num_layers,
-        num_heads=4, num_kv_heads=2, intermediate_size=3 * hidden_size,
+        tempfile.mkdtemp(prefix="bench_rollout_"),
+        seed=0,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=3 * hidden_size,
     )
     rng = random.Random(0)
     prompts = [[rng.randrange(6, 90) for _ in range(rng.randint(4, 24))] for _ in range(num_prompts)]
@@ -72,8 +77,15 @@ def rollout(num_prompts, batch_size, max_new_tokens, num_stop_tokens, hidden_siz
                 mask[b, width - len(p) :] = 1
             with torch.inference_mode():
                 out = hf_model.generate(
-                    input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                    max_new_tokens=max_new_tokens, eos_token_id=list(stops), pad_token_id=0,
+                    input_ids=ids,
+                    attention_mask=mask,
+                    do_sample=True,
+                    temperature=1.0,
+                    top_p=1.0,
+                    top_k=0,
+                    max_new_tokens=max_new_tokens,
+                    eos_token_id=list(stops),
+                    pad_token_id=0,
                 )
             for row in out[:, width:].tolist():
                 n = next((j + 1 for j, t in enumerate(row) if t in stops), len(row))
@@ -87,17 +99,30 @@ def rollout(num_prompts, batch_size, max_new_tokens, num_stop_tokens, hidden_siz
         native_tps.append(n_tok / sec)
         h_tok, h_sec = run_hf(r + 1)
         hf_tps.append(h_tok / h_sec)
-        click.echo(f"repeat {r}: native {n_tok} tokens in {sec:.2f}s ({n_tok / sec:.0f} tok/s) | "
-                   f"hf generate {h_tok} tokens in {h_sec:.2f}s ({h_tok / h_sec:.0f} tok/s)")
+        click.echo(
+            f"repeat {r}: native {n_tok} tokens in {sec:.2f}s ({n_tok / sec:.0f} tok/s) | "
+            f"hf generate {h_tok} tokens in {h_sec:.2f}s ({h_tok / h_sec:.0f} tok/s)"
+        )
     tps, base = statistics.median(native_tps), statistics.median(hf_tps)
-    click.echo(f"native {tps:.0f} tok/s vs hf generate {base:.0f} tok/s: ratio {tps / base:.2f} "
-               f"(prompts {num_prompts}, batch {batch_size}, max_new_tokens {max_new_tokens}, threads {threads}, "
-               f"model hidden {hidden_size} x {num_layers} layers)")
+    click.echo(
+        f"native {tps:.0f} tok/s vs hf generate {base:.0f} tok/s: ratio {tps / base:.2f} "
+        f"(prompts {num_prompts}, batch {batch_size}, max_new_tokens {max_new_tokens}, threads {threads}, "
+        f"model hidden {hidden_size} x {num_layers} layers)"
+    )
     if as_json:
-        click.echo(json.dumps({
-            "tokens_per_s": round(tps, 1), "baseline_tokens_per_s": round(base, 1), "ratio": round(tps / base, 3),
-            "num_prompts": num_prompts, "batch_size": batch_size, "max_new_tokens": max_new_tokens, "threads": threads,
-        }))
+        click.echo(
+            json.dumps(
+                {
+                    "tokens_per_s": round(tps, 1),
+                    "baseline_tokens_per_s": round(base, 1),
+                    "ratio": round(tps / base, 3),
+                    "num_prompts": num_prompts,
+                    "batch_size": batch_size,
+                    "max_new_tokens": max_new_tokens,
+                    "threads": threads,
+                }
+            )
+        )
 
 
 def _fields(params) -> dict:

@@ -33,7 +33,9 @@ def _batch(num_rows: int, seq_len: int, seed: int = 0):
     resp_BT = attn_BT.float()
     resp_BT[:, : seq_len // 4] = 0.0
     adv_BT = torch.randn(num_rows, 1, generator=g) * resp_BT
-    return TokenBatch(input_ids=ids_BT, attention_mask=attn_BT, response_mask=resp_BT, advantages=adv_BT, rollout_logp=-2.0 * resp_BT)
+    return TokenBatch(
+        input_ids=ids_BT, attention_mask=attn_BT, response_mask=resp_BT, advantages=adv_BT, rollout_logp=-2.0 * resp_BT
+    )
 
 
 def _time_steps(engine, batch, steps: int) -> float:
@@ -91,10 +93,17 @@ def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, t
     from asyncflow.engines.tiny import make_tiny_model
 
     world = 2
-    model_dir = str(make_tiny_model(
-        tempfile.mkdtemp(prefix="bench_train_"), seed=0, hidden_size=hidden_size, num_layers=num_layers,
-        num_heads=4, num_kv_heads=2, intermediate_size=3 * hidden_size,
-    ))
+    model_dir = str(
+        make_tiny_model(
+            tempfile.mkdtemp(prefix="bench_train_"),
+            seed=0,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=3 * hidden_size,
+        )
+    )
     batch = _batch(num_rows, seq_len)
     tokens = int(batch.attention_mask.sum()) * steps
     figures = {}
@@ -110,16 +119,24 @@ def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, t
     with open(out_path) as f:
         seconds = json.load(f)["seconds"]
     figures["fsdp2_tokens_per_s"] = tokens / seconds
-    click.echo(f"FSDP2, {world} processes x 1 thread (gloo): {tokens / seconds:.0f} tokens/s ({seconds / steps * 1000:.0f} ms/step)")
+    click.echo(
+        f"FSDP2, {world} processes x 1 thread (gloo): {tokens / seconds:.0f} tokens/s ({seconds / steps * 1000:.0f} ms/step)"
+    )
     ratio = figures["fsdp2_tokens_per_s"] / figures["one_process_tokens_per_s"]
-    click.echo(f"FSDP2 / one process: {ratio:.2f} (model hidden {hidden_size} x {num_layers} layers, "
-               f"global batch {num_rows} x {seq_len}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    click.echo(
+        f"FSDP2 / one process: {ratio:.2f} (model hidden {hidden_size} x {num_layers} layers, "
+        f"global batch {num_rows} x {seq_len}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+    )
     if as_json:
-        click.echo(json.dumps({
-            "tokens_per_s": round(figures["one_process_tokens_per_s"], 1),
-            "one_process_threads": threads,
-            "fsdp2_tokens_per_s": round(figures["fsdp2_tokens_per_s"], 1),
-            "fsdp2_processes": world,
-            "ratio_fsdp2_to_one_process": round(ratio, 3),
-            "load_average": round(os.getloadavg()[0], 2),
-        }))
+        click.echo(
+            json.dumps(
+                {
+                    "tokens_per_s": round(figures["one_process_tokens_per_s"], 1),
+                    "one_process_threads": threads,
+                    "fsdp2_tokens_per_s": round(figures["fsdp2_tokens_per_s"], 1),
+                    "fsdp2_processes": world,
+                    "ratio_fsdp2_to_one_process": round(ratio, 3),
+                    "load_average": round(os.getloadavg()[0], 2),
+                }
+            )
+        )

@@ -101,7 +101,9 @@ def transport(schemes: str, seconds: float, as_json: bool) -> None:
         else:
             directory = start_directory(transport_cfg)
             client = DirectoryClient(directory.address, transport_cfg)
-            host = spawn_host("bench", client, transport_cfg, [protocol.ActorSpec(name="echo", cls="asyncflow.core.echo:EchoActor")])
+            host = spawn_host(
+                "bench", client, transport_cfg, [protocol.ActorSpec(name="echo", cls="asyncflow.core.echo:EchoActor")]
+            )
             ref = client.ref("echo")
 
             def stop(host=host, directory=directory):

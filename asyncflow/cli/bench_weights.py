@@ -72,9 +72,18 @@ def weights(mb: int, tensor_mb: float, chunk_mb: int, scheme: str, repeats: int,
     transport = TransportConfig(scheme=scheme, secret="bench", ipc_dir=tempfile.mkdtemp(prefix="af-bench-"))
     directory = start_directory(transport)
     client = DirectoryClient(directory.address, transport)
-    kwargs = dict(run_dir=bench_run_dir(tempfile.mkdtemp(prefix="af-bench-run-")), num_bytes=mb << 20, tensor_bytes=int(tensor_mb * (1 << 20)), chunk_bytes=chunk_mb << 20)
-    host = spawn_host("bench-weights", client, transport, [protocol.ActorSpec(
-        name=WEIGHTS, cls=f"{__name__}:BenchWeights", kwargs=msgspec.msgpack.encode(kwargs))])
+    kwargs = dict(
+        run_dir=bench_run_dir(tempfile.mkdtemp(prefix="af-bench-run-")),
+        num_bytes=mb << 20,
+        tensor_bytes=int(tensor_mb * (1 << 20)),
+        chunk_bytes=chunk_mb << 20,
+    )
+    host = spawn_host(
+        "bench-weights",
+        client,
+        transport,
+        [protocol.ActorSpec(name=WEIGHTS, cls=f"{__name__}:BenchWeights", kwargs=msgspec.msgpack.encode(kwargs))],
+    )
     rows: list[dict[str, Any]] = []
     try:
         ref = client.ref(WEIGHTS)
@@ -89,16 +98,26 @@ def weights(mb: int, tensor_mb: float, chunk_mb: int, scheme: str, repeats: int,
                 times.append(time.perf_counter() - t0)
                 num_bytes = sum(t.numel() * t.element_size() for _, t in tensors)
             median = statistics.median(times)
-            rows.append({"transport": name, "scheme": scheme, "bytes": num_bytes, "tensors": len(tensors),
-                         "fetch_s": round(median, 4), "gb_per_s": round(num_bytes / median / 1e9, 3)})
+            rows.append(
+                {
+                    "transport": name,
+                    "scheme": scheme,
+                    "bytes": num_bytes,
+                    "tensors": len(tensors),
+                    "fetch_s": round(median, 4),
+                    "gb_per_s": round(num_bytes / median / 1e9, 3),
+                }
+            )
         receiver.close()
     finally:
         host.stop()
         directory.stop()
     click.echo(f"{'transport':<20} {'nng':<5} {'MB':>7} {'tensors':>8} {'fetch s':>8} {'GB/s':>7}")
     for r in rows:
-        click.echo(f"{r['transport']:<20} {r['scheme']:<5} {r['bytes'] / 1e6:>7.1f} {r['tensors']:>8} "
-                   f"{r['fetch_s']:>8} {r['gb_per_s']:>7}")
+        click.echo(
+            f"{r['transport']:<20} {r['scheme']:<5} {r['bytes'] / 1e6:>7.1f} {r['tensors']:>8} "
+            f"{r['fetch_s']:>8} {r['gb_per_s']:>7}"
+        )
     if len(rows) == 2:
         click.echo(f"collective / nng: {rows[1]['gb_per_s'] / max(rows[0]['gb_per_s'], 1e-9):.2f}x")
     if as_json:

@@ -19,12 +19,15 @@ def certs(directory: Path, days: int, force: bool) -> None:
     from asyncflow.core.tls import make_cluster_certs
 
     if (directory / "ca.pem").exists() and not force:
-        raise click.ClickException(f"{directory} already holds certificates: pass --force to replace them "
-                                   f"(every node must then get the new ones)")
+        raise click.ClickException(
+            f"{directory} already holds certificates: pass --force to replace them (every node must then get the new ones)"
+        )
     try:
         out = make_cluster_certs(directory, days=days)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"wrote {out}/ca.pem, node.pem, node.key (0600) and ca.key (0600; keep it off the nodes).\n"
-               f"Copy {out} without ca.key to every node and set in the cluster config:\n"
-               f"  [cluster.transport]\n  scheme = \"tcp\"\n  tls_dir = \"{out.resolve()}\"")
+    click.echo(
+        f"wrote {out}/ca.pem, node.pem, node.key (0600) and ca.key (0600; keep it off the nodes).\n"
+        f"Copy {out} without ca.key to every node and set in the cluster config:\n"
+        f'  [cluster.transport]\n  scheme = "tcp"\n  tls_dir = "{out.resolve()}"'
+    )

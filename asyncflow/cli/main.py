@@ -22,5 +22,7 @@ COMMANDS = {
 @click.version_option(package_name="asyncflow")
 def main() -> None:
     """asyncflow: asynchronous streaming RL post-training for LLMs."""
+
+
 if __name__ == "__main__":
     main()

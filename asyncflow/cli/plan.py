@@ -28,20 +28,38 @@ def _params(n: float) -> str:
 
 
 def _table(plans) -> list[str]:
-    head = ("#", "rollout devices (instances x tp)", "train dev tp/pp/dp", "ref dev", "step s", "samples/s", "tokens/s",
-            "bottleneck", "peak GiB/dev")
+    head = (
+        "#",
+        "rollout devices (instances x tp)",
+        "train dev tp/pp/dp",
+        "ref dev",
+        "step s",
+        "samples/s",
+        "tokens/s",
+        "bottleneck",
+        "peak GiB/dev",
+    )
     rows = [head]
     for i, p in enumerate(plans, 1):
         ref = f"{p.reference_devices} tp{p.reference_tp}" if p.reference_devices else "on train"
-        rows.append((
-            str(i), f"{p.rollout_devices} ({p.rollout_devices // p.rollout_tp} x tp{p.rollout_tp})",
-            f"{p.train_devices} {p.train_tp}/{p.train_pp}/{p.train_dp}",
-            ref, _sig(p.predicted_step_s), _sig(p.predicted_samples_per_s), _fmt_rate(p.predicted_tokens_per_s),
-            p.bottleneck, _sig(p.peak_memory_bytes / GiB),
-        ))
+        rows.append(
+            (
+                str(i),
+                f"{p.rollout_devices} ({p.rollout_devices // p.rollout_tp} x tp{p.rollout_tp})",
+                f"{p.train_devices} {p.train_tp}/{p.train_pp}/{p.train_dp}",
+                ref,
+                _sig(p.predicted_step_s),
+                _sig(p.predicted_samples_per_s),
+                _fmt_rate(p.predicted_tokens_per_s),
+                p.bottleneck,
+                _sig(p.peak_memory_bytes / GiB),
+            )
+        )
     widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
-    return ["  ".join(cell.rjust(w) if c in (0, 4, 5, 6, 8) else cell.ljust(w) for c, (cell, w) in enumerate(zip(r, widths))).rstrip()
-            for r in rows]
+    return [
+        "  ".join(cell.rjust(w) if c in (0, 4, 5, 6, 8) else cell.ljust(w) for c, (cell, w) in enumerate(zip(r, widths))).rstrip()
+        for r in rows
+    ]
 
 
 def _boundary(infeasible) -> list:
@@ -55,35 +73,82 @@ def _boundary(infeasible) -> list:
 
 
 @click.command()
-@click.option("--model", "model_name", default="7b", show_default=True,
-              help="Preset (0.5b, 1.5b, 7b, 14b, 32b, 72b; Qwen2.5 shapes) or a local HF model directory.")
+@click.option(
+    "--model",
+    "model_name",
+    default="7b",
+    show_default=True,
+    help="Preset (0.5b, 1.5b, 7b, 14b, 32b, 72b; Qwen2.5 shapes) or a local HF model directory.",
+)
 @click.option("--npus", type=int, help="Number of Ascend NPUs (hardware defaults to 910b).")
 @click.option("--gpus", type=int, help="Number of GPUs (hardware defaults to h100).")
 @click.option("--devices", type=int, help="Number of devices of --hardware (e.g. worker processes with --hardware cpu).")
 @click.option("--hardware", help="910b, a100, h100, h200 or cpu.")
 @click.option("--prompt-len", type=int, default=1024, show_default=True, help="Mean prompt length, tokens.")
-@click.option("--response-len", type=float, default=2048, show_default=True,
-              help="Mean response length, tokens (whole tokens, except with --config).")
-@click.option("--longest-response-len", type=float,
-              help="With --config: the longest response of a generate call, tokens (default: max_new_tokens).")
+@click.option(
+    "--response-len",
+    type=float,
+    default=2048,
+    show_default=True,
+    help="Mean response length, tokens (whole tokens, except with --config).",
+)
+@click.option(
+    "--longest-response-len",
+    type=float,
+    help="With --config: the longest response of a generate call, tokens (default: max_new_tokens).",
+)
 @click.option("--max-response-len", type=int, default=8192, show_default=True, help="Generation cap, tokens (the long tail).")
 @click.option("--batch-size", type=int, default=256, show_default=True, help="Prompts per RL step.")
 @click.option("-n", "--samples-per-prompt", type=int, default=8, show_default=True, help="Responses per prompt (GRPO group).")
-@click.option("--staleness", type=int, default=1, show_default=True, help="k: a sample of policy v trains at step s only if s - v <= k.")
+@click.option(
+    "--staleness", type=int, default=1, show_default=True, help="k: a sample of policy v trains at step s only if s - v <= k."
+)
 @click.option("--no-reference", is_flag=True, help="No KL to a reference policy (no reference forward).")
 @click.option("--critic", is_flag=True, help="PPO: add a critic (forward and training on the training devices).")
 @click.option("--top", type=int, default=5, show_default=True, help="Plans to show.")
-@click.option("--profile", "profile_path", type=click.Path(dir_okay=False), help="Calibrated efficiency factors from `afctl profile`.")
+@click.option(
+    "--profile", "profile_path", type=click.Path(dir_okay=False), help="Calibrated efficiency factors from `afctl profile`."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (key `plans`, best first) as the last line.")
-@click.option("--simulate", "simulate_dir", type=click.Path(file_okay=False), help="Write a trace and timeline PNG of the best plan here.")
+@click.option(
+    "--simulate", "simulate_dir", type=click.Path(file_okay=False), help="Write a trace and timeline PNG of the best plan here."
+)
 @click.option("--steps", type=int, default=6, show_default=True, help="Steps to simulate with --simulate.")
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
-              help="Predict this run config's time per step on this machine, sync and async (needs --profile).")
-@click.option("--compare", "compare_dir", type=click.Path(exists=True, file_okay=False),
-              help="With --config: the --out directory of `afctl bench e2e`, to print the prediction errors.")
-def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, longest_response_len, max_response_len, batch_size,
-         samples_per_prompt, staleness, no_reference, critic, top, profile_path, as_json, simulate_dir, steps,
-         config_path, compare_dir) -> None:
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Predict this run config's time per step on this machine, sync and async (needs --profile).",
+)
+@click.option(
+    "--compare",
+    "compare_dir",
+    type=click.Path(exists=True, file_okay=False),
+    help="With --config: the --out directory of `afctl bench e2e`, to print the prediction errors.",
+)
+def plan(
+    model_name,
+    npus,
+    gpus,
+    devices,
+    hardware,
+    prompt_len,
+    response_len,
+    longest_response_len,
+    max_response_len,
+    batch_size,
+    samples_per_prompt,
+    staleness,
+    no_reference,
+    critic,
+    top,
+    profile_path,
+    as_json,
+    simulate_dir,
+    steps,
+    config_path,
+    compare_dir,
+) -> None:
     """Preview the best split of devices between rollout, training and reference.
 
     Example: afctl plan --model 32b --npus 512; afctl plan --model 7b --gpus 64 --hardware h100;
@@ -93,9 +158,15 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, lo
         from asyncflow.cli.predict import run_predict
 
         len_given = click.get_current_context().get_parameter_source("response_len") == click.core.ParameterSource.COMMANDLINE
-        run_predict(config_path, profile_path, response_len if len_given else None,
-                    steps if click.get_current_context().get_parameter_source("steps") == click.core.ParameterSource.COMMANDLINE else 20,
-                    compare_dir, as_json, longest_response_len=longest_response_len)
+        run_predict(
+            config_path,
+            profile_path,
+            response_len if len_given else None,
+            steps if click.get_current_context().get_parameter_source("steps") == click.core.ParameterSource.COMMANDLINE else 20,
+            compare_dir,
+            as_json,
+            longest_response_len=longest_response_len,
+        )
         return
     response_len = int(round(response_len))
     import msgspec
@@ -124,9 +195,14 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, lo
             if prof.hardware != hw.name:
                 click.echo(f"warning: profile {profile_path} was measured on {prof.hardware}, planning for {hw.name}", err=True)
         wl = Workload(
-            prompt_len_tokens=prompt_len, response_len_tokens=response_len, max_response_len_tokens=max_response_len,
-            prompts_per_step=batch_size, samples_per_prompt=samples_per_prompt, staleness=staleness,
-            use_reference=not no_reference, use_critic=critic,
+            prompt_len_tokens=prompt_len,
+            response_len_tokens=response_len,
+            max_response_len_tokens=max_response_len,
+            prompts_per_step=batch_size,
+            samples_per_prompt=samples_per_prompt,
+            staleness=staleness,
+            use_reference=not no_reference,
+            use_critic=critic,
         )
         result = search(model, hw, wl, num_devices, eff, top_k=top)
     except (ValueError, FileNotFoundError) as exc:
@@ -143,10 +219,17 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, lo
 
     if as_json:
         out = {
-            "model": model.name, "hardware": hw.name, "num_devices": num_devices, "workload": wl,
-            "plans": result.plans, "sync": result.sync, "colocated": result.colocated,
-            "predicted_async_speedup": gain, "infeasible": result.infeasible,
-            "num_splits": result.num_splits, "num_infeasible_splits": result.num_infeasible_splits,
+            "model": model.name,
+            "hardware": hw.name,
+            "num_devices": num_devices,
+            "workload": wl,
+            "plans": result.plans,
+            "sync": result.sync,
+            "colocated": result.colocated,
+            "predicted_async_speedup": gain,
+            "infeasible": result.infeasible,
+            "num_splits": result.num_splits,
+            "num_infeasible_splits": result.num_infeasible_splits,
             "simulation": sim,
         }
         sys.stdout.write(msgspec.json.encode(out).decode() + "\n")
@@ -166,13 +249,18 @@ def plan(model_name, npus, gpus, devices, hardware, prompt_len, response_len, lo
     for line in _table(result.plans):
         click.echo(line)
     if any(p.bottleneck == "dependency" for p in result.plans):
-        click.echo("(dependency: the generate -> train -> weight-sync loop spread over staleness+1 steps; "
-                   "a larger --staleness relaxes it)")
+        click.echo(
+            "(dependency: the generate -> train -> weight-sync loop spread over staleness+1 steps; "
+            "a larger --staleness relaxes it)"
+        )
     if sync is not None:
         alt = result.colocated if sync is result.colocated else result.sync
         assert alt is not None  # sync is one of the two
-        where = ("colocated on all devices (verl-like)" if alt.mode == "colocated"
-                 else f"task-separated, rollout {alt.rollout_devices} / train {alt.train_devices}")
+        where = (
+            "colocated on all devices (verl-like)"
+            if alt.mode == "colocated"
+            else f"task-separated, rollout {alt.rollout_devices} / train {alt.train_devices}"
+        )
         other = result.sync if alt is result.colocated else result.colocated
         other_txt = f"; the other sync option ({other.mode}) {_sig(other.predicted_step_s)} s" if other is not None else ""
         click.echo(

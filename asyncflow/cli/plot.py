@@ -88,17 +88,25 @@ def console_line(label: str, rows: list[dict]) -> str:
 
     first, last = reward_trend(rows)
     rate = samples_per_s(rows)
-    return (f"{label}: {len(rows)} steps, reward {first:.3f} (first 10%) -> {last:.3f} (last 10%), "
-            f"{sum(r['samples'] for r in rows) / max(train_span_s(rows), 1e-9):.1f} samples/s overall, "
-            f"last step {rate[-1]:.1f} samples/s")
+    return (
+        f"{label}: {len(rows)} steps, reward {first:.3f} (first 10%) -> {last:.3f} (last 10%), "
+        f"{sum(r['samples'] for r in rows) / max(train_span_s(rows), 1e-9):.1f} samples/s overall, "
+        f"last step {rate[-1]:.1f} samples/s"
+    )
 
 
 @click.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--png", "png", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Write the figure here.")
-@click.option("--smooth", "span", default=10, show_default=True, type=click.IntRange(min=1),
-              help="Exponential moving average over about this many steps for reward, response length, samples/s "
-                   "and busy fractions (the raw reward stays drawn, faint); 1: no smoothing.")
+@click.option(
+    "--smooth",
+    "span",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Exponential moving average over about this many steps for reward, response length, samples/s "
+    "and busy fractions (the raw reward stays drawn, faint); 1: no smoothing.",
+)
 def plot(run_dirs: tuple[Path, ...], png: Path, span: int) -> None:
     """Reward, response length, samples/s, staleness and busy fractions of RUN_DIRs,
     over steps and over wall time, runs overlaid (the convergence-parity figure).
@@ -122,8 +130,10 @@ def plot(run_dirs: tuple[Path, ...], png: Path, span: int) -> None:
         evals = [r for r in rows if "val/accuracy" in r]
         if evals:
             top = max(evals, key=lambda r: r["val/accuracy"])
-            click.echo(f"{label}: held-out accuracy best {top['val/accuracy']:.3f} after step {int(top['step']) + 1}, "
-                       f"last {evals[-1]['val/accuracy']:.3f}")
+            click.echo(
+                f"{label}: held-out accuracy best {top['val/accuracy']:.3f} after step {int(top['step']) + 1}, "
+                f"last {evals[-1]['val/accuracy']:.3f}"
+            )
     click.echo(f"wrote {png}")
 
 
@@ -160,22 +170,34 @@ def draw(runs: list[tuple[str, list[dict]]], png: Path, span: int = 1) -> None:
                     for name, style in VAL_KEYS:
                         points = [(x, r[name]) for x, r in zip(xs, rows) if name in r]
                         if points:
-                            ax.plot(*zip(*points), color=colour, linestyle=style, marker="o", markersize=3,
-                                    linewidth=1.2, label=f"{label}: {name}" if col == 0 else None)
+                            ax.plot(
+                                *zip(*points),
+                                color=colour,
+                                linestyle=style,
+                                marker="o",
+                                markersize=3,
+                                linewidth=1.2,
+                                label=f"{label}: {name}" if col == 0 else None,
+                            )
                     ax.set_ylim(-0.02, 1.02)
                 elif key == "busy":
                     for role in busy_roles(rows):
                         ys = ema([r.get(f"busy/{role}", float("nan")) for r in rows], span)
-                        ax.plot(*broken(xs, ys, gaps[col]), color=role_colour[role],
-                                linestyle=ROLE_STYLES[k % len(ROLE_STYLES)], linewidth=1.2,
-                                label=role if (col, k) == (0, 0) else None)
+                        ax.plot(
+                            *broken(xs, ys, gaps[col]),
+                            color=role_colour[role],
+                            linestyle=ROLE_STYLES[k % len(ROLE_STYLES)],
+                            linewidth=1.2,
+                            label=role if (col, k) == (0, 0) else None,
+                        )
                 else:
                     raw = series[key] if key in series else [r.get(key, float("nan")) for r in rows]
                     if key == "reward_mean" and span > 1:  # the raw values, faint, under the smoothed line
                         ax.plot(*broken(xs, raw, gaps[col]), color=colour, alpha=0.25, linewidth=0.8)
                     ys = raw if key == "staleness_max" else ema(raw, span)
-                    ax.plot(*broken(xs, ys, gaps[col]), color=colour, linewidth=1.2,
-                            label=label if (row, col) == (0, 0) else None)
+                    ax.plot(
+                        *broken(xs, ys, gaps[col]), color=colour, linewidth=1.2, label=label if (row, col) == (0, 0) else None
+                    )
                 smoothed = span > 1 and key not in ("staleness_max", "val")
                 ax.set_title(title + (f", EMA over ~{span} steps" if smoothed else ""), fontsize=9, loc="left")
                 ax.grid(alpha=0.3)

@@ -63,9 +63,13 @@ def reward_score_s(cfg, model_dir: str, rows: int, limit: int = 64) -> float:
         examples = make_examples(min(limit, cfg.data.num_prompts), seed=cfg.data.seed, task=cfg.data.task)
     tok = load_tokenizer(model_dir)
     fn = build_reward_fn(cfg.reward.functions, cfg.reward.weights)
-    ids = [(tok(str(r["prompt"]), add_special_tokens=False)["input_ids"],
-            tok(str(r.get("answer", "")), add_special_tokens=False)["input_ids"])
-           for r in examples]
+    ids = [
+        (
+            tok(str(r["prompt"]), add_special_tokens=False)["input_ids"],
+            tok(str(r.get("answer", "")), add_special_tokens=False)["input_ids"],
+        )
+        for r in examples
+    ]
     answers = [str(r.get("answer", "")) for r in examples]
     batch = [ids[i % len(ids)] for i in range(rows)]
 
@@ -104,21 +108,35 @@ def config_inputs(cfg) -> ConfigInputs:
             model=from_hf_config(model_dir),
             prompt_tokens=mean_prompt_tokens(cfg, model_dir),
             # sync: one unit scores the whole step; async: units as rows come (one call's at most)
-            reward_score_s={"sync": reward_score_s(cfg, model_dir, cfg.samples_per_step),
-                            "async": reward_score_s(cfg, model_dir, min(cfg.reward.batch_size or 1 << 30,
-                                                                       cfg.rollout.prompts_per_call * G))},
+            reward_score_s={
+                "sync": reward_score_s(cfg, model_dir, cfg.samples_per_step),
+                "async": reward_score_s(cfg, model_dir, min(cfg.reward.batch_size or 1 << 30, cfg.rollout.prompts_per_call * G)),
+            },
         )
 
 
-def predict(cfg, profile, response_len: float | None = None, num_steps: int = 20, cores: int | None = None,
-            longest_response_len: float | None = None) -> dict:
+def predict(
+    cfg,
+    profile,
+    response_len: float | None = None,
+    num_steps: int = 20,
+    cores: int | None = None,
+    longest_response_len: float | None = None,
+) -> dict:
     """`planner.predict.predict` of `cfg` with its inputs measured here (`config_inputs`)
     on this machine's cores (or `cores`)."""
     from asyncflow.actors.rollout import ANNOUNCE_WAIT_S
 
-    return planner_predict(cfg, profile, config_inputs(cfg), cores=cores or os.cpu_count() or 1,
-                           response_len=response_len, num_steps=num_steps, longest_response_len=longest_response_len,
-                           poll_s=ANNOUNCE_WAIT_S)
+    return planner_predict(
+        cfg,
+        profile,
+        config_inputs(cfg),
+        cores=cores or os.cpu_count() or 1,
+        response_len=response_len,
+        num_steps=num_steps,
+        longest_response_len=longest_response_len,
+        poll_s=ANNOUNCE_WAIT_S,
+    )
 
 
 def compare(pred: dict, e2e_dir: str, samples_per_step: int) -> dict:
@@ -127,8 +145,11 @@ def compare(pred: dict, e2e_dir: str, samples_per_step: int) -> dict:
     for mode, p in pred["modes"].items():
         summary = json.loads((Path(e2e_dir) / mode / "summary.json").read_text())
         measured = samples_per_step / summary["samples_per_s"]
-        out[mode] = {"measured_step_s": measured, "predicted_step_s": p["predicted_step_s"],
-                     "error": p["predicted_step_s"] / measured - 1}
+        out[mode] = {
+            "measured_step_s": measured,
+            "predicted_step_s": p["predicted_step_s"],
+            "error": p["predicted_step_s"] / measured - 1,
+        }
         metrics = Path(e2e_dir) / mode / "metrics.jsonl"
         if metrics.exists():  # the workload the run had: its policy's mean response length
             lens = [json.loads(line).get("response_len_mean") for line in metrics.read_text().splitlines() if line.strip()]
@@ -138,8 +159,15 @@ def compare(pred: dict, e2e_dir: str, samples_per_step: int) -> dict:
     return out
 
 
-def run_predict(config_path: str, profile_path: str | None, response_len: float | None, steps: int,
-                compare_dir: str | None, as_json: bool, longest_response_len: float | None = None) -> None:
+def run_predict(
+    config_path: str,
+    profile_path: str | None,
+    response_len: float | None,
+    steps: int,
+    compare_dir: str | None,
+    as_json: bool,
+    longest_response_len: float | None = None,
+) -> None:
     from asyncflow.config.run import load_config
     from asyncflow.planner.calibration import Profile
     from asyncflow.planner.io import load_profile
@@ -153,24 +181,30 @@ def run_predict(config_path: str, profile_path: str | None, response_len: float 
     if as_json:
         sys.stdout.write(json.dumps({"prediction": pred, "comparison": measured}) + "\n")
         return
-    click.echo(f"{config_path}: {pred['model']} ({pred['num_params'] / 1e6:.2f} M params), prompt {pred['prompt_tokens']:.1f} "
-               f"+ response {pred['response_tokens']:.1f} tokens (longest of a call {pred['longest_response_tokens']:.1f}), "
-               f"{pred['calls_per_step']} generate calls of {pred['call_batch']} sequences per step, {pred['cores']} cores; "
-               f"profile {profile_path}")
+    click.echo(
+        f"{config_path}: {pred['model']} ({pred['num_params'] / 1e6:.2f} M params), prompt {pred['prompt_tokens']:.1f} "
+        f"+ response {pred['response_tokens']:.1f} tokens (longest of a call {pred['longest_response_tokens']:.1f}), "
+        f"{pred['calls_per_step']} generate calls of {pred['call_batch']} sequences per step, {pred['cores']} cores; "
+        f"profile {profile_path}"
+    )
     c, fw = pred["call"], pred["framework"]
-    click.echo(f"  call: overhead {c['overhead_s'] * 1e3:.1f} + prefill {c['prefill_s'] * 1e3:.1f} + decode {c['decode_s'] * 1e3:.1f} ms "
-               f"({c['iterations']:.1f} iterations) + queue {fw['call_queue_s'] * 1e3:.1f} ms; trainer: engine "
-               f"{pred['engine_train_s'] * 1e3:.1f} + own work {fw['trainer_s'] * 1e3:.1f} + queue {fw['trainer_queue_s'] * 1e3:.1f} "
-               f"+ snapshot {fw['snapshot_s'] * 1e3:.1f} + publish {fw['publish_asks_s'] * 1e3:.1f} ms; reward: score "
-               f"{fw['reward_score_s']['sync'] * 1e3:.1f} (sync) / {fw['reward_score_s']['async'] * 1e3:.1f} (async) + queue "
-               f"{fw['reward_queue_s'] * 1e3:.1f} + hand-offs {fw['handoffs_s'] * 1e3:.1f} ms")
+    click.echo(
+        f"  call: overhead {c['overhead_s'] * 1e3:.1f} + prefill {c['prefill_s'] * 1e3:.1f} + decode {c['decode_s'] * 1e3:.1f} ms "
+        f"({c['iterations']:.1f} iterations) + queue {fw['call_queue_s'] * 1e3:.1f} ms; trainer: engine "
+        f"{pred['engine_train_s'] * 1e3:.1f} + own work {fw['trainer_s'] * 1e3:.1f} + queue {fw['trainer_queue_s'] * 1e3:.1f} "
+        f"+ snapshot {fw['snapshot_s'] * 1e3:.1f} + publish {fw['publish_asks_s'] * 1e3:.1f} ms; reward: score "
+        f"{fw['reward_score_s']['sync'] * 1e3:.1f} (sync) / {fw['reward_score_s']['async'] * 1e3:.1f} (async) + queue "
+        f"{fw['reward_queue_s'] * 1e3:.1f} + hand-offs {fw['handoffs_s'] * 1e3:.1f} ms"
+    )
     for mode, p in pred["modes"].items():
         st = p["stages"]
-        click.echo(f"  {mode:<5} (k={p['staleness']}): {p['predicted_step_s']:.3f} s/step, {p['predicted_samples_per_s']:.1f} samples/s"
-                   f"  [call {st['call_s'] * 1e3:.1f} ms x {st['calls_per_step']}, train {st['train_s'] * 1e3:.1f} ms, "
-                   f"{p['num_polls']} polls of {st['poll_s']:.2f} s, "
-                   f"contention x{p['contention']['rollout']:.2f}/x{p['contention']['train']:.2f}; "
-                   f"without the workflow's mechanics {p['analytical_step_s']:.3f} s]")
+        click.echo(
+            f"  {mode:<5} (k={p['staleness']}): {p['predicted_step_s']:.3f} s/step, {p['predicted_samples_per_s']:.1f} samples/s"
+            f"  [call {st['call_s'] * 1e3:.1f} ms x {st['calls_per_step']}, train {st['train_s'] * 1e3:.1f} ms, "
+            f"{p['num_polls']} polls of {st['poll_s']:.2f} s, "
+            f"contention x{p['contention']['rollout']:.2f}/x{p['contention']['train']:.2f}; "
+            f"without the workflow's mechanics {p['analytical_step_s']:.3f} s]"
+        )
     if measured:
         for mode, m in measured.items():
             resp = f" (its responses: {m['measured_response_len']:.1f} tokens on average)" if "measured_response_len" in m else ""

@@ -64,17 +64,33 @@ def _measure(model_dir: Path, shape, repeats: int, device: Device) -> list:
         iterations = max(rollout.stats.num_steps, 1)  # type: ignore[attr-defined]  # the native engine's (the default type)
         context = prompt_len + new_tokens / 2
         work = shape.num_params * DTYPE_BYTES + batch * shape.kv_bytes_per_token() * context
-        points.append(Point(kind="decode", size=f"{size}, batch {batch}", work=work, time_s=max(full - only_prefill, 1e-9) / iterations,
-                            flops=batch * shape.forward_flops_per_token(context), batch=batch,
-                            num_layers=shape.num_layers))
+        points.append(
+            Point(
+                kind="decode",
+                size=f"{size}, batch {batch}",
+                work=work,
+                time_s=max(full - only_prefill, 1e-9) / iterations,
+                flops=batch * shape.forward_flops_per_token(context),
+                batch=batch,
+                num_layers=shape.num_layers,
+            )
+        )
     # prefill (one generate call of one token): long prompts for the arithmetic, one short
     # prompt and many for the per-call and per-sequence costs of a call
     for batch, plen in ((1, 8), (4, 128), (16, 128), (64, 8)):
         prompts = [[7 + (i + j) % 50 for j in range(plen)] for i in range(batch)]
         t = _median_time(lambda: rollout.generate(prompts, SamplingParams(max_new_tokens=1, seed=0)), repeats)
         work = batch * shape.prefill_flops(plen)
-        points.append(Point(kind="prefill", size=f"{size}, {batch} x {plen} tokens", work=work, time_s=t,
-                            num_layers=shape.num_layers, batch=batch))
+        points.append(
+            Point(
+                kind="prefill",
+                size=f"{size}, {batch} x {plen} tokens",
+                work=work,
+                time_s=t,
+                num_layers=shape.num_layers,
+                batch=batch,
+            )
+        )
     rollout.close()
 
     seq_len = 64
@@ -83,7 +99,7 @@ def _measure(model_dir: Path, shape, repeats: int, device: Device) -> list:
         ids = torch.randint(7, 57, (batch, seq_len))
         mask = torch.ones((batch, seq_len), dtype=torch.long)
         response = torch.zeros((batch, seq_len))
-        response[:, seq_len // 2:] = 1.0
+        response[:, seq_len // 2 :] = 1.0
         tb = TokenBatch(input_ids=ids, attention_mask=mask, response_mask=response)
 
         def loss_fn(out, mb, ctx):
@@ -91,13 +107,27 @@ def _measure(model_dir: Path, shape, repeats: int, device: Device) -> list:
 
         tokens = batch * seq_len
         t_train = _median_time(lambda: trainer.train_step(tb, loss_fn), repeats)
-        points.append(Point(kind="train", size=f"{size}, {batch} x {seq_len}", time_s=t_train,
-                            work=3 * tokens * shape.forward_flops_per_token(seq_len / 2),
-                            num_layers=shape.num_layers, tokens=tokens))
+        points.append(
+            Point(
+                kind="train",
+                size=f"{size}, {batch} x {seq_len}",
+                time_s=t_train,
+                work=3 * tokens * shape.forward_flops_per_token(seq_len / 2),
+                num_layers=shape.num_layers,
+                tokens=tokens,
+            )
+        )
         t_fwd = _median_time(lambda: trainer.forward(tb), repeats)
-        points.append(Point(kind="forward", size=f"{size}, {batch} x {seq_len}", time_s=t_fwd,
-                            work=tokens * shape.forward_flops_per_token(seq_len / 2),
-                            num_layers=shape.num_layers, tokens=tokens))
+        points.append(
+            Point(
+                kind="forward",
+                size=f"{size}, {batch} x {seq_len}",
+                time_s=t_fwd,
+                work=tokens * shape.forward_flops_per_token(seq_len / 2),
+                num_layers=shape.num_layers,
+                tokens=tokens,
+            )
+        )
     # the trainer's weight publish: export a host copy, chunk it for the replicas (weight_sync.publish)
     t_snap = _median_time(lambda: _stage(list(trainer.export_weights())), repeats)
     points.append(Point(kind="snapshot", size=size, work=float(shape.num_params), time_s=t_snap))
@@ -200,8 +230,14 @@ def _measure_handoff(directory_address: str, tq, rounds: int, rows: int = 64) ->
             proc.kill()
     if not gaps:
         return []
-    return [Point(kind="handoff", size=f"put of {rows} rows starts -> a waiting consumer holds them", work=float(rows),
-                  time_s=max(statistics.median(gaps), 1e-6))]
+    return [
+        Point(
+            kind="handoff",
+            size=f"put of {rows} rows starts -> a waiting consumer holds them",
+            work=float(rows),
+            time_s=max(statistics.median(gaps), 1e-6),
+        )
+    ]
 
 
 TRAINER_ROWS = (32, 128, 512)
@@ -233,11 +269,23 @@ def _measure_trainer_rows(repeats: int) -> list:
             rewards_B = torch.tensor([float(r[0]) for r in rewards])
             adv_GN = grpo_advantages(rewards_B.view(-1, 8))
             tb.advantages = broadcast_to_tokens(adv_GN.reshape(-1), tb.response_mask)
-            figures = torch.tensor([float(len(rewards_B)), float(rewards_B.sum()), float(sum(len(r) for r in responses)),
-                                    float(sum(len(p) for p in prompts))], dtype=torch.float64)
+            figures = torch.tensor(
+                [
+                    float(len(rewards_B)),
+                    float(rewards_B.sum()),
+                    float(sum(len(r) for r in responses)),
+                    float(sum(len(p) for p in prompts)),
+                ],
+                dtype=torch.float64,
+            )
             # the step's audit line (RUN_DIR/trained.jsonl) and its metrics message
-            line = {"step": 0, "indices": list(range(rows)), "groups": [i // 8 for i in range(rows)],
-                    "versions": [0] * rows, "ranks": [0] * rows}
+            line = {
+                "step": 0,
+                "indices": list(range(rows)),
+                "groups": [i // 8 for i in range(rows)],
+                "versions": [0] * rows,
+                "ranks": [0] * rows,
+            }
             with audit.open("a") as f:
                 f.write(msgspec.json.encode(line).decode() + "\n")
             msgspec.msgpack.encode({f"figure_{i}": float(v) for i, v in enumerate(figures.tolist() * 6)})
@@ -290,9 +338,11 @@ def _measure_queue(repeats: int) -> list:
         tq = TQClient(dc, consumer="profile")
         for rows in QUEUE_ROWS:
             # a rollout unit's put: responses, their log-probs, the finish flag
-            cols: dict[str, Sequence[Any]] = {"response_ids": [np.arange(6, dtype=np.int64) for _ in range(rows)],
-                    "rollout_logp": [np.zeros(6, dtype=np.float32) for _ in range(rows)],
-                    "finish": [np.ones(1, dtype=np.uint8) for _ in range(rows)]}
+            cols: dict[str, Sequence[Any]] = {
+                "response_ids": [np.arange(6, dtype=np.int64) for _ in range(rows)],
+                "rollout_logp": [np.zeros(6, dtype=np.float32) for _ in range(rows)],
+                "finish": [np.ones(1, dtype=np.uint8) for _ in range(rows)],
+            }
             times: dict[str, list[float]] = {"put": [], "get_meta": [], "read": [], "ack": []}
             for r in range(repeats + 1):
                 metas = tq.allocate(rows, step=r)
@@ -311,8 +361,7 @@ def _measure_queue(repeats: int) -> list:
                     for name, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                         times[name].append(dt)
             for name, ts in times.items():
-                points.append(Point(kind="queue", size=f"{name} of {rows} rows", work=float(rows),
-                                    time_s=statistics.median(ts)))
+                points.append(Point(kind="queue", size=f"{name} of {rows} rows", work=float(rows), time_s=statistics.median(ts)))
         points += _measure_handoff(directory.address, tq, max(repeats, 5))
         tq.close()
     finally:
@@ -337,8 +386,14 @@ def check_step(model_dir: Path, shape, eff, hw, device: Device, repeats: int) ->
 
     prompts_n, samples, prompt_len, new_tokens = 8, 4, 16, 48
     seqs, seq_len = prompts_n * samples, prompt_len + new_tokens
-    wl = Workload(prompt_len_tokens=prompt_len, response_len_tokens=new_tokens, max_response_len_tokens=new_tokens,
-                  prompts_per_step=prompts_n, samples_per_prompt=samples, train_micro_batch_tokens=seqs * seq_len)
+    wl = Workload(
+        prompt_len_tokens=prompt_len,
+        response_len_tokens=new_tokens,
+        max_response_len_tokens=new_tokens,
+        prompts_per_step=prompts_n,
+        samples_per_prompt=samples,
+        train_micro_batch_tokens=seqs * seq_len,
+    )
     predicted = {
         "generate": rollout_cost(shape, hw, eff, wl, 1, 1).time_s,
         "reference forward": forward_cost(shape, hw, eff, wl, 1, 1).time_s,
@@ -368,11 +423,17 @@ def check_step(model_dir: Path, shape, eff, hw, device: Device, repeats: int) ->
 @click.command()
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Profile file to write (.json or .toml).")
 @click.option("--hardware", default="cpu", show_default=True, help="Hardware profile whose peaks the factors refer to.")
-@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "npu"]), help="Where the engines run.")
+@click.option(
+    "--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "npu"]), help="Where the engines run."
+)
 @click.option("--quick", is_flag=True, help="Two small sizes only (a few seconds).")
 @click.option("--repeats", type=int, default=3, show_default=True, help="Timed repetitions per measurement (median kept).")
-@click.option("--check/--no-check", default=True, show_default=True,
-              help="Then predict and time one step of a held-out model size with the fitted factors.")
+@click.option(
+    "--check/--no-check",
+    default=True,
+    show_default=True,
+    help="Then predict and time one step of a held-out model size with the fitted factors.",
+)
 def profile(out_path, hardware, device, quick, repeats, check) -> None:
     """Calibrate the planner: time the real engines at small sizes and fit efficiency factors.
 
@@ -393,41 +454,82 @@ def profile(out_path, hardware, device, quick, repeats, check) -> None:
     points = []
     with tempfile.TemporaryDirectory(prefix="afctl-profile-") as tmp:
         for i, (hidden, layers, heads, kv_heads, inter) in enumerate(QUICK_SIZES if quick else SIZES):
-            model_dir = make_tiny_model(Path(tmp) / f"m{i}", hidden_size=hidden, num_layers=layers, num_heads=heads,
-                                        num_kv_heads=kv_heads, intermediate_size=inter)
+            model_dir = make_tiny_model(
+                Path(tmp) / f"m{i}",
+                hidden_size=hidden,
+                num_layers=layers,
+                num_heads=heads,
+                num_kv_heads=kv_heads,
+                intermediate_size=inter,
+            )
             shape = from_hf_config(model_dir)
             click.echo(f"profiling {shape.num_params / 1e6:.2f} M params (hidden {hidden}, {layers} layers) ...", err=True)
             points += _measure(model_dir, shape, repeats, device)
         click.echo("profiling the trainer's own step work and queue asks ...", err=True)
         points += _measure_trainer_rows(repeats)
         # forked before this process starts the queue's processes and its nng threads
-        points += _measure_corun(make_tiny_model(Path(tmp) / "corun", hidden_size=SIZES[0][0], num_layers=SIZES[0][1],
-                                                 num_heads=SIZES[0][2], num_kv_heads=SIZES[0][3],
-                                                 intermediate_size=SIZES[0][4]), repeats, device)
+        points += _measure_corun(
+            make_tiny_model(
+                Path(tmp) / "corun",
+                hidden_size=SIZES[0][0],
+                num_layers=SIZES[0][1],
+                num_heads=SIZES[0][2],
+                num_kv_heads=SIZES[0][3],
+                intermediate_size=SIZES[0][4],
+            ),
+            repeats,
+            device,
+        )
         points += _measure_queue(max(repeats, 5))
     eff = fit_profile(points, hw)
     errors = fit_errors(points, eff, hw)
     prof = Profile(
-        hardware=hw.name, efficiency=eff, points=points,
+        hardware=hw.name,
+        efficiency=eff,
+        points=points,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         notes=f"afctl profile on {device}, one torch thread per device, tiny Qwen2 models; work in planner units (bf16 bytes); "
-              f"mean fit error: " + ", ".join(f"{k} {v:.0%}" for k, v in errors.items()),
+        f"mean fit error: " + ", ".join(f"{k} {v:.0%}" for k, v in errors.items()),
     )
     save_profile(prof, out_path)
-    for name in ("prefill_flops", "decode_bandwidth", "train_flops", "forward_flops", "decode_overhead_s",
-                 "decode_overhead_s_per_layer", "decode_overhead_s_per_seq", "prefill_overhead_s_per_layer", "train_overhead_s",
-                 "forward_overhead_s", "train_overhead_s_per_token_layer", "forward_overhead_s_per_token_layer",
-                 "generate_overhead_s", "generate_overhead_s_per_seq", "trainer_overhead_s", "trainer_overhead_s_per_row",
-                 "snapshot_overhead_s", "snapshot_s_per_param", "queue_ask_s", "queue_ask_s_per_row", "queue_handoff_s",
-                 "corun_slowdown"):
+    for name in (
+        "prefill_flops",
+        "decode_bandwidth",
+        "train_flops",
+        "forward_flops",
+        "decode_overhead_s",
+        "decode_overhead_s_per_layer",
+        "decode_overhead_s_per_seq",
+        "prefill_overhead_s_per_layer",
+        "train_overhead_s",
+        "forward_overhead_s",
+        "train_overhead_s_per_token_layer",
+        "forward_overhead_s_per_token_layer",
+        "generate_overhead_s",
+        "generate_overhead_s_per_seq",
+        "trainer_overhead_s",
+        "trainer_overhead_s_per_row",
+        "snapshot_overhead_s",
+        "snapshot_s_per_param",
+        "queue_ask_s",
+        "queue_ask_s_per_row",
+        "queue_handoff_s",
+        "corun_slowdown",
+    ):
         click.echo(f"  {name:27s} {getattr(eff, name):.4g}")
     click.echo("  mean fit error: " + ", ".join(f"{k} {v:.0%}" for k, v in errors.items()))
     click.echo(f"wrote {out_path} ({len(points)} measurements); use it with: afctl plan --profile {out_path}")
     if check:
         hidden, layers, heads, kv_heads, inter = CHECK_SIZE
         with tempfile.TemporaryDirectory(prefix="afctl-profile-check-") as tmp:
-            model_dir = make_tiny_model(Path(tmp) / "check", hidden_size=hidden, num_layers=layers, num_heads=heads,
-                                        num_kv_heads=kv_heads, intermediate_size=inter)
+            model_dir = make_tiny_model(
+                Path(tmp) / "check",
+                hidden_size=hidden,
+                num_layers=layers,
+                num_heads=heads,
+                num_kv_heads=kv_heads,
+                intermediate_size=inter,
+            )
             shape = from_hf_config(model_dir)
             result = check_step(model_dir, shape, eff, hw, device, repeats)
         click.echo(f"check on a held-out size ({shape.num_params / 1e6:.2f} M params), 8 prompts x 4 samples, 16 + 48 tokens:")
@@ -435,4 +537,6 @@ def profile(out_path, hardware, device, quick, repeats, check) -> None:
         for phase, (pred, meas) in result.items():
             total_p, total_m = total_p + pred, total_m + meas
             click.echo(f"  {phase:18s} predicted {pred:7.3f} s  measured {meas:7.3f} s  error {pred / meas - 1:+.0%}")
-        click.echo(f"  {'sync step':18s} predicted {total_p:7.3f} s  measured {total_m:7.3f} s  error {total_p / total_m - 1:+.0%}")
+        click.echo(
+            f"  {'sync step':18s} predicted {total_p:7.3f} s  measured {total_m:7.3f} s  error {total_p / total_m - 1:+.0%}"
+        )

@@ -13,6 +13,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -42,8 +43,9 @@ def status(run_dir: Path | None, watch: bool, interval: float, as_json: bool) ->
     while True:
         if not info.running or not _cluster_file.driver_alive(info):
             why = "it ended" if not info.running else f"its driver (pid {info.driver_pid}) is gone"
-            click.echo(f"run {info.run_dir} is not running: {why}. See `afctl trace {info.run_dir}` and "
-                       f"`afctl plot {info.run_dir}`.")
+            click.echo(
+                f"run {info.run_dir} is not running: {why}. See `afctl trace {info.run_dir}` and `afctl plot {info.run_dir}`."
+            )
             sys.exit(1)
         snap = snapshot(info)
         if as_json:
@@ -90,61 +92,93 @@ def snapshot(info) -> dict:
     role_names = [e.name for e in entries if e.name in workers]
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(role_names)))) as pool:
         stats = dict(zip(role_names, pool.map(role_stats, role_names)))
-    actors = []
+    actors: list[dict[str, Any]] = []  # JSON-like rows (afctl status --json)
     for e in sorted(entries, key=lambda e: _order(e.name)):
-        row = {"name": e.name, "host": e.host, "pid": e.pid, "kind": e.kind.rpartition(":")[2]}
+        row: dict[str, Any] = {"name": e.name, "host": e.host, "pid": e.pid, "kind": e.kind.rpartition(":")[2]}
         s = stats.get(e.name)
         if e.name in workers:
             if s is None:
                 row.update(state="NO ANSWER (in a unit)")
             else:  # a role answers between units of work: its state is "idle" unless paused or done
                 total = s.busy_s + sum(s.wait_s.values())
-                row.update(state=s.state, busy=s.busy_s / total if total > 0 else 0.0, version=s.version,
-                           items=s.num_items, wait_s=dict(s.wait_s))
+                row.update(
+                    state=s.state,
+                    busy=s.busy_s / total if total > 0 else 0.0,
+                    version=s.version,
+                    items=s.num_items,
+                    wait_s=dict(s.wait_s),
+                )
         actors.append(row)
-    snap: dict = {"run_dir": info.run_dir, "driver_pid": info.driver_pid, "up_s": time.time() - info.started_at,
-                  "actors": actors, "queue": None, "tasks": {}, "weights": None, "last_step": _last_step(info.run_dir)}
+    snap: dict = {
+        "run_dir": info.run_dir,
+        "driver_pid": info.driver_pid,
+        "up_s": time.time() - info.started_at,
+        "actors": actors,
+        "queue": None,
+        "tasks": {},
+        "weights": None,
+        "last_step": _last_step(info.run_dir),
+    }
     try:
         tq = TQClient(dc, consumer="afctl-status", timeout_s=3)
         q = tq.status()
-        snap["queue"] = {"live_rows": q.num_live_rows, "capacity_rows": q.capacity_rows,
-                         "waiting_allocations": q.num_waiting_allocations, "freed_rows": q.num_freed_rows}
+        snap["queue"] = {
+            "live_rows": q.num_live_rows,
+            "capacity_rows": q.capacity_rows,
+            "waiting_allocations": q.num_waiting_allocations,
+            "freed_rows": q.num_freed_rows,
+        }
         for task in info.tasks:
             t = tq.task_status(task)
             pending = sum(t.num_pending.values())
-            snap["tasks"][task] = {"rows": t.num_rows, "acked": t.num_acked, "handed_out": pending,
-                                   "queued": max(0, t.num_rows - t.num_acked - pending), "requests_waiting": t.num_waiting}
+            snap["tasks"][task] = {
+                "rows": t.num_rows,
+                "acked": t.num_acked,
+                "handed_out": pending,
+                "queued": max(0, t.num_rows - t.num_acked - pending),
+                "requests_waiting": t.num_waiting,
+            }
     except (AsyncflowError, LookupError) as exc:
         snap["queue_error"] = str(exc)
     try:
         latest = dc.ref(names.WEIGHTS, wait_s=0.0).ask(protocol.GetLatestWeights(), timeout_s=3)
         rollouts = {a["name"]: a.get("version") for a in actors if a["name"].startswith("rollout.")}
-        snap["weights"] = {"published": latest.version, "bytes": latest.num_bytes,
-                           "in_flight_to": sorted(n for n, v in rollouts.items() if v is not None and v < latest.version)}
+        snap["weights"] = {
+            "published": latest.version,
+            "bytes": latest.num_bytes,
+            "in_flight_to": sorted(n for n, v in rollouts.items() if v is not None and v < latest.version),
+        }
     except (AsyncflowError, LookupError):
         pass
     return snap
 
 
 def render(snap: dict) -> str:
-    lines = [f"run {snap['run_dir']}  driver pid {snap['driver_pid']}, up {snap['up_s']:.0f} s"
-             + (f", last trainer step {snap['last_step']}" if snap["last_step"] is not None else ", no step yet")]
-    lines.append(f"{'ACTOR':<22}{'HOST':<12}{'PID':>8}  {'STATE':<18}{'BUSY':>6}  {'MOSTLY WAITS ON':<20}"
-                 f"{'VERSION':>8}{'ITEMS':>8}")
+    lines = [
+        f"run {snap['run_dir']}  driver pid {snap['driver_pid']}, up {snap['up_s']:.0f} s"
+        + (f", last trainer step {snap['last_step']}" if snap["last_step"] is not None else ", no step yet")
+    ]
+    lines.append(
+        f"{'ACTOR':<22}{'HOST':<12}{'PID':>8}  {'STATE':<18}{'BUSY':>6}  {'MOSTLY WAITS ON':<20}{'VERSION':>8}{'ITEMS':>8}"
+    )
     for a in snap["actors"]:
         busy = f"{a['busy']:.0%}" if "busy" in a else ""
         version = str(a["version"]) if a.get("version", -1) >= 0 else ""
         state = a.get("state", a["kind"])
-        waits = a.get("wait_s") or {}
+        waits: dict[str, float] = a.get("wait_s") or {}
         total = sum(waits.values())
-        top = max(waits, key=waits.get) if total > 0 else ""
+        top = max(waits, key=waits.__getitem__) if total > 0 else ""
         waits_on = f"{top} ({waits[top] / total:.0%})" if top else ""
-        lines.append(f"{a['name']:<22}{a['host'][:11]:<12}{a['pid']:>8}  {state[:17]:<18}{busy:>6}  {waits_on:<20}"
-                     f"{version:>8}{a.get('items', ''):>8}")
+        lines.append(
+            f"{a['name']:<22}{a['host'][:11]:<12}{a['pid']:>8}  {state[:17]:<18}{busy:>6}  {waits_on:<20}"
+            f"{version:>8}{a.get('items', ''):>8}"
+        )
     q = snap["queue"]
     if q is not None:
-        lines.append(f"queue: {q['live_rows']}/{q['capacity_rows']} rows live, {q['waiting_allocations']} allocations "
-                     f"waiting, {q['freed_rows']} rows freed so far")
+        lines.append(
+            f"queue: {q['live_rows']}/{q['capacity_rows']} rows live, {q['waiting_allocations']} allocations "
+            f"waiting, {q['freed_rows']} rows freed so far"
+        )
         lines.append(f"  {'TASK':<12}{'QUEUED':>8}{'HANDED OUT':>12}{'ACKED':>8}{'WAITING GETS':>14}")
         for task, t in snap["tasks"].items():
             lines.append(f"  {task:<12}{t['queued']:>8}{t['handed_out']:>12}{t['acked']:>8}{t['requests_waiting']:>14}")

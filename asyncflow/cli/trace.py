@@ -16,8 +16,14 @@ import click
 WAIT_COLOUR = "#d9d9d9"
 FLOW_COLOUR = "#5a2d0c"  # weight sync: trainer publishes version v -> a rollout replica loads it
 COLOURS = {  # busy activities; any other name takes the next colour of the cycle
-    "generate": "#1f77b4", "train": "#d62728", "score": "#2ca02c", "forward": "#9467bd",
-    "sync_weights": "#8c564b", "swap_weights": "#e377c2", "put": "#17becf", "load": "#bcbd22",
+    "generate": "#1f77b4",
+    "train": "#d62728",
+    "score": "#2ca02c",
+    "forward": "#9467bd",
+    "sync_weights": "#8c564b",
+    "swap_weights": "#e377c2",
+    "put": "#17becf",
+    "load": "#bcbd22",
     "checkpoint": "#444444",
 }
 CYCLE = ["#ff7f0e", "#7f7f7f", "#aec7e8", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94"]
@@ -28,10 +34,15 @@ CYCLE = ["#ff7f0e", "#7f7f7f", "#aec7e8", "#98df8a", "#ff9896", "#c5b0d5", "#c49
 @click.option("--png", "png", type=click.Path(dir_okay=False, path_type=Path), help="Draw the timeline into this PNG.")
 @click.option("--from-s", "from_s", type=float, default=None, help="Draw from this many seconds after the first span.")
 @click.option("--to-s", "to_s", type=float, default=None, help="Draw up to this many seconds after the first span.")
-@click.option("--arrows", "max_arrows", type=click.IntRange(min=0), default=20, show_default=True,
-              help="Draw at most this many weight-sync arrows per run, spread evenly over the drawn time (0: none).")
-def trace(run_dirs: tuple[Path, ...], png: Path | None, from_s: float | None, to_s: float | None,
-          max_arrows: int) -> None:
+@click.option(
+    "--arrows",
+    "max_arrows",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="Draw at most this many weight-sync arrows per run, spread evenly over the drawn time (0: none).",
+)
+def trace(run_dirs: tuple[Path, ...], png: Path | None, from_s: float | None, to_s: float | None, max_arrows: int) -> None:
     """Validate RUN_DIR/trace.json (Chrome trace format; open it in https://ui.perfetto.dev)
     and print every role's busy fraction; with --png, draw the timelines stacked,
     sync runs above async ones."""
@@ -45,13 +56,16 @@ def trace(run_dirs: tuple[Path, ...], png: Path | None, from_s: float | None, to
             raise click.ClickException(str(exc)) from None
         problems = validate_trace(data, max_run_s=run_wall_s(run_dir))
         tl = timeline(data, label=run_label(run_dir), mode=run_mode(run_dir))
-        click.echo(f"{tl.label}: {sum(len(s) for s in tl.tracks.values())} spans over {tl.end_s:.1f} s, "
-                   f"{len(tl.tracks)} tracks, {tl.num_flows} weight-sync flows, "
-                   f"counters {', '.join(f'{k} x{v}' for k, v in tl.counters.items()) or 'none'}")
+        click.echo(
+            f"{tl.label}: {sum(len(s) for s in tl.tracks.values())} spans over {tl.end_s:.1f} s, "
+            f"{len(tl.tracks)} tracks, {tl.num_flows} weight-sync flows, "
+            f"counters {', '.join(f'{k} x{v}' for k, v in tl.counters.items()) or 'none'}"
+        )
         if tl.flows:
             lags = sorted(t_dst - t_src for _, t_src, _, t_dst in tl.flows)
-            click.echo(f"  weights: publish -> replica swap median {lags[len(lags) // 2] * 1e3:.0f} ms, "
-                       f"max {lags[-1] * 1e3:.0f} ms")
+            click.echo(
+                f"  weights: publish -> replica swap median {lags[len(lags) // 2] * 1e3:.0f} ms, max {lags[-1] * 1e3:.0f} ms"
+            )
         for role, spans in tl.tracks.items():
             waits: dict[str, float] = {}
             for s in spans:
@@ -72,8 +86,9 @@ def trace(run_dirs: tuple[Path, ...], png: Path | None, from_s: float | None, to
         sys.exit(1)
 
 
-def thin_flows(flows: list[tuple[str, float, str, float]], max_arrows: int, from_s: float | None = None,
-               to_s: float | None = None) -> list[tuple[str, float, str, float]]:
+def thin_flows(
+    flows: list[tuple[str, float, str, float]], max_arrows: int, from_s: float | None = None, to_s: float | None = None
+) -> list[tuple[str, float, str, float]]:
     """At most ``max_arrows`` of ``flows`` (``(from role, s, to role, s)``) that start and
     end inside [from_s, to_s], evenly spread over them in time order (first and last kept)."""
     lo, hi = from_s if from_s is not None else float("-inf"), to_s if to_s is not None else float("inf")
@@ -88,8 +103,7 @@ def thin_flows(flows: list[tuple[str, float, str, float]], max_arrows: int, from
     return [inside[round(k * step)] for k in range(max_arrows)]
 
 
-def draw(timelines: list, png: Path, from_s: float | None = None, to_s: float | None = None,
-         max_arrows: int = 20) -> None:
+def draw(timelines: list, png: Path, from_s: float | None = None, to_s: float | None = None, max_arrows: int = 20) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -97,8 +111,9 @@ def draw(timelines: list, png: Path, from_s: float | None = None, to_s: float | 
     from matplotlib.patches import Patch
 
     heights = [max(1, len(tl.tracks)) * 0.42 + 0.7 for tl in timelines]
-    fig, axes = plt.subplots(len(timelines), 1, figsize=(13, sum(heights) + 0.9), sharex=True, squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(timelines), 1, figsize=(13, sum(heights) + 0.9), sharex=True, squeeze=False, gridspec_kw={"height_ratios": heights}
+    )
     colours: dict[str, str] = {}
 
     def colour(name: str) -> str:
@@ -113,13 +128,21 @@ def draw(timelines: list, png: Path, from_s: float | None = None, to_s: float | 
         roles = list(tl.tracks)
         for row, role in enumerate(roles):
             spans = tl.tracks[role]
-            ax.broken_barh([(s.start_s, s.duration_s) for s in spans], (row - 0.4, 0.8),
-                           facecolors=[colour(s.name) for s in spans], linewidth=0)
+            ax.broken_barh(
+                [(s.start_s, s.duration_s) for s in spans],
+                (row - 0.4, 0.8),
+                facecolors=[colour(s.name) for s in spans],
+                linewidth=0,
+            )
         rows = {role: row for row, role in enumerate(roles)}
         for src, t_src, dst, t_dst in thin_flows(tl.flows, max_arrows, from_s, to_s):
             if src in rows and dst in rows:
-                ax.annotate("", xy=(t_dst, rows[dst]), xytext=(t_src, rows[src]),
-                            arrowprops={"arrowstyle": "->", "color": FLOW_COLOUR, "alpha": 0.6, "lw": 0.7})
+                ax.annotate(
+                    "",
+                    xy=(t_dst, rows[dst]),
+                    xytext=(t_src, rows[src]),
+                    arrowprops={"arrowstyle": "->", "color": FLOW_COLOUR, "alpha": 0.6, "lw": 0.7},
+                )
         ax.set_yticks(range(len(roles)), [f"{r}  {tl.busy_fraction(r):.0%}" for r in roles], fontsize=8)
         ax.set_ylim(len(roles) - 0.5, -0.5)
         ax.set_title(tl.label, fontsize=9, loc="left")
@@ -132,8 +155,15 @@ def draw(timelines: list, png: Path, from_s: float | None = None, to_s: float | 
 
         shown = max(len(thin_flows(tl.flows, max_arrows, from_s, to_s)) for tl in timelines)
         total = max(len(tl.flows) for tl in timelines)
-        legend.append(Line2D([], [], color=FLOW_COLOUR, lw=0.8, label="weights v -> replica"
-                             + (f" ({shown} of {total}; --arrows)" if shown < total else "")))
+        legend.append(
+            Line2D(
+                [],
+                [],
+                color=FLOW_COLOUR,
+                lw=0.8,
+                label="weights v -> replica" + (f" ({shown} of {total}; --arrows)" if shown < total else ""),
+            )
+        )
     # the legend above the rows, in its own strip: it never covers the x-axis label
     ncol = min(8, len(legend))
     strip_in = 0.3 * -(-len(legend) // ncol) + 0.1

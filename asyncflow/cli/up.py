@@ -12,10 +12,16 @@ import click
 @click.command()
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Where to write the run (default runs/<config>-<time>).")
-@click.option("--resume", type=click.Path(file_okay=False, exists=True),
-              help="Continue the run in this directory from its last checkpoint.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Change one config key (repeatable), e.g. --set train.num_ranks=2 --set train.engine.fsdp=true.")
+@click.option(
+    "--resume", type=click.Path(file_okay=False, exists=True), help="Continue the run in this directory from its last checkpoint."
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Change one config key (repeatable), e.g. --set train.num_ranks=2 --set train.engine.fsdp=true.",
+)
 def up(config: str | None, run_dir: str | None, resume: str | None, overrides: tuple[str, ...]) -> None:
     """Start every role of CONFIG on this machine (or the cluster it names) and train.
 
@@ -34,6 +40,7 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
 
     if bool(config) == bool(resume):
         raise click.UsageError("give a CONFIG file to start a run, or --resume RUN_DIR to continue one (not both)")
+
     def terminate(*_):  # `kill`, a scheduler cancelling the job: the same orderly stop as Ctrl-C
         raise KeyboardInterrupt
 
@@ -57,9 +64,13 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
         f"staleness <= {summary['staleness_max']}"
     )
     if summary.get("checkpoint"):  # the Hugging Face directory, what from_pretrained and model.path load
-        click.echo(f"model: {os.path.join(summary['checkpoint'], 'model')} "
-                   f"(also {os.path.join(os.path.dirname(summary['checkpoint']), 'latest')}; "
-                   "load it with transformers: README.md, 'Load the trained model')")
+        click.echo(
+            f"model: {os.path.join(summary['checkpoint'], 'model')} "
+            f"(also {os.path.join(os.path.dirname(summary['checkpoint']), 'latest')}; "
+            "load it with transformers: README.md, 'Load the trained model')"
+        )
     if summary.get("val_best_accuracy") is not None:  # [eval]: steps counted as in the progress lines
-        click.echo(f"held-out accuracy: best {summary['val_best_accuracy']:.3f} after step {summary['val_best_step'] + 1}, "
-                   f"last {summary['val_final_accuracy']:.3f}")
+        click.echo(
+            f"held-out accuracy: best {summary['val_best_accuracy']:.3f} after step {summary['val_best_step'] + 1}, "
+            f"last {summary['val_final_accuracy']:.3f}"
+        )

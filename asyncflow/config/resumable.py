@@ -74,7 +74,8 @@ def apply_resume_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfi
             why = _WHY.get(key.split(".")[0], "it is not a key that can change on resume")
             raise ConfigError(
                 f"--set {key}: cannot change when resuming ({why}). Keys that can: {', '.join(RESUMABLE_KEYS)}; "
-                f"to change {key}, start a new run: afctl up CONFIG --set {key}=...")
+                f"to change {key}, start a new run: afctl up CONFIG --set {key}=..."
+            )
     raw = apply_overrides(msgspec.to_builtins(cfg), overrides)
     try:
         new = msgspec.convert(raw, RunConfig)
@@ -85,7 +86,8 @@ def apply_resume_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfi
             f"--set eval.every_steps={new.eval.every_steps}: cannot turn evaluation "
             f"{'on' if new.eval.every_steps else 'off'} when resuming (the held-out split decides which prompts "
             f"the loader trains on, and the loader resumes at its place in that order); change it between "
-            f"non-zero values only, or start a new run")
+            f"non-zero values only, or start a new run"
+        )
     validate(new)
     check_paths(new)
     return new

@@ -57,25 +57,39 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class ModelConfig(_Section):
     """The policy model."""
 
-    path: Annotated[str, Meta(description=
-        "Local Hugging Face directory (config.json, safetensors, tokenizer), relative to the config file or absolute; "
-        "a run's checkpoint (``checkpoints/step_N``, or the link ``checkpoints/latest``) works too. Empty: build the "
-        "tiny model (``tiny``) into ``RUN_DIR/model``. docs/your-model-and-data.md.")] = ""
-    tiny: Annotated[Literal["qwen2", "llama"], Meta(description=
-        "Architecture of the tiny model built when ``path`` is empty.")] = "qwen2"
-    tiny_warm_start: Annotated[bool, Meta(description=
-        "Warm-start the tiny model with a short supervised pass on the task, stopped early (about 10% greedy "
-        "accuracy), so RL has a signal from step one.")] = True
-    tiny_warm_start_steps: Annotated[NonNegInt, Meta(description=
-        "Supervised steps of that warm start (more: a stronger start, less left to learn).")] = 100
+    path: Annotated[
+        str,
+        Meta(
+            description="Local Hugging Face directory (config.json, safetensors, tokenizer), relative to the config file or absolute; "
+            "a run's checkpoint (``checkpoints/step_N``, or the link ``checkpoints/latest``) works too. Empty: build the "
+            "tiny model (``tiny``) into ``RUN_DIR/model``. docs/your-model-and-data.md."
+        ),
+    ] = ""
+    tiny: Annotated[
+        Literal["qwen2", "llama"], Meta(description="Architecture of the tiny model built when ``path`` is empty.")
+    ] = "qwen2"
+    tiny_warm_start: Annotated[
+        bool,
+        Meta(
+            description="Warm-start the tiny model with a short supervised pass on the task, stopped early (about 10% greedy "
+            "accuracy), so RL has a signal from step one."
+        ),
+    ] = True
+    tiny_warm_start_steps: Annotated[
+        NonNegInt, Meta(description="Supervised steps of that warm start (more: a stronger start, less left to learn).")
+    ] = 100
 
 
 class DataConfig(_Section):
     """Prompts: a local JSONL or Parquet file with ``prompt`` and ``answer`` fields."""
 
-    path: Annotated[str, Meta(description=
-        "The data file, relative to the config file or absolute (fields: docs/your-model-and-data.md). Empty: generate "
-        "the tiny arithmetic task (``task``) into ``RUN_DIR/data.jsonl``.")] = ""
+    path: Annotated[
+        str,
+        Meta(
+            description="The data file, relative to the config file or absolute (fields: docs/your-model-and-data.md). Empty: generate "
+            "the tiny arithmetic task (``task``) into ``RUN_DIR/data.jsonl``."
+        ),
+    ] = ""
     task: Annotated[str, Meta(description="Built-in task when ``path`` is empty (see asyncflow.engines.tiny).")] = "add"
     num_prompts: Annotated[Count, Meta(description="Prompts generated for the built-in task.")] = 2000
     chat_template: Annotated[bool, Meta(description="Apply the tokenizer's chat template to each prompt.")] = True
@@ -90,49 +104,82 @@ class DataConfig(_Section):
 class AlgorithmConfig(_Section):
     """The RL algorithm and its knobs."""
 
-    name: Annotated[Literal["grpo", "ppo"], Meta(description=
-        "grpo: group-normalised advantages, no critic. ppo: critic + GAE.")] = "grpo"
+    name: Annotated[
+        Literal["grpo", "ppo"], Meta(description="grpo: group-normalised advantages, no critic. ppo: critic + GAE.")
+    ] = "grpo"
     group_size: Annotated[Count, Meta(description="Responses sampled per prompt (GRPO's n).")] = 8
     std_normalize: Annotated[bool, Meta(description="GRPO: divide group-centred rewards by the group's std.")] = True
     clip_eps: Annotated[PosFloat, Meta(description="Policy ratio clip range (PPO-clip).")] = 0.2
-    kl_coef: Annotated[NonNegFloat, Meta(description=
-        "Weight of the KL to the reference policy; 0 disables the reference role.")] = 0.0
+    kl_coef: Annotated[
+        NonNegFloat, Meta(description="Weight of the KL to the reference policy; 0 disables the reference role.")
+    ] = 0.0
     kl_estimator: Annotated[Literal["k1", "k2", "k3"], Meta(description="KL estimator.")] = "k3"
-    kl_in_reward: Annotated[bool, Meta(description=
-        "Put the KL penalty into the reward instead of the loss, estimated by ``kl_estimator`` on the rollout "
-        "log-probs. GRPO: each response's reward minus kl_coef x its KL summed over the response tokens, before the "
-        "group normalisation. PPO: minus kl_coef x the token's KL on every response token's reward, before GAE.")] = False
+    kl_in_reward: Annotated[
+        bool,
+        Meta(
+            description="Put the KL penalty into the reward instead of the loss, estimated by ``kl_estimator`` on the rollout "
+            "log-probs. GRPO: each response's reward minus kl_coef x its KL summed over the response tokens, before the "
+            "group normalisation. PPO: minus kl_coef x the token's KL on every response token's reward, before GAE."
+        ),
+    ] = False
     entropy_coef: Annotated[NonNegFloat, Meta(description="Entropy bonus weight.")] = 0.0
-    loss_agg: Annotated[Literal["token_mean", "seq_mean"], Meta(description=
-        "Aggregate the per-token loss by token mean or by sequence mean.")] = "token_mean"
-    is_truncation: Annotated[NonNegFloat, Meta(description=
-        "Off-policy correction: cap of the importance weight pi_prox / mu between the trainer's policy before the "
-        'update and the rollout policy of stale samples (0 disables; with ``clip_against = "proximal"`` only). Per '
-        "token or per sequence by ``is_level``.")] = 2.0
+    loss_agg: Annotated[
+        Literal["token_mean", "seq_mean"], Meta(description="Aggregate the per-token loss by token mean or by sequence mean.")
+    ] = "token_mean"
+    is_truncation: Annotated[
+        NonNegFloat,
+        Meta(
+            description="Off-policy correction: cap of the importance weight pi_prox / mu between the trainer's policy before the "
+            'update and the rollout policy of stale samples (0 disables; with ``clip_against = "proximal"`` only). Per '
+            "token or per sequence by ``is_level``."
+        ),
+    ] = 2.0
     gamma: Annotated[Fraction, Meta(description="PPO: discount.")] = 1.0
     lam: Annotated[Fraction, Meta(description="PPO: GAE lambda.")] = 0.95
     value_clip: Annotated[NonNegFloat, Meta(description="PPO: value clipping range.")] = 0.2
-    epochs: Annotated[Count, Meta(description=
-        "Optimizer passes over each global batch. Above 1, the trainer first recomputes the batch's log-probs (one "
-        "forward pass, pi_prox) so that every pass clips its ratio against the policy before the first one.")] = 1
-    clip_against: Annotated[Literal["proximal", "behaviour"], Meta(description=
-        "What the PPO ratio is clipped against. behaviour (the default) is what keeps async runs learning as much as "
-        "sync (docs/results.md). proximal (decoupled PPO): pi / pi_prox, pi_prox the policy before this update, times "
-        "the truncated importance weight pi_prox / mu (``is_truncation``); with one optimizer step per batch the ratio "
-        "is 1 and only that weight corrects staleness. behaviour (coupled PPO): pi / mu, mu the rollout policy that "
-        "generated the sample, with no separate weight (``is_truncation`` unused): a trust region around the data's "
-        "policy, which limits drift on stale samples. See docs/algorithms.md.")] = "behaviour"
-    is_level: Annotated[Literal["token", "sequence"], Meta(description=
-        "Level of the importance ratio pi_prox / mu used by ``is_truncation`` and the mask: each token's own, or one "
-        "per sequence (the product of its token ratios, exp of the sum of their logs over the response) on every token "
-        "of it.")] = "token"
-    is_mask_low: Annotated[float, Meta(ge=0, lt=1, description=
-        'Masked importance sampling (IcePop style): tokens (whole sequences with ``is_level = "sequence"``) whose '
-        "pi_prox / mu is below this are dropped from the policy-gradient term; counted in the metric "
-        "``is_masked_frac``. 0: no lower bound; otherwise below 1 (e.g. 0.5).")] = 0.0
-    is_mask_high: Annotated[NonNegFloat, Meta(description=
-        "Masked importance sampling: tokens (sequences) whose pi_prox / mu is above this are dropped too. 0: no upper "
-        "bound; otherwise above 1 (e.g. 2.0). Both bounds 0: no mask.")] = 0.0
+    epochs: Annotated[
+        Count,
+        Meta(
+            description="Optimizer passes over each global batch. Above 1, the trainer first recomputes the batch's log-probs (one "
+            "forward pass, pi_prox) so that every pass clips its ratio against the policy before the first one."
+        ),
+    ] = 1
+    clip_against: Annotated[
+        Literal["proximal", "behaviour"],
+        Meta(
+            description="What the PPO ratio is clipped against. behaviour (the default) is what keeps async runs learning as much as "
+            "sync (docs/results.md). proximal (decoupled PPO): pi / pi_prox, pi_prox the policy before this update, times "
+            "the truncated importance weight pi_prox / mu (``is_truncation``); with one optimizer step per batch the ratio "
+            "is 1 and only that weight corrects staleness. behaviour (coupled PPO): pi / mu, mu the rollout policy that "
+            "generated the sample, with no separate weight (``is_truncation`` unused): a trust region around the data's "
+            "policy, which limits drift on stale samples. See docs/algorithms.md."
+        ),
+    ] = "behaviour"
+    is_level: Annotated[
+        Literal["token", "sequence"],
+        Meta(
+            description="Level of the importance ratio pi_prox / mu used by ``is_truncation`` and the mask: each token's own, or one "
+            "per sequence (the product of its token ratios, exp of the sum of their logs over the response) on every token "
+            "of it."
+        ),
+    ] = "token"
+    is_mask_low: Annotated[
+        float,
+        Meta(
+            ge=0,
+            lt=1,
+            description='Masked importance sampling (IcePop style): tokens (whole sequences with ``is_level = "sequence"``) whose '
+            "pi_prox / mu is below this are dropped from the policy-gradient term; counted in the metric "
+            "``is_masked_frac``. 0: no lower bound; otherwise below 1 (e.g. 0.5).",
+        ),
+    ] = 0.0
+    is_mask_high: Annotated[
+        NonNegFloat,
+        Meta(
+            description="Masked importance sampling: tokens (sequences) whose pi_prox / mu is above this are dropped too. 0: no upper "
+            "bound; otherwise above 1 (e.g. 2.0). Both bounds 0: no mask."
+        ),
+    ] = 0.0
 
     def check(self, run: RunConfig) -> None:
         if self.name == "grpo" and self.group_size < 2:
@@ -144,10 +191,12 @@ class AlgorithmConfig(_Section):
 class RolloutConfig(_Section):
     """Rollout replicas (generation)."""
 
-    engine: Annotated[RolloutEngineConfig, Meta(description=
-        "Engine of every replica (see engines/config.py).")] = msgspec.field(default_factory=RolloutEngineConfig)
-    sampling: Annotated[SamplingParams, Meta(description=
-        "Sampling; ``n`` is ignored (the algorithm's group_size is used).")] = msgspec.field(default_factory=SamplingParams)
+    engine: Annotated[RolloutEngineConfig, Meta(description="Engine of every replica (see engines/config.py).")] = msgspec.field(
+        default_factory=RolloutEngineConfig
+    )
+    sampling: Annotated[SamplingParams, Meta(description="Sampling; ``n`` is ignored (the algorithm's group_size is used).")] = (
+        msgspec.field(default_factory=SamplingParams)
+    )
     num_replicas: Annotated[Count, Meta(description="Replica processes; each takes whole prompt groups from the queue.")] = 1
     prompts_per_call: Annotated[Count, Meta(description="Prompt groups per generate call (the unit between weight swaps).")] = 4
 
@@ -162,16 +211,25 @@ class ReferenceConfig(_Section):
 class RewardConfig(_Section):
     """Reward workers."""
 
-    functions: Annotated[list[str], Meta(description=
-        "Rewards summed (with ``weights``): built-ins ``exact_match``, ``math_answer``, or dotted paths "
-        "``package.module:function`` of custom rewards, each called on a batch as ``fn(prompts, responses, answers, "
-        "finish_reasons) -> list[float]``.")] = msgspec.field(default_factory=lambda: ["math_answer"])
-    weights: Annotated[list[float], Meta(description=
-        "Weight per function (default 1 each).")] = msgspec.field(default_factory=list)
+    functions: Annotated[
+        list[str],
+        Meta(
+            description="Rewards summed (with ``weights``): built-ins ``exact_match``, ``math_answer``, or dotted paths "
+            "``package.module:function`` of custom rewards, each called on a batch as ``fn(prompts, responses, answers, "
+            "finish_reasons) -> list[float]``."
+        ),
+    ] = msgspec.field(default_factory=lambda: ["math_answer"])
+    weights: Annotated[list[float], Meta(description="Weight per function (default 1 each).")] = msgspec.field(
+        default_factory=list
+    )
     num_workers: Annotated[Count, Meta(description="Worker processes.")] = 1
-    batch_size: Annotated[Count, Meta(description=
-        "Most rows scored per call (async mode takes whatever is ready, up to this; a call costs a few queue round "
-        "trips, so small calls waste CPU).")] = 256
+    batch_size: Annotated[
+        Count,
+        Meta(
+            description="Most rows scored per call (async mode takes whatever is ready, up to this; a call costs a few queue round "
+            "trips, so small calls waste CPU)."
+        ),
+    ] = 256
 
     def check(self, run: RunConfig) -> None:
         if self.weights and len(self.weights) != len(self.functions):
@@ -181,8 +239,9 @@ class RewardConfig(_Section):
 class CriticConfig(_Section):
     """PPO critic (value model), initialised from the policy with a value head."""
 
-    engine: Annotated[TrainEngineConfig, Meta(description=
-        "Training engine of the critic.")] = msgspec.field(default_factory=lambda: TrainEngineConfig(critic=True, lr=1e-4))
+    engine: Annotated[TrainEngineConfig, Meta(description="Training engine of the critic.")] = msgspec.field(
+        default_factory=lambda: TrainEngineConfig(critic=True, lr=1e-4)
+    )
 
     def check(self, run: RunConfig) -> None:
         ranks = run.train.num_ranks
@@ -193,32 +252,51 @@ class CriticConfig(_Section):
 class TrainConfig(_Section):
     """The trainer (actor update)."""
 
-    engine: Annotated[TrainEngineConfig, Meta(description=
-        "Training engine (see engines/config.py).")] = msgspec.field(default_factory=TrainEngineConfig)
+    engine: Annotated[TrainEngineConfig, Meta(description="Training engine (see engines/config.py).")] = msgspec.field(
+        default_factory=TrainEngineConfig
+    )
     num_steps: Annotated[Count, Meta(description="Trainer steps (policy versions) in the run.")] = 60
-    prompts_per_step: Annotated[Count, Meta(description=
-        "Prompt groups per global batch (samples per step = this * group_size).")] = 8
-    num_ranks: Annotated[Count, Meta(description=
-        "Trainer processes (data parallel with FSDP2: needs ``engine.fsdp = true``). Rank 0 reads the batch plan and "
-        "publishes weights; every rank reads its own rows from the queue. With ``cluster.train_devices``, give one "
-        "device per rank.")] = 1
-    dist_port: Annotated[int, Meta(ge=0, le=65535, description=
-        "Port of rank 0's torch.distributed store (0: any free port, published through the directory). Set it when "
-        "only some ports are open between nodes.")] = 0
-    dist_timeout_s: Annotated[Seconds, Meta(description=
-        "How long trainer ranks wait for each other (rendezvous, each collective) before failing: a rank whose peer "
-        "vanished fails after this, it never hangs.")] = 600.0
-    checkpoint_every: Annotated[NonNegInt, Meta(description=
-        "Save a Hugging Face checkpoint and the queue state every N steps (0: at the end only).")] = 0
+    prompts_per_step: Annotated[
+        Count, Meta(description="Prompt groups per global batch (samples per step = this * group_size).")
+    ] = 8
+    num_ranks: Annotated[
+        Count,
+        Meta(
+            description="Trainer processes (data parallel with FSDP2: needs ``engine.fsdp = true``). Rank 0 reads the batch plan and "
+            "publishes weights; every rank reads its own rows from the queue. With ``cluster.train_devices``, give one "
+            "device per rank."
+        ),
+    ] = 1
+    dist_port: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=65535,
+            description="Port of rank 0's torch.distributed store (0: any free port, published through the directory). Set it when "
+            "only some ports are open between nodes.",
+        ),
+    ] = 0
+    dist_timeout_s: Annotated[
+        Seconds,
+        Meta(
+            description="How long trainer ranks wait for each other (rendezvous, each collective) before failing: a rank whose peer "
+            "vanished fails after this, it never hangs."
+        ),
+    ] = 600.0
+    checkpoint_every: Annotated[
+        NonNegInt, Meta(description="Save a Hugging Face checkpoint and the queue state every N steps (0: at the end only).")
+    ] = 0
 
     def check(self, run: RunConfig) -> None:
         ranks = self.num_ranks
         if ranks > 1 and not self.engine.fsdp:
-            raise Refused("engine.fsdp", f"train.num_ranks = {ranks} trains data parallel with FSDP2: "
-                                         "set [train.engine] fsdp = true")
+            raise Refused(
+                "engine.fsdp", f"train.num_ranks = {ranks} trains data parallel with FSDP2: set [train.engine] fsdp = true"
+            )
         if self.prompts_per_step % ranks:
-            raise Refused("prompts_per_step", "every rank trains whole prompt groups: use a multiple of "
-                                              f"train.num_ranks ({ranks})")
+            raise Refused(
+                "prompts_per_step", f"every rank trains whole prompt groups: use a multiple of train.num_ranks ({ranks})"
+            )
 
 
 class EvalConfig(_Section):
@@ -228,72 +306,124 @@ class EvalConfig(_Section):
     ``rollout.engine.type``; its KV cache: ``rollout.engine.kv_cache_bytes``, or 64 MiB);
     only trainer rank 0 evaluates, the other ranks wait for it."""
 
-    every_steps: Annotated[NonNegInt, Meta(description=
-        "Evaluate after every this many trainer steps and after the last one; 0 disables evaluation (and the held-out "
-        "split: every prompt is trained on).")] = 0
-    num_prompts: Annotated[Count, Meta(description=
-        "Held-out prompts: this many distinct prompts drawn (with ``data.seed``) from the data file; every row with "
-        "one of them is left out of training. The data must have more distinct prompts than this (the built-in ``add`` "
-        "task has 100).")] = 20
-    mode: Annotated[Literal["greedy", "pass_at_k"], Meta(description=
-        "greedy: one response per prompt at temperature 0. pass_at_k: ``k`` responses per prompt at "
-        "``rollout.sampling.temperature``; a prompt passes if any is correct.")] = "greedy"
+    every_steps: Annotated[
+        NonNegInt,
+        Meta(
+            description="Evaluate after every this many trainer steps and after the last one; 0 disables evaluation (and the held-out "
+            "split: every prompt is trained on)."
+        ),
+    ] = 0
+    num_prompts: Annotated[
+        Count,
+        Meta(
+            description="Held-out prompts: this many distinct prompts drawn (with ``data.seed``) from the data file; every row with "
+            "one of them is left out of training. The data must have more distinct prompts than this (the built-in ``add`` "
+            "task has 100)."
+        ),
+    ] = 20
+    mode: Annotated[
+        Literal["greedy", "pass_at_k"],
+        Meta(
+            description="greedy: one response per prompt at temperature 0. pass_at_k: ``k`` responses per prompt at "
+            "``rollout.sampling.temperature``; a prompt passes if any is correct."
+        ),
+    ] = "greedy"
     k: Annotated[Count, Meta(description="Responses per prompt in pass_at_k mode.")] = 4
     max_new_tokens: Annotated[NonNegInt, Meta(description="Most response tokens; 0: ``rollout.sampling.max_new_tokens``.")] = 0
-    correct_reward: Annotated[float, Meta(description=
-        "A response counts as correct when its reward (``reward.functions`` with ``reward.weights``) is at least this. "
-        "The built-in tasks give 1.0 to an exact answer.")] = 0.999
-    save_best: Annotated[bool, Meta(description=
-        "At each evaluation whose ``val/accuracy`` beats every earlier one, save the weights (a Hugging Face "
-        "directory, no optimizer) to ``checkpoints/best_<version>`` and point the link ``checkpoints/best`` at it "
-        "(``checkpoints/best.json`` says which).")] = True
+    correct_reward: Annotated[
+        float,
+        Meta(
+            description="A response counts as correct when its reward (``reward.functions`` with ``reward.weights``) is at least this. "
+            "The built-in tasks give 1.0 to an exact answer."
+        ),
+    ] = 0.999
+    save_best: Annotated[
+        bool,
+        Meta(
+            description="At each evaluation whose ``val/accuracy`` beats every earlier one, save the weights (a Hugging Face "
+            "directory, no optimizer) to ``checkpoints/best_<version>`` and point the link ``checkpoints/best`` at it "
+            "(``checkpoints/best.json`` says which)."
+        ),
+    ] = True
 
     def check(self, run: RunConfig) -> None:
         if self.every_steps and self.mode == "pass_at_k" and run.rollout.sampling.temperature == 0:
-            raise Refused("mode", "pass_at_k samples at rollout.sampling.temperature, which is 0 (greedy): every "
-                                  "sample would be the same; use mode = 'greedy' or a temperature above 0")
+            raise Refused(
+                "mode",
+                "pass_at_k samples at rollout.sampling.temperature, which is 0 (greedy): every "
+                "sample would be the same; use mode = 'greedy' or a temperature above 0",
+            )
 
 
 class QueueConfig(_Section):
     """TransferQueue."""
 
     num_shards: Annotated[Count, Meta(description="Storage shard processes.")] = 1
-    capacity_rows: Annotated[NonNegInt, Meta(description=
-        "Most rows held at once (producers wait beyond it). 0: enough for staleness+2 steps.")] = 0
+    capacity_rows: Annotated[
+        NonNegInt, Meta(description="Most rows held at once (producers wait beyond it). 0: enough for staleness+2 steps.")
+    ] = 0
     shm: Annotated[bool, Meta(description="Same-host shared-memory data path for tensor bytes.")] = True
-    inline_max_bytes: Annotated[int, Meta(ge=0, le=1 << 20, description=
-        "A put of at most this many bytes travels with the shard's notice to the controllers, and the consumer gets it "
-        "in the GetBatch reply: one round trip less for small rows. 0: every read goes to the shard.")] = 16384
+    inline_max_bytes: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=1 << 20,
+            description="A put of at most this many bytes travels with the shard's notice to the controllers, and the consumer gets it "
+            "in the GetBatch reply: one round trip less for small rows. 0: every read goes to the shard.",
+        ),
+    ] = 16384
 
     def check(self, run: RunConfig) -> None:
         if self.capacity_rows and self.capacity_rows < run.samples_per_step:
-            raise Refused("capacity_rows", f"must hold at least one global batch ({run.samples_per_step} rows) "
-                                           "or be 0 (automatic)")
+            raise Refused(
+                "capacity_rows", f"must hold at least one global batch ({run.samples_per_step} rows) or be 0 (automatic)"
+            )
 
 
 class WorkflowConfig(_Section):
     """How the roles overlap."""
 
-    mode: Annotated[Literal["sync", "async"], Meta(description=
-        "sync: generate the whole batch, then score, then train, then sync weights (the baseline). async: every role "
-        "streams; rollout runs ahead by up to ``staleness``.")] = "async"
-    staleness: Annotated[NonNegInt, Meta(description=
-        "Bound k: a sample generated by policy version v is trained at step s only if s - v <= k. Forced to 0 in sync "
-        "mode.")] = 1
-    substep_updates: Annotated[bool, Meta(description=
-        "Rollout replicas swap to new weights one at a time (capacity never drops to 0).")] = True
-    weight_timeout_s: Annotated[Seconds, Meta(description=
-        "How long one step of a weight transfer (a chunk over nng, a broadcast over the collective, building its "
-        "group) may take before the replica gives up on that version and fetches the next one announced.")] = 120.0
-    verify_weights: Annotated[Literal["error", "count", "off"], Meta(description=
-        "Version integrity: every row carries the digest of the weights that generated it and the trainer checks it "
-        "against the version the row is tagged with (``engines/digest.py``). error: a mismatch fails the step, naming "
-        "the row. count: counted in the ``weights_mismatch`` metric. off: no digests.")] = "error"
-    weight_transport: Annotated[Literal["nng", "collective"], Meta(description=
-        "How the weight bytes reach rollout replicas. nng: chunks pulled over the actor transport (host-staged). "
-        "collective: broadcast over a two-member torch.distributed group per replica (gloo on cpu, nccl on cuda, hccl "
-        "on npu) into buffers on the replica's device; announcements and swap grants stay on nng. A replica whose "
-        "trainer side has no such collective falls back to nng (logged).")] = "nng"
+    mode: Annotated[
+        Literal["sync", "async"],
+        Meta(
+            description="sync: generate the whole batch, then score, then train, then sync weights (the baseline). async: every role "
+            "streams; rollout runs ahead by up to ``staleness``."
+        ),
+    ] = "async"
+    staleness: Annotated[
+        NonNegInt,
+        Meta(
+            description="Bound k: a sample generated by policy version v is trained at step s only if s - v <= k. Forced to 0 in sync "
+            "mode."
+        ),
+    ] = 1
+    substep_updates: Annotated[
+        bool, Meta(description="Rollout replicas swap to new weights one at a time (capacity never drops to 0).")
+    ] = True
+    weight_timeout_s: Annotated[
+        Seconds,
+        Meta(
+            description="How long one step of a weight transfer (a chunk over nng, a broadcast over the collective, building its "
+            "group) may take before the replica gives up on that version and fetches the next one announced."
+        ),
+    ] = 120.0
+    verify_weights: Annotated[
+        Literal["error", "count", "off"],
+        Meta(
+            description="Version integrity: every row carries the digest of the weights that generated it and the trainer checks it "
+            "against the version the row is tagged with (``engines/digest.py``). error: a mismatch fails the step, naming "
+            "the row. count: counted in the ``weights_mismatch`` metric. off: no digests."
+        ),
+    ] = "error"
+    weight_transport: Annotated[
+        Literal["nng", "collective"],
+        Meta(
+            description="How the weight bytes reach rollout replicas. nng: chunks pulled over the actor transport (host-staged). "
+            "collective: broadcast over a two-member torch.distributed group per replica (gloo on cpu, nccl on cuda, hccl "
+            "on npu) into buffers on the replica's device; announcements and swap grants stay on nng. A replica whose "
+            "trainer side has no such collective falls back to nng (logged)."
+        ),
+    ] = "nng"
 
 
 class RoleEntry(_Section):
@@ -301,58 +431,96 @@ class RoleEntry(_Section):
 
     name: Annotated[str, Meta(description="Actor name (unique).")]
     cls: Annotated[str, Meta(description="Dotted path ``package.module:Class`` of an asyncflow Actor.")]
-    kwargs: Annotated[dict, Meta(description=
-        "Keyword arguments of its constructor (after ``ctx``; ``run_dir`` is always given).")] = msgspec.field(default_factory=dict)
-    task: Annotated[str, Meta(description=
-        "A queue task to create for this role (``tq.controller.<task>``): rows are freed only after the role acked "
-        "them. Empty: the role reads no rows.")] = ""
-    reward_column: Annotated[str, Meta(description=
-        "A column this role puts (one float per row) that the trainer waits for and adds to the reward, times "
-        "``reward_weight``.")] = ""
+    kwargs: Annotated[
+        dict, Meta(description="Keyword arguments of its constructor (after ``ctx``; ``run_dir`` is always given).")
+    ] = msgspec.field(default_factory=dict)
+    task: Annotated[
+        str,
+        Meta(
+            description="A queue task to create for this role (``tq.controller.<task>``): rows are freed only after the role acked "
+            "them. Empty: the role reads no rows."
+        ),
+    ] = ""
+    reward_column: Annotated[
+        str,
+        Meta(
+            description="A column this role puts (one float per row) that the trainer waits for and adds to the reward, times "
+            "``reward_weight``."
+        ),
+    ] = ""
     reward_weight: Annotated[float, Meta(description="Weight of ``reward_column`` in the reward.")] = 1.0
 
 
 class ClusterConfig(_Section):
     """Where processes run."""
 
-    launcher: Annotated[Literal["local", "ray"], Meta(description=
-        "local: every process on this machine. ray: placed by a running Ray cluster.")] = "local"
-    max_resumes: Annotated[NonNegInt, Meta(description=
-        "When a process that cannot be restarted alone dies (queue, shard, loader, a trainer rank) or its node is "
-        "lost, stop cleanly and resume from the last checkpoint, up to this many times per `afctl up` (0: stop and "
-        "print the resume command). Rollout, reward, reference and custom-role processes are restarted in place "
-        "(within ``max_restarts_per_role``).")] = 0
-    max_restarts_per_role: Annotated[NonNegInt, Meta(description=
-        "Restarts of one role's processes (rollout, reward, reference, or a custom role; its workers share the count) "
-        "allowed within any ``restart_window_s``. A worker that dies during its own restart counts again. One more "
-        "death stops the run cleanly, which ``max_resumes`` then resumes from the last checkpoint. 0: never restart.")] = 10
-    restart_window_s: Annotated[PosFloat, Meta(description=
-        "The window of ``max_restarts_per_role``, in seconds: older restarts no longer count.")] = 300.0
-    restart_backoff_s: Annotated[NonNegFloat, Meta(description=
-        "A role's first restart in the window is immediate; the next waits this long, and each one after twice as long "
-        "as the one before (at most 60 s).")] = 1.0
+    launcher: Annotated[
+        Literal["local", "ray"], Meta(description="local: every process on this machine. ray: placed by a running Ray cluster.")
+    ] = "local"
+    max_resumes: Annotated[
+        NonNegInt,
+        Meta(
+            description="When a process that cannot be restarted alone dies (queue, shard, loader, a trainer rank) or its node is "
+            "lost, stop cleanly and resume from the last checkpoint, up to this many times per `afctl up` (0: stop and "
+            "print the resume command). Rollout, reward, reference and custom-role processes are restarted in place "
+            "(within ``max_restarts_per_role``)."
+        ),
+    ] = 0
+    max_restarts_per_role: Annotated[
+        NonNegInt,
+        Meta(
+            description="Restarts of one role's processes (rollout, reward, reference, or a custom role; its workers share the count) "
+            "allowed within any ``restart_window_s``. A worker that dies during its own restart counts again. One more "
+            "death stops the run cleanly, which ``max_resumes`` then resumes from the last checkpoint. 0: never restart."
+        ),
+    ] = 10
+    restart_window_s: Annotated[
+        PosFloat, Meta(description="The window of ``max_restarts_per_role``, in seconds: older restarts no longer count.")
+    ] = 300.0
+    restart_backoff_s: Annotated[
+        NonNegFloat,
+        Meta(
+            description="A role's first restart in the window is immediate; the next waits this long, and each one after twice as long "
+            "as the one before (at most 60 s)."
+        ),
+    ] = 1.0
     device: Annotated[Literal["cpu", "cuda", "npu"], Meta(description="Device kind of rollout and training.")] = "cpu"
-    transport: Annotated[TransportConfig, Meta(description=
-        "nng transport of the actors (scheme ipc on one host, tcp across hosts).")] = msgspec.field(default_factory=TransportConfig)
+    transport: Annotated[
+        TransportConfig, Meta(description="nng transport of the actors (scheme ipc on one host, tcp across hosts).")
+    ] = msgspec.field(default_factory=TransportConfig)
     threads_per_process: Annotated[Count, Meta(description="torch intra-op threads per worker process (cpu).")] = 1
-    pin_trainer_cores: Annotated[NonNegInt, Meta(description=
-        "Async mode, local launcher: this many of the cores the driver may use (the first ones) go to the trainer's "
-        "processes alone; every other process shares the rest (Linux CPU affinity). On a machine the run has to "
-        "itself, whose few cores every role shares, the trainer (the critical path of an async step) then never waits "
-        "for a core (docs/performance.md); where other jobs load the machine it hurts (the trainer is held to its busy "
-        "cores). 0: the OS places every process on every core. Sync mode ignores it: its phases take turns, each may "
-        "use every core.")] = 0
-    rollout_devices: Annotated[list[NonNegInt], Meta(description=
-        "Accelerator ids for rollout replicas, one per replica (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES of "
-        "its process). Empty: the process sees every device.")] = msgspec.field(default_factory=list)
-    train_devices: Annotated[list[NonNegInt], Meta(description=
-        "Accelerator ids of the trainer: all of them for one rank, one per rank with "
-        "``train.num_ranks > 1``.")] = msgspec.field(default_factory=list)
-    reference_devices: Annotated[list[NonNegInt], Meta(description=
-        "Accelerator ids for reference workers, one per worker.")] = msgspec.field(default_factory=list)
-    python_path: Annotated[list[str], Meta(description=
-        "Directories (relative to the config file, like every path in it, or absolute) added to every process's "
-        "PYTHONPATH, so custom roles and rewards in your own modules import.")] = msgspec.field(default_factory=list)
+    pin_trainer_cores: Annotated[
+        NonNegInt,
+        Meta(
+            description="Async mode, local launcher: this many of the cores the driver may use (the first ones) go to the trainer's "
+            "processes alone; every other process shares the rest (Linux CPU affinity). On a machine the run has to "
+            "itself, whose few cores every role shares, the trainer (the critical path of an async step) then never waits "
+            "for a core (docs/performance.md); where other jobs load the machine it hurts (the trainer is held to its busy "
+            "cores). 0: the OS places every process on every core. Sync mode ignores it: its phases take turns, each may "
+            "use every core."
+        ),
+    ] = 0
+    rollout_devices: Annotated[
+        list[NonNegInt],
+        Meta(
+            description="Accelerator ids for rollout replicas, one per replica (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES of "
+            "its process). Empty: the process sees every device."
+        ),
+    ] = msgspec.field(default_factory=list)
+    train_devices: Annotated[
+        list[NonNegInt],
+        Meta(description="Accelerator ids of the trainer: all of them for one rank, one per rank with ``train.num_ranks > 1``."),
+    ] = msgspec.field(default_factory=list)
+    reference_devices: Annotated[list[NonNegInt], Meta(description="Accelerator ids for reference workers, one per worker.")] = (
+        msgspec.field(default_factory=list)
+    )
+    python_path: Annotated[
+        list[str],
+        Meta(
+            description="Directories (relative to the config file, like every path in it, or absolute) added to every process's "
+            "PYTHONPATH, so custom roles and rewards in your own modules import."
+        ),
+    ] = msgspec.field(default_factory=list)
     ray_address: Annotated[str, Meta(description="Ray cluster address (launcher = ray); empty: RAY_ADDRESS.")] = ""
 
     def check(self, run: RunConfig) -> None:
@@ -361,8 +529,10 @@ class ClusterConfig(_Section):
         ranks = run.train.num_ranks
         if ranks > 1 and self.train_devices and len(self.train_devices) != ranks:
             raise Refused("train_devices", f"give one device per trainer rank ({ranks} ids), or none")
-        for key, devices, count in (("rollout_devices", self.rollout_devices, run.rollout.num_replicas),
-                                    ("reference_devices", self.reference_devices, run.reference.num_workers)):
+        for key, devices, count in (
+            ("rollout_devices", self.rollout_devices, run.rollout.num_replicas),
+            ("reference_devices", self.reference_devices, run.reference.num_workers),
+        ):
             if devices and len(devices) != count:
                 raise Refused(key, f"give one device id per worker ({count})")
         try:
@@ -377,41 +547,63 @@ class LoggingConfig(_Section):
     progress: Annotated[bool, Meta(description="Print one progress line per trainer step.")] = True
     tensorboard: Annotated[bool, Meta(description="Write TensorBoard event files (extra: asyncflow[tensorboard]).")] = False
     wandb_project: Annotated[str, Meta(description="Log to Weights & Biases under this project (extra: asyncflow[wandb]).")] = ""
-    hang_timeout_s: Annotated[Seconds, Meta(description=
-        "If no trainer step completes for this long, print what every role waits on.")] = 300.0
-    spans: Annotated[bool, Meta(description=
-        "Record what every role does over time into RUN_DIR/trace.json (afctl trace).")] = True
-    trace_every_s: Annotated[NonNegFloat, Meta(description=
-        "Rewrite RUN_DIR/trace.json this often during the run (afctl trace on a live run); 0: only at the end.")] = 30.0
+    hang_timeout_s: Annotated[
+        Seconds, Meta(description="If no trainer step completes for this long, print what every role waits on.")
+    ] = 300.0
+    spans: Annotated[bool, Meta(description="Record what every role does over time into RUN_DIR/trace.json (afctl trace).")] = (
+        True
+    )
+    trace_every_s: Annotated[
+        NonNegFloat,
+        Meta(description="Rewrite RUN_DIR/trace.json this often during the run (afctl trace on a live run); 0: only at the end."),
+    ] = 30.0
 
 
 class PlannerConfig(_Section):
     """The planner actor (online reallocation; docs/planner.md)."""
 
     online: Annotated[bool, Meta(description="Move worker processes between rollout and training during the run.")] = False
-    imbalance_threshold: Annotated[NonNegFloat, Meta(description=
-        "Busy-fraction gap (rollout - training) beyond which one side counts as waiting on the other in a step.")] = 0.2
-    patience_steps: Annotated[Count, Meta(description=
-        "Steps in a row that must lean the same way before a move, and steps between moves.")] = 3
+    imbalance_threshold: Annotated[
+        NonNegFloat,
+        Meta(
+            description="Busy-fraction gap (rollout - training) beyond which one side counts as waiting on the other in a step."
+        ),
+    ] = 0.2
+    patience_steps: Annotated[
+        Count, Meta(description="Steps in a row that must lean the same way before a move, and steps between moves.")
+    ] = 3
     min_gain: Annotated[NonNegFloat, Meta(description="Predicted step-time gain (fraction) a move must bring to be made.")] = 0.05
-    max_rollout_replicas: Annotated[Count, Meta(description=
-        "Most rollout replica processes the planner may run (it never adds beyond).")] = 4
-    train_threads: Annotated[NonNegInt, Meta(description=
-        "torch threads of the trainer at start (its workers, the ones the planner moves to rollout); 0: "
-        "cluster.threads_per_process.")] = 0
-    measure_steps: Annotated[Count, Meta(description=
-        "Steps after a move over which its measured gain is recorded in planner.jsonl.")] = 3
-    cores: Annotated[NonNegInt, Meta(description=
-        "With cluster.device = cpu: the cores every process shares (0: all of this machine's). There the planner adds "
-        'or removes rollout replicas and never gives the trainer threads (docs/planner.md, "online reallocation on a '
-        'CPU box").')] = 0
+    max_rollout_replicas: Annotated[
+        Count, Meta(description="Most rollout replica processes the planner may run (it never adds beyond).")
+    ] = 4
+    train_threads: Annotated[
+        NonNegInt,
+        Meta(
+            description="torch threads of the trainer at start (its workers, the ones the planner moves to rollout); 0: "
+            "cluster.threads_per_process."
+        ),
+    ] = 0
+    measure_steps: Annotated[
+        Count, Meta(description="Steps after a move over which its measured gain is recorded in planner.jsonl.")
+    ] = 3
+    cores: Annotated[
+        NonNegInt,
+        Meta(
+            description="With cluster.device = cpu: the cores every process shares (0: all of this machine's). There the planner adds "
+            'or removes rollout replicas and never gives the trainer threads (docs/planner.md, "online reallocation on a '
+            'CPU box").'
+        ),
+    ] = 0
 
     def check(self, run: RunConfig) -> None:
         if self.max_rollout_replicas < run.rollout.num_replicas:
             raise Refused("max_rollout_replicas", f"must be at least rollout.num_replicas ({run.rollout.num_replicas})")
         if self.online and run.train.num_ranks > 1:
-            raise Refused("online", "the online planner moves threads and replicas for a one-rank trainer only: set "
-                                    "it to false, or train.num_ranks = 1")
+            raise Refused(
+                "online",
+                "the online planner moves threads and replicas for a one-rank trainer only: set "
+                "it to false, or train.num_ranks = 1",
+            )
 
 
 class RunConfig(_Section):
@@ -451,8 +643,11 @@ class RunConfig(_Section):
             if r.name in _BUILTIN_NAMES or r.name.startswith(_BUILTIN_PREFIXES):
                 raise Refused("roles.name", "this name belongs to a built-in role; choose another", r.name)
             if r.reward_column and not r.task:
-                raise Refused("roles.reward_column", f"role {r.name!r} must also set `task` (the queue task it reads "
-                                                     "rows from)", r.reward_column)
+                raise Refused(
+                    "roles.reward_column",
+                    f"role {r.name!r} must also set `task` (the queue task it reads rows from)",
+                    r.reward_column,
+                )
 
 
 _BUILTIN_NAMES = ("loader", "trainer", "weights", "collector", "directory")
@@ -469,33 +664,45 @@ def validate(cfg: RunConfig) -> None:
 
 def check_paths(cfg: RunConfig) -> None:
     """What the schema cannot know: that ``model.path`` and ``data.path`` exist."""
+
     def refuse(key: str, value: str, fix: str) -> None:
         raise ConfigError(f"{key} = {value!r}: {fix}")
 
     if cfg.model.path:
         if not os.path.isdir(cfg.model.path):
-            refuse("model.path", cfg.model.path, "no such directory; give a local Hugging Face model directory "
-                   "(relative to the config file), or a checkpoint of a run (RUN_DIR/checkpoints/latest)")
+            refuse(
+                "model.path",
+                cfg.model.path,
+                "no such directory; give a local Hugging Face model directory "
+                "(relative to the config file), or a checkpoint of a run (RUN_DIR/checkpoints/latest)",
+            )
         if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
-            refuse("model.path", cfg.model.path, "not a Hugging Face model directory (no config.json); give a "
-                   "directory saved with save_pretrained, or a checkpoint of a run (RUN_DIR/checkpoints/step_N or "
-                   "RUN_DIR/checkpoints/latest)")
+            refuse(
+                "model.path",
+                cfg.model.path,
+                "not a Hugging Face model directory (no config.json); give a "
+                "directory saved with save_pretrained, or a checkpoint of a run (RUN_DIR/checkpoints/step_N or "
+                "RUN_DIR/checkpoints/latest)",
+            )
     if cfg.data.path and not os.path.isfile(cfg.data.path):
-        refuse("data.path", cfg.data.path, "no such file; give a .jsonl or .parquet file (relative to the config "
-               "file, or absolute)")
+        refuse(
+            "data.path", cfg.data.path, "no such file; give a .jsonl or .parquet file (relative to the config file, or absolute)"
+        )
 
 
 def _warn(cfg: RunConfig) -> None:
     """Loud warnings for configs that are valid but likely wrong."""
     alg = cfg.algorithm
-    uncorrected = (alg.is_truncation == 0 and alg.is_mask_low == 0 and alg.is_mask_high == 0
-                   and alg.clip_against == "proximal")
+    uncorrected = alg.is_truncation == 0 and alg.is_mask_low == 0 and alg.is_mask_high == 0 and alg.clip_against == "proximal"
     if cfg.staleness > 0 and uncorrected:
         log.warning(
             "workflow.staleness = %d in async mode trains on samples up to %d policy versions old, with no "
             "off-policy correction: set algorithm.is_truncation (e.g. 2.0), algorithm.is_mask_low / "
-            "algorithm.is_mask_high (e.g. 0.5 / 2.0) or algorithm.clip_against = \"behaviour\" "
-            "(see docs/algorithms.md)", cfg.staleness, cfg.staleness)
+            'algorithm.is_mask_high (e.g. 0.5 / 2.0) or algorithm.clip_against = "behaviour" '
+            "(see docs/algorithms.md)",
+            cfg.staleness,
+            cfg.staleness,
+        )
 
 
 def _field(path: str) -> msgspec.inspect.Field | None:
@@ -544,8 +751,9 @@ def _raw_value(raw: dict, path: str):
     return node
 
 
-def _format_error(exc: msgspec.ValidationError, source: str, raw: dict | None = None,
-                  overrides: Sequence[str] = ()) -> ConfigError:
+def _format_error(
+    exc: msgspec.ValidationError, source: str, raw: dict | None = None, overrides: Sequence[str] = ()
+) -> ConfigError:
     import difflib
 
     text = str(exc)
@@ -567,8 +775,10 @@ def _format_error(exc: msgspec.ValidationError, source: str, raw: dict | None = 
         return ConfigError(f"{full}: unknown key; {fix} (in {source}; keys are documented in docs/config.md)")
     allowed = _range_of(key) if key and ", got" not in what else ""
     if allowed:  # a constraint: the key, the value and the range
-        return ConfigError(f"{key} = {_raw_value(raw or {}, key)!r}: out of range; use a value {allowed} "
-                           f"(in {source}; set it in {_where(key)}; docs/config.md says what it means)")
+        return ConfigError(
+            f"{key} = {_raw_value(raw or {}, key)!r}: out of range; use a value {allowed} "
+            f"(in {source}; set it in {_where(key)}; docs/config.md says what it means)"
+        )
     if key:
         return ConfigError(f"{key}: {what}{_choices(key)} (in {source}); set it in {_where(key)}")
     return ConfigError(f"{what} (in {source})")
@@ -591,13 +801,14 @@ def apply_overrides(raw: dict, overrides: Sequence[str]) -> dict:
         for depth, part in enumerate(parents):
             table = table.setdefault(part, {})
             if not isinstance(table, dict):
-                raise ConfigError(f"--set {item!r}: {'.'.join(parents[:depth + 1])} is a value, not a table")
+                raise ConfigError(f"--set {item!r}: {'.'.join(parents[: depth + 1])} is a value, not a table")
         table[leaf] = value
     return raw
 
 
-def load_config_text(text: str, source: str = "<string>", overrides: Sequence[str] = (),
-                     base_dir: str | os.PathLike | None = None) -> RunConfig:
+def load_config_text(
+    text: str, source: str = "<string>", overrides: Sequence[str] = (), base_dir: str | os.PathLike | None = None
+) -> RunConfig:
     """The config in ``text``. ``base_dir``: the directory relative paths in it are
     relative to (that of the config file); None: the working directory."""
     try:
@@ -623,6 +834,7 @@ def _resolve_paths(cfg: RunConfig, base: Path | None, source: str, given: Abstra
     ``model.path`` that is a checkpoint (``checkpoints/step_N``, with the Hugging Face
     model in ``step_N/model``) means that model directory. A path given with
     ``--set`` (keys in ``given``) is relative to the working directory."""
+
     def resolve(key: str, value: str) -> str:
         if key in given:
             return os.path.abspath(value)
@@ -630,16 +842,22 @@ def _resolve_paths(cfg: RunConfig, base: Path | None, source: str, given: Abstra
             return value
         beside = base / value
         if not beside.exists() and os.path.exists(value):  # older configs: relative to the working directory
-            log.warning("%s = %r is relative to the working directory; paths in a config file are relative to "
-                        "the file (%s): write %r, or an absolute path", key, value, source,
-                        os.path.relpath(os.path.abspath(value), base))
+            log.warning(
+                "%s = %r is relative to the working directory; paths in a config file are relative to "
+                "the file (%s): write %r, or an absolute path",
+                key,
+                value,
+                source,
+                os.path.relpath(os.path.abspath(value), base),
+            )
             return os.path.abspath(value)
         return str(beside.resolve())
 
     if cfg.model.path:
         cfg.model.path = resolve("model.path", cfg.model.path)
-        if not os.path.isfile(os.path.join(cfg.model.path, "config.json")) and \
-                os.path.isfile(os.path.join(cfg.model.path, "model", "config.json")):
+        if not os.path.isfile(os.path.join(cfg.model.path, "config.json")) and os.path.isfile(
+            os.path.join(cfg.model.path, "model", "config.json")
+        ):
             cfg.model.path = os.path.join(cfg.model.path, "model")  # a checkpoint directory: its model
     if cfg.data.path:
         cfg.data.path = resolve("data.path", cfg.data.path)
@@ -647,8 +865,10 @@ def _resolve_paths(cfg: RunConfig, base: Path | None, source: str, given: Abstra
         resolved = [str((base / p).resolve()) for p in cfg.cluster.python_path]
         for key_value, p in zip(cfg.cluster.python_path, resolved):
             if not os.path.isdir(p):
-                raise ConfigError(f"cluster.python_path: {key_value!r} is {p}, not a directory (paths are relative "
-                                  f"to the config file, {source})")
+                raise ConfigError(
+                    f"cluster.python_path: {key_value!r} is {p}, not a directory (paths are relative "
+                    f"to the config file, {source})"
+                )
         cfg.cluster.python_path = resolved
 
 
@@ -684,8 +904,13 @@ def _toml(value: object) -> str:
 def config_markdown() -> str:
     """docs/config.md, walked from the schema: every section and key with its type,
     default, allowed range and description (``Meta(description=...)`` on the field)."""
-    lines = ["# cluster.toml reference", "", "Generated by `python -m asyncflow.config.run --markdown` from the schema "
-             "(config/run.py, engines/config.py, core/transport.py).", ""]
+    lines = [
+        "# cluster.toml reference",
+        "",
+        "Generated by `python -m asyncflow.config.run --markdown` from the schema "
+        "(config/run.py, engines/config.py, core/transport.py).",
+        "",
+    ]
 
     def section(cls: type, path: str, defaults: object = None, about: str = "") -> None:
         """``defaults``: the section as its parent builds it (``[critic.engine]`` has

@@ -207,7 +207,9 @@ class Actor(pykka.ThreadingActor):
         try:
             if isinstance(msg, protocol.Ping):
                 result = protocol.Pong(
-                    name=self.ctx.name, pid=os.getpid(), host=socket.gethostname(),
+                    name=self.ctx.name,
+                    pid=os.getpid(),
+                    host=socket.gethostname(),
                     num_rejected_frames=self.ctx.num_rejected_frames,
                 )
             else:
@@ -246,8 +248,13 @@ class _Listener:
         self._ctx.num_rejected_frames += 1
         now = time.monotonic()
         if now >= self._next_reject_log:  # a flood of bad frames logs once per interval
-            log.warning("actor %s rejected a frame (%s; %d rejected so far): %s",
-                        self._name, error_type, self._ctx.num_rejected_frames, error)
+            log.warning(
+                "actor %s rejected a frame (%s; %d rejected so far): %s",
+                self._name,
+                error_type,
+                self._ctx.num_rejected_frames,
+                error,
+            )
             self._next_reject_log = now + REJECT_LOG_INTERVAL_S
         try:
             _nngio.send(ctx, frames.error_reply(error_type, error))

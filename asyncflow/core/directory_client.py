@@ -30,8 +30,10 @@ class DirectoryClient:
     def unregister(self, name: str, address: str = "", timeout_s: float | None = None) -> None:
         """Forget ``name``; with ``address``, only if it is still registered there."""
         self._cache.pop(name, None)
-        self._ref.ask(protocol.Unregister(name=name, address=address),
-                      timeout_s=self.transport.connect_timeout_s if timeout_s is None else timeout_s)
+        self._ref.ask(
+            protocol.Unregister(name=name, address=address),
+            timeout_s=self.transport.connect_timeout_s if timeout_s is None else timeout_s,
+        )
 
     def lookup(self, name: str, wait_s: float = 0.0) -> protocol.ActorEntry:
         try:

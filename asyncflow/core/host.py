@@ -65,9 +65,7 @@ def start_actors(
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise TypeError(f"{spec.cls} is not an asyncflow Actor subclass")
         kwargs = msgspec.msgpack.decode(spec.kwargs) if spec.kwargs else {}
-        actor = serve_actor(
-            cls, spec.name, transport, directory_address=directory.address if directory else None, **kwargs
-        )
+        actor = serve_actor(cls, spec.name, transport, directory_address=directory.address if directory else None, **kwargs)
         served.append(actor)
         if directory is not None:
             directory.register(actor.entry())
@@ -111,8 +109,9 @@ class HostActor(Actor):
                 return list(self.stuck), list(self.actors.values())
 
     def handle_urgent(self, msg):
-        return protocol.Pong(name=self.ctx.name, pid=os.getpid(), host=socket.gethostname(),
-                             num_rejected_frames=self.ctx.num_rejected_frames)
+        return protocol.Pong(
+            name=self.ctx.name, pid=os.getpid(), host=socket.gethostname(), num_rejected_frames=self.ctx.num_rejected_frames
+        )
 
     def _stop_one(self, name: str) -> None:
         actor = self.actors.pop(name, None)
@@ -306,7 +305,11 @@ class _FirstLine(logging.Filter):
         text = record.getMessage()
         if "\n" in text or record.exc_info:
             record.msg, record.args, record.exc_info, record.exc_text = (
-                f"{text.splitlines()[0]} (full text in {self.log_file})", None, None, None)
+                f"{text.splitlines()[0]} (full text in {self.log_file})",
+                None,
+                None,
+                None,
+            )
         return True
 
 
@@ -357,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     leftovers: tuple[list[str], list[ServedActor]] = host.pykka_ref.ask(_Leftovers(), block=True)
     could_not_stop, running = leftovers
     stuck = could_not_stop + [  # those a Stop from the driver could not stop, and the rest
-        actor.name for actor in reversed(running)
-        if not _stop_contained(actor, ORPHAN_ACTOR_STOP_S if orphaned else ACTOR_STOP_S)]
+        actor.name for actor in reversed(running) if not _stop_contained(actor, ORPHAN_ACTOR_STOP_S if orphaned else ACTOR_STOP_S)
+    ]
     if not orphaned:  # an orphan's driver (and its directory) is gone: do not wait on it
         try:
             directory.unregister(host.name, host.address, timeout_s=2.0)  # never a successor's entry
@@ -380,8 +383,12 @@ def _stop_contained(actor: ServedActor, timeout_s: float) -> bool:
         actor.stop(timeout_s=timeout_s)
         return True
     except Exception as exc:  # noqa: BLE001  (any: the rest of the stop path must run)
-        log.warning("%s did not stop cleanly (%s: %s); going on with the rest of the stop",
-                    actor.name, type(exc).__name__, exc or "no detail")
+        log.warning(
+            "%s did not stop cleanly (%s: %s); going on with the rest of the stop",
+            actor.name,
+            type(exc).__name__,
+            exc or "no detail",
+        )
         return False
 
 

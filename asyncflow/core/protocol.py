@@ -756,8 +756,16 @@ class SaveRankCheckpoint(Request["Ok"]):
 LoopIn = Union[StartWork, Pause, Resume, GetRoleStats, WeightsReady, SetThreads, Ping, Stop]
 TrainerRankIn = Union[StartWork, GetRoleStats, TrainPart, SaveRankCheckpoint, Ping, Stop]
 WeightSyncIn = Union[
-    GetLatestWeights, GetWeightChunk, StreamWeights, AcquireSwap, ReleaseSwap, RegisterReplica, UnregisterReplica,
-    GetReplicas, Ping, Stop,
+    GetLatestWeights,
+    GetWeightChunk,
+    StreamWeights,
+    AcquireSwap,
+    ReleaseSwap,
+    RegisterReplica,
+    UnregisterReplica,
+    GetReplicas,
+    Ping,
+    Stop,
 ]
 PlannerIn = Union[StepMetrics, MoveApplied, Ping, Stop]
 

@@ -66,9 +66,11 @@ class WrongReply(AsyncflowError, TypeError):
     def __init__(self, actor: str, request: str, expected: tuple[type, ...], received: Any):
         self.actor, self.request, self.received = actor, request, type(received).__name__
         self.expected = [t.__name__ for t in expected]
-        super().__init__(f"{actor} answered {request} with {self.received}, but {request} is answered with "
-                         f"{' | '.join(self.expected)} (its Request[...] in core/protocol.py): the actor's handle "
-                         "returns the wrong reply, or the request's declared reply type is wrong")
+        super().__init__(
+            f"{actor} answered {request} with {self.received}, but {request} is answered with "
+            f"{' | '.join(self.expected)} (its Request[...] in core/protocol.py): the actor's handle "
+            "returns the wrong reply, or the request's declared reply type is wrong"
+        )
 
 
 class ActorRef:

@@ -79,22 +79,27 @@ def pin_interface(transport: TransportConfig) -> None:
         os.environ.setdefault(var, name)
 
 
-def host_store(directory, group: str, transport: TransportConfig, world_size: int, timeout_s: float,
-               port: int = 0) -> dist.TCPStore:
+def host_store(
+    directory, group: str, transport: TransportConfig, world_size: int, timeout_s: float, port: int = 0
+) -> dist.TCPStore:
     """Start the group's TCPStore here (rank 0) and publish its address as ``dist.<group>``."""
     host = node_host(transport)
     try:
-        store = dist.TCPStore(host, port, world_size, True, timeout=datetime.timedelta(seconds=timeout_s),
-                              wait_for_workers=False)
+        store = dist.TCPStore(host, port, world_size, True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
     except (RuntimeError, OSError) as exc:  # DistNetworkError is a RuntimeError
         raise RuntimeError(
             f"could not start the torch.distributed store of group {group!r} on {host}:{port or 'any port'} ({exc}); "
             f"choose another port (train.dist_port) or check that {host} is this node's address"
         ) from exc
-    directory.register(protocol.ActorEntry(
-        name=entry_name(group), address=f"tcp://{host}:{store.port}", host=os.uname().nodename, pid=os.getpid(),
-        kind=STORE_KIND,
-    ))
+    directory.register(
+        protocol.ActorEntry(
+            name=entry_name(group),
+            address=f"tcp://{host}:{store.port}",
+            host=os.uname().nodename,
+            pid=os.getpid(),
+            kind=STORE_KIND,
+        )
+    )
     return store
 
 
@@ -117,8 +122,9 @@ def join_store(directory, group: str, world_size: int, timeout_s: float) -> dist
         ) from exc
 
 
-def init_default_group(directory, group: str, transport: TransportConfig, rank: int, world_size: int,
-                       backend: str, timeout_s: float, port: int = 0) -> dist.TCPStore:
+def init_default_group(
+    directory, group: str, transport: TransportConfig, rank: int, world_size: int, backend: str, timeout_s: float, port: int = 0
+) -> dist.TCPStore:
     """Initialise this process's default process group as ``rank`` of ``world_size``
     (rank 0 publishes the store, the others find it). Returns the store (keep it alive)."""
     pin_interface(transport)
@@ -126,6 +132,7 @@ def init_default_group(directory, group: str, transport: TransportConfig, rank: 
         store = host_store(directory, group, transport, world_size, timeout_s, port)
     else:
         store = join_store(directory, group, world_size, timeout_s)
-    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend=backend, store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s)
+    )
     return store

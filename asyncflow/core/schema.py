@@ -150,8 +150,7 @@ def type_name(t: msgspec.inspect.Type) -> str:
     ``'sync' | 'async'``, ``list[str]``, ``int | None``."""
     t = bare_type(t)
     m = msgspec.inspect
-    simple = {m.IntType: "int", m.FloatType: "float", m.StrType: "str", m.BoolType: "bool", m.NoneType: "None",
-              m.AnyType: "Any"}
+    simple = {m.IntType: "int", m.FloatType: "float", m.StrType: "str", m.BoolType: "bool", m.NoneType: "None", m.AnyType: "Any"}
     if type(t) in simple:
         return simple[type(t)]
     if isinstance(t, m.LiteralType):

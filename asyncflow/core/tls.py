@@ -39,31 +39,54 @@ def make_cluster_certs(directory: str | os.PathLike, days: int = 365) -> Path:
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import NameOID
     except ImportError:
-        raise RuntimeError("afctl certs needs the cryptography package: pip install -e '.[tls]' (in the asyncflow checkout)") from None
+        raise RuntimeError(
+            "afctl certs needs the cryptography package: pip install -e '.[tls]' (in the asyncflow checkout)"
+        ) from None
     out = Path(directory)
     out.mkdir(mode=0o700, parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
 
     def name(cn: str):
-        return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "asyncflow"), x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+        return x509.Name(
+            [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "asyncflow"), x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+        )
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (
-        x509.CertificateBuilder().subject_name(name("asyncflow cluster CA")).issuer_name(name("asyncflow cluster CA"))
-        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(start).not_valid_after(end)
+        x509.CertificateBuilder()
+        .subject_name(name("asyncflow cluster CA"))
+        .issuer_name(name("asyncflow cluster CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .sign(ca_key, hashes.SHA256())
     )
     node_key = ec.generate_private_key(ec.SECP256R1())
     node = (
-        x509.CertificateBuilder().subject_name(name(SERVER_NAME)).issuer_name(ca.subject)
-        .public_key(node_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(start).not_valid_after(end)
+        x509.CertificateBuilder()
+        .subject_name(name(SERVER_NAME))
+        .issuer_name(ca.subject)
+        .public_key(node_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(SERVER_NAME)]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .sign(ca_key, hashes.SHA256())
@@ -86,12 +109,15 @@ def tls_config(directory: str, server: bool) -> pynng.TLSConfig:
     path = Path(directory)
     missing = [f for f in FILES if not (path / f).is_file()]
     if missing:
-        raise ValueError(f"[cluster.transport] tls_dir = {directory!r} lacks {', '.join(missing)}: "
-                         f"make it with `afctl certs {directory}` and copy it to every node")
+        raise ValueError(
+            f"[cluster.transport] tls_dir = {directory!r} lacks {', '.join(missing)}: "
+            f"make it with `afctl certs {directory}` and copy it to every node"
+        )
     mode = (path / "node.key").stat().st_mode & 0o077
     if mode:
-        raise PermissionError(f"[cluster.transport] tls_dir: {path / 'node.key'} is readable by other users: "
-                              f"`chmod 600 {path / 'node.key'}`")
+        raise PermissionError(
+            f"[cluster.transport] tls_dir: {path / 'node.key'} is readable by other users: `chmod 600 {path / 'node.key'}`"
+        )
     return pynng.TLSConfig(
         pynng.TLSConfig.MODE_SERVER if server else pynng.TLSConfig.MODE_CLIENT,
         server_name=None if server else SERVER_NAME,

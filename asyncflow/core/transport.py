@@ -43,39 +43,82 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """How actors talk. ``scheme``: ``inproc`` (one process), ``ipc`` (one host),
     ``tcp`` (several hosts)."""
 
-    scheme: Annotated[str, Meta(description=
-        "``inproc`` (every actor in one process: tests), ``ipc`` (one host: unix sockets in ``ipc_dir``) or ``tcp`` "
-        "(several hosts).")] = "ipc"
-    bind_host: Annotated[str, Meta(description=
-        "tcp: the address listeners bind. Loopback by default; any other address needs ``secret`` or ``tls_dir`` "
-        "(docs/security.md), and a wildcard (``0.0.0.0``) needs ``advertise_host``.")] = "127.0.0.1"
-    secret: Annotated[str, Meta(description=
-        "tcp without ``tls_dir``: the cluster secret every frame carries and every tcp listener checks (it travels in "
-        "clear text: see docs/security.md). Prefer the ASYNCFLOW_SECRET environment variable; one set here is written "
-        "to RUN_DIR/secret (mode 0600), never to RUN_DIR/config.json.")] = ""
-    max_message_bytes: Annotated[int, Meta(gt=0, description=
-        "The largest frame an actor listener accepts (nng drops a bigger one): bounds weight chunks and queue "
-        "batches.")] = 2 << 30
-    ipc_dir: Annotated[str, Meta(description=
-        "ipc: the directory of the sockets (empty: a fresh one per run, or TMPDIR/asyncflow-UID). It must belong to "
-        "this user and be writable by no one else.")] = ""
-    connect_timeout_s: Annotated[float, Meta(gt=0, description=
-        "Seconds to wait when dialing a peer and for the directory's answers (register, look up) before failing.")] = 10.0
-    advertise_host: Annotated[str, Meta(description=
-        "tcp with a wildcard ``bind_host``: the node's own address, registered in the directory so that peers on other "
-        "nodes can dial it (launcher = ray sets it).")] = ""
-    tls_dir: Annotated[str, Meta(description=
-        "tcp: a directory made by `afctl certs DIR` (ca.pem, node.pem, node.key), present on every node. When set, tcp "
-        "listeners and dialers use TLS (``tls+tcp://``) with mutual authentication against this cluster's CA: frames "
-        "are encrypted, a captured frame cannot be replayed, and a peer without the cluster's certificate cannot send "
-        "a byte to a listener. See docs/security.md.")] = ""
-    control_max_message_bytes: Annotated[int, Meta(gt=0, description=
-        "The largest frame the control listeners (directory, process hosts) accept; other listeners accept "
-        "``max_message_bytes``. nng buffers a whole frame before the listener sees it, so this bounds what an "
-        "unauthenticated peer makes them hold.")] = 16 << 20
-    ports: Annotated[str, Meta(description=
-        'tcp: the range ``"MIN-MAX"`` of ports listeners take, one per actor (to open in a firewall); empty: any free '
-        "port.")] = ""
+    scheme: Annotated[
+        str,
+        Meta(
+            description="``inproc`` (every actor in one process: tests), ``ipc`` (one host: unix sockets in ``ipc_dir``) or ``tcp`` "
+            "(several hosts)."
+        ),
+    ] = "ipc"
+    bind_host: Annotated[
+        str,
+        Meta(
+            description="tcp: the address listeners bind. Loopback by default; any other address needs ``secret`` or ``tls_dir`` "
+            "(docs/security.md), and a wildcard (``0.0.0.0``) needs ``advertise_host``."
+        ),
+    ] = "127.0.0.1"
+    secret: Annotated[
+        str,
+        Meta(
+            description="tcp without ``tls_dir``: the cluster secret every frame carries and every tcp listener checks (it travels in "
+            "clear text: see docs/security.md). Prefer the ASYNCFLOW_SECRET environment variable; one set here is written "
+            "to RUN_DIR/secret (mode 0600), never to RUN_DIR/config.json."
+        ),
+    ] = ""
+    max_message_bytes: Annotated[
+        int,
+        Meta(
+            gt=0,
+            description="The largest frame an actor listener accepts (nng drops a bigger one): bounds weight chunks and queue "
+            "batches.",
+        ),
+    ] = 2 << 30
+    ipc_dir: Annotated[
+        str,
+        Meta(
+            description="ipc: the directory of the sockets (empty: a fresh one per run, or TMPDIR/asyncflow-UID). It must belong to "
+            "this user and be writable by no one else."
+        ),
+    ] = ""
+    connect_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="Seconds to wait when dialing a peer and for the directory's answers (register, look up) before failing.",
+        ),
+    ] = 10.0
+    advertise_host: Annotated[
+        str,
+        Meta(
+            description="tcp with a wildcard ``bind_host``: the node's own address, registered in the directory so that peers on other "
+            "nodes can dial it (launcher = ray sets it)."
+        ),
+    ] = ""
+    tls_dir: Annotated[
+        str,
+        Meta(
+            description="tcp: a directory made by `afctl certs DIR` (ca.pem, node.pem, node.key), present on every node. When set, tcp "
+            "listeners and dialers use TLS (``tls+tcp://``) with mutual authentication against this cluster's CA: frames "
+            "are encrypted, a captured frame cannot be replayed, and a peer without the cluster's certificate cannot send "
+            "a byte to a listener. See docs/security.md."
+        ),
+    ] = ""
+    control_max_message_bytes: Annotated[
+        int,
+        Meta(
+            gt=0,
+            description="The largest frame the control listeners (directory, process hosts) accept; other listeners accept "
+            "``max_message_bytes``. nng buffers a whole frame before the listener sees it, so this bounds what an "
+            "unauthenticated peer makes them hold.",
+        ),
+    ] = 16 << 20
+    ports: Annotated[
+        str,
+        Meta(
+            description='tcp: the range ``"MIN-MAX"`` of ports listeners take, one per actor (to open in a firewall); empty: any free '
+            "port."
+        ),
+    ] = ""
 
     def port_range(self) -> tuple[int, int] | None:
         if not self.ports:
@@ -103,8 +146,10 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         if self.control_max_message_bytes <= 0:
             raise ValueError("[cluster.transport] control_max_message_bytes must be > 0")
         if self.tls_dir and self.scheme != "tcp":
-            raise ValueError(f"[cluster.transport] tls_dir is set but scheme = {self.scheme!r}: TLS is for tcp; "
-                             f"set scheme = 'tcp' or remove tls_dir")
+            raise ValueError(
+                f"[cluster.transport] tls_dir is set but scheme = {self.scheme!r}: TLS is for tcp; "
+                f"set scheme = 'tcp' or remove tls_dir"
+            )
         return self
 
     def to_env(self) -> str:
@@ -192,8 +237,11 @@ def listen(address: str, config: TransportConfig, max_message_bytes: int | None 
             f"address to dial: set [cluster.transport] advertise_host to this node's address, or bind_host to it "
             f"(launcher = 'ray' sets it on each node)"
         )
-    sock = pynng.Rep0(recv_max_size=max_message_bytes or config.max_message_bytes,
-                      send_timeout=int(config.connect_timeout_s * 1000), **_tls(address, config, server=True))
+    sock = pynng.Rep0(
+        recv_max_size=max_message_bytes or config.max_message_bytes,
+        send_timeout=int(config.connect_timeout_s * 1000),
+        **_tls(address, config, server=True),
+    )
     if is_tcp(address) and address.endswith(":0") and config.ports:
         listener = _listen_in_range(sock, address[: -len(":0")], config)
     else:
@@ -220,16 +268,22 @@ def _listen_in_range(sock: pynng.Rep0, base: str, config: TransportConfig):
         except pynng.AddressInUse:
             continue
     sock.close()
-    raise ValueError(f"every port of [cluster.transport] ports = {config.ports!r} is taken on this node "
-                     f"({base}): widen the range, each actor listens on one port")
+    raise ValueError(
+        f"every port of [cluster.transport] ports = {config.ports!r} is taken on this node "
+        f"({base}): widen the range, each actor listens on one port"
+    )
 
 
 def dial(address: str, config: TransportConfig) -> pynng.Req0:
     """A Req0 dialer; connects in the background and reconnects on its own.
 
     Resend is off: a request is delivered at most once (exactly-once is built on top)."""
-    sock = pynng.Req0(recv_max_size=config.max_message_bytes, reconnect_time_min=20, reconnect_time_max=500,
-                      **_tls(address, config, server=False))
+    sock = pynng.Req0(
+        recv_max_size=config.max_message_bytes,
+        reconnect_time_min=20,
+        reconnect_time_max=500,
+        **_tls(address, config, server=False),
+    )
     sock.resend_time = -1
     sock.dial(address, block=False)
     return sock

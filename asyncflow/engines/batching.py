@@ -48,5 +48,10 @@ def make_token_batch(
             ref_BT[b, n_p:n] = torch.tensor(ref_logprobs[b], dtype=torch.float32)
     adv_BT = advantages_B.float().unsqueeze(1) * resp_BT if advantages_B is not None else None
     return TokenBatch(
-        input_ids=ids_BT, attention_mask=attn_BT, response_mask=resp_BT, rollout_logp=rollout_BT, ref_logp=ref_BT, advantages=adv_BT
+        input_ids=ids_BT,
+        attention_mask=attn_BT,
+        response_mask=resp_BT,
+        rollout_logp=rollout_BT,
+        ref_logp=ref_BT,
+        advantages=adv_BT,
     )

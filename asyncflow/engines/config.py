@@ -41,40 +41,57 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     the sampled token under ``softmax(logits / temperature)`` (before top-k/top-p
     truncation), so a trainer recomputes them with the same temperature."""
 
-    temperature: Annotated[NonNegFloat, Meta(description=
-        "Softmax temperature; 0 means greedy (log-probs are then those at temperature 1).")] = 1.0
-    top_p: Annotated[float, Meta(gt=0, le=1, description=
-        "Nucleus sampling mass in (0, 1]; 1 disables it.")] = 1.0
+    temperature: Annotated[
+        NonNegFloat, Meta(description="Softmax temperature; 0 means greedy (log-probs are then those at temperature 1).")
+    ] = 1.0
+    top_p: Annotated[float, Meta(gt=0, le=1, description="Nucleus sampling mass in (0, 1]; 1 disables it.")] = 1.0
     top_k: Annotated[NonNegInt, Meta(description="Keep only the k most likely tokens; 0 disables it.")] = 0
     max_new_tokens: Annotated[Count, Meta(description="Upper bound on response tokens per sample (the stop token counts).")] = 64
-    stop_token_ids: Annotated[tuple[NonNegInt, ...], Meta(description=
-        "A response ends after emitting any of these (the stop token is kept in the response and has a log-prob). "
-        "Empty: the tokenizer's eos is used by the caller.")] = ()
+    stop_token_ids: Annotated[
+        tuple[NonNegInt, ...],
+        Meta(
+            description="A response ends after emitting any of these (the stop token is kept in the response and has a log-prob). "
+            "Empty: the tokenizer's eos is used by the caller."
+        ),
+    ] = ()
     n: Annotated[Count, Meta(description="Samples per prompt (the GRPO group size).")] = 1
-    seed: Annotated[NonNegInt | None, Meta(description=
-        "Seed of the engine's sampling generator for this call; None keeps its stream.")] = None
+    seed: Annotated[
+        NonNegInt | None, Meta(description="Seed of the engine's sampling generator for this call; None keeps its stream.")
+    ] = None
 
 
 class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A rollout (generation) engine."""
 
-    type: Annotated[Literal["native", "vllm", "vllm_ascend"], Meta(description=
-        "native: PyTorch, KV cache + continuous batching, cpu/cuda/npu. vllm: vLLM on CUDA. vllm_ascend: vLLM with the "
-        "vllm-ascend plugin on NPU.")] = "native"
+    type: Annotated[
+        Literal["native", "vllm", "vllm_ascend"],
+        Meta(
+            description="native: PyTorch, KV cache + continuous batching, cpu/cuda/npu. vllm: vLLM on CUDA. vllm_ascend: vLLM with the "
+            "vllm-ascend plugin on NPU."
+        ),
+    ] = "native"
     device: Annotated[Device, Meta(description="Where the model runs.")] = "cpu"
     device_index: Annotated[NonNegInt, Meta(description="Which accelerator on the host (ignored on cpu).")] = 0
-    dtype: Annotated[DType, Meta(description=
-        "Weights and KV-cache dtype. Log-prob consistency with training needs float32.")] = "float32"
-    kv_cache_bytes: Annotated[Count | None, Meta(description=
-        "KV-cache budget in bytes. Exactly one of this and ``kv_cache_fraction`` may be set; neither: 64 MiB.")] = None
-    kv_cache_fraction: Annotated[Annotated[float, Meta(gt=0, le=1)] | None, Meta(description=
-        "KV-cache budget as a fraction of the device's free memory (cuda/npu only for native; vLLM's "
-        "gpu_memory_utilization).")] = None
+    dtype: Annotated[DType, Meta(description="Weights and KV-cache dtype. Log-prob consistency with training needs float32.")] = (
+        "float32"
+    )
+    kv_cache_bytes: Annotated[
+        Count | None,
+        Meta(description="KV-cache budget in bytes. Exactly one of this and ``kv_cache_fraction`` may be set; neither: 64 MiB."),
+    ] = None
+    kv_cache_fraction: Annotated[
+        Annotated[float, Meta(gt=0, le=1)] | None,
+        Meta(
+            description="KV-cache budget as a fraction of the device's free memory (cuda/npu only for native; vLLM's "
+            "gpu_memory_utilization)."
+        ),
+    ] = None
     kv_block_tokens: Annotated[Count, Meta(description="Tokens per KV-cache block (native engine's allocation unit).")] = 16
     max_batch_size: Annotated[Count, Meta(description="Most sequences decoded together in one step.")] = 64
     seed: Annotated[NonNegInt, Meta(description="Seed of the sampling generator.")] = 0
-    num_threads: Annotated[Count | None, Meta(description=
-        "torch intra-op threads on cpu; None leaves torch's setting alone.")] = None
+    num_threads: Annotated[
+        Count | None, Meta(description="torch intra-op threads on cpu; None leaves torch's setting alone.")
+    ] = None
     tensor_parallel_size: Annotated[Count, Meta(description="vLLM only: tensor-parallel degree.")] = 1
     enforce_eager: Annotated[bool, Meta(description="vLLM only: disable CUDA/NPU graphs (faster start, slower decode).")] = False
 
@@ -91,26 +108,41 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     device: Annotated[Device, Meta(description="Where the model trains.")] = "cpu"
     dtype: Annotated[DType, Meta(description="Parameter dtype (optimizer states follow it).")] = "float32"
     lr: Annotated[PosFloat, Meta(description="AdamW learning rate (the peak, with a schedule).")] = 1e-5
-    lr_warmup_steps: Annotated[NonNegInt, Meta(description=
-        "Optimizer steps of linear warmup: step k (0-based) of the first this many uses ``lr * (k + 1) / "
-        "lr_warmup_steps``. 0: no warmup. In a run the policy takes one optimizer step per trainer step and epoch "
-        "(``algorithm.epochs``), the PPO critic one per trainer step.")] = 0
-    lr_schedule: Annotated[Literal["constant", "cosine"], Meta(description=
-        "After warmup: constant keeps ``lr``; cosine decays it along half a cosine to ``lr * lr_min_ratio`` at the "
-        "run's last optimizer step. The lr is a function of the optimizer step count alone, so a resumed run continues "
-        "the schedule where it was.")] = "constant"
+    lr_warmup_steps: Annotated[
+        NonNegInt,
+        Meta(
+            description="Optimizer steps of linear warmup: step k (0-based) of the first this many uses ``lr * (k + 1) / "
+            "lr_warmup_steps``. 0: no warmup. In a run the policy takes one optimizer step per trainer step and epoch "
+            "(``algorithm.epochs``), the PPO critic one per trainer step."
+        ),
+    ] = 0
+    lr_schedule: Annotated[
+        Literal["constant", "cosine"],
+        Meta(
+            description="After warmup: constant keeps ``lr``; cosine decays it along half a cosine to ``lr * lr_min_ratio`` at the "
+            "run's last optimizer step. The lr is a function of the optimizer step count alone, so a resumed run continues "
+            "the schedule where it was."
+        ),
+    ] = "constant"
     lr_min_ratio: Annotated[Fraction, Meta(description="Cosine only: the final lr as a fraction of ``lr`` (0 to 1).")] = 0.0
-    betas: Annotated[tuple[Annotated[float, Meta(ge=0, lt=1)], Annotated[float, Meta(ge=0, lt=1)]], Meta(description=
-        "AdamW betas.")] = (0.9, 0.999)
+    betas: Annotated[
+        tuple[Annotated[float, Meta(ge=0, lt=1)], Annotated[float, Meta(ge=0, lt=1)]], Meta(description="AdamW betas.")
+    ] = (0.9, 0.999)
     weight_decay: Annotated[NonNegFloat, Meta(description="AdamW decoupled weight decay.")] = 0.0
     grad_clip: Annotated[NonNegFloat, Meta(description="Max global grad norm; 0 disables clipping.")] = 1.0
-    micro_batch_size: Annotated[Count, Meta(description=
-        "Sequences per forward/backward; gradients accumulate over a step's micro-batches.")] = 8
-    fsdp: Annotated[bool, Meta(description=
-        "Shard parameters, grads and optimizer state with FSDP2 (``fully_shard``) over the initialised default process "
-        "group.")] = False
+    micro_batch_size: Annotated[
+        Count, Meta(description="Sequences per forward/backward; gradients accumulate over a step's micro-batches.")
+    ] = 8
+    fsdp: Annotated[
+        bool,
+        Meta(
+            description="Shard parameters, grads and optimizer state with FSDP2 (``fully_shard``) over the initialised default process "
+            "group."
+        ),
+    ] = False
     critic: Annotated[bool, Meta(description="Add a scalar value head (PPO critic); ``forward`` then returns values.")] = False
     gradient_checkpointing: Annotated[bool, Meta(description="Recompute activations in backward to save memory.")] = False
     seed: Annotated[NonNegInt, Meta(description="Seed for the value head's initialisation.")] = 0
-    num_threads: Annotated[Count | None, Meta(description=
-        "torch intra-op threads on cpu; None leaves torch's setting alone.")] = None
+    num_threads: Annotated[
+        Count | None, Meta(description="torch intra-op threads on cpu; None leaves torch's setting alone.")
+    ] = None

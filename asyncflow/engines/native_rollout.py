@@ -123,7 +123,9 @@ class NativeRolloutEngine(RolloutEngine):
             if param is None:
                 if name == "lm_head.weight" and self._tied:
                     continue  # tied to embed_tokens, which arrives under its own name
-                raise KeyError(f"weight {name!r} is not a parameter of the rollout model; do both engines load the same model_dir?")
+                raise KeyError(
+                    f"weight {name!r} is not a parameter of the rollout model; do both engines load the same model_dir?"
+                )
             if param.shape != tensor.shape:
                 raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != model's {tuple(param.shape)}")
             param.copy_(tensor)

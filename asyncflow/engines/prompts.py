@@ -30,9 +30,11 @@ def encode_chat_prompt(tokenizer, prompt: str) -> list[int]:
     if tokenizer.chat_template == CHAT_TEMPLATE:
         unknown = sorted(set(prompt) - set(CHARS))
         if unknown:
-            raise ValueError(f"prompt {prompt[:60]!r} has characters the tiny model's tokenizer does not know: "
-                             f"{''.join(unknown)!r}; it knows only asyncflow.engines.tiny.CHARS (ASCII letters, "
-                             "digits, space, newline and punctuation): use a model of your own (model.path) for other text")
+            raise ValueError(
+                f"prompt {prompt[:60]!r} has characters the tiny model's tokenizer does not know: "
+                f"{''.join(unknown)!r}; it knows only asyncflow.engines.tiny.CHARS (ASCII letters, "
+                "digits, space, newline and punctuation): use a model of your own (model.path) for other text"
+            )
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 

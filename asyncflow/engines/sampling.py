@@ -15,7 +15,9 @@ import torch
 from asyncflow.engines.config import SamplingParams
 
 
-def sample(logits_BV: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(
+    logits_BV: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (token_B int64, logp_B float32)."""
     logits_BV = logits_BV.float()
     if params.temperature == 0.0:

@@ -45,8 +45,9 @@ WORKER_EXTENSION = "asyncflow.engines.vllm_worker:WeightSyncExtension"
 
 def _require(module: str, extra: str) -> None:
     if importlib.util.find_spec(module) is None:
-        raise RuntimeError(f"rollout engine needs {module!r}: pip install -e '.[{extra}]' (in the asyncflow checkout), "
-                           "or set type = \"native\"")
+        raise RuntimeError(
+            f"rollout engine needs {module!r}: pip install -e '.[{extra}]' (in the asyncflow checkout), or set type = \"native\""
+        )
 
 
 class VLLMRolloutEngine(RolloutEngine):

@@ -128,8 +128,12 @@ def nonneg_least_squares(columns: list[list[float]], y: list[float], weights: li
 
 
 def fit_max(
-    work: list[float], other_s: list[float], time_s: list[float], peak: float,
-    overhead_columns: list[list[float]] | None = None, grid: int = 200,
+    work: list[float],
+    other_s: list[float],
+    time_s: list[float],
+    peak: float,
+    overhead_columns: list[list[float]] | None = None,
+    grid: int = 200,
 ) -> tuple[float, list[float]]:
     """Fit `time = sum_j c_j x_j + max(work / (eff * peak), other_s)`; returns (eff, [c_j]).
 
@@ -180,6 +184,7 @@ def fit_corun(points: list[Point]) -> float:
 def fit_profile(points: list[Point], hardware: Hardware) -> Efficiency:
     """Fit each kind of point to (efficiency, overhead); kinds not measured keep defaults
     (`afctl profile` measures the points)."""
+
     def pick(kind):
         chosen = [p for p in points if p.kind == kind]
         return [p.work for p in chosen], [p.time_s for p in chosen]
@@ -193,21 +198,31 @@ def fit_profile(points: list[Point], hardware: Hardware) -> Efficiency:
         if len({p.batch for p in prefill}) > 1:
             columns += [[1.0] * len(prefill), [float(p.batch) for p in prefill]]
         fields["prefill_flops"], overheads = fit_max(
-            [p.work for p in prefill], [0.0] * len(prefill), [p.time_s for p in prefill], flops, overhead_columns=columns,
+            [p.work for p in prefill],
+            [0.0] * len(prefill),
+            [p.time_s for p in prefill],
+            flops,
+            overhead_columns=columns,
         )
         fields["prefill_overhead_s_per_layer"] = overheads[0]
         if len(overheads) == 3:
             fields["generate_overhead_s"], fields["generate_overhead_s_per_seq"] = overheads[1:]
-    for kind, names in (("trainer", ("trainer_overhead_s", "trainer_overhead_s_per_row")),
-                        ("snapshot", ("snapshot_overhead_s", "snapshot_s_per_param")),
-                        ("queue", ("queue_ask_s", "queue_ask_s_per_row"))):
+    for kind, names in (
+        ("trainer", ("trainer_overhead_s", "trainer_overhead_s_per_row")),
+        ("snapshot", ("snapshot_overhead_s", "snapshot_s_per_param")),
+        ("queue", ("queue_ask_s", "queue_ask_s_per_row")),
+    ):
         chosen = [p for p in points if p.kind == kind]
         if chosen:  # time = fixed + work (rows or parameters) x per-unit
             fields.update(zip(names, fit_terms([[1.0] * len(chosen), [p.work for p in chosen]], [p.time_s for p in chosen])))
     handoff = [p for p in points if p.kind == "handoff"]
     if handoff:  # beyond the put's own ask (the producer's put may return before or after the consumer wakes)
-        fields["queue_handoff_s"] = max(0.0, statistics.median(
-            [p.time_s - fields.get("queue_ask_s", 0.0) - p.work * fields.get("queue_ask_s_per_row", 0.0) for p in handoff]))
+        fields["queue_handoff_s"] = max(
+            0.0,
+            statistics.median(
+                [p.time_s - fields.get("queue_ask_s", 0.0) - p.work * fields.get("queue_ask_s_per_row", 0.0) for p in handoff]
+            ),
+        )
     if {p.work for p in points if p.kind == "corun"} == {1.0, 2.0}:
         fields["corun_slowdown"] = fit_corun(points)
     for kind, eff_name, overhead_name in (
@@ -229,9 +244,11 @@ def fit_profile(points: list[Point], hardware: Hardware) -> Efficiency:
         # Decode is bound by bandwidth or by compute (at the prefill efficiency), whichever is slower.
         compute_eff = fields.get("prefill_flops", Efficiency().prefill_flops)
         fields["decode_bandwidth"], overheads = fit_max(
-            [p.work for p in decode], [p.flops / (compute_eff * flops) for p in decode], [p.time_s for p in decode],
-            bandwidth, overhead_columns=[[1.0] * len(decode), [float(p.num_layers) for p in decode],
-                                         [float(p.batch) for p in decode]],
+            [p.work for p in decode],
+            [p.flops / (compute_eff * flops) for p in decode],
+            [p.time_s for p in decode],
+            bandwidth,
+            overhead_columns=[[1.0] * len(decode), [float(p.num_layers) for p in decode], [float(p.batch) for p in decode]],
         )
         fields["decode_overhead_s"], fields["decode_overhead_s_per_layer"], fields["decode_overhead_s_per_seq"] = overheads
     return Efficiency(**fields)
@@ -244,8 +261,12 @@ def fit_errors(points: list[Point], eff: Efficiency, hardware: Hardware) -> dict
     def predict(p) -> float:
         if p.kind == "decode":
             compute = p.flops / (eff.prefill_flops * flops)
-            return (eff.decode_overhead_s + p.num_layers * eff.decode_overhead_s_per_layer + p.batch * eff.decode_overhead_s_per_seq
-                    + max(p.work / (eff.decode_bandwidth * bandwidth), compute))
+            return (
+                eff.decode_overhead_s
+                + p.num_layers * eff.decode_overhead_s_per_layer
+                + p.batch * eff.decode_overhead_s_per_seq
+                + max(p.work / (eff.decode_bandwidth * bandwidth), compute)
+            )
         linear = {
             "trainer": (eff.trainer_overhead_s, eff.trainer_overhead_s_per_row),
             "snapshot": (eff.snapshot_overhead_s, eff.snapshot_s_per_param),
@@ -262,7 +283,10 @@ def fit_errors(points: list[Point], eff: Efficiency, hardware: Hardware) -> dict
         factor, overhead = {
             "prefill": (eff.prefill_flops, p.num_layers * eff.prefill_overhead_s_per_layer + call),
             "train": (eff.train_flops, eff.train_overhead_s + p.tokens * p.num_layers * eff.train_overhead_s_per_token_layer),
-            "forward": (eff.forward_flops, eff.forward_overhead_s + p.tokens * p.num_layers * eff.forward_overhead_s_per_token_layer),
+            "forward": (
+                eff.forward_flops,
+                eff.forward_overhead_s + p.tokens * p.num_layers * eff.forward_overhead_s_per_token_layer,
+            ),
         }[p.kind]
         return overhead + p.work / (factor * flops)
 

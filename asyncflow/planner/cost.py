@@ -139,7 +139,9 @@ def decode_iteration_s(model: ModelShape, hw: Hardware, eff: Efficiency, tp: int
     memory_s = (weight_bytes + kv_bytes) / (hw.memory_bandwidth_bytes_per_s * eff.decode_bandwidth)
     compute_s = batch * model.forward_flops_per_token(context_tokens) / tp / (hw.peak_bf16_flops * eff.prefill_flops)
     comm_s = 2 * model.num_layers * allreduce_s(hw, eff, batch * model.hidden_size * DTYPE_BYTES, tp, inter_node=False)
-    overhead_s = eff.decode_overhead_s + model.num_layers * eff.decode_overhead_s_per_layer + batch * eff.decode_overhead_s_per_seq
+    overhead_s = (
+        eff.decode_overhead_s + model.num_layers * eff.decode_overhead_s_per_layer + batch * eff.decode_overhead_s_per_seq
+    )
     return max(memory_s, compute_s) + comm_s + overhead_s
 
 
@@ -172,7 +174,11 @@ def rollout_cost(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload,
     batch_cap = int(max(kv_free, 0) // (kv_token * wl.mean_seq_tokens))
     batch = max(1, min(batch_cap, seqs_per_instance, MAX_SEQS_PER_INSTANCE))
     role = RoleCost(
-        role="rollout", devices=devices, tp=tp, dp=instances, batch_per_instance=batch,
+        role="rollout",
+        devices=devices,
+        tp=tp,
+        dp=instances,
+        batch_per_instance=batch,
         memory_available_bytes=available,
         memory_bytes={"weights": weights, "workspace": workspace, "kv_cache": batch * kv_token * wl.mean_seq_tokens},
     )
@@ -224,7 +230,12 @@ def forward_cost(
     time_s += tokens / replicas * model.num_layers * eff.forward_overhead_s_per_token_layer
     time_s += num_mb * model.num_layers * 2 * allreduce_s(hw, eff, mb * model.hidden_size * DTYPE_BYTES, tp, False)
     cost = RoleCost(
-        role=role, devices=devices, tp=tp, dp=replicas, time_s=time_s, latency_s=time_s / max(num_mb, 1),
+        role=role,
+        devices=devices,
+        tp=tp,
+        dp=replicas,
+        time_s=time_s,
+        latency_s=time_s / max(num_mb, 1),
         memory_available_bytes=usable_memory(hw),
         memory_bytes={
             "weights": model.num_params * DTYPE_BYTES / tp,
@@ -236,7 +247,13 @@ def forward_cost(
 
 
 def train_cost(
-    model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, devices: int, tp: int, pp: int,
+    model: ModelShape,
+    hw: Hardware,
+    eff: Efficiency,
+    wl: Workload,
+    devices: int,
+    tp: int,
+    pp: int,
     with_reference: bool = False,
 ) -> RoleCost:
     """One optimizer step over the step's tokens (actor; + critic for PPO; + reference if colocated)."""
@@ -253,8 +270,10 @@ def train_cost(
     # FSDP over dp: bf16 all-gather in forward and backward per micro-batch, fp32 reduce-scatter once.
     shard_params = models_trained * model.num_params / (tp * pp)
     dp_inter = devices > hw.devices_per_node
-    gather_s = (num_mb * 2 * allreduce_s(hw, eff, shard_params * DTYPE_BYTES, dp, dp_inter) / 2
-                + allreduce_s(hw, eff, shard_params * 4, dp, dp_inter) / 2)
+    gather_s = (
+        num_mb * 2 * allreduce_s(hw, eff, shard_params * DTYPE_BYTES, dp, dp_inter) / 2
+        + allreduce_s(hw, eff, shard_params * 4, dp, dp_inter) / 2
+    )
     exposed_comm_s = max(0.0, gather_s - compute_s) + (hw.collective_latency_s if dp > 1 else 0.0)
     state_bytes = MODEL_STATE_BYTES_PER_PARAM * models_trained * model.num_params / devices
     optimizer_s = 3 * state_bytes / (hw.memory_bandwidth_bytes_per_s * eff.decode_bandwidth)
@@ -277,8 +296,15 @@ def train_cost(
         critic_fwd = forward_cost(model, hw, eff, wl, devices, tp, role="critic")
         time_s += critic_fwd.time_s
     cost = RoleCost(
-        role="train", devices=devices, tp=tp, pp=pp, dp=dp, time_s=time_s,
-        latency_s=time_s / num_mb + optimizer_s, memory_available_bytes=usable_memory(hw), memory_bytes=memory,
+        role="train",
+        devices=devices,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        time_s=time_s,
+        latency_s=time_s / num_mb + optimizer_s,
+        memory_available_bytes=usable_memory(hw),
+        memory_bytes=memory,
     )
     return _check_fit(cost)
 
@@ -321,8 +347,9 @@ def async_step(
     return StepCost(mode="async", staleness=staleness, step_s=stages[bottleneck], bottleneck=bottleneck, stage_s=stages)
 
 
-def sync_step(rollout: RoleCost, train: RoleCost, reference: RoleCost | None, transfer_s: float, mode: str = "sync",
-              extra_s: float = 0.0) -> StepCost:
+def sync_step(
+    rollout: RoleCost, train: RoleCost, reference: RoleCost | None, transfer_s: float, mode: str = "sync", extra_s: float = 0.0
+) -> StepCost:
     """Each phase waits for the previous one: generate (with the tail), reference, train, sync."""
     stages = {"rollout": rollout.time_s + rollout.tail_s, "train": train.time_s, "weight_sync": transfer_s + extra_s}
     if reference is not None:

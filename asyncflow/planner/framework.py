@@ -54,16 +54,23 @@ class CallCost(msgspec.Struct, kw_only=True, frozen=True):
 
 
 def generate_call(
-    model: ModelShape, hw: Hardware, eff: Efficiency, batch: int, prompt_tokens: float,
-    mean_response: float, longest_response: float,
+    model: ModelShape,
+    hw: Hardware,
+    eff: Efficiency,
+    batch: int,
+    prompt_tokens: float,
+    mean_response: float,
+    longest_response: float,
 ) -> CallCost:
     """One static-batch generate call of `batch` sequences on one device, until its longest stops."""
     from asyncflow.planner.cost import decode_iteration_s
 
     longest = max(1.0, longest_response)
     mean = min(max(1.0, mean_response), longest)
-    prefill_s = (batch * model.prefill_flops(max(1, round(prompt_tokens))) / (hw.peak_bf16_flops * eff.prefill_flops)
-                 + model.num_layers * eff.prefill_overhead_s_per_layer)
+    prefill_s = (
+        batch * model.prefill_flops(max(1, round(prompt_tokens))) / (hw.peak_bf16_flops * eff.prefill_flops)
+        + model.num_layers * eff.prefill_overhead_s_per_layer
+    )
     iterations = longest - 1
     decode_s = 0.0
     if iterations > 0:
@@ -104,6 +111,5 @@ def aux_cpu_s(eff: Efficiency, calls_per_step: int, reward_score_s: float) -> di
     """CPU seconds per step of our processes besides rollout and trainer: the reward
     actor (a unit per call: its score and asks) and the queue's processes (the server
     side of every ask of the step, taken as one ask's latency each)."""
-    asks = (calls_per_step * (ROLLOUT_CALL_ASKS + REWARD_UNIT_ASKS) + TRAINER_STEP_ASKS)
-    return {"reward": calls_per_step * (reward_score_s + REWARD_UNIT_ASKS * eff.queue_ask_s),
-            "queue": asks * eff.queue_ask_s}
+    asks = calls_per_step * (ROLLOUT_CALL_ASKS + REWARD_UNIT_ASKS) + TRAINER_STEP_ASKS
+    return {"reward": calls_per_step * (reward_score_s + REWARD_UNIT_ASKS * eff.queue_ask_s), "queue": asks * eff.queue_ask_s}

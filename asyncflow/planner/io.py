@@ -32,7 +32,9 @@ def _toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return "nan" if value != value else ("inf" if value == float("inf") else "-inf" if value == float("-inf") else repr(value))
+        return (
+            "nan" if value != value else ("inf" if value == float("inf") else "-inf" if value == float("-inf") else repr(value))
+        )
     if isinstance(value, int):
         return str(value)
     if isinstance(value, str):
@@ -125,8 +127,16 @@ def draw_timeline(runs: list[ModeRun], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def simulate_plan(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, plan, num_steps: int = 6,
-                  out_dir: str | Path | None = None, seed: int = 0) -> SimResult:
+def simulate_plan(
+    model: ModelShape,
+    hw: Hardware,
+    eff: Efficiency,
+    wl: Workload,
+    plan,
+    num_steps: int = 6,
+    out_dir: str | Path | None = None,
+    seed: int = 0,
+) -> SimResult:
     """Simulate one plan (`planner.simulate`); with ``out_dir``, write trace.json and timeline.png there."""
     from asyncflow.planner.simulate import chrome_trace, simulate_result, timeline_title
 

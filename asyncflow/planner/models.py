@@ -72,8 +72,14 @@ class ModelShape(msgspec.Struct, kw_only=True, frozen=True):
 
 def _qwen(name, layers, hidden, inter, heads, kv, vocab, tied) -> ModelShape:
     return ModelShape(
-        name=name, num_layers=layers, hidden_size=hidden, intermediate_size=inter,
-        num_attention_heads=heads, num_kv_heads=kv, vocab_size=vocab, tie_word_embeddings=tied,
+        name=name,
+        num_layers=layers,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_attention_heads=heads,
+        num_kv_heads=kv,
+        vocab_size=vocab,
+        tie_word_embeddings=tied,
     )
 
 
@@ -92,7 +98,9 @@ def shape_from_hf_config(cfg: dict, name: str, source: str) -> ModelShape:
     """The shape in a Hugging Face config (a decoder-only Llama/Qwen2-style one), already
     read into a dict; ``name`` if it has no ``_name_or_path``, ``source`` names it in errors.
     Reading the file: `planner.io.from_hf_config`."""
-    missing = [k for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if k not in cfg]
+    missing = [
+        k for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if k not in cfg
+    ]
     if missing:
         raise ValueError(f"{source} lacks {', '.join(missing)}: the planner needs a decoder-only (Llama/Qwen2-style) config")
     return ModelShape(

@@ -126,11 +126,17 @@ def decide(
         if best is None or after_s < best.predicted_step_s_after:
             gap = sum(o.rollout.busy_fraction - o.train.busy_fraction for o in window) / k
             best = MoveDecision(
-                from_role=from_role, to_role=to_role, num_workers=num, split_after=after,
-                predicted_step_s_before=before_s, predicted_step_s_after=after_s,
+                from_role=from_role,
+                to_role=to_role,
+                num_workers=num,
+                split_after=after,
+                predicted_step_s_before=before_s,
+                predicted_step_s_after=after_s,
                 predicted_gain=before_s / after_s - 1 if after_s > 0 else 0.0,
-                reason=(f"{from_role} waited on {to_role} for {k} steps (busy rollout - train = {gap:+.2f}, "
-                        f"threshold {policy.imbalance_threshold})"),
+                reason=(
+                    f"{from_role} waited on {to_role} for {k} steps (busy rollout - train = {gap:+.2f}, "
+                    f"threshold {policy.imbalance_threshold})"
+                ),
             )
     if best is None or best.predicted_gain < policy.min_gain:
         return None

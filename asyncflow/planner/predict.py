@@ -34,9 +34,18 @@ class ConfigInputs(msgspec.Struct, kw_only=True, frozen=True):
     reward_score_s: dict[str, float]  # "sync": one unit scoring a whole step; "async": one unit of rows as they come
 
 
-def predict(cfg, profile: Profile, inputs: ConfigInputs, cores: int, response_len: float | None = None,
-            num_steps: int = 20, longest_response_len: float | None = None, *, poll_s: float,
-            wake_on_announce: bool = ROLLOUT_WAKES_ON_ANNOUNCE) -> dict:
+def predict(
+    cfg,
+    profile: Profile,
+    inputs: ConfigInputs,
+    cores: int,
+    response_len: float | None = None,
+    num_steps: int = 20,
+    longest_response_len: float | None = None,
+    *,
+    poll_s: float,
+    wake_on_announce: bool = ROLLOUT_WAKES_ON_ANNOUNCE,
+) -> dict:
     """Predicted seconds per step of the run config `cfg` in sync and async mode, with the
     stage times, on `cores` cores from the calibrated `profile`.
 
@@ -54,8 +63,12 @@ def predict(cfg, profile: Profile, inputs: ConfigInputs, cores: int, response_le
     resp = min(response_len or longest, longest)
     batch = cfg.rollout.prompts_per_call * G
     wl = cost.Workload(
-        prompt_len_tokens=max(1, round(prompt)), response_len_tokens=max(1, round(resp)), max_response_len_tokens=cap,
-        prompts_per_step=cfg.train.prompts_per_step, samples_per_prompt=G, use_reference=cfg.algorithm.kl_coef > 0,
+        prompt_len_tokens=max(1, round(prompt)),
+        response_len_tokens=max(1, round(resp)),
+        max_response_len_tokens=cap,
+        prompts_per_step=cfg.train.prompts_per_step,
+        samples_per_prompt=G,
+        use_reference=cfg.algorithm.kl_coef > 0,
         use_critic=cfg.algorithm.name == "ppo",
     )
     # one call: a static batch, prefilled once, decoded until its longest sample ends; finished samples leave the batch
@@ -83,10 +96,20 @@ def predict(cfg, profile: Profile, inputs: ConfigInputs, cores: int, response_le
         "handoffs_s": 2 * eff.queue_handoff_s,
         "reward_score_s": score_s,
     }
-    out = {"model": model.name, "num_params": model.num_params, "prompt_tokens": prompt, "response_tokens": resp,
-           "longest_response_tokens": longest, "calls_per_step": C, "call_batch": batch, "cores": cores,
-           "call": {**msgspec.to_builtins(call), "time_s": call.time_s}, "engine_train_s": train.time_s,
-           "framework": framework_s, "modes": {}}
+    out = {
+        "model": model.name,
+        "num_params": model.num_params,
+        "prompt_tokens": prompt,
+        "response_tokens": resp,
+        "longest_response_tokens": longest,
+        "calls_per_step": C,
+        "call_batch": batch,
+        "cores": cores,
+        "call": {**msgspec.to_builtins(call), "time_s": call.time_s},
+        "engine_train_s": train.time_s,
+        "framework": framework_s,
+        "modes": {},
+    }
     for mode, k in (("sync", 0), ("async", cfg.workflow.staleness)):
         # processes share the cores: in sync the phases take turns (stretched only beyond the cores); in
         # async a stage shares the cores with the other side and the reward and queue processes as far as
@@ -97,13 +120,16 @@ def predict(cfg, profile: Profile, inputs: ConfigInputs, cores: int, response_le
         s_roll = s_train = 1.0 if mode == "sync" else workflow.contention(rollout_workers + train_threads, cores)
         for _ in range(8 if mode == "async" else 1):
             st = workflow.StageTimes(
-                call_s=call.time_s * f_roll * s_roll + framework_s["call_queue_s"], calls_per_step=C,
+                call_s=call.time_s * f_roll * s_roll + framework_s["call_queue_s"],
+                calls_per_step=C,
                 train_s=(train.time_s + framework_s["trainer_s"]) * f_train * s_train + framework_s["trainer_queue_s"],
                 publish_s=transfer_s + framework_s["snapshot_s"] * f_train * s_train + framework_s["publish_asks_s"],
                 fetch_s=transfer_s + framework.queue_s(eff, framework.FETCH_ASKS, 0),
                 swap_s=cost.weight_swap_s(model, hw, 1) + framework.queue_s(eff, framework.SWAP_ASKS, 0),
-                reward_s=((ref.time_s if mode == "sync" else ref.latency_s) if ref else 0.0) + framework_s["reward_queue_s"]
-                + framework_s["handoffs_s"] + score_s[mode],
+                reward_s=((ref.time_s if mode == "sync" else ref.latency_s) if ref else 0.0)
+                + framework_s["reward_queue_s"]
+                + framework_s["handoffs_s"]
+                + score_s[mode],
                 poll_s=poll_s + framework.queue_s(eff, framework.POLL_ASKS, 0),
                 wake_on_announce=wake_on_announce,
             )
@@ -112,20 +138,27 @@ def predict(cfg, profile: Profile, inputs: ConfigInputs, cores: int, response_le
             if mode == "async":
                 # the other side, and the reward and queue processes, runnable part of the time beside a stage
                 aux = [v / sim.step_s for v in framework.aux_cpu_s(eff, C, score_s["async"]).values()]
-                s_roll = (framework.corun_stretch(eff, sim.train_busy)
-                          * framework.shared_core_stretch([sim.train_busy] * train_threads
-                                                          + [sim.rollout_busy] * (rollout_workers - 1) + aux, cores))
-                s_train = (framework.corun_stretch(eff, sim.rollout_busy)
-                           * framework.shared_core_stretch([sim.rollout_busy] * rollout_workers
-                                                           + [sim.train_busy] * (train_threads - 1) + aux, cores))
+                s_roll = framework.corun_stretch(eff, sim.train_busy) * framework.shared_core_stretch(
+                    [sim.train_busy] * train_threads + [sim.rollout_busy] * (rollout_workers - 1) + aux, cores
+                )
+                s_train = framework.corun_stretch(eff, sim.rollout_busy) * framework.shared_core_stretch(
+                    [sim.rollout_busy] * rollout_workers + [sim.train_busy] * (train_threads - 1) + aux, cores
+                )
         out["modes"][mode] = {
-            "predicted_step_s": sim.step_s, "predicted_samples_per_s": wl.num_samples / sim.step_s,
-            "stages": msgspec.to_builtins(st), "contention": {"rollout": f_roll * used[0], "train": f_train * used[1]},
-            "num_polls": sim.num_polls, "staleness": k,
+            "predicted_step_s": sim.step_s,
+            "predicted_samples_per_s": wl.num_samples / sim.step_s,
+            "stages": msgspec.to_builtins(st),
+            "contention": {"rollout": f_roll * used[0], "train": f_train * used[1]},
+            "num_polls": sim.num_polls,
+            "staleness": k,
             # the analytical bound without the workflow's mechanics, for comparison
-            "analytical_step_s": (cost.sync_step(_role(C * st.call_s / replicas, replicas), _role(st.train_s, 1), None, transfer_s)
-                                  if k == 0 else cost.async_step(_role(C * st.call_s / replicas, replicas),
-                                                                 _role(st.train_s, 1), None, transfer_s, st.swap_s, k)).step_s,
+            "analytical_step_s": (
+                cost.sync_step(_role(C * st.call_s / replicas, replicas), _role(st.train_s, 1), None, transfer_s)
+                if k == 0
+                else cost.async_step(
+                    _role(C * st.call_s / replicas, replicas), _role(st.train_s, 1), None, transfer_s, st.swap_s, k
+                )
+            ).step_s,
         }
     return out
 

@@ -99,8 +99,14 @@ def _pp_options(model: ModelShape) -> list[int]:
 def _infeasible(cost: RoleCost) -> Infeasible:
     need, have = cost.peak_memory_bytes, cost.memory_available_bytes
     return Infeasible(
-        role=cost.role, devices=cost.devices, tp=cost.tp, pp=cost.pp, needed_bytes=need,
-        available_bytes=have, short_bytes=need - have, reason=cost.reason,
+        role=cost.role,
+        devices=cost.devices,
+        tp=cost.tp,
+        pp=cost.pp,
+        needed_bytes=need,
+        available_bytes=have,
+        short_bytes=need - have,
+        reason=cost.reason,
     )
 
 
@@ -113,22 +119,31 @@ def _best(candidates: list[RoleCost], score, infeasible: list[Infeasible]) -> Ro
     return None
 
 
-def _plan(mode: str, step: StepCost, rollout: RoleCost, train: RoleCost, reference: RoleCost | None,
-          wl: Workload) -> Plan:
+def _plan(mode: str, step: StepCost, rollout: RoleCost, train: RoleCost, reference: RoleCost | None, wl: Workload) -> Plan:
     memory = {"rollout": rollout.peak_memory_bytes, "train": train.peak_memory_bytes}
     if reference is not None:
         memory["reference"] = reference.peak_memory_bytes
     samples_per_s = wl.num_samples / step.step_s
     return Plan(
-        mode=mode, staleness=step.staleness,
-        rollout_devices=rollout.devices, rollout_tp=rollout.tp, rollout_instances=rollout.devices // rollout.tp,
+        mode=mode,
+        staleness=step.staleness,
+        rollout_devices=rollout.devices,
+        rollout_tp=rollout.tp,
+        rollout_instances=rollout.devices // rollout.tp,
         rollout_batch_per_instance=rollout.batch_per_instance,
-        train_devices=train.devices, train_tp=train.tp, train_pp=train.pp, train_dp=train.dp,
+        train_devices=train.devices,
+        train_tp=train.tp,
+        train_pp=train.pp,
+        train_dp=train.dp,
         reference_devices=reference.devices if reference is not None else 0,
         reference_tp=reference.tp if reference is not None else train.tp,
-        predicted_step_s=step.step_s, predicted_samples_per_s=samples_per_s,
-        predicted_tokens_per_s=samples_per_s * wl.mean_seq_tokens, bottleneck=step.bottleneck,
-        stage_s=step.stage_s, peak_memory_bytes=max(memory.values()), memory_bytes=memory,
+        predicted_step_s=step.step_s,
+        predicted_samples_per_s=samples_per_s,
+        predicted_tokens_per_s=samples_per_s * wl.mean_seq_tokens,
+        bottleneck=step.bottleneck,
+        stage_s=step.stage_s,
+        peak_memory_bytes=max(memory.values()),
+        memory_bytes=memory,
     )
 
 
@@ -149,6 +164,7 @@ class _Roles:
         if key not in self._rollout:
             k = self.wl.staleness
             cands = [rollout_cost(self.model, self.hw, self.eff, self.wl, devices, tp) for tp in self.tps if devices % tp == 0]
+
             def score(c: RoleCost) -> float:
                 if mode == "async":
                     return max(c.time_s + weight_swap_s(self.model, self.hw, c.tp), (c.time_s + c.tail_s) / (k + 1))
@@ -163,7 +179,9 @@ class _Roles:
         if key not in self._train:
             cands = [
                 train_cost(self.model, self.hw, self.eff, self.wl, devices, tp, pp, with_reference)
-                for tp in self.tps for pp in self.pps if devices % (tp * pp) == 0
+                for tp in self.tps
+                for pp in self.pps
+                if devices % (tp * pp) == 0
             ]
             self._train[key] = _best(cands, lambda c: c.time_s, self.infeasible)
         return self._train[key]
@@ -208,8 +226,14 @@ def search(
             if rollout is None or train is None:
                 num_infeasible += 1
                 continue
-            step = async_step(rollout, train, reference, weight_transfer_s(model, hw, eff, rollout.tp),
-                              weight_swap_s(model, hw, rollout.tp), wl.staleness)
+            step = async_step(
+                rollout,
+                train,
+                reference,
+                weight_transfer_s(model, hw, eff, rollout.tp),
+                weight_swap_s(model, hw, rollout.tp),
+                wl.staleness,
+            )
             scored.append((step.step_s, rollout_devices, ref_devices))
             rollout_sync = roles.rollout(rollout_devices, "sync")
             assert rollout_sync is not None  # the async rollout fits on these devices, so the sync one does
@@ -223,8 +247,14 @@ def search(
         reference = roles.reference(ref_devices) if ref_devices else None
         train = roles.train(num_devices - rollout_devices - ref_devices, with_reference=use_ref and not ref_devices)
         assert rollout is not None and train is not None  # this split was scored above, so it is feasible
-        step = async_step(rollout, train, reference, weight_transfer_s(model, hw, eff, rollout.tp),
-                          weight_swap_s(model, hw, rollout.tp), wl.staleness)
+        step = async_step(
+            rollout,
+            train,
+            reference,
+            weight_transfer_s(model, hw, eff, rollout.tp),
+            weight_swap_s(model, hw, rollout.tp),
+            wl.staleness,
+        )
         plans.append(_plan("async", step, rollout, train, reference, wl))
     sync_plan = None
     if sync_best is not None:
@@ -236,8 +266,13 @@ def search(
         step = sync_step(rollout, train, reference, weight_transfer_s(model, hw, eff, rollout.tp))
         sync_plan = _plan("sync", step, rollout, train, reference, wl)
     return SearchResult(
-        plans=plans, sync=sync_plan, colocated=colocated_plan(roles, num_devices), infeasible=roles.infeasible,
-        num_splits=num_splits, num_infeasible_splits=num_infeasible, granularity=g,
+        plans=plans,
+        sync=sync_plan,
+        colocated=colocated_plan(roles, num_devices),
+        infeasible=roles.infeasible,
+        num_splits=num_splits,
+        num_infeasible_splits=num_infeasible,
+        granularity=g,
     )
 
 
@@ -263,8 +298,9 @@ def colocated_plan(roles: _Roles, num_devices: int) -> Plan | None:
     if rollout is None or train is None:
         return None
     extra = offload_s(model, hw, num_devices, wl.use_critic)
-    step = sync_step(rollout, train, None, weight_transfer_s(model, hw, eff, rollout.tp, colocated=True),
-                     mode="colocated", extra_s=extra)
+    step = sync_step(
+        rollout, train, None, weight_transfer_s(model, hw, eff, rollout.tp, colocated=True), mode="colocated", extra_s=extra
+    )
     return _plan("colocated", step, rollout, train, None, wl)
 
 

@@ -31,7 +31,10 @@ def bound_s(work_r: float, work_t: float, replicas: int, train_threads: int, cor
 
 
 def decide(
-    history: Sequence[StepObservation], split: Split, cores: int, max_replicas: int,
+    history: Sequence[StepObservation],
+    split: Split,
+    cores: int,
+    max_replicas: int,
     policy: OnlinePolicy | None = None,
 ) -> MoveDecision | None:
     """Add or remove one rollout replica at the next step boundary, or None.
@@ -55,12 +58,20 @@ def decide(
     if gain < policy.min_gain:
         return None
     gap = sum(o.rollout.busy_fraction - o.train.busy_fraction for o in window) / k
-    what = (f"trainer idle, rollout busy for {k} steps (busy rollout - train = {gap:+.2f}): another replica "
-            f"runs on the core time the trainer leaves ({cores} cores shared)" if to_role == "rollout" else
-            f"rollout waited on training for {k} steps (busy rollout - train = {gap:+.2f}): one replica fewer "
-            f"leaves its core to the trainer ({cores} cores shared)")
+    what = (
+        f"trainer idle, rollout busy for {k} steps (busy rollout - train = {gap:+.2f}): another replica "
+        f"runs on the core time the trainer leaves ({cores} cores shared)"
+        if to_role == "rollout"
+        else f"rollout waited on training for {k} steps (busy rollout - train = {gap:+.2f}): one replica fewer "
+        f"leaves its core to the trainer ({cores} cores shared)"
+    )
     return MoveDecision(
-        from_role="train" if to_role == "rollout" else "rollout", to_role=to_role, num_workers=1,
-        split_after=Split(rollout_workers=R_after, train_workers=T), predicted_step_s_before=step_s,
-        predicted_step_s_after=after_s, predicted_gain=gain, reason=what,
+        from_role="train" if to_role == "rollout" else "rollout",
+        to_role=to_role,
+        num_workers=1,
+        split_after=Split(rollout_workers=R_after, train_workers=T),
+        predicted_step_s_before=step_s,
+        predicted_step_s_after=after_s,
+        predicted_gain=gain,
+        reason=what,
     )

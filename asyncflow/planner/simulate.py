@@ -98,9 +98,14 @@ def _costs(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, plan)
         ref = forward_cost(model, hw, eff, wl, plan.reference_devices, plan.reference_tp)
         ref_rate = ref.time_s / tokens
     return _Costs(
-        instances=instances, batch=rollout.batch_per_instance, t_iter_s=t_iter,
-        prefill_per_sample_s=max(prefill, 0.0), ref_s_per_token=ref_rate, train_s_per_token=train.time_s / tokens,
-        transfer_s=weight_transfer_s(model, hw, eff, plan.rollout_tp), swap_s=weight_swap_s(model, hw, plan.rollout_tp),
+        instances=instances,
+        batch=rollout.batch_per_instance,
+        t_iter_s=t_iter,
+        prefill_per_sample_s=max(prefill, 0.0),
+        ref_s_per_token=ref_rate,
+        train_s_per_token=train.time_s / tokens,
+        transfer_s=weight_transfer_s(model, hw, eff, plan.rollout_tp),
+        swap_s=weight_swap_s(model, hw, plan.rollout_tp),
     )
 
 
@@ -164,8 +169,15 @@ def _run(c: _Costs, wl: Workload, lengths: np.ndarray, staleness: int | None) ->
             last_end[inst] = max(last_end[inst], start + dur)
             done.append((start + dur, wl.prompt_len_tokens + int(lengths[step, i])))
         for inst in range(min(c.instances, MAX_TRACE_INSTANCES)):
-            spans.append(Span(lane=f"rollout {inst}", name=f"generate step {step}", start_s=first_start[inst],
-                              end_s=last_end[inst], step=step))
+            spans.append(
+                Span(
+                    lane=f"rollout {inst}",
+                    name=f"generate step {step}",
+                    start_s=first_start[inst],
+                    end_s=last_end[inst],
+                    step=step,
+                )
+            )
         rollout_end = max(t for t, _ in done)
         done.sort()
         if staleness is None:  # each phase waits for the whole previous one
@@ -194,9 +206,13 @@ def _run(c: _Costs, wl: Workload, lengths: np.ndarray, staleness: int | None) ->
     total = available[-1]
     step_s = (train_end[-1] - train_end[0]) / (num_steps - 1) if num_steps > 1 else train_end[0]
     return ModeRun(
-        mode="sync" if staleness is None else "async", step_s=step_s, total_s=total, train_end_s=train_end,
+        mode="sync" if staleness is None else "async",
+        step_s=step_s,
+        total_s=total,
+        train_end_s=train_end,
         rollout_busy_fraction=busy_slot_s / (total * c.instances * c.batch),
-        train_busy_fraction=train_busy / total, spans=_merge(spans),
+        train_busy_fraction=train_busy / total,
+        spans=_merge(spans),
         rollout_busy_series=_occupancy(intervals, c.instances * c.batch, total),
     )
 
@@ -210,8 +226,9 @@ def _occupancy(intervals: list[tuple[float, float]], num_slots: int, horizon_s: 
     return [(float(t), float(b) / num_slots) for t, b in zip(grid, started - ended)]
 
 
-def simulate(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, plan, num_steps: int = 6,
-             seed: int = 0) -> tuple[ModeRun, ModeRun]:
+def simulate(
+    model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, plan, num_steps: int = 6, seed: int = 0
+) -> tuple[ModeRun, ModeRun]:
     """Run the plan synchronously and with its staleness (at least 1) on the same lengths."""
     if num_steps < 2:
         raise ValueError("simulate at least 2 steps (the step time is measured between step ends)")
@@ -231,13 +248,29 @@ def chrome_trace(runs: list[ModeRun]) -> dict:
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": lane}})
         tids = {lane: tid for tid, lane in enumerate(lanes, 1)}
         for s in run.spans:
-            events.append({
-                "name": s.name, "cat": s.lane.split()[0], "ph": "X", "pid": pid, "tid": tids[_trace_lane(s)],
-                "ts": s.start_s * 1e6, "dur": max(s.end_s - s.start_s, 0.0) * 1e6, "args": {"step": s.step},
-            })
+            events.append(
+                {
+                    "name": s.name,
+                    "cat": s.lane.split()[0],
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": tids[_trace_lane(s)],
+                    "ts": s.start_s * 1e6,
+                    "dur": max(s.end_s - s.start_s, 0.0) * 1e6,
+                    "args": {"step": s.step},
+                }
+            )
         for t, frac in run.rollout_busy_series:
-            events.append({"name": "rollout slots busy", "ph": "C", "pid": pid, "tid": 0, "ts": t * 1e6,
-                           "args": {"percent": round(100 * frac, 2)}})
+            events.append(
+                {
+                    "name": "rollout slots busy",
+                    "ph": "C",
+                    "pid": pid,
+                    "tid": 0,
+                    "ts": t * 1e6,
+                    "args": {"percent": round(100 * frac, 2)},
+                }
+            )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
@@ -247,17 +280,24 @@ def _trace_lane(span: Span) -> str:
     return span.lane
 
 
-def simulate_result(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, plan, num_steps: int = 6,
-                    seed: int = 0) -> tuple[SimResult, list[ModeRun]]:
+def simulate_result(
+    model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, plan, num_steps: int = 6, seed: int = 0
+) -> tuple[SimResult, list[ModeRun]]:
     """The summary of one plan's simulation, and its two runs (sync, then async) for the trace."""
     sync, streaming = simulate(model, hw, eff, wl, plan, num_steps, seed)
     result = SimResult(
-        num_steps=num_steps, staleness=max(1, wl.staleness), sync_step_s=sync.step_s, async_step_s=streaming.step_s,
-        sync_rollout_busy_fraction=sync.rollout_busy_fraction, async_rollout_busy_fraction=streaming.rollout_busy_fraction,
+        num_steps=num_steps,
+        staleness=max(1, wl.staleness),
+        sync_step_s=sync.step_s,
+        async_step_s=streaming.step_s,
+        sync_rollout_busy_fraction=sync.rollout_busy_fraction,
+        async_rollout_busy_fraction=streaming.rollout_busy_fraction,
     )
     return result, [sync, streaming]
 
 
 def timeline_title(model: ModelShape, hw: Hardware, plan) -> str:
-    return (f"{model.name} on {plan.rollout_devices}+{plan.train_devices}+{plan.reference_devices} x {hw.name}: "
-            f"rollout / train / reference")
+    return (
+        f"{model.name} on {plan.rollout_devices}+{plan.train_devices}+{plan.reference_devices} x {hw.name}: "
+        f"rollout / train / reference"
+    )

@@ -73,7 +73,7 @@ def simulate(st: StageTimes, num_replicas: int, staleness: int, num_steps: int) 
     def advance_trainer() -> None:
         while len(train_end) < num_steps:
             s = len(train_end)
-            ends = call_end[s * C:(s + 1) * C]
+            ends = call_end[s * C : (s + 1) * C]
             done = [e for e in ends if e is not None]
             if len(done) < len(ends):
                 return
@@ -112,7 +112,8 @@ def simulate(st: StageTimes, num_replicas: int, staleness: int, num_steps: int) 
     span = train_end[-1] - train_start[0]
     return WorkflowResult(
         step_s=span / num_steps if num_steps > 1 else train_end[-1] - train_start[0],
-        train_end_s=train_end, num_polls=polls,
+        train_end_s=train_end,
+        num_polls=polls,
         rollout_busy=min(1.0, busy_r / num_replicas / max(train_end[-1], 1e-12)),
         train_busy=min(1.0, num_steps * (st.train_s + st.publish_s) / max(train_end[-1], 1e-12)),
     )

@@ -21,8 +21,13 @@ def policy_update(model_dir: Path, changes: dict[str, dict[str, Any]]) -> Policy
     return PolicyUpdate(SimpleNamespace(config=cfg, launch=launch))
 
 
-def columns(prompts: list[list[int]], responses: list[list[int]], rewards: list[float],
-            rollout_logp: list[list[float]], ref_logp: list[list[float]] | None = None) -> dict[str, list]:
+def columns(
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    rewards: list[float],
+    rollout_logp: list[list[float]],
+    ref_logp: list[list[float]] | None = None,
+) -> dict[str, list]:
     """Rows as the trainer reads them from the queue."""
     out = {
         "prompt_ids": [np.array(p, dtype=np.int64) for p in prompts],

@@ -8,14 +8,16 @@ from asyncflow.actors._batching import token_batch
 
 
 def test_several_epochs_on_one_batch_clip_the_ratio_against_the_policy_before_the_update(tiny_model_dir):
-    policy = policy_update(tiny_model_dir, {"algorithm": {"epochs": 4, "clip_eps": 0.2, "clip_against": "proximal"},
-                                            "train.engine": {"lr": 3e-3, "grad_clip": 0.0}})
+    policy = policy_update(
+        tiny_model_dir,
+        {"algorithm": {"epochs": 4, "clip_eps": 0.2, "clip_against": "proximal"}, "train.engine": {"lr": 3e-3, "grad_clip": 0.0}},
+    )
     prompts = [[8, 9, 10], [8, 9, 10], [11, 12, 13], [11, 12, 13]]
     responses = [[14, 15, 16, 2], [17, 18, 19, 2], [20, 21, 22, 2], [23, 24, 25, 2]]
     tb, starts = token_batch(prompts, responses)
     before_BT = policy.engine.forward(tb, temperature=policy.temperature).logp
     # The rollout sampled with the trainer's own weights: mu = pi_old.
-    mu = [before_BT[b, s:s + len(r)].tolist() for b, (s, r) in enumerate(zip(starts, responses))]
+    mu = [before_BT[b, s : s + len(r)].tolist() for b, (s, r) in enumerate(zip(starts, responses))]
     epochs, train_step = [], policy.engine.train_step
 
     def recording_train_step(batch, loss_fn, temperature=1.0):

@@ -68,7 +68,9 @@ def test_critic_loss_clips_values_around_rollout_values():
         returns=torch.tensor([[2.0, 0.0]]),
         old_values=torch.tensor([[0.5, 0.5]]),
     )
-    loss, _ = critic_loss_fn(PPOConfig(value_clip=0.2))(ForwardOutput(logp=torch.zeros(1, 2), values=values), mb, LossContext(2, 1))
+    loss, _ = critic_loss_fn(PPOConfig(value_clip=0.2))(
+        ForwardOutput(logp=torch.zeros(1, 2), values=values), mb, LossContext(2, 1)
+    )
     assert loss.item() == pytest.approx((0.845 + 0.18) / 2)
 
 

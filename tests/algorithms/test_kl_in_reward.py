@@ -26,11 +26,17 @@ def test_grpo_with_kl_in_reward_penalises_the_row_that_strays_from_the_reference
     # Row 1 was sampled at log-prob log(0.5) where the reference gives log(0.25) (k1 KL
     # log 2 per token, 2 tokens); row 0 agrees with the reference.
     half, quarter = math.log(0.5), math.log(0.25)
-    cols = columns([[8, 9], [8, 9]], [[10, 11], [12, 13]], [1.0, 1.0],
-                   rollout_logp=[[half, half], [half, half]], ref_logp=[[half, half], [quarter, quarter]])
+    cols = columns(
+        [[8, 9], [8, 9]],
+        [[10, 11], [12, 13]],
+        [1.0, 1.0],
+        rollout_logp=[[half, half], [half, half]],
+        ref_logp=[[half, half], [quarter, quarter]],
+    )
     coef = 0.1
-    policy = policy_update(tiny_model_dir, {"algorithm": {"kl_coef": coef, "kl_in_reward": True, "kl_estimator": "k1",
-                                                           "std_normalize": False}})
+    policy = policy_update(
+        tiny_model_dir, {"algorithm": {"kl_coef": coef, "kl_in_reward": True, "kl_estimator": "k1", "std_normalize": False}}
+    )
     adv_BT, mask_BT, metrics = advantages_of_one_step(policy, cols, [0, 0])
     seq_kl = 2 * math.log(2)
     # Rewards 1 and 1 - coef * seq_kl, centred on their mean (Dr. GRPO: no std division).

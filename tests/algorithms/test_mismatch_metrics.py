@@ -17,7 +17,7 @@ def test_a_step_reports_the_mismatch_of_its_data_before_any_update(tiny_model_di
     tb, starts = token_batch(PROMPTS, RESPONSES)
     prox_BT = policy.engine.forward(tb, temperature=policy.temperature).logp
     # The rollout gave every sampled token half the trainer's probability: pi_prox / mu = 2.
-    mu = [(prox_BT[b, s:s + len(r)] - math.log(2)).tolist() for b, (s, r) in enumerate(zip(starts, RESPONSES))]
+    mu = [(prox_BT[b, s : s + len(r)] - math.log(2)).tolist() for b, (s, r) in enumerate(zip(starts, RESPONSES))]
     metrics = policy.train(columns(PROMPTS, RESPONSES, [1.0, 0.0, 0.0, 1.0], mu), [0, 0, 1, 1])
     for name in ("ratio_p05", "ratio_p50", "ratio_p95"):
         assert metrics[name] == pytest.approx(2.0, rel=1e-4)
@@ -31,7 +31,8 @@ def test_the_algorithm_section_sets_the_weight_level_and_the_mask():
     from asyncflow.actors._policy import loss_config
     from asyncflow.config.run import load_config_text
 
-    alg = load_config_text(tiny_config_text({"algorithm": {"is_level": "sequence", "is_mask_low": 0.5,
-                                                           "is_mask_high": 2.0}})).algorithm
+    alg = load_config_text(
+        tiny_config_text({"algorithm": {"is_level": "sequence", "is_mask_low": 0.5, "is_mask_high": 2.0}})
+    ).algorithm
     cfg = loss_config(alg)
     assert (cfg.is_level, cfg.is_mask_low, cfg.is_mask_high) == ("sequence", 0.5, 2.0)

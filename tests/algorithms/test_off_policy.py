@@ -121,8 +121,10 @@ def test_mismatch_figures_summed_over_micro_batches_are_the_step_means():
     loss_fn = policy_loss_fn(PolicyLossConfig(is_mask_low=0.5, is_mask_high=2.0))
     step = LossContext(num_tokens=2, num_seqs=2)
     # Micro-batch 1: ratio 4 (masked); micro-batch 2: ratio 1.
-    parts = [one_row([math.log(0.8)], advantages=[1.0], rollout_logp=[math.log(0.2)]),
-             one_row([math.log(0.5)], advantages=[1.0], rollout_logp=[math.log(0.5)])]
+    parts = [
+        one_row([math.log(0.8)], advantages=[1.0], rollout_logp=[math.log(0.2)]),
+        one_row([math.log(0.5)], advantages=[1.0], rollout_logp=[math.log(0.5)]),
+    ]
     figures = [loss_fn(out, mb, step)[1] for out, mb in parts]
     assert sum(f["is_masked_frac"] for f in figures) == pytest.approx(0.5)
     assert sum(f["mismatch_kl"] for f in figures) == pytest.approx((3 - math.log(4)) / 2)
@@ -132,9 +134,13 @@ def test_the_loss_hands_each_response_tokens_log_ratio_to_a_sink_for_quantiles()
     sink: list[torch.Tensor] = []
     loss_fn = policy_loss_fn(PolicyLossConfig(), log_ratio_sink=sink)
     out = ForwardOutput(logp=torch.log(torch.tensor([[0.5, 0.5, 0.5]])))
-    mb = TokenBatch(input_ids=torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 3, dtype=torch.long),
-                    response_mask=torch.tensor([[0.0, 1.0, 1.0]]), advantages=torch.zeros(1, 3),
-                    rollout_logp=torch.log(torch.tensor([[0.5, 0.25, 0.5]])))
+    mb = TokenBatch(
+        input_ids=torch.zeros(1, 3, dtype=torch.long),
+        attention_mask=torch.ones(1, 3, dtype=torch.long),
+        response_mask=torch.tensor([[0.0, 1.0, 1.0]]),
+        advantages=torch.zeros(1, 3),
+        rollout_logp=torch.log(torch.tensor([[0.5, 0.25, 0.5]])),
+    )
     loss_fn(out, mb, LossContext(num_tokens=2, num_seqs=1))
     assert torch.cat(sink).exp().tolist() == pytest.approx([2.0, 1.0])
 

@@ -24,7 +24,15 @@ def test_exact_match_ignores_surrounding_whitespace_only():
 
 
 def test_math_answer_compares_numbers_fractions_and_boxed_answers():
-    responses = ["so \\boxed{\\frac{3}{4}}", "the answer is 0.75.", "total 1,000", "\\boxed{-2}", "7 then 8", "\\boxed{3/4}", "none"]
+    responses = [
+        "so \\boxed{\\frac{3}{4}}",
+        "the answer is 0.75.",
+        "total 1,000",
+        "\\boxed{-2}",
+        "7 then 8",
+        "\\boxed{3/4}",
+        "none",
+    ]
     answers = ["3/4", "\\frac{3}{4}", "1000", "-2", "8", "0.75", "1"]
     assert score(math_answer, responses, answers) == [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0]
     assert score(math_answer, ["\\boxed{2}", "3/0"], ["3", "1"]) == [0.0, 0.0]

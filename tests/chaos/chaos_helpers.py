@@ -62,7 +62,10 @@ class ChaosRun:
         self.marks.mkdir(exist_ok=True)
         changes = {"reward": {"functions": ["chaos_rewards:switchable"]}, **self.changes}
         config = write_config(
-            self.tmp_path, num_steps=self.num_steps, checkpoint_every=CHECKPOINT_EVERY, changes=changes,
+            self.tmp_path,
+            num_steps=self.num_steps,
+            checkpoint_every=CHECKPOINT_EVERY,
+            changes=changes,
             extra=f'[cluster]\npython_path = ["{HERE}"]\nmax_resumes = 2\nrestart_backoff_s = 0.2\n{self.extra_cluster}',
         )
         self.proc = self._afctl("up", str(config), "--run-dir", str(self.run_dir))
@@ -112,8 +115,9 @@ class ChaosRun:
             if value:
                 return value
             if self.proc.poll() is not None:
-                raise AssertionError(self.why(f"the run exited ({self.proc.returncode}) before {what}:\n"
-                                              f"{self.proc.stdout.read()}"))
+                raise AssertionError(
+                    self.why(f"the run exited ({self.proc.returncode}) before {what}:\n{self.proc.stdout.read()}")
+                )
             time.sleep(0.02)
         raise AssertionError(self.why(f"no {what} within {timeout_s} s"))
 
@@ -172,10 +176,10 @@ class ChaosRun:
         self.pids.update(child_hosts(self.proc.pid).values())
         alive = [pid for pid in self.pids if _alive(pid)]
         names = [str(self.run_dir)] + _ipc_dirs(self.run_dir)
-        strays = [pid for pid in _all_pids() if pid != os.getpid() and _alive(pid)
-                  and any(n in _cmdline(pid) for n in names)]
-        assert not alive and not strays, self.why(f"left behind: hosts {alive}, others {strays} "
-                                                  f"({[_cmdline(p) for p in alive + strays]})")
+        strays = [pid for pid in _all_pids() if pid != os.getpid() and _alive(pid) and any(n in _cmdline(pid) for n in names)]
+        assert not alive and not strays, self.why(
+            f"left behind: hosts {alive}, others {strays} ({[_cmdline(p) for p in alive + strays]})"
+        )
 
 
 def _ipc_dirs(run_dir: Path) -> list[str]:

@@ -18,7 +18,8 @@ from chaos_helpers import ChaosRun, rng_for
 pytestmark = pytest.mark.chaos
 
 _spec = importlib.util.spec_from_file_location(
-    "fuzz_frames", Path(__file__).resolve().parents[1] / "core" / "test_fuzz_listeners.py")
+    "fuzz_frames", Path(__file__).resolve().parents[1] / "core" / "test_fuzz_listeners.py"
+)
 fuzz = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fuzz)  # its frame generator (_fuzz_frame), one source for both
 

@@ -21,8 +21,7 @@ KINDS = ["rollout.0", "reward.0", "loader", "queue", "shard.0", "trainer"]
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("host,seed", [("rollout.0", 100)]
-                         + [(h, 110 + i) for i, h in enumerate(KINDS)], ids=lambda v: str(v))
+@pytest.mark.parametrize("host,seed", [("rollout.0", 100)] + [(h, 110 + i) for i, h in enumerate(KINDS)], ids=lambda v: str(v))
 def test_a_process_killed_at_a_random_moment_leaves_every_group_trained_exactly_once(tmp_path, host, seed):
     rng = rng_for(seed)
     step, delay_s = rng.randint(3, NUM_STEPS - 2), rng.uniform(0.0, 1.5)  # after step_000002 is saved
@@ -32,8 +31,9 @@ def test_a_process_killed_at_a_random_moment_leaves_every_group_trained_exactly_
     run.kill(host)
     out = run.finish()
     # a restartable worker: "rollout.0 exited with code -9"; any other: "process 'queue' (queue) exited ..."
-    assert re.search(rf"{re.escape(host)}'?( \(\w+\))? exited with code -9", out), \
-        run.why(f"step {step} + {delay_s:.2f} s:\n{out}")
+    assert re.search(rf"{re.escape(host)}'?( \(\w+\))? exited with code -9", out), run.why(
+        f"step {step} + {delay_s:.2f} s:\n{out}"
+    )
 
 
 @pytest.mark.timeout(300)
@@ -56,15 +56,13 @@ def test_a_process_killed_during_a_weight_sync_leaves_every_group_trained_exactl
     sync = rng_for(seed).randint(3, NUM_STEPS - 2)  # the rollout's n-th weight load (hooks/sitecustomize.py)
     run = ChaosRun(tmp_path, seed, env={"AF_CHAOS_HOLD_S": "0.5"}).start()
     run.wait_for_step(3)  # a checkpoint to resume from
-    run.wait_until(f"weight sync {sync}", lambda: any(int(p.name.rsplit(".", 1)[1]) >= sync
-                                                       for p in run.marks.glob("sync.*")))
+    run.wait_until(f"weight sync {sync}", lambda: any(int(p.name.rsplit(".", 1)[1]) >= sync for p in run.marks.glob("sync.*")))
     run.kill(host)  # the rollout holds 0.5 s inside load_weights: the sync is in progress
     run.finish()
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("host,seed", [("trainer", 400), ("rollout.0", 401), ("shard.0", 402)],
-                         ids=lambda v: str(v))
+@pytest.mark.parametrize("host,seed", [("trainer", 400), ("rollout.0", 401), ("shard.0", 402)], ids=lambda v: str(v))
 def test_a_process_killed_during_a_checkpoint_leaves_every_group_trained_exactly_once(tmp_path, host, seed):
     step = 2 * rng_for(seed).randint(2, NUM_STEPS // 2 - 1)  # a checkpoint after the first one
     run = ChaosRun(tmp_path, seed, env={"AF_CHAOS_HOLD_S": "1.0"}).start()

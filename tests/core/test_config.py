@@ -11,22 +11,33 @@ from asyncflow.config.run import ConfigError, config_markdown, load_config, load
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("text,message", [
-    ('[workflow]\nmode = "fast"', "workflow.mode: Invalid enum value 'fast'; use one of 'sync', 'async'"),
-    ("[workflow]\nstalenes = 2", "workflow.stalenes: unknown key; did you mean 'staleness'?"),
-    ('[rollout.engine]\nkv_cache_bytes = "x"', "rollout.engine.kv_cache_bytes: Expected `int | null`, got `str`"),
-    ("[algorithm]\ngroup_size = 1", "algorithm.group_size = 1: GRPO needs at least 2 responses per prompt"),
-    ("[train]\nnum_ranks = 2", "train.engine.fsdp = False: train.num_ranks = 2 trains data parallel with FSDP2"),
-    ("[train]\nnum_ranks = 2\nprompts_per_step = 3\n[train.engine]\nfsdp = true",
-     "train.prompts_per_step = 3: every rank trains whole prompt groups: use a multiple of train.num_ranks (2)"),
-    ("[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true\n[planner]\nonline = true",
-     "planner.online = True: the online planner moves threads and replicas for a one-rank trainer only"),
-    ("[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true\n[cluster]\ntrain_devices = [0]",
-     "cluster.train_devices = [0]: give one device per trainer rank (2 ids), or none"),
-    ('[[roles]]\nname = "trainer"\ncls = "m:C"', "roles.name = 'trainer': this name belongs to a built-in role"),
-    ("[cluster.transport]\nscheme = 'tcp'\nbind_host = '0.0.0.0'",
-     "cluster.transport.bind_host = '0.0.0.0' is not loopback: set cluster.transport.tls_dir"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ('[workflow]\nmode = "fast"', "workflow.mode: Invalid enum value 'fast'; use one of 'sync', 'async'"),
+        ("[workflow]\nstalenes = 2", "workflow.stalenes: unknown key; did you mean 'staleness'?"),
+        ('[rollout.engine]\nkv_cache_bytes = "x"', "rollout.engine.kv_cache_bytes: Expected `int | null`, got `str`"),
+        ("[algorithm]\ngroup_size = 1", "algorithm.group_size = 1: GRPO needs at least 2 responses per prompt"),
+        ("[train]\nnum_ranks = 2", "train.engine.fsdp = False: train.num_ranks = 2 trains data parallel with FSDP2"),
+        (
+            "[train]\nnum_ranks = 2\nprompts_per_step = 3\n[train.engine]\nfsdp = true",
+            "train.prompts_per_step = 3: every rank trains whole prompt groups: use a multiple of train.num_ranks (2)",
+        ),
+        (
+            "[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true\n[planner]\nonline = true",
+            "planner.online = True: the online planner moves threads and replicas for a one-rank trainer only",
+        ),
+        (
+            "[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true\n[cluster]\ntrain_devices = [0]",
+            "cluster.train_devices = [0]: give one device per trainer rank (2 ids), or none",
+        ),
+        ('[[roles]]\nname = "trainer"\ncls = "m:C"', "roles.name = 'trainer': this name belongs to a built-in role"),
+        (
+            "[cluster.transport]\nscheme = 'tcp'\nbind_host = '0.0.0.0'",
+            "cluster.transport.bind_host = '0.0.0.0' is not loopback: set cluster.transport.tls_dir",
+        ),
+    ],
+)
 def test_a_wrong_key_or_value_names_the_key_and_the_fix(text, message, monkeypatch):
     monkeypatch.delenv("ASYNCFLOW_SECRET", raising=False)
     with pytest.raises(ConfigError) as info:
@@ -43,8 +54,16 @@ def test_every_example_config_loads():
 
 def test_set_overrides_change_keys_of_the_file_and_name_a_wrong_one():
     tiny = ROOT / "examples" / "tiny.toml"
-    cfg = load_config(tiny, ["train.num_ranks=2", "train.engine.fsdp=true", "cluster.train_devices=[]",
-                             "workflow.mode=sync", "logging.hang_timeout_s = 30"])
+    cfg = load_config(
+        tiny,
+        [
+            "train.num_ranks=2",
+            "train.engine.fsdp=true",
+            "cluster.train_devices=[]",
+            "workflow.mode=sync",
+            "logging.hang_timeout_s = 30",
+        ],
+    )
     assert cfg.train.num_ranks == 2 and cfg.train.engine.fsdp is True and cfg.workflow.mode == "sync"
     assert cfg.logging.hang_timeout_s == 30.0 and cfg.train.num_steps == 4  # the file's own keys stay
     with pytest.raises(ConfigError, match="train.num_rank: unknown key; did you mean 'num_ranks'"):
@@ -64,16 +83,22 @@ def test_docs_config_md_documents_every_key_as_the_code_has_it():
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize("text,message", [
-    ("[rollout.sampling]\ntemperature = -1", "rollout.sampling.temperature = -1: out of range; use a value >= 0"),
-    ("[rollout.sampling]\ntop_p = 0", "rollout.sampling.top_p = 0: out of range; use a value > 0 and <= 1"),
-    ("[rollout.engine]\nkv_cache_fraction = 1.5", "rollout.engine.kv_cache_fraction = 1.5: out of range; use a value > 0 and <= 1"),
-    ("[train]\nnum_steps = 0", "train.num_steps = 0: out of range; use a value >= 1"),
-    ("[train.engine]\nlr_min_ratio = 2", "train.engine.lr_min_ratio = 2: out of range; use a value between 0 and 1"),
-    ("[train.engine]\nbetas = [0.9, 1.5]", "train.engine.betas[1] = 1.5: out of range; use a value >= 0 and < 1"),
-    ("[cluster]\nrollout_devices = [0, -1]", "cluster.rollout_devices[1] = -1: out of range; use a value >= 0"),
-    ("[algorithm]\ngamma = 1.5", "algorithm.gamma = 1.5: out of range; use a value between 0 and 1"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("[rollout.sampling]\ntemperature = -1", "rollout.sampling.temperature = -1: out of range; use a value >= 0"),
+        ("[rollout.sampling]\ntop_p = 0", "rollout.sampling.top_p = 0: out of range; use a value > 0 and <= 1"),
+        (
+            "[rollout.engine]\nkv_cache_fraction = 1.5",
+            "rollout.engine.kv_cache_fraction = 1.5: out of range; use a value > 0 and <= 1",
+        ),
+        ("[train]\nnum_steps = 0", "train.num_steps = 0: out of range; use a value >= 1"),
+        ("[train.engine]\nlr_min_ratio = 2", "train.engine.lr_min_ratio = 2: out of range; use a value between 0 and 1"),
+        ("[train.engine]\nbetas = [0.9, 1.5]", "train.engine.betas[1] = 1.5: out of range; use a value >= 0 and < 1"),
+        ("[cluster]\nrollout_devices = [0, -1]", "cluster.rollout_devices[1] = -1: out of range; use a value >= 0"),
+        ("[algorithm]\ngamma = 1.5", "algorithm.gamma = 1.5: out of range; use a value between 0 and 1"),
+    ],
+)
 def test_a_value_outside_its_range_names_the_key_and_the_allowed_range(text, message):
     with pytest.raises(ConfigError) as info:
         load_config_text(text)
@@ -96,8 +121,11 @@ def test_every_numeric_config_key_has_a_range():
             return
         seen.add(cls)
         for name, hint in typing.get_type_hints(cls, include_extras=True).items():
-            bare = [a for a in (typing.get_args(hint) or (hint,)) if a is not type(None)] if typing.get_origin(hint) in (
-                typing.Union, __import__("types").UnionType) else [hint]
+            bare = (
+                [a for a in (typing.get_args(hint) or (hint,)) if a is not type(None)]
+                if typing.get_origin(hint) in (typing.Union, __import__("types").UnionType)
+                else [hint]
+            )
             for h in bare:
                 inner = typing.get_args(h)[0] if typing.get_origin(h) in (list, tuple) else h
                 if isinstance(inner, type) and issubclass(inner, msgspec.Struct):
@@ -114,11 +142,14 @@ def test_every_numeric_config_key_has_a_range():
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize("override,message", [
-    ("train.num_steps=abc", "train.num_steps: Expected `int`, got `str` (in --set train.num_steps=abc)"),
-    ("rollout.sampling.temperature=-1", "(in --set rollout.sampling.temperature=-1;"),
-    ("train.num_stepz=3", "train.num_stepz: unknown key; did you mean 'num_steps'? (in --set train.num_stepz=3;"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("train.num_steps=abc", "train.num_steps: Expected `int`, got `str` (in --set train.num_steps=abc)"),
+        ("rollout.sampling.temperature=-1", "(in --set rollout.sampling.temperature=-1;"),
+        ("train.num_stepz=3", "train.num_stepz: unknown key; did you mean 'num_steps'? (in --set train.num_stepz=3;"),
+    ],
+)
 def test_a_wrong_value_given_with_set_blames_the_set_not_the_file(override, message):
     with pytest.raises(ConfigError) as info:
         load_config(ROOT / "examples" / "tiny.toml", [override])

@@ -20,7 +20,7 @@ def test_a_section_without_keys_of_its_own_has_no_empty_table():
     for i, line in enumerate(lines):
         if line == "|---|---|---|---|":
             assert lines[i + 1].startswith("| `"), f"an empty table under {lines[i - 5]}"
-    critic = lines[lines.index("## `[critic]`"):lines.index("## `[critic.engine]`")]
+    critic = lines[lines.index("## `[critic]`") : lines.index("## `[critic.engine]`")]
     assert "No keys of its own: `[critic.engine]` below." in critic
 
 

@@ -14,37 +14,65 @@ from asyncflow.core import schema
 # One value outside its field's constraint in every section (and the top level).
 OUT_OF_RANGE = [
     ("seed = -1", "seed = -1: out of range; use a value >= 0", "seed at the top level, or --set seed="),
-    ("[model]\ntiny_warm_start_steps = -1", "model.tiny_warm_start_steps = -1: out of range; use a value >= 0",
-     "[model] tiny_warm_start_steps"),
+    (
+        "[model]\ntiny_warm_start_steps = -1",
+        "model.tiny_warm_start_steps = -1: out of range; use a value >= 0",
+        "[model] tiny_warm_start_steps",
+    ),
     ("[data]\nnum_prompts = 0", "data.num_prompts = 0: out of range; use a value >= 1", "[data] num_prompts"),
     ("[algorithm]\nclip_eps = 0", "algorithm.clip_eps = 0: out of range; use a value > 0", "[algorithm] clip_eps"),
     ("[rollout]\nnum_replicas = 0", "rollout.num_replicas = 0: out of range; use a value >= 1", "[rollout] num_replicas"),
-    ("[rollout.engine]\nmax_batch_size = 0", "rollout.engine.max_batch_size = 0: out of range; use a value >= 1",
-     "--set rollout.engine.max_batch_size="),
-    ("[rollout.sampling]\nmax_new_tokens = 0", "rollout.sampling.max_new_tokens = 0: out of range",
-     "[rollout.sampling] max_new_tokens"),
-    ("[reference]\nmicro_batch_size = 0", "reference.micro_batch_size = 0: out of range; use a value >= 1",
-     "[reference] micro_batch_size"),
+    (
+        "[rollout.engine]\nmax_batch_size = 0",
+        "rollout.engine.max_batch_size = 0: out of range; use a value >= 1",
+        "--set rollout.engine.max_batch_size=",
+    ),
+    (
+        "[rollout.sampling]\nmax_new_tokens = 0",
+        "rollout.sampling.max_new_tokens = 0: out of range",
+        "[rollout.sampling] max_new_tokens",
+    ),
+    (
+        "[reference]\nmicro_batch_size = 0",
+        "reference.micro_batch_size = 0: out of range; use a value >= 1",
+        "[reference] micro_batch_size",
+    ),
     ("[reward]\nbatch_size = 0", "reward.batch_size = 0: out of range; use a value >= 1", "[reward] batch_size"),
     ("[critic.engine]\nlr = 0", "critic.engine.lr = 0: out of range; use a value > 0", "[critic.engine] lr"),
-    ("[train]\nnum_steps = 0", "train.num_steps = 0: out of range; use a value >= 1",
-     "set it in [train] num_steps, or --set train.num_steps="),
+    (
+        "[train]\nnum_steps = 0",
+        "train.num_steps = 0: out of range; use a value >= 1",
+        "set it in [train] num_steps, or --set train.num_steps=",
+    ),
     ("[train.engine]\nmicro_batch_size = 0", "train.engine.micro_batch_size = 0: out of range", "[train.engine]"),
     ("[eval]\nk = 0", "eval.k = 0: out of range; use a value >= 1", "[eval] k"),
-    ("[queue]\ninline_max_bytes = -1", "queue.inline_max_bytes = -1: out of range; use a value between 0 and 1048576",
-     "[queue] inline_max_bytes"),
-    ("[workflow]\nweight_timeout_s = 0", "workflow.weight_timeout_s = 0: out of range; use a value > 0",
-     "[workflow] weight_timeout_s"),
-    ("[cluster]\nthreads_per_process = 0", "cluster.threads_per_process = 0: out of range; use a value >= 1",
-     "[cluster] threads_per_process"),
-    ("[cluster.transport]\nmax_message_bytes = 0", "cluster.transport.max_message_bytes = 0: out of range; use a "
-     "value > 0", "[cluster.transport] max_message_bytes"),
-    ("[logging]\ntrace_every_s = -1", "logging.trace_every_s = -1: out of range; use a value >= 0",
-     "[logging] trace_every_s"),
-    ("[planner]\npatience_steps = 0", "planner.patience_steps = 0: out of range; use a value >= 1",
-     "[planner] patience_steps"),
-    ('[[roles]]\nname = "judge"\ncls = "m:C"\nreward_weight = "high"', "roles[0].reward_weight: Expected `float`, "
-     "got `str`", "[[roles]] reward_weight"),
+    (
+        "[queue]\ninline_max_bytes = -1",
+        "queue.inline_max_bytes = -1: out of range; use a value between 0 and 1048576",
+        "[queue] inline_max_bytes",
+    ),
+    (
+        "[workflow]\nweight_timeout_s = 0",
+        "workflow.weight_timeout_s = 0: out of range; use a value > 0",
+        "[workflow] weight_timeout_s",
+    ),
+    (
+        "[cluster]\nthreads_per_process = 0",
+        "cluster.threads_per_process = 0: out of range; use a value >= 1",
+        "[cluster] threads_per_process",
+    ),
+    (
+        "[cluster.transport]\nmax_message_bytes = 0",
+        "cluster.transport.max_message_bytes = 0: out of range; use a value > 0",
+        "[cluster.transport] max_message_bytes",
+    ),
+    ("[logging]\ntrace_every_s = -1", "logging.trace_every_s = -1: out of range; use a value >= 0", "[logging] trace_every_s"),
+    ("[planner]\npatience_steps = 0", "planner.patience_steps = 0: out of range; use a value >= 1", "[planner] patience_steps"),
+    (
+        '[[roles]]\nname = "judge"\ncls = "m:C"\nreward_weight = "high"',
+        "roles[0].reward_weight: Expected `float`, got `str`",
+        "[[roles]] reward_weight",
+    ),
 ]
 
 
@@ -59,8 +87,11 @@ def test_a_value_outside_its_field_constraint_is_refused_naming_the_key_and_wher
 
 def test_every_section_of_the_schema_has_a_bad_value_case_above():
     run = RunConfig(roles=[RoleEntry(name="a", cls="m:C")])
-    sections = {path.split("[")[0] for path, section in schema.sections(run)
-                if any(not isinstance(getattr(section, f), msgspec.Struct) for f in section.__struct_fields__)}
+    sections = {
+        path.split("[")[0]
+        for path, section in schema.sections(run)
+        if any(not isinstance(getattr(section, f), msgspec.Struct) for f in section.__struct_fields__)
+    }
     assert {"", "train", "train.engine", "cluster.transport", "roles"} <= sections  # [critic] has no keys of its own
     covered = set()
     for _, message, _ in OUT_OF_RANGE:
@@ -74,21 +105,31 @@ CROSS_FIELD = [
     ("[data]\npath = 'prompts.csv'", "data.path = 'prompts.csv': use a .jsonl or .parquet file"),
     ("[algorithm]\nis_mask_high = 0.5", "algorithm.is_mask_high = 0.5: use 0 (no upper bound)"),
     ("[reward]\nweights = [1.0, 2.0]", "reward.weights = [1.0, 2.0]: give one weight per function (1)"),
-    ("[algorithm]\nname = 'ppo'\n[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true",
-     "critic.engine.fsdp = False: the PPO critic trains on the same 2 ranks"),
+    (
+        "[algorithm]\nname = 'ppo'\n[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true",
+        "critic.engine.fsdp = False: the PPO critic trains on the same 2 ranks",
+    ),
     ("[train]\nnum_ranks = 2", "train.engine.fsdp = False: train.num_ranks = 2 trains data parallel"),
-    ("[eval]\nevery_steps = 1\nmode = 'pass_at_k'\n[rollout.sampling]\ntemperature = 0",
-     "eval.mode = 'pass_at_k': pass_at_k samples at rollout.sampling.temperature, which is 0"),
+    (
+        "[eval]\nevery_steps = 1\nmode = 'pass_at_k'\n[rollout.sampling]\ntemperature = 0",
+        "eval.mode = 'pass_at_k': pass_at_k samples at rollout.sampling.temperature, which is 0",
+    ),
     ("[queue]\ncapacity_rows = 10", "queue.capacity_rows = 10: must hold at least one global batch (64 rows)"),
     ("[cluster]\nrollout_devices = [0, 1]", "cluster.rollout_devices = [0, 1]: give one device id per worker (1)"),
     ("[cluster]\nlauncher = 'ray'\npin_trainer_cores = 2", "cluster.pin_trainer_cores = 2: pins cores of this machine"),
     ("[rollout]\nnum_replicas = 5", "planner.max_rollout_replicas = 4: must be at least rollout.num_replicas (5)"),
-    ("[rollout.engine]\nkv_cache_bytes = 1000000\nkv_cache_fraction = 0.5",
-     "rollout.engine.kv_cache_fraction = 0.5: set kv_cache_bytes or kv_cache_fraction, not both"),
-    ('[[roles]]\nname = "a"\ncls = "m:C"\n[[roles]]\nname = "a"\ncls = "m:D"',
-     "roles.name = ['a', 'a']: role names must be unique"),
-    ('[[roles]]\nname = "judge"\ncls = "m:C"\nreward_column = "score"',
-     "roles.reward_column = 'score': role 'judge' must also set `task`"),
+    (
+        "[rollout.engine]\nkv_cache_bytes = 1000000\nkv_cache_fraction = 0.5",
+        "rollout.engine.kv_cache_fraction = 0.5: set kv_cache_bytes or kv_cache_fraction, not both",
+    ),
+    (
+        '[[roles]]\nname = "a"\ncls = "m:C"\n[[roles]]\nname = "a"\ncls = "m:D"',
+        "roles.name = ['a', 'a']: role names must be unique",
+    ),
+    (
+        '[[roles]]\nname = "judge"\ncls = "m:C"\nreward_column = "score"',
+        "roles.reward_column = 'score': role 'judge' must also set `task`",
+    ),
 ]
 
 

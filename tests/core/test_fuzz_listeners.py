@@ -38,8 +38,15 @@ def listeners(tmp_path):
     host = serve_actor(HostActor, "host-fuzz", transport, directory_address=directory.address, stopped=threading.Event())
     specs = queue_specs(["train"], num_shards=1, capacity_rows=64, stripe_rows=4)
     queue = start_actors(specs.all(), transport, client)
-    collector = serve_actor(CollectorActor, "collector", transport, directory_address=directory.address,
-                            run_dir=str(tmp_path), num_steps=1, progress=False)
+    collector = serve_actor(
+        CollectorActor,
+        "collector",
+        transport,
+        directory_address=directory.address,
+        run_dir=str(tmp_path),
+        num_steps=1,
+        progress=False,
+    )
     served = [directory, host, *queue, collector]
     kinds = {"directory": directory, "host": host, "collector": collector}
     kinds.update({a.name: a for a in queue})
@@ -55,14 +62,16 @@ def _frame(head: bytes, body: bytes = b"\xc0") -> bytes:
 
 def _huge(rng: random.Random) -> bytes:
     """A msgpack value whose prefix declares far more than follows."""
-    return rng.choice([
-        b"\xdd\xff\xff\xff\xff",  # array32 of 4 billion
-        b"\xdf\xff\xff\xff\xff",  # map32
-        b"\xdb\xff\xff\xff\xffabc",  # str32
-        b"\xc6\x7f\xff\xff\xff",  # bin32
-        b"\xc9\xff\xff\xff\xff\x01",  # ext32
-        b"\xdc\xff\xff",  # array16 with nothing after it
-    ])
+    return rng.choice(
+        [
+            b"\xdd\xff\xff\xff\xff",  # array32 of 4 billion
+            b"\xdf\xff\xff\xff\xff",  # map32
+            b"\xdb\xff\xff\xff\xffabc",  # str32
+            b"\xc6\x7f\xff\xff\xff",  # bin32
+            b"\xc9\xff\xff\xff\xff\x01",  # ext32
+            b"\xdc\xff\xff",  # array16 with nothing after it
+        ]
+    )
 
 
 def _deep(rng: random.Random) -> bytes:
@@ -78,18 +87,29 @@ def _fuzz_frame(rng: random.Random, target: str) -> bytes:
     if kind == 0:  # nesting depth, in the header or the body
         return rng.choice([_frame(_deep(rng)), _frame(b"\x95" + good_head[1:] + _deep(rng)), _frame(good_head, _deep(rng))])
     if kind == 1:  # huge declared lengths
-        return rng.choice([
-            (rng.randrange(1 << 20, 1 << 32)).to_bytes(4, "little") + good_head,
-            _frame(_huge(rng)), _frame(head_prefix + _huge(rng)), _frame(good_head, _huge(rng)),
-            _frame(good_head, b"\x81\xa4type" + _huge(rng)),
-        ])
+        return rng.choice(
+            [
+                (rng.randrange(1 << 20, 1 << 32)).to_bytes(4, "little") + good_head,
+                _frame(_huge(rng)),
+                _frame(head_prefix + _huge(rng)),
+                _frame(good_head, _huge(rng)),
+                _frame(good_head, b"\x81\xa4type" + _huge(rng)),
+            ]
+        )
     if kind == 2:  # wrong types in the header or the body
-        return rng.choice([
-            _frame(b"\x94\x01\xa3abc\xc3\xc0"), _frame(b"\x81\xa1a\x01"), _frame(head_prefix + b"\xa3str"),
-            _frame(good_head, b"\x2a"), _frame(good_head, b"\x92\x01\x02"), _frame(good_head, b"\x81\xa4type\x07"),
-            _frame(good_head, b"\x81\xa4type\xa7NoSuchM"), _frame(good_head, b"\x82\xa4type\xa4Ping\xa4name\x01"),
-            _frame(good_head, b"\x81\xa4type\xa6Stop!!"),
-        ])
+        return rng.choice(
+            [
+                _frame(b"\x94\x01\xa3abc\xc3\xc0"),
+                _frame(b"\x81\xa1a\x01"),
+                _frame(head_prefix + b"\xa3str"),
+                _frame(good_head, b"\x2a"),
+                _frame(good_head, b"\x92\x01\x02"),
+                _frame(good_head, b"\x81\xa4type\x07"),
+                _frame(good_head, b"\x81\xa4type\xa7NoSuchM"),
+                _frame(good_head, b"\x82\xa4type\xa4Ping\xa4name\x01"),
+                _frame(good_head, b"\x81\xa4type\xa6Stop!!"),
+            ]
+        )
     if kind == 3:  # bit flips of a valid Ping
         flipped = bytearray(ping)
         for _ in range(rng.randint(1, 8)):
@@ -100,10 +120,12 @@ def _fuzz_frame(rng: random.Random, target: str) -> bytes:
     if kind == 5:  # random bytes
         return rng.randbytes(rng.randrange(0, 256))
     if kind == 6:  # a wrong or missing secret
-        return rng.choice([
-            bytes(frames.encode_frame(protocol.Header(target=target, kind=protocol.ASK, secret=b"guess"), protocol.Ping())),
-            bytes(frames.encode_frame(protocol.Header(target=target, kind=protocol.ASK), protocol.Ping())),
-        ])
+        return rng.choice(
+            [
+                bytes(frames.encode_frame(protocol.Header(target=target, kind=protocol.ASK, secret=b"guess"), protocol.Ping())),
+                bytes(frames.encode_frame(protocol.Header(target=target, kind=protocol.ASK), protocol.Ping())),
+            ]
+        )
     if kind == 7:  # another actor's name
         return bytes(frames.encode_frame(protocol.Header(target="nobody", kind=protocol.ASK, secret=SECRET), protocol.Ping()))
     return _frame(good_head, rng.randbytes(rng.randrange(1, 64)))  # a body of random bytes

@@ -27,8 +27,12 @@ def test_a_host_whose_actor_hangs_names_it_in_one_line_and_exits_at_once(tmp_pat
     client = DirectoryClient(directory.address, transport)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     env[TRANSPORT_ENV], env[PARENT_ENV] = transport.to_env(), str(os.getpid())
-    proc = subprocess.Popen([sys.executable, "-m", "asyncflow.core.host", "--name", "h", "--directory", directory.address],
-                            env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncflow.core.host", "--name", "h", "--directory", directory.address],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         HostProcess("h", proc, client).start([protocol.ActorSpec(name="stuck", cls="pausable_actor:StuckActor")])
         client.ref("stuck").tell(protocol.Pause())  # it is now inside a unit that hangs

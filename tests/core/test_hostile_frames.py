@@ -33,9 +33,7 @@ def _hostile_frames(secret: bytes) -> list[tuple[str, bytes]]:
 
     # the header array with a fifth element nested deep (msgspec skips extra elements)
     deep_tail = frame(b"\x95" + good_head[1:] + _deep())
-    deep_no_secret = frame(
-        b"\x95" + bytes(frames.encode_frame(protocol.Header(target="echo", kind=protocol.ASK))[5:]) + _deep()
-    )
+    deep_no_secret = frame(b"\x95" + bytes(frames.encode_frame(protocol.Header(target="echo", kind=protocol.ASK))[5:]) + _deep())
     rng = random.Random(11)
     out = [
         ("header nested deep, with the secret", deep_tail),
@@ -135,8 +133,9 @@ def test_any_exception_while_serving_a_frame_is_contained_and_counted(monkeypatc
 @pytest.mark.parametrize("scheme", ["inproc", "ipc"])
 def test_an_actor_stopped_right_after_it_started_leaves_no_thread_exception(scheme, tmp_path, monkeypatch):
     raised = []
-    monkeypatch.setattr(threading, "excepthook",
-                        lambda args: raised.append(f"{args.thread.name}: {args.exc_type.__name__}: {args.exc_value}"))
+    monkeypatch.setattr(
+        threading, "excepthook", lambda args: raised.append(f"{args.thread.name}: {args.exc_type.__name__}: {args.exc_value}")
+    )
     transport = TransportConfig(scheme=scheme, ipc_dir=str(tmp_path))
     for _ in range(50):
         actor = serve_actor(EchoActor, "echo", transport)

@@ -111,7 +111,9 @@ def test_a_tcp_peer_without_the_secret_is_refused():
 
 def test_binding_a_public_address_without_a_secret_is_refused(monkeypatch):
     monkeypatch.delenv("ASYNCFLOW_SECRET", raising=False)
-    with pytest.raises(ValueError, match=r"bind_host = '0.0.0.0' is not loopback: set \[cluster.transport\] tls_dir .*or a secret"):
+    with pytest.raises(
+        ValueError, match=r"bind_host = '0.0.0.0' is not loopback: set \[cluster.transport\] tls_dir .*or a secret"
+    ):
         serve_actor(EchoActor, "echo", TransportConfig(scheme="tcp", bind_host="0.0.0.0"))
 
 

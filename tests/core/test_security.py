@@ -68,9 +68,12 @@ def test_a_loopback_tcp_run_without_a_secret_gets_its_own_and_its_hosts_refuse_f
     from asyncflow.algorithms.tasks import make_task_model
 
     make_task_model(tmp_path / "model", warm_start_steps=0)
-    cfg = load_config_text(tiny_config_text(
-        {"data": {"path": str(tmp_path / "data.jsonl")}, "model": {"path": str(tmp_path / "model")}},
-        extra='\n[cluster.transport]\nscheme = "tcp"\nbind_host = "127.0.0.1"\n'))
+    cfg = load_config_text(
+        tiny_config_text(
+            {"data": {"path": str(tmp_path / "data.jsonl")}, "model": {"path": str(tmp_path / "model")}},
+            extra='\n[cluster.transport]\nscheme = "tcp"\nbind_host = "127.0.0.1"\n',
+        )
+    )
     assert cfg.cluster.transport.secret == ""
     cfg, rd, _ = prepare_new(cfg, tmp_path / "run")
     secret = cfg.cluster.transport.secret
@@ -88,8 +91,13 @@ def test_a_loopback_tcp_run_without_a_secret_gets_its_own_and_its_hosts_refuse_f
         with pytest.raises(Unauthorized):
             ActorRef("host.h", address, no_secret).ask(protocol.Stop(), timeout_s=5)
         assert host.alive()
-        (rd / "cluster.json").write_bytes(msgspec.json.encode(_cluster_file.ClusterFile(
-            run_dir=str(rd), directory=directory.address, transport=no_secret, driver_pid=0, started_at=0.0)))
+        (rd / "cluster.json").write_bytes(
+            msgspec.json.encode(
+                _cluster_file.ClusterFile(
+                    run_dir=str(rd), directory=directory.address, transport=no_secret, driver_pid=0, started_at=0.0
+                )
+            )
+        )
         assert _cluster_file.read(rd).transport.secret == secret  # what `afctl status RUN_DIR` uses
     finally:
         host.stop(timeout_s=5)

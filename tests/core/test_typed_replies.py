@@ -48,8 +48,9 @@ def test_a_reply_of_another_type_raises_naming_the_request_the_expected_and_the_
 
 
 def test_every_request_names_a_reply_type_that_resolves_to_a_message():
-    requests = [cls for cls in frames._all_messages(protocol._Msg) if issubclass(cls, protocol.Request)
-                and cls is not protocol.Request]
+    requests = [
+        cls for cls in frames._all_messages(protocol._Msg) if issubclass(cls, protocol.Request) and cls is not protocol.Request
+    ]
     assert len(requests) > 40
     for cls in requests:
         replies = protocol.reply_types(cls)
@@ -65,19 +66,24 @@ def test_the_reply_type_is_a_class_attribute_and_never_travels_on_the_wire():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(shutil.which("mypy") is None and not __import__("importlib").util.find_spec("mypy"),
-                    reason="needs mypy")
+@pytest.mark.skipif(shutil.which("mypy") is None and not __import__("importlib").util.find_spec("mypy"), reason="needs mypy")
 def test_mypy_infers_the_reply_type_of_an_ask(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text(textwrap.dedent("""
+    probe.write_text(
+        textwrap.dedent("""
         from asyncflow.core import protocol
         from asyncflow.core.ref import ActorRef
 
         def check(ref: ActorRef) -> None:
             reveal_type(ref.ask(protocol.Lookup(name="x")))
             reveal_type(ref.ask(protocol.GetLatestWeights()))
-    """))
-    out = subprocess.run([sys.executable, "-m", "mypy", "--follow-imports=silent", "--ignore-missing-imports",
-                          "--no-incremental", str(probe)], capture_output=True, text=True, timeout=280).stdout
+    """)
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--follow-imports=silent", "--ignore-missing-imports", "--no-incremental", str(probe)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    ).stdout
     assert 'Revealed type is "asyncflow.core.protocol.Found"' in out, out
     assert 'Revealed type is "asyncflow.core.protocol.WeightsReady"' in out, out

@@ -11,7 +11,10 @@ from asyncflow.engines.factory import build_rollout_engine, build_train_engine
 
 def test_token_batch_aligns_rollout_logprobs_and_advantages_with_response_tokens():
     tb = make_token_batch(
-        [[1, 2], [3]], [[4, 5, 6], [7]], pad_token_id=0, rollout_logprobs=[[-0.1, -0.2, -0.3], [-0.4]],
+        [[1, 2], [3]],
+        [[4, 5, 6], [7]],
+        pad_token_id=0,
+        rollout_logprobs=[[-0.1, -0.2, -0.3], [-0.4]],
         advantages_B=torch.tensor([1.5, -2.0]),
     )
     assert tb.input_ids.tolist() == [[1, 2, 4, 5, 6], [3, 7, 0, 0, 0]]

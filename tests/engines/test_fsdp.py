@@ -20,8 +20,17 @@ from test_torch_train import batch, nll  # noqa: E402
 def test_two_process_fsdp2_over_gloo_matches_one_process_and_saves_a_loadable_checkpoint(qwen2_dir, tmp_path):
     worker = Path(__file__).with_name("fsdp_worker.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(worker), str(qwen2_dir), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(worker),
+        str(qwen2_dir),
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads((tmp_path / "figures.json").read_text())

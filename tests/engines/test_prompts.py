@@ -28,8 +28,10 @@ def test_a_prompt_the_tiny_tokenizer_cannot_spell_is_refused_with_its_characters
 
 @pytest.mark.timeout(60)
 def test_the_prompt_module_needs_neither_torch_nor_transformers():
-    code = ("import sys\nimport asyncflow.engines.prompts\n"
-            "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))\n")
+    code = (
+        "import sys\nimport asyncflow.engines.prompts\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

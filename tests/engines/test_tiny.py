@@ -37,7 +37,9 @@ def test_supervised_warm_start_teaches_the_response_format(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     ids = encode_chat_prompt(tokenizer, "rev:123")
-    out = model.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=0)
+    out = model.generate(
+        torch.tensor([ids]), max_new_tokens=5, do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=0
+    )
     assert tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True) == "321"
 
 

@@ -60,8 +60,11 @@ def remove_stale_labs() -> None:
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
-    taken = [ipaddress.ip_network(r.split()[0], strict=False) for r in _ip("-4", "route", "show", "table", "all").stdout.splitlines()
-             if r and r.split()[0][0].isdigit()]
+    taken = [
+        ipaddress.ip_network(r.split()[0], strict=False)
+        for r in _ip("-4", "route", "show", "table", "all").stdout.splitlines()
+        if r and r.split()[0][0].isdigit()
+    ]
     start = os.getpid() % 200
     for k in range(200):
         net = ipaddress.ip_network(f"10.213.{20 + (start + k) % 200}.0/24")

@@ -45,8 +45,9 @@ class DistProbeActor(Actor):
 
                 from asyncflow.core.rendezvous import init_default_group
 
-                init_default_group(self.ctx.directory, "probe", self.ctx.transport, self.rank, self.world_size,
-                                   "gloo", timeout_s=30)
+                init_default_group(
+                    self.ctx.directory, "probe", self.ctx.transport, self.rank, self.world_size, "gloo", timeout_s=30
+                )
                 total = torch.tensor([float(self.rank + 1)])
                 dist.all_reduce(total)
                 data = torch.arange(1 << 18, dtype=torch.float32) if self.rank == 0 else torch.zeros(1 << 18)

@@ -39,8 +39,13 @@ class Cluster:
 
     def _env(self, transport: TransportConfig) -> dict[str, str]:
         path = os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])
-        return {**os.environ, TRANSPORT_ENV: transport.to_env(), PARENT_ENV: str(os.getpid()),
-                "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+        return {
+            **os.environ,
+            TRANSPORT_ENV: transport.to_env(),
+            PARENT_ENV: str(os.getpid()),
+            "PYTHONPATH": path,
+            "OMP_NUM_THREADS": "1",
+        }
 
     def start_directory(self) -> None:
         transport = self.transport(self.lab.addresses[0])
@@ -56,8 +61,9 @@ class Cluster:
     def spawn_host(self, name: str, node: int, transport: TransportConfig | None = None) -> HostProcess:
         """``python -m asyncflow.core.host`` inside ``node``'s namespace (what spawn_host runs, prefixed)."""
         transport = transport or self.transport(self.lab.addresses[node])
-        argv = self.lab.command(node, [sys.executable, "-m", "asyncflow.core.host", "--name", name,
-                                       "--directory", self.directory_address])
+        argv = self.lab.command(
+            node, [sys.executable, "-m", "asyncflow.core.host", "--name", name, "--directory", self.directory_address]
+        )
         self.dc.unregister(f"host.{name}")  # as spawn_host: never look up a predecessor of the same name
         host = HostProcess(name, subprocess.Popen(argv, env=self._env(transport)), self.dc)
         self.hosts[name] = host

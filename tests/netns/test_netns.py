@@ -88,9 +88,17 @@ def test_a_peer_without_the_secret_is_refused(cluster, monkeypatch):
         "except Exception as exc:\n"
         "    print(type(exc).__name__, exc)\n"
     )
-    out = subprocess.run(lab.command(3, [sys.executable, "-c", probe]), capture_output=True, text=True, timeout=60,
-                         env={k: v for k, v in cluster._env(cluster.transport(lab.addresses[3])).items()
-                              if k not in ("ASYNCFLOW_SECRET", "ASYNCFLOW_TRANSPORT")})
+    out = subprocess.run(
+        lab.command(3, [sys.executable, "-c", probe]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            k: v
+            for k, v in cluster._env(cluster.transport(lab.addresses[3])).items()
+            if k not in ("ASYNCFLOW_SECRET", "ASYNCFLOW_TRANSPORT")
+        },
+    )
     assert out.stdout.startswith("Unauthorized"), out.stdout + out.stderr
     assert cluster.dc.ref("echo.a").ask(protocol.Ping(), timeout_s=5).num_rejected_frames == 3
 

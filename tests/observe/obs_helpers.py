@@ -12,14 +12,26 @@ from tiny_config import write_tiny_config
 
 HERE = Path(__file__).parent
 
-def write_config(path: Path, *, mode: str = "async", num_steps: int = 4, staleness: int = 1,
-                 reward: str = "asyncflow.algorithms.tasks:reward", hang_timeout_s: float = 300) -> Path:
+
+def write_config(
+    path: Path,
+    *,
+    mode: str = "async",
+    num_steps: int = 4,
+    staleness: int = 1,
+    reward: str = "asyncflow.algorithms.tasks:reward",
+    hang_timeout_s: float = 300,
+) -> Path:
     """examples/tiny.toml with these settings (tests/tiny_config.py)."""
-    return write_tiny_config(path, {
-        "reward": {"functions": [reward]}, "train": {"num_steps": num_steps},
-        "workflow": {"mode": mode, "staleness": staleness},
-        "logging": {"hang_timeout_s": hang_timeout_s},
-    })
+    return write_tiny_config(
+        path,
+        {
+            "reward": {"functions": [reward]},
+            "train": {"num_steps": num_steps},
+            "workflow": {"mode": mode, "staleness": staleness},
+            "logging": {"hang_timeout_s": hang_timeout_s},
+        },
+    )
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -30,8 +42,13 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def afctl(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from asyncflow.cli.main import main; main()", *args],
-                          env=env(**extra_env), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", "from asyncflow.cli.main import main; main()", *args],
+        env=env(**extra_env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 class Run:
@@ -42,7 +59,11 @@ class Run:
         self.run_dir = run_dir
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from asyncflow.cli.main import main; main()", "up", str(config), "--run-dir", str(run_dir)],
-            env=env(**extra_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            env=env(**extra_env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.lines: list[str] = []
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -62,8 +83,9 @@ class Run:
 
     def wait_for_line(self, text: str, timeout_s: float) -> None:
         with self._changed:
-            ok = self._changed.wait_for(lambda: any(text in line for line in self.lines) or self.proc.poll() is not None,
-                                        timeout=timeout_s)
+            ok = self._changed.wait_for(
+                lambda: any(text in line for line in self.lines) or self.proc.poll() is not None, timeout=timeout_s
+            )
         if not ok or not any(text in line for line in self.lines):
             raise AssertionError(f"no line with {text!r} within {timeout_s} s (exit code {self.proc.poll()}):\n{self.output}")
 

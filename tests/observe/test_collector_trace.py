@@ -31,23 +31,54 @@ def _collector(tmp_path, loggers=()):
 
 def _spans(role, pid, spans, final_version):
     """spans: (name, start s, duration s, version when it began)."""
-    return protocol.Spans(role=role, pid=pid, names=[s[0] for s in spans], starts_s=[s[1] for s in spans],
-                          durations_s=[s[2] for s in spans], versions=[s[3] for s in spans],
-                          counters={"version": final_version})
+    return protocol.Spans(
+        role=role,
+        pid=pid,
+        names=[s[0] for s in spans],
+        starts_s=[s[1] for s in spans],
+        durations_s=[s[2] for s in spans],
+        versions=[s[3] for s in spans],
+        counters={"version": final_version},
+    )
 
 
 def _step(step, staleness):
-    return protocol.StepMetrics(step=step, values={"step": step, "reward_mean": 0.5, "samples": 4, "total_samples": 4,
-                                                   "total_tokens": 40, "time_s": 1.0 + step, "staleness_max": staleness,
-                                                   "staleness_mean": staleness, "response_len_mean": 3.0})
+    return protocol.StepMetrics(
+        step=step,
+        values={
+            "step": step,
+            "reward_mean": 0.5,
+            "samples": 4,
+            "total_samples": 4,
+            "total_tokens": 40,
+            "time_s": 1.0 + step,
+            "staleness_max": staleness,
+            "staleness_mean": staleness,
+            "response_len_mean": 3.0,
+        },
+    )
 
 
 def test_weight_sync_flows_link_the_publishing_train_step_to_each_replica_that_loads_it(tmp_path):
     c = _collector(tmp_path)
-    c.handle(_spans("trainer", 11, [("wait_data", 100.0, 1.0, 0), ("train", 101.0, 0.5, 0),
-                                    ("sync_weights", 101.5, 0.1, 0), ("wait_data", 101.6, 1.0, 1)], 1), None)
-    c.handle(_spans("rollout.0", 12, [("generate", 100.0, 1.0, 0), ("wait_swap", 101.7, 0.1, 0),
-                                      ("swap_weights", 101.8, 0.2, 0)], 1), None)
+    c.handle(
+        _spans(
+            "trainer",
+            11,
+            [
+                ("wait_data", 100.0, 1.0, 0),
+                ("train", 101.0, 0.5, 0),
+                ("sync_weights", 101.5, 0.1, 0),
+                ("wait_data", 101.6, 1.0, 1),
+            ],
+            1,
+        ),
+        None,
+    )
+    c.handle(
+        _spans("rollout.0", 12, [("generate", 100.0, 1.0, 0), ("wait_swap", 101.7, 0.1, 0), ("swap_weights", 101.8, 0.2, 0)], 1),
+        None,
+    )
     c.handle(_spans("rollout.1", 13, [("generate", 100.0, 2.0, 0), ("swap_weights", 102.0, 0.2, 0)], 1), None)
     path = tmp_path / "trace.json"
     c.write_trace(str(path))
@@ -91,6 +122,7 @@ def test_the_tensorboard_logger_writes_event_files(tmp_path):
 def test_wandb_without_the_package_says_how_to_install_it(tmp_path):
     try:
         import wandb  # noqa: F401
+
         pytest.skip("wandb is installed")
     except ImportError:
         pass
@@ -102,8 +134,14 @@ def test_wandb_without_the_package_says_how_to_install_it(tmp_path):
 def test_the_trace_is_rewritten_during_the_run_so_a_live_run_can_be_drawn(tmp_path):
     ctx = ActorContext("collector", TransportConfig(scheme="inproc"))
     written = threading.Event()
-    ref = CollectorActor.start(ctx, run_dir=str(tmp_path), num_steps=2, progress=False, trace_every_s=0.05,
-                               on_trace_written=lambda num_events: written.set())
+    ref = CollectorActor.start(
+        ctx,
+        run_dir=str(tmp_path),
+        num_steps=2,
+        progress=False,
+        trace_every_s=0.05,
+        on_trace_written=lambda num_events: written.set(),
+    )
     try:
         ref.ask(_spans("trainer", 11, [("wait_data", 100.0, 1.0, 0), ("train", 101.0, 0.5, 0)], 0))
         assert written.wait(10)

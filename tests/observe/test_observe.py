@@ -52,7 +52,7 @@ def observed(tmp_path_factory) -> Observed:
 @pytest.mark.timeout(400)
 def test_the_hang_report_fires_on_a_stalled_reward_and_names_it(observed):
     out = observed.output
-    report = out[out.index("no trainer step completed"):]
+    report = out[out.index("no trainer step completed") :]
     reward_line = report.split("\n  reward.0 ")[1].splitlines()[0]
     assert "NO ANSWER" in reward_line or "state score" in reward_line, report[:2000]
     assert "most likely stalled:" in report
@@ -111,11 +111,13 @@ def test_afctl_trace_and_plot_write_valid_pngs(observed, tmp_path):
 def test_a_corrupt_trace_is_reported_with_what_is_wrong():
     from asyncflow.cli._runs import validate_trace
 
-    trace = {"traceEvents": [
-        {"ph": "X", "name": "generate", "ts": 0, "dur": 5e6, "pid": 1, "tid": 0},
-        {"ph": "X", "name": "train", "ts": 0, "pid": 2},
-        {"ph": "s", "name": "weights v1", "id": 7, "ts": 0, "pid": 2},
-    ]}
+    trace = {
+        "traceEvents": [
+            {"ph": "X", "name": "generate", "ts": 0, "dur": 5e6, "pid": 1, "tid": 0},
+            {"ph": "X", "name": "train", "ts": 0, "pid": 2},
+            {"ph": "s", "name": "weights v1", "id": 7, "ts": 0, "pid": 2},
+        ]
+    }
     problems = validate_trace(trace, max_run_s=1.0)
     assert any("longer than the run" in p for p in problems)
     assert any("missing ['dur']" in p for p in problems)

@@ -15,9 +15,22 @@ def _rows(num_steps: int, reward=lambda s: 0.1 * s, pause_after: int | None = No
     rows, t = [], 0.0
     for s in range(num_steps):
         t += 1.0 + (30.0 if pause_after is not None and s == pause_after + 1 else 0.0)  # a checkpoint after step pause_after
-        rows.append({"step": s, "time_s": t, "step_time_s": 1.0, "samples": 4, "total_samples": 4 * (s + 1),
-                     "tokens": 40, "reward_mean": reward(s), "response_len_mean": 3.0, "staleness_max": 1,
-                     "busy/rollout.0": 0.9, "busy/reward.0": 0.2, "busy/trainer": 0.5})
+        rows.append(
+            {
+                "step": s,
+                "time_s": t,
+                "step_time_s": 1.0,
+                "samples": 4,
+                "total_samples": 4 * (s + 1),
+                "tokens": 40,
+                "reward_mean": reward(s),
+                "response_len_mean": 3.0,
+                "staleness_max": 1,
+                "busy/rollout.0": 0.9,
+                "busy/reward.0": 0.2,
+                "busy/trainer": 0.5,
+            }
+        )
     return rows
 
 

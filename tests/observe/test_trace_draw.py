@@ -31,10 +31,22 @@ def test_the_legend_does_not_overlap_the_x_axis_label(tmp_path, monkeypatch):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = ["generate", "score", "train", "sync_weights", "swap_weights", "put", "load", "checkpoint", "forward",
-             "wait_data", "eval"]
-    tracks = {role: [Span(n, float(k), 0.8) for k, n in enumerate(names)]
-              for role in ("loader", "rollout.0", "reward.0", "trainer")}
+    names = [
+        "generate",
+        "score",
+        "train",
+        "sync_weights",
+        "swap_weights",
+        "put",
+        "load",
+        "checkpoint",
+        "forward",
+        "wait_data",
+        "eval",
+    ]
+    tracks = {
+        role: [Span(n, float(k), 0.8) for k, n in enumerate(names)] for role in ("loader", "rollout.0", "reward.0", "trainer")
+    }
     tl = Timeline(label="run", mode="async (k=1)", tracks=tracks, end_s=float(len(names)), flows=FLOWS[:8])
     figures = []
     monkeypatch.setattr(plt, "close", lambda fig: figures.append(fig))

@@ -31,9 +31,14 @@ def test_the_peer_gets_the_configs_work_and_refuses_what_it_cannot_do(tmp_path):
 @pytest.mark.timeout(600)
 def test_bench_peer_runs_the_three_systems_for_a_few_steps(tmp_path):
     pytest.importorskip("trl", reason="the bench extra: pip install -e '.[bench]'")
-    done = subprocess.run([sys.executable, "-m", "asyncflow.cli.main", "bench", "peer", "--steps", "3", "--json",
-                           "--out", str(tmp_path)], env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=580)
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncflow.cli.main", "bench", "peer", "--steps", "3", "--json", "--out", str(tmp_path)],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=580,
+    )
     assert done.returncode == 0, done.stdout[-3000:]
     line = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(line["systems"]) == {"trl", "sync", "async"}

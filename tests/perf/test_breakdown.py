@@ -17,29 +17,60 @@ from asyncflow.core.transport import TransportConfig
 
 
 def _spans(role, pid, spans, final_version):
-    return protocol.Spans(role=role, pid=pid, names=[s[0] for s in spans], starts_s=[s[1] for s in spans],
-                          durations_s=[s[2] for s in spans], versions=[s[3] for s in spans],
-                          counters={"version": final_version})
+    return protocol.Spans(
+        role=role,
+        pid=pid,
+        names=[s[0] for s in spans],
+        starts_s=[s[1] for s in spans],
+        durations_s=[s[2] for s in spans],
+        versions=[s[3] for s in spans],
+        counters={"version": final_version},
+    )
 
 
 @pytest.mark.timeout(30)
 def test_phases_go_on_their_own_lane_and_leave_flows_and_busy_time_alone(tmp_path):
-    c = CollectorActor(ActorContext("collector", TransportConfig(scheme="inproc")), run_dir=str(tmp_path),
-                       num_steps=2, progress=False)
+    c = CollectorActor(
+        ActorContext("collector", TransportConfig(scheme="inproc")), run_dir=str(tmp_path), num_steps=2, progress=False
+    )
     # a phase ends before its activity, so it is recorded first (the order SpanRecorder sees)
-    c.handle(_spans("trainer", 11, [("wait_data", 100.0, 1.0, 0), ("train/forward", 101.0, 0.2, 0),
-                                    ("train/backward", 101.2, 0.25, 0), ("train", 101.0, 0.5, 0),
-                                    ("sync_weights/export", 101.5, 0.05, 0), ("sync_weights", 101.5, 0.1, 0),
-                                    ("wait_data", 101.6, 1.0, 1)], 1), None)
-    c.handle(_spans("rollout.0", 12, [("generate/decode_model", 100.0, 0.5, 0), ("generate", 100.0, 1.0, 0),
-                                      ("swap_weights", 101.8, 0.2, 0)], 1), None)
+    c.handle(
+        _spans(
+            "trainer",
+            11,
+            [
+                ("wait_data", 100.0, 1.0, 0),
+                ("train/forward", 101.0, 0.2, 0),
+                ("train/backward", 101.2, 0.25, 0),
+                ("train", 101.0, 0.5, 0),
+                ("sync_weights/export", 101.5, 0.05, 0),
+                ("sync_weights", 101.5, 0.1, 0),
+                ("wait_data", 101.6, 1.0, 1),
+            ],
+            1,
+        ),
+        None,
+    )
+    c.handle(
+        _spans(
+            "rollout.0",
+            12,
+            [("generate/decode_model", 100.0, 0.5, 0), ("generate", 100.0, 1.0, 0), ("swap_weights", 101.8, 0.2, 0)],
+            1,
+        ),
+        None,
+    )
     path = tmp_path / "trace.json"
     c.write_trace(str(path))
     trace = json.loads(path.read_text())
     assert validate_trace(trace, max_run_s=10.0) == []
     phases = [e for e in trace["traceEvents"] if e.get("cat") == "phase"]
-    assert sorted(e["name"] for e in phases) == ["generate/decode_model", "sync_weights/export", "train/backward",
-                                                  "train/forward"]
+    assert sorted(e["name"] for e in phases) == [
+        "generate/decode_model",
+        "sync_weights/export",
+        "train/backward",
+        "train/forward",
+    ]
     assert all(e["tid"] == 1 for e in phases)
     flows = [e for e in trace["traceEvents"] if e["ph"] in ("s", "f")]
     assert len(flows) == 2 and all(e["name"] == "weights v1" for e in flows)  # sync_weights -> swap_weights
@@ -66,8 +97,10 @@ def test_a_real_run_breaks_down_into_the_phases_of_every_role(tmp_path):
     from asyncflow.cli._runs import load_trace
     from asyncflow.config.run import load_config
 
-    path = write_tiny_config(tmp_path / "c.toml", {"train": {"num_steps": 3, "checkpoint_every": 0},
-                                                    "workflow": {"mode": "sync"}, "logging": {"progress": False}})
+    path = write_tiny_config(
+        tmp_path / "c.toml",
+        {"train": {"num_steps": 3, "checkpoint_every": 0}, "workflow": {"mode": "sync"}, "logging": {"progress": False}},
+    )
     run(load_config(str(path)), tmp_path / "run")
     b = breakdown(load_trace(tmp_path / "run" / "trace.json"), num_steps=3)
     trainer, rollout = b["trainer"], b["rollout.0"]

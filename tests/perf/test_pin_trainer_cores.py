@@ -17,8 +17,11 @@ EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "local
 
 def _cfg(pin: int, mode: str = "async"):
     cfg = load_config(EXAMPLE)
-    return msgspec.structs.replace(cfg, cluster=msgspec.structs.replace(cfg.cluster, pin_trainer_cores=pin),
-                                   workflow=msgspec.structs.replace(cfg.workflow, mode=mode))
+    return msgspec.structs.replace(
+        cfg,
+        cluster=msgspec.structs.replace(cfg.cluster, pin_trainer_cores=pin),
+        workflow=msgspec.structs.replace(cfg.workflow, mode=mode),
+    )
 
 
 @pytest.mark.timeout(30)
@@ -53,13 +56,23 @@ def test_in_a_real_async_run_the_trainer_runs_on_its_own_core(tmp_path):
     from tiny_config import write_tiny_config
 
     cores = sorted(os.sched_getaffinity(0))
-    path = write_tiny_config(tmp_path / "c.toml", {"train": {"num_steps": 30, "checkpoint_every": 0},
-                                                    "workflow": {"mode": "async"}, "logging": {"progress": False},
-                                                    "cluster": {"pin_trainer_cores": 1}})
+    path = write_tiny_config(
+        tmp_path / "c.toml",
+        {
+            "train": {"num_steps": 30, "checkpoint_every": 0},
+            "workflow": {"mode": "async"},
+            "logging": {"progress": False},
+            "cluster": {"pin_trainer_cores": 1},
+        },
+    )
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "asyncflow.cli.main", "up", str(path), "--run-dir", str(run_dir)],
-                            env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncflow.cli.main", "up", str(path), "--run-dir", str(run_dir)],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         allowed = {}
         deadline = time.monotonic() + 90

@@ -16,10 +16,10 @@ def reference(prompts, responses, per_token):
     extra = {n: torch.zeros(B, T) for n in per_token}
     for b, (p, r) in enumerate(zip(prompts, responses)):
         P, L = len(p), len(r)
-        ids[b, :P], ids[b, P:P + L] = torch.tensor(p.tolist()), torch.tensor(r.tolist(), dtype=torch.long)
-        attn[b, :P + L], resp[b, P:P + L] = 1, 1.0
+        ids[b, :P], ids[b, P : P + L] = torch.tensor(p.tolist()), torch.tensor(r.tolist(), dtype=torch.long)
+        attn[b, : P + L], resp[b, P : P + L] = 1, 1.0
         for n, col in per_token.items():
-            extra[n][b, P:P + L] = torch.tensor(col[b].tolist())
+            extra[n][b, P : P + L] = torch.tensor(col[b].tolist())
     return ids, attn, resp, extra, [len(p) for p in prompts]
 
 
@@ -29,8 +29,10 @@ def test_vectorised_token_batch_equals_the_row_by_row_reference():
     prompts = [rng.integers(3, 99, rng.integers(1, 9)).astype(np.int64) for _ in range(37)]
     responses = [rng.integers(3, 99, rng.integers(0, 7)).astype(np.int64) for _ in range(37)]
     responses[0] = responses[0][:0]  # an empty response
-    per_token = {"rollout_logp": [rng.standard_normal(len(r)).astype(np.float32) for r in responses],
-                 "ref_logp": [rng.standard_normal(len(r)).astype(np.float32) for r in responses]}
+    per_token = {
+        "rollout_logp": [rng.standard_normal(len(r)).astype(np.float32) for r in responses],
+        "ref_logp": [rng.standard_normal(len(r)).astype(np.float32) for r in responses],
+    }
     for arrays in (prompts, responses, *per_token.values()):
         for a in arrays:
             a.flags.writeable = False  # queue arrays are read-only views
@@ -72,8 +74,9 @@ def test_the_reward_joins_two_batches_row_for_row():
     from asyncflow.core.tq.client import Batch
 
     def batch(indices):
-        meta = protocol.BatchMeta(task="reward", indices=indices, metas=[protocol.RowMeta(index=i) for i in indices],
-                                  shards=[0] * len(indices))
+        meta = protocol.BatchMeta(
+            task="reward", indices=indices, metas=[protocol.RowMeta(index=i) for i in indices], shards=[0] * len(indices)
+        )
         return Batch("reward", meta, {"x": [np.asarray([i]) for i in indices]})
 
     both = joined(batch([4]), batch([7, 9]))

@@ -10,8 +10,16 @@ from asyncflow.planner.calibration import Efficiency, Point, Profile, fit_corun,
 from asyncflow.planner.hardware import get_hardware
 from asyncflow.planner.models import ModelShape
 
-TINY = ModelShape(name="tiny", num_layers=2, hidden_size=64, intermediate_size=192, num_attention_heads=4,
-                  num_kv_heads=2, vocab_size=64, tie_word_embeddings=True)
+TINY = ModelShape(
+    name="tiny",
+    num_layers=2,
+    hidden_size=64,
+    intermediate_size=192,
+    num_attention_heads=4,
+    num_kv_heads=2,
+    vocab_size=64,
+    tie_word_embeddings=True,
+)
 
 
 @pytest.mark.timeout(10)
@@ -31,8 +39,11 @@ def test_fit_terms_keeps_coefficients_non_negative():
 
 @pytest.mark.timeout(10)
 def test_fit_corun_is_the_ratio_of_two_at_once_to_alone_and_never_below_one():
-    points = [Point(kind="corun", size="alone", work=1.0, time_s=0.040),
-              Point(kind="corun", size="two", work=2.0, time_s=0.050), Point(kind="corun", size="two", work=2.0, time_s=0.054)]
+    points = [
+        Point(kind="corun", size="alone", work=1.0, time_s=0.040),
+        Point(kind="corun", size="two", work=2.0, time_s=0.050),
+        Point(kind="corun", size="two", work=2.0, time_s=0.054),
+    ]
     assert fit_corun(points) == pytest.approx(1.3)
     assert fit_corun([points[0], Point(kind="corun", size="two", work=2.0, time_s=0.030)]) == 1.0
     with pytest.raises(ValueError, match="alone"):
@@ -51,15 +62,23 @@ def test_profile_fit_sets_the_framework_terms_from_their_points():
     points += [Point(kind="corun", size="alone", work=1.0, time_s=0.03), Point(kind="corun", size="two", work=2.0, time_s=0.039)]
     # prefill = a call of one token: per call 2 ms + 0.1 ms per sequence + 1 ms per layer + FLOPs at 0.5 of peak
     prefill = [(2, 4, 1e8), (2, 16, 4e8), (2, 64, 5e7), (4, 4, 8e8), (4, 16, 3.2e9), (4, 64, 4e8), (6, 16, 2e10)]
-    points += [Point(kind="prefill", size="p", work=w, num_layers=n, batch=b,
-                     time_s=0.002 + 1e-4 * b + 1e-3 * n + w / (0.5 * peak)) for n, b, w in prefill]
+    points += [
+        Point(kind="prefill", size="p", work=w, num_layers=n, batch=b, time_s=0.002 + 1e-4 * b + 1e-3 * n + w / (0.5 * peak))
+        for n, b, w in prefill
+    ]
     # train: 10 ms per micro-batch + 5 us per token per layer + FLOPs at 0.6 of peak
     train = [(256, 2, 1e8), (1024, 2, 4e8), (256, 4, 8e8), (1024, 4, 3.2e9), (256, 6, 6e9), (1024, 6, 2.4e10)]
-    points += [Point(kind="train", size="t", work=w, num_layers=n, tokens=t, time_s=0.01 + 5e-6 * t * n + w / (0.6 * peak))
-               for t, n, w in train]
+    points += [
+        Point(kind="train", size="t", work=w, num_layers=n, tokens=t, time_s=0.01 + 5e-6 * t * n + w / (0.6 * peak))
+        for t, n, w in train
+    ]
     eff = fit_profile(points, hw)
-    assert eff.trainer_overhead_s == pytest.approx(0.0003, rel=1e-3) and eff.trainer_overhead_s_per_row == pytest.approx(5e-5, rel=1e-3)
-    assert eff.snapshot_overhead_s == pytest.approx(0.001, rel=1e-3) and eff.snapshot_s_per_param == pytest.approx(6e-10, rel=1e-3)
+    assert eff.trainer_overhead_s == pytest.approx(0.0003, rel=1e-3) and eff.trainer_overhead_s_per_row == pytest.approx(
+        5e-5, rel=1e-3
+    )
+    assert eff.snapshot_overhead_s == pytest.approx(0.001, rel=1e-3) and eff.snapshot_s_per_param == pytest.approx(
+        6e-10, rel=1e-3
+    )
     assert eff.queue_ask_s == pytest.approx(0.0007, rel=1e-3) and eff.queue_ask_s_per_row == pytest.approx(4e-6, rel=1e-3)
     assert eff.corun_slowdown == pytest.approx(1.3)
     assert eff.generate_overhead_s == pytest.approx(0.002, rel=0.05)
@@ -74,8 +93,14 @@ def test_profile_fit_sets_the_framework_terms_from_their_points():
 @pytest.mark.timeout(10)
 def test_a_generate_call_decodes_until_its_longest_sample_over_the_sequences_still_running():
     hw = get_hardware("cpu")
-    eff = Efficiency(decode_overhead_s=1e-3, decode_overhead_s_per_seq=1e-5, generate_overhead_s=2e-3,
-                     generate_overhead_s_per_seq=1e-4, decode_bandwidth=1.0, prefill_flops=1.0)
+    eff = Efficiency(
+        decode_overhead_s=1e-3,
+        decode_overhead_s_per_seq=1e-5,
+        generate_overhead_s=2e-3,
+        generate_overhead_s_per_seq=1e-4,
+        decode_bandwidth=1.0,
+        prefill_flops=1.0,
+    )
     call = framework.generate_call(TINY, hw, eff, batch=64, prompt_tokens=6, mean_response=2.5, longest_response=4)
     assert call.iterations == 3  # prefill samples the first token
     assert call.overhead_s == pytest.approx(2e-3 + 64 * 1e-4)
@@ -102,11 +127,21 @@ def test_the_cost_model_charges_the_calibrated_overheads():
     from asyncflow.planner.cost import Workload, forward_cost, rollout_cost, train_cost
 
     hw = get_hardware("cpu")
-    wl = Workload(prompt_len_tokens=6, response_len_tokens=4, max_response_len_tokens=6, prompts_per_step=16,
-                  samples_per_prompt=8, use_reference=False)
+    wl = Workload(
+        prompt_len_tokens=6,
+        response_len_tokens=4,
+        max_response_len_tokens=6,
+        prompts_per_step=16,
+        samples_per_prompt=8,
+        use_reference=False,
+    )
     base = Efficiency()
-    more = Efficiency(generate_overhead_s=0.002, generate_overhead_s_per_seq=1e-4, train_overhead_s_per_token_layer=5e-6,
-                      forward_overhead_s_per_token_layer=2e-6)
+    more = Efficiency(
+        generate_overhead_s=0.002,
+        generate_overhead_s_per_seq=1e-4,
+        train_overhead_s_per_token_layer=5e-6,
+        forward_overhead_s_per_token_layer=2e-6,
+    )
     r0, r1 = rollout_cost(TINY, hw, base, wl, 1, 1), rollout_cost(TINY, hw, more, wl, 1, 1)
     calls = -(-wl.num_samples // r0.batch_per_instance)
     assert r1.time_s - r0.time_s == pytest.approx(calls * 0.002 + wl.num_samples * 1e-4)
@@ -159,11 +194,18 @@ def test_plan_config_adds_the_framework_terms_to_the_stages():
     assert a["call_s"] - b["call_s"] > framework.ROLLOUT_CALL_ASKS * 1e-3
     assert asks["modes"]["async"]["contention"]["train"] > base["modes"]["async"]["contention"]["train"]
     handoff = run(Efficiency(queue_handoff_s=0.004))
-    assert (handoff["modes"]["sync"]["stages"]["reward_s"] - handoff["framework"]["reward_score_s"]["sync"]
-            - base["modes"]["sync"]["stages"]["reward_s"] + base["framework"]["reward_score_s"]["sync"]) == pytest.approx(0.008)
+    assert (
+        handoff["modes"]["sync"]["stages"]["reward_s"]
+        - handoff["framework"]["reward_score_s"]["sync"]
+        - base["modes"]["sync"]["stages"]["reward_s"]
+        + base["framework"]["reward_score_s"]["sync"]
+    ) == pytest.approx(0.008)
     assert base["framework"]["reward_score_s"] == inputs.reward_score_s
-    own = run(Efficiency(trainer_overhead_s=0.002, trainer_overhead_s_per_row=1e-5, snapshot_overhead_s=0.001,
-                         snapshot_s_per_param=1e-9))
+    own = run(
+        Efficiency(
+            trainer_overhead_s=0.002, trainer_overhead_s_per_row=1e-5, snapshot_overhead_s=0.001, snapshot_s_per_param=1e-9
+        )
+    )
     sb, so = base["modes"]["sync"]["stages"], own["modes"]["sync"]["stages"]
     assert so["train_s"] - sb["train_s"] == pytest.approx(0.002 + 128 * 1e-5)
     assert so["publish_s"] - sb["publish_s"] == pytest.approx(0.001 + base["num_params"] * 1e-9)
@@ -204,5 +246,6 @@ def test_shared_core_stretch_is_the_expected_time_slice_of_the_runnable_processe
     eff = Efficiency(queue_ask_s=1e-3)
     aux = framework.aux_cpu_s(eff, calls_per_step=2, reward_score_s=0.002)
     assert aux["reward"] == pytest.approx(2 * (0.002 + framework.REWARD_UNIT_ASKS * 1e-3))
-    assert aux["queue"] == pytest.approx((2 * (framework.ROLLOUT_CALL_ASKS + framework.REWARD_UNIT_ASKS)
-                                          + framework.TRAINER_STEP_ASKS) * 1e-3)
+    assert aux["queue"] == pytest.approx(
+        (2 * (framework.ROLLOUT_CALL_ASKS + framework.REWARD_UNIT_ASKS) + framework.TRAINER_STEP_ASKS) * 1e-3
+    )

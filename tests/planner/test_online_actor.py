@@ -44,8 +44,9 @@ class FakeRole(Actor):
 class Bench:
     """A directory, fake roles and the planner, in this process over inproc sockets."""
 
-    def __init__(self, tmp_path, config: PlannerConfig, replicas: list[str], train_threads: int, num_steps: int = 30,
-                 cores: int = 0):
+    def __init__(
+        self, tmp_path, config: PlannerConfig, replicas: list[str], train_threads: int, num_steps: int = 30, cores: int = 0
+    ):
         self.transport = TransportConfig(scheme="inproc")
         self.directory = start_directory(self.transport)
         self.dc = DirectoryClient(self.directory.address, self.transport)
@@ -58,9 +59,18 @@ class Bench:
         self.path = tmp_path / "planner.jsonl"
         self.depth = 0.0  # the training queue's depth the planner reads (no queue here)
         self.planner = serve_actor(
-            PlannerActor, "planner", self.transport, directory_address=self.directory.address, run_dir=str(tmp_path),
-            config=config, rollout_replicas=replicas, train_threads=train_threads, apply=self.moves.put,
-            num_steps=num_steps, cores=cores, queue_depth=self.queue_depth,
+            PlannerActor,
+            "planner",
+            self.transport,
+            directory_address=self.directory.address,
+            run_dir=str(tmp_path),
+            config=config,
+            rollout_replicas=replicas,
+            train_threads=train_threads,
+            apply=self.moves.put,
+            num_steps=num_steps,
+            cores=cores,
+            queue_depth=self.queue_depth,
         )
         self.dc.register(self.planner.entry())
         self.ref = self.dc.ref("planner")
@@ -110,8 +120,7 @@ def make_bench(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_each_observed_step_carries_the_training_queue_depth_read_at_its_boundary(make_bench):
-    b = make_bench(config=PlannerConfig(online=True, patience_steps=2, measure_steps=2), replicas=["rollout.0"],
-                   train_threads=2)
+    b = make_bench(config=PlannerConfig(online=True, patience_steps=2, measure_steps=2), replicas=["rollout.0"], train_threads=2)
     balanced = {"rollout.0": 0.8, "trainer": 0.8}
     b.step(0, 10.0, balanced)  # starts the clock: not observed
     for step, depth in ((1, 12.0), (2, 0.0)):
@@ -239,9 +248,16 @@ def test_moves_during_a_tiny_run_add_and_remove_a_replica_and_every_step_still_t
     launcher.plan()
 
     def move(to_role: str, split: Split) -> MoveDecision:
-        return MoveDecision(from_role="train" if to_role == "rollout" else "rollout", to_role=to_role, num_workers=1,
-                            split_after=split, predicted_step_s_before=1.0, predicted_step_s_after=0.5,
-                            predicted_gain=1.0, reason="test")
+        return MoveDecision(
+            from_role="train" if to_role == "rollout" else "rollout",
+            to_role=to_role,
+            num_workers=1,
+            split_after=split,
+            predicted_step_s_before=1.0,
+            predicted_step_s_after=0.5,
+            predicted_gain=1.0,
+            reason="test",
+        )
 
     try:
         launcher.start()
@@ -255,7 +271,9 @@ def test_moves_during_a_tiny_run_add_and_remove_a_replica_and_every_step_still_t
     assert finished.last_step == 5
     applied = [e for e in map(json.loads, (rd / "planner.jsonl").read_text().splitlines()) if e["event"] == "applied"]
     assert [(e["ok"], e["split"]["rollout_replicas"], e["split"]["train_threads"]) for e in applied] == [
-        (True, ["rollout.0", "rollout.1"], 1), (True, ["rollout.0"], 2)]
+        (True, ["rollout.0", "rollout.1"], 1),
+        (True, ["rollout.0"], 2),
+    ]
     assert "rollout.1" not in hosts and "rollout.0" in hosts
     trained = [json.loads(line) for line in (rd / "trained.jsonl").read_text().splitlines()]
     assert [t["step"] for t in trained] == list(range(6))

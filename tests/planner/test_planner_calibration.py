@@ -28,8 +28,10 @@ def test_fit_refuses_times_that_do_not_grow_with_work():
 @pytest.mark.parametrize("suffix", [".json", ".toml"])
 def test_a_profile_round_trips_through_json_and_toml(tmp_path, suffix):
     profile = Profile(
-        hardware="cpu", efficiency=Efficiency(train_flops=0.21, decode_overhead_s=0.002),
-        points=[Point(kind="train", size="hidden 128", work=1e9, time_s=0.5)], created_at="2026-11-29T12:00:00",
+        hardware="cpu",
+        efficiency=Efficiency(train_flops=0.21, decode_overhead_s=0.002),
+        points=[Point(kind="train", size="hidden 128", work=1e9, time_s=0.5)],
+        created_at="2026-11-29T12:00:00",
         notes="test",
     )
     path = tmp_path / f"profile{suffix}"
@@ -67,8 +69,18 @@ def test_profile_fit_sets_every_measured_factor():
     points = [Point(kind="train", size="s", work=w, time_s=0.01 + w / (0.5 * hw.peak_bf16_flops)) for w in (1e9, 4e9)]
     points += [Point(kind="forward", size="s", work=w, time_s=w / (0.6 * hw.peak_bf16_flops)) for w in (1e9, 4e9)]
     points += [Point(kind="prefill", size="s", work=w, num_layers=2, time_s=w / (0.4 * hw.peak_bf16_flops)) for w in (1e9, 4e9)]
-    points += [Point(kind="decode", size="s", work=w, flops=1e3, batch=4, num_layers=2,
-                     time_s=0.002 + w / (0.2 * hw.memory_bandwidth_bytes_per_s)) for w in (1e6, 3e6, 9e6)]
+    points += [
+        Point(
+            kind="decode",
+            size="s",
+            work=w,
+            flops=1e3,
+            batch=4,
+            num_layers=2,
+            time_s=0.002 + w / (0.2 * hw.memory_bandwidth_bytes_per_s),
+        )
+        for w in (1e6, 3e6, 9e6)
+    ]
     eff = fit_profile(points, hw)
     assert eff.train_flops == pytest.approx(0.5, rel=1e-3) and eff.train_overhead_s == pytest.approx(0.01, rel=1e-2)
     assert eff.forward_flops == pytest.approx(0.6, rel=1e-3) and eff.prefill_flops == pytest.approx(0.4, rel=1e-3)
@@ -96,8 +108,30 @@ def test_afctl_profile_runs_the_real_engines_and_its_profile_feeds_afctl_plan(tm
     assert eff.trainer_overhead_s_per_row > 0 and eff.snapshot_s_per_param > 0 and eff.queue_ask_s > 0
     assert eff.queue_handoff_s >= 0 and eff.corun_slowdown >= 1
     assert {p.kind for p in prof.points} >= {"trainer", "snapshot", "queue", "handoff", "corun"}
-    out = CliRunner().invoke(main, ["plan", "--model", "0.5b", "--devices", "4", "--hardware", "cpu", "--batch-size", "4",
-                                    "-n", "2", "--prompt-len", "32", "--response-len", "32", "--max-response-len", "64",
-                                    "--profile", str(path), "--json"])
+    out = CliRunner().invoke(
+        main,
+        [
+            "plan",
+            "--model",
+            "0.5b",
+            "--devices",
+            "4",
+            "--hardware",
+            "cpu",
+            "--batch-size",
+            "4",
+            "-n",
+            "2",
+            "--prompt-len",
+            "32",
+            "--response-len",
+            "32",
+            "--max-response-len",
+            "64",
+            "--profile",
+            str(path),
+            "--json",
+        ],
+    )
     assert out.exit_code == 0, out.output
     assert json.loads(out.output.splitlines()[-1])["plans"]

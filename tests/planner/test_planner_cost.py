@@ -77,8 +77,14 @@ def test_prefill_sends_only_the_last_prompt_token_through_the_output_head():
 
 def test_training_time_is_six_flops_per_parameter_per_token_at_the_efficiency():
     m, hw = PRESETS["7b"], get_hardware("h100")
-    wl = Workload(prompt_len_tokens=16, response_len_tokens=16, max_response_len_tokens=16, prompts_per_step=64,
-                  samples_per_prompt=16, use_reference=False)
+    wl = Workload(
+        prompt_len_tokens=16,
+        response_len_tokens=16,
+        max_response_len_tokens=16,
+        prompts_per_step=64,
+        samples_per_prompt=16,
+        use_reference=False,
+    )
     eff = Efficiency(train_flops=0.5)
     cost = train_cost(m, hw, eff, wl, devices=8, tp=1, pp=1)
     tokens = 64 * 16 * 32
@@ -98,7 +104,8 @@ def test_weight_sync_moves_the_rollout_shard_over_the_inter_node_link():
     m, hw = PRESETS["7b"], get_hardware("h100")
     # 15.23 GB / (50 GB/s x 0.7) + 10 us = 0.4352 s.
     assert weight_transfer_s(m, hw, Efficiency(link_bandwidth=0.7), rollout_tp=1) == pytest.approx(
-        2 * m.num_params / 35e9 + 10e-6)
+        2 * m.num_params / 35e9 + 10e-6
+    )
     assert weight_transfer_s(m, hw, PEAK, rollout_tp=4) == pytest.approx(2 * m.num_params / 4 / 50e9 + 10e-6)
     assert weight_swap_s(m, hw, rollout_tp=1) == pytest.approx(2 * m.num_params / 50e9)
 

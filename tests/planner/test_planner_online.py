@@ -14,8 +14,12 @@ from asyncflow.planner.online import (
 
 
 def _obs(step, rollout_busy, train_busy, step_s=10.0, train_queue=0.0):
-    return StepObservation(step=step, step_s=step_s, rollout=RoleWindow(busy_fraction=rollout_busy),
-                           train=RoleWindow(busy_fraction=train_busy, queue_depth=train_queue))
+    return StepObservation(
+        step=step,
+        step_s=step_s,
+        rollout=RoleWindow(busy_fraction=rollout_busy),
+        train=RoleWindow(busy_fraction=train_busy, queue_depth=train_queue),
+    )
 
 
 def test_trainers_waiting_on_rollout_for_several_steps_move_a_worker_to_rollout():
@@ -95,11 +99,14 @@ def test_repeated_decisions_move_an_unbalanced_pipeline_to_the_balanced_split_an
     history, last_move, moves = [], None, []
     for step in range(20):
         step_s = max(work_r / split.rollout_workers, work_t / split.train_workers)
-        history.append(StepObservation(
-            step=step, step_s=step_s,
-            rollout=RoleWindow(busy_fraction=work_r / split.rollout_workers / step_s),
-            train=RoleWindow(busy_fraction=work_t / split.train_workers / step_s),
-        ))
+        history.append(
+            StepObservation(
+                step=step,
+                step_s=step_s,
+                rollout=RoleWindow(busy_fraction=work_r / split.rollout_workers / step_s),
+                train=RoleWindow(busy_fraction=work_t / split.train_workers / step_s),
+            )
+        )
         since = None if last_move is None else step - last_move
         move = decide(history, split, steps_since_last_move=since)
         if move is not None:

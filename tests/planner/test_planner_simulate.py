@@ -12,8 +12,16 @@ from asyncflow.planner.models import PRESETS, ModelShape
 from asyncflow.planner.search import search
 from asyncflow.planner.simulate import response_lengths, simulate
 
-TINY = ModelShape(name="tiny", num_layers=2, hidden_size=64, intermediate_size=192, num_attention_heads=4,
-                  num_kv_heads=2, vocab_size=100, tie_word_embeddings=True)
+TINY = ModelShape(
+    name="tiny",
+    num_layers=2,
+    hidden_size=64,
+    intermediate_size=192,
+    num_attention_heads=4,
+    num_kv_heads=2,
+    vocab_size=100,
+    tie_word_embeddings=True,
+)
 WL = Workload(prompts_per_step=32, samples_per_prompt=8, response_len_tokens=1024, max_response_len_tokens=8192)
 
 
@@ -31,8 +39,17 @@ def test_response_lengths_are_long_tailed_around_the_mean_and_capped():
 
 def test_the_async_step_is_no_slower_than_the_sync_step():
     for model, hw, n in ((PRESETS["7b"], "h100", 16), (PRESETS["32b"], "910b", 64), (TINY, "cpu", 2)):
-        wl = WL if hw != "cpu" else Workload(prompts_per_step=4, samples_per_prompt=4, prompt_len_tokens=64,
-                                             response_len_tokens=64, max_response_len_tokens=256)
+        wl = (
+            WL
+            if hw != "cpu"
+            else Workload(
+                prompts_per_step=4,
+                samples_per_prompt=4,
+                prompt_len_tokens=64,
+                response_len_tokens=64,
+                max_response_len_tokens=256,
+            )
+        )
         plan = search(model, get_hardware(hw), wl, n).plans[0]
         sync, streaming = simulate(model, get_hardware(hw), Efficiency(), wl, plan, num_steps=5)
         assert streaming.step_s <= sync.step_s, (model, hw)

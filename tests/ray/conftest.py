@@ -33,8 +33,13 @@ def ray_env():
     env = dict(os.environ, **auth, **{PARENT_ENV: str(os.getpid())})
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_AUTH_TOKEN_PATH", None)
-    head = subprocess.Popen([sys.executable, str(Path(__file__).parent / "_ray_head.py"), "4"], env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    head = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "_ray_head.py"), "4"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         address = head.stdout.readline().strip()
         if not address:

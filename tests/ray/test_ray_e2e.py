@@ -33,8 +33,13 @@ def test_a_tiny_run_with_hosts_placed_by_ray_trains_every_step_exactly_once(tmp_
     run_dir = tmp_path / "run"
     config = write_config(tmp_path, mode="async", num_steps=3, staleness=1, extra=RAY_CLUSTER)
     env = dict(os.environ, OMP_NUM_THREADS="1", ASYNCFLOW_SECRET="ray-test-secret", **ray_env)
-    done = subprocess.run([sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
-                          env=env, capture_output=True, text=True, timeout=540)
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
     assert "done: 3 steps" in out
@@ -52,11 +57,22 @@ def test_a_tiny_run_with_hosts_placed_by_ray_trains_every_step_exactly_once(tmp_
 @pytest.mark.timeout(600)
 def test_two_trainer_ranks_placed_by_ray_rendezvous_through_the_directory_and_train(tmp_path, ray_env):
     run_dir = tmp_path / "run"
-    config = write_config(tmp_path, mode="async", num_steps=3, staleness=1, extra=RAY_CLUSTER,
-                          changes={"train": {"num_ranks": 2}, "train.engine": {"fsdp": True}})
+    config = write_config(
+        tmp_path,
+        mode="async",
+        num_steps=3,
+        staleness=1,
+        extra=RAY_CLUSTER,
+        changes={"train": {"num_ranks": 2}, "train.engine": {"fsdp": True}},
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1", ASYNCFLOW_SECRET="ray-test-secret", **ray_env)
-    done = subprocess.run([sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
-                          env=env, capture_output=True, text=True, timeout=540)
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
     assert "ray: process trainer.1 on node " in out, out[-6000:]
@@ -70,8 +86,13 @@ def test_a_killed_rollout_host_under_ray_is_placed_again_and_every_sample_is_tra
     run_dir = tmp_path / "run"
     config = write_config(tmp_path, mode="async", num_steps=4, staleness=1, extra=RAY_CLUSTER)
     env = dict(os.environ, OMP_NUM_THREADS="1", ASYNCFLOW_SECRET="ray-test-secret", **ray_env)
-    proc = subprocess.Popen([sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines, rollout_pid, killed = [], None, False
     for line in proc.stdout:
         lines.append(line)
@@ -96,8 +117,13 @@ def test_a_frozen_rollout_host_under_ray_is_reported_lost_by_the_heartbeat_and_p
     run_dir = tmp_path / "run"
     config = write_config(tmp_path, mode="async", num_steps=4, staleness=1, extra=RAY_CLUSTER)
     env = dict(os.environ, OMP_NUM_THREADS="1", ASYNCFLOW_SECRET="ray-test-secret", **ray_env)
-    proc = subprocess.Popen([sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines, frozen_pid, frozen_at, reported_after_s = [], None, None, None
     try:
         for line in proc.stdout:
@@ -129,8 +155,13 @@ def test_ctrl_c_under_ray_stops_every_host_and_says_how_to_resume(tmp_path, ray_
     run_dir = tmp_path / "run"
     config = write_config(tmp_path, mode="async", num_steps=50, staleness=1, extra=RAY_CLUSTER)
     env = dict(os.environ, OMP_NUM_THREADS="1", ASYNCFLOW_SECRET="ray-test-secret", **ray_env)
-    proc = subprocess.Popen([sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncflow.cli.main", "up", str(config), "--run-dir", str(run_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     pids = []
     for line in proc.stdout:
         if line.startswith("ray: process "):

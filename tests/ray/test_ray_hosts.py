@@ -33,10 +33,13 @@ def test_each_node_listens_on_its_own_ip_or_advertises_it_behind_a_wildcard():
     assert wild.bind_host == "0.0.0.0" and wild.advertise_host == "10.0.0.7"
 
 
-@pytest.mark.parametrize("transport,fix", [
-    (TransportConfig(scheme="ipc"), "scheme = 'tcp'"),
-    (TransportConfig(scheme="tcp"), "ASYNCFLOW_SECRET"),
-])
+@pytest.mark.parametrize(
+    "transport,fix",
+    [
+        (TransportConfig(scheme="ipc"), "scheme = 'tcp'"),
+        (TransportConfig(scheme="tcp"), "ASYNCFLOW_SECRET"),
+    ],
+)
 def test_the_ray_launcher_says_what_to_change_in_the_transport(transport, fix, monkeypatch):
     monkeypatch.delenv("ASYNCFLOW_SECRET", raising=False)
     with pytest.raises(ConfigError, match=fix):

@@ -34,7 +34,7 @@ def test_the_cache_keeps_to_its_budget_and_copies_cells_out_of_the_received_mess
     cache = InlineCache(max_bytes=16)  # two int64 cells
     cache.wanted = {"a"}
     frame = bytearray(np.arange(3, dtype=np.int64).tobytes())
-    cells = [protocol.Tensor(dtype="int64", shape=[1], data=memoryview(frame)[8 * k: 8 * k + 8]) for k in range(3)]
+    cells = [protocol.Tensor(dtype="int64", shape=[1], data=memoryview(frame)[8 * k : 8 * k + 8]) for k in range(3)]
     cache.on_written([0, 1, 2], ["a"], {"a": cells})
     assert cache.num_bytes == 16 and cache.take([2], ["a"]) == {}
     frame[:] = bytes(len(frame))  # the message buffer reused: the cache's copies are intact
@@ -45,8 +45,9 @@ def test_the_cache_keeps_to_its_budget_and_copies_cells_out_of_the_received_mess
 def test_the_cache_keeps_only_columns_its_task_asks_for_and_rows_it_has_not_finished():
     cache = InlineCache()
     cache.wanted = {"a"}
-    cache.on_written([0, 1], ["a", "z"], {"a": [_cell([1]), _cell([2])], "z": [_cell([3]), _cell([4])]},
-                     skip=lambda i: i == 1)  # row 1 already acked by this task
+    cache.on_written(
+        [0, 1], ["a", "z"], {"a": [_cell([1]), _cell([2])], "z": [_cell([3]), _cell([4])]}, skip=lambda i: i == 1
+    )  # row 1 already acked by this task
     assert cache.take([0], ["a"]) != {} and cache.take([0], ["z"]) == {} and cache.take([1], ["a"]) == {}
     assert cache.num_bytes == 8
 

@@ -114,8 +114,9 @@ def test_group_policy_hands_whole_groups_even_when_rows_arrive_interleaved(clust
     counter = SPAWN.Value("i", 0)
     out = SPAWN.Queue()
     consumers = [
-        SPAWN.Process(target=_workers.consume,
-                      args=(address, "train", ["ids"], 8, "group", num_groups * group_size, counter, out))
+        SPAWN.Process(
+            target=_workers.consume, args=(address, "train", ["ids"], 8, "group", num_groups * group_size, counter, out)
+        )
         for _ in range(2)
     ]
     producer = SPAWN.Process(target=_workers.produce_groups, args=(address, num_groups, group_size, 3))

@@ -48,9 +48,15 @@ def main() -> None:
     if args.stall_at >= 0:
         stall_before_chunk(args.stall_at)
     transport = TransportConfig(scheme="ipc", ipc_dir=args.ipc_dir)
-    weights = serve_actor(WeightSyncActor, WEIGHTS, transport, directory_address=args.directory,
-                          run_dir=bench_run_dir(tempfile.mkdtemp(), substep_updates=True), replicas=[],
-                          chunk_bytes=1 << 20)  # one 1 MiB tensor per chunk
+    weights = serve_actor(
+        WeightSyncActor,
+        WEIGHTS,
+        transport,
+        directory_address=args.directory,
+        run_dir=bench_run_dir(tempfile.mkdtemp(), substep_updates=True),
+        replicas=[],
+        chunk_bytes=1 << 20,
+    )  # one 1 MiB tensor per chunk
     DirectoryClient(args.directory, transport).register(weights.entry())
     weights.pykka_ref.ask(Publish(1, tensors()))
     print("READY", flush=True)

@@ -25,11 +25,17 @@ max_resumes = 1
 
 
 def _config(tmp_path: Path, num_steps: int) -> Path:
-    return write_config(tmp_path, num_steps=num_steps, checkpoint_every=2, extra=DATA_PARALLEL, changes={
-        "reward": {"functions": ["wf_rewards:length"]},
-        "train": {"num_ranks": 2},
-        "train.engine": {"fsdp": True},
-    })
+    return write_config(
+        tmp_path,
+        num_steps=num_steps,
+        checkpoint_every=2,
+        extra=DATA_PARALLEL,
+        changes={
+            "reward": {"functions": ["wf_rewards:length"]},
+            "train": {"num_ranks": 2},
+            "train.engine": {"fsdp": True},
+        },
+    )
 
 
 @pytest.mark.slow  # 45 s: keeps the default suite under 10 minutes on 2 cores
@@ -70,11 +76,18 @@ def test_two_trainer_ranks_train_their_own_groups_and_a_lost_rank_is_healed_by_a
 @pytest.mark.timeout(200)
 def test_ppo_with_a_kl_reference_trains_its_critic_on_both_ranks_too(tmp_path):
     run_dir = tmp_path / "run"
-    config = write_config(tmp_path, num_steps=3, changes={
-        "reward": {"functions": ["wf_rewards:length"]},
-        "algorithm": {"name": "ppo", "kl_coef": 0.01},
-        "train": {"num_ranks": 2}, "train.engine": {"fsdp": True}, "critic.engine": {"fsdp": True},
-    }, extra=f'[cluster]\npython_path = ["{HERE}"]\n')
+    config = write_config(
+        tmp_path,
+        num_steps=3,
+        changes={
+            "reward": {"functions": ["wf_rewards:length"]},
+            "algorithm": {"name": "ppo", "kl_coef": 0.01},
+            "train": {"num_ranks": 2},
+            "train.engine": {"fsdp": True},
+            "critic.engine": {"fsdp": True},
+        },
+        extra=f'[cluster]\npython_path = ["{HERE}"]\n',
+    )
     proc = afctl("up", str(config), "--run-dir", str(run_dir))
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out

@@ -18,7 +18,7 @@ task = "judge"
 reward_column = "judge_score"
 kwargs = {{ target_tokens = 2 }}
 [cluster]
-python_path = ["{Path(__file__).resolve().parents[2] / 'examples' / 'roles'}"]
+python_path = ["{Path(__file__).resolve().parents[2] / "examples" / "roles"}"]
 """
 
 
@@ -28,8 +28,9 @@ def test_a_few_steps_run_end_to_end_and_staleness_never_exceeds_k(tmp_path, mode
     run_dir = tmp_path / "run"
     # the async run also carries a custom role (the example brevity judge) whose score the trainer adds
     judge = JUDGE if mode == "async" else ""
-    proc = afctl("up", str(write_config(tmp_path, mode=mode, num_steps=4, staleness=staleness, extra=judge)),
-                 "--run-dir", str(run_dir))
+    proc = afctl(
+        "up", str(write_config(tmp_path, mode=mode, num_steps=4, staleness=staleness, extra=judge)), "--run-dir", str(run_dir)
+    )
     out, _ = proc.communicate(timeout=220)
     assert proc.returncode == 0, out
     assert "done: 4 steps" in out

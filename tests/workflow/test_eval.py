@@ -58,9 +58,18 @@ class ScriptedEngine:
 
     def generate(self, prompts, params):
         assert params.n == 3 and params.temperature > 0
-        return [Completion(prompt_index=p, sample_index=s, response_ids=self.tokenizer(text, add_special_tokens=False)["input_ids"],
-                           logprobs=[], finish_reason="stop", version=self.version)
-                for p in range(len(prompts)) for s, text in enumerate(self.texts[p])]
+        return [
+            Completion(
+                prompt_index=p,
+                sample_index=s,
+                response_ids=self.tokenizer(text, add_special_tokens=False)["input_ids"],
+                logprobs=[],
+                finish_reason="stop",
+                version=self.version,
+            )
+            for p in range(len(prompts))
+            for s, text in enumerate(self.texts[p])
+        ]
 
 
 @pytest.mark.timeout(60)
@@ -102,15 +111,29 @@ def test_a_new_best_replaces_the_old_one_behind_a_relative_link_that_resume_neve
     link = tmp_path / "checkpoints" / "best"
     assert os.readlink(link) == "best_000004" and link.resolve() == path.resolve()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best", "best.json", "best_000004", "step_000002"]
-    assert read_best(tmp_path) == {"step": 3, "version": 4, "metric": "val/accuracy", "value": 0.5, "path": "best_000004",
-                                   "val/accuracy": 0.5, "val/reward_mean": 0.6}
+    assert read_best(tmp_path) == {
+        "step": 3,
+        "version": 4,
+        "metric": "val/accuracy",
+        "value": 0.5,
+        "path": "best_000004",
+        "val/accuracy": 0.5,
+        "val/reward_mean": 0.6,
+    }
     assert latest_checkpoint(tmp_path).name == "step_000002"
 
 
 @pytest.mark.timeout(10)
 def test_the_progress_line_shows_the_val_accuracy_only_at_steps_that_evaluated():
-    v = {"step": 3, "reward_mean": 0.5, "total_samples": 8, "total_tokens": 80, "time_s": 2.0, "staleness_max": 1,
-         "response_len_mean": 3.0}
+    v = {
+        "step": 3,
+        "reward_mean": 0.5,
+        "total_samples": 8,
+        "total_tokens": 80,
+        "time_s": 2.0,
+        "staleness_max": 1,
+        "response_len_mean": 3.0,
+    }
     assert "val acc" not in progress_line(v, 10, {})
     assert "reward 0.500 | val acc 0.250 |" in progress_line({**v, "val/accuracy": 0.25}, 10, {})
 
@@ -119,17 +142,28 @@ def test_the_progress_line_shows_the_val_accuracy_only_at_steps_that_evaluated()
 def test_plot_draws_a_held_out_accuracy_panel_when_a_run_has_evaluations(tmp_path):
     from asyncflow.cli.plot import draw
 
-    rows = [{"step": s, "time_s": 1.0 + s, "step_time_s": 1.0, "samples": 4, "reward_mean": 0.1 * s,
-             "response_len_mean": 3.0, "staleness_max": 1, **({"val/accuracy": 0.2 * s, "val/pass_at_k": 0.3 * s}
-                                                              if s % 2 else {})} for s in range(4)]
+    rows = [
+        {
+            "step": s,
+            "time_s": 1.0 + s,
+            "step_time_s": 1.0,
+            "samples": 4,
+            "reward_mean": 0.1 * s,
+            "response_len_mean": 3.0,
+            "staleness_max": 1,
+            **({"val/accuracy": 0.2 * s, "val/pass_at_k": 0.3 * s} if s % 2 else {}),
+        }
+        for s in range(4)
+    ]
     draw([("run", rows)], tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
 
 
 @pytest.mark.timeout(10)
 def test_an_impossible_eval_setting_names_the_key_and_the_fix(tmp_path):
-    config = write_config(tmp_path, changes={"eval": {"every_steps": 2, "mode": "pass_at_k"},
-                                             "rollout.sampling": {"temperature": 0.0}})
+    config = write_config(
+        tmp_path, changes={"eval": {"every_steps": 2, "mode": "pass_at_k"}, "rollout.sampling": {"temperature": 0.0}}
+    )
     with pytest.raises(ConfigError, match="eval.mode = 'pass_at_k': pass_at_k samples at rollout.sampling.temperature"):
         load_config(config)
     config = write_config(tmp_path, changes={"train.engine": {"lr_min_ratio": 2.0}})
@@ -143,8 +177,11 @@ def test_a_run_evaluates_every_n_steps_keeps_the_best_weights_and_never_trains_a
 
     run_dir = tmp_path / "run"
     schedule = {"lr": 1e-3, "lr_warmup_steps": 1, "lr_schedule": "cosine", "lr_min_ratio": 0.1}
-    config = write_config(tmp_path, num_steps=3, changes={
-        "eval": {"every_steps": 2, "num_prompts": 8}, "train.engine": schedule, "data": {"num_prompts": 24}})
+    config = write_config(
+        tmp_path,
+        num_steps=3,
+        changes={"eval": {"every_steps": 2, "num_prompts": 8}, "train.engine": schedule, "data": {"num_prompts": 24}},
+    )
     proc = afctl("up", str(config), "--run-dir", str(run_dir))
     out, _ = proc.communicate(timeout=110)
     assert proc.returncode == 0, out
@@ -166,6 +203,9 @@ def test_a_run_evaluates_every_n_steps_keeps_the_best_weights_and_never_trains_a
     rows = read_prompts(str(run_dir / "data.jsonl"))
     train, heldout = split_prompts([r["prompt"] for r in rows], 8, seed=0)
     order = PromptOrder(len(train), 2, shuffle=True, seed=0)
-    trained = {rows[train[order.index(*divmod(g, 2))]]["prompt"]
-               for line in read_jsonl(run_dir / "trained.jsonl") for g in line["groups"]}
+    trained = {
+        rows[train[order.index(*divmod(g, 2))]]["prompt"]
+        for line in read_jsonl(run_dir / "trained.jsonl")
+        for g in line["groups"]
+    }
     assert len(trained) >= 3 and not trained & {rows[i]["prompt"] for i in heldout}

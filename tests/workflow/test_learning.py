@@ -28,9 +28,13 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(900)
 def test_async_learns_as_much_as_sync_on_the_tiny_task_over_three_seeds(tmp_path):
     sets = [arg for s in os.environ.get("ASYNCFLOW_PARITY_SET", "").split() for arg in ("--set", s)]
-    done = subprocess.run([sys.executable, "scripts/convergence_parity.py", "--seeds", "0", "1", "2",
-                           "--out", str(tmp_path / "parity"), *sets],
-                          cwd=ROOT, capture_output=True, text=True, timeout=880)
+    done = subprocess.run(
+        [sys.executable, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--out", str(tmp_path / "parity"), *sets],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     parity = json.loads(done.stdout.splitlines()[-1])["parity"]
     sync, async_ = parity["sync"]["reward_last_10pct_mean"], parity["async"]["reward_last_10pct_mean"]

@@ -12,10 +12,20 @@ from asyncflow.config.run import ConfigError, load_config_text
 
 
 def _model_dir(tmp_path, hidden: int, layers: int, vocab: int):
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "hidden_size": hidden, "intermediate_size": 4 * hidden, "num_hidden_layers": layers,
-        "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": vocab, "tie_word_embeddings": False,
-    }))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "hidden_size": hidden,
+                "intermediate_size": 4 * hidden,
+                "num_hidden_layers": layers,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 8,
+                "vocab_size": vocab,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     return str(tmp_path)
 
 

@@ -19,9 +19,10 @@ HERE = Path(__file__).resolve().parent
 def test_a_reward_worker_that_dies_in_each_restart_is_retried_then_the_run_stops_cleanly_and_resumes(tmp_path):
     run_dir, crashes = tmp_path / "run", tmp_path / "crashes"
     config = write_config(
-        tmp_path, num_steps=8, checkpoint_every=2,
-        extra=f'[cluster]\npython_path = ["{HERE}"]\nmax_resumes = 1\n'
-              f'max_restarts_per_role = 2\nrestart_backoff_s = 0.2\n',
+        tmp_path,
+        num_steps=8,
+        checkpoint_every=2,
+        extra=f'[cluster]\npython_path = ["{HERE}"]\nmax_resumes = 1\nmax_restarts_per_role = 2\nrestart_backoff_s = 0.2\n',
         changes={"reward": {"functions": ["wf_crashing_reward:length"]}},
     )
     proc = afctl("up", str(config), "--run-dir", str(run_dir), env_extra={"AF_TEST_CRASH_ON_IMPORT": str(crashes)})

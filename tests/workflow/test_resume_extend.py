@@ -16,8 +16,7 @@ from asyncflow.config.run import ConfigError, RunConfig
 
 @pytest.mark.timeout(10)
 def test_keys_that_can_change_on_resume_are_applied():
-    cfg = apply_resume_overrides(RunConfig(), ["train.num_steps=90", "logging.progress=false",
-                                               "train.checkpoint_every=5"])
+    cfg = apply_resume_overrides(RunConfig(), ["train.num_steps=90", "logging.progress=false", "train.checkpoint_every=5"])
     assert (cfg.train.num_steps, cfg.logging.progress, cfg.train.checkpoint_every) == (90, False, 5)
 
 

@@ -12,9 +12,19 @@ from asyncflow.config.run import RunConfig
 
 def _launch(num_steps: int, first_step: int, startup_s: float, step_s: float, samples: int = 4) -> list[dict]:
     """Rows of one launch: its trainer's clock starts at 0, its totals at 0."""
-    return [{"step": first_step + k, "samples": samples, "tokens": 10 * samples, "total_samples": samples * (k + 1),
-             "time_s": startup_s + step_s * (k + 1), "step_time_s": step_s, "reward_mean": float(first_step + k),
-             "staleness_max": 1} for k in range(num_steps)]
+    return [
+        {
+            "step": first_step + k,
+            "samples": samples,
+            "tokens": 10 * samples,
+            "total_samples": samples * (k + 1),
+            "time_s": startup_s + step_s * (k + 1),
+            "step_time_s": step_s,
+            "reward_mean": float(first_step + k),
+            "staleness_max": 1,
+        }
+        for k in range(num_steps)
+    ]
 
 
 def _write(tmp_path, rows):

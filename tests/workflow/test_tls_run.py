@@ -15,11 +15,15 @@ def test_a_run_over_tls_with_certificates_from_afctl_certs_trains_every_step(tmp
     certs = tmp_path / "certs"
     made = afctl("certs", str(certs))
     assert made.wait(timeout=60) == 0, made.stdout.read()
-    config = write_config(tmp_path, num_steps=3, extra=f"""
+    config = write_config(
+        tmp_path,
+        num_steps=3,
+        extra=f"""
 [cluster.transport]
 scheme = "tcp"
 tls_dir = "{certs}"
-""")
+""",
+    )
     proc = afctl("up", str(config), "--run-dir", str(tmp_path / "run"))
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out

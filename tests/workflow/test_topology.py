@@ -32,11 +32,15 @@ def _kwargs(plan) -> dict:
 def test_a_default_config_gives_the_queue_a_shard_and_one_host_per_role_instance_in_start_order():
     hosts = topology.plan_hosts(_cfg(), "/run")
     assert [(h.name, h.kind) for h in hosts] == [
-        ("queue", "queue"), ("shard.0", "shard"), ("loader", names.LOADER), ("rollout.0", names.ROLLOUT),
-        ("reward.0", names.REWARD), ("trainer", names.TRAINER)]
+        ("queue", "queue"),
+        ("shard.0", "shard"),
+        ("loader", names.LOADER),
+        ("rollout.0", names.ROLLOUT),
+        ("reward.0", names.REWARD),
+        ("trainer", names.TRAINER),
+    ]
     queue = hosts[0]
-    assert [s.name for s in queue.specs] == ["tq.manager", "tq.controller.rollout", "tq.controller.reward",
-                                             "tq.controller.train"]
+    assert [s.name for s in queue.specs] == ["tq.manager", "tq.controller.rollout", "tq.controller.reward", "tq.controller.train"]
     assert all(h.role is None for h in hosts[:2]) and all(h.role is not None for h in hosts[2:])
 
 
@@ -60,17 +64,29 @@ def test_the_weights_actor_starts_in_the_trainers_process_before_the_trainer_and
 
 
 def test_replicas_reference_workers_and_trainer_ranks_follow_the_config():
-    cfg = _cfg("[rollout]\nnum_replicas = 3\n[algorithm]\nkl_coef = 0.1\n[reference]\nnum_workers = 2\n"
-               "[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true\n")
+    cfg = _cfg(
+        "[rollout]\nnum_replicas = 3\n[algorithm]\nkl_coef = 0.1\n[reference]\nnum_workers = 2\n"
+        "[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true\n"
+    )
     hosts = {h.name: h for h in topology.plan_hosts(cfg, "/run")}
-    assert list(hosts) == ["queue", "shard.0", "loader", "rollout.0", "rollout.1", "rollout.2", "reward.0",
-                           "reference.0", "reference.1", "trainer", "trainer.1"]
+    assert list(hosts) == [
+        "queue",
+        "shard.0",
+        "loader",
+        "rollout.0",
+        "rollout.1",
+        "rollout.2",
+        "reward.0",
+        "reference.0",
+        "reference.1",
+        "trainer",
+        "trainer.1",
+    ]
     assert "tq.controller.reference" in [s.name for s in hosts["queue"].specs]
     trainer = _kwargs(hosts["trainer"])
     assert trainer["rollout_replicas"] == ["rollout.0", "rollout.1", "rollout.2"]
     assert trainer["ranks"] == ["trainer.1"]
-    assert trainer["other_roles"] == ["loader", "rollout.0", "rollout.1", "rollout.2", "reward.0", "reference.0",
-                                      "reference.1"]
+    assert trainer["other_roles"] == ["loader", "rollout.0", "rollout.1", "rollout.2", "reward.0", "reference.0", "reference.1"]
     assert _kwargs(hosts["trainer.1"])["rank"] == 1
 
 
@@ -81,8 +97,12 @@ def test_no_reference_role_without_kl():
 
 
 def test_a_custom_role_is_a_restartable_rolespec_started_before_the_training_group_with_its_task():
-    cfg = msgspec.structs.replace(_cfg(), roles=[RoleEntry(
-        name="judge", cls=f"{__name__}:Judge", task="judge", reward_column="judge_score", kwargs={"batch_size": 4})])
+    cfg = msgspec.structs.replace(
+        _cfg(),
+        roles=[
+            RoleEntry(name="judge", cls=f"{__name__}:Judge", task="judge", reward_column="judge_score", kwargs={"batch_size": 4})
+        ],
+    )
     hosts = topology.plan_hosts(cfg, "/run")
     assert [h.name for h in hosts][-2:] == ["judge", "trainer"]
     judge = hosts[-2]
@@ -106,8 +126,9 @@ def test_what_dies_alone_is_restarted_and_what_it_put_is_kept():
 def test_devices_one_per_replica_and_the_training_group_shares_its_list_alone_or_splits_it_by_rank():
     rollout, trainer = topology.built_in(names.ROLLOUT), topology.built_in(names.TRAINER)
     rank = topology.built_in(names.TRAINER_RANK)
-    cfg = msgspec.structs.replace(_cfg(), cluster=ClusterConfig(device="cuda", rollout_devices=[4, 5],
-                                                                train_devices=[0, 1, 2, 3]))
+    cfg = msgspec.structs.replace(
+        _cfg(), cluster=ClusterConfig(device="cuda", rollout_devices=[4, 5], train_devices=[0, 1, 2, 3])
+    )
     assert visible_devices(rollout, "rollout.1", cfg) == "5"
     assert visible_devices(rollout, "rollout.2", cfg) is None  # added by the planner beyond the list: sees all
     assert visible_devices(trainer, "trainer", cfg) == "0,1,2,3" and num_devices(trainer, cfg) == 4
@@ -127,8 +148,10 @@ def test_the_reference_role_lives_in_its_module_and_one_registry_line_only():
     import asyncflow
 
     package = Path(asyncflow.__file__).parent
-    mentions = re.compile(r"actors\.reference\b|\breference\.ROLE\b|ReferenceActor|\bREFERENCE\b|TASK_REFERENCE|"
-                          r"import [\w, ]*\breference\b")
+    mentions = re.compile(
+        r"actors\.reference\b|\breference\.ROLE\b|ReferenceActor|\bREFERENCE\b|TASK_REFERENCE|"
+        r"import [\w, ]*\breference\b"
+    )
     naming = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if mentions.search(p.read_text()))
     assert naming == ["actors/names.py", "actors/reference.py", "actors/topology.py"]
     registry = [line for line in (package / "actors" / "topology.py").read_text().splitlines() if mentions.search(line)]
@@ -139,7 +162,9 @@ def test_finding_checkpoints_and_preparing_a_resume_import_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, asyncflow.actors._checkpoints, asyncflow.actors._prepare, asyncflow.actors.roles; "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys, asyncflow.actors._checkpoints, asyncflow.actors._prepare, asyncflow.actors.roles; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

@@ -40,21 +40,30 @@ def test_rows_without_a_stamp_or_of_a_forgotten_version_count_as_unverified():
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("fault,message", [
-    ("partial_load", "did not copy every tensor"),
-    # the other two faults take 25 s each: -m slow runs them (the default suite stays under 10 minutes)
-    pytest.param("mid_unit_swap", "weights changed during a generate call", marks=pytest.mark.slow),
-    pytest.param("mislabel", "version changed during a generate call", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "fault,message",
+    [
+        ("partial_load", "did not copy every tensor"),
+        # the other two faults take 25 s each: -m slow runs them (the default suite stays under 10 minutes)
+        pytest.param("mid_unit_swap", "weights changed during a generate call", marks=pytest.mark.slow),
+        pytest.param("mislabel", "version changed during a generate call", marks=pytest.mark.slow),
+    ],
+)
 def test_a_replica_that_generates_with_other_weights_than_its_tag_names_fails_the_run(tmp_path, fault, message):
     """The healthy run of the same config passes every check (test_e2e); each fault
     stops this one with the replica's error instead of training on mislabelled rows."""
     # a reward with varied values, so every step really changes the weights
-    config = write_config(tmp_path, mode="async", num_steps=6, staleness=1, changes={
-        "reward": {"functions": ["wf_rewards:length"]}, "train.engine": {"lr": 1e-3}})
+    config = write_config(
+        tmp_path,
+        mode="async",
+        num_steps=6,
+        staleness=1,
+        changes={"reward": {"functions": ["wf_rewards:length"]}, "train.engine": {"lr": 1e-3}},
+    )
     env_path = os.pathsep.join(filter(None, [str(FAULTS), str(HERE), os.environ.get("PYTHONPATH", "")]))
-    proc = afctl("up", str(config), "--run-dir", str(tmp_path / "run"),
-                 env_extra={"AF_TEST_ROLLOUT_FAULT": fault, "PYTHONPATH": env_path})
+    proc = afctl(
+        "up", str(config), "--run-dir", str(tmp_path / "run"), env_extra={"AF_TEST_ROLLOUT_FAULT": fault, "PYTHONPATH": env_path}
+    )
     out, _ = proc.communicate(timeout=140)
     assert proc.returncode != 0, out
     assert message in out, out

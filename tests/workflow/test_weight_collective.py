@@ -47,9 +47,15 @@ class InProcess:
         self.transport = TransportConfig(scheme="inproc")
         self.directory = start_directory(self.transport)
         self.dc = DirectoryClient(self.directory.address, self.transport)
-        self.weights = serve_actor(WeightSyncActor, WEIGHTS, self.transport, directory_address=self.directory.address,
-                                   run_dir=bench_run_dir(str(run_dir), substep_updates=True), replicas=[],
-                                   chunk_bytes=1 << 20)
+        self.weights = serve_actor(
+            WeightSyncActor,
+            WEIGHTS,
+            self.transport,
+            directory_address=self.directory.address,
+            run_dir=bench_run_dir(str(run_dir), substep_updates=True),
+            replicas=[],
+            chunk_bytes=1 << 20,
+        )
         self.dc.register(self.weights.entry())
         self.device = torch.device(device)
 
@@ -167,9 +173,19 @@ def test_a_receiver_whose_sender_dies_mid_stream_fails_within_the_timeout_and_re
 
     def sender(stall_at: int) -> subprocess.Popen:
         proc = subprocess.Popen(
-            [sys.executable, str(HERE / "_weights_sender.py"), "--directory", directory.address,
-             "--ipc-dir", str(tmp_path), "--stall-at", str(stall_at)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                str(HERE / "_weights_sender.py"),
+                "--directory",
+                directory.address,
+                "--ipc-dir",
+                str(tmp_path),
+                "--stall-at",
+                str(stall_at),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert proc.stdout.readline().strip() == "READY"
         return proc
@@ -262,8 +278,9 @@ def test_afctl_bench_weights_prints_both_transports_side_by_side():
 
     from asyncflow.cli.main import main
 
-    result = CliRunner().invoke(main, ["bench", "weights", "--mb", "2", "--tensor-mb", "0.5", "--chunk-mb", "1",
-                                       "--repeats", "1", "--json"])
+    result = CliRunner().invoke(
+        main, ["bench", "weights", "--mb", "2", "--tensor-mb", "0.5", "--chunk-mb", "1", "--repeats", "1", "--json"]
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output.strip().splitlines()[-1])["rows"]
     assert [r["transport"] for r in rows] == ["nng", "collective (gloo)"]

@@ -55,8 +55,15 @@ def test_a_replica_fetches_a_published_version_over_nng_and_swaps_are_granted_on
     directory = start_directory(transport)
     dc = DirectoryClient(directory.address, transport)
     run_dir = bench_run_dir(str(tmp_path), substep_updates=True)
-    weights = serve_actor(WeightSyncActor, WEIGHTS, transport, directory_address=directory.address,
-                          run_dir=run_dir, replicas=[], chunk_bytes=1 << 10)
+    weights = serve_actor(
+        WeightSyncActor,
+        WEIGHTS,
+        transport,
+        directory_address=directory.address,
+        run_dir=run_dir,
+        replicas=[],
+        chunk_bytes=1 << 10,
+    )
     dc.register(weights.entry())
     try:
         ref = dc.ref(WEIGHTS)
@@ -73,8 +80,9 @@ def test_a_replica_fetches_a_published_version_over_nng_and_swaps_are_granted_on
         assert weights.pykka_ref.ask(protocol.GetReplicas()).names == ["rollout.0"]
         ref.ask(protocol.AcquireSwap(replica="rollout.0", version=1))
         granted = threading.Event()
-        waiter = threading.Thread(target=lambda: (ref.ask(protocol.AcquireSwap(replica="rollout.1", version=1)),
-                                                  granted.set()), daemon=True)
+        waiter = threading.Thread(
+            target=lambda: (ref.ask(protocol.AcquireSwap(replica="rollout.1", version=1)), granted.set()), daemon=True
+        )
         waiter.start()
         assert not granted.wait(0.3)  # rollout.1 waits while rollout.0 holds the grant
         ref.ask(protocol.UnregisterReplica(replica="rollout.0"))  # stopped while holding it: the grant moves on

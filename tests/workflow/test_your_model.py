@@ -22,8 +22,9 @@ from make_example import write_example  # noqa: E402
 
 def afctl(*args: str, cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "asyncflow.cli.main", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "asyncflow.cli.main", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def readme_snippet() -> str:
@@ -45,10 +46,12 @@ def test_your_model_and_jsonl_train_from_any_directory_and_the_printed_model_loa
     assert latest.is_symlink() and os.readlink(latest) == "step_000003/model"
     assert (latest / "config.json").is_file()
     snippet = readme_snippet().replace("runs/local-<time>/checkpoints/latest", str(printed))
-    snippet = snippet.replace('tok.apply_chat_template([{"role": "user", "content": "3+4="}], add_generation_prompt=True, ',
-                              'tok("What is 3 plus 4?", ')  # this model has no template: plain text, as it trained
-    out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    snippet = snippet.replace(
+        'tok.apply_chat_template([{"role": "user", "content": "3+4="}], add_generation_prompt=True, ', 'tok("What is 3 plus 4?", '
+    )  # this model has no template: plain text, as it trained
+    out = subprocess.run(
+        [sys.executable, "-c", snippet], capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     assert out.returncode == 0, out.stderr[-2000:]
 
 
@@ -60,8 +63,9 @@ def test_the_readme_snippet_loads_a_checkpoint_and_answers_through_the_chat_temp
     make_tiny_model(step / "model", num_layers=1)
     (tmp_path / "run" / "checkpoints" / "latest").symlink_to("step_000002/model")
     snippet = readme_snippet().replace("runs/local-<time>", str(tmp_path / "run"))
-    out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-c", snippet], capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     assert out.returncode == 0, out.stderr[-2000:]
 
 
@@ -99,15 +103,18 @@ def write_bad(tmp_path: Path, case: str) -> tuple[Path, list[str]]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("case,message", [
-    ("reward_module", "reward.functions[0] = 'not_there:score': cannot import module 'not_there'"),
-    ("role_class", "roles[0].cls = 'my_reward:NoSuchJudge' (role 'judge'): module 'my_reward'"),
-    ("device", "= 'cuda', but torch sees no CUDA device here"),
-    ("data_fields", "data.path = "),
-    ("chat_template", "data.chat_template = true, but the tokenizer of"),
-    ("range", "rollout.sampling.temperature = -1: out of range; use a value >= 0"),
-    ("set_type", "(in --set train.num_steps=abc)"),
-])
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("reward_module", "reward.functions[0] = 'not_there:score': cannot import module 'not_there'"),
+        ("role_class", "roles[0].cls = 'my_reward:NoSuchJudge' (role 'judge'): module 'my_reward'"),
+        ("device", "= 'cuda', but torch sees no CUDA device here"),
+        ("data_fields", "data.path = "),
+        ("chat_template", "data.chat_template = true, but the tokenizer of"),
+        ("range", "rollout.sampling.temperature = -1: out of range; use a value >= 0"),
+        ("set_type", "(in --set train.num_steps=abc)"),
+    ],
+)
 def test_a_mistake_is_one_error_line_naming_the_key_before_any_process_starts(tmp_path, case, message):
     if case == "device":
         import torch
@@ -132,7 +139,8 @@ def test_a_role_failing_at_run_time_is_one_line_with_the_traceback_in_its_log_an
     config = write_example(tmp_path / "mine", num_prompts=8)
     (config.parent / "my_reward.py").write_text(
         "def last_integer(prompts, responses, answers, finish_reasons):\n"
-        "    raise ValueError('my reward cannot parse ' + repr(responses[0]))\n")
+        "    raise ValueError('my reward cannot parse ' + repr(responses[0]))\n"
+    )
     result = afctl("up", str(config), "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
     assert result.returncode == 1
     [line] = [out for out in result.stderr.splitlines() if out.startswith("run failed:")]

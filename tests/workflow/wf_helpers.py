@@ -13,11 +13,20 @@ from pathlib import Path
 from tiny_config import write_tiny_config
 
 
-def write_config(tmp_path: Path, mode: str = "async", num_steps: int = 4, staleness: int = 1,
-                 checkpoint_every: int = 0, extra: str = "", changes: dict | None = None) -> Path:
+def write_config(
+    tmp_path: Path,
+    mode: str = "async",
+    num_steps: int = 4,
+    staleness: int = 1,
+    checkpoint_every: int = 0,
+    extra: str = "",
+    changes: dict | None = None,
+) -> Path:
     """examples/tiny.toml with these settings (``changes``: more keys, see tests/tiny_config.py)."""
-    base = {"train": {"num_steps": num_steps, "checkpoint_every": checkpoint_every},
-            "workflow": {"mode": mode, "staleness": staleness}}
+    base = {
+        "train": {"num_steps": num_steps, "checkpoint_every": checkpoint_every},
+        "workflow": {"mode": mode, "staleness": staleness},
+    }
     for table, values in (changes or {}).items():
         base.setdefault(table, {}).update(values)
     return write_tiny_config(tmp_path / f"{mode}.toml", base, textwrap.dedent(extra))
@@ -38,8 +47,14 @@ def wait_for_steps(run_dir: Path, proc, num_steps: int, timeout_s: float) -> Non
 
 def afctl(*args: str, env_extra: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
-    return subprocess.Popen([sys.executable, "-m", "asyncflow.cli.main", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "asyncflow.cli.main", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kwargs,
+    )
 
 
 def read_jsonl(path: Path) -> list[dict]:

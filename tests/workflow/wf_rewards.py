@@ -10,7 +10,9 @@ def length(prompts: list[str], responses: list[str], answers: list[str], finish_
 _num_calls = 0
 
 
-def nan_from_the_third_call(prompts: list[str], responses: list[str], answers: list[str], finish_reasons: list[str]) -> list[float]:
+def nan_from_the_third_call(
+    prompts: list[str], responses: list[str], answers: list[str], finish_reasons: list[str]
+) -> list[float]:
     """``length`` for two calls, then NaN for the last sample: a reward host that goes bad mid-run."""
     global _num_calls
     _num_calls += 1

@@ -26,11 +26,15 @@ class WeightSender(ABC):
     def serve(self, msg: protocol.WeightRequest) -> protocol.WeightChunk | protocol.WeightStream:
         """Answer a replica's request for bytes (a transport's own message)."""
 
-    def drop_replica(self, replica: str) -> None:
-        """``replica`` is gone: release what this side holds for it."""
+    # Optional hooks, not abstract: a transport that holds nothing per replica or
+    # nothing to release (nng) keeps these no-op defaults; the collective one overrides them.
+    def drop_replica(self, replica: str) -> None:  # noqa: B027 (optional hook, no-op by default)
+        """``replica`` is gone: release what this side holds for it. Optional: the
+        default does nothing."""
 
-    def close(self) -> None:
-        """Release everything (the weights actor stops)."""
+    def close(self) -> None:  # noqa: B027 (optional hook, no-op by default)
+        """Release everything (the weights actor stops). Optional: the default does
+        nothing."""
 
 
 class WeightReceiver(ABC):
@@ -42,5 +46,6 @@ class WeightReceiver(ABC):
         ActorRef) holds; ``on_chunk(i)`` after each chunk arrives. Raises on failure
         (the caller retries at the next announcement)."""
 
-    def close(self) -> None:
-        """Release what this side holds (groups, buffers)."""
+    def close(self) -> None:  # noqa: B027 (optional hook: nng holds nothing; the collective receiver overrides it)
+        """Release what this side holds (groups, buffers). Optional: the default does
+        nothing."""

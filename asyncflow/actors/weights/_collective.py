@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import uuid
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -69,10 +70,15 @@ def layout(named_tensors: list, chunk_bytes: int) -> list[protocol.StreamChunk]:
         for _, t in chunk:
             offsets.append(end)
             end += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-        chunks.append(protocol.StreamChunk(
-            num_bytes=end, names=[n for n, _ in chunk], dtypes=[str(t.dtype).removeprefix("torch.") for _, t in chunk],
-            shapes=[tuple(t.shape) for _, t in chunk], offsets=offsets,
-        ))
+        chunks.append(
+            protocol.StreamChunk(
+                num_bytes=end,
+                names=[n for n, _ in chunk],
+                dtypes=[str(t.dtype).removeprefix("torch.") for _, t in chunk],
+                shapes=[tuple(t.shape) for _, t in chunk],
+                offsets=offsets,
+            )
+        )
     return chunks
 
 
@@ -81,8 +87,8 @@ def pack(tensors: list[torch.Tensor], chunk: protocol.StreamChunk, out: torch.Te
     for t, off in zip(tensors, chunk.offsets):
         n = t.numel() * t.element_size()
         if n:
-            out[off:off + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
-    return out[:chunk.num_bytes]
+            out[off : off + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+    return out[: chunk.num_bytes]
 
 
 def unpack(flat: torch.Tensor, chunk: protocol.StreamChunk) -> list[tuple[str, torch.Tensor]]:
@@ -93,7 +99,7 @@ def unpack(flat: torch.Tensor, chunk: protocol.StreamChunk) -> list[tuple[str, t
         n = dt.itemsize
         for s in shape:
             n *= s
-        out.append((name, flat[off:off + n].view(dt).view(shape)))
+        out.append((name, flat[off : off + n].view(dt).view(shape)))
     return out
 
 
@@ -133,14 +139,21 @@ class PairGroup:
     def __init__(self, store, rank: int, backend: str, device: torch.device, timeout_s: float, host: str):
         self.backend, self.device, self.timeout_s = backend, device, timeout_s
         timeout = datetime.timedelta(seconds=timeout_s)
+        # a torch Backend of gloo, nccl or hccl: torch's stubs declare no broadcast on Backend (it has one at run
+        # time) and hccl's class is untyped, so no stub type fits all three
+        self.pg: Any
         if backend == "gloo":
-            opts = dist.ProcessGroupGloo._Options()
+            # torch's stub declares only Options; _Options (with _timeout, _devices) is the run-time class the constructor takes
+            opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
             opts._timeout = timeout
             # the node's advertised address (the peer may be on another node), or the
             # interface GLOO_SOCKET_IFNAME names, as torch.distributed does
             ifname = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
-            opts._devices = [dist.ProcessGroupGloo.create_device(interface=ifname) if ifname
-                             else dist.ProcessGroupGloo.create_device(hostname=host)]
+            opts._devices = [
+                dist.ProcessGroupGloo.create_device(interface=ifname)
+                if ifname
+                else dist.ProcessGroupGloo.create_device(hostname=host)
+            ]
             self.pg = dist.ProcessGroupGloo(store, rank, 2, opts)
         elif backend == "nccl":
             torch.cuda.set_device(device)
@@ -150,7 +163,7 @@ class PairGroup:
             opts._timeout = timeout * 2
             self.pg = dist.ProcessGroupNCCL(store, rank, 2, opts)
         elif backend == "hccl":
-            from torch_npu._C._distributed_c10d import ProcessGroupHCCL  # type: ignore[import-not-found]
+            from torch_npu._C._distributed_c10d import ProcessGroupHCCL
 
             torch.npu.set_device(device)  # type: ignore[attr-defined]
             opts = ProcessGroupHCCL.Options()
@@ -222,8 +235,7 @@ class CollectiveSender(NngSender):
             stream.close()  # the replica gave up on that group (or restarted): a fresh one
             stream = None
         if stream is None:
-            stream = ReplicaStream(self.directory, self.transport, msg.replica, msg.group, msg.backend,
-                                   timeout_s=self.timeout_s)
+            stream = ReplicaStream(self.directory, self.transport, msg.replica, msg.group, msg.backend, timeout_s=self.timeout_s)
             self._streams[msg.replica] = stream
         version = self._latest
         if version not in self._layouts:
@@ -251,7 +263,7 @@ class ReplicaStream:
         self.directory, self.replica, self.group, self.backend = directory, replica, group, backend
         self.timeout_s = timeout_s
         self.host = node_host(transport)
-        self.store = host_store(directory, group, transport, 2, timeout_s)
+        self.store: dist.TCPStore | None = host_store(directory, group, transport, 2, timeout_s)  # None once closed
         self.device = device_for(backend)
         self.pg: PairGroup | None = None
         self.failed = False  # a stream failed: the replica will come back with a new group
@@ -262,8 +274,12 @@ class ReplicaStream:
         """Send ``named_tensors`` (the staged snapshot of ``version``) in a background
         thread, after the previous stream's thread (the replica may have received the
         last bytes and asked again before that thread returned)."""
-        self._thread = threading.Thread(target=self._send, args=(self._thread, version, named_tensors, chunks),
-                                        name=f"weights-stream-{self.replica}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._send,
+            args=(self._thread, version, named_tensors, chunks),
+            name=f"weights-stream-{self.replica}",
+            daemon=True,
+        )
         self._thread.start()
 
     def _send(self, previous, version: int, named_tensors: list, chunks: list[protocol.StreamChunk]) -> None:
@@ -277,7 +293,7 @@ class ReplicaStream:
             buf = torch.empty(max((c.num_bytes for c in chunks), default=0), dtype=torch.uint8, device=self.device)
             start = 0
             for chunk in chunks:
-                tensors = [t for _, t in named_tensors[start:start + len(chunk.names)]]
+                tensors = [t for _, t in named_tensors[start : start + len(chunk.names)]]
                 start += len(chunk.names)
                 self.pg.broadcast(pack(tensors, chunk, buf))
         except Exception as exc:  # the replica sees its side fail too and comes back with a new group
@@ -316,7 +332,7 @@ class CollectiveReceiver(WeightReceiver):
         self._incarnation = 0
         self.group: str | None = None
         self._pg: PairGroup | None = None
-        self._store = None
+        self._store: dist.TCPStore | None = None
         self.num_streams = 0
         self.num_bytes = 0
         self.fallback: NngReceiver | None = None  # set when the trainer's side refused the collective
@@ -337,16 +353,14 @@ class CollectiveReceiver(WeightReceiver):
         if self.group is None:
             self._incarnation += 1
             self.group = group_name(self.replica, f"{self._token}-{self._incarnation}")
-        reply = weights.ask(protocol.StreamWeights(replica=self.replica, group=self.group, backend=self.backend),
-                            timeout_s=30)
+        reply = weights.ask(protocol.StreamWeights(replica=self.replica, group=self.group, backend=self.backend), timeout_s=30)
         if reply.refused:
             self.close()
             raise Refused(reply.refused)
         try:
             if self._pg is None:
                 self._store = join_store(self.directory, self.group, 2, self.timeout_s)
-                self._pg = PairGroup(self._store, 1, self.backend, self.device, self.timeout_s,
-                                     node_host(self.transport))
+                self._pg = PairGroup(self._store, 1, self.backend, self.device, self.timeout_s, node_host(self.transport))
             tensors: list[tuple[str, torch.Tensor]] = []
             for i, chunk in enumerate(reply.chunks):
                 flat = torch.empty(chunk.num_bytes, dtype=torch.uint8, device=self.device)

@@ -32,8 +32,7 @@ class NngSender(WeightSender):
         num_bytes = sum(len(t.data) for c in chunks for t in c.tensors)
         self._chunks[version] = chunks
         self._named[version] = list(named_tensors)
-        self._ready[version] = protocol.WeightsReady(version=version, num_chunks=len(chunks), num_bytes=num_bytes,
-                                                     digest=digest)
+        self._ready[version] = protocol.WeightsReady(version=version, num_chunks=len(chunks), num_bytes=num_bytes, digest=digest)
         self._latest = max(self._latest, version)
         for old in sorted(self._chunks)[:-NUM_KEPT]:
             self._forget(old)
@@ -51,8 +50,10 @@ class NngSender(WeightSender):
 
     def serve(self, msg: protocol.WeightRequest) -> protocol.WeightChunk | protocol.WeightStream:
         if not isinstance(msg, protocol.GetWeightChunk):
-            raise TypeError(f"the nng weight transport does not serve {type(msg).__name__}: the replica and the trainer "
-                            "must use the same [workflow] weight_transport")
+            raise TypeError(
+                f"the nng weight transport does not serve {type(msg).__name__}: the replica and the trainer "
+                "must use the same [workflow] weight_transport"
+            )
         if msg.version not in self._chunks:
             raise KeyError(f"weights v{msg.version} are no longer staged (latest v{self._latest}); fetch the latest")
         return self._chunks[msg.version][msg.index]

@@ -153,7 +153,9 @@ class TQClient:
 
     # -- producers ---------------------------------------------------------------------
 
-    def allocate(self, num_groups: int, group_size: int = 1, *, step: int = -1, timeout_s: float = 60.0) -> list[protocol.RowMeta]:
+    def allocate(
+        self, num_groups: int, group_size: int = 1, *, step: int = -1, timeout_s: float = 60.0
+    ) -> list[protocol.RowMeta]:
         """Reserve rows for ``num_groups`` groups of ``group_size``; waits while the queue
         is full (raises QueueFull after ``timeout_s``). Returns one RowMeta per row
         (index, group id and size, step): fill in version/lengths and pass to put."""
@@ -165,8 +167,11 @@ class TQClient:
             return taken
         extra_groups = self.reserve_rows // group_size
         msg = protocol.Allocate(
-            num_groups=num_groups - len(taken) // group_size, group_size=group_size, step=step,
-            timeout_s=timeout_s, extra_groups=extra_groups,
+            num_groups=num_groups - len(taken) // group_size,
+            group_size=group_size,
+            step=step,
+            timeout_s=timeout_s,
+            extra_groups=extra_groups,
         )
         try:
             reply = self._manager.ask(msg, timeout_s=timeout_s + self.timeout_s)
@@ -180,7 +185,9 @@ class TQClient:
             spare.append(reply.extra[k : k + group_size])
         return taken + reply.metas
 
-    def put(self, indices: Sequence[int], columns: dict[str, Sequence[Any]], metas: Sequence[protocol.RowMeta] | None = None) -> None:
+    def put(
+        self, indices: Sequence[int], columns: dict[str, Sequence[Any]], metas: Sequence[protocol.RowMeta] | None = None
+    ) -> None:
         """Write ``columns[name][k]`` (numpy array or torch tensor) as column ``name`` of
         row ``indices[k]``, straight to the rows' shards; ``metas`` merge into the rows'
         metadata. Returns once every shard stored its rows."""
@@ -207,8 +214,10 @@ class TQClient:
                     msg = self._shm_put(self._shards[k], rows, arrays, row_metas)
                 else:
                     wire = {
-                        name: [protocol.Tensor(dtype=d, shape=a.shape, data=memoryview(a).cast("B") if a.size else b"")
-                               for d, a in cells]
+                        name: [
+                            protocol.Tensor(dtype=d, shape=a.shape, data=memoryview(a).cast("B") if a.size else b"")
+                            for d, a in cells
+                        ]
                         for name, cells in arrays.items()
                     }
                     msg = protocol.PutRows(indices=rows, columns=wire, metas=row_metas)
@@ -217,7 +226,9 @@ class TQClient:
 
         self._each(put_one, list(by_shard.items()))
 
-    def _shm_put(self, shard, rows: list[int], arrays: dict[str, list[tuple[str, np.ndarray]]], metas: list) -> protocol.PutRowsShm:
+    def _shm_put(
+        self, shard, rows: list[int], arrays: dict[str, list[tuple[str, np.ndarray]]], metas: list
+    ) -> protocol.PutRowsShm:
         """Reserve an extent in the shard's arena and write the rows into it (one copy);
         the message tells the shard where they are."""
         layout: dict[str, tuple[int, list[int], bool]] = {}  # name -> (start, offsets, as one block)
@@ -252,7 +263,9 @@ class TQClient:
                     if a.size:
                         arena[base + off : base + off + a.nbytes] = a.reshape(-1).view(np.uint8)
             columns[name] = protocol.ShmColumn(
-                dtype=cells[0][0], shapes=[a.shape for _, a in cells], segments=[0] * len(cells),
+                dtype=cells[0][0],
+                shapes=[a.shape for _, a in cells],
+                segments=[0] * len(cells),
                 offsets=[base + off for off in offsets],
             )
         return protocol.PutRowsShm(
@@ -286,16 +299,25 @@ class TQClient:
         in the same message."""
         filters = list(filters)
         if min_step is not None or max_step is not None:
-            filters.append(protocol.RowFilter(
-                field="step",
-                lo=-(2**62) if min_step is None else min_step,
-                hi=2**62 if max_step is None else max_step,
-            ))
+            filters.append(
+                protocol.RowFilter(
+                    field="step",
+                    lo=-(2**62) if min_step is None else min_step,
+                    hi=2**62 if max_step is None else max_step,
+                )
+            )
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         msg = protocol.GetBatch(
-            consumer=self.consumer, columns=list(columns), batch_size=batch_size, policy=policy,
-            timeout_s=timeout_s, partial=partial, filters=filters, dp_size=dp_size,
-            ack=list(ack.indices if isinstance(ack, Batch) else ack or ()), incarnation=self.incarnation,
+            consumer=self.consumer,
+            columns=list(columns),
+            batch_size=batch_size,
+            policy=policy,
+            timeout_s=timeout_s,
+            partial=partial,
+            filters=filters,
+            dp_size=dp_size,
+            ack=list(ack.indices if isinstance(ack, Batch) else ack or ()),
+            incarnation=self.incarnation,
         )
         try:
             return self._controller(task).ask(msg, timeout_s=timeout_s + self.timeout_s)
@@ -313,8 +335,9 @@ class TQClient:
         with phase("read"):
             return Batch(task, meta, self.read_batch(meta, columns, zero_copy=zero_copy))
 
-    def read_batch(self, meta: protocol.BatchMeta, columns: Sequence[str], positions: Sequence[int] | None = None,
-                   *, zero_copy: bool = False) -> dict[str, list[np.ndarray]]:
+    def read_batch(
+        self, meta: protocol.BatchMeta, columns: Sequence[str], positions: Sequence[int] | None = None, *, zero_copy: bool = False
+    ) -> dict[str, list[np.ndarray]]:
         """Columns of a GetBatch reply's rows (those at ``positions``, default all): from
         the reply itself when it carries them (small rows), else from the shards."""
         if meta.columns and all(name in meta.columns for name in columns):

@@ -73,8 +73,13 @@ class ControllerActor(Actor):
 
     def _select(self, msg: protocol.GetBatch):
         return self.state.select(
-            msg.consumer, msg.columns, msg.batch_size,
-            policy=msg.policy, partial=msg.partial, filters=msg.filters, dp_size=msg.dp_size,
+            msg.consumer,
+            msg.columns,
+            msg.batch_size,
+            policy=msg.policy,
+            partial=msg.partial,
+            filters=msg.filters,
+            dp_size=msg.dp_size,
         )
 
     def _reply(self, sel, columns: list[str]) -> protocol.BatchMeta:
@@ -149,9 +154,9 @@ class ControllerActor(Actor):
         self.waiters = [w for w in self.waiters if w.msg.consumer != consumer]
         for w in dropped:
             if not w.pending.done:
-                w.pending.reject(RuntimeError(
-                    f"task {self.task!r}: consumer {consumer!r} was requeued as dead while this request waited"
-                ))
+                w.pending.reject(
+                    RuntimeError(f"task {self.task!r}: consumer {consumer!r} was requeued as dead while this request waited")
+                )
 
     def _tell_acked(self, indices: list[int]) -> None:
         if indices:

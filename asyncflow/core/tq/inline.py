@@ -32,8 +32,13 @@ class InlineCache:
         self._rows: dict[int, dict[str, protocol.Tensor]] = {}
         self.wanted: set[str] = set()  # columns the task has asked for: only those are kept
 
-    def on_written(self, indices: Sequence[int], columns: Iterable[str],
-                   inline: dict[str, list[protocol.Tensor]], skip: Callable[[int], bool] | None = None) -> None:
+    def on_written(
+        self,
+        indices: Sequence[int],
+        columns: Iterable[str],
+        inline: dict[str, list[protocol.Tensor]],
+        skip: Callable[[int], bool] | None = None,
+    ) -> None:
         """Rows ``indices`` got ``columns``; keep the cells sent inline (of ``wanted``
         columns, rows not ``skip``-ped), forget older cells of columns written without
         them (they were overwritten by a big put)."""

@@ -24,7 +24,10 @@ class QueueSpecs(msgspec.Struct, kw_only=True):
 
 
 def queue_specs(
-    tasks: list[str], num_shards: int = 1, capacity_rows: int = 65536, stripe_rows: int = 64,
+    tasks: list[str],
+    num_shards: int = 1,
+    capacity_rows: int = 65536,
+    stripe_rows: int = 64,
     inline_max_bytes: int = INLINE_MAX_BYTES,
 ) -> QueueSpecs:
     if num_shards < 1:
@@ -38,18 +41,28 @@ def queue_specs(
         manager=ActorSpec(
             name=MANAGER_NAME,
             cls="asyncflow.core.tq.manager:QueueManagerActor",
-            kwargs=enc(dict(tasks=list(tasks), shards=shards, controllers=controllers,
-                            capacity_rows=capacity_rows, stripe_rows=stripe_rows)),
+            kwargs=enc(
+                dict(
+                    tasks=list(tasks),
+                    shards=shards,
+                    controllers=controllers,
+                    capacity_rows=capacity_rows,
+                    stripe_rows=stripe_rows,
+                )
+            ),
         ),
         controllers=[
-            ActorSpec(name=name, cls="asyncflow.core.tq.controller:ControllerActor",
-                      kwargs=enc(dict(task=task, manager=MANAGER_NAME)))
+            ActorSpec(
+                name=name, cls="asyncflow.core.tq.controller:ControllerActor", kwargs=enc(dict(task=task, manager=MANAGER_NAME))
+            )
             for task, name in controllers.items()
         ],
         shards=[
-            ActorSpec(name=name, cls="asyncflow.core.tq.shard:ShardActor",
-                      kwargs=enc(dict(shard=k, controllers=list(controllers.values()),
-                                      inline_max_bytes=inline_max_bytes)))
+            ActorSpec(
+                name=name,
+                cls="asyncflow.core.tq.shard:ShardActor",
+                kwargs=enc(dict(shard=k, controllers=list(controllers.values()), inline_max_bytes=inline_max_bytes)),
+            )
             for k, name in enumerate(shards)
         ],
     )

@@ -93,8 +93,10 @@ class QueueManagerActor(Actor):
 
     def _info(self) -> protocol.QueueInfo:
         return protocol.QueueInfo(
-            shards=self.shards, controllers=self.controllers,
-            stripe_rows=self.stripe_rows, capacity_rows=self.ledger.capacity_rows,
+            shards=self.shards,
+            controllers=self.controllers,
+            stripe_rows=self.stripe_rows,
+            capacity_rows=self.ledger.capacity_rows,
         )
 
     def handle(self, msg, pending):

@@ -35,8 +35,9 @@ def merge(a: Any, b: Any) -> Any | None:
             return None
         # cells sent inline stay only if both notices carry them (else those rows are read from the shard)
         inline = {name: a.inline[name] + b.inline[name] for name in a.inline} if a.inline.keys() == b.inline.keys() else {}
-        return protocol.RowsWritten(shard=a.shard, indices=a.indices + b.indices, columns=a.columns,
-                                    metas=a.metas + b.metas, inline=inline)
+        return protocol.RowsWritten(
+            shard=a.shard, indices=a.indices + b.indices, columns=a.columns, metas=a.metas + b.metas, inline=inline
+        )
     if isinstance(a, protocol.RowsAcked):
         return protocol.RowsAcked(task=a.task, indices=a.indices + b.indices) if a.task == b.task else None
     if isinstance(a, (protocol.FreeRows, protocol.ForgetRows)):

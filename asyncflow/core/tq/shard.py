@@ -46,8 +46,9 @@ class ShardActor(Actor):
     # every message touching the store holds ``_lock``
     Urgent = (protocol.PutRows, protocol.PutRowsShm, protocol.ReserveShm, protocol.GetRows)
 
-    def __init__(self, ctx, shard: int, controllers: list[str], arena_bytes: int = 1 << 30,
-                 inline_max_bytes: int = INLINE_MAX_BYTES):
+    def __init__(
+        self, ctx, shard: int, controllers: list[str], arena_bytes: int = 1 << 30, inline_max_bytes: int = INLINE_MAX_BYTES
+    ):
         super().__init__(ctx)
         self.inline_max_bytes = inline_max_bytes
         self._lock = threading.Lock()
@@ -63,8 +64,13 @@ class ShardActor(Actor):
         with self._lock:
             self.store.close()
 
-    def _notify(self, indices: list[int], columns: list[str], metas: list[protocol.RowMeta],
-                inline: dict[str, list[protocol.Tensor]] | None = None) -> None:
+    def _notify(
+        self,
+        indices: list[int],
+        columns: list[str],
+        metas: list[protocol.RowMeta],
+        inline: dict[str, list[protocol.Tensor]] | None = None,
+    ) -> None:
         msg = protocol.RowsWritten(shard=self.shard, indices=indices, columns=columns, metas=metas, inline=inline or {})
         for name in self.controllers:
             self.notifier.tell(name, msg)

@@ -133,9 +133,7 @@ class TaskState:
 
     # -- writes ------------------------------------------------------------------
 
-    def on_written(
-        self, shard: int, indices: Sequence[int], columns: Iterable[str], metas: Sequence[RowMeta] = ()
-    ) -> None:
+    def on_written(self, shard: int, indices: Sequence[int], columns: Iterable[str], metas: Sequence[RowMeta] = ()) -> None:
         """A shard stored ``columns`` of ``indices``; ``metas`` merge (known fields win)."""
         mask = self._mask(columns)
         meta_by_index = {m.index: m for m in metas} if metas else {}
@@ -262,8 +260,7 @@ class TaskState:
                 starts.append(pos)
                 pos += len(unit)
             parts = [
-                [starts[u] + k for u in unit_part for k in range(len(units[u]))]
-                for unit_part in balanced_parts(lengths, dp_size)
+                [starts[u] + k for u in unit_part for k in range(len(units[u]))] for unit_part in balanced_parts(lengths, dp_size)
             ]
         self._hand(consumer, indices)
         return Selection(indices=indices, parts=parts)
