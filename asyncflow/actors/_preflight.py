@@ -129,8 +129,8 @@ def check_inputs(cfg: RunConfig) -> None:
         except ValueError as exc:
             raise ConfigError(f"{key} (role {role.name!r}): {exc}") from None
         from asyncflow.actors.column_role import ColumnRole
-        from asyncflow.actors.roles import class_path
         from asyncflow.core.actor import Actor
+        from asyncflow.core.host import class_path
 
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise ConfigError(

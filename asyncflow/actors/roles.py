@@ -10,7 +10,7 @@ config asks for and the keyword arguments of each. The built-in roles are listed
 once, in ``topology.BUILT_IN``; ``[[roles]]`` entries of the config become the same
 ``RoleSpec`` (``topology.custom_role``).
 
-The wire's ``ActorSpec.cls`` string is derived from the class here (``actor_spec``),
+The wire's ``ActorSpec.cls`` string is derived from the class (``core.host.actor_spec``),
 and nowhere else.
 """
 
@@ -20,11 +20,8 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import msgspec
-
 from asyncflow.actors import names
 from asyncflow.config.run import RunConfig
-from asyncflow.core import protocol
 
 
 class Devices(enum.Enum):
@@ -120,13 +117,3 @@ def index_of(name: str) -> int:
     """The number of an instance (``rollout.3`` -> 3); 0 for a name without one."""
     head, _, tail = name.rpartition(".")
     return int(tail) if head and tail.isdigit() else 0
-
-
-def class_path(cls: type) -> str:
-    """``module:Class``: how a process host finds ``cls`` (``core/host.py``)."""
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def actor_spec(name: str, cls: type, **kwargs) -> protocol.ActorSpec:
-    """The wire form of "start ``cls(ctx, **kwargs)`` as ``name``"."""
-    return protocol.ActorSpec(name=name, cls=class_path(cls), kwargs=msgspec.msgpack.encode(kwargs))

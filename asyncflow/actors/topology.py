@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 from asyncflow.actors import prompt_loader, reference, reward, rollout, trainer, trainer_rank
 from asyncflow.actors._preflight import _importable
-from asyncflow.actors.roles import Layout, RoleSpec, actor_spec, one
+from asyncflow.actors.roles import Layout, RoleSpec, one
 from asyncflow.config.run import ConfigError, RoleEntry, RunConfig
 from asyncflow.core import protocol
+from asyncflow.core.host import actor_spec
 from asyncflow.core.tq.launch import queue_specs
 
 BUILT_IN: list[RoleSpec] = [

@@ -65,7 +65,7 @@ def transport(schemes: str, seconds: float, as_json: bool) -> None:
     from asyncflow.core.actor import serve_actor
     from asyncflow.core.directory import DirectoryClient, start_directory
     from asyncflow.core.echo import EchoActor
-    from asyncflow.core.host import spawn_host
+    from asyncflow.core.host import actor_spec, spawn_host
     from asyncflow.core.ref import ActorRef
     from asyncflow.core.transport import TransportConfig
 
@@ -101,9 +101,7 @@ def transport(schemes: str, seconds: float, as_json: bool) -> None:
         else:
             directory = start_directory(transport_cfg)
             client = DirectoryClient(directory.address, transport_cfg)
-            host = spawn_host(
-                "bench", client, transport_cfg, [protocol.ActorSpec(name="echo", cls="asyncflow.core.echo:EchoActor")]
-            )
+            host = spawn_host("bench", client, transport_cfg, [actor_spec("echo", EchoActor)])
             ref = client.ref("echo")
 
             def stop(host=host, directory=directory):

@@ -40,6 +40,17 @@ from asyncflow.core.transport import TRANSPORT_ENV, TransportConfig
 log = logging.getLogger(__name__)
 
 
+def class_path(cls: type) -> str:
+    """``package.module:Class``: how a process host finds ``cls`` (``import_object``'s
+    inverse). Every ``ActorSpec.cls`` is made by it, from the class, never written by hand."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def actor_spec(name: str, cls: type, **kwargs: Any) -> protocol.ActorSpec:
+    """The wire form of "start ``cls(ctx, **kwargs)`` as ``name``"."""
+    return protocol.ActorSpec(name=name, cls=class_path(cls), kwargs=msgspec.msgpack.encode(kwargs))
+
+
 def import_object(path: str) -> Any:
     """``package.module:attr`` -> the object, with an error that says what to fix."""
     module_name, _, attr = path.partition(":")

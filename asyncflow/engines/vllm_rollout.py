@@ -38,9 +38,12 @@ import torch
 
 from asyncflow.engines.base import Completion, RolloutEngine, chunk_by_bytes
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
+from asyncflow.engines.vllm_worker import WeightSyncExtension
 
 WEIGHT_CHUNK_BYTES = 256 * 2**20
-WORKER_EXTENSION = "asyncflow.engines.vllm_worker:WeightSyncExtension"
+WORKER_EXTENSION = f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qualname__}"
+"""vLLM's ``worker_extension_cls``: a dotted qualified name (vLLM resolves it with
+``rsplit(".", 1)``; a ``module:Class`` path would not resolve), made from the class."""
 
 
 def _require(module: str, extra: str) -> None:

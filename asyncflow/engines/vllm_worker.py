@@ -2,7 +2,7 @@
 the driver with ``LLM.collective_rpc(name, args=...)``.
 
 Loaded by vLLM inside its worker processes (``worker_extension_cls=
-"asyncflow.engines.vllm_worker:WeightSyncExtension"``); imports nothing from
+"asyncflow.engines.vllm_worker.WeightSyncExtension"``); imports nothing from
 asyncflow, so a worker needs only this file importable.
 
 Invariant: weights are loaded through the model's own ``load_weights`` (vLLM's

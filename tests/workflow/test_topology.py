@@ -8,10 +8,10 @@ import pytest
 
 from asyncflow.actors import names, topology
 from asyncflow.actors.column_role import ColumnRole
-from asyncflow.actors.roles import class_path
 from asyncflow.actors.supervisor import num_devices, visible_devices
 from asyncflow.actors.weight_sync import WeightSyncActor
 from asyncflow.config.run import ClusterConfig, RoleEntry, load_config_text
+from asyncflow.core.host import class_path
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import msgspec
 
+from asyncflow.core.host import actor_spec
 from asyncflow.core.protocol import ActorSpec
 from asyncflow.core.tq.client import MANAGER_NAME, controller_name, shard_name
+from asyncflow.core.tq.controller import ControllerActor
 from asyncflow.core.tq.inline import INLINE_MAX_BYTES
+from asyncflow.core.tq.manager import QueueManagerActor
+from asyncflow.core.tq.shard import ShardActor
 
 
 class QueueSpecs(msgspec.Struct, kw_only=True):
@@ -36,33 +40,19 @@ def queue_specs(
         raise ValueError(f"stripe_rows must be >= 1, got {stripe_rows}")
     controllers = {t: controller_name(t) for t in tasks}
     shards = [shard_name(k) for k in range(num_shards)]
-    enc = msgspec.msgpack.encode
     return QueueSpecs(
-        manager=ActorSpec(
-            name=MANAGER_NAME,
-            cls="asyncflow.core.tq.manager:QueueManagerActor",
-            kwargs=enc(
-                dict(
-                    tasks=list(tasks),
-                    shards=shards,
-                    controllers=controllers,
-                    capacity_rows=capacity_rows,
-                    stripe_rows=stripe_rows,
-                )
-            ),
+        manager=actor_spec(
+            MANAGER_NAME,
+            QueueManagerActor,
+            tasks=list(tasks),
+            shards=shards,
+            controllers=controllers,
+            capacity_rows=capacity_rows,
+            stripe_rows=stripe_rows,
         ),
-        controllers=[
-            ActorSpec(
-                name=name, cls="asyncflow.core.tq.controller:ControllerActor", kwargs=enc(dict(task=task, manager=MANAGER_NAME))
-            )
-            for task, name in controllers.items()
-        ],
+        controllers=[actor_spec(name, ControllerActor, task=task, manager=MANAGER_NAME) for task, name in controllers.items()],
         shards=[
-            ActorSpec(
-                name=name,
-                cls="asyncflow.core.tq.shard:ShardActor",
-                kwargs=enc(dict(shard=k, controllers=list(controllers.values()), inline_max_bytes=inline_max_bytes)),
-            )
+            actor_spec(name, ShardActor, shard=k, controllers=list(controllers.values()), inline_max_bytes=inline_max_bytes)
             for k, name in enumerate(shards)
         ],
     )
