@@ -77,6 +77,7 @@ class RolloutActor(LoopActor):
         self.acks = DeferredAcks(self.tq)
         self._lock = threading.Lock()
         self._wanted = -1  # newest version announced
+        self._announcement: protocol.WeightsReady | None = None  # the newest WeightsReady (its chunks, its digest)
         self._staged: tuple[int, list, int] | None = None  # (version, tensors, digest) fetched, not yet swapped in
         self._verify = cfg.workflow.verify_weights != "off"
         self._dtype = torch_dtype(cfg.rollout.engine.dtype)
@@ -98,6 +99,9 @@ class RolloutActor(LoopActor):
         if not isinstance(msg, protocol.WeightsReady):
             return super().handle_urgent(msg)
         if msg.version > self.engine.version:
+            with self._lock:
+                if self._announcement is None or msg.version > self._announcement.version:
+                    self._announcement = msg
             self._want(msg.version)
             self._announced.set()
         return protocol.Ok()
@@ -120,14 +124,20 @@ class RolloutActor(LoopActor):
                 if target <= have:
                     self._fetching = False
                     return
+                announced = self._announcement if self._announcement and self._announcement.version == target else None
             try:
-                version, tensors = self.receiver.fetch(weights)
+                version, tensors = self.receiver.fetch(weights, announced=announced)
             except Exception as exc:  # a failed fetch is retried at the next announcement
                 log.warning("%s: fetching weights failed: %s", self.ctx.name, exc)
                 with self._lock:
                     self._fetching = False
                 return
-            digest = weights_digest(tensors, self._dtype) if self._verify else 0
+            # the digest the trainer published with the version (its snapshot, in the rollout's dtype); the
+            # swap checks the engine's weights against it. Without one, that of the tensors received.
+            if announced is not None and announced.version == version and announced.digest:
+                digest = announced.digest
+            else:
+                digest = weights_digest(tensors, self._dtype) if self._verify else 0
             with self._lock:
                 self._staged = (version, tensors, digest)
             self._fetched.set()
@@ -145,19 +155,24 @@ class RolloutActor(LoopActor):
             return
         version, tensors, digest = staged
         weights = self.ctx.ref(WEIGHTS)
-        with self.activity("wait_swap"):
-            weights.ask(protocol.AcquireSwap(replica=self.ctx.name, version=version), timeout_s=600)
+        # the swap lock keeps replicas generating while one swaps (substep updates); in sync
+        # (k = 0) every replica is held back until it swaps, so there is nothing to keep going
+        locked = self.k > 0
+        if locked:
+            with self.activity("wait_swap"):
+                weights.ask(protocol.AcquireSwap(replica=self.ctx.name, version=version), timeout_s=600)
         try:
             with self.activity("swap_weights"):
                 self.engine.load_weights(tensors, version)
                 held = self.engine.weights_digest() if self._verify else None
         finally:
-            weights.ask(protocol.ReleaseSwap(replica=self.ctx.name, version=version), timeout_s=30)
+            if locked:
+                weights.ask(protocol.ReleaseSwap(replica=self.ctx.name, version=version), timeout_s=30)
         if held is not None and held != digest:
             raise RuntimeError(
                 f"{self.ctx.name}: after loading weights v{version} the engine holds weights with digest "
-                f"{held:x}, not the {digest:x} of the tensors it was sent: its load_weights did not copy "
-                "every tensor (a name it skips, a dtype it mangles?)"
+                f"{held:x}, not the {digest:x} of the weights it was sent: its load_weights did not copy "
+                "every tensor (a name it skips, a dtype it mangles?), or they changed on the way"
             )
         self._digest = held if held is not None else digest
 

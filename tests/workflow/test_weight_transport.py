@@ -91,3 +91,44 @@ def test_a_replica_fetches_a_published_version_over_nng_and_swaps_are_granted_on
     finally:
         weights.stop()
         directory.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_replica_fetches_the_announced_version_without_asking_and_the_latest_when_it_is_gone(tmp_path):
+    transport = TransportConfig(scheme="inproc")
+    directory = start_directory(transport)
+    dc = DirectoryClient(directory.address, transport)
+    weights = serve_actor(
+        WeightSyncActor,
+        WEIGHTS,
+        transport,
+        directory_address=directory.address,
+        run_dir=bench_run_dir(str(tmp_path)),
+        replicas=[],
+        chunk_bytes=1 << 10,
+    )
+    dc.register(weights.entry())
+    asked: list[str] = []
+
+    class Counting:  # the weights actor's reference, counting what is asked of it
+        def ask(self, msg, **kw):
+            asked.append(type(msg).__name__)
+            return dc.ref(WEIGHTS).ask(msg, **kw)
+
+    try:
+        ref = dc.ref(WEIGHTS)
+        named = [("w", torch.randn(300))]
+        weights.pykka_ref.ask(Publish(1, named, 11))
+        announced = ref.ask(protocol.GetLatestWeights())
+        version, got = NngReceiver(10.0).fetch(Counting(), announced=announced)
+        assert version == 1 and torch.equal(got[0][1], named[0][1])
+        assert asked == ["GetWeightChunk"]  # no GetLatestWeights: the announcement said what to fetch
+        for v in (2, 3):  # the trainer moves on: v1 is no longer staged
+            weights.pykka_ref.ask(Publish(v, [("w", torch.full((300,), float(v)))], v))
+        asked.clear()
+        version, got = NngReceiver(10.0).fetch(Counting(), announced=announced)
+        assert version == 3 and float(got[0][1][0]) == 3.0
+        assert asked == ["GetWeightChunk", "GetLatestWeights", "GetWeightChunk"]
+    finally:
+        weights.stop()
+        directory.stop()

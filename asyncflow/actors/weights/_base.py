@@ -41,10 +41,14 @@ class WeightReceiver(ABC):
     """A replica's side: fetches the newest staged version from the ``weights`` actor."""
 
     @abstractmethod
-    def fetch(self, weights, on_chunk: Callable[[int], None] | None = None) -> tuple[int, NamedTensors]:
+    def fetch(
+        self, weights, on_chunk: Callable[[int], None] | None = None, announced: protocol.WeightsReady | None = None
+    ) -> tuple[int, NamedTensors]:
         """``(version, [(name, tensor)])`` of the newest version ``weights`` (an
-        ActorRef) holds; ``on_chunk(i)`` after each chunk arrives. Raises on failure
-        (the caller retries at the next announcement)."""
+        ActorRef) holds; ``on_chunk(i)`` after each chunk arrives. ``announced``: the
+        newest ``WeightsReady`` the replica was told, which a transport may use instead
+        of asking for the latest (a round trip less). Raises on failure (the caller
+        retries at the next announcement)."""
 
     def close(self) -> None:  # noqa: B027 (optional hook: nng holds nothing; the collective receiver overrides it)
         """Release what this side holds (groups, buffers). Optional: the default does

@@ -337,7 +337,7 @@ class CollectiveReceiver(WeightReceiver):
         self.num_bytes = 0
         self.fallback: NngReceiver | None = None  # set when the trainer's side refused the collective
 
-    def fetch(self, weights, on_chunk=None) -> tuple[int, NamedTensors]:
+    def fetch(self, weights, on_chunk=None, announced: protocol.WeightsReady | None = None) -> tuple[int, NamedTensors]:
         """Receive the newest staged version: ``(version, [(name, tensor on device)])``.
         Where the sender cannot use this backend, this and every later fetch go over
         nng; any other error closes the group (the next fetch builds a new one)."""
@@ -347,7 +347,7 @@ class CollectiveReceiver(WeightReceiver):
             except Refused as exc:
                 log.warning("%s: weight transport 'collective' unavailable (%s); using nng", self.replica, exc)
                 self.fallback = NngReceiver(self.timeout_s)
-        return self.fallback.fetch(weights, on_chunk)
+        return self.fallback.fetch(weights, on_chunk, announced)
 
     def _receive(self, weights, on_chunk) -> tuple[int, NamedTensors]:
         if self.group is None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from asyncflow.actors.weights._base import NamedTensors, WeightReceiver, WeightSender
 from asyncflow.core import protocol
+from asyncflow.core.errors import RemoteError
 from asyncflow.core.tensors import to_torch, to_wire
 
 NUM_KEPT = 2
@@ -63,8 +64,17 @@ class NngReceiver(WeightReceiver):
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s  # of each chunk
 
-    def fetch(self, weights, on_chunk: Callable[[int], None] | None = None) -> tuple[int, NamedTensors]:
-        latest = weights.ask(protocol.GetLatestWeights(), timeout_s=30)
+    def fetch(
+        self, weights, on_chunk: Callable[[int], None] | None = None, announced: protocol.WeightsReady | None = None
+    ) -> tuple[int, NamedTensors]:
+        if announced is not None and announced.num_chunks > 0:
+            try:
+                return self._fetch(weights, announced, on_chunk)
+            except RemoteError:  # no longer staged (the trainer moved two versions on): fetch the latest
+                pass
+        return self._fetch(weights, weights.ask(protocol.GetLatestWeights(), timeout_s=30), on_chunk)
+
+    def _fetch(self, weights, latest: protocol.WeightsReady, on_chunk: Callable[[int], None] | None) -> tuple[int, NamedTensors]:
         tensors: NamedTensors = []
         for i in range(latest.num_chunks):
             chunk = weights.ask(protocol.GetWeightChunk(version=latest.version, index=i), timeout_s=self.timeout_s)
