@@ -247,7 +247,7 @@ class PolicyUpdate:
                 response,
                 prompt,
                 float(truncated_B.sum()),
-                float(-penalty_B.sum()),
+                float(penalty_B.abs().sum()),  # penalties are <= 0
                 float(drop_B.sum()),
             ],
             dtype=torch.float64,
