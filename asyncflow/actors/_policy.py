@@ -140,7 +140,8 @@ class PolicyUpdate:
         lengths_B = torch.tensor([len(r) for r in columns["response_ids"]])
         penalty_B = overlong_penalty(lengths_B, self.max_new_tokens, alg.overlong_buffer, alg.overlong_penalty)
         truncated_B = truncated_rows(columns["finish"])
-        return penalty_B, truncated_B, truncated_B & alg.mask_truncated
+        drop_B = truncated_B.clone() if alg.mask_truncated else torch.zeros_like(truncated_B)
+        return penalty_B, truncated_B, drop_B
 
     def train(self, columns: dict[str, list], group_ids: list[int]) -> dict[str, float]:
         """One step on this rank's rows (``columns[name][b]``, prompt group ``group_ids[b]``)."""
