@@ -4,6 +4,11 @@ other ranks (TrainerRankActor): engines, loss, advantages, and the step's figure
 With ``train.num_ranks = N > 1`` every rank holds an FSDP2 shard of the policy (and
 of the PPO critic) in one torch.distributed default group, and trains its own part
 of the global batch: whole prompt groups, so GRPO advantages need no exchange.
+Overlong shaping (``algorithm.overlong_*``, ``mask_truncated``;
+``algorithms/overlong.py``) is per row, so it needs none either: the length penalty
+joins each row's reward before the group advantages, and a truncated row dropped
+from the loss leaves the mask the engine takes the step's (all-reduced) loss
+denominators from.
 Everything below that touches the engine is a collective: every rank calls it in
 the same order with the same number of micro-batches (the engine checks).
 
@@ -110,12 +115,13 @@ class PolicyUpdate:
         self.log_ratios: list[torch.Tensor] = []  # per micro-batch, of the step's first pass
         self.loss_fn = policy_loss_fn(loss_config(alg), log_ratio_sink=self.log_ratios)
         self.temperature = cfg.rollout.sampling.temperature or 1.0
-        self.columns = ["prompt_ids", "response_ids", "rollout_logp", "reward"]
+        self.columns = ["prompt_ids", "response_ids", "rollout_logp", "reward", "finish"]
         if alg.kl_coef > 0:
             self.columns.append("ref_logp")
         self.extra_rewards = [(r.reward_column, r.reward_weight) for r in cfg.roles if r.reward_column]
         self.columns += [column for column, _ in self.extra_rewards]
         self.distributed = cfg.train.num_ranks > 1
+        self.max_new_tokens = cfg.rollout.sampling.max_new_tokens
 
     def rewards(self, columns: dict[str, list]) -> torch.Tensor:
         """Reward of each row: the reward column plus custom roles' weighted scores."""
@@ -123,6 +129,19 @@ class PolicyUpdate:
         for column, weight in self.extra_rewards:  # custom roles' scores (e.g. a judge)
             rewards_B = rewards_B + weight * torch.tensor([float(v[0]) for v in columns[column]])
         return rewards_B
+
+    def overlong(self, columns: dict[str, list]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each row's overlong penalty (<= 0, added to its reward; zeros without
+        ``overlong_buffer``), whether it was truncated at ``max_new_tokens``, and
+        whether it is dropped from the loss (truncated, with ``mask_truncated``)."""
+        from asyncflow.algorithms.overlong import overlong_penalty, truncated_rows
+
+        alg = self.cfg.algorithm
+        lengths_B = torch.tensor([len(r) for r in columns["response_ids"]])
+        penalty_B = overlong_penalty(lengths_B, self.max_new_tokens, alg.overlong_buffer, alg.overlong_penalty)
+        truncated_B = truncated_rows(columns["finish"])
+        drop_B = truncated_B.clone() if alg.mask_truncated else torch.zeros_like(truncated_B)
+        return penalty_B, truncated_B, drop_B
 
     def train(self, columns: dict[str, list], group_ids: list[int]) -> dict[str, float]:
         """One step on this rank's rows (``columns[name][b]``, prompt group ``group_ids[b]``)."""
@@ -132,7 +151,8 @@ class PolicyUpdate:
             per_token["ref_logp"] = columns["ref_logp"]
         with phase("batch"):
             tb, _ = token_batch(columns["prompt_ids"], columns["response_ids"], per_token)
-            rewards_B = self.rewards(columns)
+            penalty_B, _, drop_B = self.overlong(columns)
+            rewards_B = self.rewards(columns) + penalty_B  # shaped before any advantage
         out: dict[str, float] = {}
         if alg.kl_in_reward and alg.kl_coef > 0:
             from asyncflow.algorithms.kl import kl_per_token
@@ -144,8 +164,9 @@ class PolicyUpdate:
         if alg.name == "grpo":
             with phase("advantages"):
                 tb.advantages = self.grpo_advantages(tb, rewards_B, group_ids)
+            drop_truncated(tb, drop_B)
         else:
-            out.update(self.ppo_advantages_and_critic(tb, rewards_B))
+            out.update(self.ppo_advantages_and_critic(tb, rewards_B, drop_B))
         out.update(self.update(tb))
         return out
 
@@ -188,10 +209,11 @@ class PolicyUpdate:
         adv_B[order] = adv_GN.reshape(-1)
         return broadcast_to_tokens(adv_B, tb.response_mask)
 
-    def ppo_advantages_and_critic(self, tb: TokenBatch, rewards_B: torch.Tensor) -> dict[str, float]:
+    def ppo_advantages_and_critic(self, tb: TokenBatch, rewards_B: torch.Tensor, drop_B: torch.Tensor) -> dict[str, float]:
         """Sets the batch's advantages, returns and old values (GAE on the critic's
-        values, the KL in the token rewards with ``kl_in_reward``), then trains the
-        critic one step; returns its figures."""
+        values, the KL in the token rewards with ``kl_in_reward``), drops the rows of
+        ``drop_B`` from the batch's mask, then trains the critic one step on the
+        rest; returns its figures."""
         from asyncflow.algorithms.ppo import PPOConfig, critic_loss_fn, ppo_advantages
 
         alg = self.cfg.algorithm
@@ -207,29 +229,46 @@ class PolicyUpdate:
         assert values_BT is not None  # a critic's forward gives values
         tb.advantages, tb.returns = ppo_advantages(ppo, rewards_B, values_BT, tb.response_mask, tb.rollout_logp, tb.ref_logp)
         tb.old_values = values_BT
+        drop_truncated(tb, drop_B)
         critic_result = self.critic.train_step(tb, critic_loss_fn(ppo))
         return {"critic_loss": critic_result.loss, **{f"critic_{k}": v for k, v in critic_result.metrics.items()}}
 
     def batch_figures(self, columns: dict[str, list]) -> dict[str, float]:
-        """Rows, tokens and rewards of the global batch: this rank's, summed (max for
-        ``reward_max``) over every rank when distributed (a collective)."""
+        """Rows, tokens, rewards (before overlong shaping) and the overlong figures of
+        the global batch: this rank's, summed (max for ``reward_max``) over every rank
+        when distributed (a collective)."""
         rewards = self.rewards(columns)
+        penalty_B, truncated_B, drop_B = self.overlong(columns)
         response = float(sum(len(r) for r in columns["response_ids"]))
         prompt = float(sum(len(p) for p in columns["prompt_ids"]))
-        sums = torch.tensor([float(len(rewards)), float(rewards.sum()), response, prompt], dtype=torch.float64)
+        sums = torch.tensor(
+            [
+                float(len(rewards)),
+                float(rewards.sum()),
+                response,
+                prompt,
+                float(truncated_B.sum()),
+                float(penalty_B.abs().sum()),  # penalties are <= 0
+                float(drop_B.sum()),
+            ],
+            dtype=torch.float64,
+        )
         top = torch.tensor([float(rewards.max()) if len(rewards) else -np.inf], dtype=torch.float64)
         if self.distributed:
             import torch.distributed as dist
 
             dist.all_reduce(sums)
             dist.all_reduce(top, op=dist.ReduceOp.MAX)
-        n, reward_sum, response, prompt = sums.tolist()
+        n, reward_sum, response, prompt, truncated, penalty, dropped = sums.tolist()
         return {
             "samples": n,
             "reward_mean": reward_sum / max(n, 1.0),
             "reward_max": top.item(),
             "response_tokens": response,
             "tokens": response + prompt,
+            "truncated_frac": truncated / max(n, 1.0),
+            "overlong_penalty_mean": penalty / max(n, 1.0),
+            "truncated_masked_frac": dropped / max(n, 1.0),
         }
 
     def export_weights(self, keep: bool = True) -> list[tuple[str, torch.Tensor]]:
@@ -247,3 +286,14 @@ class PolicyUpdate:
         self.engine.save_checkpoint(str(path / "model"), with_optimizer=True)
         if self.critic is not None:
             self.critic.save_checkpoint(str(path / "critic"), with_optimizer=True)
+
+
+def drop_truncated(tb: TokenBatch, drop_B: torch.Tensor) -> None:
+    """Take the rows of ``drop_B`` out of the loss (``mask_truncated``): their response
+    mask becomes 0, after the advantages are computed, so their group's statistics
+    still count them, and before any training, so the engine's loss denominators
+    (``LossContext``, from this mask, summed over ranks) count only the rest."""
+    if drop_B.any():
+        from asyncflow.algorithms.overlong import drop_rows
+
+        tb.response_mask = drop_rows(tb.response_mask, drop_B)

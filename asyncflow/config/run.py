@@ -180,12 +180,46 @@ class AlgorithmConfig(_Section):
             "bound; otherwise above 1 (e.g. 2.0). Both bounds 0: no mask."
         ),
     ] = 0.0
+    overlong_buffer: Annotated[
+        int,
+        Meta(
+            ge=0,
+            description="Overlong shaping (DAPO): the last this many tokens before ``rollout.sampling.max_new_tokens`` M are a "
+            "buffer over which a response's reward falls linearly, from 0 at length M - buffer to -``overlong_penalty`` at "
+            "length M (the stop token counts), before the advantages are computed. 0: no length penalty; otherwise below M. "
+            "Metric ``overlong_penalty_mean``; see docs/algorithms.md.",
+        ),
+    ] = 0
+    overlong_penalty: Annotated[
+        float,
+        Meta(
+            ge=0,
+            description="The penalty at ``rollout.sampling.max_new_tokens`` (DAPO's penalty factor): subtracted in full from the reward "
+            "of a response of that length, in part within ``overlong_buffer``. Unused while ``overlong_buffer = 0``.",
+        ),
+    ] = 1.0
+    mask_truncated: Annotated[
+        bool,
+        Meta(
+            description='Drop the responses cut at ``rollout.sampling.max_new_tokens`` (finish reason "length") from the loss: their '
+            "tokens get no gradient and leave the loss's token (sequence) mean, which runs over the remaining tokens "
+            "(rows). They still count in their group's reward statistics. Metric ``truncated_masked_frac``; see "
+            "docs/algorithms.md.",
+        ),
+    ] = False
 
     def check(self, run: RunConfig) -> None:
         if self.name == "grpo" and self.group_size < 2:
             raise Refused("group_size", "GRPO needs at least 2 responses per prompt")
         if self.is_mask_high != 0 and self.is_mask_high <= 1:
             raise Refused("is_mask_high", "use 0 (no upper bound) or a ratio above 1 such as 2.0")
+        max_new_tokens = run.rollout.sampling.max_new_tokens
+        if self.overlong_buffer >= max_new_tokens:
+            raise Refused(
+                "overlong_buffer",
+                f"the buffer is the last tokens before rollout.sampling.max_new_tokens ({max_new_tokens}): use 0 (off) "
+                f"or a value below {max_new_tokens}",
+            )
 
 
 class RolloutConfig(_Section):

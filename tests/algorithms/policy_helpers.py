@@ -27,13 +27,16 @@ def columns(
     rewards: list[float],
     rollout_logp: list[list[float]],
     ref_logp: list[list[float]] | None = None,
+    truncated: list[bool] | None = None,
 ) -> dict[str, list]:
-    """Rows as the trainer reads them from the queue."""
+    """Rows as the trainer reads them from the queue (``truncated[b]``: row b was cut
+    at max_new_tokens, its ``finish`` is 0; default: every row stopped)."""
     out = {
         "prompt_ids": [np.array(p, dtype=np.int64) for p in prompts],
         "response_ids": [np.array(r, dtype=np.int64) for r in responses],
         "rollout_logp": [np.array(lp, dtype=np.float32) for lp in rollout_logp],
         "reward": [np.array([r], dtype=np.float32) for r in rewards],
+        "finish": [np.array([0 if cut else 1], dtype=np.uint8) for cut in (truncated or [False] * len(prompts))],
     }
     if ref_logp is not None:
         out["ref_logp"] = [np.array(lp, dtype=np.float32) for lp in ref_logp]
