@@ -68,6 +68,7 @@ def test_the_packer_places_every_token_once_within_the_budget_with_positions_res
 def test_the_packer_splits_rows_to_reach_a_given_number_of_micro_batches_and_refuses_an_impossible_one():
     plan = plan_packing([3, 3, 3, 3], budget=12, rows_per_micro_batch=4, min_micro_batches=3)
     assert len(plan) == 3 and sorted(b for mb in plan for row in mb for b in row) == [0, 1, 2, 3]
+    assert all(mb and all(mb) for mb in plan)  # no empty micro-batch, no empty row
     assert plan_packing([5, 0, 4], budget=0, rows_per_micro_batch=1) == [[[0]], [[2]]]  # empty rows left out, budget >= longest
     with pytest.raises(ValueError, match="same number of rows"):
         plan_packing([3, 3], budget=6, rows_per_micro_batch=1, min_micro_batches=3)
