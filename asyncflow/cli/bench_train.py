@@ -78,25 +78,25 @@ def _packing_side_by_side(model_dir: str, num_rows, seq_len, micro_batch_size, s
         packing: build_train_engine(TrainEngineConfig(lr=1e-4, micro_batch_size=micro_batch_size, packing=packing), model_dir)
         for packing in (False, True)
     }
-    fed = {packing: 0 for packing in engines}  # tokens (real and padding) through the model
-    for packing, engine in engines.items():
-        engine.net.register_forward_pre_hook(lambda module, args, p=packing: fed.__setitem__(p, fed[p] + args[0].numel()))
+    for engine in engines.values():
         engine.train_step(batch, loss_fn)  # warm-up
     seconds = {packing: 0.0 for packing in engines}
-    fed.update({packing: 0 for packing in engines})
+    fed = {packing: 0 for packing in engines}  # tokens (real and padding) through the model
     losses: dict[bool, list[float]] = {packing: [] for packing in engines}
     for _ in range(steps):
         for packing, engine in engines.items():
             start = time.perf_counter()
-            losses[packing].append(engine.train_step(batch, loss_fn).loss)
+            result = engine.train_step(batch, loss_fn)
             seconds[packing] += time.perf_counter() - start
+            losses[packing].append(result.loss)
+            fed[packing] += result.num_fed_tokens
     real = int(batch.attention_mask.sum()) * steps
     return {
         "real_tokens": real,
         "seconds": seconds,
         "fed_tokens": fed,
         "max_loss_diff": max(abs(a - b) for a, b in zip(losses[False], losses[True])),
-        "pack_attention": engines[True].pack_attention,
+        "pack_attention": getattr(engines[True], "pack_attention", None),  # the torch engine's path
         "lengths": batch.attention_mask.sum(dim=1).tolist(),
     }
 

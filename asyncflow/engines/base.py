@@ -181,6 +181,9 @@ class TrainStepResult:
     """Loss function metrics, summed over micro-batches (and ranks, divided by dp_size)."""
     step: int
     """Optimizer steps taken so far (1 after the first)."""
+    num_fed_tokens: int = 0
+    """Tokens, real and padding, that this rank's forwards ran on (padding shrinks with
+    sequence packing: ``train.engine.packing``)."""
 
 
 class TrainEngine(abc.ABC):

@@ -290,6 +290,7 @@ class TorchTrainEngine(TrainEngine):
         self.net.train()
         total_loss = 0.0
         metrics: dict[str, float] = {}
+        num_fed_tokens = sum((mb.packed.input_ids if mb.packed is not None else mb.batch.input_ids).numel() for mb in mbs)
         for mb in mbs:
             with phase("forward"):
                 out = self._run(mb, temperature, with_entropy=True)
@@ -322,7 +323,12 @@ class TorchTrainEngine(TrainEngine):
             metrics = {k: figures[i + 1].item() for i, k in enumerate(names)}
         metrics["lr"] = lr
         return TrainStepResult(
-            loss=total_loss, grad_norm=float(grad_norm), num_tokens=int(totals[0].item()), metrics=metrics, step=self._step
+            loss=total_loss,
+            grad_norm=float(grad_norm),
+            num_tokens=int(totals[0].item()),
+            metrics=metrics,
+            step=self._step,
+            num_fed_tokens=num_fed_tokens,
         )
 
     @torch.no_grad()

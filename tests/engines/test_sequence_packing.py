@@ -136,6 +136,7 @@ def test_a_packed_train_step_gives_the_padded_loss_metrics_and_gradients(arch, r
         want, want_grads = capture_step(padded, batch, loss_fn)
         got, got_grads = capture_step(packed, batch, loss_fn)
         assert len(fed_packed) < len(fed_padded) and sum(fed_packed) < 0.6 * sum(fed_padded)
+        assert (got.num_fed_tokens, want.num_fed_tokens) == (sum(fed_packed), sum(fed_padded))
         assert got.loss == pytest.approx(want.loss, abs=1e-6) and got.loss != 0.0
         assert got.num_tokens == want.num_tokens
         assert got.grad_norm == pytest.approx(want.grad_norm, rel=1e-4)
