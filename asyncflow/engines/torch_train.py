@@ -250,10 +250,19 @@ class TorchTrainEngine(TrainEngine):
         budget = self.cfg.pack_tokens or max(lengths, default=1)
         plan = plan_packing(lengths, budget, self.cfg.micro_batch_size)
         if self.distributed:
-            count = torch.tensor([len(plan)], dtype=torch.long)
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
-            if count.item() > len(plan):
-                plan = plan_packing(lengths, budget, self.cfg.micro_batch_size, min_micro_batches=int(count.item()))
+            # every rank runs as many forwards as the rank with most micro-batches; one with fewer
+            # splits rows, down to one sequence per micro-batch (all ranks refuse together otherwise)
+            most = sum(n > 0 for n in lengths)
+            counts = torch.tensor([len(plan), -most], dtype=torch.long)
+            dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+            needed, fewest = int(counts[0].item()), -int(counts[1].item())
+            if needed > fewest:
+                raise ValueError(
+                    f"a rank packs its part into {needed} micro-batches but another has only {fewest} non-empty rows; "
+                    "give every data-parallel rank the same number of rows per step"
+                )
+            if needed > len(plan):
+                plan = plan_packing(lengths, budget, self.cfg.micro_batch_size, min_micro_batches=needed)
         mbs = []
         for rows in plan:
             order = [b for row in rows for b in row]
