@@ -173,3 +173,12 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     num_threads: Annotated[
         Count | None, Meta(description="torch intra-op threads on cpu; None leaves torch's setting alone.")
     ] = None
+
+    def check(self, run: object) -> None:
+        """Cross-field rules (core/schema.py); ``run``: the whole config, unused."""
+        if not self.packing and self.pack_tokens != 0:
+            raise Refused("pack_tokens", "it applies only with packing = true: set packing = true, or leave pack_tokens out")
+        if not self.packing and self.pack_attention != "auto":
+            raise Refused(
+                "pack_attention", "it applies only with packing = true: set packing = true, or leave pack_attention out"
+            )

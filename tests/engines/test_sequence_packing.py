@@ -166,3 +166,22 @@ def test_packing_refuses_a_batch_that_is_not_right_padded(qwen2_dir):
     engine = build_train_engine(TrainEngineConfig(packing=True), qwen2_dir)
     with pytest.raises(ValueError, match="right-padded"):
         engine.forward(batch)
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("[train.engine]\npack_tokens = 512", "train.engine.pack_tokens = 512: it applies only with packing = true"),
+        (
+            "[critic.engine]\npack_attention = 'mask'",
+            "critic.engine.pack_attention = 'mask': it applies only with packing = true",
+        ),
+    ],
+)
+def test_a_packing_key_without_packing_is_refused_naming_the_key(text, message):
+    from asyncflow.config.run import ConfigError, load_config_text
+
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text)
+    assert message in str(info.value)
+    load_config_text(text.replace("]\n", "]\npacking = true\n", 1))  # with packing on, the same key is fine
