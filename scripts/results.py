@@ -78,6 +78,7 @@ SECTIONS: dict[str, list[str]] = {
     ],
     "queue": [PY, "-m", "asyncflow.cli.main", "bench", "queue", "-B", "8", "-L", "64", "-n", "300", "--compare-inline", "--json"],
     "train": [PY, "-m", "asyncflow.cli.main", "bench", "train", "--json"],
+    "packing": [PY, "-m", "asyncflow.cli.main", "bench", "train", "--packing", "--steps", "10", "--json"],
     # docs/performance.md
     "breakdown": [
         PY,
@@ -270,6 +271,20 @@ def render(records: dict[str, dict]) -> str:
             f"{t['fsdp2_processes']} FSDP2 processes {t['fsdp2_tokens_per_s']:.0f} tokens/s (ratio "
             f"{t['ratio_fsdp2_to_one_process']:.2f}). A model this small has nothing to gain from sharding; "
             "data parallelism is there for models that do not fit one device.",
+            "",
+        ]
+    if "packing" in records:
+        r = records["packing"]
+        t = r["result"]
+        out += [
+            "## Sequence packing in the trainer",
+            "",
+            f"`{r['command']}` (load {r['load_avg_1m']}): a long-tailed batch (32 rows, every 8th response long), "
+            f"padded and packed steps alternating: padded {t['padded_tokens_per_s']:.0f} tokens/s, packed "
+            f"{t['packed_tokens_per_s']:.0f} tokens/s (ratio {t['ratio_packed_to_padded']:.2f}). Tokens through the "
+            f"model per step: {t['padded_fed_tokens_per_step']} padded, {t['packed_fed_tokens_per_step']} packed, "
+            f"{t['real_tokens_per_step']} real. Attention kept within sequences by {t['pack_attention']}; largest "
+            f"step-loss difference {t['max_loss_diff']:.1e} (docs/algorithms.md, Sequence packing).",
             "",
         ]
     return "\n".join(out)

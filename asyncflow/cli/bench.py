@@ -10,7 +10,10 @@ BENCHES = {
     "transport": ("asyncflow.cli.bench_transport:transport", "nng request/reply round trip and bandwidth."),
     "queue": ("asyncflow.cli.bench_queue:queue", "TransferQueue put/get across processes."),
     "rollout": ("asyncflow.cli.bench_rollout:rollout", "Native rollout engine vs Hugging Face generate."),
-    "train": ("asyncflow.cli.bench_train:train", "Training tokens/s, one process and two-process FSDP2."),
+    "train": (
+        "asyncflow.cli.bench_train:train",
+        "Training tokens/s, one process and two-process FSDP2; --packing: packing on vs off.",
+    ),
     "e2e": ("asyncflow.cli.bench_e2e:e2e", "A config end to end, sync vs async, side by side."),
     "weights": ("asyncflow.cli.bench_weights:weights", "Weight fetch bytes/s: nng chunks vs the gloo collective, side by side."),
     "planner": (

@@ -1,6 +1,7 @@
 """``afctl bench train``: training tokens per second of the torch training engine,
 one process against two-process FSDP2 (gloo on cpu), on the same tiny model and
-the same global batch.
+the same global batch; with ``--packing``, one process with sequence packing on
+against off (``train.engine.packing``) on a batch with long-tailed lengths.
 
 Each configuration runs a warm-up step then ``--steps`` timed optimizer steps of a
 GRPO-shaped loss over the same global batch (FSDP: each rank takes half the rows).
@@ -8,6 +9,12 @@ Tokens counted are the real (unpadded) tokens of the global batch. One process r
 with ``--threads`` intra-op threads, each FSDP rank with one. The load average is
 printed with the figures: on a shared 2-core machine, more busy threads than cores
 (other jobs, or 2 threads beside them) slows OpenMP badly, and the figures show it.
+
+``--packing``: most responses are short and every ``--long-every``-th row is long
+(half to all of ``--seq-len``), rows in random order, so nearly every padded
+micro-batch holds a long row and is padded to it. The two engines start from the
+same weights and take their steps alternately (padded, packed, padded, ...), so
+both see the same load; the last line is one JSON object with the ratio.
 """
 
 from __future__ import annotations
@@ -36,6 +43,62 @@ def _batch(num_rows: int, seq_len: int, seed: int = 0):
     return TokenBatch(
         input_ids=ids_BT, attention_mask=attn_BT, response_mask=resp_BT, advantages=adv_BT, rollout_logp=-2.0 * resp_BT
     )
+
+
+def _long_tailed_batch(num_rows: int, seq_len: int, long_every: int, seed: int = 0):
+    import torch
+
+    from asyncflow.engines.batching import make_token_batch
+
+    g = torch.Generator().manual_seed(seed)
+    prompt_len = max(seq_len // 8, 2)
+    short_max = max(seq_len // 8, 2)
+    prompts, responses = [], []
+    for b in torch.randperm(num_rows, generator=g).tolist():
+        if b % long_every == 0:
+            n = int(torch.randint(seq_len // 2 - prompt_len, seq_len - prompt_len + 1, (1,), generator=g))
+        else:
+            n = int(torch.randint(1, short_max + 1, (1,), generator=g))
+        prompts.append(torch.randint(6, 90, (prompt_len,), generator=g).tolist())
+        responses.append(torch.randint(6, 90, (max(n, 1),), generator=g).tolist())
+    rollout = [[-2.0] * len(r) for r in responses]
+    advantages_B = torch.randn(num_rows, generator=g)
+    return make_token_batch(prompts, responses, pad_token_id=0, rollout_logprobs=rollout, advantages_B=advantages_B)
+
+
+def _packing_side_by_side(model_dir: str, num_rows, seq_len, micro_batch_size, steps, long_every) -> dict:
+    """Padded and packed engines over the same long-tailed batch, steps alternating."""
+    from asyncflow.algorithms.grpo import PolicyLossConfig, policy_loss_fn
+    from asyncflow.engines.config import TrainEngineConfig
+    from asyncflow.engines.factory import build_train_engine
+
+    batch = _long_tailed_batch(num_rows, seq_len, long_every)
+    loss_fn = policy_loss_fn(PolicyLossConfig())
+    engines = {
+        packing: build_train_engine(TrainEngineConfig(lr=1e-4, micro_batch_size=micro_batch_size, packing=packing), model_dir)
+        for packing in (False, True)
+    }
+    for engine in engines.values():
+        engine.train_step(batch, loss_fn)  # warm-up
+    seconds = {packing: 0.0 for packing in engines}
+    fed = {packing: 0 for packing in engines}  # tokens (real and padding) through the model
+    losses: dict[bool, list[float]] = {packing: [] for packing in engines}
+    for _ in range(steps):
+        for packing, engine in engines.items():
+            start = time.perf_counter()
+            result = engine.train_step(batch, loss_fn)
+            seconds[packing] += time.perf_counter() - start
+            losses[packing].append(result.loss)
+            fed[packing] += result.num_fed_tokens
+    real = int(batch.attention_mask.sum()) * steps
+    return {
+        "real_tokens": real,
+        "seconds": seconds,
+        "fed_tokens": fed,
+        "max_loss_diff": max(abs(a - b) for a, b in zip(losses[False], losses[True])),
+        "pack_attention": getattr(engines[True], "pack_attention", None),  # the torch engine's path
+        "lengths": batch.attention_mask.sum(dim=1).tolist(),
+    }
 
 
 def _time_steps(engine, batch, steps: int) -> float:
@@ -82,9 +145,13 @@ def _free_port() -> int:
 @click.option("--hidden-size", default=128, show_default=True)
 @click.option("--num-layers", default=4, show_default=True)
 @click.option("--threads", default=1, show_default=True, help="Intra-op threads of the one-process run.")
+@click.option(
+    "--packing", is_flag=True, help="Sequence packing on vs off, one process, on a long-tailed batch (prints one JSON line)."
+)
+@click.option("--long-every", default=8, show_default=True, help="--packing: every n-th row has a long response.")
 @click.option("--json", "as_json", is_flag=True, help="Last line: one JSON object.")
-def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, threads, as_json):
-    """Training tokens/s: one process vs two-process FSDP2."""
+def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, threads, packing, long_every, as_json):
+    """Training tokens/s: one process vs two-process FSDP2 (--packing: packing on vs off)."""
     import torch
     import torch.multiprocessing as mp
 
@@ -104,10 +171,19 @@ def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, t
             intermediate_size=3 * hidden_size,
         )
     )
+    torch.set_num_threads(threads)
+    if packing:
+        _report_packing(
+            _packing_side_by_side(model_dir, num_rows, seq_len, micro_batch_size, steps, long_every),
+            steps=steps,
+            threads=threads,
+            model=f"hidden {hidden_size} x {num_layers} layers",
+            micro_batch_size=micro_batch_size,
+        )
+        return
     batch = _batch(num_rows, seq_len)
     tokens = int(batch.attention_mask.sum()) * steps
     figures = {}
-    torch.set_num_threads(threads)
     engine = build_train_engine(TrainEngineConfig(lr=1e-4, micro_batch_size=micro_batch_size), model_dir)
     seconds = _time_steps(engine, batch, steps)
     figures["one_process_tokens_per_s"] = tokens / seconds
@@ -140,3 +216,38 @@ def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, t
                 }
             )
         )
+
+
+def _report_packing(run: dict, steps: int, threads: int, model: str, micro_batch_size: int) -> None:
+    lengths = run["lengths"]
+    rate = {packing: run["real_tokens"] / run["seconds"][packing] for packing in (False, True)}
+    ratio = rate[True] / rate[False]
+    load = os.getloadavg()[0]
+    for packing, name in ((False, "padded"), (True, "packed")):
+        click.echo(
+            f"{name}: {rate[packing]:.0f} tokens/s ({run['seconds'][packing] / steps * 1000:.0f} ms/step), "
+            f"{run['fed_tokens'][packing] // steps} tokens through the model per step"
+        )
+    click.echo(
+        f"packed / padded: {ratio:.2f} (model {model}, {len(lengths)} rows of {min(lengths)}-{max(lengths)} tokens, "
+        f"mean {sum(lengths) / len(lengths):.0f}, micro-batch {micro_batch_size}, {threads} thread(s); attention kept "
+        f"within sequences by {run['pack_attention']}; largest loss difference {run['max_loss_diff']:.1e}; "
+        f"load average {load:.1f} on {os.cpu_count()} cores)"
+    )
+    click.echo(
+        json.dumps(
+            {
+                "padded_tokens_per_s": round(rate[False], 1),
+                "packed_tokens_per_s": round(rate[True], 1),
+                "ratio_packed_to_padded": round(ratio, 3),
+                "padded_fed_tokens_per_step": run["fed_tokens"][False] // steps,
+                "packed_fed_tokens_per_step": run["fed_tokens"][True] // steps,
+                "real_tokens_per_step": run["real_tokens"] // steps,
+                "pack_attention": run["pack_attention"],
+                "max_loss_diff": run["max_loss_diff"],
+                "steps": steps,
+                "threads": threads,
+                "load_average": round(load, 2),
+            }
+        )
+    )

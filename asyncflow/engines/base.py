@@ -107,22 +107,23 @@ class TokenBatch:
 
     def split(self, micro_batch_size: int) -> list[TokenBatch]:
         """Micro-batches along dim 0, each trimmed to its longest real sequence."""
-        out = []
-        for start in range(0, self.batch_size, micro_batch_size):
-            rows = slice(start, start + micro_batch_size)
-            width = int(self.attention_mask[rows].sum(dim=1).max().item())
-            width = max(width, 1)
+        return [self.select(slice(start, start + micro_batch_size)) for start in range(0, self.batch_size, micro_batch_size)]
 
-            def cut(x: torch.Tensor | None) -> torch.Tensor | None:
-                if x is None:
-                    return None
-                x = x[rows]
-                return x[:, :width] if x.dim() >= 2 and x.shape[1] == self.input_ids.shape[1] else x
+    def select(self, rows: slice | Sequence[int]) -> TokenBatch:
+        """These rows (a slice, or indices in the order given), trimmed to their
+        longest real sequence."""
+        index: slice | torch.Tensor = rows if isinstance(rows, slice) else torch.as_tensor(list(rows), dtype=torch.long)
+        width = max(int(self.attention_mask[index].sum(dim=1).max().item()), 1)
 
-            kw: dict[str, Any] = {f.name: cut(getattr(self, f.name)) for f in fields(self) if f.name != "extra"}
-            extra: dict[str, Any] = {k: cut(v) for k, v in self.extra.items()}
-            out.append(replace(self, **kw, extra=extra))
-        return out
+        def cut(x: torch.Tensor | None) -> torch.Tensor | None:
+            if x is None:
+                return None
+            x = x[index]
+            return x[:, :width] if x.dim() >= 2 and x.shape[1] == self.input_ids.shape[1] else x
+
+        kw: dict[str, Any] = {f.name: cut(getattr(self, f.name)) for f in fields(self) if f.name != "extra"}
+        extra: dict[str, Any] = {k: cut(v) for k, v in self.extra.items()}
+        return replace(self, **kw, extra=extra)
 
     def to(self, device: torch.device | str) -> TokenBatch:
         kw: dict[str, Any] = {
@@ -180,6 +181,9 @@ class TrainStepResult:
     """Loss function metrics, summed over micro-batches (and ranks, divided by dp_size)."""
     step: int
     """Optimizer steps taken so far (1 after the first)."""
+    num_fed_tokens: int = 0
+    """Tokens, real and padding, that this rank's forwards ran on (padding shrinks with
+    sequence packing: ``train.engine.packing``)."""
 
 
 class TrainEngine(abc.ABC):

@@ -133,6 +133,33 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     micro_batch_size: Annotated[
         Count, Meta(description="Sequences per forward/backward; gradients accumulate over a step's micro-batches.")
     ] = 8
+    packing: Annotated[
+        bool,
+        Meta(
+            description="Sequence packing: lay a step's sequences (prompt + response) end to end in rows of ``pack_tokens`` "
+            "tokens, position ids restarting with each sequence and attention kept within it, instead of right-padding every "
+            "row to the longest of its micro-batch. A micro-batch is then at most ``micro_batch_size`` packed rows. Losses, "
+            "their normalisation and log-probs are those of the padded path (up to float rounding); only the padding the "
+            "model computes on shrinks. With FSDP each rank packs its own part (docs/algorithms.md)."
+        ),
+    ] = False
+    pack_tokens: Annotated[
+        NonNegInt,
+        Meta(
+            description="Packing: the token budget of a packed row. 0: the longest sequence of the batch being packed, so "
+            "a packed micro-batch is never larger than the padded path's largest. A sequence longer than the budget gets a "
+            "row of its own."
+        ),
+    ] = 0
+    pack_attention: Annotated[
+        Literal["auto", "position_ids", "mask"],
+        Meta(
+            description="Packing: how attention stays within a sequence. position_ids: only position ids are passed and "
+            "transformers builds the block-diagonal causal mask from them (``masking_utils.find_packed_sequence_indices``); "
+            "mask: an explicit 4-D block-diagonal additive mask. auto: position_ids if a probe at start shows the model "
+            "keeps packed sequences apart that way, else mask."
+        ),
+    ] = "auto"
     fsdp: Annotated[
         bool,
         Meta(
@@ -146,3 +173,12 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     num_threads: Annotated[
         Count | None, Meta(description="torch intra-op threads on cpu; None leaves torch's setting alone.")
     ] = None
+
+    def check(self, run: object) -> None:
+        """Cross-field rules (core/schema.py); ``run``: the whole config, unused."""
+        if not self.packing and self.pack_tokens != 0:
+            raise Refused("pack_tokens", "it applies only with packing = true: set packing = true, or leave pack_tokens out")
+        if not self.packing and self.pack_attention != "auto":
+            raise Refused(
+                "pack_attention", "it applies only with packing = true: set packing = true, or leave pack_attention out"
+            )

@@ -14,6 +14,14 @@ Invariants:
 - With FSDP every rank must call ``train_step``/``forward``/``export_weights``/
   ``save_checkpoint`` together with the same number of micro-batches (collectives);
   a mismatch is detected and raised before any forward, not left to hang.
+- Packing (``packing = true``): a micro-batch is a set of whole sequences packed into
+  at most ``micro_batch_size`` rows of ``pack_tokens`` (``batching.plan_packing``);
+  the model sees them with position ids restarting per sequence and attention kept
+  within each (``pack_attention``: transformers' detection from position ids, or an
+  explicit 4-D mask), and its per-token outputs are put back at ``[b, t]`` before the
+  loss, which gets the micro-batch's rows as a padded ``TokenBatch``: the loss, its
+  step totals and the log-probs are those of the padded path. With FSDP a rank with
+  fewer packed micro-batches than another splits rows until the counts agree.
 - Checkpoints are Hugging Face directories: ``model.safetensors`` + config +
   tokenizer (loadable by transformers/vLLM as is), plus ``optimizer.pt``,
   ``value_head.safetensors`` (critic) and ``trainer_state.json``.
@@ -22,10 +30,12 @@ Invariants:
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import safetensors.torch
 import torch
@@ -41,6 +51,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from asyncflow.core.phases import phase
 from asyncflow.engines.base import ForwardOutput, LossContext, LossFn, TokenBatch, TrainEngine, TrainStepResult
+from asyncflow.engines.batching import PackedRows, block_causal_mask, pack_batch, plan_packing
 from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
 from asyncflow.engines.hf import TOKENIZER_FILES, load_model
@@ -66,12 +77,51 @@ class _Net(torch.nn.Module):
                 torch.nn.init.zeros_(self.value_head.bias)
 
     def forward(
-        self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None
+        self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None, position_ids_BT: torch.Tensor | None = None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        kw = {"input_ids": input_ids_BT, "attention_mask": attention_mask_BT, "position_ids": position_ids_BT, "use_cache": False}
         if self.value_head is None:
-            return self.lm(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).logits, None
-        hidden_BTE = self.lm.model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).last_hidden_state
+            return self.lm(**kw).logits, None
+        hidden_BTE = self.lm.model(**kw).last_hidden_state
         return None, self.value_head(hidden_BTE).squeeze(-1)
+
+
+log = logging.getLogger(__name__)
+
+PackAttention = Literal["position_ids", "mask"]
+
+
+@dataclass
+class _MicroBatch:
+    """One forward's worth: the rows of the step's batch it holds (indices), those
+    rows as a padded batch (what the loss sees) and, with packing, their packing."""
+
+    rows: slice | list[int]
+    batch: TokenBatch
+    packed: PackedRows | None = None
+
+
+@torch.no_grad()
+def probe_pack_attention(net: _Net, vocab_size: int, device: torch.device) -> PackAttention:
+    """``position_ids`` when the model keeps packed sequences apart from their position
+    ids alone, else ``mask``: a short sequence packed after a longer one must give the
+    outputs it gives alone, and far closer to them than the unseparated forward (all
+    ranks call this together under FSDP: it is a forward)."""
+    g = torch.Generator().manual_seed(0)
+    first, second = (torch.randint(0, vocab_size, (1, n), generator=g).to(device) for n in (12, 4))
+    ids = torch.cat([first, second], dim=1)
+    pos = torch.cat([torch.arange(12), torch.arange(4)]).unsqueeze(0).to(device)
+
+    def out(ids: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
+        logits, values = net(ids, None, pos)
+        result = logits if logits is not None else values
+        assert result is not None  # the net returns one of them
+        return result[:, -4:].float()
+
+    alone = out(second, None)
+    packed = (out(ids, pos) - alone).abs().max().item()
+    unseparated = (out(ids, None) - alone).abs().max().item()
+    return "position_ids" if packed <= 0.1 * unseparated else "mask"
 
 
 def right_padded(mask_BT: torch.Tensor) -> bool:
@@ -131,26 +181,58 @@ class TorchTrainEngine(TrainEngine):
             self.net.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused
         )
         self._step = 0
+        self.pack_attention: PackAttention | None = None
+        """With packing: how attention is kept within packed sequences (the path that runs)."""
+        if cfg.packing:
+            self.pack_attention = (
+                probe_pack_attention(self.net, lm.config.vocab_size, self.device)
+                if cfg.pack_attention == "auto"
+                else cfg.pack_attention
+            )
+            log.info("sequence packing: attention kept within sequences by %s", self.pack_attention)
 
     @property
     def version(self) -> int:
         return self._step
 
-    def _run(self, mb: TokenBatch, temperature: float, with_entropy: bool) -> ForwardOutput:
-        ids = mb.input_ids.to(self.device)
-        mask: torch.Tensor | None = mb.attention_mask
+    def _run(self, mb: _MicroBatch, temperature: float, with_entropy: bool) -> ForwardOutput:
+        if mb.packed is not None:
+            return self._run_packed(mb.packed.to(self.device), temperature, with_entropy)
+        ids = mb.batch.input_ids.to(self.device)
         # Right padding (every row's ones first): causal attention alone never lets a real
         # token see a pad, so the mask changes nothing at real positions (up to float rounding) and
         # the model skips building and applying it. Any other mask is passed as is.
-        mask = None if right_padded(mb.attention_mask) else mb.attention_mask.to(self.device)
+        mask = None if right_padded(mb.batch.attention_mask) else mb.batch.attention_mask.to(self.device)
         logits, values = self.net(ids, mask)
         if values is not None:
             return ForwardOutput(logp=torch.zeros_like(values, dtype=torch.float32), values=F.pad(values[:, :-1].float(), (1, 0)))
         entropy = shift_entropy(logits, temperature) if with_entropy else None
         return ForwardOutput(logp=shift_logp(logits, ids, temperature), entropy=entropy)
 
-    def _micro_batches(self, batch: TokenBatch) -> list[TokenBatch]:
-        mbs = batch.split(self.cfg.micro_batch_size)
+    def _run_packed(self, packed: PackedRows, temperature: float, with_entropy: bool) -> ForwardOutput:
+        """The model on packed rows [R, N]; outputs put back at the rows' [b, t], column 0 zero."""
+        ids_RN, pos_RN = packed.input_ids, packed.position_ids
+        mask = block_causal_mask(pos_RN, torch_dtype(self.cfg.dtype)) if self.pack_attention == "mask" else None
+        logits, values = self.net(ids_RN, mask, pos_RN)
+
+        def back(x_RN: torch.Tensor) -> torch.Tensor:
+            # x_RN[r, n] is about the token at n given what precedes it; a sequence's first
+            # token has no context of its own (padded path: column 0 is 0)
+            x_BT = packed.unpack(x_RN)
+            x_BT[:, 0] = 0.0
+            return x_BT
+
+        if values is not None:
+            values_BT = back(F.pad(values[:, :-1].float(), (1, 0)))
+            return ForwardOutput(logp=torch.zeros_like(values_BT), values=values_BT)
+        entropy = back(shift_entropy(logits, temperature)) if with_entropy else None
+        return ForwardOutput(logp=back(shift_logp(logits, ids_RN, temperature)), entropy=entropy)
+
+    def _micro_batches(self, batch: TokenBatch) -> list[_MicroBatch]:
+        if self.cfg.packing:
+            return self._packed_micro_batches(batch)
+        step = self.cfg.micro_batch_size
+        mbs = [_MicroBatch(slice(s, s + step), batch.select(slice(s, s + step))) for s in range(0, batch.batch_size, step)]
         if self.distributed:
             counts = torch.tensor([len(mbs), -len(mbs)], dtype=torch.long)
             dist.all_reduce(counts, op=dist.ReduceOp.MAX)
@@ -161,20 +243,51 @@ class TorchTrainEngine(TrainEngine):
                 )
         return mbs
 
+    def _packed_micro_batches(self, batch: TokenBatch) -> list[_MicroBatch]:
+        if not right_padded(batch.attention_mask):
+            raise ValueError("packing needs right-padded rows (attention_mask ones then zeros); set train.engine.packing = false")
+        lengths = batch.attention_mask.sum(dim=1).tolist()
+        budget = self.cfg.pack_tokens or max(lengths, default=1)
+        plan = plan_packing(lengths, budget, self.cfg.micro_batch_size)
+        if self.distributed:
+            # every rank runs as many forwards as the rank with most micro-batches; one with fewer
+            # splits rows, down to one sequence per micro-batch (all ranks refuse together otherwise)
+            most = sum(n > 0 for n in lengths)
+            counts = torch.tensor([len(plan), -most], dtype=torch.long)
+            dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+            needed, fewest = int(counts[0].item()), -int(counts[1].item())
+            if needed > fewest:
+                raise ValueError(
+                    f"a rank packs its part into {needed} micro-batches but another has only {fewest} non-empty rows; "
+                    "give every data-parallel rank the same number of rows per step"
+                )
+            if needed > len(plan):
+                plan = plan_packing(lengths, budget, self.cfg.micro_batch_size, min_micro_batches=needed)
+        mbs = []
+        for rows in plan:
+            order = [b for row in rows for b in row]
+            where = {b: j for j, b in enumerate(order)}
+            sub = batch.select(order)
+            mbs.append(_MicroBatch(order, sub, pack_batch(sub, [[where[b] for b in row] for row in rows])))
+        return mbs
+
     @torch.no_grad()
     def forward(self, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False) -> ForwardOutput:
-        outs = [self._run(mb, temperature, with_entropy) for mb in self._micro_batches(batch)]
-        width = batch.input_ids.shape[1]
+        mbs = self._micro_batches(batch)
+        outs = [self._run(mb, temperature, with_entropy) for mb in mbs]
 
-        def cat(key: str) -> torch.Tensor | None:
-            parts = [getattr(o, key) for o in outs]
-            if parts[0] is None:
+        def gather(key: str) -> torch.Tensor | None:
+            if getattr(outs[0], key) is None:
                 return None
-            return torch.cat([F.pad(p, (0, width - p.shape[1])) for p in parts]).cpu()
+            full_BT = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+            for mb, out in zip(mbs, outs):
+                part = getattr(out, key)
+                full_BT[mb.rows, : part.shape[1]] = part.cpu()
+            return full_BT
 
-        logp = cat("logp")
+        logp = gather("logp")
         assert logp is not None  # every forward computes log-probs
-        return ForwardOutput(logp=logp, entropy=cat("entropy"), values=cat("values"))
+        return ForwardOutput(logp=logp, entropy=gather("entropy"), values=gather("values"))
 
     def train_step(self, batch: TokenBatch, loss_fn: LossFn, temperature: float = 1.0) -> TrainStepResult:
         mbs = self._micro_batches(batch)
@@ -186,12 +299,12 @@ class TorchTrainEngine(TrainEngine):
         self.net.train()
         total_loss = 0.0
         metrics: dict[str, float] = {}
+        num_fed_tokens = sum((mb.packed.input_ids if mb.packed is not None else mb.batch.input_ids).numel() for mb in mbs)
         for mb in mbs:
-            mb = mb.to(self.device)
             with phase("forward"):
                 out = self._run(mb, temperature, with_entropy=True)
             with phase("loss"):
-                loss, mb_metrics = loss_fn(out, mb, ctx)
+                loss, mb_metrics = loss_fn(out, mb.batch.to(self.device), ctx)
             with phase("backward"):
                 loss.backward()
             total_loss += float(loss.detach())
@@ -219,7 +332,12 @@ class TorchTrainEngine(TrainEngine):
             metrics = {k: figures[i + 1].item() for i, k in enumerate(names)}
         metrics["lr"] = lr
         return TrainStepResult(
-            loss=total_loss, grad_norm=float(grad_norm), num_tokens=int(totals[0].item()), metrics=metrics, step=self._step
+            loss=total_loss,
+            grad_norm=float(grad_norm),
+            num_tokens=int(totals[0].item()),
+            metrics=metrics,
+            step=self._step,
+            num_fed_tokens=num_fed_tokens,
         )
 
     @torch.no_grad()
