@@ -218,6 +218,12 @@ def render_performance(records: dict[str, dict]) -> str:
         "inside the next step's GetBatch (flushed before a checkpoint saves the queue).",
         "- Native rollout engine: the slot table and the prefill batch are built with one scatter each "
         "(identical completions for a seed).",
+        "- Native rollout engine: the samples of a prompt share one prefill: the first runs it, the others copy "
+        "its prompt KV and last logits, and each still samples its own first token from one `sample` call over "
+        "all of them (identical completions for a seed; `generate/prefill_share` in the breakdown).",
+        "- Rollout weight swap: the fetch takes the announced `WeightsReady` instead of asking for the latest; "
+        "the staged digest is the one the trainer published (the swap still checks the engine's weights against "
+        "it); in sync no swap lock, and an announced version is waited for without asking the queue first.",
         "- Reward (async): once it waited for a put, it takes every row that put made ready: one score and "
         "one put per rollout put instead of two.",
         "- `[cluster] pin_trainer_cores` (async, opt-in): the trainer, the critical path of an async step, "
@@ -240,9 +246,8 @@ def _parity(r: dict) -> list[str]:
     out = [
         "## Learning is unchanged",
         "",
-        f"`{r['command']}` ({r['when']}, {_load(r)}): `examples/local.toml` with these changes (16 prompt "
-        "groups per generate call; that run also had `cluster.pin_trainer_cores = 1`, since made opt-in, which "
-        "changes only the cores processes run on), each run a fresh `afctl up`.",
+        f"`{r['command']}` ({r['when']}, {_load(r)}): `examples/local.toml` as shipped, with every change "
+        "above, each run a fresh `afctl up`.",
         "",
         "| seed | sync last-10% reward | async last-10% reward | sync samples/s | async samples/s |",
         "|---|---|---|---|---|",
