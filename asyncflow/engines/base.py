@@ -43,7 +43,11 @@ class Completion:
     finish_reason: FinishReason
     """'stop': a stop token was sampled; 'length': max_new_tokens reached."""
     version: int
-    """Policy version of the weights that generated it."""
+    """Policy version of the weights that generated it (the oldest, when weights
+    changed during its generation)."""
+    token_versions: list[int] | None = None
+    """Policy version that sampled each response token (same length), where the
+    engine can swap weights in the middle of a generation; None: all ``version``."""
 
 
 class RolloutEngine(abc.ABC):

@@ -94,11 +94,42 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     ] = None
     tensor_parallel_size: Annotated[Count, Meta(description="vLLM only: tensor-parallel degree.")] = 1
     enforce_eager: Annotated[bool, Meta(description="vLLM only: disable CUDA/NPU graphs (faster start, slower decode).")] = False
+    weight_transfer: Annotated[
+        Literal["auto", "ipc", "nccl", "rpc"],
+        Meta(
+            description="vLLM only: how weights the replica received reach vLLM's workers. ipc: vLLM's CUDA IPC transfer "
+            "engine (the workers read this process's GPU buffers; tensor_parallel_size 1). nccl: vLLM's NCCL transfer "
+            "engine (this process broadcasts to every tensor-parallel worker). rpc: collective_rpc into the model's "
+            "load_weights (tensors pickled to the workers; the Ascend path). auto: ipc with one GPU, nccl with tensor "
+            "parallelism, rpc for vllm_ascend. docs/vllm.md."
+        ),
+    ] = "auto"
+    partial_kv: Annotated[
+        Literal["keep", "recompute"],
+        Meta(
+            description="vLLM only: when weights change in the middle of a generation (partial rollout), keep the KV "
+            "cache the old weights computed for the tokens so far (no recomputation; the context's keys and values are "
+            "one version stale), or drop it so vLLM recomputes the prefix under the new weights when it resumes."
+        ),
+    ] = "keep"
 
     def check(self, run: object) -> None:
         """Cross-field rules (core/schema.py); ``run``: the whole config, unused."""
         if self.kv_cache_bytes is not None and self.kv_cache_fraction is not None:
             raise Refused("kv_cache_fraction", "set kv_cache_bytes or kv_cache_fraction, not both")
+        if self.type == "native":
+            if self.weight_transfer != "auto":
+                raise Refused("weight_transfer", 'only the vLLM engines take it: remove it, or set type = "vllm"')
+            if self.partial_kv != "keep":
+                raise Refused("partial_kv", 'only the vLLM engines take it: remove it, or set type = "vllm"')
+            return
+        if self.type == "vllm_ascend" and self.weight_transfer == "ipc":
+            raise Refused("weight_transfer", "CUDA IPC needs CUDA: use 'rpc' (or 'auto') with vllm_ascend")
+        if self.weight_transfer == "ipc" and self.tensor_parallel_size > 1:
+            raise Refused(
+                "weight_transfer",
+                "ipc hands vLLM buffers on this process's one GPU; with tensor_parallel_size > 1 use 'nccl' (or 'auto')",
+            )
 
 
 class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

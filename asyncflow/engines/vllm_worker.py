@@ -1,5 +1,8 @@
 """A vLLM worker extension: methods vLLM mixes into each of its workers, reached from
-the driver with ``LLM.collective_rpc(name, args=...)``.
+the driver with ``collective_rpc(name, args=...)``. Used by the ``rpc`` weight path
+(``[rollout.engine] weight_transfer``, the default for vllm_ascend, whose NPU workers
+have no CUDA IPC or NCCL transfer engine); the CUDA paths use vLLM's own
+weight-transfer engines instead (vllm_rollout.py).
 
 Loaded by vLLM inside its worker processes (``worker_extension_cls=
 "asyncflow.engines.vllm_worker.WeightSyncExtension"``); imports nothing from
