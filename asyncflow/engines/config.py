@@ -95,13 +95,12 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     tensor_parallel_size: Annotated[Count, Meta(description="vLLM only: tensor-parallel degree.")] = 1
     enforce_eager: Annotated[bool, Meta(description="vLLM only: disable CUDA/NPU graphs (faster start, slower decode).")] = False
     weight_transfer: Annotated[
-        Literal["auto", "ipc", "nccl", "rpc"],
+        Literal["auto", "ipc", "rpc"],
         Meta(
-            description="vLLM only: how weights the replica received reach vLLM's workers. ipc: vLLM's CUDA IPC transfer "
-            "engine (the workers read this process's GPU buffers; tensor_parallel_size 1). nccl: vLLM's NCCL transfer "
-            "engine (this process broadcasts to every tensor-parallel worker). rpc: collective_rpc into the model's "
-            "load_weights (tensors pickled to the workers; the Ascend path). auto: ipc with one GPU, nccl with tensor "
-            "parallelism, rpc for vllm_ascend. docs/vllm.md."
+            description="vLLM only: how the weights a replica received reach vLLM's workers. ipc: vLLM's weight-transfer "
+            "API with its CUDA IPC engine (the worker reads this process's GPU buffers, no copy through the host; "
+            "tensor_parallel_size 1). rpc: collective_rpc into the model's load_weights (tensors pickled to every worker; "
+            "any tensor_parallel_size, and the Ascend path). auto: ipc for vllm with one GPU, else rpc. docs/vllm.md."
         ),
     ] = "auto"
     partial_kv: Annotated[
@@ -128,7 +127,7 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
         if self.weight_transfer == "ipc" and self.tensor_parallel_size > 1:
             raise Refused(
                 "weight_transfer",
-                "ipc hands vLLM buffers on this process's one GPU; with tensor_parallel_size > 1 use 'nccl' (or 'auto')",
+                "ipc hands vLLM buffers on this process's one GPU; with tensor_parallel_size > 1 use 'rpc' (or 'auto')",
             )
 
 

@@ -25,22 +25,24 @@ from typing import Any, Literal
 
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
 
-WeightTransfer = Literal["ipc", "nccl", "rpc"]
+WeightTransfer = Literal["ipc", "rpc"]
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.85
 
 
 def weight_transfer_backend(cfg: RolloutEngineConfig) -> WeightTransfer:
     """The way new weights reach vLLM's workers for ``cfg`` (``weight_transfer =
-    "auto"`` resolved): CUDA IPC when one worker shares this process's GPU, NCCL when
-    tensor parallelism spreads the model over several GPUs, and ``collective_rpc``
-    into the model's ``load_weights`` on Ascend (vLLM's IPC and NCCL transfer engines
-    are CUDA's)."""
+    "auto"`` resolved): vLLM's CUDA IPC transfer engine when the one worker shares this
+    process's GPU; else ``collective_rpc`` into the model's ``load_weights`` (tensor
+    parallelism, where one process's buffers are on one GPU only; and Ascend, where
+    vLLM's transfer engines are CUDA's).
+
+    Not vLLM's NCCL engine: within a replica this process and the worker share a GPU,
+    and NCCL refuses two ranks on one device. The trainer-to-replica hop goes over
+    NCCL already (``[workflow] weight_transport = "collective"``, onto this GPU)."""
     if cfg.weight_transfer != "auto":
         return cfg.weight_transfer
-    if cfg.type == "vllm_ascend":
-        return "rpc"
-    return "ipc" if cfg.tensor_parallel_size == 1 else "nccl"
+    return "ipc" if cfg.type == "vllm" and cfg.tensor_parallel_size == 1 else "rpc"
 
 
 def memory_kwargs(cfg: RolloutEngineConfig) -> dict[str, float | int]:
@@ -155,9 +157,3 @@ def token_versions(num_tokens: int, spans: Sequence[Any] | None, boundaries: Seq
     if spans:
         return versions_from_spans(num_tokens, spans, start_version)
     return versions_from_boundaries(num_tokens, boundaries, start_version)
-
-
-def nccl_world_size(cfg: RolloutEngineConfig) -> int:
-    """The NCCL weight group: this process (rank 0, the sender) and one rank per vLLM
-    worker (tensor-parallel ranks 1..tp)."""
-    return 1 + cfg.tensor_parallel_size

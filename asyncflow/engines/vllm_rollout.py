@@ -14,14 +14,17 @@ How it maps the interface (engines/base.py):
   KV of the turns before. Requests from several threads run batched together.
 - ``load_weights`` goes through vLLM's weight-transfer API: a trainer-side
   ``TrainerWeightTransferEngine`` in this process (vLLM's
-  ``WeightTransferTrainerFactory.trainer_init``) sends the tensors the replica
-  received to vLLM's workers over CUDA IPC (``weight_transfer = "ipc"``: the workers
-  read this process's GPU buffers) or NCCL (``"nccl"``: this process is rank 0 of a
-  group with every tensor-parallel worker), through a ``VLLMWeightSyncClient`` over
-  the in-process engine (``start_weight_update`` / ``update_weights`` /
-  ``finish_weight_update``, then ``update_weight_version(str(version))``). On Ascend
+  ``WeightTransferTrainerFactory.trainer_init`` with ``IPCTrainerInitInfo``) hands the
+  tensors the replica received, on this GPU, to vLLM's worker as CUDA IPC handles
+  (``weight_transfer = "ipc"``), through a ``VLLMWeightSyncClient`` over the
+  in-process engine (``start_weight_update`` / ``update_weights`` /
+  ``finish_weight_update``, then ``update_weight_version(str(version))``). With the
+  ``collective`` weight transport the trainer's NCCL broadcast lands on this GPU, so
+  the bytes never pass through host memory. With tensor parallelism and on Ascend
   (``"rpc"``) the tensors go by ``collective_rpc`` to the worker extension in
-  ``vllm_worker.py``, which calls the model's own ``load_weights``.
+  ``vllm_worker.py``, which calls the model's own ``load_weights`` (vLLM's NCCL engine
+  is not used within a replica: this process shares its GPU with worker 0, and NCCL
+  refuses two ranks on one device).
 - Partial rollout: ``load_weights`` may be called while requests are in flight (from
   ``generate``'s ``between_steps`` hook or another thread). It pauses generation with
   ``pause_generation(mode="keep")``, which freezes every request with its tokens,
@@ -50,7 +53,6 @@ import asyncio
 import importlib
 import importlib.util
 import logging
-import socket
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -67,7 +69,6 @@ from asyncflow.engines.vllm_requests import (
     Boundary,
     engine_kwargs,
     finish_reason,
-    nccl_world_size,
     sampled_logprobs,
     sampling_kwargs,
     token_prompt,
@@ -96,12 +97,6 @@ def _require(module: str, extra: str) -> None:
         raise RuntimeError(
             f"rollout engine needs {module!r}: pip install -e '.[{extra}]' (in the asyncflow checkout), or set type = \"native\""
         )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Loop:
@@ -190,17 +185,17 @@ class VLLMRolloutEngine(RolloutEngine):
         self.backend = weight_transfer_backend(cfg)
         # where the replica's weight receiver puts tensors: the GPU vLLM's IPC/NCCL
         # transfer reads from; host memory for the rpc path (pickled to the workers)
-        self.device = torch.device("cuda", cfg.device_index) if self.backend in ("ipc", "nccl") else torch.device("cpu")
+        self.device = torch.device("cuda", cfg.device_index) if self.backend == "ipc" else torch.device("cpu")
         self._version = version
         self._lock = threading.Lock()  # one weight update at a time; no submission during one
         self._requests: dict[str, _Request] = {}  # on the loop's thread only
         self._stale_prefix_cache = False  # a swap kept KV of old weights: reset when idle
-        self._sender: Any = None  # vLLM's trainer-side transfer engine (ipc, nccl)
+        self._sender: Any = None  # vLLM's trainer-side transfer engine (ipc)
         self._source: Any = None  # its WeightSource
         self._loop = _Loop()
         try:
             self.llm = self._loop.run(self._start(model_dir))
-            if self.backend in ("ipc", "nccl"):
+            if self.backend == "ipc":
                 self._source = _received_weights_source()
                 self._sender = self._trainer_side()
             self._loop.run(self.llm.update_weight_version(str(version)))
@@ -213,34 +208,19 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         kwargs = engine_kwargs(self.cfg, model_dir, WORKER_EXTENSION)
-        if self.backend in ("ipc", "nccl"):
+        if self.backend == "ipc":
             from vllm.config import WeightTransferConfig
 
             kwargs["weight_transfer_config"] = WeightTransferConfig(backend=self.backend)
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
 
     def _trainer_side(self) -> Any:
-        """vLLM's trainer-side transfer engine, this process as the sender (rank 0)."""
+        """vLLM's trainer-side IPC transfer engine, this process as the sender (rank 0)."""
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
-        info: Any
-        if self.backend == "ipc":
-            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
-
-            info = IPCTrainerInitInfo(rank=0)
-        else:
-            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-
-            torch.cuda.set_device(self.device)
-            info = NCCLTrainerInitInfo(
-                master_address="127.0.0.1",
-                master_port=_free_port(),
-                world_size=nccl_world_size(self.cfg),
-                rank=0,
-                packed=True,
-            )
         return WeightTransferTrainerFactory.trainer_init(
-            init_info=info, client=_EngineClient(self._loop, self.llm), source=self._source
+            init_info=IPCTrainerInitInfo(rank=0), client=_EngineClient(self._loop, self.llm), source=self._source
         )
 
     @property

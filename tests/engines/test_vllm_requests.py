@@ -11,7 +11,6 @@ from asyncflow.engines.vllm_requests import (
     engine_kwargs,
     finish_reason,
     memory_kwargs,
-    nccl_world_size,
     sampled_logprobs,
     sampling_kwargs,
     token_prompt,
@@ -28,16 +27,11 @@ def _span(start, end, version):
     return SimpleNamespace(start=start, end=end, version=version)
 
 
-def test_auto_weight_transfer_is_ipc_on_one_gpu_nccl_with_tensor_parallelism_and_rpc_on_ascend():
+def test_auto_weight_transfer_is_ipc_on_one_gpu_and_rpc_with_tensor_parallelism_or_on_ascend():
     assert weight_transfer_backend(RolloutEngineConfig(type="vllm")) == "ipc"
-    assert weight_transfer_backend(RolloutEngineConfig(type="vllm", tensor_parallel_size=2)) == "nccl"
+    assert weight_transfer_backend(RolloutEngineConfig(type="vllm", tensor_parallel_size=2)) == "rpc"
     assert weight_transfer_backend(RolloutEngineConfig(type="vllm_ascend")) == "rpc"
-    assert weight_transfer_backend(RolloutEngineConfig(type="vllm", weight_transfer="nccl")) == "nccl"
     assert weight_transfer_backend(RolloutEngineConfig(type="vllm", weight_transfer="rpc")) == "rpc"
-
-
-def test_the_nccl_group_is_this_process_and_every_tensor_parallel_worker():
-    assert nccl_world_size(RolloutEngineConfig(type="vllm", tensor_parallel_size=4)) == 5
 
 
 @pytest.mark.parametrize(
@@ -45,7 +39,7 @@ def test_the_nccl_group_is_this_process_and_every_tensor_parallel_worker():
     [
         ('type = "native"\nweight_transfer = "ipc"', "rollout.engine.weight_transfer = 'ipc': only the vLLM engines"),
         ('type = "native"\npartial_kv = "recompute"', "rollout.engine.partial_kv = 'recompute': only the vLLM engines"),
-        ('type = "vllm"\ntensor_parallel_size = 2\nweight_transfer = "ipc"', "use 'nccl'"),
+        ('type = "vllm"\ntensor_parallel_size = 2\nweight_transfer = "ipc"', "use 'rpc'"),
         ('type = "vllm_ascend"\nweight_transfer = "ipc"', "CUDA IPC needs CUDA"),
     ],
 )
@@ -61,9 +55,9 @@ def test_the_vllm_keys_load_where_they_apply():
     from asyncflow.config.run import load_config_text
 
     cfg = load_config_text(
-        '[rollout.engine]\ntype = "vllm"\ntensor_parallel_size = 2\nweight_transfer = "nccl"\npartial_kv = "recompute"\n'
+        '[rollout.engine]\ntype = "vllm"\ntensor_parallel_size = 2\nweight_transfer = "rpc"\npartial_kv = "recompute"\n'
     )
-    assert cfg.rollout.engine.weight_transfer == "nccl" and cfg.rollout.engine.partial_kv == "recompute"
+    assert cfg.rollout.engine.weight_transfer == "rpc" and cfg.rollout.engine.partial_kv == "recompute"
 
 
 def test_sampling_stops_only_on_the_listed_tokens_and_returns_the_sampled_logprob_as_token_ids():
