@@ -1,5 +1,6 @@
 """``afctl bench rollout``: the native rollout engine against Hugging Face
-``generate``, side by side in one process on the same tiny model.
+``generate`` (or, with ``--against vllm``, against the vLLM engine), side by side in
+one process on the same tiny model, on ``--device``.
 
 Same prompts (varying lengths), same sampling (temperature 1, no top-k/top-p), same
 batch size, same max new tokens, same stop tokens (several, so response lengths
@@ -7,7 +8,8 @@ vary widely like real long-tail rollouts). HF ``generate`` runs the prompts in
 static batches (each waits for its longest response); the native engine streams
 them through continuous batching. Throughput counts generated tokens up to and
 including the stop token, divided by wall time; each side gets a warm-up run, then
-repetitions alternate and the median is reported.
+repetitions alternate and the median is reported. Against vLLM both engines stream
+all prompts at once (continuous batching each), in ``--dtype``.
 """
 
 from __future__ import annotations
@@ -30,9 +32,31 @@ import click
 @click.option("--num-layers", default=4, show_default=True)
 @click.option("--repeats", default=3, show_default=True)
 @click.option("--threads", default=1, show_default=True, help="torch intra-op threads.")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "npu"]), default="cpu", show_default=True)
+@click.option(
+    "--against",
+    type=click.Choice(["hf", "vllm", "vllm_ascend"]),
+    default="hf",
+    show_default=True,
+    help="The baseline: HF generate, or the vLLM engine (needs --device cuda, or npu for vllm_ascend).",
+)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Last line: one JSON object.")
-def rollout(num_prompts, batch_size, max_new_tokens, num_stop_tokens, hidden_size, num_layers, repeats, threads, as_json):
-    """Native engine vs HF generate: tokens/s and ratio."""
+def rollout(
+    num_prompts,
+    batch_size,
+    max_new_tokens,
+    num_stop_tokens,
+    hidden_size,
+    num_layers,
+    repeats,
+    threads,
+    device,
+    against,
+    dtype,
+    as_json,
+):
+    """Native engine vs HF generate (or vLLM): tokens/s and ratio."""
     import torch
 
     from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
@@ -55,15 +79,32 @@ def rollout(num_prompts, batch_size, max_new_tokens, num_stop_tokens, hidden_siz
     stops = tuple([2] + list(range(60, 60 + num_stop_tokens - 1)))
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, stop_token_ids=stops)
 
-    native = build_rollout_engine(RolloutEngineConfig(max_batch_size=batch_size, kv_cache_bytes=256 * 2**20), model_dir)
-    hf_model = load_model(model_dir)
+    if against != "hf" and device == "cpu":
+        raise click.UsageError(f"--against {against} needs --device cuda (vllm) or npu (vllm_ascend)")
+    native = build_rollout_engine(
+        RolloutEngineConfig(device=device, dtype=dtype, max_batch_size=batch_size, kv_cache_bytes=256 * 2**20), model_dir
+    )
+    vllm_engine = None
+    if against != "hf":
+        vllm_engine = build_rollout_engine(
+            RolloutEngineConfig(type=against, device=device, dtype=dtype, max_batch_size=batch_size, kv_cache_bytes=256 * 2**20),
+            model_dir,
+        )
+    hf_model = load_model(model_dir).to(device) if against == "hf" else None
 
     def run_native(seed: int) -> tuple[int, float]:
         start = time.perf_counter()
         out = native.generate(prompts, SamplingParams(**{**_fields(params), "seed": seed}))
         return sum(len(c.response_ids) for c in out), time.perf_counter() - start
 
+    def run_vllm(seed: int) -> tuple[int, float]:
+        assert vllm_engine is not None
+        start = time.perf_counter()
+        out = vllm_engine.generate(prompts, SamplingParams(**{**_fields(params), "seed": seed}))
+        return sum(len(c.response_ids) for c in out), time.perf_counter() - start
+
     def run_hf(seed: int) -> tuple[int, float]:
+        assert hf_model is not None
         torch.manual_seed(seed)
         start = time.perf_counter()
         tokens = 0
@@ -77,8 +118,8 @@ def rollout(num_prompts, batch_size, max_new_tokens, num_stop_tokens, hidden_siz
                 mask[b, width - len(p) :] = 1
             with torch.inference_mode():
                 out = hf_model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
+                    input_ids=ids.to(device),
+                    attention_mask=mask.to(device),
                     do_sample=True,
                     temperature=1.0,
                     top_p=1.0,
@@ -92,22 +133,27 @@ def rollout(num_prompts, batch_size, max_new_tokens, num_stop_tokens, hidden_siz
                 tokens += n
         return tokens, time.perf_counter() - start
 
-    run_native(0), run_hf(0)  # warm-up
+    run_base, base_name = (run_hf, "hf generate") if against == "hf" else (run_vllm, against)
+    run_native(0), run_base(0)  # warm-up
     native_tps, hf_tps = [], []
-    for r in range(repeats):
-        n_tok, sec = run_native(r + 1)
-        native_tps.append(n_tok / sec)
-        h_tok, h_sec = run_hf(r + 1)
-        hf_tps.append(h_tok / h_sec)
-        click.echo(
-            f"repeat {r}: native {n_tok} tokens in {sec:.2f}s ({n_tok / sec:.0f} tok/s) | "
-            f"hf generate {h_tok} tokens in {h_sec:.2f}s ({h_tok / h_sec:.0f} tok/s)"
-        )
+    try:
+        for r in range(repeats):
+            n_tok, sec = run_native(r + 1)
+            native_tps.append(n_tok / sec)
+            h_tok, h_sec = run_base(r + 1)
+            hf_tps.append(h_tok / h_sec)
+            click.echo(
+                f"repeat {r}: native {n_tok} tokens in {sec:.2f}s ({n_tok / sec:.0f} tok/s) | "
+                f"{base_name} {h_tok} tokens in {h_sec:.2f}s ({h_tok / h_sec:.0f} tok/s)"
+            )
+    finally:
+        if vllm_engine is not None:
+            vllm_engine.close()
     tps, base = statistics.median(native_tps), statistics.median(hf_tps)
     click.echo(
-        f"native {tps:.0f} tok/s vs hf generate {base:.0f} tok/s: ratio {tps / base:.2f} "
+        f"native {tps:.0f} tok/s vs {base_name} {base:.0f} tok/s: ratio {tps / base:.2f} "
         f"(prompts {num_prompts}, batch {batch_size}, max_new_tokens {max_new_tokens}, threads {threads}, "
-        f"model hidden {hidden_size} x {num_layers} layers)"
+        f"device {device}, dtype {dtype}, model hidden {hidden_size} x {num_layers} layers)"
     )
     if as_json:
         click.echo(
@@ -120,6 +166,8 @@ def rollout(num_prompts, batch_size, max_new_tokens, num_stop_tokens, hidden_siz
                     "batch_size": batch_size,
                     "max_new_tokens": max_new_tokens,
                     "threads": threads,
+                    "device": device,
+                    "baseline": against,
                 }
             )
         )
