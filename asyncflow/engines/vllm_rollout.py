@@ -248,8 +248,8 @@ class VLLMRolloutEngine(RolloutEngine):
                 between_steps()
         completions = []
         for p, fut in enumerate(futures):
-            out, req = fut.result()
-            for s, sample in enumerate(sorted(out.outputs, key=lambda o: o.index)):
+            samples, req = fut.result()
+            for s, sample in enumerate(samples):
                 ids = [int(t) for t in sample.token_ids]
                 if sample.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM ended a request with finish_reason {sample.finish_reason!r}")
@@ -267,23 +267,25 @@ class VLLMRolloutEngine(RolloutEngine):
                 )
         return completions
 
-    async def _one(self, prompt: dict, vparams: Any, n: int) -> tuple[Any, _Request]:
-        """One prompt's request on the loop: its final output, and the swaps it saw."""
+    async def _one(self, prompt: dict, vparams: Any, n: int) -> tuple[list[Any], _Request]:
+        """One prompt's request on the loop: the final output of each of its ``n``
+        samples (index order), and the swaps it saw. Outputs stream cumulatively; with
+        n > 1 vLLM may put one sample in each, so the latest of each index is kept."""
         rid = uuid.uuid4().hex
         req = self._requests[rid] = _Request(n)
-        final = None
+        latest: dict[int, Any] = {}
         try:
             async for out in self.llm.generate(prompt, vparams, request_id=rid):
-                final = out
                 for sample in out.outputs:
+                    latest[sample.index] = sample
                     req.counts[sample.index] = len(sample.token_ids)
         finally:
             del self._requests[rid]
             if not self._requests and self._stale_prefix_cache:
                 self._stale_prefix_cache = not await self.llm.reset_prefix_cache()
-        if final is None:
-            raise RuntimeError("vLLM returned no output for a request")
-        return final, req
+        if sorted(latest) != list(range(n)):
+            raise RuntimeError(f"vLLM returned samples {sorted(latest)} for a request of n={n}")
+        return [latest[i] for i in range(n)], req
 
     def num_tokens_in_flight(self) -> int:
         """Response tokens the requests now running have returned so far (0 when none

@@ -113,3 +113,39 @@ def test_without_spans_per_token_versions_follow_the_recorded_swaps():
     assert token_versions(3, None, [Boundary(1, 2)], start_version=1) == [1, 2, 2]
     assert token_versions(3, [_span(0, 3, "4")], [Boundary(1, 2)], start_version=1) == [4, 4, 4]  # spans win
     assert token_versions(2, [], [], start_version=6) == [6, 6]
+
+
+def _gpu_check_overrides() -> list[str]:
+    """The ``--set`` items scripts/gpu_check.sh gives ``afctl up examples/gpu.toml``."""
+    import re
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh").read_text()
+    run = script[script.index('"$AFCTL" up examples/gpu.toml') :]
+    run = run[: run.index("rc=$?")]
+    return [quoted or bare for quoted, bare in re.findall(r"--set (?:'([^']*)'|(\S+))", run)]
+
+
+def test_the_gpu_checks_run_of_examples_gpu_toml_is_a_valid_one_gpu_config_of_20_steps_on_vllm():
+    from pathlib import Path
+
+    from asyncflow.config.run import load_config
+
+    overrides = _gpu_check_overrides()
+    assert len(overrides) >= 10
+    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "gpu.toml", overrides)
+    assert cfg.train.num_steps == 20 and cfg.model.path == "" and cfg.data.path == ""
+    assert cfg.rollout.engine.type == "vllm" and weight_transfer_backend(cfg.rollout.engine) == "ipc"
+    assert cfg.cluster.rollout_devices == cfg.cluster.train_devices == cfg.cluster.reference_devices == [0]
+
+
+def test_examples_npu_toml_takes_the_rpc_weight_path():
+    from pathlib import Path
+
+    from asyncflow.config.run import load_config
+
+    cfg = load_config(
+        Path(__file__).resolve().parents[2] / "examples" / "npu.toml",
+        ['model.path=""', 'data.path=""', "data.chat_template=false"],
+    )
+    assert cfg.rollout.engine.type == "vllm_ascend" and weight_transfer_backend(cfg.rollout.engine) == "rpc"

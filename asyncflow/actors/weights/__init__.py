@@ -24,8 +24,13 @@ loads the tensors a receiver returned).
 
 Future transports plug in here, as one sender and one receiver each plus a line in
 the two factories: CUDA IPC (same-node replicas map the trainer's device buffers),
-vLLM's weight-transfer API (the engine receives into its own parameters), delta
-sync (only the tensors, or the bytes, that changed since the replica's version).
+vLLM's NCCL weight-transfer engine (the weights actor as rank 0 of vLLM's group with
+the replica's workers: the engine receives into its own parameters, so receiving is
+loading, which suits partial rollout only), delta sync (only the tensors, or the
+bytes, that changed since the replica's version). The vLLM engine's hop from the
+replica process into its workers is not a transport: the engine does it in
+``load_weights`` with vLLM's weight-transfer API over CUDA IPC (engines/vllm_rollout.py;
+the ``collective`` transport puts the tensors on the replica's GPU for it).
 
 Invariants every implementation keeps:
 - A published version never changes; the two newest versions stay staged, so a
