@@ -216,7 +216,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def _trainer_side(self) -> Any:
         """vLLM's trainer-side IPC transfer engine, this process as the sender (rank 0)."""
-        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
         return WeightTransferTrainerFactory.trainer_init(
