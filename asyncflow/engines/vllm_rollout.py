@@ -183,8 +183,8 @@ class VLLMRolloutEngine(RolloutEngine):
         _require("vllm", "gpu")
         self.cfg = cfg
         self.backend = weight_transfer_backend(cfg)
-        # where the replica's weight receiver puts tensors: the GPU vLLM's IPC/NCCL
-        # transfer reads from; host memory for the rpc path (pickled to the workers)
+        # where the replica's weight receiver puts tensors: the GPU vLLM's IPC transfer
+        # reads from; host memory for the rpc path (pickled to the workers)
         self.device = torch.device("cuda", cfg.device_index) if self.backend == "ipc" else torch.device("cpu")
         self._version = version
         self._lock = threading.Lock()  # one weight update at a time; no submission during one
