@@ -53,6 +53,7 @@ import asyncio
 import importlib
 import importlib.util
 import logging
+import os
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -181,6 +182,10 @@ class VLLMRolloutEngine(RolloutEngine):
             _require("vllm_ascend", "npu")
             importlib.import_module("torch_npu")  # registers the npu device before vLLM's platform detection
         _require("vllm", "gpu")
+        # the replica process runs threads (the actor's listener, the weight fetcher): vLLM
+        # must start its engine process by spawn, since a fork of a threaded process can
+        # inherit a lock held by another thread and hang
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         self.cfg = cfg
         self.backend = weight_transfer_backend(cfg)
         # where the replica's weight receiver puts tensors: the GPU vLLM's IPC transfer
