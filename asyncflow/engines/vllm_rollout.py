@@ -144,20 +144,21 @@ class _EngineClient:
             self.loop.run(self.llm.update_weight_version(weight_version))
 
 
-def _received_weights_source() -> Any:
-    """A vLLM ``WeightSource`` over the tensors of the version being loaded (set on
-    ``.named`` before each send): metadata and iteration agree by construction."""
+def _received_weights_source(named: list[tuple[str, torch.Tensor]]) -> Any:
+    """A vLLM ``WeightSource`` over one version's tensors (all of the model's, or the
+    subset a load gives): ``metadata`` (vLLM wants it a cached property) and
+    ``iter_full`` describe the same list, so they agree by construction."""
+    from functools import cached_property
+
     from vllm.distributed.weight_transfer import ParamMeta, WeightSource
 
     class ReceivedWeights(WeightSource):  # vllm is untyped here (ignore_missing_imports): WeightSource is Any
-        def __init__(self) -> None:
-            self.named: list[tuple[str, torch.Tensor]] = []
-
+        @cached_property
         def metadata(self) -> list:
-            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.named]
+            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in named]
 
-        def __iter__(self):
-            return iter(list(self.named))
+        def iter_full(self):
+            return iter(named)
 
     return ReceivedWeights()
 
@@ -195,14 +196,14 @@ class VLLMRolloutEngine(RolloutEngine):
         self._lock = threading.Lock()  # one weight update at a time; no submission during one
         self._requests: dict[str, _Request] = {}  # on the loop's thread only
         self._stale_prefix_cache = False  # a swap kept KV of old weights: reset when idle
-        self._sender: Any = None  # vLLM's trainer-side transfer engine (ipc)
-        self._source: Any = None  # its WeightSource
         self._loop = _Loop()
+        if self.backend == "ipc":
+            # CUDA IPC handles are tuples vLLM's msgpack channel to its engine process
+            # carries only as pickles; that channel is local to this process and the
+            # engine process it starts (vLLM's own examples set the same)
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         try:
             self.llm = self._loop.run(self._start(model_dir))
-            if self.backend == "ipc":
-                self._source = _received_weights_source()
-                self._sender = self._trainer_side()
             self._loop.run(self.llm.update_weight_version(str(version)))
         except BaseException:
             self._loop.close()
@@ -219,13 +220,14 @@ class VLLMRolloutEngine(RolloutEngine):
             kwargs["weight_transfer_config"] = WeightTransferConfig(backend=self.backend)
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
 
-    def _trainer_side(self) -> Any:
-        """vLLM's trainer-side IPC transfer engine, this process as the sender (rank 0)."""
+    def _trainer_side(self, source: Any) -> Any:
+        """vLLM's trainer-side IPC transfer engine, this process as the sender (rank 0),
+        on the current CUDA device (vLLM reads it at construction)."""
         from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
         return WeightTransferTrainerFactory.trainer_init(
-            init_info=IPCTrainerInitInfo(rank=0), client=_EngineClient(self._loop, self.llm), source=self._source
+            init_info=IPCTrainerInitInfo(rank=0), client=_EngineClient(self._loop, self.llm), source=source
         )
 
     @property
@@ -339,18 +341,20 @@ class VLLMRolloutEngine(RolloutEngine):
                 self._loop.run(self.llm.collective_rpc("asyncflow_load_weights", args=(chunk,)))
         else:
             torch.cuda.set_device(self.device)  # per thread: the actor's or the fetcher's
-            self._source.named = [(n, t.detach().to(self.device).contiguous()) for n, t in named_tensors]
+            named = [(n, t.detach().to(self.device).contiguous()) for n, t in named_tensors]
+            # a trainer-side engine per load: IPC has no rendezvous (its init only tells the
+            # worker the wire format), and a fresh source may hold any subset of the names
+            sender = self._trainer_side(_received_weights_source(named))
             try:
-                self._sender.send_weights()
+                sender.send_weights()  # start_weight_update, update_weights (the handles), finish_weight_update
                 torch.cuda.synchronize(self.device)
             finally:
-                self._source.named = []
+                sender.shutdown()
+                del named
         self._loop.run(self.llm.update_weight_version(str(version)))
 
     def close(self) -> None:
         try:
-            if self._sender is not None:
-                self._sender.shutdown()
             self.llm.shutdown()
         finally:
             self._loop.close()
