@@ -74,12 +74,19 @@ def engine_kwargs(cfg: RolloutEngineConfig, model_dir: str | Path, worker_extens
     }
 
 
+def samples_per_request(params: SamplingParams) -> int:
+    """vLLM's ``n`` for ``params``: vLLM refuses n > 1 with greedy sampling
+    (temperature 0), so a greedy request asks one sample and the adapter repeats it
+    ``params.n`` times (greedy samples are the same answer)."""
+    return 1 if params.temperature == 0 else params.n
+
+
 def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams`` that give the native engine's
     semantics: stop only on ``stop_token_ids`` (kept in the response, with its
     log-prob), the sampled token's log-prob (``logprobs=0``), token ids only."""
     return {
-        "n": params.n,
+        "n": samples_per_request(params),
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k if params.top_k > 0 else -1,

@@ -71,6 +71,7 @@ from asyncflow.engines.vllm_requests import (
     engine_kwargs,
     finish_reason,
     sampled_logprobs,
+    samples_per_request,
     sampling_kwargs,
     token_prompt,
     token_versions,
@@ -247,7 +248,8 @@ class VLLMRolloutEngine(RolloutEngine):
         vparams = VSamplingParams(**sampling_kwargs(params))
         with self._lock:  # not while weights are being loaded
             start = self._version
-            futures = [self._loop.submit(self._one(token_prompt(p), vparams, params.n)) for p in prompts]
+            n = samples_per_request(params)
+            futures = [self._loop.submit(self._one(token_prompt(p), vparams, n)) for p in prompts]
         pending = set(futures)
         while pending:
             _, pending = wait(pending, timeout=POLL_S)
@@ -256,6 +258,8 @@ class VLLMRolloutEngine(RolloutEngine):
         completions = []
         for p, fut in enumerate(futures):
             samples, req = fut.result()
+            if len(samples) < params.n:  # greedy: one answer, repeated (samples_per_request)
+                samples, req.boundaries = samples * params.n, req.boundaries * params.n
             for s, sample in enumerate(samples):
                 ids = [int(t) for t in sample.token_ids]
                 if sample.finish_reason not in ("stop", "length"):

@@ -67,6 +67,8 @@ def test_sampling_stops_only_on_the_listed_tokens_and_returns_the_sampled_logpro
     assert kw["detokenize"] is False  # token ids out
     assert kw["top_k"] == -1 and kw["n"] == 4 and kw["max_tokens"] == 9 and kw["seed"] == 3
     assert sampling_kwargs(SamplingParams(top_k=5))["top_k"] == 5
+    # vLLM refuses n > 1 with greedy sampling: one sample, repeated by the adapter
+    assert sampling_kwargs(SamplingParams(n=4, temperature=0.0))["n"] == 1
 
 
 def test_a_prompt_is_the_exact_token_ids_so_a_continuation_is_never_retokenised():
@@ -149,3 +151,34 @@ def test_examples_npu_toml_takes_the_rpc_weight_path():
         ['model.path=""', 'data.path=""', "data.chat_template=false"],
     )
     assert cfg.rollout.engine.type == "vllm_ascend" and weight_transfer_backend(cfg.rollout.engine) == "rpc"
+
+
+@pytest.mark.gpu  # needs vllm installed (no GPU): scripts/gpu_check.sh runs it
+def test_the_requests_build_vllms_own_objects(tmp_path):
+    """Each dict here is accepted by the installed vLLM's own classes, and the weight
+    source meets what vLLM's IPC trainer engine asks of one."""
+    pytest.importorskip("vllm")
+    import torch
+    from vllm import AsyncEngineArgs
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.config import WeightTransferConfig
+    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+    from vllm.outputs import WeightVersionSpan
+
+    from asyncflow.engines.vllm_rollout import WORKER_EXTENSION, _received_weights_source
+
+    for params in (SamplingParams(n=4, stop_token_ids=(2,), seed=1), SamplingParams(n=4, temperature=0.0, top_k=5)):
+        v = VSamplingParams(**sampling_kwargs(params))
+        assert v.logprobs == 0 and v.detokenize is False and v.ignore_eos is True
+    args = AsyncEngineArgs(
+        **engine_kwargs(RolloutEngineConfig(type="vllm", kv_cache_fraction=0.3), tmp_path, WORKER_EXTENSION),
+        weight_transfer_config=WeightTransferConfig(backend="ipc"),
+    )
+    assert args.skip_tokenizer_init is True and args.logprobs_mode == "processed_logprobs"
+    named = [("a.weight", torch.zeros(2, 3)), ("b.bias", torch.ones(4, dtype=torch.bfloat16))]
+    source = _received_weights_source(named)
+    assert source.implements_iter_full() and source.owned_names(0) == ["a.weight", "b.bias"]
+    assert [m.shape for m in source.metadata] == [(2, 3), (4,)]
+    assert [n for n, _ in source.iter_full()] == [n for n, _ in source.iter_full()] == ["a.weight", "b.bias"]  # re-iterable
+    assert IPCTrainerInitInfo(rank=0).is_sender
+    assert versions_from_spans(6, [WeightVersionSpan("3", 0, 4), WeightVersionSpan("4", 4, 6)], 3) == [3, 3, 3, 3, 4, 4]
