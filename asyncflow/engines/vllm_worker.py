@@ -21,7 +21,9 @@ class WeightSyncExtension:
 
     def asyncflow_load_weights(self, named_tensors: list) -> int:
         """Load (name, tensor) pairs in place; returns how many were given."""
-        model = self.model_runner.model  # type: ignore[attr-defined]
+        runner = self.model_runner  # type: ignore[attr-defined]
+        # the raw model: ``.model`` may be wrapped for CUDA graphs, which get_model() unwraps
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
         device = next(model.parameters()).device
         model.load_weights(weights=((name, t.to(device, non_blocking=True)) for name, t in named_tensors))
         return len(named_tensors)
