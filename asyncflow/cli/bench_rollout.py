@@ -41,6 +41,11 @@ import click
     help="The baseline: HF generate, or the vLLM engine (needs --device cuda, or npu for vllm_ascend).",
 )
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
+@click.option(
+    "--vllm-eager",
+    is_flag=True,
+    help="vLLM without torch.compile and CUDA graphs (starts in seconds; eager like the native engine).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Last line: one JSON object.")
 def rollout(
     num_prompts,
@@ -54,6 +59,7 @@ def rollout(
     device,
     against,
     dtype,
+    vllm_eager,
     as_json,
 ):
     """Native engine vs HF generate (or vLLM): tokens/s and ratio."""
@@ -87,7 +93,14 @@ def rollout(
     vllm_engine = None
     if against != "hf":
         vllm_engine = build_rollout_engine(
-            RolloutEngineConfig(type=against, device=device, dtype=dtype, max_batch_size=batch_size, kv_cache_bytes=256 * 2**20),
+            RolloutEngineConfig(
+                type=against,
+                device=device,
+                dtype=dtype,
+                max_batch_size=batch_size,
+                kv_cache_bytes=256 * 2**20,
+                enforce_eager=vllm_eager,
+            ),
             model_dir,
         )
     hf_model = load_model(model_dir).to(device) if against == "hf" else None
@@ -133,7 +146,7 @@ def rollout(
                 tokens += n
         return tokens, time.perf_counter() - start
 
-    run_base, base_name = (run_hf, "hf generate") if against == "hf" else (run_vllm, against)
+    run_base, base_name = (run_hf, "hf generate") if against == "hf" else (run_vllm, against + (" eager" if vllm_eager else ""))
     run_native(0), run_base(0)  # warm-up
     native_tps, hf_tps = [], []
     try:
@@ -167,7 +180,7 @@ def rollout(
                     "max_new_tokens": max_new_tokens,
                     "threads": threads,
                     "device": device,
-                    "baseline": against,
+                    "baseline": base_name,
                 }
             )
         )
