@@ -3,8 +3,8 @@
 (``type = "vllm_ascend"``). docs/vllm.md says how it works and how to check it.
 
 UNTESTED HERE: this machine has no GPU or NPU. Written against vLLM's documented RL
-interface (docs/training: weight_transfer, async_rl); ``scripts/gpu_check.sh`` pins
-the vLLM release it was written for and runs the ``gpu``-marked tests.
+interface (docs/training: weight_transfer, async_rl) and checked against the source of
+the release ``scripts/gpu_check.sh`` pins (0.33.0), which runs the ``gpu``-marked tests.
 
 How it maps the interface (engines/base.py):
 - One ``vllm.AsyncLLM`` (vLLM's V1 async engine) runs on an asyncio loop in a thread
@@ -52,7 +52,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
-import logging
 import os
 import threading
 import uuid
@@ -78,8 +77,6 @@ from asyncflow.engines.vllm_requests import (
     weight_transfer_backend,
 )
 from asyncflow.engines.vllm_worker import WeightSyncExtension
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
