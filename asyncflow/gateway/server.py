@@ -105,7 +105,7 @@ class Gateway:
                 f"the gateway cannot listen on {host}:{port} ({exc}): set [rollout.gateway] port to a free port, or 0"
             ) from None
         bound = sock.getsockname()
-        server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off"))
+        server = uvicorn.Server(uvicorn.Config(self.app, log_config=None, log_level="warning", access_log=False, lifespan="off"))
         failed: list[BaseException] = []
 
         def serve() -> None:

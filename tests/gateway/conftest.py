@@ -25,11 +25,12 @@ def tokenizer(tiny_dir):
 class SpyEngine:
     """A real rollout engine that also records the prompts each generate call got."""
 
-    def __init__(self, engine):
-        self.inner, self.prompts = engine, []
+    def __init__(self, engine, lock):
+        self.inner, self.lock, self.prompts, self.locked = engine, lock, [], []
 
     def generate(self, prompts, params):
         self.prompts.append([list(p) for p in prompts])
+        self.locked.append(self.lock.locked())  # the replica's engine lock, held by the caller?
         return self.inner.generate(prompts, params)
 
     @property
@@ -46,10 +47,11 @@ def make_gateway(tiny_dir, tokenizer, tmp_path):
     started = []
 
     def make(**kw):
-        engine = SpyEngine(build_rollout_engine(RolloutEngineConfig(max_batch_size=4, kv_cache_bytes=1 << 20), tiny_dir))
+        lock = threading.Lock()
+        engine = SpyEngine(build_rollout_engine(RolloutEngineConfig(max_batch_size=4, kv_cache_bytes=1 << 20), tiny_dir), lock)
         params = SamplingParams(max_new_tokens=16, stop_token_ids=(tokenizer.eos_token_id,))
         kw.setdefault("trajectories_path", tmp_path / "trajectories.jsonl")
-        gw = Gateway(engine, tokenizer, params, engine_lock=threading.Lock(), **kw)
+        gw = Gateway(engine, tokenizer, params, engine_lock=lock, **kw)
         gw.start("127.0.0.1", 0)
         started.append(gw)
         return gw

@@ -49,6 +49,7 @@ def test_a_two_turn_conversation_reuses_the_first_reply_token_for_token_and_reco
         tokenizer.decode(context) == ("" if r1.choices[0].finish_reason == "stop" else "</s>") + "<|user|>and 4+4?<|assistant|>"
     )
     assert t["response_ids"] == reply1 + context + reply2
+    assert gw.engine.locked == [True, True]  # each reply generated under the replica's engine lock (no swap inside)
     assert t["loss_mask"] == [1] * len(reply1) + [0] * len(context) + [1] * len(reply2)
     assert t["token_versions"] == [0] * len(t["response_ids"]) and t["version"] == 0
     assert t["rollout_logp"][: len(reply1)] == pytest.approx([c.logprob for c in r1.choices[0].logprobs.content], abs=1e-6)

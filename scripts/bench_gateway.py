@@ -1,0 +1,64 @@
+"""The gateway's cost per request: one reply of a fixed length through HTTP and the
+OpenAI client, against the same engine's generate call, interleaved in one process.
+
+    PYTHONPATH=. python scripts/bench_gateway.py [--rounds 40] [--tokens 16]
+
+Prints the median ms of each and their ratio (the machine may be shared: compare the
+ratio, not the ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--tokens", type=int, default=16)
+    args = ap.parse_args()
+
+    import openai
+    import torch
+
+    from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
+    from asyncflow.engines.factory import build_rollout_engine
+    from asyncflow.engines.hf import load_tokenizer
+    from asyncflow.engines.prompts import encode_chat_prompt
+    from asyncflow.engines.tiny import make_tiny_model
+    from asyncflow.gateway.server import Gateway
+
+    torch.set_num_threads(1)
+    model_dir = make_tiny_model(tempfile.mkdtemp(prefix="bench-gateway-"), seed=0)
+    tokenizer = load_tokenizer(model_dir)
+    engine = build_rollout_engine(RolloutEngineConfig(max_batch_size=4, kv_cache_bytes=1 << 20), model_dir)
+    params = SamplingParams(max_new_tokens=args.tokens, stop_token_ids=())  # no stop token: every reply has --tokens tokens
+    gateway = Gateway(engine, tokenizer, params, engine_lock=threading.Lock())
+    api = openai.OpenAI(base_url=gateway.start("127.0.0.1", 0) + "/v1", api_key="unused", max_retries=0)
+    question = "what is 12+7?"
+    prompt = encode_chat_prompt(tokenizer, question)
+    direct, http = [], []
+    try:
+        for _ in range(args.rounds + 3):  # the first 3 rounds warm up
+            t0 = time.perf_counter()
+            engine.generate([prompt], params)
+            t1 = time.perf_counter()
+            api.chat.completions.create(model="m", messages=[{"role": "user", "content": question}])
+            t2 = time.perf_counter()
+            direct.append(t1 - t0)
+            http.append(t2 - t1)
+    finally:
+        gateway.close()
+    d, h = statistics.median(direct[3:]) * 1e3, statistics.median(http[3:]) * 1e3
+    print(
+        f"{args.tokens}-token reply, median of {args.rounds}: engine.generate {d:.1f} ms, gateway (HTTP + OpenAI client) {h:.1f} ms"
+    )
+    print(f"gateway / direct = {h / d:.2f}x (overhead {h - d:.1f} ms per request)")
+
+
+if __name__ == "__main__":
+    main()
