@@ -268,6 +268,11 @@ class RolloutActor(LoopActor):
             self.gateway.close()
         super().on_stop()
 
+    def on_failure(self, *exc_info) -> None:
+        if self.gateway is not None:  # stop serving with an engine whose replica is gone
+            self.gateway.close()
+        super().on_failure(*exc_info)
+
     def _check_unchanged(self, version: int, digest: int, completions) -> None:
         """The weights a generate call started with are the ones it ended with, and
         every completion carries that version: a swap in the middle of a unit (weights
