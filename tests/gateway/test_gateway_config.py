@@ -26,3 +26,13 @@ def test_the_gateway_replica_must_exist_and_the_port_be_a_port():
         load_config_text("[rollout]\nnum_replicas = 2\n[rollout.gateway]\nenabled = true\nreplica = 2")
     with pytest.raises(ConfigError, match=r"rollout\.gateway\.port"):
         load_config_text("[rollout.gateway]\nport = 70000")
+
+
+def test_a_resumed_run_may_turn_the_gateway_on_but_not_change_the_rollout():
+    from asyncflow.config.resumable import apply_resume_overrides
+
+    cfg = load_config_text("")
+    resumed = apply_resume_overrides(cfg, ["rollout.gateway.enabled=true", "rollout.gateway.port=0"])
+    assert (resumed.rollout.gateway.enabled, resumed.rollout.gateway.port) == (True, 0)
+    with pytest.raises(ConfigError, match="--set rollout.num_replicas: cannot change when resuming"):
+        apply_resume_overrides(cfg, ["rollout.num_replicas=2"])
