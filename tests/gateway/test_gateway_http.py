@@ -124,3 +124,32 @@ def test_a_new_session_beyond_max_sessions_drops_the_oldest_finished_one_or_is_r
     assert call(gw.url, "/v1/asyncflow/sessions/a/reward", b'{"reward": 0}')[0] == 200
     api.chat.completions.create(model="m", messages=hi, user="c", max_tokens=2)
     assert sorted(call(gw.url, "/v1/asyncflow/sessions")[1]["sessions"]) == ["b", "c"]
+
+
+def test_only_the_named_replica_serves_and_it_asks_for_the_secret_when_the_config_requires_it(tiny_dir, tokenizer, tmp_path):
+    import threading
+
+    from asyncflow.config.run import GatewayConfig
+    from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
+    from asyncflow.engines.factory import build_rollout_engine
+    from asyncflow.gateway.replica import serve_for_replica
+
+    engine = build_rollout_engine(RolloutEngineConfig(max_batch_size=2, kv_cache_bytes=1 << 20), tiny_dir)
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=(tokenizer.eos_token_id,))
+    on = GatewayConfig(enabled=True, port=0, replica=1, require_secret=True, max_new_tokens=2)
+    args = (tmp_path, engine, tokenizer, params, threading.Lock(), b"cluster-secret")
+    assert serve_for_replica(GatewayConfig(enabled=False, port=0), 0, *args) is None
+    assert serve_for_replica(on, 0, *args) is None  # another replica's
+    gw = serve_for_replica(on, 1, *args)
+    try:
+        info = json.loads((tmp_path / "gateway.json").read_text())
+        assert info["url"] == gw.url and info["replica"] == 1
+        hi = [{"role": "user", "content": "hi"}]
+        with pytest.raises(openai.AuthenticationError):
+            client(gw).chat.completions.create(model="m", messages=hi)
+        r = client(gw, api_key="cluster-secret").chat.completions.create(model="m", messages=hi, max_tokens=50, user="u")
+        assert r.usage.completion_tokens <= 2  # [rollout.gateway] max_new_tokens caps a request's max_tokens
+        assert call(gw.url, "/v1/asyncflow/sessions/u/reward", b'{"reward": 2}', token="cluster-secret")[0] == 200
+        assert json.loads((tmp_path / "gateway" / "trajectories.jsonl").read_text())["reward"] == 2
+    finally:
+        gw.close()
