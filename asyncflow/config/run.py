@@ -257,6 +257,13 @@ class GatewayConfig(_Section):
             "is refused (HTTP 429) while all of them are open."
         ),
     ] = 1024
+    max_batch: Annotated[
+        Count,
+        Meta(
+            description="Most requests (of different sessions, waiting at the same time) generated together in one engine call; "
+            "1: one at a time."
+        ),
+    ] = 64
 
     def check(self, run: RunConfig) -> None:
         if not self.enabled:

@@ -48,6 +48,7 @@ def serve_for_replica(
         secret=secret if needs_secret else None,
         trajectories_path=run / TRAJECTORIES_FILE,
         max_sessions=cfg.max_sessions,
+        max_batch=cfg.max_batch,
     )
     url = gateway.start(cfg.host, cfg.port)
     (run / "gateway.json").write_text(json.dumps({"url": url, "replica": replica, "trajectories": str(run / TRAJECTORIES_FILE)}))

@@ -11,7 +11,8 @@ Routes:
 Invariants:
 - Every generate call holds ``engine_lock``, which the replica also holds around its
   own generate calls and weight swaps: a reply is produced by one set of weights,
-  the version it is recorded with.
+  the version it is recorded with. Requests of different sessions that wait at the
+  same time share one generate call (``batcher.py``).
 - With a secret, every route asks for ``Authorization: Bearer <secret>`` (compared in
   constant time) before reading the body.
 - A refused request gets a 4xx with an OpenAI-style error body; an unexpected error in
@@ -41,6 +42,7 @@ from starlette.routing import Route
 from asyncflow.engines.base import RolloutEngine
 from asyncflow.engines.config import SamplingParams
 from asyncflow.gateway.api import decode_request, decode_reward
+from asyncflow.gateway.batcher import Batcher
 from asyncflow.gateway.chat import ChatFormat, TemplateError
 from asyncflow.gateway.sessions import RequestError, SessionStore, Trajectory
 
@@ -66,14 +68,17 @@ class Gateway:
         secret: bytes | None = None,
         trajectories_path: str | Path | None = None,
         max_sessions: int = 1024,
+        max_batch: int = 64,
     ):
         """``params``: the run's sampling (temperature, top-p/k, stop tokens; its
-        ``max_new_tokens`` caps a request's ``max_tokens``)."""
+        ``max_new_tokens`` caps a request's ``max_tokens``); ``max_batch``: most
+        requests in one generate call."""
         self.engine, self.params, self.engine_lock = engine, msgspec.structs.replace(params, n=1, seed=None), engine_lock
         self.chat = ChatFormat(tokenizer)
         self.model_name = model_name
         self.secret = secret or None
         self.sessions = SessionStore(max_sessions)
+        self.batcher = Batcher(engine, engine_lock, max_batch)
         self.trajectories_path = Path(trajectories_path) if trajectories_path else None
         self._write_lock = threading.Lock()
         self.app = Starlette(
@@ -131,6 +136,7 @@ class Gateway:
     def close(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
+        self.batcher.close()  # queued requests fail (500), so the server's threads can finish
         if self._thread is not None:
             self._thread.join(timeout=10)
             if self._thread.is_alive():
@@ -235,12 +241,10 @@ class Gateway:
 
     def _turn(self, t: Trajectory, messages, context: list[int], params: SamplingParams, req) -> dict[str, Any]:
         ids = t.context_ids() + context
-        with self.engine_lock:  # the replica swaps weights and generates under it too
-            version = self.engine.version
-            try:
-                (c,) = self.engine.generate([ids], params)
-            except ValueError as exc:  # too long for the model or its KV cache
-                raise RequestError(400, f"the conversation cannot be continued: {exc}") from None
+        try:
+            c, version = self.batcher.generate(ids, params)  # with other sessions' requests, under the engine lock
+        except ValueError as exc:  # too long for the model or its KV cache
+            raise RequestError(400, f"the conversation cannot be continued: {exc}") from None
         if c.version != version:
             raise RuntimeError(f"the engine's version changed during a gateway generate call (v{version} -> v{c.version})")
         text = self.chat.decode(c.response_ids)

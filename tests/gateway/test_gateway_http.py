@@ -2,6 +2,7 @@
 plain urllib for the session routes; a real tiny model generates."""
 
 import json
+import urllib.parse
 
 import openai
 import pytest
@@ -153,3 +154,37 @@ def test_only_the_named_replica_serves_and_it_asks_for_the_secret_when_the_confi
         assert json.loads((tmp_path / "gateway" / "trajectories.jsonl").read_text())["reward"] == 2
     finally:
         gw.close()
+
+
+def test_requests_of_different_sessions_waiting_together_share_one_generate_call_and_each_gets_its_own_reply(
+    make_gateway, tokenizer, tiny_dir
+):
+    import threading
+
+    gw = make_gateway()
+    questions = ["1+1=", "22+7=", "what is 3*3?", "9-4="]
+    replies: dict[str, object] = {}
+
+    def ask(q: str) -> None:
+        replies[q] = client(gw).chat.completions.create(model="m", messages=[{"role": "user", "content": q}], user=q)
+
+    threads = [threading.Thread(target=ask, args=(q,)) for q in questions]
+    with gw.engine_lock:  # the replica is generating: every request reaches the gateway and waits
+        for t in threads:
+            t.start()
+        with gw.batcher._cv:
+            assert gw.batcher._cv.wait_for(lambda: gw.batcher.num_requests == len(questions), timeout=60)
+    for t in threads:
+        t.join(timeout=60)
+    # the batch taken before the lock was free, then all the others together: at most 2 calls for 4 requests
+    sizes = [len(call) for call in gw.engine.prompts]
+    assert sum(sizes) == len(questions) and len(sizes) <= 2, sizes
+    trainer = build_train_engine(TrainEngineConfig(micro_batch_size=1), tiny_dir)
+    for q in questions:
+        t = call(gw.url, "/v1/asyncflow/sessions/" + urllib.parse.quote(q, safe=""))[1]
+        assert t["prompt_ids"] == encode_chat_prompt(tokenizer, q)
+        assert t["response_ids"] == replies[q].model_extra["asyncflow"]["token_ids"]
+        # its reply continues its own prompt: the training engine gives the recorded log-probs on it
+        logp_T = trainer.forward(make_token_batch([t["prompt_ids"]], [t["response_ids"]], pad_token_id=0)).logp[0]
+        recomputed = logp_T[len(t["prompt_ids"]) : len(t["prompt_ids"]) + len(t["response_ids"])]
+        assert torch.allclose(recomputed, torch.tensor(t["rollout_logp"]), atol=1e-4, rtol=0)
