@@ -188,3 +188,30 @@ def test_requests_of_different_sessions_waiting_together_share_one_generate_call
         logp_T = trainer.forward(make_token_batch([t["prompt_ids"]], [t["response_ids"]], pad_token_id=0)).logp[0]
         recomputed = logp_T[len(t["prompt_ids"]) : len(t["prompt_ids"]) + len(t["response_ids"])]
         assert torch.allclose(recomputed, torch.tensor(t["rollout_logp"]), atol=1e-4, rtol=0)
+
+
+def test_a_request_the_engine_refuses_in_a_shared_call_fails_alone(make_gateway):
+    import threading
+
+    gw = make_gateway()
+    contents = {"ok-1": "1+1=", "too-long": "9" * 600, "ok-2": "2+2="}
+    status: dict[str, int] = {}
+
+    def ask(session: str) -> None:
+        body = json.dumps({"messages": [{"role": "user", "content": contents[session]}], "user": session}).encode()
+        status[session] = call(gw.url, "/v1/chat/completions", body)[0]
+
+    threads = [threading.Thread(target=ask, args=(s,)) for s in contents]
+    b = gw.batcher
+    with gw.engine_lock:
+        threads[0].start()  # taken alone by the batcher, which then waits for the lock
+        with b._cv:
+            assert b._cv.wait_for(lambda: b.num_requests == 1 and not b._queue, timeout=60)
+        for t in threads[1:]:  # these two queue up: one call for both once the lock is free
+            t.start()
+        with b._cv:
+            assert b._cv.wait_for(lambda: b.num_requests == len(contents), timeout=60)
+    for t in threads:
+        t.join(timeout=60)
+    assert [len(p) for p in gw.engine.prompts[:2]] == [1, 2]
+    assert status == {"ok-1": 200, "too-long": 400, "ok-2": 200}
