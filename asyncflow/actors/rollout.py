@@ -48,6 +48,7 @@ from asyncflow.core import protocol
 from asyncflow.core.tq.client import TQClient
 from asyncflow.engines.device import torch_dtype
 from asyncflow.engines.digest import weights_digest
+from asyncflow.gateway.replica import serve_for_replica
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,18 @@ class RolloutActor(LoopActor):
         self._announced = threading.Event()  # set when WeightsReady arrives: wakes a gated wait at once
         self.receiver = build_receiver(
             cfg.workflow.weight_transport, ctx, cfg.workflow.weight_timeout_s, device=cfg.cluster.device, engine=self.engine
+        )
+        # held around every generate call and weight swap: the gateway (docs/gateway.md) shares the engine
+        self.engine_lock = threading.Lock()
+        self.gateway = serve_for_replica(
+            cfg.rollout.gateway,
+            roles.index_of(ctx.name),
+            run_dir,
+            self.engine,
+            tokenizer,
+            self.params,
+            self.engine_lock,
+            ctx.transport.secret_bytes(),
         )
 
     @property
@@ -162,7 +175,7 @@ class RolloutActor(LoopActor):
             with self.activity("wait_swap"):
                 weights.ask(protocol.AcquireSwap(replica=self.ctx.name, version=version), timeout_s=600)
         try:
-            with self.activity("swap_weights"):
+            with self.activity("swap_weights"), self.engine_lock:
                 self.engine.load_weights(tensors, version)
                 held = self.engine.weights_digest() if self._verify else None
         finally:
@@ -227,7 +240,8 @@ class RolloutActor(LoopActor):
         version, digest = self.engine.version, self._digest
         with self.activity("generate"):
             prompts = [batch.columns["prompt_ids"][positions[0]].tolist() for positions in groups.values()]
-            completions = self.engine.generate(prompts, self.params)  # ordered (prompt, sample)
+            with self.engine_lock:
+                completions = self.engine.generate(prompts, self.params)  # ordered (prompt, sample)
         with self.activity("pack"):
             self._check_unchanged(version, digest, completions)
             responses, logps, finish, metas, indices = [], [], [], [], []
@@ -248,6 +262,16 @@ class RolloutActor(LoopActor):
         self.acks.add(batch)  # acked inside the next request
         self.num_items += len(batch)
         return True
+
+    def on_stop(self) -> None:
+        if self.gateway is not None:
+            self.gateway.close()
+        super().on_stop()
+
+    def on_failure(self, *exc_info) -> None:
+        if self.gateway is not None:  # stop serving with an engine whose replica is gone
+            self.gateway.close()
+        super().on_failure(*exc_info)
 
     def _check_unchanged(self, version: int, digest: int, completions) -> None:
         """The weights a generate call started with are the ones it ended with, and

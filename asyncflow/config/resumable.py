@@ -13,6 +13,8 @@ key is refused by name, with the reason. The allow-list is deliberately small:
   ``workflow.weight_timeout_s``, ``cluster.max_resumes``,
   ``cluster.threads_per_process``, ``cluster.pin_trainer_cores``: how often, how
   long, what is written, where processes run.
+- ``rollout.gateway.*``: the HTTP gateway (docs/gateway.md) generates no queued row and
+  its sessions are not checkpointed.
 - ``eval.every_steps``: between two non-zero values only (turning evaluation on or
   off changes which prompts the loader trains on, and the loader resumes at a place
   in that order).
@@ -36,6 +38,7 @@ RESUMABLE_KEYS = (
     "cluster.threads_per_process",
     "cluster.pin_trainer_cores",
     "logging.*",
+    "rollout.gateway.*",
 )
 """Keys (``section.*``: every key of the section) that may change on resume."""
 

@@ -32,7 +32,7 @@ from msgspec import Meta
 
 from asyncflow.core import schema
 from asyncflow.core.schema import ConfigError, Refused, check_tree
-from asyncflow.core.transport import TransportConfig
+from asyncflow.core.transport import SECRET_ENV, TransportConfig, is_loopback
 from asyncflow.engines.config import (
     Count,
     Fraction,
@@ -222,6 +222,65 @@ class AlgorithmConfig(_Section):
             )
 
 
+class GatewayConfig(_Section):
+    """An OpenAI-compatible HTTP endpoint served by one rollout replica (docs/gateway.md):
+    agent programs call ``/v1/chat/completions``; the gateway records each session's
+    token ids and log-probs exactly as the model produced them."""
+
+    enabled: Annotated[bool, Meta(description="Serve the gateway from rollout replica ``replica``.")] = False
+    host: Annotated[
+        str,
+        Meta(
+            description="Address the HTTP server binds. Loopback (127.0.0.1, the default) needs no token; any other address "
+            "needs the cluster secret ([cluster.transport] secret or ASYNCFLOW_SECRET), which clients send as their api_key "
+            "(``Authorization: Bearer <secret>``). The secret travels in clear text over HTTP: use it on trusted networks only."
+        ),
+    ] = "127.0.0.1"
+    port: Annotated[
+        int, Meta(ge=0, le=65535, description="TCP port; 0 picks a free one (written to ``RUN_DIR/gateway.json`` and the log).")
+    ] = 8000
+    replica: Annotated[NonNegInt, Meta(description="Index of the rollout replica that serves it (``rollout.<replica>``).")] = 0
+    require_secret: Annotated[
+        bool, Meta(description="Ask for the cluster secret on loopback too (off loopback it is always asked for).")
+    ] = False
+    max_new_tokens: Annotated[
+        Count | None,
+        Meta(
+            description="Most tokens one request may generate (a request's max_tokens is capped by it); None: "
+            "[rollout.sampling] max_new_tokens."
+        ),
+    ] = None
+    max_sessions: Annotated[
+        Count,
+        Meta(
+            description="Sessions kept in memory; beyond it the oldest finished (rewarded) session is dropped, and a new session "
+            "is refused (HTTP 429) while all of them are open."
+        ),
+    ] = 1024
+    max_batch: Annotated[
+        Count,
+        Meta(
+            description="Most requests (of different sessions, waiting at the same time) generated together in one engine call; "
+            "1: one at a time."
+        ),
+    ] = 64
+
+    def check(self, run: RunConfig) -> None:
+        if not self.enabled:
+            return
+        if self.replica >= run.rollout.num_replicas:
+            raise Refused(
+                "replica", f"there are {run.rollout.num_replicas} rollout replicas: use 0..{run.rollout.num_replicas - 1}"
+            )
+        if (not is_loopback(self.host) or self.require_secret) and not run.cluster.transport.secret_bytes():
+            raise Refused(
+                "host" if not is_loopback(self.host) else "require_secret",
+                f"the gateway asks for the cluster secret here and none is set: set [cluster.transport] secret or the "
+                f"{SECRET_ENV} environment variable (clients send it as their api_key), or serve on host = '127.0.0.1'",
+                self.host if not is_loopback(self.host) else self.require_secret,
+            )
+
+
 class RolloutConfig(_Section):
     """Rollout replicas (generation)."""
 
@@ -233,6 +292,9 @@ class RolloutConfig(_Section):
     )
     num_replicas: Annotated[Count, Meta(description="Replica processes; each takes whole prompt groups from the queue.")] = 1
     prompts_per_call: Annotated[Count, Meta(description="Prompt groups per generate call (the unit between weight swaps).")] = 4
+    gateway: Annotated[GatewayConfig, Meta(description="OpenAI-compatible HTTP gateway (docs/gateway.md).")] = msgspec.field(
+        default_factory=GatewayConfig
+    )
 
 
 class ReferenceConfig(_Section):

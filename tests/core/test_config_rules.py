@@ -32,6 +32,7 @@ OUT_OF_RANGE = [
         "rollout.sampling.max_new_tokens = 0: out of range",
         "[rollout.sampling] max_new_tokens",
     ),
+    ("[rollout.gateway]\nport = 70000", "rollout.gateway.port = 70000: out of range", "[rollout.gateway] port"),
     (
         "[reference]\nmicro_batch_size = 0",
         "reference.micro_batch_size = 0: out of range; use a value >= 1",

@@ -1,0 +1,92 @@
+"""The OpenAI chat-completions request, as the gateway reads it (HTTP JSON, not an nng
+wire message: those live in core/protocol.py).
+
+Unknown fields are ignored, as OpenAI-compatible servers do; fields that would change
+what is generated in a way the gateway cannot honour (``stream``, ``n > 1``,
+``tools``, ``stop``) are refused with HTTP 400 rather than ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from asyncflow.gateway.chat import Message
+from asyncflow.gateway.sessions import RequestError
+
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    type: str
+    text: str = ""
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    tool_calls: list[Any] | None = None
+
+    def plain(self, i: int) -> Message:
+        if self.tool_calls:
+            raise RequestError(400, f"messages[{i}].tool_calls: tool calls are not supported by the gateway")
+        if self.content is None:
+            text = ""
+        elif isinstance(self.content, str):
+            text = self.content
+        else:
+            kinds = sorted({p.type for p in self.content} - {"text"})
+            if kinds:
+                raise RequestError(400, f"messages[{i}].content: only text parts are supported, not {', '.join(kinds)}")
+            text = "".join(p.text for p in self.content)
+        return {"role": self.role, "content": text}
+
+
+class ChatRequest(msgspec.Struct, kw_only=True):
+    model: str = ""
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    n: int = 1
+    stream: bool = False
+    stop: str | list[str] | None = None
+    tools: list[Any] | None = None
+    user: str | None = None
+    logprobs: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+
+    def refuse_unsupported(self) -> None:
+        if self.stream:
+            raise RequestError(400, "stream = true is not supported by the gateway: send stream = false")
+        if self.n != 1:
+            raise RequestError(400, f"n = {self.n}: the gateway generates one choice per request (n = 1)")
+        if self.tools:
+            raise RequestError(400, "tools are not supported by the gateway: describe tools in the messages instead")
+        if self.stop:
+            raise RequestError(400, "stop sequences are not supported: the gateway stops at the model's stop tokens")
+
+
+_decoder = msgspec.json.Decoder(ChatRequest)
+
+
+def decode_request(body: bytes) -> ChatRequest:
+    try:
+        req = _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise RequestError(400, f"invalid chat completion request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise RequestError(400, f"the request body is not JSON: {exc}") from None
+    req.refuse_unsupported()
+    return req
+
+
+class RewardRequest(msgspec.Struct, kw_only=True):
+    reward: float
+
+
+def decode_reward(body: bytes) -> float:
+    try:
+        return msgspec.json.decode(body, type=RewardRequest).reward
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise RequestError(400, f'a reward is a JSON object {{"reward": <number>}}: {exc}') from None

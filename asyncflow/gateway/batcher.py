@@ -1,0 +1,109 @@
+"""Batcher: the gateway's requests that wait for the engine at the same time go to it
+in one generate call (the engine batches them continuously), instead of one call each.
+
+Requests are queued; one thread takes every queued request with the same sampling
+parameters (they differ only in ``max_new_tokens``) and generates them together under
+the replica's engine lock. A call refused for one prompt (too long for the model or
+the KV cache: ``ValueError``) is retried prompt by prompt, so one bad request fails
+alone.
+
+Invariants:
+- every request gets exactly one result: its completion and the version it was
+  generated with, or the error of its generate call (``close`` fails the queued ones);
+- a completion belongs to the prompt it answers (the engine orders completions by
+  ``prompt_index``; each is checked against the batch position).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from asyncflow.engines.base import Completion, RolloutEngine
+from asyncflow.engines.config import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    ids: list[int]
+    params: SamplingParams
+    result: Future = field(default_factory=Future)
+
+
+class Batcher:
+    def __init__(self, engine: RolloutEngine, engine_lock: threading.Lock, max_batch: int = 64):
+        self.engine, self.engine_lock, self.max_batch = engine, engine_lock, max_batch
+        self._queue: list[_Request] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self.num_requests = 0  # requests queued so far (tests wait on it under _cv)
+        self._thread = threading.Thread(target=self._loop, name="gateway-generate", daemon=True)
+        self._thread.start()
+
+    def generate(self, ids: list[int], params: SamplingParams) -> tuple[Completion, int]:
+        """One completion of ``ids`` and the policy version that generated it (blocks)."""
+        request = _Request(list(ids), params)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the gateway is stopping")
+            self._queue.append(request)
+            self.num_requests += 1
+            self._cv.notify_all()
+        return request.result.result()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            queued, self._queue = self._queue, []
+            self._cv.notify_all()
+        for r in queued:
+            r.result.set_exception(RuntimeError("the gateway stopped before generating this reply"))
+        self._thread.join(timeout=10)
+
+    def _take(self) -> list[_Request] | None:
+        with self._cv:
+            while not self._queue and not self._closed:
+                self._cv.wait()
+            if self._closed:
+                return None
+            params = self._queue[0].params
+            batch = [r for r in self._queue if r.params == params][: self.max_batch]
+            taken = {id(r) for r in batch}
+            self._queue = [r for r in self._queue if id(r) not in taken]
+            return batch
+
+    def _loop(self) -> None:
+        while (batch := self._take()) is not None:
+            try:
+                self._run(batch)
+            except BaseException as exc:  # noqa: BLE001  (handed to the requests; the loop goes on)
+                for r in batch:
+                    if not r.result.done():
+                        r.result.set_exception(exc)
+
+    def _run(self, batch: list[_Request]) -> None:
+        try:
+            results = self._generate(batch)
+        except ValueError:
+            if len(batch) == 1:
+                raise
+            for r in batch:  # one prompt was refused: each on its own, so it fails alone
+                try:
+                    r.result.set_result(self._generate([r])[0])
+                except Exception as exc:
+                    r.result.set_exception(exc)
+            return
+        for r, result in zip(batch, results):
+            r.result.set_result(result)
+
+    def _generate(self, batch: list[_Request]) -> list[tuple[Completion, int]]:
+        with self.engine_lock:  # the replica swaps weights and generates under it too
+            version = self.engine.version
+            completions = self.engine.generate([r.ids for r in batch], batch[0].params)
+        if [c.prompt_index for c in completions] != list(range(len(batch))):
+            raise RuntimeError(f"the engine answered prompts {[c.prompt_index for c in completions]} of {len(batch)}")
+        return [(c, version) for c in completions]

@@ -1,0 +1,56 @@
+"""Start the gateway in the rollout replica that ``[rollout.gateway] replica`` names.
+
+The replica calls ``serve_for_replica`` once it has its engine; the HTTP libraries
+(the ``gateway`` extra) are imported only when the gateway is on. The URL goes to the
+log and to ``RUN_DIR/gateway.json`` (``{"url": ..., "replica": ..., "trajectories": ...}``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+
+from asyncflow.core.transport import is_loopback
+
+log = logging.getLogger(__name__)
+
+TRAJECTORIES_FILE = "gateway/trajectories.jsonl"
+"""RUN_DIR/gateway/trajectories.jsonl: one rewarded session per line (docs/gateway.md)."""
+
+
+def serve_for_replica(
+    cfg, replica: int, run_dir: str | Path, engine, tokenizer, params, engine_lock: threading.Lock, secret: bytes
+):
+    """The started Gateway when ``cfg`` (a GatewayConfig) puts it on this replica, else None."""
+    if not cfg.enabled or replica != cfg.replica:
+        return None
+    try:
+        from asyncflow.gateway.server import Gateway
+    except ImportError as exc:
+        raise RuntimeError(
+            f"[rollout.gateway] enabled = true needs the gateway extra ({exc.name} is missing): pip install -e '.[gateway]'"
+        ) from None
+    needs_secret = cfg.require_secret or not is_loopback(cfg.host)
+    if needs_secret and not secret:
+        raise RuntimeError("[rollout.gateway]: the gateway asks for the cluster secret and none is set (ASYNCFLOW_SECRET)")
+    if cfg.max_new_tokens is not None:
+        import msgspec
+
+        params = msgspec.structs.replace(params, max_new_tokens=cfg.max_new_tokens)
+    run = Path(run_dir)
+    gateway = Gateway(
+        engine,
+        tokenizer,
+        params,
+        engine_lock=engine_lock,
+        secret=secret if needs_secret else None,
+        trajectories_path=run / TRAJECTORIES_FILE,
+        max_sessions=cfg.max_sessions,
+        max_batch=cfg.max_batch,
+    )
+    url = gateway.start(cfg.host, cfg.port)
+    (run / "gateway.json").write_text(json.dumps({"url": url, "replica": replica, "trajectories": str(run / TRAJECTORIES_FILE)}))
+    log.info("gateway: OpenAI-compatible API of rollout.%d at %s/v1", replica, url)
+    return gateway

@@ -1,0 +1,293 @@
+"""Gateway: the OpenAI-compatible HTTP server of a rollout replica (starlette + uvicorn,
+in a thread of the replica's process). docs/gateway.md.
+
+Routes:
+    GET  /v1/models
+    POST /v1/chat/completions              generate one reply; record it in the session
+    GET  /v1/asyncflow/sessions            ids of the sessions kept
+    GET  /v1/asyncflow/sessions/{id}       the session's trajectory (token ids, log-probs, mask, versions)
+    POST /v1/asyncflow/sessions/{id}/reward  {"reward": r}: finish it; appended to the trajectories file
+
+Invariants:
+- Every generate call holds ``engine_lock``, which the replica also holds around its
+  own generate calls and weight swaps: a reply is produced by one set of weights,
+  the version it is recorded with. Requests of different sessions that wait at the
+  same time share one generate call (``batcher.py``).
+- With a secret, every route asks for ``Authorization: Bearer <secret>`` (compared in
+  constant time) before reading the body.
+- A refused request gets a 4xx with an OpenAI-style error body; an unexpected error in
+  a request gets a 500 and a log line, and the server goes on.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import math
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from asyncflow.engines.base import RolloutEngine
+from asyncflow.engines.config import SamplingParams
+from asyncflow.gateway.api import decode_request, decode_reward
+from asyncflow.gateway.batcher import Batcher
+from asyncflow.gateway.chat import ChatFormat, TemplateError
+from asyncflow.gateway.sessions import RequestError, SessionStore, Trajectory
+
+log = logging.getLogger(__name__)
+
+SESSION_HEADER = "x-session-id"
+START_TIMEOUT_S = 30.0
+
+
+def _error(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": code, "code": code}}, status_code=status)
+
+
+class Gateway:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer,
+        params: SamplingParams,
+        *,
+        engine_lock: threading.Lock,
+        model_name: str = "asyncflow-policy",
+        secret: bytes | None = None,
+        trajectories_path: str | Path | None = None,
+        max_sessions: int = 1024,
+        max_batch: int = 64,
+    ):
+        """``params``: the run's sampling (temperature, top-p/k, stop tokens; its
+        ``max_new_tokens`` caps a request's ``max_tokens``); ``max_batch``: most
+        requests in one generate call."""
+        self.engine, self.params, self.engine_lock = engine, msgspec.structs.replace(params, n=1, seed=None), engine_lock
+        self.chat = ChatFormat(tokenizer)
+        self.model_name = model_name
+        self.secret = secret or None
+        self.sessions = SessionStore(max_sessions)
+        self.batcher = Batcher(engine, engine_lock, max_batch)
+        self.trajectories_path = Path(trajectories_path) if trajectories_path else None
+        self._write_lock = threading.Lock()
+        self.app = Starlette(
+            routes=[
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/asyncflow/sessions", self._list, methods=["GET"]),
+                Route("/v1/asyncflow/sessions/{session}", self._session, methods=["GET"]),
+                Route("/v1/asyncflow/sessions/{session}/reward", self._reward, methods=["POST"]),
+            ]
+        )
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    # -- serving -------------------------------------------------------------------
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve on ``host:port`` (0: a free port) from a daemon thread; returns the base URL."""
+        import uvicorn
+
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            sock.close()
+            raise RuntimeError(
+                f"the gateway cannot listen on {host}:{port} ({exc}): set [rollout.gateway] port to a free port, or 0"
+            ) from None
+        bound = sock.getsockname()
+        server = uvicorn.Server(uvicorn.Config(self.app, log_config=None, log_level="warning", access_log=False, lifespan="off"))
+        failed: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                server.run(sockets=[sock])
+            except BaseException as exc:  # noqa: BLE001  (reported to start(), or logged once serving)
+                failed.append(exc)
+                log.error("the gateway's HTTP server stopped: %s", exc)
+
+        self._server = server
+        self._thread = threading.Thread(target=serve, name="gateway-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not server.started:
+            if failed or not self._thread.is_alive() or time.monotonic() > deadline:
+                sock.close()
+                raise RuntimeError(f"the gateway's HTTP server did not start on {host}:{bound[1]}: {failed or 'timed out'}")
+            self._thread.join(timeout=0.01)
+        shown = f"[{bound[0]}]" if family == socket.AF_INET6 else bound[0]
+        self.url = f"http://{shown}:{bound[1]}"
+        return self.url
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        self.batcher.close()  # queued requests fail (500), so the server's threads can finish
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            if self._thread.is_alive():
+                log.warning("the gateway's HTTP server did not stop within 10 s (a generate call still running?)")
+
+    # -- routes --------------------------------------------------------------------
+    def _authorised(self, request: Request) -> bool:
+        if self.secret is None:
+            return True
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.secret)
+
+    async def _guard(self, request: Request, handler) -> JSONResponse:
+        if not self._authorised(request):
+            return _error(
+                401, "missing or wrong api key: send the cluster secret as the api key (Authorization: Bearer)", "unauthorized"
+            )
+        try:
+            return await handler(request)
+        except RequestError as exc:
+            return _error(exc.status, exc.message, exc.code)
+        except Exception as exc:  # a bug or an engine failure: this request fails, the server goes on
+            log.exception("gateway: %s %s failed", request.method, request.url.path)
+            return _error(500, f"the gateway failed on this request: {type(exc).__name__}: {exc}", "internal_error")
+
+    async def _models(self, request: Request) -> JSONResponse:
+        async def handle(_: Request) -> JSONResponse:
+            model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "asyncflow"}
+            return JSONResponse({"object": "list", "data": [model]})
+
+        return await self._guard(request, handle)
+
+    async def _chat(self, request: Request) -> JSONResponse:
+        async def handle(request: Request) -> JSONResponse:
+            req = decode_request(await request.body())
+            session = request.headers.get(SESSION_HEADER) or req.user or f"anon-{uuid.uuid4().hex}"
+            body = await run_in_threadpool(self.complete, session, req)
+            return JSONResponse(body, headers={"X-Session-Id": session})
+
+        return await self._guard(request, handle)
+
+    async def _list(self, request: Request) -> JSONResponse:
+        async def handle(_: Request) -> JSONResponse:
+            return JSONResponse({"sessions": self.sessions.ids()})
+
+        return await self._guard(request, handle)
+
+    async def _session(self, request: Request) -> JSONResponse:
+        async def handle(request: Request) -> JSONResponse:
+            t = self.sessions.get(request.path_params["session"])
+            with t.lock:
+                return JSONResponse(t.to_json())
+
+        return await self._guard(request, handle)
+
+    async def _reward(self, request: Request) -> JSONResponse:
+        async def handle(request: Request) -> JSONResponse:
+            reward = decode_reward(await request.body())
+            if not math.isfinite(reward):
+                raise RequestError(400, f"reward = {reward}: give a finite number")
+            t = self.sessions.get(request.path_params["session"])
+            row = await run_in_threadpool(self.finish, t, reward)
+            return JSONResponse(row)
+
+        return await self._guard(request, handle)
+
+    # -- work (in starlette's thread pool) -----------------------------------------------
+    def complete(self, session: str, req) -> dict[str, Any]:
+        """Generate the reply to ``req`` in ``session`` and record it; the OpenAI response body."""
+        messages = [m.plain(i) for i, m in enumerate(req.messages)]
+        if messages[-1]["role"] == "assistant":
+            raise RequestError(400, "the last message is an assistant message: the gateway generates the assistant's turn")
+        limit = min(x for x in (req.max_completion_tokens, req.max_tokens, self.params.max_new_tokens) if x is not None)
+        params = msgspec.structs.replace(self.params, max_new_tokens=limit)
+        t = self.sessions.lookup(session)
+        if t is None:
+            self.sessions.reserve(session)
+            try:
+                t = Trajectory(session=session, prompt_ids=self._encode(lambda: self.chat.prompt(messages)))
+                with t.lock:
+                    body = self._turn(t, messages, [], params, req)
+            except BaseException:
+                self.sessions.release(session)
+                raise
+            self.sessions.add(t)
+            return body
+        with t.lock:
+            if t.finished:
+                raise RequestError(
+                    409, f"session {session!r} is finished (it has a reward): use a new session id", "session_finished"
+                )
+            new = t.new_messages(messages)
+            context = self._encode(lambda: self.chat.continuation(t.messages, t.last_reply_ids, new))
+            return self._turn(t, messages, context, params, req)
+
+    @staticmethod
+    def _encode(fn) -> list[int]:
+        try:
+            return fn()
+        except TemplateError as exc:
+            raise RequestError(400, str(exc)) from None
+
+    def _turn(self, t: Trajectory, messages, context: list[int], params: SamplingParams, req) -> dict[str, Any]:
+        ids = t.context_ids() + context
+        try:
+            c, version = self.batcher.generate(ids, params)  # with other sessions' requests, under the engine lock
+        except ValueError as exc:  # too long for the model or its KV cache
+            raise RequestError(400, f"the conversation cannot be continued: {exc}") from None
+        if c.version != version:
+            raise RuntimeError(f"the engine's version changed during a gateway generate call (v{version} -> v{c.version})")
+        text = self.chat.decode(c.response_ids)
+        t.add_turn(messages, context, list(c.response_ids), list(c.logprobs), text, c.finish_reason, c.version)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": c.finish_reason,
+            "logprobs": None,
+        }
+        if req.logprobs:
+            tok = self.chat.tokenizer
+            choice["logprobs"] = {
+                "content": [
+                    {"token": tok.decode([i]), "logprob": float(lp), "bytes": list(tok.decode([i]).encode()), "top_logprobs": []}
+                    for i, lp in zip(c.response_ids, c.logprobs)
+                ]
+            }
+        n_prompt = len(ids)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": n_prompt,
+                "completion_tokens": len(c.response_ids),
+                "total_tokens": n_prompt + len(c.response_ids),
+            },
+            "asyncflow": {"session": t.session, "turn": t.num_turns, "version": c.version, "token_ids": list(c.response_ids)},
+        }
+
+    def finish(self, t: Trajectory, reward: float) -> dict[str, Any]:
+        """Give the session its reward and append it to the trajectories file."""
+        with t.lock:
+            if t.finished:
+                raise RequestError(409, f"session {t.session!r} already has a reward ({t.reward})", "session_finished")
+            row = {**t.to_json(), "reward": reward}
+            if self.trajectories_path is not None:  # written before the session counts as finished
+                with self._write_lock:
+                    self.trajectories_path.parent.mkdir(parents=True, exist_ok=True)
+                    with open(self.trajectories_path, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+            t.reward = reward
+        return row

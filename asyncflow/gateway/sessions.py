@@ -1,0 +1,181 @@
+"""The gateway's recorded conversations: pure state, no HTTP, no engine.
+
+A session is one conversation of an agent program (its id comes from the request's
+``X-Session-Id`` header or ``user`` field). Its ``Trajectory`` is stored in the
+shared trajectory format of the queue (docs/gateway.md):
+
+- ``prompt_ids``: the first request's conversation through the chat template;
+- ``response_ids``: every token after it, as the model saw it: the model's replies
+  and the context (later messages, template glue) between them;
+- ``rollout_logp``: the generating policy's log-prob of each model token, 0 on context;
+- ``loss_mask``: 1 on model tokens, 0 on context;
+- ``token_versions``: the policy version of the generate call each token belongs to
+  (context tokens take the version of the reply that follows them); ``version`` is the
+  oldest version among model tokens (a conservative staleness).
+
+Invariants:
+- A token is never re-tokenised: a turn appends ids; recorded ids never change.
+- A session's turns are serialised (its lock); a finished (rewarded) session takes no
+  more turns.
+- At most ``max_sessions`` sessions are kept: the oldest finished one is dropped first;
+  when all are open, a new one is refused.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncflow.gateway.chat import Message
+
+
+class RequestError(Exception):
+    """A request the gateway refuses: its HTTP status and a message saying what to change."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+@dataclass
+class Trajectory:
+    session: str
+    prompt_ids: list[int]
+    messages: list[Message] = field(default_factory=list)
+    """The conversation as recorded: the requests' messages and the replies as returned."""
+    response_ids: list[int] = field(default_factory=list)
+    rollout_logp: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
+    last_reply_ids: list[int] = field(default_factory=list)
+    finish: str = ""
+    """How the last reply ended: 'stop' or 'length'."""
+    num_turns: int = 0
+    reward: float | None = None
+    updated_s: float = field(default_factory=time.time)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.reward is not None
+
+    @property
+    def version(self) -> int:
+        """The oldest policy version among the model's tokens (-1 before the first reply)."""
+        model = [v for v, m in zip(self.token_versions, self.loss_mask) if m]
+        return min(model) if model else -1
+
+    def context_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def add_turn(
+        self,
+        request: list[Message],
+        context_ids: list[int],
+        reply_ids: list[int],
+        reply_logp: list[float],
+        reply: str,
+        finish: str,
+        version: int,
+    ) -> None:
+        """Record one turn: ``context_ids`` (the new messages' tokens, outside the
+        loss), then the model's reply with its log-probs; ``request`` is the whole
+        conversation the request sent."""
+        if len(reply_logp) != len(reply_ids):
+            raise ValueError(f"{len(reply_ids)} reply tokens but {len(reply_logp)} log-probs")
+        self.response_ids += list(context_ids) + list(reply_ids)
+        self.rollout_logp += [0.0] * len(context_ids) + [float(x) for x in reply_logp]
+        self.loss_mask += [0] * len(context_ids) + [1] * len(reply_ids)
+        self.token_versions += [version] * (len(context_ids) + len(reply_ids))
+        self.messages = [*request, {"role": "assistant", "content": reply}]
+        self.last_reply_ids = list(reply_ids)
+        self.finish = finish
+        self.num_turns += 1
+        self.updated_s = time.time()
+
+    def new_messages(self, request: list[Message]) -> list[Message]:
+        """The messages of ``request`` after the recorded conversation, which it must repeat."""
+        n = len(self.messages)
+        if request[:n] != self.messages:
+            first = next((i for i, (a, b) in enumerate(zip(request, self.messages)) if a != b), min(len(request), n))
+            raise RequestError(
+                409,
+                f"session {self.session!r}: the messages do not repeat its recorded conversation ({n} messages; they differ "
+                f"from message {first} on): send the conversation as recorded (the replies as returned) plus new messages, "
+                "or use a new session id",
+                "session_mismatch",
+            )
+        new = request[n:]
+        if not new:
+            raise RequestError(400, f"session {self.session!r}: the request adds no message after the recorded conversation")
+        if new[-1]["role"] == "assistant":
+            raise RequestError(400, "the last message is an assistant message: the gateway generates the assistant's turn")
+        return new
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "prompt_ids": self.prompt_ids,
+            "response_ids": self.response_ids,
+            "rollout_logp": self.rollout_logp,
+            "loss_mask": self.loss_mask,
+            "token_versions": self.token_versions,
+            "version": self.version,
+            "finish": self.finish,
+            "num_turns": self.num_turns,
+            "reward": self.reward,
+            "messages": self.messages,
+        }
+
+
+class SessionStore:
+    def __init__(self, max_sessions: int):
+        self.max_sessions = max_sessions
+        self._sessions: OrderedDict[str, Trajectory | None] = OrderedDict()  # None: reserved, first turn running
+        self._lock = threading.Lock()
+
+    def get(self, session: str) -> Trajectory:
+        with self._lock:
+            t = self._sessions.get(session)
+        if t is None:
+            raise RequestError(404, f"no session {session!r} (not started, or dropped: max_sessions)", "session_not_found")
+        return t
+
+    def ids(self) -> list[str]:
+        with self._lock:
+            return [k for k, v in self._sessions.items() if v is not None]
+
+    def lookup(self, session: str) -> Trajectory | None:
+        with self._lock:
+            return self._sessions.get(session)
+
+    def reserve(self, session: str) -> None:
+        """Claim a new session id (its first turn is being generated), making room if
+        needed: refused while the id is taken or every kept session is open."""
+        with self._lock:
+            if session in self._sessions:
+                raise RequestError(409, f"session {session!r} is already taking its first turn", "session_busy")
+            if len(self._sessions) >= self.max_sessions:
+                oldest = next((k for k, v in self._sessions.items() if v is not None and v.finished), None)
+                if oldest is None:
+                    raise RequestError(
+                        429,
+                        f"{len(self._sessions)} sessions are open (max_sessions): finish some with a reward, "
+                        "or raise [rollout.gateway] max_sessions",
+                        "too_many_sessions",
+                    )
+                del self._sessions[oldest]
+            self._sessions[session] = None
+
+    def release(self, session: str) -> None:
+        """Give back a reserved id whose first turn failed."""
+        with self._lock:
+            if self._sessions.get(session, 0) is None:
+                del self._sessions[session]
+
+    def add(self, t: Trajectory) -> None:
+        with self._lock:
+            self._sessions[t.session] = t

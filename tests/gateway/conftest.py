@@ -1,0 +1,61 @@
+"""Fixtures: the tiny model (built once), its tokenizer, and a gateway on a free loopback port."""
+
+import threading
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    from asyncflow.engines.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("gateway-tiny"), arch="qwen2", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_dir):
+    from asyncflow.engines.hf import load_tokenizer
+
+    return load_tokenizer(tiny_dir)
+
+
+class SpyEngine:
+    """A real rollout engine that also records the prompts each generate call got."""
+
+    def __init__(self, engine, lock):
+        self.inner, self.lock, self.prompts, self.locked = engine, lock, [], []
+
+    def generate(self, prompts, params):
+        self.prompts.append([list(p) for p in prompts])
+        self.locked.append(self.lock.locked())  # the replica's engine lock, held by the caller?
+        return self.inner.generate(prompts, params)
+
+    @property
+    def version(self):
+        return self.inner.version
+
+
+@pytest.fixture
+def make_gateway(tiny_dir, tokenizer, tmp_path):
+    from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
+    from asyncflow.engines.factory import build_rollout_engine
+    from asyncflow.gateway.server import Gateway
+
+    started = []
+
+    def make(**kw):
+        lock = threading.Lock()
+        engine = SpyEngine(build_rollout_engine(RolloutEngineConfig(max_batch_size=4, kv_cache_bytes=1 << 20), tiny_dir), lock)
+        params = SamplingParams(max_new_tokens=16, stop_token_ids=(tokenizer.eos_token_id,))
+        kw.setdefault("trajectories_path", tmp_path / "trajectories.jsonl")
+        gw = Gateway(engine, tokenizer, params, engine_lock=lock, **kw)
+        gw.start("127.0.0.1", 0)
+        started.append(gw)
+        return gw
+
+    yield make
+    for gw in started:
+        gw.close()

@@ -1,0 +1,38 @@
+"""[rollout.gateway]: typed, validated; off loopback it needs the cluster secret."""
+
+import pytest
+
+from asyncflow.config.run import load_config_text
+from asyncflow.core.schema import ConfigError
+
+
+def test_the_gateway_is_off_by_default_and_on_loopback():
+    gw = load_config_text("").rollout.gateway
+    assert (gw.enabled, gw.host, gw.require_secret) == (False, "127.0.0.1", False)
+
+
+def test_a_gateway_off_loopback_without_the_cluster_secret_is_refused_naming_the_key_and_the_fix(monkeypatch):
+    monkeypatch.delenv("ASYNCFLOW_SECRET", raising=False)
+    with pytest.raises(ConfigError, match=r"rollout\.gateway\.host = '0\.0\.0\.0': .*ASYNCFLOW_SECRET.*127\.0\.0\.1"):
+        load_config_text('[rollout.gateway]\nenabled = true\nhost = "0.0.0.0"')
+    with pytest.raises(ConfigError, match=r"rollout\.gateway\.require_secret = True"):
+        load_config_text("[rollout.gateway]\nenabled = true\nrequire_secret = true")
+    monkeypatch.setenv("ASYNCFLOW_SECRET", "x" * 32)
+    assert load_config_text('[rollout.gateway]\nenabled = true\nhost = "0.0.0.0"').rollout.gateway.host == "0.0.0.0"
+
+
+def test_the_gateway_replica_must_exist_and_the_port_be_a_port():
+    with pytest.raises(ConfigError, match=r"rollout\.gateway\.replica = 2: there are 2 rollout replicas"):
+        load_config_text("[rollout]\nnum_replicas = 2\n[rollout.gateway]\nenabled = true\nreplica = 2")
+    with pytest.raises(ConfigError, match=r"rollout\.gateway\.port"):
+        load_config_text("[rollout.gateway]\nport = 70000")
+
+
+def test_a_resumed_run_may_turn_the_gateway_on_but_not_change_the_rollout():
+    from asyncflow.config.resumable import apply_resume_overrides
+
+    cfg = load_config_text("")
+    resumed = apply_resume_overrides(cfg, ["rollout.gateway.enabled=true", "rollout.gateway.port=0"])
+    assert (resumed.rollout.gateway.enabled, resumed.rollout.gateway.port) == (True, 0)
+    with pytest.raises(ConfigError, match="--set rollout.num_replicas: cannot change when resuming"):
+        apply_resume_overrides(cfg, ["rollout.num_replicas=2"])
