@@ -22,6 +22,11 @@ digest of those tensors. A generate call during which the engine's version or
 weights changed fails the unit. The trainer checks each row's digest against the
 version the row is tagged with.
 
+Partial rollout (``[workflow] partial_rollout``, ``_partial.py``): the replica
+generates as one stream that groups join and leave, and staged weights swap in
+between two decode steps; each token records its version (``token_versions``) and
+a row is tagged with its oldest token's version and that version's digest.
+
 Takes: LoopActor messages + WeightsReady. Sends: GetLatestWeights, AcquireSwap,
 ReleaseSwap and its receiver's requests (to ``weights``); TQ reads and writes.
 Invariant: every row a unit took is put before the next unit starts, and acked
@@ -41,6 +46,7 @@ import numpy as np
 from asyncflow.actors import names, roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
+from asyncflow.actors._partial import PartialRollout
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors.names import TASK_ROLLOUT, WEIGHTS
 from asyncflow.actors.weights import build_receiver
@@ -88,6 +94,8 @@ class RolloutActor(LoopActor):
         self.receiver = build_receiver(
             cfg.workflow.weight_transport, ctx, cfg.workflow.weight_timeout_s, device=cfg.cluster.device, engine=self.engine
         )
+        # [workflow] partial_rollout: one continuous stream, weights swapped between decode steps (_partial.py)
+        self._partial = PartialRollout(self) if cfg.workflow.partial_rollout else None
 
     @property
     def version(self) -> int:
@@ -176,6 +184,11 @@ class RolloutActor(LoopActor):
             )
         self._digest = held if held is not None else digest
 
+    def on_stop(self) -> None:
+        if self._partial is not None:
+            self._partial.close()
+        super().on_stop()
+
     def on_start(self) -> None:
         # a (re)started replica catches up with the newest published weights first
         try:
@@ -187,6 +200,8 @@ class RolloutActor(LoopActor):
 
     # -- work --------------------------------------------------------------------
     def work_once(self) -> bool:
+        if self._partial is not None:
+            return self._partial.work_once()
         cfg = self.run.config
         self._maybe_swap()
         if self.engine.version >= cfg.train.num_steps:

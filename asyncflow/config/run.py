@@ -458,6 +458,24 @@ class WorkflowConfig(_Section):
             "trainer side has no such collective falls back to nng (logged)."
         ),
     ] = "nng"
+    partial_rollout: Annotated[
+        bool,
+        Meta(
+            description="Partial rollout (async only; the native engine): a replica generates as one continuous stream that "
+            "admits prompt groups whenever batch rows free up, and swaps in new weights between two decode steps instead "
+            "of between generate calls. In-flight sequences keep their tokens and KV cache and go on with the new weights; "
+            "each token records the version that produced it (column ``token_versions``), and a row is tagged with its "
+            "oldest token's version, so the staleness bound holds for every token. Pays on long-tailed response lengths."
+        ),
+    ] = False
+
+    def check(self, run: RunConfig) -> None:
+        if self.partial_rollout and self.mode != "async":
+            raise Refused(
+                "partial_rollout",
+                'partial rollout needs workflow.mode = "async" (in sync mode weights never change during generation)',
+                self.partial_rollout,
+            )
 
 
 class RoleEntry(_Section):
