@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import logging
 import traceback
+
+import msgspec
 from typing import TYPE_CHECKING, ClassVar
 
 from asyncflow.actors._activity import ActivityClock
@@ -77,7 +79,13 @@ class LoopActor(Actor):
         return self.clock.activity(name)
 
     def stats(self) -> protocol.RoleStats:
-        return self.clock.stats(self.num_items, "paused" if self._paused else None)
+        stats = self.clock.stats(self.num_items, "paused" if self._paused else None)
+        counters = self.counters()
+        return msgspec.structs.replace(stats, counters=counters) if counters else stats
+
+    def counters(self) -> dict[str, float]:
+        """Role-specific running totals reported in RoleStats (none by default)."""
+        return {}
 
     # -- loop --------------------------------------------------------------------------
     def on_stop(self) -> None:

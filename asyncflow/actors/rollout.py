@@ -94,6 +94,7 @@ class RolloutActor(LoopActor):
         self.receiver = build_receiver(
             cfg.workflow.weight_transport, ctx, cfg.workflow.weight_timeout_s, device=cfg.cluster.device, engine=self.engine
         )
+        self._decode_steps = self._decode_rows = 0  # counters(): decode forwards, sequences decoded
         # [workflow] partial_rollout: one continuous stream, weights swapped between decode steps (_partial.py)
         self._partial = PartialRollout(self) if cfg.workflow.partial_rollout else None
 
@@ -184,6 +185,20 @@ class RolloutActor(LoopActor):
             )
         self._digest = held if held is not None else digest
 
+    def _count_decode(self, stats) -> None:
+        """Add a native engine's decode figures (``SchedulerStats``) of one generate call."""
+        if stats is not None and hasattr(stats, "decode_rows"):
+            self._decode_steps += stats.num_steps
+            self._decode_rows += stats.decode_rows
+
+    def counters(self) -> dict[str, float]:
+        """Decode forwards and sequences decoded so far (their ratio: the mean decode batch)."""
+        steps, rows = self._decode_steps, self._decode_rows
+        stream_stats = getattr(self._partial.stream, "stats", None) if self._partial is not None else None
+        if stream_stats is not None:
+            steps, rows = steps + stream_stats.num_steps, rows + stream_stats.decode_rows
+        return {"decode_steps": float(steps), "decode_rows": float(rows)} if steps else {}
+
     def on_stop(self) -> None:
         if self._partial is not None:
             self._partial.close()
@@ -243,6 +258,7 @@ class RolloutActor(LoopActor):
         with self.activity("generate"):
             prompts = [batch.columns["prompt_ids"][positions[0]].tolist() for positions in groups.values()]
             completions = self.engine.generate(prompts, self.params)  # ordered (prompt, sample)
+        self._count_decode(getattr(self.engine, "stats", None))
         with self.activity("pack"):
             self._check_unchanged(version, digest, completions)
             responses, logps, finish, metas, indices = [], [], [], [], []

@@ -62,6 +62,9 @@ class SchedulerStats:
 
     num_steps: int = 0
     """Decode forwards."""
+    decode_rows: int = 0
+    """Sequences decoded, summed over the decode forwards (``decode_rows / num_steps``:
+    the mean decode batch)."""
     num_prefills: int = 0
     """Prefill forwards."""
     prefill_rows: int = 0
@@ -345,6 +348,7 @@ class NativeStream(RolloutStream):
         if self.running:
             engine._decode(self.running, self.slot_table_RK, params)
             stats.num_steps += 1
+            stats.decode_rows += len(self.running)
             self.running = self._finish_check(self.running, done)
         stats.peak_kv_used_bytes = engine.pool.peak_used_bytes
         return [
