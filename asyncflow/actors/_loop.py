@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import logging
 import traceback
+from typing import TYPE_CHECKING, ClassVar
 
 import msgspec
-from typing import TYPE_CHECKING, ClassVar
 
 from asyncflow.actors._activity import ActivityClock
 from asyncflow.actors.names import COLLECTOR
