@@ -5,9 +5,10 @@ Each ``work_once`` is one decode step of the stream (``RolloutStream``,
 ``engines/base.py``):
 1. staged weights are swapped in now, between two decode steps (``_maybe_swap``);
    in-flight sequences keep their tokens and KV cache and go on with them;
-2. while fewer than ``prompts_per_call`` groups are in flight, whole groups whose
-   step s satisfies ``s <= version + k`` join the stream (the staleness gate, with
-   the version the group's first token will be sampled with);
+2. while ``group_size`` of the stream's ``prompts_per_call x group_size`` sequence
+   rows are free (a unit's size), whole groups whose step s satisfies ``s <= version
+   + k`` join it (the staleness gate, with the version the group's first token will
+   be sampled with);
 3. one step: admitted prompts are prefilled, every running sequence gets a token;
 4. each group whose ``group_size`` samples have all finished is put
    (``response_ids``, ``rollout_logp``, ``finish``, ``token_versions``) and acked
@@ -95,7 +96,9 @@ class PartialRollout:
         a = self.actor
         cfg = a.run.config
         G = cfg.algorithm.group_size
-        room = cfg.rollout.prompts_per_call - len(self.groups)
+        # the stream holds at most as many sequences as a unit: whole groups join as soon as
+        # group_size of its prompts_per_call x group_size rows are free
+        room = (cfg.rollout.prompts_per_call * G - self.stream.num_active) // G
         if room <= 0 or (version == self._quiet_version and time.monotonic() < self._quiet_until):
             return
         with a.activity("get"):
