@@ -4,6 +4,8 @@ tokens (actors/_versions.token_staleness); a run end to end."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from wf_helpers import afctl, assert_trained_exactly_once, read_jsonl, write_config
@@ -11,6 +13,8 @@ from wf_helpers import afctl, assert_trained_exactly_once, read_jsonl, write_con
 from asyncflow.actors._versions import VersionLedger, VersionMismatch, token_staleness
 from asyncflow.config.run import ConfigError, load_config_text
 from asyncflow.core import protocol
+
+HERE = Path(__file__).resolve().parent
 
 
 def _meta(index: int, version: int) -> protocol.RowMeta:
@@ -50,7 +54,7 @@ def test_partial_rollout_in_sync_mode_is_refused_naming_the_key():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("partial", [True, False], ids=["on", "off"])
 def test_a_partial_rollout_run_trains_rows_of_several_versions_each_once(tmp_path, partial):
     """With the flag, rows span weight swaps (mixed_version_frac > 0) within the bound, the
@@ -65,9 +69,10 @@ def test_a_partial_rollout_run_trains_rows_of_several_versions_each_once(tmp_pat
             "rollout.sampling": {"max_new_tokens": 24},
             "workflow": {"partial_rollout": partial},
         },
+        extra=f'[cluster]\npython_path = ["{HERE}"]\n',
     )
     proc = afctl("up", str(config), "--run-dir", str(tmp_path / "run"))
-    out, _ = proc.communicate(timeout=180)
+    out, _ = proc.communicate(timeout=280)
     assert proc.returncode == 0, out
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert all(r["weights_mismatch"] == 0 and r["staleness_max"] <= 1 for r in rows)
