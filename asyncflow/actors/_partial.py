@@ -5,10 +5,11 @@ Each ``work_once`` is one decode step of the stream (``RolloutStream``,
 ``engines/base.py``):
 1. staged weights are swapped in now, between two decode steps (``_maybe_swap``);
    in-flight sequences keep their tokens and KV cache and go on with them;
-2. while ``group_size`` of the stream's ``prompts_per_call x group_size`` sequence
-   rows are free (a unit's size), whole groups whose step s satisfies ``s <= version
-   + k`` join it (the staleness gate, with the version the group's first token will
-   be sampled with);
+2. the stream decodes at most ``prompts_per_call x group_size`` sequences (a
+   unit's); while one of those rows is free and no sample waits, whole groups whose
+   step s satisfies ``s <= version + k`` join it (the staleness gate, with the
+   version now held: a sample that waits for a row starts with that version or a
+   newer one);
 3. one step: admitted prompts are prefilled, every running sequence gets a token;
 4. each group whose ``group_size`` samples have all finished is put
    (``response_ids``, ``rollout_logp``, ``finish``, ``token_versions``) and acked
@@ -17,14 +18,15 @@ Each ``work_once`` is one decode step of the stream (``RolloutStream``,
 Invariants:
 - Versions: ``token_versions[i]`` is the version of the weights that sampled
   token i; a row's ``version`` is its first (oldest) token's, the version it was
-  admitted under, so ``step - version <= k`` bounds every token's staleness. The
+  admitted under or a newer one, so ``step - version <= k`` bounds every token's
+  staleness. The
   behaviour log-probs ``rollout_logp`` are per token, each under its own version.
 - Integrity: every version a token carries was swapped in through ``_maybe_swap``
   (whose digest check stands); the row is stamped with the digest of its first
   token's version, which the trainer checks against that version. Before a group
   is put, the engine's weights must still be those of the last swap (digest), and
-  each row's versions must be non-decreasing, start at its admission version and
-  be versions this stream swapped in: anything else fails the unit.
+  each row's versions must be non-decreasing, start no earlier than its admission
+  version and be versions this stream swapped in: anything else fails the unit.
 - Exactly once: a group's rows stay handed to this replica until their outputs
   are put; if the process dies, the supervisor requeues exactly the rows whose
   outputs are not in. A Pause leaves in-flight rows handed (a checkpoint saves
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
 class _Group:
     indices: list[int]  # queue rows, by sample index
     metas: list[RowMeta]
-    version: int  # the version it was admitted under (its first tokens')
+    version: int  # the version it was admitted under (its rows' first tokens' or older)
     done: dict[int, Completion]  # sample index -> completion
 
 
@@ -63,7 +65,10 @@ class PartialRollout:
 
     def __init__(self, actor: RolloutActor):
         self.actor = actor
-        self.stream: RolloutStream = actor.engine.open_stream(actor.params)
+        cfg = actor.run.config
+        # at most a unit's sequences decode at once (prompts_per_call groups)
+        self.max_running = cfg.rollout.prompts_per_call * cfg.algorithm.group_size
+        self.stream: RolloutStream = actor.engine.open_stream(actor.params, self.max_running)
         self.groups: dict[int, _Group] = {}  # stream prompt index -> group in flight
         self.digests = {actor.engine.version: actor._digest}  # version swapped in -> its digest
         self._quiet_until = 0.0  # the queue had nothing admissible: ask again after this (or a change)
@@ -96,9 +101,9 @@ class PartialRollout:
         a = self.actor
         cfg = a.run.config
         G = cfg.algorithm.group_size
-        # the stream holds at most as many sequences as a unit: whole groups join as soon as
-        # group_size of its prompts_per_call x group_size rows are free
-        room = (cfg.rollout.prompts_per_call * G - self.stream.num_active) // G
+        # the stream decodes at most as many sequences as a unit; a whole group joins as soon
+        # as one of those rows is free and nothing waits (its samples start as rows free up)
+        room = -(-(self.max_running - self.stream.num_active) // G)
         if room <= 0 or (version == self._quiet_version and time.monotonic() < self._quiet_until):
             return
         with a.activity("get"):
@@ -183,7 +188,7 @@ class PartialRollout:
 
     def _check_versions(self, groups: list[_Group], version: int) -> None:
         """The rows' versions are those this stream swapped in, in order, from the one
-        each group was admitted under; the engine still holds the last swap's weights."""
+        each group was admitted under or a later one; the engine still holds the last swap's weights."""
         a = self.actor
         for g in groups:
             for c in g.done.values():
@@ -191,8 +196,8 @@ class PartialRollout:
                 if (
                     tv is None
                     or len(tv) != len(c.response_ids)
-                    or tv[0] != g.version
-                    or c.version != g.version
+                    or tv[0] < g.version
+                    or c.version != tv[0]
                     or any(x > y for x, y in zip(tv, tv[1:]))
                     or tv[-1] > version
                     or not set(tv) <= self.digests.keys()

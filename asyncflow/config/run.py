@@ -462,7 +462,7 @@ class WorkflowConfig(_Section):
         bool,
         Meta(
             description="Partial rollout (async only; the native engine): a replica generates as one continuous stream that "
-            "admits prompt groups whenever rows free up (at most prompts_per_call x group_size sequences at once), "
+            "admits prompt groups whenever a row frees up (at most prompts_per_call x group_size sequences decode at once), "
             "and swaps in new weights between two decode steps instead "
             "of between generate calls. In-flight sequences keep their tokens and KV cache and go on with the new weights; "
             "each token records the version that produced it (column ``token_versions``), and a row is tagged with its "

@@ -91,9 +91,10 @@ class RolloutEngine(abc.ABC):
         """Sample ``params.n`` responses per prompt. Returns ``len(prompts) * n``
         completions ordered by (prompt_index, sample_index)."""
 
-    def open_stream(self, params: SamplingParams) -> RolloutStream:
-        """A ``RolloutStream`` sampling with ``params`` (partial rollout); engines that
-        cannot swap weights between decode steps do not have one."""
+    def open_stream(self, params: SamplingParams, max_running: int | None = None) -> RolloutStream:
+        """A ``RolloutStream`` sampling with ``params`` (partial rollout), decoding at
+        most ``max_running`` sequences at once (None: as many as the engine can); engines
+        that cannot swap weights between decode steps do not have one."""
         raise NotImplementedError(
             f"the {type(self).__name__} rollout engine cannot continue sequences across a weight swap; "
             'set workflow.partial_rollout = false or use rollout.engine.type = "native"'

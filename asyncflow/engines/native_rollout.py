@@ -150,12 +150,12 @@ class NativeRolloutEngine(RolloutEngine):
         done.sort(key=lambda c: (c.prompt_index, c.sample_index))
         return done
 
-    def open_stream(self, params: SamplingParams) -> NativeStream:
+    def open_stream(self, params: SamplingParams, max_running: int | None = None) -> NativeStream:
         if params.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
-        return NativeStream(self, params)
+        return NativeStream(self, params, max_running)
 
     def _append(self, seqs: list[_Seq], logits_BV: torch.Tensor, params: SamplingParams) -> None:
         with phase("sample"):
@@ -256,11 +256,11 @@ class NativeStream(RolloutStream):
     to the old keys and values, as AReaL does (docs/algorithms.md says why). Each token
     records the version that sampled it."""
 
-    def __init__(self, engine: NativeRolloutEngine, params: SamplingParams):
+    def __init__(self, engine: NativeRolloutEngine, params: SamplingParams, max_running: int | None = None):
         self.engine = engine
         self.params = params
         self.stop = set(params.stop_token_ids)
-        self.max_rows = engine.cfg.max_batch_size
+        self.max_rows = min(engine.cfg.max_batch_size, max_running or engine.cfg.max_batch_size)
         self.waiting: deque[_Seq] = deque()
         self.running: list[_Seq] = []
         self.admitted: list[_Seq] = []

@@ -88,3 +88,14 @@ def test_a_prompt_joins_a_running_stream_and_everything_is_freed_at_the_end(qwen
     assert sorted((c.prompt_index, c.sample_index) for c in got) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert all(len(c.response_ids) == 6 and c.token_versions == [3] * 6 for c in got)
     assert engine.pool.used_bytes == 0
+
+
+def test_a_stream_never_decodes_more_than_max_running_sequences(qwen2_dir):
+    engine = _engine(qwen2_dir)
+    stream = engine.open_stream(SamplingParams(n=2, max_new_tokens=5, stop_token_ids=(), seed=3), max_running=3)
+    stream.add(PROMPTS)
+    assert stream.num_free == 0  # 4 samples wait for 3 rows
+    got = []
+    while stream.num_active:
+        got += stream.step()
+    assert len(got) == 4 and stream.stats.max_running == 3
