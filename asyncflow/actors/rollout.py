@@ -29,10 +29,10 @@ a row is tagged with its oldest token's version and that version's digest.
 
 Takes: LoopActor messages + WeightsReady. Sends: GetLatestWeights, AcquireSwap,
 ReleaseSwap and its receiver's requests (to ``weights``); TQ reads and writes.
-Invariant: every row a unit took is put before the next unit starts, and acked
-inside the next unit's first request (or at Pause/Stop). If the process dies, the
-launcher acks the rows whose outputs are in and requeues the others: a response is
-never generated twice for one row.
+Invariant (unit by unit; partial rollout: ``_partial.py``): every row a unit took is
+put before the next unit starts, and acked inside the next unit's first request (or
+at Pause/Stop). If the process dies, the launcher acks the rows whose outputs are in
+and requeues the others: a response is never generated twice for one row.
 """
 
 from __future__ import annotations
