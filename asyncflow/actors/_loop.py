@@ -28,6 +28,8 @@ import logging
 import traceback
 from typing import TYPE_CHECKING, ClassVar
 
+import msgspec
+
 from asyncflow.actors._activity import ActivityClock
 from asyncflow.actors.names import COLLECTOR
 from asyncflow.core import protocol
@@ -77,7 +79,13 @@ class LoopActor(Actor):
         return self.clock.activity(name)
 
     def stats(self) -> protocol.RoleStats:
-        return self.clock.stats(self.num_items, "paused" if self._paused else None)
+        stats = self.clock.stats(self.num_items, "paused" if self._paused else None)
+        counters = self.counters()
+        return msgspec.structs.replace(stats, counters=counters) if counters else stats
+
+    def counters(self) -> dict[str, float]:
+        """Role-specific running totals reported in RoleStats (none by default)."""
+        return {}
 
     # -- loop --------------------------------------------------------------------------
     def on_stop(self) -> None:

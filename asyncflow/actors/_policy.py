@@ -120,6 +120,8 @@ class PolicyUpdate:
             self.columns.append("ref_logp")
         self.extra_rewards = [(r.reward_column, r.reward_weight) for r in cfg.roles if r.reward_column]
         self.columns += [column for column, _ in self.extra_rewards]
+        if cfg.workflow.partial_rollout:  # each token's policy version (actors/_partial.py)
+            self.columns.append("token_versions")
         self.distributed = cfg.train.num_ranks > 1
         self.max_new_tokens = cfg.rollout.sampling.max_new_tokens
 

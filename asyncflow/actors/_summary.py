@@ -119,6 +119,7 @@ def summarize(
         "reward_last_10pct": last,
         "staleness_max": max((r["staleness_max"] for r in rows), default=0),
         "busy_s": busy,
+        "counters": {name: dict(s.counters) for name, s in stats.items() if s.counters},
         # over this launch's training span (its first step's start to its last step's end): start-up excluded
         "busy_fraction": {name: min(1.0, b / max(launch_span, 1e-9)) for name, b in busy.items()},
         "pipeline_efficiency": min(1.0, max(busy.values(), default=0.0) / max(launch_span, 1e-9)),

@@ -55,3 +55,36 @@ class VersionLedger:
                 'after their digest was taken. workflow.verify_weights = "count" counts such rows instead'
             )
         return {"weights_mismatch": float(mismatched), "weights_unverified": float(unverified)}
+
+
+def token_staleness(
+    step: int, k: int, indices: Sequence[int], metas: Sequence[protocol.RowMeta], token_versions: Sequence
+) -> dict[str, float]:
+    """Partial rollout: the staleness of rows whose tokens carry their own versions
+    (``token_versions``). A row's staleness is that of its oldest token, ``step -
+    min(token_versions)``; its tag must be that version (what the rollout's staleness
+    gate admitted it under), and no token may be older than ``step - k``. Either broken
+    raises VersionMismatch naming the row: a tag newer than the row's oldest token would
+    hide staleness from the bound. Returns ``token_staleness_max``,
+    ``token_staleness_mean`` (over tokens) and ``mixed_version_frac`` (rows whose
+    tokens come from more than one version)."""
+    worst = total = count = mixed = 0
+    for index, m, tv in zip(indices, metas, token_versions):
+        if len(tv) == 0:
+            continue
+        oldest, newest = int(min(tv)), int(max(tv))
+        if oldest != m.version or step - oldest > k:
+            raise VersionMismatch(
+                f"step {step}: row {index} is tagged v{m.version} but its tokens come from versions {oldest}..{newest}: "
+                f"its oldest token is {step - oldest} versions old (bound {k}); a partial rollout must tag a row "
+                "with its oldest token's version and admit it only within the staleness bound"
+            )
+        worst = max(worst, step - oldest)
+        total += sum(step - int(v) for v in tv)
+        count += len(tv)
+        mixed += oldest != newest
+    return {
+        "token_staleness_max": float(worst),
+        "token_staleness_mean": total / count if count else 0.0,
+        "mixed_version_frac": mixed / len(metas) if len(metas) else 0.0,
+    }

@@ -22,12 +22,17 @@ digest of those tensors. A generate call during which the engine's version or
 weights changed fails the unit. The trainer checks each row's digest against the
 version the row is tagged with.
 
+Partial rollout (``[workflow] partial_rollout``, ``_partial.py``): the replica
+generates as one stream that groups join and leave, and staged weights swap in
+between two decode steps; each token records its version (``token_versions``) and
+a row is tagged with its oldest token's version and that version's digest.
+
 Takes: LoopActor messages + WeightsReady. Sends: GetLatestWeights, AcquireSwap,
 ReleaseSwap and its receiver's requests (to ``weights``); TQ reads and writes.
-Invariant: every row a unit took is put before the next unit starts, and acked
-inside the next unit's first request (or at Pause/Stop). If the process dies, the
-launcher acks the rows whose outputs are in and requeues the others: a response is
-never generated twice for one row.
+Invariant (unit by unit; partial rollout: ``_partial.py``): every row a unit took is
+put before the next unit starts, and acked inside the next unit's first request (or
+at Pause/Stop). If the process dies, the launcher acks the rows whose outputs are in
+and requeues the others: a response is never generated twice for one row.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import numpy as np
 from asyncflow.actors import names, roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
+from asyncflow.actors._partial import PartialRollout
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors.names import TASK_ROLLOUT, WEIGHTS
 from asyncflow.actors.weights import build_receiver
@@ -101,6 +107,9 @@ class RolloutActor(LoopActor):
             self.engine_lock,
             ctx.transport.secret_bytes(),
         )
+        self._decode_steps = self._decode_rows = 0  # counters(): decode forwards, sequences decoded
+        # [workflow] partial_rollout: one continuous stream, weights swapped between decode steps (_partial.py)
+        self._partial = PartialRollout(self) if cfg.workflow.partial_rollout else None
 
     @property
     def version(self) -> int:
@@ -189,6 +198,25 @@ class RolloutActor(LoopActor):
             )
         self._digest = held if held is not None else digest
 
+    def _count_decode(self, stats) -> None:
+        """Add a native engine's decode figures (``SchedulerStats``) of one generate call."""
+        if stats is not None and hasattr(stats, "decode_rows"):
+            self._decode_steps += stats.num_steps
+            self._decode_rows += stats.decode_rows
+
+    def counters(self) -> dict[str, float]:
+        """Decode forwards and sequences decoded so far (their ratio: the mean decode batch)."""
+        steps, rows = self._decode_steps, self._decode_rows
+        stream_stats = getattr(self._partial.stream, "stats", None) if self._partial is not None else None
+        if stream_stats is not None:
+            steps, rows = steps + stream_stats.num_steps, rows + stream_stats.decode_rows
+        return {"decode_steps": float(steps), "decode_rows": float(rows)} if steps else {}
+
+    def on_stop(self) -> None:
+        if self._partial is not None:
+            self._partial.close()
+        super().on_stop()
+
     def on_start(self) -> None:
         # a (re)started replica catches up with the newest published weights first
         try:
@@ -200,6 +228,8 @@ class RolloutActor(LoopActor):
 
     # -- work --------------------------------------------------------------------
     def work_once(self) -> bool:
+        if self._partial is not None:
+            return self._partial.work_once()
         cfg = self.run.config
         self._maybe_swap()
         if self.engine.version >= cfg.train.num_steps:
@@ -242,6 +272,7 @@ class RolloutActor(LoopActor):
             prompts = [batch.columns["prompt_ids"][positions[0]].tolist() for positions in groups.values()]
             with self.engine_lock:
                 completions = self.engine.generate(prompts, self.params)  # ordered (prompt, sample)
+        self._count_decode(getattr(self.engine, "stats", None))
         with self.activity("pack"):
             self._check_unchanged(version, digest, completions)
             responses, logps, finish, metas, indices = [], [], [], [], []

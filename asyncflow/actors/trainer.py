@@ -72,7 +72,7 @@ from asyncflow.actors._manifest import write_manifest
 from asyncflow.actors._pause import pause_role
 from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._run import Run, set_threads
-from asyncflow.actors._versions import VersionLedger
+from asyncflow.actors._versions import VersionLedger, token_staleness
 from asyncflow.actors.names import COLLECTOR, TASK_TRAIN
 from asyncflow.actors.trainer_rank import RankGroup
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
@@ -169,6 +169,10 @@ class TrainerActor(LoopActor):
         t0 = time.monotonic()
         integrity = self._check_versions(meta)
         parts, columns, values, figures = self._train(meta)
+        if "token_versions" in columns:  # partial rollout: each row's staleness is its oldest token's (before publishing)
+            mine = parts[0]
+            indices, metas = [meta.indices[p] for p in mine], [meta.metas[p] for p in mine]
+            integrity.update(token_staleness(self.step, cfg.staleness, indices, metas, columns["token_versions"]))
         version = self.step + 1
         snapshot, weight_bytes = self._publish_weights(version)
         # the rows are acked (and freed) inside the next step's request, or by the checkpoint's flush

@@ -28,12 +28,26 @@ import click
     help="Also print where each role's time goes, per activity and phase, in ms per trainer step "
     "(compute vs the framework's share), from each run's trace.json; the JSON gets it too.",
 )
+@click.option(
+    "--partial-rollout",
+    is_flag=True,
+    help="Compare async with [workflow] partial_rollout off and on (instead of sync and async), and the "
+    "rollout's idle fraction of each.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
 def e2e(
-    config_path: str, steps: int, staleness: int, out: str | None, overrides: tuple[str, ...], breakdown: bool, as_json: bool
+    config_path: str,
+    steps: int,
+    staleness: int,
+    out: str | None,
+    overrides: tuple[str, ...],
+    breakdown: bool,
+    partial_rollout: bool,
+    as_json: bool,
 ) -> None:
     """Samples/s and tokens/s of sync vs async, busy fraction of every role, and
-    pipeline efficiency (busiest role's busy time over the training span)."""
+    pipeline efficiency (busiest role's busy time over the training span). With
+    --partial-rollout: async without and with partial rollout instead."""
     import msgspec
 
     from asyncflow.actors.launcher import run
@@ -45,14 +59,24 @@ def e2e(
     root.mkdir(parents=True, exist_ok=True)
     base = with_shared_inputs(base, root)  # both modes start from the same weights and data
     results = {}
-    for mode in ("sync", "async"):
+    # (label, mode, partial rollout): the two runs compared, one after the other
+    runs = (
+        [("async", "async", False), ("partial", "async", True)]
+        if partial_rollout
+        else [("sync", "sync", False), ("async", "async", False)]
+    )
+    for label, mode, partial in runs:
         cfg = msgspec.structs.replace(
             base,
-            workflow=msgspec.structs.replace(base.workflow, mode=mode, staleness=staleness),
+            workflow=msgspec.structs.replace(base.workflow, mode=mode, staleness=staleness, partial_rollout=partial),
             train=msgspec.structs.replace(base.train, num_steps=steps, checkpoint_every=0),
         )
-        click.echo(f"== {mode} ==")
-        results[mode] = run(cfg, root / mode)
+        click.echo(f"== {label} ==")
+        results[label] = run(cfg, root / label)
+    (first, _, _), (second, _, _) = runs
+    if partial_rollout:
+        partial_report(results[first], results[second], base.rollout.prompts_per_call * base.algorithm.group_size, root, as_json)
+        return
     s, a = results["sync"], results["async"]
     click.echo(f"\n{'':<22}{'sync':>12}{'async':>12}")
     for key in ("samples_per_s", "tokens_per_s", "pipeline_efficiency", "staleness_max", "train_span_s"):
@@ -91,6 +115,50 @@ def e2e(
                     "async_pipeline_efficiency": a["pipeline_efficiency"],
                     "sync_busy_fraction": s["busy_fraction"],
                     "async_busy_fraction": a["busy_fraction"],
+                }
+            )
+        )
+
+
+def partial_report(off: dict, on: dict, capacity: int, root: Path, as_json: bool) -> None:
+    """Async without vs with partial rollout: samples/s, tokens/s, and the rollout
+    replicas' idleness: the time they wait (1 - busy), the empty rows of their decode
+    batches (1 - mean decode batch / ``capacity``, the sequences a unit or the stream
+    holds at most), and both together, ``rollout idle = 1 - busy x row occupancy``."""
+
+    def idle(result: dict) -> tuple[float, float, float]:
+        names = [role for role in result["busy_fraction"] if role.startswith("rollout")]
+        busy = sum(result["busy_fraction"][r] for r in names) / max(len(names), 1)
+        steps = sum(result["counters"].get(r, {}).get("decode_steps", 0.0) for r in names)
+        rows = sum(result["counters"].get(r, {}).get("decode_rows", 0.0) for r in names)
+        occupancy = rows / (steps * capacity) if steps else float("nan")
+        return 1.0 - busy, 1.0 - occupancy, 1.0 - busy * occupancy
+
+    click.echo(f"\n{'':<22}{'async':>12}{'partial':>12}")
+    for key in ("samples_per_s", "tokens_per_s", "pipeline_efficiency", "staleness_max", "train_span_s"):
+        click.echo(f"{key:<22}{off[key]:>12.3f}{on[key]:>12.3f}")
+    for role in sorted(set(off["busy_fraction"]) | set(on["busy_fraction"])):
+        click.echo(f"{'busy ' + role:<22}{off['busy_fraction'].get(role, 0):>12.3f}{on['busy_fraction'].get(role, 0):>12.3f}")
+    idle_off, idle_on = idle(off), idle(on)
+    for i, name in enumerate(("rollout waiting", "rollout empty rows", "rollout idle")):
+        click.echo(f"{name:<22}{idle_off[i]:>12.3f}{idle_on[i]:>12.3f}")
+    ratio = on["samples_per_s"] / off["samples_per_s"]
+    click.echo(f"partial / async samples/s: {ratio:.2f}x, rollout idle {idle_off[2]:.3f} -> {idle_on[2]:.3f}   (runs in {root})")
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "async_samples_per_s": off["samples_per_s"],
+                    "partial_samples_per_s": on["samples_per_s"],
+                    "async_tokens_per_s": off["tokens_per_s"],
+                    "partial_tokens_per_s": on["tokens_per_s"],
+                    "ratio": ratio,
+                    "async_rollout_idle": idle_off[2],
+                    "partial_rollout_idle": idle_on[2],
+                    "async_rollout_empty_rows": idle_off[1],
+                    "partial_rollout_empty_rows": idle_on[1],
+                    "async_busy_fraction": off["busy_fraction"],
+                    "partial_busy_fraction": on["busy_fraction"],
                 }
             )
         )

@@ -520,6 +520,32 @@ class WorkflowConfig(_Section):
             "trainer side has no such collective falls back to nng (logged)."
         ),
     ] = "nng"
+    partial_rollout: Annotated[
+        bool,
+        Meta(
+            description="Partial rollout (async only; the native engine): a replica generates as one continuous stream that "
+            "admits prompt groups whenever a row frees up (at most prompts_per_call x group_size sequences decode at once), "
+            "and swaps in new weights between two decode steps instead "
+            "of between generate calls. In-flight sequences keep their tokens and KV cache and go on with the new weights; "
+            "each token records the version that produced it (column ``token_versions``), and a row is tagged with its "
+            "oldest token's version, so the staleness bound holds for every token. Pays on long-tailed response lengths."
+        ),
+    ] = False
+
+    def check(self, run: RunConfig) -> None:
+        if self.partial_rollout and self.mode != "async":
+            raise Refused(
+                "partial_rollout",
+                'partial rollout needs workflow.mode = "async" (in sync mode weights never change during generation)',
+                self.partial_rollout,
+            )
+        if self.partial_rollout and run.rollout.gateway.enabled:
+            raise Refused(
+                "partial_rollout",
+                "partial rollout and [rollout.gateway] share one engine whose stream holds KV blocks between decode steps; "
+                "they cannot run together yet: set workflow.partial_rollout = false or rollout.gateway.enabled = false",
+                self.partial_rollout,
+            )
 
 
 class RoleEntry(_Section):

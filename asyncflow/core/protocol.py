@@ -575,6 +575,7 @@ class RoleStats(_Msg):
     num_items: int = 0  # rows produced / consumed
     state: str = ""  # what it is doing now
     pid: int = 0
+    counters: dict[str, float] = {}  # role-specific running totals (rollout: decode_steps, decode_rows)
 
 
 # -- weights: trainer -> weight sync -> rollout replicas ---------------------------

@@ -43,11 +43,44 @@ class Completion:
     finish_reason: FinishReason
     """'stop': a stop token was sampled; 'length': max_new_tokens reached."""
     version: int
-    """Policy version of the weights that generated it (the oldest, when weights
-    changed during its generation)."""
+    """Policy version of the weights that generated it (with a stream whose weights
+    changed mid-sequence: the version of its first token, the oldest)."""
     token_versions: list[int] | None = None
-    """Policy version that sampled each response token (same length), where the
-    engine can swap weights in the middle of a generation; None: all ``version``."""
+    """Policy version that produced each response token (same length as
+    ``response_ids``; non-decreasing), where the engine records it."""
+
+
+class RolloutStream(abc.ABC):
+    """A generation that prompts join and completions leave while it runs
+    (``RolloutEngine.open_stream``): partial rollout. Between two ``step`` calls the
+    caller may load new weights into the engine; in-flight sequences keep the tokens
+    (and KV) they have and go on with the new weights, each token recording the
+    version that produced it (``Completion.token_versions``)."""
+
+    @abc.abstractmethod
+    def add(self, prompts: Sequence[Sequence[int]]) -> list[int]:
+        """Queue ``n`` samples of each prompt; returns the stream-wide prompt index of
+        each (the completions' ``prompt_index``)."""
+
+    @abc.abstractmethod
+    def step(self) -> list[Completion]:
+        """Admit what fits, decode one token for every running sequence; returns the
+        completions that finished in this step."""
+
+    @property
+    @abc.abstractmethod
+    def num_active(self) -> int:
+        """Sequences queued or running."""
+
+    @property
+    @abc.abstractmethod
+    def num_free(self) -> int:
+        """Sequences that could still be admitted now (free batch rows not claimed by
+        queued sequences)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Drop every unfinished sequence and free its cache."""
 
 
 class RolloutEngine(abc.ABC):
@@ -57,6 +90,15 @@ class RolloutEngine(abc.ABC):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """Sample ``params.n`` responses per prompt. Returns ``len(prompts) * n``
         completions ordered by (prompt_index, sample_index)."""
+
+    def open_stream(self, params: SamplingParams, max_running: int | None = None) -> RolloutStream:
+        """A ``RolloutStream`` sampling with ``params`` (partial rollout), decoding at
+        most ``max_running`` sequences at once (None: as many as the engine can); engines
+        that cannot swap weights between decode steps do not have one."""
+        raise NotImplementedError(
+            f"the {type(self).__name__} rollout engine cannot continue sequences across a weight swap; "
+            'set workflow.partial_rollout = false or use rollout.engine.type = "native"'
+        )
 
     @abc.abstractmethod
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:

@@ -18,6 +18,8 @@ Invariants:
   saying which setting to change.
 - Completions come back ordered by (prompt, sample), whatever the finishing order.
 - Weights load in place between ``generate`` calls; ``version`` changes only there.
+  A ``NativeStream`` (``open_stream``: partial rollout) also lets them load between
+  two decode steps; each token records the version that sampled it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 
 from asyncflow.core.phases import phase
-from asyncflow.engines.base import Completion, RolloutEngine
+from asyncflow.engines.base import Completion, RolloutEngine, RolloutStream
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
 from asyncflow.engines.device import free_memory_bytes, set_cpu_threads, torch_device, torch_dtype
 from asyncflow.engines.hf import load_model
@@ -51,6 +53,7 @@ class _Seq:
     row: int = -1
     out_ids: list[int] = field(default_factory=list)
     out_logps: list[float] = field(default_factory=list)
+    out_versions: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -59,6 +62,9 @@ class SchedulerStats:
 
     num_steps: int = 0
     """Decode forwards."""
+    decode_rows: int = 0
+    """Sequences decoded, summed over the decode forwards (``decode_rows / num_steps``:
+    the mean decode batch)."""
     num_prefills: int = 0
     """Prefill forwards."""
     prefill_rows: int = 0
@@ -132,98 +138,24 @@ class NativeRolloutEngine(RolloutEngine):
         self._version = version
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        stream = self.open_stream(params)
+        try:
+            stream.add(prompts)
+            done: list[Completion] = []
+            while stream.num_active:
+                done.extend(stream.step())
+        finally:
+            stream.close()
+        self.stats = stream.stats
+        done.sort(key=lambda c: (c.prompt_index, c.sample_index))
+        return done
+
+    def open_stream(self, params: SamplingParams, max_running: int | None = None) -> NativeStream:
         if params.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
-        stop = set(params.stop_token_ids)
-        waiting: deque[_Seq] = deque()
-        for p, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise ValueError(f"prompt {p} is empty; a prompt needs at least one token")
-            need = len(prompt) + params.max_new_tokens - 1
-            if need > self.decoder.max_positions:
-                raise ValueError(
-                    f"prompt {p}: {len(prompt)} tokens + max_new_tokens={params.max_new_tokens} exceeds the model's "
-                    f"max_position_embeddings={self.decoder.max_positions}; lower max_new_tokens"
-                )
-            if self.pool.blocks_for(need) > self.pool.num_blocks:
-                raise ValueError(
-                    f"prompt {p} needs {need} KV tokens ({self.pool.blocks_for(need) * self.pool.block_bytes} bytes) but the "
-                    f"cache holds {self.pool.capacity_tokens} tokens ({self.pool.capacity_bytes} bytes); raise kv_cache_bytes "
-                    "or lower max_new_tokens"
-                )
-            for s in range(params.n):
-                waiting.append(_Seq(p, s, list(prompt)))
-
-        if not waiting:
-            return []
-        max_rows = self.cfg.max_batch_size
-        width = self.pool.blocks_for(max(len(q.prompt) for q in waiting) + params.max_new_tokens) * self.pool.block_tokens
-        slot_table_RK = torch.zeros((max_rows, width), dtype=torch.long, device=self.device)
-        free_rows = list(range(max_rows - 1, -1, -1))
-        running: list[_Seq] = []
-        done: list[_Seq] = []
-        stats = SchedulerStats()
-        self.pool.peak_used_bytes = self.pool.used_bytes
-
-        def finish_check(seqs: list[_Seq]) -> list[_Seq]:
-            still = []
-            for q in seqs:
-                if q.out_ids[-1] in stop or len(q.out_ids) >= params.max_new_tokens:
-                    self.pool.free(q.blocks)
-                    q.blocks = []
-                    free_rows.append(q.row)
-                    done.append(q)
-                else:
-                    still.append(q)
-            return still
-
-        admitted: list[_Seq] = []
-        try:
-            while waiting or running:
-                admitted = []
-                while waiting and free_rows:
-                    q = waiting[0]
-                    blocks = self.pool.allocate(len(q.prompt) + params.max_new_tokens - 1)
-                    if blocks is None:
-                        break
-                    waiting.popleft()
-                    q.blocks = blocks
-                    q.row = free_rows.pop()
-                    admitted.append(q)
-                if admitted:
-                    self._fill_slots(admitted, slot_table_RK)
-                    if running:
-                        stats.admitted_while_running += len(admitted)
-                    stats.prefill_rows += self._prefill(admitted, slot_table_RK, params)
-                    stats.num_prefills += 1
-                    running.extend(finish_check(admitted))
-                stats.max_running = max(stats.max_running, len(running))
-                if running:
-                    self._decode(running, slot_table_RK, params)
-                    stats.num_steps += 1
-                    running = finish_check(running)
-        finally:
-            # An error mid-generation must not leak reservations into the next call.
-            for q in running + admitted:
-                if q.blocks:
-                    self.pool.free(q.blocks)
-                    q.blocks = []
-        stats.peak_kv_used_bytes = self.pool.peak_used_bytes
-        self.stats = stats
-        done.sort(key=lambda q: (q.prompt_index, q.sample_index))
-        return [
-            Completion(
-                prompt_index=q.prompt_index,
-                sample_index=q.sample_index,
-                response_ids=q.out_ids,
-                logprobs=q.out_logps,
-                finish_reason="stop" if q.out_ids[-1] in stop else "length",
-                version=self._version,
-            )
-            for q in done
-        ]
+        return NativeStream(self, params, max_running)
 
     def _append(self, seqs: list[_Seq], logits_BV: torch.Tensor, params: SamplingParams) -> None:
         with phase("sample"):
@@ -231,6 +163,7 @@ class NativeRolloutEngine(RolloutEngine):
         for q, t, lp in zip(seqs, token_B.tolist(), logp_B.tolist()):
             q.out_ids.append(t)
             q.out_logps.append(lp)
+            q.out_versions.append(self._version)
 
     def _fill_slots(self, seqs: list[_Seq], slot_table_RK: torch.Tensor) -> None:
         """Each admitted sequence's row of the slot table: the token slots of its blocks,
@@ -310,3 +243,132 @@ class NativeRolloutEngine(RolloutEngine):
 
     def close(self) -> None:
         del self.decoder, self.model, self.pool
+
+
+class NativeStream(RolloutStream):
+    """The scheduler loop of ``NativeRolloutEngine`` (module docstring), one iteration
+    per ``step``: prompts join with ``add`` at any time and finished sequences leave
+    from ``step``. ``generate`` is one stream run to the end.
+
+    Partial rollout: between two steps the engine's weights may be replaced
+    (``load_weights``). A running sequence keeps its tokens and the KV cache computed
+    under the weights it had: the next token is sampled from the new weights attending
+    to the old keys and values, as AReaL does (docs/algorithms.md says why). Each token
+    records the version that sampled it."""
+
+    def __init__(self, engine: NativeRolloutEngine, params: SamplingParams, max_running: int | None = None):
+        self.engine = engine
+        self.params = params
+        self.stop = set(params.stop_token_ids)
+        self.max_rows = min(engine.cfg.max_batch_size, max_running or engine.cfg.max_batch_size)
+        self.waiting: deque[_Seq] = deque()
+        self.running: list[_Seq] = []
+        self.admitted: list[_Seq] = []
+        self.free_rows = list(range(self.max_rows - 1, -1, -1))
+        self.slot_table_RK = torch.zeros((self.max_rows, 0), dtype=torch.long, device=engine.device)
+        self.stats = SchedulerStats()
+        self.num_prompts = 0
+        engine.pool.peak_used_bytes = engine.pool.used_bytes
+
+    @property
+    def num_active(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    @property
+    def num_free(self) -> int:
+        return max(len(self.free_rows) - len(self.waiting), 0)
+
+    def add(self, prompts: Sequence[Sequence[int]]) -> list[int]:
+        engine, params = self.engine, self.params
+        pool = engine.pool
+        for p, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {p} is empty; a prompt needs at least one token")
+            need = len(prompt) + params.max_new_tokens - 1
+            if need > engine.decoder.max_positions:
+                raise ValueError(
+                    f"prompt {p}: {len(prompt)} tokens + max_new_tokens={params.max_new_tokens} exceeds the model's "
+                    f"max_position_embeddings={engine.decoder.max_positions}; lower max_new_tokens"
+                )
+            if pool.blocks_for(need) > pool.num_blocks:
+                raise ValueError(
+                    f"prompt {p} needs {need} KV tokens ({pool.blocks_for(need) * pool.block_bytes} bytes) but the "
+                    f"cache holds {pool.capacity_tokens} tokens ({pool.capacity_bytes} bytes); raise kv_cache_bytes "
+                    "or lower max_new_tokens"
+                )
+        if prompts:  # the slot table is wide enough for the longest sequence (it only grows)
+            width = pool.blocks_for(max(len(p) for p in prompts) + params.max_new_tokens) * pool.block_tokens
+            if width > self.slot_table_RK.shape[1]:
+                grown = torch.zeros((self.max_rows, width), dtype=torch.long, device=engine.device)
+                grown[:, : self.slot_table_RK.shape[1]] = self.slot_table_RK
+                self.slot_table_RK = grown
+        indices = []
+        for prompt in prompts:
+            for s in range(params.n):
+                self.waiting.append(_Seq(self.num_prompts, s, list(prompt)))
+            indices.append(self.num_prompts)
+            self.num_prompts += 1
+        return indices
+
+    def _finish_check(self, seqs: list[_Seq], done: list[_Seq]) -> list[_Seq]:
+        still = []
+        for q in seqs:
+            if q.out_ids[-1] in self.stop or len(q.out_ids) >= self.params.max_new_tokens:
+                self.engine.pool.free(q.blocks)
+                q.blocks = []
+                self.free_rows.append(q.row)
+                done.append(q)
+            else:
+                still.append(q)
+        return still
+
+    def step(self) -> list[Completion]:
+        engine, params, stats = self.engine, self.params, self.stats
+        done: list[_Seq] = []
+        admitted: list[_Seq] = []
+        self.admitted = admitted
+        while self.waiting and self.free_rows:
+            q = self.waiting[0]
+            blocks = engine.pool.allocate(len(q.prompt) + params.max_new_tokens - 1)
+            if blocks is None:
+                break
+            self.waiting.popleft()
+            q.blocks = blocks
+            q.row = self.free_rows.pop()
+            admitted.append(q)
+        if admitted:
+            engine._fill_slots(admitted, self.slot_table_RK)
+            if self.running:
+                stats.admitted_while_running += len(admitted)
+            stats.prefill_rows += engine._prefill(admitted, self.slot_table_RK, params)
+            stats.num_prefills += 1
+            self.running.extend(self._finish_check(admitted, done))
+        self.admitted = []
+        stats.max_running = max(stats.max_running, len(self.running))
+        if self.running:
+            engine._decode(self.running, self.slot_table_RK, params)
+            stats.num_steps += 1
+            stats.decode_rows += len(self.running)
+            self.running = self._finish_check(self.running, done)
+        stats.peak_kv_used_bytes = engine.pool.peak_used_bytes
+        return [
+            Completion(
+                prompt_index=q.prompt_index,
+                sample_index=q.sample_index,
+                response_ids=q.out_ids,
+                logprobs=q.out_logps,
+                finish_reason="stop" if q.out_ids[-1] in self.stop else "length",
+                version=q.out_versions[0],
+                token_versions=q.out_versions,
+            )
+            for q in done
+        ]
+
+    def close(self) -> None:
+        # An error mid-generation must not leak reservations into the next call.
+        for q in self.running + self.admitted:
+            if q.blocks:
+                self.engine.pool.free(q.blocks)
+                q.blocks = []
+        self.running, self.admitted = [], []
+        self.waiting.clear()
