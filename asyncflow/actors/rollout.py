@@ -212,11 +212,6 @@ class RolloutActor(LoopActor):
             steps, rows = steps + stream_stats.num_steps, rows + stream_stats.decode_rows
         return {"decode_steps": float(steps), "decode_rows": float(rows)} if steps else {}
 
-    def on_stop(self) -> None:
-        if self._partial is not None:
-            self._partial.close()
-        super().on_stop()
-
     def on_start(self) -> None:
         # a (re)started replica catches up with the newest published weights first
         try:
@@ -295,8 +290,14 @@ class RolloutActor(LoopActor):
         return True
 
     def on_stop(self) -> None:
-        if self.gateway is not None:
-            self.gateway.close()
+        # each part closes even if another fails to (a failing close is logged, not raised)
+        for name, part in (("partial-rollout stream", self._partial), ("gateway", self.gateway)):
+            if part is None:
+                continue
+            try:
+                part.close()
+            except Exception:
+                log.exception("%s: closing the %s failed", self.ctx.name, name)
         super().on_stop()
 
     def on_failure(self, *exc_info) -> None:
