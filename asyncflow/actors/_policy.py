@@ -132,6 +132,16 @@ class PolicyUpdate:
             rewards_B = rewards_B + weight * torch.tensor([float(v[0]) for v in columns[column]])
         return rewards_B
 
+    @property
+    def score_columns(self) -> list[str]:
+        """The columns a row's reward as GRPO normalises it depends on (``shaped_rewards``)."""
+        return ["reward", "response_ids", "finish", *(column for column, _ in self.extra_rewards)]
+
+    def shaped_rewards(self, columns: dict[str, list]) -> torch.Tensor:
+        """Each row's reward as the group advantages see it (before ``kl_in_reward``'s
+        KL term): the reward column, custom roles' weighted scores, the overlong penalty."""
+        return self.rewards(columns) + self.overlong(columns)[0]
+
     def overlong(self, columns: dict[str, list]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Each row's overlong penalty (<= 0, added to its reward; zeros without
         ``overlong_buffer``), whether it was truncated at ``max_new_tokens``, and

@@ -43,12 +43,16 @@ def train_span_s(rows: list[dict]) -> float:
 
 
 def reward_trend(rows: list[dict]) -> tuple[float | None, float | None]:
-    """Mean ``reward_mean`` over the first and over the last tenth of the steps (at
-    least one step each): summary.json's ``reward_first_10pct`` / ``reward_last_10pct``."""
+    """Mean reward over the first and over the last tenth of the steps (at least one
+    step each): summary.json's ``reward_first_10pct`` / ``reward_last_10pct``. A step's
+    reward is ``reward_mean``, or with dynamic sampling ``sampled_reward_mean`` (every
+    response sampled, dropped groups included: the trained ones leave out the groups
+    answered all right)."""
     if not rows:
         return None, None
     n = max(1, len(rows) // 10)
-    return sum(r["reward_mean"] for r in rows[:n]) / n, sum(r["reward_mean"] for r in rows[-n:]) / n
+    reward = [r.get("sampled_reward_mean", r["reward_mean"]) for r in rows]
+    return sum(reward[:n]) / n, sum(reward[-n:]) / n
 
 
 def run_clock(rows: list[dict]) -> list[float]:

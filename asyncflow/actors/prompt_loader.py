@@ -2,7 +2,9 @@
 
 Each unit allocates ``prompts_per_step`` groups of ``group_size`` rows for step s
 (waiting while the queue is full: backpressure) and puts ``prompt_ids`` (int64)
-and ``answer`` (utf-8 bytes as uint8) into every row of a group.
+and ``answer`` (utf-8 bytes as uint8) into every row of a group. With
+``algorithm.dynamic_sampling`` it over-samples: ``RunConfig.groups_per_step`` groups
+per step, of which the trainer keeps the informative ones (actors/_dynamic_sampling.py).
 
 Takes: the LoopActor messages. Sends: Allocate/PutRows via TQClient.
 Invariants:
@@ -39,7 +41,7 @@ class PromptLoaderActor(LoopActor):
         state = self.run.role_state(ctx.name)
         self.next_step = msgspec.msgpack.decode(state) if state else self.run.launch.start_step
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
-        self.order = PromptOrder(len(rows), cfg.train.prompts_per_step, cfg.data.shuffle, cfg.data.seed)
+        self.order = PromptOrder(len(rows), cfg.groups_per_step, cfg.data.shuffle, cfg.data.seed)
 
     def resumable_state(self) -> bytes:
         return msgspec.msgpack.encode(self.next_step)
@@ -51,7 +53,7 @@ class PromptLoaderActor(LoopActor):
         G = cfg.algorithm.group_size
         with self.activity("wait_capacity"):
             try:
-                metas = self.tq.allocate(cfg.train.prompts_per_step, G, step=self.next_step, timeout_s=1.0)
+                metas = self.tq.allocate(cfg.groups_per_step, G, step=self.next_step, timeout_s=1.0)
             except QueueFull:
                 return True  # try again after other messages (Pause) had their turn
         with self.activity("load"):

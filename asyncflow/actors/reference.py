@@ -42,7 +42,7 @@ class ReferenceActor(LoopActor):
 
     def work_once(self) -> bool:
         cfg = self.run.config
-        size = cfg.samples_per_step if self.sync else cfg.reference.micro_batch_size
+        size = cfg.rows_per_step if self.sync else cfg.reference.micro_batch_size
         with self.activity("wait_data"):
             try:
                 batch = self.tq.get_batch(

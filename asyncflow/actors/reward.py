@@ -52,7 +52,7 @@ class RewardActor(LoopActor):
         self.sync = cfg.workflow.mode == "sync"
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
         self.acks = DeferredAcks(self.tq)
-        self._remaining = cfg.samples_per_step * (cfg.train.num_steps - self.run.launch.start_step)
+        self._remaining = cfg.rows_per_step * (cfg.train.num_steps - self.run.launch.start_step)
 
     def work_once(self) -> bool:
         from asyncflow.algorithms.rewards import call_reward
@@ -64,7 +64,7 @@ class RewardActor(LoopActor):
                     batch = self.tq.get_batch(
                         names.TASK_REWARD,
                         self.COLUMNS,
-                        cfg.samples_per_step,
+                        cfg.rows_per_step,
                         policy="group",
                         timeout_s=0.5,
                         ack=self.acks.take(names.TASK_REWARD),

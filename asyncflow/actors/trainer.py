@@ -1,7 +1,10 @@
 """TrainerActor: the policy update (GRPO or PPO), one global batch per step.
 
 Step s: take exactly the rows planned for step s (``samples_per_step`` rows, whole
-prompt groups) once their responses, rewards (and reference log-probs) are in;
+prompt groups) once their responses, rewards (and reference log-probs) are in
+(with ``algorithm.dynamic_sampling``: the step's over-sampled rows, of which only the
+informative groups are trained, the others acked and audited as dropped,
+``actors/_dynamic_sampling.py``);
 compute advantages; one optimizer step per epoch; publish the new weights
 (version s + 1) to the weight-sync actor, which streams them to rollout replicas in
 the background (the trainer does not wait for it to stage them); report StepMetrics.
@@ -67,6 +70,7 @@ import pykka
 from asyncflow.actors import names, roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._checkpoints import _link_latest, checkpoint_dir
+from asyncflow.actors._dynamic_sampling import Filtered, filter_groups
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._manifest import write_manifest
 from asyncflow.actors._pause import pause_role
@@ -167,6 +171,11 @@ class TrainerActor(LoopActor):
         if meta is None:
             return True  # the step's rows are not all in yet
         t0 = time.monotonic()
+        filtered = None
+        if cfg.algorithm.dynamic_sampling:  # keep the informative groups (actors/_dynamic_sampling.py)
+            with self.activity("read"):
+                filtered = filter_groups(self.tq, self.policy, meta, cfg.train.prompts_per_step, self.ranks.num_ranks)
+            meta = filtered.meta
         integrity = self._check_versions(meta)
         parts, columns, values, figures = self._train(meta)
         if "token_versions" in columns:  # partial rollout: each row's staleness is its oldest token's (before publishing)
@@ -177,8 +186,11 @@ class TrainerActor(LoopActor):
         snapshot, weight_bytes = self._publish_weights(version)
         # the rows are acked (and freed) inside the next step's request, or by the checkpoint's flush
         self.acks.add_rows(TASK_TRAIN, meta.indices)
+        if filtered is not None:
+            self.acks.add_rows(TASK_TRAIN, filtered.dropped)  # dropped: acked like trained rows, audited below
+            values.update(filtered.figures)
         with self.activity("audit"):
-            self._audit(meta, parts)
+            self._audit(meta, parts, filtered)
         self._report(meta, parts[0], columns, values, figures, integrity, snapshot, version, weight_bytes, t0)
         self.step = version
         every = cfg.train.checkpoint_every
@@ -189,16 +201,18 @@ class TrainerActor(LoopActor):
 
     def _take_batch(self) -> protocol.BatchMeta | None:
         """Exactly the rows planned for this step, with every column in, split into one
-        part of whole prompt groups per rank; None if they are not all in within 1 s."""
+        part of whole prompt groups per rank (with dynamic sampling, all of the step's
+        over-sampled rows in one part: the filter splits the kept ones); None if they
+        are not all in within 1 s."""
         cfg = self.run.config
         with self.activity("wait_data"):
             try:
                 return self.tq.get_meta(
                     TASK_TRAIN,
                     self.columns,
-                    cfg.samples_per_step,
+                    cfg.rows_per_step,
                     policy="group",
-                    dp_size=self.ranks.num_ranks,
+                    dp_size=1 if cfg.algorithm.dynamic_sampling else self.ranks.num_ranks,
                     min_step=self.step,
                     max_step=self.step,
                     timeout_s=1.0,
@@ -308,10 +322,13 @@ class TrainerActor(LoopActor):
         values["val/time_s"] = time.monotonic() - t0
         return values
 
-    def _audit(self, meta: protocol.BatchMeta, parts: list[list[int]]) -> None:
+    def _audit(self, meta: protocol.BatchMeta, parts: list[list[int]], filtered: Filtered | None = None) -> None:
         """RUN_DIR/trained.jsonl: which rows (and prompt groups) each step trained on,
         with their policy versions and the trainer rank that trained each: the
-        exactly-once record a user (or a test) checks."""
+        exactly-once record a user (or a test) checks. With dynamic sampling also the
+        step's dropped rows and groups (equal rewards: ``filtered_groups``; beyond the
+        batch: ``surplus_groups``) and the groups of equal rewards trained to give
+        every rank a group (``padded_groups``)."""
         rank_of = [0] * len(meta.indices)
         for rank, positions in enumerate(parts):
             for p in positions:
@@ -323,6 +340,11 @@ class TrainerActor(LoopActor):
             "versions": [m.version for m in meta.metas],
             "ranks": rank_of,
         }
+        if filtered is not None:
+            line["dropped"] = filtered.dropped
+            line["filtered_groups"] = filtered.choice.filtered
+            line["surplus_groups"] = filtered.choice.surplus
+            line["padded_groups"] = filtered.choice.padded
         with (self.run.dir / "trained.jsonl").open("a") as f:
             f.write(msgspec.json.encode(line).decode() + "\n")
 

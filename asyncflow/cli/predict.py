@@ -109,7 +109,7 @@ def config_inputs(cfg) -> ConfigInputs:
             prompt_tokens=mean_prompt_tokens(cfg, model_dir),
             # sync: one unit scores the whole step; async: units as rows come (one call's at most)
             reward_score_s={
-                "sync": reward_score_s(cfg, model_dir, cfg.samples_per_step),
+                "sync": reward_score_s(cfg, model_dir, cfg.rows_per_step),
                 "async": reward_score_s(cfg, model_dir, min(cfg.reward.batch_size or 1 << 30, cfg.rollout.prompts_per_call * G)),
             },
         )

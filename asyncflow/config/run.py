@@ -18,6 +18,7 @@ types, defaults, ranges) by ``python -m asyncflow.config.run --markdown``.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import typing
@@ -207,8 +208,33 @@ class AlgorithmConfig(_Section):
             "docs/algorithms.md.",
         ),
     ] = False
+    dynamic_sampling: Annotated[
+        bool,
+        Meta(
+            description="Dynamic sampling (DAPO): the trainer drops the prompt groups whose rewards are all equal (zero GRPO "
+            "advantage: no gradient) and trains on up to ``train.prompts_per_step`` of the others. The loader over-samples "
+            "(``dynamic_sampling_oversample``) to keep the batch full; every dropped group is acked and recorded in "
+            "trained.jsonl. GRPO only. Metrics ``filtered_frac``, ``kept_groups``; see docs/algorithms.md.",
+        ),
+    ] = False
+    dynamic_sampling_oversample: Annotated[
+        float,
+        Meta(
+            ge=1.0,
+            le=16.0,
+            description="With ``dynamic_sampling``: prompt groups loaded and generated per step, as a multiple of "
+            "``train.prompts_per_step`` (rounded up). The informative groups beyond ``prompts_per_step`` are dropped as "
+            "surplus; a step with fewer trains on fewer. Unused while ``dynamic_sampling = false``.",
+        ),
+    ] = 2.0
 
     def check(self, run: RunConfig) -> None:
+        if self.dynamic_sampling and self.name != "grpo":
+            raise Refused(
+                "dynamic_sampling", "filters GRPO prompt groups by their rewards: use algorithm.name = 'grpo' or turn it off"
+            )
+        if self.dynamic_sampling and self.group_size < 2:
+            raise Refused("dynamic_sampling", "a group of one response always has equal rewards: use group_size >= 2")
         if self.name == "grpo" and self.group_size < 2:
             raise Refused("group_size", "GRPO needs at least 2 responses per prompt")
         if self.is_mask_high != 0 and self.is_mask_high <= 1:
@@ -470,10 +496,8 @@ class QueueConfig(_Section):
     ] = 16384
 
     def check(self, run: RunConfig) -> None:
-        if self.capacity_rows and self.capacity_rows < run.samples_per_step:
-            raise Refused(
-                "capacity_rows", f"must hold at least one global batch ({run.samples_per_step} rows) or be 0 (automatic)"
-            )
+        if self.capacity_rows and self.capacity_rows < run.rows_per_step:
+            raise Refused("capacity_rows", f"must hold at least one global batch ({run.rows_per_step} rows) or be 0 (automatic)")
 
 
 class WorkflowConfig(_Section):
@@ -755,6 +779,20 @@ class RunConfig(_Section):
     @property
     def samples_per_step(self) -> int:
         return self.train.prompts_per_step * self.algorithm.group_size
+
+    @property
+    def groups_per_step(self) -> int:
+        """Prompt groups the loader allocates (and the rollout generates) per step:
+        ``prompts_per_step``, over-sampled with ``algorithm.dynamic_sampling``."""
+        alg = self.algorithm
+        if not alg.dynamic_sampling:
+            return self.train.prompts_per_step
+        return math.ceil(self.train.prompts_per_step * alg.dynamic_sampling_oversample - 1e-9)
+
+    @property
+    def rows_per_step(self) -> int:
+        """Rows allocated per step: ``samples_per_step`` unless dynamic sampling over-samples."""
+        return self.groups_per_step * self.algorithm.group_size
 
     def check(self, run: RunConfig) -> None:
         """Rules across ``[[roles]]`` entries (each section checks its own keys)."""

@@ -82,7 +82,8 @@ def predict(
     transfer_s = cost.weight_transfer_s(model, hw, eff, 1)
     replicas = cfg.rollout.num_replicas
     rollout_workers = replicas * threads
-    C = workflow.calls_per_step(cfg.train.prompts_per_step, cfg.rollout.prompts_per_call)
+    # generate calls per step: over every loaded group (dynamic sampling over-samples; the trainer keeps at most prompts_per_step)
+    C = workflow.calls_per_step(cfg.groups_per_step, cfg.rollout.prompts_per_call)
     S = wl.num_samples
     # the framework's own work per unit (afctl profile: trainer rows, weight snapshot, queue asks)
     framework_s: dict[str, Any] = {  # seconds, and score_s: seconds per mode

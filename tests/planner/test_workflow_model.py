@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from asyncflow.planner.workflow import StageTimes, contention, simulate
@@ -62,6 +63,11 @@ def test_plan_config_maps_a_run_config_and_predicts_both_modes(tmp_path):
     assert async_["staleness"] == 1 and sync["staleness"] == 0
     assert 0 < async_["predicted_step_s"] <= sync["predicted_step_s"]
     assert sync["predicted_samples_per_s"] == pytest.approx(16 / sync["predicted_step_s"])
+    # dynamic sampling over-samples: the rollout generates twice the groups per step, the trainer trains as many
+    over = msgspec.structs.replace(cfg, algorithm=msgspec.structs.replace(cfg.algorithm, dynamic_sampling=True))
+    out2 = predict(over, Profile(hardware="cpu", efficiency=Efficiency()), inputs, num_steps=10, cores=2, poll_s=0.05)
+    assert out2["calls_per_step"] == 4
+    assert out2["modes"]["sync"]["predicted_step_s"] > sync["predicted_step_s"]
 
 
 def test_the_cli_predicts_with_the_rollout_actors_own_gated_wait(monkeypatch):

@@ -66,6 +66,12 @@ def test_reward_trend_is_the_mean_of_the_first_and_last_tenth():
 
 
 @pytest.mark.timeout(10)
+def test_with_dynamic_sampling_the_reward_trend_is_that_of_every_sampled_response():
+    rows = [{"reward_mean": 0.5, "sampled_reward_mean": float(k)} for k in range(20)]
+    assert reward_trend(rows) == (0.5, 18.5)
+
+
+@pytest.mark.timeout(10)
 def test_a_custom_roles_score_column_gets_a_per_step_mean_metric():
     import numpy as np
 

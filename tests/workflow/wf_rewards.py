@@ -20,3 +20,14 @@ def nan_from_the_third_call(
     if _num_calls >= 3:
         out[-1] = float("nan")
     return out
+
+
+def constant_for_even_answers(
+    prompts: list[str], responses: list[str], answers: list[str], finish_reasons: list[str]
+) -> list[float]:
+    """0.5 for every response of a prompt whose answer is even (a group of equal rewards,
+    whatever the responses), a random reward otherwise (never equal within a group):
+    which groups carry a gradient is known from the prompt alone."""
+    import random
+
+    return [0.5 if int(a) % 2 == 0 else random.random() for a in answers]

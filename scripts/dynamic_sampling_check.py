@@ -1,0 +1,117 @@
+"""Dynamic sampling: trainer steps to reach the baseline's reward, with and without.
+
+For each seed, runs a config (default examples/local.toml) twice with ``afctl up``
+(``scripts/convergence_parity.py``'s ``run_one``): as it is, and with
+``algorithm.dynamic_sampling = true`` (plus ``--oversample``). Runs whose RUN_DIR
+already has a summary.json are read, not rerun.
+
+The reward of a step is that of every response the step sampled: ``reward_mean``
+without dynamic sampling, ``sampled_reward_mean`` with it (all the step's groups,
+dropped ones included, not only the informative ones trained on, whose mean is
+biased). Curves are smoothed by a trailing mean of ``--window`` steps. The target of
+a seed is the baseline's smoothed reward at its last step (examples/local.toml: step
+300); steps-to-reward is the first step whose smoothed reward reaches the target
+(the baseline reaches it by its last step by definition; a run that never does
+counts as its number of steps). Prints one line per seed and one JSON line.
+
+    python scripts/dynamic_sampling_check.py --seeds 0 1 2 --out runs/dynsample
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from convergence_parity import run_one  # noqa: E402
+
+
+def rewards(run_dir: Path) -> list[float]:
+    """The reward of every response each step sampled, step by step."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    lines.sort(key=lambda m: m["step"])
+    return [m.get("sampled_reward_mean", m["reward_mean"]) for m in lines]
+
+
+def smoothed(values: list[float], window: int) -> list[float]:
+    """Trailing mean over up to ``window`` steps."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def steps_to(curve: list[float], target: float, window: int) -> int:
+    """Trainer steps (1-based count) until the smoothed curve first reaches ``target``,
+    counting only full windows; ``len(curve)`` if it never does."""
+    for i in range(window - 1, len(curve)):
+        if curve[i] >= target - 1e-12:
+            return i + 1
+    return len(curve)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="examples/local.toml")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", default="runs/dynsample")
+    parser.add_argument("--mode", default="async", choices=["sync", "async"])
+    parser.add_argument("--oversample", type=float, default=2.0, help="algorithm.dynamic_sampling_oversample")
+    parser.add_argument("--window", type=int, default=25, help="steps in the trailing mean of the reward")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="for both runs")
+    args = parser.parse_args()
+    out = Path(args.out)
+    dynamic = ["algorithm.dynamic_sampling=true", f"algorithm.dynamic_sampling_oversample={args.oversample}"]
+    rows = []
+    for seed in args.seeds:  # the two runs of a seed one after the other: side by side on a loaded machine
+        base_dir, dyn_dir = out / f"base-seed{seed}", out / f"dynamic-seed{seed}"
+        base_summary = run_one(args.config, base_dir, args.mode, seed, args.overrides)
+        dyn_summary = run_one(args.config, dyn_dir, args.mode, seed, [*args.overrides, *dynamic])
+        base, dyn = smoothed(rewards(base_dir), args.window), smoothed(rewards(dyn_dir), args.window)
+        target = base[-1]
+        rows.append(
+            {
+                "seed": seed,
+                "target": round(target, 4),
+                "base_steps": steps_to(base, target, args.window),
+                "dynamic_steps": steps_to(dyn, target, args.window),
+                "base_final": round(base[-1], 4),
+                "dynamic_final": round(dyn[-1], 4),
+                "base_samples_per_s": round(base_summary["samples_per_s"], 1),
+                "dynamic_samples_per_s": round(dyn_summary["samples_per_s"], 1),
+                "base_wall_s": round(base_summary["wall_s"], 1),
+                "dynamic_wall_s": round(dyn_summary["wall_s"], 1),
+            }
+        )
+    print(f"{'seed':>4} {'target':>7} {'steps base':>10} {'steps dyn':>9} {'final base':>10} {'final dyn':>9}")
+    for r in rows:
+        print(
+            f"{r['seed']:>4} {r['target']:>7.3f} {r['base_steps']:>10} {r['dynamic_steps']:>9} "
+            f"{r['base_final']:>10.3f} {r['dynamic_final']:>9.3f}"
+        )
+    base_mean = statistics.mean(r["base_steps"] for r in rows)
+    dyn_mean = statistics.mean(r["dynamic_steps"] for r in rows)
+    result = {
+        "config": args.config,
+        "mode": args.mode,
+        "oversample": args.oversample,
+        "window": args.window,
+        "overrides": args.overrides,
+        "seeds": rows,
+        "base_steps_mean": round(base_mean, 1),
+        "dynamic_steps_mean": round(dyn_mean, 1),
+        "fewer_steps": round(1 - dyn_mean / base_mean, 4),
+    }
+    print(f"steps to the baseline's final reward: {base_mean:.1f} -> {dyn_mean:.1f} ({result['fewer_steps']:.1%} fewer)")
+    print(json.dumps({"dynamic_sampling": result}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
