@@ -120,3 +120,39 @@ def make_task_model(
     return make_tiny_model(
         out_dir, arch=arch, seed=seed, warm_start_pairs=pairs, warm_start_steps=warm_start_steps, **config_kwargs
     )
+
+
+def reward_model_examples(num_examples: int = 4000, seed: int = 0, task: str = "add") -> list[tuple[str, str, float]]:
+    """(prompt, response, target) texts to train a tiny reward model on: the task's
+    reward of a response (``REWARDS[task]``), over correct answers, wrong answers of the
+    right format and malformed ones, in equal parts."""
+    rng = random.Random(seed)
+    fn = REWARDS[task]
+    out = []
+    for i, e in enumerate(make_examples(num_examples, seed, task)):
+        kind = i % 3
+        if kind == 0:
+            response = e["answer"]
+        elif kind == 1:  # the format, a wrong value
+            response = e["answer"]
+            while response == e["answer"]:
+                response = str(rng.randint(0, 10 ** len(e["answer"]) - 1))
+        else:  # malformed: a letter, or too many digits
+            response = rng.choice(["x", e["answer"] + "+", "".join(str(rng.randint(0, 9)) for _ in range(4))])
+        out.append((e["prompt"], response, float(fn([e["prompt"]], [response], [e["answer"]], ["stop"])[0])))
+    return out
+
+
+def make_task_reward_model(
+    out_dir: str | Path,
+    seed: int = 0,
+    task: str = "add",
+    steps: int = 300,
+    arch: Literal["qwen2", "llama"] = "qwen2",
+) -> Path:
+    """The tiny reward model of ``task``: a sequence classifier trained for ``steps``
+    steps to predict the task's reward (``reward_model_examples``), saved to ``out_dir``."""
+    from asyncflow.engines.tiny import make_tiny_reward_model
+
+    path, _ = make_tiny_reward_model(out_dir, reward_model_examples(seed=seed, task=task), arch=arch, seed=seed, steps=steps)
+    return path
