@@ -58,13 +58,6 @@ def build_reward_scorer(
     if kind == "classifier":
         return ClassifierScorer(model_dir, device=device, dtype=dtype, batch_size=batch_size)
     if kind == "judge":
-        return JudgeScorer(
-            model_dir,
-            template,
-            device=device,
-            dtype=dtype,
-            batch_size=batch_size,
-            max_new_tokens=max_new_tokens,
-            default=default,
-        )
+        engine = build_rollout_engine(RolloutEngineConfig(device=device, dtype=dtype, max_batch_size=batch_size), model_dir)
+        return JudgeScorer(engine, model_dir, template, max_new_tokens=max_new_tokens, default=default)
     raise ValueError(f"unknown reward model kind {kind!r}; use 'classifier' or 'judge'")

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from asyncflow.engines.base import RewardScorer
-from asyncflow.engines.config import Device, DType, RolloutEngineConfig, SamplingParams
+from asyncflow.engines.base import RewardScorer, RolloutEngine
+from asyncflow.engines.config import SamplingParams
 from asyncflow.engines.prompts import prompt_ids
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -89,20 +89,18 @@ class ClassifierScorer(RewardScorer):
 class JudgeScorer(RewardScorer):
     def __init__(
         self,
+        engine: RolloutEngine,
         model_dir: str | Path,
         template: str,
-        device: Device = "cpu",
-        dtype: DType = "float32",
-        batch_size: int = 16,
         max_new_tokens: int = 8,
         default: float = 0.0,
     ):
-        from asyncflow.engines.factory import build_rollout_engine
+        """``engine``: a rollout engine holding the judge's weights (``factory.build_reward_scorer``
+        builds it from ``model_dir``, whose tokenizer is read here)."""
         from asyncflow.engines.hf import load_tokenizer
 
         self.tokenizer = load_tokenizer(model_dir)
-        engine_cfg = RolloutEngineConfig(device=device, dtype=dtype, max_batch_size=max(batch_size, 1))
-        self.engine = build_rollout_engine(engine_cfg, model_dir)
+        self.engine = engine
         self.template = template
         self.chat = bool(getattr(self.tokenizer, "chat_template", None))
         self.params = SamplingParams(

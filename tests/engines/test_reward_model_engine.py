@@ -75,7 +75,8 @@ def test_a_judge_scores_each_pair_by_the_number_it_generates(tmp_path):
     from asyncflow.algorithms.tasks import make_task_model
 
     judge_dir = make_task_model(tmp_path / "judge", seed=0, warm_start_steps=150)  # it answers "a+b=" with digits
-    judge = JudgeScorer(judge_dir, template="{response}", batch_size=4, max_new_tokens=4, default=-1.0)
+    judge = build_reward_scorer("judge", judge_dir, template="{response}", batch_size=4, max_new_tokens=4, default=-1.0)
+    assert isinstance(judge, JudgeScorer)
     # the judge is asked the response as its prompt: "3+4=" makes it write a sum
     responses = ["3+4=", "1+1=", "9+8=", "2+5="]
     texts = judge.judgements([""] * 4, responses, [""] * 4)
