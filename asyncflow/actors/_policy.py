@@ -118,7 +118,7 @@ class PolicyUpdate:
         self.columns = ["prompt_ids", "response_ids", "rollout_logp", "reward", "finish"]
         if alg.kl_coef > 0:
             self.columns.append("ref_logp")
-        self.extra_rewards = [(r.reward_column, r.reward_weight) for r in cfg.roles if r.reward_column]
+        self.extra_rewards = cfg.reward_columns  # custom roles' columns, the reward model's rm_score
         self.columns += [column for column, _ in self.extra_rewards]
         if cfg.workflow.partial_rollout:  # each token's policy version (actors/_partial.py)
             self.columns.append("token_versions")
@@ -126,9 +126,9 @@ class PolicyUpdate:
         self.max_new_tokens = cfg.rollout.sampling.max_new_tokens
 
     def rewards(self, columns: dict[str, list]) -> torch.Tensor:
-        """Reward of each row: the reward column plus custom roles' weighted scores."""
+        """Reward of each row: the reward column plus the weighted scores of custom roles and of the reward model."""
         rewards_B = torch.tensor([float(r[0]) for r in columns["reward"]])
-        for column, weight in self.extra_rewards:  # custom roles' scores (e.g. a judge)
+        for column, weight in self.extra_rewards:  # custom roles' scores (e.g. a judge), the reward model's
             rewards_B = rewards_B + weight * torch.tensor([float(v[0]) for v in columns[column]])
         return rewards_B
 

@@ -5,10 +5,11 @@ import, the devices exist, the data has its fields, the model has a chat templat
 The estimate counts what each process holds for the whole run: the trainer's model
 states (weights, gradients, AdamW moments at the parameter dtype; twice with a PPO
 critic), a reference copy of the weights, each rollout replica's weights and its
-KV-cache budget. Activations are excluded (they depend on micro-batch sizes), so it
-is a lower bound. On cpu every process shares the host's memory, compared with
-MemAvailable; on accelerators the per-device figures are printed for the user to
-compare with the devices (or with `afctl plan`, which models activations too).
+KV-cache budget, each reward-model replica's weights (and a judge's KV cache).
+Activations are excluded (they depend on micro-batch sizes), so it is a lower bound.
+On cpu every process shares the host's memory, compared with MemAvailable; on
+accelerators the per-device figures are printed for the user to compare with the
+devices (or with `afctl plan`, which models activations too).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def _available_host_bytes() -> int | None:
     return None
 
 
-def estimate(cfg: RunConfig, model_dir: str) -> dict[str, float]:
-    """Bytes per process role (lower bound: no activations)."""
+def estimate(cfg: RunConfig, model_dir: str, reward_model_dir: str = "") -> dict[str, float]:
+    """Bytes per process role (lower bound: no activations). ``reward_model_dir``: the
+    reward-model role's model (empty: the policy's, which a judge without a path uses)."""
     from asyncflow.planner.io import from_hf_config
 
     params = from_hf_config(Path(model_dir) / "config.json").num_params
@@ -51,12 +53,18 @@ def estimate(cfg: RunConfig, model_dir: str) -> dict[str, float]:
     if cfg.algorithm.kl_coef > 0:
         for i in range(cfg.reference.num_workers):
             out[f"reference.{i}"] = params * train_b
+    rm = cfg.reward_model
+    if rm.enabled:
+        rm_params = from_hf_config(Path(reward_model_dir) / "config.json").num_params if reward_model_dir else params
+        judge_kv = 64 << 20 if rm.kind == "judge" else 0  # the native engine's default KV-cache budget
+        for i in range(rm.num_replicas):
+            out[f"reward_model.{i}"] = rm_params * _DTYPE_BYTES[rm.dtype] + judge_kv
     return out
 
 
-def check(cfg: RunConfig, model_dir: str) -> str:
+def check(cfg: RunConfig, model_dir: str, reward_model_dir: str = "") -> str:
     """One line to print; raises ConfigError when a cpu run cannot fit in host memory."""
-    per_role = estimate(cfg, model_dir)
+    per_role = estimate(cfg, model_dir, reward_model_dir)
     total = sum(per_role.values())
     detail = ", ".join(f"{k} {v / _GIB:.2f}" for k, v in per_role.items())
     if cfg.cluster.device == "cpu":
@@ -65,7 +73,8 @@ def check(cfg: RunConfig, model_dir: str) -> str:
             raise ConfigError(
                 f"the run needs at least {total / _GIB:.1f} GiB of host memory ({detail} GiB, activations not "
                 f"counted) but {available / _GIB:.1f} GiB is available: use a smaller model, fewer "
-                f"rollout.num_replicas, a smaller rollout.engine.kv_cache_bytes, or bfloat16 weights"
+                f"rollout.num_replicas (or reward_model.num_replicas), a smaller rollout.engine.kv_cache_bytes, or "
+                "bfloat16 weights"
             )
         if available is None:  # this system does not say (no /proc/meminfo)
             return f"memory: at least {total / _GIB:.2f} GiB ({detail} GiB)"

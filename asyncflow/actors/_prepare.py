@@ -61,12 +61,35 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
             )
         )
     launch = LaunchInfo(
-        model_dir=os.path.abspath(model_dir), base_model_dir=os.path.abspath(model_dir), data_path=os.path.abspath(data_path)
+        model_dir=os.path.abspath(model_dir),
+        base_model_dir=os.path.abspath(model_dir),
+        data_path=os.path.abspath(data_path),
+        reward_model_dir=reward_model_dir(cfg, rd),
     )
     cfg = with_run_secret(cfg)
     write_run_config(cfg, rd)
     (rd / "launch.json").write_bytes(msgspec.json.format(msgspec.json.encode(launch)))
     return cfg, rd, launch
+
+
+def reward_model_dir(cfg: RunConfig, rd: Path) -> str:
+    """The reward-model role's model: ``reward_model.path``, or the tiny reward model of
+    the task built into RUN_DIR/reward_model (a classifier without a path); empty without
+    the role, or for a judge without a path (it judges with the policy's starting model)."""
+    rm = cfg.reward_model
+    if not rm.enabled:
+        return ""
+    if rm.path:
+        return os.path.abspath(rm.path)
+    if rm.kind == "judge":
+        return ""
+    from asyncflow.algorithms.tasks import make_task_reward_model
+
+    click.echo(f"training the tiny reward model of the {cfg.data.task!r} task into {rd / 'reward_model'} ...")
+    path = make_task_reward_model(
+        rd / "reward_model", seed=cfg.seed, task=cfg.data.task, steps=rm.tiny_steps, arch=cfg.model.tiny
+    )
+    return os.path.abspath(path)
 
 
 SECRET_FILE = "secret"
@@ -143,6 +166,7 @@ def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConf
         start_step=step,
         resume_from=str(ckpt),
         role_states=msgspec.msgpack.decode((ckpt / "roles.msgpack").read_bytes()),
+        reward_model_dir=previous.reward_model_dir,
     )
     (rd / "launch.json").write_bytes(msgspec.json.format(msgspec.json.encode(launch)))
     # steps after the checkpoint will be trained again: drop their records so each step appears once

@@ -5,6 +5,7 @@
       secret               the cluster secret of a config that sets one (mode 0600)
       launch.json          this launch: model dir, data file, start step (LaunchInfo)
       model/ data.jsonl    the tiny model and task data, when the config builds them
+      reward_model/        the tiny reward model, when [reward_model] builds it
       metrics.jsonl        one object per trainer step
       checkpoints/step_N/  Hugging Face model + optimizer, queue/, roles.msgpack
       checkpoints/best     link to best_N/ (weights of the best evaluation, [eval]), best.json
@@ -34,6 +35,7 @@ class LaunchInfo(msgspec.Struct, kw_only=True):
     start_step: int = 0  # first trainer step of this launch (= policy version held)
     resume_from: str = ""  # checkpoint directory, when resuming
     role_states: dict[str, bytes] = {}  # resumable state per role (from the checkpoint)
+    reward_model_dir: str = ""  # the reward-model role's model ([reward_model]; empty: none, or a judge on base_model_dir)
 
 
 class Run:

@@ -408,7 +408,7 @@ def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo) -> dict:
     faulthandler.enable()
     from asyncflow.actors._preflight import check
 
-    click.echo(check(cfg, launch.model_dir))
+    click.echo(check(cfg, launch.model_dir, launch.reward_model_dir))
     launcher = Launcher(cfg, rd, launch)
     launcher.plan()
     t0 = time.monotonic()

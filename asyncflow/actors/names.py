@@ -13,6 +13,7 @@ LOADER = "loader"
 ROLLOUT = "rollout"  # replicas are rollout.0, rollout.1, ...
 REWARD = "reward"  # reward.0, ...
 REFERENCE = "reference"  # reference.0, ...
+REWARD_MODEL = "reward_model"  # reward_model.0, ... ([reward_model])
 TRAINER = "trainer"  # rank 0; ranks 1.. are trainer.1, ...
 TRAINER_RANK = "trainer_rank"  # the role of ranks 1.. (named trainer.<r>)
 WEIGHTS = "weights"  # the weight sync, in the trainer's process
@@ -23,6 +24,7 @@ PLANNER = "planner"  # in the driver, with [planner] online = true
 TASK_ROLLOUT = "rollout"
 TASK_REWARD = "reward"
 TASK_REFERENCE = "reference"
+TASK_REWARD_MODEL = "reward_model"
 TASK_TRAIN = "train"
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncflow.actors import prompt_loader, reference, reward, rollout, trainer, trainer_rank
+from asyncflow.actors import prompt_loader, reference, reward, reward_model, rollout, trainer, trainer_rank
 from asyncflow.actors._preflight import _importable
 from asyncflow.actors.roles import Layout, RoleSpec, one
 from asyncflow.config.run import ConfigError, RoleEntry, RunConfig
@@ -31,6 +31,7 @@ BUILT_IN: list[RoleSpec] = [
     rollout.ROLE,
     reward.ROLE,
     reference.ROLE,
+    reward_model.ROLE,
     trainer.ROLE,
     trainer_rank.ROLE,
 ]

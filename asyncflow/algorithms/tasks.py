@@ -120,3 +120,41 @@ def make_task_model(
     return make_tiny_model(
         out_dir, arch=arch, seed=seed, warm_start_pairs=pairs, warm_start_steps=warm_start_steps, **config_kwargs
     )
+
+
+def reward_model_examples(num_examples: int = 4000, seed: int = 0, task: str = "add") -> list[tuple[str, str, float]]:
+    """(prompt, response, target) texts to train a tiny reward model on: the task's
+    reward of a response (``REWARDS[task]``), over correct answers, wrong answers of the
+    right format and malformed ones, in equal parts. A wrong answer is the answer of
+    another of the task's prompts, so every answer the task has is seen as wrong too
+    (a policy that says one answer to every prompt finds no blind spot there)."""
+    rng = random.Random(seed)
+    fn = REWARDS[task]
+    examples = make_examples(num_examples, seed, task)
+    others = [e["answer"] for e in make_examples(num_examples, seed + 1, task)]
+    out = []
+    for i, e in enumerate(examples):
+        kind = i % 3
+        response = e["answer"]
+        if kind == 1:  # the format, a wrong value
+            while response == e["answer"]:
+                response = others[rng.randrange(len(others))]
+        elif kind == 2:  # malformed: a letter, a sign, or too many digits
+            response = rng.choice(["x", e["answer"] + "+", "".join(str(rng.randint(0, 9)) for _ in range(4))])
+        out.append((e["prompt"], response, float(fn([e["prompt"]], [response], [e["answer"]], ["stop"])[0])))
+    return out
+
+
+def make_task_reward_model(
+    out_dir: str | Path,
+    seed: int = 0,
+    task: str = "add",
+    steps: int = 300,
+    arch: Literal["qwen2", "llama"] = "qwen2",
+) -> Path:
+    """The tiny reward model of ``task``: a sequence classifier trained for ``steps``
+    steps to predict the task's reward (``reward_model_examples``), saved to ``out_dir``."""
+    from asyncflow.engines.tiny import make_tiny_reward_model
+
+    path, _ = make_tiny_reward_model(out_dir, reward_model_examples(seed=seed, task=task), arch=arch, seed=seed, steps=steps)
+    return path

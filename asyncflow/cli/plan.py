@@ -105,6 +105,18 @@ def _boundary(infeasible) -> list:
 )
 @click.option("--no-reference", is_flag=True, help="No KL to a reference policy (no reference forward).")
 @click.option("--critic", is_flag=True, help="PPO: add a critic (forward and training on the training devices).")
+@click.option(
+    "--reward-model",
+    "reward_model_name",
+    help="A reward model served as its own role ([reward_model]): a preset or a local HF directory, like --model.",
+)
+@click.option(
+    "--reward-model-devices",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Devices of the reward-model role (with --reward-model).",
+)
 @click.option("--top", type=int, default=5, show_default=True, help="Plans to show.")
 @click.option(
     "--profile", "profile_path", type=click.Path(dir_okay=False), help="Calibrated efficiency factors from `afctl profile`."
@@ -141,6 +153,8 @@ def plan(
     staleness,
     no_reference,
     critic,
+    reward_model_name,
+    reward_model_devices,
     top,
     profile_path,
     as_json,
@@ -181,6 +195,12 @@ def plan(
         model = get_model(model_name)
     except (ValueError, FileNotFoundError) as exc:
         raise click.BadParameter(str(exc), param_hint="--model") from None
+    try:
+        reward_model = get_model(reward_model_name) if reward_model_name else None
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--reward-model") from None
+    if reward_model is not None and reward_model_devices < 1:
+        raise click.BadParameter("the reward model needs at least one device", param_hint="--reward-model-devices")
     given = [x for x in (npus, gpus, devices) if x is not None]
     if len(given) != 1:
         raise click.UsageError("give exactly one of --npus N, --gpus N or --devices N")
@@ -204,7 +224,9 @@ def plan(
             use_reference=not no_reference,
             use_critic=critic,
         )
-        result = search(model, hw, wl, num_devices, eff, top_k=top)
+        result = search(
+            model, hw, wl, num_devices, eff, top_k=top, reward_model=reward_model, reward_model_devices=reward_model_devices
+        )
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -248,6 +270,13 @@ def plan(
         raise click.ClickException("use more devices, a smaller model, or a shorter --max-response-len")
     for line in _table(result.plans):
         click.echo(line)
+    if reward_model is not None:
+        best = result.plans[0]
+        click.echo(
+            f"reward model {reward_model.name} ({_params(reward_model.num_params)} params): its own {best.reward_model_devices} "
+            f"device(s) at tp{best.reward_model_tp}, {_sig(best.stage_s['reward_model'])} s of scoring per step, "
+            f"{_sig(best.memory_bytes['reward_model'] / GiB)} GiB/dev"
+        )
     if any(p.bottleneck == "dependency" for p in result.plans):
         click.echo(
             "(dependency: the generate -> train -> weight-sync loop spread over staleness+1 steps; "

@@ -97,6 +97,23 @@ def model_dir_of(cfg, scratch: Path) -> str:
     return str(scratch)
 
 
+def reward_model_shape(cfg, model_dir: str):
+    """The shape of the ``[reward_model]`` role's model (None without it): its path, the
+    tiny reward model's config, or the policy's (a judge without a path)."""
+    from asyncflow.planner.io import from_hf_config, shape_from_hf_config
+
+    rm = cfg.reward_model
+    if not rm.enabled:
+        return None
+    if rm.path:
+        return from_hf_config(rm.path)
+    if rm.kind == "judge":
+        return from_hf_config(model_dir)
+    from asyncflow.engines.tiny import tiny_config
+
+    return shape_from_hf_config(tiny_config(cfg.model.tiny).to_dict(), name="tiny reward model", source="engines.tiny")
+
+
 def config_inputs(cfg) -> ConfigInputs:
     """The config's model shape, mean prompt length and reward timing, measured here."""
     from asyncflow.planner.io import from_hf_config
@@ -106,6 +123,7 @@ def config_inputs(cfg) -> ConfigInputs:
         G = cfg.algorithm.group_size
         return ConfigInputs(
             model=from_hf_config(model_dir),
+            reward_model=reward_model_shape(cfg, model_dir),
             prompt_tokens=mean_prompt_tokens(cfg, model_dir),
             # sync: one unit scores the whole step; async: units as rows come (one call's at most)
             reward_score_s={

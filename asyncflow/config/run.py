@@ -358,6 +358,76 @@ class RewardConfig(_Section):
             raise Refused("weights", f"give one weight per function ({len(self.functions)})")
 
 
+REWARD_MODEL_COLUMN = "rm_score"
+"""The column the reward-model role puts (``[reward_model]``)."""
+
+
+class RewardModelConfig(_Section):
+    """A reward model served as its own role (``reward_model.<i>``; docs/reward-models.md): it
+    scores each row with a model and puts ``rm_score``, which the trainer adds to the
+    reward functions' ``reward`` times ``weight``."""
+
+    enabled: Annotated[bool, Meta(description="Start the reward-model role and add its score to the reward.")] = False
+    kind: Annotated[
+        Literal["classifier", "judge"],
+        Meta(
+            description="classifier: a sequence-classification model (``AutoModelForSequenceClassification``, ``num_labels = "
+            "1``) scores (prompt, response) with its head at the last token. judge: a causal LM answers ``template`` "
+            "greedily; the score is the first number in its text (``judge_default_score`` when there is none)."
+        ),
+    ] = "classifier"
+    path: Annotated[
+        str,
+        Meta(
+            description="Local Hugging Face directory of the model, relative to the config file or absolute. Empty: a classifier "
+            "is the tiny reward model of ``data.task``, trained for ``tiny_steps`` steps into ``RUN_DIR/reward_model``; a "
+            "judge is the policy's starting model."
+        ),
+    ] = ""
+    tiny_steps: Annotated[
+        Count, Meta(description="Training steps of the tiny reward model built when ``path`` is empty (about 20 ms each).")
+    ] = 300
+    weight: Annotated[
+        float, Meta(description="Weight of ``rm_score`` in the reward (reward = functions + weight x rm_score).")
+    ] = 1.0
+    num_replicas: Annotated[Count, Meta(description="Reward-model processes; each scores the rows handed to it.")] = 1
+    batch_size: Annotated[Count, Meta(description="Most rows scored per forward pass (or judge generate call).")] = 16
+    device: Annotated[
+        Literal["cpu", "cuda", "npu"],
+        Meta(description="Where the model runs (with ``cluster.reward_model_devices``, replica i sees device i alone)."),
+    ] = "cpu"
+    dtype: Annotated[Literal["float32", "bfloat16", "float16"], Meta(description="The model's weights dtype.")] = "float32"
+    template: Annotated[
+        str,
+        Meta(
+            description="judge: the judge's prompt, with ``{prompt}``, ``{response}`` (decoded text) and ``{answer}`` filled in; "
+            "put through the judge tokenizer's chat template when it has one."
+        ),
+    ] = "Score 0-9: {prompt}{response}"
+    judge_max_new_tokens: Annotated[Count, Meta(description="judge: most tokens it generates per row.")] = 8
+    judge_default_score: Annotated[float, Meta(description="judge: the score of a row whose judgement has no number.")] = 0.0
+
+    def check(self, run: RunConfig) -> None:
+        if not self.enabled:
+            return
+        if self.kind == "judge" and "{response}" not in self.template:
+            raise Refused("template", "the judge must see the response: put {response} in the template", self.template)
+        if self.kind == "judge":
+            try:
+                self.template.format(prompt="", response="", answer="")
+            except (KeyError, IndexError, ValueError) as exc:
+                raise Refused(
+                    "template",
+                    f"not a format string of {{prompt}}, {{response}}, {{answer}} ({exc!r}); write braces as {{{{ }}}}",
+                ) from None
+        if not self.path and self.kind == "classifier" and run.model.path:
+            raise Refused(
+                "path",
+                "the tiny reward model reads the tiny model's tokens only: give a reward model of your own "
+                "(reward_model.path) for model.path's model",
+            )
+
+
 class CriticConfig(_Section):
     """PPO critic (value model), initialised from the policy with a value head."""
 
@@ -660,6 +730,9 @@ class ClusterConfig(_Section):
     reference_devices: Annotated[list[NonNegInt], Meta(description="Accelerator ids for reference workers, one per worker.")] = (
         msgspec.field(default_factory=list)
     )
+    reward_model_devices: Annotated[
+        list[NonNegInt], Meta(description="Accelerator ids for reward-model replicas, one per replica.")
+    ] = msgspec.field(default_factory=list)
     python_path: Annotated[
         list[str],
         Meta(
@@ -678,6 +751,7 @@ class ClusterConfig(_Section):
         for key, devices, count in (
             ("rollout_devices", self.rollout_devices, run.rollout.num_replicas),
             ("reference_devices", self.reference_devices, run.reference.num_workers),
+            ("reward_model_devices", self.reward_model_devices, run.reward_model.num_replicas),
         ):
             if devices and len(devices) != count:
                 raise Refused(key, f"give one device id per worker ({count})")
@@ -761,6 +835,7 @@ class RunConfig(_Section):
     rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
     reference: ReferenceConfig = msgspec.field(default_factory=ReferenceConfig)
     reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
+    reward_model: RewardModelConfig = msgspec.field(default_factory=RewardModelConfig)
     critic: CriticConfig = msgspec.field(default_factory=CriticConfig)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
@@ -794,6 +869,15 @@ class RunConfig(_Section):
         """Rows allocated per step: ``samples_per_step`` unless dynamic sampling over-samples."""
         return self.groups_per_step * self.algorithm.group_size
 
+    @property
+    def reward_columns(self) -> list[tuple[str, float]]:
+        """The columns besides ``reward`` that the trainer waits for and adds to the reward,
+        each with its weight: the ``reward_column`` of ``[[roles]]``, then ``rm_score``."""
+        out = [(r.reward_column, r.reward_weight) for r in self.roles if r.reward_column]
+        if self.reward_model.enabled:
+            out.append((REWARD_MODEL_COLUMN, self.reward_model.weight))
+        return out
+
     def check(self, run: RunConfig) -> None:
         """Rules across ``[[roles]]`` entries (each section checks its own keys)."""
         names = [r.name for r in self.roles]
@@ -802,6 +886,8 @@ class RunConfig(_Section):
         for r in self.roles:
             if r.name in _BUILTIN_NAMES or r.name.startswith(_BUILTIN_PREFIXES):
                 raise Refused("roles.name", "this name belongs to a built-in role; choose another", r.name)
+            if r.reward_column == REWARD_MODEL_COLUMN and self.reward_model.enabled:
+                raise Refused("roles.reward_column", "the reward-model role puts this column: choose another", r.reward_column)
             if r.reward_column and not r.task:
                 raise Refused(
                     "roles.reward_column",
@@ -811,7 +897,7 @@ class RunConfig(_Section):
 
 
 _BUILTIN_NAMES = ("loader", "trainer", "weights", "collector", "directory")
-_BUILTIN_PREFIXES = ("rollout.", "reward.", "reference.", "tq.", "host.")
+_BUILTIN_PREFIXES = ("rollout.", "reward.", "reward_model.", "reference.", "tq.", "host.")
 """Actor names of the built-in roles, which a ``[[roles]]`` entry may not take."""
 
 
@@ -844,6 +930,14 @@ def check_paths(cfg: RunConfig) -> None:
                 "directory saved with save_pretrained, or a checkpoint of a run (RUN_DIR/checkpoints/step_N or "
                 "RUN_DIR/checkpoints/latest)",
             )
+    rm = cfg.reward_model
+    if rm.enabled and rm.path and not os.path.isfile(os.path.join(rm.path, "config.json")):
+        refuse(
+            "reward_model.path",
+            rm.path,
+            "not a Hugging Face model directory (no config.json); give a directory saved with save_pretrained "
+            "(relative to the config file), or leave it empty for the tiny reward model",
+        )
     if cfg.data.path and not os.path.isfile(cfg.data.path):
         refuse(
             "data.path", cfg.data.path, "no such file; give a .jsonl or .parquet file (relative to the config file, or absolute)"
@@ -1021,6 +1115,8 @@ def _resolve_paths(cfg: RunConfig, base: Path | None, source: str, given: Abstra
             cfg.model.path = os.path.join(cfg.model.path, "model")  # a checkpoint directory: its model
     if cfg.data.path:
         cfg.data.path = resolve("data.path", cfg.data.path)
+    if cfg.reward_model.path:
+        cfg.reward_model.path = resolve("reward_model.path", cfg.reward_model.path)
     if base is not None and cfg.cluster.python_path:
         resolved = [str((base / p).resolve()) for p in cfg.cluster.python_path]
         for key_value, p in zip(cfg.cluster.python_path, resolved):

@@ -1,6 +1,6 @@
-"""The two engine interfaces the RL logic talks to, and their result types.
+"""The engine interfaces the RL logic talks to, and their result types.
 
-Actors hold a ``RolloutEngine`` or a ``TrainEngine`` built by
+Actors hold a ``RolloutEngine``, a ``TrainEngine`` or a ``RewardScorer`` built by
 ``asyncflow.engines.factory``; they never import a concrete engine.
 
 Shape legend: B sequences in a batch, T tokens (padded), L response tokens.
@@ -261,6 +261,16 @@ class TrainEngine(abc.ABC):
     @abc.abstractmethod
     def version(self) -> int:
         """Optimizer steps taken (the policy version the trained weights carry)."""
+
+
+class RewardScorer(abc.ABC):
+    """Scores responses with a model (a reward model's classifier head, or a judge's
+    generated verdict): one float per (prompt, response) pair."""
+
+    @abc.abstractmethod
+    def score(self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+        """The score of each response (decoded text) to its prompt (``answers``: the
+        data's reference answers, which a judge's template may show)."""
 
 
 def chunk_by_bytes(

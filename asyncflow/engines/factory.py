@@ -1,7 +1,7 @@
 """Build engines from their configs: the only place that names concrete engines.
 
-Actors call ``build_rollout_engine`` / ``build_train_engine`` and hold the result as
-a ``RolloutEngine`` / ``TrainEngine``. Implementations are imported on demand, so
+Actors call ``build_rollout_engine`` / ``build_train_engine`` / ``build_reward_scorer``
+and hold the result as a ``RolloutEngine`` / ``TrainEngine`` / ``RewardScorer``. Implementations are imported on demand, so
 vLLM, torch_npu and friends load only when a config asks for them.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asyncflow.engines.base import RolloutEngine, TrainEngine
-from asyncflow.engines.config import RolloutEngineConfig, TrainEngineConfig
+from asyncflow.engines.base import RewardScorer, RolloutEngine, TrainEngine
+from asyncflow.engines.config import Device, DType, RolloutEngineConfig, TrainEngineConfig
 
 
 def build_rollout_engine(cfg: RolloutEngineConfig, model_dir: str | Path, version: int = 0) -> RolloutEngine:
@@ -38,3 +38,26 @@ def build_train_engine(cfg: TrainEngineConfig, model_dir: str | Path, total_step
 
         return TorchTrainEngine(cfg, model_dir, total_steps=total_steps)
     raise ValueError(f"unknown train engine type {cfg.type!r}; use 'torch'")
+
+
+def build_reward_scorer(
+    kind: str,
+    model_dir: str | Path,
+    *,
+    device: Device = "cpu",
+    dtype: DType = "float32",
+    batch_size: int = 16,
+    template: str = "{prompt}{response}",
+    max_new_tokens: int = 8,
+    default: float = 0.0,
+) -> RewardScorer:
+    """A reward model in ``model_dir``: ``kind`` 'classifier' (a sequence classifier's
+    head) or 'judge' (a causal LM's verdict on ``template``, parsed to a number)."""
+    from asyncflow.engines.reward_model import ClassifierScorer, JudgeScorer
+
+    if kind == "classifier":
+        return ClassifierScorer(model_dir, device=device, dtype=dtype, batch_size=batch_size)
+    if kind == "judge":
+        engine = build_rollout_engine(RolloutEngineConfig(device=device, dtype=dtype, max_batch_size=batch_size), model_dir)
+        return JudgeScorer(engine, model_dir, template, max_new_tokens=max_new_tokens, default=default)
+    raise ValueError(f"unknown reward model kind {kind!r}; use 'classifier' or 'judge'")

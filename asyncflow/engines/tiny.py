@@ -152,3 +152,61 @@ def supervised_warm_start(
         losses.append(loss.item())
     model.eval()
     return losses
+
+
+def make_tiny_reward_model(
+    out_dir: str | Path,
+    examples: list[tuple[str, str, float]],
+    arch: Arch = "qwen2",
+    seed: int = 0,
+    steps: int = 300,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    **config_kwargs,
+) -> tuple[Path, list[float]]:
+    """A tiny sequence classifier (``AutoModelForSequenceClassification``,
+    ``num_labels = 1``) trained for ``steps`` steps to regress ``target`` from
+    (prompt, response, target) texts, saved with the tokenizer to ``out_dir``.
+
+    Pairs are encoded as the reward-model role encodes them (``encode_pair``: the chat
+    template's user and assistant turns); its score is the head's output at the last
+    token (the model's ``pad_token_id`` marks padding). Returns the directory and the
+    loss per step."""
+    from transformers import AutoModelForSequenceClassification
+
+    from asyncflow.engines.reward_model import encode_pair
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_char_tokenizer()
+    config = tiny_config(arch, **config_kwargs)
+    config.num_labels = 1
+    config.tie_word_embeddings = False  # the classifier has no output embedding to tie
+    rng = random.Random(seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+        pad = tokenizer.pad_token_id
+        encoded = [(encode_pair(tokenizer, p, r), t) for p, r, t in examples]
+        optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        model.train()
+        losses = []
+        for _ in range(steps):
+            batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
+            width = max(len(ids) for ids, _ in batch)
+            ids_BT = torch.full((batch_size, width), pad, dtype=torch.long)
+            mask_BT = torch.zeros((batch_size, width), dtype=torch.long)
+            for b, (ids, _) in enumerate(batch):
+                ids_BT[b, : len(ids)] = torch.tensor(ids)
+                mask_BT[b, : len(ids)] = 1
+            target_B = torch.tensor([t for _, t in batch], dtype=torch.float32)
+            score_B = model(input_ids=ids_BT, attention_mask=mask_BT).logits[:, 0]
+            loss = torch.nn.functional.mse_loss(score_B, target_B)
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            optim.step()
+            losses.append(loss.item())
+    model.eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out, losses

@@ -18,6 +18,11 @@ All times are seconds per RL step; memory is bytes per device.
   per parameter of model state (bf16 params and grads, fp32 master + Adam m, v),
   sharded over tp x pp x dp, plus checkpointed activations and the fp32 logits.
 - Reference (and critic) forward: 2P FLOPs per token, weights 2P/tp.
+- Reward model (a served role on devices of its own): a classifier is a forward of
+  its own shape over every token of the step, with a one-score head instead of the
+  vocabulary's logits. It runs beside the reference, after generation: a stage of
+  its own in async mode (its latency on the loop, overlapping the reference's), a
+  phase in sync mode.
 - Weight sync: the rollout shard (2P/tp bytes) over the inter-node link; with the
   delayed parameter update only the host-to-device swap stays on the rollout path.
 - A step: synchronous = the sum of its phases. Asynchronous with staleness k =
@@ -218,9 +223,17 @@ def micro_batch_tokens(wl: Workload, ranks: int) -> int:
 
 
 def forward_cost(
-    model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, devices: int, tp: int, role: str = "reference"
+    model: ModelShape,
+    hw: Hardware,
+    eff: Efficiency,
+    wl: Workload,
+    devices: int,
+    tp: int,
+    role: str = "reference",
+    vocab_logits: bool = True,
 ) -> RoleCost:
-    """A forward pass over every token of the step (reference log-probs, critic values)."""
+    """A forward pass over every token of the step (reference log-probs, critic values;
+    a reward model's scores, without ``vocab_logits``)."""
     replicas = devices // tp
     tokens = wl.num_samples * wl.mean_seq_tokens
     flops = tokens * model.forward_flops_per_token(wl.mean_seq_tokens / 2)
@@ -240,10 +253,16 @@ def forward_cost(
         memory_bytes={
             "weights": model.num_params * DTYPE_BYTES / tp,
             "activations": mb * DTYPE_BYTES * (8 * model.hidden_size + 3 * model.intermediate_size) / tp,
-            "logits": mb * model.vocab_size * LOGITS_BYTES_PER_VOCAB / tp,
+            "logits": mb * model.vocab_size * LOGITS_BYTES_PER_VOCAB / tp if vocab_logits else 0.0,
         },
     )
     return _check_fit(cost)
+
+
+def reward_model_cost(rm: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, devices: int, tp: int) -> RoleCost:
+    """The reward-model role on ``devices`` devices: a classifier's forward over every
+    token of the step (one score per sequence: no vocabulary logits)."""
+    return forward_cost(rm, hw, eff, wl, devices, tp, role="reward_model", vocab_logits=False)
 
 
 def train_cost(
@@ -330,7 +349,13 @@ class StepCost(msgspec.Struct, kw_only=True):
 
 
 def async_step(
-    rollout: RoleCost, train: RoleCost, reference: RoleCost | None, transfer_s: float, swap_s: float, staleness: int
+    rollout: RoleCost,
+    train: RoleCost,
+    reference: RoleCost | None,
+    transfer_s: float,
+    swap_s: float,
+    staleness: int,
+    reward_model: RoleCost | None = None,
 ) -> StepCost:
     """Streaming pipeline with staleness k: the slowest stage, or the dependency loop over k+1 steps."""
     stages = {
@@ -339,21 +364,32 @@ def async_step(
     }
     if reference is not None:
         stages["reference"] = reference.time_s
+    if reward_model is not None:
+        stages["reward_model"] = reward_model.time_s
     # Generating step s needs the weights trained on step s-k-1: the loop
-    # generate (incl. the tail) -> reference -> train -> sync spans k+1 periods.
-    loop_s = rollout.time_s + rollout.tail_s + (reference.latency_s if reference else 0.0) + train.latency_s + transfer_s
+    # generate (incl. the tail) -> reference and reward model (side by side) -> train -> sync spans k+1 periods.
+    scored_s = max(reference.latency_s if reference else 0.0, reward_model.latency_s if reward_model else 0.0)
+    loop_s = rollout.time_s + rollout.tail_s + scored_s + train.latency_s + transfer_s
     stages["dependency"] = loop_s / (staleness + 1)
     bottleneck = max(stages, key=lambda name: stages[name])
     return StepCost(mode="async", staleness=staleness, step_s=stages[bottleneck], bottleneck=bottleneck, stage_s=stages)
 
 
 def sync_step(
-    rollout: RoleCost, train: RoleCost, reference: RoleCost | None, transfer_s: float, mode: str = "sync", extra_s: float = 0.0
+    rollout: RoleCost,
+    train: RoleCost,
+    reference: RoleCost | None,
+    transfer_s: float,
+    mode: str = "sync",
+    extra_s: float = 0.0,
+    reward_model: RoleCost | None = None,
 ) -> StepCost:
-    """Each phase waits for the previous one: generate (with the tail), reference, train, sync."""
+    """Each phase waits for the previous one: generate (with the tail), reference, reward model, train, sync."""
     stages = {"rollout": rollout.time_s + rollout.tail_s, "train": train.time_s, "weight_sync": transfer_s + extra_s}
     if reference is not None:
         stages["reference"] = reference.time_s
+    if reward_model is not None:
+        stages["reward_model"] = reward_model.time_s
     bottleneck = max(stages, key=lambda name: stages[name])
     return StepCost(mode=mode, staleness=0, step_s=sum(stages.values()), bottleneck=bottleneck, stage_s=stages)
 

@@ -32,6 +32,7 @@ class ConfigInputs(msgspec.Struct, kw_only=True, frozen=True):
     model: ModelShape
     prompt_tokens: float  # mean prompt length in tokens, as the loader encodes prompts
     reward_score_s: dict[str, float]  # "sync": one unit scoring a whole step; "async": one unit of rows as they come
+    reward_model: ModelShape | None = None  # the [reward_model] role's model, when it runs
 
 
 def predict(
@@ -79,6 +80,8 @@ def predict(
     padded = msgspec.structs.replace(wl, response_len_tokens=max(1, round(longest)))
     train = cost.train_cost(model, hw, eff, padded, train_threads, 1, 1)
     ref = cost.forward_cost(model, hw, eff, padded, threads, 1) if wl.use_reference else None
+    # the reward model scores beside the reference (its own processes): the later of the two holds the rows
+    rm = cost.reward_model_cost(inputs.reward_model, hw, eff, padded, threads, 1) if inputs.reward_model else None
     transfer_s = cost.weight_transfer_s(model, hw, eff, 1)
     replicas = cfg.rollout.num_replicas
     rollout_workers = replicas * threads
@@ -108,6 +111,7 @@ def predict(
         "cores": cores,
         "call": {**msgspec.to_builtins(call), "time_s": call.time_s},
         "engine_train_s": train.time_s,
+        "reward_model_s": rm.time_s if rm else 0.0,
         "framework": framework_s,
         "modes": {},
     }
@@ -127,7 +131,7 @@ def predict(
                 publish_s=transfer_s + framework_s["snapshot_s"] * f_train * s_train + framework_s["publish_asks_s"],
                 fetch_s=transfer_s + framework.queue_s(eff, framework.FETCH_ASKS, 0),
                 swap_s=cost.weight_swap_s(model, hw, 1) + framework.queue_s(eff, framework.SWAP_ASKS, 0),
-                reward_s=((ref.time_s if mode == "sync" else ref.latency_s) if ref else 0.0)
+                reward_s=max(((r.time_s if mode == "sync" else r.latency_s) if r else 0.0) for r in (ref, rm))
                 + framework_s["reward_queue_s"]
                 + framework_s["handoffs_s"]
                 + score_s[mode],

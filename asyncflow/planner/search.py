@@ -9,6 +9,10 @@ Invariants:
 
 Each role's best degrees are chosen per device count once (they do not depend on
 the other roles), then every split (rollout, reference, train) is scored as a step.
+A reward model (``search(reward_model=...)``) takes its own ``reward_model_devices``
+first, at its best tensor-parallel degree; the rest are split as above, and its
+stage counts in every step (``cost.async_step`` / ``cost.sync_step``). The
+colocated plan runs it on every device in turn, like the other roles.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from asyncflow.planner.cost import (
     async_step,
     forward_cost,
     offload_s,
+    reward_model_cost,
     rollout_cost,
     sync_step,
     tp_allowed,
@@ -58,6 +63,8 @@ class Plan(msgspec.Struct, kw_only=True):
     stage_s: dict[str, float]
     peak_memory_bytes: float  # the fullest device of any role
     memory_bytes: dict[str, float]  # peak per device, by role
+    reward_model_devices: int = 0  # the reward-model role's own devices (0: none)
+    reward_model_tp: int = 0
 
 
 class Infeasible(msgspec.Struct, kw_only=True):
@@ -119,10 +126,20 @@ def _best(candidates: list[RoleCost], score, infeasible: list[Infeasible]) -> Ro
     return None
 
 
-def _plan(mode: str, step: StepCost, rollout: RoleCost, train: RoleCost, reference: RoleCost | None, wl: Workload) -> Plan:
+def _plan(
+    mode: str,
+    step: StepCost,
+    rollout: RoleCost,
+    train: RoleCost,
+    reference: RoleCost | None,
+    wl: Workload,
+    reward_model: RoleCost | None = None,
+) -> Plan:
     memory = {"rollout": rollout.peak_memory_bytes, "train": train.peak_memory_bytes}
     if reference is not None:
         memory["reference"] = reference.peak_memory_bytes
+    if reward_model is not None:
+        memory["reward_model"] = reward_model.peak_memory_bytes
     samples_per_s = wl.num_samples / step.step_s
     return Plan(
         mode=mode,
@@ -144,6 +161,8 @@ def _plan(mode: str, step: StepCost, rollout: RoleCost, train: RoleCost, referen
         stage_s=step.stage_s,
         peak_memory_bytes=max(memory.values()),
         memory_bytes=memory,
+        reward_model_devices=reward_model.devices if reward_model is not None and mode != "colocated" else 0,
+        reward_model_tp=reward_model.tp if reward_model is not None else 0,
     )
 
 
@@ -186,6 +205,12 @@ class _Roles:
             self._train[key] = _best(cands, lambda c: c.time_s, self.infeasible)
         return self._train[key]
 
+    def reward_model(self, rm: ModelShape, devices: int) -> RoleCost | None:
+        cands = [
+            reward_model_cost(rm, self.hw, self.eff, self.wl, devices, tp) for tp in _tp_options(rm, self.hw) if devices % tp == 0
+        ]
+        return _best(cands, lambda c: c.time_s, self.infeasible)
+
     def reference(self, devices: int) -> RoleCost | None:
         if devices not in self._reference:
             cands = [forward_cost(self.model, self.hw, self.eff, self.wl, devices, tp) for tp in self.tps if devices % tp == 0]
@@ -194,14 +219,39 @@ class _Roles:
 
 
 def search(
-    model: ModelShape, hw: Hardware, wl: Workload, num_devices: int, eff: Efficiency | None = None, top_k: int = 5
+    model: ModelShape,
+    hw: Hardware,
+    wl: Workload,
+    num_devices: int,
+    eff: Efficiency | None = None,
+    top_k: int = 5,
+    reward_model: ModelShape | None = None,
+    reward_model_devices: int = 1,
 ) -> SearchResult:
-    """Score every split of `num_devices`; return the best `top_k` async plans and the sync alternatives."""
+    """Score every split of `num_devices`; return the best `top_k` async plans and the sync alternatives.
+    With `reward_model`, its role takes `reward_model_devices` of them (the split is of the rest)."""
     wl.validate()
+    total_devices = num_devices
+    if reward_model is not None:
+        num_devices -= reward_model_devices
     if num_devices < 2:
-        raise ValueError(f"{num_devices} device(s): a task-separated plan needs at least 2 (one for rollout, one for training)")
+        rm = f" beside the reward model's {reward_model_devices}" if reward_model is not None else ""
+        raise ValueError(
+            f"{num_devices} device(s){rm}: a task-separated plan needs at least 2 (one for rollout, one for training)"
+        )
     eff = eff or Efficiency()
     roles = _Roles(model, hw, eff, wl)
+    rm_cost = roles.reward_model(reward_model, reward_model_devices) if reward_model is not None else None
+    if reward_model is not None and rm_cost is None:  # it fits on no degree: every plan is infeasible
+        return SearchResult(
+            plans=[],
+            sync=None,
+            colocated=None,
+            infeasible=roles.infeasible,
+            num_splits=0,
+            num_infeasible_splits=0,
+            granularity=granularity(num_devices, hw),
+        )
     g = granularity(num_devices, hw)
     counts = list(range(g, num_devices, g))
     use_ref = wl.use_reference
@@ -233,11 +283,14 @@ def search(
                 weight_transfer_s(model, hw, eff, rollout.tp),
                 weight_swap_s(model, hw, rollout.tp),
                 wl.staleness,
+                rm_cost,
             )
             scored.append((step.step_s, rollout_devices, ref_devices))
             rollout_sync = roles.rollout(rollout_devices, "sync")
             assert rollout_sync is not None  # the async rollout fits on these devices, so the sync one does
-            sync = sync_step(rollout_sync, train, reference, weight_transfer_s(model, hw, eff, rollout_sync.tp))
+            sync = sync_step(
+                rollout_sync, train, reference, weight_transfer_s(model, hw, eff, rollout_sync.tp), reward_model=rm_cost
+            )
             if sync_best is None or sync.step_s < sync_best[0]:
                 sync_best = (sync.step_s, rollout_devices, ref_devices)
     scored.sort()
@@ -254,8 +307,9 @@ def search(
             weight_transfer_s(model, hw, eff, rollout.tp),
             weight_swap_s(model, hw, rollout.tp),
             wl.staleness,
+            rm_cost,
         )
-        plans.append(_plan("async", step, rollout, train, reference, wl))
+        plans.append(_plan("async", step, rollout, train, reference, wl, rm_cost))
     sync_plan = None
     if sync_best is not None:
         _, rollout_devices, ref_devices = sync_best
@@ -263,12 +317,12 @@ def search(
         reference = roles.reference(ref_devices) if ref_devices else None
         train = roles.train(num_devices - rollout_devices - ref_devices, with_reference=use_ref and not ref_devices)
         assert rollout is not None and train is not None  # the best sync split was scored, so it is feasible
-        step = sync_step(rollout, train, reference, weight_transfer_s(model, hw, eff, rollout.tp))
-        sync_plan = _plan("sync", step, rollout, train, reference, wl)
+        step = sync_step(rollout, train, reference, weight_transfer_s(model, hw, eff, rollout.tp), reward_model=rm_cost)
+        sync_plan = _plan("sync", step, rollout, train, reference, wl, rm_cost)
     return SearchResult(
         plans=plans,
         sync=sync_plan,
-        colocated=colocated_plan(roles, num_devices),
+        colocated=colocated_plan(roles, total_devices, reward_model),
         infeasible=roles.infeasible,
         num_splits=num_splits,
         num_infeasible_splits=num_infeasible,
@@ -290,18 +344,25 @@ def _distinct(scored: list[tuple[float, int, int]], top_k: int, spacing: int) ->
     return kept
 
 
-def colocated_plan(roles: _Roles, num_devices: int) -> Plan | None:
+def colocated_plan(roles: _Roles, num_devices: int, reward_model: ModelShape | None = None) -> Plan | None:
     """Every role on all devices in turn (the verl-style synchronous baseline); training states offloaded while generating."""
     model, hw, eff, wl = roles.model, roles.hw, roles.eff, roles.wl
     rollout = roles.rollout(num_devices, "colocated")
     train = roles.train(num_devices, with_reference=wl.use_reference)
-    if rollout is None or train is None:
+    rm = roles.reward_model(reward_model, num_devices) if reward_model is not None else None
+    if rollout is None or train is None or (reward_model is not None and rm is None):
         return None
     extra = offload_s(model, hw, num_devices, wl.use_critic)
     step = sync_step(
-        rollout, train, None, weight_transfer_s(model, hw, eff, rollout.tp, colocated=True), mode="colocated", extra_s=extra
+        rollout,
+        train,
+        None,
+        weight_transfer_s(model, hw, eff, rollout.tp, colocated=True),
+        mode="colocated",
+        extra_s=extra,
+        reward_model=rm,
     )
-    return _plan("colocated", step, rollout, train, None, wl)
+    return _plan("colocated", step, rollout, train, None, wl, rm)
 
 
 def best_sync(result: SearchResult) -> Plan | None:

@@ -70,6 +70,11 @@ OUT_OF_RANGE = [
     ("[logging]\ntrace_every_s = -1", "logging.trace_every_s = -1: out of range; use a value >= 0", "[logging] trace_every_s"),
     ("[planner]\npatience_steps = 0", "planner.patience_steps = 0: out of range; use a value >= 1", "[planner] patience_steps"),
     (
+        "[reward_model]\nnum_replicas = 0",
+        "reward_model.num_replicas = 0: out of range; use a value >= 1",
+        "[reward_model] num_replicas",
+    ),
+    (
         '[[roles]]\nname = "judge"\ncls = "m:C"\nreward_weight = "high"',
         "roles[0].reward_weight: Expected `float`, got `str`",
         "[[roles]] reward_weight",
@@ -130,6 +135,22 @@ CROSS_FIELD = [
     (
         '[[roles]]\nname = "judge"\ncls = "m:C"\nreward_column = "score"',
         "roles.reward_column = 'score': role 'judge' must also set `task`",
+    ),
+    (
+        "[reward_model]\nenabled = true\nkind = 'judge'\ntemplate = 'Score: {prompt}'",
+        "reward_model.template = 'Score: {prompt}': the judge must see the response: put {response} in the template",
+    ),
+    (
+        "[reward_model]\nenabled = true\nkind = 'judge'\ntemplate = '{response} {score}'",
+        "reward_model.template = '{response} {score}': not a format string of {prompt}, {response}, {answer}",
+    ),
+    (
+        "[reward_model]\nenabled = true\n[cluster]\nreward_model_devices = [0, 1]",
+        "cluster.reward_model_devices = [0, 1]: give one device id per worker (1)",
+    ),
+    (
+        '[reward_model]\nenabled = true\n[[roles]]\nname = "judge"\ncls = "m:C"\ntask = "j"\nreward_column = "rm_score"',
+        "roles.reward_column = 'rm_score': the reward-model role puts this column: choose another",
     ),
 ]
 
