@@ -39,7 +39,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import numpy as np
@@ -47,9 +47,39 @@ import numpy as np
 from asyncflow.actors.names import TASK_ROLLOUT
 
 if TYPE_CHECKING:
-    from asyncflow.actors.rollout import RolloutActor
+    import threading
+    from contextlib import AbstractContextManager
+
+    from asyncflow.actors._acks import DeferredAcks
+    from asyncflow.actors._run import Run
+    from asyncflow.core.actor import ActorContext
     from asyncflow.core.protocol import RowMeta
+    from asyncflow.core.tq.client import TQClient
     from asyncflow.engines.base import Completion, RolloutStream
+    from asyncflow.engines.config import SamplingParams
+
+
+class Replica(Protocol):
+    """What the stream uses of its rollout replica (``RolloutActor``; named by shape,
+    not imported: the replica imports this module)."""
+
+    ctx: ActorContext
+    run: Run
+    engine: Any  # a RolloutEngine with open_stream (the native engine)
+    params: SamplingParams
+    tq: TQClient
+    acks: DeferredAcks
+    k: int
+    announce_wait_s: float  # rollout.ANNOUNCE_WAIT_S
+    num_items: int
+    _digest: int
+    _verify: bool
+    _wanted: int
+    _announced: threading.Event
+
+    def activity(self, name: str) -> AbstractContextManager: ...
+    def _maybe_swap(self) -> None: ...
+    def _wait_fetched(self) -> None: ...
 
 
 @dataclass
@@ -63,7 +93,7 @@ class _Group:
 class PartialRollout:
     """The partial-rollout unit of one ``RolloutActor`` (it owns the stream)."""
 
-    def __init__(self, actor: RolloutActor):
+    def __init__(self, actor: Replica):
         self.actor = actor
         cfg = actor.run.config
         # at most a unit's sequences decode at once (prompts_per_call groups)
@@ -119,7 +149,7 @@ class PartialRollout:
         if len(batch) == 0:
             # nothing admissible now: the gate holds or no prompts yet; look again after a
             # short while, or at once when the version changes or a group leaves
-            self._quiet_version, self._quiet_until = version, time.monotonic() + _quiet_s()
+            self._quiet_version, self._quiet_until = version, time.monotonic() + a.announce_wait_s
             return
         by_group: dict[int, list[int]] = {}
         for i, meta in enumerate(batch.metas):
@@ -138,7 +168,7 @@ class PartialRollout:
             a._wait_fetched()
             return
         with a.activity("wait_data"):
-            if a._announced.wait(timeout=_quiet_s()):
+            if a._announced.wait(timeout=a.announce_wait_s):
                 a._announced.clear()
         self._quiet_until = 0.0
 
@@ -214,9 +244,3 @@ class PartialRollout:
                     f"{a.ctx.name}: the engine's weights changed outside a swap at v{version} (digest "
                     f"{a._digest:x} -> {held:x}): weights must only change through the rollout's swap"
                 )
-
-
-def _quiet_s() -> float:
-    from asyncflow.actors.rollout import ANNOUNCE_WAIT_S
-
-    return ANNOUNCE_WAIT_S

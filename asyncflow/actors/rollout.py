@@ -66,6 +66,7 @@ planner's predictions take it as ``poll_s`` (cli/predict.py passes it)."""
 
 class RolloutActor(LoopActor):
     Urgent = LoopActor.Urgent + (protocol.WeightsReady,)  # start fetching at once, even mid-generation
+    announce_wait_s = ANNOUNCE_WAIT_S  # read by _partial.py
     acks: DeferredAcks  # not None: set in __init__ (this role acks with its next request)
 
     def __init__(self, ctx, run_dir: str):
