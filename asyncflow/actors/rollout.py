@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 
 import msgspec
 import numpy as np
@@ -88,6 +89,11 @@ class RolloutActor(LoopActor):
         self.receiver = build_receiver(
             cfg.workflow.weight_transport, ctx, cfg.workflow.weight_timeout_s, device=cfg.cluster.device, engine=self.engine
         )
+        self.multiturn = None  # [env] path set: trajectories of turns and environment steps (actors/_multiturn.py)
+        if cfg.env.path:
+            from asyncflow.actors._multiturn import MultiTurnDriver
+
+            self.multiturn = MultiTurnDriver(cfg.env, tokenizer)
 
     @property
     def version(self) -> int:
@@ -202,7 +208,7 @@ class RolloutActor(LoopActor):
         with self.activity("get"):
             batch = self.tq.get_batch(
                 TASK_ROLLOUT,
-                ["prompt_ids"],
+                ["prompt_ids", "answer"] if self.multiturn else ["prompt_ids"],
                 cfg.rollout.prompts_per_call * G,
                 policy="group",
                 partial=True,
@@ -225,6 +231,8 @@ class RolloutActor(LoopActor):
         for pos, meta in enumerate(batch.metas):
             groups.setdefault(meta.group_id, []).append(pos)
         version, digest = self.engine.version, self._digest
+        if self.multiturn is not None:
+            return self._work_multiturn(batch, version, digest)
         with self.activity("generate"):
             prompts = [batch.columns["prompt_ids"][positions[0]].tolist() for positions in groups.values()]
             completions = self.engine.generate(prompts, self.params)  # ordered (prompt, sample)
@@ -248,6 +256,39 @@ class RolloutActor(LoopActor):
         self.acks.add(batch)  # acked inside the next request
         self.num_items += len(batch)
         return True
+
+    def _work_multiturn(self, batch, version: int, digest: int) -> bool:
+        """The unit with an environment: one trajectory per row, driven to its end."""
+        from asyncflow.envs.base import Sample
+
+        assert self.multiturn is not None  # set when [env] path is
+        tokenizer = self.multiturn.tokenizer
+        samples = []
+        for prompt_ids, answer in zip(batch.columns["prompt_ids"], batch.columns["answer"]):
+            ids = prompt_ids.tolist()
+            samples.append(
+                Sample(prompt=tokenizer.decode(ids, skip_special_tokens=True), prompt_ids=ids, answer=bytes(answer).decode())
+            )
+        with self.activity("generate"):
+            trajs = self.multiturn.run(self.engine, self.params, samples)
+        with self.activity("pack"):
+            self._check_unchanged(version, digest, [])
+            rows = [t.columns() for t in trajs]
+            columns: dict[str, Sequence] = {name: [r[name] for r in rows] for name in rows[0]}
+            metas = [
+                msgspec.structs.replace(meta, version=version, response_len=len(t.ids), weights_digest=digest)
+                for meta, t in zip(batch.metas, trajs)
+            ]
+        with self.activity("put"):
+            self.tq.put(batch.indices, columns, metas)
+        self.acks.add(batch)  # acked inside the next request
+        self.num_items += len(batch)
+        return True
+
+    def on_stop(self) -> None:
+        if self.multiturn is not None:
+            self.multiturn.close()
+        super().on_stop()
 
     def _check_unchanged(self, version: int, digest: int, completions) -> None:
         """The weights a generate call started with are the ones it ended with, and
