@@ -37,6 +37,12 @@ def joined(a: Batch, b: Batch) -> Batch:
     return Batch(a.task, meta, {name: [*col, *b.columns[name]] for name, col in a.columns.items()})
 
 
+def with_env_rewards(rewards: list[float], env_reward: list, env_error: list) -> list[float]:
+    """Each row's reward plus its environment's (``rewards`` are zeros with
+    ``env.reward = "replace"``); 0 for a row whose environment failed."""
+    return [0.0 if int(e[0]) else r + float(er[0]) for r, er, e in zip(rewards, env_reward, env_error)]
+
+
 def build_reward_fn(functions: list[str], weights: list[float]):
     from asyncflow.algorithms.rewards import load_reward_fn, weighted_sum
 
@@ -107,8 +113,7 @@ class RewardActor(LoopActor):
                 else:
                     rewards = [0.0] * len(batch)
             if self.env_reward:  # see the module docstring
-                env = zip(batch.columns["env_reward"], batch.columns["env_error"])
-                rewards = [0.0 if int(e[0]) else r + float(er[0]) for r, (er, e) in zip(rewards, env)]
+                rewards = with_env_rewards(rewards, batch.columns["env_reward"], batch.columns["env_error"])
         with self.activity("put"):
             self.tq.put(batch.indices, {"reward": [np.asarray([r], dtype=np.float32) for r in rewards]})
         self.acks.add(batch)  # acked inside the next request
