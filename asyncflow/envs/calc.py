@@ -31,7 +31,7 @@ CALC_MIN, CALC_MAX = 10, 99
 TOOL_FRACTION = 0.2
 """Share of tool trajectories in the second phase of the warm start: about the
 tool-call rate RL starts from."""
-WARM_LR = 1e-2
+WARM_LR = 3e-3
 FORMAT_STEPS = 50
 """Steps of the second phase (the mix of tool calls and direct guesses)."""
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
