@@ -77,12 +77,20 @@ def warm_start(model, tokenizer, steps: int, seed: int = 0) -> None:
     ``FORMAT_STEPS`` on a mix where only ``TOOL_FRACTION`` call the tool and the rest
     guess a product at once, so the model starts RL knowing the tool but rarely
     using it."""
+    import torch
+
     from asyncflow.engines.tiny import masked_warm_start
 
     pad = tokenizer.pad_token_id
-    masked_warm_start(model, pad, warm_start_sequences(tokenizer, seed=seed, tool_fraction=1.0), steps, lr=WARM_LR, seed=seed)
-    mix = warm_start_sequences(tokenizer, seed=seed + 1, tool_fraction=TOOL_FRACTION)
-    masked_warm_start(model, pad, mix, FORMAT_STEPS, lr=WARM_LR, seed=seed + 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small gains nothing from more, and loses much on a loaded machine
+    try:
+        tools = warm_start_sequences(tokenizer, seed=seed, tool_fraction=1.0)
+        masked_warm_start(model, pad, tools, steps, lr=WARM_LR, seed=seed)
+        mix = warm_start_sequences(tokenizer, seed=seed + 1, tool_fraction=TOOL_FRACTION)
+        masked_warm_start(model, pad, mix, FORMAT_STEPS, lr=WARM_LR, seed=seed + 1)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def warm_start_sequences(tokenizer, num: int = 2000, seed: int = 0, tool_fraction: float = TOOL_FRACTION):
