@@ -4,8 +4,9 @@ slow (a few minutes on 2 cores):
 
     python -m pytest -m slow tests/workflow/test_tools_learning.py
 
-Fails if the loss mask, the environment reward or the multi-turn rollout is broken
-(e.g. with every response token in the loss, the reward does not double)."""
+Fails with the environment off (``--set env.path=`` leaves single-turn rollouts
+scored by no function: no tool-call rate, reward 0) and when the multi-turn rollout
+or the environment reward does not reach the trainer."""
 
 from __future__ import annotations
 
