@@ -17,7 +17,8 @@ Errors: an ``env.reset``/``env.step`` that raises, or that takes longer than
 ``env.step_timeout_s``, ends its trajectory only: ``env_error`` 1, ``env_reward``
 0, the error logged with the row. A hung step's thread cannot be killed (Python
 threads cannot): it keeps its pool thread, so ``num_threads`` bounds how many hung
-calls a replica survives before new steps queue behind them (and time out too).
+calls a replica survives before new steps queue behind them (and time out too). The
+pool's threads are daemons, so a hung call never holds the process at exit.
 
 Invariant: ``run`` returns one result per trajectory, in the order given, whatever
 happened to each; an engine error fails the whole call (the unit), as single-turn.
@@ -26,8 +27,10 @@ happened to each; an engine error fails the whole call (the unit), as single-tur
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
 import msgspec
@@ -93,6 +96,38 @@ class DriverStats:
     """Most environment calls in flight while the engine generated."""
 
 
+class DaemonPool:
+    """A fixed pool of daemon threads running calls into futures (a
+    ThreadPoolExecutor's threads are joined at interpreter exit: one hung environment
+    call would hold the process)."""
+
+    def __init__(self, num_threads: int, name: str):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.num_threads = num_threads
+        for i in range(num_threads):
+            threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True).start()
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        self._calls.put((future, fn, args))
+        return future
+
+    def shutdown(self) -> None:
+        """Stop the idle threads (a hung one ends with the process)."""
+        for _ in range(self.num_threads):
+            self._calls.put(None)
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, fn, args = call
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled while queued (its trajectory timed out)
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001  (any: it goes to the trajectory, the thread goes on)
+                future.set_exception(exc)
+
+
 class MultiTurnDriver:
     """Drives trajectories for one replica (``run``); owns the environment pool."""
 
@@ -100,11 +135,11 @@ class MultiTurnDriver:
         self.cfg = env_cfg
         self.tokenizer = tokenizer
         self.factory = factory or load_env_factory(env_cfg.path)
-        self.pool = ThreadPoolExecutor(env_cfg.num_threads, thread_name_prefix="env")
+        self.pool = DaemonPool(env_cfg.num_threads, "env")
         self.stats = DriverStats()
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()
 
     # -- one unit ---------------------------------------------------------------------
     def run(self, engine: RolloutEngine, params: SamplingParams, samples: list[Sample]) -> list[Trajectory]:

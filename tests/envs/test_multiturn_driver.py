@@ -145,3 +145,33 @@ def test_a_slow_environment_step_does_not_stop_the_engine_from_driving_the_other
     assert driver.stats.max_pending >= 1  # the engine generated while the slow step was in flight
     first_turns = [len(prompts) for prompts, _ in engine.calls]
     assert first_turns[0] == 3 and first_turns[1:3] == [2, 2]  # the fast ones went on alone
+
+
+HUNG_PROCESS = """
+import threading
+from asyncflow.actors._multiturn import MultiTurnDriver
+from asyncflow.config.run import EnvConfig
+from asyncflow.envs.base import Environment, Step
+
+class Hung(Environment):
+    def reset(self, sample):
+        return None
+
+    def step(self, action):
+        threading.Event().wait()  # never returns
+
+driver = MultiTurnDriver(EnvConfig(path="x:y"), tokenizer=None, factory=Hung)
+driver.pool.submit(Hung().step, None)  # a call that never returns, on the driver's pool
+driver.close()
+print("exiting", flush=True)
+"""
+
+
+def test_a_hung_environment_call_does_not_hold_the_process_at_exit(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "hung.py"
+    script.write_text(HUNG_PROCESS)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "exiting" in done.stdout, done.stderr
