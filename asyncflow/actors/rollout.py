@@ -7,6 +7,11 @@ group's ``group_size`` responses, put ``response_ids`` (int64), ``rollout_logp``
 (float32) and ``finish`` (uint8, 1 = stop token) with the policy version, ack (with
 the next request, ``_acks.py``).
 
+With an environment (``[env] path``), a unit drives one multi-turn trajectory per
+row instead (``_multiturn.py``, docs/environments.md) and puts ``loss_mask``,
+``env_reward``, ``env_error`` and ``env_tool_calls`` too; every turn of a unit comes
+from the weights the unit started with.
+
 Delayed parameter update: ``WeightsReady`` starts a background fetch of the new
 weights into a host buffer while generation goes on with the old ones; the swap
 onto the device happens between units (``AcquireSwap`` first: with sub-step
@@ -272,7 +277,7 @@ class RolloutActor(LoopActor):
         with self.activity("generate"):
             trajs = self.multiturn.run(self.engine, self.params, samples)
         with self.activity("pack"):
-            self._check_unchanged(version, digest, [])
+            self._check_unchanged(version, digest, [t for t in trajs if t.turns])  # every turn of this version
             rows = [t.columns() for t in trajs]
             columns: dict[str, Sequence] = {name: [r[name] for r in rows] for name in rows[0]}
             metas = [
