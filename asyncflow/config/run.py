@@ -268,6 +268,10 @@ class RewardConfig(_Section):
     def check(self, run: RunConfig) -> None:
         if self.weights and len(self.weights) != len(self.functions):
             raise Refused("weights", f"give one weight per function ({len(self.functions)})")
+        if not self.functions and not run.env.path and not any(r.reward_column for r in run.roles):
+            raise Refused(
+                "functions", "nothing would score the responses: name a reward function (or set [env] path, whose reward counts)"
+            )
 
 
 class CriticConfig(_Section):

@@ -88,3 +88,12 @@ def test_an_environment_is_loaded_by_dotted_path_and_a_wrong_one_is_refused_with
     with pytest.raises(ValueError, match="not an asyncflow.envs.Environment"):
         load_env_factory("collections:OrderedDict")
     assert issubclass(CalcEnv, Environment)
+
+
+def test_a_config_with_no_reward_function_needs_an_environment():
+    from asyncflow.config.run import ConfigError, load_config_text
+
+    with pytest.raises(ConfigError, match="reward.functions"):
+        load_config_text("[reward]\nfunctions = []")
+    cfg = load_config_text('[reward]\nfunctions = []\n[env]\npath = "asyncflow.envs.calc:CalcEnv"\nreward = "replace"')
+    assert cfg.env.max_turns == 4 and cfg.env.reward == "replace"
