@@ -4,6 +4,10 @@ Shape legend: B rows, T = longest prompt + response. Row b holds its prompt at
 ``[0, P_b)`` and its response at ``[P_b, P_b + L_b)``; per-response columns
 (``rollout_logp``, ``ref_logp``) are placed at the response positions, matching the
 engines' convention that ``logp_BT[b, t]`` is the log-prob of token t.
+
+Multi-turn rows (``loss_mask``, docs/environments.md): ``response_mask`` is the loss
+mask on the response positions, so observation tokens inserted between turns are
+context only; without it every response token counts (single-turn, as before).
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ def token_batch(
     prompt_ids: Sequence[np.ndarray],
     response_ids: Sequence[np.ndarray],
     per_token: Mapping[str, Sequence[np.ndarray]] | None = None,
+    loss_mask: Sequence[np.ndarray] | None = None,
 ) -> tuple[TokenBatch, list[int]]:
     """The batch and each row's response start. ``per_token[name][b]`` has one value
     per response token; it becomes field ``name`` of the TokenBatch ([B, T], 0 elsewhere).
+    ``loss_mask[b]`` (one 0/1 per response token) becomes the response mask of row b.
 
     Vectorised: each column is one concatenation and one scatter into the padded
     array (no per-row tensor ops); the queue's arrays are only read."""
@@ -38,10 +44,13 @@ def token_batch(
     pieces = [piece for p, r in zip(prompt_ids, response_ids) for piece in (p, r)]
     ids_BT = np.zeros((B, T), dtype=np.int64)
     ids_BT[attn_BT] = np.concatenate(pieces).astype(np.int64, copy=False) if pieces else []
+    response_BT = resp_BT.astype(np.float32)
+    if loss_mask is not None and B:
+        response_BT[resp_BT] = np.concatenate([np.asarray(m, dtype=np.float32).reshape(-1) for m in loss_mask])
     batch = TokenBatch(
         input_ids=torch.from_numpy(ids_BT),
         attention_mask=torch.from_numpy(attn_BT.astype(np.int64)),
-        response_mask=torch.from_numpy(resp_BT.astype(np.float32)),
+        response_mask=torch.from_numpy(response_BT),
     )
     for name, col in (per_token or {}).items():
         extra_BT = np.zeros((B, T), dtype=np.float32)

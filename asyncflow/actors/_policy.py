@@ -118,6 +118,9 @@ class PolicyUpdate:
         self.columns = ["prompt_ids", "response_ids", "rollout_logp", "reward", "finish"]
         if alg.kl_coef > 0:
             self.columns.append("ref_logp")
+        self.multiturn = bool(cfg.env.path)  # rows carry loss_mask and the env_* columns (docs/environments.md)
+        if self.multiturn:
+            self.columns += ["loss_mask", "env_reward", "env_error", "env_tool_calls"]
         self.extra_rewards = cfg.reward_columns  # custom roles' columns, the reward model's rm_score
         self.columns += [column for column, _ in self.extra_rewards]
         if cfg.workflow.partial_rollout:  # each token's policy version (actors/_partial.py)
@@ -162,7 +165,7 @@ class PolicyUpdate:
         if "ref_logp" in columns:
             per_token["ref_logp"] = columns["ref_logp"]
         with phase("batch"):
-            tb, _ = token_batch(columns["prompt_ids"], columns["response_ids"], per_token)
+            tb, _ = token_batch(columns["prompt_ids"], columns["response_ids"], per_token, columns.get("loss_mask"))
             penalty_B, _, drop_B = self.overlong(columns)
             rewards_B = self.rewards(columns) + penalty_B  # shaped before any advantage
         out: dict[str, float] = {}
@@ -265,14 +268,27 @@ class PolicyUpdate:
             ],
             dtype=torch.float64,
         )
+        if self.multiturn:  # the environment figures: rows with a tool call, calls, errors, env reward
+            sums = torch.cat([sums, torch.tensor(env_sums(columns), dtype=torch.float64)])
         top = torch.tensor([float(rewards.max()) if len(rewards) else -np.inf], dtype=torch.float64)
         if self.distributed:
             import torch.distributed as dist
 
             dist.all_reduce(sums)
             dist.all_reduce(top, op=dist.ReduceOp.MAX)
-        n, reward_sum, response, prompt, truncated, penalty, dropped = sums.tolist()
+        n, reward_sum, response, prompt, truncated, penalty, dropped = sums.tolist()[:7]
+        env: dict[str, float] = {}
+        if self.multiturn:
+            with_calls, calls, errors, env_reward, model_tokens = sums.tolist()[7:]
+            env = {
+                "env/tool_call_rate": with_calls / max(n, 1.0),
+                "env/tool_calls_mean": calls / max(n, 1.0),
+                "env/error_rate": errors / max(n, 1.0),
+                "env/reward_mean": env_reward / max(n, 1.0),
+                "env/model_token_frac": model_tokens / max(response, 1.0),
+            }
         return {
+            **env,
             "samples": n,
             "reward_mean": reward_sum / max(n, 1.0),
             "reward_max": top.item(),
@@ -298,6 +314,19 @@ class PolicyUpdate:
         self.engine.save_checkpoint(str(path / "model"), with_optimizer=True)
         if self.critic is not None:
             self.critic.save_checkpoint(str(path / "critic"), with_optimizer=True)
+
+
+def env_sums(columns: dict[str, list]) -> list[float]:
+    """This rank's sums of the environment figures: rows with a tool call, tool
+    calls, rows whose environment failed, env reward, model (loss) tokens."""
+    calls = [int(c[0]) for c in columns["env_tool_calls"]]
+    return [
+        float(sum(c > 0 for c in calls)),
+        float(sum(calls)),
+        float(sum(int(e[0]) for e in columns["env_error"])),
+        float(sum(float(r[0]) for r in columns["env_reward"])),
+        float(sum(int(np.asarray(m).sum()) for m in columns["loss_mask"])),
+    ]
 
 
 def drop_truncated(tb: TokenBatch, drop_B: torch.Tensor) -> None:

@@ -131,6 +131,14 @@ def check_inputs(cfg: RunConfig) -> None:
             load_reward_fn(name)  # its signature (the module is imported now)
         except ValueError as exc:
             raise ConfigError(f"{key}: {exc}") from None
+    if cfg.env.path:
+        from asyncflow.envs.base import load_env_factory
+
+        try:
+            _importable(cfg.env.path, cfg.cluster.python_path)  # imported now: the factory's module is loaded
+            load_env_factory(cfg.env.path)  # makes one: it is an Environment
+        except ValueError as exc:
+            raise ConfigError(f"env.path = {cfg.env.path!r}: {exc}") from None
     for i, role in enumerate(cfg.roles):
         key = f"roles[{i}].cls = {role.cls!r}"
         try:

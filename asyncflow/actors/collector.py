@@ -260,6 +260,8 @@ def progress_line(v: dict[str, float], num_steps: int, busy: dict[str, float]) -
         f"{r.split('.')[0][:7]}{'' if r.count('.') == 0 else r.split('.')[-1]}={f:.2f}" for r, f in sorted(busy.items())
     )
     val = f" | val acc {v['val/accuracy']:.3f}" if "val/accuracy" in v else ""
+    if "env/tool_call_rate" in v:  # with an environment (docs/environments.md)
+        val += f" | tool calls {v['env/tool_call_rate']:.2f}"
     return (
         f"step {int(v['step']) + 1:>4}/{num_steps} | reward {v['reward_mean']:.3f}{val} | "
         f"{v['total_samples'] / t:7.1f} samples/s | {v['total_tokens'] / t:8.0f} tok/s | "

@@ -6,6 +6,11 @@ none is, the rows of the next put; sync: the whole global batch at once), decode
 them, call the configured functions and put ``reward`` (float32 [1]) per row; the
 rows are acked with the next request (``_acks.py``).
 
+With an environment (``[env] path``), the rows also carry ``env_reward`` and
+``env_error``: ``env.reward = "add"`` puts the functions' sum plus env_reward,
+``"replace"`` env_reward alone (the functions are not called); a row whose
+environment failed gets 0 either way.
+
 Takes: LoopActor messages. Sends: TQ reads and writes.
 Invariant: every row gets exactly one reward (rows are consumed exactly once).
 """
@@ -32,6 +37,12 @@ def joined(a: Batch, b: Batch) -> Batch:
     return Batch(a.task, meta, {name: [*col, *b.columns[name]] for name, col in a.columns.items()})
 
 
+def with_env_rewards(rewards: list[float], env_reward: list, env_error: list) -> list[float]:
+    """Each row's reward plus its environment's (``rewards`` are zeros with
+    ``env.reward = "replace"``); 0 for a row whose environment failed."""
+    return [0.0 if int(e[0]) else r + float(er[0]) for r, er, e in zip(rewards, env_reward, env_error)]
+
+
 def build_reward_fn(functions: list[str], weights: list[float]):
     from asyncflow.algorithms.rewards import load_reward_fn, weighted_sum
 
@@ -48,7 +59,9 @@ class RewardActor(LoopActor):
         self.run = Run(run_dir)
         cfg = self.run.config
         self.tokenizer = self.run.tokenizer()
-        self.fn = build_reward_fn(cfg.reward.functions, cfg.reward.weights)
+        self.env_reward = cfg.env.reward if cfg.env.path else ""  # "", "add" or "replace"
+        self.fn = None if self.env_reward == "replace" else build_reward_fn(cfg.reward.functions, cfg.reward.weights)
+        self.columns = self.COLUMNS + (["env_reward", "env_error"] if self.env_reward else [])
         self.sync = cfg.workflow.mode == "sync"
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
         self.acks = DeferredAcks(self.tq)
@@ -63,7 +76,7 @@ class RewardActor(LoopActor):
                 if self.sync:  # the baseline: score the whole batch once it is generated
                     batch = self.tq.get_batch(
                         names.TASK_REWARD,
-                        self.COLUMNS,
+                        self.columns,
                         cfg.rows_per_step,
                         policy="group",
                         timeout_s=0.5,
@@ -72,7 +85,7 @@ class RewardActor(LoopActor):
                 else:
                     batch = self.tq.get_batch(
                         names.TASK_REWARD,
-                        self.COLUMNS,
+                        self.columns,
                         cfg.reward.batch_size,
                         partial=True,
                         ack=self.acks.take(names.TASK_REWARD),
@@ -80,9 +93,9 @@ class RewardActor(LoopActor):
                     if len(batch) == 0:
                         # wait for the next put, then take every row it made ready (a rollout puts a
                         # whole generate call's rows at once): one score and one put for all of them
-                        first = self.tq.get_batch(names.TASK_REWARD, self.COLUMNS, 1, timeout_s=0.5)
+                        first = self.tq.get_batch(names.TASK_REWARD, self.columns, 1, timeout_s=0.5)
                         if cfg.reward.batch_size > 1:
-                            rest = self.tq.get_batch(names.TASK_REWARD, self.COLUMNS, cfg.reward.batch_size - 1, partial=True)
+                            rest = self.tq.get_batch(names.TASK_REWARD, self.columns, cfg.reward.batch_size - 1, partial=True)
                             first = joined(first, rest)
                         batch = first
             except BatchTimeout:
@@ -95,7 +108,12 @@ class RewardActor(LoopActor):
                 answers = [bytes(a).decode() for a in batch.columns["answer"]]
                 finish = ["stop" if int(f[0]) else "length" for f in batch.columns["finish"]]
             with phase("reward_fn"):
-                rewards = call_reward(self.fn, prompts, responses, answers, finish, row_ids=list(batch.indices))
+                if self.fn is not None:
+                    rewards = call_reward(self.fn, prompts, responses, answers, finish, row_ids=list(batch.indices))
+                else:
+                    rewards = [0.0] * len(batch)
+            if self.env_reward:  # see the module docstring
+                rewards = with_env_rewards(rewards, batch.columns["env_reward"], batch.columns["env_error"])
         with self.activity("put"):
             self.tq.put(batch.indices, {"reward": [np.asarray([r], dtype=np.float32) for r in rewards]})
         self.acks.add(batch)  # acked inside the next request

@@ -7,6 +7,11 @@ group's ``group_size`` responses, put ``response_ids`` (int64), ``rollout_logp``
 (float32) and ``finish`` (uint8, 1 = stop token) with the policy version, ack (with
 the next request, ``_acks.py``).
 
+With an environment (``[env] path``), a unit drives one multi-turn trajectory per
+row instead (``_multiturn.py``, docs/environments.md) and puts ``loss_mask``,
+``env_reward``, ``env_error`` and ``env_tool_calls`` too; every turn of a unit comes
+from the weights the unit started with.
+
 Delayed parameter update: ``WeightsReady`` starts a background fetch of the new
 weights into a host buffer while generation goes on with the old ones; the swap
 onto the device happens between units (``AcquireSwap`` first: with sub-step
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 
 import msgspec
 import numpy as np
@@ -111,6 +117,11 @@ class RolloutActor(LoopActor):
         self._decode_steps = self._decode_rows = 0  # counters(): decode forwards, sequences decoded
         # [workflow] partial_rollout: one continuous stream, weights swapped between decode steps (_partial.py)
         self._partial = PartialRollout(self) if cfg.workflow.partial_rollout else None
+        self.multiturn = None  # [env] path set: trajectories of turns and environment steps (actors/_multiturn.py)
+        if cfg.env.path:
+            from asyncflow.actors._multiturn import MultiTurnDriver
+
+            self.multiturn = MultiTurnDriver(cfg.env, tokenizer)
 
     @property
     def version(self) -> int:
@@ -241,7 +252,7 @@ class RolloutActor(LoopActor):
         with self.activity("get"):
             batch = self.tq.get_batch(
                 TASK_ROLLOUT,
-                ["prompt_ids"],
+                ["prompt_ids", "answer"] if self.multiturn else ["prompt_ids"],
                 cfg.rollout.prompts_per_call * G,
                 policy="group",
                 partial=True,
@@ -264,6 +275,8 @@ class RolloutActor(LoopActor):
         for pos, meta in enumerate(batch.metas):
             groups.setdefault(meta.group_id, []).append(pos)
         version, digest = self.engine.version, self._digest
+        if self.multiturn is not None:
+            return self._work_multiturn(batch, version, digest)
         with self.activity("generate"):
             prompts = [batch.columns["prompt_ids"][positions[0]].tolist() for positions in groups.values()]
             with self.engine_lock:
@@ -290,9 +303,38 @@ class RolloutActor(LoopActor):
         self.num_items += len(batch)
         return True
 
+    def _work_multiturn(self, batch, version: int, digest: int) -> bool:
+        """The unit with an environment: one trajectory per row, driven to its end."""
+        from asyncflow.envs.base import Sample
+
+        assert self.multiturn is not None  # set when [env] path is
+        tokenizer = self.multiturn.tokenizer
+        samples = []
+        for prompt_ids, answer in zip(batch.columns["prompt_ids"], batch.columns["answer"]):
+            ids = prompt_ids.tolist()
+            samples.append(
+                Sample(prompt=tokenizer.decode(ids, skip_special_tokens=True), prompt_ids=ids, answer=bytes(answer).decode())
+            )
+        with self.activity("generate"):
+            trajs = self.multiturn.run(self.engine, self.params, samples, lock=self.engine_lock)
+        with self.activity("pack"):
+            self._check_unchanged(version, digest, [t for t in trajs if t.turns])  # every turn of this version
+            rows = [t.columns() for t in trajs]
+            columns: dict[str, Sequence] = {name: [r[name] for r in rows] for name in rows[0]}
+            metas = [
+                msgspec.structs.replace(meta, version=version, response_len=len(t.ids), weights_digest=digest)
+                for meta, t in zip(batch.metas, trajs)
+            ]
+        with self.activity("put"):
+            self.tq.put(batch.indices, columns, metas)
+        self.acks.add(batch)  # acked inside the next request
+        self.num_items += len(batch)
+        return True
+
     def on_stop(self) -> None:
         # each part closes even if another fails to (a failing close is logged, not raised)
-        for name, part in (("partial-rollout stream", self._partial), ("gateway", self.gateway)):
+        parts = (("partial-rollout stream", self._partial), ("environment driver", self.multiturn), ("gateway", self.gateway))
+        for name, part in parts:
             if part is None:
                 continue
             try:

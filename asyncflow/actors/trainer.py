@@ -286,6 +286,7 @@ class TrainerActor(LoopActor):
             num_ranks=self.ranks.num_ranks,
             **integrity,
             **score_means(columns, self.policy.extra_rewards),
+            **{k: v for k, v in figures.items() if k.startswith("env/")},  # with an environment (docs/environments.md)
         )
         eval_every = cfg.eval.every_steps
         if eval_every and (version % eval_every == 0 or version == cfg.train.num_steps):

@@ -7,6 +7,9 @@ tiny model (``asyncflow.engines.tiny``); a response is a few digits then ``</s>`
   the stop token) + 0.9 for the exact answer.
 - ``reverse``: ``"rev:372"`` -> ``"273"``, reward 0.1 format + 0.9 x digits in place
   (``reverse_reward``).
+- ``calc``: ``"37*48="`` -> ``"1776"``, solvable only with the ``calc`` tool of
+  ``asyncflow.envs.calc:CalcEnv`` (multi-turn, docs/environments.md); its warm start
+  is on whole tool trajectories (``envs/calc.warm_start``).
 
 Warm start (``make_task_model``), measured on this 2-core machine:
 - ``warm_start="task"`` (default): 100 steps (about 3 s) of supervised training on
@@ -64,7 +67,13 @@ def add_example(rng: random.Random) -> dict[str, str]:
     return {"prompt": f"{a}+{b}=", "answer": str(a + b)}
 
 
-EXAMPLES = {"reverse": reverse_example, "add": add_example}
+def calc_example(rng: random.Random) -> dict[str, str]:
+    from asyncflow.envs.calc import calc_example as example
+
+    return example(rng)
+
+
+EXAMPLES = {"reverse": reverse_example, "add": add_example, "calc": calc_example}
 REWARDS = {"add": reward, "reverse": reverse_reward}
 
 
@@ -114,6 +123,14 @@ def make_task_model(
     steps, stopped early) or 'format' (random well-formed answers)."""
     from asyncflow.engines.tiny import make_tiny_model
 
+    if task == "calc":  # a multi-turn tool task: warm-started on whole trajectories, loss on model turns
+        from asyncflow.envs.calc import warm_start as calc_warm_start
+
+        def warm(model, tokenizer) -> None:
+            if warm_start_steps:
+                calc_warm_start(model, tokenizer, warm_start_steps, seed=seed)
+
+        return make_tiny_model(out_dir, arch=arch, seed=seed, warm_start_fn=warm, **config_kwargs)
     if warm_start not in ("task", "format"):
         raise ValueError(f"warm_start={warm_start!r}; use 'task' or 'format'")
     pairs = task_warmup_pairs(seed=seed, task=task) if warm_start == "task" else format_warmup_pairs(seed=seed, task=task)

@@ -356,6 +356,10 @@ class RewardConfig(_Section):
     def check(self, run: RunConfig) -> None:
         if self.weights and len(self.weights) != len(self.functions):
             raise Refused("weights", f"give one weight per function ({len(self.functions)})")
+        if not self.functions and not run.env.path and not any(r.reward_column for r in run.roles):
+            raise Refused(
+                "functions", "nothing would score the responses: name a reward function (or set [env] path, whose reward counts)"
+            )
 
 
 REWARD_MODEL_COLUMN = "rm_score"
@@ -640,6 +644,13 @@ class WorkflowConfig(_Section):
                 "they cannot run together yet: set workflow.partial_rollout = false or rollout.gateway.enabled = false",
                 self.partial_rollout,
             )
+        if self.partial_rollout and run.env.path:
+            raise Refused(
+                "partial_rollout",
+                "partial rollout streams single-turn responses; multi-turn trajectories ([env] path) are driven unit by "
+                "unit and do not record per-token versions yet: set workflow.partial_rollout = false or unset env.path",
+                self.partial_rollout,
+            )
 
 
 class RoleEntry(_Section):
@@ -826,6 +837,57 @@ class PlannerConfig(_Section):
             )
 
 
+class EnvConfig(_Section):
+    """Multi-turn environments (docs/environments.md): each rollout row becomes a
+    trajectory of model turns and environment steps. Off while ``path`` is empty."""
+
+    path: Annotated[
+        str,
+        Meta(
+            description="The environment, ``package.module:Name`` (a class or zero-argument function making an "
+            "``asyncflow.envs.Environment``), importable on every rollout host; e.g. ``asyncflow.envs.calc:CalcEnv``. "
+            "Empty: single-turn rollouts (no environment)."
+        ),
+    ] = ""
+    max_turns: Annotated[
+        Count, Meta(description="Most model turns per trajectory; one that reaches it ends unfinished (``finish`` 0).")
+    ] = 4
+    step_timeout_s: Annotated[
+        Seconds,
+        Meta(
+            description="Longest an ``env.reset`` or ``env.step`` call may take; past it the trajectory ends with an error "
+            "(``env_error`` 1, reward 0) and the run goes on."
+        ),
+    ] = 30.0
+    discount: Annotated[
+        Fraction,
+        Meta(
+            description="Per-turn discount of the step rewards summed into ``env_reward``: turn t counts discount^t (1: a plain sum)."
+        ),
+    ] = 1.0
+    reward: Annotated[
+        Literal["add", "replace"],
+        Meta(
+            description="How the reward role uses ``env_reward``: ``add``: reward functions' sum + env_reward; ``replace``: "
+            "env_reward alone (the functions are not called). A row whose environment failed gets 0 either way."
+        ),
+    ] = "add"
+    num_threads: Annotated[
+        Count,
+        Meta(
+            description="Threads per rollout replica running environment calls (outside the engine's thread); a hung call "
+            "holds its thread, so this bounds how many a replica survives."
+        ),
+    ] = 8
+    max_context_tokens: Annotated[
+        NonNegInt,
+        Meta(
+            description="Longest trajectory (prompt + every turn + observations): a turn that could pass it is not started "
+            "and the trajectory ends unfinished. 0: no limit (keep turns within the model's context yourself)."
+        ),
+    ] = 0
+
+
 class RunConfig(_Section):
     """A whole run (one cluster.toml)."""
 
@@ -845,6 +907,7 @@ class RunConfig(_Section):
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     planner: PlannerConfig = msgspec.field(default_factory=PlannerConfig)
     roles: list[RoleEntry] = msgspec.field(default_factory=list)
+    env: EnvConfig = msgspec.field(default_factory=EnvConfig)
     seed: Annotated[NonNegInt, Meta(description="Global seed.")] = 0
 
     @property

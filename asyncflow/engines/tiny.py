@@ -97,12 +97,14 @@ def make_tiny_model(
     seed: int = 0,
     warm_start_pairs: list[tuple[str, str]] | None = None,
     warm_start_steps: int = 200,
+    warm_start_fn=None,
     **config_kwargs,
 ) -> Path:
     """Build, optionally warm-start, and save a tiny model + tokenizer to ``out_dir``.
 
-    ``warm_start_pairs``: (prompt, response) texts for ``supervised_warm_start``.
-    Returns the directory."""
+    ``warm_start_pairs``: (prompt, response) texts for ``supervised_warm_start``;
+    ``warm_start_fn(model, tokenizer)``: a warm start of its own instead (e.g. the
+    multi-turn one of ``envs/calc.py``, through ``masked_warm_start``). Returns the directory."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_char_tokenizer()
@@ -112,6 +114,8 @@ def make_tiny_model(
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if warm_start_pairs:
         supervised_warm_start(model, tokenizer, warm_start_pairs, steps=warm_start_steps, seed=seed)
+    elif warm_start_fn is not None:
+        warm_start_fn(model, tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
@@ -128,23 +132,41 @@ def supervised_warm_start(
 ) -> list[float]:
     """A few seconds of next-token training on (prompt, response + eos) pairs, loss on
     response tokens only. Returns the loss per step."""
-    rng = random.Random(seed)
     eos = tokenizer.eos_token_id
-    encoded = [(encode_chat_prompt(tokenizer, p), tokenizer(r, add_special_tokens=False)["input_ids"] + [eos]) for p, r in pairs]
+    sequences = []
+    for p, r in pairs:
+        prompt, response = encode_chat_prompt(tokenizer, p), tokenizer(r, add_special_tokens=False)["input_ids"] + [eos]
+        sequences.append((prompt + response, [0] * len(prompt) + [1] * len(response)))
+    return masked_warm_start(model, tokenizer.pad_token_id, sequences, steps, batch_size, lr, seed)
+
+
+def masked_warm_start(
+    model: torch.nn.Module,
+    pad_token_id: int,
+    sequences: list[tuple[list[int], list[int]]],
+    steps: int = 200,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> list[float]:
+    """Next-token training on (ids, loss mask) sequences: the loss counts only the
+    tokens whose mask is 1 (a multi-turn trajectory's model turns). Returns the loss
+    per step."""
+    rng = random.Random(seed)
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     losses = []
     for _ in range(steps):
-        batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
-        width = max(len(p) + len(r) for p, r in batch)
-        ids_BT = torch.full((batch_size, width), tokenizer.pad_token_id, dtype=torch.long)
+        batch = [sequences[rng.randrange(len(sequences))] for _ in range(batch_size)]
+        width = max(len(ids) for ids, _ in batch)
+        ids_BT = torch.full((batch_size, width), pad_token_id, dtype=torch.long)
         labels_BT = torch.full((batch_size, width), -100, dtype=torch.long)
         mask_BT = torch.zeros((batch_size, width), dtype=torch.long)
-        for b, (p, r) in enumerate(batch):
-            seq = p + r
-            ids_BT[b, : len(seq)] = torch.tensor(seq)
-            labels_BT[b, len(p) : len(seq)] = torch.tensor(r)
-            mask_BT[b, : len(seq)] = 1
+        for b, (ids, loss_mask) in enumerate(batch):
+            ids_T = torch.tensor(ids)
+            ids_BT[b, : len(ids)] = ids_T
+            labels_BT[b, : len(ids)] = torch.where(torch.tensor(loss_mask, dtype=torch.bool), ids_T, -100)
+            mask_BT[b, : len(ids)] = 1
         loss = model(input_ids=ids_BT, attention_mask=mask_BT, labels=labels_BT).loss
         optim.zero_grad(set_to_none=True)
         loss.backward()

@@ -20,6 +20,7 @@ OUT_OF_RANGE = [
         "[model] tiny_warm_start_steps",
     ),
     ("[data]\nnum_prompts = 0", "data.num_prompts = 0: out of range; use a value >= 1", "[data] num_prompts"),
+    ("[env]\nmax_turns = 0", "env.max_turns = 0: out of range; use a value >= 1", "[env] max_turns"),
     ("[algorithm]\nclip_eps = 0", "algorithm.clip_eps = 0: out of range; use a value > 0", "[algorithm] clip_eps"),
     ("[rollout]\nnum_replicas = 0", "rollout.num_replicas = 0: out of range; use a value >= 1", "[rollout] num_replicas"),
     (
@@ -111,6 +112,7 @@ CROSS_FIELD = [
     ("[data]\npath = 'prompts.csv'", "data.path = 'prompts.csv': use a .jsonl or .parquet file"),
     ("[algorithm]\nis_mask_high = 0.5", "algorithm.is_mask_high = 0.5: use 0 (no upper bound)"),
     ("[reward]\nweights = [1.0, 2.0]", "reward.weights = [1.0, 2.0]: give one weight per function (1)"),
+    ("[reward]\nfunctions = []", "reward.functions = []: nothing would score the responses"),
     (
         "[algorithm]\nname = 'ppo'\n[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true",
         "critic.engine.fsdp = False: the PPO critic trains on the same 2 ranks",

@@ -53,6 +53,14 @@ def test_partial_rollout_in_sync_mode_is_refused_naming_the_key():
         load_config_text('[model]\ntiny = "qwen2"\n[workflow]\nmode = "sync"\npartial_rollout = true\n')
 
 
+def test_partial_rollout_with_an_environment_is_refused_naming_both_keys():
+    with pytest.raises(ConfigError, match="workflow.partial_rollout.*unset env.path"):
+        load_config_text(
+            '[model]\ntiny = "qwen2"\n[workflow]\nmode = "async"\npartial_rollout = true\n'
+            '[env]\npath = "asyncflow.envs.calc:CalcEnv"\n'
+        )
+
+
 def test_partial_rollout_with_the_gateway_is_refused_naming_both_keys():
     with pytest.raises(ConfigError, match="workflow.partial_rollout.*rollout.gateway.enabled = false"):
         load_config_text(
