@@ -150,3 +150,14 @@ def test_lora_off_keeps_the_full_weight_export_and_every_weight_training(qwen2_d
     snapshot = list(engine.export_weights())
     assert [n for n, _ in snapshot] == [n for n, _ in engine.net.lm.named_parameters()]
     assert all(p.requires_grad for p in engine.net.parameters())
+
+
+def test_the_best_checkpoint_of_a_lora_run_holds_base_and_adapter_and_loads_as_the_policy(qwen2_dir, tmp_path):
+    from asyncflow.actors._eval import save_best
+
+    engine = trained(qwen2_dir)
+    snapshot = list(engine.export_weights())
+    path = save_best(tmp_path, snapshot, qwen2_dir, 2, {"val/accuracy": 0.5, "val/reward_mean": 0.5})
+    assert (path / ADAPTER_DIR / "adapter_model.safetensors").is_file()
+    replica = build_rollout_engine(RolloutEngineConfig(), path)
+    assert replica.weights_digest() == engine.published_digest(snapshot, torch.float32)
