@@ -94,11 +94,25 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     ] = None
     tensor_parallel_size: Annotated[Count, Meta(description="vLLM only: tensor-parallel degree.")] = 1
     enforce_eager: Annotated[bool, Meta(description="vLLM only: disable CUDA/NPU graphs (faster start, slower decode).")] = False
+    max_lora_rank: Annotated[
+        NonNegInt,
+        Meta(
+            description="vLLM only: start vLLM with LoRA support for adapters up to this rank (``train.engine.lora``; it "
+            "must be at least ``train.engine.lora.rank``). 0: no LoRA. The native engine needs nothing: it merges adapters."
+        ),
+    ] = 0
 
     def check(self, run: object) -> None:
-        """Cross-field rules (core/schema.py); ``run``: the whole config, unused."""
+        """Cross-field rules (core/schema.py); ``run``: the whole config (its train engine's LoRA rank)."""
         if self.kv_cache_bytes is not None and self.kv_cache_fraction is not None:
             raise Refused("kv_cache_fraction", "set kv_cache_bytes or kv_cache_fraction, not both")
+        train = getattr(run, "train", None)
+        rank = train.engine.lora.rank if train is not None else 0
+        if self.type != "native" and rank > self.max_lora_rank:
+            raise Refused(
+                "max_lora_rank",
+                f"train.engine.lora.rank = {rank} needs vLLM started with LoRA: set rollout.engine.max_lora_rank >= {rank}",
+            )
 
 
 class LoraConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

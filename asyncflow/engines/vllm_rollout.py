@@ -18,6 +18,8 @@ How it maps the interface:
   (Hugging Face names, tensor-parallel sharding handled by vLLM), in chunks of
   ``WEIGHT_CHUNK_BYTES``; then the prefix cache is reset, since cached KV blocks
   were computed by the old weights.
+- LoRA (``max_lora_rank > 0``): adapters go to vLLM's LoRA support
+  (``engines/vllm_lora.py``); the full tensors of a version, if any, load as above.
 - KV budget: ``kv_cache_fraction`` becomes ``gpu_memory_utilization`` (vLLM admits
   sequences only while their KV blocks fit, and preempts rather than running out);
   ``kv_cache_bytes`` becomes ``kv_cache_memory_bytes``.
@@ -38,6 +40,7 @@ import torch
 
 from asyncflow.engines.base import Completion, RolloutEngine, chunk_by_bytes
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
+from asyncflow.engines.vllm_lora import VLLMAdapters, llm_kwargs
 from asyncflow.engines.vllm_worker import WeightSyncExtension
 
 WEIGHT_CHUNK_BYTES = 256 * 2**20
@@ -80,8 +83,10 @@ class VLLMRolloutEngine(RolloutEngine):
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",
             **memory,
+            **llm_kwargs(cfg.max_lora_rank),
         )
         self._version = version
+        self.adapters = VLLMAdapters(model_dir, cfg.max_lora_rank)
 
     @property
     def version(self) -> int:
@@ -103,7 +108,7 @@ class VLLMRolloutEngine(RolloutEngine):
             detokenize=False,
         )
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        outputs = self.llm.generate(requests, vparams, use_tqdm=False)
+        outputs = self.llm.generate(requests, vparams, use_tqdm=False, lora_request=self.adapters.request)
         stop = set(params.stop_token_ids)
         completions = []
         for p, out in enumerate(outputs):
@@ -115,10 +120,12 @@ class VLLMRolloutEngine(RolloutEngine):
         return completions
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        named_tensors = self.adapters.take(named_tensors, version)
         for chunk in chunk_by_bytes(named_tensors, WEIGHT_CHUNK_BYTES):
             self.llm.collective_rpc("asyncflow_load_weights", args=(chunk,))
         self.llm.reset_prefix_cache()
         self._version = version
 
     def close(self) -> None:
+        self.adapters.close()
         del self.llm
