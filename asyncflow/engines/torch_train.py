@@ -250,15 +250,14 @@ class TorchTrainEngine(TrainEngine):
         FSDP: every rank calls it), on cpu."""
         from asyncflow.engines.lora import Adapter
 
+        def whole(p: torch.Tensor) -> torch.Tensor:
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            return full.detach().to("cpu", copy=True)
+
         modules = dict(self.net.lm.named_modules())
         out = {}
         for module in self.adapted:
             layer = modules[module]
-
-            def whole(p: torch.Tensor) -> torch.Tensor:
-                full = p.full_tensor() if hasattr(p, "full_tensor") else p
-                return full.detach().to("cpu", copy=True)
-
             out[module] = Adapter(
                 whole(layer.lora_A["default"].weight),
                 whole(layer.lora_B["default"].weight),
