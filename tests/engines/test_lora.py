@@ -5,6 +5,7 @@ peft's layout."""
 import os
 import sys
 
+import msgspec
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -161,3 +162,12 @@ def test_the_best_checkpoint_of_a_lora_run_holds_base_and_adapter_and_loads_as_t
     assert (path / ADAPTER_DIR / "adapter_model.safetensors").is_file()
     replica = build_rollout_engine(RolloutEngineConfig(), path)
     assert replica.weights_digest() == engine.published_digest(snapshot, torch.float32)
+
+
+def test_lora_with_gradient_checkpointing_takes_the_same_step(qwen2_dir):
+    plain = build_train_engine(lora_cfg(), qwen2_dir)
+    checkpointed = build_train_engine(msgspec.structs.replace(lora_cfg(), gradient_checkpointing=True), qwen2_dir)
+    a, b = plain.train_step(batch(), nll), checkpointed.train_step(batch(), nll)
+    assert b.grad_norm > 0 and b.grad_norm == pytest.approx(a.grad_norm, rel=1e-4)
+    for (name, x), (_, y) in zip(plain.export_weights(), checkpointed.export_weights()):
+        assert torch.allclose(x, y, atol=1e-6), name
