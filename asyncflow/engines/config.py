@@ -137,6 +137,13 @@ class LoraConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "gate_proj, up_proj, down_proj."
         ),
     ] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    train_norms: Annotated[
+        bool,
+        Meta(
+            description="Also train the RMSNorm weights in full (hidden_size floats each) and sync them beside the adapters. "
+            "They let the policy rescale its logits (sharpen), which adapters on linear layers do slowly."
+        ),
+    ] = False
     save_merged: Annotated[
         bool,
         Meta(

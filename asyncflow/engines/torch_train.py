@@ -143,6 +143,11 @@ def hf_name(name: str) -> str:
     return name.replace(".base_layer.", ".").replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
 
 
+def is_norm(name: str) -> bool:
+    """An RMSNorm weight of the decoder (``input_layernorm``, ``post_attention_layernorm``, the final ``norm``)."""
+    return name.endswith(("layernorm.weight", "model.norm.weight"))
+
+
 def right_padded(mask_BT: torch.Tensor) -> bool:
     """Every row of the 0/1 attention mask is ones then zeros (an all-zero row too)."""
     return mask_BT.shape[1] < 2 or bool((mask_BT[:, 1:] <= mask_BT[:, :-1]).all())
@@ -234,7 +239,7 @@ class TorchTrainEngine(TrainEngine):
             torch.manual_seed(self.cfg.seed)
             inject_adapter_in_model(peft_cfg, lm)
         for name, param in lm.named_parameters():
-            param.requires_grad_(".lora_" in name)
+            param.requires_grad_(".lora_" in name or (spec.train_norms and is_norm(name)))
             if ".lora_" not in name:
                 index = sample_index(param.numel(), param.device)
                 flat = param.detach().reshape(-1)
@@ -270,16 +275,20 @@ class TorchTrainEngine(TrainEngine):
         replica holds once it applied them, from the cached base samples."""
         if not self.lora:
             return super().published_digest(snapshot, dtype)
-        from asyncflow.engines.digest import digest_samples
+        from asyncflow.engines.digest import digest_samples, sample
         from asyncflow.engines.lora import merged_sample, split
 
         full, adapters = split(snapshot)
-        if full:
-            raise ValueError(f"a LoRA snapshot holds full tensors ({full[0][0]!r}...): it is not this engine's export")
+        whole = dict(full)  # trained in full (train_norms): they replace the base
         samples = []
         for name, shape, base, index in self._base_samples:
             adapter = adapters.get(name.removesuffix(".weight"))
-            samples.append((name, shape, base if adapter is None else merged_sample(base, index, adapter, dtype)))
+            if name in whole:
+                samples.append((name, shape, sample(whole.pop(name))))
+            else:
+                samples.append((name, shape, base if adapter is None else merged_sample(base, index, adapter, dtype)))
+        if whole:
+            raise ValueError(f"a LoRA snapshot holds {sorted(whole)[0]!r}, not a parameter of this model")
         return digest_samples(samples, dtype)
 
     @property
@@ -436,6 +445,11 @@ class TorchTrainEngine(TrainEngine):
         if self.lora:
             for module, adapter in self.adapters().items():
                 yield from adapter.tensors(module)
+            if self.cfg.lora.train_norms:  # trained in full: they travel in full
+                for name, param in self.net.lm.named_parameters():
+                    if is_norm(name):
+                        full = param.full_tensor() if hasattr(param, "full_tensor") else param
+                        yield name, full.detach().to("cpu", copy=True)
             return
         for name, param in self.net.lm.named_parameters():
             full = param.full_tensor() if hasattr(param, "full_tensor") else param
@@ -488,7 +502,9 @@ class TorchTrainEngine(TrainEngine):
         from asyncflow.engines.lora import ADAPTER_DIR, merge, save_adapter
 
         spec = self.cfg.lora
-        save_adapter(out / ADAPTER_DIR, adapters, spec.rank, spec.alpha, spec.dropout, spec.target_modules, str(self.model_dir))
+        # trained norms are in this checkpoint's model.safetensors: the adapter's base is then this directory
+        base_model = str(out.resolve()) if spec.train_norms else str(self.model_dir)
+        save_adapter(out / ADAPTER_DIR, adapters, spec.rank, spec.alpha, spec.dropout, spec.target_modules, base_model)
         if spec.save_merged:
             merged = dict(base)
             for module, adapter in adapters.items():

@@ -171,3 +171,19 @@ def test_lora_with_gradient_checkpointing_takes_the_same_step(qwen2_dir):
     assert b.grad_norm > 0 and b.grad_norm == pytest.approx(a.grad_norm, rel=1e-4)
     for (name, x), (_, y) in zip(plain.export_weights(), checkpointed.export_weights()):
         assert torch.allclose(x, y, atol=1e-6), name
+
+
+def test_train_norms_trains_and_syncs_the_norm_weights_in_full_and_the_replica_matches(qwen2_dir):
+    engine = trained(qwen2_dir, train_norms=True)
+    snapshot = list(engine.export_weights())
+    norms = [n for n, _ in snapshot if not n.endswith((".lora_A.weight", ".lora_B.weight", ".lora_scaling"))]
+    assert norms and all(n.endswith("norm.weight") for n in norms)
+    base = dict(AutoModelForCausalLM.from_pretrained(qwen2_dir).named_parameters())
+    assert any(not torch.equal(t, base[n]) for n, t in snapshot if n in norms)  # they trained
+    rollout = build_rollout_engine(RolloutEngineConfig(), qwen2_dir)
+    rollout.load_weights(snapshot, version=3)
+    b = batch()
+    assert torch.allclose(hf_logp(rollout.model, b), engine.forward(b).logp[1, 1:], atol=1e-4)
+    assert rollout.weights_digest() == engine.published_digest(snapshot, torch.float32)
+    off = trained(qwen2_dir)  # train_norms off: the norms stay frozen and never travel
+    assert all(".lora_" in n for n, _ in off.export_weights())
