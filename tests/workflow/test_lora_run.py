@@ -76,7 +76,7 @@ def test_an_async_lora_run_with_two_fsdp_ranks_trains_and_verifies_every_row(tmp
     changes = {
         "train": {"num_ranks": 2},
         "train.engine": {"fsdp": True, "micro_batch_size": 1},
-        "train.engine.lora": LORA,
+        "train.engine.lora": {**LORA, "train_norms": True},  # norms gathered whole from their FSDP shards
         "workflow": {"verify_weights": "count"},
     }
     run_dir = _up(tmp_path, "run", "async", changes)
