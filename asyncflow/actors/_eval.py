@@ -118,7 +118,9 @@ def read_best(run_dir: str | Path) -> dict | None:
 def save_best(
     run_dir: str | Path, snapshot: list[tuple[str, torch.Tensor]], like_dir: str | Path, step: int, values: dict[str, float]
 ) -> Path:
-    """Write the weights of policy version ``step + 1`` as the best so far; returns its directory."""
+    """Write the weights of policy version ``step + 1`` as the best so far; returns its
+    directory. A LoRA snapshot (adapters only) is written like a LoRA checkpoint: the
+    base weights of ``like_dir`` and ``adapter/`` in peft's layout."""
     import safetensors.torch
 
     from asyncflow.engines.hf import TOKENIZER_FILES
@@ -128,8 +130,19 @@ def save_best(
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in snapshot}
-    safetensors.torch.save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+    from asyncflow.engines.lora import ADAPTER_DIR, save_adapter, split
+
+    full, adapters = split(snapshot)
+    if adapters:  # a LoRA snapshot: the base weights of like_dir and the adapter, as a LoRA checkpoint
+        shutil.copy(Path(like_dir) / "model.safetensors", tmp / "model.safetensors")
+        first = next(iter(adapters.values()))
+        rank = first.A_RI.shape[0]
+        targets = {module.rsplit(".", 1)[-1] for module in adapters}
+        alpha = float(first.scaling) * rank
+        save_adapter(tmp / ADAPTER_DIR, adapters, rank, alpha, 0.0, targets, str(Path(like_dir).resolve()))
+    else:
+        tensors = {name: t.detach().to("cpu").contiguous() for name, t in full}
+        safetensors.torch.save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
     for name in ("config.json", *TOKENIZER_FILES):
         if (Path(like_dir) / name).is_file():
             shutil.copy(Path(like_dir) / name, tmp / name)

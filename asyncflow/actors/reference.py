@@ -28,13 +28,16 @@ class ReferenceActor(LoopActor):
 
     def __init__(self, ctx, run_dir: str):
         super().__init__(ctx)
+        from asyncflow.engines.config import LoraConfig
         from asyncflow.engines.factory import build_train_engine
 
         self.run = Run(run_dir)
         cfg = self.run.config
         set_threads(cfg)
-        # the trainer's engine settings, in one process: a reference worker is not a trainer rank
-        self.engine = build_train_engine(msgspec.structs.replace(cfg.train.engine, fsdp=False), self.run.launch.base_model_dir)
+        # the trainer's engine settings, in one process: a reference worker is not a trainer rank; the base
+        # model it scores with has no adapters (with LoRA, the policy is the base plus its adapters)
+        engine_cfg = msgspec.structs.replace(cfg.train.engine, fsdp=False, lora=LoraConfig())
+        self.engine = build_train_engine(engine_cfg, self.run.launch.base_model_dir)
         self.temperature = cfg.rollout.sampling.temperature or 1.0
         self.sync = cfg.workflow.mode == "sync"
         self.tq = TQClient(ctx.directory, consumer=ctx.name)

@@ -86,7 +86,6 @@ from asyncflow.core.phases import phase
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
 from asyncflow.engines.device import torch_dtype
-from asyncflow.engines.digest import weights_digest
 
 if TYPE_CHECKING:
     from asyncflow.actors._eval import Evaluator
@@ -126,7 +125,7 @@ class TrainerActor(LoopActor):
         self._rollout_dtype = torch_dtype(cfg.rollout.engine.dtype)
         self._versions = VersionLedger()  # version -> weights digest, of the versions rows may still carry
         if self._verify != "off" and self.ranks.num_ranks == 1:  # with ranks the export is a collective: start rows go unverified
-            self._versions.record(self.step, weights_digest(self.policy.export_weights(), self._rollout_dtype))
+            self._versions.record(self.step, self.engine.published_digest(self.policy.export_weights(), self._rollout_dtype))
         self._publishing = None  # the future of the last publish (weights stage it in their thread)
         self._evaluator: Evaluator | None = None  # with eval.every_steps
         self._best = float("-inf")  # best val/accuracy so far (kept across a resume by best.json)
@@ -251,7 +250,7 @@ class TrainerActor(LoopActor):
             digest = 0
             if self._verify != "off":
                 with phase("digest"):
-                    digest = weights_digest(snapshot, self._rollout_dtype)
+                    digest = self.engine.published_digest(snapshot, self._rollout_dtype)
                 self._versions.record(version, digest)
                 self._versions.forget_before(version - cfg.staleness - 1)
             with phase("publish"):

@@ -16,6 +16,7 @@ BENCHES = {
     ),
     "e2e": ("asyncflow.cli.bench_e2e:e2e", "A config end to end, sync vs async, side by side."),
     "weights": ("asyncflow.cli.bench_weights:weights", "Weight fetch bytes/s: nng chunks vs the gloo collective, side by side."),
+    "lora": ("asyncflow.cli.bench_lora:lora", "Bytes per weight sync and sync time: full weights vs LoRA adapters."),
     "planner": (
         "asyncflow.cli.bench_planner:planner",
         "An unbalanced run rebalanced by the online planner: first vs last samples/s.",

@@ -248,6 +248,14 @@ class TrainEngine(abc.ABC):
         """Full (unsharded) weights as (Hugging Face name, cpu tensor), one at a time.
         With FSDP every rank must drain the iterator (gathers are collective)."""
 
+    def published_digest(self, snapshot: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> int:
+        """The weights digest (``engines/digest.py``) of what a rollout engine holds
+        after loading ``snapshot`` (this engine's ``export_weights``), its elements in
+        the rollout's ``dtype``. The default: the snapshot is the full weights."""
+        from asyncflow.engines.digest import weights_digest
+
+        return weights_digest(snapshot, dtype)
+
     @abc.abstractmethod
     def save_checkpoint(self, path: str, with_optimizer: bool = True) -> None:
         """Write a Hugging Face directory (config, safetensors, tokenizer) that

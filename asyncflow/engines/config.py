@@ -111,11 +111,26 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
             "one version stale), or drop it so vLLM recomputes the prefix under the new weights when it resumes."
         ),
     ] = "keep"
+    max_lora_rank: Annotated[
+        NonNegInt,
+        Meta(
+            description="vLLM only: start vLLM with LoRA support for adapters up to this rank (``train.engine.lora``; it "
+            "must be at least ``train.engine.lora.rank``). 0: no LoRA. The native engine needs nothing: it merges adapters."
+        ),
+    ] = 0
 
     def check(self, run: object) -> None:
-        """Cross-field rules (core/schema.py); ``run``: the whole config, unused."""
+        """Cross-field rules (core/schema.py); ``run``: the whole config (its train engine's LoRA rank)."""
         if self.kv_cache_bytes is not None and self.kv_cache_fraction is not None:
             raise Refused("kv_cache_fraction", "set kv_cache_bytes or kv_cache_fraction, not both")
+        train = getattr(run, "train", None)
+        rank = train.engine.lora.rank if train is not None else 0
+        if self.type != "native" and rank > self.max_lora_rank:
+            raise Refused(
+                "max_lora_rank",
+                f"train.engine.lora.rank = {rank} needs vLLM started with LoRA: set rollout.engine.max_lora_rank >= {rank}",
+            )
+
         if self.type == "native":
             if self.weight_transfer != "auto":
                 raise Refused("weight_transfer", 'only the vLLM engines take it: remove it, or set type = "vllm"')
@@ -129,6 +144,54 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
                 "weight_transfer",
                 "ipc hands vLLM buffers on this process's one GPU; with tensor_parallel_size > 1 use 'rpc' (or 'auto')",
             )
+
+
+class LoraConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """LoRA adapters on the policy (``[train.engine.lora]``); ``rank = 0``: off."""
+
+    rank: Annotated[
+        NonNegInt,
+        Meta(
+            description="Adapter rank r. 0: off, every weight trains. Above 0: the base weights are frozen, adapters (peft's "
+            "LoRA layers) train on ``target_modules``, and only the adapters travel to the rollout replicas at each sync."
+        ),
+    ] = 0
+    alpha: Annotated[PosFloat, Meta(description="LoRA alpha: the adapter's update is scaled by ``alpha / rank``.")] = 16.0
+    dropout: Annotated[
+        Annotated[float, Meta(ge=0, lt=1)],
+        Meta(description="Dropout on the adapter's input in training (0 to <1; training forwards only, like peft)."),
+    ] = 0.0
+    target_modules: Annotated[
+        tuple[str, ...],
+        Meta(
+            description="Linear layers of each decoder block that get adapters, by name: any of q_proj, k_proj, v_proj, o_proj, "
+            "gate_proj, up_proj, down_proj."
+        ),
+    ] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    train_norms: Annotated[
+        bool,
+        Meta(
+            description="Also train the RMSNorm weights in full (hidden_size floats each) and sync them beside the adapters. "
+            "They let the policy rescale its logits (sharpen), which adapters on linear layers do slowly."
+        ),
+    ] = False
+    save_merged: Annotated[
+        bool,
+        Meta(
+            description="Checkpoints also write the merged model (base + adapter) to ``step_N/model/merged``, a Hugging Face "
+            "directory loadable as is. The adapter (``step_N/model/adapter``, peft's layout) is always written."
+        ),
+    ] = False
+
+    def check(self, run: object) -> None:
+        """Cross-field rules (core/schema.py)."""
+        from asyncflow.engines.lora import LINEAR_MODULES
+
+        unknown = [m for m in self.target_modules if m not in LINEAR_MODULES]
+        if unknown:
+            raise Refused("target_modules", f"{unknown} are not adaptable layers: use a subset of {list(LINEAR_MODULES)}")
+        if self.rank and not self.target_modules:
+            raise Refused("target_modules", "name at least one layer to adapt, or set rank = 0")
 
 
 class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -203,6 +266,9 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     num_threads: Annotated[
         Count | None, Meta(description="torch intra-op threads on cpu; None leaves torch's setting alone.")
     ] = None
+    lora: Annotated[
+        LoraConfig, Meta(description="LoRA adapters with adapter-only weight sync (docs/algorithms.md); off by default.")
+    ] = msgspec.field(default_factory=LoraConfig)
 
     def check(self, run: object) -> None:
         """Cross-field rules (core/schema.py); ``run``: the whole config, unused."""

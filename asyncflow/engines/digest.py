@@ -29,17 +29,33 @@ SAMPLES = 1024
 """Elements sampled per tensor (all of them for smaller tensors)."""
 
 
-def weights_digest(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None) -> int:
-    """The digest of a set of named tensors, elements cast to ``dtype`` first."""
+def sample_index(numel: int, device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """The flat positions a tensor of ``numel`` elements is sampled at (None: all)."""
+    if numel <= SAMPLES:
+        return None
+    return torch.linspace(0, numel - 1, SAMPLES, device=device).long()
+
+
+def sample(tensor: torch.Tensor) -> torch.Tensor:
+    """The elements of ``tensor`` the digest hashes (flat, in its own dtype)."""
+    flat = tensor.detach().reshape(-1)
+    index = sample_index(flat.numel(), flat.device)
+    return flat if index is None else flat[index]
+
+
+def digest_samples(samples: Iterable[tuple[str, tuple[int, ...], torch.Tensor]], dtype: torch.dtype | None = None) -> int:
+    """The digest from each tensor's name, shape and ``sample`` (the samples may be
+    computed without the full tensor: a LoRA-merged weight, ``engines/lora.py``)."""
     h = hashlib.blake2b(digest_size=8)
-    for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
-        flat = tensor.detach().reshape(-1)
-        n = flat.numel()
-        if n > SAMPLES:
-            flat = flat[torch.linspace(0, n - 1, SAMPLES, device=flat.device).long()]
+    for name, shape, flat in sorted(samples, key=lambda item: item[0]):
         if dtype is not None and flat.dtype != dtype:
             flat = flat.to(dtype)
         h.update(name.encode())
-        h.update(repr(tuple(tensor.shape)).encode())
+        h.update(repr(tuple(shape)).encode())
         h.update(flat.to(device="cpu", dtype=torch.float32).numpy().tobytes())
     return (int.from_bytes(h.digest(), "little") >> 1) or 1
+
+
+def weights_digest(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None) -> int:
+    """The digest of a set of named tensors, elements cast to ``dtype`` first."""
+    return digest_samples(((name, tuple(t.shape), sample(t)) for name, t in named_tensors), dtype)

@@ -20,6 +20,12 @@ Invariants:
 - Weights load in place between ``generate`` calls; ``version`` changes only there.
   A ``NativeStream`` (``open_stream``: partial rollout) also lets them load between
   two decode steps; each token records the version that sampled it.
+- LoRA adapters (``engines/lora.py``'s wire form, or ``model_dir/adapter`` at start)
+  are merged into the weights they adapt: the decode path stays the plain one (no
+  per-token adapter cost), and the base weight is kept on the side the first time a
+  layer is adapted, so each adapter is merged onto the base and replaces the one
+  before (never accumulates). A full tensor for an adapted weight replaces its base
+  and drops the adapter.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
 from asyncflow.engines.device import free_memory_bytes, set_cpu_threads, torch_device, torch_dtype
 from asyncflow.engines.hf import load_model
 from asyncflow.engines.kv_cache import KVBlockPool
+from asyncflow.engines.lora import ADAPTER_DIR, Adapter, load_adapter, merge, split
 from asyncflow.engines.native_model import NativeDecoder
 from asyncflow.engines.sampling import sample
 
@@ -99,6 +106,10 @@ class NativeRolloutEngine(RolloutEngine):
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self._version = version
         self.stats = SchedulerStats()
+        self._lora_base: dict[str, torch.Tensor] = {}  # adapted weight -> its base (before any adapter)
+        adapter_dir = Path(model_dir) / ADAPTER_DIR
+        if (adapter_dir / "adapter_model.safetensors").is_file():  # a LoRA checkpoint: base weights + adapter
+            self._merge(load_adapter(adapter_dir))
 
     def _budget_bytes(self, cfg: RolloutEngineConfig) -> int:
         if cfg.kv_cache_bytes is not None and cfg.kv_cache_fraction is not None:
@@ -124,7 +135,9 @@ class NativeRolloutEngine(RolloutEngine):
 
     @torch.inference_mode()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        for name, tensor in named_tensors:
+        full, adapters = split(named_tensors)
+        for name, tensor in full:
+            self._lora_base.pop(name, None)
             param = self._params.get(name)
             if param is None:
                 if name == "lm_head.weight" and self._tied:
@@ -135,7 +148,22 @@ class NativeRolloutEngine(RolloutEngine):
             if param.shape != tensor.shape:
                 raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != model's {tuple(param.shape)}")
             param.copy_(tensor)
+        self._merge(adapters)
         self._version = version
+
+    @torch.inference_mode()
+    def _merge(self, adapters: dict[str, Adapter]) -> None:
+        """Each adapted weight := its base + the adapter (``lora.merge``)."""
+        for module, adapter in adapters.items():
+            name = module + ".weight"
+            param = self._params.get(name)
+            if param is None:
+                raise KeyError(f"adapter for {module!r}: the rollout model has no weight {name!r}; same model_dir on both sides?")
+            shape = (adapter.B_OR.shape[0], adapter.A_RI.shape[1])
+            if tuple(param.shape) != shape:
+                raise ValueError(f"adapter for {module!r} makes a {shape} update of a {tuple(param.shape)} weight")
+            base = self._lora_base.setdefault(name, param.detach().clone())
+            param.copy_(merge(base, adapter, param.dtype))
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         stream = self.open_stream(params)

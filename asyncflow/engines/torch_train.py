@@ -25,6 +25,15 @@ Invariants:
 - Checkpoints are Hugging Face directories: ``model.safetensors`` + config +
   tokenizer (loadable by transformers/vLLM as is), plus ``optimizer.pt``,
   ``value_head.safetensors`` (critic) and ``trainer_state.json``.
+- LoRA (``lora.rank > 0``): peft's LoRA layers are injected into the Hugging Face
+  model in place (``peft.inject_adapter_in_model``: the module tree keeps its names,
+  so FSDP wraps the same decoder layers), seeded by ``seed`` so every FSDP rank
+  starts from the same adapter; only they (and a critic's value head) train and are
+  in the optimizer. ``export_weights`` yields only the adapters (``engines/lora.py``'s
+  wire form, gathered whole under FSDP); ``published_digest`` is the digest of the
+  merged weights a replica holds after loading them, from base samples cached at
+  start. A checkpoint's ``model.safetensors`` holds the base weights, its ``adapter/``
+  the adapter in peft's layout, ``merged/`` (``lora.save_merged``) the merged model.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import safetensors.torch
 import torch
@@ -56,6 +65,9 @@ from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
 from asyncflow.engines.hf import TOKENIZER_FILES, load_model
 from asyncflow.engines.lr_schedule import lr_at
+
+if TYPE_CHECKING:
+    from asyncflow.engines.lora import Adapter
 
 
 class _Net(torch.nn.Module):
@@ -124,6 +136,18 @@ def probe_pack_attention(net: _Net, vocab_size: int, device: torch.device) -> Pa
     return "position_ids" if packed <= 0.1 * unseparated else "mask"
 
 
+def hf_name(name: str) -> str:
+    """The Hugging Face name of a parameter of a model with peft's LoRA layers injected
+    (``q_proj.base_layer.weight`` -> ``q_proj.weight``, ``lora_A.default.weight`` ->
+    ``lora_A.weight``); other names unchanged."""
+    return name.replace(".base_layer.", ".").replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
+
+
+def is_norm(name: str) -> bool:
+    """An RMSNorm weight of the decoder (``input_layernorm``, ``post_attention_layernorm``, the final ``norm``)."""
+    return name.endswith(("layernorm.weight", "model.norm.weight"))
+
+
 def right_padded(mask_BT: torch.Tensor) -> bool:
     """Every row of the 0/1 attention mask is ones then zeros (an all-zero row too)."""
     return mask_BT.shape[1] < 2 or bool((mask_BT[:, 1:] <= mask_BT[:, :-1]).all())
@@ -156,8 +180,14 @@ class TorchTrainEngine(TrainEngine):
         self.model_dir = Path(model_dir)
         self.device = torch_device(cfg.device, torch.cuda.current_device() if cfg.device == "cuda" else 0)
         lm: Any = load_model(model_dir, dtype=torch_dtype(cfg.dtype), device=self.device)
+        self.lora = cfg.lora.rank > 0
+        self._base_samples: list[tuple[str, tuple[int, ...], torch.Tensor, torch.Tensor | None]] = []
+        if self.lora:
+            self._add_adapters(lm)
         if cfg.gradient_checkpointing:
             lm.gradient_checkpointing_enable()
+            if self.lora:
+                lm.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still get an input with grad
         lm.train()
         self.net = _Net(lm, cfg.critic, cfg.seed)
         self.distributed = cfg.fsdp
@@ -177,9 +207,8 @@ class TorchTrainEngine(TrainEngine):
         # the fused kernel (cpu, cuda): one call for every parameter instead of ~10 small ops each
         # (0.8 -> 0.2 ms a step for the tiny model); FSDP's sharded parameters keep the default
         fused = True if self.device.type in ("cpu", "cuda") and not cfg.fsdp else None
-        self.optimizer = torch.optim.AdamW(
-            self.net.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused
-        )
+        trained = [p for p in self.net.parameters() if p.requires_grad] if self.lora else self.net.parameters()
+        self.optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused)
         self._step = 0
         self.pack_attention: PackAttention | None = None
         """With packing: how attention is kept within packed sequences (the path that runs)."""
@@ -190,6 +219,77 @@ class TorchTrainEngine(TrainEngine):
                 else cfg.pack_attention
             )
             log.info("sequence packing: attention kept within sequences by %s", self.pack_attention)
+
+    def _add_adapters(self, lm: Any) -> None:
+        """peft's LoRA layers on ``lora.target_modules`` (seeded: the same on every rank),
+        the base weights frozen, and the digest's samples of the base weights cached
+        (before FSDP shards them)."""
+        from peft import LoraConfig, inject_adapter_in_model
+
+        from asyncflow.engines.digest import sample_index
+
+        spec = self.cfg.lora
+        peft_cfg = LoraConfig(
+            r=spec.rank,
+            lora_alpha=spec.alpha,  # type: ignore[arg-type]  # peft annotates int; it takes any number (alpha / r)
+            lora_dropout=spec.dropout,
+            target_modules=list(spec.target_modules),
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.cfg.seed)
+            inject_adapter_in_model(peft_cfg, lm)
+        for name, param in lm.named_parameters():
+            param.requires_grad_(".lora_" in name or (spec.train_norms and is_norm(name)))
+            if ".lora_" not in name:
+                index = sample_index(param.numel(), param.device)
+                flat = param.detach().reshape(-1)
+                picked = (flat if index is None else flat[index]).to("cpu", copy=True)
+                self._base_samples.append((hf_name(name), tuple(param.shape), picked, None if index is None else index.cpu()))
+        self.adapted = sorted(n.removesuffix(".base_layer") for n, _ in lm.named_modules() if n.endswith(".base_layer"))
+        if not self.adapted:
+            raise ValueError(f"lora.target_modules = {list(spec.target_modules)} matched no layer of the model")
+        log.info("LoRA rank %d on %d layers (%s)", spec.rank, len(self.adapted), ", ".join(spec.target_modules))
+
+    def adapters(self) -> dict[str, Adapter]:
+        """This engine's adapters by Hugging Face module name, whole (a gather under
+        FSDP: every rank calls it), on cpu."""
+        from asyncflow.engines.lora import Adapter
+
+        def whole(p: torch.Tensor) -> torch.Tensor:
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            return full.detach().to("cpu", copy=True)
+
+        modules = dict(self.net.lm.named_modules())
+        out = {}
+        for module in self.adapted:
+            layer = modules[module]
+            out[module] = Adapter(
+                whole(layer.lora_A["default"].weight),
+                whole(layer.lora_B["default"].weight),
+                torch.tensor(float(layer.scaling["default"]), dtype=torch.float32),
+            )
+        return out
+
+    def published_digest(self, snapshot: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> int:
+        """With LoRA the snapshot is adapters only: the digest of the merged weights a
+        replica holds once it applied them, from the cached base samples."""
+        if not self.lora:
+            return super().published_digest(snapshot, dtype)
+        from asyncflow.engines.digest import digest_samples, sample
+        from asyncflow.engines.lora import merged_sample, split
+
+        full, adapters = split(snapshot)
+        whole = dict(full)  # trained in full (train_norms): they replace the base
+        samples = []
+        for name, shape, base, index in self._base_samples:
+            adapter = adapters.get(name.removesuffix(".weight"))
+            if name in whole:
+                samples.append((name, shape, sample(whole.pop(name))))
+            else:
+                samples.append((name, shape, base if adapter is None else merged_sample(base, index, adapter, dtype)))
+        if whole:
+            raise ValueError(f"a LoRA snapshot holds {sorted(whole)[0]!r}, not a parameter of this model")
+        return digest_samples(samples, dtype)
 
     @property
     def version(self) -> int:
@@ -342,6 +442,15 @@ class TorchTrainEngine(TrainEngine):
 
     @torch.no_grad()
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.lora:
+            for module, adapter in self.adapters().items():
+                yield from adapter.tensors(module)
+            if self.cfg.lora.train_norms:  # trained in full: they travel in full
+                for name, param in self.net.lm.named_parameters():
+                    if is_norm(name):
+                        full = param.full_tensor() if hasattr(param, "full_tensor") else param
+                        yield name, full.detach().to("cpu", copy=True)
+            return
         for name, param in self.net.lm.named_parameters():
             full = param.full_tensor() if hasattr(param, "full_tensor") else param
             yield name, full.detach().to("cpu", copy=True)
@@ -356,14 +465,24 @@ class TorchTrainEngine(TrainEngine):
         if self.rank != 0:
             return
         out.mkdir(parents=True, exist_ok=True)
-        lm = {k.removeprefix("lm."): v.contiguous() for k, v in state.items() if k.startswith("lm.")}
+        lm = {hf_name(k.removeprefix("lm.")): v.contiguous() for k, v in state.items() if k.startswith("lm.")}
         if getattr(self.net.lm.config, "tie_word_embeddings", False):
             lm.pop("lm_head.weight", None)
+        adapters: dict[str, Adapter] = {}
+        if self.lora:  # the base weights as loaded; the adapter beside them
+            from asyncflow.engines.lora import LORA_A, LORA_B, Adapter, is_adapter_name
+
+            scaling = torch.tensor(self.cfg.lora.alpha / self.cfg.lora.rank, dtype=torch.float32)
+            adapters = {
+                k.removesuffix(LORA_A): Adapter(v, lm[k.removesuffix(LORA_A) + LORA_B], scaling)
+                for k, v in lm.items()
+                if k.endswith(LORA_A)
+            }
+            lm = {k: v for k, v in lm.items() if not is_adapter_name(k)}
         safetensors.torch.save_file(lm, out / "model.safetensors", metadata={"format": "pt"})
-        self.net.lm.config.save_pretrained(out)
-        for name in TOKENIZER_FILES:
-            if (self.model_dir / name).is_file() and self.model_dir.resolve() != out.resolve():
-                shutil.copy(self.model_dir / name, out / name)
+        self._save_config(out)
+        if self.lora:
+            self._save_lora(out, lm, adapters)
         head = {k.removeprefix("value_head."): v.contiguous() for k, v in state.items() if k.startswith("value_head.")}
         if head:
             safetensors.torch.save_file(head, out / "value_head.safetensors")
@@ -371,9 +490,34 @@ class TorchTrainEngine(TrainEngine):
             torch.save(optim, out / "optimizer.pt")
         (out / "trainer_state.json").write_text(json.dumps({"step": self._step}))
 
+    def _save_config(self, out: Path) -> None:
+        """config.json and the tokenizer files of the model this engine started from."""
+        self.net.lm.config.save_pretrained(out)
+        for name in TOKENIZER_FILES:
+            if (self.model_dir / name).is_file() and self.model_dir.resolve() != out.resolve():
+                shutil.copy(self.model_dir / name, out / name)
+
+    def _save_lora(self, out: Path, base: dict[str, torch.Tensor], adapters: dict[str, Adapter]) -> None:
+        """``out/adapter`` in peft's layout and, with ``lora.save_merged``, ``out/merged``."""
+        from asyncflow.engines.lora import ADAPTER_DIR, merge, save_adapter
+
+        spec = self.cfg.lora
+        # trained norms are in this checkpoint's model.safetensors: the adapter's base is then this directory
+        base_model = str(out.resolve()) if spec.train_norms else str(self.model_dir)
+        save_adapter(out / ADAPTER_DIR, adapters, spec.rank, spec.alpha, spec.dropout, spec.target_modules, base_model)
+        if spec.save_merged:
+            merged = dict(base)
+            for module, adapter in adapters.items():
+                merged[module + ".weight"] = merge(base[module + ".weight"], adapter, base[module + ".weight"].dtype)
+            (out / "merged").mkdir(exist_ok=True)
+            safetensors.torch.save_file(merged, out / "merged" / "model.safetensors", metadata={"format": "pt"})
+            self._save_config(out / "merged")
+
     def load_checkpoint(self, path: str | Path, with_optimizer: bool = True) -> None:
         src = Path(path)
         state: dict[str, Any] = {"lm." + k: v for k, v in safetensors.torch.load_file(src / "model.safetensors").items()}
+        if self.lora:
+            state = self._lora_state(src, state)
         if (src / "value_head.safetensors").is_file():
             state.update({"value_head." + k: v for k, v in safetensors.torch.load_file(src / "value_head.safetensors").items()})
         set_model_state_dict(self.net, state, options=StateDictOptions(full_state_dict=True, strict=False))
@@ -382,3 +526,20 @@ class TorchTrainEngine(TrainEngine):
             set_optimizer_state_dict(self.net, self.optimizer, optim, options=StateDictOptions(full_state_dict=True))
         if (src / "trainer_state.json").is_file():
             self._step = json.loads((src / "trainer_state.json").read_text())["step"]
+
+    def _lora_state(self, src: Path, state: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's base weights and ``adapter/`` under this model's parameter names."""
+        from asyncflow.engines.lora import ADAPTER_DIR, LORA_A, LORA_B, load_adapter
+
+        if not (src / ADAPTER_DIR).is_dir():
+            raise FileNotFoundError(
+                f"{src} has no {ADAPTER_DIR}/: it is not a LoRA checkpoint; resume it with train.engine.lora.rank = 0"
+            )
+        adapted = {"lm." + m + ".weight" for m in self.adapted}
+        out = {(k.removesuffix(".weight") + ".base_layer.weight" if k in adapted else k): v for k, v in state.items()}
+        for module, adapter in load_adapter(src / ADAPTER_DIR).items():
+            if module not in self.adapted:
+                raise ValueError(f"{src / ADAPTER_DIR} adapts {module!r}, which this run's lora.target_modules do not")
+            out["lm." + module + LORA_A.replace(".weight", ".default.weight")] = adapter.A_RI
+            out["lm." + module + LORA_B.replace(".weight", ".default.weight")] = adapter.B_OR
+        return out

@@ -36,6 +36,9 @@ How it maps the interface (engines/base.py):
   tokens each request had returned when generation paused.
 - KV budget: ``kv_cache_fraction`` becomes ``gpu_memory_utilization``;
   ``kv_cache_bytes`` becomes ``kv_cache_memory_bytes``.
+- LoRA (``max_lora_rank > 0``): adapters go to vLLM's LoRA support
+  (``engines/vllm_lora.py``), named in every request; the full tensors of a version,
+  if any, load as above.
 
 Invariants:
 - vllm, vllm_ascend and torch_npu are imported only when this engine is built, never
@@ -65,6 +68,7 @@ import torch
 
 from asyncflow.engines.base import Completion, RolloutEngine, chunk_by_bytes
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
+from asyncflow.engines.vllm_lora import VLLMAdapters, llm_kwargs
 from asyncflow.engines.vllm_requests import (
     Boundary,
     engine_kwargs,
@@ -194,6 +198,8 @@ class VLLMRolloutEngine(RolloutEngine):
         self._lock = threading.Lock()  # one weight update at a time; no submission during one
         self._requests: dict[str, _Request] = {}  # on the loop's thread only
         self._stale_prefix_cache = False  # a swap kept KV of old weights: reset when idle
+        # LoRA (max_lora_rank > 0): adapters go to vLLM's own LoRA support (vllm_lora.py)
+        self.adapters = VLLMAdapters(model_dir, cfg.max_lora_rank)
         self._loop = _Loop()
         if self.backend == "ipc":
             # CUDA IPC handles are tuples vLLM's msgpack channel to its engine process
@@ -211,7 +217,7 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        kwargs = engine_kwargs(self.cfg, model_dir, WORKER_EXTENSION)
+        kwargs = engine_kwargs(self.cfg, model_dir, WORKER_EXTENSION) | llm_kwargs(self.cfg.max_lora_rank)
         if self.backend == "ipc":
             from vllm.config import WeightTransferConfig
 
@@ -283,7 +289,7 @@ class VLLMRolloutEngine(RolloutEngine):
         req = self._requests[rid] = _Request(n)
         latest: dict[int, Any] = {}
         try:
-            async for out in self.llm.generate(prompt, vparams, request_id=rid):
+            async for out in self.llm.generate(prompt, vparams, request_id=rid, lora_request=self.adapters.request):
                 for sample in out.outputs:
                     latest[sample.index] = sample
                     req.counts[sample.index] = len(sample.token_ids)
@@ -309,6 +315,7 @@ class VLLMRolloutEngine(RolloutEngine):
         """Load the weights into vLLM's workers; in the middle of a generation, pause
         the running requests (keeping their tokens), load, and resume them."""
         with self._lock:
+            named_tensors = self.adapters.take(named_tensors, version)  # LoRA adapters: vLLM's LoRA support
             paused = self._loop.run(self._pause())
             try:
                 if paused:
@@ -336,8 +343,10 @@ class VLLMRolloutEngine(RolloutEngine):
             for s, count in enumerate(req.counts):
                 req.boundaries[s].append(Boundary(count, version))
 
-    def _transfer(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        if self.backend == "rpc":
+    def _transfer(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
+        if not named_tensors:  # an adapter-only version (LoRA): nothing for the base weights
+            pass
+        elif self.backend == "rpc":
             for chunk in chunk_by_bytes(((n, t.detach().cpu()) for n, t in named_tensors), WEIGHT_CHUNK_BYTES):
                 self._loop.run(self.llm.collective_rpc("asyncflow_load_weights", args=(chunk,)))
         else:
@@ -359,3 +368,4 @@ class VLLMRolloutEngine(RolloutEngine):
             self.llm.shutdown()
         finally:
             self._loop.close()
+            self.adapters.close()
