@@ -49,6 +49,16 @@ OUT_OF_RANGE = [
     ("[train.engine]\nmicro_batch_size = 0", "train.engine.micro_batch_size = 0: out of range", "[train.engine]"),
     ("[eval]\nk = 0", "eval.k = 0: out of range; use a value >= 1", "[eval] k"),
     (
+        "[train.engine.lora]\nalpha = 0",
+        "train.engine.lora.alpha = 0: out of range; use a value > 0",
+        "[train.engine.lora] alpha",
+    ),
+    (
+        "[critic.engine.lora]\nrank = -1",
+        "critic.engine.lora.rank = -1: out of range; use a value >= 0",
+        "[critic.engine.lora] rank",
+    ),
+    (
         "[queue]\ninline_max_bytes = -1",
         "queue.inline_max_bytes = -1: out of range; use a value between 0 and 1048576",
         "[queue] inline_max_bytes",
