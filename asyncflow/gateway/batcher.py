@@ -74,6 +74,7 @@ class Batcher:
             batch = [r for r in self._queue if r.params == params][: self.max_batch]
             taken = {id(r) for r in batch}
             self._queue = [r for r in self._queue if id(r) not in taken]
+            self._cv.notify_all()  # a waiter on the queue's state (tests) sees the take at once
             return batch
 
     def _loop(self) -> None:
