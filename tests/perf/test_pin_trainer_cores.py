@@ -45,6 +45,7 @@ def test_pinning_with_the_ray_launcher_is_refused_by_name(tmp_path):
         load_config(str(path))
 
 
+@pytest.mark.slow  # 23 s: a whole async run
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_in_a_real_async_run_the_trainer_runs_on_its_own_core(tmp_path):

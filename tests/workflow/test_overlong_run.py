@@ -14,7 +14,10 @@ PENALTY = 0.5
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode,num_ranks", [("sync", 1), ("async", 2)])
+@pytest.mark.parametrize(
+    "mode,num_ranks",
+    [("sync", 1), pytest.param("async", 2, marks=pytest.mark.slow)],  # async, 2 ranks: 20 s, with -m slow
+)
 def test_truncated_responses_are_counted_penalised_and_masked_in_every_step(tmp_path, mode, num_ranks):
     run_dir = tmp_path / "run"
     config = write_config(

@@ -15,6 +15,7 @@ from wf_helpers import afctl, assert_trained_exactly_once, child_hosts, wait_for
 HERE = Path(__file__).resolve().parent
 
 
+@pytest.mark.slow  # 40 s: the default suite stays under 10 minutes on 2 cores
 @pytest.mark.timeout(420)
 def test_a_reward_worker_that_dies_in_each_restart_is_retried_then_the_run_stops_cleanly_and_resumes(tmp_path):
     run_dir, crashes = tmp_path / "run", tmp_path / "crashes"

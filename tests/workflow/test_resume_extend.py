@@ -42,6 +42,7 @@ def test_afctl_up_resume_refuses_a_key_by_name_before_starting_anything(tmp_path
     assert "--set rollout.num_replicas: cannot change when resuming" in result.output
 
 
+@pytest.mark.slow  # 35 s: test_e2e's resume test covers resuming in the default suite
 @pytest.mark.timeout(300)
 def test_a_finished_run_resumed_with_more_steps_trains_only_the_new_steps(tmp_path):
     run_dir = tmp_path / "run"
