@@ -8,3 +8,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import sys  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/tiny_config.py, shared by every test directory
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """An untrained tiny Qwen2 model directory, built once per session (tests/envs, tests/gateway)."""
+    from asyncflow.engines.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"), arch="qwen2", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_dir):
+    """``tiny_dir``'s tokenizer."""
+    from asyncflow.engines.hf import load_tokenizer
+
+    return load_tokenizer(tiny_dir)

@@ -1,4 +1,4 @@
-"""Fixtures: the tiny model (built once), its tokenizer, and a gateway on a free loopback port."""
+"""Fixtures: a gateway on a free loopback port, over tests/conftest.py's tiny model (``tiny_dir``, ``tokenizer``)."""
 
 import threading
 
@@ -6,20 +6,6 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    from asyncflow.engines.tiny import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("gateway-tiny"), arch="qwen2", seed=0)
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tiny_dir):
-    from asyncflow.engines.hf import load_tokenizer
-
-    return load_tokenizer(tiny_dir)
 
 
 class SpyEngine:
