@@ -6,6 +6,11 @@ The estimate counts what each process holds for the whole run: the trainer's mod
 states (weights, gradients, AdamW moments at the parameter dtype; twice with a PPO
 critic), a reference copy of the weights, each rollout replica's weights and its
 KV-cache budget, each reward-model replica's weights (and a judge's KV cache).
+With LoRA (``train.engine.lora.rank > 0``) the trainer holds the weights of every
+parameter (base + adapters) but gradients and AdamW moments of the trainable ones
+only (adapters, + the norms with ``train_norms``), and a weight sync stages only
+those (``planner.models.trainable_params``); a native replica also keeps the base
+copy of each adapted weight, to merge each new adapter onto.
 Activations are excluded (they depend on micro-batch sizes), so it is a lower bound.
 On cpu every process shares the host's memory, compared with MemAvailable; on
 accelerators the per-device figures are printed for the user to compare with the
@@ -17,8 +22,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from asyncflow.config.run import ConfigError, RunConfig
+
+if TYPE_CHECKING:
+    from asyncflow.planner.models import Lora, ModelShape
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _GIB = 1 << 30
@@ -34,22 +43,49 @@ def _available_host_bytes() -> int | None:
     return None
 
 
+def trainer_state_bytes(shape: ModelShape, lora: Lora, dtype_bytes: int) -> int:
+    """A trained model's state at the parameter dtype: the weights of every parameter
+    (base + adapters), and a gradient and two AdamW moments per trainable one. Without
+    LoRA: 4 x params x dtype_bytes."""
+    from asyncflow.planner.models import total_params, trainable_params
+
+    return dtype_bytes * (total_params(shape, lora) + 3 * trainable_params(shape, lora))
+
+
+def adapted_weight_params(shape: ModelShape, lora: Lora) -> int:
+    """Parameters of the weights LoRA adapts (0 without LoRA)."""
+    from asyncflow.planner.models import linear_features
+
+    if lora.rank == 0:
+        return 0
+    return shape.num_layers * sum(i * o for i, o in (linear_features(shape, m) for m in lora.target_modules))
+
+
 def estimate(cfg: RunConfig, model_dir: str, reward_model_dir: str = "") -> dict[str, float]:
     """Bytes per process role (lower bound: no activations). ``reward_model_dir``: the
     reward-model role's model (empty: the policy's, which a judge without a path uses)."""
     from asyncflow.planner.io import from_hf_config
+    from asyncflow.planner.models import Lora, trainable_params
 
-    params = from_hf_config(Path(model_dir) / "config.json").num_params
+    shape = from_hf_config(Path(model_dir) / "config.json")
+    params = shape.num_params
+    lora = Lora.of(cfg.train.engine.lora)
+    synced = trainable_params(shape, lora)  # what a weight sync carries: every weight, or the adapters (+ norms)
     train_b = _DTYPE_BYTES[cfg.train.engine.dtype]
     rollout_b = _DTYPE_BYTES[cfg.rollout.engine.dtype]
     kv = cfg.rollout.engine.kv_cache_bytes or (64 << 20 if cfg.rollout.engine.kv_cache_fraction is None else 0)
-    trainer = params * train_b * 4 * (2 if cfg.algorithm.name == "ppo" else 1)  # weights, grads, 2 Adam moments
+    trainer = trainer_state_bytes(shape, lora, train_b)
+    if cfg.algorithm.name == "ppo":
+        trainer += trainer_state_bytes(shape, Lora.of(cfg.critic.engine.lora), train_b)
     ranks = cfg.train.num_ranks  # FSDP2 shards that state over the ranks
-    out = {"trainer": trainer / ranks + params * 4}  # + the host-staged snapshot published to rollout (fp32 on cpu)
+    out = {"trainer": trainer / ranks + synced * 4}  # + the host-staged snapshot published to rollout (fp32 on cpu)
     for r in range(1, ranks):
         out[f"trainer.{r}"] = trainer / ranks
+    # a native replica keeps the base of each adapted weight beside the merged one (engines/native_rollout.py)
+    base_copies = adapted_weight_params(shape, lora) if cfg.rollout.engine.type == "native" else 0
     for i in range(cfg.rollout.num_replicas):
-        out[f"rollout.{i}"] = params * rollout_b + kv + params * 4  # weights + KV budget + the staged next version
+        # weights + KV budget + the staged next version (+ the LoRA base copies)
+        out[f"rollout.{i}"] = params * rollout_b + kv + synced * 4 + base_copies * rollout_b
     if cfg.algorithm.kl_coef > 0:
         for i in range(cfg.reference.num_workers):
             out[f"reference.{i}"] = params * train_b

@@ -117,6 +117,21 @@ def _boundary(infeasible) -> list:
     show_default=True,
     help="Devices of the reward-model role (with --reward-model).",
 )
+@click.option(
+    "--lora-rank",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="LoRA adapter rank ([train.engine.lora] rank); 0: full fine-tuning. Only the adapters get gradients, "
+    "optimizer state and a weight sync.",
+)
+@click.option(
+    "--lora-targets",
+    default="q_proj,k_proj,v_proj,o_proj",
+    show_default=True,
+    help="With --lora-rank: the adapted linear layers of each block, comma-separated.",
+)
+@click.option("--lora-train-norms", is_flag=True, help="With --lora-rank: the RMSNorm weights train (and sync) too.")
 @click.option("--top", type=int, default=5, show_default=True, help="Plans to show.")
 @click.option(
     "--profile", "profile_path", type=click.Path(dir_okay=False), help="Calibrated efficiency factors from `afctl profile`."
@@ -155,6 +170,9 @@ def plan(
     critic,
     reward_model_name,
     reward_model_devices,
+    lora_rank,
+    lora_targets,
+    lora_train_norms,
     top,
     profile_path,
     as_json,
@@ -189,6 +207,7 @@ def plan(
     from asyncflow.planner.cost import Workload
     from asyncflow.planner.hardware import get_hardware
     from asyncflow.planner.io import get_model, load_profile
+    from asyncflow.planner.models import Lora, linear_features, total_params, trainable_params
     from asyncflow.planner.search import best_sync, search, speedup
 
     try:  # the model first: a wrong name is the mistake to report, whatever else is missing
@@ -201,6 +220,13 @@ def plan(
         raise click.BadParameter(str(exc), param_hint="--reward-model") from None
     if reward_model is not None and reward_model_devices < 1:
         raise click.BadParameter("the reward model needs at least one device", param_hint="--reward-model-devices")
+    targets = tuple(m.strip() for m in lora_targets.split(",") if m.strip())
+    lora = Lora(rank=lora_rank, target_modules=targets, train_norms=lora_train_norms)
+    try:
+        for m in lora.target_modules:
+            linear_features(model, m)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--lora-targets") from None
     given = [x for x in (npus, gpus, devices) if x is not None]
     if len(given) != 1:
         raise click.UsageError("give exactly one of --npus N, --gpus N or --devices N")
@@ -223,6 +249,7 @@ def plan(
             staleness=staleness,
             use_reference=not no_reference,
             use_critic=critic,
+            lora=lora,
         )
         result = search(
             model, hw, wl, num_devices, eff, top_k=top, reward_model=reward_model, reward_model_devices=reward_model_devices
@@ -263,6 +290,12 @@ def plan(
         f"response {wl.response_len_tokens} (max {wl.max_response_len_tokens}), staleness {wl.staleness}"
         + (f", profile {profile_path}" if profile_path else ", default efficiencies (calibrate: afctl profile)")
     )
+    if lora.rank:
+        click.echo(
+            f"LoRA rank {lora.rank} on {', '.join(lora.target_modules)}{' + norms' if lora.train_norms else ''}: "
+            f"{_params(trainable_params(model, lora))} trainable of {_params(total_params(model, lora))} params "
+            "(grads, optimizer state and weight sync for the trainable ones only)"
+        )
     if not result.plans:
         click.echo("no plan fits in memory:")
         for item in _boundary(result.infeasible):

@@ -17,6 +17,10 @@ All times are seconds per RL step; memory is bytes per device.
   all-gathers / reduce-scatters that do not hide behind compute. Memory: 16 bytes
   per parameter of model state (bf16 params and grads, fp32 master + Adam m, v),
   sharded over tp x pp x dp, plus checkpointed activations and the fp32 logits.
+  With LoRA (`Workload.lora`) only the T trainable parameters (adapters, + norms)
+  carry grads, master and Adam state: 2 (P + A) + 14 T bytes for P base and A
+  adapter parameters (`train_state_bytes`); the optimizer and the gradients'
+  reduce-scatter cover T only.
 - Reference (and critic) forward: 2P FLOPs per token, weights 2P/tp.
 - Reward model (a served role on devices of its own): a classifier is a forward of
   its own shape over every token of the step, with a one-score head instead of the
@@ -25,6 +29,7 @@ All times are seconds per RL step; memory is bytes per device.
   phase in sync mode.
 - Weight sync: the rollout shard (2P/tp bytes) over the inter-node link; with the
   delayed parameter update only the host-to-device swap stays on the rollout path.
+  With LoRA only the trainable parameters travel: 2T/tp bytes.
 - A step: synchronous = the sum of its phases. Asynchronous with staleness k =
   max(each stage's time, (the dependency chain: generate -> train -> sync) / (k+1)),
   since k+1 steps may be in flight around that loop.
@@ -38,7 +43,7 @@ import msgspec
 
 from asyncflow.planner.calibration import Efficiency
 from asyncflow.planner.hardware import GiB, Hardware
-from asyncflow.planner.models import ModelShape
+from asyncflow.planner.models import Lora, ModelShape, total_params, trainable_params
 
 DTYPE_BYTES = 2  # bf16 weights, activations and KV cache
 MODEL_STATE_BYTES_PER_PARAM = 16  # bf16 param + bf16 grad + fp32 master, Adam m and v
@@ -58,6 +63,7 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True):
     use_critic: bool = False  # PPO
     train_micro_batch_tokens: int = 0  # 0: max(one max-length sequence, 16384), sequences packed
     prefill_chunk_tokens: int = 2048
+    lora: Lora = msgspec.field(default_factory=Lora)  # rank 0: full fine-tuning
 
     @property
     def num_samples(self) -> int:
@@ -127,6 +133,13 @@ def _check_fit(role: RoleCost) -> RoleCost:
         role.feasible = False
         role.reason = _explain(role)
     return role
+
+
+def train_state_bytes(model: ModelShape, lora: Lora) -> int:
+    """The policy's model state: bf16 weights of every parameter (base + adapters), and
+    the grad, fp32 master and Adam m, v of the trainable ones only. Without LoRA 16P."""
+    trainable = trainable_params(model, lora)
+    return DTYPE_BYTES * total_params(model, lora) + (MODEL_STATE_BYTES_PER_PARAM - DTYPE_BYTES) * trainable
 
 
 def allreduce_s(hw: Hardware, eff: Efficiency, num_bytes: float, group: int, inter_node: bool) -> float:
@@ -286,16 +299,22 @@ def train_cost(
     compute_s *= 1 + (pp - 1) / num_mb  # 1F1B pipeline bubble
     layers_per_stage = math.ceil(model.num_layers / pp)
     tp_s = num_mb * layers_per_stage * 4 * allreduce_s(hw, eff, mb * model.hidden_size * DTYPE_BYTES, tp, False)
-    # FSDP over dp: bf16 all-gather in forward and backward per micro-batch, fp32 reduce-scatter once.
-    shard_params = models_trained * model.num_params / (tp * pp)
+    # FSDP over dp: bf16 all-gather in forward and backward per micro-batch, fp32 reduce-scatter once
+    # (of the trainable parameters' gradients). The critic (PPO) trains in full.
+    critic_params = model.num_params if wl.use_critic else 0
+    gathered_params = (total_params(model, wl.lora) + critic_params) / (tp * pp)
+    reduced_params = (trainable_params(model, wl.lora) + critic_params) / (tp * pp)
     dp_inter = devices > hw.devices_per_node
     gather_s = (
-        num_mb * 2 * allreduce_s(hw, eff, shard_params * DTYPE_BYTES, dp, dp_inter) / 2
-        + allreduce_s(hw, eff, shard_params * 4, dp, dp_inter) / 2
+        num_mb * 2 * allreduce_s(hw, eff, gathered_params * DTYPE_BYTES, dp, dp_inter) / 2
+        + allreduce_s(hw, eff, reduced_params * 4, dp, dp_inter) / 2
     )
     exposed_comm_s = max(0.0, gather_s - compute_s) + (hw.collective_latency_s if dp > 1 else 0.0)
-    state_bytes = MODEL_STATE_BYTES_PER_PARAM * models_trained * model.num_params / devices
-    optimizer_s = 3 * state_bytes / (hw.memory_bandwidth_bytes_per_s * eff.decode_bandwidth)
+    critic_state = MODEL_STATE_BYTES_PER_PARAM * critic_params
+    state_bytes = (train_state_bytes(model, wl.lora) + critic_state) / devices
+    # the optimizer step passes over the trainable parameters' state only
+    optimizer_bytes = MODEL_STATE_BYTES_PER_PARAM * (trainable_params(model, wl.lora) + critic_params) / devices
+    optimizer_s = 3 * optimizer_bytes / (hw.memory_bandwidth_bytes_per_s * eff.decode_bandwidth)
     time_s = compute_s + tp_s + exposed_comm_s + optimizer_s + num_mb * eff.train_overhead_s
     time_s += models_trained * tokens / dp * layers_per_stage * eff.train_overhead_s_per_token_layer
     memory = {
@@ -328,16 +347,20 @@ def train_cost(
     return _check_fit(cost)
 
 
-def weight_transfer_s(model: ModelShape, hw: Hardware, eff: Efficiency, rollout_tp: int, colocated: bool = False) -> float:
-    """New weights into every rollout device: its shard over the inter-node link (or local reshard)."""
-    shard = model.num_params * DTYPE_BYTES / rollout_tp
+def weight_transfer_s(
+    model: ModelShape, hw: Hardware, eff: Efficiency, rollout_tp: int, colocated: bool = False, lora: Lora | None = None
+) -> float:
+    """New weights into every rollout device: its shard over the inter-node link (or local
+    reshard); with LoRA only the trainable parameters (adapters, + norms) travel."""
+    shard = trainable_params(model, lora or Lora()) * DTYPE_BYTES / rollout_tp
     link = hw.intra_node_bandwidth_bytes_per_s if colocated else hw.inter_node_bandwidth_bytes_per_s
     return shard / (link * eff.link_bandwidth) + hw.collective_latency_s
 
 
-def weight_swap_s(model: ModelShape, hw: Hardware, rollout_tp: int) -> float:
-    """Delayed parameter update: host buffer -> device copy at a generation-iteration boundary."""
-    return model.num_params * DTYPE_BYTES / rollout_tp / hw.host_to_device_bandwidth_bytes_per_s
+def weight_swap_s(model: ModelShape, hw: Hardware, rollout_tp: int, lora: Lora | None = None) -> float:
+    """Delayed parameter update: host buffer -> device copy at a generation-iteration
+    boundary (with LoRA, of the adapters: what the sync sent)."""
+    return trainable_params(model, lora or Lora()) * DTYPE_BYTES / rollout_tp / hw.host_to_device_bandwidth_bytes_per_s
 
 
 class StepCost(msgspec.Struct, kw_only=True):
@@ -394,7 +417,8 @@ def sync_step(
     return StepCost(mode=mode, staleness=0, step_s=sum(stages.values()), bottleneck=bottleneck, stage_s=stages)
 
 
-def offload_s(model: ModelShape, hw: Hardware, devices: int, use_critic: bool) -> float:
+def offload_s(model: ModelShape, hw: Hardware, devices: int, use_critic: bool, lora: Lora | None = None) -> float:
     """Colocated mode: training states to host before generation and back after (both ways)."""
-    state = MODEL_STATE_BYTES_PER_PARAM * (2 if use_critic else 1) * model.num_params / devices
+    critic_state = MODEL_STATE_BYTES_PER_PARAM * model.num_params if use_critic else 0
+    state = (train_state_bytes(model, lora or Lora()) + critic_state) / devices
     return 2 * state / hw.host_to_device_bandwidth_bytes_per_s

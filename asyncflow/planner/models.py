@@ -5,6 +5,11 @@ Only the shape matters to the cost model: parameter count, FLOPs per token, KV-c
 bytes per token. Parameters are counted from the shape (attention with q/k/v biases,
 SwiGLU MLP, RMSNorm, embeddings tied or not), so a preset's count matches the
 published checkpoint to within a fraction of a percent.
+
+LoRA (`Lora`, from ``[train.engine.lora]``) changes what trains, not the shape: the
+adapters add `lora_params` weights, and only they (with ``train_norms``, the RMSNorm
+weights too) have gradients and optimizer state and travel at a weight sync
+(`trainable_params`); the frozen base holds its weights only.
 """
 
 from __future__ import annotations
@@ -68,6 +73,62 @@ class ModelShape(msgspec.Struct, kw_only=True, frozen=True):
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return 2 * self.num_layers * self.kv_dim * dtype_bytes
+
+
+class Lora(msgspec.Struct, kw_only=True, frozen=True):
+    """What LoRA trains (``[train.engine.lora]``); ``rank = 0``: off, every parameter trains."""
+
+    rank: int = 0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    train_norms: bool = False
+
+    @classmethod
+    def of(cls, spec) -> Lora:
+        """From a config's ``LoraConfig`` (``train.engine.lora``)."""
+        return cls(rank=spec.rank, target_modules=tuple(spec.target_modules), train_norms=spec.train_norms)
+
+
+def linear_features(model: ModelShape, module: str) -> tuple[int, int]:
+    """(in_features, out_features) of a decoder block's linear layer ``module`` (q_proj ... down_proj)."""
+    h, q, kv, inter = model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size
+    shapes = {
+        "q_proj": (h, q),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (q, h),
+        "gate_proj": (h, inter),
+        "up_proj": (h, inter),
+        "down_proj": (inter, h),
+    }
+    if module not in shapes:
+        raise ValueError(f"{module!r} is not a linear layer of a decoder block: one of {', '.join(shapes)}")
+    return shapes[module]
+
+
+def lora_params(model: ModelShape, rank: int, target_modules: tuple[str, ...]) -> int:
+    """Parameters of the LoRA adapters, from the shape alone (no model is built): each
+    target module of each layer gets A [rank, in_features] and B [out_features, rank],
+    so rank x (in_features + out_features) per module per layer. 0 when ``rank`` is 0."""
+    per_layer = sum(rank * sum(linear_features(model, m)) for m in target_modules)
+    return model.num_layers * per_layer
+
+
+def norm_params(model: ModelShape) -> int:
+    """RMSNorm weights: two per layer and the final one, ``hidden_size`` each."""
+    return (2 * model.num_layers + 1) * model.hidden_size
+
+
+def total_params(model: ModelShape, lora: Lora) -> int:
+    """Every weight the trainer holds: the model's, plus the adapters with LoRA."""
+    return model.num_params + lora_params(model, lora.rank, lora.target_modules)
+
+
+def trainable_params(model: ModelShape, lora: Lora) -> int:
+    """The parameters with gradients and optimizer state, which are also what a weight sync
+    sends: all of them without LoRA; with it the adapters (+ the norms with ``train_norms``)."""
+    if lora.rank == 0:
+        return model.num_params
+    return lora_params(model, lora.rank, lora.target_modules) + (norm_params(model) if lora.train_norms else 0)
 
 
 def _qwen(name, layers, hidden, inter, heads, kv, vocab, tied) -> ModelShape:

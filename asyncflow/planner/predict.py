@@ -21,7 +21,7 @@ import msgspec
 from asyncflow.planner import cost, framework, workflow
 from asyncflow.planner.calibration import Profile
 from asyncflow.planner.hardware import get_hardware
-from asyncflow.planner.models import ModelShape
+from asyncflow.planner.models import Lora, ModelShape, trainable_params
 
 ROLLOUT_WAKES_ON_ANNOUNCE = True  # its wait ends at WeightsReady (since 51cadc0; before, a blocking get slept through it)
 
@@ -71,6 +71,7 @@ def predict(
         samples_per_prompt=G,
         use_reference=cfg.algorithm.kl_coef > 0,
         use_critic=cfg.algorithm.name == "ppo",
+        lora=Lora.of(cfg.train.engine.lora),
     )
     # one call: a static batch, prefilled once, decoded until its longest sample ends; finished samples leave the batch
     call = framework.generate_call(model, hw, eff, batch, prompt, resp, longest)
@@ -82,7 +83,7 @@ def predict(
     ref = cost.forward_cost(model, hw, eff, padded, threads, 1) if wl.use_reference else None
     # the reward model scores beside the reference (its own processes): the later of the two holds the rows
     rm = cost.reward_model_cost(inputs.reward_model, hw, eff, padded, threads, 1) if inputs.reward_model else None
-    transfer_s = cost.weight_transfer_s(model, hw, eff, 1)
+    transfer_s = cost.weight_transfer_s(model, hw, eff, 1, lora=wl.lora)
     replicas = cfg.rollout.num_replicas
     rollout_workers = replicas * threads
     # generate calls per step: over every loaded group (dynamic sampling over-samples; the trainer keeps at most prompts_per_step)
@@ -93,7 +94,7 @@ def predict(
         "call_queue_s": framework.queue_s(eff, framework.ROLLOUT_CALL_ASKS, batch),
         "trainer_s": framework.trainer_extra_s(eff, S),
         "trainer_queue_s": framework.queue_s(eff, framework.TRAINER_STEP_ASKS, S),
-        "snapshot_s": framework.snapshot_s(eff, model.num_params),
+        "snapshot_s": framework.snapshot_s(eff, trainable_params(model, wl.lora)),  # what a publish exports
         "publish_asks_s": framework.queue_s(eff, framework.PUBLISH_ASKS, 0),
         "reward_queue_s": framework.queue_s(eff, framework.REWARD_UNIT_ASKS, batch),
         # rollout's put -> the reward wakes; the reward's put -> the trainer wakes
@@ -130,7 +131,7 @@ def predict(
                 train_s=(train.time_s + framework_s["trainer_s"]) * f_train * s_train + framework_s["trainer_queue_s"],
                 publish_s=transfer_s + framework_s["snapshot_s"] * f_train * s_train + framework_s["publish_asks_s"],
                 fetch_s=transfer_s + framework.queue_s(eff, framework.FETCH_ASKS, 0),
-                swap_s=cost.weight_swap_s(model, hw, 1) + framework.queue_s(eff, framework.SWAP_ASKS, 0),
+                swap_s=cost.weight_swap_s(model, hw, 1, wl.lora) + framework.queue_s(eff, framework.SWAP_ASKS, 0),
                 reward_s=max(((r.time_s if mode == "sync" else r.latency_s) if r else 0.0) for r in (ref, rm))
                 + framework_s["reward_queue_s"]
                 + framework_s["handoffs_s"]

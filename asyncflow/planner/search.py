@@ -186,8 +186,12 @@ class _Roles:
 
             def score(c: RoleCost) -> float:
                 if mode == "async":
-                    return max(c.time_s + weight_swap_s(self.model, self.hw, c.tp), (c.time_s + c.tail_s) / (k + 1))
-                return c.time_s + c.tail_s + weight_transfer_s(self.model, self.hw, self.eff, c.tp, mode == "colocated")
+                    return max(c.time_s + weight_swap_s(self.model, self.hw, c.tp, self.wl.lora), (c.time_s + c.tail_s) / (k + 1))
+                return (
+                    c.time_s
+                    + c.tail_s
+                    + weight_transfer_s(self.model, self.hw, self.eff, c.tp, mode == "colocated", self.wl.lora)
+                )
 
             sink = self.infeasible if mode == "async" else []
             self._rollout[key] = _best(cands, score, sink)
@@ -280,8 +284,8 @@ def search(
                 rollout,
                 train,
                 reference,
-                weight_transfer_s(model, hw, eff, rollout.tp),
-                weight_swap_s(model, hw, rollout.tp),
+                weight_transfer_s(model, hw, eff, rollout.tp, lora=wl.lora),
+                weight_swap_s(model, hw, rollout.tp, wl.lora),
                 wl.staleness,
                 rm_cost,
             )
@@ -289,7 +293,11 @@ def search(
             rollout_sync = roles.rollout(rollout_devices, "sync")
             assert rollout_sync is not None  # the async rollout fits on these devices, so the sync one does
             sync = sync_step(
-                rollout_sync, train, reference, weight_transfer_s(model, hw, eff, rollout_sync.tp), reward_model=rm_cost
+                rollout_sync,
+                train,
+                reference,
+                weight_transfer_s(model, hw, eff, rollout_sync.tp, lora=wl.lora),
+                reward_model=rm_cost,
             )
             if sync_best is None or sync.step_s < sync_best[0]:
                 sync_best = (sync.step_s, rollout_devices, ref_devices)
@@ -304,8 +312,8 @@ def search(
             rollout,
             train,
             reference,
-            weight_transfer_s(model, hw, eff, rollout.tp),
-            weight_swap_s(model, hw, rollout.tp),
+            weight_transfer_s(model, hw, eff, rollout.tp, lora=wl.lora),
+            weight_swap_s(model, hw, rollout.tp, wl.lora),
             wl.staleness,
             rm_cost,
         )
@@ -317,7 +325,9 @@ def search(
         reference = roles.reference(ref_devices) if ref_devices else None
         train = roles.train(num_devices - rollout_devices - ref_devices, with_reference=use_ref and not ref_devices)
         assert rollout is not None and train is not None  # the best sync split was scored, so it is feasible
-        step = sync_step(rollout, train, reference, weight_transfer_s(model, hw, eff, rollout.tp), reward_model=rm_cost)
+        step = sync_step(
+            rollout, train, reference, weight_transfer_s(model, hw, eff, rollout.tp, lora=wl.lora), reward_model=rm_cost
+        )
         sync_plan = _plan("sync", step, rollout, train, reference, wl, rm_cost)
     return SearchResult(
         plans=plans,
@@ -352,12 +362,12 @@ def colocated_plan(roles: _Roles, num_devices: int, reward_model: ModelShape | N
     rm = roles.reward_model(reward_model, num_devices) if reward_model is not None else None
     if rollout is None or train is None or (reward_model is not None and rm is None):
         return None
-    extra = offload_s(model, hw, num_devices, wl.use_critic)
+    extra = offload_s(model, hw, num_devices, wl.use_critic, wl.lora)
     step = sync_step(
         rollout,
         train,
         None,
-        weight_transfer_s(model, hw, eff, rollout.tp, colocated=True),
+        weight_transfer_s(model, hw, eff, rollout.tp, colocated=True, lora=wl.lora),
         mode="colocated",
         extra_s=extra,
         reward_model=rm,

@@ -1,0 +1,108 @@
+"""LoRA in the planner's cost model and `afctl plan`: the adapter count from the shape
+matches peft's on the real engine, only the trainable parameters carry gradients and
+optimizer state and travel at a sync, and without LoRA nothing changes."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from asyncflow.cli.main import main
+from asyncflow.engines.config import LoraConfig, TrainEngineConfig
+from asyncflow.engines.factory import build_train_engine
+from asyncflow.engines.lora import LINEAR_MODULES
+from asyncflow.planner.calibration import Efficiency
+from asyncflow.planner.cost import Workload, offload_s, train_cost, weight_swap_s, weight_transfer_s
+from asyncflow.planner.hardware import get_hardware
+from asyncflow.planner.io import from_hf_config
+from asyncflow.planner.models import PRESETS, Lora, linear_features, lora_params, total_params, trainable_params
+
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@pytest.mark.parametrize(
+    "targets, train_norms", [(ATTN, False), (("v_proj", "down_proj"), False), (LINEAR_MODULES, True)], ids=str
+)
+def test_the_adapter_count_from_the_shape_is_peft_s_count_on_the_tiny_model(tiny_dir, targets, train_norms):
+    spec = LoraConfig(rank=4, target_modules=targets, train_norms=train_norms)
+    engine = build_train_engine(TrainEngineConfig(lora=spec), str(tiny_dir))  # peft's layers, as a run builds them
+    params = list(engine.net.parameters())
+    trained = sum(p.numel() for p in params if p.requires_grad)
+    in_optimizer = sum(p.numel() for g in engine.optimizer.param_groups for p in g["params"])
+    adapters = sum(p.numel() for n, p in engine.net.named_parameters() if ".lora_" in n)
+    shape = from_hf_config(tiny_dir)
+    lora = Lora.of(spec)
+    assert lora_params(shape, 4, targets) == adapters > 0
+    assert trainable_params(shape, lora) == trained == in_optimizer
+    assert total_params(shape, lora) == sum(p.numel() for p in params)
+    assert trained < shape.num_params / 3
+
+
+def test_every_adaptable_layer_of_the_engines_has_a_shape_and_others_are_refused():
+    m = PRESETS["7b"]
+    assert {name: linear_features(m, name) for name in LINEAR_MODULES}["down_proj"] == (18944, 3584)
+    with pytest.raises(ValueError, match="not a linear layer"):
+        linear_features(m, "lm_head")
+
+
+def _attention_adapters(m, rank: int) -> int:
+    """rank x (in + out) of q, k, v, o per layer, written out: q/o h <-> heads x head_dim, k/v h -> kv_dim."""
+    h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim_, m.num_kv_heads * m.head_dim_
+    return m.num_layers * rank * ((h + q) + (h + kv) + (h + kv) + (q + h))
+
+
+def test_lora_training_state_is_bf16_weights_of_all_and_16_bytes_per_trainable_parameter():
+    m, hw = PRESETS["7b"], get_hardware("h100")
+    P, A = m.num_params, _attention_adapters(m, 8)
+    assert A == 28 * 8 * (4 * 3584 + 2 * 3584 + 2 * 512)  # 5,046,272
+    full = train_cost(m, hw, Efficiency(), Workload(), devices=8, tp=1, pp=1)
+    lora = train_cost(m, hw, Efficiency(), Workload(lora=Lora(rank=8)), devices=8, tp=1, pp=1)
+    assert full.memory_bytes["model_states"] == 16 * P / 8
+    assert lora.memory_bytes["model_states"] == (2 * (P + A) + 14 * A) / 8
+    assert full.memory_bytes["model_states"] - lora.memory_bytes["model_states"] == pytest.approx((14 * P - 16 * A) / 8)
+    assert lora.time_s < full.time_s  # the optimizer passes over the adapters' state only
+    norms = (2 * m.num_layers + 1) * m.hidden_size
+    with_norms = train_cost(m, hw, Efficiency(), Workload(lora=Lora(rank=8, train_norms=True)), devices=8, tp=1, pp=1)
+    assert with_norms.memory_bytes["model_states"] == (2 * (P + A) + 14 * (A + norms)) / 8
+    # PPO: the critic trains in full beside the LoRA policy
+    ppo = train_cost(m, hw, Efficiency(), Workload(use_critic=True, lora=Lora(rank=8)), devices=8, tp=1, pp=1)
+    assert ppo.memory_bytes["model_states"] == (2 * (P + A) + 14 * A + 16 * P) / 8
+    assert offload_s(m, hw, 8, False, Lora(rank=8)) / offload_s(m, hw, 8, False) == pytest.approx(
+        (2 * (P + A) + 14 * A) / (16 * P)
+    )
+
+
+def test_a_lora_weight_sync_moves_the_adapters_only():
+    m, hw = PRESETS["7b"], get_hardware("h100")
+    P, A = m.num_params, _attention_adapters(m, 16)
+    lat = hw.collective_latency_s
+    full, lora = weight_transfer_s(m, hw, Efficiency(), 2), weight_transfer_s(m, hw, Efficiency(), 2, lora=Lora(rank=16))
+    assert (lora - lat) / (full - lat) == pytest.approx(A / P)
+    assert weight_swap_s(m, hw, 2, Lora(rank=16)) / weight_swap_s(m, hw, 2) == pytest.approx(A / P)
+
+
+def test_without_lora_nothing_changes_whatever_the_other_lora_keys_say():
+    m, hw = PRESETS["7b"], get_hardware("h100")
+    off = Lora(rank=0, target_modules=LINEAR_MODULES, train_norms=True)
+    assert trainable_params(m, off) == total_params(m, off) == m.num_params
+    for kw in ({}, {"use_critic": True}):
+        a = train_cost(m, hw, Efficiency(), Workload(**kw), devices=16, tp=2, pp=2)
+        b = train_cost(m, hw, Efficiency(), Workload(lora=off, **kw), devices=16, tp=2, pp=2)
+        assert a.memory_bytes == b.memory_bytes and a.time_s == b.time_s
+        assert a.memory_bytes["model_states"] == 16 * (2 if kw else 1) * m.num_params / 16
+    assert weight_transfer_s(m, hw, Efficiency(), 1, lora=off) == weight_transfer_s(m, hw, Efficiency(), 1)
+
+
+def _plan(*args):
+    return CliRunner().invoke(main, ["plan", "--model", "7b", "--gpus", "2", "--hardware", "h100", *args])
+
+
+def test_afctl_plan_fits_a_7b_on_two_gpus_with_lora_and_not_without():
+    full = _plan()
+    assert full.exit_code != 0 and "no plan fits in memory" in full.output and "model_states 56.7" in full.output
+    lora = _plan("--lora-rank", "8", "--json")
+    assert lora.exit_code == 0, lora.output
+    plans = json.loads(lora.output.strip().splitlines()[-1])["plans"]
+    assert plans and plans[0]["train_devices"] == 1
+    bad = _plan("--lora-rank", "8", "--lora-targets", "q_proj,lm_head")
+    assert bad.exit_code != 0 and "lm_head" in bad.output
