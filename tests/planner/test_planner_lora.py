@@ -106,3 +106,30 @@ def test_afctl_plan_fits_a_7b_on_two_gpus_with_lora_and_not_without():
     assert plans and plans[0]["train_devices"] == 1
     bad = _plan("--lora-rank", "8", "--lora-targets", "q_proj,lm_head")
     assert bad.exit_code != 0 and "lm_head" in bad.output
+
+
+def test_a_run_config_with_lora_is_predicted_with_the_adapters_sync():
+    from asyncflow.config.run import load_config_text
+    from asyncflow.planner.calibration import Profile
+    from asyncflow.planner.predict import ConfigInputs, predict
+
+    m = PRESETS["0.5b"]
+    inputs = ConfigInputs(model=m, prompt_tokens=8.0, reward_score_s={"sync": 0.01, "async": 0.01})
+    eff = Efficiency(snapshot_overhead_s=0.001, snapshot_s_per_param=1e-9)
+    profile = Profile(hardware="cpu", efficiency=eff)
+
+    def run(toml: str) -> dict:
+        return predict(load_config_text(toml), profile, inputs, cores=2, num_steps=5, poll_s=0.05)
+
+    full, lora = run(""), run("[train.engine.lora]\nrank = 8")
+    assert run('[train.engine.lora]\nrank = 0\ntarget_modules = ["up_proj"]') == full
+    T = _attention_adapters(m, 8)
+    assert lora["framework"]["snapshot_s"] == pytest.approx(0.001 + T * 1e-9)
+    assert full["framework"]["snapshot_s"] == pytest.approx(0.001 + m.num_params * 1e-9)
+    hw = get_hardware("cpu")
+    for mode in ("sync", "async"):
+        got, was = lora["modes"][mode]["stages"], full["modes"][mode]["stages"]
+        assert was["fetch_s"] - got["fetch_s"] == pytest.approx(
+            weight_transfer_s(m, hw, eff, 1) - weight_transfer_s(m, hw, eff, 1, lora=Lora(rank=8))
+        )
+        assert got["swap_s"] < was["swap_s"]
