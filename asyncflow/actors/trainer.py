@@ -75,6 +75,7 @@ from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._manifest import write_manifest
 from asyncflow.actors._pause import pause_role
 from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
+from asyncflow.actors._prefetch import BatchPrefetch
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors._versions import VersionLedger, token_staleness
 from asyncflow.actors.names import COLLECTOR, TASK_TRAIN
@@ -114,6 +115,8 @@ class TrainerActor(LoopActor):
         self.step = launch.start_step
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
         self.acks = DeferredAcks(self.tq)  # each step's rows ride on the next step's GetBatch
+        self._prefetch = BatchPrefetch(self._request_batch, ctx.name)  # step s + 1's request, sent while s trains
+        self._prefetched = False  # this step's batch came from the prefetch
         self.columns = self.policy.columns
         self._weights = self._weights_actor()
         self._collector = ctx.ref(COLLECTOR)
@@ -154,6 +157,7 @@ class TrainerActor(LoopActor):
         return self.step
 
     def on_stop(self) -> None:
+        self._prefetch.close()
         super().on_stop()
         if self._evaluator is not None:
             self._evaluator.close()
@@ -202,23 +206,45 @@ class TrainerActor(LoopActor):
         """Exactly the rows planned for this step, with every column in, split into one
         part of whole prompt groups per rank (with dynamic sampling, all of the step's
         over-sampled rows in one part: the filter splits the kept ones); None if they
-        are not all in within 1 s."""
-        cfg = self.run.config
+        are not all in within 1 s. The request was usually sent while the last step
+        trained (``_prefetch.py``); then only its reply is waited for."""
         with self.activity("wait_data"):
-            try:
-                return self.tq.get_meta(
-                    TASK_TRAIN,
-                    self.columns,
-                    cfg.rows_per_step,
-                    policy="group",
-                    dp_size=1 if cfg.algorithm.dynamic_sampling else self.ranks.num_ranks,
-                    min_step=self.step,
-                    max_step=self.step,
-                    timeout_s=1.0,
-                    ack=self.acks.take(TASK_TRAIN),
-                )
-            except BatchTimeout:
-                return None
+            meta = self._prefetch.take(self.step)
+            self._prefetched = meta is not None
+            if meta is None:
+                meta = self._request_batch(self.step, self.acks.take(TASK_TRAIN))
+        if meta is not None and self._may_prefetch(self.step + 1):
+            self._prefetch.start(self.step + 1, self.acks.take(TASK_TRAIN))
+        return meta
+
+    def _request_batch(self, step: int, ack: list[int]) -> protocol.BatchMeta | None:
+        """One GetBatch of ``step``'s rows (acking ``ack``); None if not all in within 1 s.
+        Runs in the trainer's thread or in the prefetch's."""
+        cfg = self.run.config
+        try:
+            return self.tq.get_meta(
+                TASK_TRAIN,
+                self.columns,
+                cfg.rows_per_step,
+                policy="group",
+                dp_size=1 if cfg.algorithm.dynamic_sampling else self.ranks.num_ranks,
+                min_step=step,
+                max_step=step,
+                timeout_s=1.0,
+                ack=ack,
+            )
+        except BatchTimeout:
+            return None
+
+    def _may_prefetch(self, step: int) -> bool:
+        """Whether ``step``'s request may go out while the step before it trains: not
+        after the last step, and not across a checkpoint (the queue is saved with
+        no request of the trainer in flight)."""
+        cfg = self.run.config
+        if not cfg.workflow.prefetch_batch or step >= cfg.train.num_steps:
+            return False
+        every = cfg.train.checkpoint_every
+        return not (every and step % every == 0)
 
     def _check_versions(self, meta: protocol.BatchMeta) -> dict:
         """Each row's weights digest against the digest of the version it is tagged with."""
@@ -282,6 +308,7 @@ class TrainerActor(LoopActor):
             staleness_max=max(staleness),
             staleness_mean=float(np.mean(staleness)),
             weight_bytes=weight_bytes,
+            batch_prefetched=float(self._prefetched),
             num_ranks=self.ranks.num_ranks,
             **integrity,
             **score_means(columns, self.policy.extra_rewards),

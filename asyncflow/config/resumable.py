@@ -34,6 +34,7 @@ RESUMABLE_KEYS = (
     "train.dist_timeout_s",
     "eval.every_steps",
     "workflow.weight_timeout_s",
+    "workflow.prefetch_batch",
     "cluster.max_resumes",
     "cluster.threads_per_process",
     "cluster.pin_trainer_cores",

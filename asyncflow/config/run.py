@@ -594,6 +594,14 @@ class WorkflowConfig(_Section):
     substep_updates: Annotated[
         bool, Meta(description="Rollout replicas swap to new weights one at a time (capacity never drops to 0).")
     ] = True
+    prefetch_batch: Annotated[
+        bool,
+        Meta(
+            description="The trainer sends its request for step s + 1's batch while step s trains (``actors/_prefetch.py``), so "
+            "the reply is usually in when the step ends: one queue round trip less on the critical path of an async step. "
+            "The same rows, only asked for earlier; step s's rows are acked one request later. false: ask when the step starts."
+        ),
+    ] = True
     weight_timeout_s: Annotated[
         Seconds,
         Meta(

@@ -38,6 +38,8 @@ def test_a_few_steps_run_end_to_end_and_staleness_never_exceeds_k(tmp_path, mode
     assert [int(m["step"]) for m in metrics] == [0, 1, 2, 3]
     assert all(m["staleness_max"] <= staleness for m in metrics)
     assert all(m["samples"] == 4 for m in metrics)
+    # the trainer asked for steps 1.. while the step before trained (workflow.prefetch_batch), never for step 0
+    assert metrics[0]["batch_prefetched"] == 0 and sum(m["batch_prefetched"] for m in metrics) >= 1, metrics
     # version integrity: every row checked against its tag's weights digest, none off
     assert all(m["weights_mismatch"] == 0 and m["weights_unverified"] == 0 for m in metrics)
     trained = read_jsonl(run_dir / "trained.jsonl")

@@ -1,0 +1,81 @@
+"""BatchPrefetch: the trainer's request for step s + 1's batch, sent while step s trains.
+
+The trainer's GetBatch for a step is a long poll: the queue's controller answers it
+once every row of the step has all its columns. Sent only when the previous step is
+done, its round trip (the request, the controller's selection, the reply) lies on
+the critical path of every async step. The trainer sends it from a background
+thread as soon as step s's batch is in hand, so the reply for s + 1 is usually
+waiting when step s ends.
+
+What it changes and what it does not:
+- the same request (same rows, same filter on the step, same ``dp_size``), only
+  earlier; the rows come with the same metadata, so training is unchanged;
+- the acks it carries are those pending when it is sent (the rows of step s - 1):
+  step s's rows are acked one request later, so the queue holds one step more of
+  rows for a moment (``queue.capacity_rows``'s automatic value leaves room for it);
+- not sent before a checkpoint (the queue is saved with no request in flight) or
+  after the last step;
+- an error of the background request (other than the 1 s timeout that means "not
+  all in yet") is raised in the trainer's thread when it takes the result, so the
+  step fails as if it had made the request itself.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from asyncflow.core import protocol
+
+TakeFn = Callable[[int, list[int]], "protocol.BatchMeta | None"]
+"""(step, rows to ack) -> the step's batch, or None if it is not all in within the poll."""
+
+
+class BatchPrefetch:
+    def __init__(self, take: TakeFn, name: str):
+        self._take = take
+        self._name = name
+        self._thread: threading.Thread | None = None
+        self._step = -1
+        self._meta: protocol.BatchMeta | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self._thread is not None
+
+    def start(self, step: int, ack: list[int]) -> None:
+        """Ask for ``step``'s batch in the background, acking ``ack`` with it."""
+        if self._thread is not None:
+            raise RuntimeError(f"{self._name}: a prefetch of step {self._step} is still in flight; take it first")
+        self._step, self._meta, self._error = step, None, None
+
+        def run() -> None:
+            try:
+                self._meta = self._take(step, ack)
+            except BaseException as exc:  # handed to the trainer's thread by take()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name=f"{self._name}-prefetch", daemon=True)
+        self._thread.start()
+
+    def take(self, step: int) -> protocol.BatchMeta | None:
+        """The batch of ``step`` if the request in flight was for it and got it; None if
+        none was in flight or it timed out (ask again). Re-raises its error."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return None
+        thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if self._step != step:
+            raise RuntimeError(f"{self._name}: prefetched step {self._step}, but step {step} asked for it")
+        meta, self._meta = self._meta, None
+        return meta
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Wait for the request in flight (bounded by its poll), dropping its result."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout_s)
