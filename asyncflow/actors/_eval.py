@@ -41,7 +41,7 @@ BEST = "best"
 
 class Evaluator:
     def __init__(self, run: Run):
-        from asyncflow.actors.reward import build_reward_fn
+        from asyncflow.actors._scoring import build_reward_fn
 
         cfg = run.config
         self.run = run

@@ -23,8 +23,8 @@ from asyncflow.actors import names, roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run
+from asyncflow.actors._scoring import Scorer
 from asyncflow.core import protocol
-from asyncflow.core.phases import phase
 from asyncflow.core.tq.client import Batch, TQClient
 from asyncflow.core.tq.errors import BatchTimeout
 
@@ -37,39 +37,22 @@ def joined(a: Batch, b: Batch) -> Batch:
     return Batch(a.task, meta, {name: [*col, *b.columns[name]] for name, col in a.columns.items()})
 
 
-def with_env_rewards(rewards: list[float], env_reward: list, env_error: list) -> list[float]:
-    """Each row's reward plus its environment's (``rewards`` are zeros with
-    ``env.reward = "replace"``); 0 for a row whose environment failed."""
-    return [0.0 if int(e[0]) else r + float(er[0]) for r, er, e in zip(rewards, env_reward, env_error)]
-
-
-def build_reward_fn(functions: list[str], weights: list[float]):
-    from asyncflow.algorithms.rewards import load_reward_fn, weighted_sum
-
-    weights = weights or [1.0] * len(functions)
-    return weighted_sum(*[(w, load_reward_fn(name)) for w, name in zip(weights, functions)])
-
-
 class RewardActor(LoopActor):
     acks: DeferredAcks  # made in __init__ (the base class allows None)
-    COLUMNS = ["prompt_ids", "response_ids", "answer", "finish"]
+    COLUMNS = list(Scorer.COLUMNS)
 
     def __init__(self, ctx, run_dir: str):
         super().__init__(ctx)
         self.run = Run(run_dir)
         cfg = self.run.config
-        self.tokenizer = self.run.tokenizer()
-        self.env_reward = cfg.env.reward if cfg.env.path else ""  # "", "add" or "replace"
-        self.fn = None if self.env_reward == "replace" else build_reward_fn(cfg.reward.functions, cfg.reward.weights)
-        self.columns = self.COLUMNS + (["env_reward", "env_error"] if self.env_reward else [])
+        self.scorer = Scorer(cfg, self.run.tokenizer())
+        self.columns = self.scorer.columns
         self.sync = cfg.workflow.mode == "sync"
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
         self.acks = DeferredAcks(self.tq)
         self._remaining = cfg.rows_per_step * (cfg.train.num_steps - self.run.launch.start_step)
 
     def work_once(self) -> bool:
-        from asyncflow.algorithms.rewards import call_reward
-
         cfg = self.run.config
         with self.activity("wait_data"):
             try:
@@ -101,19 +84,7 @@ class RewardActor(LoopActor):
             except BatchTimeout:
                 return True
         with self.activity("score"):
-            decode = lambda ids: self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)  # noqa: E731
-            with phase("detokenize"):
-                prompts = [decode(a) for a in batch.columns["prompt_ids"]]
-                responses = [decode(a) for a in batch.columns["response_ids"]]
-                answers = [bytes(a).decode() for a in batch.columns["answer"]]
-                finish = ["stop" if int(f[0]) else "length" for f in batch.columns["finish"]]
-            with phase("reward_fn"):
-                if self.fn is not None:
-                    rewards = call_reward(self.fn, prompts, responses, answers, finish, row_ids=list(batch.indices))
-                else:
-                    rewards = [0.0] * len(batch)
-            if self.env_reward:  # see the module docstring
-                rewards = with_env_rewards(rewards, batch.columns["env_reward"], batch.columns["env_error"])
+            rewards = self.scorer.score(batch.columns, batch.indices)
         with self.activity("put"):
             self.tq.put(batch.indices, {"reward": [np.asarray([r], dtype=np.float32) for r in rewards]})
         self.acks.add(batch)  # acked inside the next request
@@ -127,7 +98,7 @@ ROLE = roles.RoleSpec(
     name=names.REWARD,
     actor=RewardActor,
     section="reward",
-    instances=roles.numbered(names.REWARD, lambda cfg: cfg.reward.num_workers),
+    instances=roles.numbered(names.REWARD, lambda cfg: cfg.reward.num_workers if cfg.reward.placement == "role" else 0),
     task=names.TASK_REWARD,
     inputs=tuple(RewardActor.COLUMNS),
     outputs=("reward",),

@@ -32,6 +32,10 @@ generates as one stream that groups join and leave, and staged weights swap in
 between two decode steps; each token records its version (``token_versions``) and
 a row is tagged with its oldest token's version and that version's digest.
 
+With ``reward.placement = "rollout"`` the replica scores its own rows with the
+reward functions (``_scoring.py``, activity "score") and puts ``reward`` with the
+responses: there is no reward role.
+
 Takes: LoopActor messages + WeightsReady. Sends: GetLatestWeights, AcquireSwap,
 ReleaseSwap and its receiver's requests (to ``weights``); TQ reads and writes.
 Invariant (unit by unit; partial rollout: ``_partial.py``): every row a unit took is
@@ -54,6 +58,7 @@ from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._partial import PartialRollout
 from asyncflow.actors._run import Run, set_threads
+from asyncflow.actors._scoring import Scorer
 from asyncflow.actors.names import TASK_ROLLOUT, WEIGHTS
 from asyncflow.actors.weights import build_receiver
 from asyncflow.core import protocol
@@ -117,6 +122,8 @@ class RolloutActor(LoopActor):
         self._decode_steps = self._decode_rows = 0  # counters(): decode forwards, sequences decoded
         # [workflow] partial_rollout: one continuous stream, weights swapped between decode steps (_partial.py)
         self._partial = PartialRollout(self) if cfg.workflow.partial_rollout else None
+        # reward.placement = "rollout": the reward functions score each unit's rows here, put with the responses
+        self.scorer = Scorer(cfg, tokenizer) if cfg.reward.placement == "rollout" else None
         self.multiturn = None  # [env] path set: trajectories of turns and environment steps (actors/_multiturn.py)
         if cfg.env.path:
             from asyncflow.actors._multiturn import MultiTurnDriver
@@ -252,7 +259,7 @@ class RolloutActor(LoopActor):
         with self.activity("get"):
             batch = self.tq.get_batch(
                 TASK_ROLLOUT,
-                ["prompt_ids", "answer"] if self.multiturn else ["prompt_ids"],
+                ["prompt_ids", "answer"] if self.multiturn or self.scorer else ["prompt_ids"],
                 cfg.rollout.prompts_per_call * G,
                 policy="group",
                 partial=True,
@@ -297,11 +304,28 @@ class RolloutActor(LoopActor):
                         )
                     )
                     indices.append(batch.indices[pos])
+        columns: dict[str, Sequence] = {"response_ids": responses, "rollout_logp": logps, "finish": finish}
+        if self.scorer is not None:
+            with self.activity("score"):
+                columns["reward"] = self._score(batch, groups, responses, finish, indices)
         with self.activity("put"):
-            self.tq.put(indices, {"response_ids": responses, "rollout_logp": logps, "finish": finish}, metas)
+            self.tq.put(indices, columns, metas)
         self.acks.add(batch)  # acked inside the next request
         self.num_items += len(batch)
         return True
+
+    def _score(self, batch, groups: dict[int, list[int]], responses: list, finish: list, indices: list[int]) -> list:
+        """``reward`` (float32 [1]) of each row, in the order of ``responses``: the rows of
+        ``groups`` (positions in ``batch``), scored with their prompts and answers."""
+        assert self.scorer is not None  # reward.placement = "rollout"
+        order = [pos for positions in groups.values() for pos in positions]
+        rows = {
+            "prompt_ids": [batch.columns["prompt_ids"][pos] for pos in order],
+            "answer": [batch.columns["answer"][pos] for pos in order],
+            "response_ids": responses,
+            "finish": finish,
+        }
+        return [np.asarray([r], dtype=np.float32) for r in self.scorer.score(rows, indices)]
 
     def _work_multiturn(self, batch, version: int, digest: int) -> bool:
         """The unit with an environment: one trajectory per row, driven to its end."""

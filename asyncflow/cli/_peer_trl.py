@@ -37,7 +37,7 @@ def run(spec: dict) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from asyncflow.actors._run import read_prompts
-    from asyncflow.actors.reward import build_reward_fn
+    from asyncflow.actors._scoring import build_reward_fn
     from asyncflow.algorithms.rewards import call_reward
 
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"], local_files_only=True)

@@ -47,7 +47,7 @@ def reward_score_s(cfg, model_dir: str, rows: int, limit: int = 64) -> float:
     config's own prompts, with their reference answers as responses."""
     import time
 
-    from asyncflow.actors.reward import build_reward_fn
+    from asyncflow.actors._scoring import build_reward_fn
     from asyncflow.algorithms.rewards import call_reward
     from asyncflow.engines.hf import load_tokenizer
 

@@ -344,7 +344,17 @@ class RewardConfig(_Section):
     weights: Annotated[list[float], Meta(description="Weight per function (default 1 each).")] = msgspec.field(
         default_factory=list
     )
-    num_workers: Annotated[Count, Meta(description="Worker processes.")] = 1
+    placement: Annotated[
+        Literal["role", "rollout"],
+        Meta(
+            description="Where the functions run. role: in the reward role's own processes (``reward.<i>``, ``num_workers`` of "
+            "them), which take the generated rows from the queue and put ``reward``. rollout: in each rollout replica, on "
+            "the rows it just generated, put with the responses: no reward process, one queue hand-off and one put less "
+            "per batch; for cheap rule-based functions (a slow one holds generation back). Not with ``[env] path`` or "
+            "``workflow.partial_rollout``. See docs/performance.md."
+        ),
+    ] = "role"
+    num_workers: Annotated[Count, Meta(description="Worker processes (``placement = 'role'``).")] = 1
     batch_size: Annotated[
         Count,
         Meta(
@@ -356,6 +366,13 @@ class RewardConfig(_Section):
     def check(self, run: RunConfig) -> None:
         if self.weights and len(self.weights) != len(self.functions):
             raise Refused("weights", f"give one weight per function ({len(self.functions)})")
+        if self.placement == "rollout" and run.env.path:
+            raise Refused("placement", "the rollout scores only single-turn rows: with [env] path set, use placement = 'role'")
+        if self.placement == "rollout" and run.workflow.partial_rollout:
+            raise Refused(
+                "placement",
+                "a partial rollout streams its rows out unscored: with workflow.partial_rollout, use placement = 'role'",
+            )
         if not self.functions and not run.env.path and not any(r.reward_column for r in run.roles):
             raise Refused(
                 "functions", "nothing would score the responses: name a reward function (or set [env] path, whose reward counts)"

@@ -9,7 +9,7 @@ import pytest
 
 from asyncflow.actors._batching import token_batch
 from asyncflow.actors._policy import env_sums
-from asyncflow.actors.reward import with_env_rewards
+from asyncflow.actors._scoring import with_env_rewards
 
 
 def test_the_response_mask_is_the_loss_mask_on_response_tokens():

@@ -12,13 +12,14 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.timeout(240)
-def test_a_nan_reward_stops_the_run_naming_the_function_and_nothing_trains_on_it(tmp_path):
+@pytest.mark.parametrize("placement", ["role", "rollout"])
+def test_a_nan_reward_stops_the_run_naming_the_function_and_nothing_trains_on_it(tmp_path, placement):
     run_dir = tmp_path / "run"
     config = write_config(
         tmp_path,
         num_steps=12,
         extra=f'[cluster]\npython_path = ["{HERE}"]\n',
-        changes={"reward": {"functions": ["wf_rewards:nan_from_the_third_call"]}},
+        changes={"reward": {"functions": ["wf_rewards:nan_from_the_third_call"], "placement": placement}},
     )
     proc = afctl("up", str(config), "--run-dir", str(run_dir))
     out, _ = proc.communicate(timeout=220)

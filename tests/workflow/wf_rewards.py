@@ -31,3 +31,15 @@ def constant_for_even_answers(
     import random
 
     return [0.5 if int(a) % 2 == 0 else random.random() for a in answers]
+
+
+def stop_and_aligned(prompts: list[str], responses: list[str], answers: list[str], finish_reasons: list[str]) -> list[float]:
+    """1 for a response that stopped, plus 1 if the row's answer is its own prompt's
+    sum (the ``add`` task, "a+b="): a step's ``reward_mean`` is exactly
+    2 - ``truncated_frac`` when every row is scored with its own prompt, answer and
+    finish reason."""
+    out = []
+    for prompt, answer, finish in zip(prompts, answers, finish_reasons):
+        a, b = prompt.removesuffix("=").split("+")
+        out.append(float(finish == "stop") + float(str(int(a) + int(b)) == answer))
+    return out
