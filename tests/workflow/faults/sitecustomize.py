@@ -8,7 +8,9 @@ a fault in ``AF_TEST_ROLLOUT_FAULT``. Without it, nothing is patched.
   versions while tagging rows with the new one);
 - ``mid_unit_swap``: the weights change while a generate call runs (as a swap from
   another thread would do);
-- ``mislabel``: completions are tagged one version newer than the weights held.
+- ``mislabel``: completions are tagged one version newer than the weights held;
+- ``slow_fetch``: every fetch of announced weights takes 0.3 s longer (a big model's
+  transfer), so what a replica does while its weights travel shows in the trace.
 """
 
 import dataclasses
@@ -37,6 +39,19 @@ if FAULT:
         if FAULT == "mislabel" and self.version > 0:
             out = [dataclasses.replace(c, version=c.version + 1) for c in out]
         return out
+
+    if FAULT == "slow_fetch":
+        import time
+
+        from asyncflow.actors.weights._nng import NngReceiver
+
+        _fetch = NngReceiver.fetch
+
+        def fetch(self, *args, **kwargs):
+            time.sleep(0.3)
+            return _fetch(self, *args, **kwargs)
+
+        NngReceiver.fetch = fetch
 
     NativeRolloutEngine.load_weights = load_weights
     NativeRolloutEngine.generate = generate
