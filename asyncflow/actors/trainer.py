@@ -4,7 +4,9 @@ Step s: take exactly the rows planned for step s (``samples_per_step`` rows, who
 prompt groups) once their responses, rewards (and reference log-probs) are in
 (with ``algorithm.dynamic_sampling``: the step's over-sampled rows, of which only the
 informative groups are trained, the others acked and audited as dropped,
-``actors/_dynamic_sampling.py``);
+``actors/_dynamic_sampling.py``; with refill, ``dynamic_sampling_max_rounds``, a step
+short of informative groups tells the loader RefillGroups and takes the round's rows
+of the same step, up to that many rounds);
 compute advantages; one optimizer step per epoch; publish the new weights
 (version s + 1) to the weight-sync actor, which streams them to rollout replicas in
 the background (the trainer does not wait for it to stage them); report StepMetrics.
@@ -48,7 +50,7 @@ other role (each answers between units, with its rows acked), save the queue, th
 model and optimizer (Hugging Face format, ``step_N/model``) and the roles' states,
 resume them; then point the link ``checkpoints/latest`` at ``step_N/model``.
 
-Takes: LoopActor messages. Sends: StepMetrics, RunFinished (collector); Pause,
+Takes: LoopActor messages. Sends: StepMetrics, RunFinished (collector); RefillGroups (loader); Pause,
 Resume (roles); Publish (in-process), GetReplicas (weights); TrainPart,
 SaveRankCheckpoint (the other trainer ranks, a ``RankGroup``); TQ reads, acks, save.
 """

@@ -14,10 +14,11 @@ informative group: a step fills its batch of 2 only with one refill round.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
-from wf_helpers import afctl, read_jsonl, write_config
+from wf_helpers import afctl, read_jsonl, wait_for_steps, write_config
 
 HERE = Path(__file__).parent
 NUM_STEPS = 4
@@ -124,3 +125,43 @@ def test_without_refill_a_step_short_of_informative_groups_trains_fewer(tmp_path
         assert len(groups) == 1 < PROMPTS_PER_STEP and informative(groups[0]), t
         assert "refill_rounds" not in m
     check_exactly_once(trained, NUM_STEPS * GROUPS_PER_STEP)
+
+
+@pytest.mark.slow  # about 60 s on 2 cores: a run interrupted after a checkpoint, then resumed
+@pytest.mark.timeout(300)
+def test_a_refilled_run_resumed_mid_run_trains_or_drops_every_group_once_with_full_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    num_steps = 20
+    data = write_prompts(tmp_path / "prompts.jsonl")
+    config = write_config(
+        tmp_path,
+        mode="async",
+        num_steps=num_steps,
+        checkpoint_every=2,
+        extra=f'\n[cluster]\npython_path = ["{HERE}"]\n',
+        changes={
+            "data": {"path": str(data), "shuffle": False},
+            "reward": {"functions": ["wf_rewards:constant_for_even_answers"]},
+            "algorithm": {
+                "dynamic_sampling": True,
+                "dynamic_sampling_oversample": 1.5,
+                "dynamic_sampling_max_rounds": 2,
+                "group_size": GROUP_SIZE,
+            },
+            "train": {"prompts_per_step": PROMPTS_PER_STEP},
+        },
+    )
+    first = afctl("up", str(config), "--run-dir", str(run_dir))
+    wait_for_steps(run_dir, first, 3, 200)  # the checkpoint after step index 1 is written
+    first.send_signal(signal.SIGINT)
+    out, _ = first.communicate(timeout=60)
+    assert "afctl up --resume" in out, out
+    second = afctl("up", "--resume", str(run_dir))
+    out, _ = second.communicate(timeout=220)
+    assert second.returncode == 0, out
+    trained, metrics = read_jsonl(run_dir / "trained.jsonl"), read_jsonl(run_dir / "metrics.jsonl")
+    assert [t["step"] for t in trained] == list(range(num_steps)) == [int(m["step"]) for m in metrics]
+    for t in trained:
+        groups = list(dict.fromkeys(t["groups"]))
+        assert len(groups) == PROMPTS_PER_STEP and all(informative(g) for g in groups), t
+    check_exactly_once(trained, num_steps * 2 * GROUPS_PER_STEP)
