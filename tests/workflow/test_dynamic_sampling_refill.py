@@ -43,7 +43,7 @@ def write_prompts(path: Path) -> Path:
     return path
 
 
-def run(tmp_path: Path, mode: str, num_ranks: int, max_rounds: int):
+def run(tmp_path: Path, mode: str, num_ranks: int, max_rounds: int, workflow: dict | None = None):
     run_dir = tmp_path / "run"
     data = write_prompts(tmp_path / "prompts.jsonl")
     config = write_config(
@@ -63,6 +63,7 @@ def run(tmp_path: Path, mode: str, num_ranks: int, max_rounds: int):
             },
             "train": {"num_ranks": num_ranks, "prompts_per_step": PROMPTS_PER_STEP},
             "train.engine": {"fsdp": num_ranks > 1},
+            "workflow": workflow or {},
         },
     )
     proc = afctl("up", str(config), "--run-dir", str(run_dir))
@@ -100,7 +101,7 @@ def check_refilled_run(trained: list[dict], metrics: list[dict], num_ranks: int)
     check_exactly_once(trained, NUM_STEPS * 2 * GROUPS_PER_STEP)
 
 
-@pytest.mark.slow  # about 15 s on 2 cores
+@pytest.mark.slow  # about 30 s on 2 cores (loaded)
 @pytest.mark.timeout(180)
 def test_refill_in_sync_mode_fills_every_step_with_informative_groups_each_trained_or_dropped_once(tmp_path):
     trained, metrics = run(tmp_path, "sync", 1, max_rounds=2)
@@ -116,7 +117,15 @@ def test_refill_in_async_mode_with_two_ranks_fills_every_step_within_the_stalene
     assert all(m["staleness_max"] <= 1 for m in metrics)
 
 
-@pytest.mark.slow  # about 15 s on 2 cores
+@pytest.mark.slow  # about 30 s on 2 cores
+@pytest.mark.timeout(180)
+def test_refill_with_partial_rollout_fills_every_step(tmp_path):
+    trained, metrics = run(tmp_path, "async", 1, max_rounds=2, workflow={"partial_rollout": True})
+    check_refilled_run(trained, metrics, num_ranks=1)
+    assert all(m["staleness_max"] <= 1 for m in metrics)
+
+
+@pytest.mark.slow  # about 30 s on 2 cores (loaded)
 @pytest.mark.timeout(180)
 def test_without_refill_a_step_short_of_informative_groups_trains_fewer(tmp_path):
     trained, metrics = run(tmp_path, "sync", 1, max_rounds=0)
