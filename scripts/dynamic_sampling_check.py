@@ -2,8 +2,8 @@
 
 For each seed, runs a config (default examples/local.toml) twice with ``afctl up``
 (``scripts/convergence_parity.py``'s ``run_one``): as it is, and with
-``algorithm.dynamic_sampling = true`` (plus ``--oversample``). Runs whose RUN_DIR
-already has a summary.json are read, not rerun.
+``algorithm.dynamic_sampling = true`` (plus ``--oversample`` and ``--max-rounds``,
+the refill rounds). Runs whose RUN_DIR already has a summary.json are read, not rerun.
 
 The reward of a step is that of every response the step sampled: ``reward_mean``
 without dynamic sampling, ``sampled_reward_mean`` with it (all the step's groups,
@@ -36,6 +36,18 @@ def rewards(run_dir: Path) -> list[float]:
     return [m.get("sampled_reward_mean", m["reward_mean"]) for m in lines]
 
 
+def batch_figures(run_dir: Path) -> dict:
+    """Per run: the mean filtered fraction and refill rounds per step, and the steps that
+    trained fewer groups than the fullest step did (short of informative groups)."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    kept = [m["kept_groups"] for m in lines]
+    return {
+        "filtered_frac_mean": round(statistics.mean(m["filtered_frac"] for m in lines), 3),
+        "refill_rounds_mean": round(statistics.mean(m.get("refill_rounds", 0.0) for m in lines), 3),
+        "short_steps": sum(k < max(kept) for k in kept),
+    }
+
+
 def smoothed(values: list[float], window: int) -> list[float]:
     """Trailing mean over up to ``window`` steps."""
     out, total = [], 0.0
@@ -63,14 +75,21 @@ def main() -> int:
     parser.add_argument("--out", default="runs/dynsample")
     parser.add_argument("--mode", default="async", choices=["sync", "async"])
     parser.add_argument("--oversample", type=float, default=2.0, help="algorithm.dynamic_sampling_oversample")
+    parser.add_argument(
+        "--max-rounds", type=int, default=4, help="algorithm.dynamic_sampling_max_rounds (refill rounds; 0: no refill)"
+    )
     parser.add_argument("--window", type=int, default=25, help="steps in the trailing mean of the reward")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="for both runs")
     args = parser.parse_args()
     out = Path(args.out)
-    dynamic = ["algorithm.dynamic_sampling=true", f"algorithm.dynamic_sampling_oversample={args.oversample}"]
+    dynamic = [
+        "algorithm.dynamic_sampling=true",
+        f"algorithm.dynamic_sampling_oversample={args.oversample}",
+        f"algorithm.dynamic_sampling_max_rounds={args.max_rounds}",
+    ]
     rows = []
     for seed in args.seeds:  # the two runs of a seed one after the other: side by side on a loaded machine
-        base_dir, dyn_dir = out / f"base-seed{seed}", out / f"dynamic-seed{seed}"
+        base_dir, dyn_dir = out / f"base-seed{seed}", out / f"dynamic-x{args.oversample:g}-r{args.max_rounds}-seed{seed}"
         base_summary = run_one(args.config, base_dir, args.mode, seed, args.overrides)
         dyn_summary = run_one(args.config, dyn_dir, args.mode, seed, [*args.overrides, *dynamic])
         base, dyn = smoothed(rewards(base_dir), args.window), smoothed(rewards(dyn_dir), args.window)
@@ -87,6 +106,7 @@ def main() -> int:
                 "dynamic_samples_per_s": round(dyn_summary["samples_per_s"], 1),
                 "base_wall_s": round(base_summary["wall_s"], 1),
                 "dynamic_wall_s": round(dyn_summary["wall_s"], 1),
+                **batch_figures(dyn_dir),
             }
         )
     print(f"{'seed':>4} {'target':>7} {'steps base':>10} {'steps dyn':>9} {'final base':>10} {'final dyn':>9}")
@@ -101,6 +121,7 @@ def main() -> int:
         "config": args.config,
         "mode": args.mode,
         "oversample": args.oversample,
+        "max_rounds": args.max_rounds,
         "window": args.window,
         "overrides": args.overrides,
         "seeds": rows,

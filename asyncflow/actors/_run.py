@@ -110,10 +110,15 @@ class PromptOrder:
     """Which prompt of a pool of ``size`` feeds group ``g`` of step ``s``: position
     ``s * prompts_per_step + g`` of an endless sequence of epochs, each a permutation
     of the pool drawn from ``seed`` (or the pool in order, without shuffle). A pure
-    function of its arguments, so a resumed run continues with the same prompts."""
+    function of its arguments, so a resumed run continues with the same prompts.
 
-    def __init__(self, size: int, prompts_per_step: int, shuffle: bool, seed: int):
+    ``stream`` numbers independent sequences of the same pool: 0 is the loader's steps;
+    1 is dynamic sampling's refill rounds (their permutations drawn from another seed,
+    so a refilled step sees other prompts than the steps around it)."""
+
+    def __init__(self, size: int, prompts_per_step: int, shuffle: bool, seed: int, stream: int = 0):
         self.size, self.prompts_per_step, self.shuffle, self.seed = size, prompts_per_step, shuffle, seed
+        self.stream = stream
         self._orders: dict[int, list[int]] = {}
 
     def index(self, step: int, group: int) -> int:
@@ -122,7 +127,8 @@ class PromptOrder:
             return pos
         if epoch not in self._orders:  # one permutation per epoch, drawn once
             order = list(range(self.size))
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            seed = self.seed * 1_000_003 + epoch if self.stream == 0 else f"{self.seed}/{self.stream}/{epoch}"
+            random.Random(seed).shuffle(order)
             self._orders = {epoch: order}
         return self._orders[epoch][pos]
 

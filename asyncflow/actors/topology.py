@@ -108,7 +108,8 @@ def role_host(role: RoleSpec, name: str, lay: Layout, run_dir: str) -> HostPlan:
 def plan_hosts(cfg: RunConfig, run_dir: str, roles: list[RoleSpec] | None = None) -> list[HostPlan]:
     """Every process host of a run, in start order (pure: no process, no file)."""
     roles = roles_of(cfg) if roles is None else roles
-    capacity = cfg.queue.capacity_rows or cfg.rows_per_step * (cfg.staleness + 3)
+    # refill keeps headroom free of new steps (actors/prompt_loader.py): the default adds it, so the look-ahead stays
+    capacity = cfg.queue.capacity_rows or cfg.rows_per_step * (cfg.staleness + 3) + cfg.refill_headroom_rows
     q = queue_specs(
         tasks(roles, cfg), num_shards=cfg.queue.num_shards, capacity_rows=capacity, inline_max_bytes=cfg.queue.inline_max_bytes
     )

@@ -4,7 +4,9 @@ Step s: take exactly the rows planned for step s (``samples_per_step`` rows, who
 prompt groups) once their responses, rewards (and reference log-probs) are in
 (with ``algorithm.dynamic_sampling``: the step's over-sampled rows, of which only the
 informative groups are trained, the others acked and audited as dropped,
-``actors/_dynamic_sampling.py``);
+``actors/_dynamic_sampling.py``; with refill, ``dynamic_sampling_max_rounds``, a step
+short of informative groups tells the loader RefillGroups and takes the round's rows
+of the same step, up to that many rounds);
 compute advantages; one optimizer step per epoch; publish the new weights
 (version s + 1) to the weight-sync actor, which streams them to rollout replicas in
 the background (the trainer does not wait for it to stage them); report StepMetrics.
@@ -48,7 +50,7 @@ other role (each answers between units, with its rows acked), save the queue, th
 model and optimizer (Hugging Face format, ``step_N/model``) and the roles' states,
 resume them; then point the link ``checkpoints/latest`` at ``step_N/model``.
 
-Takes: LoopActor messages. Sends: StepMetrics, RunFinished (collector); Pause,
+Takes: LoopActor messages. Sends: StepMetrics, RunFinished (collector); RefillGroups (loader); Pause,
 Resume (roles); Publish (in-process), GetReplicas (weights); TrainPart,
 SaveRankCheckpoint (the other trainer ranks, a ``RankGroup``); TQ reads, acks, save.
 """
@@ -70,7 +72,7 @@ import pykka
 from asyncflow.actors import names, roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._checkpoints import _link_latest, checkpoint_dir
-from asyncflow.actors._dynamic_sampling import Filtered, filter_groups
+from asyncflow.actors._dynamic_sampling import Filtered, StepGather
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._manifest import write_manifest
 from asyncflow.actors._pause import pause_role
@@ -130,6 +132,7 @@ class TrainerActor(LoopActor):
         if self._verify != "off" and self.ranks.num_ranks == 1:  # with ranks the export is a collective: start rows go unverified
             self._versions.record(self.step, self.engine.published_digest(self.policy.export_weights(), self._rollout_dtype))
         self._publishing = None  # the future of the last publish (weights stage it in their thread)
+        self._gather: StepGather | None = None  # dynamic sampling's step in progress, while a refill round is made
         self._evaluator: Evaluator | None = None  # with eval.every_steps
         self._best = float("-inf")  # best val/accuracy so far (kept across a resume by best.json)
         if cfg.eval.every_steps:
@@ -176,8 +179,9 @@ class TrainerActor(LoopActor):
         t0 = time.monotonic()
         filtered = None
         if cfg.algorithm.dynamic_sampling:  # keep the informative groups (actors/_dynamic_sampling.py)
-            with self.activity("read"):
-                filtered = filter_groups(self.tq, self.policy, meta, cfg.train.prompts_per_step, self.ranks.num_ranks)
+            filtered = self._filter(meta)
+            if filtered is None:
+                return True  # a refill round asked: its rows come through the same take
             meta = filtered.meta
         integrity = self._check_versions(meta)
         parts, columns, values, figures = self._train(meta)
@@ -190,7 +194,7 @@ class TrainerActor(LoopActor):
         # the rows are acked (and freed) inside the next step's request, or by the checkpoint's flush
         self.acks.add_rows(TASK_TRAIN, meta.indices)
         if filtered is not None:
-            self.acks.add_rows(TASK_TRAIN, filtered.dropped)  # dropped: acked like trained rows, audited below
+            self.acks.add_rows(TASK_TRAIN, filtered.to_ack)  # dropped: acked like trained rows, audited below
             values.update(filtered.figures)
         with self.activity("audit"):
             self._audit(meta, parts, filtered)
@@ -201,6 +205,23 @@ class TrainerActor(LoopActor):
             with self.activity("checkpoint"):
                 self.checkpoint()
         return True
+
+    def _filter(self, meta: protocol.BatchMeta) -> Filtered | None:
+        """Dynamic sampling: the step's informative groups, gathered over refill rounds
+        (``algorithm.dynamic_sampling_max_rounds``); None while a round is asked for."""
+        cfg = self.run.config
+        gather = self._gather
+        if gather is None:
+            gather = StepGather(self.step, cfg.train.prompts_per_step, self.ranks.num_ranks, cfg.refill_rounds)
+        with self.activity("read"):
+            gather.add(self.tq, self.policy, meta)
+        if not gather.wants_refill:
+            self._gather = None
+            return gather.finish()
+        self._gather = gather
+        self.acks.add_rows(TASK_TRAIN, gather.release())  # freed while the round is made (the loader's headroom)
+        self.ctx.ref(names.LOADER).tell(protocol.RefillGroups(step=self.step, round=gather.num_refills + 1))
+        return None
 
     def _take_batch(self) -> protocol.BatchMeta | None:
         """Exactly the rows planned for this step, with every column in, split into one

@@ -17,6 +17,13 @@ The kept count is min(informative, ``num_groups``) rounded down to a multiple of
 ``multiple``; when that is 0, ``multiple`` groups are kept, informative ones first,
 then groups of equal rewards (``padded``: they contribute no gradient, as without
 dynamic sampling). Pure: no torch, no I/O.
+
+Refill (``algorithm.dynamic_sampling_max_rounds``): a step short of ``num_groups``
+informative groups gets more rounds of groups; :class:`StepGroups` gathers a step's
+groups over its rounds and makes the same choice over all of them, in arrival order.
+Between rounds it releases the groups of equal rewards that no choice can keep (all
+but the first ``multiple``, the only ones padding may take), so their rows can be
+freed while the step waits for its next round.
 """
 
 from __future__ import annotations
@@ -54,13 +61,18 @@ def is_informative(rewards: Sequence[float], tol: float = EQUAL_REWARD_TOL) -> b
 def choose_groups(group_ids: Sequence[int], rewards: Sequence[float], num_groups: int, multiple: int = 1) -> GroupChoice:
     """Split the groups of rows (``group_ids[k]``, reward ``rewards[k]``) as the module
     docstring says."""
+    by_group = group_rewards(group_ids, rewards)
+    return choose_by_kind(list(by_group), {g for g, r in by_group.items() if is_informative(r)}, num_groups, multiple)
+
+
+def choose_by_kind(groups: Sequence[int], informative_groups: set[int], num_groups: int, multiple: int = 1) -> GroupChoice:
+    """:func:`choose_groups` of ``groups`` (in order), given which are informative."""
     if num_groups < 1 or multiple < 1:
         raise ValueError(f"num_groups ({num_groups}) and multiple ({multiple}) must be >= 1")
-    by_group = group_rewards(group_ids, rewards)
-    if len(by_group) < multiple:
-        raise ValueError(f"{len(by_group)} groups cannot fill {multiple} trainer ranks with a whole group each")
-    informative = [g for g, r in by_group.items() if is_informative(r)]
-    constant = [g for g, r in by_group.items() if not is_informative(r)]
+    if len(groups) < multiple:
+        raise ValueError(f"{len(groups)} groups cannot fill {multiple} trainer ranks with a whole group each")
+    informative = [g for g in groups if g in informative_groups]
+    constant = [g for g in groups if g not in informative_groups]
     num_kept = min(len(informative), num_groups) // multiple * multiple
     padded: list[int] = []
     if num_kept == 0:
@@ -73,3 +85,51 @@ def choose_groups(group_ids: Sequence[int], rewards: Sequence[float], num_groups
         surplus=informative[num_kept:],
         padded=padded,
     )
+
+
+class StepGroups:
+    """One step's groups over its rounds (refill): :meth:`add` each round's rows, ask
+    :attr:`full`, :meth:`release` what no choice keeps before the next round, and
+    :meth:`choice` at the end (that of :func:`choose_groups` over every round's rows)."""
+
+    def __init__(self, num_groups: int, multiple: int = 1):
+        if num_groups < 1 or multiple < 1:
+            raise ValueError(f"num_groups ({num_groups}) and multiple ({multiple}) must be >= 1")
+        self.num_groups, self.multiple = num_groups, multiple
+        self.groups: list[int] = []  # every group, in arrival order
+        self.informative: set[int] = set()
+        self.released: set[int] = set()
+        self.num_rounds = 0
+
+    def add(self, group_ids: Sequence[int], rewards: Sequence[float]) -> None:
+        """One round's rows (``group_ids[k]``, reward ``rewards[k]``), whole groups."""
+        by_group = group_rewards(group_ids, rewards)
+        seen = set(self.groups) & set(by_group)
+        if seen:
+            raise ValueError(f"groups {sorted(seen)} were added in an earlier round")
+        self.groups += list(by_group)
+        self.informative |= {g for g, r in by_group.items() if is_informative(r)}
+        self.num_rounds += 1
+
+    @property
+    def num_informative(self) -> int:
+        return len(self.informative)
+
+    @property
+    def full(self) -> bool:
+        """Whether the informative groups fill the batch."""
+        return len(self.informative) >= self.num_groups
+
+    def release(self) -> list[int]:
+        """The groups of equal rewards that no later choice can keep (all but the first
+        ``multiple``), not released before: drop them now."""
+        constant = [g for g in self.groups if g not in self.informative]
+        out = [g for g in constant[self.multiple :] if g not in self.released]
+        self.released.update(out)
+        return out
+
+    def choice(self) -> GroupChoice:
+        """The split of every group of every round, as :func:`choose_groups` makes it."""
+        choice = choose_by_kind(self.groups, self.informative, self.num_groups, self.multiple)
+        assert not self.released & set(choice.kept), "a released group was kept"
+        return choice

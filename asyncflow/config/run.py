@@ -224,9 +224,22 @@ class AlgorithmConfig(_Section):
             le=16.0,
             description="With ``dynamic_sampling``: prompt groups loaded and generated per step, as a multiple of "
             "``train.prompts_per_step`` (rounded up). The informative groups beyond ``prompts_per_step`` are dropped as "
-            "surplus; a step with fewer trains on fewer. Unused while ``dynamic_sampling = false``.",
+            "surplus; a step with fewer trains on fewer unless ``dynamic_sampling_max_rounds`` refills it. Unused while "
+            "``dynamic_sampling = false``.",
         ),
     ] = 2.0
+    dynamic_sampling_max_rounds: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=64,
+            description="With ``dynamic_sampling``: refill (DAPO's 'keep sampling until the batch is full'). A step whose "
+            "groups hold fewer than ``train.prompts_per_step`` informative ones asks the loader for another round of "
+            "over-sampled groups for the same step, generated and scored like the first, up to this many rounds; then it "
+            "trains on what it has (metric ``refill_short``). 0: no refill. Metrics ``refill_rounds``, "
+            "``refill_groups``; see docs/algorithms.md.",
+        ),
+    ] = 0
 
     def check(self, run: RunConfig) -> None:
         if self.dynamic_sampling and self.name != "grpo":
@@ -589,6 +602,13 @@ class QueueConfig(_Section):
     def check(self, run: RunConfig) -> None:
         if self.capacity_rows and self.capacity_rows < run.rows_per_step:
             raise Refused("capacity_rows", f"must hold at least one global batch ({run.rows_per_step} rows) or be 0 (automatic)")
+        headroom = run.refill_headroom_rows
+        if self.capacity_rows and headroom and self.capacity_rows < run.rows_per_step + headroom:
+            raise Refused(
+                "capacity_rows",
+                f"with algorithm.dynamic_sampling_max_rounds > 0 the queue keeps {headroom} rows free for refill rounds: "
+                f"use at least {run.rows_per_step + headroom} or 0 (automatic)",
+            )
 
 
 class WorkflowConfig(_Section):
@@ -956,6 +976,19 @@ class RunConfig(_Section):
     def rows_per_step(self) -> int:
         """Rows allocated per step: ``samples_per_step`` unless dynamic sampling over-samples."""
         return self.groups_per_step * self.algorithm.group_size
+
+    @property
+    def refill_rounds(self) -> int:
+        """Dynamic sampling's refill rounds per step at most (0: no refill)."""
+        alg = self.algorithm
+        return alg.dynamic_sampling_max_rounds if alg.dynamic_sampling else 0
+
+    @property
+    def refill_headroom_rows(self) -> int:
+        """Rows the loader leaves free when it allocates a new step, so that a refill
+        round always fits: one round (``rows_per_step``) plus the informative rows a step
+        may hold back while it waits (``samples_per_step``); 0 without refill."""
+        return self.rows_per_step + self.samples_per_step if self.refill_rounds else 0
 
     @property
     def reward_columns(self) -> list[tuple[str, float]]:

@@ -481,6 +481,7 @@ class Allocate(Request["Allocated"]):
     step: int = -1
     timeout_s: float = 60.0
     extra_groups: int = 0  # also reserve up to this many more groups if they fit now (never waits for them)
+    headroom_rows: int = 0  # fit only while this many rows stay free after it (room kept for other allocations)
 
 
 class Allocated(_Msg):
@@ -754,7 +755,18 @@ class SaveRankCheckpoint(Request["Ok"]):
     path: str
 
 
+class RefillGroups(Request["Ok"]):
+    """Tell (trainer rank 0 -> loader): dynamic sampling's step ``step`` has fewer
+    informative prompt groups than it trains; load refill round ``round`` (1, 2, ...) of
+    that step: another ``RunConfig.groups_per_step`` groups tagged with step ``step``, at
+    the prompt positions of (step, round) (``actors/_dynamic_sampling.py``)."""
+
+    step: int
+    round: int
+
+
 LoopIn = Union[StartWork, Pause, Resume, GetRoleStats, WeightsReady, SetThreads, Ping, Stop]
+LoaderIn = Union[StartWork, Pause, Resume, GetRoleStats, SetThreads, RefillGroups, Ping, Stop]
 TrainerRankIn = Union[StartWork, GetRoleStats, TrainPart, SaveRankCheckpoint, Ping, Stop]
 WeightSyncIn = Union[
     GetLatestWeights,

@@ -22,6 +22,16 @@ OUT_OF_RANGE = [
     ("[data]\nnum_prompts = 0", "data.num_prompts = 0: out of range; use a value >= 1", "[data] num_prompts"),
     ("[env]\nmax_turns = 0", "env.max_turns = 0: out of range; use a value >= 1", "[env] max_turns"),
     ("[algorithm]\nclip_eps = 0", "algorithm.clip_eps = 0: out of range; use a value > 0", "[algorithm] clip_eps"),
+    (
+        "[algorithm]\ndynamic_sampling_max_rounds = -1",
+        "algorithm.dynamic_sampling_max_rounds = -1: out of range; use a value between 0 and 64",
+        "[algorithm] dynamic_sampling_max_rounds",
+    ),
+    (
+        "[algorithm]\ndynamic_sampling_max_rounds = 65",
+        "algorithm.dynamic_sampling_max_rounds = 65: out of range; use a value between 0 and 64",
+        "[algorithm] dynamic_sampling_max_rounds",
+    ),
     ("[rollout]\nnum_replicas = 0", "rollout.num_replicas = 0: out of range; use a value >= 1", "[rollout] num_replicas"),
     (
         "[rollout.engine]\nmax_batch_size = 0",
@@ -141,6 +151,11 @@ CROSS_FIELD = [
         "eval.mode = 'pass_at_k': pass_at_k samples at rollout.sampling.temperature, which is 0",
     ),
     ("[queue]\ncapacity_rows = 10", "queue.capacity_rows = 10: must hold at least one global batch (64 rows)"),
+    (
+        "[algorithm]\ndynamic_sampling = true\ndynamic_sampling_max_rounds = 2\n[queue]\ncapacity_rows = 200",
+        "queue.capacity_rows = 200: with algorithm.dynamic_sampling_max_rounds > 0 the queue keeps 192 rows free for "
+        "refill rounds: use at least 320 or 0 (automatic)",
+    ),
     ("[cluster]\nrollout_devices = [0, 1]", "cluster.rollout_devices = [0, 1]: give one device id per worker (1)"),
     ("[cluster]\nlauncher = 'ray'\npin_trainer_cores = 2", "cluster.pin_trainer_cores = 2: pins cores of this machine"),
     ("[rollout]\nnum_replicas = 5", "planner.max_rollout_replicas = 4: must be at least rollout.num_replicas (5)"),

@@ -154,10 +154,11 @@ class TQClient:
     # -- producers ---------------------------------------------------------------------
 
     def allocate(
-        self, num_groups: int, group_size: int = 1, *, step: int = -1, timeout_s: float = 60.0
+        self, num_groups: int, group_size: int = 1, *, step: int = -1, timeout_s: float = 60.0, headroom_rows: int = 0
     ) -> list[protocol.RowMeta]:
         """Reserve rows for ``num_groups`` groups of ``group_size``; waits while the queue
-        is full (raises QueueFull after ``timeout_s``). Returns one RowMeta per row
+        is full (raises QueueFull after ``timeout_s``); with ``headroom_rows``, also while
+        fewer than that many rows would stay free after them. Returns one RowMeta per row
         (index, group id and size, step): fill in version/lengths and pass to put."""
         spare = self._spare.setdefault(group_size, deque())
         taken = [m for _ in range(min(num_groups, len(spare))) for m in spare.popleft()]
@@ -172,6 +173,7 @@ class TQClient:
             step=step,
             timeout_s=timeout_s,
             extra_groups=extra_groups,
+            headroom_rows=headroom_rows,
         )
         try:
             reply = self._manager.ask(msg, timeout_s=timeout_s + self.timeout_s)

@@ -6,6 +6,9 @@ may be freed. Pure logic, no sockets, no threads.
   producer released it); then it is freed. At most ``capacity_rows`` rows are live.
 - Allocation requests that do not fit wait in arrival order (no request overtakes
   an older one, so a large one is never starved); nothing is ever dropped.
+- A request may ask for ``headroom`` rows to stay free after it (it fits only while
+  live + its rows + headroom <= capacity): a producer keeps room for allocations
+  that must never wait behind its own (dynamic sampling's refill rounds).
 - Row ``i`` lives on shard ``(i // stripe_rows) % num_shards``: a small put goes to
   one shard, a large one is spread over all of them.
 """
@@ -48,28 +51,28 @@ class Ledger:
         self.next_group_id = 0
         self.live: dict[int, int] = {}
         self.num_freed = 0
-        self._waiting: deque[tuple[Any, int, int, int]] = deque()  # (token, groups, size, step)
+        self._waiting: deque[tuple[Any, int, int, int, int]] = deque()  # (token, groups, size, step, headroom)
 
     # -- allocation -------------------------------------------------------------------
 
-    def try_allocate(self, num_groups: int, group_size: int, step: int = -1) -> list[RowMeta] | None:
+    def try_allocate(self, num_groups: int, group_size: int, step: int = -1, headroom: int = 0) -> list[RowMeta] | None:
         """Metadata of the new rows, or None if they do not fit now (then wait)."""
-        num_rows = self._check(num_groups, group_size)
-        if self._waiting or len(self.live) + num_rows > self.capacity_rows:
+        num_rows = self._check(num_groups, group_size, headroom)
+        if self._waiting or len(self.live) + num_rows + headroom > self.capacity_rows:
             return None
         return self._allocate(num_groups, group_size, step)
 
-    def allocate_extra(self, max_groups: int, group_size: int, step: int = -1) -> list[RowMeta]:
-        """Up to ``max_groups`` more groups, only as many as fit now and only while
-        nobody waits (a client's reserve for its next allocations)."""
+    def allocate_extra(self, max_groups: int, group_size: int, step: int = -1, headroom: int = 0) -> list[RowMeta]:
+        """Up to ``max_groups`` more groups, only as many as fit now (leaving ``headroom``
+        rows free) and only while nobody waits (a client's reserve for its next allocations)."""
         if self._waiting or max_groups < 1:
             return []
-        num_groups = min(max_groups, (self.capacity_rows - len(self.live)) // group_size)
+        num_groups = min(max_groups, (self.capacity_rows - headroom - len(self.live)) // group_size)
         return self._allocate(num_groups, group_size, step) if num_groups > 0 else []
 
-    def wait(self, token: Any, num_groups: int, group_size: int, step: int = -1) -> None:
-        self._check(num_groups, group_size)
-        self._waiting.append((token, num_groups, group_size, step))
+    def wait(self, token: Any, num_groups: int, group_size: int, step: int = -1, headroom: int = 0) -> None:
+        self._check(num_groups, group_size, headroom)
+        self._waiting.append((token, num_groups, group_size, step, headroom))
 
     def cancel(self, token: Any) -> bool:
         for k, item in enumerate(self._waiting):
@@ -82,8 +85,8 @@ class Ledger:
         """Allocations that fit now, oldest first (call after rows are freed)."""
         served = []
         while self._waiting:
-            token, num_groups, group_size, step = self._waiting[0]
-            if len(self.live) + num_groups * group_size > self.capacity_rows:
+            token, num_groups, group_size, step, headroom = self._waiting[0]
+            if len(self.live) + num_groups * group_size + headroom > self.capacity_rows:
                 break
             self._waiting.popleft()
             served.append((token, self._allocate(num_groups, group_size, step)))
@@ -93,14 +96,17 @@ class Ledger:
     def num_waiting(self) -> int:
         return len(self._waiting)
 
-    def _check(self, num_groups: int, group_size: int) -> int:
+    def _check(self, num_groups: int, group_size: int, headroom: int = 0) -> int:
         if num_groups < 1 or group_size < 1:
             raise ValueError(f"allocate at least one group of at least one row, got {num_groups} x {group_size}")
+        if headroom < 0:
+            raise ValueError(f"headroom must be >= 0 rows, got {headroom}")
         num_rows = num_groups * group_size
-        if num_rows > self.capacity_rows:
+        if num_rows + headroom > self.capacity_rows:
             raise ValueError(
-                f"cannot allocate {num_rows} rows ({num_groups} groups x {group_size}) in a queue of "
-                f"capacity_rows={self.capacity_rows}; allocate fewer groups at a time or raise capacity_rows"
+                f"cannot allocate {num_rows} rows ({num_groups} groups x {group_size})"
+                + (f" with {headroom} rows of headroom" if headroom else "")
+                + f" in a queue of capacity_rows={self.capacity_rows}; allocate fewer groups at a time or raise capacity_rows"
             )
         return num_rows
 

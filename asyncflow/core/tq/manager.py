@@ -104,13 +104,14 @@ class QueueManagerActor(Actor):
             case protocol.GetQueueInfo():
                 return self._info()
             case protocol.Allocate(num_groups=num_groups, group_size=group_size, step=step):
-                metas = self.ledger.try_allocate(num_groups, group_size, step)
+                headroom = msg.headroom_rows
+                metas = self.ledger.try_allocate(num_groups, group_size, step, headroom)
                 if metas is not None:
-                    extra = self.ledger.allocate_extra(msg.extra_groups, group_size, step)
+                    extra = self.ledger.allocate_extra(msg.extra_groups, group_size, step, headroom)
                     return protocol.Allocated(metas=metas, extra=extra)
                 if pending is None:
                     raise ValueError("Allocate must be asked, not told")
-                self.ledger.wait(pending, num_groups, group_size, step)
+                self.ledger.wait(pending, num_groups, group_size, step, headroom)
                 self.call_later(msg.timeout_s, lambda: self._expire(pending, msg))
                 return DEFER
             case protocol.RowsAcked(task=task, indices=indices):
