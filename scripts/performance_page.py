@@ -1,5 +1,5 @@
 """docs/performance.md from the JSON lines ``scripts/results.py`` keeps (sections
-breakdown, peer, ab, ab_pin, ab_call, and parity when kept: the learning check of the same
+breakdown, peer, ab, ab_round2, ab_prefetch, ab_placement, ab_pin, ab_call, and parity when kept: the learning check of the same
 code). Every figure comes from those lines."""
 
 from __future__ import annotations
@@ -151,7 +151,8 @@ def render_performance(records: dict[str, dict]) -> str:
     out = [
         "# Performance: the framework's own cost per step (issue 13)",
         "",
-        "Written by `python scripts/results.py --only breakdown peer ab ab_pin ab_call micro` from the JSON line of each command "
+        "Written by `python scripts/results.py --only breakdown peer ab ab_round2 ab_prefetch ab_placement ab_pin ab_call "
+        "micro` from the JSON line of each command "
         "below; do not edit by hand. The machine: 2 cores, no accelerator, shared with other jobs (the load "
         "average is given with each figure), so absolute figures move between runs; the ratios measured side "
         "by side in one invocation are the ones to trust.",
@@ -168,6 +169,32 @@ def render_performance(records: dict[str, dict]) -> str:
             "Before and after, side by side",
             f"the code before this work (`{rev}`, its own `examples/local.toml`) and after it, the",
         )
+    if "ab_round2" in records:
+        rev = records["ab_round2"]["result"]["ab"].get("before_rev")
+        out += _ab(
+            records["ab_round2"],
+            "Second round: before and after, side by side",
+            f"the code before the second round (`{rev}`, its own `examples/local.toml`) and after it, the",
+        )
+    if "ab_prefetch" in records:
+        out += _ab(
+            records["ab_prefetch"],
+            "The trainer's next request sent while it trains",
+            "this code with `workflow.prefetch_batch = false` (before) and `true` (after, as shipped), the",
+        )
+    if "ab_placement" in records:
+        out += _ab(
+            records["ab_placement"],
+            "Rewards scored in the rollout replica",
+            'this code with `reward.placement = "role"` (before: a reward process) and `"rollout"` (after, '
+            "`examples/local.toml` as shipped), the",
+        )
+        out += [
+            '`reward.placement = "rollout"` suits cheap rule-based functions such as the tiny task\'s: a slow '
+            'function would hold generation back, so the config default stays `"role"` (its own processes, '
+            "`reward.num_workers` of them).",
+            "",
+        ]
     if "ab_pin" in records:
         out += _ab(
             records["ab_pin"],
@@ -226,6 +253,14 @@ def render_performance(records: dict[str, dict]) -> str:
         "it); in sync no swap lock, and an announced version is waited for without asking the queue first.",
         "- Reward (async): once it waited for a put, it takes every row that put made ready: one score and "
         "one put per rollout put instead of two.",
+        "- Second round. Trainer: the request for step s + 1's rows goes out from a thread while step s "
+        "trains (`actors/_prefetch.py`, `workflow.prefetch_batch`): the same rows with the same metadata, only "
+        "asked for earlier; step s's rows are acked one request later. Rollout: the rows of the newest "
+        "announced version are asked for while its weights are still being fetched, and generated only once "
+        "they are swapped in (`RolloutActor._swap_to`): the same admission rule, and a gated async replica no "
+        'longer asks the queue twice per step. `reward.placement = "rollout"`: the same functions on the '
+        "same decoded rows (`actors/_scoring.py`), called in the replica; one process, one hand-off and one "
+        "put less per batch.",
         "- `[cluster] pin_trainer_cores` (async, opt-in): the trainer, the critical path of an async step, "
         "gets a core to itself.",
         "- `examples/local.toml`: a whole step's 16 prompt groups per generate call, decoded as one batch of "

@@ -29,6 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 BASE_REV = "b50b5b7"
 """The commit before the work of issue 13 (the "before" of docs/performance.md)."""
+ROUND2_REV = "01f9339"
+"""The commit before issue 13's second round (trainer prefetch, rewards scored in the rollout,
+rows asked for while the weights travel)."""
 
 SECTIONS: dict[str, list[str]] = {
     "parity": [PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--out", "{work}/parity"],
@@ -130,8 +133,48 @@ SECTIONS: dict[str, list[str]] = {
         "{work}/ab_call",
     ],
     "micro": [PY, "scripts/perf_micro.py", "--before-rev", BASE_REV, "--json"],
+    "ab_round2": [
+        PY,
+        "scripts/ab_e2e.py",
+        "--before-rev",
+        ROUND2_REV,
+        "--rounds",
+        "2",
+        "--steps",
+        "100",
+        "--out",
+        "{work}/ab_round2",
+    ],
+    "ab_prefetch": [
+        PY,
+        "scripts/ab_e2e.py",
+        "--before",
+        ".",
+        "--before-set",
+        "workflow.prefetch_batch=false",
+        "--rounds",
+        "2",
+        "--steps",
+        "100",
+        "--out",
+        "{work}/ab_prefetch",
+    ],
+    "ab_placement": [
+        PY,
+        "scripts/ab_e2e.py",
+        "--before",
+        ".",
+        "--before-set",
+        "reward.placement=role",
+        "--rounds",
+        "2",
+        "--steps",
+        "100",
+        "--out",
+        "{work}/ab_placement",
+    ],
 }
-PERFORMANCE = ("breakdown", "peer", "ab", "ab_pin", "ab_call", "micro")
+PERFORMANCE = ("breakdown", "peer", "ab", "ab_round2", "ab_prefetch", "ab_placement", "ab_pin", "ab_call", "micro")
 """The sections of docs/performance.md; the others are docs/results.md's."""
 
 

@@ -14,7 +14,8 @@ What it changes and what it does not:
   step s's rows are acked one request later, so the queue holds one step more of
   rows for a moment (``queue.capacity_rows``'s automatic value leaves room for it);
 - not sent before a checkpoint (the queue is saved with no request in flight) or
-  after the last step;
+  after the last step; with dynamic sampling, step s's refill rounds are asked for
+  by the trainer itself while the request for s + 1 waits;
 - an error of the background request (other than the 1 s timeout that means "not
   all in yet") is raised in the trainer's thread when it takes the result, so the
   step fails as if it had made the request itself.
@@ -61,16 +62,16 @@ class BatchPrefetch:
 
     def take(self, step: int) -> protocol.BatchMeta | None:
         """The batch of ``step`` if the request in flight was for it and got it; None if
-        none was in flight or it timed out (ask again). Re-raises its error."""
-        thread, self._thread = self._thread, None
-        if thread is None:
+        none was in flight for it or it timed out (ask again). A request for another
+        step (a later one, while a dynamic-sampling refill round of this step is taken)
+        stays in flight. Re-raises the request's error."""
+        if self._thread is None or self._step != step:
             return None
+        thread, self._thread = self._thread, None
         thread.join()
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-        if self._step != step:
-            raise RuntimeError(f"{self._name}: prefetched step {self._step}, but step {step} asked for it")
         meta, self._meta = self._meta, None
         return meta
 

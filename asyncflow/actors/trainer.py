@@ -234,7 +234,7 @@ class TrainerActor(LoopActor):
             self._prefetched = meta is not None
             if meta is None:
                 meta = self._request_batch(self.step, self.acks.take(TASK_TRAIN))
-        if meta is not None and self._may_prefetch(self.step + 1):
+        if meta is not None and not self._prefetch.pending and self._may_prefetch(self.step + 1):
             self._prefetch.start(self.step + 1, self.acks.take(TASK_TRAIN))
         return meta
 
