@@ -53,7 +53,7 @@ from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.errors import AsyncflowError
-from asyncflow.core.tq.client import TQClient
+from asyncflow.core.tq.client import MANAGER_NAME, TQClient
 
 if TYPE_CHECKING:
     from asyncflow.actors._scaling import Scaler
@@ -217,6 +217,7 @@ class Launcher:
                 stops = {name: pool.submit(self._stop_worker, name) for name in workers}
             for name, future in stops.items():
                 stage(f"stop role {name}", future.result)
+            stage("settle the queue's bookkeeping", self._settle_queue)
             with ThreadPoolExecutor(max_workers=max(1, len(procs))) as pool:
                 futures = {h: pool.submit(p.stop, timeout_s=20) for h, p in procs.items()}
         for host, future in futures.items():
@@ -236,6 +237,17 @@ class Launcher:
         for name, exc in errors:
             click.echo(f"!! while stopping: {name} failed: {type(exc).__name__}: {exc}", err=True)
         return errors
+
+    def _settle_queue(self) -> None:
+        """The workers' last acks (flushed as they stopped) travel on as notices: each
+        controller's to the manager, then the manager's frees to the shards and the
+        controllers. Deliver them before the queue's processes stop: a notice to an
+        actor already stopped would wait out its timeout and hold the stop that long."""
+        manager = self.dc.ref(MANAGER_NAME, wait_s=0.5)
+        info = manager.ask(protocol.GetQueueInfo(), timeout_s=10)
+        for name in info.controllers.values():
+            self.dc.ref(name, wait_s=0.5).ask(protocol.FlushNotices(), timeout_s=30)
+        manager.ask(protocol.FlushNotices(), timeout_s=30)
 
     def _stop_worker(self, name: str) -> None:
         if not self.supervisor.actor_alive(name):

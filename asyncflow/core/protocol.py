@@ -437,6 +437,14 @@ class ForgetRows(Request["Ok"]):
     indices: list[int]
 
 
+class FlushNotices(Request["Ok"]):
+    """Ask a queue controller or the manager to deliver every notice it has queued
+    (acks to the manager; frees to the shards and controllers) before it answers: the
+    driver's stop asks the controllers, then the manager, so the queue's bookkeeping is
+    settled before its processes stop (a notice to a stopped actor would wait out its
+    timeout)."""
+
+
 class SaveController(Request["Ok"]):
     path: str
 
@@ -529,9 +537,20 @@ class QueueStatus(_Msg):
 
 ShardIn = Union[PutRows, ReserveShm, PutRowsShm, GetRows, FreeRows, SaveShard, LoadShard, GetShardStats, Ping, Stop]
 ControllerIn = Union[
-    RowsWritten, GetBatch, Ack, Requeue, Discard, ForgetRows, SaveController, LoadController, GetTaskStatus, Ping, Stop
+    RowsWritten,
+    GetBatch,
+    Ack,
+    Requeue,
+    Discard,
+    ForgetRows,
+    SaveController,
+    LoadController,
+    GetTaskStatus,
+    FlushNotices,
+    Ping,
+    Stop,
 ]
-ManagerIn = Union[GetQueueInfo, Allocate, RowsAcked, Release, SaveQueue, LoadQueue, GetQueueStatus, Ping, Stop]
+ManagerIn = Union[GetQueueInfo, Allocate, RowsAcked, Release, SaveQueue, LoadQueue, GetQueueStatus, FlushNotices, Ping, Stop]
 
 
 # --------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 Takes: RowsWritten (tell, from shards), GetBatch (ask: BatchMeta, possibly later),
 Ack (ask: Ok), Requeue (ask: Requeued), Discard (ask: Discarded), ForgetRows (tell,
 from the manager), SaveController, LoadController (ask: Ok), GetTaskStatus (ask:
-TaskStatus), Ping, Stop.
+TaskStatus), FlushNotices (ask: Ok, once its acks reached the manager), Ping, Stop.
 Sends: RowsAcked (tell) to the manager for every ack or discard.
 
 Invariants (the state's, see ``state.py``):
@@ -213,6 +213,9 @@ class ControllerActor(Actor):
             case protocol.ForgetRows(indices=indices):
                 self.state.forget(indices)
                 self.inline.drop(indices)
+                return protocol.Ok()
+            case protocol.FlushNotices():
+                self.notifier.flush()
                 return protocol.Ok()
             case protocol.SaveController(path=path):
                 self.notifier.flush()

@@ -3,7 +3,8 @@
 
 Takes: GetQueueInfo (ask: QueueInfo), Allocate (ask: Allocated, possibly later),
 RowsAcked (tell, from controllers), Release (ask: Ok), SaveQueue, LoadQueue (ask:
-QueueSaved), GetQueueStatus (ask: QueueStatus), Ping, Stop.
+QueueSaved), GetQueueStatus (ask: QueueStatus), FlushNotices (ask: Ok, once its frees
+are delivered), Ping, Stop.
 Sends: FreeRows (tell) to the shards holding freed rows, ForgetRows (tell) to every
 controller; SaveController/LoadController and SaveShard/LoadShard (ask) on save/load.
 
@@ -124,6 +125,9 @@ class QueueManagerActor(Actor):
                 return self._save(path)
             case protocol.LoadQueue(path=path):
                 return self._load(path)
+            case protocol.FlushNotices():
+                self.notifier.flush()
+                return protocol.Ok()
             case protocol.GetQueueStatus():
                 return protocol.QueueStatus(
                     num_live_rows=len(self.ledger.live),
