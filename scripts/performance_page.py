@@ -20,7 +20,13 @@ def _peer(r: dict) -> list[str]:
         f"`{r['command']}` ({r['when']}, {_load(r)}): TRL's `GRPOTrainer` (the `bench` extra), then asyncflow "
         f"sync, then asyncflow async (`examples/local.toml` as shipped), one after the other on the same "
         f"warm-started model, data, reward, {p['samples_per_step']} samples per step, {p['steps']} steps. "
-        "Samples/s counts training time only; no evaluation or checkpoints on either side.",
+        "Samples/s counts training time only; no evaluation or checkpoints on either side."
+        + (
+            f" {p['rounds']} rounds, one after the other (TRL, sync, async, TRL...): each samples/s is the median over "
+            "the rounds (every round's in brackets), each ratio the median of the rounds' ratios."
+            if p.get("rounds", 1) > 1
+            else ""
+        ),
         "",
         "| system | samples/s | vs TRL | last-10% reward |",
         "|---|---|---|---|",
@@ -33,8 +39,17 @@ def _peer(r: dict) -> list[str]:
     ):
         if name in s:
             x = s[name]
-            ratio = f"{x['samples_per_s'] / trl:.2f}x" if trl else "-"
-            out.append(f"| {label} | {x['samples_per_s']:.0f} | {ratio} | {x['reward_last_10pct']:.3f} |")
+            ratio = "-"
+            if name == "trl":
+                ratio = "1.00x"
+            elif trl:
+                ratio = f"{p.get(f'{name}_over_trl', x['samples_per_s'] / trl):.2f}x"
+                if len(p.get(f"{name}_over_trl_rounds", [])) > 1:
+                    ratio += " (" + ", ".join(f"{v:.2f}" for v in p[f"{name}_over_trl_rounds"]) + ")"
+            figure = f"{x['samples_per_s']:.0f}"
+            if len(x.get("samples_per_s_rounds", [])) > 1:
+                figure += " (" + ", ".join(f"{v:.0f}" for v in x["samples_per_s_rounds"]) + ")"
+            out.append(f"| {label} | {figure} | {ratio} | {x['reward_last_10pct']:.3f} |")
     if trl:
         out += [
             "",

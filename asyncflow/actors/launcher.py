@@ -242,7 +242,10 @@ class Launcher:
         """The workers' last acks (flushed as they stopped) travel on as notices: each
         controller's to the manager, then the manager's frees to the shards and the
         controllers. Deliver them before the queue's processes stop: a notice to an
-        actor already stopped would wait out its timeout and hold the stop that long."""
+        actor already stopped would wait out its timeout and hold the stop that long.
+        Nothing to settle where the queue's process is not up (lost, or never planned)."""
+        if not self.supervisor.runs(MANAGER_NAME):
+            return
         manager = self.dc.ref(MANAGER_NAME, wait_s=0.5)
         info = manager.ask(protocol.GetQueueInfo(), timeout_s=10)
         for name in info.controllers.values():

@@ -142,6 +142,11 @@ class Supervisor:
     def _host_of(self, actor: str) -> HostRecord | None:
         return next((r for r in self._hosts.values() if any(s.name == actor for s in r.plan.specs)), None)
 
+    def runs(self, actor: str) -> bool:
+        """Whether a host of this run plans ``actor`` and its process is up."""
+        record = self._host_of(actor)
+        return record is not None and record.alive()
+
     def actor_alive(self, actor: str) -> bool:
         """Whether the process hosting ``actor`` is up (True when unknown)."""
         record = self._host_of(actor)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -77,14 +78,19 @@ def unsupported(cfg) -> str | None:
     help="Torch threads of the TRL process; 0: every core (fastest on an idle machine, very slow on a shared one).",
 )
 @click.option("--skip-trl", is_flag=True, help="Run only asyncflow sync and async (no bench extra needed).")
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run TRL, sync and async this many times, round after round; each figure is the median over the rounds, each "
+    "ratio the median of the rounds' ratios (absolute figures move by 10-15% between runs on a shared machine).",
+)
 @click.option("--out", type=click.Path(file_okay=False), help="Keep the run directories here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, out: str | None, as_json: bool) -> None:
+def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, rounds: int, out: str | None, as_json: bool) -> None:
     """Samples/s (training time only) and last-10% reward of TRL GRPOTrainer,
     asyncflow sync and asyncflow async on the same work."""
-    import msgspec
-
-    from asyncflow.actors.launcher import run
     from asyncflow.cli._shared_inputs import with_shared_inputs
     from asyncflow.config.run import load_config
 
@@ -102,6 +108,36 @@ def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, out: st
     root = Path(out or tempfile.mkdtemp(prefix="af-peer-"))
     root.mkdir(parents=True, exist_ok=True)
     base = with_shared_inputs(base, root)
+    each: list[dict[str, dict]] = []
+    for r in range(rounds):
+        if rounds > 1:
+            click.echo(f"== round {r + 1} of {rounds} ==")
+        each.append(_one_round(base, steps, trl_threads, skip_trl, root / f"round-{r}" if rounds > 1 else root))
+    results = _medians(each)
+    click.echo(f"\n{'':<16}{'samples/s':>12}{'last-10% reward':>18}{'vs trl':>10}")
+    for name, fig in results.items():
+        ratio = "-"
+        if "trl" in results:  # the median of the rounds' ratios (each round's systems ran side by side)
+            ratio = f"{statistics.median(e[name]['samples_per_s'] / e['trl']['samples_per_s'] for e in each):.2f}x"
+        click.echo(f"{name:<16}{fig['samples_per_s']:>12.1f}{fig['reward_last_10pct']:>18.3f}{ratio:>10}")
+    click.echo(f"(runs in {root})")
+    if as_json:
+        line: dict = {"steps": steps, "samples_per_step": base.samples_per_step, "rounds": rounds, "systems": results}
+        if "trl" in results:
+            for mode in ("sync", "async"):
+                ratios = [e[mode]["samples_per_s"] / e["trl"]["samples_per_s"] for e in each]
+                line[f"{mode}_over_trl"] = statistics.median(ratios)
+                line[f"{mode}_over_trl_rounds"] = ratios
+        click.echo(json.dumps(line))
+
+
+def _one_round(base, steps: int, trl_threads: int, skip_trl: bool, root: Path) -> dict[str, dict]:
+    """TRL (unless skipped), then asyncflow sync, then async, one after the other, in ``root``."""
+    import msgspec
+
+    from asyncflow.actors.launcher import run
+
+    root.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
     if not skip_trl:
         click.echo("== trl ==")
@@ -136,14 +172,14 @@ def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, out: st
             "staleness": cfg.staleness,
             "pipeline_efficiency": summary["pipeline_efficiency"],
         }
-    click.echo(f"\n{'':<16}{'samples/s':>12}{'last-10% reward':>18}{'vs trl':>10}")
-    for name, r in results.items():
-        ratio = f"{r['samples_per_s'] / results['trl']['samples_per_s']:.2f}x" if "trl" in results else "-"
-        click.echo(f"{name:<16}{r['samples_per_s']:>12.1f}{r['reward_last_10pct']:>18.3f}{ratio:>10}")
-    click.echo(f"(runs in {root})")
-    if as_json:
-        line = {"steps": steps, "samples_per_step": base.samples_per_step, "systems": results}
-        if "trl" in results:
-            line["async_over_trl"] = results["async"]["samples_per_s"] / results["trl"]["samples_per_s"]
-            line["sync_over_trl"] = results["sync"]["samples_per_s"] / results["trl"]["samples_per_s"]
-        click.echo(json.dumps(line))
+    return results
+
+
+def _medians(each: list[dict[str, dict]]) -> dict[str, dict]:
+    """Per system: the median samples/s over the rounds (and each round's), the last
+    round's other figures (the rewards are the same every round: the runs are seeded)."""
+    out = {}
+    for name in each[0]:
+        figures = [e[name]["samples_per_s"] for e in each]
+        out[name] = {**each[-1][name], "samples_per_s": statistics.median(figures), "samples_per_s_rounds": figures}
+    return out

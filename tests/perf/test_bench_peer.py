@@ -29,10 +29,23 @@ def test_the_peer_gets_the_configs_work_and_refuses_what_it_cannot_do(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_bench_peer_runs_the_three_systems_for_a_few_steps(tmp_path):
+def test_bench_peer_runs_the_three_systems_for_a_few_steps_round_after_round(tmp_path):
     pytest.importorskip("trl", reason="the bench extra: pip install -e '.[bench]'")
     done = subprocess.run(
-        [sys.executable, "-m", "asyncflow.cli.main", "bench", "peer", "--steps", "3", "--json", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "asyncflow.cli.main",
+            "bench",
+            "peer",
+            "--steps",
+            "3",
+            "--rounds",
+            "2",
+            "--json",
+            "--out",
+            str(tmp_path),
+        ],
         env=dict(os.environ, OMP_NUM_THREADS="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -45,3 +58,9 @@ def test_bench_peer_runs_the_three_systems_for_a_few_steps(tmp_path):
     for name, r in line["systems"].items():
         assert r["samples_per_s"] > 0 and 0.0 <= r["reward_last_10pct"] <= 1.0, (name, r)
     assert line["systems"]["trl"]["steps"] == 3
+    # two rounds side by side: each figure the median of the rounds', each ratio the median of the rounds' ratios
+    assert line["rounds"] == 2 and {p.name for p in tmp_path.iterdir()} >= {"round-0", "round-1"}
+    for r in line["systems"].values():
+        assert len(r["samples_per_s_rounds"]) == 2 and r["samples_per_s"] == pytest.approx(sum(r["samples_per_s_rounds"]) / 2)
+    assert len(line["async_over_trl_rounds"]) == 2
+    assert line["async_over_trl"] == pytest.approx(sum(line["async_over_trl_rounds"]) / 2)

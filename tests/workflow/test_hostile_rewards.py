@@ -12,7 +12,8 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("placement", ["role", "rollout"])
+# scored in the rollout replica: -m slow (the default suite stays under 10 minutes)
+@pytest.mark.parametrize("placement", ["role", pytest.param("rollout", marks=pytest.mark.slow)])
 def test_a_nan_reward_stops_the_run_naming_the_function_and_nothing_trains_on_it(tmp_path, placement):
     run_dir = tmp_path / "run"
     config = write_config(

@@ -13,7 +13,8 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode,staleness", [("sync", 0), ("async", 1)])
+# the sync case is -m slow (the default suite stays under 10 minutes); async runs by default
+@pytest.mark.parametrize("mode,staleness", [pytest.param("sync", 0, marks=pytest.mark.slow), ("async", 1)])
 def test_rewards_scored_in_the_rollout_reach_the_trainer_row_by_row_and_no_reward_process_runs(tmp_path, mode, staleness):
     run_dir = tmp_path / "run"
     config = write_config(
