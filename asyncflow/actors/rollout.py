@@ -76,6 +76,18 @@ announcement (which wakes it at once) before it looks at the queue again; the
 planner's predictions take it as ``poll_s`` (cli/predict.py passes it)."""
 
 
+def swap_grant_needed(staleness: int, announcement: protocol.WeightsReady | None) -> bool:
+    """Whether a replica asks for the swap grant (AcquireSwap, ReleaseSwap) before it swaps.
+    The grant keeps the other replicas generating while one swaps (sub-step updates). In sync
+    (k = 0) every replica is held back until it swaps, so there is nothing to keep going; a
+    replica the newest version was announced to alone has no other replica to take turns with
+    (one that registers meanwhile can swap alongside it once: a moment of lower capacity, never
+    a wrong row). Unknown (no announcement, or ``replicas`` 0): ask."""
+    if staleness == 0:
+        return False
+    return announcement is None or announcement.replicas != 1
+
+
 class RolloutActor(LoopActor):
     Urgent = LoopActor.Urgent + (protocol.WeightsReady,)  # start fetching at once, even mid-generation
     announce_wait_s = ANNOUNCE_WAIT_S  # read by _partial.py
@@ -197,9 +209,7 @@ class RolloutActor(LoopActor):
             return
         version, tensors, digest = staged
         weights = self.ctx.ref(WEIGHTS)
-        # the swap lock keeps replicas generating while one swaps (substep updates); in sync
-        # (k = 0) every replica is held back until it swaps, so there is nothing to keep going
-        locked = self.k > 0
+        locked = swap_grant_needed(self.k, self._announcement)
         if locked:
             with self.activity("wait_swap"):
                 weights.ask(protocol.AcquireSwap(replica=self.ctx.name, version=version), timeout_s=600)

@@ -9,7 +9,9 @@ short of informative groups tells the loader RefillGroups and takes the round's 
 of the same step, up to that many rounds);
 compute advantages; one optimizer step per epoch; publish the new weights
 (version s + 1) to the weight-sync actor, which streams them to rollout replicas in
-the background (the trainer does not wait for it to stage them); report StepMetrics.
+the background (the trainer does not wait for it to stage them); report StepMetrics
+(from a sender thread, ``core/tq/notify.py``: the step never waits on the driver's receipt;
+delivered before every checkpoint and before RunFinished).
 The step's rows are acked (and freed) inside the next step's GetBatch, or at the
 checkpoint before the queue is saved.
 
@@ -63,7 +65,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -88,6 +90,7 @@ from asyncflow.core.errors import ActorGone, ActorTimeout
 from asyncflow.core.phases import phase
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
+from asyncflow.core.tq.notify import Notifier
 from asyncflow.engines.device import torch_dtype
 
 if TYPE_CHECKING:
@@ -122,6 +125,9 @@ class TrainerActor(LoopActor):
         self.columns = self.policy.columns
         self._weights = self._weights_actor()
         self._collector = ctx.ref(COLLECTOR)
+        # each step's metrics go out from a sender thread: the step never waits on the driver's receipt
+        self._reports = Notifier(f"{ctx.name}-metrics", resolve=lambda _name: self._collector)
+        self._audit_file: IO[str] | None = None  # RUN_DIR/trained.jsonl, open for appending after the first step
         self.ranks = RankGroup(ctx, list(ranks), wait_s=cfg.train.dist_timeout_s)  # trainer.1 ...: data parallel
         self._started = time.monotonic()
         self._num_samples = 0
@@ -161,6 +167,10 @@ class TrainerActor(LoopActor):
 
     def on_stop(self) -> None:
         self._prefetch.close()
+        self._deliver_reports(timeout_s=5.0)
+        self._reports.close()
+        if self._audit_file is not None:
+            self._audit_file.close()
         super().on_stop()
         if self._evaluator is not None:
             self._evaluator.close()
@@ -338,8 +348,16 @@ class TrainerActor(LoopActor):
         eval_every = cfg.eval.every_steps
         if eval_every and (version % eval_every == 0 or version == cfg.train.num_steps):
             values.update(self._evaluate(snapshot, version))
-        self._collector.tell(protocol.StepMetrics(step=self.step, values={k: float(v) for k, v in values.items()}))
+        self._reports.tell(COLLECTOR, protocol.StepMetrics(step=self.step, values={k: float(v) for k, v in values.items()}))
         self.num_items += len(mine)
+
+    def _deliver_reports(self, timeout_s: float = 30.0) -> None:
+        """Wait until every step's metrics reported so far reached the collector (before a
+        checkpoint, the run's end, a stop): metrics.jsonl then holds every step up to here."""
+        try:
+            self._reports.flush(timeout_s)
+        except TimeoutError as exc:
+            log.warning("%s: %s", self.ctx.name, exc)
 
     def _publish(self, version: int, snapshot: list, digest: int) -> int:
         """Hand the snapshot to ``weights``, which stages it and tells the replicas in its
@@ -393,8 +411,10 @@ class TrainerActor(LoopActor):
             line["filtered_groups"] = filtered.choice.filtered
             line["surplus_groups"] = filtered.choice.surplus
             line["padded_groups"] = filtered.choice.padded
-        with (self.run.dir / "trained.jsonl").open("a") as f:
-            f.write(msgspec.json.encode(line).decode() + "\n")
+        if self._audit_file is None:
+            self._audit_file = (self.run.dir / "trained.jsonl").open("a")
+        self._audit_file.write(msgspec.json.encode(line).decode() + "\n")
+        self._audit_file.flush()  # each step's line is in the file when the step is reported
 
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint(self) -> Path:
@@ -402,6 +422,7 @@ class TrainerActor(LoopActor):
         every other role, save the queue, the model and the roles' states, resume."""
         self._published()
         self.acks.flush()  # the queue is saved with every trained row acked
+        self._deliver_reports()  # metrics.jsonl holds every step the checkpoint covers
         final = checkpoint_dir(self.run.dir, self.step)
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -452,7 +473,7 @@ class TrainerActor(LoopActor):
         return self.ctx.directory.ref(name, wait_s=1.0, refresh=True)
 
     def _finish(self) -> None:
-        path = self.checkpoint()
+        path = self.checkpoint()  # every step's metrics delivered first, so RunFinished comes last
         self._collector.tell(protocol.RunFinished(last_step=self.step - 1, checkpoint=str(path)))
 
 

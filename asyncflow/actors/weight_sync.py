@@ -28,6 +28,8 @@ from __future__ import annotations
 import logging
 from collections import deque
 
+import msgspec
+
 from asyncflow.actors._run import Run
 from asyncflow.actors.weights import build_sender
 from asyncflow.core import protocol
@@ -77,7 +79,8 @@ class WeightSyncActor(Actor):
     def handle(self, msg, pending):
         match msg:
             case Publish(version=version, named_tensors=named_tensors, digest=digest):
-                ready = self.sender.publish(version, named_tensors, digest)
+                # each replica learns whether it is alone: one alone swaps without the grant (rollout.py)
+                ready = msgspec.structs.replace(self.sender.publish(version, named_tensors, digest), replicas=len(self.replicas))
                 for name in self.replicas:
                     self._announce(name, ready)
                 return ready.num_bytes

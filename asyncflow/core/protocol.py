@@ -608,6 +608,7 @@ class WeightsReady(Request["Ok"]):
     num_chunks: int
     num_bytes: int
     digest: int = 0  # weights_digest of the version (engines/digest.py); 0: unknown
+    replicas: int = 0  # how many replicas this version was announced to; 0: unknown (a reply to GetLatestWeights)
 
 
 class GetLatestWeights(Request["WeightsReady"]):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pynng
@@ -43,6 +44,20 @@ def _socket_for(address: str, config: TransportConfig) -> pynng.Req0:
         if sock is None:
             sock = _sockets[key] = dial(address, config)
         return sock
+
+
+def close_sockets(which: Callable[[str], bool]) -> int:
+    """Close this process's cached client sockets whose address ``which`` picks (those of
+    actors that are gone: a dialer to an address nobody listens on redials it forever);
+    returns how many. A later call to such an address dials afresh."""
+    with _sockets_lock:
+        picked = [key for key in _sockets if which(key[0])]
+        closed = [_sockets.pop(key) for key in picked]
+    cache = _contexts.__dict__.get("by_socket", {})  # this thread's contexts on them (others' hold them until they end)
+    for sock in closed:
+        cache.pop(id(sock), None)
+        _nngio.close_socket(sock)
+    return len(closed)
 
 
 def close_all_sockets() -> None:

@@ -30,11 +30,17 @@ from asyncflow.planner.models import ModelShape
 # Asks per unit of work (asyncflow/actors/*.py): what travels on the unit's critical path.
 ROLLOUT_CALL_ASKS = 4  # get_batch = get_meta (controller) + read (shard); put (shard); ack (controller)
 REWARD_UNIT_ASKS = 4  # the same shape: get, read, put of the scores, ack
-TRAINER_STEP_ASKS = 4  # get_meta, read, ack; the step's metrics to the collector
+TRAINER_STEP_ASKS = 3  # get_meta, read, ack (the step's metrics go out from a sender thread)
 POLL_ASKS = 1  # a gated replica's get_meta that times out
 PUBLISH_ASKS = 2  # the replica's address (directory) + WeightsReady
 FETCH_ASKS = 2  # GetLatestWeights + one GetWeightChunk (small models: one chunk)
 SWAP_ASKS = 2  # AcquireSwap + ReleaseSwap
+
+
+def swap_asks(staleness: int, replicas: int) -> int:
+    """The swap grant's asks per swap: only where replicas take turns (async, more than one;
+    actors/rollout.py ``swap_grant_needed``)."""
+    return SWAP_ASKS if staleness > 0 and replicas > 1 else 0
 
 
 def queue_s(eff: Efficiency, asks: int, rows: int) -> float:

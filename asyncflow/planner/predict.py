@@ -131,7 +131,7 @@ def predict(
                 train_s=(train.time_s + framework_s["trainer_s"]) * f_train * s_train + framework_s["trainer_queue_s"],
                 publish_s=transfer_s + framework_s["snapshot_s"] * f_train * s_train + framework_s["publish_asks_s"],
                 fetch_s=transfer_s + framework.queue_s(eff, framework.FETCH_ASKS, 0),
-                swap_s=cost.weight_swap_s(model, hw, 1, wl.lora) + framework.queue_s(eff, framework.SWAP_ASKS, 0),
+                swap_s=cost.weight_swap_s(model, hw, 1, wl.lora) + framework.queue_s(eff, framework.swap_asks(k, replicas), 0),
                 reward_s=max(((r.time_s if mode == "sync" else r.latency_s) if r else 0.0) for r in (ref, rm))
                 + framework_s["reward_queue_s"]
                 + framework_s["handoffs_s"]

@@ -185,7 +185,7 @@ def test_plan_config_adds_the_framework_terms_to_the_stages():
         assert a["train_s"] - b["train_s"] == pytest.approx(framework.TRAINER_STEP_ASKS * 1e-3)
         assert a["publish_s"] - b["publish_s"] == pytest.approx(framework.PUBLISH_ASKS * 1e-3)
         assert a["poll_s"] - b["poll_s"] == pytest.approx(framework.POLL_ASKS * 1e-3)
-        assert a["swap_s"] - b["swap_s"] == pytest.approx(framework.SWAP_ASKS * 1e-3)
+        assert a["swap_s"] - b["swap_s"] == pytest.approx(0.0)  # sync: no swap grant (framework.swap_asks)
         # the reward phase: its asks, beside the config's reward function timed in each prediction
         reward = lambda out, s: s["reward_s"] - out["framework"]["reward_score_s"][mode]  # noqa: E731
         b_ = base["modes"][mode]["stages"]

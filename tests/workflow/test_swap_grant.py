@@ -1,0 +1,105 @@
+"""The swap grant (AcquireSwap, ReleaseSwap: replicas swap one at a time) is asked for
+only where replicas take turns: async, and the version announced to more than one
+replica (actors/rollout.py ``swap_grant_needed``, actors/weight_sync.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+from wf_helpers import afctl, assert_trained_exactly_once, read_jsonl, write_config
+
+from asyncflow.actors.names import WEIGHTS
+from asyncflow.actors.rollout import swap_grant_needed
+from asyncflow.actors.weight_sync import Publish, WeightSyncActor
+from asyncflow.cli.bench_weights import bench_run_dir
+from asyncflow.core import protocol
+from asyncflow.core.actor import Actor, serve_actor
+from asyncflow.core.directory import DirectoryClient, start_directory
+from asyncflow.core.transport import TransportConfig
+
+
+def _ready(replicas: int) -> protocol.WeightsReady:
+    return protocol.WeightsReady(version=3, num_chunks=1, num_bytes=4, replicas=replicas)
+
+
+@pytest.mark.timeout(10)
+def test_the_grant_is_asked_for_only_where_replicas_take_turns():
+    assert swap_grant_needed(1, _ready(2)) and swap_grant_needed(2, _ready(5))
+    assert not swap_grant_needed(1, _ready(1))  # alone: nobody to keep generating while it swaps
+    assert swap_grant_needed(1, _ready(0)) and swap_grant_needed(1, None)  # unknown: ask
+    assert not swap_grant_needed(0, _ready(2)) and not swap_grant_needed(0, None)  # sync: every replica waits anyway
+
+
+class _Replica(Actor):
+    """Stands for a rollout replica: records the WeightsReady it is told."""
+
+    Inbox = protocol.WeightsReady
+    told: list[protocol.WeightsReady] = []
+    arrived = threading.Event()
+
+    def handle(self, msg, pending):
+        type(self).told.append(msg)
+        type(self).arrived.set()
+        return protocol.Ok()
+
+
+@pytest.mark.timeout(60)
+def test_each_announcement_says_how_many_replicas_it_went_to(tmp_path):
+    transport = TransportConfig(scheme="inproc")
+    directory = start_directory(transport)
+    dc = DirectoryClient(directory.address, transport)
+    replicas = [serve_actor(_Replica, name, transport, directory_address=directory.address) for name in ("r.0", "r.1")]
+    for r in replicas:
+        dc.register(r.entry())
+    weights = serve_actor(
+        WeightSyncActor,
+        WEIGHTS,
+        transport,
+        directory_address=directory.address,
+        run_dir=bench_run_dir(str(tmp_path), substep_updates=True),
+        replicas=["r.0"],
+        chunk_bytes=1 << 10,
+    )
+    dc.register(weights.entry())
+    try:
+        weights.pykka_ref.ask(Publish(1, [("w", torch.zeros(4))], 0))
+        assert [(m.version, m.replicas) for m in _Replica.told] == [(1, 1)]
+        dc.ref(WEIGHTS).ask(protocol.RegisterReplica(replica="r.1"))
+        weights.pykka_ref.ask(Publish(2, [("w", torch.ones(4))], 0))
+        assert sorted((m.version, m.replicas) for m in _Replica.told[1:]) == [(2, 2), (2, 2)]
+        assert dc.ref(WEIGHTS).ask(protocol.GetLatestWeights()).replicas == 0  # not an announcement: unknown
+    finally:
+        weights.stop()
+        for r in replicas:
+            r.stop()
+        directory.stop()
+
+
+def _rollout_spans(run_dir, replica: str) -> set[str]:
+    trace = json.loads((run_dir / "trace.json").read_text())
+    pid = next(
+        e["pid"]
+        for e in trace["traceEvents"]
+        if e["ph"] == "M" and e.get("name") == "process_name" and e["args"]["name"].startswith(replica)
+    )
+    return {e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == pid}
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("num_replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_an_async_replica_alone_swaps_without_the_grant(tmp_path, num_replicas):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path, mode="async", num_steps=6, staleness=1, changes={"rollout": {"num_replicas": num_replicas}})
+    proc = afctl("up", str(config), "--run-dir", str(run_dir))
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert len(metrics) == 6 and all(m["weights_mismatch"] == 0 and m["staleness_max"] <= 1 for m in metrics), metrics
+    assert_trained_exactly_once(run_dir, 6, 2, 2)
+    spans = _rollout_spans(run_dir, "rollout.0")
+    assert "swap_weights" in spans, spans
+    # "wait_swap" is the replica's wait for the grant: none when alone, one per swap with two replicas
+    assert ("wait_swap" in spans) == (num_replicas > 1), spans
