@@ -26,3 +26,14 @@ def tokenizer(tiny_dir):
     from asyncflow.engines.hf import load_tokenizer
 
     return load_tokenizer(tiny_dir)
+
+
+@pytest.fixture(autouse=True)
+def _close_client_sockets():
+    """After each test, close the test process's cached client sockets: a dialer to an
+    actor the test stopped would redial its address every 20-500 ms for the rest of the
+    session (asyncflow/core/ref.py ``close_sockets``). The next call dials afresh."""
+    yield
+    from asyncflow.core.ref import close_all_sockets
+
+    close_all_sockets()
