@@ -1,5 +1,5 @@
 """docs/performance.md from the JSON lines ``scripts/results.py`` keeps (sections
-breakdown, peer, ab, ab_round2, ab_prefetch, ab_placement, ab_pin, ab_call, and parity when kept: the learning check of the same
+breakdown, peer, ab, ab_round2, ab_round3, ab_prefetch, ab_placement, ab_pin, ab_call, and parity when kept: the learning check of the same
 code). Every figure comes from those lines."""
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def render_performance(records: dict[str, dict]) -> str:
     out = [
         "# Performance: the framework's own cost per step (issue 13)",
         "",
-        "Written by `python scripts/results.py --only breakdown peer ab ab_round2 ab_prefetch ab_placement ab_pin ab_call "
+        "Written by `python scripts/results.py --only breakdown peer ab ab_round2 ab_round3 ab_prefetch ab_placement ab_pin ab_call "
         "micro` from the JSON line of each command "
         "below; do not edit by hand. The machine: 2 cores, no accelerator, shared with other jobs (the load "
         "average is given with each figure), so absolute figures move between runs; the ratios measured side "
@@ -191,6 +191,13 @@ def render_performance(records: dict[str, dict]) -> str:
             "Second round: before and after, side by side",
             f"the code before the second round (`{rev}`, its own `examples/local.toml`) and after it, the",
         )
+    if "ab_round3" in records:
+        rev = records["ab_round3"]["result"]["ab"].get("before_rev")
+        out += _ab(
+            records["ab_round3"],
+            "Third round: before and after, side by side",
+            f"the code before the third round (`{rev}`, its own `examples/local.toml`) and after it, the",
+        )
     if "ab_prefetch" in records:
         out += _ab(
             records["ab_prefetch"],
@@ -213,13 +220,15 @@ def render_performance(records: dict[str, dict]) -> str:
     if "ab_pin" in records:
         out += _ab(
             records["ab_pin"],
-            "Pinning the trainer to its own core (opt-in)",
-            "this code with `cluster.pin_trainer_cores = 0` (before, as shipped) and `= 1` (after), the",
+            "Pinning the trainer to its own core",
+            "this code with `cluster.pin_trainer_cores = 0` (before) and `= 1` (after, `examples/local.toml` as shipped), the",
         )
         out += [
             "Pinning is meant for a machine the run has to itself (the trainer, an async step's critical path, "
             "then never waits for a core). Where other jobs load both cores it can hurt (the trainer is held to "
-            "one busy core while the other may be free), so `examples/local.toml` leaves it off.",
+            "one busy core while the other may be free), so it applies only where the cores were nearly idle as "
+            "the run started (`cluster.pin_only_when_idle`, default true, `actors/_pinning.py`); each run prints "
+            "its decision and records it in summary.json (`pinned_trainer_cores`).",
             "",
         ]
     if "ab_call" in records:
@@ -276,8 +285,14 @@ def render_performance(records: dict[str, dict]) -> str:
         'longer asks the queue twice per step. `reward.placement = "rollout"`: the same functions on the '
         "same decoded rows (`actors/_scoring.py`), called in the replica; one process, one hand-off and one "
         "put less per batch.",
-        "- `[cluster] pin_trainer_cores` (async, opt-in): the trainer, the critical path of an async step, "
-        "gets a core to itself.",
+        "- Third round. The driver closes its client sockets to a finished run's actors: a cached nng dialer "
+        "to an address nobody listens on redialled it forever, about 8% of a core in an idle driver after one "
+        "run, so every later run of the same process (the async half of `bench e2e` and `bench peer`, which "
+        "run sync first) was slower. A replica the new version was announced to alone swaps without the swap "
+        "grant (`AcquireSwap`/`ReleaseSwap`: two round trips per step on the rollout's path); the trainer's "
+        "step metrics go out from a sender thread instead of a round trip to the driver, and trained.jsonl "
+        "stays open. `[cluster] pin_trainer_cores = 1` in `examples/local.toml`: the trainer gets a core to "
+        "itself where the machine is idle as the run starts (`cluster.pin_only_when_idle`).",
         "- `examples/local.toml`: a whole step's 16 prompt groups per generate call, decoded as one batch of "
         "128 (half the model forwards of 8 groups in batches of 64).",
         "- `afctl bench e2e --breakdown` and the `core/phases.py` spans it reads; `afctl bench peer`; "

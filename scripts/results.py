@@ -5,7 +5,7 @@ typed by hand.
     python scripts/results.py                      # run what is missing, write docs/results.md
     python scripts/results.py --only parity        # rerun one section (its JSON is replaced)
     python scripts/results.py --render             # rewrite the pages from the JSON kept in --work
-    python scripts/results.py --only breakdown peer ab ab_pin ab_call micro   # docs/performance.md's sections
+    python scripts/results.py --only breakdown peer ab ab_round2 ab_round3 ab_pin ab_call micro   # docs/performance.md's sections
 
 Each section's JSON is kept in ``--work`` (default runs/results/<section>.json) with
 the command that produced it and when; a section without JSON is measured (unless
@@ -32,6 +32,9 @@ BASE_REV = "b50b5b7"
 ROUND2_REV = "01f9339"
 """The commit before issue 13's second round (trainer prefetch, rewards scored in the rollout,
 rows asked for while the weights travel)."""
+ROUND3_REV = "19e0a5f"
+"""The commit before issue 13's third round (the driver's stale sockets closed, no swap grant for a
+replica alone, the trainer's metrics from a sender thread, the trainer pinned on an idle machine)."""
 
 SECTIONS: dict[str, list[str]] = {
     "parity": [PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--out", "{work}/parity"],
@@ -123,7 +126,7 @@ SECTIONS: dict[str, list[str]] = {
         "--after-set",
         "cluster.pin_trainer_cores=1",
         "--rounds",
-        "1",
+        "2",
         "--steps",
         "100",
         "--out",
@@ -158,6 +161,18 @@ SECTIONS: dict[str, list[str]] = {
         "--out",
         "{work}/ab_round2",
     ],
+    "ab_round3": [
+        PY,
+        "scripts/ab_e2e.py",
+        "--before-rev",
+        ROUND3_REV,
+        "--rounds",
+        "2",
+        "--steps",
+        "100",
+        "--out",
+        "{work}/ab_round3",
+    ],
     "ab_prefetch": [
         PY,
         "scripts/ab_e2e.py",
@@ -187,7 +202,7 @@ SECTIONS: dict[str, list[str]] = {
         "{work}/ab_placement",
     ],
 }
-PERFORMANCE = ("breakdown", "peer", "ab", "ab_round2", "ab_prefetch", "ab_placement", "ab_pin", "ab_call", "micro")
+PERFORMANCE = ("breakdown", "peer", "ab", "ab_round2", "ab_round3", "ab_prefetch", "ab_placement", "ab_pin", "ab_call", "micro")
 """The sections of docs/performance.md; the others are docs/results.md's."""
 
 

@@ -43,6 +43,7 @@ import msgspec
 
 from asyncflow.actors import _cluster_file, names, topology
 from asyncflow.actors._checkpoints import latest_good_checkpoint
+from asyncflow.actors._pinning import pinning
 from asyncflow.actors._prepare import prepare_new, prepare_resume, resume_advice
 from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors._summary import summarize
@@ -114,6 +115,9 @@ class Launcher:
             sup.spawn = self.ray_hosts.spawn
             transport = self.ray_hosts.connect(transport)
         self.transport = transport.validate()
+        sup.pin_cores, why = pinning(cfg)  # before any host starts: the cores are watched idle (actors/_pinning.py)
+        if why:
+            click.echo(why)
         self.directory = start_directory(self.transport)
         self.dc = DirectoryClient(self.directory.address, self.transport)
         from asyncflow.actors.loggers import build_loggers
@@ -460,5 +464,6 @@ def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo) -> dict:
             (rd / "summary.json").write_text(json.dumps(summary, indent=2))
     wall_s = time.monotonic() - t0
     summary = summarize(rd, cfg, stats, wall_s, launcher.supervisor.restarts, result)
+    summary["pinned_trainer_cores"] = launcher.supervisor.pin_cores or 0  # the run's decision (actors/_pinning.py)
     (rd / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -94,10 +94,11 @@ def visible_devices(role: RoleSpec | None, name: str, cfg: RunConfig) -> str | N
     return str(ids[index]) if index < len(ids) else None
 
 
-def pinned_cores(cfg: RunConfig, train_group: bool) -> dict[str, str]:
+def pinned_cores(cfg: RunConfig, train_group: bool, n: int | None = None) -> dict[str, str]:
     """``[cluster] pin_trainer_cores`` (async): the cores a process may run on
-    (``core/host.py`` applies them), the first ones to the training group's processes."""
-    n = cfg.cluster.pin_trainer_cores
+    (``core/host.py`` applies them), the first ones to the training group's processes.
+    ``n``: the run's decision (``_pinning.pinning``); None: the config's value."""
+    n = cfg.cluster.pin_trainer_cores if n is None else n
     if n == 0 or cfg.workflow.mode != "async":
         return {}
     cores = sorted(os.sched_getaffinity(0))
@@ -122,6 +123,7 @@ class Supervisor:
         self.dc: DirectoryClient | None = None
         self.transport: TransportConfig | None = None
         self.env: dict[str, str] = {}
+        self.pin_cores: int | None = None  # the run's pinning decision (actors/_pinning.py); None: the config's
         self.on_restart: Callable[[], None] = lambda: None  # the launcher rewrites cluster.json (the new pid)
 
     # -- reading --------------------------------------------------------------------------
@@ -164,7 +166,7 @@ class Supervisor:
     def host_env(self, host: str) -> dict[str, str]:
         """Environment of one process: the common one plus its cores and the devices it may see."""
         record = self._hosts[host]
-        env = {**self.env, **pinned_cores(self.cfg, record.role is not None and record.role.train_group)}
+        env = {**self.env, **pinned_cores(self.cfg, record.role is not None and record.role.train_group, self.pin_cores)}
         devices = visible_devices(record.role, host, self.cfg)
         if devices is None or self.cfg.cluster.device == "cpu":
             return env

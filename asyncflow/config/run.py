@@ -772,6 +772,14 @@ class ClusterConfig(_Section):
             "use every core."
         ),
     ] = 0
+    pin_only_when_idle: Annotated[
+        bool,
+        Meta(
+            description="With pin_trainer_cores: pin only if the machine's cores were nearly idle as the run started (under 20% "
+            "busy over 0.3 s, /proc/stat), so a run started beside other jobs leaves its processes to the OS; the run prints "
+            "its decision and summary.json records it (pinned_trainer_cores). false: pin whatever the load."
+        ),
+    ] = True
     rollout_devices: Annotated[
         list[NonNegInt],
         Meta(

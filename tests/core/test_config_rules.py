@@ -84,6 +84,11 @@ OUT_OF_RANGE = [
         "[cluster] threads_per_process",
     ),
     (
+        "[cluster]\npin_only_when_idle = 3",
+        "cluster.pin_only_when_idle: Expected `bool`, got `int`",
+        "[cluster] pin_only_when_idle",
+    ),
+    (
         "[cluster.transport]\nmax_message_bytes = 0",
         "cluster.transport.max_message_bytes = 0: out of range; use a value > 0",
         "[cluster.transport] max_message_bytes",
