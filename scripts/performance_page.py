@@ -177,27 +177,15 @@ def render_performance(records: dict[str, dict]) -> str:
         out += _peer(records["peer"])
     if "breakdown" in records:
         out += _breakdown(records["breakdown"])
-    if "ab" in records:
-        rev = records["ab"]["result"]["ab"].get("before_rev")
-        out += _ab(
-            records["ab"],
-            "Before and after, side by side",
-            f"the code before this work (`{rev}`, its own `examples/local.toml`) and after it, the",
-        )
-    if "ab_round2" in records:
-        rev = records["ab_round2"]["result"]["ab"].get("before_rev")
-        out += _ab(
-            records["ab_round2"],
-            "Second round: before and after, side by side",
-            f"the code before the second round (`{rev}`, its own `examples/local.toml`) and after it, the",
-        )
-    if "ab_round3" in records:
-        rev = records["ab_round3"]["result"]["ab"].get("before_rev")
-        out += _ab(
-            records["ab_round3"],
-            "Third round: before and after, side by side",
-            f"the code before the third round (`{rev}`, its own `examples/local.toml`) and after it, the",
-        )
+    rounds = (  # each round of issue 13 against the code before it (its own examples/local.toml)
+        ("ab", "Before and after, side by side", "the code before this work"),
+        ("ab_round2", "Second round: before and after, side by side", "the code before the second round"),
+        ("ab_round3", "Third round: before and after, side by side", "the code before the third round"),
+    )
+    for key, title, before in rounds:
+        if key in records:
+            rev = records[key]["result"]["ab"].get("before_rev")
+            out += _ab(records[key], title, f"{before} (`{rev}`, its own `examples/local.toml`) and after it, the")
     if "ab_prefetch" in records:
         out += _ab(
             records["ab_prefetch"],
