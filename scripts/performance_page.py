@@ -11,6 +11,14 @@ def _load(r: dict) -> str:
     return f"load average {r['load_avg_1m']} at the end"
 
 
+def _pinned(x: dict) -> str:
+    """In how many rounds the run pinned the trainer's core (cluster.pin_trainer_cores, applied only on an idle machine)."""
+    rounds = x.get("pinned_trainer_cores_rounds")
+    if rounds is None:
+        return ""
+    return f"; trainer's core pinned in {sum(1 for n in rounds if n)} of {len(rounds)} rounds"
+
+
 def _peer(r: dict) -> list[str]:
     p = r["result"]
     s = p["systems"]
@@ -35,7 +43,7 @@ def _peer(r: dict) -> list[str]:
     for name, label in (
         ("trl", f"TRL GRPOTrainer (torch threads: {s.get('trl', {}).get('threads', '?')})"),
         ("sync", "asyncflow sync"),
-        ("async", f"asyncflow async (k = {s['async'].get('staleness')})"),
+        ("async", f"asyncflow async (k = {s['async'].get('staleness')}{_pinned(s['async'])})"),
     ):
         if name in s:
             x = s[name]

@@ -171,6 +171,8 @@ def _one_round(base, steps: int, trl_threads: int, skip_trl: bool, root: Path) -
             "reward_last_10pct": summary["reward_last_10pct"],
             "staleness": cfg.staleness,
             "pipeline_efficiency": summary["pipeline_efficiency"],
+            # cluster.pin_trainer_cores as the run applied it (only where the machine was idle: actors/_pinning.py)
+            "pinned_trainer_cores": summary.get("pinned_trainer_cores", 0),
         }
     return results
 
@@ -182,4 +184,6 @@ def _medians(each: list[dict[str, dict]]) -> dict[str, dict]:
     for name in each[0]:
         figures = [e[name]["samples_per_s"] for e in each]
         out[name] = {**each[-1][name], "samples_per_s": statistics.median(figures), "samples_per_s_rounds": figures}
+        if "pinned_trainer_cores" in each[-1][name]:
+            out[name]["pinned_trainer_cores_rounds"] = [e[name]["pinned_trainer_cores"] for e in each]
     return out

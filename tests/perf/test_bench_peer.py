@@ -63,4 +63,7 @@ def test_bench_peer_runs_the_three_systems_for_a_few_steps_round_after_round(tmp
     for r in line["systems"].values():
         assert len(r["samples_per_s_rounds"]) == 2 and r["samples_per_s"] == pytest.approx(sum(r["samples_per_s_rounds"]) / 2)
     assert len(line["async_over_trl_rounds"]) == 2
+    # whether each asyncflow run pinned the trainer's core (examples/local.toml asks; only an idle machine gets it)
+    assert [n in (0, 1) for n in line["systems"]["async"]["pinned_trainer_cores_rounds"]] == [True, True]
+    assert line["systems"]["sync"]["pinned_trainer_cores_rounds"] == [0, 0]  # sync never pins
     assert line["async_over_trl"] == pytest.approx(sum(line["async_over_trl_rounds"]) / 2)
