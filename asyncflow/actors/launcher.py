@@ -194,8 +194,12 @@ class Launcher:
         Every stage runs whatever failed before it: an error (a full disk while writing
         the trace, a host that cannot be stopped) is logged and returned as
         ``(stage, error)``, and the next stage goes on, so the driver never waits at
-        exit on an actor left running."""
+        exit on an actor left running. An interrupt (Ctrl-C again, SIGTERM) ends the
+        stage it lands in, not the stop: the driver's own actors (collector, directory)
+        are stopped whatever happens, since their threads would keep the process from
+        exiting, and the interrupt is raised once the stop is done."""
         errors: list[tuple[str, BaseException]] = []
+        interrupts: list[KeyboardInterrupt] = []
 
         def stage(name: str, fn, *args) -> None:
             try:
@@ -205,14 +209,31 @@ class Launcher:
                     "stopping the run: %s failed: %s: %s (going on with the rest of the stop)", name, type(exc).__name__, exc
                 )
                 errors.append((name, exc))
+            except KeyboardInterrupt as exc:
+                log.warning("stopping the run: interrupted during %s; finishing the stop (every stage is bounded)", name)
+                interrupts.append(exc)
 
         self.stopping = True
         addresses: set[str] = set()  # the run's actors': the driver's sockets to them are closed at the end
-        if hasattr(self, "dc"):
-            addresses.add(self.directory.address)
-            stage("list the run's actors", lambda: addresses.update(e.address for e in self.dc.list()))
-        if self.scaler is not None:
-            stage("stop the online planner", self.scaler.stop)
+        try:
+            if hasattr(self, "dc"):
+                addresses.add(self.directory.address)
+                stage("list the run's actors", lambda: addresses.update(e.address for e in self.dc.list()))
+            if self.scaler is not None:
+                stage("stop the online planner", self.scaler.stop)
+            stage("stop the processes", self._stop_processes, stage)
+        except KeyboardInterrupt as between:  # between two stages
+            interrupts.append(between)
+        finally:
+            self._stop_driver_actors(stage, addresses)
+        for name, exc in errors:
+            click.echo(f"!! while stopping: {name} failed: {type(exc).__name__}: {exc}", err=True)
+        if interrupts:
+            raise interrupts[0]
+        return errors
+
+    def _stop_processes(self, stage) -> None:
+        """The workers' loops, the queue's last notices, then every host process."""
         workers = self.supervisor.workers() if hasattr(self, "dc") else []
         procs = self.supervisor.procs()
         if self.lost_process:
@@ -231,6 +252,10 @@ class Launcher:
                 futures = {h: pool.submit(p.stop, timeout_s=20) for h, p in procs.items()}
         for host, future in futures.items():
             stage(f"stop host {host}", future.result)
+
+    def _stop_driver_actors(self, stage, addresses: set[str]) -> None:
+        """The collector (after trace.json), the loggers, cluster.json, the directory,
+        Ray, the ipc directory and the driver's sockets to the run's actors."""
         if hasattr(self, "collector"):
             stage("write trace.json", self.collector.pykka_ref.ask, protocol.WriteTrace(path=str(self.run_dir / "trace.json")))
             stage("stop the collector", self.collector.stop)
@@ -251,9 +276,6 @@ class Launcher:
             close_sockets,
             lambda address: address in addresses or (ipc_prefix is not None and address.startswith(ipc_prefix)),
         )
-        for name, exc in errors:
-            click.echo(f"!! while stopping: {name} failed: {type(exc).__name__}: {exc}", err=True)
-        return errors
 
     def _settle_queue(self) -> None:
         """The workers' last acks (flushed as they stopped) travel on as notices: each

@@ -59,3 +59,31 @@ def test_a_full_disk_while_writing_the_trace_still_stops_the_hosts_the_collector
     assert json.loads((tmp_path / "cluster.json").read_text())["running"] is False
     assert [stage for stage, _ in errors] == ["stop host stuck", "write trace.json"]
     assert "No space left on device" in caplog.text and "write trace.json" in caplog.text
+
+
+class _InterruptedHost:
+    """A host whose stop is interrupted: Ctrl-C again, or SIGTERM (the CLI raises KeyboardInterrupt for it)."""
+
+    def stop(self, timeout_s: float) -> None:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.timeout(60)
+def test_an_interrupt_during_the_stop_still_stops_everything_then_is_raised(tmp_path, monkeypatch):
+    # a driver interrupted inside its stop once left its directory and collector actors (threads
+    # that keep a process alive) running: it hung at exit, for good, redialling its dead hosts
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cfg = load_config_text("[logging]\nprogress = false\n")
+    launcher = Launcher(cfg, tmp_path, LaunchInfo(model_dir="m", base_model_dir="m", data_path="d"))
+    launcher.start()
+    fine = _Host()
+    fakes = {"interrupted": _InterruptedHost(), "fine": fine}
+    launcher.supervisor.spawn = lambda name, *args, **kwargs: fakes[name]
+    for name in fakes:
+        launcher.supervisor.add(HostPlan(name=name, kind="fake", role=None, specs=[]))
+    with pytest.raises(KeyboardInterrupt):
+        launcher.stop()
+    assert fine.stopped
+    assert not launcher.collector.pykka_ref.is_alive()
+    assert not launcher.directory.pykka_ref.is_alive()
+    assert json.loads((tmp_path / "cluster.json").read_text())["running"] is False
