@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable
 
+from asyncflow.actors.supervisor import pinned_cores
 from asyncflow.config.run import RunConfig
 
 IDLE_BUSY_MAX = 0.2
@@ -57,8 +58,6 @@ def cores_busy(
 def pinning(cfg: RunConfig, busy: Callable[[set[int]], float] = cores_busy) -> tuple[int, str]:
     """(cores to pin for the trainer, a line saying so) for this run; (0, "") where
     pinning is off or does not apply (sync mode)."""
-    from asyncflow.actors.supervisor import pinned_cores
-
     n = cfg.cluster.pin_trainer_cores
     if n == 0 or cfg.workflow.mode != "async":
         return 0, ""

@@ -43,14 +43,16 @@ def write_prompts(path: Path) -> Path:
     return path
 
 
-def run(tmp_path: Path, mode: str, num_ranks: int, max_rounds: int, workflow: dict | None = None):
-    run_dir = tmp_path / "run"
-    data = write_prompts(tmp_path / "prompts.jsonl")
-    config = write_config(
+def refill_config(tmp_path: Path, data: Path, mode: str, num_steps: int, max_rounds: int, **keys) -> Path:
+    """A dynamic-sampling run with refill over ``data`` (``keys``: more tables, as write_config's changes;
+    ``checkpoint_every``)."""
+    checkpoint_every = keys.pop("checkpoint_every", 0)
+    return write_config(
         tmp_path,
         mode=mode,
-        num_steps=NUM_STEPS,
+        num_steps=num_steps,
         staleness=0 if mode == "sync" else 1,
+        checkpoint_every=checkpoint_every,
         extra=f'\n[cluster]\npython_path = ["{HERE}"]\n',
         changes={
             "data": {"path": str(data), "shuffle": False},
@@ -61,10 +63,23 @@ def run(tmp_path: Path, mode: str, num_ranks: int, max_rounds: int, workflow: di
                 "dynamic_sampling_max_rounds": max_rounds,
                 "group_size": GROUP_SIZE,
             },
-            "train": {"num_ranks": num_ranks, "prompts_per_step": PROMPTS_PER_STEP},
-            "train.engine": {"fsdp": num_ranks > 1},
-            "workflow": workflow or {},
+            **keys,
         },
+    )
+
+
+def run(tmp_path: Path, mode: str, num_ranks: int, max_rounds: int, workflow: dict | None = None):
+    run_dir = tmp_path / "run"
+    data = write_prompts(tmp_path / "prompts.jsonl")
+    config = refill_config(
+        tmp_path,
+        data,
+        mode,
+        NUM_STEPS,
+        max_rounds,
+        train={"num_ranks": num_ranks, "prompts_per_step": PROMPTS_PER_STEP},
+        **{"train.engine": {"fsdp": num_ranks > 1}},
+        workflow=workflow or {},
     )
     proc = afctl("up", str(config), "--run-dir", str(run_dir))
     out, _ = proc.communicate(timeout=170)
@@ -142,23 +157,8 @@ def test_a_refilled_run_resumed_mid_run_trains_or_drops_every_group_once_with_fu
     run_dir = tmp_path / "run"
     num_steps = 20
     data = write_prompts(tmp_path / "prompts.jsonl")
-    config = write_config(
-        tmp_path,
-        mode="async",
-        num_steps=num_steps,
-        checkpoint_every=2,
-        extra=f'\n[cluster]\npython_path = ["{HERE}"]\n',
-        changes={
-            "data": {"path": str(data), "shuffle": False},
-            "reward": {"functions": ["wf_rewards:constant_for_even_answers"]},
-            "algorithm": {
-                "dynamic_sampling": True,
-                "dynamic_sampling_oversample": 1.5,
-                "dynamic_sampling_max_rounds": 2,
-                "group_size": GROUP_SIZE,
-            },
-            "train": {"prompts_per_step": PROMPTS_PER_STEP},
-        },
+    config = refill_config(
+        tmp_path, data, "async", num_steps, 2, checkpoint_every=2, train={"prompts_per_step": PROMPTS_PER_STEP}
     )
     first = afctl("up", str(config), "--run-dir", str(run_dir))
     wait_for_steps(run_dir, first, 3, 200)  # the checkpoint after step index 1 is written
