@@ -14,6 +14,12 @@ a seed is the baseline's smoothed reward at its last step (examples/local.toml: 
 (the baseline reaches it by its last step by definition; a run that never does
 counts as its number of steps). Prints one line per seed and one JSON line.
 
+Two figures over the seeds: the mean of the seeds' steps-to-reward (each seed against
+its own baseline: the crossing of one noisy curve with one noisy end point), and the
+steps-to-reward of the mean curves (the seeds' smoothed curves averaged step by step,
+the target being the mean baseline curve at its last step: "the reward the baseline
+reaches at its last step", with the seed noise averaged out before the crossing).
+
     python scripts/dynamic_sampling_check.py --seeds 0 1 2 --out runs/dynsample
 """
 
@@ -59,6 +65,11 @@ def smoothed(values: list[float], window: int) -> list[float]:
     return out
 
 
+def mean_curve(curves: list[list[float]]) -> list[float]:
+    """Step by step mean of equally long curves (the seeds' smoothed rewards)."""
+    return [statistics.mean(values) for values in zip(*curves, strict=True)]
+
+
 def steps_to(curve: list[float], target: float, window: int) -> int:
     """Trainer steps (1-based count) until the smoothed curve first reaches ``target``,
     counting only full windows; ``len(curve)`` if it never does."""
@@ -88,11 +99,15 @@ def main() -> int:
         f"algorithm.dynamic_sampling_max_rounds={args.max_rounds}",
     ]
     rows = []
+    base_curves: list[list[float]] = []
+    dyn_curves: list[list[float]] = []
     for seed in args.seeds:  # the two runs of a seed one after the other: side by side on a loaded machine
         base_dir, dyn_dir = out / f"base-seed{seed}", out / f"dynamic-x{args.oversample:g}-r{args.max_rounds}-seed{seed}"
         base_summary = run_one(args.config, base_dir, args.mode, seed, args.overrides)
         dyn_summary = run_one(args.config, dyn_dir, args.mode, seed, [*args.overrides, *dynamic])
         base, dyn = smoothed(rewards(base_dir), args.window), smoothed(rewards(dyn_dir), args.window)
+        base_curves.append(base)
+        dyn_curves.append(dyn)
         target = base[-1]
         rows.append(
             {
@@ -116,6 +131,10 @@ def main() -> int:
             f"{r['base_final']:>10.3f} {r['dynamic_final']:>9.3f}"
         )
     base_mean = statistics.mean(r["base_steps"] for r in rows)
+    base_curve, dyn_curve = mean_curve(base_curves), mean_curve(dyn_curves)
+    curve_target = base_curve[-1]
+    curve_base_steps = steps_to(base_curve, curve_target, args.window)
+    curve_dyn_steps = steps_to(dyn_curve, curve_target, args.window)
     dyn_mean = statistics.mean(r["dynamic_steps"] for r in rows)
     result = {
         "config": args.config,
@@ -128,8 +147,21 @@ def main() -> int:
         "base_steps_mean": round(base_mean, 1),
         "dynamic_steps_mean": round(dyn_mean, 1),
         "fewer_steps": round(1 - dyn_mean / base_mean, 4),
+        "mean_curve": {
+            "target": round(curve_target, 4),
+            "base_steps": curve_base_steps,
+            "dynamic_steps": curve_dyn_steps,
+            "fewer_steps": round(1 - curve_dyn_steps / curve_base_steps, 4),
+            "base_final": round(base_curve[-1], 4),
+            "dynamic_final": round(dyn_curve[-1], 4),
+        },
     }
     print(f"steps to the baseline's final reward: {base_mean:.1f} -> {dyn_mean:.1f} ({result['fewer_steps']:.1%} fewer)")
+    mc = result["mean_curve"]
+    print(
+        f"mean curves over {len(rows)} seeds: target {mc['target']:.3f}, steps {curve_base_steps} -> {curve_dyn_steps} "
+        f"({mc['fewer_steps']:.1%} fewer); final {mc['base_final']:.3f} -> {mc['dynamic_final']:.3f}"
+    )
     print(json.dumps({"dynamic_sampling": result}))
     return 0
 

@@ -10,7 +10,8 @@ typed by hand.
 Each section's JSON is kept in ``--work`` (default runs/results/<section>.json) with
 the command that produced it and when; a section without JSON is measured (unless
 ``--only`` names others), which takes about 12 minutes for docs/results.md's on a
-2-core machine (the parity runs are most of it) and about 13 for
+2-core machine (the parity runs are most of it) plus about 30 for its
+``dynamic_sampling`` section (15 seeds x 2 runs), and about 13 for
 docs/performance.md's (scripts/performance_page.py renders that page).
 """
 
@@ -85,6 +86,16 @@ SECTIONS: dict[str, list[str]] = {
     "queue": [PY, "-m", "asyncflow.cli.main", "bench", "queue", "-B", "8", "-L", "64", "-n", "300", "--compare-inline", "--json"],
     "train": [PY, "-m", "asyncflow.cli.main", "bench", "train", "--json"],
     "packing": [PY, "-m", "asyncflow.cli.main", "bench", "train", "--packing", "--steps", "10", "--json"],
+    # issue 16's target: 15 seeds x 2 runs of examples/local.toml, about 30 minutes on 2 cores (runs whose
+    # directory already holds a summary.json are read, not rerun)
+    "dynamic_sampling": [
+        PY,
+        "scripts/dynamic_sampling_check.py",
+        "--seeds",
+        *[str(seed) for seed in range(15)],
+        "--out",
+        "{work}/dynamic_sampling",
+    ],
     # docs/performance.md
     "breakdown": [
         PY,
@@ -358,7 +369,44 @@ def render(records: dict[str, dict]) -> str:
             f"step-loss difference {t['max_loss_diff']:.1e} (docs/algorithms.md, Sequence packing).",
             "",
         ]
+    if "dynamic_sampling" in records:
+        out += _render_dynamic_sampling(records["dynamic_sampling"])
     return "\n".join(out)
+
+
+def _render_dynamic_sampling(r: dict) -> list[str]:
+    d = r["result"]["dynamic_sampling"]
+    mc = d["mean_curve"]
+    rows = d["seeds"]
+    out = [
+        "## Dynamic sampling: trainer steps to the baseline's reward",
+        "",
+        f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): per seed, `{d['config']}` as shipped "
+        f"({d['mode']}) and with `algorithm.dynamic_sampling = true` (oversample {d['oversample']:g}, up to "
+        f"{d['max_rounds']} refill rounds). Reward: every response a step sampled, trailing mean of {d['window']} "
+        "steps; target: the baseline's at its last step (docs/algorithms.md, Dynamic sampling).",
+        "",
+        "| seed | target | steps without | steps with | reward at the last step, without / with | filtered_frac |",
+        "|---|---|---|---|---|---|",
+    ]
+    out += [
+        f"| {x['seed']} | {x['target']:.3f} | {x['base_steps']} | {x['dynamic_steps']} | "
+        f"{x['base_final']:.3f} / {x['dynamic_final']:.3f} | {x['filtered_frac_mean']:.2f} |"
+        for x in rows
+    ]
+    higher = sum(x["dynamic_final"] > x["base_final"] for x in rows)
+    out += [
+        "",
+        f"- Each seed against its own baseline (the baseline counted at the first step its curve reaches its own "
+        f"last value): {d['base_steps_mean']:.1f} -> {d['dynamic_steps_mean']:.1f} steps, "
+        f"**{d['fewer_steps']:.1%} fewer**.",
+        f"- The mean curves of the {len(rows)} seeds (target: the mean baseline's reward at its last step, "
+        f"{mc['target']:.3f}): {mc['base_steps']} -> {mc['dynamic_steps']} steps, **{mc['fewer_steps']:.1%} fewer**; "
+        f"reward at the last step {mc['base_final']:.3f} -> {mc['dynamic_final']:.3f}.",
+        f"- Reward at the last step higher with dynamic sampling on {higher} seeds of {len(rows)}.",
+        "",
+    ]
+    return out
 
 
 def main() -> int:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from asyncflow.core import protocol
 from asyncflow.core.errors import AsyncflowError
-from asyncflow.core.ref import ActorRef
+from asyncflow.core.ref import ActorRef, close_sockets
 from asyncflow.core.transport import TransportConfig
 
 
@@ -35,17 +35,24 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
 
     def watch(self, host: str, actor_name: str, address: str) -> None:
-        """Watch ``host`` (its host actor ``actor_name`` at ``address``), from now."""
+        """Watch ``host`` (its host actor ``actor_name`` at ``address``), from now. A host
+        watched again at another address (restarted) leaves its old one: the socket to it
+        is closed, or it would redial the dead address for the rest of the driver."""
         with self._lock:
+            old = self._refs.get(host)
             self._refs[host] = ActorRef(actor_name, address, self.transport)
             self._last_answer[host] = time.monotonic()
             self._last_error.pop(host, None)
+        if old is not None and old.address != address:
+            close_sockets(old.address.__eq__)
 
     def forget(self, host: str) -> None:
         with self._lock:
-            self._refs.pop(host, None)
+            old = self._refs.pop(host, None)
             self._last_answer.pop(host, None)
             self._last_error.pop(host, None)
+        if old is not None:
+            close_sockets(old.address.__eq__)
 
     def lost(self) -> dict[str, str]:
         """Hosts without an answer for ``lost_after_s``: name -> what the driver knows."""
