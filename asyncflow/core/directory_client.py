@@ -7,6 +7,8 @@ request side (``ref.py``), never ``actor.py``, so the two do not import each oth
 
 from __future__ import annotations
 
+import threading
+
 from asyncflow.core import protocol
 from asyncflow.core.errors import RemoteError
 from asyncflow.core.ref import ActorRef, close_sockets
@@ -23,6 +25,7 @@ class DirectoryClient:
         self.transport = transport or TransportConfig.from_env()
         self._ref = ActorRef(DIRECTORY_NAME, address, self.transport)
         self._cache: dict[str, ActorRef] = {}
+        self._lock = threading.Lock()  # the cache: an actor's threads share its context's client
 
     def register(self, entry: protocol.ActorEntry) -> None:
         self._ref.ask(protocol.Register(entry=entry), timeout_s=self.transport.connect_timeout_s)
@@ -30,7 +33,10 @@ class DirectoryClient:
     def unregister(self, name: str, address: str = "", timeout_s: float | None = None) -> None:
         """Forget ``name``; with ``address``, only if it is still registered there. This
         process's socket to the cached address goes too (see ``ref``)."""
-        self._drop(self._cache.pop(name, None))
+        with self._lock:
+            gone = self._forget(self._cache.pop(name, None))
+        if gone:
+            close_sockets(gone.__eq__)
         self._ref.ask(
             protocol.Unregister(name=name, address=address),
             timeout_s=self.transport.connect_timeout_s if timeout_s is None else timeout_s,
@@ -49,17 +55,25 @@ class DirectoryClient:
         process's socket to the old one: that address was the dead instance's alone, and
         a cached dialer to it would redial it every 20-500 ms for the rest of the process."""
         cached = self._cache.get(name)
-        if refresh or cached is None:
-            entry = self.lookup(name, wait_s)
-            if cached is None or cached.address != entry.address:
-                self._cache[name] = ActorRef(name, entry.address, self.transport)
-                self._drop(cached)
-        return self._cache[name]
+        if cached is not None and not refresh:
+            return cached
+        entry = self.lookup(name, wait_s)
+        with self._lock:
+            cached = self._cache.get(name)
+            if cached is not None and cached.address == entry.address:
+                return cached
+            fresh = self._cache[name] = ActorRef(name, entry.address, self.transport)
+            gone = self._forget(cached)
+        if gone:
+            close_sockets(gone.__eq__)
+        return fresh
 
-    def _drop(self, gone: ActorRef | None) -> None:
-        """Close this process's socket to ``gone``'s address, unless a cached name still uses it."""
-        if gone is not None and gone.address != self.address and all(r.address != gone.address for r in self._cache.values()):
-            close_sockets(gone.address.__eq__)
+    def _forget(self, old: ActorRef | None) -> str:
+        """``old``'s address if nothing cached uses it any more (and it is not the
+        directory's), else "". Called with ``_lock`` held, ``old`` out of the cache."""
+        if old is None or old.address == self.address or any(r.address == old.address for r in self._cache.values()):
+            return ""
+        return old.address
 
     def list(self, prefix: str = "") -> list[protocol.ActorEntry]:
         return self._ref.ask(protocol.ListActors(prefix=prefix), timeout_s=self.transport.connect_timeout_s).entries
