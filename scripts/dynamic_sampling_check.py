@@ -42,6 +42,12 @@ def rewards(run_dir: Path) -> list[float]:
     return [m.get("sampled_reward_mean", m["reward_mean"]) for m in lines]
 
 
+def mean_staleness(run_dir: Path) -> float:
+    """The run's mean over steps of the trained rows' mean staleness (trainer version - generating version)."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return round(statistics.mean(m["staleness_mean"] for m in lines), 3)
+
+
 def batch_figures(run_dir: Path) -> dict:
     """Per run: the mean filtered fraction and refill rounds per step, and the steps that
     trained fewer groups than the fullest step did (short of informative groups)."""
@@ -121,6 +127,8 @@ def main() -> int:
                 "dynamic_samples_per_s": round(dyn_summary["samples_per_s"], 1),
                 "base_wall_s": round(base_summary["wall_s"], 1),
                 "dynamic_wall_s": round(dyn_summary["wall_s"], 1),
+                "base_staleness_mean": mean_staleness(base_dir),
+                "dynamic_staleness_mean": mean_staleness(dyn_dir),
                 **batch_figures(dyn_dir),
             }
         )

@@ -10,8 +10,8 @@ typed by hand.
 Each section's JSON is kept in ``--work`` (default runs/results/<section>.json) with
 the command that produced it and when; a section without JSON is measured (unless
 ``--only`` names others), which takes about 12 minutes for docs/results.md's on a
-2-core machine (the parity runs are most of it) plus about 30 for its
-``dynamic_sampling`` section (15 seeds x 2 runs), and about 13 for
+2-core machine (the parity runs are most of it) plus about 30 and 40 for its
+``dynamic_sampling`` and ``dynamic_sampling_sync`` sections (15 seeds x 2 runs each), and about 13 for
 docs/performance.md's (scripts/performance_page.py renders that page).
 """
 
@@ -95,6 +95,17 @@ SECTIONS: dict[str, list[str]] = {
         *[str(seed) for seed in range(15)],
         "--out",
         "{work}/dynamic_sampling",
+    ],
+    # the same in sync mode: no staleness on either side, and every run deterministic (about 40 minutes)
+    "dynamic_sampling_sync": [
+        PY,
+        "scripts/dynamic_sampling_check.py",
+        "--mode",
+        "sync",
+        "--seeds",
+        *[str(seed) for seed in range(15)],
+        "--out",
+        "{work}/dynamic_sampling_sync",
     ],
     # docs/performance.md
     "breakdown": [
@@ -369,8 +380,9 @@ def render(records: dict[str, dict]) -> str:
             f"step-loss difference {t['max_loss_diff']:.1e} (docs/algorithms.md, Sequence packing).",
             "",
         ]
-    if "dynamic_sampling" in records:
-        out += _render_dynamic_sampling(records["dynamic_sampling"])
+    for name in ("dynamic_sampling", "dynamic_sampling_sync"):
+        if name in records:
+            out += _render_dynamic_sampling(records[name])
     return "\n".join(out)
 
 
@@ -379,19 +391,21 @@ def _render_dynamic_sampling(r: dict) -> list[str]:
     mc = d["mean_curve"]
     rows = d["seeds"]
     out = [
-        "## Dynamic sampling: trainer steps to the baseline's reward",
+        f"## Dynamic sampling ({d['mode']}): trainer steps to the baseline's reward",
         "",
         f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): per seed, `{d['config']}` as shipped "
         f"({d['mode']}) and with `algorithm.dynamic_sampling = true` (oversample {d['oversample']:g}, up to "
         f"{d['max_rounds']} refill rounds). Reward: every response a step sampled, trailing mean of {d['window']} "
         "steps; target: the baseline's at its last step (docs/algorithms.md, Dynamic sampling).",
         "",
-        "| seed | target | steps without | steps with | reward at the last step, without / with | filtered_frac |",
-        "|---|---|---|---|---|---|",
+        "| seed | target | steps without | steps with | reward at the last step, without / with | filtered_frac "
+        "| mean staleness, without / with |",
+        "|---|---|---|---|---|---|---|",
     ]
     out += [
         f"| {x['seed']} | {x['target']:.3f} | {x['base_steps']} | {x['dynamic_steps']} | "
-        f"{x['base_final']:.3f} / {x['dynamic_final']:.3f} | {x['filtered_frac_mean']:.2f} |"
+        f"{x['base_final']:.3f} / {x['dynamic_final']:.3f} | {x['filtered_frac_mean']:.2f} | "
+        f"{x['base_staleness_mean']:.3f} / {x['dynamic_staleness_mean']:.3f} |"
         for x in rows
     ]
     higher = sum(x["dynamic_final"] > x["base_final"] for x in rows)
