@@ -119,8 +119,10 @@ class ActorRef:
         header = protocol.Header(target=self.name, kind=kind, secret=self._secret, timeout_s=timeout_s)
         frame = frames.encode_frame(header, msg)
         msg_type = type(msg).__name__
-        ctx = _context_for(_socket_for(self.address, self._config))
         try:
+            # another thread may close the socket between these two (close_sockets: the
+            # actor moved or the run stopped): its context then raises Closed, as below
+            ctx = _context_for(_socket_for(self.address, self._config))
             set_context_timeouts(ctx, timeout_s)
             _nngio.send(ctx, frame)
             reply = _nngio.recv(ctx)

@@ -73,3 +73,19 @@ def test_the_heartbeat_closes_its_socket_to_a_host_it_rewatches_elsewhere_or_for
     finally:
         first.stop()
         second.stop()
+
+
+@pytest.mark.timeout(30)
+def test_a_call_on_a_socket_another_thread_just_closed_says_the_actor_is_gone(transport, monkeypatch):
+    """The race the closes above open: a thread takes the cached socket of an address, and
+    before it opens its context there another thread closes that socket (a refresh found
+    the actor elsewhere). The call must fail as ActorGone, which callers handle, not with
+    pynng's own Closed, which no caller expects."""
+    from asyncflow.core.errors import ActorGone
+
+    address = f"ipc://{transport.ipc_dir}/gone.sock"
+    sock = ref._socket_for(address, transport)
+    ref.close_sockets(address.__eq__)
+    monkeypatch.setattr(ref, "_socket_for", lambda address, config: sock)  # taken just before the close
+    with pytest.raises(ActorGone, match="'echo' at ipc://.*gone.sock went away during Ping"):
+        ref.ActorRef("echo", address, transport).ask(protocol.Ping(), timeout_s=1.0)
