@@ -404,4 +404,12 @@ def _stop_contained(actor: ServedActor, timeout_s: float) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Every actor is stopped, its files closed, the sockets closed and the log flushed:
+    # skip the interpreter's teardown, which in a process that imported torch and
+    # transformers takes 0.6 s of CPU (module by module), and with every host of a run
+    # exiting at once on a small machine held the driver's stop 2-3 s
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
