@@ -35,23 +35,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from convergence_parity import run_one  # noqa: E402
 
 
+def metrics(run_dir: Path) -> list[dict]:
+    """The run's metrics.jsonl, step by step."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return sorted(lines, key=lambda m: m["step"])
+
+
 def rewards(run_dir: Path) -> list[float]:
     """The reward of every response each step sampled, step by step."""
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    lines.sort(key=lambda m: m["step"])
-    return [m.get("sampled_reward_mean", m["reward_mean"]) for m in lines]
+    return [m.get("sampled_reward_mean", m["reward_mean"]) for m in metrics(run_dir)]
 
 
 def mean_staleness(run_dir: Path) -> float:
     """The run's mean over steps of the trained rows' mean staleness (trainer version - generating version)."""
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return round(statistics.mean(m["staleness_mean"] for m in lines), 3)
+    return round(statistics.mean(m["staleness_mean"] for m in metrics(run_dir)), 3)
 
 
 def batch_figures(run_dir: Path) -> dict:
     """Per run: the mean filtered fraction and refill rounds per step, and the steps that
     trained fewer groups than the fullest step did (short of informative groups)."""
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    lines = metrics(run_dir)
     kept = [m["kept_groups"] for m in lines]
     return {
         "filtered_frac_mean": round(statistics.mean(m["filtered_frac"] for m in lines), 3),
@@ -121,7 +124,6 @@ def main() -> int:
                 "target": round(target, 4),
                 "base_steps": steps_to(base, target, args.window),
                 "dynamic_steps": steps_to(dyn, target, args.window),
-                "base_final": round(base[-1], 4),
                 "dynamic_final": round(dyn[-1], 4),
                 "base_samples_per_s": round(base_summary["samples_per_s"], 1),
                 "dynamic_samples_per_s": round(dyn_summary["samples_per_s"], 1),
@@ -136,7 +138,7 @@ def main() -> int:
     for r in rows:
         print(
             f"{r['seed']:>4} {r['target']:>7.3f} {r['base_steps']:>10} {r['dynamic_steps']:>9} "
-            f"{r['base_final']:>10.3f} {r['dynamic_final']:>9.3f}"
+            f"{r['target']:>10.3f} {r['dynamic_final']:>9.3f}"
         )
     base_mean = statistics.mean(r["base_steps"] for r in rows)
     base_curve, dyn_curve = mean_curve(base_curves), mean_curve(dyn_curves)
@@ -160,7 +162,6 @@ def main() -> int:
             "base_steps": curve_base_steps,
             "dynamic_steps": curve_dyn_steps,
             "fewer_steps": round(1 - curve_dyn_steps / curve_base_steps, 4),
-            "base_final": round(base_curve[-1], 4),
             "dynamic_final": round(dyn_curve[-1], 4),
         },
     }
@@ -168,7 +169,7 @@ def main() -> int:
     mc = result["mean_curve"]
     print(
         f"mean curves over {len(rows)} seeds: target {mc['target']:.3f}, steps {curve_base_steps} -> {curve_dyn_steps} "
-        f"({mc['fewer_steps']:.1%} fewer); final {mc['base_final']:.3f} -> {mc['dynamic_final']:.3f}"
+        f"({mc['fewer_steps']:.1%} fewer); final {mc['target']:.3f} -> {mc['dynamic_final']:.3f}"
     )
     print(json.dumps({"dynamic_sampling": result}))
     return 0
