@@ -14,6 +14,9 @@ versions never share a sample. Elements are first cast to the rollout engine's
 dtype, then to float32: a float32 trainer and a bfloat16 replica of the same
 version agree (both round the same way), two versions do not.
 
+The sampled positions are ``i * (numel - 1) // (SAMPLES - 1)``, in int64: exact at
+any size (float index arithmetic rounds past 2^24 elements).
+
 Invariant: ``weights_digest`` depends only on the (name, tensor) pairs, not on
 their order, device, or memory layout; it is never 0 (0 means "unknown" on rows).
 """
@@ -33,7 +36,9 @@ def sample_index(numel: int, device: torch.device | str = "cpu") -> torch.Tensor
     """The flat positions a tensor of ``numel`` elements is sampled at (None: all)."""
     if numel <= SAMPLES:
         return None
-    return torch.linspace(0, numel - 1, SAMPLES, device=device).long()
+    # integer arithmetic: float32 (linspace's default) cannot hold numel - 1 past 2^24 elements,
+    # which every real embedding passes, and rounded the last position out of bounds
+    return torch.arange(SAMPLES, dtype=torch.int64, device=device) * (numel - 1) // (SAMPLES - 1)
 
 
 def sample(tensor: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from asyncflow.engines.config import RolloutEngineConfig, TrainEngineConfig
-from asyncflow.engines.digest import weights_digest
+from asyncflow.engines.digest import sample_index, weights_digest
 from asyncflow.engines.factory import build_rollout_engine, build_train_engine
 
 
@@ -52,3 +52,22 @@ def test_the_native_rollout_engine_reads_back_the_digest_of_the_weights_the_trai
     assert rollout.weights_digest() == weights_digest(moved)
     rollout.load_weights([(n, t + 0.01) for n, t in moved[:1]], version=3)
     assert rollout.weights_digest() != weights_digest(moved)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("numel", [2**24 + 1, 49_152 * 576, 151_936 * 896, 128_256 * 2_048])
+def test_the_sampled_positions_of_a_real_embedding_stay_inside_it(numel):
+    # every real LLM's embedding passes 2^24 elements, where float32 cannot hold numel - 1 exactly
+    index = sample_index(numel)
+    assert index is not None and index.dtype == torch.int64
+    assert int(index[0]) == 0 and int(index[-1]) == numel - 1
+    assert bool((index[1:] > index[:-1]).all())
+
+
+@pytest.mark.timeout(60)
+def test_the_digest_of_a_smollm2_sized_embedding_is_computed():
+    embed = torch.zeros(49_152, 576)  # SmolLM2-135M's: 28,311,552 elements
+    embed[-1, -1] = 1.0  # the last element is sampled: a change there changes the digest
+    before = weights_digest([("model.embed_tokens.weight", embed)])
+    embed[-1, -1] = 2.0
+    assert weights_digest([("model.embed_tokens.weight", embed)]) != before
