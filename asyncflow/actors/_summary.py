@@ -142,7 +142,9 @@ def val_summary(rd: Path, rows: list[dict]) -> dict:
     if best is None and evals:
         top = max(evals, key=lambda r: r["val/accuracy"])  # the first of equals, as the trainer keeps it
         best = {"value": top["val/accuracy"], "step": top["step"]}
+    start = next((r["val/start_accuracy"] for r in rows if "val/start_accuracy" in r), None)
     return {
+        "val_start_accuracy": start,
         "val_best_accuracy": best["value"] if best else None,
         "val_best_step": int(best["step"]) if best else None,
         "val_final_accuracy": evals[-1]["val/accuracy"] if evals else None,

@@ -147,6 +147,10 @@ class TrainerActor(LoopActor):
             self._evaluator = Evaluator(self.run)
             best = read_best(self.run.dir)
             self._best = best["value"] if best else float("-inf")
+        # eval.at_start: a copy of the starting weights, evaluated with the first step's report (step 0 of a new run)
+        self._start_snapshot = None
+        if cfg.eval.at_start and self.step == 0 and self.ranks.num_ranks == 1:
+            self._start_snapshot = [(n, t.detach().clone()) for n, t in self.policy.export_weights()]
 
     @staticmethod
     def _weights_actor():
@@ -346,6 +350,10 @@ class TrainerActor(LoopActor):
             **{k: v for k, v in figures.items() if k.startswith("env/")},  # with an environment (docs/environments.md)
         )
         eval_every = cfg.eval.every_steps
+        if cfg.eval.at_start and self.step == 0 and version == 1 and self._start_snapshot is not None:
+            start = self._evaluate(self._start_snapshot, 0, save=False)  # the weights the run started from
+            self._start_snapshot = None
+            values.update({"val/start_accuracy": start["val/accuracy"], "val/start_reward_mean": start["val/reward_mean"]})
         if eval_every and (version % eval_every == 0 or version == cfg.train.num_steps):
             values.update(self._evaluate(snapshot, version))
         self._reports.tell(COLLECTOR, protocol.StepMetrics(step=self.step, values={k: float(v) for k, v in values.items()}))
@@ -373,13 +381,13 @@ class TrainerActor(LoopActor):
         if pending is not None:
             pending.get(timeout=600)
 
-    def _evaluate(self, snapshot, version: int) -> dict[str, float]:
+    def _evaluate(self, snapshot, version: int, save: bool = True) -> dict[str, float]:
         """``val/*`` of the policy just published (version ``self.step + 1``); a new best is saved."""
         t0 = time.monotonic()
         with self.activity("eval"):
             assert self._evaluator is not None  # the step evaluates only with eval.every_steps, which made it
             values = self._evaluator.evaluate(snapshot, version)
-            if self.run.config.eval.save_best and values["val/accuracy"] > self._best:
+            if save and self.run.config.eval.save_best and values["val/accuracy"] > self._best:
                 from asyncflow.actors._eval import save_best
 
                 path = save_best(self.run.dir, snapshot, self.run.launch.model_dir, self.step, values)

@@ -7,6 +7,10 @@ tiny model (``asyncflow.engines.tiny``); a response is a few digits then ``</s>`
   the stop token) + 0.9 for the exact answer.
 - ``reverse``: ``"rev:372"`` -> ``"273"``, reward 0.1 format + 0.9 x digits in place
   (``reverse_reward``).
+- ``add2`` (for a real model, ``examples/smollm2.toml``): ``"What is 27 + 82? Answer with
+  the number only."`` -> ``"109"`` (operands 10..99, 8,100 distinct prompts); scored by
+  the built-in ``math_answer`` (the response's last number). SmolLM2-135M-Instruct
+  answers 6-13% of them greedily (docs/results.md).
 - ``calc``: ``"37*48="`` -> ``"1776"``, solvable only with the ``calc`` tool of
   ``asyncflow.envs.calc:CalcEnv`` (multi-turn, docs/environments.md); its warm start
   is on whole tool trajectories (``envs/calc.warm_start``).
@@ -73,7 +77,14 @@ def calc_example(rng: random.Random) -> dict[str, str]:
     return example(rng)
 
 
-EXAMPLES = {"reverse": reverse_example, "add": add_example, "calc": calc_example}
+def add2_example(rng: random.Random) -> dict[str, str]:
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    return {"prompt": f"What is {a} + {b}? Answer with the number only.", "answer": str(a + b)}
+
+
+EXAMPLES = {"reverse": reverse_example, "add": add_example, "calc": calc_example, "add2": add2_example}
+REAL_MODEL_TASKS = ("add2",)
+"""Tasks in words, for a real model's tokenizer (the tiny character model cannot learn them)."""
 REWARDS = {"add": reward, "reverse": reverse_reward}
 
 

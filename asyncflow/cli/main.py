@@ -11,6 +11,7 @@ COMMANDS = {
     "plan": ("asyncflow.cli.plan:plan", "Preview the best split of devices between rollout and training."),
     "profile": ("asyncflow.cli.profile:profile", "Calibrate the planner's cost model on this hardware."),
     "bench": ("asyncflow.cli.bench:bench", "Benchmarks: transport, queue, rollout, train, e2e, weights, planner, peer, lora."),
+    "model": ("asyncflow.cli.model:model", "Get a real model as a Hugging Face directory (import-gguf)."),
     "certs": ("asyncflow.cli.certs:certs", "Make a cluster CA and node certificate for TLS (tcp)."),
     "status": ("asyncflow.cli.status:status", "Show the actors of a running cluster."),
     "trace": ("asyncflow.cli.trace:trace", "Draw the timeline of a run directory."),

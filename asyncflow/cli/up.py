@@ -70,7 +70,9 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
             "load it with transformers: README.md, 'Load the trained model')"
         )
     if summary.get("val_best_accuracy") is not None:  # [eval]: steps counted as in the progress lines
+        start = summary.get("val_start_accuracy")
         click.echo(
-            f"held-out accuracy: best {summary['val_best_accuracy']:.3f} after step {summary['val_best_step'] + 1}, "
+            (f"held-out accuracy: start {start:.3f}, " if start is not None else "held-out accuracy: ")
+            + f"best {summary['val_best_accuracy']:.3f} after step {summary['val_best_step'] + 1}, "
             f"last {summary['val_final_accuracy']:.3f}"
         )

@@ -91,7 +91,13 @@ class DataConfig(_Section):
             "the tiny arithmetic task (``task``) into ``RUN_DIR/data.jsonl``."
         ),
     ] = ""
-    task: Annotated[str, Meta(description="Built-in task when ``path`` is empty (see asyncflow.engines.tiny).")] = "add"
+    task: Annotated[
+        str,
+        Meta(
+            description="Built-in task when ``path`` is empty (asyncflow.algorithms.tasks): add, reverse, calc for the tiny model; "
+            "add2 (two-digit addition in words) for a real model (examples/smollm2.toml)."
+        ),
+    ] = "add"
     num_prompts: Annotated[Count, Meta(description="Prompts generated for the built-in task.")] = 2000
     chat_template: Annotated[bool, Meta(description="Apply the tokenizer's chat template to each prompt.")] = True
     shuffle: Annotated[bool, Meta(description="Shuffle the prompts (with ``seed``) before each epoch.")] = True
@@ -100,6 +106,8 @@ class DataConfig(_Section):
     def check(self, run: RunConfig) -> None:
         if self.path and not self.path.endswith((".jsonl", ".parquet")):
             raise Refused("path", "use a .jsonl or .parquet file")
+        if not self.path and self.task == "add2" and not run.model.path:
+            raise Refused("task", '"add2" is a task in words for a real model: set model.path (examples/smollm2.toml)')
 
 
 class AlgorithmConfig(_Section):
@@ -571,8 +579,18 @@ class EvalConfig(_Section):
             "(``checkpoints/best.json`` says which)."
         ),
     ] = True
+    at_start: Annotated[
+        bool,
+        Meta(
+            description="Also evaluate the weights the run starts from (version 0, before any step of a new run): their figures "
+            "go into the first step's record as ``val/start_accuracy`` and ``val/start_reward_mean``, and the run's last "
+            "line says start -> last. Needs ``every_steps`` > 0."
+        ),
+    ] = False
 
     def check(self, run: RunConfig) -> None:
+        if self.at_start and not self.every_steps:
+            raise Refused("at_start", "evaluates only with every_steps > 0: set eval.every_steps too")
         if self.every_steps and self.mode == "pass_at_k" and run.rollout.sampling.temperature == 0:
             raise Refused(
                 "mode",
