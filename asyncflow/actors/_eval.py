@@ -109,6 +109,20 @@ class Evaluator:
             self.engine = None
 
 
+def evaluate_saved(run_dir: str | Path, model_dir: str | Path) -> dict[str, float]:
+    """``val/*`` of the weights saved in ``model_dir`` (a Hugging Face directory of the
+    run's architecture, e.g. another framework's result) on the held-out prompts of the
+    run in ``run_dir``, exactly as its trainer evaluates its own versions."""
+    from asyncflow.engines.hf import load_model
+
+    evaluator = Evaluator(Run(run_dir))
+    try:
+        weights = [(name, p.detach()) for name, p in load_model(model_dir).named_parameters()]
+        return evaluator.evaluate(weights, version=0)
+    finally:
+        evaluator.close()
+
+
 def read_best(run_dir: str | Path) -> dict | None:
     """``checkpoints/best.json`` (step, version, metric, value, path), if any."""
     path = Path(run_dir) / "checkpoints" / f"{BEST}.json"

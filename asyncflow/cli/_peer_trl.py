@@ -17,7 +17,9 @@ through the Hugging Face schedulers, whose warmup starts at 0 rather than lr / W
 
 Samples/s is the training time only: ``train_runtime`` (generation, reward and
 update; not the model load) over steps x samples per step. The last-10% reward is
-the mean of the logged per-step reward over the last tenth of the steps.
+the mean of the logged per-step reward over the last tenth of the steps. With
+``heldout_prompts`` (the config has ``[eval]``) TRL trains on asyncflow's training split
+only and saves its final weights (after the timing) for bench peer's held-out evaluation.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ def run(spec: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"], local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32, local_files_only=True)
     rows = read_prompts(spec["data_path"])
+    if spec.get("heldout_prompts"):  # [eval]: train on asyncflow's training split only, as its loader does
+        from asyncflow.actors._run import split_prompts
+
+        train_idx, _ = split_prompts([str(r["prompt"]) for r in rows], spec["heldout_prompts"], spec["data_seed"])
+        rows = [rows[i] for i in train_idx]
     prompts: list[Any]
     if spec["chat_template"]:
         prompts = [[{"role": "user", "content": str(r["prompt"])}] for r in rows]
@@ -95,6 +102,11 @@ def run(spec: dict) -> dict:
     started = time.monotonic()
     out = trainer.train()
     wall = time.monotonic() - started
+    final_model = ""
+    if spec.get("heldout_prompts"):  # the trained weights, for the held-out evaluation bench peer runs (not timed)
+        final_model = spec["out_dir"] + "/final"
+        trainer.save_model(final_model)
+        tokenizer.save_pretrained(final_model)
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     tail = rewards[-max(1, len(rewards) // 10) :] if rewards else [float("nan")]
     runtime = out.metrics.get("train_runtime", wall)
@@ -105,6 +117,7 @@ def run(spec: dict) -> dict:
         "reward_first": rewards[0] if rewards else None,
         "steps": len(rewards),
         "threads": spec["threads"],
+        "final_model": final_model,
     }
 
 

@@ -8,8 +8,12 @@ a process of its own (``cli/_peer_trl.py``; the ``bench`` extra) with
 ``--trl-threads`` torch threads (default 1, as each asyncflow process has with
 ``cluster.threads_per_process = 1``; with 2 on a machine that other jobs share,
 TRL's OpenMP threads spin waiting for a descheduled sibling and it runs ten times
-slower); asyncflow runs the config as ``afctl up`` does, without evaluation
-and checkpoints (TRL does neither here), async with the config's staleness.
+slower); asyncflow runs the config as ``afctl up`` does, without checkpoints
+(TRL saves none here), async with the config's staleness. A config with ``[eval]``
+(examples/smollm2.toml) also gets each system's greedy held-out accuracy after its last
+step: every system trains on the same training split, asyncflow's trainer evaluates its
+last version in the run (counted in its time), and TRL's saved final weights go through
+the same evaluation (``actors/_eval.evaluate_saved``) after its timing.
 """
 
 from __future__ import annotations
@@ -50,6 +54,9 @@ def trl_spec(cfg, steps: int, threads: int, out_dir: Path) -> dict:
         "seed": cfg.seed,
         "threads": threads,
         "out_dir": str(out_dir),
+        # [eval]: TRL leaves out the held-out prompts and saves its final weights for the same evaluation
+        "heldout_prompts": cfg.eval.num_prompts if cfg.eval.every_steps else 0,
+        "data_seed": cfg.data.seed,
     }
 
 
@@ -114,12 +121,15 @@ def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, rounds:
             click.echo(f"== round {r + 1} of {rounds} ==")
         each.append(_one_round(base, steps, trl_threads, skip_trl, root / f"round-{r}" if rounds > 1 else root))
     results = _medians(each)
-    click.echo(f"\n{'':<16}{'samples/s':>12}{'last-10% reward':>18}{'vs trl':>10}")
+    heldout = all("heldout_accuracy" in fig for fig in results.values())
+    acc_head = f"{'held-out acc':>14}" if heldout else ""
+    click.echo(f"\n{'':<16}{'samples/s':>12}{'last-10% reward':>18}{acc_head}{'vs trl':>10}")
     for name, fig in results.items():
         ratio = "-"
         if "trl" in results:  # the median of the rounds' ratios (each round's systems ran side by side)
             ratio = f"{statistics.median(e[name]['samples_per_s'] / e['trl']['samples_per_s'] for e in each):.2f}x"
-        click.echo(f"{name:<16}{fig['samples_per_s']:>12.1f}{fig['reward_last_10pct']:>18.3f}{ratio:>10}")
+        acc = f"{fig['heldout_accuracy']:>14.3f}" if heldout else ""
+        click.echo(f"{name:<16}{fig['samples_per_s']:>12.1f}{fig['reward_last_10pct']:>18.3f}{acc}{ratio:>10}")
     click.echo(f"(runs in {root})")
     if as_json:
         line: dict = {"steps": steps, "samples_per_step": base.samples_per_step, "rounds": rounds, "systems": results}
@@ -156,12 +166,14 @@ def _one_round(base, steps: int, trl_threads: int, skip_trl: bool, root: Path) -
                 f"TRL failed ({done.returncode}); its output is in {root / 'trl.log'}:\n{done.stdout[-2000:]}"
             )
         results["trl"] = json.loads(lines[-1])["trl"]
+    heldout = base.eval.every_steps > 0
     for mode in ("sync", "async"):
         cfg = msgspec.structs.replace(
             base,
             workflow=msgspec.structs.replace(base.workflow, mode=mode),
             train=msgspec.structs.replace(base.train, num_steps=steps, checkpoint_every=0),
-            eval=msgspec.structs.replace(base.eval, every_steps=0),
+            # [eval]: one greedy evaluation, after the last step (its time counts against asyncflow's samples/s)
+            eval=msgspec.structs.replace(base.eval, every_steps=steps if heldout else 0, at_start=False, save_best=False),
             logging=msgspec.structs.replace(base.logging, progress=False),
         )
         click.echo(f"== asyncflow {mode} ==")
@@ -174,6 +186,12 @@ def _one_round(base, steps: int, trl_threads: int, skip_trl: bool, root: Path) -
             # cluster.pin_trainer_cores as the run applied it (only where the machine was idle: actors/_pinning.py)
             "pinned_trainer_cores": summary.get("pinned_trainer_cores", 0),
         }
+        if heldout:
+            results[mode]["heldout_accuracy"] = summary["val_final_accuracy"]
+    if heldout and "trl" in results:  # TRL's final weights, evaluated as asyncflow's trainer evaluates its own
+        from asyncflow.actors._eval import evaluate_saved
+
+        results["trl"]["heldout_accuracy"] = evaluate_saved(root / "sync", results["trl"]["final_model"])["val/accuracy"]
     return results
 
 

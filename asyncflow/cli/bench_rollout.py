@@ -30,6 +30,14 @@ import click
 @click.option("--num-stop-tokens", default=6, show_default=True, help="Stop tokens (eos + others): more means shorter responses.")
 @click.option("--hidden-size", default=128, show_default=True)
 @click.option("--num-layers", default=4, show_default=True)
+@click.option(
+    "--model",
+    "model_path",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="A Hugging Face model directory (e.g. afctl model import-gguf smollm2 DIR) instead of the tiny one: its chat-rendered "
+    "add2 prompts, its eos as the one stop token (--num-stop-tokens, --hidden-size and --num-layers are then ignored).",
+)
 @click.option("--repeats", default=3, show_default=True)
 @click.option("--threads", default=1, show_default=True, help="torch intra-op threads.")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "npu"]), default="cpu", show_default=True)
@@ -54,6 +62,7 @@ def rollout(
     num_stop_tokens,
     hidden_size,
     num_layers,
+    model_path,
     repeats,
     threads,
     device,
@@ -71,18 +80,22 @@ def rollout(
     from asyncflow.engines.tiny import make_tiny_model
 
     torch.set_num_threads(threads)
-    model_dir = make_tiny_model(
-        tempfile.mkdtemp(prefix="bench_rollout_"),
-        seed=0,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=3 * hidden_size,
-    )
-    rng = random.Random(0)
-    prompts = [[rng.randrange(6, 90) for _ in range(rng.randint(4, 24))] for _ in range(num_prompts)]
-    stops = tuple([2] + list(range(60, 60 + num_stop_tokens - 1)))
+    if model_path:
+        model_dir, prompts, stops, label = _real_model_inputs(model_path, num_prompts)
+    else:
+        model_dir = make_tiny_model(
+            tempfile.mkdtemp(prefix="bench_rollout_"),
+            seed=0,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=3 * hidden_size,
+        )
+        rng = random.Random(0)
+        prompts = [[rng.randrange(6, 90) for _ in range(rng.randint(4, 24))] for _ in range(num_prompts)]
+        stops = tuple([2] + list(range(60, 60 + num_stop_tokens - 1)))
+        label = f"model hidden {hidden_size} x {num_layers} layers"
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, stop_token_ids=stops)
 
     if against != "hf" and device == "cpu":
@@ -166,7 +179,7 @@ def rollout(
     click.echo(
         f"native {tps:.0f} tok/s vs {base_name} {base:.0f} tok/s: ratio {tps / base:.2f} "
         f"(prompts {num_prompts}, batch {batch_size}, max_new_tokens {max_new_tokens}, threads {threads}, "
-        f"device {device}, dtype {dtype}, model hidden {hidden_size} x {num_layers} layers)"
+        f"device {device}, dtype {dtype}, {label})"
     )
     if as_json:
         click.echo(
@@ -181,9 +194,31 @@ def rollout(
                     "threads": threads,
                     "device": device,
                     "baseline": base_name,
+                    "model": label,
                 }
             )
         )
+
+
+def _real_model_inputs(model_path: str, num_prompts: int) -> tuple[str, list[list[int]], tuple[int, ...], str]:
+    """A real model's directory, its chat-rendered add2 prompts (the task of
+    examples/smollm2.toml), its stop tokens, and a label naming it."""
+    from pathlib import Path
+
+    from asyncflow.algorithms.tasks import make_examples
+    from asyncflow.engines.hf import load_config, load_tokenizer
+    from asyncflow.engines.prompts import prompt_ids
+
+    tokenizer = load_tokenizer(model_path)
+    config = load_config(model_path)
+    prompts = [list(prompt_ids(tokenizer, ex["prompt"], True)) for ex in make_examples(num_prompts, seed=0, task="add2")]
+    eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
+    stops = tuple(eos) if isinstance(eos, list) else (int(eos),)
+    label = (
+        f"model {Path(model_path).name} ({config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"vocabulary {config.vocab_size})"
+    )
+    return model_path, prompts, stops, label
 
 
 def _fields(params) -> dict:

@@ -1,5 +1,6 @@
 """``afctl bench train``: training tokens per second of the torch training engine,
-one process against two-process FSDP2 (gloo on cpu), on the same tiny model and
+one process against two-process FSDP2 (gloo on cpu), on the same tiny model (or
+``--model DIR``: a real one) and
 the same global batch; with ``--packing``, one process with sequence packing on
 against off (``train.engine.packing``) on a batch with long-tailed lengths.
 
@@ -144,13 +145,21 @@ def _free_port() -> int:
 @click.option("--steps", default=5, show_default=True)
 @click.option("--hidden-size", default=128, show_default=True)
 @click.option("--num-layers", default=4, show_default=True)
+@click.option(
+    "--model",
+    "model_path",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="A Hugging Face model directory (e.g. afctl model import-gguf smollm2 DIR) instead of the tiny one "
+    "(--hidden-size and --num-layers are then ignored).",
+)
 @click.option("--threads", default=1, show_default=True, help="Intra-op threads of the one-process run.")
 @click.option(
     "--packing", is_flag=True, help="Sequence packing on vs off, one process, on a long-tailed batch (prints one JSON line)."
 )
 @click.option("--long-every", default=8, show_default=True, help="--packing: every n-th row has a long response.")
 @click.option("--json", "as_json", is_flag=True, help="Last line: one JSON object.")
-def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, threads, packing, long_every, as_json):
+def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, model_path, threads, packing, long_every, as_json):
     """Training tokens/s: one process vs two-process FSDP2 (--packing: packing on vs off)."""
     import torch
     import torch.multiprocessing as mp
@@ -160,7 +169,8 @@ def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, t
     from asyncflow.engines.tiny import make_tiny_model
 
     world = 2
-    model_dir = str(
+    label = f"hidden {hidden_size} x {num_layers} layers"
+    model_dir = model_path or str(
         make_tiny_model(
             tempfile.mkdtemp(prefix="bench_train_"),
             seed=0,
@@ -177,7 +187,7 @@ def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, t
             _packing_side_by_side(model_dir, num_rows, seq_len, micro_batch_size, steps, long_every),
             steps=steps,
             threads=threads,
-            model=f"hidden {hidden_size} x {num_layers} layers",
+            model=label if model_path is None else model_path,
             micro_batch_size=micro_batch_size,
         )
         return
@@ -200,7 +210,7 @@ def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, t
     )
     ratio = figures["fsdp2_tokens_per_s"] / figures["one_process_tokens_per_s"]
     click.echo(
-        f"FSDP2 / one process: {ratio:.2f} (model hidden {hidden_size} x {num_layers} layers, "
+        f"FSDP2 / one process: {ratio:.2f} (model {label if model_path is None else model_path}, "
         f"global batch {num_rows} x {seq_len}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
     )
     if as_json:

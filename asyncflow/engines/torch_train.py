@@ -4,8 +4,11 @@ default process group (gloo on cpu, nccl on cuda, hccl on npu).
 Shape legend: B sequences, T tokens, V vocabulary, E hidden.
 
 Invariants:
-- ``logp_BT[b, t] = log softmax(logits[b, t-1] / temperature)[ids[b, t]]``, column 0
-  is 0; ``values_BT[b, t]`` is the critic's value of the state in which token t is
+- ``logp_BT[b, t] = log softmax(logits[b, t-1] / temperature)[ids[b, t]]`` at every
+  position from the batch's first response token on (the padded path computes the
+  logits of those positions only: over a real vocabulary the LM head and its softmax
+  cost as much as a few decoder layers per position; ``logits_start``), 0 before it
+  and in column 0; ``values_BT[b, t]`` is the critic's value of the state in which token t is
   chosen (from the hidden state at t-1), column 0 is 0. Same alignment as the
   rollout engine's log-probs, so the two compare position by position.
 - One ``train_step`` is one optimizer step: gradients of all micro-batches
@@ -89,10 +92,18 @@ class _Net(torch.nn.Module):
                 torch.nn.init.zeros_(self.value_head.bias)
 
     def forward(
-        self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None, position_ids_BT: torch.Tensor | None = None
+        self,
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor | None,
+        position_ids_BT: torch.Tensor | None = None,
+        logits_from: int = 0,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Logits (of positions ``logits_from`` on only: the LM head and the softmax over a
+        real vocabulary cost as much as a few decoder layers per position) or values."""
         kw = {"input_ids": input_ids_BT, "attention_mask": attention_mask_BT, "position_ids": position_ids_BT, "use_cache": False}
         if self.value_head is None:
+            if logits_from > 0:
+                kw["logits_to_keep"] = input_ids_BT.shape[1] - logits_from
             return self.lm(**kw).logits, None
         hidden_BTE = self.lm.model(**kw).last_hidden_state
         return None, self.value_head(hidden_BTE).squeeze(-1)
@@ -151,6 +162,17 @@ def is_norm(name: str) -> bool:
 def right_padded(mask_BT: torch.Tensor) -> bool:
     """Every row of the 0/1 attention mask is ones then zeros (an all-zero row too)."""
     return mask_BT.shape[1] < 2 or bool((mask_BT[:, 1:] <= mask_BT[:, :-1]).all())
+
+
+def logits_start(response_mask_BT: torch.Tensor) -> int:
+    """The first position whose logits any row's response needs (the one before its
+    first response token); 0 when no row has a response token."""
+    has = response_mask_BT > 0
+    rows = has.any(dim=1)
+    if not bool(rows.any()):
+        return 0
+    first = has[rows].float().argmax(dim=1)  # each such row's first response position
+    return max(int(first.min()) - 1, 0)
 
 
 def shift_logp(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -303,11 +325,13 @@ class TorchTrainEngine(TrainEngine):
         # token see a pad, so the mask changes nothing at real positions (up to float rounding) and
         # the model skips building and applying it. Any other mask is passed as is.
         mask = None if right_padded(mb.batch.attention_mask) else mb.batch.attention_mask.to(self.device)
-        logits, values = self.net(ids, mask)
+        start = 0 if self.cfg.critic else logits_start(mb.batch.response_mask)
+        logits, values = self.net(ids, mask, None, start)
         if values is not None:
             return ForwardOutput(logp=torch.zeros_like(values, dtype=torch.float32), values=F.pad(values[:, :-1].float(), (1, 0)))
-        entropy = shift_entropy(logits, temperature) if with_entropy else None
-        return ForwardOutput(logp=shift_logp(logits, ids, temperature), entropy=entropy)
+        # logits of positions start.. only: the log-probs of tokens start + 1.., and 0 before (never a response token)
+        entropy = F.pad(shift_entropy(logits, temperature), (start, 0)) if with_entropy else None
+        return ForwardOutput(logp=F.pad(shift_logp(logits, ids[:, start:], temperature), (start, 0)), entropy=entropy)
 
     def _run_packed(self, packed: PackedRows, temperature: float, with_entropy: bool) -> ForwardOutput:
         """The model on packed rows [R, N]; outputs put back at the rows' [b, t], column 0 zero."""

@@ -31,7 +31,37 @@ def test_logprobs_equal_a_plain_transformers_forward(qwen2_dir):
     logits = model(input_ids=b.input_ids[1:2]).logits[0, :-1]
     ref = torch.log_softmax(logits, -1).gather(1, b.input_ids[1, 1:, None]).squeeze(1)
     assert logp_BT[1, 0] == 0.0
-    assert torch.allclose(logp_BT[1, 1:], ref, atol=1e-5)
+    # from the batch's first response token on (column 5): the logits of earlier positions are never computed
+    assert torch.allclose(logp_BT[1, 5:], ref[4:], atol=1e-5)
+    assert (logp_BT[:, :5] == 0.0).all()
+
+
+def test_logits_start_at_the_position_before_the_first_response_token_of_any_row():
+    from asyncflow.engines.torch_train import logits_start
+
+    mask = torch.zeros(3, 10)
+    mask[0, 6:9] = 1.0
+    mask[1, 4:10] = 1.0  # the earliest response: its first token is at 4, predicted by the logits at 3
+    assert logits_start(mask) == 3
+    assert logits_start(torch.zeros(2, 5)) == 0  # no response token: every position
+    first = torch.zeros(1, 4)
+    first[0, 0] = 1.0
+    assert logits_start(first) == 0
+
+
+def test_log_probs_from_the_kept_logits_equal_those_of_the_full_forward_at_every_response_token(qwen2_dir, monkeypatch):
+    import asyncflow.engines.torch_train as torch_train
+
+    trainer = build_train_engine(TrainEngineConfig(micro_batch_size=2), qwen2_dir)
+    b = batch(seed=3, rows=4, width=16)
+    b.response_mask[2, 5:8] = 0.0  # rows whose responses start at different positions
+    kept = trainer.forward(b, with_entropy=True)
+    monkeypatch.setattr(torch_train, "logits_start", lambda mask: 0)
+    full = trainer.forward(b, with_entropy=True)
+    resp = b.response_mask > 0
+    assert torch.equal(kept.logp[resp], full.logp[resp])
+    assert kept.entropy is not None and full.entropy is not None
+    assert torch.equal(kept.entropy[resp], full.entropy[resp])
 
 
 def test_gradient_accumulation_over_micro_batches_equals_one_big_batch(qwen2_dir):
@@ -72,7 +102,7 @@ def test_checkpoint_round_trip_loads_in_transformers_and_resumes_identically(qwe
     expected = trainer.forward(b).logp
     logits = model(input_ids=b.input_ids[1:2]).logits[0, :-1]
     got = torch.log_softmax(logits, -1).gather(1, b.input_ids[1, 1:, None]).squeeze(1)
-    assert torch.allclose(got, expected[1, 1:], atol=1e-5)
+    assert torch.allclose(got[4:], expected[1, 5:], atol=1e-5)  # the response tokens (from column 5)
     assert set(safetensors.torch.load_file(tmp_path / "ckpt" / "model.safetensors")) == {n for n, _ in trainer.export_weights()}
 
     resumed = build_train_engine(TrainEngineConfig(lr=1e-3), tmp_path / "ckpt")
