@@ -15,18 +15,28 @@ Activations are excluded (they depend on micro-batch sizes), so it is a lower bo
 On cpu every process shares the host's memory, compared with MemAvailable; on
 accelerators the per-device figures are printed for the user to compare with the
 devices (or with `afctl plan`, which models activations too).
+
+It also estimates a step's time (``step_estimate``), printed, and passed to the driver
+so its stall timeout (``launcher.stall_timeout_s``) fits the model before the first
+step: the FLOPs of a step (6 x parameters x tokens to train, x2 with a PPO critic;
+2 x parameters x tokens to generate them, and for the reference's forward) over the
+planner's figures for the device (``planner.hardware`` peak x ``planner.calibration``
+efficiency; on cpu per core of the roles' threads). Stages counted one after the
+other, as the first step runs them.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from asyncflow.config.run import ConfigError, RunConfig
 
 if TYPE_CHECKING:
+    from asyncflow.planner.hardware import Hardware
     from asyncflow.planner.models import Lora, ModelShape
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -118,6 +128,136 @@ def check(cfg: RunConfig, model_dir: str, reward_model_dir: str = "") -> str:
     return f"memory per device, at least (activations not counted): {detail} GiB"
 
 
+@functools.lru_cache(maxsize=2)
+def _tokenizer_at(path: str):
+    from asyncflow.engines.hf import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def _tokenizer(model_dir: str):
+    """The model's tokenizer, loaded once for the input check and the step estimate."""
+    return _tokenizer_at(os.path.abspath(model_dir))
+
+
+# -- a step's time ------------------------------------------------------------------------
+
+
+class StepEstimate(NamedTuple):
+    seconds: float
+    """The first step's time: generation, reference forward and training one after the other."""
+    line: str
+    """What the preflight prints."""
+
+
+_GPU_NAMES = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"))
+
+
+def _hardware(cfg: RunConfig) -> tuple[Hardware, str]:
+    """The planner's figures for the run's device, and what was assumed to pick them."""
+    from asyncflow.planner.hardware import get_hardware
+
+    if cfg.cluster.device == "cpu":
+        return get_hardware("cpu"), "the planner's cpu figures"
+    if cfg.cluster.device == "npu":
+        return get_hardware("910b"), "the planner's Ascend 910B figures"
+    import torch
+
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+    for marker, key in _GPU_NAMES:
+        if marker in name:
+            return get_hardware(key), f"the planner's {key.upper()} figures"
+    return get_hardware("a100"), f"assuming an A100 ({name or 'no GPU seen here'})"
+
+
+def _threads(engine_threads: int | None, cfg: RunConfig) -> int:
+    return engine_threads or cfg.cluster.threads_per_process
+
+
+def step_estimate(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> StepEstimate:
+    """A step's time from its FLOPs (module docstring); ``prompt_tokens``: the mean prompt
+    length in tokens (``mean_prompt_tokens``). Tokens of a step: prompts_per_step x
+    group_size x (prompt + max_new_tokens), every response taken at its cap."""
+    from asyncflow.planner.calibration import Efficiency
+    from asyncflow.planner.io import from_hf_config
+
+    params = from_hf_config(Path(model_dir) / "config.json").num_params
+    seqs = cfg.train.prompts_per_step * cfg.algorithm.group_size
+    tokens = seqs * (prompt_tokens + cfg.rollout.sampling.max_new_tokens)
+    train_flops = 6 * params * tokens * (2 if cfg.algorithm.name == "ppo" else 1)
+    generate_flops = 2 * params * tokens
+    reference_flops = 2 * params * tokens if cfg.algorithm.kl_coef > 0 else 0.0
+    hw, source = _hardware(cfg)
+    eff = Efficiency()
+    if cfg.cluster.device == "cpu":  # a "device" of the cpu figures is one core
+        cores = os.cpu_count() or 1
+        train_threads = cfg.train.engine.num_threads or (cfg.planner.train_threads if cfg.planner.online else None)
+        train_units = min(cores, _threads(train_threads, cfg) * cfg.train.num_ranks)
+        rollout_units = min(cores, _threads(cfg.rollout.engine.num_threads, cfg) * cfg.rollout.num_replicas)
+        reference_units = min(cores, cfg.cluster.threads_per_process * cfg.reference.num_workers)
+        unit = "core"
+    else:
+        train_units = cfg.train.num_ranks
+        rollout_units = cfg.rollout.num_replicas * cfg.rollout.engine.tensor_parallel_size
+        reference_units = cfg.reference.num_workers
+        unit = "device"
+    train_rate, generate_rate = hw.peak_bf16_flops * eff.train_flops, hw.peak_bf16_flops * eff.prefill_flops
+    train_s = train_flops / (train_units * train_rate)
+    generate_s = generate_flops / (rollout_units * generate_rate)
+    reference_s = reference_flops / (reference_units * hw.peak_bf16_flops * eff.forward_flops)
+    total = train_s + generate_s + reference_s
+
+    def units(n: int) -> str:
+        return f"{n} {unit}{'s' if n > 1 else ''}"
+
+    def secs(x: float) -> str:
+        return f"{x:.0f} s" if x >= 10 else f"{x:.2g} s"
+
+    def flop(x: float) -> str:
+        return f"{x / 1e12:.2f} TFLOP" if x >= 1e11 else f"{x / 1e9:.3g} GFLOP"
+
+    def rate(x: float) -> str:
+        return f"{x / 1e12:.0f} TFLOP/s" if x >= 1e12 else f"{x / 1e9:.0f} GFLOP/s"
+
+    reference = f", reference forward {flop(reference_flops)} {secs(reference_s)}" if reference_flops else ""
+    line = (
+        f"step time: about {secs(total)} estimated (training {flop(train_flops)} on {units(train_units)} "
+        f"{secs(train_s)}, generation {flop(generate_flops)} on {units(rollout_units)} {secs(generate_s)}{reference}: "
+        f"{seqs} sequences of ~{prompt_tokens:.0f} prompt + {cfg.rollout.sampling.max_new_tokens} new tokens, "
+        f"{params / 1e6:.3g}M parameters)\n"
+        f"  assuming ~{rate(train_rate)} per {unit} training, ~{rate(generate_rate)} generating ({source}: "
+        f"{rate(hw.peak_bf16_flops)} peak x efficiency {eff.train_flops:g} / {eff.prefill_flops:g}); "
+        "calibrated: afctl profile --out P, then afctl plan --config CONFIG --profile P"
+    )
+    return StepEstimate(total, line)
+
+
+def mean_prompt_tokens(cfg: RunConfig, data_path: str, tokenizer_dir: str, limit: int = 64) -> float:
+    """Mean length in tokens of the data's first ``limit`` prompts, encoded as the loader
+    does (through the chat template when ``data.chat_template``)."""
+    from asyncflow.actors._run import read_prompts
+    from asyncflow.engines.prompts import prompt_ids
+
+    if data_path.endswith(".jsonl"):  # the first lines only: the file may be large
+        with open(data_path) as f:
+            prompts = [str(json.loads(line)["prompt"]) for line, _ in zip((ln for ln in f if ln.strip()), range(limit))]
+    else:
+        prompts = [str(r["prompt"]) for r in read_prompts(data_path)[:limit]]
+    tok = _tokenizer(tokenizer_dir)
+    return sum(len(prompt_ids(tok, p, cfg.data.chat_template)) for p in prompts) / max(1, len(prompts))
+
+
+def launch_step_estimate(cfg: RunConfig, model_dir: str, data_path: str, tokenizer_dir: str) -> StepEstimate:
+    """``step_estimate`` of a launch, its prompts measured; 0 s (no estimate: the stall
+    timeout is ``logging.hang_timeout_s``) with a line saying why where the prompts
+    cannot be read or encoded here (the workers will say more)."""
+    try:
+        prompt_tokens = mean_prompt_tokens(cfg, data_path, tokenizer_dir)
+    except (OSError, ValueError, KeyError) as exc:
+        return StepEstimate(0.0, f"step time: not estimated (the prompts of {data_path}: {type(exc).__name__}: {exc})")
+    return step_estimate(cfg, model_dir, prompt_tokens)
+
+
 # -- inputs: what a worker would otherwise find out after the processes started ----------
 
 
@@ -204,9 +344,7 @@ def check_inputs(cfg: RunConfig) -> None:
                 f"data.path = {data_path!r}: not JSON lines ({exc}); write one JSON object per line with 'prompt' and 'answer'"
             ) from None
     if cfg.data.chat_template and model_dir:
-        from asyncflow.engines.hf import load_tokenizer
-
-        if not getattr(load_tokenizer(model_dir), "chat_template", None):
+        if not getattr(_tokenizer(model_dir), "chat_template", None):
             raise ConfigError(
                 f"data.chat_template = true, but the tokenizer of {model_dir} has no chat template: set "
                 "data.chat_template = false (prompts go to the model as plain text), or give the tokenizer a "

@@ -74,6 +74,8 @@ class CollectorActor(Actor):
         self.failures: list[protocol.RoleFailed] = []
         self.result: protocol.RunFinished | None = None
         self.last_step_at = time.monotonic()
+        self.slowest_step_s = 0.0  # between two StepMetrics (the first: its step_time_s), for the driver's stall timeout
+        self.num_steps_seen = 0
         self.last_values: dict[str, float] = {}
         self.busy: dict[str, float] = {}  # role -> busy fraction, refreshed by the driver
         self.subscribers: list = []  # in-process pykka refs told every StepMetrics (Subscribe: the planner)
@@ -115,7 +117,12 @@ class CollectorActor(Actor):
                             "args": {"max": values["staleness_max"], "mean": values.get("staleness_mean", 0.0)},
                         }
                     )
-                self.last_step_at = time.monotonic()
+                now = time.monotonic()
+                # the first step's gap would count the processes' start: its own time instead
+                took = now - self.last_step_at if self.num_steps_seen else values.get("step_time_s", 0.0)
+                self.slowest_step_s = max(self.slowest_step_s, took)
+                self.num_steps_seen += 1
+                self.last_step_at = now
                 self.last_values = values
                 if self.progress:
                     click.echo(progress_line(values, self.num_steps, self.busy))
@@ -142,6 +149,7 @@ class CollectorActor(Actor):
                     failures=list(self.failures),
                     since_step_s=time.monotonic() - self.last_step_at,
                     last_spans=dict(self.last_span),
+                    slowest_step_s=self.slowest_step_s,
                 )
             case protocol.WriteTrace(path=path):
                 self.write_trace(path)

@@ -7,7 +7,13 @@ the planner; every other process host comes from the config through
 ``topology.plan_hosts`` (the queue, its shards, one host per role instance), and
 ``supervisor.Supervisor`` holds them. The driver waits on the collector's ``ended``
 event (the trainer's RunFinished, or a RoleFailed), and every half second meanwhile
-handles dead processes, the planner's moves, the busy fractions and the hang report.
+handles dead processes, the planner's moves, the busy fractions and the stall report.
+
+The stall report: when no trainer step completes for ``stall_timeout_s`` (the larger
+of ``logging.hang_timeout_s`` and ``STALL_STEP_FACTOR`` x the slowest step so far, or
+before the first step x the preflight's estimate of a step), the driver prints a short
+block (what every role is doing, the queue per task) and writes every process's Python
+stacks to ``RUN_DIR/logs/stall-<n>.txt``, which the block names.
 
 Fault tolerance (``supervisor.py``): when a process of a restartable role dies, the
 rows it had taken are requeued to its task (``Requeue``) at once, and the process is
@@ -54,6 +60,7 @@ from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.errors import AsyncflowError
+from asyncflow.core.host import STACKS_WAIT_S, collect_stacks, stacks_path
 from asyncflow.core.ref import close_sockets
 from asyncflow.core.tq.client import MANAGER_NAME, TQClient
 
@@ -84,11 +91,27 @@ def quiet_progress_bars() -> dict[str, str]:
     return env
 
 
+STALL_STEP_FACTOR = 3.0
+"""A stall is declared after this many times the slowest step seen (or the preflight's
+estimate of a step, before the first), when that is longer than ``logging.hang_timeout_s``."""
+
+
+def stall_timeout_s(hang_timeout_s: float, slowest_step_s: float, estimate_s: float | None) -> float:
+    """Seconds without a trainer step after which the driver reports a stall: the larger
+    of ``hang_timeout_s`` and ``STALL_STEP_FACTOR`` x the slowest step seen so far
+    (``slowest_step_s``; 0: none yet), or, before the first step, x the preflight's
+    estimate of a step's time (``estimate_s``; None: no estimate)."""
+    expected = slowest_step_s if slowest_step_s > 0 else (estimate_s or 0.0)
+    return max(hang_timeout_s, STALL_STEP_FACTOR * expected)
+
+
 class Launcher:
-    def __init__(self, cfg: RunConfig, run_dir: Path, launch: LaunchInfo):
+    def __init__(self, cfg: RunConfig, run_dir: Path, launch: LaunchInfo, step_estimate_s: float | None = None):
         self.cfg = cfg
         self.run_dir = run_dir
         self.launch = launch
+        self.step_estimate_s = step_estimate_s  # the preflight's estimate of a step (s), for the stall timeout
+        self.num_stall_reports = 0
         self.roles = topology.roles_of(cfg)
         self.supervisor = Supervisor(cfg, run_dir)
         self.ended = threading.Event()  # set by the collector: RunFinished or RoleFailed
@@ -330,8 +353,17 @@ class Launcher:
             self.lost_process = exc.process_lost  # the stop that follows ends the hosts at once
             raise
 
-    def hang_report(self, waited_s: float, last_spans: dict[str, tuple[str, float]]) -> str:
-        lines = [f"no trainer step completed in {waited_s:.0f} s; what every role is doing:"]
+    def hang_report(
+        self,
+        waited_s: float,
+        last_spans: dict[str, tuple[str, float]],
+        stacks_file: Path | None = None,
+        timeout_s: float | None = None,
+    ) -> str:
+        """The stall report's block for the terminal: one line per role, the queue per
+        task, and where every process's Python stacks are (``dump_stacks``)."""
+        why = f" (stall timeout {timeout_s:.0f} s)" if timeout_s is not None else ""
+        lines = [f"no trainer step completed in {waited_s:.0f} s{why}; what every role is doing:"]
         stats = self.role_stats()
         now = time.time()
         suspects = []  # (seconds without a finished span, role, what it is doing): roles busy, not waiting
@@ -351,7 +383,7 @@ class Launcher:
                     suspects.append((age, name, f"in {s.state!r}"))
         if suspects:
             age, name, doing = max(suspects)
-            lines.append(f"  most likely stalled: {name} ({doing}, no span finished for {age:.1f} s); its stack is below")
+            lines.append(f"  most likely stalled: {name} ({doing}, no span finished for {age:.1f} s)")
         else:
             lines.append("  every role is waiting: the task states below show which rows are missing")
         try:
@@ -367,23 +399,48 @@ class Launcher:
                     f"  task {task:<10} {t.num_rows} rows, {t.num_acked} acked, handed out {t.num_pending}, "
                     f"{t.num_waiting} GetBatch waiting"
                 )
-        except AsyncflowError as exc:
+        except (AsyncflowError, LookupError) as exc:  # the queue's process lost or stalled itself
             lines.append(f"  queue: no answer ({exc})")
-        lines.append("  (Python stacks of every process follow on stderr)")
+        if stacks_file is not None:
+            lines.append(f"  Python stacks of every process: {stacks_file}")
         return "\n".join(lines)
 
-    def dump_stacks(self) -> None:
-        """Each host prints its Python stacks to stderr (SIGUSR1), one after the other under a header."""
-        for host, proc in self.supervisor.procs().items():
-            if proc.alive():
-                print(f"--- Python stacks of process {host} (pid {proc.pid}) ---", file=sys.stderr, flush=True)
-                proc.dump_stacks()
-                time.sleep(0.2)  # let its dump finish before the next one starts
+    def dump_stacks(self, n: int) -> Path:
+        """Every process's Python stacks (SIGUSR1 to all at once; each host appends its
+        dump to its own stacks file, ``core.host.collect_stacks``), then the driver's,
+        into ``RUN_DIR/logs/stall-<n>.txt``; returns its path."""
+        logs = (self.run_dir / "logs").absolute()  # the hosts' ASYNCFLOW_LOG_DIR
+        logs.mkdir(parents=True, exist_ok=True)
+        procs = self.supervisor.procs()
+        stacks = collect_stacks(procs, logs)
+        path = logs / f"stall-{n}.txt"
+        with path.open("w") as f:
+            for host, proc in procs.items():
+                f.write(f"--- Python stacks of process {host} (pid {proc.pid}) ---\n")
+                text = stacks[host]
+                if text is None:
+                    text = (
+                        "(not running)\n"
+                        if not proc.alive()
+                        else f"(no dump within {STACKS_WAIT_S:g} s in {stacks_path(logs, host)}: on another machine, its "
+                        "own RUN_DIR/logs there; or the process has not set up its handler yet)\n"
+                    )
+                f.write(text)
+            f.write(f"--- Python stacks of the driver (pid {os.getpid()}) ---\n")
+            f.flush()
+            faulthandler.dump_traceback(file=f, all_threads=True)
+        return path
+
+    def stall_report(self, waited_s: float, last_spans: dict[str, tuple[str, float]], timeout_s: float) -> str:
+        """Write the next ``stall-<n>.txt`` and return the block naming it."""
+        self.num_stall_reports += 1
+        stacks_file = self.dump_stacks(self.num_stall_reports)
+        return self.hang_report(waited_s, last_spans, stacks_file, timeout_s)
 
     def wait(self) -> protocol.RunFinished:
         """Until the trainer's RunFinished (returned) or a role's RoleFailed (RunFailed);
         meanwhile, every half second: dead processes, the planner's moves, the busy
-        fractions (every 2 s) and, when no step came for ``hang_timeout_s``, the hang report."""
+        fractions (every 2 s) and, when no step came for ``stall_timeout_s``, the stall report."""
         last_poll = 0.0
         last_hang = time.monotonic()
         while not self.ended.wait(0.5):
@@ -396,9 +453,9 @@ class Launcher:
                 last_poll = now
             state = self.run_state()
             since = min(state.since_step_s, now - last_hang)
-            if since > self.cfg.logging.hang_timeout_s:
-                click.echo(self.hang_report(since, state.last_spans), err=True)
-                self.dump_stacks()
+            timeout_s = stall_timeout_s(self.cfg.logging.hang_timeout_s, state.slowest_step_s, self.step_estimate_s)
+            if since > timeout_s:
+                click.echo(self.stall_report(since, state.last_spans, timeout_s), err=True)
                 last_hang = now
         state = self.run_state()
         if state.finished is None:
@@ -460,10 +517,16 @@ def run(
 
 def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo) -> dict:
     faulthandler.enable()
-    from asyncflow.actors._preflight import check
+    from asyncflow.actors._preflight import check, launch_step_estimate
 
     click.echo(check(cfg, launch.model_dir, launch.reward_model_dir))
-    launcher = Launcher(cfg, rd, launch)
+    estimate = launch_step_estimate(cfg, launch.model_dir, launch.data_path, launch.base_model_dir)
+    timeout_s = stall_timeout_s(cfg.logging.hang_timeout_s, 0.0, estimate.seconds)
+    click.echo(
+        f"{estimate.line}\n  a stall is reported after {timeout_s:.0f} s without a step (logging.hang_timeout_s, or "
+        f"{STALL_STEP_FACTOR:g} x the slowest step: docs/faults.md, 'Stalls')"
+    )
+    launcher = Launcher(cfg, rd, launch, estimate.seconds or None)
     launcher.plan()
     t0 = time.monotonic()
     click.echo(

@@ -201,7 +201,7 @@ class Supervisor:
         for host, future in futures.items():
             exc = future.exception()
             if isinstance(exc, (AsyncflowError, LookupError)):  # a clean stop, not a traceback
-                raise RunFailed(f"process {host!r} could not start its actors: {exc}")
+                raise RunFailed(f"process {host!r} could not start its actors: {exc} (traceback in {self.log_file(host)})")
             future.result()
 
     def add(self, plan: HostPlan) -> HostRecord:

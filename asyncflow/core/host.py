@@ -9,7 +9,10 @@ No orphans: the child asks Linux to SIGTERM it when its parent dies
 (``PR_SET_PDEATHSIG``) and stops cleanly on SIGTERM (and on SIGINT unless a driver
 started it: Ctrl-C reaches the whole process group, and the driver stops the roles
 in order first).
-SIGUSR1 dumps the Python stack of every thread to stderr (the driver's hang report).
+SIGUSR1 dumps the Python stack of every thread (faulthandler: it runs even while a
+thread holds the GIL) to ``<name>.stacks.txt`` in the log directory the driver names
+(``LOG_DIR_ENV``), or to stderr without one; the driver's stall report gathers each
+process's dump with :func:`collect_stacks`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
 
 import msgspec
 
@@ -69,14 +74,20 @@ def import_object(path: str) -> Any:
 def start_actors(
     specs: list[protocol.ActorSpec], transport: TransportConfig, directory: DirectoryClient | None
 ) -> list[ServedActor]:
-    """Start each spec's actor in this process and register it."""
+    """Start each spec's actor in this process and register it. A failure (an import,
+    the actor's ``__init__``) is logged with its whole traceback, which goes to the
+    process's log file (``LOG_DIR_ENV``), then raised: the driver gets only its message."""
     served = []
     for spec in specs:
-        cls = import_object(spec.cls)
-        if not (isinstance(cls, type) and issubclass(cls, Actor)):
-            raise TypeError(f"{spec.cls} is not an asyncflow Actor subclass")
-        kwargs = msgspec.msgpack.decode(spec.kwargs) if spec.kwargs else {}
-        actor = serve_actor(cls, spec.name, transport, directory_address=directory.address if directory else None, **kwargs)
+        try:
+            cls = import_object(spec.cls)
+            if not (isinstance(cls, type) and issubclass(cls, Actor)):
+                raise TypeError(f"{spec.cls} is not an asyncflow Actor subclass")
+            kwargs = msgspec.msgpack.decode(spec.kwargs) if spec.kwargs else {}
+            actor = serve_actor(cls, spec.name, transport, directory_address=directory.address if directory else None, **kwargs)
+        except Exception as exc:
+            log.exception("starting actor %s (%s) failed: %s: %s", spec.name, spec.cls, type(exc).__name__, exc)
+            raise
         served.append(actor)
         if directory is not None:
             directory.register(actor.entry())
@@ -242,7 +253,8 @@ class HostProcess:
             self.kill()
 
     def dump_stacks(self) -> None:
-        """The host prints every thread's Python stack to its stderr (SIGUSR1)."""
+        """The host writes every thread's Python stack to its stacks file (``stacks_path``;
+        stderr without a log directory): SIGUSR1."""
         os.kill(self.pid, signal.SIGUSR1)
 
     def kill(self) -> None:
@@ -307,6 +319,85 @@ LOG_DIR_ENV = "ASYNCFLOW_LOG_DIR"
 included) to ``<name>.log`` there and only each record's first line to stderr."""
 
 
+STACKS_SUFFIX = ".stacks.txt"
+
+
+def stacks_path(log_dir: str | os.PathLike, name: str) -> Path:
+    """Where host ``name`` appends its Python stacks on SIGUSR1, one dump after the other."""
+    return Path(log_dir) / f"{name}{STACKS_SUFFIX}"
+
+
+STACKS_WAIT_S = 3.0
+"""How long ``collect_stacks`` waits for the processes' dumps."""
+STACKS_SETTLE_S = 0.2
+"""A dump is complete once its file has not grown for this long."""
+
+
+class DumpsStacks(Protocol):
+    """A process handle that can be asked for its stacks (``HostProcess``, a Ray host's)."""
+
+    def alive(self) -> bool: ...
+
+    def dump_stacks(self) -> None: ...
+
+
+def collect_stacks(
+    procs: Mapping[str, DumpsStacks],
+    log_dir: str | os.PathLike,
+    timeout_s: float = STACKS_WAIT_S,
+    settle_s: float = STACKS_SETTLE_S,
+) -> dict[str, str | None]:
+    """Ask every live process for its stacks at once (SIGUSR1) and return, per name, the
+    dump each appended to its stacks file (``stacks_path``), or None: not running, or
+    nothing arrived within ``timeout_s`` (a process on another machine whose log
+    directory is not this one, or one that had not set up its handler yet)."""
+    paths = {name: stacks_path(log_dir, name) for name in procs}
+
+    def size(path: Path) -> int:
+        try:
+            return path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    offsets = {name: size(path) for name, path in paths.items()}
+    asked = []
+    for name, proc in procs.items():
+        if proc.alive():
+            try:
+                proc.dump_stacks()
+                asked.append(name)
+            except ProcessLookupError:  # it ended after the look
+                pass
+    sizes, grew_at = dict(offsets), {}
+    waiting, deadline = set(asked), time.monotonic() + timeout_s
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = time.monotonic()
+        for name in list(waiting):
+            current = size(paths[name])
+            if current != sizes[name]:
+                sizes[name], grew_at[name] = current, now
+            elif name in grew_at and now - grew_at[name] >= settle_s:
+                waiting.discard(name)
+    out: dict[str, str | None] = dict.fromkeys(procs)
+    for name in asked:
+        if sizes[name] > offsets[name]:
+            with paths[name].open("rb") as f:
+                f.seek(offsets[name])
+                out[name] = f.read(sizes[name] - offsets[name]).decode(errors="replace")
+    return out
+
+
+def _stacks_file(name: str):
+    """The file SIGUSR1's dump goes to: this host's stacks file in the log directory
+    (appended: a restarted host keeps its predecessor's dumps), or stderr without one."""
+    log_dir = os.environ.get(LOG_DIR_ENV)
+    if not log_dir:
+        return sys.stderr
+    os.makedirs(log_dir, exist_ok=True)
+    return stacks_path(log_dir, name).open("a")
+
+
 class _FirstLine(logging.Filter):
     def __init__(self, log_file: str):
         super().__init__()
@@ -360,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     else:
         signal.signal(signal.SIGINT, lambda *_: stopped.set())
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the driver's hang report asks for stacks
+    stacks_file = _stacks_file(args.name)  # kept open for the process's life: faulthandler writes to its fd
+    faulthandler.register(signal.SIGUSR1, file=stacks_file, all_threads=True)  # the driver's stall report asks for stacks
     directory = DirectoryClient(args.directory, transport)
     host = serve_actor(HostActor, f"host.{args.name}", transport, directory_address=args.directory, stopped=stopped)
     directory.register(host.entry())

@@ -835,6 +835,9 @@ class RunState(_Msg):
     """Seconds since the last StepMetrics (or since the collector started)."""
     last_spans: dict[str, tuple[str, float]]
     """Role -> (name, wall-clock end in s) of its last finished activity span."""
+    slowest_step_s: float = 0.0
+    """The longest step so far: the time between two StepMetrics (for the first step,
+    its own ``step_time_s``); 0 before the first. The driver's stall timeout scales with it."""
 
 
 CollectorIn = Union[StepMetrics, Spans, RunFinished, RoleFailed, SetBusy, WriteTrace, GetRunState, Ping, Stop]

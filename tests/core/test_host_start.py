@@ -10,7 +10,7 @@ import pytest
 
 from asyncflow.core import protocol
 from asyncflow.core.directory import DirectoryClient, start_directory
-from asyncflow.core.errors import HostExited
+from asyncflow.core.errors import AsyncflowError, HostExited
 from asyncflow.core.host import spawn_host
 from asyncflow.core.transport import TransportConfig
 
@@ -45,3 +45,55 @@ def test_a_host_that_dies_while_it_starts_its_actors_fails_with_its_exit_code(di
     spec = protocol.ActorSpec(name="doomed", cls="dies_on_import:Actor")
     with pytest.raises(HostExited, match="'doomed' exited with code 5 while it started its actors"):
         spawn_host("doomed", dc, transport, [spec], env=_env_with(tmp_path))
+
+
+_FAILING_ACTORS = '''
+from asyncflow.core import protocol
+from asyncflow.core.echo import EchoActor
+
+
+def pick_position(positions):
+    return positions[len(positions)]  # the IndexError a real replica hit while it started
+
+
+class FailsInInit(EchoActor):
+    Inbox = protocol.EchoIn
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        pick_position([1, 2, 3])
+
+
+class FailsInOnStart(EchoActor):
+    Inbox = protocol.EchoIn
+
+    def on_start(self):
+        pick_position([1, 2, 3])
+'''
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cls", ["FailsInInit", "FailsInOnStart"])
+def test_an_actor_that_raises_while_its_process_starts_it_leaves_its_whole_traceback_in_the_process_log(
+    directory, tmp_path, cls
+):
+    dc, transport = directory
+    (tmp_path / "start_fails.py").write_text(_FAILING_ACTORS)
+    logs = tmp_path / "logs"
+    env = {**_env_with(tmp_path), "ASYNCFLOW_LOG_DIR": str(logs)}
+    host = spawn_host("replica", dc, transport, env=env)
+    try:
+        spec = protocol.ActorSpec(name="replica.actor", cls=f"start_fails:{cls}")
+        try:
+            host.start([spec], timeout_s=30)
+        except AsyncflowError:
+            pass  # the failure in __init__ reaches the driver; the one in on_start only the log
+        deadline = time.monotonic() + 20
+        text = ""
+        while "IndexError" not in text and time.monotonic() < deadline:  # on_start's failure is logged by its thread
+            text = (logs / "replica.log").read_text() if (logs / "replica.log").exists() else ""
+            time.sleep(0.05)
+    finally:
+        host.stop(timeout_s=10)
+    assert "Traceback (most recent call last)" in text, text
+    assert "in pick_position" in text and "IndexError: list index out of range" in text, text
