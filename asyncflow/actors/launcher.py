@@ -91,6 +91,8 @@ def quiet_progress_bars() -> dict[str, str]:
     return env
 
 
+HANG_REPORT_ASK_S = 5.0
+"""How long the stall report waits for the queue's answers (a stalled queue must not hold it)."""
 STALL_STEP_FACTOR = 3.0
 """A stall is declared after this many times the slowest step seen (or the preflight's
 estimate of a step, before the first), when that is longer than ``logging.hang_timeout_s``."""
@@ -387,7 +389,9 @@ class Launcher:
         else:
             lines.append("  every role is waiting: the task states below show which rows are missing")
         try:
-            tq = TQClient(self.dc, consumer="driver")
+            if not self.supervisor.runs(MANAGER_NAME):
+                raise LookupError("its process is not running")
+            tq = TQClient(self.dc, consumer="driver", timeout_s=HANG_REPORT_ASK_S)
             status = tq.status()
             lines.append(
                 f"  queue: {status.num_live_rows}/{status.capacity_rows} rows live, "

@@ -130,7 +130,8 @@ class RayHost(HostProcess):
         return lost is None
 
     def dump_stacks(self) -> None:
-        """The host prints its stacks to stderr on its node (Ray forwards worker logs to the driver)."""
+        """The host appends its stacks to its RUN_DIR/logs/<name>.stacks.txt on its node (the driver's
+        stall report reads it where the run directory is shared; ``core.host.collect_stacks``)."""
         self._runner.send_signal.remote(signal.SIGUSR1)
 
     def stop(self, timeout_s: float = 15.0) -> None:

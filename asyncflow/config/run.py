@@ -850,7 +850,12 @@ class LoggingConfig(_Section):
     tensorboard: Annotated[bool, Meta(description="Write TensorBoard event files (extra: asyncflow[tensorboard]).")] = False
     wandb_project: Annotated[str, Meta(description="Log to Weights & Biases under this project (extra: asyncflow[wandb]).")] = ""
     hang_timeout_s: Annotated[
-        Seconds, Meta(description="If no trainer step completes for this long, print what every role waits on.")
+        Seconds,
+        Meta(
+            description="If no trainer step completes for this long, or for 3 x the slowest step so far (before the first: 3 x "
+            "the preflight's estimate of a step) when that is longer, print what every role is doing and write every "
+            "process's Python stacks to ``RUN_DIR/logs/stall-<n>.txt`` (docs/faults.md, 'Stalls')."
+        ),
     ] = 300.0
     spans: Annotated[bool, Meta(description="Record what every role does over time into RUN_DIR/trace.json (afctl trace).")] = (
         True

@@ -47,7 +47,7 @@ def test_a_host_that_dies_while_it_starts_its_actors_fails_with_its_exit_code(di
         spawn_host("doomed", dc, transport, [spec], env=_env_with(tmp_path))
 
 
-_FAILING_ACTORS = '''
+_FAILING_ACTORS = """
 from asyncflow.core import protocol
 from asyncflow.core.echo import EchoActor
 
@@ -69,14 +69,12 @@ class FailsInOnStart(EchoActor):
 
     def on_start(self):
         pick_position([1, 2, 3])
-'''
+"""
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("cls", ["FailsInInit", "FailsInOnStart"])
-def test_an_actor_that_raises_while_its_process_starts_it_leaves_its_whole_traceback_in_the_process_log(
-    directory, tmp_path, cls
-):
+def test_an_actor_that_raises_while_its_process_starts_it_leaves_its_whole_traceback_in_the_process_log(directory, tmp_path, cls):
     dc, transport = directory
     (tmp_path / "start_fails.py").write_text(_FAILING_ACTORS)
     logs = tmp_path / "logs"

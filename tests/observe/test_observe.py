@@ -34,7 +34,7 @@ def observed(tmp_path_factory) -> Observed:
     run = Run(config, tmp / "run", OBS_GATE=str(gate), TMPDIR=str(private_tmp))
     try:
         run.wait_for_line("no trainer step completed", timeout_s=200)
-        run.wait_for_line("--- Python stacks of process trainer", timeout_s=60)  # reward.0's dump came before
+        run.wait_for_line("  Python stacks of every process: ", timeout_s=60)  # the report's last line, once written
         status = afctl("status", TMPDIR=str(private_tmp))  # no RUN_DIR: the latest run started here
         status_json = afctl("status", str(run.run_dir), "--json")
         gate.touch()
@@ -57,7 +57,11 @@ def test_the_hang_report_fires_on_a_stalled_reward_and_names_it(observed):
     assert "NO ANSWER" in reward_line or "state score" in reward_line, report[:2000]
     assert "most likely stalled:" in report
     assert "task reward" in report and "task train" in report
-    stacks = report.split("--- Python stacks of process reward.0 ")[1].split("--- Python stacks of process")[0]
+    block = report.split("  Python stacks of every process: ")
+    stacks_file = observed.run_dir.absolute() / "logs" / "stall-1.txt"
+    assert block[1].splitlines()[0] == str(stacks_file)
+    assert "File " not in block[0]  # the stacks are in the file, not on the terminal
+    stacks = stacks_file.read_text().split("--- Python stacks of process reward.0 ")[1].split("--- Python stacks of")[0]
     assert "in gated_reward" in stacks  # the stalled function, in the stalled process's stack
 
 

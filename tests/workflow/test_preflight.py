@@ -49,3 +49,32 @@ def test_a_model_too_large_for_this_host_is_refused_before_launch(tmp_path):
         check(cfg, model)
     gpu = msgspec.structs.replace(cfg, cluster=msgspec.structs.replace(cfg.cluster, device="cuda"))
     assert check(gpu, model).startswith("memory per device")
+
+
+@pytest.mark.timeout(30)
+def test_the_preflight_estimates_a_steps_time_from_its_flops_and_says_what_it_assumed(tmp_path):
+    from asyncflow.actors._preflight import step_estimate
+    from asyncflow.planner.io import from_hf_config
+
+    model = _model_dir(tmp_path, hidden=256, layers=4, vocab=1000)
+    params = from_hf_config(tmp_path / "config.json").num_params
+    text = "[algorithm]\ngroup_size = 8\n[train]\nprompts_per_step = 8\n[rollout.sampling]\nmax_new_tokens = 16\n"
+    est = step_estimate(load_config_text(text), model, prompt_tokens=46.0)
+    tokens = 8 * 8 * (46 + 16)
+    per_core = 78e9  # the planner's cpu peak (planner/hardware.py) x its default efficiencies
+    assert est.seconds == pytest.approx(6 * params * tokens / (per_core * 0.35) + 2 * params * tokens / (per_core * 0.45))
+    assert est.line.startswith(f"step time: about {est.seconds:.2g} s estimated")
+    assert "64 sequences of ~46 prompt + 16 new tokens" in est.line
+    assert "assuming ~27 GFLOP/s per core training" in est.line and "afctl profile" in est.line
+    ppo = step_estimate(load_config_text(text.replace("[algorithm]\n", "[algorithm]\nname = 'ppo'\n")), model, 46.0)
+    assert ppo.seconds == pytest.approx(est.seconds + 6 * params * tokens / (per_core * 0.35))  # the critic trains too
+
+
+@pytest.mark.timeout(30)
+def test_a_step_estimate_without_readable_prompts_says_so_and_leaves_the_stall_timeout_alone(tmp_path):
+    from asyncflow.actors._preflight import launch_step_estimate
+
+    model = _model_dir(tmp_path, hidden=64, layers=2, vocab=100)
+    est = launch_step_estimate(load_config_text(""), model, str(tmp_path / "missing.jsonl"), model)
+    assert est.seconds == 0.0
+    assert est.line.startswith(f"step time: not estimated (the prompts of {tmp_path / 'missing.jsonl'}: FileNotFoundError")
