@@ -100,7 +100,12 @@ class _Net(torch.nn.Module):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Logits (of positions ``logits_from`` on only: the LM head and the softmax over a
         real vocabulary cost as much as a few decoder layers per position) or values."""
-        kw = {"input_ids": input_ids_BT, "attention_mask": attention_mask_BT, "position_ids": position_ids_BT, "use_cache": False}
+        kw: dict[str, Any] = {
+            "input_ids": input_ids_BT,
+            "attention_mask": attention_mask_BT,
+            "position_ids": position_ids_BT,
+            "use_cache": False,
+        }
         if self.value_head is None:
             if logits_from > 0:
                 kw["logits_to_keep"] = input_ids_BT.shape[1] - logits_from
