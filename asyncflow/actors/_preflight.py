@@ -11,7 +11,9 @@ parameter (base + adapters) but gradients and AdamW moments of the trainable one
 only (adapters, + the norms with ``train_norms``), and a weight sync stages only
 those (``planner.models.trainable_params``); a native replica also keeps the base
 copy of each adapted weight, to merge each new adapter onto.
-Activations are excluded (they depend on micro-batch sizes), so it is a lower bound.
+``estimate`` excludes activations (a lower bound); ``working_bytes`` adds, where the
+data's prompt length is known (a launch), one micro-batch's activations and kept logits,
+each process's runtime, a second staged snapshot and the evaluation engine: an estimate.
 On cpu every process shares the host's memory, compared with MemAvailable; on
 accelerators the per-device figures are printed for the user to compare with the
 devices (or with `afctl plan`, which models activations too).
@@ -108,23 +110,74 @@ def estimate(cfg: RunConfig, model_dir: str, reward_model_dir: str = "") -> dict
     return out
 
 
-def check(cfg: RunConfig, model_dir: str, reward_model_dir: str = "") -> str:
-    """One line to print; raises ConfigError when a cpu run cannot fit in host memory."""
+PROCESS_BYTES = 350 << 20
+"""What a worker process holds before any model: Python, torch and transformers imported
+(measured here: 0.35-0.4 GiB RSS for the loader, which loads no weights)."""
+LOGIT_COPIES = 4
+"""float32 copies of a micro-batch's kept logits the loss holds for the backward pass
+(the logits, their log-softmax, its exp for the entropy, the gradient)."""
+
+
+def working_bytes(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> dict[str, float]:
+    """What ``estimate`` leaves out, per role, at the run's sizes: each process's runtime;
+    the trainer's activations of one micro-batch (per token and layer, 6 x hidden + 4 x
+    intermediate values saved for the backward pass: norms, q/k/v, attention output,
+    residuals, the MLP's gate, up, product and input of down), its kept logits
+    (``engines/torch_train.logits_start``: the response positions), the previous
+    snapshot still staged for replicas while the next is published (staleness > 0) and
+    the evaluation engine's weights and KV cache (``[eval]``). An estimate, not a bound:
+    allocator slack comes on top (SmolLM2-135M, examples/smollm2.toml: trainer 5.2 GiB
+    estimated, 6.7 GiB RSS measured; replica 1.4 and 2.0)."""
+    from asyncflow.planner.io import from_hf_config
+    from asyncflow.planner.models import Lora, trainable_params
+
+    shape = from_hf_config(Path(model_dir) / "config.json")
+    train_b = _DTYPE_BYTES[cfg.train.engine.dtype]
+    rollout_b = _DTYPE_BYTES[cfg.rollout.engine.dtype]
+    micro = min(cfg.train.engine.micro_batch_size, cfg.samples_per_step)
+    new = cfg.rollout.sampling.max_new_tokens
+    tokens = micro * (prompt_tokens + new)
+    per_token_layer = 6 * shape.hidden_size + 4 * shape.intermediate_size
+    activations = tokens * shape.num_layers * per_token_layer * train_b
+    logits = micro * (new + 1) * shape.vocab_size * 4 * LOGIT_COPIES
+    trainer = PROCESS_BYTES + (activations + logits) / cfg.train.num_ranks
+    if cfg.staleness > 0:
+        trainer += trainable_params(shape, Lora.of(cfg.train.engine.lora)) * 4  # the version before, still staged
+    if cfg.eval.every_steps:
+        kv = cfg.rollout.engine.kv_cache_bytes or 64 << 20
+        trainer += shape.num_params * rollout_b + kv
+    out = {"trainer": trainer}
+    for r in range(1, cfg.train.num_ranks):
+        out[f"trainer.{r}"] = PROCESS_BYTES + (activations + logits) / cfg.train.num_ranks
+    for i in range(cfg.rollout.num_replicas):
+        out[f"rollout.{i}"] = float(PROCESS_BYTES)
+    return out
+
+
+def check(cfg: RunConfig, model_dir: str, reward_model_dir: str = "", prompt_tokens: float | None = None) -> str:
+    """One line to print; raises ConfigError when a cpu run cannot fit in host memory.
+    With ``prompt_tokens`` (the data's mean prompt length) the figures include
+    ``working_bytes`` (an estimate); without, they are the model states alone (a lower bound)."""
     per_role = estimate(cfg, model_dir, reward_model_dir)
+    if prompt_tokens is not None:
+        for role, extra in working_bytes(cfg, model_dir, prompt_tokens).items():
+            per_role[role] = per_role.get(role, 0.0) + extra
     total = sum(per_role.values())
     detail = ", ".join(f"{k} {v / _GIB:.2f}" for k, v in per_role.items())
     if cfg.cluster.device == "cpu":
         available = _available_host_bytes()
         if available is not None and total > available:
+            counted = "with one micro-batch's activations" if prompt_tokens is not None else "activations not counted"
             raise ConfigError(
-                f"the run needs at least {total / _GIB:.1f} GiB of host memory ({detail} GiB, activations not "
-                f"counted) but {available / _GIB:.1f} GiB is available: use a smaller model, fewer "
+                f"the run needs at least {total / _GIB:.1f} GiB of host memory ({detail} GiB, {counted}) "
+                f"but {available / _GIB:.1f} GiB is available: use a smaller model, a smaller train.engine.micro_batch_size, fewer "
                 f"rollout.num_replicas (or reward_model.num_replicas), a smaller rollout.engine.kv_cache_bytes, or "
                 "bfloat16 weights"
             )
+        about = "about" if prompt_tokens is not None else "at least"
         if available is None:  # this system does not say (no /proc/meminfo)
-            return f"memory: at least {total / _GIB:.2f} GiB ({detail} GiB)"
-        return f"memory: at least {total / _GIB:.2f} GiB of {available / _GIB:.1f} GiB available ({detail} GiB)"
+            return f"memory: {about} {total / _GIB:.2f} GiB ({detail} GiB)"
+        return f"memory: {about} {total / _GIB:.2f} GiB of {available / _GIB:.1f} GiB available ({detail} GiB)"
     return f"memory per device, at least (activations not counted): {detail} GiB"
 
 

@@ -521,9 +521,13 @@ def run(
 
 def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo) -> dict:
     faulthandler.enable()
-    from asyncflow.actors._preflight import check, launch_step_estimate
+    from asyncflow.actors._preflight import check, launch_step_estimate, mean_prompt_tokens
 
-    click.echo(check(cfg, launch.model_dir, launch.reward_model_dir))
+    try:  # the activations' share of the memory estimate needs the prompts' length
+        prompt_tokens: float | None = mean_prompt_tokens(cfg, launch.data_path, launch.base_model_dir)
+    except (OSError, ValueError, KeyError):
+        prompt_tokens = None  # launch_step_estimate says why below
+    click.echo(check(cfg, launch.model_dir, launch.reward_model_dir, prompt_tokens))
     estimate = launch_step_estimate(cfg, launch.model_dir, launch.data_path, launch.base_model_dir)
     timeout_s = stall_timeout_s(cfg.logging.hang_timeout_s, 0.0, estimate.seconds)
     click.echo(

@@ -78,3 +78,19 @@ def test_a_step_estimate_without_readable_prompts_says_so_and_leaves_the_stall_t
     est = launch_step_estimate(load_config_text(""), model, str(tmp_path / "missing.jsonl"), model)
     assert est.seconds == 0.0
     assert est.line.startswith(f"step time: not estimated (the prompts of {tmp_path / 'missing.jsonl'}: FileNotFoundError")
+
+
+def test_with_the_prompt_length_the_estimate_adds_activations_logits_runtime_and_the_eval_engine(tmp_path):
+    from asyncflow.actors._preflight import PROCESS_BYTES, working_bytes
+
+    model = _model_dir(tmp_path, hidden=64, layers=2, vocab=50_000)
+    small = working_bytes(load_config_text("[train.engine]\nmicro_batch_size = 4"), model, prompt_tokens=40.0)
+    big = working_bytes(load_config_text("[train.engine]\nmicro_batch_size = 8"), model, prompt_tokens=40.0)
+    longer = working_bytes(load_config_text("[train.engine]\nmicro_batch_size = 4"), model, prompt_tokens=80.0)
+    assert PROCESS_BYTES < small["trainer"] < big["trainer"] and small["trainer"] < longer["trainer"]
+    assert small["rollout.0"] == PROCESS_BYTES
+    with_eval = working_bytes(load_config_text("[train.engine]\nmicro_batch_size = 4\n[eval]\nevery_steps = 5"), model, 40.0)
+    assert with_eval["trainer"] > small["trainer"]  # the evaluation engine's weights and KV cache
+    cfg = load_config_text("")
+    assert check(cfg, model, prompt_tokens=40.0).startswith("memory: about")
+    assert check(cfg, model).startswith("memory: at least")
