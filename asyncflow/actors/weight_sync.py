@@ -39,7 +39,8 @@ from asyncflow.core.errors import AsyncflowError
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 32 << 20
-"""Bytes per chunk (nng) or per broadcast (collective); a larger tensor travels alone."""
+"""Bytes per chunk (nng: a larger tensor is cut into pieces) or per broadcast (collective: a larger
+tensor travels alone)."""
 
 
 class Publish:

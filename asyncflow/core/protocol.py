@@ -621,6 +621,10 @@ class GetWeightChunk(Request["WeightChunk"]):
 
 
 class WeightChunk(_Msg):
+    """Chunk ``index`` of weights ``version``: named tensors, in order. A tensor larger
+    than a chunk comes as consecutive pieces under one name, cut along its first
+    dimension (``actors/weights/_nng.py``)."""
+
     version: int
     index: int
     names: list[str]

@@ -13,11 +13,12 @@ from asyncflow.actors.names import WEIGHTS
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 from asyncflow.actors.weights import WeightReceiver, WeightSender, build_receiver, build_sender
 from asyncflow.actors.weights._collective import CollectiveReceiver, CollectiveSender
-from asyncflow.actors.weights._nng import NngReceiver, NngSender
+from asyncflow.actors.weights._nng import NngReceiver, NngSender, joined
 from asyncflow.cli.bench_weights import bench_run_dir
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
+from asyncflow.core.tensors import nbytes, to_torch
 from asyncflow.core.transport import TransportConfig
 
 
@@ -49,6 +50,37 @@ def test_the_nng_sender_keeps_the_two_newest_versions_and_names_a_dropped_one():
         sender.serve(protocol.StreamWeights(replica="rollout.0", group="g", backend="gloo"))
 
 
+@pytest.mark.timeout(30)
+def test_a_tensor_larger_than_a_chunk_travels_in_pieces_of_at_most_a_chunk_and_arrives_whole():
+    # a real float32 embedding sent whole can pass the frame limit (Qwen2.5-7B's: 2.18 GB > 2 GiB)
+    sender = NngSender(chunk_bytes=1000)
+    g = torch.Generator().manual_seed(0)
+    named = [
+        ("embed", torch.randn(101, 7, generator=g)),  # 2828 bytes: rows 0-34, 35-69, 70-100
+        ("norm", torch.randn(300, generator=g).to(torch.bfloat16)),  # 600 bytes: whole
+        ("scale", torch.tensor(2.0)),
+        ("wide", torch.randn(1, 400, generator=g)),  # one row of 1600 bytes: cannot be cut, travels alone
+        ("empty", torch.empty(0, 3)),
+    ]
+    ready = sender.publish(1, named, digest=5)
+    chunks = [sender.serve(protocol.GetWeightChunk(version=1, index=i)) for i in range(ready.num_chunks)]
+    assert [n for c in chunks for n in c.names].count("embed") == 3
+    assert all(sum(nbytes(t) for t in c.tensors) <= 1000 for c in chunks if c.names != ["wide"])
+    assert ready.num_bytes == sum(t.numel() * t.element_size() for _, t in named)
+
+    class Local:  # the weights actor's reference, answered by the sender in this thread
+        def ask(self, msg, **kw):
+            return sender.latest() if isinstance(msg, protocol.GetLatestWeights) else sender.serve(msg)
+
+    seen: list[int] = []
+    version, got = NngReceiver(10.0).fetch(Local(), on_chunk=seen.append)
+    assert version == 1 and seen == list(range(ready.num_chunks))
+    assert [n for n, _ in got] == [n for n, _ in named]
+    for (name, a), (_, b) in zip(named, got):
+        assert b.dtype == a.dtype and b.shape == a.shape and torch.equal(a, b), name
+    assert joined((n, to_torch(t)) for c in chunks for n, t in zip(c.names, c.tensors))[0][1].shape == (101, 7)
+
+
 @pytest.mark.timeout(60)
 def test_a_replica_fetches_a_published_version_over_nng_and_swaps_are_granted_one_at_a_time(tmp_path):
     transport = TransportConfig(scheme="inproc")
@@ -68,8 +100,8 @@ def test_a_replica_fetches_a_published_version_over_nng_and_swaps_are_granted_on
     try:
         ref = dc.ref(WEIGHTS)
         assert ref.ask(protocol.GetLatestWeights()).version == -1
-        sent = [(f"w{i}", torch.randn(300)) for i in range(3)]  # 1200 bytes: a chunk each
-        assert weights.pykka_ref.ask(Publish(1, sent, 7)) == 3600
+        sent = [(f"w{i}", torch.randn(256)) for i in range(3)]  # 1024 bytes: a chunk each
+        assert weights.pykka_ref.ask(Publish(1, sent, 7)) == 3072
         seen: list[int] = []
         version, got = NngReceiver(10.0).fetch(ref, on_chunk=seen.append)
         assert version == 1 and seen == [0, 1, 2]
@@ -117,14 +149,14 @@ def test_a_replica_fetches_the_announced_version_without_asking_and_the_latest_w
 
     try:
         ref = dc.ref(WEIGHTS)
-        named = [("w", torch.randn(300))]
+        named = [("w", torch.randn(256))]  # one chunk
         weights.pykka_ref.ask(Publish(1, named, 11))
         announced = ref.ask(protocol.GetLatestWeights())
         version, got = NngReceiver(10.0).fetch(Counting(), announced=announced)
         assert version == 1 and torch.equal(got[0][1], named[0][1])
         assert asked == ["GetWeightChunk"]  # no GetLatestWeights: the announcement said what to fetch
         for v in (2, 3):  # the trainer moves on: v1 is no longer staged
-            weights.pykka_ref.ask(Publish(v, [("w", torch.full((300,), float(v)))], v))
+            weights.pykka_ref.ask(Publish(v, [("w", torch.full((256,), float(v)))], v))
         asked.clear()
         version, got = NngReceiver(10.0).fetch(Counting(), announced=announced)
         assert version == 3 and float(got[0][1][0]) == 3.0

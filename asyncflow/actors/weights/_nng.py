@@ -1,18 +1,63 @@
 """The nng weight transport: the replica pulls the staged chunks over the actor
 transport (``GetLatestWeights``, then ``GetWeightChunk`` per chunk). Tensors travel
-as ``dtype, shape, raw bytes`` views of the staged snapshot (no copy on this side)."""
+as ``dtype, shape, raw bytes`` views of the staged snapshot (no copy on this side).
+
+A tensor larger than a chunk travels cut along its first dimension into pieces of at
+most ``chunk_bytes`` (``pieces``), under its own name each; the receiver joins the
+consecutive pieces of a name. A chunk's frame is then never much larger than
+``chunk_bytes``, whatever the model: a real embedding in float32 (Qwen2.5-7B's:
+2.18 GB) sent whole would pass ``max_message_bytes`` (2 GiB), and the replica's
+socket would drop every version."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from asyncflow.actors.weights._base import NamedTensors, WeightReceiver, WeightSender
 from asyncflow.core import protocol
 from asyncflow.core.errors import RemoteError
 from asyncflow.core.tensors import to_torch, to_wire
 
+if TYPE_CHECKING:
+    import torch
+
 NUM_KEPT = 2
 """Versions kept staged: the newest and the one before (a replica may be mid-fetch)."""
+
+
+def pieces(named_tensors: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each (name, tensor); one of more than ``chunk_bytes`` as consecutive slices of
+    its first dimension (views), each of at most ``chunk_bytes`` (at least one row)."""
+    for name, t in named_tensors:
+        nbytes = t.numel() * t.element_size()
+        if nbytes <= chunk_bytes or t.dim() == 0 or t.shape[0] < 2:
+            yield name, t
+            continue
+        rows = max(1, chunk_bytes // (nbytes // t.shape[0]))
+        for start in range(0, t.shape[0], rows):
+            yield name, t[start : start + rows]
+
+
+def joined(named_pieces: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """The tensors ``pieces`` cut, whole again: consecutive pieces of one name
+    concatenated along the first dimension (each tensor as soon as its pieces are in,
+    so only one tensor's pieces are held twice at a time)."""
+    import torch
+
+    out: list[tuple[str, torch.Tensor]] = []
+    parts: list[torch.Tensor] = []
+    for name, t in named_pieces:
+        if out and out[-1][0] == name:
+            parts.append(t)
+            continue
+        if len(parts) > 1:
+            out[-1] = (out[-1][0], torch.cat(parts))
+        out.append((name, t))
+        parts = [t]
+    if len(parts) > 1:
+        out[-1] = (out[-1][0], torch.cat(parts))
+    return out
 
 
 class NngSender(WeightSender):
@@ -28,7 +73,7 @@ class NngSender(WeightSender):
 
         chunks = [
             protocol.WeightChunk(version=version, index=i, names=[n for n, _ in chunk], tensors=[to_wire(t) for _, t in chunk])
-            for i, chunk in enumerate(chunk_by_bytes(named_tensors, self.chunk_bytes))
+            for i, chunk in enumerate(chunk_by_bytes(pieces(named_tensors, self.chunk_bytes), self.chunk_bytes))
         ]
         num_bytes = sum(len(t.data) for c in chunks for t in c.tensors)
         self._chunks[version] = chunks
@@ -75,10 +120,11 @@ class NngReceiver(WeightReceiver):
         return self._fetch(weights, weights.ask(protocol.GetLatestWeights(), timeout_s=30), on_chunk)
 
     def _fetch(self, weights, latest: protocol.WeightsReady, on_chunk: Callable[[int], None] | None) -> tuple[int, NamedTensors]:
-        tensors: NamedTensors = []
-        for i in range(latest.num_chunks):
-            chunk = weights.ask(protocol.GetWeightChunk(version=latest.version, index=i), timeout_s=self.timeout_s)
-            tensors.extend((n, to_torch(t)) for n, t in zip(chunk.names, chunk.tensors))
-            if on_chunk is not None:
-                on_chunk(i)
-        return latest.version, tensors
+        def received():
+            for i in range(latest.num_chunks):
+                chunk = weights.ask(protocol.GetWeightChunk(version=latest.version, index=i), timeout_s=self.timeout_s)
+                yield from ((n, to_torch(t)) for n, t in zip(chunk.names, chunk.tensors))
+                if on_chunk is not None:
+                    on_chunk(i)
+
+        return latest.version, joined(received())

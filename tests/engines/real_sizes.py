@@ -1,0 +1,128 @@
+"""Real-size model directories for the tests: random weights in the shapes of real
+models, built offline once per session (config and tokenizer by ``save_pretrained``,
+the weights written as transformers writes them: ``make_real_size_model``).
+
+Every real model's embedding holds more than 2^24 elements, where float32 index
+arithmetic stops being exact (the digest's sampled positions were once computed so,
+and no real model could start): these shapes send such tensors down every path
+(digest, weight sync, LoRA, checkpoints, generation, FSDP).
+
+- ``qwen`` (Qwen2.5-0.5B's shape, 2 of its 24 layers): Qwen2ForCausalLM, vocabulary
+  151,936 x hidden 896 (136 M elements), embeddings tied, intermediate 4,864, 14
+  heads, 2 key/value heads, q/k/v biases.
+- ``llama`` (Llama-3.2-1B's embedding, 1 layer): LlamaForCausalLM, vocabulary 128,256
+  x hidden 2,048 (263 M elements, 1.05 GB in float32), 32 heads, 8 key/value heads,
+  the llama3 rope scaling; the output head untied (Llama-3.2-1B ties it; untied, the
+  separate ``lm_head`` of Llama-3.1-8B takes its own path) and the MLP narrow
+  (intermediate 1,024, not 8,192: memory), so a float32 directory is 2.1 GB.
+
+The tokenizer is the tiny models' character tokenizer (``engines/tiny.py``): its ~100
+ids are a prefix of the vocabulary; nothing here decodes a sampled id.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+REAL_SHAPES: dict[str, dict] = {
+    "qwen": dict(
+        arch="qwen2",
+        vocab_size=151_936,
+        hidden_size=896,
+        intermediate_size=4_864,
+        num_layers=2,
+        num_heads=14,
+        num_kv_heads=2,
+        max_position_embeddings=32_768,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+    ),
+    "llama": dict(
+        arch="llama",
+        vocab_size=128_256,
+        hidden_size=2_048,
+        intermediate_size=1_024,
+        num_layers=1,
+        num_heads=32,
+        num_kv_heads=8,
+        max_position_embeddings=131_072,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500_000.0,
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8_192,
+        },
+    ),
+}
+
+_built: dict[str, Path] = {}  # one directory per shape and session
+
+
+def real_size_config(kind: str):
+    """The transformers config of ``kind`` (``REAL_SHAPES``), its architecture named."""
+    from asyncflow.engines.tiny import tiny_config
+
+    spec = dict(REAL_SHAPES[kind])
+    tied, rope = spec.pop("tie_word_embeddings"), spec.pop("rope_parameters")
+    config = tiny_config(**spec)
+    config.tie_word_embeddings = tied
+    config.rope_parameters = rope
+    config.architectures = [{"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}[spec["arch"]]]
+    return config
+
+
+def write_real_size_config(out_dir: str | Path, kind: str) -> Path:
+    """A directory holding only ``kind``'s ``config.json`` (what the planner and the
+    preflight estimate read). Returns the directory."""
+    out = Path(out_dir)
+    real_size_config(kind).save_pretrained(out)
+    return out
+
+
+def make_real_size_model(out_dir: str | Path, kind: str, seed: int = 0) -> Path:
+    """A ``kind`` (``REAL_SHAPES``) model directory in float32 with the tiny tokenizer:
+    config and tokenizer by ``save_pretrained``, and ``model.safetensors`` holding the
+    parameters of the model transformers builds from the config (named as it names
+    them, the tied head left out as it leaves it out): each drawn once from N(0, 0.02),
+    the norms ones. Skipping transformers' own initialisation (a uniform draw at
+    construction, then a normal one) makes this several times faster. Returns the
+    directory."""
+    import safetensors.torch
+    from transformers import AutoModelForCausalLM
+
+    from asyncflow.engines.tiny import build_char_tokenizer
+
+    config = real_size_config(kind)
+    with torch.device("meta"):
+        shapes = AutoModelForCausalLM.from_config(config)  # names and shapes only: no memory, no init
+    g = torch.Generator().manual_seed(seed)
+    weights = {
+        name: torch.ones(p.shape) if name.endswith("norm.weight") else torch.empty(p.shape).normal_(0.0, 0.02, generator=g)
+        for name, p in shapes.named_parameters()  # a tied head is the embedding: named once
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    safetensors.torch.save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    config.save_pretrained(out)
+    build_char_tokenizer().save_pretrained(out)
+    return out
+
+
+def real_size_model(kind: str, tmp_path_factory) -> Path:
+    """The session's ``kind`` directory (built on first use)."""
+    if kind not in _built:
+        start = time.perf_counter()
+        _built[kind] = make_real_size_model(tmp_path_factory.mktemp(f"real_{kind}"), kind)
+        print(f"built the real-size {kind} model in {time.perf_counter() - start:.1f} s")
+    return _built[kind]
+
+
+def numel_over_2_24(named) -> list[str]:
+    """The names of the tensors of more than 2^24 elements."""
+    return [name for name, t in named if t.numel() > 2**24]
