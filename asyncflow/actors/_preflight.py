@@ -124,7 +124,7 @@ def working_bytes(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> dict[
     intermediate values saved for the backward pass: norms, q/k/v, attention output,
     residuals, the MLP's gate, up, product and input of down), its kept logits
     (``engines/torch_train.logits_start``: the response positions), the previous
-    snapshot still staged for replicas while the next is published (staleness > 0) and
+    snapshot still staged for replicas (the weights actor keeps two, in either mode) and
     the evaluation engine's weights and KV cache (``[eval]``). An estimate, not a bound:
     allocator slack comes on top (SmolLM2-135M, examples/smollm2.toml: trainer 5.2 GiB
     estimated, 6.7 GiB RSS measured; replica 1.4 and 2.0)."""
@@ -141,8 +141,8 @@ def working_bytes(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> dict[
     activations = tokens * shape.num_layers * per_token_layer * train_b
     logits = micro * (new + 1) * shape.vocab_size * 4 * LOGIT_COPIES
     trainer = PROCESS_BYTES + (activations + logits) / cfg.train.num_ranks
-    if cfg.staleness > 0:
-        trainer += trainable_params(shape, Lora.of(cfg.train.engine.lora)) * 4  # the version before, still staged
+    # the version before, still staged: the weights actor keeps the two newest in either mode (weights/_nng.NUM_KEPT)
+    trainer += trainable_params(shape, Lora.of(cfg.train.engine.lora)) * 4
     if cfg.eval.every_steps:
         kv = cfg.rollout.engine.kv_cache_bytes or 64 << 20
         trainer += shape.num_params * rollout_b + kv

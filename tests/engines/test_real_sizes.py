@@ -403,21 +403,7 @@ def test_the_preflight_estimate_of_a_real_size_model_covers_its_float32_weights_
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(
-    "mode",
-    [
-        "async",
-        pytest.param(
-            "sync",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the weights actor keeps the two newest versions staged in either mode (NUM_KEPT = 2, "
-                "actors/weights/_nng.py), but _preflight.working_bytes adds the second only with staleness > 0: "
-                "in sync mode the trainer's launch estimate is one snapshot (4 B/param) short",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("mode", ["async", "sync"])  # sync was one snapshot short (seen failing, then fixed)
 def test_the_launch_estimate_counts_every_weight_version_the_trainers_process_keeps_staged(real, mode, tmp_path):
     side = WeightsSide(tmp_path)
     try:
