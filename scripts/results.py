@@ -510,7 +510,7 @@ def main() -> int:
         if path.exists() and not fresh:
             records[name] = json.loads(path.read_text())
         elif not args.render and ((args.only is None and name not in REAL) or fresh):  # real-model runs: only when named
-            if fresh:
+            if fresh and name not in REAL:  # the real-model check reuses its finished runs (hours of them): delete by hand
                 import shutil
 
                 shutil.rmtree(work / name, ignore_errors=True)
