@@ -23,6 +23,10 @@ def test_the_peer_gets_the_configs_work_and_refuses_what_it_cannot_do(tmp_path):
     assert (spec["samples_per_step"], spec["group_size"], spec["max_new_tokens"]) == (128, 8, 6)
     assert (spec["lr"], spec["clip_eps"], spec["steps"]) == (cfg.train.engine.lr, cfg.algorithm.clip_eps, 7)
     assert spec["reward_functions"] == ["asyncflow.algorithms.tasks:reward"]
+    # [eval]: TRL trains on the same split as asyncflow and its final weights get the same held-out evaluation
+    assert (spec["heldout_prompts"], spec["data_seed"]) == (cfg.eval.num_prompts, cfg.data.seed) and cfg.eval.every_steps
+    no_eval = msgspec.structs.replace(cfg, eval=msgspec.structs.replace(cfg.eval, every_steps=0))
+    assert trl_spec(no_eval, steps=7, threads=2, out_dir=tmp_path)["heldout_prompts"] == 0
     kl = msgspec.structs.replace(cfg, algorithm=msgspec.structs.replace(cfg.algorithm, kl_coef=0.1))
     assert "kl_coef = 0" in unsupported(kl)
 
@@ -57,6 +61,7 @@ def test_bench_peer_runs_the_three_systems_for_a_few_steps_round_after_round(tmp
     assert set(line["systems"]) == {"trl", "sync", "async"}
     for name, r in line["systems"].items():
         assert r["samples_per_s"] > 0 and 0.0 <= r["reward_last_10pct"] <= 1.0, (name, r)
+        assert 0.0 <= r["heldout_accuracy"] <= 1.0, (name, r)  # examples/local.toml has [eval]
     assert line["systems"]["trl"]["steps"] == 3
     # two rounds side by side: each figure the median of the rounds', each ratio the median of the rounds' ratios
     assert line["rounds"] == 2 and {p.name for p in tmp_path.iterdir()} >= {"round-0", "round-1"}
