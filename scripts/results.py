@@ -335,6 +335,9 @@ def render(records: dict[str, dict]) -> str:
         "end of each command is given), so absolute figures move by 10-30% between runs; ratios measured side by",
         "side in one invocation are more trustworthy.",
         "",
+        "The figures below are of the tiny model the project builds itself; a real pretrained model (SmolLM2-135M) has a",
+        "page of its own: [real-model.md](real-model.md).",
+        "",
     ]
     if "parity" in records:
         r = records["parity"]
