@@ -180,7 +180,11 @@ def test_a_run_evaluates_every_n_steps_keeps_the_best_weights_and_never_trains_a
     config = write_config(
         tmp_path,
         num_steps=3,
-        changes={"eval": {"every_steps": 2, "num_prompts": 8}, "train.engine": schedule, "data": {"num_prompts": 24}},
+        changes={
+            "eval": {"every_steps": 2, "num_prompts": 8, "at_start": True},
+            "train.engine": schedule,
+            "data": {"num_prompts": 24},
+        },
     )
     proc = afctl("up", str(config), "--run-dir", str(run_dir))
     out, _ = proc.communicate(timeout=110)
@@ -188,7 +192,15 @@ def test_a_run_evaluates_every_n_steps_keeps_the_best_weights_and_never_trains_a
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     # after the second step (metrics step 1) and after the last one (step 2)
     assert [int(m["step"]) for m in metrics if "val/accuracy" in m] == [1, 2]
-    assert out.count("val acc") == 2 and "held-out accuracy: best" in out
+    assert out.count("val acc") == 2 and "held-out accuracy: start" in out
+    # eval.at_start: the starting weights' figures in the first step's record, equal to an evaluation of the base
+    # model directory the same way (actors/_eval.evaluate_saved, what bench peer applies to TRL's weights)
+    from asyncflow.actors._eval import evaluate_saved
+
+    start = metrics[0]["val/start_accuracy"]
+    assert all("val/start_accuracy" not in m for m in metrics[1:])
+    assert evaluate_saved(run_dir, run_dir / "model")["val/accuracy"] == start
+    assert json.loads((run_dir / "summary.json").read_text())["val_start_accuracy"] == start
     assert [m["lr"] for m in metrics] == pytest.approx([lr_at(TrainEngineConfig(**schedule), k, 3) for k in range(3)])
     summary = json.loads((run_dir / "summary.json").read_text())
     evals = {int(m["step"]): m["val/accuracy"] for m in metrics if "val/accuracy" in m}
