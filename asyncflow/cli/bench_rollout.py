@@ -22,6 +22,8 @@ import time
 
 import click
 
+from asyncflow.cli._shared_inputs import model_option
+
 
 @click.command("rollout")
 @click.option("--num-prompts", default=64, show_default=True)
@@ -30,13 +32,9 @@ import click
 @click.option("--num-stop-tokens", default=6, show_default=True, help="Stop tokens (eos + others): more means shorter responses.")
 @click.option("--hidden-size", default=128, show_default=True)
 @click.option("--num-layers", default=4, show_default=True)
-@click.option(
-    "--model",
-    "model_path",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="A Hugging Face model directory (e.g. afctl model import-gguf smollm2 DIR) instead of the tiny one: its chat-rendered "
-    "add2 prompts, its eos as the one stop token (--num-stop-tokens, --hidden-size and --num-layers are then ignored).",
+@model_option(
+    "its chat-rendered add2 prompts, its eos as the one stop token; --num-stop-tokens, --hidden-size and --num-layers "
+    "are then ignored"
 )
 @click.option("--repeats", default=3, show_default=True)
 @click.option("--threads", default=1, show_default=True, help="torch intra-op threads.")

@@ -28,6 +28,8 @@ import time
 
 import click
 
+from asyncflow.cli._shared_inputs import model_option
+
 
 def _batch(num_rows: int, seq_len: int, seed: int = 0):
     import torch
@@ -145,14 +147,7 @@ def _free_port() -> int:
 @click.option("--steps", default=5, show_default=True)
 @click.option("--hidden-size", default=128, show_default=True)
 @click.option("--num-layers", default=4, show_default=True)
-@click.option(
-    "--model",
-    "model_path",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="A Hugging Face model directory (e.g. afctl model import-gguf smollm2 DIR) instead of the tiny one "
-    "(--hidden-size and --num-layers are then ignored).",
-)
+@model_option("--hidden-size and --num-layers are then ignored")
 @click.option("--threads", default=1, show_default=True, help="Intra-op threads of the one-process run.")
 @click.option(
     "--packing", is_flag=True, help="Sequence packing on vs off, one process, on a long-tailed batch (prints one JSON line)."
