@@ -28,10 +28,14 @@ def nbytes(named) -> int:
     return sum(t.numel() * t.element_size() for _, t in named)
 
 
+RESPONSE = 5
+"""``batch()``'s responses start at column 5: the trainer computes log-probs from there on (``logits_start``)."""
+
+
 def hf_logp(model, b) -> torch.Tensor:
-    """Log-probs of ``b``'s row 1 under a plain transformers forward."""
+    """Log-probs of ``b``'s row 1 under a plain transformers forward, at its response tokens."""
     logits = model(input_ids=b.input_ids[1:2]).logits[0, :-1]
-    return torch.log_softmax(logits.float(), -1).gather(1, b.input_ids[1, 1:, None]).squeeze(1)
+    return torch.log_softmax(logits.float(), -1).gather(1, b.input_ids[1, 1:, None]).squeeze(1)[RESPONSE - 1 :]
 
 
 def trained(model_dir, steps: int = 3, **kw):
@@ -53,7 +57,7 @@ def test_lora_trains_only_the_adapters_and_leaves_the_base_weights_frozen(qwen2_
             assert torch.equal(param, before[name.replace(".base_layer.", ".")]), name
     assert all(".lora_" in n for n, p in engine.net.named_parameters() if p.requires_grad)
     # B starts at zero: three steps moved it, so the policy differs from the base
-    assert not torch.allclose(engine.forward(batch()).logp[1, 1:], hf_logp(base, batch()), atol=1e-3)
+    assert not torch.allclose(engine.forward(batch()).logp[1, RESPONSE:], hf_logp(base, batch()), atol=1e-3)
 
 
 def test_a_sync_carries_only_the_adapters_at_least_ten_times_fewer_bytes(qwen2_dir):
@@ -73,7 +77,7 @@ def test_the_replica_merges_the_adapters_and_generates_with_the_trainers_policy_
     snapshot = list(engine.export_weights())
     rollout.load_weights(snapshot, version=3)
     b = batch()
-    assert torch.allclose(hf_logp(rollout.model, b), engine.forward(b).logp[1, 1:], atol=1e-4)
+    assert torch.allclose(hf_logp(rollout.model, b), engine.forward(b).logp[1, RESPONSE:], atol=1e-4)
     assert rollout.weights_digest() == engine.published_digest(snapshot, torch.float32)
     assert rollout.weights_digest() != base_digest
     # a fresh LoRA engine (B = 0) publishes the base weights' digest: version 0 checks out
@@ -121,7 +125,7 @@ def test_a_checkpoint_is_peft_layout_loadable_by_peft_with_a_merged_model_and_re
     adapter = tmp_path / "ckpt" / ADAPTER_DIR
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
     b = batch(seed=2)
-    want = engine.forward(b).logp[1, 1:]
+    want = engine.forward(b).logp[1, RESPONSE:]
     peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(qwen2_dir), str(adapter))
     assert torch.allclose(hf_logp(peft_model, b), want, atol=1e-4)
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt" / "merged")
@@ -183,7 +187,7 @@ def test_train_norms_trains_and_syncs_the_norm_weights_in_full_and_the_replica_m
     rollout = build_rollout_engine(RolloutEngineConfig(), qwen2_dir)
     rollout.load_weights(snapshot, version=3)
     b = batch()
-    assert torch.allclose(hf_logp(rollout.model, b), engine.forward(b).logp[1, 1:], atol=1e-4)
+    assert torch.allclose(hf_logp(rollout.model, b), engine.forward(b).logp[1, RESPONSE:], atol=1e-4)
     assert rollout.weights_digest() == engine.published_digest(snapshot, torch.float32)
     off = trained(qwen2_dir)  # train_norms off: the norms stay frozen and never travel
     assert all(".lora_" in n for n, _ in off.export_weights())
