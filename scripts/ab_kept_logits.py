@@ -1,7 +1,13 @@
-"""python scripts/ab_kept_logits.py models/smollm2-135m
+"""The trainer step with its logits kept from the first response position on
+(``engines/torch_train.logits_start``) against the full forward, on the shape of
+examples/smollm2.toml: 64 rows (8 x 8), prompts of 45-47 tokens, responses of 4-16,
+micro-batch 16, one thread; a warm-up step, then full and kept alternating, 3 rounds
+each, medians. One JSON line.
 
-A/B of the trainer's kept logits on the add2 shape: one train step of 64 rows (8 x 8), prompts ~46 tokens,
-responses 4-16 tokens, micro-batch 16, SmolLM2-135M, 1 thread; kept vs full logits alternating, 3 rounds each."""
+    python scripts/ab_kept_logits.py models/smollm2-135m
+"""
+
+from __future__ import annotations
 
 import json
 import statistics
@@ -10,45 +16,53 @@ import time
 
 import torch
 
-torch.set_num_threads(1)
-import asyncflow.engines.torch_train as tt
+import asyncflow.engines.torch_train as torch_train
 from asyncflow.algorithms.grpo import PolicyLossConfig, policy_loss_fn
 from asyncflow.engines.batching import make_token_batch
 from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.factory import build_train_engine
 
-d = sys.argv[1]
-eng = build_train_engine(TrainEngineConfig(lr=1e-7, micro_batch_size=16), d)
-g = torch.Generator().manual_seed(0)
-prompts = [torch.randint(10, 1000, (int(torch.randint(45, 48, (1,), generator=g)),), generator=g).tolist() for _ in range(64)]
-resps = [torch.randint(10, 1000, (int(torch.randint(4, 17, (1,), generator=g)),), generator=g).tolist() for _ in range(64)]
-tb = make_token_batch(
-    prompts, resps, pad_token_id=0, rollout_logprobs=[[-2.0] * len(r) for r in resps], advantages_B=torch.randn(64, generator=g)
-)
-loss = policy_loss_fn(PolicyLossConfig())
-kept_fn = tt.logits_start
 
+def main(model_dir: str, rounds: int = 3) -> dict:
+    torch.set_num_threads(1)
+    engine = build_train_engine(TrainEngineConfig(lr=1e-7, micro_batch_size=16), model_dir)
+    g = torch.Generator().manual_seed(0)
 
-def step(kept):
-    tt.logits_start = kept_fn if kept else (lambda m: 0)
-    t = time.perf_counter()
-    eng.train_step(tb, loss)
-    return time.perf_counter() - t
+    def ids(low: int, high: int) -> list[int]:
+        return torch.randint(10, 1000, (int(torch.randint(low, high, (1,), generator=g)),), generator=g).tolist()
 
-
-step(True)  # warm-up
-times = {True: [], False: []}
-for _ in range(3):
-    for kept in (False, True):
-        times[kept].append(step(kept))
-full, kept = statistics.median(times[False]), statistics.median(times[True])
-print(
-    json.dumps(
-        {
-            "full_logits_s": round(full, 2),
-            "kept_logits_s": round(kept, 2),
-            "speedup": round(full / kept, 3),
-            "rounds": {str(k): [round(x, 2) for x in v] for k, v in times.items()},
-        }
+    prompts = [ids(45, 48) for _ in range(64)]
+    responses = [ids(4, 17) for _ in range(64)]
+    batch = make_token_batch(
+        prompts,
+        responses,
+        pad_token_id=0,
+        rollout_logprobs=[[-2.0] * len(r) for r in responses],
+        advantages_B=torch.randn(64, generator=g),
     )
-)
+    loss_fn = policy_loss_fn(PolicyLossConfig())
+    kept_start = torch_train.logits_start
+
+    def step(kept: bool) -> float:
+        torch_train.logits_start = kept_start if kept else (lambda mask: 0)  # type: ignore[assignment]
+        start = time.perf_counter()
+        engine.train_step(batch, loss_fn)
+        return time.perf_counter() - start
+
+    step(True)  # warm-up
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(rounds):
+        for kept in (False, True):
+            times[kept].append(step(kept))
+    torch_train.logits_start = kept_start
+    full, kept = statistics.median(times[False]), statistics.median(times[True])
+    return {
+        "full_logits_s": round(full, 2),
+        "kept_logits_s": round(kept, 2),
+        "speedup": round(full / kept, 3),
+        "rounds": {"full": [round(x, 2) for x in times[False]], "kept": [round(x, 2) for x in times[True]]},
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1])))
