@@ -149,7 +149,7 @@ class TrainerActor(LoopActor):
             self._best = best["value"] if best else float("-inf")
         # eval.at_start: a copy of the starting weights, evaluated with the first step's report (step 0 of a new run)
         self._start_snapshot = None
-        if cfg.eval.at_start and self.step == 0 and self.ranks.num_ranks == 1:
+        if cfg.eval.at_start and self.step == 0:  # one rank: the config refuses at_start with train.num_ranks > 1
             self._start_snapshot = [(n, t.detach().clone()) for n, t in self.policy.export_weights()]
 
     @staticmethod
@@ -350,7 +350,7 @@ class TrainerActor(LoopActor):
             **{k: v for k, v in figures.items() if k.startswith("env/")},  # with an environment (docs/environments.md)
         )
         eval_every = cfg.eval.every_steps
-        if cfg.eval.at_start and self.step == 0 and version == 1 and self._start_snapshot is not None:
+        if self._start_snapshot is not None:  # eval.at_start, the first step of a new run
             start = self._evaluate(self._start_snapshot, 0, save=False)  # the weights the run started from
             self._start_snapshot = None
             values.update({"val/start_accuracy": start["val/accuracy"], "val/start_reward_mean": start["val/reward_mean"]})

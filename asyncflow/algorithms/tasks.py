@@ -9,8 +9,8 @@ tiny model (``asyncflow.engines.tiny``); a response is a few digits then ``</s>`
   (``reverse_reward``).
 - ``add2`` (for a real model, ``examples/smollm2.toml``): ``"What is 27 + 82? Answer with
   the number only."`` -> ``"109"`` (operands 10..99, 8,100 distinct prompts); scored by
-  the built-in ``math_answer`` (the response's last number). SmolLM2-135M-Instruct
-  answers 6-13% of them greedily (docs/results.md).
+  the built-in ``math_answer`` (the response's last number). SmolLM2-135M-Instruct's
+  greedy accuracy on it, before and after GRPO: docs/real-model.md.
 - ``calc``: ``"37*48="`` -> ``"1776"``, solvable only with the ``calc`` tool of
   ``asyncflow.envs.calc:CalcEnv`` (multi-turn, docs/environments.md); its warm start
   is on whole tool trajectories (``envs/calc.warm_start``).

@@ -584,13 +584,15 @@ class EvalConfig(_Section):
         Meta(
             description="Also evaluate the weights the run starts from (version 0, before any step of a new run): their figures "
             "go into the first step's record as ``val/start_accuracy`` and ``val/start_reward_mean``, and the run's last "
-            "line says start -> last. Needs ``every_steps`` > 0."
+            "line says start -> last. Needs ``every_steps`` > 0 and one trainer rank."
         ),
     ] = False
 
     def check(self, run: RunConfig) -> None:
         if self.at_start and not self.every_steps:
             raise Refused("at_start", "evaluates only with every_steps > 0: set eval.every_steps too")
+        if self.at_start and run.train.num_ranks > 1:
+            raise Refused("at_start", "needs the whole starting weights in one process: not with train.num_ranks > 1")
         if self.every_steps and self.mode == "pass_at_k" and run.rollout.sampling.temperature == 0:
             raise Refused(
                 "mode",

@@ -221,3 +221,14 @@ def test_a_run_evaluates_every_n_steps_keeps_the_best_weights_and_never_trains_a
         for g in line["groups"]
     }
     assert len(trained) >= 3 and not trained & {rows[i]["prompt"] for i in heldout}
+
+
+@pytest.mark.timeout(30)
+def test_eval_at_start_is_refused_without_evaluation_or_with_several_trainer_ranks():
+    from asyncflow.config.run import load_config_text
+
+    with pytest.raises(ConfigError, match="at_start"):
+        load_config_text("[eval]\nat_start = true")
+    with pytest.raises(ConfigError, match="num_ranks"):
+        load_config_text("[eval]\nevery_steps = 5\nat_start = true\n[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true")
+    assert load_config_text("[eval]\nevery_steps = 5\nat_start = true").eval.at_start
