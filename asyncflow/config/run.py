@@ -1074,7 +1074,9 @@ def check_paths(cfg: RunConfig) -> None:
                 "model.path",
                 cfg.model.path,
                 "no such directory; give a local Hugging Face model directory "
-                "(relative to the config file), or a checkpoint of a run (RUN_DIR/checkpoints/latest)",
+                "(relative to the config file), or a checkpoint of a run (RUN_DIR/checkpoints/latest); "
+                "a GGUF file becomes one with `afctl model import-gguf FILE DIR` "
+                "(SmolLM2-135M: `afctl model import-gguf smollm2 DIR`)",
             )
         if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
             refuse(

@@ -45,9 +45,16 @@ def test_a_wrong_key_or_value_names_the_key_and_the_fix(text, message, monkeypat
     assert message in str(info.value)
 
 
-def test_every_example_config_loads():
+def test_every_example_config_loads(tiny_dir):
     for path in sorted((ROOT / "examples").glob("*.toml")):
         if path.name in ("gpu.toml", "npu.toml"):  # they name model and data paths of a GPU/NPU machine
+            continue
+        if path.name == "smollm2.toml" and not (ROOT / "models" / "smollm2-135m").is_dir():
+            # the real model is written by a command, not shipped: a fresh checkout is told that
+            # command, and the rest of the file is checked against a stand-in model directory
+            with pytest.raises(ConfigError, match="afctl model import-gguf smollm2"):
+                load_config(path)
+            load_config(path, [f"model.path={str(tiny_dir)!r}"])
             continue
         load_config(path)
 
