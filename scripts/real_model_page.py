@@ -1,11 +1,24 @@
 """docs/real-model.md from the JSON lines ``scripts/results.py`` keeps (sections
 real_model, real_rollout, real_train, real_lora, real_peer): SmolLM2-135M-Instruct, a real
-pretrained model, on this CPU. Every figure comes from those lines; a section not yet
-measured is listed with the command that measures it."""
+pretrained model, on this CPU. Every figure comes from those lines. The lines are kept in
+the repository (``docs/data/<section>.json``, as every section's: hours of runs, not to
+be lost with a checkout); a section with no line keeps its text from the page as it stands (between its
+``<!-- section: NAME -->`` markers), or, never measured, is listed with the command that
+measures it."""
 
 from __future__ import annotations
 
+import re
+
 REAL = ("real_model", "real_rollout", "real_train", "real_lora", "real_peer")
+DATA_DIR = "docs/data"
+"""Where scripts/results.py keeps the JSON line of every section (tracked), relative to the checkout."""
+
+
+def previous_sections(page: str) -> dict[str, str]:
+    """The text of each marked section of the page as it stands."""
+    found = re.findall(r"<!-- section: (\w+) -->\n(.*?)<!-- end: \1 -->\n", page, flags=re.S)
+    return dict(found)
 
 
 def _head(r: dict) -> str:
@@ -108,7 +121,7 @@ def _peer(r: dict) -> list[str]:
 RENDER = {"real_model": _learning, "real_rollout": _rollout, "real_train": _train, "real_lora": _lora, "real_peer": _peer}
 
 
-def render_real(records: dict[str, dict], commands: dict[str, str]) -> str:
+def render_real(records: dict[str, dict], commands: dict[str, str], previous: str = "") -> str:
     out = [
         "# A real pretrained model on this 2-core CPU",
         "",
@@ -119,9 +132,14 @@ def render_real(records: dict[str, dict], commands: dict[str, str]) -> str:
         "two-digit addition in words (`examples/smollm2.toml`).",
         "",
     ]
+    kept = previous_sections(previous)
     for name in REAL:
+        out.append(f"<!-- section: {name} -->")
         if name in records:
             out += RENDER[name](records[name])
+        elif name in kept:
+            out += kept[name].rstrip("\n").split("\n") + [""]
         else:
             out += [f"## {name}: not measured yet", "", f"`{commands[name]}`", ""]
+        out.append(f"<!-- end: {name} -->")
     return "\n".join(out)

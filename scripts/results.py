@@ -7,8 +7,10 @@ typed by hand.
     python scripts/results.py --render             # rewrite the pages from the JSON kept in --work
     python scripts/results.py --only breakdown peer ab ab_round2 ab_round3 ab_pin ab_call micro   # docs/performance.md's sections
 
-Each section's JSON is kept in ``--work`` (default runs/results/<section>.json) with
-the command that produced it and when; a section without JSON is measured (unless
+Each section's JSON line is kept with the command that produced it and when, in
+``--work`` (default runs/results/<section>.json, with the runs) and in the repository
+(docs/data/<section>.json: a fresh checkout renders the pages, and one section measured
+again rewrites its page without measuring the others); a section without JSON is measured (unless
 ``--only`` names others), which takes about 12 minutes for docs/results.md's on a
 2-core machine (the parity runs are most of it) plus about 30 and 40 for its
 ``dynamic_sampling`` and ``dynamic_sampling_sync`` sections (15 seeds x 2 runs each), and about 13 for
@@ -30,6 +32,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from real_model_page import DATA_DIR, REAL  # noqa: E402
+
 PY = sys.executable
 BASE_REV = "b50b5b7"
 """The commit before the work of issue 13 (the "before" of docs/performance.md)."""
@@ -319,6 +324,8 @@ def measure(name: str, work: Path) -> dict:
         "result": json.loads(last),
     }
     (work / f"{name}.json").write_text(json.dumps(record, indent=1))
+    (ROOT / DATA_DIR).mkdir(parents=True, exist_ok=True)  # the pages' source, kept in the repository
+    (ROOT / DATA_DIR / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 
@@ -517,12 +524,11 @@ def main() -> int:
     args = parser.parse_args()
     work = (ROOT / args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from real_model_page import REAL
-
     records = {}
     for name in SECTIONS:
         path = work / f"{name}.json"
+        if not path.exists():
+            path = ROOT / DATA_DIR / f"{name}.json"
         fresh = args.only is not None and name in args.only
         if path.exists() and not fresh:
             records[name] = json.loads(path.read_text())
@@ -538,7 +544,8 @@ def main() -> int:
     if args.render or (args.only is not None and any(n in REAL for n in args.only)):  # its own page, what is measured so far
         real = {k: v for k, v in records.items() if k in REAL}
         commands = {n: shlex.join(["python" if c == PY else c.format(work=args.work) for c in SECTIONS[n]]) for n in REAL}
-        (ROOT / args.real_out).write_text(render_real(real, commands) + "\n")
+        page = ROOT / args.real_out
+        page.write_text(render_real(real, commands, page.read_text() if page.exists() else "") + "\n")
         print(f"wrote {args.real_out} from {', '.join(real) or 'nothing yet'}", file=sys.stderr)
     records = {k: v for k, v in records.items() if k not in REAL}
     results = {k: v for k, v in records.items() if k not in PERFORMANCE}
