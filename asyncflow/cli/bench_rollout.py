@@ -29,6 +29,13 @@ from asyncflow.cli._shared_inputs import model_option
 @click.option("--num-prompts", default=64, show_default=True)
 @click.option("--batch-size", default=16, show_default=True)
 @click.option("--max-new-tokens", default=64, show_default=True)
+@click.option(
+    "--samples-per-prompt",
+    default=1,
+    show_default=True,
+    help="Samples drawn from each prompt (a GRPO group: the native engine runs a prompt once for all of its samples; "
+    "HF generate runs each copy, as TRL's batches do).",
+)
 @click.option("--num-stop-tokens", default=6, show_default=True, help="Stop tokens (eos + others): more means shorter responses.")
 @click.option("--hidden-size", default=128, show_default=True)
 @click.option("--num-layers", default=4, show_default=True)
@@ -55,6 +62,7 @@ from asyncflow.cli._shared_inputs import model_option
 @click.option("--json", "as_json", is_flag=True, help="Last line: one JSON object.")
 def rollout(
     num_prompts,
+    samples_per_prompt,
     batch_size,
     max_new_tokens,
     num_stop_tokens,
@@ -94,7 +102,10 @@ def rollout(
         prompts = [[rng.randrange(6, 90) for _ in range(rng.randint(4, 24))] for _ in range(num_prompts)]
         stops = tuple([2] + list(range(60, 60 + num_stop_tokens - 1)))
         label = f"model hidden {hidden_size} x {num_layers} layers"
-    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, stop_token_ids=stops)
+    params = SamplingParams(
+        temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, stop_token_ids=stops, n=samples_per_prompt
+    )
+    hf_prompts = [p for p in prompts for _ in range(samples_per_prompt)]  # a group: its prompt repeated
 
     if against != "hf" and device == "cpu":
         raise click.UsageError(f"--against {against} needs --device cuda (vllm) or npu (vllm_ascend)")
@@ -132,8 +143,8 @@ def rollout(
         torch.manual_seed(seed)
         start = time.perf_counter()
         tokens = 0
-        for i in range(0, len(prompts), batch_size):
-            chunk = prompts[i : i + batch_size]
+        for i in range(0, len(hf_prompts), batch_size):
+            chunk = hf_prompts[i : i + batch_size]
             width = max(len(p) for p in chunk)
             ids = torch.zeros((len(chunk), width), dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -176,7 +187,7 @@ def rollout(
     tps, base = statistics.median(native_tps), statistics.median(hf_tps)
     click.echo(
         f"native {tps:.0f} tok/s vs {base_name} {base:.0f} tok/s: ratio {tps / base:.2f} "
-        f"(prompts {num_prompts}, batch {batch_size}, max_new_tokens {max_new_tokens}, threads {threads}, "
+        f"(prompts {num_prompts} x {samples_per_prompt} samples, batch {batch_size}, max_new_tokens {max_new_tokens}, threads {threads}, "
         f"device {device}, dtype {dtype}, {label})"
     )
     if as_json:
@@ -187,6 +198,8 @@ def rollout(
                     "baseline_tokens_per_s": round(base, 1),
                     "ratio": round(tps / base, 3),
                     "num_prompts": num_prompts,
+                    "samples_per_prompt": samples_per_prompt,
+                    "native_stats": _scheduler_stats(native),
                     "batch_size": batch_size,
                     "max_new_tokens": max_new_tokens,
                     "threads": threads,
@@ -218,6 +231,13 @@ def _real_model_inputs(model_path: str, num_prompts: int) -> tuple[str, list[lis
         f"vocabulary {config.vocab_size})"
     )
     return model_path, prompts, stops, label
+
+
+def _scheduler_stats(engine) -> dict:
+    """The native engine's scheduler counters of its last ``generate`` (prefill rows and tokens, decode steps)."""
+    import dataclasses
+
+    return dataclasses.asdict(engine.stats) if hasattr(engine, "stats") else {}
 
 
 def _fields(params) -> dict:

@@ -6,7 +6,9 @@ Each sample of each prompt is a sequence. The scheduler loop:
    and the KV pool can reserve ``prompt_len + max_new_tokens - 1`` token slots
    for them (the worst case: the last sampled token is never fed back);
 2. prefill the admitted prompts in one padded forward and sample their first token
-   (each distinct prompt runs once; its other samples get a copy of its prompt KV);
+   (each distinct prompt runs once; its other samples get a copy of its prompt KV;
+   a token prefix common to all the distinct prompts, such as a chat template's system
+   prompt, runs once too, and the others get a copy of its KV: ``_prefill``);
 3. decode one token for every running sequence in one forward;
 4. sequences that sampled a stop token or reached ``max_new_tokens`` leave: their
    blocks and row are freed at once, so waiting sequences join on the next iteration.
@@ -49,6 +51,9 @@ from asyncflow.engines.native_model import NativeDecoder
 from asyncflow.engines.sampling import sample
 
 DEFAULT_KV_CACHE_BYTES = 64 * 2**20
+MIN_SHARED_PREFIX = 8
+"""A prefix common to the distinct prompts of one prefill is run once when it is at
+least this many tokens (shorter, the extra forward costs more than it saves)."""
 
 
 @dataclass
@@ -77,6 +82,9 @@ class SchedulerStats:
     prefill_rows: int = 0
     """Sequences run through prefill forwards: one per distinct prompt admitted together
     (its other samples copy its prompt KV)."""
+    prefill_tokens: int = 0
+    """Prompt tokens run through prefill forwards: a distinct prompt's tokens once, less
+    the prefix it shares with the others admitted with it (which runs once for all)."""
     max_running: int = 0
     """Most sequences running at once."""
     admitted_while_running: int = 0
@@ -205,26 +213,33 @@ class NativeRolloutEngine(RolloutEngine):
         rows = torch.tensor([q.row for q in seqs], device=self.device)
         slot_table_RK[rows, : slots_SK.shape[1]] = torch.from_numpy(slots_SK).to(self.device)
 
-    def _prefill(self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams) -> int:
+    def _prefill(self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams) -> tuple[int, int]:
         """Prefill the admitted sequences and sample their first tokens. The samples of
         one prompt share it, so each distinct prompt is run once (its first sample, the
         leader, in admission order); the others get a copy of the leader's prompt KV and
         the leader's last logits. Every sequence still samples its own first token, from
         one ``sample`` call over all of them in admission order, as if each had been run.
-        Returns the number of rows the forward ran."""
+
+        The leaders' common token prefix (at least ``MIN_SHARED_PREFIX`` tokens, and
+        short of the shortest prompt by one, so that every leader runs a token) runs
+        once, in the first leader's slots; its KV is copied into the other leaders'
+        slots, and the forward runs only what follows it, at its true positions.
+        Returns the rows and the prompt tokens the forwards ran."""
         leader_of: dict[int, int] = {}  # prompt index -> position of its leader in seqs
         lead_S = [leader_of.setdefault(q.prompt_index, s) for s, q in enumerate(seqs)]
         leaders = [seqs[s] for s in leader_of.values()]
-        n_B = np.fromiter((len(q.prompt) for q in leaders), dtype=np.int64, count=len(leaders))
+        rows = torch.tensor([q.row for q in leaders], device=self.device)
+        shared = self._run_shared_prefix(leaders, rows, slot_table_RK)
+        n_B = np.fromiter((len(q.prompt) - shared for q in leaders), dtype=np.int64, count=len(leaders))
         Q = int(n_B.max())
         col_Q = np.arange(Q)
         valid = col_Q < n_B[:, None]
         ids = np.zeros((len(leaders), Q), dtype=np.int64)
-        ids[valid] = np.concatenate([q.prompt for q in leaders])
+        ids[valid] = np.concatenate([q.prompt[shared:] for q in leaders])
         ids_BQ = torch.from_numpy(ids)
-        pos_BQ = torch.from_numpy(np.where(valid, col_Q, 0))  # padding keeps position 0: valid index, masked out of writes
+        # padding keeps the first new position: a valid index, masked out of writes
+        pos_BQ = torch.from_numpy(np.where(valid, col_Q, 0) + shared)
         valid_BQ = torch.from_numpy(valid)
-        rows = torch.tensor([q.row for q in leaders], device=self.device)
         last_B = torch.from_numpy(n_B - 1).to(self.device)
         with phase("prefill_model"):
             logits_BV = self.decoder.step(
@@ -232,7 +247,7 @@ class NativeRolloutEngine(RolloutEngine):
                 ids_BQ.to(self.device),
                 pos_BQ.to(self.device),
                 valid_BQ.to(self.device),
-                slot_table_RK[rows, :Q],
+                slot_table_RK[rows, : shared + Q],
                 last_B,
             )
         if len(leaders) < len(seqs):
@@ -241,7 +256,34 @@ class NativeRolloutEngine(RolloutEngine):
                 index_of = {s: b for b, s in enumerate(leader_of.values())}
                 logits_BV = logits_BV[torch.tensor([index_of[s] for s in lead_S], device=self.device)]
         self._append(seqs, logits_BV, params)
-        return len(leaders)
+        return len(leaders), shared + int(n_B.sum())
+
+    def _run_shared_prefix(self, leaders: list[_Seq], rows: torch.Tensor, slot_table_RK: torch.Tensor) -> int:
+        """Run the leaders' common prefix once and copy its KV to every leader;
+        returns its length (0: too short to share, nothing run)."""
+        if len(leaders) < 2:
+            return 0
+        limit = min(len(q.prompt) for q in leaders) - 1
+        first = leaders[0].prompt
+        shared = 0
+        while shared < limit and all(q.prompt[shared] == first[shared] for q in leaders):
+            shared += 1
+        if shared < MIN_SHARED_PREFIX:
+            return 0
+        with phase("prefill_prefix"):
+            self.decoder.step(
+                self.pool,
+                torch.tensor([first[:shared]], device=self.device),
+                torch.arange(shared, device=self.device).unsqueeze(0),
+                None,
+                slot_table_RK[rows[:1], :shared],
+                torch.tensor([shared - 1], device=self.device),
+            )
+            src = slot_table_RK[rows[:1], :shared].reshape(-1)
+            dst = slot_table_RK[rows[1:], :shared].reshape(-1)
+            self.pool.k[:, dst] = self.pool.k[:, src.repeat(len(leaders) - 1)]
+            self.pool.v[:, dst] = self.pool.v[:, src.repeat(len(leaders) - 1)]
+        return shared
 
     def _share_prompt_kv(self, seqs: list[_Seq], lead_S: list[int], slot_table_RK: torch.Tensor) -> None:
         """Copy each leader's prompt KV (every layer, keys and values) into the slots of
@@ -368,7 +410,9 @@ class NativeStream(RolloutStream):
             engine._fill_slots(admitted, self.slot_table_RK)
             if self.running:
                 stats.admitted_while_running += len(admitted)
-            stats.prefill_rows += engine._prefill(admitted, self.slot_table_RK, params)
+            rows, tokens = engine._prefill(admitted, self.slot_table_RK, params)
+            stats.prefill_rows += rows
+            stats.prefill_tokens += tokens
             stats.num_prefills += 1
             self.running.extend(self._finish_check(admitted, done))
         self.admitted = []

@@ -38,5 +38,19 @@ def sample(
         drop_BV = torch.zeros_like(drop_sorted_BV).scatter(1, order_BV, drop_sorted_BV)
         draw_BV = draw_BV.masked_fill(drop_BV, float("-inf"))
     probs_BV = torch.softmax(draw_BV, dim=-1) if draw_BV is not scaled_BV else logp_BV.exp()
-    token_B = torch.multinomial(probs_BV, 1, generator=generator).squeeze(1)
+    token_B = draw(probs_BV, generator)
     return token_B, logp_BV.gather(1, token_B.unsqueeze(1)).squeeze(1)
+
+
+def draw(probs_BV: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row with probability ``probs_BV`` (rows need not sum to one), by
+    the inverse of the cumulative distribution: one uniform number per row and a
+    binary search. ``torch.multinomial`` draws an exponential number for every entry,
+    which over a 49k vocabulary was 12% of a real-size rollout on a CPU (a quarter of
+    a decode step's matmuls). The sum runs in float64, and the search takes the first
+    entry whose cumulative sum is strictly above the draw, so an entry of probability
+    zero (cut by top-k/top-p) is never drawn."""
+    cdf_BV = probs_BV.double().cumsum(dim=-1)
+    u_B1 = torch.rand((probs_BV.shape[0], 1), generator=generator, dtype=torch.float64, device=probs_BV.device)
+    token_B = torch.searchsorted(cdf_BV, u_B1 * cdf_BV[:, -1:], right=True).squeeze(1)
+    return token_B.clamp_(max=probs_BV.shape[-1] - 1)

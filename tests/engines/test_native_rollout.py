@@ -47,6 +47,29 @@ def test_the_samples_of_a_prompt_share_one_prefill_and_still_draw_their_own_toke
         assert torch.allclose(logp_BT[b, start : start + len(c.response_ids)], torch.tensor(c.logprobs), atol=1e-4, rtol=0)
 
 
+def test_a_prefix_common_to_the_prompts_runs_once_and_the_logprobs_stay_the_training_engines(qwen2_dir):
+    system = [4] + [9, 10, 11, 12] * 5  # 21 tokens every prompt starts with, as a chat template's system prompt
+    prompts = [system + [20, 21, 5], system + [22, 5], system + [23, 24, 25, 26, 5], system]
+    rollout = engine(qwen2_dir, max_batch_size=8)
+    out = rollout.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=10, n=2, seed=3))
+    # the prefix runs once (up to one token short of the shortest prompt, which still runs its last token)
+    shared = len(system) - 1
+    assert rollout.stats.num_prefills == 1 and rollout.stats.prefill_rows == 4
+    assert rollout.stats.prefill_tokens == shared + sum(len(p) - shared for p in prompts)
+    trainer = build_train_engine(TrainEngineConfig(), qwen2_dir)
+    batch = make_token_batch([prompts[c.prompt_index] for c in out], [c.response_ids for c in out], pad_token_id=0)
+    logp_BT = trainer.forward(batch).logp
+    for b, c in enumerate(out):
+        start = len(prompts[c.prompt_index])
+        assert torch.allclose(logp_BT[b, start : start + len(c.response_ids)], torch.tensor(c.logprobs), atol=1e-4, rtol=0)
+    greedy = rollout.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=6))
+    model = AutoModelForCausalLM.from_pretrained(qwen2_dir)
+    for c in greedy:
+        prompt = torch.tensor([prompts[c.prompt_index]])
+        ref = model.generate(prompt, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert c.response_ids == ref[0, prompt.shape[1] :].tolist()
+
+
 def test_logprobs_at_other_temperatures_match_training_logprobs_at_that_temperature(qwen2_dir):
     rollout = engine(qwen2_dir)
     out = rollout.generate(PROMPTS[:2], SamplingParams(temperature=0.7, top_k=20, max_new_tokens=10, seed=2))
