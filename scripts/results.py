@@ -15,7 +15,8 @@ again rewrites its page without measuring the others); a section without JSON is
 2-core machine (the parity runs are most of it) plus about 30 and 40 for its
 ``dynamic_sampling`` and ``dynamic_sampling_sync`` sections (15 seeds x 2 runs each), and about 13 for
 docs/performance.md's (scripts/performance_page.py renders that page). The real-model sections
-(``real_model``, ``real_rollout``, ``real_train``, ``real_peer``: docs/real-model.md, rendered by
+(``real_model``, ``real_lora_learning``, ``real_rollout``, ``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``:
+docs/real-model.md, rendered by
 scripts/real_model_page.py) are measured only when ``--only`` names them: they need
 ``models/smollm2-135m`` (README.md, "A real pretrained model") and take hours on 2 cores.
 """
@@ -123,6 +124,20 @@ SECTIONS: dict[str, list[str]] = {
         "--out",
         "{work}/real_model",
     ],
+    "real_lora_learning": [  # the same task with LoRA rank 8 (adapters learn at 10x the full model's lr)
+        PY,
+        "scripts/real_model_check.py",
+        "--seeds",
+        "0",
+        "--modes",
+        "async",
+        "--set",
+        "train.engine.lora.rank=8",
+        "--set",
+        "train.engine.lr=2e-4",
+        "--out",
+        "{work}/real_lora_learning",
+    ],
     "real_rollout": [
         PY,
         "-m",
@@ -132,9 +147,30 @@ SECTIONS: dict[str, list[str]] = {
         "--model",
         "models/smollm2-135m",
         "--num-prompts",
-        "32",
+        "8",
+        "--samples-per-prompt",
+        "8",
         "--batch-size",
-        "32",
+        "64",
+        "--max-new-tokens",
+        "24",
+        "--repeats",
+        "3",
+        "--profile",
+        "--json",
+    ],
+    "real_rollout_distinct": [  # the same with one sample per prompt: no group to share a prefill
+        PY,
+        "-m",
+        "asyncflow.cli.main",
+        "bench",
+        "rollout",
+        "--model",
+        "models/smollm2-135m",
+        "--num-prompts",
+        "64",
+        "--batch-size",
+        "64",
         "--max-new-tokens",
         "24",
         "--repeats",
@@ -182,7 +218,7 @@ SECTIONS: dict[str, list[str]] = {
         "--config",
         "examples/smollm2.toml",
         "--steps",
-        "20",
+        "10",
         "--json",
         "--out",
         "{work}/real_peer",

@@ -59,6 +59,12 @@ from asyncflow.cli._shared_inputs import model_option
     is_flag=True,
     help="vLLM without torch.compile and CUDA graphs (starts in seconds; eager like the native engine).",
 )
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="After the timed repetitions, one more of each under torch.profiler: seconds by kind of operator "
+    "(matmul, attention, kv_cache, sampling, other).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Last line: one JSON object.")
 def rollout(
     num_prompts,
@@ -75,6 +81,7 @@ def rollout(
     against,
     dtype,
     vllm_eager,
+    profile,
     as_json,
 ):
     """Native engine vs HF generate (or vLLM): tokens/s and ratio."""
@@ -184,6 +191,16 @@ def rollout(
     finally:
         if vllm_engine is not None:
             vllm_engine.close()
+    breakdown = {}
+    if profile:
+        from asyncflow.cli._op_profile import op_breakdown
+
+        breakdown = {
+            "native": op_breakdown(lambda: run_native(repeats + 1)),
+            "baseline": op_breakdown(lambda: run_base(repeats + 1)),
+        }
+        for who, parts in breakdown.items():
+            click.echo(f"profile {who}: " + ", ".join(f"{k} {v:.2f}s" for k, v in parts.items()))
     tps, base = statistics.median(native_tps), statistics.median(hf_tps)
     click.echo(
         f"native {tps:.0f} tok/s vs {base_name} {base:.0f} tok/s: ratio {tps / base:.2f} "
@@ -200,6 +217,7 @@ def rollout(
                     "num_prompts": num_prompts,
                     "samples_per_prompt": samples_per_prompt,
                     "native_stats": _scheduler_stats(native),
+                    "profile_s": breakdown,
                     "batch_size": batch_size,
                     "max_new_tokens": max_new_tokens,
                     "threads": threads,
