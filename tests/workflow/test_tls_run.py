@@ -9,6 +9,7 @@ import pytest
 from wf_helpers import afctl, write_config
 
 
+@pytest.mark.slow  # 16 s: -m slow (the default suite stays under 10 minutes); tests/core/test_security.py covers TLS actors
 @pytest.mark.timeout(200)
 def test_a_run_over_tls_with_certificates_from_afctl_certs_trains_every_step(tmp_path):
     pytest.importorskip("cryptography")

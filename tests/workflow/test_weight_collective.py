@@ -233,6 +233,7 @@ def test_a_receiver_whose_sender_dies_mid_stream_fails_within_the_timeout_and_re
         directory.stop()
 
 
+@pytest.mark.slow  # 17 s: -m slow (suite time); the transport itself is tested above and at real size (test_real_sizes)
 @pytest.mark.timeout(240)
 def test_a_run_with_the_collective_weight_transport_completes_and_rollout_versions_advance(tmp_path, monkeypatch):
     monkeypatch.setenv("ASYNCFLOW_LOG", "INFO")
