@@ -3,7 +3,7 @@ one continuous generation stream instead of one generate call per unit.
 
 Each ``work_once`` is one decode step of the stream (``RolloutStream``,
 ``engines/base.py``):
-1. staged weights are swapped in now, between two decode steps (``_maybe_swap``);
+1. staged weights are swapped in now, between two decode steps (``inbox.swap_staged``);
    in-flight sequences keep their tokens and KV cache and go on with them;
 2. the stream decodes at most ``prompts_per_call x group_size`` sequences (a
    unit's); while one of those rows is free and no sample waits, whole groups whose
@@ -21,7 +21,7 @@ Invariants:
   admitted under or a newer one, so ``step - version <= k`` bounds every token's
   staleness. The
   behaviour log-probs ``rollout_logp`` are per token, each under its own version.
-- Integrity: every version a token carries was swapped in through ``_maybe_swap``
+- Integrity: every version a token carries was swapped in through ``inbox.swap_staged``
   (whose digest check stands); the row is stamped with the digest of its first
   token's version, which the trainer checks against that version. Before a group
   is put, the engine's weights must still be those of the last swap (digest), and
@@ -47,11 +47,11 @@ import numpy as np
 from asyncflow.actors.names import TASK_ROLLOUT
 
 if TYPE_CHECKING:
-    import threading
     from contextlib import AbstractContextManager
 
     from asyncflow.actors._acks import DeferredAcks
     from asyncflow.actors._run import Run
+    from asyncflow.actors.weight_inbox import WeightInbox
     from asyncflow.core.actor import ActorContext
     from asyncflow.core.protocol import RowMeta
     from asyncflow.core.tq.client import TQClient
@@ -72,14 +72,9 @@ class Replica(Protocol):
     k: int
     announce_wait_s: float  # rollout.ANNOUNCE_WAIT_S
     num_items: int
-    _digest: int
-    _verify: bool
-    _wanted: int
-    _announced: threading.Event
+    inbox: WeightInbox
 
     def activity(self, name: str) -> AbstractContextManager: ...
-    def _maybe_swap(self) -> None: ...
-    def _wait_fetched(self) -> None: ...
 
 
 @dataclass
@@ -100,7 +95,7 @@ class PartialRollout:
         self.max_running = cfg.rollout.prompts_per_call * cfg.algorithm.group_size
         self.stream: RolloutStream = actor.engine.open_stream(actor.params, self.max_running)
         self.groups: dict[int, _Group] = {}  # stream prompt index -> group in flight
-        self.digests = {actor.engine.version: actor._digest}  # version swapped in -> its digest
+        self.digests = {actor.engine.version: actor.inbox.digest}  # version swapped in -> its digest
         self._quiet_until = 0.0  # the queue had nothing admissible: ask again after this (or a change)
         self._quiet_version = -1
 
@@ -110,9 +105,9 @@ class PartialRollout:
     def work_once(self) -> bool:
         a = self.actor
         cfg = a.run.config
-        a._maybe_swap()
+        a.inbox.swap_staged()
         version = a.engine.version
-        self.digests.setdefault(version, a._digest)
+        self.digests.setdefault(version, a.inbox.digest)
         if version >= cfg.train.num_steps:
             self.close()  # every step is trained: in-flight rows are no longer needed
             return False
@@ -164,13 +159,10 @@ class PartialRollout:
     def _idle(self, version: int) -> None:
         """Nothing in flight and nothing admissible: wait as the unit-by-unit path does."""
         a = self.actor
-        if a._wanted > version:  # gated by staleness, new weights on the way
-            a._wait_fetched()
-            return
-        with a.activity("wait_data"):
-            if a._announced.wait(timeout=a.announce_wait_s):
-                a._announced.clear()
-        self._quiet_until = 0.0
+        gated = a.inbox.wanted > version  # new weights on the way: the quiet spell lasts until they are in
+        a.inbox.wait_for_news(a.announce_wait_s)
+        if not gated:
+            self._quiet_until = 0.0
 
     # -- completion --------------------------------------------------------------------
     def _collect(self, finished: list[Completion], version: int) -> None:
@@ -237,10 +229,10 @@ class PartialRollout:
                         f"{sorted(set(tv or []))} (engine at v{version}, versions swapped in "
                         f"{sorted(self.digests)}): the engine's version changed outside a swap between decode steps"
                     )
-        if a._verify and a._digest:
+        if a.inbox.verify and a.inbox.digest:
             held = a.engine.weights_digest()
-            if held is not None and held != a._digest:
+            if held is not None and held != a.inbox.digest:
                 raise RuntimeError(
                     f"{a.ctx.name}: the engine's weights changed outside a swap at v{version} (digest "
-                    f"{a._digest:x} -> {held:x}): weights must only change through the rollout's swap"
+                    f"{a.inbox.digest:x} -> {held:x}): weights must only change through the rollout's swap"
                 )

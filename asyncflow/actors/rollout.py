@@ -12,10 +12,10 @@ row instead (``_multiturn.py``, docs/environments.md) and puts ``loss_mask``,
 ``env_reward``, ``env_error`` and ``env_tool_calls`` too; every turn of a unit comes
 from the weights the unit started with.
 
-Delayed parameter update: ``WeightsReady`` starts a background fetch of the new
-weights into a host buffer while generation goes on with the old ones; the swap
-onto the device happens between units (``AcquireSwap`` first: with sub-step
-updates, replicas swap one at a time). How the bytes travel is the business of a
+Delayed parameter update (``WeightInbox``, actors/weight_inbox.py): ``WeightsReady``
+starts a background fetch of the new weights into a host buffer while generation
+goes on with the old ones; the swap onto the device happens between units
+(``AcquireSwap`` first: with sub-step updates, replicas swap one at a time). How the bytes travel is the business of a
 ``WeightReceiver`` (``actors/weights/``), chosen once from ``[workflow]
 weight_transport``: nng chunks, or a per-replica torch.distributed group.
 
@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Sequence
 
 import msgspec
@@ -61,11 +60,11 @@ from asyncflow.actors._partial import PartialRollout
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors._scoring import Scorer
 from asyncflow.actors.names import TASK_ROLLOUT, WEIGHTS
+from asyncflow.actors.weight_inbox import WeightInbox
 from asyncflow.actors.weights import build_receiver
 from asyncflow.core import protocol
 from asyncflow.core.tq.client import TQClient
 from asyncflow.engines.device import torch_dtype
-from asyncflow.engines.digest import weights_digest
 from asyncflow.gateway.replica import serve_for_replica
 
 log = logging.getLogger(__name__)
@@ -74,18 +73,6 @@ ANNOUNCE_WAIT_S = 0.05
 """How long a replica held back by the staleness gate waits for the trainer's next
 announcement (which wakes it at once) before it looks at the queue again; the
 planner's predictions take it as ``poll_s`` (cli/predict.py passes it)."""
-
-
-def swap_grant_needed(staleness: int, announcement: protocol.WeightsReady | None) -> bool:
-    """Whether a replica asks for the swap grant (AcquireSwap, ReleaseSwap) before it swaps.
-    The grant keeps the other replicas generating while one swaps (sub-step updates). In sync
-    (k = 0) every replica is held back until it swaps, so there is nothing to keep going; a
-    replica the newest version was announced to alone has no other replica to take turns with
-    (one that registers meanwhile can swap alongside it once: a moment of lower capacity, never
-    a wrong row). Unknown (no announcement, or ``replicas`` 0): ask."""
-    if staleness == 0:
-        return False
-    return announcement is None or announcement.replicas != 1
 
 
 class RolloutActor(LoopActor):
@@ -107,21 +94,24 @@ class RolloutActor(LoopActor):
         self.k = cfg.staleness
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
         self.acks = DeferredAcks(self.tq)
-        self._lock = threading.Lock()
-        self._wanted = -1  # newest version announced
-        self._announcement: protocol.WeightsReady | None = None  # the newest WeightsReady (its chunks, its digest)
-        self._staged: tuple[int, list, int] | None = None  # (version, tensors, digest) fetched, not yet swapped in
-        self._verify = cfg.workflow.verify_weights != "off"
-        self._dtype = torch_dtype(cfg.rollout.engine.dtype)
-        self._digest = (self.engine.weights_digest() or 0) if self._verify else 0  # of the weights held
-        self._fetching = False
-        self._fetched = threading.Event()  # set when a fetch stages new weights
-        self._announced = threading.Event()  # set when WeightsReady arrives: wakes a gated wait at once
-        self.receiver = build_receiver(
+        receiver = build_receiver(
             cfg.workflow.weight_transport, ctx, cfg.workflow.weight_timeout_s, device=cfg.cluster.device, engine=self.engine
         )
         # held around every generate call and weight swap: the gateway (docs/gateway.md) shares the engine
         self.engine_lock = threading.Lock()
+        # announced -> fetched -> swapped in (actors/weight_inbox.py)
+        self.inbox = WeightInbox(
+            ctx.name,
+            self.engine,
+            self.engine_lock,
+            receiver,
+            lambda: ctx.ref(WEIGHTS),
+            staleness=self.k,
+            verify=cfg.workflow.verify_weights != "off",
+            dtype=torch_dtype(cfg.rollout.engine.dtype),
+            timeout_s=cfg.workflow.weight_timeout_s,
+            activity=self.activity,
+        )
         self.gateway = serve_for_replica(
             cfg.rollout.gateway,
             roles.index_of(ctx.name),
@@ -152,100 +142,8 @@ class RolloutActor(LoopActor):
         """On the listener thread: start the background fetch now."""
         if not isinstance(msg, protocol.WeightsReady):
             return super().handle_urgent(msg)
-        if msg.version > self.engine.version:
-            with self._lock:
-                if self._announcement is None or msg.version > self._announcement.version:
-                    self._announcement = msg
-            self._want(msg.version)
-            self._announced.set()
+        self.inbox.announce(msg)
         return protocol.Ok()
-
-    def _want(self, version: int) -> None:
-        with self._lock:
-            self._wanted = max(self._wanted, version)
-            if self._fetching:
-                return
-            self._fetching = True
-        threading.Thread(target=self._fetch_loop, name=f"{self.ctx.name}-weights", daemon=True).start()
-
-    def _fetch_loop(self) -> None:
-        """Background: fetch announced versions into host (or device) buffers until up to date."""
-        weights = self.ctx.ref(WEIGHTS)
-        while True:
-            with self._lock:
-                target = self._wanted
-                have = self._staged[0] if self._staged else self.engine.version
-                if target <= have:
-                    self._fetching = False
-                    return
-                announced = self._announcement if self._announcement and self._announcement.version == target else None
-            try:
-                version, tensors = self.receiver.fetch(weights, announced=announced)
-            except Exception as exc:  # a failed fetch is retried at the next announcement
-                log.warning("%s: fetching weights failed: %s", self.ctx.name, exc)
-                with self._lock:
-                    self._fetching = False
-                return
-            # the digest the trainer published with the version (its snapshot, in the rollout's dtype); the
-            # swap checks the engine's weights against it. Without one, that of the tensors received.
-            if announced is not None and announced.version == version and announced.digest:
-                digest = announced.digest
-            else:
-                digest = weights_digest(tensors, self._dtype) if self._verify else 0
-            with self._lock:
-                self._staged = (version, tensors, digest)
-            self._fetched.set()
-
-    def _wait_fetched(self) -> None:
-        """Wait (at most 1 s, then look again) until the announced weights are staged."""
-        with self.activity("wait_weights"):
-            self._fetched.wait(timeout=1.0)
-            self._fetched.clear()
-
-    def _maybe_swap(self) -> None:
-        with self._lock:
-            staged, self._staged = self._staged, None
-        if staged is None or staged[0] <= self.engine.version:
-            return
-        version, tensors, digest = staged
-        weights = self.ctx.ref(WEIGHTS)
-        locked = swap_grant_needed(self.k, self._announcement)
-        if locked:
-            with self.activity("wait_swap"):
-                weights.ask(protocol.AcquireSwap(replica=self.ctx.name, version=version), timeout_s=600)
-        try:
-            with self.activity("swap_weights"), self.engine_lock:
-                self.engine.load_weights(tensors, version)
-                held = self.engine.weights_digest() if self._verify else None
-        finally:
-            if locked:
-                weights.ask(protocol.ReleaseSwap(replica=self.ctx.name, version=version), timeout_s=30)
-        if held is not None and held != digest:
-            raise RuntimeError(
-                f"{self.ctx.name}: after loading weights v{version} the engine holds weights with digest "
-                f"{held:x}, not the {digest:x} of the weights it was sent: its load_weights did not copy "
-                "every tensor (a name it skips, a dtype it mangles?), or they changed on the way"
-            )
-        self._digest = held if held is not None else digest
-
-    def _swap_to(self, target: int) -> None:
-        """Swap in weights of at least version ``target`` (announced, maybe still being
-        fetched) before generating rows admitted for it; a fetch that failed is started
-        again. Raises after ``workflow.weight_timeout_s`` without them: the unit fails and
-        its rows go back to the queue, never generated by older weights than they need."""
-        deadline = time.monotonic() + self.run.config.workflow.weight_timeout_s
-        while True:
-            self._maybe_swap()
-            if self.engine.version >= target:
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"{self.ctx.name}: weights v{target} were announced but not fetched within "
-                    f"workflow.weight_timeout_s = {self.run.config.workflow.weight_timeout_s:g} s (the engine holds "
-                    f"v{self.engine.version}); is the trainer's process alive? Otherwise raise weight_timeout_s"
-                )
-            self._want(target)  # no-op while a fetch runs; starts one again if the last failed
-            self._wait_fetched()
 
     def _count_decode(self, stats) -> None:
         """Add a native engine's decode figures (``SchedulerStats``) of one generate call."""
@@ -268,22 +166,21 @@ class RolloutActor(LoopActor):
         except LookupError:
             return  # the trainer has not started yet: nothing newer than the model dir
         if latest.version > self.engine.version:
-            self._want(latest.version)
+            self.inbox.want(latest.version)
 
     # -- work --------------------------------------------------------------------
     def work_once(self) -> bool:
         if self._partial is not None:
             return self._partial.work_once()
         cfg = self.run.config
-        self._maybe_swap()
+        self.inbox.swap_staged()
         if self.engine.version >= cfg.train.num_steps:
             return False
         G = cfg.algorithm.group_size
         # The unit runs on the newest version announced: its rows may be of steps up to that
         # version + k, asked for while its weights are still being fetched (the queue's round
-        # trip overlaps the fetch) and generated only once they are swapped in (_swap_to).
-        self._announced.clear()  # any announcement so far is in _wanted
-        target = max(self.engine.version, self._wanted)
+        # trip overlaps the fetch) and generated only once they are swapped in (inbox.swap_to).
+        target = self.inbox.target()
         max_step = target + self.k
         with self.activity("get"):
             batch = self.tq.get_batch(
@@ -296,23 +193,18 @@ class RolloutActor(LoopActor):
                 ack=self.acks.take(TASK_ROLLOUT),
             )
         if len(batch) == 0:
-            if self._wanted > self.engine.version:  # gated by staleness, new weights on the way
-                self._wait_fetched()
-                return True
             # Nothing admissible: the staleness gate holds and the trainer has not announced
             # the next version (the usual case: the loader keeps rows of later steps queued),
-            # or no prompts yet. Wait for the announcement, which wakes this at once (a
-            # blocking get would sit through it), or 50 ms, then look again.
-            with self.activity("wait_data"):
-                if self._announced.wait(timeout=ANNOUNCE_WAIT_S):
-                    self._announced.clear()
-                return True
+            # or no prompts yet. Wait for the weights on the way, or for the announcement,
+            # which wakes this at once (a blocking get would sit through it), or 50 ms.
+            self.inbox.wait_for_news(ANNOUNCE_WAIT_S)
+            return True
         if target > self.engine.version:
-            self._swap_to(target)
+            self.inbox.swap_to(target)
         groups: dict[int, list[int]] = {}  # group id -> positions in the batch
         for pos, meta in enumerate(batch.metas):
             groups.setdefault(meta.group_id, []).append(pos)
-        version, digest = self.engine.version, self._digest
+        version, digest = self.engine.version, self.inbox.digest
         if self.multiturn is not None:
             return self._work_multiturn(batch, version, digest)
         with self.activity("generate"):
@@ -388,7 +280,12 @@ class RolloutActor(LoopActor):
 
     def on_stop(self) -> None:
         # each part closes even if another fails to (a failing close is logged, not raised)
-        parts = (("partial-rollout stream", self._partial), ("environment driver", self.multiturn), ("gateway", self.gateway))
+        parts = (
+            ("partial-rollout stream", self._partial),
+            ("environment driver", self.multiturn),
+            ("gateway", self.gateway),
+            ("weight receiver", self.inbox),
+        )
         for name, part in parts:
             if part is None:
                 continue
@@ -414,7 +311,7 @@ class RolloutActor(LoopActor):
                 f"v{self.engine.version}, completions tagged {sorted(tags)}): weights must only swap "
                 "between units"
             )
-        if self._verify and digest:
+        if self.inbox.verify and digest:
             held = self.engine.weights_digest()
             if held is not None and held != digest:
                 raise RuntimeError(
