@@ -277,7 +277,7 @@ def render_performance(records: dict[str, dict]) -> str:
         "trains (`actors/_prefetch.py`, `workflow.prefetch_batch`): the same rows with the same metadata, only "
         "asked for earlier; step s's rows are acked one request later. Rollout: the rows of the newest "
         "announced version are asked for while its weights are still being fetched, and generated only once "
-        "they are swapped in (`WeightInbox.swap_to`, actors/weight_inbox.py): the same admission rule, and a gated async replica no "
+        "they are swapped in (`WeightInbox.swap_to`, actors/rollout/inbox.py): the same admission rule, and a gated async replica no "
         'longer asks the queue twice per step. `reward.placement = "rollout"`: the same functions on the '
         "same decoded rows (`actors/_scoring.py`), called in the replica; one process, one hand-off and one "
         "put less per batch.",

@@ -123,7 +123,7 @@ class PolicyUpdate:
             self.columns += ["loss_mask", "env_reward", "env_error", "env_tool_calls"]
         self.extra_rewards = cfg.reward_columns  # custom roles' columns, the reward model's rm_score
         self.columns += [column for column, _ in self.extra_rewards]
-        if cfg.workflow.partial_rollout:  # each token's policy version (actors/_partial.py)
+        if cfg.workflow.partial_rollout:  # each token's policy version (actors/rollout/stream.py)
             self.columns.append("token_versions")
         self.distributed = cfg.train.num_ranks > 1
         self.max_new_tokens = cfg.rollout.sampling.max_new_tokens

@@ -2,7 +2,7 @@
 
 What the reward role (``actors/reward.py``) does to each batch it takes, and what a
 rollout replica does to its own rows right after generating them when
-``reward.placement = "rollout"`` (``actors/rollout.py``): decode prompts and
+``reward.placement = "rollout"`` (``actors/rollout/actor.py``): decode prompts and
 responses, call the functions (``algorithms/rewards.py``: one finite float per row,
 a ``RewardError`` naming the function and the row otherwise) and, with an
 environment, combine its reward (``env.reward``).

@@ -1,6 +1,6 @@
 """The environment interface: what a multi-turn rollout talks to between model turns.
 
-A trajectory is driven by ``actors/_multiturn.py``: ``reset(sample)`` once, then,
+A trajectory is driven by ``actors/rollout/multiturn.py``: ``reset(sample)`` once, then,
 after each model turn, ``step(action)`` with the turn's text and its exact token
 ids; the returned observation is appended to the context (never to the loss) and
 the model takes the next turn, until ``done`` or ``env.max_turns``.

@@ -14,7 +14,7 @@ The call format follows the model's chat template:
   fallback ``<calc>3*7</calc>``: a tag named after the tool around its one text
   argument, and the function is called with that text.
 
-A tool that raises ends the trajectory with an error (``actors/_multiturn.py``):
+A tool that raises ends the trajectory with an error (``actors/rollout/multiturn.py``):
 a function that can fail on bad model input should return a message instead
 (``calc`` answers ``error`` to an expression it cannot evaluate).
 """

@@ -39,7 +39,7 @@ SWAP_ASKS = 2  # AcquireSwap + ReleaseSwap
 
 def swap_asks(staleness: int, replicas: int) -> int:
     """The swap grant's asks per swap: only where replicas take turns (async, more than one;
-    actors/weight_inbox.py ``swap_grant_needed``)."""
+    actors/rollout/inbox.py ``swap_grant_needed``)."""
     return SWAP_ASKS if staleness > 0 and replicas > 1 else 0
 
 

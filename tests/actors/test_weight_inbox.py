@@ -1,4 +1,4 @@
-"""The rollout replica's weight versions in isolation (actors/weight_inbox.py): a real
+"""The rollout replica's weight versions in isolation (actors/rollout/inbox.py): a real
 tiny native engine, and a receiver whose fetches the test releases one by one, so
 each interleaving that matters is forced with events, not read off a clock."""
 
@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from asyncflow.actors.weight_inbox import WeightInbox
+from asyncflow.actors.rollout.inbox import WeightInbox
 from asyncflow.core import protocol
 from asyncflow.engines.config import RolloutEngineConfig
 from asyncflow.engines.factory import build_rollout_engine

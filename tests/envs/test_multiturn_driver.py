@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from asyncflow.actors._multiturn import MultiTurnDriver
+from asyncflow.actors.rollout.multiturn import MultiTurnDriver
 from asyncflow.config.run import EnvConfig
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
 from asyncflow.engines.native_rollout import NativeRolloutEngine
@@ -149,7 +149,7 @@ def test_a_slow_environment_step_does_not_stop_the_engine_from_driving_the_other
 
 HUNG_PROCESS = """
 import threading
-from asyncflow.actors._multiturn import MultiTurnDriver
+from asyncflow.actors.rollout.multiturn import MultiTurnDriver
 from asyncflow.config.run import EnvConfig
 from asyncflow.envs.base import Environment, Step
 

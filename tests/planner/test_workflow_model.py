@@ -72,7 +72,7 @@ def test_plan_config_maps_a_run_config_and_predicts_both_modes(tmp_path):
 
 def test_the_cli_predicts_with_the_rollout_actors_own_gated_wait(monkeypatch):
     """The planner knows no actor: `afctl predict` passes it the rollout's wait
-    (actors/rollout.py: ANNOUNCE_WAIT_S), the one value the actor itself waits."""
+    (actors/rollout/actor.py: ANNOUNCE_WAIT_S), the one value the actor itself waits."""
     from asyncflow.actors import rollout
     from asyncflow.cli import predict as cli_predict
 

@@ -1,6 +1,6 @@
 """The swap grant (AcquireSwap, ReleaseSwap: replicas swap one at a time) is asked for
 only where replicas take turns: async, and the version announced to more than one
-replica (actors/weight_inbox.py ``swap_grant_needed``, actors/weight_sync.py)."""
+replica (actors/rollout/inbox.py ``swap_grant_needed``, actors/weight_sync.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from wf_helpers import afctl, assert_trained_exactly_once, read_jsonl, write_config
 
 from asyncflow.actors.names import WEIGHTS
-from asyncflow.actors.weight_inbox import swap_grant_needed
+from asyncflow.actors.rollout.inbox import swap_grant_needed
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 from asyncflow.cli.bench_weights import bench_run_dir
 from asyncflow.core import protocol

@@ -27,7 +27,7 @@ import os
 import socket
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -188,7 +188,7 @@ class TQClient:
         return taken + reply.metas
 
     def put(
-        self, indices: Sequence[int], columns: dict[str, Sequence[Any]], metas: Sequence[protocol.RowMeta] | None = None
+        self, indices: Sequence[int], columns: Mapping[str, Sequence[Any]], metas: Sequence[protocol.RowMeta] | None = None
     ) -> None:
         """Write ``columns[name][k]`` (numpy array or torch tensor) as column ``name`` of
         row ``indices[k]``, straight to the rows' shards; ``metas`` merge into the rows'

@@ -37,44 +37,16 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
-
-import msgspec
-import numpy as np
+from typing import TYPE_CHECKING
 
 from asyncflow.actors.names import TASK_ROLLOUT
+from asyncflow.actors.rollout import pack
 
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
-    from asyncflow.actors._acks import DeferredAcks
-    from asyncflow.actors._run import Run
-    from asyncflow.actors.weight_inbox import WeightInbox
-    from asyncflow.core.actor import ActorContext
+    from asyncflow.actors.rollout.replica import Replica
     from asyncflow.core.protocol import RowMeta
-    from asyncflow.core.tq.client import TQClient
     from asyncflow.engines.base import Completion, RolloutStream
-    from asyncflow.engines.config import SamplingParams
-
-
-class Replica(Protocol):
-    """What the stream uses of its rollout replica (``RolloutActor``; named by shape,
-    not imported: the replica imports this module)."""
-
-    ctx: ActorContext
-    run: Run
-    engine: Any  # a RolloutEngine with open_stream (the native engine)
-    params: SamplingParams
-    tq: TQClient
-    acks: DeferredAcks
-    k: int
-    announce_wait_s: float  # rollout.ANNOUNCE_WAIT_S
-    num_items: int
-    inbox: WeightInbox
-
-    def activity(self, name: str) -> AbstractContextManager: ...
 
 
 @dataclass
@@ -177,33 +149,16 @@ class PartialRollout:
         a = self.actor
         with a.activity("pack"):
             self._check_versions([self.groups[p] for p in ready], version)
-            responses: list[np.ndarray] = []
-            logps: list[np.ndarray] = []
-            finish: list[np.ndarray] = []
-            token_versions: list[np.ndarray] = []
-            metas, indices = [], []
+            rows, metas, indices = [], [], []
             for prompt_index in ready:
                 g = self.groups.pop(prompt_index)
                 for j, (index, meta) in enumerate(zip(g.indices, g.metas)):
                     c = g.done[j]
-                    responses.append(np.asarray(c.response_ids, dtype=np.int64))
-                    logps.append(np.asarray(c.logprobs, dtype=np.float32))
-                    finish.append(np.asarray([c.finish_reason == "stop"], dtype=np.uint8))
-                    token_versions.append(np.asarray(c.token_versions, dtype=np.int32))
-                    metas.append(
-                        msgspec.structs.replace(
-                            meta, version=c.version, response_len=len(c.response_ids), weights_digest=self.digests[c.version]
-                        )
-                    )
+                    rows.append(pack.completion_row(c, token_versions=True))
+                    metas.append(pack.stamped(meta, c.version, len(c.response_ids), self.digests[c.version]))
                     indices.append(index)
         with a.activity("put"):
-            columns: dict[str, Sequence] = {
-                "response_ids": responses,
-                "rollout_logp": logps,
-                "finish": finish,
-                "token_versions": token_versions,
-            }
-            a.tq.put(indices, columns, metas)
+            a.tq.put(indices, pack.columns(rows), metas)
         a.acks.add_rows(TASK_ROLLOUT, indices)  # acked inside the next request
         a.num_items += len(indices)
         self._quiet_until = 0.0  # room for a group: ask the queue at the next step

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
+from asyncflow.actors.rollout import pack
 from asyncflow.engines.base import RolloutEngine
 from asyncflow.engines.config import SamplingParams
 from asyncflow.envs.base import Action, Environment, Observation, Sample, Step, load_env_factory
@@ -69,15 +70,15 @@ class Trajectory:
 
     def columns(self) -> dict[str, np.ndarray]:
         """The row's outputs (the shared trajectory format, docs/environments.md)."""
-        return {
-            "response_ids": np.asarray(self.ids, dtype=np.int64),
-            "rollout_logp": np.asarray(self.logp, dtype=np.float32),
-            "finish": np.asarray([self.finished], dtype=np.uint8),
-            "loss_mask": np.asarray(self.mask, dtype=np.uint8),
-            "env_reward": np.asarray([0.0 if self.error else self.reward], dtype=np.float32),
-            "env_error": np.asarray([bool(self.error)], dtype=np.uint8),
-            "env_tool_calls": np.asarray([self.tool_calls], dtype=np.int32),
-        }
+        return pack.row(
+            response_ids=self.ids,
+            rollout_logp=self.logp,
+            finish=self.finished,
+            loss_mask=self.mask,
+            env_reward=0.0 if self.error else self.reward,
+            env_error=bool(self.error),
+            env_tool_calls=self.tool_calls,
+        )
 
 
 ENV_COLUMNS = ("loss_mask", "env_reward", "env_error", "env_tool_calls")

@@ -1,0 +1,206 @@
+"""RolloutActor: one rollout replica, the thin actor. It sets up the engine, the
+weight inbox, the gateway, the scorer and the environment driver, and hands each
+``work_once`` to its mode:
+
+- ``unit.py`` (default): one generate call per unit of ``prompts_per_call`` whole
+  prompt groups, admitted under the staleness bound (``s <= version + k``); with an
+  environment (``[env] path``) one multi-turn trajectory per row (``multiturn.py``,
+  docs/environments.md);
+- ``stream.py`` (``[workflow] partial_rollout``): one continuous generation stream
+  that groups join and leave, with weights swapped in between two decode steps; each
+  token records its version (``token_versions``).
+
+Every mode packs its rows with ``pack.py`` (``response_ids`` int64, ``rollout_logp``
+float32, ``finish`` uint8, stamped with the version and the weights digest).
+
+Delayed parameter update (``WeightInbox``, ``inbox.py``): ``WeightsReady`` starts a
+background fetch of the new weights into a host buffer while generation goes on with
+the old ones; the swap onto the device happens between units (``AcquireSwap`` first:
+with sub-step updates, replicas swap one at a time). How the bytes travel is the
+business of a ``WeightReceiver`` (``actors/weights/``), chosen once from
+``[workflow] weight_transport``: nng chunks, or a per-replica torch.distributed group.
+
+Version integrity (``workflow.verify_weights``): every row is stamped with the
+weights digest (``engines/digest.py``) of the weights that generated it: the
+engine's own, read back after each swap and checked against the digest of the
+tensors it was sent, or, for an engine that cannot read its weights back, the
+digest of those tensors. A generate call during which the engine's version or
+weights changed fails the unit. The trainer checks each row's digest against the
+version the row is tagged with.
+
+With ``reward.placement = "rollout"`` the replica scores its own rows with the
+reward functions (``actors/_scoring.py``, activity "score") and puts ``reward`` with
+the responses: there is no reward role.
+
+Takes: LoopActor messages + WeightsReady. Sends: GetLatestWeights, AcquireSwap,
+ReleaseSwap and its receiver's requests (to ``weights``); TQ reads and writes.
+Invariant (each mode's docstring says how): every row a unit took is put before the
+next unit starts, and acked inside the next unit's first request (or at Pause/Stop).
+If the process dies, the launcher acks the rows whose outputs are in and requeues the
+others: a response is never generated twice for one row.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import msgspec
+
+from asyncflow.actors import names, roles
+from asyncflow.actors._acks import DeferredAcks
+from asyncflow.actors._loop import LoopActor
+from asyncflow.actors._run import Run, set_threads
+from asyncflow.actors._scoring import Scorer
+from asyncflow.actors.names import WEIGHTS
+from asyncflow.actors.rollout.inbox import WeightInbox
+from asyncflow.actors.rollout.stream import PartialRollout
+from asyncflow.actors.rollout.unit import UnitRollout
+from asyncflow.actors.weights import build_receiver
+from asyncflow.core import protocol
+from asyncflow.core.tq.client import TQClient
+from asyncflow.engines.device import torch_dtype
+from asyncflow.gateway.replica import serve_for_replica
+
+log = logging.getLogger(__name__)
+
+ANNOUNCE_WAIT_S = 0.05
+"""How long a replica held back by the staleness gate waits for the trainer's next
+announcement (which wakes it at once) before it looks at the queue again; the
+planner's predictions take it as ``poll_s`` (cli/predict.py passes it)."""
+
+
+class RolloutActor(LoopActor):
+    Urgent = LoopActor.Urgent + (protocol.WeightsReady,)  # start fetching at once, even mid-generation
+    announce_wait_s = ANNOUNCE_WAIT_S  # read by the modes (unit.py, stream.py)
+    acks: DeferredAcks  # not None: set in __init__ (this role acks with its next request)
+
+    def __init__(self, ctx, run_dir: str):
+        super().__init__(ctx)
+        from asyncflow.engines.factory import build_rollout_engine
+
+        self.run = Run(run_dir)
+        cfg = self.run.config
+        set_threads(cfg)
+        self.engine = build_rollout_engine(cfg.rollout.engine, self.run.launch.model_dir, version=self.run.launch.start_step)
+        tokenizer = self.run.tokenizer()
+        stop = cfg.rollout.sampling.stop_token_ids or (tokenizer.eos_token_id,)
+        self.params = msgspec.structs.replace(cfg.rollout.sampling, n=cfg.algorithm.group_size, stop_token_ids=tuple(stop))
+        self.k = cfg.staleness
+        self.tq = TQClient(ctx.directory, consumer=ctx.name)
+        self.acks = DeferredAcks(self.tq)
+        receiver = build_receiver(
+            cfg.workflow.weight_transport, ctx, cfg.workflow.weight_timeout_s, device=cfg.cluster.device, engine=self.engine
+        )
+        # held around every generate call and weight swap: the gateway (docs/gateway.md) shares the engine
+        self.engine_lock = threading.Lock()
+        # announced -> fetched -> swapped in (actors/rollout/inbox.py)
+        self.inbox = WeightInbox(
+            ctx.name,
+            self.engine,
+            self.engine_lock,
+            receiver,
+            lambda: ctx.ref(WEIGHTS),
+            staleness=self.k,
+            verify=cfg.workflow.verify_weights != "off",
+            dtype=torch_dtype(cfg.rollout.engine.dtype),
+            timeout_s=cfg.workflow.weight_timeout_s,
+            activity=self.activity,
+        )
+        self.gateway = serve_for_replica(
+            cfg.rollout.gateway,
+            roles.index_of(ctx.name),
+            run_dir,
+            self.engine,
+            tokenizer,
+            self.params,
+            self.engine_lock,
+            ctx.transport.secret_bytes(),
+        )
+        self._decode_steps = self._decode_rows = 0  # counters(): decode forwards, sequences decoded
+        # reward.placement = "rollout": the reward functions score each unit's rows here, put with the responses
+        self.scorer = Scorer(cfg, tokenizer) if cfg.reward.placement == "rollout" else None
+        self.multiturn: MultiTurnDriver | None = None  # [env] path: trajectories of turns and environment steps
+        if cfg.env.path:
+            from asyncflow.actors.rollout.multiturn import MultiTurnDriver
+
+            self.multiturn = MultiTurnDriver(cfg.env, tokenizer)
+        # how units are generated: one call per unit (unit.py), or one continuous stream whose
+        # weights swap between decode steps ([workflow] partial_rollout: stream.py)
+        self.mode: UnitRollout | PartialRollout = PartialRollout(self) if cfg.workflow.partial_rollout else UnitRollout(self)
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    # -- weights -----------------------------------------------------------------
+    def handle_urgent(self, msg: protocol.WeightsReady):
+        """On the listener thread: start the background fetch now."""
+        if not isinstance(msg, protocol.WeightsReady):
+            return super().handle_urgent(msg)
+        self.inbox.announce(msg)
+        return protocol.Ok()
+
+    def count_decode(self, stats) -> None:
+        """Add a native engine's decode figures (``SchedulerStats``) of one generate call."""
+        if stats is not None and hasattr(stats, "decode_rows"):
+            self._decode_steps += stats.num_steps
+            self._decode_rows += stats.decode_rows
+
+    def counters(self) -> dict[str, float]:
+        """Decode forwards and sequences decoded so far (their ratio: the mean decode batch)."""
+        steps, rows = self._decode_steps, self._decode_rows
+        stream_stats = getattr(self.mode.stream, "stats", None) if isinstance(self.mode, PartialRollout) else None
+        if stream_stats is not None:
+            steps, rows = steps + stream_stats.num_steps, rows + stream_stats.decode_rows
+        return {"decode_steps": float(steps), "decode_rows": float(rows)} if steps else {}
+
+    def on_start(self) -> None:
+        # a (re)started replica catches up with the newest published weights first
+        try:
+            latest = self.ctx.ref(WEIGHTS, wait_s=0.2).ask(protocol.GetLatestWeights(), timeout_s=10)
+        except LookupError:
+            return  # the trainer has not started yet: nothing newer than the model dir
+        if latest.version > self.engine.version:
+            self.inbox.want(latest.version)
+
+    def work_once(self) -> bool:
+        return self.mode.work_once()
+
+    def on_stop(self) -> None:
+        # each part closes even if another fails to (a failing close is logged, not raised)
+        parts = (
+            ("rollout mode", self.mode),
+            ("environment driver", self.multiturn),
+            ("gateway", self.gateway),
+            ("weight receiver", self.inbox),
+        )
+        for name, part in parts:
+            if part is None:
+                continue
+            try:
+                part.close()
+            except Exception:
+                log.exception("%s: closing the %s failed", self.ctx.name, name)
+        super().on_stop()
+
+    def on_failure(self, *exc_info) -> None:
+        if self.gateway is not None:  # stop serving with an engine whose replica is gone
+            self.gateway.close()
+        super().on_failure(*exc_info)
+
+
+# -- the role, as the driver sees it (actors/topology.py) ---------------------------------
+
+ROLE = roles.RoleSpec(
+    name=names.ROLLOUT,
+    actor=RolloutActor,
+    section="rollout",
+    instances=roles.numbered(names.ROLLOUT, lambda cfg: cfg.rollout.num_replicas),
+    task=names.TASK_ROLLOUT,
+    inputs=("prompt_ids",),
+    outputs=("response_ids", "rollout_logp", "finish"),
+    restartable=True,
+    device=roles.Devices.ONE,
+    device_list="rollout_devices",
+)
