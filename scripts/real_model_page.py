@@ -88,8 +88,10 @@ def _rollout(r: dict) -> list[str]:
         "",
         "A GRPO group, as `examples/smollm2.toml` draws it (8 prompts x 8 samples). The native engine runs each "
         "prompt once for its 8 samples, and the chat template's system prompt once for all the prompts of a "
-        "prefill (docs/performance.md, 'The native engine at real size'); HF generate runs every copy, as a "
-        "TRL batch does.",
+        "prefill (`asyncflow/engines/native_rollout.py`); HF generate runs every copy, as a TRL batch does. "
+        "The engine draws each token with one uniform number and a binary search over the cumulative "
+        "probabilities (`torch.multinomial` draws an exponential for each of the 49,152 entries), and gathers "
+        "each layer's keys and values with `index_select`; `--profile` below shows where the rest goes.",
         "",
         _rollout_line(r),
         "",
