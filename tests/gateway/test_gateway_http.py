@@ -26,23 +26,29 @@ def test_a_two_turn_conversation_reuses_the_first_reply_token_for_token_and_reco
     api = client(gw)
     assert [m.id for m in api.models.list().data] == [gw.model_name]
     conversation = [{"role": "user", "content": "what is 2+3?"}]
-    r1 = api.chat.completions.create(model=gw.model_name, messages=conversation, user="agent-1", logprobs=True)
-    reply1 = r1.model_extra["asyncflow"]["token_ids"]
-    text1 = r1.choices[0].message.content
-    # the reply's text does not spell its tokens again (it holds a special token the text drops): a gateway that
-    # re-tokenised the conversation would not give the model its own tokens back
-    assert tokenizer(text1, add_special_tokens=False)["input_ids"] != reply1
+    # a first reply whose text does not spell its tokens again (it holds a special token the text drops): a
+    # gateway that re-tokenised the conversation would not give the model its own tokens back. Whether a sampled
+    # reply holds one is the sampler's draw: the first such reply of a few sessions is the one continued.
+    for first_call in range(20):
+        user = f"agent-{first_call}"
+        r1 = api.chat.completions.create(model=gw.model_name, messages=conversation, user=user, logprobs=True)
+        reply1 = r1.model_extra["asyncflow"]["token_ids"]
+        text1 = r1.choices[0].message.content
+        if tokenizer(text1, add_special_tokens=False)["input_ids"] != reply1:
+            break
+    else:
+        pytest.fail("none of 20 first replies held a token its text drops: the test needs one")
 
     conversation += [{"role": "assistant", "content": text1}, {"role": "user", "content": "and 4+4?"}]
-    r2 = api.chat.completions.create(model=gw.model_name, messages=conversation, extra_headers={"X-Session-Id": "agent-1"})
+    r2 = api.chat.completions.create(model=gw.model_name, messages=conversation, extra_headers={"X-Session-Id": user})
     reply2 = r2.model_extra["asyncflow"]["token_ids"]
 
-    status, t = call(gw.url, "/v1/asyncflow/sessions/agent-1")
+    status, t = call(gw.url, f"/v1/asyncflow/sessions/{user}")
     assert status == 200 and t["num_turns"] == 2
     prompt = encode_chat_prompt(tokenizer, "what is 2+3?")
     assert t["prompt_ids"] == prompt
     # the second generate call saw the prompt, then the first reply exactly, then the new message's tokens
-    first, second = gw.engine.prompts[0][0], gw.engine.prompts[1][0]
+    first, second = gw.engine.prompts[first_call][0], gw.engine.prompts[first_call + 1][0]
     assert first == prompt
     assert second[: len(prompt) + len(reply1)] == prompt + reply1
     context = second[len(prompt) + len(reply1) :]
@@ -50,7 +56,7 @@ def test_a_two_turn_conversation_reuses_the_first_reply_token_for_token_and_reco
         tokenizer.decode(context) == ("" if r1.choices[0].finish_reason == "stop" else "</s>") + "<|user|>and 4+4?<|assistant|>"
     )
     assert t["response_ids"] == reply1 + context + reply2
-    assert gw.engine.locked == [True, True]  # each reply generated under the replica's engine lock (no swap inside)
+    assert gw.engine.locked == [True] * (first_call + 2)  # each reply generated under the replica's engine lock (no swap inside)
     assert t["loss_mask"] == [1] * len(reply1) + [0] * len(context) + [1] * len(reply2)
     assert t["token_versions"] == [0] * len(t["response_ids"]) and t["version"] == 0
     assert t["rollout_logp"][: len(reply1)] == pytest.approx([c.logprob for c in r1.choices[0].logprobs.content], abs=1e-6)
@@ -62,12 +68,12 @@ def test_a_two_turn_conversation_reuses_the_first_reply_token_for_token_and_reco
     mask = torch.tensor(t["loss_mask"], dtype=torch.bool)
     assert torch.allclose(recomputed[mask], torch.tensor(t["rollout_logp"])[mask], atol=1e-4, rtol=0)
 
-    status, row = call(gw.url, "/v1/asyncflow/sessions/agent-1/reward", b'{"reward": 1.5}')
+    status, row = call(gw.url, f"/v1/asyncflow/sessions/{user}/reward", b'{"reward": 1.5}')
     assert status == 200 and row["reward"] == 1.5
     (line,) = (tmp_path / "trajectories.jsonl").read_text().splitlines()
     assert json.loads(line) == {**t, "reward": 1.5}
     with pytest.raises(openai.ConflictError, match="finished"):
-        api.chat.completions.create(model=gw.model_name, messages=conversation, user="agent-1")
+        api.chat.completions.create(model=gw.model_name, messages=conversation, user=user)
 
 
 def test_with_a_secret_every_route_refuses_a_client_without_it(make_gateway):
