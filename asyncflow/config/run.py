@@ -300,8 +300,9 @@ class GatewayConfig(_Section):
     max_sessions: Annotated[
         Count,
         Meta(
-            description="Sessions kept in memory; beyond it the oldest finished (rewarded) session is dropped, and a new session "
-            "is refused (HTTP 429) while all of them are open."
+            description="Sessions kept in memory; beyond it the oldest finished (rewarded) session is dropped, then the oldest "
+            "anonymous one (a request that named no session) not taking a turn, and a new session is refused (HTTP 429) "
+            "while all of them are named open ones."
         ),
     ] = 1024
     max_batch: Annotated[
@@ -315,6 +316,8 @@ class GatewayConfig(_Section):
     def check(self, run: RunConfig) -> None:
         if not self.enabled:
             return
+        if self.host.startswith("[") or self.host.endswith("]"):
+            raise Refused("host", f"give the address without brackets ({self.host.strip('[]')!r}); brackets belong in URLs")
         if self.replica >= run.rollout.num_replicas:
             raise Refused(
                 "replica", f"there are {run.rollout.num_replicas} rollout replicas: use 0..{run.rollout.num_replicas - 1}"

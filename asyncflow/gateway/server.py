@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -44,7 +44,7 @@ from asyncflow.engines.config import SamplingParams
 from asyncflow.gateway.api import decode_request, decode_reward
 from asyncflow.gateway.batcher import Batcher
 from asyncflow.gateway.chat import ChatFormat, TemplateError
-from asyncflow.gateway.sessions import RequestError, SessionStore, Trajectory
+from asyncflow.gateway.sessions import RequestError, SessionStore, Trajectory, check_session_id
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +158,9 @@ class Gateway:
             return await handler(request)
         except RequestError as exc:
             return _error(exc.status, exc.message, exc.code)
+        except ClientDisconnect:  # the client went away mid-upload: nothing was recorded, one line is enough
+            log.info("gateway: %s %s: the client disconnected before its request arrived", request.method, request.url.path)
+            return _error(400, "the request body did not arrive (the client disconnected)", "client_disconnected")
         except Exception as exc:  # a bug or an engine failure: this request fails, the server goes on
             log.exception("gateway: %s %s failed", request.method, request.url.path)
             return _error(500, f"the gateway failed on this request: {type(exc).__name__}: {exc}", "internal_error")
@@ -172,8 +175,9 @@ class Gateway:
     async def _chat(self, request: Request) -> JSONResponse:
         async def handle(request: Request) -> JSONResponse:
             req = decode_request(await request.body())
-            session = request.headers.get(SESSION_HEADER) or req.user or f"anon-{uuid.uuid4().hex}"
-            body = await run_in_threadpool(self.complete, session, req)
+            named = request.headers.get(SESSION_HEADER) or req.user
+            session = check_session_id(named) if named else f"anon-{uuid.uuid4().hex}"
+            body = await run_in_threadpool(self.complete, session, req, not named)
             return JSONResponse(body, headers={"X-Session-Id": session})
 
         return await self._guard(request, handle)
@@ -204,8 +208,9 @@ class Gateway:
         return await self._guard(request, handle)
 
     # -- work (in starlette's thread pool) -----------------------------------------------
-    def complete(self, session: str, req) -> dict[str, Any]:
-        """Generate the reply to ``req`` in ``session`` and record it; the OpenAI response body."""
+    def complete(self, session: str, req, anonymous: bool = False) -> dict[str, Any]:
+        """Generate the reply to ``req`` in ``session`` and record it; the OpenAI response body.
+        ``anonymous``: the request named no session (the gateway made ``session`` up)."""
         messages = [m.plain(i) for i, m in enumerate(req.messages)]
         if messages[-1]["role"] == "assistant":
             raise RequestError(400, "the last message is an assistant message: the gateway generates the assistant's turn")
@@ -213,7 +218,7 @@ class Gateway:
         params = msgspec.structs.replace(self.params, max_new_tokens=limit)
         t = self.sessions.lookup(session)
         if t is None:
-            self.sessions.reserve(session)
+            self.sessions.reserve(session, anonymous)
             try:
                 t = Trajectory(session=session, prompt_ids=self._encode(lambda: self.chat.prompt(messages)))
                 with t.lock:

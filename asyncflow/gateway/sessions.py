@@ -17,12 +17,18 @@ Invariants:
 - A token is never re-tokenised: a turn appends ids; recorded ids never change.
 - A session's turns are serialised (its lock); a finished (rewarded) session takes no
   more turns.
-- At most ``max_sessions`` sessions are kept: the oldest finished one is dropped first;
-  when all are open, a new one is refused.
+- At most ``max_sessions`` sessions are kept. To make room for a new one, the oldest
+  finished session is dropped first, then the oldest anonymous one (a request that
+  named no session: its agent can only continue it by the id it was sent back) that
+  is not taking a turn; when every kept session is a named open one, a new one is
+  refused (HTTP 429). Anonymous requests alone can never fill the store for good.
+- A session id is at most ``MAX_SESSION_ID`` characters of ``SESSION_ID_CHARS``
+  (``check_session_id``): it travels back in an HTTP header and names a URL path.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -30,6 +36,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncflow.gateway.chat import Message
+
+MAX_SESSION_ID = 128
+SESSION_ID_CHARS = re.compile(r"[A-Za-z0-9._:@+=-]+")
+
+
+def check_session_id(session: str) -> str:
+    """``session`` if it is a usable id; a 400 saying what to send otherwise."""
+    if len(session) > MAX_SESSION_ID or not SESSION_ID_CHARS.fullmatch(session):
+        shown = session[:40] + ("..." if len(session) > 40 else "")
+        raise RequestError(
+            400,
+            f"session id {shown!r} ({len(session)} characters): use 1 to {MAX_SESSION_ID} characters of "
+            "A-Z a-z 0-9 . _ : @ + = - (the X-Session-Id header, or the request's user field)",
+            "invalid_session_id",
+        )
+    return session
 
 
 class RequestError(Exception):
@@ -135,7 +157,10 @@ class SessionStore:
     def __init__(self, max_sessions: int):
         self.max_sessions = max_sessions
         self._sessions: OrderedDict[str, Trajectory | None] = OrderedDict()  # None: reserved, first turn running
+        self._anonymous: set[str] = set()  # ids the gateway made up for requests that named none
         self._lock = threading.Lock()
+        self.dropped = 0
+        """Sessions dropped to make room (finished or anonymous)."""
 
     def get(self, session: str) -> Trajectory:
         with self._lock:
@@ -152,29 +177,42 @@ class SessionStore:
         with self._lock:
             return self._sessions.get(session)
 
-    def reserve(self, session: str) -> None:
+    def reserve(self, session: str, anonymous: bool = False) -> None:
         """Claim a new session id (its first turn is being generated), making room if
-        needed: refused while the id is taken or every kept session is open."""
+        needed (the module's rule); refused while the id is taken or every kept
+        session is a named open one. ``anonymous``: the gateway made the id up."""
         with self._lock:
             if session in self._sessions:
                 raise RequestError(409, f"session {session!r} is already taking its first turn", "session_busy")
             if len(self._sessions) >= self.max_sessions:
-                oldest = next((k for k, v in self._sessions.items() if v is not None and v.finished), None)
-                if oldest is None:
+                victim = next((k for k, v in self._sessions.items() if v is not None and v.finished), None)
+                if victim is None:
+                    victim = next((k for k in self._sessions if k in self._anonymous and self._idle(self._sessions[k])), None)
+                if victim is None:
                     raise RequestError(
                         429,
-                        f"{len(self._sessions)} sessions are open (max_sessions): finish some with a reward, "
+                        f"{len(self._sessions)} named sessions are open (max_sessions): finish some with a reward, "
                         "or raise [rollout.gateway] max_sessions",
                         "too_many_sessions",
                     )
-                del self._sessions[oldest]
+                del self._sessions[victim]
+                self._anonymous.discard(victim)
+                self.dropped += 1
             self._sessions[session] = None
+            if anonymous:
+                self._anonymous.add(session)
+
+    @staticmethod
+    def _idle(t: Trajectory | None) -> bool:
+        """Recorded and not taking a turn now."""
+        return t is not None and not t.lock.locked()
 
     def release(self, session: str) -> None:
         """Give back a reserved id whose first turn failed."""
         with self._lock:
             if self._sessions.get(session, 0) is None:
                 del self._sessions[session]
+                self._anonymous.discard(session)
 
     def add(self, t: Trajectory) -> None:
         with self._lock:

@@ -36,3 +36,9 @@ def test_a_resumed_run_may_turn_the_gateway_on_but_not_change_the_rollout():
     assert (resumed.rollout.gateway.enabled, resumed.rollout.gateway.port) == (True, 0)
     with pytest.raises(ConfigError, match="--set rollout.num_replicas: cannot change when resuming"):
         apply_resume_overrides(cfg, ["rollout.num_replicas=2"])
+
+
+def test_a_bracketed_ipv6_host_is_refused_before_the_run_starts():
+    with pytest.raises(ConfigError, match=r"rollout\.gateway\.host = '\[::1\]': give the address without brackets \('::1'\)"):
+        load_config_text('[rollout.gateway]\nenabled = true\nhost = "[::1]"')
+    assert load_config_text('[rollout.gateway]\nenabled = true\nhost = "::1"').rollout.gateway.host == "::1"

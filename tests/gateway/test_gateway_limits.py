@@ -1,0 +1,81 @@
+"""What a hostile or careless client cannot do to the gateway (issue 27, items 3 and 5):
+fill its session store for good with anonymous requests, break a reply with an odd
+session id, or fill the log with tracebacks by hanging up mid-upload."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.parse
+
+import pytest
+from gateway_helpers import call
+
+from asyncflow.gateway.sessions import RequestError, SessionStore, Trajectory
+
+pytestmark = pytest.mark.timeout(60)
+
+HELLO = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+
+
+def chat(gw, body: dict | str, session: str | None = None) -> tuple[int, dict]:
+    """A raw chat request; ``session`` in the X-Session-Id header, percent-free bytes as given."""
+    host, port = urllib.parse.urlsplit(gw.url).netloc.split(":")
+    data = (body if isinstance(body, str) else json.dumps(body)).encode()
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(data)}\r\nConnection: close\r\n"
+    raw = head.encode() + (b"X-Session-Id: " + session.encode("utf-8") + b"\r\n" if session is not None else b"") + b"\r\n"
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(raw + data)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    status = int(reply.split(b" ", 2)[1])
+    return status, json.loads(reply.split(b"\r\n\r\n", 1)[1] or b"{}")
+
+
+def test_anonymous_sessions_make_room_for_new_ones_and_named_open_ones_are_kept(make_gateway):
+    gw = make_gateway(max_sessions=3)
+    assert chat(gw, HELLO, session="agent-a")[0] == 200  # a named, open session
+    for _ in range(6):  # twice as many anonymous requests as the store holds
+        status, body = chat(gw, HELLO)
+        assert status == 200, body
+    assert "agent-a" in call(gw.url, "/v1/asyncflow/sessions")[1]["sessions"]  # never dropped for an anonymous one
+    assert chat(gw, HELLO, session="agent-b")[0] == 200  # a new named session still gets in
+    assert gw.sessions.dropped == 5
+    # only named open sessions left: the store is full for good, and says what to do
+    assert chat(gw, HELLO, session="agent-c")[0] == 200
+    status, body = chat(gw, HELLO, session="agent-d")
+    assert status == 429 and "named sessions are open" in body["error"]["message"]
+
+
+def test_the_store_drops_an_anonymous_session_only_while_it_takes_no_turn():
+    store = SessionStore(max_sessions=1)
+    store.reserve("anon-1", anonymous=True)
+    busy = Trajectory(session="anon-1", prompt_ids=[1])
+    store.add(busy)
+    with busy.lock:  # taking a turn
+        with pytest.raises(RequestError) as info:
+            store.reserve("anon-2", anonymous=True)
+        assert info.value.status == 429
+    store.reserve("anon-2", anonymous=True)
+    assert store.lookup("anon-1") is None
+
+
+@pytest.mark.parametrize("session", ["agent-€", "agent-😀", "a" * 129, "agent 1", "agent/1"])
+def test_an_unusable_session_id_is_a_400_naming_the_rule_and_nothing_is_recorded(make_gateway, session):
+    gw = make_gateway()
+    status, body = chat(gw, {**json.loads(HELLO), "user": session})
+    assert status == 400 and "use 1 to 128 characters of A-Z a-z 0-9" in body["error"]["message"], body
+    assert call(gw.url, "/v1/asyncflow/sessions")[1]["sessions"] == [] and gw.engine.prompts == []
+    assert chat(gw, HELLO, session="agent-€")[0] == 400  # the header too (sent as UTF-8 bytes)
+
+
+def test_a_client_that_hangs_up_mid_upload_costs_one_log_line(make_gateway, caplog):
+    gw = make_gateway()
+    host, port = urllib.parse.urlsplit(gw.url).netloc.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+        s.sendall(b"Content-Length: 100000\r\n\r\n" + b'{"model": "m", "messages": [')
+    assert chat(gw, HELLO)[0] == 200  # served after the hang-up: the server went on
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
