@@ -62,7 +62,7 @@ def test_the_store_drops_an_anonymous_session_only_while_it_takes_no_turn():
     assert store.lookup("anon-1") is None
 
 
-@pytest.mark.parametrize("session", ["agent-€", "agent-😀", "a" * 129, "agent 1", "agent/1"])
+@pytest.mark.parametrize("session", ["agent-€", "agent-😀", "a" * 129, "agent 1", "agent/1", "agent\r\nX-Evil: 1", "agent\x00"])
 def test_an_unusable_session_id_is_a_400_naming_the_rule_and_nothing_is_recorded(make_gateway, session):
     gw = make_gateway()
     status, body = chat(gw, {**json.loads(HELLO), "user": session})
