@@ -490,11 +490,28 @@ def run(
     loader, a trainer rank, or its node), the run stops cleanly and, up to
     ``cluster.max_resumes`` times, resumes itself from its last checkpoint."""
     quiet_progress_bars()  # before the tiny model is built and saved
+    # The run directory holds the data, the optimizer state and recorded conversations:
+    # everything the run (and every process it starts: they inherit the umask) writes
+    # is for its user alone, 0700 directories and 0600 files (docs/security.md).
+    umask = os.umask(PRIVATE_UMASK)
+    try:
+        return _run_private(cfg, run_dir, resume, resume_overrides)
+    finally:
+        os.umask(umask)
+
+
+PRIVATE_UMASK = 0o077
+
+
+def _run_private(
+    cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | None, resume_overrides: Sequence[str]
+) -> dict:
     if resume:
         cfg, rd, launch = prepare_resume(resume, resume_overrides)
     else:
         assert cfg is not None and run_dir is not None, "a new run needs a config and a run directory"
         cfg, rd, launch = prepare_new(cfg, run_dir)
+    os.chmod(rd, 0o700)  # a run directory made before this rule, or by hand, closes too
     resumes: list[dict] = []
     while True:
         try:
