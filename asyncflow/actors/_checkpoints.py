@@ -7,6 +7,8 @@ step) exists; ``MANIFEST.json`` (``_manifest.py``) says whether it is intact.
 from __future__ import annotations
 
 import os
+import shutil
+import time
 from pathlib import Path
 
 
@@ -38,9 +40,32 @@ LATEST = "latest"
 Face model directory (``step_N/model``), what ``from_pretrained`` and ``model.path`` load."""
 
 
-def _link_latest(final: Path) -> None:
+def _link_latest(final: Path) -> Path | None:
+    """Point ``checkpoints/latest`` at ``final``'s model. A ``latest`` that is a real
+    directory (a run directory copied with its links followed) is moved aside to
+    ``latest.copy-<time>``, never deleted; returns where, else None."""
     link, tmp = final.parent / LATEST, final.parent / f".{LATEST}.tmp"
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
+    aside = None
+    if link.is_dir() and not link.is_symlink():
+        aside = link.with_name(f"{LATEST}.copy-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(link, aside)
     os.symlink(f"{final.name}/model", tmp)
     os.replace(tmp, link)  # atomic: a reader sees the old link or the new one
+    return aside
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int) -> list[Path]:
+    """Delete the complete checkpoints older than the newest ``keep`` (0: none), never
+    the one ``latest`` points to, and every unfinished ``step_*.tmp`` but the newest
+    step's; returns the deleted directories. The best (``best_*``) is not touched."""
+    if keep <= 0:
+        return []
+    root = Path(run_dir) / "checkpoints"
+    complete = sorted(p for p in root.glob("step_*") if not p.name.endswith(".tmp") and (p / "DONE").exists())
+    latest = (root / LATEST).resolve().parent if (root / LATEST).is_symlink() else None
+    doomed = [p for p in complete[:-keep] if p.resolve() != latest]
+    for path in doomed:
+        shutil.rmtree(path)
+    return doomed

@@ -17,6 +17,7 @@ import click
 import msgspec
 
 from asyncflow.actors._checkpoints import latest_checkpoint, latest_good_checkpoint
+from asyncflow.actors._manifest import MANIFEST
 from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors._summary import complete_lines
 from asyncflow.config.run import ConfigError, RunConfig, dump_config
@@ -150,6 +151,8 @@ def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConf
         raise ConfigError(f"{rd} has no complete checkpoint to resume from (checkpoints/step_*/DONE)")
     if damaged:
         click.echo(f"!! resuming from {ckpt}, the newest checkpoint that verifies", err=True)
+    if not (ckpt / MANIFEST).exists():
+        click.echo(f"!! checkpoint {ckpt.name} has no {MANIFEST}: resuming from it unchecked (deleted by hand?)", err=True)
     previous = msgspec.json.decode((rd / "launch.json").read_bytes(), type=LaunchInfo)
     step = int((ckpt / "DONE").read_text())
     if step >= cfg.train.num_steps:

@@ -73,7 +73,7 @@ import pykka
 
 from asyncflow.actors import names, roles
 from asyncflow.actors._acks import DeferredAcks
-from asyncflow.actors._checkpoints import _link_latest, checkpoint_dir
+from asyncflow.actors._checkpoints import _link_latest, checkpoint_dir, prune_checkpoints
 from asyncflow.actors._dynamic_sampling import Filtered, StepGather
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._manifest import write_manifest
@@ -441,7 +441,15 @@ class TrainerActor(LoopActor):
             self._save(tmp, states)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
-            _link_latest(final)
+            aside = _link_latest(final)
+            if aside is not None:
+                log.warning("checkpoints/latest was a directory, not a link: moved to %s", aside)
+            keep = self.run.config.train.keep_checkpoints
+            try:
+                for old in prune_checkpoints(self.run.dir, keep):
+                    log.info("deleted checkpoint %s (train.keep_checkpoints = %d)", old.name, keep)
+            except OSError as exc:  # the new checkpoint stands; an old one left behind is no reason to stop
+                log.warning("could not delete an old checkpoint (train.keep_checkpoints = %d): %s", keep, exc)
         finally:
             self._resume_roles(paused)
         log.info("checkpoint at step %d: %s", self.step, final)

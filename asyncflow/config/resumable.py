@@ -9,7 +9,7 @@ key is refused by name, with the reason. The allow-list is deliberately small:
   ``lr_schedule = "cosine"`` the lr is a function of (step, num_steps), so the curve
   is recomputed over the new total from the resumed step on: it jumps back up from
   where the old schedule had brought it (docs/faults.md, "Extending a run").
-- ``train.checkpoint_every``, ``train.dist_timeout_s``, ``logging.*``,
+- ``train.checkpoint_every``, ``train.keep_checkpoints``, ``train.dist_timeout_s``, ``logging.*``,
   ``workflow.weight_timeout_s``, ``cluster.max_resumes``,
   ``cluster.threads_per_process``, ``cluster.pin_trainer_cores``: how often, how
   long, what is written, where processes run.
@@ -31,6 +31,7 @@ from asyncflow.config.run import ConfigError, RunConfig, _format_error, apply_ov
 RESUMABLE_KEYS = (
     "train.num_steps",
     "train.checkpoint_every",
+    "train.keep_checkpoints",
     "train.dist_timeout_s",
     "eval.every_steps",
     "workflow.weight_timeout_s",

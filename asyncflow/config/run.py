@@ -523,6 +523,14 @@ class TrainConfig(_Section):
     checkpoint_every: Annotated[
         NonNegInt, Meta(description="Save a Hugging Face checkpoint and the queue state every N steps (0: at the end only).")
     ] = 0
+    keep_checkpoints: Annotated[
+        NonNegInt,
+        Meta(
+            description="Keep the newest N complete checkpoints (``checkpoints/step_*``) and delete older ones after each "
+            "save; the best (``checkpoints/best``, ``[eval]``) is kept apart. 0: keep every one. Keep 2 or more so that a "
+            "damaged newest checkpoint still has one to fall back to."
+        ),
+    ] = 0
 
     def check(self, run: RunConfig) -> None:
         ranks = self.num_ranks

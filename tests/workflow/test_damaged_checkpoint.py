@@ -18,6 +18,7 @@ def test_a_truncated_latest_checkpoint_is_named_and_resume_falls_back_to_the_pre
     assert (ckpts / "step_000002" / "MANIFEST.json").exists() and (ckpts / "step_000004" / "MANIFEST.json").exists()
     weights = ckpts / "step_000004" / "model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a torn write
+    (ckpts / "step_000002" / "MANIFEST.json").unlink()  # deleted by hand: the fallback is used, but not silently
     trained = run_dir / "trained.jsonl"
     trained.write_text(trained.read_text() + '{"step": 4, "groups": [1, 2')  # a driver killed mid-line
     config = json.loads((run_dir / "config.json").read_text())
@@ -29,6 +30,7 @@ def test_a_truncated_latest_checkpoint_is_named_and_resume_falls_back_to_the_pre
     assert "checkpoint step_000004 is damaged: model/model.safetensors" in out, out
     assert "trained.jsonl: dropped a torn last line" in out, out
     assert "resuming from" in out and "step_000002" in out, out
+    assert "checkpoint step_000002 has no MANIFEST.json: resuming from it unchecked" in out, out
     assert [int(m["step"]) for m in read_jsonl(run_dir / "metrics.jsonl")] == list(range(6))
     assert_trained_exactly_once(run_dir, 6, 2, 2)
 
