@@ -16,6 +16,14 @@ def checkpoint_dir(run_dir: str | Path, version: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"step_{version:06d}"
 
 
+def done_step(path: Path) -> int | None:
+    """The step a complete checkpoint's ``DONE`` file holds; None when it holds no number."""
+    try:
+        return int((path / "DONE").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     done = sorted(p for p in (Path(run_dir) / "checkpoints").glob("step_*") if (p / "DONE").exists())
     return done[-1] if done else None
@@ -28,7 +36,7 @@ def latest_good_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple
 
     skipped: list[tuple[Path, str]] = []
     for path in sorted((p for p in (Path(run_dir) / "checkpoints").glob("step_*") if (p / "DONE").exists()), reverse=True):
-        wrong = damage(path)
+        wrong = damage(path) if done_step(path) is not None else "DONE: not a step number"
         if wrong is None:
             return path, skipped
         skipped.append((path, wrong))

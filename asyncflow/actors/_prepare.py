@@ -16,13 +16,19 @@ from pathlib import Path
 import click
 import msgspec
 
-from asyncflow.actors._checkpoints import latest_checkpoint, latest_good_checkpoint
+from asyncflow.actors._checkpoints import done_step, latest_checkpoint, latest_good_checkpoint
 from asyncflow.actors._manifest import MANIFEST
 from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors._summary import complete_lines
 from asyncflow.config.run import ConfigError, RunConfig, dump_config
 from asyncflow.core._private import write_private
 from asyncflow.core.transport import is_loopback
+
+
+def writable(rd: Path) -> None:
+    """Refuse a run directory this user cannot write, before anything starts."""
+    if not os.access(rd, os.W_OK | os.X_OK):
+        raise ConfigError(f"run directory {rd} is not writable by this user: fix its permissions or choose another --run-dir")
 
 
 def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, Path, LaunchInfo]:
@@ -35,6 +41,7 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
 
     check_inputs(cfg)  # imports, devices, data fields, chat template: before any process starts
     rd.mkdir(parents=True, exist_ok=True)
+    writable(rd)
     data_path = cfg.data.path
     if not data_path:
         from asyncflow.algorithms.tasks import write_jsonl
@@ -140,6 +147,7 @@ def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConf
     rd = Path(run_dir)
     if not (rd / "config.json").exists():
         raise ConfigError(f"{rd} is not a run directory (no config.json)")
+    writable(rd)
     saved = read_run_config(rd)
     cfg = apply_resume_overrides(saved, overrides)
     ckpt, damaged = latest_good_checkpoint(rd)
@@ -153,8 +161,15 @@ def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConf
         click.echo(f"!! resuming from {ckpt}, the newest checkpoint that verifies", err=True)
     if not (ckpt / MANIFEST).exists():
         click.echo(f"!! checkpoint {ckpt.name} has no {MANIFEST}: resuming from it unchecked (deleted by hand?)", err=True)
-    previous = msgspec.json.decode((rd / "launch.json").read_bytes(), type=LaunchInfo)
-    step = int((ckpt / "DONE").read_text())
+    try:
+        previous = msgspec.json.decode((rd / "launch.json").read_bytes(), type=LaunchInfo)
+    except (OSError, msgspec.DecodeError) as exc:
+        raise ConfigError(
+            f"{rd / 'launch.json'} is unreadable ({type(exc).__name__}: {exc}): the run directory is damaged; "
+            f"start a new run, with model.path = {str(ckpt / 'model')!r} to go on from its newest checkpoint's weights"
+        ) from None
+    step = done_step(ckpt)
+    assert step is not None  # latest_good_checkpoint skips a checkpoint whose DONE holds no step
     if step >= cfg.train.num_steps:
         raise ConfigError(
             f"{rd} already finished its {cfg.train.num_steps} steps; to train more, raise "
