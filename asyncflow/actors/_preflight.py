@@ -340,6 +340,26 @@ def _importable(path: str, python_path: list[str]):
     return getattr(module, attr)
 
 
+TINY_MAX_POSITIONS = 512
+"""``max_position_embeddings`` of the built-in tiny model (``engines/tiny.py``'s default)."""
+
+
+def _check_length(cfg: RunConfig) -> None:
+    """``max_new_tokens`` fits the model's positions with at least a one-token prompt
+    (the engines refuse it only once their processes run, a minute later)."""
+    if cfg.model.path:
+        config = json.loads((Path(cfg.model.path) / "config.json").read_text())
+        positions = config.get("max_position_embeddings")
+    else:
+        positions = TINY_MAX_POSITIONS
+    new = cfg.rollout.sampling.max_new_tokens
+    if isinstance(positions, int) and new >= positions:
+        raise ConfigError(
+            f"rollout.sampling.max_new_tokens = {new}: the model holds {positions} positions "
+            f"(max_position_embeddings), prompt included; use at most {positions - 1} less the longest prompt's tokens"
+        )
+
+
 def check_inputs(cfg: RunConfig) -> None:
     """Everything a worker process would fail on at start, checked in the driver before
     any process starts (and before the run directory is made); a ConfigError names
@@ -384,6 +404,7 @@ def check_inputs(cfg: RunConfig) -> None:
                 f"{class_path(ColumnRole)} (docs/custom-roles.md)"
             )
     _check_devices(cfg)
+    _check_length(cfg)
     data_path, model_dir = cfg.data.path, cfg.model.path
     if data_path:
         from asyncflow.actors._run import read_prompts
@@ -392,10 +413,6 @@ def check_inputs(cfg: RunConfig) -> None:
             read_prompts(data_path)
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"data.path = {data_path!r}: {exc} (fields: docs/your-model-and-data.md)") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(
-                f"data.path = {data_path!r}: not JSON lines ({exc}); write one JSON object per line with 'prompt' and 'answer'"
-            ) from None
     if cfg.data.chat_template and model_dir:
         if not getattr(_tokenizer(model_dir), "chat_template", None):
             raise ConfigError(

@@ -70,12 +70,30 @@ def read_prompts(path: str) -> list[dict]:
         except ImportError:
             raise RuntimeError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow), or convert it to JSONL") from None
         rows = pq.read_table(path).to_pylist()
+        where = [f"row {i}" for i in range(len(rows))]
     else:
-        with open(path) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    for i, row in enumerate(rows):
-        if "prompt" not in row or "answer" not in row:
-            raise ValueError(f"{path}: row {i} lacks 'prompt' or 'answer' (has {sorted(row)}); every row needs both")
+        rows, where = [], []
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    rows.append(json.loads(raw.decode("utf-8")))
+                except UnicodeDecodeError as exc:
+                    raise ValueError(f"{path}: line {n} is not UTF-8 ({exc}); save the file as UTF-8") from None
+                except json.JSONDecodeError as exc:
+                    raise ValueError(
+                        f"{path}: line {n} is not JSON ({exc}); write one JSON object per line with 'prompt' and 'answer'"
+                    ) from None
+                where.append(f"line {n}")
+    for row, at in zip(rows, where):
+        if not isinstance(row, dict) or "prompt" not in row or "answer" not in row:
+            has = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise ValueError(f"{path}: {at} lacks 'prompt' or 'answer' (has {has}); every row needs both")
+        if not isinstance(row["prompt"], str):
+            raise ValueError(f"{path}: {at}: 'prompt' is a {type(row['prompt']).__name__}, not a string")
+        if not row["prompt"].strip():
+            raise ValueError(f"{path}: {at} has an empty prompt ({row['prompt']!r}); give every row a prompt to answer")
     if not rows:
         raise ValueError(f"{path} has no rows")
     return rows
