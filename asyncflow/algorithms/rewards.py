@@ -124,6 +124,11 @@ def reward_name(fn: Callable) -> str:
 def _checked(fn: Callable, out: Sequence, prompts: Sequence[str], row_ids: Sequence[int] | None) -> list[float]:
     """``out`` as floats, after checking it has one finite number per prompt."""
     name = reward_name(fn)
+    if isinstance(out, (str, bytes, dict)):  # has a len, but is not one value per sample
+        raise RewardError(
+            f"reward function {name} returned {type(out).__name__} {str(out)[:40]!r}, not a list of floats; "
+            "return one float per sample"
+        )
     try:
         count = len(out)
     except TypeError:
@@ -137,8 +142,8 @@ def _checked(fn: Callable, out: Sequence, prompts: Sequence[str], row_ids: Seque
         )
     values = []
     for i, v in enumerate(out):
-        try:
-            value = float(v)
+        try:  # a number (bool, numpy and torch scalars included); a string is not one, whatever it spells
+            value = math.nan if isinstance(v, (str, bytes)) else float(v)
         except (TypeError, ValueError):
             value = math.nan
         if not math.isfinite(value):

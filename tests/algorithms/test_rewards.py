@@ -4,6 +4,7 @@ import pytest
 
 from asyncflow.algorithms import tasks
 from asyncflow.algorithms.rewards import (
+    RewardError,
     call_reward,
     exact_match,
     format_reward,
@@ -133,3 +134,20 @@ def test_a_nan_term_of_a_weighted_sum_names_the_row_ids_given_to_call_reward():
     fn = weighted_sum((1.0, nan_for_the_second))
     with pytest.raises(ValueError, match=r"nan_for_the_second returned nan for sample 1 \(row 8, prompt '2\+2='\)"):
         call_reward(fn, *_ROWS, row_ids=[7, 8, 9])
+
+
+def test_a_string_is_not_a_reward_whatever_it_spells():
+    import numpy as np
+
+    with pytest.raises(RewardError, match=r"returned str '1\.0', not a list of floats"):
+        call_reward(lambda p, r, a, f: "1.0", ["x"] * 3, ["y"] * 3, ["z"] * 3, ["stop"] * 3)
+    with pytest.raises(RewardError, match=r"returned '1\.0' for sample 0 .*a reward must be a finite number"):
+        call_reward(lambda p, r, a, f: ["1.0"], ["x"], ["y"], ["z"], ["stop"])
+    with pytest.raises(RewardError, match=r"returned dict"):
+        call_reward(lambda p, r, a, f: {"x": 1.0}, ["x"], ["y"], ["z"], ["stop"])
+    # numbers of any kind are numbers
+    assert call_reward(lambda p, r, a, f: [True, np.float32(0.5), 2], ["x"] * 3, ["y"] * 3, ["z"] * 3, ["stop"] * 3) == [
+        1.0,
+        0.5,
+        2.0,
+    ]
