@@ -64,11 +64,7 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
         f"staleness <= {summary['staleness_max']}"
     )
     if summary.get("checkpoint"):  # the Hugging Face directory, what from_pretrained and model.path load
-        click.echo(
-            f"model: {os.path.join(summary['checkpoint'], 'model')} "
-            f"(also {os.path.join(os.path.dirname(summary['checkpoint']), 'latest')}; "
-            "load it with transformers: README.md, 'Load the trained model')"
-        )
+        click.echo(model_line(summary["checkpoint"]))
     if summary.get("val_best_accuracy") is not None:  # [eval]: steps counted as in the progress lines
         start = summary.get("val_start_accuracy")
         click.echo(
@@ -76,3 +72,24 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
             + f"best {summary['val_best_accuracy']:.3f} after step {summary['val_best_step'] + 1}, "
             f"last {summary['val_final_accuracy']:.3f}"
         )
+
+
+def model_line(checkpoint: str) -> str:
+    """The run's last word on its model: where the trained weights are and how to load
+    them. A LoRA checkpoint's ``model/`` holds the frozen base weights beside the
+    adapter: loaded as is, it is the untrained model, so the line points at the merged
+    model (``lora.save_merged``) or says to load the adapter."""
+    model = os.path.join(checkpoint, "model")
+    latest = os.path.join(os.path.dirname(checkpoint), "latest")
+    if os.path.isdir(os.path.join(model, "adapter")):
+        merged = os.path.join(model, "merged")
+        if os.path.isdir(merged):
+            return (
+                f"model: {merged} (LoRA, base + adapter merged; load it with transformers: README.md, 'Load the trained model')"
+            )
+        return (
+            f"model: {model} holds the base weights and the trained LoRA adapter ({os.path.join(model, 'adapter')}, "
+            "peft's layout): from_pretrained on it alone gives the untrained model. Load the adapter with peft "
+            "(README.md, 'Load the trained model'), or set [train.engine.lora] save_merged = true for a merged model"
+        )
+    return f"model: {model} (also {latest}; load it with transformers: README.md, 'Load the trained model')"
