@@ -81,6 +81,7 @@ from asyncflow.actors._pause import pause_role
 from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._prefetch import BatchPrefetch
 from asyncflow.actors._run import Run, set_threads
+from asyncflow.actors._samples import SampleLog
 from asyncflow.actors._versions import VersionLedger, token_staleness
 from asyncflow.actors.names import COLLECTOR, TASK_TRAIN
 from asyncflow.actors.trainer_rank import RankGroup
@@ -140,6 +141,8 @@ class TrainerActor(LoopActor):
         self._publishing = None  # the future of the last publish (weights stage it in their thread)
         self._gather: StepGather | None = None  # dynamic sampling's step in progress, while a refill round is made
         self._evaluator: Evaluator | None = None  # with eval.every_steps
+        log_cfg = cfg.logging
+        self.samples = SampleLog(self.run.dir, self.run.tokenizer, log_cfg.samples_every, log_cfg.samples_per_step)
         self._best = float("-inf")  # best val/accuracy so far (kept across a resume by best.json)
         if cfg.eval.every_steps:
             from asyncflow.actors._eval import Evaluator, read_best
@@ -205,6 +208,8 @@ class TrainerActor(LoopActor):
             integrity.update(token_staleness(self.step, cfg.staleness, indices, metas, columns["token_versions"]))
         version = self.step + 1
         snapshot, weight_bytes = self._publish_weights(version)
+        if self.samples.due(self.step):  # what the model writes, as text (RUN_DIR/samples.jsonl)
+            self.samples.write(self.step, columns, [meta.metas[p].version for p in parts[0]])
         # the rows are acked (and freed) inside the next step's request, or by the checkpoint's flush
         self.acks.add_rows(TASK_TRAIN, meta.indices)
         if filtered is not None:

@@ -877,6 +877,15 @@ class LoggingConfig(_Section):
         NonNegFloat,
         Meta(description="Rewrite RUN_DIR/trace.json this often during the run (afctl trace on a live run); 0: only at the end."),
     ] = 30.0
+    samples_every: Annotated[
+        NonNegInt,
+        Meta(
+            description="Every N trainer steps (from step 0), write ``samples_per_step`` of the step's rows as text to "
+            "RUN_DIR/samples.jsonl: prompt, response, reward, how it ended (docs/metrics.md, 'What the model writes'); "
+            "0: never."
+        ),
+    ] = 10
+    samples_per_step: Annotated[Count, Meta(description="Rows written to RUN_DIR/samples.jsonl at each ``samples_every``.")] = 2
 
 
 class PlannerConfig(_Section):

@@ -1,0 +1,39 @@
+"""RUN_DIR/samples.jsonl: what the model writes, as text (actors/_samples.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from asyncflow.actors._samples import SampleLog
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def test_every_n_steps_the_first_rows_are_written_decoded_with_reward_and_ending(tmp_path, tokenizer):
+    loads = []
+
+    def load():
+        loads.append(1)
+        return tokenizer
+
+    log = SampleLog(tmp_path, load, every=5, count=2)
+    assert [s for s in range(12) if log.due(s)] == [0, 5, 10]
+    ids = lambda text: np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    columns = {
+        "prompt_ids": [ids("3+4="), ids("3+4="), ids("1+1=")],
+        "response_ids": [ids("7"), ids("8"), ids("2")],
+        "reward": [np.asarray([1.0]), np.asarray([0.0]), np.asarray([1.0])],
+        "finish": [np.asarray([1], dtype=np.uint8), np.asarray([0], dtype=np.uint8), np.asarray([1], dtype=np.uint8)],
+    }
+    log.write(5, columns, versions=[4, 4, 5])
+    log.write(10, columns, versions=[9, 9, 9])
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert rows[:2] == [
+        {"step": 5, "prompt": "3+4=", "response": "7", "reward": 1.0, "finish": "stop", "version": 4},
+        {"step": 5, "prompt": "3+4=", "response": "8", "reward": 0.0, "finish": "length", "version": 4},
+    ]
+    assert [r["step"] for r in rows] == [5, 5, 10, 10] and loads == [1]  # the tokenizer is loaded once
+    assert not SampleLog(tmp_path, load, every=0, count=2).due(0)  # 0: never
