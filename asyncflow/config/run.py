@@ -903,7 +903,11 @@ class PlannerConfig(_Section):
     ] = 3
     min_gain: Annotated[NonNegFloat, Meta(description="Predicted step-time gain (fraction) a move must bring to be made.")] = 0.05
     max_rollout_replicas: Annotated[
-        Count, Meta(description="Most rollout replica processes the planner may run (it never adds beyond).")
+        Count,
+        Meta(
+            description="Most rollout replica processes the online planner may run (it never adds beyond); "
+            "with ``online = false`` it limits nothing."
+        ),
     ] = 4
     train_threads: Annotated[
         NonNegInt,
@@ -925,8 +929,12 @@ class PlannerConfig(_Section):
     ] = 0
 
     def check(self, run: RunConfig) -> None:
-        if self.max_rollout_replicas < run.rollout.num_replicas:
-            raise Refused("max_rollout_replicas", f"must be at least rollout.num_replicas ({run.rollout.num_replicas})")
+        if self.online and self.max_rollout_replicas < run.rollout.num_replicas:  # a limit of the online planner alone
+            raise Refused(
+                "max_rollout_replicas",
+                f"the online planner starts from rollout.num_replicas = {run.rollout.num_replicas} replicas: raise "
+                "it to at least that",
+            )
         if self.online and run.train.num_ranks > 1:
             raise Refused(
                 "online",

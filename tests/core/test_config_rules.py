@@ -163,7 +163,10 @@ CROSS_FIELD = [
     ),
     ("[cluster]\nrollout_devices = [0, 1]", "cluster.rollout_devices = [0, 1]: give one device id per worker (1)"),
     ("[cluster]\nlauncher = 'ray'\npin_trainer_cores = 2", "cluster.pin_trainer_cores = 2: pins cores of this machine"),
-    ("[rollout]\nnum_replicas = 5", "planner.max_rollout_replicas = 4: must be at least rollout.num_replicas (5)"),
+    (
+        "[rollout]\nnum_replicas = 5\n[planner]\nonline = true",
+        "planner.max_rollout_replicas = 4: the online planner starts from rollout.num_replicas = 5 replicas",
+    ),
     (
         "[rollout.engine]\nkv_cache_bytes = 1000000\nkv_cache_fraction = 0.5",
         "rollout.engine.kv_cache_fraction = 0.5: set kv_cache_bytes or kv_cache_fraction, not both",
@@ -249,3 +252,7 @@ def test_every_key_of_the_schema_carries_a_description_on_its_field():
     walk(RunConfig)
     walk(RoleEntry)
     assert missing == []
+
+
+def test_max_rollout_replicas_limits_nothing_while_the_online_planner_is_off():
+    assert load_config_text("[rollout]\nnum_replicas = 8").rollout.num_replicas == 8
