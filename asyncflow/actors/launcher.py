@@ -98,6 +98,28 @@ STALL_STEP_FACTOR = 3.0
 estimate of a step, before the first), when that is longer than ``logging.hang_timeout_s``."""
 
 
+COMPUTE_HOSTS = ("rollout.", "trainer", "reference.", "reward_model.", "critic")
+"""Hosts that keep their cores busy (the queue, shards, loader and reward functions mostly wait)."""
+
+
+def oversubscribed(cfg: RunConfig, hosts: list[str], cores: int | None = None) -> str:
+    """A warning when the computing processes of a cpu run ask for more than twice this
+    machine's cores in torch threads (each then runs at a fraction of its speed, and
+    the step gets slower, not faster); empty otherwise."""
+    if cfg.cluster.device != "cpu" or cfg.cluster.launcher != "local":
+        return ""
+    cores = cores or os.cpu_count() or 1
+    busy = [h for h in hosts if h.startswith(COMPUTE_HOSTS)]
+    threads = len(busy) * cfg.cluster.threads_per_process
+    if threads <= 2 * cores:
+        return ""
+    return (
+        f"!! {len(busy)} computing processes x {cfg.cluster.threads_per_process} thread(s) on {cores} cores: "
+        "oversubscribed, each runs at a fraction of its speed; lower rollout.num_replicas or "
+        "cluster.threads_per_process"
+    )
+
+
 def stall_timeout_s(hang_timeout_s: float, slowest_step_s: float, estimate_s: float | None) -> float:
     """Seconds without a trainer step after which the driver reports a stall: the larger
     of ``hang_timeout_s`` and ``STALL_STEP_FACTOR`` x the slowest step seen so far
@@ -174,6 +196,9 @@ class Launcher:
         sup.attach(self.dc, self.transport, env)
         sup.on_restart = self.write_cluster_file
         click.echo(f"starting {len(sup.names())} processes: {', '.join(sup.names())}")
+        crowded = oversubscribed(cfg, sup.names())
+        if crowded:
+            click.echo(crowded)
         sup.spawn_all()
         self.write_cluster_file()
         queue = sup.names(topology.QUEUE) + sup.names(topology.SHARD)
