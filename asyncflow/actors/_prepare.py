@@ -25,6 +25,25 @@ from asyncflow.core._private import write_private
 from asyncflow.core.transport import is_loopback
 
 
+def lr_change(saved: RunConfig, cfg: RunConfig, step: int) -> str:
+    """What extending a run does to its learning rate: a cosine schedule is laid over
+    the run's optimizer steps (``train.num_steps x algorithm.epochs``), so more steps
+    stretch it and the lr at the resume step rises. Empty when nothing changes."""
+    from asyncflow.engines.lr_schedule import lr_at
+
+    eng = cfg.train.engine
+    before, after = saved.train.num_steps, cfg.train.num_steps
+    if before == after or eng.lr_schedule == "constant":
+        return ""
+    epochs = cfg.algorithm.epochs
+    was, now = lr_at(eng, step * epochs, before * epochs), lr_at(eng, step * epochs, after * epochs)
+    return (
+        f"!! train.num_steps {before} -> {after}: the {eng.lr_schedule} learning-rate schedule is stretched over "
+        f"{after} steps, so at step {step} the lr is {now:.3g} (it was {was:.3g} there) and decays from there; "
+        "for a schedule of its own, start a new run from this checkpoint's weights (model.path)"
+    )
+
+
 def writable(rd: Path) -> None:
     """Refuse a run directory this user cannot write, before anything starts."""
     if not os.access(rd, os.W_OK | os.X_OK):
@@ -177,6 +196,9 @@ def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConf
         )
     if cfg is not saved:
         write_run_config(cfg, rd)
+    stretched = lr_change(saved, cfg, step)
+    if stretched:
+        click.echo(stretched, err=True)
     launch = LaunchInfo(
         model_dir=str(ckpt / "model"),
         base_model_dir=previous.base_model_dir,

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(20)
 def run_dir(tmp_path):
     rd = tmp_path / "run"
     rd.mkdir()
-    write_run_config(load_config_text("[train]\nnum_steps = 8"), rd)
+    write_run_config(load_config_text("[train]\nnum_steps = 8\n[train.engine]\nlr_schedule = 'cosine'\nlr = 1e-4"), rd)
     launch = LaunchInfo(model_dir=str(rd / "model"), base_model_dir=str(rd / "model"), data_path=str(rd / "data.jsonl"))
     (rd / "launch.json").write_bytes(msgspec.json.encode(launch))
     for step in (2, 4):
@@ -43,3 +43,13 @@ def test_a_truncated_launch_json_is_one_error_naming_the_file_and_what_to_do(run
     (run_dir / "launch.json").write_bytes(text[: len(text) // 2])
     with pytest.raises(ConfigError, match=r"launch\.json is unreadable \(DecodeError.*start a new run, with model\.path = "):
         prepare_resume(str(run_dir))
+
+
+def test_extending_a_run_says_how_its_cosine_lr_schedule_is_stretched(run_dir, capsys):
+    _, _, launch = prepare_resume(str(run_dir), ["train.num_steps=16"])
+    assert launch.start_step == 4
+    err = capsys.readouterr().err
+    # cosine from 1e-4 to 0, no warmup: over steps 0..7, step 4 is 1e-4 * (1 + cos(pi * 4/7)) / 2 = 3.89e-05;
+    # over steps 0..15, 1e-4 * (1 + cos(pi * 4/15)) / 2 = 8.35e-05
+    assert "!! train.num_steps 8 -> 16: the cosine learning-rate schedule is stretched over 16 steps, so at step 4 the lr" in err
+    assert "is 8.35e-05 (it was 3.89e-05 there)" in err, err
