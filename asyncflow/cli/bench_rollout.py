@@ -88,6 +88,7 @@ def rollout(
     import torch
 
     from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
+    from asyncflow.engines.device import torch_dtype
     from asyncflow.engines.factory import build_rollout_engine
     from asyncflow.engines.hf import load_model
     from asyncflow.engines.tiny import make_tiny_model
@@ -132,7 +133,7 @@ def rollout(
             ),
             model_dir,
         )
-    hf_model = load_model(model_dir).to(device) if against == "hf" else None
+    hf_model = load_model(model_dir, dtype=torch_dtype(dtype)).to(device) if against == "hf" else None  # the same dtype
 
     def run_native(seed: int) -> tuple[int, float]:
         start = time.perf_counter()
