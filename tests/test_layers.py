@@ -1,4 +1,4 @@
-"""The layer rules of ARCHITECTURE.md, checked on the source with ``ast`` (issue 14).
+"""The layer rules of ARCHITECTURE.md, checked on the source with ``ast``.
 
 Every ``import`` and ``from ... import`` anywhere in a module counts, at module level
 or inside a function, so a lazy import cannot hide a dependency. An imported name is

@@ -1,5 +1,5 @@
 """A cpu run that asks for far more threads than the machine has cores says so as it
-starts (issue 28, item 6)."""
+starts."""
 
 from __future__ import annotations
 

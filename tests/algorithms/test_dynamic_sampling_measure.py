@@ -1,4 +1,4 @@
-"""The arithmetic behind issue 16's dynamic-sampling figure (scripts/dynamic_sampling_check.py):
+"""The arithmetic behind the dynamic-sampling figure (scripts/dynamic_sampling_check.py):
 the trailing mean, the first step a curve reaches a target, and the seeds' mean curve."""
 
 from __future__ import annotations

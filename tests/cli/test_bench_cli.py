@@ -1,4 +1,4 @@
-"""``afctl bench``: every subcommand listed, and ``bench planner`` from any directory (issue 12 item 14)."""
+"""``afctl bench``: every subcommand listed, and ``bench planner`` from any directory."""
 
 from __future__ import annotations
 

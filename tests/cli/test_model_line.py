@@ -1,5 +1,5 @@
 """The run's last line says where the trained model is and how to load it; for a LoRA
-run, not the frozen base weights as if they were trained (issue 28, item 1)."""
+run, not the frozen base weights as if they were trained."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""docs/config.md, as generated: every key described, no empty table (issue 12 item 14)."""
+"""docs/config.md, as generated: every key described, no empty table."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Malformed frames against every listener kind (issue 11, item 8 / the fuzz of "Done when").
+"""Malformed frames against every listener kind.
 
 Each listener (directory, process host, queue manager, controller, shard, and the
 collector role) gets frames with values nested deep, huge declared lengths, wrong

@@ -1,5 +1,5 @@
 """Starting a process host that dies: the driver learns it at once, with the exit code
-(issue 11, item 2: a death before the registration used to cost a 120 s wait)."""
+(a death before the registration used to cost a 120 s wait)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A process host's stop path runs to the end whatever an actor does: an actor that does
-not stop in time is named in one line and the host exits at once, no traceback (issue 11:
-a host orphaned by a killed driver printed a pykka Timeout traceback)."""
+not stop in time is named in one line and the host exits at once, no traceback (a
+host orphaned by a killed driver once printed a pykka Timeout traceback)."""
 
 from __future__ import annotations
 

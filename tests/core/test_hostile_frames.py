@@ -1,4 +1,4 @@
-"""Hostile frames and abrupt lifecycles against live listeners (issue 11, items 1 and 9)."""
+"""Hostile frames and abrupt lifecycles against live listeners."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A checkpoint pauses every role; a role whose process was killed and restarted at a
 new address must be asked there, not waited for at the dead one (the chaos suite found
-the trainer blocked 600 s in ``Pause`` after a worker died: issue 11)."""
+the trainer blocked 600 s in ``Pause`` after a worker died)."""
 
 from __future__ import annotations
 

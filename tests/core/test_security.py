@@ -1,4 +1,4 @@
-"""Transport and run-directory security (issue 11, item 8): secret files, ipc
+"""Transport and run-directory security: secret files, ipc
 directory checks, IPv6 loopback, receive limits, TLS."""
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def test_a_resumed_run_takes_its_secret_back_from_the_secret_file(tmp_path):
 
 
 def test_a_loopback_tcp_run_without_a_secret_gets_its_own_and_its_hosts_refuse_frames_without_it(tmp_path, monkeypatch):
-    """Loopback tcp with neither secret nor TLS: any local user could stop a process host
-    (issue 11, item 8). The run now makes a random secret of its own (RUN_DIR/secret,
+    """Loopback tcp with neither secret nor TLS: any local user could stop a process host.
+    The run now makes a random secret of its own (RUN_DIR/secret,
     0600), its hosts require it, and `afctl status` reads it from there."""
     from asyncflow.actors import _cluster_file
     from asyncflow.actors._prepare import prepare_new, read_run_config

@@ -1,4 +1,4 @@
-"""Sequence packing in the torch train engine (issue 16 item 5): the packer's layout,
+"""Sequence packing in the torch train engine: the packer's layout,
 packed log-probs and train steps equal to the padded path's, and the model really
 computing on fewer tokens."""
 

@@ -1,4 +1,4 @@
-"""What a hostile or careless client cannot do to the gateway (issue 27, items 3 and 5):
+"""What a hostile or careless client cannot do to the gateway:
 fill its session store for good with anonymous requests, break a reply with an odd
 session id, or fill the log with tracebacks by hanging up mid-upload."""
 

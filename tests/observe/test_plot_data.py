@@ -1,4 +1,4 @@
-"""The data behind ``afctl plot`` (issue 12 item 11), tested without looking at pixels."""
+"""The data behind ``afctl plot``, tested without looking at pixels."""
 
 from __future__ import annotations
 

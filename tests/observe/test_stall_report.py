@@ -1,4 +1,4 @@
-"""The stall report at real size (issue 26, item 7): its timeout scales with the steps
+"""The stall report at real size: its timeout scales with the steps
 the run has shown (or the preflight's estimate before the first), it prints a short
 block on the terminal, and every process's Python stacks go to RUN_DIR/logs/stall-<n>.txt."""
 

@@ -1,4 +1,4 @@
-"""``afctl trace --png`` (issue 12 item 12): few arrows, a legend clear of the axis label."""
+"""``afctl trace --png``: few arrows, a legend clear of the axis label."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Resume past a damaged checkpoint and a torn audit line (issue 11, item 7)."""
+"""Resume past a damaged checkpoint and a torn audit line."""
 
 from __future__ import annotations
 

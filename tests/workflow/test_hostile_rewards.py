@@ -1,4 +1,4 @@
-"""A reward function that goes bad mid-run stops the run before anything trains on it (issue 11, items 5 and 6)."""
+"""A reward function that goes bad mid-run stops the run before anything trains on it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What ``afctl up`` prints and leaves behind (issue 12 item 13)."""
+"""What ``afctl up`` prints and leaves behind."""
 
 from __future__ import annotations
 

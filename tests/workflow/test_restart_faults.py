@@ -1,4 +1,4 @@
-"""A worker that dies during its own restart never crashes the driver (issue 11, item 2):
+"""A worker that dies during its own restart never crashes the driver:
 the restart is retried with backoff within the role's budget, and past the budget the
 run stops cleanly and resumes itself (``cluster.max_resumes``)."""
 

@@ -1,4 +1,4 @@
-"""Extending a finished run: ``afctl up --resume RUN --set train.num_steps=N`` (issue 12 item 9)."""
+"""Extending a finished run: ``afctl up --resume RUN --set train.num_steps=N``."""
 
 from __future__ import annotations
 

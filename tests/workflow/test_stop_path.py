@@ -1,4 +1,4 @@
-"""The driver's stop path runs to the end whatever fails inside it (issue 11, item 4)."""
+"""The driver's stop path runs to the end whatever fails inside it."""
 
 from __future__ import annotations
 

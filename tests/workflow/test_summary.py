@@ -1,4 +1,4 @@
-"""summary.json after a resume and after Ctrl-C (issue 12 item 10)."""
+"""summary.json after a resume and after Ctrl-C."""
 
 from __future__ import annotations
 

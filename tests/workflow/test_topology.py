@@ -140,8 +140,8 @@ def test_devices_one_per_replica_and_the_training_group_shares_its_list_alone_or
 
 
 def test_the_reference_role_lives_in_its_module_and_one_registry_line_only():
-    """Removing a built-in role is deleting its module and its entry in topology.py
-    (issue 14): no other module names its module, class or its names.py constants."""
+    """Removing a built-in role is deleting its module and its entry in topology.py:
+    no other module names its module, class or its names.py constants."""
     import re
     from pathlib import Path
 

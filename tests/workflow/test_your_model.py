@@ -1,7 +1,7 @@
 """docs/your-model-and-data.md, followed end to end: a Llama of your own (saved with
 save_pretrained, its own tokenizer, no chat template), a JSONL file, a reward for its
 answer format, paths relative to the config file; the checkpoint it prints loads in
-transformers with the README's snippet. Also the early errors of issue 12 (one
+transformers with the README's snippet. Also the early errors (one
 ``Error:`` line naming the key, before any process starts) and the one-line report of
 a role that fails at run time."""
 
