@@ -36,6 +36,10 @@ Fraction = Annotated[float, Meta(ge=0, le=1)]
 """0 to 1."""
 
 
+LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The linear layers of a decoder block that LoRA may adapt (``LoraConfig.target_modules``)."""
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
     """How a rollout engine samples. Log-probs returned by every engine are those of
     the sampled token under ``softmax(logits / temperature)`` (before top-k/top-p
@@ -185,8 +189,6 @@ class LoraConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def check(self, run: object) -> None:
         """Cross-field rules (core/schema.py)."""
-        from asyncflow.engines.lora import LINEAR_MODULES
-
         unknown = [m for m in self.target_modules if m not in LINEAR_MODULES]
         if unknown:
             raise Refused("target_modules", f"{unknown} are not adaptable layers: use a subset of {list(LINEAR_MODULES)}")

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from asyncflow.engines.config import LINEAR_MODULES  # noqa: F401 (re-exported: the layers LoRA may adapt)
+
 LORA_A = ".lora_A.weight"
 LORA_B = ".lora_B.weight"
 LORA_SCALING = ".lora_scaling"
@@ -47,7 +49,6 @@ ADAPTER_DIR = "adapter"
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 
-LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The linear layers of a decoder block that adapters may target (the native engine
 computes each with its ``weight``)."""
 
