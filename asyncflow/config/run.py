@@ -312,6 +312,13 @@ class GatewayConfig(_Section):
             "1: one at a time."
         ),
     ] = 64
+    max_request_bytes: Annotated[
+        Count,
+        Meta(
+            description="Largest request body the gateway reads; a larger one gets HTTP 413 as it arrives (by its "
+            "Content-Length, or once the stream passes the limit), never held whole in memory."
+        ),
+    ] = 1 << 20
 
     def check(self, run: RunConfig) -> None:
         if not self.enabled:

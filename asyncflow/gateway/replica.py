@@ -49,6 +49,7 @@ def serve_for_replica(
         trajectories_path=run / TRAJECTORIES_FILE,
         max_sessions=cfg.max_sessions,
         max_batch=cfg.max_batch,
+        max_request_bytes=cfg.max_request_bytes,
     )
     url = gateway.start(cfg.host, cfg.port)
     (run / "gateway.json").write_text(json.dumps({"url": url, "replica": replica, "trajectories": str(run / TRAJECTORIES_FILE)}))

@@ -69,10 +69,13 @@ class Gateway:
         trajectories_path: str | Path | None = None,
         max_sessions: int = 1024,
         max_batch: int = 64,
+        max_request_bytes: int = 1 << 20,
     ):
         """``params``: the run's sampling (temperature, top-p/k, stop tokens; its
         ``max_new_tokens`` caps a request's ``max_tokens``); ``max_batch``: most
-        requests in one generate call."""
+        requests in one generate call; ``max_request_bytes``: the largest request body
+        (a larger one is refused with a 413 as it arrives, never held whole)."""
+        self.max_request_bytes = max_request_bytes
         self.engine, self.params, self.engine_lock = engine, msgspec.structs.replace(params, n=1, seed=None), engine_lock
         self.chat = ChatFormat(tokenizer)
         self.model_name = model_name
@@ -165,6 +168,26 @@ class Gateway:
             log.exception("gateway: %s %s failed", request.method, request.url.path)
             return _error(500, f"the gateway failed on this request: {type(exc).__name__}: {exc}", "internal_error")
 
+    async def _body(self, request: Request) -> bytes:
+        """The request body, at most ``max_request_bytes``: a larger one is refused by its
+        Content-Length before a byte is read, or as soon as the stream passes the limit."""
+        limit = self.max_request_bytes
+        declared = request.headers.get("content-length")
+        too_big = RequestError(
+            413,
+            f"the request body is over {limit} bytes ([rollout.gateway] max_request_bytes): send a shorter conversation",
+            "request_too_large",
+        )
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_big
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def _models(self, request: Request) -> JSONResponse:
         async def handle(_: Request) -> JSONResponse:
             model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "asyncflow"}
@@ -174,7 +197,7 @@ class Gateway:
 
     async def _chat(self, request: Request) -> JSONResponse:
         async def handle(request: Request) -> JSONResponse:
-            req = decode_request(await request.body())
+            req = decode_request(await self._body(request))
             named = request.headers.get(SESSION_HEADER) or req.user
             session = check_session_id(named) if named else f"anon-{uuid.uuid4().hex}"
             body = await run_in_threadpool(self.complete, session, req, not named)
@@ -198,7 +221,7 @@ class Gateway:
 
     async def _reward(self, request: Request) -> JSONResponse:
         async def handle(request: Request) -> JSONResponse:
-            reward = decode_reward(await request.body())
+            reward = decode_reward(await self._body(request))
             if not math.isfinite(reward):
                 raise RequestError(400, f"reward = {reward}: give a finite number")
             t = self.sessions.get(request.path_params["session"])
