@@ -23,7 +23,9 @@ python_path = ["{Path(__file__).resolve().parents[2] / "examples" / "roles"}"]
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode,staleness", [("sync", 0), ("async", 1)])
+# sync: -m slow (suite time); sync whole runs stay in the default suite through test_overlong_run and
+# test_dynamic_sampling_run
+@pytest.mark.parametrize("mode,staleness", [pytest.param("sync", 0, marks=pytest.mark.slow), ("async", 1)])
 def test_a_few_steps_run_end_to_end_and_staleness_never_exceeds_k(tmp_path, mode, staleness):
     run_dir = tmp_path / "run"
     # the async run also carries a custom role (the example brevity judge) whose score the trainer adds
