@@ -134,9 +134,9 @@ def _rollout_bf16(r: dict) -> list[str]:
         "### In bfloat16",
         "",
         "The same command with `--dtype bfloat16` (`rollout.engine.dtype`): weights and KV cache in bfloat16, logits "
-        "and sampling in float32. HF generate runs the model in bfloat16 too. Worth it on a CPU with bfloat16 "
-        "instructions (`avx512_bf16` or AMX in /proc/cpuinfo: this one has `avx512_bf16`); without them bfloat16 "
-        "matmuls are emulated and slower than float32.",
+        "and sampling in float32. HF generate runs the model in bfloat16 too. It pays on a CPU with bfloat16 "
+        "instructions (`avx512_bf16` or `amx_bf16` in /proc/cpuinfo); without them the matmuls are emulated: "
+        "measure with this command before turning it on.",
         "",
         _rollout_line(r),
         "",
