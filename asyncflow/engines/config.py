@@ -76,9 +76,14 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     ] = "native"
     device: Annotated[Device, Meta(description="Where the model runs.")] = "cpu"
     device_index: Annotated[NonNegInt, Meta(description="Which accelerator on the host (ignored on cpu).")] = 0
-    dtype: Annotated[DType, Meta(description="Weights and KV-cache dtype. Log-prob consistency with training needs float32.")] = (
-        "float32"
-    )
+    dtype: Annotated[
+        DType,
+        Meta(
+            description="Weights and KV-cache dtype. Log-prob consistency with training needs float32. bfloat16 is faster on a "
+            "CPU with bfloat16 instructions (docs/real-model.md, 'In bfloat16': measured there for generation; learning with "
+            "it is not measured yet)."
+        ),
+    ] = "float32"
     kv_cache_bytes: Annotated[
         Count | None,
         Meta(description="KV-cache budget in bytes. Exactly one of this and ``kv_cache_fraction`` may be set; neither: 64 MiB."),
