@@ -22,8 +22,9 @@ Invariants:
   named no session: its agent can only continue it by the id it was sent back) that
   is not taking a turn; when every kept session is a named open one, a new one is
   refused (HTTP 429). Anonymous requests alone can never fill the store for good.
-- A session id is at most ``MAX_SESSION_ID`` characters of ``SESSION_ID_CHARS``
-  (``check_session_id``): it travels back in an HTTP header and names a URL path.
+- A session id is 1 to ``MAX_SESSION_ID`` printable ASCII characters, no ``/`` and no
+  space at either end (``check_session_id``): it travels back in an HTTP header and
+  names a URL path segment.
 """
 
 from __future__ import annotations
@@ -38,17 +39,19 @@ from typing import Any
 from asyncflow.gateway.chat import Message
 
 MAX_SESSION_ID = 128
-SESSION_ID_CHARS = re.compile(r"[A-Za-z0-9._:@+=-]+")
+SESSION_ID = re.compile(r"[!-.0-~]([ -.0-~]*[!-.0-~])?")
+"""Printable ASCII but ``/`` (it names a URL path segment), spaces inside only (an HTTP
+header strips them at the ends)."""
 
 
 def check_session_id(session: str) -> str:
     """``session`` if it is a usable id; a 400 saying what to send otherwise."""
-    if len(session) > MAX_SESSION_ID or not SESSION_ID_CHARS.fullmatch(session):
+    if len(session) > MAX_SESSION_ID or not SESSION_ID.fullmatch(session):
         shown = session[:40] + ("..." if len(session) > 40 else "")
         raise RequestError(
             400,
-            f"session id {shown!r} ({len(session)} characters): use 1 to {MAX_SESSION_ID} characters of "
-            "A-Z a-z 0-9 . _ : @ + = - (the X-Session-Id header, or the request's user field)",
+            f"session id {shown!r} ({len(session)} characters): use 1 to {MAX_SESSION_ID} printable ASCII characters, "
+            "no '/' and no space at either end (the X-Session-Id header, or the request's user field)",
             "invalid_session_id",
         )
     return session

@@ -62,13 +62,22 @@ def test_the_store_drops_an_anonymous_session_only_while_it_takes_no_turn():
     assert store.lookup("anon-1") is None
 
 
-@pytest.mark.parametrize("session", ["agent-€", "agent-😀", "a" * 129, "agent 1", "agent/1", "agent\r\nX-Evil: 1", "agent\x00"])
+@pytest.mark.parametrize(
+    "session", ["agent-€", "agent-😀", "a" * 129, "agent\t1", " agent", "agent/1", "agent\r\nX-Evil: 1", "agent\x00"]
+)
 def test_an_unusable_session_id_is_a_400_naming_the_rule_and_nothing_is_recorded(make_gateway, session):
     gw = make_gateway()
     status, body = chat(gw, {**json.loads(HELLO), "user": session})
-    assert status == 400 and "use 1 to 128 characters of A-Z a-z 0-9" in body["error"]["message"], body
+    assert status == 400 and "use 1 to 128 printable ASCII characters, no '/'" in body["error"]["message"], body
     assert call(gw.url, "/v1/asyncflow/sessions")[1]["sessions"] == [] and gw.engine.prompts == []
     assert chat(gw, HELLO, session="agent-€")[0] == 400  # the header too (sent as UTF-8 bytes)
+
+
+def test_a_free_text_user_field_is_a_session_id_and_its_header_comes_back_unchanged(make_gateway):
+    gw = make_gateway()
+    status, _ = chat(gw, {**json.loads(HELLO), "user": "what is 3*3? (ann@example.org)"})
+    assert status == 200
+    assert call(gw.url, "/v1/asyncflow/sessions")[1]["sessions"] == ["what is 3*3? (ann@example.org)"]
 
 
 def test_a_client_that_hangs_up_mid_upload_costs_one_log_line(make_gateway, caplog):
