@@ -47,6 +47,17 @@ ROUND3_REV = "19e0a5f"
 """The commit before issue 13's third round (the driver's stale sockets closed, no swap grant for a
 replica alone, the trainer's metrics from a sender thread, the trainer pinned on an idle machine)."""
 
+_ONE_ASYNC_RUN = [PY, "scripts/real_model_check.py", "--seeds", "0", "--modes", "async"]
+"""One async run of examples/smollm2.toml, seed 0 (the real-model sections that change one thing)."""
+_GROUP_ROLLOUT = [
+    *(PY, "-m", "asyncflow.cli.main", "bench", "rollout", "--model", "models/smollm2-135m"),
+    *("--num-prompts", "8", "--samples-per-prompt", "8", "--batch-size", "64", "--max-new-tokens", "24", "--repeats", "3"),
+]
+"""bench rollout on SmolLM2 as examples/smollm2.toml draws (8 prompts x 8 samples)."""
+
+_REAL_PEER = [PY, "-m", "asyncflow.cli.main", "bench", "peer", "--config", "examples/smollm2.toml", "--steps", "10"]
+"""bench peer on SmolLM2 at the config's 10 steps."""
+
 SECTIONS: dict[str, list[str]] = {
     "parity": [PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--out", "{work}/parity"],
     "objective": [
@@ -126,12 +137,7 @@ SECTIONS: dict[str, list[str]] = {
         "{work}/real_model",
     ],
     "real_lora_learning": [  # the same task with LoRA rank 8 (adapters learn at 10x the full model's lr)
-        PY,
-        "scripts/real_model_check.py",
-        "--seeds",
-        "0",
-        "--modes",
-        "async",
+        *_ONE_ASYNC_RUN,
         "--set",
         "train.engine.lora.rank=8",
         "--set",
@@ -139,56 +145,10 @@ SECTIONS: dict[str, list[str]] = {
         "--out",
         "{work}/real_lora_learning",
     ],
-    "real_rollout": [
-        PY,
-        "-m",
-        "asyncflow.cli.main",
-        "bench",
-        "rollout",
-        "--model",
-        "models/smollm2-135m",
-        "--num-prompts",
-        "8",
-        "--samples-per-prompt",
-        "8",
-        "--batch-size",
-        "64",
-        "--max-new-tokens",
-        "24",
-        "--repeats",
-        "3",
-        "--profile",
-        "--json",
-    ],
-    "real_rollout_bf16": [  # real_rollout with bfloat16 weights and KV cache (a CPU with avx512_bf16 or AMX)
-        PY,
-        "-m",
-        "asyncflow.cli.main",
-        "bench",
-        "rollout",
-        "--model",
-        "models/smollm2-135m",
-        "--num-prompts",
-        "8",
-        "--samples-per-prompt",
-        "8",
-        "--batch-size",
-        "64",
-        "--max-new-tokens",
-        "24",
-        "--repeats",
-        "3",
-        "--dtype",
-        "bfloat16",
-        "--json",
-    ],
+    "real_rollout": [*_GROUP_ROLLOUT, "--profile", "--json"],
+    "real_rollout_bf16": [*_GROUP_ROLLOUT, "--dtype", "bfloat16", "--json"],  # a CPU with avx512_bf16 or AMX
     "real_bf16_learning": [  # the task with the rollout in bfloat16 (training stays float32)
-        PY,
-        "scripts/real_model_check.py",
-        "--seeds",
-        "0",
-        "--modes",
-        "async",
+        *_ONE_ASYNC_RUN,
         "--set",
         "rollout.engine.dtype=bfloat16",
         "--out",
@@ -244,30 +204,9 @@ SECTIONS: dict[str, list[str]] = {
         "3",
         "--json",
     ],
-    "real_peer": [
-        PY,
-        "-m",
-        "asyncflow.cli.main",
-        "bench",
-        "peer",
-        "--config",
-        "examples/smollm2.toml",
-        "--steps",
-        "10",
-        "--json",
-        "--out",
-        "{work}/real_peer",
-    ],
+    "real_peer": [*_REAL_PEER, "--json", "--out", "{work}/real_peer"],
     "real_peer_trl2": [  # TRL alone with two torch threads: the same work on both cores, beside real_peer's
-        PY,
-        "-m",
-        "asyncflow.cli.main",
-        "bench",
-        "peer",
-        "--config",
-        "examples/smollm2.toml",
-        "--steps",
-        "10",
+        *_REAL_PEER,
         "--trl-threads",
         "2",
         "--only-trl",

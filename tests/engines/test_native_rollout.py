@@ -17,6 +17,16 @@ def engine(model_dir, **kw):
     return build_rollout_engine(RolloutEngineConfig(**cfg), model_dir)
 
 
+def assert_training_logprobs(model_dir, prompts, out, temperature: float = 1.0, micro_batch_size: int = 8) -> None:
+    """Each completion's log-probs are the training engine's on the same tokens (fp32, 1e-4)."""
+    trainer = build_train_engine(TrainEngineConfig(micro_batch_size=micro_batch_size), model_dir)
+    batch = make_token_batch([prompts[c.prompt_index] for c in out], [c.response_ids for c in out], pad_token_id=0)
+    logp_BT = trainer.forward(batch, temperature=temperature).logp
+    for b, c in enumerate(out):
+        start = len(prompts[c.prompt_index])
+        assert torch.allclose(logp_BT[b, start : start + len(c.response_ids)], torch.tensor(c.logprobs), atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("arch_dir", ["qwen2_dir", "llama_dir"])
 def test_rollout_logprobs_match_training_engine_logprobs_at_temperature_one_in_fp32(arch_dir, request):
     model_dir = request.getfixturevalue(arch_dir)
@@ -39,12 +49,7 @@ def test_the_samples_of_a_prompt_share_one_prefill_and_still_draw_their_own_toke
     # they sample independently (4 samples of a prompt at temperature 1 are not all one response)
     by_prompt = {p: {tuple(c.response_ids) for c in out if c.prompt_index == p} for p in range(3)}
     assert all(len(responses) > 1 for responses in by_prompt.values())
-    trainer = build_train_engine(TrainEngineConfig(), qwen2_dir)
-    batch = make_token_batch([PROMPTS[c.prompt_index] for c in out], [c.response_ids for c in out], pad_token_id=0)
-    logp_BT = trainer.forward(batch).logp
-    for b, c in enumerate(out):
-        start = len(PROMPTS[c.prompt_index])
-        assert torch.allclose(logp_BT[b, start : start + len(c.response_ids)], torch.tensor(c.logprobs), atol=1e-4, rtol=0)
+    assert_training_logprobs(qwen2_dir, PROMPTS, out)
 
 
 def test_a_prefix_common_to_the_prompts_runs_once_and_the_logprobs_stay_the_training_engines(qwen2_dir):
@@ -56,18 +61,8 @@ def test_a_prefix_common_to_the_prompts_runs_once_and_the_logprobs_stay_the_trai
     shared = len(system) - 1
     assert rollout.stats.num_prefills == 1 and rollout.stats.prefill_rows == 4
     assert rollout.stats.prefill_tokens == shared + sum(len(p) - shared for p in prompts)
-    trainer = build_train_engine(TrainEngineConfig(), qwen2_dir)
-    batch = make_token_batch([prompts[c.prompt_index] for c in out], [c.response_ids for c in out], pad_token_id=0)
-    logp_BT = trainer.forward(batch).logp
-    for b, c in enumerate(out):
-        start = len(prompts[c.prompt_index])
-        assert torch.allclose(logp_BT[b, start : start + len(c.response_ids)], torch.tensor(c.logprobs), atol=1e-4, rtol=0)
-    greedy = rollout.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=6))
-    model = AutoModelForCausalLM.from_pretrained(qwen2_dir)
-    for c in greedy:
-        prompt = torch.tensor([prompts[c.prompt_index]])
-        ref = model.generate(prompt, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert c.response_ids == ref[0, prompt.shape[1] :].tolist()
+    assert_training_logprobs(qwen2_dir, prompts, out)
+    assert_greedy_is_transformers(qwen2_dir, prompts, rollout, max_new_tokens=6)
 
 
 def test_logprobs_at_other_temperatures_match_training_logprobs_at_that_temperature(qwen2_dir):
@@ -81,14 +76,18 @@ def test_logprobs_at_other_temperatures_match_training_logprobs_at_that_temperat
         assert torch.allclose(logp_BT[b, start : start + 10], torch.tensor(c.logprobs), atol=1e-4, rtol=0)
 
 
-def test_greedy_generation_equals_transformers_greedy_generate(qwen2_dir):
-    rollout = engine(qwen2_dir)
-    out = rollout.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=12))
-    model = AutoModelForCausalLM.from_pretrained(qwen2_dir)
+def assert_greedy_is_transformers(model_dir, prompts, rollout, max_new_tokens: int) -> None:
+    """The engine's greedy responses are transformers' greedy ``generate``, token for token."""
+    out = rollout.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
     for c in out:
-        prompt = torch.tensor([PROMPTS[c.prompt_index]])
-        ref = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+        prompt = torch.tensor([prompts[c.prompt_index]])
+        ref = model.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
         assert c.response_ids == ref[0, prompt.shape[1] :].tolist()
+
+
+def test_greedy_generation_equals_transformers_greedy_generate(qwen2_dir):
+    assert_greedy_is_transformers(qwen2_dir, PROMPTS, engine(qwen2_dir), max_new_tokens=12)
 
 
 def test_continuous_batching_admits_waiting_prompts_as_others_finish(qwen2_dir):
