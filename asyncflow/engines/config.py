@@ -80,8 +80,8 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
         DType,
         Meta(
             description="Weights and KV-cache dtype. Log-prob consistency with training needs float32. bfloat16 is faster on a "
-            "CPU with bfloat16 instructions (docs/real-model.md, 'In bfloat16': measured there for generation; learning with "
-            "it is not measured yet)."
+            "CPU with bfloat16 instructions (docs/real-model.md, 'In bfloat16' for generation and 'With the rollout in "
+            "bfloat16' for learning, one seed); the trainer's float32 log-probs then differ more from the rollout's."
         ),
     ] = "float32"
     kv_cache_bytes: Annotated[
