@@ -303,15 +303,41 @@ ACTOR_STOP_S, ORPHAN_ACTOR_STOP_S = 10.0, 3.0
 """How long the stop of one actor waits for it (its unit of work in progress to end)."""
 
 
-def _exit_after(seconds: float, name: str) -> None:
+ORPHAN_SETTLE_S = 1.0
+"""How long a host woken by SIGTERM looks whether its driver is dying (``_orphaned``)."""
+
+
+def _orphaned(parent_pid: int, settle_s: float = ORPHAN_SETTLE_S) -> bool:
+    """Whether this host's driver is gone. PR_SET_PDEATHSIG fires when the driver's
+    *thread* that started this process dies: while the other threads of a killed driver
+    are still dying, the kernel hands this process to one of them, so ``getppid()``
+    names the driver for a moment more. Look again for up to ``settle_s``; a driver
+    that sent SIGTERM itself stays our parent all along."""
+    if not parent_pid:
+        return False
+    deadline = time.monotonic() + settle_s
+    while os.getppid() == parent_pid:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _exit_after(seconds: float, name: str, parent_pid: int = 0) -> None:
+    """Exit (stacks printed first) ``seconds`` from now, or ``ORPHAN_GRACE_S`` after the
+    driver ``parent_pid`` is seen gone, whichever comes first."""
+
     def expire() -> None:
+        watching, end = parent_pid, time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.25))
+            if watching and os.getppid() != watching:  # the driver died while this host stopped
+                end, watching = min(end, time.monotonic() + ORPHAN_GRACE_S), 0
         print(f"[{name}] did not stop within {seconds:g} s; stacks follow, then exit", file=sys.stderr, flush=True)
         faulthandler.dump_traceback(all_threads=True)
         os._exit(1)
 
-    timer = threading.Timer(seconds, expire)
-    timer.daemon = True
-    timer.start()
+    threading.Thread(target=expire, name=f"{name}-exit-timer", daemon=True).start()
 
 
 LOG_DIR_ENV = "ASYNCFLOW_LOG_DIR"
@@ -457,9 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     host = serve_actor(HostActor, f"host.{args.name}", transport, directory_address=args.directory, stopped=stopped)
     directory.register(host.entry())
     stopped.wait()
-    orphaned = os.getppid() != int(os.environ.get(PARENT_ENV, "0") or os.getppid())
+    parent_pid = int(os.environ.get(PARENT_ENV, "0") or 0)
+    orphaned = _orphaned(parent_pid)
     # an orphan's driver is gone, and with it every peer its actors would wait for: exit sooner
-    _exit_after(ORPHAN_GRACE_S if orphaned else STOP_GRACE_S, args.name)
+    _exit_after(ORPHAN_GRACE_S if orphaned else STOP_GRACE_S, args.name, 0 if orphaned else parent_pid)
     leftovers: tuple[list[str], list[ServedActor]] = host.pykka_ref.ask(_Leftovers(), block=True)
     could_not_stop, running = leftovers
     stuck = could_not_stop + [  # those a Stop from the driver could not stop, and the rest

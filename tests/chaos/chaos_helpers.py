@@ -26,6 +26,7 @@ HOOKS = HERE / "hooks"
 NUM_STEPS, CHECKPOINT_EVERY, PROMPTS_PER_STEP, GROUP_SIZE = 6, 2, 2, 2
 SEED_SHIFT = int(os.environ.get("AF_CHAOS_SEED", "0"))
 HOSTS_FOLLOW_S = 40.0  # a host's stop grace (core/host.py STOP_GRACE_S) and some
+ORPHANS_FOLLOW_S = 20.0  # an orphan's grace (core/host.py ORPHAN_GRACE_S, 10 s) and some: hosts took 30 s before
 LIVE: list[ChaosRun] = []  # killed by the autouse fixture of conftest.py after each test, whatever happened
 
 
@@ -132,13 +133,15 @@ class ChaosRun:
 
     def kill_driver(self) -> None:
         """kill -9 the driver (``afctl up``) itself: its hosts must follow it (they get
-        SIGTERM when their parent dies) within ``HOSTS_FOLLOW_S``."""
+        SIGTERM when their parent dies) within ``ORPHANS_FOLLOW_S``."""
         self.hosts()
         self.proc.kill()
         self.proc.wait(timeout=10)
-        deadline = time.monotonic() + HOSTS_FOLLOW_S
+        deadline = time.monotonic() + ORPHANS_FOLLOW_S
         while time.monotonic() < deadline and any(_alive(pid) for pid in self.pids):
             time.sleep(0.1)
+        alive = [pid for pid in self.pids if _alive(pid)]
+        assert not alive, self.why(f"hosts {alive} outlived their killed driver by {ORPHANS_FOLLOW_S:g} s (ORPHAN_GRACE_S: 10)")
 
     def finish(self, timeout_s: float = 240.0, expect_stop: str | None = None) -> str:
         """Wait for the run's end. A clean stop (exit code 1, no traceback), or a driver
