@@ -470,7 +470,13 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {int(c) for c in os.environ[CPUS_ENV].split(",")})
     transport = TransportConfig.from_env().validate()
     stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    signalled = threading.Event()  # woken by SIGTERM (the kernel's, when the driver dies), not by a Stop
+
+    def on_sigterm(*_) -> None:
+        signalled.set()
+        stopped.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     if os.environ.get(PARENT_ENV):
         # Ctrl-C in a terminal reaches every process of the foreground group: a host started
         # by a driver leaves it to the driver, which stops the roles in order, then the hosts
@@ -484,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     directory.register(host.entry())
     stopped.wait()
     parent_pid = int(os.environ.get(PARENT_ENV, "0") or 0)
-    orphaned = _orphaned(parent_pid)
+    # only a SIGTERM can come from a dying driver; a Stop comes from a live one (no settling look)
+    orphaned = _orphaned(parent_pid, ORPHAN_SETTLE_S if signalled.is_set() else 0.0)
     # an orphan's driver is gone, and with it every peer its actors would wait for: exit sooner
     _exit_after(ORPHAN_GRACE_S if orphaned else STOP_GRACE_S, args.name, 0 if orphaned else parent_pid)
     leftovers: tuple[list[str], list[ServedActor]] = host.pykka_ref.ask(_Leftovers(), block=True)
