@@ -303,6 +303,8 @@ ACTOR_STOP_S, ORPHAN_ACTOR_STOP_S = 10.0, 3.0
 """How long the stop of one actor waits for it (its unit of work in progress to end)."""
 
 
+PARENT_POLL_S = 2.0
+"""How often a serving host looks whether its driver is still its parent."""
 ORPHAN_SETTLE_S = 1.0
 """How long a host woken by SIGTERM looks whether its driver is dying (``_orphaned``)."""
 
@@ -488,8 +490,13 @@ def main(argv: list[str] | None = None) -> int:
     directory = DirectoryClient(args.directory, transport)
     host = serve_actor(HostActor, f"host.{args.name}", transport, directory_address=args.directory, stopped=stopped)
     directory.register(host.entry())
-    stopped.wait()
     parent_pid = int(os.environ.get(PARENT_ENV, "0") or 0)
+    # the kernel's SIGTERM when the driver dies is the fast path; looking at the parent every few
+    # seconds catches a driver gone without it (a host of a killed driver once lived on for minutes)
+    while not stopped.wait(timeout=PARENT_POLL_S):
+        if parent_pid and os.getppid() != parent_pid:
+            signalled.set()
+            stopped.set()
     # only a SIGTERM can come from a dying driver; a Stop comes from a live one (no settling look)
     orphaned = _orphaned(parent_pid, ORPHAN_SETTLE_S if signalled.is_set() else 0.0)
     # an orphan's driver is gone, and with it every peer its actors would wait for: exit sooner
