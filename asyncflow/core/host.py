@@ -305,6 +305,8 @@ ACTOR_STOP_S, ORPHAN_ACTOR_STOP_S = 10.0, 3.0
 
 PARENT_POLL_S = 2.0
 """How often a serving host looks whether its driver is still its parent."""
+SIGNAL_POLL_S = 0.2
+"""How often a serving host looks whether a SIGTERM (or SIGINT) was recorded."""
 ORPHAN_SETTLE_S = 1.0
 """How long a host woken by SIGTERM looks whether its driver is dying (``_orphaned``)."""
 
@@ -471,20 +473,18 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get(CPUS_ENV):  # [cluster] pin_trainer_cores: the cores the driver gave this process
         os.sched_setaffinity(0, {int(c) for c in os.environ[CPUS_ENV].split(",")})
     transport = TransportConfig.from_env().validate()
-    stopped = threading.Event()
-    signalled = threading.Event()  # woken by SIGTERM (the kernel's, when the driver dies), not by a Stop
-
-    def on_sigterm(*_) -> None:
-        signalled.set()
-        stopped.set()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    stopped = threading.Event()  # set by the host actor on Stop
+    # A signal handler takes no lock: it only records the signal, and the loop below looks.
+    # (It used to call stopped.set(): a second SIGTERM arriving inside the first one's
+    # Event.set, as a dying driver's threads each send one, deadlocked the host for good.)
+    signals: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: signals.append(signum))
     if os.environ.get(PARENT_ENV):
         # Ctrl-C in a terminal reaches every process of the foreground group: a host started
         # by a driver leaves it to the driver, which stops the roles in order, then the hosts
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     else:
-        signal.signal(signal.SIGINT, lambda *_: stopped.set())
+        signal.signal(signal.SIGINT, lambda signum, _frame: signals.append(signum))
     stacks_file = _stacks_file(args.name)  # kept open for the process's life: faulthandler writes to its fd
     faulthandler.register(signal.SIGUSR1, file=stacks_file, all_threads=True)  # the driver's stall report asks for stacks
     directory = DirectoryClient(args.directory, transport)
@@ -493,12 +493,14 @@ def main(argv: list[str] | None = None) -> int:
     parent_pid = int(os.environ.get(PARENT_ENV, "0") or 0)
     # the kernel's SIGTERM when the driver dies is the fast path; looking at the parent every few
     # seconds catches a driver gone without it (a host of a killed driver once lived on for minutes)
-    while not stopped.wait(timeout=PARENT_POLL_S):
-        if parent_pid and os.getppid() != parent_pid:
-            signalled.set()
-            stopped.set()
+    looked = time.monotonic()
+    while not signals and not stopped.wait(timeout=SIGNAL_POLL_S):
+        if parent_pid and time.monotonic() - looked > PARENT_POLL_S:
+            looked = time.monotonic()
+            if os.getppid() != parent_pid:
+                signals.append(signal.SIGTERM)
     # only a SIGTERM can come from a dying driver; a Stop comes from a live one (no settling look)
-    orphaned = _orphaned(parent_pid, ORPHAN_SETTLE_S if signalled.is_set() else 0.0)
+    orphaned = _orphaned(parent_pid, ORPHAN_SETTLE_S if signals else 0.0)
     # an orphan's driver is gone, and with it every peer its actors would wait for: exit sooner
     _exit_after(ORPHAN_GRACE_S if orphaned else STOP_GRACE_S, args.name, 0 if orphaned else parent_pid)
     leftovers: tuple[list[str], list[ServedActor]] = host.pykka_ref.ask(_Leftovers(), block=True)
