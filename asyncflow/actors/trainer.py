@@ -449,14 +449,14 @@ class TrainerActor(LoopActor):
             aside = _link_latest(final)
             if aside is not None:
                 log.warning("checkpoints/latest was a directory, not a link: moved to %s", aside)
-            keep = self.run.config.train.keep_checkpoints
-            try:
-                for old in prune_checkpoints(self.run.dir, keep):
-                    log.info("deleted checkpoint %s (train.keep_checkpoints = %d)", old.name, keep)
-            except OSError as exc:  # the new checkpoint stands; an old one left behind is no reason to stop
-                log.warning("could not delete an old checkpoint (train.keep_checkpoints = %d): %s", keep, exc)
         finally:
             self._resume_roles(paused)
+        keep = self.run.config.train.keep_checkpoints  # deleted once the roles work again: not in their pause
+        try:
+            for old in prune_checkpoints(self.run.dir, keep):
+                log.info("deleted checkpoint %s (train.keep_checkpoints = %d)", old.name, keep)
+        except OSError as exc:  # the new checkpoint stands; an old one left behind is no reason to stop
+            log.warning("could not delete an old checkpoint (train.keep_checkpoints = %d): %s", keep, exc)
         log.info("checkpoint at step %d: %s", self.step, final)
         return final
 
