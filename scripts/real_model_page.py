@@ -168,13 +168,20 @@ def _rollout_distinct(r: dict) -> list[str]:
 
 def _train(r: dict) -> list[str]:
     x = r["result"]
-    return [
+    out = [
         "## Training at real size",
         "",
         f"{_head(r)}: one process ({x['one_process_threads']} thread(s)) {x['tokens_per_s']:.0f} tokens/s; FSDP2 over "
         f"{x['fsdp2_processes']} processes {x['fsdp2_tokens_per_s']:.0f} tokens/s ({x['ratio_fsdp2_to_one_process']:.2f}x).",
         "",
     ]
+    if "autocast_tokens_per_s" in x:
+        out[-2] += (
+            f" One process with bfloat16 autocast (`train.engine.autocast`, float32 master weights): "
+            f"{x['autocast_tokens_per_s']:.0f} tokens/s, **{x['ratio_autocast_to_float32']:.2f}x float32** on this CPU "
+            "(avx512_bf16)."
+        )
+    return out
 
 
 def _lora(r: dict) -> list[str]:
@@ -206,6 +213,13 @@ def _peer(r: dict) -> list[str]:
         "(`cluster.threads_per_process`), its rollout and trainer in processes of their own (TRL on both cores: "
         "below).",
         "",
+    ]
+    if p["systems"].get("trl", {}).get("bf16"):
+        out[-2] += (
+            " Both train in mixed precision: bfloat16 autocast over float32 weights (asyncflow "
+            '`train.engine.autocast = "bfloat16"`, TRL `bf16=True`).'
+        )
+    out += [
         "| system | samples/s | last-10% reward | held-out accuracy | vs TRL |",
         "|---|---|---|---|---|",
     ]

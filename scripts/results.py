@@ -188,6 +188,7 @@ SECTIONS: dict[str, list[str]] = {
         "8",
         "--steps",
         "2",
+        "--autocast",
         "--json",
     ],
     "real_lora": [

@@ -4,7 +4,8 @@
 
 SPEC (written by ``bench_peer.py`` from the run config): the model directory, the
 data file, the reward functions, prompts per step, group size, new tokens,
-temperature, lr and its schedule, clip, grad clip, steps, seed, threads. The
+temperature, lr and its schedule, clip, grad clip, mixed precision (``bf16`` when
+the trainer has ``autocast = "bfloat16"``), steps, seed, threads. The
 prompts go through the model's chat template as TRL does for conversational data
 (the same ids asyncflow's loader puts in the queue); the reward functions get what
 asyncflow's reward role gives them: decoded prompt and response, the answer, and
@@ -89,7 +90,7 @@ def run(spec: dict) -> dict:
         weight_decay=0.0,
         seed=spec["seed"],
         use_cpu=True,
-        bf16=False,
+        bf16=spec.get("bf16", False),
         fp16=False,
         logging_steps=1,
         report_to=[],
@@ -117,6 +118,7 @@ def run(spec: dict) -> dict:
         "reward_first": rewards[0] if rewards else None,
         "steps": len(rewards),
         "threads": spec["threads"],
+        "bf16": bool(spec.get("bf16", False)),
         "final_model": final_model,
     }
 

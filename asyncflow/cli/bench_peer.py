@@ -50,6 +50,7 @@ def trl_spec(cfg, steps: int, threads: int, out_dir: Path) -> dict:
         "lr_min_ratio": eng.lr_min_ratio,
         "clip_eps": cfg.algorithm.clip_eps,
         "grad_clip": eng.grad_clip,
+        "bf16": eng.autocast == "bfloat16",  # mixed precision as the trainer's (TRL: accelerate's bf16 autocast)
         "steps": steps,
         "seed": cfg.seed,
         "threads": threads,

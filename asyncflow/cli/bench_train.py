@@ -2,7 +2,9 @@
 one process against two-process FSDP2 (gloo on cpu), on the same tiny model (or
 ``--model DIR``: a real one) and
 the same global batch; with ``--packing``, one process with sequence packing on
-against off (``train.engine.packing``) on a batch with long-tailed lengths.
+against off (``train.engine.packing``) on a batch with long-tailed lengths; with
+``--autocast``, one process in float32 against bfloat16 autocast
+(``train.engine.autocast``).
 
 Each configuration runs a warm-up step then ``--steps`` timed optimizer steps of a
 GRPO-shaped loss over the same global batch (FSDP: each rank takes half the rows).
@@ -153,8 +155,26 @@ def _free_port() -> int:
     "--packing", is_flag=True, help="Sequence packing on vs off, one process, on a long-tailed batch (prints one JSON line)."
 )
 @click.option("--long-every", default=8, show_default=True, help="--packing: every n-th row has a long response.")
+@click.option(
+    "--autocast",
+    is_flag=True,
+    help="Also one process with bfloat16 autocast (train.engine.autocast): its tokens/s beside float32's, same batch.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Last line: one JSON object.")
-def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, model_path, threads, packing, long_every, as_json):
+def train(
+    num_rows,
+    seq_len,
+    micro_batch_size,
+    steps,
+    hidden_size,
+    num_layers,
+    model_path,
+    threads,
+    packing,
+    long_every,
+    autocast,
+    as_json,
+):
     """Training tokens/s: one process vs two-process FSDP2 (--packing: packing on vs off)."""
     import torch
     import torch.multiprocessing as mp
@@ -193,6 +213,15 @@ def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, m
     seconds = _time_steps(engine, batch, steps)
     figures["one_process_tokens_per_s"] = tokens / seconds
     click.echo(f"one process, {threads} thread(s): {tokens / seconds:.0f} tokens/s ({seconds / steps * 1000:.0f} ms/step)")
+    if autocast:
+        del engine
+        mixed = TrainEngineConfig(lr=1e-4, micro_batch_size=micro_batch_size, autocast="bfloat16")
+        seconds = _time_steps(build_train_engine(mixed, model_dir), batch, steps)
+        figures["autocast_tokens_per_s"] = tokens / seconds
+        click.echo(
+            f"one process, bfloat16 autocast: {tokens / seconds:.0f} tokens/s ({seconds / steps * 1000:.0f} ms/step), "
+            f"{figures['autocast_tokens_per_s'] / figures['one_process_tokens_per_s']:.2f}x float32"
+        )
 
     out_path = os.path.join(tempfile.mkdtemp(prefix="bench_train_fsdp_"), "fsdp.json")
     args = {"num_rows": num_rows, "seq_len": seq_len, "micro_batch_size": micro_batch_size, "steps": steps}
@@ -218,6 +247,16 @@ def train(num_rows, seq_len, micro_batch_size, steps, hidden_size, num_layers, m
                     "fsdp2_processes": world,
                     "ratio_fsdp2_to_one_process": round(ratio, 3),
                     "load_average": round(os.getloadavg()[0], 2),
+                    **(
+                        {
+                            "autocast_tokens_per_s": round(figures["autocast_tokens_per_s"], 1),
+                            "ratio_autocast_to_float32": round(
+                                figures["autocast_tokens_per_s"] / figures["one_process_tokens_per_s"], 3
+                            ),
+                        }
+                        if autocast
+                        else {}
+                    ),
                 }
             )
         )

@@ -25,6 +25,10 @@ Invariants:
   loss, which gets the micro-batch's rows as a padded ``TokenBatch``: the loss, its
   step totals and the log-probs are those of the padded path. With FSDP a rank with
   fewer packed micro-batches than another splits rows until the counts agree.
+- Mixed precision (``autocast = "bfloat16"``): the model runs under ``torch.autocast``
+  in ``forward`` and ``train_step`` alike; parameters, gradients, AdamW states and
+  checkpoints stay in ``dtype`` (float32), log-probs and entropy are float32 from the
+  logits.
 - Checkpoints are Hugging Face directories: ``model.safetensors`` + config +
   tokenizer (loadable by transformers/vLLM as is), plus ``optimizer.pt``,
   ``value_head.safetensors`` (critic) and ``trainer_state.json``.
@@ -41,6 +45,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -237,6 +242,8 @@ class TorchTrainEngine(TrainEngine):
         trained = [p for p in self.net.parameters() if p.requires_grad] if self.lora else self.net.parameters()
         self.optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused)
         self._step = 0
+        self.compute_dtype = torch_dtype(cfg.autocast if cfg.autocast != "off" else cfg.dtype)
+        """The dtype the matmuls run in (``autocast``'s, else the parameters')."""
         self.pack_attention: PackAttention | None = None
         """With packing: how attention is kept within packed sequences (the path that runs)."""
         if cfg.packing:
@@ -322,6 +329,13 @@ class TorchTrainEngine(TrainEngine):
     def version(self) -> int:
         return self._step
 
+    def _compute(self) -> contextlib.AbstractContextManager[Any]:
+        """Where the model runs: under ``torch.autocast`` with ``autocast`` set (its
+        backward follows the forward's dtypes), else as is."""
+        if self.cfg.autocast == "off":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
     def _run(self, mb: _MicroBatch, temperature: float, with_entropy: bool) -> ForwardOutput:
         if mb.packed is not None:
             return self._run_packed(mb.packed.to(self.device), temperature, with_entropy)
@@ -331,7 +345,8 @@ class TorchTrainEngine(TrainEngine):
         # the model skips building and applying it. Any other mask is passed as is.
         mask = None if right_padded(mb.batch.attention_mask) else mb.batch.attention_mask.to(self.device)
         start = 0 if self.cfg.critic else logits_start(mb.batch.response_mask)
-        logits, values = self.net(ids, mask, None, start)
+        with self._compute():
+            logits, values = self.net(ids, mask, None, start)
         if values is not None:
             return ForwardOutput(logp=torch.zeros_like(values, dtype=torch.float32), values=F.pad(values[:, :-1].float(), (1, 0)))
         # logits of positions start.. only: the log-probs of tokens start + 1.., and 0 before (never a response token)
@@ -341,8 +356,9 @@ class TorchTrainEngine(TrainEngine):
     def _run_packed(self, packed: PackedRows, temperature: float, with_entropy: bool) -> ForwardOutput:
         """The model on packed rows [R, N]; outputs put back at the rows' [b, t], column 0 zero."""
         ids_RN, pos_RN = packed.input_ids, packed.position_ids
-        mask = block_causal_mask(pos_RN, torch_dtype(self.cfg.dtype)) if self.pack_attention == "mask" else None
-        logits, values = self.net(ids_RN, mask, pos_RN)
+        mask = block_causal_mask(pos_RN, self.compute_dtype) if self.pack_attention == "mask" else None
+        with self._compute():
+            logits, values = self.net(ids_RN, mask, pos_RN)
 
         def back(x_RN: torch.Tensor) -> torch.Tensor:
             # x_RN[r, n] is about the token at n given what precedes it; a sequence's first
