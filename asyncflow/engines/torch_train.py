@@ -25,10 +25,10 @@ Invariants:
   loss, which gets the micro-batch's rows as a padded ``TokenBatch``: the loss, its
   step totals and the log-probs are those of the padded path. With FSDP a rank with
   fewer packed micro-batches than another splits rows until the counts agree.
-- Mixed precision (``autocast = "bfloat16"``): the model runs under ``torch.autocast``
-  in ``forward`` and ``train_step`` alike; parameters, gradients, AdamW states and
-  checkpoints stay in ``dtype`` (float32), log-probs and entropy are float32 from the
-  logits.
+- Mixed precision (``autocast = "bfloat16"``): the decoder runs under ``torch.autocast``
+  in ``forward`` and ``train_step`` alike, the LM head in float32 (bfloat16 logits
+  would be off by ~0.1); parameters, gradients, AdamW states and checkpoints stay in
+  ``dtype`` (float32).
 - Checkpoints are Hugging Face directories: ``model.safetensors`` + config +
   tokenizer (loadable by transformers/vLLM as is), plus ``optimizer.pt``,
   ``value_head.safetensors`` (critic) and ``trainer_state.json``.
@@ -112,6 +112,13 @@ class _Net(torch.nn.Module):
             "use_cache": False,
         }
         if self.value_head is None:
+            device = input_ids_BT.device.type
+            if torch.is_autocast_enabled(device):
+                # mixed precision: the decoder in the autocast dtype, the LM head in float32. Logits
+                # are tens, and bfloat16's 8-bit mantissa would put ~0.1 of error into every log-prob
+                hidden_BTE = self.lm.model(**kw).last_hidden_state[:, logits_from:]
+                with torch.autocast(device, enabled=False):
+                    return self.lm.lm_head(hidden_BTE.float()), None
             if logits_from > 0:
                 kw["logits_to_keep"] = input_ids_BT.shape[1] - logits_from
             return self.lm(**kw).logits, None

@@ -145,6 +145,16 @@ def test_bf16_autocast_computes_in_bfloat16_and_keeps_float32_master_weights(qwe
             last = trainer.train_step(b, nll).loss
         assert last < first
         assert {p.dtype for p in trainer.net.parameters()} == {torch.float32}
+        # the LM head runs in float32: in bfloat16 its logits (tens, 8 bits of mantissa) are off by ~0.1
+        seen: list[tuple[bool, torch.dtype]] = []
+
+        def record(module, args, seen=seen):
+            seen.append((torch.is_autocast_enabled("cpu"), args[0].dtype))
+
+        head = trainer.net.lm.lm_head.register_forward_pre_hook(record)
+        trainer.forward(b)
+        head.remove()
+        assert seen and set(seen) == {(False, torch.float32)}
         states = [t for s in trainer.optimizer.state.values() for t in s.values() if t.dim() > 0]
         assert states and {t.dtype for t in states} == {torch.float32}
 
