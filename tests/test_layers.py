@@ -11,7 +11,9 @@ Rules:
 - ``asyncflow.core`` imports nothing from ``actors``, ``algorithms``, ``planner``,
   ``engines``, ``config`` or ``cli``: it knows no RL;
 - ``asyncflow.config`` (the RL run's schema) imports nothing from ``actors``,
-  ``algorithms``, ``planner`` or ``cli`` (it includes the engine sections);
+  ``algorithms``, ``planner`` or ``cli`` (it includes the engine sections), but the
+  algorithms' schema (``algorithms.registry``, ``algorithms.loss_configs``), which
+  imports no torch and no other algorithm or engine module;
 - ``asyncflow.engines`` imports nothing from ``actors``, ``algorithms``, ``planner``,
   ``config`` or ``cli``, and outside it nothing imports a concrete engine (``engines.factory``
   is the only place that names one);
@@ -79,6 +81,9 @@ CORE_MAY_NOT_IMPORT = (
     "asyncflow.config",
 )
 CONFIG_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli")
+ALGORITHM_SCHEMA = ("asyncflow.algorithms.registry", "asyncflow.algorithms.loss_configs")
+"""The torch-free half of the algorithms (the registry's entries, the losses' config
+Structs): the config embeds them. They import no torch and no other algorithm module."""
 ENGINES_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli")
 CONCRETE_ENGINES = tuple(
     f"asyncflow.engines.{m}" for m in ("native_rollout", "native_model", "kv_cache", "vllm_rollout", "vllm_worker", "torch_train")
@@ -205,8 +210,18 @@ def layer_violations(
             rule = None
             if _under(module, ("asyncflow.core",)) and _under(target, CORE_MAY_NOT_IMPORT):
                 rule = "core is the bottom layer"
-            elif _under(module, ("asyncflow.config",)) and _under(target, CONFIG_MAY_NOT_IMPORT):
-                rule = "the RL config sits above core and engines, below the roles"
+            elif (
+                _under(module, ("asyncflow.config",))
+                and _under(target, CONFIG_MAY_NOT_IMPORT)
+                and not _under(target, ALGORITHM_SCHEMA)
+            ):
+                rule = "the RL config sits above core and engines, below the roles (of the algorithms: their schema only)"
+            elif (
+                _under(module, ALGORITHM_SCHEMA)
+                and _under(target, ("asyncflow.algorithms", "asyncflow.engines"))
+                and not _under(target, ALGORITHM_SCHEMA)
+            ):
+                rule = "the algorithm schema is torch-free: it names functions as 'module:function', imported when built"
             elif _under(module, ("asyncflow.engines",)) and _under(target, ENGINES_MAY_NOT_IMPORT + ("asyncflow.config",)):
                 rule = "engines sit below the roles, the algorithms and the planner"
             elif not _under(module, ("asyncflow.engines",)) and _under(target, CONCRETE_ENGINES):
@@ -233,6 +248,8 @@ def layer_violations(
                 used.add((module, target))
                 continue
             found.append(f"{where(module, line)}: {module} imports {target} ({rule})")
+        if _under(module, ALGORITHM_SCHEMA) and "torch" in external[module]:
+            found.append(f"{where(module, external[module]['torch'])}: {module} imports torch (the config reads it)")
         if _under(module, ("asyncflow.planner",)) and not _under(module, ("asyncflow.planner.io",)):
             for other, line in sorted(external[module].items()):
                 if other in PLANNER_PURE_NO_THIRD_PARTY:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -28,13 +27,10 @@ import torch
 from asyncflow.actors._batching import token_batch
 from asyncflow.actors._run import Run
 from asyncflow.actors.names import TRAINER
+from asyncflow.algorithms import registry
 from asyncflow.algorithms.off_policy import ratio_quantiles
-from asyncflow.config.run import AlgorithmConfig
 from asyncflow.core.phases import phase
 from asyncflow.engines.base import TokenBatch
-
-if TYPE_CHECKING:
-    from asyncflow.algorithms.grpo import PolicyLossConfig
 
 log = logging.getLogger(__name__)
 
@@ -68,31 +64,10 @@ def join_trainer_group(ctx, run: Run, rank: int):
     return store
 
 
-def loss_config(alg: AlgorithmConfig) -> PolicyLossConfig:
-    """The policy loss of ``[algorithm]`` (the KL goes to the reward instead with
-    ``kl_in_reward``)."""
-    from asyncflow.algorithms.grpo import PolicyLossConfig
-
-    return PolicyLossConfig(
-        clip_low=alg.clip_eps,
-        clip_high=alg.clip_eps,
-        kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef,
-        kl_estimator=alg.kl_estimator,
-        entropy_coef=alg.entropy_coef,
-        agg="token-mean" if alg.loss_agg == "token_mean" else "seq-mean-token-mean",
-        tis_cap=alg.is_truncation,
-        clip_against=alg.clip_against,
-        is_level=alg.is_level,
-        is_mask_low=alg.is_mask_low,
-        is_mask_high=alg.is_mask_high,
-    )
-
-
 class PolicyUpdate:
     """Engines and loss of one rank; ``train`` runs one optimizer step on this rank's rows."""
 
     def __init__(self, run: Run):
-        from asyncflow.algorithms.grpo import policy_loss_fn
         from asyncflow.engines.factory import build_train_engine
 
         cfg, launch = run.config, run.launch
@@ -101,8 +76,10 @@ class PolicyUpdate:
         self.engine = build_train_engine(
             cfg.train.engine, launch.model_dir, total_steps=cfg.train.num_steps * cfg.algorithm.epochs
         )
+        self.estimator = cfg.algorithm.estimator  # the registry's entry: what it needs, its function
+        self.estimate = registry.resolve(self.estimator.compute)
         self.critic = None
-        if cfg.algorithm.name == "ppo":
+        if self.estimator.needs_critic:
             critic_dir = Path(launch.resume_from) / "critic" if launch.resume_from else Path(launch.model_dir)
             self.critic = build_train_engine(
                 msgspec.structs.replace(cfg.critic.engine, critic=True), critic_dir, total_steps=cfg.train.num_steps
@@ -113,10 +90,11 @@ class PolicyUpdate:
                 self.critic.load_checkpoint(str(Path(launch.resume_from) / "critic"), with_optimizer=True)
         alg = cfg.algorithm
         self.log_ratios: list[torch.Tensor] = []  # per micro-batch, of the step's first pass
-        self.loss_fn = policy_loss_fn(loss_config(alg), log_ratio_sink=self.log_ratios)
+        build_loss = registry.resolve(registry.policy_loss(registry.loss_name(alg.loss)).build)
+        self.loss_fn = build_loss(alg, self.log_ratios)
         self.temperature = cfg.rollout.sampling.temperature or 1.0
         self.columns = ["prompt_ids", "response_ids", "rollout_logp", "reward", "finish"]
-        if alg.kl_coef > 0:
+        if alg.needs_reference:
             self.columns.append("ref_logp")
         self.multiturn = bool(cfg.env.path)  # rows carry loss_mask and the env_* columns (docs/environments.md)
         if self.multiturn:
@@ -176,14 +154,32 @@ class PolicyUpdate:
             assert tb.rollout_logp is not None and tb.ref_logp is not None  # read above; kl_coef > 0 runs the reference
             kl_BT = kl_per_token(tb.rollout_logp, tb.ref_logp, alg.kl_estimator) * mask_BT
             out["kl"] = float(kl_BT.sum() / mask_BT.sum().clamp(min=1.0))  # this rank's token mean
-        if alg.name == "grpo":
-            with phase("advantages"):
-                tb.advantages = self.grpo_advantages(tb, rewards_B, group_ids)
-            drop_truncated(tb, drop_B)
-        else:
-            out.update(self.ppo_advantages_and_critic(tb, rewards_B, drop_B))
+        out.update(self.advantages(tb, rewards_B, group_ids, drop_B))
         out.update(self.update(tb))
         return out
+
+    def advantages(self, tb: TokenBatch, rewards_B: torch.Tensor, group_ids: list[int], drop_B: torch.Tensor) -> dict[str, float]:
+        """Sets the batch's advantages by the run's estimator (with a critic: its values
+        first, and the returns and old values it trains on), drops the rows of
+        ``drop_B`` from the mask, then trains the critic one step on the rest; returns
+        the critic's figures (none without one)."""
+        from asyncflow.algorithms.estimators import AdvantageInputs
+
+        values_BT = None
+        if self.critic is not None:
+            with phase("values"):
+                values_BT = self.critic.forward(tb).values
+        with phase("advantages"):
+            est = self.estimate(AdvantageInputs(tb, rewards_B, group_ids, self.cfg.algorithm, values_BT))
+        tb.advantages, tb.returns, tb.old_values = est.advantages_BT, est.returns_BT, values_BT
+        drop_truncated(tb, drop_B)
+        if self.critic is None:
+            return {}
+        from asyncflow.algorithms.estimators import ppo_config
+        from asyncflow.algorithms.ppo import critic_loss_fn
+
+        critic_result = self.critic.train_step(tb, critic_loss_fn(ppo_config(self.cfg.algorithm)))
+        return {"critic_loss": critic_result.loss, **{f"critic_{k}": v for k, v in critic_result.metrics.items()}}
 
     def update(self, tb: TokenBatch) -> dict[str, float]:
         """``algorithm.epochs`` optimizer steps on the batch; the last step's figures,
@@ -202,51 +198,6 @@ class PolicyUpdate:
                 quantiles = ratio_quantiles(torch.cat(self.log_ratios)) if self.log_ratios else {}
             self.log_ratios.clear()
         return {"loss": result.loss, "grad_norm": result.grad_norm, **result.metrics, **quantiles}
-
-    def grpo_advantages(self, tb: TokenBatch, rewards_B: torch.Tensor, group_ids: list[int]) -> torch.Tensor:
-        """advantages_BT: each row's reward (minus kl_coef times its sequence KL to the
-        reference with ``kl_in_reward``) normalised within its prompt group."""
-        from asyncflow.algorithms.advantages import broadcast_to_tokens, grpo_advantages
-        from asyncflow.algorithms.kl import kl_penalized_rewards
-
-        alg = self.cfg.algorithm
-        if alg.kl_in_reward and alg.kl_coef > 0:
-            assert tb.rollout_logp is not None and tb.ref_logp is not None  # kl_coef > 0 runs the reference
-            rewards_B = kl_penalized_rewards(
-                rewards_B, tb.rollout_logp, tb.ref_logp, tb.response_mask, alg.kl_coef, alg.kl_estimator
-            )
-        groups: dict[int, list[int]] = {}
-        for pos, group in enumerate(group_ids):
-            groups.setdefault(group, []).append(pos)
-        order = [pos for positions in groups.values() for pos in positions]
-        adv_GN = grpo_advantages(rewards_B[order].view(-1, alg.group_size), divide_by_std=alg.std_normalize)
-        adv_B = torch.empty_like(rewards_B)
-        adv_B[order] = adv_GN.reshape(-1)
-        return broadcast_to_tokens(adv_B, tb.response_mask)
-
-    def ppo_advantages_and_critic(self, tb: TokenBatch, rewards_B: torch.Tensor, drop_B: torch.Tensor) -> dict[str, float]:
-        """Sets the batch's advantages, returns and old values (GAE on the critic's
-        values, the KL in the token rewards with ``kl_in_reward``), drops the rows of
-        ``drop_B`` from the batch's mask, then trains the critic one step on the
-        rest; returns its figures."""
-        from asyncflow.algorithms.ppo import PPOConfig, critic_loss_fn, ppo_advantages
-
-        alg = self.cfg.algorithm
-        ppo = PPOConfig(
-            gamma=alg.gamma,
-            lam=alg.lam,
-            value_clip=alg.value_clip,
-            kl_estimator=alg.kl_estimator,
-            kl_in_reward_coef=alg.kl_coef if alg.kl_in_reward else 0.0,
-        )
-        assert self.critic is not None  # built for ppo
-        values_BT = self.critic.forward(tb).values
-        assert values_BT is not None  # a critic's forward gives values
-        tb.advantages, tb.returns = ppo_advantages(ppo, rewards_B, values_BT, tb.response_mask, tb.rollout_logp, tb.ref_logp)
-        tb.old_values = values_BT
-        drop_truncated(tb, drop_B)
-        critic_result = self.critic.train_step(tb, critic_loss_fn(ppo))
-        return {"critic_loss": critic_result.loss, **{f"critic_{k}": v for k, v in critic_result.metrics.items()}}
 
     def batch_figures(self, columns: dict[str, list]) -> dict[str, float]:
         """Rows, tokens, rewards (before overlong shaping) and the overlong figures of

@@ -87,7 +87,7 @@ def estimate(cfg: RunConfig, model_dir: str, reward_model_dir: str = "") -> dict
     rollout_b = _DTYPE_BYTES[cfg.rollout.engine.dtype]
     kv = cfg.rollout.engine.kv_cache_bytes or (64 << 20 if cfg.rollout.engine.kv_cache_fraction is None else 0)
     trainer = trainer_state_bytes(shape, lora, train_b)
-    if cfg.algorithm.name == "ppo":
+    if cfg.algorithm.needs_critic:
         trainer += trainer_state_bytes(shape, Lora.of(cfg.critic.engine.lora), train_b)
     ranks = cfg.train.num_ranks  # FSDP2 shards that state over the ranks
     out = {"trainer": trainer / ranks + synced * 4}  # + the host-staged snapshot published to rollout (fp32 on cpu)
@@ -98,7 +98,7 @@ def estimate(cfg: RunConfig, model_dir: str, reward_model_dir: str = "") -> dict
     for i in range(cfg.rollout.num_replicas):
         # weights + KV budget + the staged next version (+ the LoRA base copies)
         out[f"rollout.{i}"] = params * rollout_b + kv + synced * 4 + base_copies * rollout_b
-    if cfg.algorithm.kl_coef > 0:
+    if cfg.algorithm.needs_reference:
         for i in range(cfg.reference.num_workers):
             out[f"reference.{i}"] = params * train_b
     rm = cfg.reward_model
@@ -237,9 +237,9 @@ def step_estimate(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> StepE
     params = from_hf_config(Path(model_dir) / "config.json").num_params
     seqs = cfg.train.prompts_per_step * cfg.algorithm.group_size
     tokens = seqs * (prompt_tokens + cfg.rollout.sampling.max_new_tokens)
-    train_flops = 6 * params * tokens * (2 if cfg.algorithm.name == "ppo" else 1)
+    train_flops = 6 * params * tokens * (2 if cfg.algorithm.needs_critic else 1)
     generate_flops = 2 * params * tokens
-    reference_flops = 2 * params * tokens if cfg.algorithm.kl_coef > 0 else 0.0
+    reference_flops = 2 * params * tokens if cfg.algorithm.needs_reference else 0.0
     hw, source = _hardware(cfg)
     eff = Efficiency()
     if cfg.cluster.device == "cpu":  # a "device" of the cpu figures is one core
@@ -428,7 +428,7 @@ def _check_devices(cfg: RunConfig) -> None:
         ("rollout.engine.device", cfg.rollout.engine.device),
         ("train.engine.device", cfg.train.engine.device),
     ]
-    if cfg.algorithm.name == "ppo":
+    if cfg.algorithm.needs_critic:
         used.append(("critic.engine.device", cfg.critic.engine.device))
     kinds = {device for _, device in used}
     if "cuda" in kinds:

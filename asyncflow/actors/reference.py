@@ -3,7 +3,7 @@
 Each unit: take rows of the ``reference`` task with ``prompt_ids`` and
 ``response_ids``, compute per-token log-probs of the response under the base model
 (no gradients), put ``ref_logp`` (float32 [L]) per row, ack (with the next request). Started only when
-``algorithm.kl_coef > 0``.
+``algorithm.kl_coef > 0`` or an estimator that needs one (``algorithm.needs_reference``).
 
 Takes: LoopActor messages. Sends: TQ reads and writes.
 """
@@ -81,7 +81,7 @@ ROLE = roles.RoleSpec(
     name=names.REFERENCE,
     actor=ReferenceActor,
     section="reference",
-    instances=roles.numbered(names.REFERENCE, lambda cfg: cfg.reference.num_workers if cfg.algorithm.kl_coef > 0 else 0),
+    instances=roles.numbered(names.REFERENCE, lambda cfg: cfg.reference.num_workers if cfg.algorithm.needs_reference else 0),
     task=names.TASK_REFERENCE,
     inputs=tuple(ReferenceActor.COLUMNS),
     outputs=("ref_logp",),

@@ -20,11 +20,14 @@ sum over micro-batches is the step mean.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import torch
 
 from asyncflow.algorithms.kl import KLEstimator, kl_per_token
-from asyncflow.algorithms.losses import AggMode, aggregate, clipped_policy_loss, entropy_bonus
+from asyncflow.algorithms.loss_configs import AggMode
+from asyncflow.algorithms.losses import aggregate, clipped_policy_loss, entropy_bonus
 from asyncflow.algorithms.off_policy import (
     ClipAgainst,
     ISLevel,
@@ -134,3 +137,30 @@ def policy_loss_fn(cfg: PolicyLossConfig, log_ratio_sink: list[torch.Tensor] | N
         return aggregate(loss_BT, mask_BT, cfg.agg, ctx), metrics
 
     return loss_fn
+
+
+def build_ppo_clip(alg: Any, log_ratio_sink: list[torch.Tensor] | None = None) -> LossFn:
+    """The registry's ``ppo_clip`` (``registry.POLICY_LOSSES``): ``policy_loss_fn`` of
+    ``ppo_clip_config(alg)``."""
+    return policy_loss_fn(ppo_clip_config(alg), log_ratio_sink)
+
+
+def ppo_clip_config(alg: Any) -> PolicyLossConfig:
+    """The clip and aggregation of ``alg.loss`` (a ``loss_configs.PPOClipLoss``) and the
+    KL, entropy and off-policy terms of ``[algorithm]`` (``alg``). With ``kl_in_reward``
+    the KL is in the reward (the estimator's), not in the loss."""
+    loss = alg.loss
+    return PolicyLossConfig(
+        clip_low=loss.clip_low,
+        clip_high=loss.clip_high,
+        dual_clip=loss.dual_clip or None,
+        agg=loss.agg,
+        kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef,
+        kl_estimator=alg.kl_estimator,
+        entropy_coef=alg.entropy_coef,
+        tis_cap=alg.is_truncation,
+        clip_against=alg.clip_against,
+        is_level=alg.is_level,
+        is_mask_low=alg.is_mask_low,
+        is_mask_high=alg.is_mask_high,
+    )

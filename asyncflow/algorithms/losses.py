@@ -22,13 +22,10 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
+from asyncflow.algorithms.loss_configs import AggMode
 from asyncflow.engines.base import LossContext
-
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 
 MAX_LOG_RATIO = 20.0
 """Log-ratios are clamped to +-20 before exp: no inf, and a weight of e^20 is

@@ -126,12 +126,14 @@ def make_task_model(
     warm_start: str = "task",
     warm_start_steps: int = 100,
     arch: Literal["qwen2", "llama"] = "qwen2",
+    progress=None,
     **config_kwargs,
 ) -> Path:
     """The tiny model for ``task``, warm-started and saved to ``out_dir``.
 
     ``warm_start``: 'task' (supervised on correct answers for ``warm_start_steps``
-    steps, stopped early) or 'format' (random well-formed answers)."""
+    steps, stopped early) or 'format' (random well-formed answers); ``progress(done,
+    total, loss)``: called as the warm start goes (``engines.tiny.masked_warm_start``)."""
     from asyncflow.engines.tiny import make_tiny_model
 
     if task == "calc":  # a multi-turn tool task: warm-started on whole trajectories, loss on model turns
@@ -139,14 +141,20 @@ def make_task_model(
 
         def warm(model, tokenizer) -> None:
             if warm_start_steps:
-                calc_warm_start(model, tokenizer, warm_start_steps, seed=seed)
+                calc_warm_start(model, tokenizer, warm_start_steps, seed=seed, progress=progress)
 
         return make_tiny_model(out_dir, arch=arch, seed=seed, warm_start_fn=warm, **config_kwargs)
     if warm_start not in ("task", "format"):
         raise ValueError(f"warm_start={warm_start!r}; use 'task' or 'format'")
     pairs = task_warmup_pairs(seed=seed, task=task) if warm_start == "task" else format_warmup_pairs(seed=seed, task=task)
     return make_tiny_model(
-        out_dir, arch=arch, seed=seed, warm_start_pairs=pairs, warm_start_steps=warm_start_steps, **config_kwargs
+        out_dir,
+        arch=arch,
+        seed=seed,
+        warm_start_pairs=pairs,
+        warm_start_steps=warm_start_steps,
+        warm_start_progress=progress,
+        **config_kwargs,
     )
 
 

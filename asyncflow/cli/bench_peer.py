@@ -28,6 +28,8 @@ from pathlib import Path
 
 import click
 
+from asyncflow.algorithms import registry
+
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "local.toml"
 
 
@@ -48,7 +50,8 @@ def trl_spec(cfg, steps: int, threads: int, out_dir: Path) -> dict:
         "lr_schedule": eng.lr_schedule,
         "warmup_steps": eng.lr_warmup_steps,
         "lr_min_ratio": eng.lr_min_ratio,
-        "clip_eps": cfg.algorithm.clip_eps,
+        "clip_low": cfg.algorithm.loss.clip_low,
+        "clip_high": cfg.algorithm.loss.clip_high,
         "grad_clip": eng.grad_clip,
         "bf16": eng.autocast == "bfloat16",  # mixed precision as the trainer's (TRL: accelerate's bf16 autocast)
         "steps": steps,
@@ -64,10 +67,12 @@ def trl_spec(cfg, steps: int, threads: int, out_dir: Path) -> dict:
 def unsupported(cfg) -> str | None:
     """Why TRL cannot run this config's work the same way (None: it can)."""
     alg = cfg.algorithm
-    if alg.name != "grpo" or alg.kl_coef > 0 or alg.epochs != 1 or alg.loss_agg != "token_mean" or not alg.std_normalize:
+    loss = alg.loss
+    plain_loss = registry.loss_name(loss) == "ppo_clip" and loss.agg == "token-mean" and loss.dual_clip == 0
+    if alg.name != "grpo" or alg.kl_coef > 0 or alg.epochs != 1 or not plain_loss or not alg.std_normalize:
         return (
-            "bench peer compares plain GRPO: algorithm.name = 'grpo', kl_coef = 0, epochs = 1, "
-            "loss_agg = 'token_mean', std_normalize = true"
+            "bench peer compares plain GRPO: algorithm.name = 'grpo', kl_coef = 0, epochs = 1, std_normalize = true, "
+            "[algorithm.loss] name = 'ppo_clip', agg = 'token-mean', dual_clip = 0"
         )
     if cfg.roles:
         return "bench peer runs no custom [[roles]]: remove them for the comparison"

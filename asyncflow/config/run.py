@@ -31,6 +31,8 @@ import msgspec
 import tomllib
 from msgspec import Meta
 
+from asyncflow.algorithms import registry
+from asyncflow.algorithms.loss_configs import LossConfig, PPOClipLoss
 from asyncflow.core import schema
 from asyncflow.core.schema import ConfigError, Refused, check_tree
 from asyncflow.core.transport import SECRET_ENV, TransportConfig, is_loopback
@@ -114,11 +116,26 @@ class AlgorithmConfig(_Section):
     """The RL algorithm and its knobs."""
 
     name: Annotated[
-        Literal["grpo", "ppo"], Meta(description="grpo: group-normalised advantages, no critic. ppo: critic + GAE.")
+        str,
+        Meta(
+            description="The advantage estimator, a name of the registry (algorithms/registry.py, which says what each needs): "
+            + "; ".join(
+                f"{e.name}: {e.summary}" + (" (a critic trains beside the policy)" if e.needs_critic else "")
+                for e in registry.ESTIMATORS.values()
+            )
+            + "."
+        ),
     ] = "grpo"
+    loss: Annotated[
+        LossConfig,
+        Meta(
+            description="The policy loss, a Struct of its own keyed by ``name`` (registry: "
+            + ", ".join(registry.POLICY_LOSSES)
+            + ")."
+        ),
+    ] = msgspec.field(default_factory=PPOClipLoss)
     group_size: Annotated[Count, Meta(description="Responses sampled per prompt (GRPO's n).")] = 8
     std_normalize: Annotated[bool, Meta(description="GRPO: divide group-centred rewards by the group's std.")] = True
-    clip_eps: Annotated[PosFloat, Meta(description="Policy ratio clip range (PPO-clip).")] = 0.2
     kl_coef: Annotated[
         NonNegFloat, Meta(description="Weight of the KL to the reference policy; 0 disables the reference role.")
     ] = 0.0
@@ -132,9 +149,6 @@ class AlgorithmConfig(_Section):
         ),
     ] = False
     entropy_coef: Annotated[NonNegFloat, Meta(description="Entropy bonus weight.")] = 0.0
-    loss_agg: Annotated[
-        Literal["token_mean", "seq_mean"], Meta(description="Aggregate the per-token loss by token mean or by sequence mean.")
-    ] = "token_mean"
     is_truncation: Annotated[
         NonNegFloat,
         Meta(
@@ -249,15 +263,32 @@ class AlgorithmConfig(_Section):
         ),
     ] = 0
 
+    @property
+    def estimator(self) -> registry.Estimator:
+        """The registry's entry for ``name`` (what it needs: a critic, a reference, groups)."""
+        return registry.estimator(self.name)
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.estimator.needs_critic
+
+    @property
+    def needs_reference(self) -> bool:
+        """A reference policy runs: the KL term asks for its log-probs, or the estimator does."""
+        return self.kl_coef > 0 or self.estimator.needs_reference
+
     def check(self, run: RunConfig) -> None:
-        if self.dynamic_sampling and self.name != "grpo":
+        if self.name not in registry.ESTIMATORS:
+            raise Refused("name", f"not an advantage estimator of the registry; use one of {list(registry.ESTIMATORS)}")
+        grouped = [e.name for e in registry.ESTIMATORS.values() if e.grouped]
+        if self.dynamic_sampling and not self.estimator.grouped:
             raise Refused(
-                "dynamic_sampling", "filters GRPO prompt groups by their rewards: use algorithm.name = 'grpo' or turn it off"
+                "dynamic_sampling", f"filters prompt groups by their rewards: use a group estimator ({grouped}) or turn it off"
             )
         if self.dynamic_sampling and self.group_size < 2:
             raise Refused("dynamic_sampling", "a group of one response always has equal rewards: use group_size >= 2")
-        if self.name == "grpo" and self.group_size < 2:
-            raise Refused("group_size", "GRPO needs at least 2 responses per prompt")
+        if self.estimator.grouped and self.group_size < 2:
+            raise Refused("group_size", f"{self.name} compares the responses of one prompt: use at least 2")
         if self.is_mask_high != 0 and self.is_mask_high <= 1:
             raise Refused("is_mask_high", "use 0 (no upper bound) or a ratio above 1 such as 2.0")
         max_new_tokens = run.rollout.sampling.max_new_tokens
@@ -393,6 +424,15 @@ class RewardConfig(_Section):
             "trips, so small calls waste CPU)."
         ),
     ] = 256
+    timeout_s: Annotated[
+        NonNegFloat,
+        Meta(
+            description="Most seconds one call of the reward functions (one batch) may take. A call past it is left behind "
+            "(its thread runs on, never holding the process's exit), its rows get reward 0, as a failed environment's do, "
+            "and a warning in the scoring process's log names the rows and the functions; the next batch is scored by a "
+            "fresh call. 0: no limit (a hung function stalls the run until the stall report)."
+        ),
+    ] = 60.0
 
     def check(self, run: RunConfig) -> None:
         if self.weights and len(self.weights) != len(self.functions):
@@ -489,7 +529,7 @@ class CriticConfig(_Section):
 
     def check(self, run: RunConfig) -> None:
         ranks = run.train.num_ranks
-        if ranks > 1 and run.train.engine.fsdp and run.algorithm.name == "ppo" and not self.engine.fsdp:
+        if ranks > 1 and run.train.engine.fsdp and run.algorithm.needs_critic and not self.engine.fsdp:
             raise Refused("engine.fsdp", f"the PPO critic trains on the same {ranks} ranks: set [critic.engine] fsdp = true")
 
 
@@ -1196,6 +1236,15 @@ def _raw_value(raw: dict, path: str):
     return node
 
 
+MOVED_KEYS = {
+    "algorithm.clip_eps": "moved to the loss's own section: [algorithm.loss] clip_low and clip_high "
+    "(--set algorithm.loss.clip_low=... --set algorithm.loss.clip_high=...)",
+    "algorithm.loss_agg": 'moved to the loss\'s own section: [algorithm.loss] agg ("token-mean"; '
+    '"seq-mean-token-mean" for the old "seq_mean"; or "seq-mean-token-sum")',
+}
+"""Keys that left a section, and where they went (the error of a config that still sets one)."""
+
+
 def _format_error(
     exc: msgspec.ValidationError, source: str, raw: dict | None = None, overrides: Sequence[str] = ()
 ) -> ConfigError:
@@ -1210,6 +1259,9 @@ def _format_error(
         source = f"--set {given[key.split('[')[0]]}"
     if what.startswith("Object contains unknown field"):
         unknown = what.split("`")[1]
+        moved = MOVED_KEYS.get(f"{key}.{unknown}" if key else unknown)
+        if moved:
+            return ConfigError(f"{key}.{unknown}: {moved} (in {source}; keys are documented in docs/config.md)")
         cls = schema.struct_at(RunConfig, key) if key else RunConfig
         known = list(cls.__struct_fields__) if cls else []
         close = difflib.get_close_matches(unknown, known, n=1)
@@ -1367,6 +1419,11 @@ def config_markdown() -> str:
         info = msgspec.inspect.type_info(cls)
         assert isinstance(info, msgspec.inspect.StructType)
         nested, rows = [], []
+        if info.tag_field:  # a tagged Struct (a policy loss): its tag is the key that picks it
+            rows.append(
+                f"| `{info.tag_field}` | `{info.tag!r}` | `{_toml(info.tag)}` | Which Struct this section is "
+                "(a key of the registry, algorithms/registry.py). |"
+            )
         for field in info.fields:
             meaning = schema.description(field)
             hint = typing.get_type_hints(cls, include_extras=True)[field.name]

@@ -69,8 +69,8 @@ def predict(
         max_response_len_tokens=cap,
         prompts_per_step=cfg.train.prompts_per_step,
         samples_per_prompt=G,
-        use_reference=cfg.algorithm.kl_coef > 0,
-        use_critic=cfg.algorithm.name == "ppo",
+        use_reference=cfg.algorithm.needs_reference,
+        use_critic=cfg.algorithm.needs_critic,
         lora=Lora.of(cfg.train.engine.lora),
     )
     # one call: a static batch, prefilled once, decoded until its longest sample ends; finished samples leave the batch

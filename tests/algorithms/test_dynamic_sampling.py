@@ -84,7 +84,10 @@ def test_dynamic_sampling_loads_more_groups_per_step_only_when_on():
 @pytest.mark.parametrize(
     "text,message",
     [
-        ('[algorithm]\nname = "ppo"\ndynamic_sampling = true', "algorithm.dynamic_sampling = True: filters GRPO prompt groups"),
+        (
+            '[algorithm]\nname = "ppo"\ndynamic_sampling = true',
+            "algorithm.dynamic_sampling = True: filters prompt groups by their rewards: use a group estimator",
+        ),
         ("[algorithm]\ndynamic_sampling = true\ndynamic_sampling_oversample = 0.5", "dynamic_sampling_oversample"),
     ],
 )

@@ -10,7 +10,11 @@ from asyncflow.actors._batching import token_batch
 def test_several_epochs_on_one_batch_clip_the_ratio_against_the_policy_before_the_update(tiny_model_dir):
     policy = policy_update(
         tiny_model_dir,
-        {"algorithm": {"epochs": 4, "clip_eps": 0.2, "clip_against": "proximal"}, "train.engine": {"lr": 3e-3, "grad_clip": 0.0}},
+        {
+            "algorithm": {"epochs": 4, "clip_against": "proximal"},
+            "algorithm.loss": {"clip_low": 0.2, "clip_high": 0.2},
+            "train.engine": {"lr": 3e-3, "grad_clip": 0.0},
+        },
     )
     prompts = [[8, 9, 10], [8, 9, 10], [11, 12, 13], [11, 12, 13]]
     responses = [[14, 15, 16, 2], [17, 18, 19, 2], [20, 21, 22, 2], [23, 24, 25, 2]]
@@ -34,6 +38,6 @@ def test_several_epochs_on_one_batch_clip_the_ratio_against_the_policy_before_th
     after_BT = policy.engine.forward(tb, temperature=policy.temperature).logp
     mask_BT = tb.response_mask > 0
     ratio_N = torch.exp(after_BT - before_BT)[mask_BT]
-    # Adam's momentum carries the policy past 1 + clip_eps, but no further than this
+    # Adam's momentum carries the policy past 1 + clip_high, but no further than this
     # (measured: 0.37..2.7; 0.26..6.7 with every epoch's ratio taken against itself).
     assert 0.25 < ratio_N.min().item() and ratio_N.max().item() < 4.0

@@ -46,7 +46,7 @@ def test_grpo_with_kl_in_reward_penalises_the_row_that_strays_from_the_reference
 
 
 def test_grpo_with_kl_in_reward_puts_no_kl_term_in_the_loss(tiny_model_dir):
-    from asyncflow.actors._policy import loss_config
+    from asyncflow.algorithms.grpo import ppo_clip_config as loss_config
 
     policy = policy_update(tiny_model_dir, {"algorithm": {"kl_coef": 0.1, "kl_in_reward": True}})
     assert loss_config(policy.cfg.algorithm).kl_coef == 0.0

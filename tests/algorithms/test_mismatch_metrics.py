@@ -28,7 +28,7 @@ def test_a_step_reports_the_mismatch_of_its_data_before_any_update(tiny_model_di
 def test_the_algorithm_section_sets_the_weight_level_and_the_mask():
     from tiny_config import tiny_config_text
 
-    from asyncflow.actors._policy import loss_config
+    from asyncflow.algorithms.grpo import ppo_clip_config as loss_config
     from asyncflow.config.run import load_config_text
 
     alg = load_config_text(

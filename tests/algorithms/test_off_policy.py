@@ -39,7 +39,7 @@ def test_clipping_against_the_behaviour_policy_without_rollout_logprobs_names_th
 def test_the_algorithm_section_chooses_what_the_ratio_is_clipped_against():
     from tiny_config import tiny_config_text
 
-    from asyncflow.actors._policy import loss_config
+    from asyncflow.algorithms.grpo import ppo_clip_config as loss_config
     from asyncflow.config.run import load_config_text
 
     cfg = load_config_text(tiny_config_text({"algorithm": {"clip_against": "proximal"}}))

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ('[workflow]\nmode = "fast"', "workflow.mode: Invalid enum value 'fast'; use one of 'sync', 'async'"),
         ("[workflow]\nstalenes = 2", "workflow.stalenes: unknown key; did you mean 'staleness'?"),
         ('[rollout.engine]\nkv_cache_bytes = "x"', "rollout.engine.kv_cache_bytes: Expected `int | null`, got `str`"),
-        ("[algorithm]\ngroup_size = 1", "algorithm.group_size = 1: GRPO needs at least 2 responses per prompt"),
+        ("[algorithm]\ngroup_size = 1", "algorithm.group_size = 1: grpo compares the responses of one prompt: use at least 2"),
         ("[train]\nnum_ranks = 2", "train.engine.fsdp = False: train.num_ranks = 2 trains data parallel with FSDP2"),
         (
             "[train]\nnum_ranks = 2\nprompts_per_step = 3\n[train.engine]\nfsdp = true",

@@ -21,7 +21,11 @@ OUT_OF_RANGE = [
     ),
     ("[data]\nnum_prompts = 0", "data.num_prompts = 0: out of range; use a value >= 1", "[data] num_prompts"),
     ("[env]\nmax_turns = 0", "env.max_turns = 0: out of range; use a value >= 1", "[env] max_turns"),
-    ("[algorithm]\nclip_eps = 0", "algorithm.clip_eps = 0: out of range; use a value > 0", "[algorithm] clip_eps"),
+    (
+        "[algorithm.loss]\nclip_low = 0",
+        "algorithm.loss.clip_low = 0: out of range; use a value > 0 and < 1",
+        "[algorithm.loss] clip_low",
+    ),
     (
         "[algorithm]\ndynamic_sampling_max_rounds = -1",
         "algorithm.dynamic_sampling_max_rounds = -1: out of range; use a value between 0 and 64",

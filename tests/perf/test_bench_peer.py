@@ -21,7 +21,12 @@ def test_the_peer_gets_the_configs_work_and_refuses_what_it_cannot_do(tmp_path):
     assert unsupported(cfg) is None
     spec = trl_spec(cfg, steps=7, threads=2, out_dir=tmp_path)
     assert (spec["samples_per_step"], spec["group_size"], spec["max_new_tokens"]) == (128, 8, 6)
-    assert (spec["lr"], spec["clip_eps"], spec["steps"]) == (cfg.train.engine.lr, cfg.algorithm.clip_eps, 7)
+    assert (spec["lr"], spec["clip_low"], spec["clip_high"], spec["steps"]) == (
+        cfg.train.engine.lr,
+        cfg.algorithm.loss.clip_low,
+        cfg.algorithm.loss.clip_high,
+        7,
+    )
     assert spec["reward_functions"] == ["asyncflow.algorithms.tasks:reward"]
     # [eval]: TRL trains on the same split as asyncflow and its final weights get the same held-out evaluation
     assert (spec["heldout_prompts"], spec["data_seed"]) == (cfg.eval.num_prompts, cfg.data.seed) and cfg.eval.every_steps

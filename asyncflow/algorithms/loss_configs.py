@@ -1,0 +1,67 @@
+"""The ``[algorithm.loss]`` sections: one msgspec Struct per policy loss, tagged by its
+registry name (``name = "ppo_clip"``). Torch-free, so the run config embeds them
+without importing torch; the loss functions that read them live beside the math
+(``grpo.py``) and are found through ``registry.py``.
+
+Invariants:
+- A Struct's ``tag`` is its key in ``registry.POLICY_LOSSES``; ``LossConfig`` is the
+  union the config decodes (one member per loss), so ``name`` picks the Struct and
+  a key of another loss is an unknown key.
+- Every field has a default, a range and a description (docs/config.md is generated
+  from them); rules between fields are the Struct's ``check``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from asyncflow.core.schema import Refused
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+"""How per-token losses reduce to the step's loss (``losses.aggregate``)."""
+
+
+class PPOClipLoss(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag="ppo_clip", tag_field="name"):
+    """The PPO clipped surrogate (GRPO's and PPO's actor loss): ``max(-A r, -A clip(r, 1 -
+    clip_low, 1 + clip_high))`` per token, bounded by ``-A dual_clip`` for negative
+    advantages, reduced by ``agg``; the ratio's denominator and the off-policy weight
+    follow ``[algorithm]`` ``clip_against`` and ``is_*``. ``name = "ppo_clip"``."""
+
+    clip_low: Annotated[float, Meta(gt=0, lt=1, description="Lower clip: the ratio is held at 1 - clip_low or above.")] = 0.2
+    clip_high: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="Upper clip: the ratio is held at 1 + clip_high or below. Above clip_low it is DAPO's clip-higher "
+            "(0.28), which lets unlikely tokens with a positive advantage gain more per step.",
+        ),
+    ] = 0.2
+    dual_clip: Annotated[
+        float,
+        Meta(
+            ge=0,
+            description="Dual clip (Ye et al. 2020): for a negative advantage the loss is at most -A x dual_clip, so a "
+            "token whose ratio has grown far does not push its probability down without bound. 0: off; otherwise above "
+            "1 (3.0 is usual).",
+        ),
+    ] = 0.0
+    agg: Annotated[
+        AggMode,
+        Meta(
+            description="How the per-token losses reduce: token-mean (over every response token of the step), "
+            "seq-mean-token-mean (each sequence's token mean, then the mean over sequences), seq-mean-token-sum (each "
+            "sequence's token sum, then the mean over sequences: Dr. GRPO's length-unbiased form)."
+        ),
+    ] = "token-mean"
+
+    def check(self, run: object) -> None:
+        if self.dual_clip != 0 and self.dual_clip <= 1:
+            raise Refused("dual_clip", "use 0 (off) or a bound above 1 such as 3.0")
+
+
+LossConfig = PPOClipLoss
+"""What ``[algorithm.loss]`` decodes to: the union of the losses' Structs (a new loss
+adds its Struct here and its entry in ``registry.POLICY_LOSSES``)."""

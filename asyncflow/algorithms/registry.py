@@ -1,0 +1,111 @@
+"""The algorithm registry: advantage estimators and policy losses, keyed by the names
+a config gives them (``[algorithm] name``, ``[algorithm.loss] name``).
+
+Torch-free: the run config reads the entries (what an estimator needs, a loss's
+Struct) without importing torch; the functions are named as ``"module:function"``
+and imported when a trainer builds them (``resolve``).
+
+Adding one:
+- an advantage estimator: a function ``f(inputs: AdvantageInputs) -> Advantages``
+  (``estimators.py``) and one ``Estimator`` entry below saying what it needs (a critic,
+  a reference, prompt groups). Roles, preflight and the planner read those needs from
+  here; nothing else names an estimator.
+- a policy loss: its ``[algorithm.loss]`` Struct (``loss_configs.py``, tagged with the
+  name, added to ``LossConfig``), a builder ``build(alg, log_ratio_sink) -> LossFn``
+  and one ``PolicyLoss`` entry below.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from asyncflow.algorithms.loss_configs import PPOClipLoss
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """An advantage estimator and what the run must provide for it."""
+
+    name: str
+    summary: str
+    compute: str
+    """``"module:function"``: ``f(AdvantageInputs) -> Advantages``."""
+    needs_critic: bool = False
+    """A critic role (value model, ``[critic]``) runs and trains beside the policy."""
+    needs_reference: bool = False
+    """A reference policy runs even with ``kl_coef = 0``."""
+    grouped: bool = False
+    """Advantages are relative within prompt groups: ``group_size >= 2``, and dynamic
+    sampling (which drops groups of equal rewards) applies."""
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A policy loss: its ``[algorithm.loss]`` Struct and its builder."""
+
+    name: str
+    summary: str
+    config: type
+    build: str
+    """``"module:function"``: ``build(alg, log_ratio_sink) -> LossFn``; ``alg`` is the
+    run's ``[algorithm]`` (``alg.loss`` is an instance of ``config``)."""
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    e.name: e
+    for e in (
+        Estimator(
+            "grpo",
+            "each response's reward minus its prompt group's mean, divided by the group's std (std_normalize)",
+            "asyncflow.algorithms.estimators:grpo",
+            grouped=True,
+        ),
+        Estimator(
+            "ppo",
+            "GAE (gamma, lam) over a critic's values, the reward on the last token, whitened over the batch",
+            "asyncflow.algorithms.estimators:gae",
+            needs_critic=True,
+        ),
+    )
+}
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    p.name: p
+    for p in (
+        PolicyLoss(
+            "ppo_clip",
+            "PPO's clipped surrogate with clip-higher, dual clip and the off-policy weight and mask",
+            PPOClipLoss,
+            "asyncflow.algorithms.grpo:build_ppo_clip",
+        ),
+    )
+}
+
+
+def estimator(name: str) -> Estimator:
+    """The estimator called ``name``; a ``KeyError`` that lists the known ones."""
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise KeyError(f"unknown advantage estimator {name!r}; known: {', '.join(ESTIMATORS)}") from None
+
+
+def policy_loss(name: str) -> PolicyLoss:
+    try:
+        return POLICY_LOSSES[name]
+    except KeyError:
+        raise KeyError(f"unknown policy loss {name!r}; known: {', '.join(POLICY_LOSSES)}") from None
+
+
+def loss_name(config: Any) -> str:
+    """The registry name of an ``[algorithm.loss]`` Struct (its tag)."""
+    return str(type(config).__struct_config__.tag)
+
+
+def resolve(ref: str) -> Callable[..., Any]:
+    """The function a ``"module:function"`` reference names (imported now)."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
