@@ -4,15 +4,44 @@ What the reward role (``actors/reward.py``) does to each batch it takes, and wha
 rollout replica does to its own rows right after generating them when
 ``reward.placement = "rollout"`` (``actors/rollout/actor.py``): decode prompts and
 responses, call the functions (``algorithms/rewards.py``: one finite float per row,
-a ``RewardError`` naming the function and the row otherwise) and, with an
-environment, combine its reward (``env.reward``).
+a ``RewardError`` naming the function and the row otherwise; a call past
+``reward.timeout_s`` gives its rows 0, logged) and, with an environment, combine its
+reward (``env.reward``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from asyncflow.core.phases import phase
+
+log = logging.getLogger(__name__)
+
+
+def within(seconds: float, call: Callable[[], Any]) -> tuple[bool, Any]:
+    """``(True, call())`` when it returns (or raises) within ``seconds``; ``(False,
+    None)`` past them. The call runs in a daemon thread that a hung call keeps: it can
+    be left behind, never waited for, and never holds the process's exit."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="reward-fn", daemon=True).start()
+    if not done.wait(seconds):
+        return False, None
+    if "error" in box:
+        raise box["error"]
+    return True, box["value"]
 
 
 def with_env_rewards(rewards: list[float], env_reward: list, env_error: list) -> list[float]:
@@ -37,6 +66,10 @@ class Scorer:
         self.env_reward = cfg.env.reward if cfg.env.path else ""  # "", "add" or "replace"
         self.fn = None if self.env_reward == "replace" else build_reward_fn(cfg.reward.functions, cfg.reward.weights)
         self.columns = [*self.COLUMNS, *(("env_reward", "env_error") if self.env_reward else ())]
+        self.functions = list(cfg.reward.functions)
+        self.timeout_s = cfg.reward.timeout_s
+        self.timed_out_rows = 0
+        """Rows scored 0 because their call passed ``reward.timeout_s``."""
 
     def score(self, columns: Mapping[str, Sequence], row_ids: Sequence[int]) -> list[float]:
         """One reward per row of ``columns`` (each of ``self.columns``, a sequence of
@@ -51,7 +84,23 @@ class Scorer:
             finish = ["stop" if int(f[0]) else "length" for f in columns["finish"]]
         with phase("reward_fn"):
             if self.fn is not None:
-                rewards = call_reward(self.fn, prompts, responses, answers, finish, row_ids=list(row_ids))
+                fn = self.fn
+
+                def call() -> list[float]:
+                    return call_reward(fn, prompts, responses, answers, finish, row_ids=list(row_ids))
+
+                returned, rewards = within(self.timeout_s, call) if self.timeout_s > 0 else (True, call())
+                if not returned:
+                    self.timed_out_rows += len(prompts)
+                    log.warning(
+                        "the reward functions %s did not return within reward.timeout_s = %g s for rows %s: they get "
+                        "reward 0 (%d rows so far); the call is left running",
+                        self.functions,
+                        self.timeout_s,
+                        list(row_ids),
+                        self.timed_out_rows,
+                    )
+                    rewards = [0.0] * len(prompts)
             else:
                 rewards = [0.0] * len(prompts)
         if self.env_reward:
