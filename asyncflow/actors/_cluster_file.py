@@ -67,7 +67,7 @@ def read(run_dir: str | os.PathLike | None) -> ClusterFile:
                 f"no running cluster found ({pointer} does not exist): start one with `afctl up CONFIG` "
                 f"or pass its run directory: `afctl status RUN_DIR`"
             )
-        run_dir = msgspec.json.decode(pointer.read_bytes())["run_dir"]
+        run_dir = _follow(pointer)
     path = Path(run_dir) / CLUSTER_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: {run_dir} is not the run directory of a started cluster")
@@ -76,6 +76,22 @@ def read(run_dir: str | os.PathLike | None) -> ClusterFile:
     if not info.transport.secret_bytes() and os.access(secret_file, os.R_OK):
         info = msgspec.structs.replace(info, transport=msgspec.structs.replace(info.transport, secret=secret_file.read_text()))
     return info
+
+
+def _follow(pointer: Path) -> str:
+    """The run directory the pointer names, if the pointer is a plain file of this
+    user: it lives in the shared temp directory, where another user may have planted
+    one under this user's name (or a link to one of theirs)."""
+    again = "pass the run directory instead: `afctl status RUN_DIR`"
+    st = pointer.lstat()
+    if pointer.is_symlink():
+        raise FileNotFoundError(f"{pointer} is a link, not the file `afctl up` writes: not followed; {again}")
+    if st.st_uid != os.getuid():
+        raise FileNotFoundError(f"{pointer} is owned by uid {st.st_uid}, not by you: not followed; {again}")
+    try:
+        return str(msgspec.json.decode(pointer.read_bytes())["run_dir"])
+    except (msgspec.DecodeError, KeyError, TypeError):
+        raise FileNotFoundError(f"{pointer} is not a pointer `afctl up` wrote; {again}") from None
 
 
 def driver_alive(info: ClusterFile) -> bool:
@@ -91,4 +107,9 @@ def driver_alive(info: ClusterFile) -> bool:
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)  # a file of ours: a planted one is replaced, a link is not followed
+    except PermissionError:  # the sticky temp directory keeps another user's file: no pointer this time
+        tmp.unlink(missing_ok=True)
+        if path.parent != Path(tempfile.gettempdir()):
+            raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -78,6 +79,13 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
         from asyncflow.algorithms.tasks import make_task_model
 
         click.echo(f"building the tiny {cfg.model.tiny} model into {rd / 'model'} ...")
+        if cfg.data.path and cfg.model.tiny_warm_start:
+            click.echo(tiny_with_own_data_warning(cfg.data.task), err=True)
+        started = time.monotonic()
+
+        def progress(done: int, total: int, loss: float) -> None:
+            click.echo(f"  warm start {done}/{total} steps, loss {loss:.3f} ({time.monotonic() - started:.0f} s)")
+
         model_dir = str(
             make_task_model(
                 rd / "model",
@@ -85,6 +93,7 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
                 arch=cfg.model.tiny,
                 task=cfg.data.task,
                 warm_start_steps=cfg.model.tiny_warm_start_steps if cfg.model.tiny_warm_start else 0,
+                progress=progress,
             )
         )
     launch = LaunchInfo(
@@ -97,6 +106,17 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
     write_run_config(cfg, rd)
     (rd / "launch.json").write_bytes(msgspec.json.format(msgspec.json.encode(launch)))
     return cfg, rd, launch
+
+
+def tiny_with_own_data_warning(task: str) -> str:
+    """What a run with data of its own and no model should know before it trains."""
+    return (
+        f"!! model.path is empty: the built-in tiny model (about a million parameters, a character vocabulary) is "
+        f"warm-started on the built-in task {task!r} (data.task), not on your data.path; it can learn an answer "
+        "format, rarely a task of its own. To learn your task, give a real model: model.path (docs/your-model-and-data.md; "
+        "examples/smollm2.toml trains SmolLM2-135M from a pip package), or set model.tiny_warm_start = false to start "
+        "the tiny model from random weights"
+    )
 
 
 def reward_model_dir(cfg: RunConfig, rd: Path) -> str:

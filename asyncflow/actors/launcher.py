@@ -531,16 +531,18 @@ PRIVATE_UMASK = 0o077
 def _run_private(
     cfg: RunConfig | None, run_dir: str | os.PathLike | None, resume: str | None, resume_overrides: Sequence[str]
 ) -> dict:
+    started = time.monotonic()
     if resume:
         cfg, rd, launch = prepare_resume(resume, resume_overrides)
     else:
         assert cfg is not None and run_dir is not None, "a new run needs a config and a run directory"
         cfg, rd, launch = prepare_new(cfg, run_dir)
+    prepare_s = time.monotonic() - started  # data, the tiny model and its warm start: before any process
     os.chmod(rd, 0o700)  # a run directory made before this rule, or by hand, closes too
     resumes: list[dict] = []
     while True:
         try:
-            summary = _run_once(cfg, rd, launch)
+            summary = _run_once(cfg, rd, launch, prepare_s)
         except RunFailed as exc:
             ckpt, _ = latest_good_checkpoint(rd)
             if not exc.process_lost or len(resumes) >= cfg.cluster.max_resumes or ckpt is None:
@@ -553,7 +555,9 @@ def _run_private(
                 f"(automatic resume {len(resumes)} of {cfg.cluster.max_resumes})",
                 err=True,
             )
+            started = time.monotonic()
             cfg, rd, launch = prepare_resume(str(rd))
+            prepare_s = time.monotonic() - started
             continue
         if resumes:
             summary["resumes"] = resumes
@@ -561,7 +565,7 @@ def _run_private(
         return summary
 
 
-def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo) -> dict:
+def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo, prepare_s: float = 0.0) -> dict:
     faulthandler.enable()
     from asyncflow.actors._preflight import check, launch_step_estimate, mean_prompt_tokens
 
@@ -600,5 +604,6 @@ def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo) -> dict:
     wall_s = time.monotonic() - t0
     summary = summarize(rd, cfg, stats, wall_s, launcher.supervisor.restarts, result)
     summary["pinned_trainer_cores"] = launcher.supervisor.pin_cores or 0  # the run's decision (actors/_pinning.py)
+    summary["prepare_s"] = round(prepare_s, 2)
     (rd / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -23,6 +23,9 @@ PANELS = [  # (title, function of a run's metrics -> y values)
 ]
 VAL_PANEL = ("held-out accuracy (val/accuracy; dashed: val/pass_at_k)", "val")
 VAL_KEYS = (("val/accuracy", "-"), ("val/pass_at_k", "--"))
+OPTIONAL_PANELS = [  # drawn when a run has the metric (an agent run: [env] path), for the runs that have it
+    ("tool-call rate (env/tool_call_rate: trajectories with a tool call)", "env/tool_call_rate"),
+]
 ROLE_STYLES: list[Any] = ["-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1))]  # matplotlib linestyles
 
 
@@ -108,8 +111,10 @@ def console_line(label: str, rows: list[dict]) -> str:
     "and busy fractions (the raw reward stays drawn, faint); 1: no smoothing.",
 )
 def plot(run_dirs: tuple[Path, ...], png: Path, span: int) -> None:
-    """Reward, response length, samples/s, staleness and busy fractions of RUN_DIRs,
-    over steps and over wall time, runs overlaid (the convergence-parity figure).
+    """Reward, response length, samples/s, staleness and busy fractions of RUN_DIRs
+    (and the tool-call rate of agent runs, the held-out accuracy of runs with [eval]),
+    over steps and over wall time, runs overlaid and named in the legends (the
+    convergence-parity figure).
 
     Lines break where the wall time jumps (a checkpoint or an evaluation paused the
     run); a resumed run's launches follow each other on the time axis."""
@@ -152,7 +157,9 @@ def draw(runs: list[tuple[str, list[dict]]], png: Path, span: int = 1) -> None:
 
     from asyncflow.actors._summary import run_clock
 
-    panels = PANELS + ([VAL_PANEL] if any("val/accuracy" in r for _, rows in runs for r in rows) else [])
+    has = {key for _, rows in runs for r in rows for key in r}
+    panels = PANELS + [p for p in OPTIONAL_PANELS if p[1] in has] + ([VAL_PANEL] if "val/accuracy" in has else [])
+    optional = {key for _, key in OPTIONAL_PANELS}
     fig, axes = plt.subplots(len(panels), 2, figsize=(14, 2.3 * len(panels) + 0.6), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     all_roles = sorted({role for _, rows in runs for role in busy_roles(rows)})
@@ -190,11 +197,15 @@ def draw(runs: list[tuple[str, list[dict]]], png: Path, span: int = 1) -> None:
                             linewidth=1.2,
                             label=role if (col, k) == (0, 0) else None,
                         )
+                elif key in optional and not any(key in r for r in rows):
+                    pass  # this run has no such figure (not an agent run)
                 else:
                     raw = series[key] if key in series else [r.get(key, float("nan")) for r in rows]
                     if key == "reward_mean" and span > 1:  # the raw values, faint, under the smoothed line
                         ax.plot(*broken(xs, raw, gaps[col]), color=colour, alpha=0.25, linewidth=0.8)
                     ys = raw if key == "staleness_max" else ema(raw, span)
+                    if key in optional:
+                        ax.set_ylim(-0.02, 1.02)
                     ax.plot(
                         *broken(xs, ys, gaps[col]), color=colour, linewidth=1.2, label=label if (row, col) == (0, 0) else None
                     )
@@ -212,7 +223,7 @@ def draw(runs: list[tuple[str, list[dict]]], png: Path, span: int = 1) -> None:
             from matplotlib.lines import Line2D
 
             handles += [Line2D([], [], color="grey", linestyle=ROLE_STYLES[k % len(ROLE_STYLES)]) for k in range(len(runs))]
-            labels += [f"run {k + 1}" for k in range(len(runs))]
+            labels += [label for label, _ in runs]
         if handles:
             ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     if "val" in keys and (ax := axes[keys.index("val"), 0]).get_legend_handles_labels()[0]:

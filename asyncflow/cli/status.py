@@ -1,7 +1,8 @@
 """``afctl status [RUN_DIR] [--watch]``: every actor of a running cluster.
 
-Finds the cluster from RUN_DIR/cluster.json (no RUN_DIR: the latest run started on
-this machine, through the pointer file the driver writes), then asks the directory
+Finds the cluster from RUN_DIR/cluster.json (no RUN_DIR: the latest run this user
+started on this machine, through the pointer file the driver writes, followed only
+when it is a plain file of this user; the run is named on stderr), then asks the directory
 for every actor, each worker role for its RoleStats, the queue for its status and
 per-task state, and the weight-sync actor for the newest published version. On tcp
 the cluster secret comes from ASYNCFLOW_SECRET (cluster.json never holds it).
@@ -40,6 +41,8 @@ def status(run_dir: Path | None, watch: bool, interval: float, as_json: bool) ->
         info = _cluster_file.read(run_dir)
     except FileNotFoundError as exc:
         raise click.ClickException(str(exc)) from None
+    if run_dir is None:  # say which: the pointer names the latest run this user started here
+        click.echo(f"run {info.run_dir} (the latest you started on this machine; `afctl status RUN_DIR` for another)", err=True)
     while True:
         if not info.running or not _cluster_file.driver_alive(info):
             why = "it ended" if not info.running else f"its driver (pid {info.driver_pid}) is gone"

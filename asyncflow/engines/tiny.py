@@ -23,6 +23,7 @@ Invariants:
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -91,6 +92,10 @@ def tiny_config(
     raise ValueError(f"unknown tiny arch {arch!r}; use 'qwen2' or 'llama'")
 
 
+WarmStartProgress = Callable[[int, int, float], None]
+"""``progress(steps done, steps, last loss)`` of a warm start."""
+
+
 def make_tiny_model(
     out_dir: str | Path,
     arch: Arch = "qwen2",
@@ -98,13 +103,16 @@ def make_tiny_model(
     warm_start_pairs: list[tuple[str, str]] | None = None,
     warm_start_steps: int = 200,
     warm_start_fn=None,
+    warm_start_progress: WarmStartProgress | None = None,
     **config_kwargs,
 ) -> Path:
     """Build, optionally warm-start, and save a tiny model + tokenizer to ``out_dir``.
 
     ``warm_start_pairs``: (prompt, response) texts for ``supervised_warm_start``;
     ``warm_start_fn(model, tokenizer)``: a warm start of its own instead (e.g. the
-    multi-turn one of ``envs/calc.py``, through ``masked_warm_start``). Returns the directory."""
+    multi-turn one of ``envs/calc.py``, through ``masked_warm_start``);
+    ``warm_start_progress``: called as the pairs' warm start goes (``masked_warm_start``).
+    Returns the directory."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_char_tokenizer()
@@ -113,7 +121,7 @@ def make_tiny_model(
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if warm_start_pairs:
-        supervised_warm_start(model, tokenizer, warm_start_pairs, steps=warm_start_steps, seed=seed)
+        supervised_warm_start(model, tokenizer, warm_start_pairs, steps=warm_start_steps, seed=seed, progress=warm_start_progress)
     elif warm_start_fn is not None:
         warm_start_fn(model, tokenizer)
     model.save_pretrained(out)
@@ -129,6 +137,7 @@ def supervised_warm_start(
     batch_size: int = 32,
     lr: float = 3e-3,
     seed: int = 0,
+    progress: WarmStartProgress | None = None,
 ) -> list[float]:
     """A few seconds of next-token training on (prompt, response + eos) pairs, loss on
     response tokens only. Returns the loss per step."""
@@ -137,7 +146,7 @@ def supervised_warm_start(
     for p, r in pairs:
         prompt, response = encode_chat_prompt(tokenizer, p), tokenizer(r, add_special_tokens=False)["input_ids"] + [eos]
         sequences.append((prompt + response, [0] * len(prompt) + [1] * len(response)))
-    return masked_warm_start(model, tokenizer.pad_token_id, sequences, steps, batch_size, lr, seed)
+    return masked_warm_start(model, tokenizer.pad_token_id, sequences, steps, batch_size, lr, seed, progress)
 
 
 def masked_warm_start(
@@ -148,10 +157,11 @@ def masked_warm_start(
     batch_size: int = 32,
     lr: float = 3e-3,
     seed: int = 0,
+    progress: WarmStartProgress | None = None,
 ) -> list[float]:
     """Next-token training on (ids, loss mask) sequences: the loss counts only the
     tokens whose mask is 1 (a multi-turn trajectory's model turns). Returns the loss
-    per step."""
+    per step. ``progress(done, steps, loss)`` is called after every tenth of the steps."""
     rng = random.Random(seed)
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
@@ -172,6 +182,8 @@ def masked_warm_start(
         loss.backward()
         optim.step()
         losses.append(loss.item())
+        if progress is not None and (len(losses) % max(steps // 10, 1) == 0 or len(losses) == steps):
+            progress(len(losses), steps, losses[-1])
     model.eval()
     return losses
 

@@ -70,13 +70,13 @@ def calc_example(rng: random.Random) -> dict[str, str]:
     return {"prompt": f"{a}*{b}=", "answer": str(a * b)}
 
 
-def warm_start(model, tokenizer, steps: int, seed: int = 0) -> None:
+def warm_start(model, tokenizer, steps: int, seed: int = 0, progress=None) -> None:
     """The calc model's warm start, in two phases of supervised training on whole
     trajectories (loss on model turns only): ``steps`` on tool trajectories alone
     (the call format, copying the operands, copying the result), then
     ``FORMAT_STEPS`` on a mix where only ``TOOL_FRACTION`` call the tool and the rest
     guess a product at once, so the model starts RL knowing the tool but rarely
-    using it."""
+    using it. ``progress(done, total, loss)`` counts the steps of both phases."""
     import torch
 
     from asyncflow.engines.tiny import masked_warm_start
@@ -86,9 +86,12 @@ def warm_start(model, tokenizer, steps: int, seed: int = 0) -> None:
     torch.set_num_threads(1)  # a model this small gains nothing from more, and loses much on a loaded machine
     try:
         tools = warm_start_sequences(tokenizer, seed=seed, tool_fraction=1.0)
-        masked_warm_start(model, pad, tools, steps, lr=WARM_LR, seed=seed)
+        total = steps + FORMAT_STEPS
+        first = (lambda done, _, loss: progress(done, total, loss)) if progress else None
+        second = (lambda done, _, loss: progress(steps + done, total, loss)) if progress else None
+        masked_warm_start(model, pad, tools, steps, lr=WARM_LR, seed=seed, progress=first)
         mix = warm_start_sequences(tokenizer, seed=seed + 1, tool_fraction=TOOL_FRACTION)
-        masked_warm_start(model, pad, mix, FORMAT_STEPS, lr=WARM_LR, seed=seed + 1)
+        masked_warm_start(model, pad, mix, FORMAT_STEPS, lr=WARM_LR, seed=seed + 1, progress=second)
     finally:
         torch.set_num_threads(threads)
 

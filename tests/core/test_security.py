@@ -287,3 +287,44 @@ def test_a_control_listener_drops_a_frame_over_its_small_limit_and_keeps_answeri
         assert isinstance(ref.ask(protocol.Ping(), timeout_s=5), protocol.Pong)
     finally:
         directory.stop()
+
+
+@pytest.mark.timeout(30)
+def test_afctl_status_without_a_run_dir_follows_only_a_pointer_file_of_its_own_user(tmp_path, monkeypatch):
+    """The pointer lives in the shared temp directory: another user may plant one under
+    our name (or a link to theirs). Status follows it only when it is a plain file of
+    this user, and says which run it picked."""
+    import os
+    import tempfile
+
+    import msgspec
+
+    from asyncflow.actors import _cluster_file
+    from asyncflow.core.transport import TransportConfig
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    rd = tmp_path / "run"
+    rd.mkdir()
+    info = _cluster_file.ClusterFile(
+        run_dir=str(rd), directory="ipc:///x", transport=TransportConfig(), driver_pid=os.getpid(), started_at=0.0
+    )
+    _cluster_file.write(info)
+    pointer = _cluster_file.pointer_path()
+    assert _cluster_file.read(None).run_dir == str(rd)
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "cluster.json").write_bytes(msgspec.json.encode(msgspec.structs.replace(info, run_dir=str(theirs))))
+    pointer.write_bytes(msgspec.json.encode({"run_dir": str(theirs), "at": 0.0}))
+    os.chown(pointer, 4242, 4242)  # planted by another user (the tests run as root)
+    with pytest.raises(FileNotFoundError, match=r"owned by uid 4242.*afctl status RUN_DIR"):
+        _cluster_file.read(None)
+    _cluster_file.write(info)  # our next run replaces it with a file of our own
+    assert pointer.stat().st_uid == os.getuid() and _cluster_file.read(None).run_dir == str(rd)
+
+    pointer.unlink()
+    other = tmp_path / "planted.json"
+    other.write_bytes(msgspec.json.encode({"run_dir": str(theirs), "at": 0.0}))
+    pointer.symlink_to(other)
+    with pytest.raises(FileNotFoundError, match=r"is a link"):
+        _cluster_file.read(None)

@@ -56,3 +56,13 @@ def test_a_saved_tiny_model_keeps_spaces_when_transformers_loads_its_tokenizer(t
     assert ids == build_char_tokenizer()(text, add_special_tokens=False)["input_ids"]
     chat = encode_chat_prompt(tokenizer, "What is 8 plus 9?")
     assert tokenizer.decode(chat) == "<|user|>What is 8 plus 9?<|assistant|>"
+
+
+def test_the_tiny_models_warm_start_reports_its_progress(tmp_path):
+    """``afctl up`` prints these lines: the warm start used to be a silent minute."""
+    from asyncflow.algorithms.tasks import make_task_model
+
+    seen = []
+    make_task_model(tmp_path / "m", warm_start_steps=20, progress=lambda done, total, loss: seen.append((done, total, loss)))
+    assert [(done, total) for done, total, _ in seen] == [(d, 20) for d in range(2, 21, 2)]
+    assert all(loss > 0 for _, _, loss in seen)

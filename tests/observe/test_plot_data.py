@@ -105,3 +105,22 @@ def test_the_busy_legend_names_roles_only_in_distinct_colours(tmp_path, monkeypa
     colours = {tuple(h.get_color()) if not isinstance(h.get_color(), str) else h.get_color() for h in busy[0].legend_handles}
     assert len(colours) == 3
     plt.close("all")
+
+
+@pytest.mark.timeout(60)
+def test_several_runs_are_named_in_the_legend_and_an_agent_runs_tool_call_rate_is_drawn(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", lambda fig: figures.append(fig))
+    agent = [{**r, "env/tool_call_rate": 0.1 * s} for s, r in enumerate(_rows(6))]
+    draw([("calc-async [async]", agent), ("calc-sync [sync]", _rows(6))], tmp_path / "p.png", 1)
+    texts = {t.get_text() for ax in figures[0].axes if ax.get_legend() for t in ax.get_legend().get_texts()}
+    assert {"calc-async [async]", "calc-sync [sync]"} <= texts and not any(t.startswith("run ") for t in texts)
+    panel = next(ax for ax in figures[0].axes if ax.get_title(loc="left").startswith("tool-call rate"))  # over steps
+    [line] = [ln for ln in panel.get_lines() if len(ln.get_xdata())]  # the run that has the metric, not the other
+    assert list(line.get_ydata()) == pytest.approx([0.1 * s for s in range(6)])
+    plt.close("all")
