@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, ClassVar
 import msgspec
 
 from asyncflow.actors._activity import ActivityClock
-from asyncflow.actors.names import COLLECTOR
+from asyncflow.config.names import COLLECTOR
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, ActorContext
 

@@ -22,8 +22,9 @@ import queue
 import click
 import pykka
 
-from asyncflow.actors import names, topology
+from asyncflow.actors import topology
 from asyncflow.actors.planner import PlannerActor
+from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.errors import AsyncflowError

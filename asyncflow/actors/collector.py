@@ -31,7 +31,7 @@ from pathlib import Path
 
 import click
 
-from asyncflow.actors import names
+from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 

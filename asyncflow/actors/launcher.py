@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, NoReturn
 import click
 import msgspec
 
-from asyncflow.actors import _cluster_file, names, topology
+from asyncflow.actors import _cluster_file, topology
 from asyncflow.actors._checkpoints import latest_good_checkpoint
 from asyncflow.actors._pinning import pinning
 from asyncflow.actors._prepare import prepare_new, prepare_resume, resume_advice
@@ -55,6 +55,7 @@ from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors._summary import summarize
 from asyncflow.actors.collector import CollectorActor, Subscribe
 from asyncflow.actors.supervisor import RunFailed, Supervisor
+from asyncflow.config import names
 from asyncflow.config.run import RunConfig
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 import click
 import msgspec
 
-from asyncflow.actors import names
+from asyncflow.config import names
 from asyncflow.config.run import PlannerConfig
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor

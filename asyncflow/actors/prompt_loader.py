@@ -33,9 +33,10 @@ from collections.abc import Callable
 import msgspec
 import numpy as np
 
-from asyncflow.actors import names, roles
+from asyncflow.actors import roles
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import PromptOrder, Run, encode_prompt, read_prompts, split_prompts
+from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import QueueFull

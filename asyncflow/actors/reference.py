@@ -13,11 +13,12 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from asyncflow.actors import names, roles
+from asyncflow.actors import roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._batching import token_batch
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run, set_threads
+from asyncflow.config import names
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
 

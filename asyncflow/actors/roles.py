@@ -20,7 +20,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from asyncflow.actors import names
+from asyncflow.config import names
 from asyncflow.config.run import RunConfig
 
 
@@ -61,7 +61,7 @@ def no_kwargs(layout: Layout, name: str) -> dict:
 @dataclass(frozen=True, kw_only=True)
 class RoleSpec:
     name: str
-    """The role's name (``names.py``): the restart budget's key, the name of a single
+    """The role's name (``config/names.py``): the restart budget's key, the name of a single
     instance, the prefix of numbered ones."""
     actor: type
     """The actor class (a ``core.actor.Actor`` subclass)."""

@@ -71,7 +71,7 @@ import msgspec
 import numpy as np
 import pykka
 
-from asyncflow.actors import names, roles
+from asyncflow.actors import roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._checkpoints import _link_latest, checkpoint_dir, prune_checkpoints
 from asyncflow.actors._dynamic_sampling import Filtered, StepGather
@@ -83,9 +83,10 @@ from asyncflow.actors._prefetch import BatchPrefetch
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors._samples import SampleLog
 from asyncflow.actors._versions import VersionLedger, token_staleness
-from asyncflow.actors.names import COLLECTOR, TASK_TRAIN
 from asyncflow.actors.trainer_rank import RankGroup
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
+from asyncflow.config import names
+from asyncflow.config.names import COLLECTOR, TASK_TRAIN
 from asyncflow.core import protocol
 from asyncflow.core.errors import ActorGone, ActorTimeout
 from asyncflow.core.phases import phase

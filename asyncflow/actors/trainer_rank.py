@@ -30,12 +30,13 @@ import time
 import traceback
 from pathlib import Path
 
-from asyncflow.actors import names, roles
+from asyncflow.actors import roles
 from asyncflow.actors._activity import ActivityClock
 from asyncflow.actors._loop import report_failure
 from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._run import Run, set_threads
-from asyncflow.actors.names import COLLECTOR
+from asyncflow.config import names
+from asyncflow.config.names import COLLECTOR
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 from asyncflow.core.tq.client import TQClient

@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from asyncflow.actors import names
+from asyncflow.config import names
 
 INFRA = ("tq.", "host.", "directory", names.COLLECTOR, names.WEIGHTS, names.PLANNER, "dist.")
 """Prefixes of the actors that are not roles (the queue, hosts, the driver's own, rendezvous)."""

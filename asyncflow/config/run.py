@@ -33,6 +33,7 @@ from msgspec import Meta
 
 from asyncflow.algorithms import registry
 from asyncflow.algorithms.loss_configs import LossConfig, PPOClipLoss
+from asyncflow.config.names import reserved as reserved_role_name
 from asyncflow.core import schema
 from asyncflow.core.schema import ConfigError, Refused, check_tree
 from asyncflow.core.transport import SECRET_ENV, TransportConfig, is_loopback
@@ -1113,7 +1114,7 @@ class RunConfig(_Section):
         if len(names) != len(set(names)):
             raise Refused("roles.name", "role names must be unique", names)
         for r in self.roles:
-            if r.name in _BUILTIN_NAMES or r.name.startswith(_BUILTIN_PREFIXES):
+            if reserved_role_name(r.name):
                 raise Refused("roles.name", "this name belongs to a built-in role; choose another", r.name)
             if r.reward_column == REWARD_MODEL_COLUMN and self.reward_model.enabled:
                 raise Refused("roles.reward_column", "the reward-model role puts this column: choose another", r.reward_column)
@@ -1123,11 +1124,6 @@ class RunConfig(_Section):
                     f"role {r.name!r} must also set `task` (the queue task it reads rows from)",
                     r.reward_column,
                 )
-
-
-_BUILTIN_NAMES = ("loader", "trainer", "weights", "collector", "directory")
-_BUILTIN_PREFIXES = ("rollout.", "reward.", "reward_model.", "reference.", "tq.", "host.")
-"""Actor names of the built-in roles, which a ``[[roles]]`` entry may not take."""
 
 
 def validate(cfg: RunConfig) -> None:

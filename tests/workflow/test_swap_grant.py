@@ -11,10 +11,10 @@ import pytest
 import torch
 from wf_helpers import afctl, assert_trained_exactly_once, read_jsonl, write_config
 
-from asyncflow.actors.names import WEIGHTS
 from asyncflow.actors.rollout.inbox import swap_grant_needed
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 from asyncflow.cli.bench_weights import bench_run_dir
+from asyncflow.config.names import WEIGHTS
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory

@@ -47,16 +47,17 @@ import threading
 
 import msgspec
 
-from asyncflow.actors import names, roles
+from asyncflow.actors import roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors._scoring import Scorer
-from asyncflow.actors.names import WEIGHTS
 from asyncflow.actors.rollout.inbox import WeightInbox
 from asyncflow.actors.rollout.stream import PartialRollout
 from asyncflow.actors.rollout.unit import UnitRollout
 from asyncflow.actors.weights import build_receiver
+from asyncflow.config import names
+from asyncflow.config.names import WEIGHTS
 from asyncflow.core import protocol
 from asyncflow.core.tq.client import TQClient
 from asyncflow.engines.device import torch_dtype
