@@ -84,7 +84,6 @@ ROLE = roles.RoleSpec(
     section="reference",
     instances=roles.numbered(names.REFERENCE, lambda cfg: cfg.reference.num_workers if cfg.algorithm.needs_reference else 0),
     task=names.TASK_REFERENCE,
-    inputs=tuple(ReferenceActor.COLUMNS),
     outputs=("ref_logp",),
     restartable=True,
     device=roles.Devices.ONE,

@@ -101,7 +101,6 @@ ROLE = roles.RoleSpec(
     section="reward",
     instances=roles.numbered(names.REWARD, lambda cfg: cfg.reward.num_workers if cfg.reward.placement == "role" else 0),
     task=names.TASK_REWARD,
-    inputs=tuple(RewardActor.COLUMNS),
     outputs=("reward",),
     restartable=True,
 )

@@ -71,7 +71,6 @@ ROLE = roles.RoleSpec(
     section="reward_model",
     instances=roles.numbered(names.REWARD_MODEL, lambda cfg: cfg.reward_model.num_replicas if cfg.reward_model.enabled else 0),
     task=names.TASK_REWARD_MODEL,
-    inputs=RewardModelActor.inputs,
     outputs=(REWARD_MODEL_COLUMN,),
     restartable=True,
     device=roles.Devices.ONE,

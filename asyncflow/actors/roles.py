@@ -4,7 +4,8 @@ own module (``ROLE = RoleSpec(...)`` at its end).
 A role is an actor class run in one process host per instance (``rollout.0``,
 ``rollout.1``, ...; ``loader``). Its spec names the class as an object (a renamed
 class breaks at import time, not in the middle of a run), the queue task it takes
-rows from and the columns it reads and puts, whether a dead instance may be started
+rows from and the columns it puts (what it reads, the actor asks for: a config
+decides it), whether a dead instance may be started
 again in place, its config section, the devices it runs on, how many instances a
 config asks for and the keyword arguments of each. The built-in roles are listed
 once, in ``topology.BUILT_IN``; ``[[roles]]`` entries of the config become the same
@@ -71,8 +72,6 @@ class RoleSpec:
     """The config section that sets it up (``[rollout]``, ``[[roles]]`` ...)."""
     task: str = ""
     """The queue task it takes rows from (empty: none)."""
-    inputs: tuple[str, ...] = ()
-    """The columns it reads from each row of its task."""
     outputs: tuple[str, ...] = ()
     """The columns it puts: rows a dead instance already put them for are acked, not redone."""
     restartable: bool = False

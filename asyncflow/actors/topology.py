@@ -60,7 +60,6 @@ def custom_role(entry: RoleEntry, python_path: list[str]) -> RoleSpec:
         instances=one(entry.name),
         section="roles",
         task=entry.task,
-        inputs=tuple(getattr(cls, "inputs", ())),
         outputs=(entry.reward_column,) if entry.reward_column else (),
         restartable=True,
         kwargs=lambda layout, name: {**given, **entry.kwargs},

@@ -517,7 +517,6 @@ ROLE = roles.RoleSpec(
     section="train",
     instances=roles.one(names.TRAINER),
     task=names.TASK_TRAIN,
-    inputs=("prompt_ids", "response_ids", "rollout_logp", "reward", "finish"),  # + ref_logp, [[roles]] columns
     device=roles.Devices.GROUP,
     device_list="train_devices",
     train_group=True,

@@ -108,7 +108,7 @@ def test_a_custom_role_is_a_restartable_rolespec_started_before_the_training_gro
     assert [h.name for h in hosts][-2:] == ["judge", "trainer"]
     judge = hosts[-2]
     assert judge.role.actor is Judge and judge.role.restartable and judge.role.task == "judge"
-    assert judge.role.inputs == ("response_ids", "answer") and judge.role.outputs == ("judge_score",)
+    assert judge.role.outputs == ("judge_score",)
     assert _kwargs(judge) == {"run_dir": "/run", "task": "judge", "output": "judge_score", "batch_size": 4}
     assert "tq.controller.judge" in [s.name for s in hosts[0].specs]
     assert "judge" in _kwargs(hosts[-1])["other_roles"]

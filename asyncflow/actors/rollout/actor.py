@@ -199,7 +199,6 @@ ROLE = roles.RoleSpec(
     section="rollout",
     instances=roles.numbered(names.ROLLOUT, lambda cfg: cfg.rollout.num_replicas),
     task=names.TASK_ROLLOUT,
-    inputs=("prompt_ids",),
     outputs=("response_ids", "rollout_logp", "finish"),
     restartable=True,
     device=roles.Devices.ONE,
