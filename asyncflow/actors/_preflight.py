@@ -32,12 +32,14 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from asyncflow.config.run import ConfigError, RunConfig
 
 if TYPE_CHECKING:
+    from asyncflow.actors.roles import RoleSpec
     from asyncflow.planner.hardware import Hardware
     from asyncflow.planner.models import Lora, ModelShape
 
@@ -360,10 +362,11 @@ def _check_length(cfg: RunConfig) -> None:
         )
 
 
-def check_inputs(cfg: RunConfig) -> None:
+def check_inputs(cfg: RunConfig, roles: Sequence[RoleSpec] = ()) -> None:
     """Everything a worker process would fail on at start, checked in the driver before
     any process starts (and before the run directory is made); a ConfigError names
-    the key and the fix. The built-in tiny model and task need no data or template check."""
+    the key and the fix. The built-in tiny model and task need no data or template check.
+    ``roles``: the specs whose devices are checked (``topology.BUILT_IN``)."""
     from asyncflow.algorithms.rewards import BUILTIN_REWARDS, load_reward_fn
 
     for i, name in enumerate(cfg.reward.functions):
@@ -403,7 +406,7 @@ def check_inputs(cfg: RunConfig) -> None:
                 f"{key} (role {role.name!r}): not an asyncflow Actor subclass; subclass "
                 f"{class_path(ColumnRole)} (docs/custom-roles.md)"
             )
-    _check_devices(cfg)
+    _check_devices(cfg, roles)
     _check_length(cfg)
     data_path, model_dir = cfg.data.path, cfg.model.path
     if data_path:
@@ -422,14 +425,11 @@ def check_inputs(cfg: RunConfig) -> None:
             )
 
 
-def _check_devices(cfg: RunConfig) -> None:
-    used = [
-        ("cluster.device", cfg.cluster.device),
-        ("rollout.engine.device", cfg.rollout.engine.device),
-        ("train.engine.device", cfg.train.engine.device),
-    ]
-    if cfg.algorithm.needs_critic:
-        used.append(("critic.engine.device", cfg.critic.engine.device))
+def _check_devices(cfg: RunConfig, roles: Sequence[RoleSpec]) -> None:
+    """The devices of ``cluster.device`` and of every role the config starts (its spec's
+    ``devices_used``), each refused by its key when this machine lacks it."""
+    used: list[tuple[str, str]] = [("cluster.device", cfg.cluster.device)]
+    used += [kv for role in roles if role.instances(cfg) for kv in role.devices_used(cfg) if kv not in used]
     kinds = {device for _, device in used}
     if "cuda" in kinds:
         import torch

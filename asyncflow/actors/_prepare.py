@@ -58,8 +58,9 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
             f"run directory {rd} already holds a run: resume it with `afctl up --resume {rd}` or choose another --run-dir"
         )
     from asyncflow.actors._preflight import check_inputs
+    from asyncflow.actors.topology import BUILT_IN
 
-    check_inputs(cfg)  # imports, devices, data fields, chat template: before any process starts
+    check_inputs(cfg, BUILT_IN)  # imports, devices, data fields, chat template: before any process starts
     rd.mkdir(parents=True, exist_ok=True)
     writable(rd)
     data_path = cfg.data.path

@@ -87,5 +87,6 @@ ROLE = roles.RoleSpec(
     outputs=("ref_logp",),
     restartable=True,
     device=roles.Devices.ONE,
+    devices_used=lambda cfg: [("train.engine.device", cfg.train.engine.device)],  # the trainer's engine settings
     device_list="reference_devices",
 )

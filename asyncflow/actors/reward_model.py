@@ -74,5 +74,6 @@ ROLE = roles.RoleSpec(
     outputs=(REWARD_MODEL_COLUMN,),
     restartable=True,
     device=roles.Devices.ONE,
+    devices_used=lambda cfg: [("reward_model.device", cfg.reward_model.device)],
     device_list="reward_model_devices",
 )

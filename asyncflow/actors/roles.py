@@ -59,6 +59,10 @@ def no_kwargs(layout: Layout, name: str) -> dict:
     return {}
 
 
+def no_devices(cfg: RunConfig) -> list[tuple[str, str]]:
+    return []
+
+
 @dataclass(frozen=True, kw_only=True)
 class RoleSpec:
     name: str
@@ -78,6 +82,10 @@ class RoleSpec:
     """A dead instance is requeued and started again in place (``_restarts.py``);
     otherwise its death stops the run (resume from the last checkpoint)."""
     device: Devices = Devices.NONE
+    devices_used: Callable[[RunConfig], list[tuple[str, str]]] = field(default=no_devices)
+    """The config keys (dotted) that say what device its instances compute on, with their
+    values: the preflight refuses a device this machine lacks by its key, before any
+    process starts (a role with no instance in the config is not checked)."""
     device_list: str = ""
     """The ``[cluster]`` field its devices come from (``rollout_devices`` ...)."""
     train_group: bool = False

@@ -518,6 +518,10 @@ ROLE = roles.RoleSpec(
     instances=roles.one(names.TRAINER),
     task=names.TASK_TRAIN,
     device=roles.Devices.GROUP,
+    devices_used=lambda cfg: [
+        ("train.engine.device", str(cfg.train.engine.device)),
+        *((("critic.engine.device", str(cfg.critic.engine.device)),) if cfg.algorithm.needs_critic else ()),
+    ],
     device_list="train_devices",
     train_group=True,
     kwargs=lambda layout, name: {

@@ -202,5 +202,6 @@ ROLE = roles.RoleSpec(
     outputs=("response_ids", "rollout_logp", "finish"),
     restartable=True,
     device=roles.Devices.ONE,
+    devices_used=lambda cfg: [("rollout.engine.device", cfg.rollout.engine.device)],
     device_list="rollout_devices",
 )
