@@ -1040,6 +1040,15 @@ class EnvConfig(_Section):
             "and the trajectory ends unfinished. 0: no limit (keep turns within the model's context yourself)."
         ),
     ] = 0
+    max_observation_chars: Annotated[
+        NonNegInt,
+        Meta(
+            description="Longest observation (a tool's result) put into a trajectory: a text one is cut to this many "
+            "characters before it is tokenised, with a marker saying so (``[observation cut: N chars, ...]``); one given "
+            "as token ids, to this many ids. Counted (``observations_cut`` in the rollout's log). A 50 MB tool result "
+            "once grew a rollout process to 19 GB. 0: no limit."
+        ),
+    ] = 16384
 
 
 class RunConfig(_Section):
