@@ -362,6 +362,30 @@ def _check_length(cfg: RunConfig) -> None:
         )
 
 
+def _check_prompt_lengths(cfg: RunConfig, prompts: list[str], where: list[str], model_dir: str) -> None:
+    """Every prompt, encoded as the loader does, leaves ``max_new_tokens`` within the
+    model's positions (and is at most ``data.max_prompt_tokens`` when set): a longer one
+    would fail its rollout replica at every try, a minute into the run."""
+    from asyncflow.engines.prompts import prompt_ids
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    positions, new = config.get("max_position_embeddings"), cfg.rollout.sampling.max_new_tokens
+    limits = [(cfg.data.max_prompt_tokens, "data.max_prompt_tokens")] if cfg.data.max_prompt_tokens else []
+    if isinstance(positions, int):
+        limits.append((positions - new, f"max_position_embeddings {positions} less rollout.sampling.max_new_tokens {new}"))
+    if not limits:
+        return
+    limit, why = min(limits)
+    tok = _tokenizer(model_dir)
+    long = [(at, n) for at, p in zip(where, prompts) if (n := len(prompt_ids(tok, p, cfg.data.chat_template))) > limit]
+    if long:
+        shown = ", ".join(f"{at} ({n} tokens)" for at, n in long[:3]) + (f" and {len(long) - 3} more" if len(long) > 3 else "")
+        raise ConfigError(
+            f"data.path = {cfg.data.path!r}: {len(long)} prompt(s) longer than {limit} tokens ({why}): {shown}; "
+            "shorten or drop them, or give fewer rollout.sampling.max_new_tokens"
+        )
+
+
 def check_inputs(cfg: RunConfig, roles: Sequence[RoleSpec] = ()) -> None:
     """Everything a worker process would fail on at start, checked in the driver before
     any process starts (and before the run directory is made); a ConfigError names
@@ -410,12 +434,14 @@ def check_inputs(cfg: RunConfig, roles: Sequence[RoleSpec] = ()) -> None:
     _check_length(cfg)
     data_path, model_dir = cfg.data.path, cfg.model.path
     if data_path:
-        from asyncflow.actors._run import read_prompts
+        from asyncflow.actors._run import read_prompts_located
 
         try:
-            read_prompts(data_path)
+            rows, where = read_prompts_located(data_path)
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"data.path = {data_path!r}: {exc} (fields: docs/your-model-and-data.md)") from None
+        if model_dir:
+            _check_prompt_lengths(cfg, [str(r["prompt"]) for r in rows], where, model_dir)
     if cfg.data.chat_template and model_dir:
         if not getattr(_tokenizer(model_dir), "chat_template", None):
             raise ConfigError(

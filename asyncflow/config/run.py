@@ -105,6 +105,14 @@ class DataConfig(_Section):
     chat_template: Annotated[bool, Meta(description="Apply the tokenizer's chat template to each prompt.")] = True
     shuffle: Annotated[bool, Meta(description="Shuffle the prompts (with ``seed``) before each epoch.")] = True
     seed: Annotated[NonNegInt, Meta(description="Seed of the shuffle and of generated tasks.")] = 0
+    max_prompt_tokens: Annotated[
+        NonNegInt,
+        Meta(
+            description="Longest prompt in tokens (as the loader encodes it, chat template included). The preflight reads "
+            "every prompt of ``path`` before any process starts and refuses a longer one by its line. 0: what fits, the "
+            "model's max_position_embeddings less ``rollout.sampling.max_new_tokens`` (that limit holds anyway)."
+        ),
+    ] = 0
 
     def check(self, run: RunConfig) -> None:
         if self.path and not self.path.endswith((".jsonl", ".parquet")):
