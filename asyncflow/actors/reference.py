@@ -21,6 +21,7 @@ from asyncflow.actors._run import Run, set_threads
 from asyncflow.config import names
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
+from asyncflow.planner import memory
 
 
 class ReferenceActor(LoopActor):
@@ -88,5 +89,6 @@ ROLE = roles.RoleSpec(
     restartable=True,
     device=roles.Devices.ONE,
     devices_used=lambda cfg: [("train.engine.device", cfg.train.engine.device)],  # the trainer's engine settings
+    memory=lambda cfg, facts: facts.shape.num_params * memory.DTYPE_BYTES[cfg.train.engine.dtype],  # the base weights
     device_list="reference_devices",
 )

@@ -27,6 +27,7 @@ from asyncflow.config import names
 from asyncflow.config.run import REWARD_MODEL_COLUMN
 from asyncflow.core import protocol
 from asyncflow.core.phases import phase
+from asyncflow.planner import memory
 
 
 class RewardModelActor(ColumnRole):
@@ -75,5 +76,10 @@ ROLE = roles.RoleSpec(
     restartable=True,
     device=roles.Devices.ONE,
     devices_used=lambda cfg: [("reward_model.device", cfg.reward_model.device)],
+    # its weights (a judge's: the policy's without a path), and a judge's KV budget (the native engine's default)
+    memory=lambda cfg, facts: (
+        facts.reward_model_params * memory.DTYPE_BYTES[cfg.reward_model.dtype]
+        + (memory.DEFAULT_KV_BYTES if cfg.reward_model.kind == "judge" else 0)
+    ),
     device_list="reward_model_devices",
 )

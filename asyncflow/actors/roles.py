@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from asyncflow.config import names
 from asyncflow.config.run import RunConfig
+from asyncflow.planner.memory import MemoryFacts
 
 
 class Devices(enum.Enum):
@@ -88,6 +89,14 @@ class RoleSpec:
     process starts (a role with no instance in the config is not checked)."""
     device_list: str = ""
     """The ``[cluster]`` field its devices come from (``rollout_devices`` ...)."""
+    memory: Callable[[RunConfig, MemoryFacts], float] | None = None
+    """Bytes of one instance's states (weights, optimizer states, KV budget, staged
+    snapshots: ``planner/memory.py``); None: it holds no model. The preflight adds up
+    those of every instance the config starts and refuses a run the host cannot hold."""
+    working_memory: Callable[[RunConfig, MemoryFacts], float] | None = None
+    """Bytes one instance needs beyond its states while it works (its runtime, a
+    trainer's activations of one micro-batch at the data's mean prompt length): an
+    estimate, added when the preflight knows the prompts' length."""
     train_group: bool = False
     """Part of the training group: started after every other worker (which it pauses at
     checkpoints), stopped after them, given the pinned cores (``pin_trainer_cores``)."""

@@ -94,6 +94,7 @@ from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
 from asyncflow.core.tq.notify import Notifier
 from asyncflow.engines.device import torch_dtype
+from asyncflow.planner import memory
 
 if TYPE_CHECKING:
     from asyncflow.actors._eval import Evaluator
@@ -509,6 +510,17 @@ def score_means(columns: dict[str, list], extra_rewards: list[tuple[str, float]]
     }
 
 
+def trainer_working_bytes(cfg, facts: memory.MemoryFacts) -> float:
+    """Rank 0's step (``memory.training_step_bytes``), the version before still staged
+    (the weights actor keeps the two newest in either mode: weights/_nng.NUM_KEPT) and
+    the evaluation engine's weights and KV cache (``[eval]``)."""
+    out = memory.training_step_bytes(cfg, facts) + memory.synced_params(cfg, facts.shape) * 4
+    if cfg.eval.every_steps:
+        kv = cfg.rollout.engine.kv_cache_bytes or memory.DEFAULT_KV_BYTES
+        out += facts.shape.num_params * memory.DTYPE_BYTES[cfg.rollout.engine.dtype] + kv
+    return out
+
+
 # -- the role, as the driver sees it (actors/topology.py) ---------------------------------
 
 ROLE = roles.RoleSpec(
@@ -523,6 +535,10 @@ ROLE = roles.RoleSpec(
         *((("critic.engine.device", str(cfg.critic.engine.device)),) if cfg.algorithm.needs_critic else ()),
     ],
     device_list="train_devices",
+    memory=lambda cfg, facts: (
+        memory.training_state_bytes(cfg, facts.shape) + memory.synced_params(cfg, facts.shape) * 4
+    ),  # + the host-staged snapshot published to rollout (fp32 on cpu)
+    working_memory=lambda cfg, facts: trainer_working_bytes(cfg, facts),
     train_group=True,
     kwargs=lambda layout, name: {
         "other_roles": layout.workers_outside_training(),

@@ -40,6 +40,7 @@ from asyncflow.config.names import COLLECTOR
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 from asyncflow.core.tq.client import TQClient
+from asyncflow.planner import memory
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,8 @@ ROLE = roles.RoleSpec(
     section="train",
     instances=roles.numbered(names.TRAINER, lambda cfg: cfg.train.num_ranks - 1, first=1),  # trainer.1, ...
     device=roles.Devices.GROUP,
+    memory=lambda cfg, facts: memory.training_state_bytes(cfg, facts.shape),
+    working_memory=lambda cfg, facts: memory.training_step_bytes(cfg, facts),
     device_list="train_devices",
     train_group=True,
     kwargs=lambda layout, name: {"rank": roles.index_of(name)},

@@ -62,6 +62,8 @@ from asyncflow.core import protocol
 from asyncflow.core.tq.client import TQClient
 from asyncflow.engines.device import torch_dtype
 from asyncflow.gateway.replica import serve_for_replica
+from asyncflow.planner import memory
+from asyncflow.planner.models import Lora
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +193,16 @@ class RolloutActor(LoopActor):
         super().on_failure(*exc_info)
 
 
+def replica_memory(cfg, facts: memory.MemoryFacts) -> float:
+    """A replica's weights, its KV budget, the staged next version, and with LoRA on the
+    native engine the base of each adapted weight it keeps beside the merged one."""
+    shape, b = facts.shape, memory.DTYPE_BYTES[cfg.rollout.engine.dtype]
+    eng = cfg.rollout.engine
+    kv = eng.kv_cache_bytes or (memory.DEFAULT_KV_BYTES if eng.kv_cache_fraction is None else 0)
+    base_copies = memory.adapted_weight_params(shape, Lora.of(cfg.train.engine.lora)) if eng.type == "native" else 0
+    return shape.num_params * b + kv + memory.synced_params(cfg, shape) * 4 + base_copies * b
+
+
 # -- the role, as the driver sees it (actors/topology.py) ---------------------------------
 
 ROLE = roles.RoleSpec(
@@ -203,5 +215,7 @@ ROLE = roles.RoleSpec(
     restartable=True,
     device=roles.Devices.ONE,
     devices_used=lambda cfg: [("rollout.engine.device", cfg.rollout.engine.device)],
+    memory=replica_memory,
+    working_memory=lambda cfg, facts: float(memory.PROCESS_BYTES),
     device_list="rollout_devices",
 )
