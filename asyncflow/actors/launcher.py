@@ -216,6 +216,9 @@ class Launcher:
         for name in sup.workers():
             self.dc.ref(name).ask(protocol.StartWork(), timeout_s=30)
         click.echo("every process is up; waiting for the first step (the first rollouts and the first batch)")
+        gateway = gateway_line(self.run_dir, cfg)
+        if gateway:
+            click.echo(gateway)
 
     def subscribe(self, refs: list) -> None:
         """Tell every following StepMetrics to these in-process refs (the planner)."""
@@ -564,6 +567,21 @@ def _run_private(
             summary["resumes"] = resumes
             (rd / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+
+def gateway_line(run_dir: Path, cfg: RunConfig) -> str:
+    """Where the gateway answers (its replica wrote RUN_DIR/gateway.json as it started),
+    and for how long; empty without one."""
+    if not cfg.rollout.gateway.enabled:
+        return ""
+    try:
+        info = json.loads((run_dir / "gateway.json").read_text())
+    except (OSError, ValueError):
+        return "gateway: its address is not in RUN_DIR/gateway.json yet (see the replica's log)"
+    return (
+        f"gateway: OpenAI-compatible API at {info['url']}/v1 (rollout.{info['replica']}; trajectories to "
+        f"{info['trajectories']}); it serves while the run trains: {cfg.train.num_steps} steps (train.num_steps)"
+    )
 
 
 def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo, prepare_s: float = 0.0) -> dict:

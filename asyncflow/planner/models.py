@@ -260,5 +260,5 @@ def shape_from_hf_config(cfg: dict, name: str, source: str) -> ModelShape:
         qk_norm=model_type.startswith("qwen3"),
         num_experts=experts,
         num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
-        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")) if experts else 0,
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]) if experts else 0,
     )
