@@ -70,7 +70,7 @@ ROLE_MODULES = tuple(
 DRIVER_MODULES = tuple(
     f"asyncflow.actors.{m}"
     for m in ("launcher", "supervisor", "topology", "_prepare", "_preflight", "_scaling", "ray_hosts", "planner", "_restarts")
-) + ("asyncflow.cli",)
+) + ("asyncflow.cli", "asyncflow.bench")
 
 CORE_MAY_NOT_IMPORT = (
     "asyncflow.actors",
@@ -78,17 +78,24 @@ CORE_MAY_NOT_IMPORT = (
     "asyncflow.planner",
     "asyncflow.engines",
     "asyncflow.cli",
+    "asyncflow.bench",
     "asyncflow.config",
 )
-CONFIG_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli")
+CONFIG_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli", "asyncflow.bench")
 ALGORITHM_SCHEMA = ("asyncflow.algorithms.registry", "asyncflow.algorithms.loss_configs")
 """The torch-free half of the algorithms (the registry's entries, the losses' config
 Structs): the config embeds them. They import no torch and no other algorithm module."""
-ENGINES_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli")
+ENGINES_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli", "asyncflow.bench")
 CONCRETE_ENGINES = tuple(
     f"asyncflow.engines.{m}" for m in ("native_rollout", "native_model", "kv_cache", "vllm_rollout", "vllm_worker", "torch_train")
 )
-PLANNER_PURE_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.cli", "asyncflow.engines", "asyncflow.planner.io")
+PLANNER_PURE_MAY_NOT_IMPORT = (
+    "asyncflow.actors",
+    "asyncflow.cli",
+    "asyncflow.bench",
+    "asyncflow.engines",
+    "asyncflow.planner.io",
+)
 PLANNER_PURE_NO_THIRD_PARTY = (
     "matplotlib",
     "PIL",

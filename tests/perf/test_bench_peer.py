@@ -10,7 +10,7 @@ import sys
 import msgspec
 import pytest
 
-from asyncflow.cli.bench_peer import DEFAULT_CONFIG, trl_spec, unsupported
+from asyncflow.bench.peer import DEFAULT_CONFIG, trl_spec, unsupported
 
 
 @pytest.mark.timeout(30)

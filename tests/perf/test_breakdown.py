@@ -9,7 +9,7 @@ import json
 import pytest
 
 from asyncflow.actors.collector import CollectorActor
-from asyncflow.cli._breakdown import breakdown, table
+from asyncflow.bench._breakdown import breakdown, table
 from asyncflow.cli._runs import timeline, validate_trace
 from asyncflow.core import protocol
 from asyncflow.core.actor import ActorContext

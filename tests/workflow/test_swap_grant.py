@@ -13,7 +13,7 @@ from wf_helpers import afctl, assert_trained_exactly_once, read_jsonl, write_con
 
 from asyncflow.actors.rollout.inbox import swap_grant_needed
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
-from asyncflow.cli.bench_weights import bench_run_dir
+from asyncflow.bench.weights import bench_run_dir
 from asyncflow.config.names import WEIGHTS
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, serve_actor

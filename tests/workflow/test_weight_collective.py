@@ -16,7 +16,7 @@ from wf_helpers import afctl, read_jsonl, write_config
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 from asyncflow.actors.weights import build_receiver
 from asyncflow.actors.weights._collective import CollectiveReceiver
-from asyncflow.cli.bench_weights import bench_run_dir
+from asyncflow.bench.weights import bench_run_dir
 from asyncflow.config.names import WEIGHTS
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor

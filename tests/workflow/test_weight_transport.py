@@ -13,7 +13,7 @@ from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 from asyncflow.actors.weights import WeightReceiver, WeightSender, build_receiver, build_sender
 from asyncflow.actors.weights._collective import CollectiveReceiver, CollectiveSender
 from asyncflow.actors.weights._nng import NngReceiver, NngSender, joined
-from asyncflow.cli.bench_weights import bench_run_dir
+from asyncflow.bench.weights import bench_run_dir
 from asyncflow.config.names import WEIGHTS
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor

@@ -22,7 +22,7 @@ import time
 
 import click
 
-from asyncflow.cli._shared_inputs import model_option
+from asyncflow.bench._shared_inputs import model_option
 
 
 @click.command("rollout")
@@ -194,7 +194,7 @@ def rollout(
             vllm_engine.close()
     breakdown = {}
     if profile:
-        from asyncflow.cli._op_profile import op_breakdown
+        from asyncflow.bench._op_profile import op_breakdown
 
         breakdown = {
             "native": op_breakdown(lambda: run_native(repeats + 1)),
