@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 
+MOVED_MODULES = {"asyncflow.algorithms.tasks": "asyncflow.toy.tasks", "asyncflow.engines.tiny": "asyncflow.toy.tiny"}
+"""asyncflow modules a config may still name, and where they went."""
+
 
 def importable(path: str, python_path: list[str]):
     """``module:attr`` imported the way a worker will (PYTHONPATH = cluster.python_path,
@@ -16,6 +19,8 @@ def importable(path: str, python_path: list[str]):
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{path!r} is not a dotted path 'package.module:name'")
+    if module_name in MOVED_MODULES:
+        raise ValueError(f"module {module_name!r} moved: write '{MOVED_MODULES[module_name]}:{attr}'")
     saved = list(sys.path)
     sys.path[:0] = [*python_path, os.getcwd()]
     try:

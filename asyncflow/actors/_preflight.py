@@ -259,7 +259,7 @@ def launch_step_estimate(cfg: RunConfig, model_dir: str, data_path: str, tokeniz
 
 
 TINY_MAX_POSITIONS = 512
-"""``max_position_embeddings`` of the built-in tiny model (``engines/tiny.py``'s default)."""
+"""``max_position_embeddings`` of the built-in tiny model (``toy/tiny.py``'s default)."""
 
 
 def _check_length(cfg: RunConfig) -> None:

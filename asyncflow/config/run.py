@@ -97,7 +97,7 @@ class DataConfig(_Section):
     task: Annotated[
         str,
         Meta(
-            description="Built-in task when ``path`` is empty (asyncflow.algorithms.tasks): add, reverse, calc for the tiny model; "
+            description="Built-in task when ``path`` is empty (asyncflow.toy.tasks): add, reverse, calc for the tiny model; "
             "add2 (two-digit addition in words) for a real model (examples/smollm2.toml)."
         ),
     ] = "add"
