@@ -309,3 +309,16 @@ def test_the_checker_sees_imports_inside_functions_and_reports_a_cycle(tmp_path)
     assert len(found) == 2, found
     assert "asyncflow.core.c imports asyncflow.actors.role" in found[0]
     assert "asyncflow.planner.sim imports matplotlib" in found[1]
+
+
+def test_core_protocol_defines_no_message_only_the_rl_roles_use():
+    """core/protocol.py holds the runtime's and the queue's messages: each is named by a
+    module of core. A message only the RL roles send belongs in actors/messages.py."""
+    import re
+
+    protocol = (PACKAGE / "core" / "protocol.py").read_text()
+    core = "\n".join(p.read_text() for p in (PACKAGE / "core").rglob("*.py") if p.name != "protocol.py")
+    defined = re.findall(r"^class (\w+)\(", protocol, re.M)
+    assert defined
+    unused = [name for name in defined if not re.search(rf"\b{name}\b", core)]
+    assert not unused, f"messages of core/protocol.py that no module of core uses (RL messages? actors/messages.py): {unused}"

@@ -71,7 +71,7 @@ import msgspec
 import numpy as np
 import pykka
 
-from asyncflow.actors import roles
+from asyncflow.actors import messages, roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._checkpoints import _link_latest, checkpoint_dir, prune_checkpoints
 from asyncflow.actors._dynamic_sampling import Filtered, StepGather
@@ -241,7 +241,7 @@ class TrainerActor(LoopActor):
             return gather.finish()
         self._gather = gather
         self.acks.add_rows(TASK_TRAIN, gather.release())  # freed while the round is made (the loader's headroom)
-        self.ctx.ref(names.LOADER).tell(protocol.RefillGroups(step=self.step, round=gather.num_refills + 1))
+        self.ctx.ref(names.LOADER).tell(messages.RefillGroups(step=self.step, round=gather.num_refills + 1))
         return None
 
     def _take_batch(self) -> protocol.BatchMeta | None:
@@ -363,7 +363,7 @@ class TrainerActor(LoopActor):
             values.update({"val/start_accuracy": start["val/accuracy"], "val/start_reward_mean": start["val/reward_mean"]})
         if eval_every and (version % eval_every == 0 or version == cfg.train.num_steps):
             values.update(self._evaluate(snapshot, version))
-        self._reports.tell(COLLECTOR, protocol.StepMetrics(step=self.step, values={k: float(v) for k, v in values.items()}))
+        self._reports.tell(COLLECTOR, messages.StepMetrics(step=self.step, values={k: float(v) for k, v in values.items()}))
         self.num_items += len(mine)
 
     def _deliver_reports(self, timeout_s: float = 30.0) -> None:
@@ -466,7 +466,7 @@ class TrainerActor(LoopActor):
         """Pause every other role (each answers between units, its rows acked), appending
         each reference that answered to ``paused``; returns their resumable states."""
         # the online planner may have added or removed rollout replicas: the weight sync knows the current ones
-        replicas = self._weights.ask(protocol.GetReplicas()).names
+        replicas = self._weights.ask(messages.GetReplicas()).names
         names = [n for n in self.other_roles if n not in self._initial_replicas] + list(replicas)
         states = {}
         for name in names:
@@ -487,7 +487,7 @@ class TrainerActor(LoopActor):
     def _resume_roles(self, paused: list) -> None:
         for ref in paused:
             try:
-                ref.tell(protocol.Resume())
+                ref.tell(messages.Resume())
             except (ActorGone, ActorTimeout) as exc:  # it died since its Pause: restarted, it starts unpaused
                 log.warning("checkpoint at step %d: %s not resumed, its process is gone (%s)", self.step, ref.name, exc)
 
@@ -497,7 +497,7 @@ class TrainerActor(LoopActor):
 
     def _finish(self) -> None:
         path = self.checkpoint()  # every step's metrics delivered first, so RunFinished comes last
-        self._collector.tell(protocol.RunFinished(last_step=self.step - 1, checkpoint=str(path)))
+        self._collector.tell(messages.RunFinished(last_step=self.step - 1, checkpoint=str(path)))
 
 
 def score_means(columns: dict[str, list], extra_rewards: list[tuple[str, float]]) -> dict[str, float]:

@@ -47,7 +47,7 @@ import threading
 
 import msgspec
 
-from asyncflow.actors import roles
+from asyncflow.actors import messages, roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run, set_threads
@@ -74,7 +74,7 @@ planner's predictions take it as ``poll_s`` (cli/predict.py passes it)."""
 
 
 class RolloutActor(LoopActor):
-    Urgent = LoopActor.Urgent + (protocol.WeightsReady,)  # start fetching at once, even mid-generation
+    Urgent = LoopActor.Urgent + (messages.WeightsReady,)  # start fetching at once, even mid-generation
     announce_wait_s = ANNOUNCE_WAIT_S  # read by the modes (unit.py, stream.py)
     acks: DeferredAcks  # not None: set in __init__ (this role acks with its next request)
 
@@ -137,9 +137,9 @@ class RolloutActor(LoopActor):
         return self.engine.version
 
     # -- weights -----------------------------------------------------------------
-    def handle_urgent(self, msg: protocol.WeightsReady):
+    def handle_urgent(self, msg: messages.WeightsReady):
         """On the listener thread: start the background fetch now."""
-        if not isinstance(msg, protocol.WeightsReady):
+        if not isinstance(msg, messages.WeightsReady):
             return super().handle_urgent(msg)
         self.inbox.announce(msg)
         return protocol.Ok()
@@ -161,7 +161,7 @@ class RolloutActor(LoopActor):
     def on_start(self) -> None:
         # a (re)started replica catches up with the newest published weights first
         try:
-            latest = self.ctx.ref(WEIGHTS, wait_s=0.2).ask(protocol.GetLatestWeights(), timeout_s=10)
+            latest = self.ctx.ref(WEIGHTS, wait_s=0.2).ask(messages.GetLatestWeights(), timeout_s=10)
         except LookupError:
             return  # the trainer has not started yet: nothing newer than the model dir
         if latest.version > self.engine.version:
