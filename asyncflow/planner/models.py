@@ -161,7 +161,8 @@ def trainable_params(model: ModelShape, lora: Lora) -> int:
     return lora_params(model, lora.rank, lora.target_modules) + (norm_params(model) if lora.train_norms else 0)
 
 
-def _qwen(name, layers, hidden, inter, heads, kv, vocab, tied) -> ModelShape:
+def _shape(name, layers, hidden, inter, heads, kv, vocab, tied, **more) -> ModelShape:
+    """A preset: the shape fields in a config.json's order, then the family's own."""
     return ModelShape(
         name=name,
         num_layers=layers,
@@ -171,41 +172,21 @@ def _qwen(name, layers, hidden, inter, heads, kv, vocab, tied) -> ModelShape:
         num_kv_heads=kv,
         vocab_size=vocab,
         tie_word_embeddings=tied,
+        **more,
     )
+
+
+def _qwen(name, layers, hidden, inter, heads, kv, vocab, tied) -> ModelShape:
+    return _shape(name, layers, hidden, inter, heads, kv, vocab, tied)
 
 
 def _llama(name, layers, hidden, inter, heads, kv, tied, head_dim=0) -> ModelShape:
-    return ModelShape(
-        name=name,
-        num_layers=layers,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_attention_heads=heads,
-        num_kv_heads=kv,
-        vocab_size=128256,
-        tie_word_embeddings=tied,
-        head_dim=head_dim,
-        attention_bias=False,
-    )
+    return _shape(name, layers, hidden, inter, heads, kv, 128256, tied, head_dim=head_dim, attention_bias=False)
 
 
 def _qwen3(name, layers, hidden, inter, heads, kv, tied, experts=0, top_k=0, moe_inter=0) -> ModelShape:
-    return ModelShape(
-        name=name,
-        num_layers=layers,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_attention_heads=heads,
-        num_kv_heads=kv,
-        vocab_size=151936,
-        tie_word_embeddings=tied,
-        head_dim=128,
-        attention_bias=False,
-        qk_norm=True,
-        num_experts=experts,
-        num_experts_per_tok=top_k,
-        moe_intermediate_size=moe_inter,
-    )
+    moe = {"num_experts": experts, "num_experts_per_tok": top_k, "moe_intermediate_size": moe_inter}
+    return _shape(name, layers, hidden, inter, heads, kv, 151936, tied, head_dim=128, attention_bias=False, qk_norm=True, **moe)
 
 
 # Shapes of the configs published on the Hugging Face hub: Qwen2.5 (by size alone, the
