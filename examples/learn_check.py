@@ -4,7 +4,7 @@ no queue and no actors, the whole RL step on one screen:
     generate (rollout engine) -> reward -> group advantages -> train step
     -> weights back into the rollout engine
 
-Task (asyncflow.algorithms.tasks): one-digit addition, "3+4=" -> "7"; reward 0.1
+Task (asyncflow.toy.tasks): one-digit addition, "3+4=" -> "7"; reward 0.1
 for the format + 0.9 for the exact answer. The model is the tiny Qwen2 (hidden 64,
 2 layers, about 0.1 M parameters) after a short supervised warm start, stopped early.
 Prints the reward of every step and the greedy accuracy on all 100 prompts before
@@ -31,12 +31,12 @@ from asyncflow.algorithms.advantages import grpo_advantages
 from asyncflow.algorithms.grpo import PolicyLossConfig, policy_loss_fn
 from asyncflow.algorithms.ppo import PPOConfig, critic_loss_fn, ppo_advantages
 from asyncflow.algorithms.rewards import call_reward
-from asyncflow.algorithms.tasks import REWARDS, make_examples, make_task_model
+from asyncflow.toy.tasks import REWARDS, make_examples, make_task_model
 from asyncflow.engines.batching import make_token_batch
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams, TrainEngineConfig
 from asyncflow.engines.factory import build_rollout_engine, build_train_engine
 from asyncflow.engines.hf import load_tokenizer
-from asyncflow.engines.tiny import encode_chat_prompt
+from asyncflow.toy.tiny import encode_chat_prompt
 
 
 def greedy_accuracy(rollout, tokenizer, examples) -> float:

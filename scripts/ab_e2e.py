@@ -5,7 +5,7 @@ the two trees' ``bench e2e`` alternately (before, after, before, after...) in on
 invocation, each with its own ``examples/local.toml`` (or ``--config`` relative to
 each tree), so load changes on a shared machine hit both alike. Prints the mean
 samples/s of sync and async per tree, their ratios, the ms per step of every role's
-busy time (from each run's trace.json, ``cli/_breakdown.py``) and one JSON line.
+busy time (from each run's trace.json, ``bench/_breakdown.py``) and one JSON line.
 
     python scripts/ab_e2e.py --before-rev <base commit> --rounds 2 --steps 100
     python scripts/ab_e2e.py --before /some/old/tree --after . --rounds 2 --steps 100
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from asyncflow.cli._breakdown import breakdown  # noqa: E402
+from asyncflow.bench._breakdown import breakdown  # noqa: E402
 
 
 def run_tree(tree: Path, config: str, steps: int, out: Path, sets: list[str]) -> dict:

@@ -35,8 +35,8 @@ def main() -> None:
     from asyncflow.engines.factory import build_rollout_engine
     from asyncflow.engines.hf import load_tokenizer
     from asyncflow.engines.prompts import encode_chat_prompt
-    from asyncflow.engines.tiny import make_tiny_model
     from asyncflow.gateway.server import Gateway
+    from asyncflow.toy.tiny import make_tiny_model
 
     torch.set_num_threads(1)
     model_dir = make_tiny_model(tempfile.mkdtemp(prefix="bench-gateway-"), seed=0)

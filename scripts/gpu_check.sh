@@ -140,7 +140,7 @@ if [ "$INSTALLED" = 1 ]; then
   run_step up 150 0 "$AFCTL" up examples/gpu.toml --run-dir "$RUN" \
     --set 'model.path=""' --set model.tiny_warm_start=false \
     --set 'data.path=""' --set data.num_prompts=512 --set data.chat_template=false \
-    --set 'reward.functions=["asyncflow.algorithms.tasks:reward"]' --set reward.num_workers=1 \
+    --set 'reward.functions=["asyncflow.toy.tasks:reward"]' --set reward.num_workers=1 \
     --set train.num_steps=20 --set train.prompts_per_step=8 --set train.checkpoint_every=0 \
     --set 'train.engine.dtype="float32"' --set train.engine.lr=1e-4 --set train.engine.gradient_checkpointing=false \
     --set rollout.prompts_per_call=8 --set rollout.sampling.max_new_tokens=16 \

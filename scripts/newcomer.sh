@@ -6,6 +6,9 @@
 #   2. loading the printed model with transformers, generating through its chat template
 #   3. a run on a model directory and JSONL of your own (examples/your_model/make_example.py)
 #   4. one bad input per error class: each must exit non-zero with one `Error:` line
+#      (data problems among them, named by their line before any process starts)
+#   5. the samples the run wrote are readable: RUN_DIR/samples.jsonl
+#   6. a LoRA run: the model its last line names is the trained one, not the base
 # Usage: scripts/newcomer.sh [--no-venv] [--steps N] [--work DIR]
 set -u
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -79,4 +82,34 @@ bad "data fields" "'prompt'" "echo '{\"question\": \"1+1\", \"answer\": \"2\"}' 
 bad "no chat template" "data.chat_template" ":" --set data.chat_template=true
 bad "value out of range" "out of range" ":" --set rollout.sampling.temperature=-1
 bad "--set of a wrong type" "--set train.num_steps=abc" ":" --set train.num_steps=abc
+bad "an empty prompt" "line 3 has an empty prompt" "sed -i '3s/.*/{\"prompt\": \"\", \"answer\": \"1\"}/' \"\$WORK/bad/data.jsonl\""
+bad "a line that is not JSON" "line 2 is not JSON" "sed -i '2s/.*/{not json/' \"\$WORK/bad/data.jsonl\""
+bad "a prompt longer than the model holds" "line 4 (" \
+  "\"\$PY\" -c 'import json,sys; p=sys.argv[1]; L=open(p).read().splitlines(); L[3]=json.dumps({\"prompt\": \"1+\" * 400 + \"1\", \"answer\": \"2\"}); open(p,\"w\").write(chr(10).join(L)+chr(10))' \"\$WORK/bad/data.jsonl\""
+
+# 5. what the model writes: RUN_DIR/samples.jsonl (logging.samples_every)
+"$PY" - "$WORK/first/samples.jsonl" >"$WORK/samples.out" 2>>"$LOG" <<'PYEOF' || fail "5. RUN_DIR/samples.jsonl"
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert rows and all({"step", "prompt", "response", "reward"} <= set(r) for r in rows), rows[:1]
+print(f"{len(rows)} samples, e.g. {rows[-1]['prompt'][-20:]!r} -> {rows[-1]['response']!r} (reward {rows[-1]['reward']})")
+PYEOF
+ok "5. RUN_DIR/samples.jsonl: $(tail -n1 "$WORK/samples.out")"
+
+# 6. LoRA: the checkpoint the last line names holds the trained weights
+"${AFCTL[@]}" up "$ROOT/examples/local.toml" --run-dir "$WORK/lora" --set "train.num_steps=$STEPS" --set train.engine.lora.rank=8 \
+  --set train.engine.lr=1e-3 --set train.engine.lora.save_merged=true --set "train.checkpoint_every=$STEPS" \
+  >"$WORK/lora.out" 2>>"$LOG" || { cat "$WORK/lora.out" >>"$LOG"; fail "6. afctl up with LoRA"; }
+MERGED="$(sed -n 's/^model: \([^ ]*\) (LoRA.*/\1/p' "$WORK/lora.out")"
+[ -n "$MERGED" ] || fail "6. the LoRA run's last line names no merged model"
+"$PY" - "$MERGED" "$WORK/lora/model" >"$WORK/lora-check.out" 2>>"$LOG" <<'PYEOF' || fail "6. the merged model is the base one"
+import sys
+import torch
+from transformers import AutoModelForCausalLM
+trained, base = (AutoModelForCausalLM.from_pretrained(p).state_dict() for p in sys.argv[1:3])
+moved = [k for k in base if "q_proj.weight" in k and not torch.equal(base[k], trained[k])]
+assert moved, "from_pretrained on the printed path gives the base weights"
+print(f"{len(moved)} adapted q_proj weights differ from the base")
+PYEOF
+ok "6. LoRA: $(tail -n1 "$WORK/lora-check.out") ($MERGED)"
 echo "all steps passed (work dir $WORK)"

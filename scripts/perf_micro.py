@@ -62,10 +62,10 @@ def main() -> int:
     torch.set_num_threads(1)
     from asyncflow.actors._batching import token_batch
     from asyncflow.actors._run import encode_prompt
-    from asyncflow.algorithms.tasks import make_task_model
     from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
     from asyncflow.engines.hf import load_model, load_tokenizer
     from asyncflow.engines.native_rollout import NativeRolloutEngine
+    from asyncflow.toy.tasks import make_task_model
 
     model_dir = make_task_model(Path(tempfile.mkdtemp(prefix="af-micro-model-")), task="add", warm_start_steps=100)
     tok = load_tokenizer(model_dir)

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """An untrained tiny Qwen2 model directory, built once per session (tests/envs, tests/gateway)."""
-    from asyncflow.engines.tiny import make_tiny_model
+    from asyncflow.toy.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny"), arch="qwen2", seed=0)
 

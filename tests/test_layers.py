@@ -21,6 +21,8 @@ Rules:
   no engine runs, and must not pull torch in);
 - ``asyncflow.algorithms`` imports only the engine contract from the engines
   (``engines.base``, ``engines.config``);
+- ``asyncflow.toy`` (the tiny model and tasks) is imported by nothing of core, config,
+  engines, algorithms or the planner;
 - a role module (the actors a host runs: rollout, reward, reference, ...) imports nothing
   of the driver (launcher, supervisor, topology, preparation, scaling, CLI);
 - the planner's pure modules (every module of ``asyncflow.planner`` but ``io``)
@@ -46,10 +48,7 @@ pytestmark = pytest.mark.timeout(60)
 PACKAGE = Path(asyncflow.__file__).resolve().parent
 
 # (importer, imported) -> why it is allowed for now.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("asyncflow.algorithms.tasks", "asyncflow.engines.tiny"): "the toy tasks build the tiny model they warm start; "
-    "both move to a toy package of their own",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 ENGINE_CONTRACT = ("asyncflow.engines.base", "asyncflow.engines.config")
 ROLE_MODULES = tuple(
@@ -70,25 +69,34 @@ ROLE_MODULES = tuple(
 DRIVER_MODULES = tuple(
     f"asyncflow.actors.{m}"
     for m in ("launcher", "supervisor", "topology", "_prepare", "_preflight", "_scaling", "ray_hosts", "planner", "_restarts")
-) + ("asyncflow.cli",)
+) + ("asyncflow.cli", "asyncflow.bench")
 
+TOY_BELOW = ("asyncflow.core", "asyncflow.config", "asyncflow.engines", "asyncflow.algorithms", "asyncflow.planner")
+"""Layers below the toy world (``asyncflow.toy``: the tiny model and tasks), which never import it."""
 CORE_MAY_NOT_IMPORT = (
     "asyncflow.actors",
     "asyncflow.algorithms",
     "asyncflow.planner",
     "asyncflow.engines",
     "asyncflow.cli",
+    "asyncflow.bench",
     "asyncflow.config",
 )
-CONFIG_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli")
+CONFIG_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli", "asyncflow.bench")
 ALGORITHM_SCHEMA = ("asyncflow.algorithms.registry", "asyncflow.algorithms.loss_configs")
 """The torch-free half of the algorithms (the registry's entries, the losses' config
 Structs): the config embeds them. They import no torch and no other algorithm module."""
-ENGINES_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli")
+ENGINES_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli", "asyncflow.bench")
 CONCRETE_ENGINES = tuple(
     f"asyncflow.engines.{m}" for m in ("native_rollout", "native_model", "kv_cache", "vllm_rollout", "vllm_worker", "torch_train")
 )
-PLANNER_PURE_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.cli", "asyncflow.engines", "asyncflow.planner.io")
+PLANNER_PURE_MAY_NOT_IMPORT = (
+    "asyncflow.actors",
+    "asyncflow.cli",
+    "asyncflow.bench",
+    "asyncflow.engines",
+    "asyncflow.planner.io",
+)
 PLANNER_PURE_NO_THIRD_PARTY = (
     "matplotlib",
     "PIL",
@@ -234,6 +242,8 @@ def layer_violations(
                 and not _under(target, ENGINE_CONTRACT)
             ):
                 rule = "algorithms import only the engine contract (engines/base.py, engines/config.py)"
+            elif _under(module, TOY_BELOW) and _under(target, ("asyncflow.toy",)):
+                rule = "the toy world (tiny model, tasks) sits above core, config, engines, algorithms and planner"
             elif _under(module, ROLE_MODULES) and _under(target, DRIVER_MODULES):
                 rule = "a role knows nothing of the driver that starts it"
             elif (
@@ -299,3 +309,16 @@ def test_the_checker_sees_imports_inside_functions_and_reports_a_cycle(tmp_path)
     assert len(found) == 2, found
     assert "asyncflow.core.c imports asyncflow.actors.role" in found[0]
     assert "asyncflow.planner.sim imports matplotlib" in found[1]
+
+
+def test_core_protocol_defines_no_message_only_the_rl_roles_use():
+    """core/protocol.py holds the runtime's and the queue's messages: each is named by a
+    module of core. A message only the RL roles send belongs in actors/messages.py."""
+    import re
+
+    protocol = (PACKAGE / "core" / "protocol.py").read_text()
+    core = "\n".join(p.read_text() for p in (PACKAGE / "core").rglob("*.py") if p.name != "protocol.py")
+    defined = re.findall(r"^class (\w+)\(", protocol, re.M)
+    assert defined
+    unused = [name for name in defined if not re.search(rf"\b{name}\b", core)]
+    assert not unused, f"messages of core/protocol.py that no module of core uses (RL messages? actors/messages.py): {unused}"

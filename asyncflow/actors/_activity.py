@@ -18,7 +18,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from asyncflow.core import phases, protocol
+from asyncflow.actors import messages
+from asyncflow.core import phases
 
 if TYPE_CHECKING:
     from asyncflow.actors._spans import SpanRecorder
@@ -79,7 +80,7 @@ class ActivityClock:
 
         return sink
 
-    def stats(self, num_items: int, state: str | None = None) -> protocol.RoleStats:
+    def stats(self, num_items: int, state: str | None = None) -> messages.RoleStats:
         """Cumulative times, the activity in progress included up to now (any thread)."""
         with self._lock:
             busy_s, wait_s, running = self.busy_s, dict(self.wait_s), self._running
@@ -90,7 +91,7 @@ class ActivityClock:
                 wait_s[key] = wait_s.get(key, 0.0) + time.monotonic() - start
             else:
                 busy_s += time.monotonic() - start
-        return protocol.RoleStats(
+        return messages.RoleStats(
             role=self.role,
             busy_s=busy_s,
             wait_s=wait_s,

@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 import msgspec
 
+from asyncflow.actors import messages
 from asyncflow.actors._activity import ActivityClock
-from asyncflow.actors.names import COLLECTOR
+from asyncflow.config.names import COLLECTOR
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, ActorContext
 
@@ -46,9 +47,9 @@ class _Tick:
 
 
 class LoopActor(Actor):
-    Inbox = protocol.LoopIn
+    Inbox = messages.LoopIn
     Urgent: ClassVar[tuple[type, ...]] = (
-        protocol.GetRoleStats,
+        messages.GetRoleStats,
     )  # answered at once, mid-unit, with the running activity counted so far
 
     def __init__(self, ctx: ActorContext):
@@ -78,7 +79,7 @@ class LoopActor(Actor):
         """Account the time of the block to ``name`` (``wait_*`` counts as waiting)."""
         return self.clock.activity(name)
 
-    def stats(self) -> protocol.RoleStats:
+    def stats(self) -> messages.RoleStats:
         stats = self.clock.stats(self.num_items, "paused" if self._paused else None)
         counters = self.counters()
         return msgspec.structs.replace(stats, counters=counters) if counters else stats
@@ -92,7 +93,7 @@ class LoopActor(Actor):
         self.clock.close()
 
     def handle_urgent(self, msg):
-        if isinstance(msg, protocol.GetRoleStats):
+        if isinstance(msg, messages.GetRoleStats):
             return self.stats()
         return super().handle_urgent(msg)
 
@@ -128,22 +129,22 @@ class LoopActor(Actor):
 
     def handle(self, msg, pending):
         match msg:
-            case protocol.StartWork():
+            case messages.StartWork():
                 if self.clock.tracer is None:
                     self.clock.start_tracing(self.ctx.ref(COLLECTOR))
                 self._running = True
                 self._schedule()
                 return protocol.Ok()
-            case protocol.Pause():
+            case messages.Pause():
                 self._paused = True
                 if self.acks is not None:
                     self.acks.flush()  # every finished row acked before the checkpoint looks
-                return protocol.Paused(role=self.ctx.name, state=self.resumable_state())
-            case protocol.Resume():
+                return messages.Paused(role=self.ctx.name, state=self.resumable_state())
+            case messages.Resume():
                 self._paused = False
                 self._schedule()
                 return protocol.Ok()
-            case protocol.SetThreads(num_threads=num_threads):
+            case messages.SetThreads(num_threads=num_threads):
                 if num_threads < 1:
                     raise ValueError(f"{self.ctx.name}: SetThreads({num_threads}): use 1 or more threads")
                 import torch
@@ -162,6 +163,6 @@ class LoopActor(Actor):
 def report_failure(ctx: ActorContext, detail: str) -> None:
     """Tell the collector that the role of ``ctx`` failed (``detail``: the error and traceback)."""
     try:
-        ctx.ref(COLLECTOR, wait_s=1.0).tell(protocol.RoleFailed(role=ctx.name, error=detail))
+        ctx.ref(COLLECTOR, wait_s=1.0).tell(messages.RoleFailed(role=ctx.name, error=detail))
     except Exception as exc:  # the collector may be gone at shutdown; the log has it
         log.error("could not report the failure of %s: %s", ctx.name, exc)

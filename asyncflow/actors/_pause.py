@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from asyncflow.core import protocol
+from asyncflow.actors import messages
 from asyncflow.core.errors import ActorGone, ActorTimeout
 from asyncflow.core.ref import ActorRef
 
@@ -32,7 +32,7 @@ POLL_S = 5.0
 
 def pause_role(
     lookup: Callable[[str], ActorRef], name: str, deadline_s: float = 600.0, poll_s: float = POLL_S
-) -> tuple[ActorRef, protocol.Paused]:
+) -> tuple[ActorRef, messages.Paused]:
     """Pause ``name``; returns the reference that answered (to Resume later) and its Paused.
 
     ``lookup(name)`` gives a fresh reference from the directory, which names the
@@ -44,7 +44,7 @@ def pause_role(
     while True:
         wait_s = max(0.1, min(poll_s, deadline - time.monotonic()))
         try:
-            return ref, ref.ask(protocol.Pause(), timeout_s=wait_s)
+            return ref, ref.ask(messages.Pause(), timeout_s=wait_s)
         except (ActorTimeout, ActorGone) as exc:
             if time.monotonic() >= deadline:
                 raise ActorTimeout(name, ref.address, "Pause", deadline_s) from exc

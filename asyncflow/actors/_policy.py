@@ -26,9 +26,9 @@ import torch
 
 from asyncflow.actors._batching import token_batch
 from asyncflow.actors._run import Run
-from asyncflow.actors.names import TRAINER
 from asyncflow.algorithms import registry
 from asyncflow.algorithms.off_policy import ratio_quantiles
+from asyncflow.config.names import TRAINER
 from asyncflow.core.phases import phase
 from asyncflow.engines.base import TokenBatch
 

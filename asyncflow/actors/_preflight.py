@@ -32,16 +32,18 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from asyncflow.actors._imports import importable
 from asyncflow.config.run import ConfigError, RunConfig
 
 if TYPE_CHECKING:
+    from asyncflow.actors.roles import RoleSpec
     from asyncflow.planner.hardware import Hardware
-    from asyncflow.planner.models import Lora, ModelShape
+    from asyncflow.planner.memory import MemoryFacts
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _GIB = 1 << 30
 
 
@@ -55,103 +57,45 @@ def _available_host_bytes() -> int | None:
     return None
 
 
-def trainer_state_bytes(shape: ModelShape, lora: Lora, dtype_bytes: int) -> int:
-    """A trained model's state at the parameter dtype: the weights of every parameter
-    (base + adapters), and a gradient and two AdamW moments per trainable one. Without
-    LoRA: 4 x params x dtype_bytes."""
-    from asyncflow.planner.models import total_params, trainable_params
+def _facts(cfg: RunConfig, model_dir: str, reward_model_dir: str = "", prompt_tokens: float | None = None) -> MemoryFacts:
+    from asyncflow.planner.io import from_hf_config
+    from asyncflow.planner.memory import MemoryFacts
 
-    return dtype_bytes * (total_params(shape, lora) + 3 * trainable_params(shape, lora))
+    shape = from_hf_config(Path(model_dir) / "config.json")
+    rm = cfg.reward_model
+    rm_params = 0
+    if rm.enabled:
+        rm_params = from_hf_config(Path(reward_model_dir) / "config.json").num_params if reward_model_dir else shape.num_params
+    return MemoryFacts(shape=shape, reward_model_params=rm_params, prompt_tokens=prompt_tokens)
 
 
-def adapted_weight_params(shape: ModelShape, lora: Lora) -> int:
-    """Parameters of the weights LoRA adapts (0 without LoRA)."""
-    from asyncflow.planner.models import linear_features
+def _per_instance(cfg: RunConfig, facts: MemoryFacts, which: str) -> dict[str, float]:
+    """``which`` (``memory`` or ``working_memory``) of every role instance the config
+    starts, by the role's spec; the training group first."""
+    from asyncflow.actors.topology import BUILT_IN
 
-    if lora.rank == 0:
-        return 0
-    return shape.num_layers * sum(i * o for i, o in (linear_features(shape, m) for m in lora.target_modules))
+    out = {}
+    for spec in sorted(BUILT_IN, key=lambda s: not s.train_group):
+        fn = getattr(spec, which)
+        if fn is not None:
+            for name in spec.instances(cfg):
+                out[name] = float(fn(cfg, facts))
+    return out
 
 
 def estimate(cfg: RunConfig, model_dir: str, reward_model_dir: str = "") -> dict[str, float]:
-    """Bytes per process role (lower bound: no activations). ``reward_model_dir``: the
-    reward-model role's model (empty: the policy's, which a judge without a path uses)."""
-    from asyncflow.planner.io import from_hf_config
-    from asyncflow.planner.models import Lora, trainable_params
-
-    shape = from_hf_config(Path(model_dir) / "config.json")
-    params = shape.num_params
-    lora = Lora.of(cfg.train.engine.lora)
-    synced = trainable_params(shape, lora)  # what a weight sync carries: every weight, or the adapters (+ norms)
-    train_b = _DTYPE_BYTES[cfg.train.engine.dtype]
-    rollout_b = _DTYPE_BYTES[cfg.rollout.engine.dtype]
-    kv = cfg.rollout.engine.kv_cache_bytes or (64 << 20 if cfg.rollout.engine.kv_cache_fraction is None else 0)
-    trainer = trainer_state_bytes(shape, lora, train_b)
-    if cfg.algorithm.needs_critic:
-        trainer += trainer_state_bytes(shape, Lora.of(cfg.critic.engine.lora), train_b)
-    ranks = cfg.train.num_ranks  # FSDP2 shards that state over the ranks
-    out = {"trainer": trainer / ranks + synced * 4}  # + the host-staged snapshot published to rollout (fp32 on cpu)
-    for r in range(1, ranks):
-        out[f"trainer.{r}"] = trainer / ranks
-    # a native replica keeps the base of each adapted weight beside the merged one (engines/native_rollout.py)
-    base_copies = adapted_weight_params(shape, lora) if cfg.rollout.engine.type == "native" else 0
-    for i in range(cfg.rollout.num_replicas):
-        # weights + KV budget + the staged next version (+ the LoRA base copies)
-        out[f"rollout.{i}"] = params * rollout_b + kv + synced * 4 + base_copies * rollout_b
-    if cfg.algorithm.needs_reference:
-        for i in range(cfg.reference.num_workers):
-            out[f"reference.{i}"] = params * train_b
-    rm = cfg.reward_model
-    if rm.enabled:
-        rm_params = from_hf_config(Path(reward_model_dir) / "config.json").num_params if reward_model_dir else params
-        judge_kv = 64 << 20 if rm.kind == "judge" else 0  # the native engine's default KV-cache budget
-        for i in range(rm.num_replicas):
-            out[f"reward_model.{i}"] = rm_params * _DTYPE_BYTES[rm.dtype] + judge_kv
-    return out
-
-
-PROCESS_BYTES = 350 << 20
-"""What a worker process holds before any model: Python, torch and transformers imported
-(measured here: 0.35-0.4 GiB RSS for the loader, which loads no weights)."""
-LOGIT_COPIES = 4
-"""float32 copies of a micro-batch's kept logits the loss holds for the backward pass
-(the logits, their log-softmax, its exp for the entropy, the gradient)."""
+    """Bytes of the states of each role instance that holds a model (lower bound: no
+    activations; ``RoleSpec.memory``). ``reward_model_dir``: the reward-model role's
+    model (empty: the policy's, which a judge without a path uses)."""
+    return _per_instance(cfg, _facts(cfg, model_dir, reward_model_dir), "memory")
 
 
 def working_bytes(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> dict[str, float]:
-    """What ``estimate`` leaves out, per role, at the run's sizes: each process's runtime;
-    the trainer's activations of one micro-batch (per token and layer, 6 x hidden + 4 x
-    intermediate values saved for the backward pass: norms, q/k/v, attention output,
-    residuals, the MLP's gate, up, product and input of down), its kept logits
-    (``engines/torch_train.logits_start``: the response positions), the previous
-    snapshot still staged for replicas (the weights actor keeps two, in either mode) and
-    the evaluation engine's weights and KV cache (``[eval]``). An estimate, not a bound:
-    allocator slack comes on top (SmolLM2-135M, examples/smollm2.toml: trainer 5.2 GiB
-    estimated, 6.7 GiB RSS measured; replica 1.4 and 2.0)."""
-    from asyncflow.planner.io import from_hf_config
-    from asyncflow.planner.models import Lora, trainable_params
-
-    shape = from_hf_config(Path(model_dir) / "config.json")
-    train_b = _DTYPE_BYTES[cfg.train.engine.dtype]
-    rollout_b = _DTYPE_BYTES[cfg.rollout.engine.dtype]
-    micro = min(cfg.train.engine.micro_batch_size, cfg.samples_per_step)
-    new = cfg.rollout.sampling.max_new_tokens
-    tokens = micro * (prompt_tokens + new)
-    per_token_layer = 6 * shape.hidden_size + 4 * shape.intermediate_size
-    activations = tokens * shape.num_layers * per_token_layer * train_b
-    logits = micro * (new + 1) * shape.vocab_size * 4 * LOGIT_COPIES
-    trainer = PROCESS_BYTES + (activations + logits) / cfg.train.num_ranks
-    # the version before, still staged: the weights actor keeps the two newest in either mode (weights/_nng.NUM_KEPT)
-    trainer += trainable_params(shape, Lora.of(cfg.train.engine.lora)) * 4
-    if cfg.eval.every_steps:
-        kv = cfg.rollout.engine.kv_cache_bytes or 64 << 20
-        trainer += shape.num_params * rollout_b + kv
-    out = {"trainer": trainer}
-    for r in range(1, cfg.train.num_ranks):
-        out[f"trainer.{r}"] = PROCESS_BYTES + (activations + logits) / cfg.train.num_ranks
-    for i in range(cfg.rollout.num_replicas):
-        out[f"rollout.{i}"] = float(PROCESS_BYTES)
-    return out
+    """What ``estimate`` leaves out, per role instance, at the run's sizes
+    (``RoleSpec.working_memory``: the process's runtime, the trainer's activations and
+    kept logits of one micro-batch, its staged snapshots and evaluation engine;
+    ``planner/memory.py``). An estimate, not a bound."""
+    return _per_instance(cfg, _facts(cfg, model_dir, prompt_tokens=prompt_tokens), "working_memory")
 
 
 def check(cfg: RunConfig, model_dir: str, reward_model_dir: str = "", prompt_tokens: float | None = None) -> str:
@@ -314,34 +258,8 @@ def launch_step_estimate(cfg: RunConfig, model_dir: str, data_path: str, tokeniz
 # -- inputs: what a worker would otherwise find out after the processes started ----------
 
 
-def _importable(path: str, python_path: list[str]):
-    """``module:attr`` imported the way a worker will (PYTHONPATH = cluster.python_path,
-    then the working directory); raises ValueError saying what is missing."""
-    import importlib
-    import sys
-
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{path!r} is not a dotted path 'package.module:name'")
-    saved = list(sys.path)
-    sys.path[:0] = [*python_path, os.getcwd()]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        where = ", ".join(python_path) if python_path else "nothing"
-        raise ValueError(
-            f"cannot import module {module_name!r} ({exc}); put the directory that holds it in "
-            f"cluster.python_path (relative to the config file; now {where})"
-        ) from None
-    finally:
-        sys.path[:] = saved
-    if not hasattr(module, attr):
-        raise ValueError(f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no {attr!r}")
-    return getattr(module, attr)
-
-
 TINY_MAX_POSITIONS = 512
-"""``max_position_embeddings`` of the built-in tiny model (``engines/tiny.py``'s default)."""
+"""``max_position_embeddings`` of the built-in tiny model (``toy/tiny.py``'s default)."""
 
 
 def _check_length(cfg: RunConfig) -> None:
@@ -360,10 +278,35 @@ def _check_length(cfg: RunConfig) -> None:
         )
 
 
-def check_inputs(cfg: RunConfig) -> None:
+def _check_prompt_lengths(cfg: RunConfig, prompts: list[str], where: list[str], model_dir: str) -> None:
+    """Every prompt, encoded as the loader does, leaves ``max_new_tokens`` within the
+    model's positions (and is at most ``data.max_prompt_tokens`` when set): a longer one
+    would fail its rollout replica at every try, a minute into the run."""
+    from asyncflow.engines.prompts import prompt_ids
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    positions, new = config.get("max_position_embeddings"), cfg.rollout.sampling.max_new_tokens
+    limits = [(cfg.data.max_prompt_tokens, "data.max_prompt_tokens")] if cfg.data.max_prompt_tokens else []
+    if isinstance(positions, int):
+        limits.append((positions - new, f"max_position_embeddings {positions} less rollout.sampling.max_new_tokens {new}"))
+    if not limits:
+        return
+    limit, why = min(limits)
+    tok = _tokenizer(model_dir)
+    long = [(at, n) for at, p in zip(where, prompts) if (n := len(prompt_ids(tok, p, cfg.data.chat_template))) > limit]
+    if long:
+        shown = ", ".join(f"{at} ({n} tokens)" for at, n in long[:3]) + (f" and {len(long) - 3} more" if len(long) > 3 else "")
+        raise ConfigError(
+            f"data.path = {cfg.data.path!r}: {len(long)} prompt(s) longer than {limit} tokens ({why}): {shown}; "
+            "shorten or drop them, or give fewer rollout.sampling.max_new_tokens"
+        )
+
+
+def check_inputs(cfg: RunConfig, roles: Sequence[RoleSpec] = ()) -> None:
     """Everything a worker process would fail on at start, checked in the driver before
     any process starts (and before the run directory is made); a ConfigError names
-    the key and the fix. The built-in tiny model and task need no data or template check."""
+    the key and the fix. The built-in tiny model and task need no data or template check.
+    ``roles``: the specs whose devices are checked (``topology.BUILT_IN``)."""
     from asyncflow.algorithms.rewards import BUILTIN_REWARDS, load_reward_fn
 
     for i, name in enumerate(cfg.reward.functions):
@@ -376,7 +319,7 @@ def check_inputs(cfg: RunConfig) -> None:
                 "'package.module:function' (docs/your-model-and-data.md, 'Your reward')"
             )
         try:
-            _importable(name, cfg.cluster.python_path)
+            importable(name, cfg.cluster.python_path)
             load_reward_fn(name)  # its signature (the module is imported now)
         except ValueError as exc:
             raise ConfigError(f"{key}: {exc}") from None
@@ -384,14 +327,14 @@ def check_inputs(cfg: RunConfig) -> None:
         from asyncflow.envs.base import load_env_factory
 
         try:
-            _importable(cfg.env.path, cfg.cluster.python_path)  # imported now: the factory's module is loaded
+            importable(cfg.env.path, cfg.cluster.python_path)  # imported now: the factory's module is loaded
             load_env_factory(cfg.env.path)  # makes one: it is an Environment
         except ValueError as exc:
             raise ConfigError(f"env.path = {cfg.env.path!r}: {exc}") from None
     for i, role in enumerate(cfg.roles):
         key = f"roles[{i}].cls = {role.cls!r}"
         try:
-            cls = _importable(role.cls, cfg.cluster.python_path)
+            cls = importable(role.cls, cfg.cluster.python_path)
         except ValueError as exc:
             raise ConfigError(f"{key} (role {role.name!r}): {exc}") from None
         from asyncflow.actors.column_role import ColumnRole
@@ -403,16 +346,18 @@ def check_inputs(cfg: RunConfig) -> None:
                 f"{key} (role {role.name!r}): not an asyncflow Actor subclass; subclass "
                 f"{class_path(ColumnRole)} (docs/custom-roles.md)"
             )
-    _check_devices(cfg)
+    _check_devices(cfg, roles)
     _check_length(cfg)
     data_path, model_dir = cfg.data.path, cfg.model.path
     if data_path:
-        from asyncflow.actors._run import read_prompts
+        from asyncflow.actors._run import read_prompts_located
 
         try:
-            read_prompts(data_path)
+            rows, where = read_prompts_located(data_path)
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"data.path = {data_path!r}: {exc} (fields: docs/your-model-and-data.md)") from None
+        if model_dir:
+            _check_prompt_lengths(cfg, [str(r["prompt"]) for r in rows], where, model_dir)
     if cfg.data.chat_template and model_dir:
         if not getattr(_tokenizer(model_dir), "chat_template", None):
             raise ConfigError(
@@ -422,14 +367,11 @@ def check_inputs(cfg: RunConfig) -> None:
             )
 
 
-def _check_devices(cfg: RunConfig) -> None:
-    used = [
-        ("cluster.device", cfg.cluster.device),
-        ("rollout.engine.device", cfg.rollout.engine.device),
-        ("train.engine.device", cfg.train.engine.device),
-    ]
-    if cfg.algorithm.needs_critic:
-        used.append(("critic.engine.device", cfg.critic.engine.device))
+def _check_devices(cfg: RunConfig, roles: Sequence[RoleSpec]) -> None:
+    """The devices of ``cluster.device`` and of every role the config starts (its spec's
+    ``devices_used``), each refused by its key when this machine lacks it."""
+    used: list[tuple[str, str]] = [("cluster.device", cfg.cluster.device)]
+    used += [kv for role in roles if role.instances(cfg) for kv in role.devices_used(cfg) if kv not in used]
     kinds = {device for _, device in used}
     if "cuda" in kinds:
         import torch

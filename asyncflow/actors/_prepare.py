@@ -58,13 +58,14 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
             f"run directory {rd} already holds a run: resume it with `afctl up --resume {rd}` or choose another --run-dir"
         )
     from asyncflow.actors._preflight import check_inputs
+    from asyncflow.actors.topology import BUILT_IN
 
-    check_inputs(cfg)  # imports, devices, data fields, chat template: before any process starts
+    check_inputs(cfg, BUILT_IN)  # imports, devices, data fields, chat template: before any process starts
     rd.mkdir(parents=True, exist_ok=True)
     writable(rd)
     data_path = cfg.data.path
     if not data_path:
-        from asyncflow.algorithms.tasks import write_jsonl
+        from asyncflow.toy.tasks import write_jsonl
 
         data_path = str(write_jsonl(rd / "data.jsonl", cfg.data.num_prompts, seed=cfg.data.seed, task=cfg.data.task))
     if cfg.eval.every_steps:  # the held-out split must leave prompts to train on: say so now, not in the loader
@@ -76,7 +77,7 @@ def prepare_new(cfg: RunConfig, run_dir: str | os.PathLike) -> tuple[RunConfig, 
             raise ConfigError(f"{exc} (data: {data_path})") from None
     model_dir = cfg.model.path
     if not model_dir:
-        from asyncflow.algorithms.tasks import make_task_model
+        from asyncflow.toy.tasks import make_task_model
 
         click.echo(f"building the tiny {cfg.model.tiny} model into {rd / 'model'} ...")
         if cfg.data.path and cfg.model.tiny_warm_start:
@@ -130,7 +131,7 @@ def reward_model_dir(cfg: RunConfig, rd: Path) -> str:
         return os.path.abspath(rm.path)
     if rm.kind == "judge":
         return ""
-    from asyncflow.algorithms.tasks import make_task_reward_model
+    from asyncflow.toy.tasks import make_task_reward_model
 
     click.echo(f"training the tiny reward model of the {cfg.data.task!r} task into {rd / 'reward_model'} ...")
     path = make_task_reward_model(

@@ -64,6 +64,11 @@ def set_threads(config: RunConfig) -> None:
 
 def read_prompts(path: str) -> list[dict]:
     """Rows with ``prompt`` and ``answer`` from a .jsonl or .parquet file."""
+    return read_prompts_located(path)[0]
+
+
+def read_prompts_located(path: str) -> tuple[list[dict], list[str]]:
+    """``read_prompts``, and where each row is in the file (``line 12``, ``row 3``)."""
     if path.endswith(".parquet"):
         try:
             import pyarrow.parquet as pq
@@ -96,7 +101,7 @@ def read_prompts(path: str) -> list[dict]:
             raise ValueError(f"{path}: {at} has an empty prompt ({row['prompt']!r}); give every row a prompt to answer")
     if not rows:
         raise ValueError(f"{path} has no rows")
-    return rows
+    return rows, where
 
 
 def split_prompts(prompts: list[str], num_heldout: int, seed: int) -> tuple[list[int], list[int]]:

@@ -22,8 +22,9 @@ import queue
 import click
 import pykka
 
-from asyncflow.actors import names, topology
+from asyncflow.actors import messages, topology
 from asyncflow.actors.planner import PlannerActor
+from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.errors import AsyncflowError
@@ -86,7 +87,7 @@ class Scaler:
                     err=True,
                 )
 
-    def apply(self, decision: MoveDecision) -> protocol.MoveApplied:
+    def apply(self, decision: MoveDecision) -> messages.MoveApplied:
         """Reach ``decision.split_after``: replicas = rollout_workers, trainer threads =
         train_workers (threads given up first, so the new replica finds the core free)."""
         n, target = decision.num_workers, decision.split_after
@@ -101,16 +102,16 @@ class Scaler:
                 self._set_train_threads(target.train_workers)
         except (AsyncflowError, LookupError, ValueError) as exc:
             click.echo(f"!! planner: the move {n} {decision.from_role} -> {decision.to_role} failed: {exc}", err=True)
-            return protocol.MoveApplied(
+            return messages.MoveApplied(
                 ok=False, rollout_replicas=list(self.replicas), train_threads=self.train_threads, error=str(exc)
             )
-        return protocol.MoveApplied(ok=True, rollout_replicas=list(self.replicas), train_threads=self.train_threads)
+        return messages.MoveApplied(ok=True, rollout_replicas=list(self.replicas), train_threads=self.train_threads)
 
     # -- the pieces of a move ----------------------------------------------------------------
     def _set_train_threads(self, num_threads: int) -> None:
         if num_threads < 1:
             raise ValueError(f"the trainer would be left with {num_threads} threads; it needs at least 1")
-        self.launcher.dc.ref(names.TRAINER).ask(protocol.SetThreads(num_threads=num_threads), timeout_s=600)
+        self.launcher.dc.ref(names.TRAINER).ask(messages.SetThreads(num_threads=num_threads), timeout_s=600)
         self.train_threads = num_threads
 
     def _add_replica(self) -> None:
@@ -119,15 +120,15 @@ class Scaler:
         self.next_index += 1
         role = topology.built_in(names.ROLLOUT)
         la.supervisor.add(topology.role_host(role, name, topology.layout(la.roles, la.cfg), str(la.run_dir)))
-        la.dc.ref(names.WEIGHTS).ask(protocol.RegisterReplica(replica=name), timeout_s=30)
-        la.dc.ref(name).ask(protocol.StartWork(), timeout_s=30)
+        la.dc.ref(names.WEIGHTS).ask(messages.RegisterReplica(replica=name), timeout_s=30)
+        la.dc.ref(name).ask(messages.StartWork(), timeout_s=30)
 
     def _remove_replica(self) -> None:
         la = self.launcher
         if len(self.replicas) <= 1:
             raise ValueError("rollout would be left without a replica")
         name = self.replicas[-1]
-        la.dc.ref(names.WEIGHTS).ask(protocol.UnregisterReplica(replica=name), timeout_s=30)
+        la.dc.ref(names.WEIGHTS).ask(messages.UnregisterReplica(replica=name), timeout_s=30)
         host = la.supervisor.remove(name)  # first, so the driver neither restarts it nor finishes a planned restart
         la.dc.ref(name).ask(protocol.Stop(), timeout_s=600)  # answered after its current unit
         host.proc.stop(timeout_s=20)

@@ -26,7 +26,7 @@ import os
 import threading
 import time
 
-from asyncflow.core import protocol
+from asyncflow.actors import messages
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class SpanRecorder:
         names, starts, durations, versions = (list(column) for column in zip(*spans)) if spans else ([], [], [], [])
         try:
             self._ref.tell(
-                protocol.Spans(
+                messages.Spans(
                     role=self.role,
                     pid=os.getpid(),
                     names=names,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import click
 
+from asyncflow.actors import messages
 from asyncflow.config.run import RunConfig
-from asyncflow.core import protocol
 
 
 def launches(rows: list[dict]) -> list[list[dict]]:
@@ -85,7 +85,7 @@ def complete_lines(path: Path) -> list[str]:
 def summarize(
     rd: Path,
     cfg: RunConfig,
-    stats: dict[str, protocol.RoleStats],
+    stats: dict[str, messages.RoleStats],
     wall_s: float,
     restarts: list,
     result,

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import click
 
-from asyncflow.actors import names
+from asyncflow.actors import messages
+from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 
@@ -45,7 +46,7 @@ class Subscribe:
 
 
 class CollectorActor(Actor):
-    Inbox = protocol.CollectorIn
+    Inbox = messages.CollectorIn
 
     def __init__(
         self,
@@ -71,8 +72,8 @@ class CollectorActor(Actor):
         self.progress = progress
         self.loggers = loggers or []
         self.ended = ended or threading.Event()
-        self.failures: list[protocol.RoleFailed] = []
-        self.result: protocol.RunFinished | None = None
+        self.failures: list[messages.RoleFailed] = []
+        self.result: messages.RunFinished | None = None
         self.last_step_at = time.monotonic()
         self.slowest_step_s = 0.0  # between two StepMetrics (the first: its step_time_s), for the driver's stall timeout
         self.num_steps_seen = 0
@@ -100,7 +101,7 @@ class CollectorActor(Actor):
 
     def handle(self, msg, pending):
         match msg:
-            case protocol.StepMetrics(step=step, values=values):
+            case messages.StepMetrics(step=step, values=values):
                 values = dict(values)
                 values.update({f"busy/{role}": round(frac, 4) for role, frac in self.busy.items()})
                 with self.metrics_path.open("a") as f:
@@ -129,29 +130,29 @@ class CollectorActor(Actor):
                 for ref in self.subscribers:
                     ref.tell(msg)
                 return protocol.Ok()
-            case protocol.Spans():
+            case messages.Spans():
                 self._add_spans(msg)
                 return protocol.Ok()
-            case protocol.RunFinished():
+            case messages.RunFinished():
                 self.result = msg
                 self.ended.set()
                 return protocol.Ok()
-            case protocol.RoleFailed():
+            case messages.RoleFailed():
                 self.failures.append(msg)
                 self.ended.set()
                 return protocol.Ok()
-            case protocol.SetBusy(fractions=fractions):
+            case messages.SetBusy(fractions=fractions):
                 self.busy = dict(fractions)
                 return protocol.Ok()
-            case protocol.GetRunState():
-                return protocol.RunState(
+            case messages.GetRunState():
+                return messages.RunState(
                     finished=self.result,
                     failures=list(self.failures),
                     since_step_s=time.monotonic() - self.last_step_at,
                     last_spans=dict(self.last_span),
                     slowest_step_s=self.slowest_step_s,
                 )
-            case protocol.WriteTrace(path=path):
+            case messages.WriteTrace(path=path):
                 self.write_trace(path)
                 return protocol.Ok()
             case Subscribe(refs=refs):
@@ -166,7 +167,7 @@ class CollectorActor(Actor):
             track = self._tracks[role] = len(self._tracks) + 1
         return track
 
-    def _add_spans(self, msg: protocol.Spans) -> None:
+    def _add_spans(self, msg: messages.Spans) -> None:
         """Spans as complete events, version counters where the version changes, flow ends."""
         track = self._track(msg.role)
         self._role_pids[msg.role] = msg.pid

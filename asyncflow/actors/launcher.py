@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, NoReturn
 import click
 import msgspec
 
-from asyncflow.actors import _cluster_file, names, topology
+from asyncflow.actors import _cluster_file, messages, topology
 from asyncflow.actors._checkpoints import latest_good_checkpoint
 from asyncflow.actors._pinning import pinning
 from asyncflow.actors._prepare import prepare_new, prepare_resume, resume_advice
@@ -55,6 +55,7 @@ from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors._summary import summarize
 from asyncflow.actors.collector import CollectorActor, Subscribe
 from asyncflow.actors.supervisor import RunFailed, Supervisor
+from asyncflow.config import names
 from asyncflow.config.run import RunConfig
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
@@ -213,8 +214,11 @@ class Launcher:
             self.scaler = Scaler(self)
             self.scaler.start()
         for name in sup.workers():
-            self.dc.ref(name).ask(protocol.StartWork(), timeout_s=30)
+            self.dc.ref(name).ask(messages.StartWork(), timeout_s=30)
         click.echo("every process is up; waiting for the first step (the first rollouts and the first batch)")
+        gateway = gateway_line(self.run_dir, cfg)
+        if gateway:
+            click.echo(gateway)
 
     def subscribe(self, refs: list) -> None:
         """Tell every following StepMetrics to these in-process refs (the planner)."""
@@ -307,7 +311,7 @@ class Launcher:
         """The collector (after trace.json), the loggers, cluster.json, the directory,
         Ray, the ipc directory and the driver's sockets to the run's actors."""
         if hasattr(self, "collector"):
-            stage("write trace.json", self.collector.pykka_ref.ask, protocol.WriteTrace(path=str(self.run_dir / "trace.json")))
+            stage("write trace.json", self.collector.pykka_ref.ask, messages.WriteTrace(path=str(self.run_dir / "trace.json")))
             stage("stop the collector", self.collector.stop)
         for logger in getattr(self, "loggers", []):
             stage(f"close logger {type(logger).__name__}", logger.close)
@@ -350,23 +354,23 @@ class Launcher:
             pass  # never started, or already gone
 
     # -- watching ------------------------------------------------------------------------
-    def role_stats(self) -> dict[str, protocol.RoleStats]:
+    def role_stats(self) -> dict[str, messages.RoleStats]:
         out = {}
         for name in self.supervisor.workers():
             if not self.supervisor.actor_alive(name):
                 continue
             try:
-                out[name] = self.dc.ref(name, wait_s=0.5).ask(protocol.GetRoleStats(), timeout_s=5)
+                out[name] = self.dc.ref(name, wait_s=0.5).ask(messages.GetRoleStats(), timeout_s=5)
             except (AsyncflowError, LookupError):
                 pass  # restarting or gone: no figure this time
         return out
 
-    def busy_fractions(self, stats: dict[str, protocol.RoleStats]) -> dict[str, float]:
+    def busy_fractions(self, stats: dict[str, messages.RoleStats]) -> dict[str, float]:
         return {n: s.busy_s / max(1e-9, s.busy_s + sum(s.wait_s.values())) for n, s in stats.items()}
 
-    def run_state(self) -> protocol.RunState:
+    def run_state(self) -> messages.RunState:
         # block=True is the default; spelled out, it selects pykka's typed overload that returns the reply, not a Future
-        return self.collector.pykka_ref.ask(protocol.GetRunState(), block=True)
+        return self.collector.pykka_ref.ask(messages.GetRunState(), block=True)
 
     def check_hosts(self) -> None:
         """Handle the processes that died since the last look, and start again those
@@ -466,7 +470,7 @@ class Launcher:
         stacks_file = self.dump_stacks(self.num_stall_reports)
         return self.hang_report(waited_s, last_spans, stacks_file, timeout_s)
 
-    def wait(self) -> protocol.RunFinished:
+    def wait(self) -> messages.RunFinished:
         """Until the trainer's RunFinished (returned) or a role's RoleFailed (RunFailed);
         meanwhile, every half second: dead processes, the planner's moves, the busy
         fractions (every 2 s) and, when no step came for ``stall_timeout_s``, the stall report."""
@@ -478,7 +482,7 @@ class Launcher:
                 self.scaler.apply_pending()  # moves of the online planner, between steps
             now = time.monotonic()
             if now - last_poll > 2.0:
-                self.collector.pykka_ref.tell(protocol.SetBusy(fractions=self.busy_fractions(self.role_stats())))
+                self.collector.pykka_ref.tell(messages.SetBusy(fractions=self.busy_fractions(self.role_stats())))
                 last_poll = now
             state = self.run_state()
             since = min(state.since_step_s, now - last_hang)
@@ -491,7 +495,7 @@ class Launcher:
             self._role_failed(state.failures[0])
         return state.finished
 
-    def _role_failed(self, failure: protocol.RoleFailed) -> NoReturn:
+    def _role_failed(self, failure: messages.RoleFailed) -> NoReturn:
         """Raise RunFailed for a role's error, naming first a dead process it may have
         failed for (a trainer rank's collective breaks when another rank is killed)."""
         deadline = time.monotonic() + 2.0
@@ -563,6 +567,21 @@ def _run_private(
             summary["resumes"] = resumes
             (rd / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+
+def gateway_line(run_dir: Path, cfg: RunConfig) -> str:
+    """Where the gateway answers (its replica wrote RUN_DIR/gateway.json as it started),
+    and for how long; empty without one."""
+    if not cfg.rollout.gateway.enabled:
+        return ""
+    try:
+        info = json.loads((run_dir / "gateway.json").read_text())
+    except (OSError, ValueError):
+        return "gateway: its address is not in RUN_DIR/gateway.json yet (see the replica's log)"
+    return (
+        f"gateway: OpenAI-compatible API at {info['url']}/v1 (rollout.{info['replica']}; trajectories to "
+        f"{info['trajectories']}); it serves while the run trains: {cfg.train.num_steps} steps (train.num_steps)"
+    )
 
 
 def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo, prepare_s: float = 0.0) -> dict:

@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING
 import click
 import msgspec
 
-from asyncflow.actors import names
+from asyncflow.actors import messages
+from asyncflow.config import names
 from asyncflow.config.run import PlannerConfig
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 
 
 class PlannerActor(Actor):
-    Inbox = protocol.PlannerIn
+    Inbox = messages.PlannerIn
 
     def __init__(
         self,
@@ -106,7 +107,7 @@ class PlannerActor(Actor):
         self._tq: TQClient | None = None  # made at the first training_queue_depth
 
     def on_start(self) -> None:
-        self.ctx.ref(names.TRAINER).ask(protocol.SetThreads(num_threads=self.train_threads), timeout_s=60)
+        self.ctx.ref(names.TRAINER).ask(messages.SetThreads(num_threads=self.train_threads), timeout_s=60)
         self._log(
             "start",
             split=self.split_dict(),
@@ -130,10 +131,10 @@ class PlannerActor(Actor):
     # -- messages ------------------------------------------------------------------------
     def handle(self, msg, pending):
         match msg:
-            case protocol.StepMetrics(step=step, values=values):
+            case messages.StepMetrics(step=step, values=values):
                 self.on_step(step, values)
                 return protocol.Ok()
-            case protocol.MoveApplied():
+            case messages.MoveApplied():
                 self.on_applied(msg)
                 return protocol.Ok()
             case protocol.Stop():
@@ -152,7 +153,7 @@ class PlannerActor(Actor):
         if self.pending is None and self.num_steps - 1 - step >= 2:
             self._decide(step)  # (not in the last steps: too late to pay off, and it would race the final checkpoint)
 
-    def on_applied(self, msg: protocol.MoveApplied) -> None:
+    def on_applied(self, msg: messages.MoveApplied) -> None:
         decision, self.pending = self.pending, None
         if not msg.ok:
             self._log("applied", ok=False, error=msg.error, split=self.split_dict())
@@ -203,11 +204,11 @@ class PlannerActor(Actor):
         )
         return obs
 
-    def _stats(self, name: str) -> protocol.RoleStats:
+    def _stats(self, name: str) -> messages.RoleStats:
         # answered between the role's units: waits at most one unit (a generate call, a train step)
-        return self.ctx.ref(name).ask(protocol.GetRoleStats(), timeout_s=300)
+        return self.ctx.ref(name).ask(messages.GetRoleStats(), timeout_s=300)
 
-    def _busy_fraction(self, name: str, s: protocol.RoleStats) -> float:
+    def _busy_fraction(self, name: str, s: messages.RoleStats) -> float:
         wait = sum(s.wait_s.values())
         busy0, wait0 = self._prev.get(name, (0.0, 0.0))
         self._prev[name] = (s.busy_s, wait)

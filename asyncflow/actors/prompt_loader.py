@@ -33,9 +33,10 @@ from collections.abc import Callable
 import msgspec
 import numpy as np
 
-from asyncflow.actors import names, roles
+from asyncflow.actors import messages, roles
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import PromptOrder, Run, encode_prompt, read_prompts, split_prompts
+from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import QueueFull
@@ -46,7 +47,7 @@ looks at its messages again: the most a RefillGroups waits behind it."""
 
 
 class PromptLoaderActor(LoopActor):
-    Inbox = protocol.LoaderIn
+    Inbox = messages.LoaderIn
 
     def __init__(self, ctx, run_dir: str):
         super().__init__(ctx)
@@ -67,13 +68,13 @@ class PromptLoaderActor(LoopActor):
         self.order = PromptOrder(len(rows), cfg.groups_per_step, cfg.data.shuffle, cfg.data.seed)
         refills = max(cfg.refill_rounds, 1) * cfg.groups_per_step  # positions per step in the refill stream
         self.refill_order = PromptOrder(len(rows), refills, cfg.data.shuffle, cfg.data.seed, stream=1)
-        self._refills: deque[protocol.RefillGroups] = deque()  # asked by the trainer, not yet loaded
+        self._refills: deque[messages.RefillGroups] = deque()  # asked by the trainer, not yet loaded
 
     def resumable_state(self) -> bytes:
         return msgspec.msgpack.encode(self.next_step)
 
     def handle(self, msg, pending):
-        if not isinstance(msg, protocol.RefillGroups):
+        if not isinstance(msg, messages.RefillGroups):
             return super().handle(msg, pending)
         if not self.headroom_rows:
             raise ValueError(

@@ -13,13 +13,15 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from asyncflow.actors import names, roles
+from asyncflow.actors import roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._batching import token_batch
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run, set_threads
+from asyncflow.config import names
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
+from asyncflow.planner import memory
 
 
 class ReferenceActor(LoopActor):
@@ -83,9 +85,10 @@ ROLE = roles.RoleSpec(
     section="reference",
     instances=roles.numbered(names.REFERENCE, lambda cfg: cfg.reference.num_workers if cfg.algorithm.needs_reference else 0),
     task=names.TASK_REFERENCE,
-    inputs=tuple(ReferenceActor.COLUMNS),
     outputs=("ref_logp",),
     restartable=True,
     device=roles.Devices.ONE,
+    devices_used=lambda cfg: [("train.engine.device", cfg.train.engine.device)],  # the trainer's engine settings
+    memory=lambda cfg, facts: facts.shape.num_params * memory.DTYPE_BYTES[cfg.train.engine.dtype],  # the base weights
     device_list="reference_devices",
 )

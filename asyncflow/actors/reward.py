@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from asyncflow.actors import names, roles
+from asyncflow.actors import roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run
 from asyncflow.actors._scoring import Scorer
+from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.tq.client import Batch, TQClient
 from asyncflow.core.tq.errors import BatchTimeout
@@ -100,7 +101,6 @@ ROLE = roles.RoleSpec(
     section="reward",
     instances=roles.numbered(names.REWARD, lambda cfg: cfg.reward.num_workers if cfg.reward.placement == "role" else 0),
     task=names.TASK_REWARD,
-    inputs=tuple(RewardActor.COLUMNS),
     outputs=("reward",),
     restartable=True,
 )

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from asyncflow.actors import names, roles
+from asyncflow.actors import roles
 from asyncflow.actors._run import set_threads
 from asyncflow.actors.column_role import ColumnRole
+from asyncflow.config import names
 from asyncflow.config.run import REWARD_MODEL_COLUMN
 from asyncflow.core import protocol
 from asyncflow.core.phases import phase
+from asyncflow.planner import memory
 
 
 class RewardModelActor(ColumnRole):
@@ -70,9 +72,14 @@ ROLE = roles.RoleSpec(
     section="reward_model",
     instances=roles.numbered(names.REWARD_MODEL, lambda cfg: cfg.reward_model.num_replicas if cfg.reward_model.enabled else 0),
     task=names.TASK_REWARD_MODEL,
-    inputs=RewardModelActor.inputs,
     outputs=(REWARD_MODEL_COLUMN,),
     restartable=True,
     device=roles.Devices.ONE,
+    devices_used=lambda cfg: [("reward_model.device", cfg.reward_model.device)],
+    # its weights (a judge's: the policy's without a path), and a judge's KV budget (the native engine's default)
+    memory=lambda cfg, facts: (
+        facts.reward_model_params * memory.DTYPE_BYTES[cfg.reward_model.dtype]
+        + (memory.DEFAULT_KV_BYTES if cfg.reward_model.kind == "judge" else 0)
+    ),
     device_list="reward_model_devices",
 )

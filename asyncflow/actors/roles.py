@@ -4,7 +4,8 @@ own module (``ROLE = RoleSpec(...)`` at its end).
 A role is an actor class run in one process host per instance (``rollout.0``,
 ``rollout.1``, ...; ``loader``). Its spec names the class as an object (a renamed
 class breaks at import time, not in the middle of a run), the queue task it takes
-rows from and the columns it reads and puts, whether a dead instance may be started
+rows from and the columns it puts (what it reads, the actor asks for: a config
+decides it), whether a dead instance may be started
 again in place, its config section, the devices it runs on, how many instances a
 config asks for and the keyword arguments of each. The built-in roles are listed
 once, in ``topology.BUILT_IN``; ``[[roles]]`` entries of the config become the same
@@ -20,8 +21,9 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from asyncflow.actors import names
+from asyncflow.config import names
 from asyncflow.config.run import RunConfig
+from asyncflow.planner.memory import MemoryFacts
 
 
 class Devices(enum.Enum):
@@ -58,10 +60,14 @@ def no_kwargs(layout: Layout, name: str) -> dict:
     return {}
 
 
+def no_devices(cfg: RunConfig) -> list[tuple[str, str]]:
+    return []
+
+
 @dataclass(frozen=True, kw_only=True)
 class RoleSpec:
     name: str
-    """The role's name (``names.py``): the restart budget's key, the name of a single
+    """The role's name (``config/names.py``): the restart budget's key, the name of a single
     instance, the prefix of numbered ones."""
     actor: type
     """The actor class (a ``core.actor.Actor`` subclass)."""
@@ -71,16 +77,26 @@ class RoleSpec:
     """The config section that sets it up (``[rollout]``, ``[[roles]]`` ...)."""
     task: str = ""
     """The queue task it takes rows from (empty: none)."""
-    inputs: tuple[str, ...] = ()
-    """The columns it reads from each row of its task."""
     outputs: tuple[str, ...] = ()
     """The columns it puts: rows a dead instance already put them for are acked, not redone."""
     restartable: bool = False
     """A dead instance is requeued and started again in place (``_restarts.py``);
     otherwise its death stops the run (resume from the last checkpoint)."""
     device: Devices = Devices.NONE
+    devices_used: Callable[[RunConfig], list[tuple[str, str]]] = field(default=no_devices)
+    """The config keys (dotted) that say what device its instances compute on, with their
+    values: the preflight refuses a device this machine lacks by its key, before any
+    process starts (a role with no instance in the config is not checked)."""
     device_list: str = ""
     """The ``[cluster]`` field its devices come from (``rollout_devices`` ...)."""
+    memory: Callable[[RunConfig, MemoryFacts], float] | None = None
+    """Bytes of one instance's states (weights, optimizer states, KV budget, staged
+    snapshots: ``planner/memory.py``); None: it holds no model. The preflight adds up
+    those of every instance the config starts and refuses a run the host cannot hold."""
+    working_memory: Callable[[RunConfig, MemoryFacts], float] | None = None
+    """Bytes one instance needs beyond its states while it works (its runtime, a
+    trainer's activations of one micro-batch at the data's mean prompt length): an
+    estimate, added when the preflight knows the prompts' length."""
     train_group: bool = False
     """Part of the training group: started after every other worker (which it pauses at
     checkpoints), stopped after them, given the pinned cores (``pin_trainer_cores``)."""

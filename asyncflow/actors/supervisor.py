@@ -29,11 +29,11 @@ from pathlib import Path
 
 import click
 
+from asyncflow.actors import messages
 from asyncflow.actors._restarts import RestartPolicy
 from asyncflow.actors.roles import Devices, RoleSpec, index_of
 from asyncflow.actors.topology import HostPlan
 from asyncflow.config.run import ConfigError, RunConfig
-from asyncflow.core import protocol
 from asyncflow.core.directory import DirectoryClient
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.host import CPUS_ENV, HostProcess, spawn_host
@@ -282,7 +282,7 @@ class Supervisor:
         assert self.dc is not None and self.transport is not None, "attach() comes first"
         try:
             record.proc = self.spawn(record.name, self.dc, self.transport, specs, env=self.host_env(record.name))
-            self.dc.ref(record.name, refresh=True).ask(protocol.StartWork(), timeout_s=30)  # not its companions
+            self.dc.ref(record.name, refresh=True).ask(messages.StartWork(), timeout_s=30)  # not its companions
         except (AsyncflowError, LookupError) as exc:  # it died (or hangs) in its own start: one more death
             click.echo(f"!! restart of {record.name} failed: {exc}", err=True)
             assert record.proc is not None  # the one that died, or the new one

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asyncflow.actors import prompt_loader, reference, reward, reward_model, rollout, trainer, trainer_rank
-from asyncflow.actors._preflight import _importable
+from asyncflow.actors._imports import importable
 from asyncflow.actors.roles import Layout, RoleSpec, one
 from asyncflow.config.run import ConfigError, RoleEntry, RunConfig
 from asyncflow.core import protocol
@@ -49,7 +49,7 @@ def custom_role(entry: RoleEntry, python_path: list[str]) -> RoleSpec:
     """A ``[[roles]]`` entry as a RoleSpec: its class imported from the dotted path the
     user wrote, the way its process will (``cluster.python_path`` first)."""
     try:
-        cls = _importable(entry.cls, python_path)
+        cls = importable(entry.cls, python_path)
     except ValueError as exc:
         raise ConfigError(f"roles.cls = {entry.cls!r} (role {entry.name!r}): {exc}") from None
     given = {"task": entry.task, "output": entry.reward_column}
@@ -60,7 +60,6 @@ def custom_role(entry: RoleEntry, python_path: list[str]) -> RoleSpec:
         instances=one(entry.name),
         section="roles",
         task=entry.task,
-        inputs=tuple(getattr(cls, "inputs", ())),
         outputs=(entry.reward_column,) if entry.reward_column else (),
         restartable=True,
         kwargs=lambda layout, name: {**given, **entry.kwargs},

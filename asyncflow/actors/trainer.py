@@ -71,7 +71,7 @@ import msgspec
 import numpy as np
 import pykka
 
-from asyncflow.actors import names, roles
+from asyncflow.actors import messages, roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._checkpoints import _link_latest, checkpoint_dir, prune_checkpoints
 from asyncflow.actors._dynamic_sampling import Filtered, StepGather
@@ -83,9 +83,10 @@ from asyncflow.actors._prefetch import BatchPrefetch
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors._samples import SampleLog
 from asyncflow.actors._versions import VersionLedger, token_staleness
-from asyncflow.actors.names import COLLECTOR, TASK_TRAIN
 from asyncflow.actors.trainer_rank import RankGroup
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
+from asyncflow.config import names
+from asyncflow.config.names import COLLECTOR, TASK_TRAIN
 from asyncflow.core import protocol
 from asyncflow.core.errors import ActorGone, ActorTimeout
 from asyncflow.core.phases import phase
@@ -93,6 +94,7 @@ from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
 from asyncflow.core.tq.notify import Notifier
 from asyncflow.engines.device import torch_dtype
+from asyncflow.planner import memory
 
 if TYPE_CHECKING:
     from asyncflow.actors._eval import Evaluator
@@ -239,7 +241,7 @@ class TrainerActor(LoopActor):
             return gather.finish()
         self._gather = gather
         self.acks.add_rows(TASK_TRAIN, gather.release())  # freed while the round is made (the loader's headroom)
-        self.ctx.ref(names.LOADER).tell(protocol.RefillGroups(step=self.step, round=gather.num_refills + 1))
+        self.ctx.ref(names.LOADER).tell(messages.RefillGroups(step=self.step, round=gather.num_refills + 1))
         return None
 
     def _take_batch(self) -> protocol.BatchMeta | None:
@@ -361,7 +363,7 @@ class TrainerActor(LoopActor):
             values.update({"val/start_accuracy": start["val/accuracy"], "val/start_reward_mean": start["val/reward_mean"]})
         if eval_every and (version % eval_every == 0 or version == cfg.train.num_steps):
             values.update(self._evaluate(snapshot, version))
-        self._reports.tell(COLLECTOR, protocol.StepMetrics(step=self.step, values={k: float(v) for k, v in values.items()}))
+        self._reports.tell(COLLECTOR, messages.StepMetrics(step=self.step, values={k: float(v) for k, v in values.items()}))
         self.num_items += len(mine)
 
     def _deliver_reports(self, timeout_s: float = 30.0) -> None:
@@ -464,7 +466,7 @@ class TrainerActor(LoopActor):
         """Pause every other role (each answers between units, its rows acked), appending
         each reference that answered to ``paused``; returns their resumable states."""
         # the online planner may have added or removed rollout replicas: the weight sync knows the current ones
-        replicas = self._weights.ask(protocol.GetReplicas()).names
+        replicas = self._weights.ask(messages.GetReplicas()).names
         names = [n for n in self.other_roles if n not in self._initial_replicas] + list(replicas)
         states = {}
         for name in names:
@@ -485,7 +487,7 @@ class TrainerActor(LoopActor):
     def _resume_roles(self, paused: list) -> None:
         for ref in paused:
             try:
-                ref.tell(protocol.Resume())
+                ref.tell(messages.Resume())
             except (ActorGone, ActorTimeout) as exc:  # it died since its Pause: restarted, it starts unpaused
                 log.warning("checkpoint at step %d: %s not resumed, its process is gone (%s)", self.step, ref.name, exc)
 
@@ -495,7 +497,7 @@ class TrainerActor(LoopActor):
 
     def _finish(self) -> None:
         path = self.checkpoint()  # every step's metrics delivered first, so RunFinished comes last
-        self._collector.tell(protocol.RunFinished(last_step=self.step - 1, checkpoint=str(path)))
+        self._collector.tell(messages.RunFinished(last_step=self.step - 1, checkpoint=str(path)))
 
 
 def score_means(columns: dict[str, list], extra_rewards: list[tuple[str, float]]) -> dict[str, float]:
@@ -508,6 +510,17 @@ def score_means(columns: dict[str, list], extra_rewards: list[tuple[str, float]]
     }
 
 
+def trainer_working_bytes(cfg, facts: memory.MemoryFacts) -> float:
+    """Rank 0's step (``memory.training_step_bytes``), the version before still staged
+    (the weights actor keeps the two newest in either mode: weights/_nng.NUM_KEPT) and
+    the evaluation engine's weights and KV cache (``[eval]``)."""
+    out = memory.training_step_bytes(cfg, facts) + memory.synced_params(cfg, facts.shape) * 4
+    if cfg.eval.every_steps:
+        kv = cfg.rollout.engine.kv_cache_bytes or memory.DEFAULT_KV_BYTES
+        out += facts.shape.num_params * memory.DTYPE_BYTES[cfg.rollout.engine.dtype] + kv
+    return out
+
+
 # -- the role, as the driver sees it (actors/topology.py) ---------------------------------
 
 ROLE = roles.RoleSpec(
@@ -516,9 +529,16 @@ ROLE = roles.RoleSpec(
     section="train",
     instances=roles.one(names.TRAINER),
     task=names.TASK_TRAIN,
-    inputs=("prompt_ids", "response_ids", "rollout_logp", "reward", "finish"),  # + ref_logp, [[roles]] columns
     device=roles.Devices.GROUP,
+    devices_used=lambda cfg: [
+        ("train.engine.device", str(cfg.train.engine.device)),
+        *((("critic.engine.device", str(cfg.critic.engine.device)),) if cfg.algorithm.needs_critic else ()),
+    ],
     device_list="train_devices",
+    memory=lambda cfg, facts: (
+        memory.training_state_bytes(cfg, facts.shape) + memory.synced_params(cfg, facts.shape) * 4
+    ),  # + the host-staged snapshot published to rollout (fp32 on cpu)
+    working_memory=lambda cfg, facts: trainer_working_bytes(cfg, facts),
     train_group=True,
     kwargs=lambda layout, name: {
         "other_roles": layout.workers_outside_training(),

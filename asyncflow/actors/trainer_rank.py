@@ -30,15 +30,17 @@ import time
 import traceback
 from pathlib import Path
 
-from asyncflow.actors import names, roles
+from asyncflow.actors import messages, roles
 from asyncflow.actors._activity import ActivityClock
 from asyncflow.actors._loop import report_failure
 from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._run import Run, set_threads
-from asyncflow.actors.names import COLLECTOR
+from asyncflow.config import names
+from asyncflow.config.names import COLLECTOR
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 from asyncflow.core.tq.client import TQClient
+from asyncflow.planner import memory
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ class RankGroup:
         (``parts[0]`` is rank 0's own)."""
         for ref, positions in zip(self._refs, parts[1:]):
             ref.tell(
-                protocol.TrainPart(
+                messages.TrainPart(
                     step=step,
                     indices=[meta.indices[p] for p in positions],
                     group_ids=[meta.metas[p].group_id for p in positions],
@@ -71,7 +73,7 @@ class RankGroup:
 
     def save_checkpoint(self, path: str) -> None:
         """Every rank joins the collective save into ``path`` (rank 0 writes)."""
-        self.broadcast(protocol.SaveRankCheckpoint(path=path))
+        self.broadcast(messages.SaveRankCheckpoint(path=path))
 
     def broadcast(self, msg: protocol.Request) -> None:
         for ref in self._refs:
@@ -79,8 +81,8 @@ class RankGroup:
 
 
 class TrainerRankActor(Actor):
-    Inbox = protocol.TrainerRankIn
-    Urgent = (protocol.GetRoleStats,)  # answered at once, mid-command
+    Inbox = messages.TrainerRankIn
+    Urgent = (messages.GetRoleStats,)  # answered at once, mid-command
 
     def __init__(self, ctx, run_dir: str, rank: int):
         super().__init__(ctx)
@@ -98,19 +100,19 @@ class TrainerRankActor(Actor):
         self._idle_since = time.monotonic()  # between rank 0's commands this rank waits for it
 
     def handle_urgent(self, msg):
-        if isinstance(msg, protocol.GetRoleStats):
+        if isinstance(msg, messages.GetRoleStats):
             return self.clock.stats(self.num_items)
         return super().handle_urgent(msg)
 
     def handle(self, msg, pending):
         match msg:
-            case protocol.TrainPart():
+            case messages.TrainPart():
                 self._guarded(self._train_part, msg)
                 return protocol.Ok()
-            case protocol.SaveRankCheckpoint(path=path):
+            case messages.SaveRankCheckpoint(path=path):
                 self._guarded(self._save, path)
                 return protocol.Ok()
-            case protocol.StartWork():  # no loop of its own: rank 0 drives it; spans from now on
+            case messages.StartWork():  # no loop of its own: rank 0 drives it; spans from now on
                 self.clock.start_tracing(self.ctx.ref(COLLECTOR))
                 return protocol.Ok()
             case protocol.Stop():
@@ -137,7 +139,7 @@ class TrainerRankActor(Actor):
             self.clock.state = "wait_leader"
             self._idle_since = time.monotonic()
 
-    def _train_part(self, msg: protocol.TrainPart) -> None:
+    def _train_part(self, msg: messages.TrainPart) -> None:
         with self.clock.activity("read"):
             columns = self.tq.read(msg.indices, msg.columns)
         with self.clock.activity("train"):
@@ -161,6 +163,8 @@ ROLE = roles.RoleSpec(
     section="train",
     instances=roles.numbered(names.TRAINER, lambda cfg: cfg.train.num_ranks - 1, first=1),  # trainer.1, ...
     device=roles.Devices.GROUP,
+    memory=lambda cfg, facts: memory.training_state_bytes(cfg, facts.shape),
+    working_memory=lambda cfg, facts: memory.training_step_bytes(cfg, facts),
     device_list="train_devices",
     train_group=True,
     kwargs=lambda layout, name: {"rank": roles.index_of(name)},

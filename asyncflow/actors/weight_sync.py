@@ -30,6 +30,7 @@ from collections import deque
 
 import msgspec
 
+from asyncflow.actors import messages
 from asyncflow.actors._run import Run
 from asyncflow.actors.weights import build_sender
 from asyncflow.core import protocol
@@ -55,7 +56,7 @@ class Publish:
 
 
 class WeightSyncActor(Actor):
-    Inbox = protocol.WeightSyncIn
+    Inbox = messages.WeightSyncIn
 
     def __init__(self, ctx, run_dir: str, replicas: list[str], chunk_bytes: int = CHUNK_BYTES):
         super().__init__(ctx)
@@ -66,7 +67,7 @@ class WeightSyncActor(Actor):
         self._holder: str | None = None
         self._swap_queue: deque = deque()
 
-    def _announce(self, name: str, ready: protocol.WeightsReady) -> None:
+    def _announce(self, name: str, ready: messages.WeightsReady) -> None:
         """Tell ``name`` through the directory's cached ref; where that fails (a restarted
         replica has a new address) look it up afresh and tell once more."""
         for refresh in (False, True):
@@ -85,32 +86,32 @@ class WeightSyncActor(Actor):
                 for name in self.replicas:
                     self._announce(name, ready)
                 return ready.num_bytes
-            case protocol.GetLatestWeights():
+            case messages.GetLatestWeights():
                 return self.sender.latest()
-            case protocol.GetWeightChunk() | protocol.StreamWeights():
+            case messages.GetWeightChunk() | messages.StreamWeights():
                 return self.sender.serve(msg)
-            case protocol.AcquireSwap(replica=replica):
+            case messages.AcquireSwap(replica=replica):
                 if not self.substep or self._holder in (None, replica):
                     self._holder = replica if self.substep else None
                     return protocol.Ok()
                 self._swap_queue.append((replica, pending))
                 return DEFER
-            case protocol.ReleaseSwap(replica=replica):
+            case messages.ReleaseSwap(replica=replica):
                 self._release(replica)
                 return protocol.Ok()
-            case protocol.RegisterReplica(replica=replica):
+            case messages.RegisterReplica(replica=replica):
                 if replica not in self.replicas:
                     self.replicas = [*self.replicas, replica]
                 return protocol.Ok()
-            case protocol.UnregisterReplica(replica=replica):
+            case messages.UnregisterReplica(replica=replica):
                 self.replicas = [r for r in self.replicas if r != replica]
                 self.sender.drop_replica(replica)
                 self._swap_queue = deque((r, p) for r, p in self._swap_queue if r != replica)
                 if self._holder == replica:  # it stopped between AcquireSwap and ReleaseSwap
                     self._release(replica)
                 return protocol.Ok()
-            case protocol.GetReplicas():
-                return protocol.Replicas(names=list(self.replicas))
+            case messages.GetReplicas():
+                return messages.Replicas(names=list(self.replicas))
             case protocol.Stop():
                 self.sender.close()
                 return protocol.Ok()

@@ -7,21 +7,21 @@ import click
 from asyncflow.cli._lazy import LazyGroup
 
 BENCHES = {
-    "transport": ("asyncflow.cli.bench_transport:transport", "nng request/reply round trip and bandwidth."),
-    "queue": ("asyncflow.cli.bench_queue:queue", "TransferQueue put/get across processes."),
-    "rollout": ("asyncflow.cli.bench_rollout:rollout", "Native rollout engine vs Hugging Face generate."),
+    "transport": ("asyncflow.bench.transport:transport", "nng request/reply round trip and bandwidth."),
+    "queue": ("asyncflow.bench.queue:queue", "TransferQueue put/get across processes."),
+    "rollout": ("asyncflow.bench.rollout:rollout", "Native rollout engine vs Hugging Face generate."),
     "train": (
-        "asyncflow.cli.bench_train:train",
+        "asyncflow.bench.train:train",
         "Training tokens/s, one process and two-process FSDP2; --packing: packing on vs off.",
     ),
-    "e2e": ("asyncflow.cli.bench_e2e:e2e", "A config end to end, sync vs async, side by side."),
-    "weights": ("asyncflow.cli.bench_weights:weights", "Weight fetch bytes/s: nng chunks vs the gloo collective, side by side."),
-    "lora": ("asyncflow.cli.bench_lora:lora", "Bytes per weight sync and sync time: full weights vs LoRA adapters."),
+    "e2e": ("asyncflow.bench.e2e:e2e", "A config end to end, sync vs async, side by side."),
+    "weights": ("asyncflow.bench.weights:weights", "Weight fetch bytes/s: nng chunks vs the gloo collective, side by side."),
+    "lora": ("asyncflow.bench.lora:lora", "Bytes per weight sync and sync time: full weights vs LoRA adapters."),
     "planner": (
-        "asyncflow.cli.bench_planner:planner",
+        "asyncflow.bench.planner:planner",
         "An unbalanced run rebalanced by the online planner: first vs last samples/s.",
     ),
-    "peer": ("asyncflow.cli.bench_peer:peer", "TRL GRPOTrainer vs asyncflow sync and async on the same task (the bench extra)."),
+    "peer": ("asyncflow.bench.peer:peer", "TRL GRPOTrainer vs asyncflow sync and async on the same task (the bench extra)."),
 }
 
 

@@ -333,7 +333,10 @@ def plan(
     else:
         click.echo("sync alternative: none fits in memory")
     if result.num_infeasible_splits:
-        click.echo(f"{result.num_infeasible_splits} of {result.num_splits} splits do not fit; each role's closest miss:")
+        click.echo(
+            f"{result.num_infeasible_splits} of {result.num_splits} splits do not fit, or would give the training ranks "
+            f"unequal shares of the {wl.num_samples} samples; each role's closest miss in memory:"
+        )
         for item in _boundary(result.infeasible):
             click.echo(f"  {item.reason}")
     if sim is not None:

@@ -33,7 +33,7 @@ def mean_prompt_tokens(cfg, model_dir: str, limit: int = 500) -> float:
 
         prompts = [r["prompt"] for r in read_prompts(cfg.data.path)[:limit]]
     else:
-        from asyncflow.algorithms.tasks import make_examples
+        from asyncflow.toy.tasks import make_examples
 
         prompts = [r["prompt"] for r in make_examples(min(limit, cfg.data.num_prompts), seed=cfg.data.seed, task=cfg.data.task)]
     tok = load_tokenizer(model_dir)
@@ -58,7 +58,7 @@ def reward_score_s(cfg, model_dir: str, rows: int, limit: int = 64) -> float:
 
         examples = read_prompts(cfg.data.path)[:limit]
     else:
-        from asyncflow.algorithms.tasks import make_examples
+        from asyncflow.toy.tasks import make_examples
 
         examples = make_examples(min(limit, cfg.data.num_prompts), seed=cfg.data.seed, task=cfg.data.task)
     tok = load_tokenizer(model_dir)
@@ -90,7 +90,7 @@ def model_dir_of(cfg, scratch: Path) -> str:
     """The model the run would use: model.path, or the tiny model's config and tokenizer (no weights)."""
     if cfg.model.path:
         return cfg.model.path
-    from asyncflow.engines.tiny import build_char_tokenizer, tiny_config
+    from asyncflow.toy.tiny import build_char_tokenizer, tiny_config
 
     tiny_config(cfg.model.tiny).to_json_file(str(scratch / "config.json"))
     build_char_tokenizer().save_pretrained(str(scratch))
@@ -109,9 +109,9 @@ def reward_model_shape(cfg, model_dir: str):
         return from_hf_config(rm.path)
     if rm.kind == "judge":
         return from_hf_config(model_dir)
-    from asyncflow.engines.tiny import tiny_config
+    from asyncflow.toy.tiny import tiny_config
 
-    return shape_from_hf_config(tiny_config(cfg.model.tiny).to_dict(), name="tiny reward model", source="engines.tiny")
+    return shape_from_hf_config(tiny_config(cfg.model.tiny).to_dict(), name="tiny reward model", source="toy.tiny")
 
 
 def config_inputs(cfg) -> ConfigInputs:

@@ -1,7 +1,7 @@
 """``afctl profile``: calibrate the planner's efficiency factors by running the real engines.
 
 At a few small model sizes (tiny Qwen2 models built offline by
-``asyncflow.engines.tiny``) it times, on one device (one core, one torch thread, on
+``asyncflow.toy.tiny``) it times, on one device (one core, one torch thread, on
 cpu):
 - decode iterations of the native rollout engine at several batch sizes,
 - prefill of batches of long prompts,
@@ -441,10 +441,10 @@ def profile(out_path, hardware, device, quick, repeats, check) -> None:
     """
     from transformers.utils import logging as hf_logging
 
-    from asyncflow.engines.tiny import make_tiny_model
     from asyncflow.planner.calibration import Profile, fit_errors, fit_profile
     from asyncflow.planner.hardware import get_hardware
     from asyncflow.planner.io import from_hf_config, save_profile
+    from asyncflow.toy.tiny import make_tiny_model
 
     hf_logging.disable_progress_bar()
     try:

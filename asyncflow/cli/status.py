@@ -18,7 +18,8 @@ from typing import Any
 
 import click
 
-from asyncflow.actors import names
+from asyncflow.actors import messages
+from asyncflow.config import names
 
 INFRA = ("tq.", "host.", "directory", names.COLLECTOR, names.WEIGHTS, names.PLANNER, "dist.")
 """Prefixes of the actors that are not roles (the queue, hosts, the driver's own, rendezvous)."""
@@ -70,7 +71,6 @@ def status(run_dir: Path | None, watch: bool, interval: float, as_json: bool) ->
 def snapshot(info) -> dict:
     """One look at the cluster, as plain data (``--json`` prints it)."""
     from asyncflow.actors._cluster_file import CLUSTER_FILE
-    from asyncflow.core import protocol
     from asyncflow.core.directory import DirectoryClient
     from asyncflow.core.errors import AsyncflowError
     from asyncflow.core.tq.client import TQClient
@@ -88,7 +88,7 @@ def snapshot(info) -> dict:
 
     def role_stats(name: str):
         try:
-            return dc.ref(name, wait_s=0.0).ask(protocol.GetRoleStats(), timeout_s=3)
+            return dc.ref(name, wait_s=0.0).ask(messages.GetRoleStats(), timeout_s=3)
         except (AsyncflowError, LookupError):
             return None  # inside a long unit of work, restarting, or gone
 
@@ -144,7 +144,7 @@ def snapshot(info) -> dict:
     except (AsyncflowError, LookupError) as exc:
         snap["queue_error"] = str(exc)
     try:
-        latest = dc.ref(names.WEIGHTS, wait_s=0.0).ask(protocol.GetLatestWeights(), timeout_s=3)
+        latest = dc.ref(names.WEIGHTS, wait_s=0.0).ask(messages.GetLatestWeights(), timeout_s=3)
         rollouts = {a["name"]: a.get("version") for a in actors if a["name"].startswith("rollout.")}
         snap["weights"] = {
             "published": latest.version,

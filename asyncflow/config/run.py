@@ -33,6 +33,7 @@ from msgspec import Meta
 
 from asyncflow.algorithms import registry
 from asyncflow.algorithms.loss_configs import LossConfig, PPOClipLoss
+from asyncflow.config.names import reserved as reserved_role_name
 from asyncflow.core import schema
 from asyncflow.core.schema import ConfigError, Refused, check_tree
 from asyncflow.core.transport import SECRET_ENV, TransportConfig, is_loopback
@@ -96,7 +97,7 @@ class DataConfig(_Section):
     task: Annotated[
         str,
         Meta(
-            description="Built-in task when ``path`` is empty (asyncflow.algorithms.tasks): add, reverse, calc for the tiny model; "
+            description="Built-in task when ``path`` is empty (asyncflow.toy.tasks): add, reverse, calc for the tiny model; "
             "add2 (two-digit addition in words) for a real model (examples/smollm2.toml)."
         ),
     ] = "add"
@@ -104,6 +105,14 @@ class DataConfig(_Section):
     chat_template: Annotated[bool, Meta(description="Apply the tokenizer's chat template to each prompt.")] = True
     shuffle: Annotated[bool, Meta(description="Shuffle the prompts (with ``seed``) before each epoch.")] = True
     seed: Annotated[NonNegInt, Meta(description="Seed of the shuffle and of generated tasks.")] = 0
+    max_prompt_tokens: Annotated[
+        NonNegInt,
+        Meta(
+            description="Longest prompt in tokens (as the loader encodes it, chat template included). The preflight reads "
+            "every prompt of ``path`` before any process starts and refuses a longer one by its line. 0: what fits, the "
+            "model's max_position_embeddings less ``rollout.sampling.max_new_tokens`` (that limit holds anyway)."
+        ),
+    ] = 0
 
     def check(self, run: RunConfig) -> None:
         if self.path and not self.path.endswith((".jsonl", ".parquet")):
@@ -1039,6 +1048,15 @@ class EnvConfig(_Section):
             "and the trajectory ends unfinished. 0: no limit (keep turns within the model's context yourself)."
         ),
     ] = 0
+    max_observation_chars: Annotated[
+        NonNegInt,
+        Meta(
+            description="Longest observation (a tool's result) put into a trajectory: a text one is cut to this many "
+            "characters before it is tokenised, with a marker saying so (``[observation cut: N chars, ...]``); one given "
+            "as token ids, to this many ids. Counted (``observations_cut`` in the rollout's log). A 50 MB tool result "
+            "once grew a rollout process to 19 GB. 0: no limit."
+        ),
+    ] = 16384
 
 
 class RunConfig(_Section):
@@ -1113,7 +1131,7 @@ class RunConfig(_Section):
         if len(names) != len(set(names)):
             raise Refused("roles.name", "role names must be unique", names)
         for r in self.roles:
-            if r.name in _BUILTIN_NAMES or r.name.startswith(_BUILTIN_PREFIXES):
+            if reserved_role_name(r.name):
                 raise Refused("roles.name", "this name belongs to a built-in role; choose another", r.name)
             if r.reward_column == REWARD_MODEL_COLUMN and self.reward_model.enabled:
                 raise Refused("roles.reward_column", "the reward-model role puts this column: choose another", r.reward_column)
@@ -1123,11 +1141,6 @@ class RunConfig(_Section):
                     f"role {r.name!r} must also set `task` (the queue task it reads rows from)",
                     r.reward_column,
                 )
-
-
-_BUILTIN_NAMES = ("loader", "trainer", "weights", "collector", "directory")
-_BUILTIN_PREFIXES = ("rollout.", "reward.", "reward_model.", "reference.", "tq.", "host.")
-"""Actor names of the built-in roles, which a ``[[roles]]`` entry may not take."""
 
 
 def validate(cfg: RunConfig) -> None:

@@ -132,15 +132,17 @@ def decoder_for(union: Any) -> msgspec.msgpack.Decoder:
     return msgspec.msgpack.Decoder(union)
 
 
-@functools.cache
-def _any_message_decoder() -> msgspec.msgpack.Decoder:
+@functools.lru_cache(maxsize=2)
+def _any_message_decoder(generation: int) -> msgspec.msgpack.Decoder:
+    """Every message class defined when ``protocol.generation()`` was ``generation``."""
     return msgspec.msgpack.Decoder(Union[tuple(_all_messages(protocol._Msg))] | None)  # noqa: UP007  (a union of a run-time tuple)
 
 
 def decode_any(view: memoryview) -> Any:
-    """Decode a reply body: any protocol message, or None."""
+    """Decode a reply body: any message class defined so far (core's, and those of the
+    modules imported since, the RL roles'), or None."""
     try:
-        return _any_message_decoder().decode(view)
+        return _any_message_decoder(protocol.generation()).decode(view)
     except _MALFORMED as exc:
         raise FrameError(f"bad reply body: {exc}") from None
 

@@ -6,7 +6,7 @@ through the model's chat template when ``data.chat_template``, else the raw text
 ``encode_chat_prompt`` renders a one-turn user prompt ending in the assistant marker.
 
 The tiny model's alphabet (``CHARS``) and chat template (``CHAT_TEMPLATE``) are
-defined here, not in ``engines/tiny.py`` (which builds the tokenizer from them and is
+defined here, not in ``toy/tiny.py`` (which builds the tokenizer from them and is
 meant for tests and examples): encoding refuses a prompt the tiny tokenizer cannot
 spell, so it needs them, and it must not import torch or transformers to know them.
 """
@@ -32,7 +32,7 @@ def encode_chat_prompt(tokenizer, prompt: str) -> list[int]:
         if unknown:
             raise ValueError(
                 f"prompt {prompt[:60]!r} has characters the tiny model's tokenizer does not know: "
-                f"{''.join(unknown)!r}; it knows only asyncflow.engines.tiny.CHARS (ASCII letters, "
+                f"{''.join(unknown)!r}; it knows only asyncflow.toy.tiny.CHARS (ASCII letters, "
                 "digits, space, newline and punctuation): use a model of your own (model.path) for other text"
             )
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)

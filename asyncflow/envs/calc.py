@@ -10,7 +10,7 @@ cannot multiply; with the tool it only has to call it and copy the result:
 ``CalcEnv`` gives reward 1 to a final answer equal to the product, 0 otherwise
 (``env_reward``; examples/tools.toml sets ``env.reward = "replace"``).
 
-Warm start (``warm_start_sequences``, used by ``algorithms/tasks.make_task_model``
+Warm start (``warm_start_sequences``, used by ``toy/tasks.make_task_model``
 for ``data.task = "calc"``): a short supervised pass on whole trajectories, loss on
 model tokens only, where only ``TOOL_FRACTION`` of them call the tool and the rest
 answer a random product at once. The model learns both formats and to copy a tool
@@ -79,7 +79,7 @@ def warm_start(model, tokenizer, steps: int, seed: int = 0, progress=None) -> No
     using it. ``progress(done, total, loss)`` counts the steps of both phases."""
     import torch
 
-    from asyncflow.engines.tiny import masked_warm_start
+    from asyncflow.toy.tiny import masked_warm_start
 
     pad = tokenizer.pad_token_id
     threads = torch.get_num_threads()

@@ -2,8 +2,10 @@
 wire message: those live in core/protocol.py).
 
 Unknown fields are ignored, as OpenAI-compatible servers do; fields that would change
-what is generated in a way the gateway cannot honour (``stream``, ``n > 1``,
-``tools``, ``stop``) are refused with HTTP 400 rather than ignored.
+what is generated in a way the gateway cannot honour (``n > 1``, ``tools``) are refused
+with HTTP 400 rather than ignored. ``stream`` is answered as server-sent events (the
+whole reply in one chunk, once generated); ``stop`` cuts the reply after the token that
+completes the first stop sequence (at most 4, as OpenAI's).
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ class ChatMessage(msgspec.Struct, kw_only=True):
         return {"role": self.role, "content": text}
 
 
+MAX_STOPS = 4
+MAX_STOP_CHARS = 256
+
+
 class ChatRequest(msgspec.Struct, kw_only=True):
     model: str = ""
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
@@ -56,15 +62,17 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     temperature: float | None = None
     top_p: float | None = None
 
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
     def refuse_unsupported(self) -> None:
-        if self.stream:
-            raise RequestError(400, "stream = true is not supported by the gateway: send stream = false")
+        if len(self.stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in self.stops):
+            raise RequestError(400, f"stop: give at most {MAX_STOPS} stop sequences of 1 to {MAX_STOP_CHARS} characters each")
         if self.n != 1:
             raise RequestError(400, f"n = {self.n}: the gateway generates one choice per request (n = 1)")
         if self.tools:
             raise RequestError(400, "tools are not supported by the gateway: describe tools in the messages instead")
-        if self.stop:
-            raise RequestError(400, "stop sequences are not supported: the gateway stops at the model's stop tokens")
 
 
 _decoder = msgspec.json.Decoder(ChatRequest)

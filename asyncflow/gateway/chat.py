@@ -55,7 +55,7 @@ class ChatFormat:
             if unknown:
                 raise TemplateError(
                     f"messages[{i}].content has characters the model's tokenizer does not know: {''.join(unknown)!r} "
-                    "(the tiny model knows only asyncflow.engines.tiny.CHARS)"
+                    "(the tiny model knows only asyncflow.toy.tiny.CHARS)"
                 )
 
     def encode(self, text: str) -> list[int]:

@@ -36,7 +36,7 @@ import msgspec
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from asyncflow.engines.base import RolloutEngine
@@ -152,7 +152,7 @@ class Gateway:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.secret)
 
-    async def _guard(self, request: Request, handler) -> JSONResponse:
+    async def _guard(self, request: Request, handler) -> Response:
         if not self._authorised(request):
             return _error(
                 401, "missing or wrong api key: send the cluster secret as the api key (Authorization: Bearer)", "unauthorized"
@@ -188,30 +188,34 @@ class Gateway:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _models(self, request: Request) -> JSONResponse:
+    async def _models(self, request: Request) -> Response:
         async def handle(_: Request) -> JSONResponse:
             model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "asyncflow"}
             return JSONResponse({"object": "list", "data": [model]})
 
         return await self._guard(request, handle)
 
-    async def _chat(self, request: Request) -> JSONResponse:
-        async def handle(request: Request) -> JSONResponse:
+    async def _chat(self, request: Request) -> Response:
+        async def handle(request: Request) -> Response:
             req = decode_request(await self._body(request))
             named = request.headers.get(SESSION_HEADER) or req.user
             session = check_session_id(named) if named else f"anon-{uuid.uuid4().hex}"
             body = await run_in_threadpool(self.complete, session, req, not named)
+            if req.stream:  # server-sent events: the whole reply in one chunk, then the finish
+                return StreamingResponse(
+                    iter(sse_events(body)), media_type="text/event-stream", headers={"X-Session-Id": session}
+                )
             return JSONResponse(body, headers={"X-Session-Id": session})
 
         return await self._guard(request, handle)
 
-    async def _list(self, request: Request) -> JSONResponse:
+    async def _list(self, request: Request) -> Response:
         async def handle(_: Request) -> JSONResponse:
             return JSONResponse({"sessions": self.sessions.ids()})
 
         return await self._guard(request, handle)
 
-    async def _session(self, request: Request) -> JSONResponse:
+    async def _session(self, request: Request) -> Response:
         async def handle(request: Request) -> JSONResponse:
             t = self.sessions.get(request.path_params["session"])
             with t.lock:
@@ -219,7 +223,7 @@ class Gateway:
 
         return await self._guard(request, handle)
 
-    async def _reward(self, request: Request) -> JSONResponse:
+    async def _reward(self, request: Request) -> Response:
         async def handle(request: Request) -> JSONResponse:
             reward = decode_reward(await self._body(request))
             if not math.isfinite(reward):
@@ -275,12 +279,15 @@ class Gateway:
             raise RequestError(400, f"the conversation cannot be continued: {exc}") from None
         if c.version != version:
             raise RuntimeError(f"the engine's version changed during a gateway generate call (v{version} -> v{c.version})")
-        text = self.chat.decode(c.response_ids)
-        t.add_turn(messages, context, list(c.response_ids), list(c.logprobs), text, c.finish_reason, c.version)
+        reply_ids, logprobs, finish = list(c.response_ids), list(c.logprobs), str(c.finish_reason)
+        text = self.chat.decode(reply_ids)
+        if req.stops:
+            reply_ids, logprobs, text, finish = self._cut_at_stop(reply_ids, logprobs, text, finish, req.stops)
+        t.add_turn(messages, context, reply_ids, logprobs, text, finish, c.version)
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
-            "finish_reason": c.finish_reason,
+            "finish_reason": finish,
             "logprobs": None,
         }
         if req.logprobs:
@@ -288,7 +295,7 @@ class Gateway:
             choice["logprobs"] = {
                 "content": [
                     {"token": tok.decode([i]), "logprob": float(lp), "bytes": list(tok.decode([i]).encode()), "top_logprobs": []}
-                    for i, lp in zip(c.response_ids, c.logprobs)
+                    for i, lp in zip(reply_ids, logprobs)
                 ]
             }
         n_prompt = len(ids)
@@ -300,11 +307,27 @@ class Gateway:
             "choices": [choice],
             "usage": {
                 "prompt_tokens": n_prompt,
-                "completion_tokens": len(c.response_ids),
-                "total_tokens": n_prompt + len(c.response_ids),
+                "completion_tokens": len(reply_ids),
+                "total_tokens": n_prompt + len(reply_ids),
             },
-            "asyncflow": {"session": t.session, "turn": t.num_turns, "version": c.version, "token_ids": list(c.response_ids)},
+            "asyncflow": {"session": t.session, "turn": t.num_turns, "version": c.version, "token_ids": reply_ids},
         }
+
+    def _cut_at_stop(
+        self, ids: list[int], logprobs: list[float], text: str, finish: str, stops: list[str]
+    ) -> tuple[list[int], list[float], str, str]:
+        """The reply up to the token that completes the first stop sequence (kept and
+        recorded: the model wrote it), its text without the sequence, finish "stop"; as it
+        was when no sequence occurs. The tokens after it were generated and are dropped:
+        each recorded log-prob is the model's given the tokens before it only."""
+        if not any(s in text for s in stops):
+            return ids, logprobs, text, finish
+        for k in range(1, len(ids) + 1):
+            part = self.chat.decode(ids[:k])
+            found = [part.find(s) for s in stops if s in part]
+            if found:
+                return ids[:k], logprobs[:k], part[: min(found)], "stop"
+        return ids, logprobs, text, finish
 
     def finish(self, t: Trajectory, reward: float) -> dict[str, Any]:
         """Give the session its reward and append it to the trajectories file."""
@@ -319,3 +342,19 @@ class Gateway:
                         f.write(json.dumps(row) + "\n")
             t.reward = reward
         return row
+
+
+def sse_events(body: dict[str, Any]) -> list[bytes]:
+    """A chat completion as OpenAI's stream: a ``chat.completion.chunk`` with the whole
+    message as its delta, one with the finish reason, usage and asyncflow's fields, then
+    ``[DONE]``."""
+    choice = body["choices"][0]
+    head = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    first = {**head, "choices": [{"index": 0, "delta": choice["message"], "logprobs": choice["logprobs"], "finish_reason": None}]}
+    last = {
+        **head,
+        "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}],
+        "usage": body["usage"],
+        "asyncflow": body["asyncflow"],
+    }
+    return [f"data: {json.dumps(chunk)}\n\n".encode() for chunk in (first, last)] + [b"data: [DONE]\n\n"]

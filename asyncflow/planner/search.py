@@ -204,7 +204,8 @@ class _Roles:
                 train_cost(self.model, self.hw, self.eff, self.wl, devices, tp, pp, with_reference)
                 for tp in self.tps
                 for pp in self.pps
-                if devices % (tp * pp) == 0
+                # FSDP ranks take equal shares: the trainer refuses rows that do not split evenly
+                if devices % (tp * pp) == 0 and self.wl.num_samples % (devices // (tp * pp)) == 0
             ]
             self._train[key] = _best(cands, lambda c: c.time_s, self.infeasible)
         return self._train[key]

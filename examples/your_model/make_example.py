@@ -70,7 +70,7 @@ def write_example(out: str | Path, arch: str = "llama", num_prompts: int = 64) -
     import torch
     from transformers import AutoModelForCausalLM
 
-    from asyncflow.engines.tiny import build_char_tokenizer, tiny_config
+    from asyncflow.toy.tiny import build_char_tokenizer, tiny_config
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

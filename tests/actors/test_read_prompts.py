@@ -56,3 +56,26 @@ def test_max_new_tokens_beyond_the_models_positions_is_refused_before_any_proces
     cfg = load_config_text(path + "[rollout.sampling]\nmax_new_tokens = 100000")
     with pytest.raises(ConfigError, match=r"rollout\.sampling\.max_new_tokens = 100000: the model holds \d+ positions"):
         check_inputs(cfg)
+
+
+@pytest.mark.parametrize("limit", ["positions", "key"])
+def test_a_prompt_longer_than_its_limit_is_refused_by_its_line_before_any_process_starts(tmp_path, tiny_dir, limit):
+    import json
+
+    from asyncflow.actors._preflight import check_inputs
+
+    positions = json.loads((tiny_dir / "config.json").read_text())["max_position_embeddings"]
+    long = "1+" * (positions if limit == "positions" else 40) + "1"
+    path = tmp_path / "data.jsonl"
+    path.write_text(GOOD * 5 + "\n" + json.dumps({"prompt": long, "answer": "2"}) + "\n" + GOOD * 5)
+    extra = "\nmax_prompt_tokens = 50" if limit == "key" else ""
+    cfg = load_config_text(f"[model]\npath = {str(tiny_dir)!r}\n[data]\npath = {str(path)!r}{extra}")
+    why = (
+        r"data\.max_prompt_tokens"
+        if limit == "key"
+        else r"max_position_embeddings \d+ less rollout\.sampling\.max_new_tokens \d+"
+    )
+    with pytest.raises(ConfigError, match=rf"1 prompt\(s\) longer than \d+ tokens \({why}\): line 7 \(\d+ tokens\)"):
+        check_inputs(cfg)
+    path.write_text(GOOD * 5)
+    check_inputs(cfg)  # short prompts pass

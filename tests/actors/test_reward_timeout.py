@@ -12,7 +12,7 @@ from tiny_config import tiny_config_text
 
 from asyncflow.actors._scoring import Scorer
 from asyncflow.config.run import load_config_text
-from asyncflow.engines.tiny import build_char_tokenizer
+from asyncflow.toy.tiny import build_char_tokenizer
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,6 +10,7 @@ import threading
 import pytest
 import torch
 
+from asyncflow.actors import messages
 from asyncflow.actors.rollout.inbox import WeightInbox
 from asyncflow.core import protocol
 from asyncflow.engines.config import RolloutEngineConfig
@@ -103,8 +104,8 @@ def setup(tiny_dir):
     receiver.close()
 
 
-def ready(version: int, replicas: int = 1, digest: int = 0) -> protocol.WeightsReady:
-    return protocol.WeightsReady(version=version, num_chunks=1, num_bytes=1, digest=digest, replicas=replicas)
+def ready(version: int, replicas: int = 1, digest: int = 0) -> messages.WeightsReady:
+    return messages.WeightsReady(version=version, num_chunks=1, num_bytes=1, digest=digest, replicas=replicas)
 
 
 def test_rows_of_an_announced_version_are_asked_for_while_it_travels_and_generated_only_after_its_swap(setup):

@@ -110,7 +110,7 @@ def _name_tests(path: Path) -> list[int]:
     return lines
 
 
-ALLOWED_NAME_TESTS = {"cli/bench_peer.py": "TRL's GRPOTrainer runs GRPO only: the comparison says which runs it can mirror"}
+ALLOWED_NAME_TESTS = {"bench/peer.py": "TRL's GRPOTrainer runs GRPO only: the comparison says which runs it can mirror"}
 
 
 def test_no_module_outside_the_registry_tests_an_algorithms_name():

@@ -2,7 +2,6 @@ import json
 
 import pytest
 
-from asyncflow.algorithms import tasks
 from asyncflow.algorithms.rewards import (
     RewardError,
     call_reward,
@@ -13,6 +12,7 @@ from asyncflow.algorithms.rewards import (
     parse_number,
     weighted_sum,
 )
+from asyncflow.toy import tasks
 
 
 def score(fn, responses, answers, finish=None):
@@ -56,12 +56,12 @@ def test_weighted_sum_gives_partial_credit():
 
 
 def test_custom_rewards_load_by_dotted_path_or_builtin_name():
-    assert load_reward_fn("asyncflow.algorithms.tasks:reward") is tasks.reward
+    assert load_reward_fn("asyncflow.toy.tasks:reward") is tasks.reward
     assert load_reward_fn("math_answer") is math_answer
     with pytest.raises(ValueError, match="no callable 'nope'"):
-        load_reward_fn("asyncflow.algorithms.tasks:nope")
+        load_reward_fn("asyncflow.toy.tasks:nope")
     with pytest.raises(ValueError, match="fn\\(prompts, responses, answers, finish_reasons\\)"):
-        load_reward_fn("asyncflow.algorithms.tasks:make_example" if hasattr(tasks, "make_example") else "json:dumps")
+        load_reward_fn("asyncflow.toy.tasks:make_example" if hasattr(tasks, "make_example") else "json:dumps")
     with pytest.raises(ValueError, match="package.module:function"):
         load_reward_fn("not_a_path")
 

@@ -3,7 +3,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from asyncflow.cli.bench_lora import lora
+from asyncflow.bench.lora import lora
 
 
 @pytest.mark.timeout(120)

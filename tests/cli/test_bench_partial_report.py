@@ -1,10 +1,10 @@
 """``afctl bench e2e --partial-rollout``'s report: samples/s ratio and the rollout's idle
-fraction from busy time and decode-row occupancy (cli/bench_e2e.py, partial_report)."""
+fraction from busy time and decode-row occupancy (bench/e2e.py, partial_report)."""
 
 import json
 from pathlib import Path
 
-from asyncflow.cli.bench_e2e import partial_report
+from asyncflow.bench.e2e import partial_report
 
 
 def _result(samples_per_s: float, busy: float, steps: float, rows: float) -> dict:

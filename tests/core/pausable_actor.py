@@ -5,32 +5,33 @@ from __future__ import annotations
 
 import os
 
+from asyncflow.actors import messages
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 
 
 class PausableActor(Actor):
-    Inbox = protocol.Pause | protocol.Resume | protocol.Ping | protocol.Stop
+    Inbox = messages.Pause | messages.Resume | protocol.Ping | protocol.Stop
 
     def handle(self, msg, pending):
         match msg:
-            case protocol.Pause():
-                return protocol.Paused(role=self.ctx.name, state=str(os.getpid()).encode())
-            case protocol.Resume() | protocol.Stop():
+            case messages.Pause():
+                return messages.Paused(role=self.ctx.name, state=str(os.getpid()).encode())
+            case messages.Resume() | protocol.Stop():
                 return protocol.Ok()
 
 
 class StuckActor(Actor):
     """Its Pause never ends in time (a unit of work that hangs): its stop times out."""
 
-    Inbox = protocol.Pause | protocol.Ping | protocol.Stop
+    Inbox = messages.Pause | protocol.Ping | protocol.Stop
 
     def handle(self, msg, pending):
         match msg:
-            case protocol.Pause():
+            case messages.Pause():
                 import time
 
                 time.sleep(120)
-                return protocol.Paused(role=self.ctx.name)
+                return messages.Paused(role=self.ctx.name)
             case protocol.Stop():
                 return protocol.Ok()

@@ -32,6 +32,10 @@ ROOT = Path(__file__).resolve().parents[2]
             "cluster.train_devices = [0]: give one device per trainer rank (2 ids), or none",
         ),
         ('[[roles]]\nname = "trainer"\ncls = "m:C"', "roles.name = 'trainer': this name belongs to a built-in role"),
+        # its replicas would be shard.0, ...: the queue shards' names (the planner's, a rank's, too)
+        ('[[roles]]\nname = "shard"\ncls = "m:C"', "roles.name = 'shard': this name belongs to a built-in role"),
+        ('[[roles]]\nname = "planner"\ncls = "m:C"', "roles.name = 'planner': this name belongs to a built-in role"),
+        ('[[roles]]\nname = "trainer.1"\ncls = "m:C"', "roles.name = 'trainer.1': this name belongs to a built-in role"),
         (
             "[cluster.transport]\nscheme = 'tcp'\nbind_host = '0.0.0.0'",
             "cluster.transport.bind_host = '0.0.0.0' is not loopback: set cluster.transport.tls_dir",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncflow.actors import messages
 from asyncflow.core import protocol
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.host import PARENT_ENV, TRANSPORT_ENV, HostProcess
@@ -35,7 +36,7 @@ def test_a_host_whose_actor_hangs_names_it_in_one_line_and_exits_at_once(tmp_pat
     )
     try:
         HostProcess("h", proc, client).start([protocol.ActorSpec(name="stuck", cls="pausable_actor:StuckActor")])
-        client.ref("stuck").tell(protocol.Pause())  # it is now inside a unit that hangs
+        client.ref("stuck").tell(messages.Pause())  # it is now inside a unit that hangs
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -60,7 +61,7 @@ def test_the_driver_stopping_a_host_with_a_hung_actor_ends_its_process(tmp_path)
     env = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     host = spawn_host("h", client, transport, [protocol.ActorSpec(name="stuck", cls="pausable_actor:StuckActor")], env=env)
     try:
-        client.ref("stuck").tell(protocol.Pause())
+        client.ref("stuck").tell(messages.Pause())
         host.stop(timeout_s=20)
         assert not host.alive()
     finally:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncflow.actors import messages
 from asyncflow.actors._pause import pause_role
 from asyncflow.core import protocol
 from asyncflow.core.directory import DirectoryClient, start_directory
@@ -52,7 +53,7 @@ def test_a_role_restarted_at_a_new_address_is_paused_there(cluster):
     first.proc.wait(timeout=10)
     # the premise: an ask to the dead address is not refused, it waits out its timeout
     with pytest.raises(ActorTimeout):
-        stale.ask(protocol.Pause(), timeout_s=1.0)
+        stale.ask(messages.Pause(), timeout_s=1.0)
     second = start("b")  # the restart registers the same name at a new address
     assert client.ref("worker", refresh=True).address != stale.address
 

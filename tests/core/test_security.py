@@ -19,7 +19,7 @@ SECRET = "s3cr3t-for-the-test"
 
 def _config_with_secret(tmp_path):
     (tmp_path / "data.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
-    from asyncflow.algorithms.tasks import make_task_model
+    from asyncflow.toy.tasks import make_task_model
 
     make_task_model(tmp_path / "model", warm_start_steps=0)  # preflight loads its tokenizer
     text = tiny_config_text(
@@ -65,7 +65,7 @@ def test_a_loopback_tcp_run_without_a_secret_gets_its_own_and_its_hosts_refuse_f
 
     monkeypatch.delenv(SECRET_ENV, raising=False)
     (tmp_path / "data.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
-    from asyncflow.algorithms.tasks import make_task_model
+    from asyncflow.toy.tasks import make_task_model
 
     make_task_model(tmp_path / "model", warm_start_steps=0)
     cfg = load_config_text(

@@ -48,6 +48,8 @@ def test_a_reply_of_another_type_raises_naming_the_request_the_expected_and_the_
 
 
 def test_every_request_names_a_reply_type_that_resolves_to_a_message():
+    import asyncflow.actors.messages  # noqa: F401  (the RL roles' requests, defined above core)
+
     requests = [
         cls for cls in frames._all_messages(protocol._Msg) if issubclass(cls, protocol.Request) and cls is not protocol.Request
     ]
@@ -71,12 +73,13 @@ def test_mypy_infers_the_reply_type_of_an_ask(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(
         textwrap.dedent("""
+        from asyncflow.actors import messages
         from asyncflow.core import protocol
         from asyncflow.core.ref import ActorRef
 
         def check(ref: ActorRef) -> None:
             reveal_type(ref.ask(protocol.Lookup(name="x")))
-            reveal_type(ref.ask(protocol.GetLatestWeights()))
+            reveal_type(ref.ask(messages.GetLatestWeights()))
     """)
     )
     out = subprocess.run(
@@ -86,4 +89,23 @@ def test_mypy_infers_the_reply_type_of_an_ask(tmp_path):
         timeout=280,
     ).stdout
     assert 'Revealed type is "asyncflow.core.protocol.Found"' in out, out
-    assert 'Revealed type is "asyncflow.core.protocol.WeightsReady"' in out, out
+    assert 'Revealed type is "asyncflow.actors.messages.WeightsReady"' in out, out
+
+
+def test_a_reply_of_a_message_module_imported_after_the_first_decode_is_decoded():
+    """The any-message decoder of replies is built at the first reply; the RL roles'
+    messages (actors/messages.py) may be imported after it: it is built again."""
+    import subprocess
+    import sys
+
+    code = (
+        "import msgspec\n"
+        "from asyncflow.core import frames, protocol\n"
+        "assert frames.decode_any(memoryview(msgspec.msgpack.encode(protocol.Ok()))) == protocol.Ok()\n"
+        "from asyncflow.actors import messages\n"
+        "msg = messages.Paused(role='reward.0', state=b'x')\n"
+        "assert frames.decode_any(memoryview(msgspec.msgpack.encode(msg))) == msg\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr

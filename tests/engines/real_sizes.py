@@ -16,7 +16,7 @@ and no real model could start): these shapes send such tensors down every path
   separate ``lm_head`` of Llama-3.1-8B takes its own path) and the MLP narrow
   (intermediate 1,024, not 8,192: memory), so a float32 directory is 2.1 GB.
 
-The tokenizer is the tiny models' character tokenizer (``engines/tiny.py``): its ~100
+The tokenizer is the tiny models' character tokenizer (``toy/tiny.py``): its ~100
 ids are a prefix of the vocabulary; nothing here decodes a sampled id.
 """
 
@@ -66,7 +66,7 @@ _built: dict[str, Path] = {}  # one directory per shape and session
 
 def real_size_config(kind: str):
     """The transformers config of ``kind`` (``REAL_SHAPES``), its architecture named."""
-    from asyncflow.engines.tiny import tiny_config
+    from asyncflow.toy.tiny import tiny_config
 
     spec = dict(REAL_SHAPES[kind])
     tied, rope = spec.pop("tie_word_embeddings"), spec.pop("rope_parameters")
@@ -96,7 +96,7 @@ def make_real_size_model(out_dir: str | Path, kind: str, seed: int = 0) -> Path:
     import safetensors.torch
     from transformers import AutoModelForCausalLM
 
-    from asyncflow.engines.tiny import build_char_tokenizer
+    from asyncflow.toy.tiny import build_char_tokenizer
 
     config = real_size_config(kind)
     with torch.device("meta"):

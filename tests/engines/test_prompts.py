@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from asyncflow.engines.prompts import encode_chat_prompt, prompt_ids
-from asyncflow.engines.tiny import build_char_tokenizer
+from asyncflow.toy.tiny import build_char_tokenizer
 
 
 @pytest.mark.timeout(60)

@@ -21,11 +21,11 @@ import pytest
 import safetensors.torch
 import torch
 
-from asyncflow.actors.names import WEIGHTS
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 from asyncflow.actors.weights._collective import CollectiveReceiver
 from asyncflow.actors.weights._nng import NngReceiver
-from asyncflow.cli.bench_weights import bench_run_dir
+from asyncflow.bench.weights import bench_run_dir
+from asyncflow.config.names import WEIGHTS
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.transport import TransportConfig

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncflow.algorithms.tasks import reward_model_examples
 from asyncflow.engines.factory import build_reward_scorer
 from asyncflow.engines.reward_model import ClassifierScorer, JudgeScorer, encode_pair, parse_score
-from asyncflow.engines.tiny import build_char_tokenizer, encode_chat_prompt, make_tiny_reward_model
+from asyncflow.toy.tasks import reward_model_examples
+from asyncflow.toy.tiny import build_char_tokenizer, encode_chat_prompt, make_tiny_reward_model
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_batched_scores_are_the_model_head_at_each_pair_last_token(reward_model_
 def test_a_classifier_with_more_than_one_label_is_refused(tmp_path):
     from transformers import AutoModelForSequenceClassification
 
-    from asyncflow.engines.tiny import tiny_config
+    from asyncflow.toy.tiny import tiny_config
 
     config = tiny_config()
     config.num_labels = 2
@@ -72,7 +72,7 @@ def test_a_judgement_scores_its_first_number_or_the_default(text, score):
 
 @pytest.mark.timeout(120)
 def test_a_judge_scores_each_pair_by_the_number_it_generates(tmp_path):
-    from asyncflow.algorithms.tasks import make_task_model
+    from asyncflow.toy.tasks import make_task_model
 
     judge_dir = make_task_model(tmp_path / "judge", seed=0, warm_start_steps=150)  # it answers "a+b=" with digits
     judge = build_reward_scorer("judge", judge_dir, template="{response}", batch_size=4, max_new_tokens=4, default=-1.0)

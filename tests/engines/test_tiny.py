@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from asyncflow.engines.tiny import build_char_tokenizer, encode_chat_prompt, make_tiny_model
+from asyncflow.toy.tiny import build_char_tokenizer, encode_chat_prompt, make_tiny_model
 
 
 def test_tiny_model_directory_loads_in_transformers_with_its_tokenizer(qwen2_dir):
@@ -60,7 +60,7 @@ def test_a_saved_tiny_model_keeps_spaces_when_transformers_loads_its_tokenizer(t
 
 def test_the_tiny_models_warm_start_reports_its_progress(tmp_path):
     """``afctl up`` prints these lines: the warm start used to be a silent minute."""
-    from asyncflow.algorithms.tasks import make_task_model
+    from asyncflow.toy.tasks import make_task_model
 
     seen = []
     make_task_model(tmp_path / "m", warm_start_steps=20, progress=lambda done, total, loss: seen.append((done, total, loss)))

@@ -43,6 +43,8 @@ class Scripted(Environment):
             FAST_DONE.set()
         if self.n >= 3:
             return Step(reward=1.0, done=True)
+        if self.kind == "big":  # a tool that returns 2 MB of text, then as many ids
+            return Step(observation="x" * 2_000_000 if self.n == 1 else [7] * 2_000_000, reward=0.5)
         return Step(observation=OBS_IDS if self.kind == "ids" else f"ok{self.n}", reward=0.5, info={"tool_calls": 1})
 
 
@@ -105,6 +107,15 @@ def test_a_trajectory_holds_the_exact_ids_of_each_turn_and_observation_with_the_
         assert cols["env_reward"][0] == pytest.approx(0.5 + 0.5 * 0.5 + 1.0 * 0.25)  # discounted per turn
         assert (cols["finish"][0], cols["env_error"][0], cols["env_tool_calls"][0]) == (1, 0, 2)
     assert tokenizer.decode(observation_ids(tokenizer, "ok1")) == "<|user|>ok1<|assistant|>"
+
+
+def test_an_observation_over_its_limit_is_cut_with_a_marker_before_it_is_tokenised(engine, tokenizer):
+    driver, (t,) = run(engine, tokenizer, ["big"], max_observation_chars=200)
+    observed = [i for i, m in zip(t.ids, t.mask) if m == 0]
+    text = tokenizer.decode(observed[: len(observed) - 200])  # the text observation (the ids one follows)
+    assert text.split("[")[0].count("x") == 200 and "[observation cut: 2000000 chars, env.max_observation_chars = 200]" in text
+    assert observed[-200:] == [7] * 200 and len(observed) < 500  # 2 MB each, kept to the limit (+ the marker)
+    assert t.finished and driver.stats.observations_cut == 2
 
 
 def test_the_turn_limit_ends_a_trajectory_unfinished(engine, tokenizer):

@@ -42,3 +42,20 @@ def test_a_bracketed_ipv6_host_is_refused_before_the_run_starts():
     with pytest.raises(ConfigError, match=r"rollout\.gateway\.host = '\[::1\]': give the address without brackets \('::1'\)"):
         load_config_text('[rollout.gateway]\nenabled = true\nhost = "[::1]"')
     assert load_config_text('[rollout.gateway]\nenabled = true\nhost = "::1"').rollout.gateway.host == "::1"
+
+
+def test_the_driver_prints_where_the_gateway_answers_and_for_how_long(tmp_path):
+    import json
+
+    from tiny_config import tiny_config_text
+
+    from asyncflow.actors.launcher import gateway_line
+    from asyncflow.config.run import load_config_text
+
+    on = load_config_text(tiny_config_text({"rollout.gateway": {"enabled": True}, "train": {"num_steps": 300}}))
+    assert "not in RUN_DIR/gateway.json yet" in gateway_line(tmp_path, on)
+    url = "http://127.0.0.1:41234"
+    (tmp_path / "gateway.json").write_text(json.dumps({"url": url, "replica": 0, "trajectories": "t.jsonl"}))
+    line = gateway_line(tmp_path, on)
+    assert f"{url}/v1" in line and "rollout.0" in line and "300 steps" in line
+    assert gateway_line(tmp_path, load_config_text(tiny_config_text())) == ""

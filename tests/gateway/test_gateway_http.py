@@ -98,7 +98,8 @@ def test_bad_requests_get_a_clear_4xx_and_the_gateway_goes_on(make_gateway):
         (b'{"messages": []}', 400, "length >= 1"),
         (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "role"),
         (b'{"messages": [{"role": "user", "content": "h\\u00e9"}]}', 400, "does not know"),
-        (b'{"messages": [{"role": "user", "content": "hi"}], "stream": true}', 400, "stream"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}', 400, "at most 4 stop"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ""}', 400, "1 to 256 characters"),
         (b'{"messages": [{"role": "user", "content": "hi"}], "n": 3}', 400, "n = 3"),
         (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}', 400, "max_tokens"),
         (b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}', 400, "assistant"),
@@ -107,8 +108,6 @@ def test_bad_requests_get_a_clear_4xx_and_the_gateway_goes_on(make_gateway):
     for body, status, words in bad:
         got, reply = call(gw.url, "/v1/chat/completions", body)
         assert got == status and words in reply["error"]["message"], (body[:60], got, reply)
-    with pytest.raises(openai.BadRequestError, match="stop sequences"):
-        api.chat.completions.create(model="m", messages=hi, stop=["\n"])
     api.chat.completions.create(model="m", messages=hi, user="s")
     with pytest.raises(openai.ConflictError, match="do not repeat"):  # history edited: refused, not re-tokenised
         api.chat.completions.create(model="m", messages=[*hi, {"role": "assistant", "content": "?"}, *hi], user="s")
@@ -221,3 +220,44 @@ def test_a_request_the_engine_refuses_in_a_shared_call_fails_alone(make_gateway)
         t.join(timeout=60)
     assert [len(p) for p in gw.engine.prompts[:2]] == [1, 2]
     assert status == {"ok-1": 200, "too-long": 400, "ok-2": 200}
+
+
+def test_a_streamed_request_gets_the_reply_as_server_sent_events_and_is_recorded(make_gateway, tokenizer):
+    gw = make_gateway()
+    chunks = list(
+        client(gw).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "what is 2+3?"}], user="streamed", stream=True
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length") and chunks[0].choices[0].finish_reason is None
+    ids = chunks[-1].model_extra["asyncflow"]["token_ids"]
+    assert text == tokenizer.decode(ids, skip_special_tokens=True) and chunks[-1].usage.completion_tokens == len(ids)
+    status, t = call(gw.url, "/v1/asyncflow/sessions/streamed")
+    assert status == 200 and t["response_ids"] == ids  # recorded as a plain request is
+
+
+def test_a_stop_sequence_cuts_the_reply_after_the_token_that_completes_it(make_gateway, tokenizer):
+    """The text ends before the sequence (OpenAI's rule); the recorded tokens end with the
+    token that completed it, and their log-probs are the model's on exactly those tokens."""
+    gw = make_gateway()
+    api = client(gw)
+    stops = ["1", "2", "a", "e"]  # the untrained tiny model writes random characters: some reply holds one
+    for k in range(30):
+        r = api.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], user=f"stop-{k}", stop=stops, logprobs=True, max_tokens=24
+        )
+        ids = r.model_extra["asyncflow"]["token_ids"]
+        if r.choices[0].finish_reason == "stop" and any(s in tokenizer.decode(ids) for s in stops):
+            break
+    else:
+        pytest.fail("no reply of 30 held a stop sequence")
+    text, whole = r.choices[0].message.content, tokenizer.decode(ids, skip_special_tokens=True)
+    assert not any(s in text for s in stops) and whole.startswith(text) and whole[len(text) :] in stops
+    assert not any(s in tokenizer.decode(ids[:-1], skip_special_tokens=True) for s in stops)  # the first one completes it
+    status, t = call(gw.url, f"/v1/asyncflow/sessions/stop-{k}")
+    assert t["response_ids"] == ids and len(t["rollout_logp"]) == len(ids) and r.usage.completion_tokens == len(ids)
+    assert t["rollout_logp"] == pytest.approx([c.logprob for c in r.choices[0].logprobs.content], abs=1e-6)
+    # the conversation goes on from the recorded tokens
+    again = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": text}, {"role": "user", "content": "ok"}]
+    assert api.chat.completions.create(model="m", messages=again, user=f"stop-{k}").model_extra["asyncflow"]["turn"] == 2

@@ -19,7 +19,7 @@ def write_config(
     mode: str = "async",
     num_steps: int = 4,
     staleness: int = 1,
-    reward: str = "asyncflow.algorithms.tasks:reward",
+    reward: str = "asyncflow.toy.tasks:reward",
     hang_timeout_s: float = 300,
 ) -> Path:
     """examples/tiny.toml with these settings (tests/tiny_config.py)."""

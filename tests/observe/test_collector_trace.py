@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
+from asyncflow.actors import messages
 from asyncflow.actors.collector import CollectorActor
 from asyncflow.actors.loggers import build_loggers
 from asyncflow.cli._runs import timeline, validate_trace
 from asyncflow.config.run import LoggingConfig
-from asyncflow.core import protocol
 from asyncflow.core.actor import ActorContext
 from asyncflow.core.transport import TransportConfig
 
@@ -31,7 +31,7 @@ def _collector(tmp_path, loggers=()):
 
 def _spans(role, pid, spans, final_version):
     """spans: (name, start s, duration s, version when it began)."""
-    return protocol.Spans(
+    return messages.Spans(
         role=role,
         pid=pid,
         names=[s[0] for s in spans],
@@ -43,7 +43,7 @@ def _spans(role, pid, spans, final_version):
 
 
 def _step(step, staleness):
-    return protocol.StepMetrics(
+    return messages.StepMetrics(
         step=step,
         values={
             "step": step,

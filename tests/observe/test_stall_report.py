@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from asyncflow.actors import launcher as launcher_module
+from asyncflow.actors import messages
 from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors.collector import CollectorActor
 from asyncflow.actors.launcher import STALL_STEP_FACTOR, Launcher, stall_timeout_s
@@ -51,16 +52,16 @@ def test_the_collector_reports_the_slowest_step_and_not_the_processes_start_befo
     collector = CollectorActor(
         ActorContext("collector", TransportConfig(scheme="inproc")), run_dir=str(tmp_path), num_steps=4, progress=False
     )
-    state = collector.handle(protocol.GetRunState(), None)
+    state = collector.handle(messages.GetRunState(), None)
     assert state.slowest_step_s == 0.0
     clock.now += 90  # the processes start, load the model, generate the first rows
-    collector.handle(protocol.StepMetrics(step=0, values={"step": 0, "step_time_s": 20.0}), None)
-    assert collector.handle(protocol.GetRunState(), None).slowest_step_s == 20.0  # the trainer's own time
+    collector.handle(messages.StepMetrics(step=0, values={"step": 0, "step_time_s": 20.0}), None)
+    assert collector.handle(messages.GetRunState(), None).slowest_step_s == 20.0  # the trainer's own time
     clock.now += 35
-    collector.handle(protocol.StepMetrics(step=1, values={"step": 1, "step_time_s": 20.0}), None)
+    collector.handle(messages.StepMetrics(step=1, values={"step": 1, "step_time_s": 20.0}), None)
     clock.now += 25
-    collector.handle(protocol.StepMetrics(step=2, values={"step": 2, "step_time_s": 20.0}), None)
-    assert collector.handle(protocol.GetRunState(), None).slowest_step_s == 35.0  # between two steps' metrics
+    collector.handle(messages.StepMetrics(step=2, values={"step": 2, "step_time_s": 20.0}), None)
+    assert collector.handle(messages.GetRunState(), None).slowest_step_s == 35.0  # between two steps' metrics
 
 
 @pytest.fixture
@@ -103,7 +104,7 @@ def test_the_wait_loop_reports_a_stall_after_the_timeout_and_names_the_stacks_fi
     def echo(message=None, err=False, **kwargs):
         said.append(str(message))
         if "no trainer step completed" in str(message):  # the report is out: let the run end
-            launcher.collector.pykka_ref.tell(protocol.RunFinished(last_step=0, checkpoint=""))
+            launcher.collector.pykka_ref.tell(messages.RunFinished(last_step=0, checkpoint=""))
 
     monkeypatch.setattr(launcher_module.click, "echo", echo)
     finished = launcher.wait()  # hang_timeout_s = 0.1 and no step ever comes

@@ -10,7 +10,7 @@ import sys
 import msgspec
 import pytest
 
-from asyncflow.cli.bench_peer import DEFAULT_CONFIG, trl_spec, unsupported
+from asyncflow.bench.peer import DEFAULT_CONFIG, trl_spec, unsupported
 
 
 @pytest.mark.timeout(30)
@@ -27,7 +27,7 @@ def test_the_peer_gets_the_configs_work_and_refuses_what_it_cannot_do(tmp_path):
         cfg.algorithm.loss.clip_high,
         7,
     )
-    assert spec["reward_functions"] == ["asyncflow.algorithms.tasks:reward"]
+    assert spec["reward_functions"] == ["asyncflow.toy.tasks:reward"]
     # [eval]: TRL trains on the same split as asyncflow and its final weights get the same held-out evaluation
     assert (spec["heldout_prompts"], spec["data_seed"]) == (cfg.eval.num_prompts, cfg.data.seed) and cfg.eval.every_steps
     no_eval = msgspec.structs.replace(cfg, eval=msgspec.structs.replace(cfg.eval, every_steps=0))

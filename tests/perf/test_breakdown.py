@@ -8,16 +8,16 @@ import json
 
 import pytest
 
+from asyncflow.actors import messages
 from asyncflow.actors.collector import CollectorActor
-from asyncflow.cli._breakdown import breakdown, table
+from asyncflow.bench._breakdown import breakdown, table
 from asyncflow.cli._runs import timeline, validate_trace
-from asyncflow.core import protocol
 from asyncflow.core.actor import ActorContext
 from asyncflow.core.transport import TransportConfig
 
 
 def _spans(role, pid, spans, final_version):
-    return protocol.Spans(
+    return messages.Spans(
         role=role,
         pid=pid,
         names=[s[0] for s in spans],

@@ -10,6 +10,7 @@ import queue
 
 import pytest
 
+from asyncflow.actors import messages
 from asyncflow.actors.planner import PlannerActor
 from asyncflow.config.run import PlannerConfig
 from asyncflow.core import protocol
@@ -22,7 +23,7 @@ from asyncflow.planner.online import Split
 class FakeRole(Actor):
     """Answers GetRoleStats from a shared table the test advances step by step."""
 
-    Inbox = protocol.LoopIn
+    Inbox = messages.LoopIn
 
     def __init__(self, ctx, table: dict, threads: list):
         super().__init__(ctx)
@@ -31,10 +32,10 @@ class FakeRole(Actor):
 
     def handle(self, msg, pending):
         match msg:
-            case protocol.GetRoleStats():
+            case messages.GetRoleStats():
                 busy, wait = self.table[self.ctx.name]
-                return protocol.RoleStats(role=self.ctx.name, busy_s=busy, wait_s={"data": wait})
-            case protocol.SetThreads(num_threads=n):
+                return messages.RoleStats(role=self.ctx.name, busy_s=busy, wait_s={"data": wait})
+            case messages.SetThreads(num_threads=n):
                 self.threads.append(n)
                 return protocol.Ok()
             case _:
@@ -92,7 +93,7 @@ class Bench:
         for name, frac in busy.items():
             b, w = self.table[name]
             self.table[name] = (b + frac * step_s, w + (1 - frac) * step_s)
-        self.ref.tell(protocol.StepMetrics(step=step, values={"time_s": self.time_s}))
+        self.ref.tell(messages.StepMetrics(step=step, values={"time_s": self.time_s}))
         self.ref.ask(protocol.Ping(), timeout_s=30)
 
     def events(self, kind: str) -> list[dict]:
@@ -149,7 +150,7 @@ def test_a_trainer_waiting_on_rollout_gets_a_replica_and_the_gain_is_measured_af
     b.step(3, 10.0, slow)  # the move is still in flight: no second decision
     assert b.moves.empty()
     b.add_role("rollout.1")
-    b.ref.tell(protocol.MoveApplied(ok=True, rollout_replicas=["rollout.0", "rollout.1"], train_threads=1))
+    b.ref.tell(messages.MoveApplied(ok=True, rollout_replicas=["rollout.0", "rollout.1"], train_threads=1))
     fast = {"rollout.0": 1.0, "rollout.1": 1.0, "trainer": 0.8}
     for step in range(4, 7):  # step 4 straddles the move and is not counted
         b.step(step, 6.0, fast)
@@ -171,7 +172,7 @@ def test_on_shared_cores_an_idle_trainer_gets_a_replica_beside_it_and_keeps_its_
     assert move.predicted_step_s_after == pytest.approx(6.15)
     assert "cores shared" in move.reason
     b.add_role("rollout.1")
-    b.ref.tell(protocol.MoveApplied(ok=True, rollout_replicas=["rollout.0", "rollout.1"], train_threads=1))
+    b.ref.tell(messages.MoveApplied(ok=True, rollout_replicas=["rollout.0", "rollout.1"], train_threads=1))
     for step in range(3, 8):  # both cores busy now: a third replica would not pay
         b.step(step, 6.5, {"rollout.0": 1.0, "rollout.1": 1.0, "trainer": 0.35})
     assert b.moves.empty()
@@ -207,7 +208,7 @@ def test_a_failed_move_keeps_the_split_and_lets_the_planner_decide_again(make_be
     b.step(0, 10.0, {"rollout.0": 1.0, "trainer": 0.2})
     b.step(1, 10.0, {"rollout.0": 1.0, "trainer": 0.2})
     b.moves.get(timeout=10)
-    b.ref.tell(protocol.MoveApplied(ok=False, rollout_replicas=["rollout.0"], train_threads=2, error="no process"))
+    b.ref.tell(messages.MoveApplied(ok=False, rollout_replicas=["rollout.0"], train_threads=2, error="no process"))
     b.step(2, 10.0, {"rollout.0": 1.0, "trainer": 0.2})
     again = b.moves.get(timeout=10)
     assert again.split_after.rollout_workers == 2

@@ -33,6 +33,17 @@ def test_the_search_never_returns_a_plan_that_does_not_fit(model, hw, n):
         assert plan.peak_memory_bytes <= h.memory_bytes * h.usable_memory_fraction
 
 
+@pytest.mark.parametrize("model,n", [("llama3-70b", 64), ("7b", 24), ("qwen3-30b-a3b", 40)])
+def test_every_training_rank_gets_the_same_number_of_samples(model, n):
+    """The trainer refuses a step whose rows do not split evenly over its ranks: a plan
+    with data-parallel size 18 for 2048 samples could not run."""
+    wl = Workload()
+    result = search(PRESETS[model], get_hardware("h100"), wl, n)
+    assert result.plans
+    for plan in [*result.plans, result.sync]:
+        assert plan is not None and wl.num_samples % plan.train_dp == 0, (plan.train_dp, wl.num_samples)
+
+
 def test_plans_come_best_first_with_consistent_rates():
     wl = Workload()
     result = search(PRESETS["7b"], get_hardware("h100"), wl, 64)

@@ -5,7 +5,7 @@ import json
 
 from click.testing import CliRunner
 
-from asyncflow.cli.bench_queue import queue
+from asyncflow.bench.queue import queue
 
 
 def test_bench_queue_prints_the_figures_as_json_on_its_last_line():

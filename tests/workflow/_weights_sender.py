@@ -11,10 +11,10 @@ import threading
 
 import torch
 
-from asyncflow.actors.names import WEIGHTS
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 from asyncflow.actors.weights import _collective
-from asyncflow.cli.bench_weights import bench_run_dir
+from asyncflow.bench.weights import bench_run_dir
+from asyncflow.config.names import WEIGHTS
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.directory import DirectoryClient
 from asyncflow.core.transport import TransportConfig

@@ -81,7 +81,8 @@ def test_a_step_estimate_without_readable_prompts_says_so_and_leaves_the_stall_t
 
 
 def test_with_the_prompt_length_the_estimate_adds_activations_logits_runtime_and_the_eval_engine(tmp_path):
-    from asyncflow.actors._preflight import PROCESS_BYTES, working_bytes
+    from asyncflow.actors._preflight import working_bytes
+    from asyncflow.planner.memory import PROCESS_BYTES
 
     model = _model_dir(tmp_path, hidden=64, layers=2, vocab=50_000)
     small = working_bytes(load_config_text("[train.engine]\nmicro_batch_size = 4"), model, prompt_tokens=40.0)

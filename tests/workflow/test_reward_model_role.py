@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from asyncflow.actors import names, topology
+from asyncflow.actors import topology
 from asyncflow.actors._policy import PolicyUpdate
 from asyncflow.actors._preflight import check, estimate
 from asyncflow.actors.reward_model import RewardModelActor
 from asyncflow.actors.supervisor import num_devices, visible_devices
+from asyncflow.config import names
 from asyncflow.config.run import REWARD_MODEL_COLUMN, load_config_text
 
 ON = "[reward_model]\nenabled = true\n"

@@ -11,18 +11,19 @@ import pytest
 import torch
 from wf_helpers import afctl, assert_trained_exactly_once, read_jsonl, write_config
 
-from asyncflow.actors.names import WEIGHTS
+from asyncflow.actors import messages
 from asyncflow.actors.rollout.inbox import swap_grant_needed
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
-from asyncflow.cli.bench_weights import bench_run_dir
+from asyncflow.bench.weights import bench_run_dir
+from asyncflow.config.names import WEIGHTS
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.transport import TransportConfig
 
 
-def _ready(replicas: int) -> protocol.WeightsReady:
-    return protocol.WeightsReady(version=3, num_chunks=1, num_bytes=4, replicas=replicas)
+def _ready(replicas: int) -> messages.WeightsReady:
+    return messages.WeightsReady(version=3, num_chunks=1, num_bytes=4, replicas=replicas)
 
 
 @pytest.mark.timeout(10)
@@ -36,8 +37,8 @@ def test_the_grant_is_asked_for_only_where_replicas_take_turns():
 class _Replica(Actor):
     """Stands for a rollout replica: records the WeightsReady it is told."""
 
-    Inbox = protocol.WeightsReady
-    told: list[protocol.WeightsReady] = []
+    Inbox = messages.WeightsReady
+    told: list[messages.WeightsReady] = []
     changed = threading.Condition()
 
     def handle(self, msg, pending):
@@ -47,7 +48,7 @@ class _Replica(Actor):
         return protocol.Ok()
 
     @classmethod
-    def wait_told(cls, n: int) -> list[protocol.WeightsReady]:
+    def wait_told(cls, n: int) -> list[messages.WeightsReady]:
         """The first ``n`` announcements, once handled (a tell returns on receipt, before the handler ran)."""
         with cls.changed:
             assert cls.changed.wait_for(lambda: len(cls.told) >= n, timeout=10), cls.told
@@ -75,10 +76,10 @@ def test_each_announcement_says_how_many_replicas_it_went_to(tmp_path):
     try:
         weights.pykka_ref.ask(Publish(1, [("w", torch.zeros(4))], 0))
         assert [(m.version, m.replicas) for m in _Replica.wait_told(1)] == [(1, 1)]
-        dc.ref(WEIGHTS).ask(protocol.RegisterReplica(replica="r.1"))
+        dc.ref(WEIGHTS).ask(messages.RegisterReplica(replica="r.1"))
         weights.pykka_ref.ask(Publish(2, [("w", torch.ones(4))], 0))
         assert sorted((m.version, m.replicas) for m in _Replica.wait_told(3)[1:]) == [(2, 2), (2, 2)]
-        assert dc.ref(WEIGHTS).ask(protocol.GetLatestWeights()).replicas == 0  # not an announcement: unknown
+        assert dc.ref(WEIGHTS).ask(messages.GetLatestWeights()).replicas == 0  # not an announcement: unknown
     finally:
         weights.stop()
         for r in replicas:

@@ -13,12 +13,12 @@ import pytest
 import torch
 from wf_helpers import afctl, read_jsonl, write_config
 
-from asyncflow.actors.names import WEIGHTS
+from asyncflow.actors import messages
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 from asyncflow.actors.weights import build_receiver
 from asyncflow.actors.weights._collective import CollectiveReceiver
-from asyncflow.cli.bench_weights import bench_run_dir
-from asyncflow.core import protocol
+from asyncflow.bench.weights import bench_run_dir
+from asyncflow.config.names import WEIGHTS
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.transport import TransportConfig
@@ -105,7 +105,7 @@ def test_a_named_tensor_set_moves_bit_exactly_and_the_group_is_reused_for_the_ne
         assert other.fetch(weights)[0] == 2 and other.group != group
         assert receiver.fetch(weights)[0] == 2
         # a replica stopped by the planner: its group's store leaves the directory
-        weights.ask(protocol.UnregisterReplica(replica="rollout.1"), timeout_s=10)
+        weights.ask(messages.UnregisterReplica(replica="rollout.1"), timeout_s=10)
         assert {e.name for e in side.dc.list("dist.weights.")} == {f"dist.{group}"}
     finally:
         side.close()

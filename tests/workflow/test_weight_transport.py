@@ -9,13 +9,13 @@ import threading
 import pytest
 import torch
 
-from asyncflow.actors.names import WEIGHTS
+from asyncflow.actors import messages
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 from asyncflow.actors.weights import WeightReceiver, WeightSender, build_receiver, build_sender
 from asyncflow.actors.weights._collective import CollectiveReceiver, CollectiveSender
 from asyncflow.actors.weights._nng import NngReceiver, NngSender, joined
-from asyncflow.cli.bench_weights import bench_run_dir
-from asyncflow.core import protocol
+from asyncflow.bench.weights import bench_run_dir
+from asyncflow.config.names import WEIGHTS
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.tensors import nbytes, to_torch
@@ -43,11 +43,11 @@ def test_the_nng_sender_keeps_the_two_newest_versions_and_names_a_dropped_one():
         ready = sender.publish(version, named, digest=version * 10)
     assert (ready.version, ready.num_chunks, ready.num_bytes, ready.digest) == (3, 2, 128, 30)
     assert sender.latest() == ready
-    assert sender.serve(protocol.GetWeightChunk(version=2, index=1)).names == ["b"]
+    assert sender.serve(messages.GetWeightChunk(version=2, index=1)).names == ["b"]
     with pytest.raises(KeyError, match="weights v1 are no longer staged"):
-        sender.serve(protocol.GetWeightChunk(version=1, index=0))
+        sender.serve(messages.GetWeightChunk(version=1, index=0))
     with pytest.raises(TypeError, match="same \\[workflow\\] weight_transport"):
-        sender.serve(protocol.StreamWeights(replica="rollout.0", group="g", backend="gloo"))
+        sender.serve(messages.StreamWeights(replica="rollout.0", group="g", backend="gloo"))
 
 
 @pytest.mark.timeout(30)
@@ -63,14 +63,14 @@ def test_a_tensor_larger_than_a_chunk_travels_in_pieces_of_at_most_a_chunk_and_a
         ("empty", torch.empty(0, 3)),
     ]
     ready = sender.publish(1, named, digest=5)
-    chunks = [sender.serve(protocol.GetWeightChunk(version=1, index=i)) for i in range(ready.num_chunks)]
+    chunks = [sender.serve(messages.GetWeightChunk(version=1, index=i)) for i in range(ready.num_chunks)]
     assert [n for c in chunks for n in c.names].count("embed") == 3
     assert all(sum(nbytes(t) for t in c.tensors) <= 1000 for c in chunks if c.names != ["wide"])
     assert ready.num_bytes == sum(t.numel() * t.element_size() for _, t in named)
 
     class Local:  # the weights actor's reference, answered by the sender in this thread
         def ask(self, msg, **kw):
-            return sender.latest() if isinstance(msg, protocol.GetLatestWeights) else sender.serve(msg)
+            return sender.latest() if isinstance(msg, messages.GetLatestWeights) else sender.serve(msg)
 
     seen: list[int] = []
     version, got = NngReceiver(10.0).fetch(Local(), on_chunk=seen.append)
@@ -99,27 +99,27 @@ def test_a_replica_fetches_a_published_version_over_nng_and_swaps_are_granted_on
     dc.register(weights.entry())
     try:
         ref = dc.ref(WEIGHTS)
-        assert ref.ask(protocol.GetLatestWeights()).version == -1
+        assert ref.ask(messages.GetLatestWeights()).version == -1
         sent = [(f"w{i}", torch.randn(256)) for i in range(3)]  # 1024 bytes: a chunk each
         assert weights.pykka_ref.ask(Publish(1, sent, 7)) == 3072
         seen: list[int] = []
         version, got = NngReceiver(10.0).fetch(ref, on_chunk=seen.append)
         assert version == 1 and seen == [0, 1, 2]
         assert all(torch.equal(a, b) and n == m for (n, a), (m, b) in zip(sent, got))
-        assert ref.ask(protocol.GetLatestWeights()).digest == 7
+        assert ref.ask(messages.GetLatestWeights()).digest == 7
 
-        ref.ask(protocol.RegisterReplica(replica="rollout.0"))
-        assert weights.pykka_ref.ask(protocol.GetReplicas()).names == ["rollout.0"]
-        ref.ask(protocol.AcquireSwap(replica="rollout.0", version=1))
+        ref.ask(messages.RegisterReplica(replica="rollout.0"))
+        assert weights.pykka_ref.ask(messages.GetReplicas()).names == ["rollout.0"]
+        ref.ask(messages.AcquireSwap(replica="rollout.0", version=1))
         granted = threading.Event()
         waiter = threading.Thread(
-            target=lambda: (ref.ask(protocol.AcquireSwap(replica="rollout.1", version=1)), granted.set()), daemon=True
+            target=lambda: (ref.ask(messages.AcquireSwap(replica="rollout.1", version=1)), granted.set()), daemon=True
         )
         waiter.start()
         assert not granted.wait(0.3)  # rollout.1 waits while rollout.0 holds the grant
-        ref.ask(protocol.UnregisterReplica(replica="rollout.0"))  # stopped while holding it: the grant moves on
+        ref.ask(messages.UnregisterReplica(replica="rollout.0"))  # stopped while holding it: the grant moves on
         assert granted.wait(10)
-        assert weights.pykka_ref.ask(protocol.GetReplicas()).names == []
+        assert weights.pykka_ref.ask(messages.GetReplicas()).names == []
     finally:
         weights.stop()
         directory.stop()
@@ -151,7 +151,7 @@ def test_a_replica_fetches_the_announced_version_without_asking_and_the_latest_w
         ref = dc.ref(WEIGHTS)
         named = [("w", torch.randn(256))]  # one chunk
         weights.pykka_ref.ask(Publish(1, named, 11))
-        announced = ref.ask(protocol.GetLatestWeights())
+        announced = ref.ask(messages.GetLatestWeights())
         version, got = NngReceiver(10.0).fetch(Counting(), announced=announced)
         assert version == 1 and torch.equal(got[0][1], named[0][1])
         assert asked == ["GetWeightChunk"]  # no GetLatestWeights: the announcement said what to fetch

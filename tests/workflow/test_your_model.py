@@ -57,7 +57,7 @@ def test_your_model_and_jsonl_train_from_any_directory_and_the_printed_model_loa
 
 @pytest.mark.timeout(120)
 def test_the_readme_snippet_loads_a_checkpoint_and_answers_through_the_chat_template(tmp_path):
-    from asyncflow.engines.tiny import make_tiny_model
+    from asyncflow.toy.tiny import make_tiny_model
 
     step = tmp_path / "run" / "checkpoints" / "step_000002"
     make_tiny_model(step / "model", num_layers=1)

@@ -47,20 +47,23 @@ import threading
 
 import msgspec
 
-from asyncflow.actors import names, roles
+from asyncflow.actors import messages, roles
 from asyncflow.actors._acks import DeferredAcks
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors._scoring import Scorer
-from asyncflow.actors.names import WEIGHTS
 from asyncflow.actors.rollout.inbox import WeightInbox
 from asyncflow.actors.rollout.stream import PartialRollout
 from asyncflow.actors.rollout.unit import UnitRollout
 from asyncflow.actors.weights import build_receiver
+from asyncflow.config import names
+from asyncflow.config.names import WEIGHTS
 from asyncflow.core import protocol
 from asyncflow.core.tq.client import TQClient
 from asyncflow.engines.device import torch_dtype
 from asyncflow.gateway.replica import serve_for_replica
+from asyncflow.planner import memory
+from asyncflow.planner.models import Lora
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +74,7 @@ planner's predictions take it as ``poll_s`` (cli/predict.py passes it)."""
 
 
 class RolloutActor(LoopActor):
-    Urgent = LoopActor.Urgent + (protocol.WeightsReady,)  # start fetching at once, even mid-generation
+    Urgent = LoopActor.Urgent + (messages.WeightsReady,)  # start fetching at once, even mid-generation
     announce_wait_s = ANNOUNCE_WAIT_S  # read by the modes (unit.py, stream.py)
     acks: DeferredAcks  # not None: set in __init__ (this role acks with its next request)
 
@@ -134,9 +137,9 @@ class RolloutActor(LoopActor):
         return self.engine.version
 
     # -- weights -----------------------------------------------------------------
-    def handle_urgent(self, msg: protocol.WeightsReady):
+    def handle_urgent(self, msg: messages.WeightsReady):
         """On the listener thread: start the background fetch now."""
-        if not isinstance(msg, protocol.WeightsReady):
+        if not isinstance(msg, messages.WeightsReady):
             return super().handle_urgent(msg)
         self.inbox.announce(msg)
         return protocol.Ok()
@@ -158,7 +161,7 @@ class RolloutActor(LoopActor):
     def on_start(self) -> None:
         # a (re)started replica catches up with the newest published weights first
         try:
-            latest = self.ctx.ref(WEIGHTS, wait_s=0.2).ask(protocol.GetLatestWeights(), timeout_s=10)
+            latest = self.ctx.ref(WEIGHTS, wait_s=0.2).ask(messages.GetLatestWeights(), timeout_s=10)
         except LookupError:
             return  # the trainer has not started yet: nothing newer than the model dir
         if latest.version > self.engine.version:
@@ -190,6 +193,16 @@ class RolloutActor(LoopActor):
         super().on_failure(*exc_info)
 
 
+def replica_memory(cfg, facts: memory.MemoryFacts) -> float:
+    """A replica's weights, its KV budget, the staged next version, and with LoRA on the
+    native engine the base of each adapted weight it keeps beside the merged one."""
+    shape, b = facts.shape, memory.DTYPE_BYTES[cfg.rollout.engine.dtype]
+    eng = cfg.rollout.engine
+    kv = eng.kv_cache_bytes or (memory.DEFAULT_KV_BYTES if eng.kv_cache_fraction is None else 0)
+    base_copies = memory.adapted_weight_params(shape, Lora.of(cfg.train.engine.lora)) if eng.type == "native" else 0
+    return shape.num_params * b + kv + memory.synced_params(cfg, shape) * 4 + base_copies * b
+
+
 # -- the role, as the driver sees it (actors/topology.py) ---------------------------------
 
 ROLE = roles.RoleSpec(
@@ -198,9 +211,11 @@ ROLE = roles.RoleSpec(
     section="rollout",
     instances=roles.numbered(names.ROLLOUT, lambda cfg: cfg.rollout.num_replicas),
     task=names.TASK_ROLLOUT,
-    inputs=("prompt_ids",),
     outputs=("response_ids", "rollout_logp", "finish"),
     restartable=True,
     device=roles.Devices.ONE,
+    devices_used=lambda cfg: [("rollout.engine.device", cfg.rollout.engine.device)],
+    memory=replica_memory,
+    working_memory=lambda cfg, facts: float(memory.PROCESS_BYTES),
     device_list="rollout_devices",
 )

@@ -42,13 +42,13 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from asyncflow.core import protocol
+from asyncflow.actors import messages
 from asyncflow.engines.digest import weights_digest
 
 log = logging.getLogger(__name__)
 
 
-def swap_grant_needed(staleness: int, announcement: protocol.WeightsReady | None) -> bool:
+def swap_grant_needed(staleness: int, announcement: messages.WeightsReady | None) -> bool:
     """Whether a replica asks for the swap grant (AcquireSwap, ReleaseSwap) before it swaps.
     The grant keeps the other replicas generating while one swaps (sub-step updates). In sync
     (k = 0) every replica is held back until it swaps, so there is nothing to keep going; a
@@ -94,7 +94,7 @@ class WeightInbox:
         self.activity = activity
         self._lock = threading.Lock()
         self._wanted = -1  # newest version announced
-        self._announcement: protocol.WeightsReady | None = None  # the newest WeightsReady (its chunks, its digest)
+        self._announcement: messages.WeightsReady | None = None  # the newest WeightsReady (its chunks, its digest)
         self._staged: tuple[int, list, int] | None = None  # (version, tensors, digest) fetched, not yet swapped in
         self._fetching = False
         self._fetched = threading.Event()  # set when a fetch stages new weights
@@ -113,7 +113,7 @@ class WeightInbox:
         return self._wanted
 
     # -- announced (listener thread), fetched (fetch thread) --------------------------
-    def announce(self, msg: protocol.WeightsReady) -> None:
+    def announce(self, msg: messages.WeightsReady) -> None:
         """A ``WeightsReady``: remember it and start fetching it now (listener thread)."""
         if msg.version <= self.engine.version:
             return
@@ -198,14 +198,14 @@ class WeightInbox:
         weights = self.weights_ref() if locked else None
         if weights is not None:
             with self.activity("wait_swap"):
-                weights.ask(protocol.AcquireSwap(replica=self.name, version=version), timeout_s=600)
+                weights.ask(messages.AcquireSwap(replica=self.name, version=version), timeout_s=600)
         try:
             with self.activity("swap_weights"), self.engine_lock:
                 self.engine.load_weights(tensors, version)
                 held = self.engine.weights_digest() if self.verify else None
         finally:
             if weights is not None:
-                weights.ask(protocol.ReleaseSwap(replica=self.name, version=version), timeout_s=30)
+                weights.ask(messages.ReleaseSwap(replica=self.name, version=version), timeout_s=30)
         if held is not None and held != digest:
             raise RuntimeError(
                 f"{self.name}: after loading weights v{version} the engine holds weights with digest "

@@ -96,6 +96,8 @@ class DriverStats:
     timeouts: int = 0
     max_pending: int = 0
     """Most environment calls in flight while the engine generated."""
+    observations_cut: int = 0
+    """Observations cut to ``env.max_observation_chars``."""
 
 
 class DaemonPool:
@@ -248,6 +250,21 @@ class MultiTurnDriver:
     def _observation(self, obs: Observation) -> list[int]:
         if obs is None or obs == "":
             return []
+        limit = self.cfg.max_observation_chars
+        if limit and len(obs) > limit:  # cut before the tokenizer or a list of ints sees it all
+            self.stats.observations_cut += 1
+            if self.stats.observations_cut == 1 or self.stats.observations_cut % 100 == 0:
+                log.warning(
+                    "an observation of %d %s was cut to env.max_observation_chars = %d (%d cut so far)",
+                    len(obs),
+                    "chars" if isinstance(obs, str) else "ids",
+                    limit,
+                    self.stats.observations_cut,
+                )
+            if isinstance(obs, str):
+                obs = f"{obs[:limit]}[observation cut: {len(obs)} chars, env.max_observation_chars = {limit}]"
+            else:
+                obs = obs[:limit]
         if isinstance(obs, str):
             return observation_ids(self.tokenizer, obs)
         return [int(i) for i in obs]

@@ -40,8 +40,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from asyncflow.actors.names import TASK_ROLLOUT
 from asyncflow.actors.rollout import pack
+from asyncflow.config.names import TASK_ROLLOUT
 
 if TYPE_CHECKING:
     from asyncflow.actors.rollout.replica import Replica

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from asyncflow.actors.names import TASK_ROLLOUT
 from asyncflow.actors.rollout import pack
+from asyncflow.config.names import TASK_ROLLOUT
 
 if TYPE_CHECKING:
     from asyncflow.actors.rollout.replica import Replica

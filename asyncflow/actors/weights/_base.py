@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from asyncflow.core import protocol
+from asyncflow.actors import messages
 
 NamedTensors = list  # [(name, torch.Tensor)]
 
@@ -14,16 +14,16 @@ class WeightSender(ABC):
     """The trainer's side: stages published versions and serves their bytes."""
 
     @abstractmethod
-    def publish(self, version: int, named_tensors: NamedTensors, digest: int) -> protocol.WeightsReady:
+    def publish(self, version: int, named_tensors: NamedTensors, digest: int) -> messages.WeightsReady:
         """Stage ``named_tensors`` (host copies nobody modifies) as ``version``; return
         the announcement for the replicas."""
 
     @abstractmethod
-    def latest(self) -> protocol.WeightsReady:
+    def latest(self) -> messages.WeightsReady:
         """The newest staged version (``version=-1`` before the first publish)."""
 
     @abstractmethod
-    def serve(self, msg: protocol.WeightRequest) -> protocol.WeightChunk | protocol.WeightStream:
+    def serve(self, msg: messages.WeightRequest) -> messages.WeightChunk | messages.WeightStream:
         """Answer a replica's request for bytes (a transport's own message)."""
 
     # Optional hooks, not abstract: a transport that holds nothing per replica or
@@ -42,7 +42,7 @@ class WeightReceiver(ABC):
 
     @abstractmethod
     def fetch(
-        self, weights, on_chunk: Callable[[int], None] | None = None, announced: protocol.WeightsReady | None = None
+        self, weights, on_chunk: Callable[[int], None] | None = None, announced: messages.WeightsReady | None = None
     ) -> tuple[int, NamedTensors]:
         """``(version, [(name, tensor)])`` of the newest version ``weights`` (an
         ActorRef) holds; ``on_chunk(i)`` after each chunk arrives. ``announced``: the

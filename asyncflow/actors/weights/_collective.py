@@ -36,9 +36,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from asyncflow.actors import messages
 from asyncflow.actors.weights._base import NamedTensors, WeightReceiver
 from asyncflow.actors.weights._nng import NngReceiver, NngSender
-from asyncflow.core import protocol
 from asyncflow.core.rendezvous import entry_name, host_store, join_store, node_host
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def group_name(replica: str, incarnation: str) -> str:
 # -- layout: tensors packed into one flat byte buffer per chunk ----------------------
 
 
-def layout(named_tensors: list, chunk_bytes: int) -> list[protocol.StreamChunk]:
+def layout(named_tensors: list, chunk_bytes: int) -> list[messages.StreamChunk]:
     """Chunks of at most ``chunk_bytes`` (a larger tensor travels alone), each tensor
     at an ``ALIGN``-aligned offset."""
     from asyncflow.engines.base import chunk_by_bytes
@@ -71,7 +71,7 @@ def layout(named_tensors: list, chunk_bytes: int) -> list[protocol.StreamChunk]:
             offsets.append(end)
             end += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
         chunks.append(
-            protocol.StreamChunk(
+            messages.StreamChunk(
                 num_bytes=end,
                 names=[n for n, _ in chunk],
                 dtypes=[str(t.dtype).removeprefix("torch.") for _, t in chunk],
@@ -82,7 +82,7 @@ def layout(named_tensors: list, chunk_bytes: int) -> list[protocol.StreamChunk]:
     return chunks
 
 
-def pack(tensors: list[torch.Tensor], chunk: protocol.StreamChunk, out: torch.Tensor) -> torch.Tensor:
+def pack(tensors: list[torch.Tensor], chunk: messages.StreamChunk, out: torch.Tensor) -> torch.Tensor:
     """Copy ``tensors`` (the chunk's, in order) into ``out`` (uint8, >= num_bytes, any device)."""
     for t, off in zip(tensors, chunk.offsets):
         n = t.numel() * t.element_size()
@@ -91,7 +91,7 @@ def pack(tensors: list[torch.Tensor], chunk: protocol.StreamChunk, out: torch.Te
     return out[: chunk.num_bytes]
 
 
-def unpack(flat: torch.Tensor, chunk: protocol.StreamChunk) -> list[tuple[str, torch.Tensor]]:
+def unpack(flat: torch.Tensor, chunk: messages.StreamChunk) -> list[tuple[str, torch.Tensor]]:
     """Views of the chunk's tensors in ``flat`` (no copy)."""
     out = []
     for name, dtype, shape, off in zip(chunk.names, chunk.dtypes, chunk.shapes, chunk.offsets):
@@ -210,24 +210,24 @@ class CollectiveSender(NngSender):
     def __init__(self, directory, transport, chunk_bytes: int, timeout_s: float = TIMEOUT_S):
         super().__init__(chunk_bytes)
         self.directory, self.transport, self.timeout_s = directory, transport, timeout_s
-        self._layouts: dict[int, list[protocol.StreamChunk]] = {}  # made on a version's first stream
+        self._layouts: dict[int, list[messages.StreamChunk]] = {}  # made on a version's first stream
         self._streams: dict[str, ReplicaStream] = {}
 
     def _forget(self, version: int) -> None:
         super()._forget(version)
         self._layouts.pop(version, None)
 
-    def serve(self, msg: protocol.WeightRequest) -> protocol.WeightChunk | protocol.WeightStream:
-        if not isinstance(msg, protocol.StreamWeights):
+    def serve(self, msg: messages.WeightRequest) -> messages.WeightChunk | messages.WeightStream:
+        if not isinstance(msg, messages.StreamWeights):
             return super().serve(msg)
         return self._stream(msg)
 
-    def _stream(self, msg: protocol.StreamWeights) -> protocol.WeightStream:
+    def _stream(self, msg: messages.StreamWeights) -> messages.WeightStream:
         """Answer with the newest version's layout and start broadcasting it over the
         replica's group (made now if ``msg.group`` is new)."""
         why = unavailable(msg.backend)
         if why:
-            return protocol.WeightStream(version=-1, refused=f"{msg.backend} on the trainer's side: {why}")
+            return messages.WeightStream(version=-1, refused=f"{msg.backend} on the trainer's side: {why}")
         if self._latest < 0:
             raise KeyError("no weights published yet")
         stream = self._streams.get(msg.replica)
@@ -242,7 +242,7 @@ class CollectiveSender(NngSender):
             self._layouts[version] = layout(self._named[version], self.chunk_bytes)
         chunks = self._layouts[version]
         stream.start(version, self._named[version], chunks)
-        return protocol.WeightStream(version=version, chunks=chunks)
+        return messages.WeightStream(version=version, chunks=chunks)
 
     def drop_replica(self, replica: str) -> None:
         if replica in self._streams:
@@ -270,7 +270,7 @@ class ReplicaStream:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def start(self, version: int, named_tensors: list, chunks: list[protocol.StreamChunk]) -> None:
+    def start(self, version: int, named_tensors: list, chunks: list[messages.StreamChunk]) -> None:
         """Send ``named_tensors`` (the staged snapshot of ``version``) in a background
         thread, after the previous stream's thread (the replica may have received the
         last bytes and asked again before that thread returned)."""
@@ -282,7 +282,7 @@ class ReplicaStream:
         )
         self._thread.start()
 
-    def _send(self, previous, version: int, named_tensors: list, chunks: list[protocol.StreamChunk]) -> None:
+    def _send(self, previous, version: int, named_tensors: list, chunks: list[messages.StreamChunk]) -> None:
         if previous is not None:
             previous.join()
         if self.failed:
@@ -337,7 +337,7 @@ class CollectiveReceiver(WeightReceiver):
         self.num_bytes = 0
         self.fallback: NngReceiver | None = None  # set when the trainer's side refused the collective
 
-    def fetch(self, weights, on_chunk=None, announced: protocol.WeightsReady | None = None) -> tuple[int, NamedTensors]:
+    def fetch(self, weights, on_chunk=None, announced: messages.WeightsReady | None = None) -> tuple[int, NamedTensors]:
         """Receive the newest staged version: ``(version, [(name, tensor on device)])``.
         Where the sender cannot use this backend, this and every later fetch go over
         nng; any other error closes the group (the next fetch builds a new one)."""
@@ -353,7 +353,7 @@ class CollectiveReceiver(WeightReceiver):
         if self.group is None:
             self._incarnation += 1
             self.group = group_name(self.replica, f"{self._token}-{self._incarnation}")
-        reply = weights.ask(protocol.StreamWeights(replica=self.replica, group=self.group, backend=self.backend), timeout_s=30)
+        reply = weights.ask(messages.StreamWeights(replica=self.replica, group=self.group, backend=self.backend), timeout_s=30)
         if reply.refused:
             self.close()
             raise Refused(reply.refused)

@@ -4,7 +4,7 @@ same task, one after the other in one invocation.
 The same model directory (the config's, or the tiny warm-started model it builds,
 once), the same data file, the same reward functions, prompts per step, group size,
 new tokens, temperature, lr schedule, clip and grad clip, steps and seed. TRL runs in
-a process of its own (``cli/_peer_trl.py``; the ``bench`` extra) with
+a process of its own (``bench/_peer_trl.py``; the ``bench`` extra) with
 ``--trl-threads`` torch threads (default 1, as each asyncflow process has with
 ``cluster.threads_per_process = 1``; with 2 on a machine that other jobs share,
 TRL's OpenMP threads spin waiting for a descheduled sibling and it runs ten times
@@ -118,7 +118,7 @@ def peer(
 ) -> None:
     """Samples/s (training time only) and last-10% reward of TRL GRPOTrainer,
     asyncflow sync and asyncflow async on the same work."""
-    from asyncflow.cli._shared_inputs import with_shared_inputs
+    from asyncflow.bench._shared_inputs import with_shared_inputs
     from asyncflow.config.run import load_config
 
     if skip_trl and only_trl:
@@ -177,7 +177,7 @@ def _one_round(base, steps: int, trl_threads: int, skip_trl: bool, root: Path, o
         spec_path = root / "trl_spec.json"
         spec_path.write_text(json.dumps(trl_spec(base, steps, trl_threads or os.cpu_count() or 1, root / "trl")))
         done = subprocess.run(
-            [sys.executable, "-m", "asyncflow.cli._peer_trl", str(spec_path)],
+            [sys.executable, "-m", "asyncflow.bench._peer_trl", str(spec_path)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

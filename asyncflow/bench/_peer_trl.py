@@ -1,8 +1,8 @@
 """TRL's GRPOTrainer on asyncflow's task, in a process of its own (``afctl bench peer``).
 
-    python -m asyncflow.cli._peer_trl SPEC.json  ->  one JSON line on stdout
+    python -m asyncflow.bench._peer_trl SPEC.json  ->  one JSON line on stdout
 
-SPEC (written by ``bench_peer.py`` from the run config): the model directory, the
+SPEC (written by ``bench/peer.py`` from the run config): the model directory, the
 data file, the reward functions, prompts per step, group size, new tokens,
 temperature, lr and its schedule, clip, grad clip, mixed precision (``bf16`` when
 the trainer has ``autocast = "bfloat16"``), steps, seed, threads. The

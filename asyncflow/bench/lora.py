@@ -33,7 +33,7 @@ def lora(model_dir: str | None, rank: int, targets: str, repeats: int, as_json: 
     from asyncflow.engines.factory import build_rollout_engine, build_train_engine
 
     if model_dir is None:
-        from asyncflow.engines.tiny import make_tiny_model
+        from asyncflow.toy.tiny import make_tiny_model
 
         model_dir = str(make_tiny_model(tempfile.mkdtemp(prefix="af-bench-lora-"), arch="qwen2", seed=0))
     modes = {

@@ -51,7 +51,7 @@ def e2e(
     import msgspec
 
     from asyncflow.actors.launcher import run
-    from asyncflow.cli._shared_inputs import with_shared_inputs
+    from asyncflow.bench._shared_inputs import with_shared_inputs
     from asyncflow.config.run import load_config
 
     base = load_config(config_path, list(overrides))
@@ -87,8 +87,8 @@ def e2e(
     click.echo(f"async / sync samples/s: {ratio:.2f}x   (runs in {root})")
     extra = {}
     if breakdown:
-        from asyncflow.cli._breakdown import breakdown as of_trace
-        from asyncflow.cli._breakdown import rounded, table
+        from asyncflow.bench._breakdown import breakdown as of_trace
+        from asyncflow.bench._breakdown import rounded, table
         from asyncflow.cli._runs import load_trace
 
         by_mode = {mode: of_trace(load_trace(root / mode / "trace.json"), steps) for mode in ("sync", "async")}

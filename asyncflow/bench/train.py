@@ -30,7 +30,7 @@ import time
 
 import click
 
-from asyncflow.cli._shared_inputs import model_option
+from asyncflow.bench._shared_inputs import model_option
 
 
 def _batch(num_rows: int, seq_len: int, seed: int = 0):
@@ -181,7 +181,7 @@ def train(
 
     from asyncflow.engines.config import TrainEngineConfig
     from asyncflow.engines.factory import build_train_engine
-    from asyncflow.engines.tiny import make_tiny_model
+    from asyncflow.toy.tiny import make_tiny_model
 
     world = 2
     label = f"hidden {hidden_size} x {num_layers} layers"

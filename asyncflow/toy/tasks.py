@@ -1,9 +1,9 @@
 """The tiny verifiable tasks used by tests and examples, for the character-level
-tiny model (``asyncflow.engines.tiny``); a response is a few digits then ``</s>``.
+tiny model (``asyncflow.toy.tiny``); a response is a few digits then ``</s>``.
 
 - ``add`` (the default; what the end-to-end example learns): the prompt is ``"3+4="``
   (operands 0..9), the answer ``"7"``. Reward (``reward``, loadable as
-  ``asyncflow.algorithms.tasks:reward``): 0.1 for the format (1-2 digits ended by
+  ``asyncflow.toy.tasks:reward``): 0.1 for the format (1-2 digits ended by
   the stop token) + 0.9 for the exact answer.
 - ``reverse``: ``"rev:372"`` -> ``"273"``, reward 0.1 format + 0.9 x digits in place
   (``reverse_reward``).
@@ -133,8 +133,8 @@ def make_task_model(
 
     ``warm_start``: 'task' (supervised on correct answers for ``warm_start_steps``
     steps, stopped early) or 'format' (random well-formed answers); ``progress(done,
-    total, loss)``: called as the warm start goes (``engines.tiny.masked_warm_start``)."""
-    from asyncflow.engines.tiny import make_tiny_model
+    total, loss)``: called as the warm start goes (``toy.tiny.masked_warm_start``)."""
+    from asyncflow.toy.tiny import make_tiny_model
 
     if task == "calc":  # a multi-turn tool task: warm-started on whole trajectories, loss on model turns
         from asyncflow.envs.calc import warm_start as calc_warm_start
@@ -190,7 +190,7 @@ def make_task_reward_model(
 ) -> Path:
     """The tiny reward model of ``task``: a sequence classifier trained for ``steps``
     steps to predict the task's reward (``reward_model_examples``), saved to ``out_dir``."""
-    from asyncflow.engines.tiny import make_tiny_reward_model
+    from asyncflow.toy.tiny import make_tiny_reward_model
 
     path, _ = make_tiny_reward_model(out_dir, reward_model_examples(seed=seed, task=task), arch=arch, seed=seed, steps=steps)
     return path

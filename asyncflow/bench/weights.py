@@ -61,9 +61,9 @@ def weights(mb: int, tensor_mb: float, chunk_mb: int, scheme: str, repeats: int,
     import msgspec
     import torch
 
-    from asyncflow.actors.names import WEIGHTS
     from asyncflow.actors.weights._collective import CollectiveReceiver
     from asyncflow.actors.weights._nng import NngReceiver
+    from asyncflow.config.names import WEIGHTS
     from asyncflow.core import protocol
     from asyncflow.core.directory import DirectoryClient, start_directory
     from asyncflow.core.host import spawn_host

@@ -22,7 +22,7 @@ import time
 
 import click
 
-from asyncflow.cli._shared_inputs import model_option
+from asyncflow.bench._shared_inputs import model_option
 
 
 @click.command("rollout")
@@ -91,7 +91,7 @@ def rollout(
     from asyncflow.engines.device import torch_dtype
     from asyncflow.engines.factory import build_rollout_engine
     from asyncflow.engines.hf import load_model
-    from asyncflow.engines.tiny import make_tiny_model
+    from asyncflow.toy.tiny import make_tiny_model
 
     torch.set_num_threads(threads)
     if model_path:
@@ -194,7 +194,7 @@ def rollout(
             vllm_engine.close()
     breakdown = {}
     if profile:
-        from asyncflow.cli._op_profile import op_breakdown
+        from asyncflow.bench._op_profile import op_breakdown
 
         breakdown = {
             "native": op_breakdown(lambda: run_native(repeats + 1)),
@@ -236,9 +236,9 @@ def _real_model_inputs(model_path: str, num_prompts: int) -> tuple[str, list[lis
     examples/smollm2.toml), its stop tokens, and a label naming it."""
     from pathlib import Path
 
-    from asyncflow.algorithms.tasks import make_examples
     from asyncflow.engines.hf import load_config, load_tokenizer
     from asyncflow.engines.prompts import prompt_ids
+    from asyncflow.toy.tasks import make_examples
 
     tokenizer = load_tokenizer(model_path)
     config = load_config(model_path)

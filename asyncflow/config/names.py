@@ -3,7 +3,9 @@ directory, queue task names, and the names of numbered replicas.
 
 Import these instead of writing the literal: a renamed role then breaks at import
 time, not in the middle of a run. (A role's other facts, its actor class, columns
-and restart rule, live in its module's ``RoleSpec``.)
+and restart rule, live in its module's ``RoleSpec``.) They sit in the config layer,
+below the roles, because the config refuses a ``[[roles]]`` entry that takes one
+(``reserved``).
 """
 
 from __future__ import annotations
@@ -38,3 +40,20 @@ def role_of(name: str) -> str:
     without an index is its own role."""
     head, _, index = name.rpartition(".")
     return head if head and index.isdigit() else name
+
+
+# -- what a custom role ([[roles]]) may not be called --------------------------------------------
+RESERVED_NAMES = (LOADER, TRAINER, WEIGHTS, COLLECTOR, PLANNER, "directory", "queue")
+"""Single actors and processes of the built-in roles and of the driver."""
+RESERVED_PREFIXES = tuple(
+    f"{role}." for role in (ROLLOUT, REWARD, REWARD_MODEL, REFERENCE, TRAINER, "tq", "host", "dist", "shard")
+)
+"""Prefixes of numbered replicas (``rollout.3``, ``trainer.1``) and of the queue's,
+hosts' and rendezvous' actors."""
+
+
+def reserved(name: str) -> bool:
+    """Whether ``name`` belongs to a built-in role or to the driver's machinery (a
+    custom role's replicas are ``name.0``, ``name.1``: ``shard`` would take the queue
+    shards' names)."""
+    return name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES) or f"{name}." in RESERVED_PREFIXES
