@@ -356,8 +356,7 @@ def check_inputs(cfg: RunConfig, roles: Sequence[RoleSpec] = ()) -> None:
             rows, where = read_prompts_located(data_path)
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"data.path = {data_path!r}: {exc} (fields: docs/your-model-and-data.md)") from None
-        if model_dir:
-            _check_prompt_lengths(cfg, [str(r["prompt"]) for r in rows], where, model_dir)
+
     if cfg.data.chat_template and model_dir:
         if not getattr(_tokenizer(model_dir), "chat_template", None):
             raise ConfigError(
@@ -365,6 +364,8 @@ def check_inputs(cfg: RunConfig, roles: Sequence[RoleSpec] = ()) -> None:
                 "data.chat_template = false (prompts go to the model as plain text), or give the tokenizer a "
                 "template (tokenizer.chat_template = '...'; tokenizer.save_pretrained(model_dir))"
             )
+    if data_path and model_dir:  # encoded as the loader will, chat template included (checked above)
+        _check_prompt_lengths(cfg, [str(r["prompt"]) for r in rows], where, model_dir)
 
 
 def _check_devices(cfg: RunConfig, roles: Sequence[RoleSpec]) -> None:
