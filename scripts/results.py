@@ -213,7 +213,18 @@ SECTIONS: dict[str, list[str]] = {
         "--json",
     ],
     "real_peer": [*_REAL_PEER, "--json", "--out", "{work}/real_peer"],
-    "real_peer_seed1": [*_REAL_PEER, "--set", "seed=1", "--json", "--out", "{work}/real_peer_seed1"],  # a second seed
+    # a second seed: TRL's (its sampling and data order) and asyncflow's rollout sampler (rollout.engine.seed: the
+    # global seed does not reach it); data.seed stays, so that the held-out prompts are the same
+    "real_peer_seed1": [
+        *_REAL_PEER,
+        "--set",
+        "seed=1",
+        "--set",
+        "rollout.engine.seed=1",
+        "--json",
+        "--out",
+        "{work}/real_peer_seed1",
+    ],
     "real_peer_trl2": [  # TRL alone with two torch threads: the same work on both cores, beside real_peer's
         *_REAL_PEER,
         "--trl-threads",
