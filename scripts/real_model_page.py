@@ -271,7 +271,8 @@ def _peer_seed1(r: dict) -> list[str]:
     return [
         "### A second seed",
         "",
-        "The same comparison with `seed = 1` (data order, sampling, initial adapters) for every system.",
+        "The same comparison with `seed = 1` for TRL (its sampling and data order) and `rollout.engine.seed = 1` for "
+        "asyncflow's sampler (the global `seed` does not reach it); the held-out prompts are the same (`data.seed`).",
         *body,
     ]
 

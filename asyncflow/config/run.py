@@ -1079,7 +1079,14 @@ class RunConfig(_Section):
     planner: PlannerConfig = msgspec.field(default_factory=PlannerConfig)
     roles: list[RoleEntry] = msgspec.field(default_factory=list)
     env: EnvConfig = msgspec.field(default_factory=EnvConfig)
-    seed: Annotated[NonNegInt, Meta(description="Global seed.")] = 0
+    seed: Annotated[
+        NonNegInt,
+        Meta(
+            description="Seed of the built-in tiny model and reward model, and of evaluation's sampling. Not of the data "
+            "(``data.seed``: generation, shuffle, the held-out split) nor of the rollout's sampler "
+            "(``rollout.engine.seed``): for another run of the same config, change those too."
+        ),
+    ] = 0
 
     @property
     def staleness(self) -> int:
