@@ -262,16 +262,20 @@ TINY_MAX_POSITIONS = 512
 """``max_position_embeddings`` of the built-in tiny model (``toy/tiny.py``'s default)."""
 
 
+def _positions(cfg: RunConfig) -> int | None:
+    """The policy's ``max_position_embeddings`` (None when its config does not say)."""
+    if not cfg.model.path:
+        return TINY_MAX_POSITIONS
+    positions = json.loads((Path(cfg.model.path) / "config.json").read_text()).get("max_position_embeddings")
+    return positions if isinstance(positions, int) else None
+
+
 def _check_length(cfg: RunConfig) -> None:
     """``max_new_tokens`` fits the model's positions with at least a one-token prompt
     (the engines refuse it only once their processes run, a minute later)."""
-    if cfg.model.path:
-        config = json.loads((Path(cfg.model.path) / "config.json").read_text())
-        positions = config.get("max_position_embeddings")
-    else:
-        positions = TINY_MAX_POSITIONS
+    positions = _positions(cfg)
     new = cfg.rollout.sampling.max_new_tokens
-    if isinstance(positions, int) and new >= positions:
+    if positions is not None and new >= positions:
         raise ConfigError(
             f"rollout.sampling.max_new_tokens = {new}: the model holds {positions} positions "
             f"(max_position_embeddings), prompt included; use at most {positions - 1} less the longest prompt's tokens"
@@ -284,10 +288,9 @@ def _check_prompt_lengths(cfg: RunConfig, prompts: list[str], where: list[str], 
     would fail its rollout replica at every try, a minute into the run."""
     from asyncflow.engines.prompts import prompt_ids
 
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    positions, new = config.get("max_position_embeddings"), cfg.rollout.sampling.max_new_tokens
+    positions, new = _positions(cfg), cfg.rollout.sampling.max_new_tokens
     limits = [(cfg.data.max_prompt_tokens, "data.max_prompt_tokens")] if cfg.data.max_prompt_tokens else []
-    if isinstance(positions, int):
+    if positions is not None:
         limits.append((positions - new, f"max_position_embeddings {positions} less rollout.sampling.max_new_tokens {new}"))
     if not limits:
         return

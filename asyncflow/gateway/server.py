@@ -319,15 +319,21 @@ class Gateway:
         """The reply up to the token that completes the first stop sequence (kept and
         recorded: the model wrote it), its text without the sequence, finish "stop"; as it
         was when no sequence occurs. The tokens after it were generated and are dropped:
-        each recorded log-prob is the model's given the tokens before it only."""
-        if not any(s in text for s in stops):
-            return ids, logprobs, text, finish
-        for k in range(1, len(ids) + 1):
+        each recorded log-prob is the model's given the tokens before it only. A longer
+        prefix's text extends a shorter one's, so the first such token is found by
+        bisection: log2(len) decodes, not one per token."""
+
+        def cut(k: int) -> int:  # where the first stop sequence starts in the text of ids[:k]; -1: none
             part = self.chat.decode(ids[:k])
-            found = [part.find(s) for s in stops if s in part]
-            if found:
-                return ids[:k], logprobs[:k], part[: min(found)], "stop"
-        return ids, logprobs, text, finish
+            return min((part.find(s) for s in stops if s in part), default=-1)
+
+        if cut(len(ids)) < 0:
+            return ids, logprobs, text, finish
+        lo, hi = 1, len(ids)  # the shortest prefix holding a sequence lies in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if cut(mid) >= 0 else (mid + 1, hi)
+        return ids[:lo], logprobs[:lo], self.chat.decode(ids[:lo])[: cut(lo)], "stop"
 
     def finish(self, t: Trajectory, reward: float) -> dict[str, Any]:
         """Give the session its reward and append it to the trajectories file."""

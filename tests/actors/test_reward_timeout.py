@@ -59,6 +59,25 @@ def test_a_hanging_reward_function_gives_its_rows_zero_and_the_next_batch_is_sco
     assert all(t.daemon for t in threading.enumerate() if t.name.startswith("reward-fn"))  # never holds the exit
 
 
-def test_timeout_zero_calls_the_functions_directly():
-    cfg = load_config_text(tiny_config_text({"reward": {"timeout_s": 0}}))
-    assert cfg.reward.timeout_s == 0
+WHERE = """
+import threading
+
+threads = []
+
+
+def reward(prompts, responses, answers, finish_reasons):
+    threads.append(threading.current_thread().name)
+    return [1.0] * len(prompts)
+"""
+
+
+@pytest.mark.parametrize("timeout_s, in_caller", [(0, True), (5.0, False)])
+def test_timeout_zero_calls_the_functions_in_the_scoring_thread_itself(tmp_path, monkeypatch, timeout_s, in_caller):
+    (tmp_path / f"where_reward_{in_caller}.py").write_text(WHERE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = __import__(f"where_reward_{in_caller}")
+    fn = f"where_reward_{in_caller}:reward"
+    cfg = load_config_text(tiny_config_text({"reward": {"functions": [fn], "timeout_s": timeout_s}}))
+    tokenizer = build_char_tokenizer()
+    assert Scorer(cfg, tokenizer).score(_columns(tokenizer, ["1+1"]), [0]) == [1.0]
+    assert (module.threads == [threading.current_thread().name]) is in_caller and len(module.threads) == 1
