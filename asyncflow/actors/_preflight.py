@@ -23,7 +23,9 @@ so its stall timeout (``launcher.stall_timeout_s``) fits the model before the fi
 step: the FLOPs of a step (6 x parameters x tokens to train, x2 with a PPO critic;
 2 x parameters x tokens to generate them, and for the reference's forward) over the
 planner's figures for the device (``planner.hardware`` peak x ``planner.calibration``
-efficiency; on cpu per core of the roles' threads). Stages counted one after the
+efficiency; on cpu per core of the roles' threads, the peak read from this host's
+/proc/cpuinfo: ``planner.io.local_cpu_peak``, bfloat16 where the trainer autocasts or the rollout
+runs in it). Stages counted one after the
 other, as the first step runs them.
 """
 
@@ -176,7 +178,7 @@ def step_estimate(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> StepE
     length in tokens (``mean_prompt_tokens``). Tokens of a step: prompts_per_step x
     group_size x (prompt + max_new_tokens), every response taken at its cap."""
     from asyncflow.planner.calibration import Efficiency
-    from asyncflow.planner.io import from_hf_config
+    from asyncflow.planner.io import from_hf_config, local_cpu_peak
 
     params = from_hf_config(Path(model_dir) / "config.json").num_params
     seqs = cfg.train.prompts_per_step * cfg.algorithm.group_size
@@ -198,10 +200,17 @@ def step_estimate(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> StepE
         rollout_units = cfg.rollout.num_replicas * cfg.rollout.engine.tensor_parallel_size
         reference_units = cfg.reference.num_workers
         unit = "device"
-    train_rate, generate_rate = hw.peak_bf16_flops * eff.train_flops, hw.peak_bf16_flops * eff.prefill_flops
+    train_peak = generate_peak = reference_peak = hw.peak_bf16_flops
+    if cfg.cluster.device == "cpu" and (cpu := local_cpu_peak()) is not None:  # this host's cores, not the profile's
+        bf16_train = cfg.train.engine.autocast == "bfloat16" or cfg.train.engine.dtype == "bfloat16"
+        train_peak = cpu.bf16_flops if bf16_train else cpu.fp32_flops
+        generate_peak = cpu.bf16_flops if cfg.rollout.engine.dtype == "bfloat16" else cpu.fp32_flops
+        reference_peak = cpu.fp32_flops
+        source = cpu.describe + (", bfloat16 training" if bf16_train else "")
+    train_rate, generate_rate = train_peak * eff.train_flops, generate_peak * eff.prefill_flops
     train_s = train_flops / (train_units * train_rate)
     generate_s = generate_flops / (rollout_units * generate_rate)
-    reference_s = reference_flops / (reference_units * hw.peak_bf16_flops * eff.forward_flops)
+    reference_s = reference_flops / (reference_units * reference_peak * eff.forward_flops)
     total = train_s + generate_s + reference_s
 
     def units(n: int) -> str:
@@ -223,7 +232,7 @@ def step_estimate(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> StepE
         f"{seqs} sequences of ~{prompt_tokens:.0f} prompt + {cfg.rollout.sampling.max_new_tokens} new tokens, "
         f"{params / 1e6:.3g}M parameters)\n"
         f"  assuming ~{rate(train_rate)} per {unit} training, ~{rate(generate_rate)} generating ({source}: "
-        f"{rate(hw.peak_bf16_flops)} peak x efficiency {eff.train_flops:g} / {eff.prefill_flops:g}); "
+        f"{rate(train_peak)} / {rate(generate_peak)} peak x efficiency {eff.train_flops:g} / {eff.prefill_flops:g}); "
         "calibrated: afctl profile --out P, then afctl plan --config CONFIG --profile P"
     )
     return StepEstimate(total, line)

@@ -21,6 +21,7 @@ import msgspec
 
 from asyncflow.planner.calibration import Efficiency, Profile
 from asyncflow.planner.cost import Workload
+from asyncflow.planner.cpu_peak import CpuPeak, parse_cpuinfo
 from asyncflow.planner.hardware import Hardware
 from asyncflow.planner.models import PRESETS, ModelShape, shape_from_hf_config
 
@@ -150,3 +151,11 @@ def simulate_plan(
         draw_timeline(runs, png, timeline_title(model, hw, plan))
         result.trace_path, result.png_path = str(trace), str(png)
     return result
+
+
+def local_cpu_peak(path: str = "/proc/cpuinfo") -> CpuPeak | None:
+    """``cpu_peak.parse_cpuinfo`` of this host; None where the file cannot be read (not Linux)."""
+    try:
+        return parse_cpuinfo(Path(path).read_text())
+    except OSError:
+        return None

@@ -52,16 +52,21 @@ def test_a_model_too_large_for_this_host_is_refused_before_launch(tmp_path):
 
 
 @pytest.mark.timeout(30)
-def test_the_preflight_estimates_a_steps_time_from_its_flops_and_says_what_it_assumed(tmp_path):
+def test_the_preflight_estimates_a_steps_time_from_its_flops_and_says_what_it_assumed(tmp_path, monkeypatch):
     from asyncflow.actors._preflight import step_estimate
+    from asyncflow.planner import io
+    from asyncflow.planner.cpu_peak import parse_cpuinfo
     from asyncflow.planner.io import from_hf_config
+
+    # an AVX2 core at 2.45 GHz, whatever this host is (tests/planner/test_cpu_peak.py: the host's own peak)
+    monkeypatch.setattr(io, "local_cpu_peak", lambda path="": parse_cpuinfo("cpu MHz : 2450\nflags : fma avx2\n"))
 
     model = _model_dir(tmp_path, hidden=256, layers=4, vocab=1000)
     params = from_hf_config(tmp_path / "config.json").num_params
     text = "[algorithm]\ngroup_size = 8\n[train]\nprompts_per_step = 8\n[rollout.sampling]\nmax_new_tokens = 16\n"
     est = step_estimate(load_config_text(text), model, prompt_tokens=46.0)
     tokens = 8 * 8 * (46 + 16)
-    per_core = 78e9  # the planner's cpu peak (planner/hardware.py) x its default efficiencies
+    per_core = 78.4e9  # 2 FMA units x 8 lanes x 2 FLOP x 2.45 GHz, x the planner's default efficiencies
     assert est.seconds == pytest.approx(6 * params * tokens / (per_core * 0.35) + 2 * params * tokens / (per_core * 0.45))
     assert est.line.startswith(f"step time: about {est.seconds:.2g} s estimated")
     assert "64 sequences of ~46 prompt + 16 new tokens" in est.line
