@@ -228,7 +228,16 @@ SECTIONS: dict[str, list[str]] = {
     # a step of the real model, role by role (docs/performance.md, with real_rollout's profile and real_train)
     "real_breakdown": [
         *(PY, "-m", "asyncflow.cli.main", "bench", "e2e", "--config", "examples/smollm2.toml", "--steps", "6"),
-        *("--set", "eval.every_steps=0", "--breakdown", "--json", "--out", "{work}/real_breakdown"),
+        *(
+            "--set",
+            "eval.every_steps=0",
+            "--set",
+            "eval.at_start=false",
+            "--breakdown",
+            "--json",
+            "--out",
+            "{work}/real_breakdown",
+        ),
     ],
     "real_peer_trl2": [  # TRL alone with two torch threads: the same work on both cores, beside real_peer's
         *_REAL_PEER,
