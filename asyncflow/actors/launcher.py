@@ -53,12 +53,14 @@ from asyncflow.actors._pinning import pinning
 from asyncflow.actors._prepare import prepare_new, prepare_resume, resume_advice
 from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors._summary import summarize
+from asyncflow.actors._teardown import StageRunner, Teardown
 from asyncflow.actors.collector import CollectorActor, Subscribe
+from asyncflow.actors.roster import RosterActor
 from asyncflow.actors.supervisor import RunFailed, Supervisor
 from asyncflow.config import names
 from asyncflow.config.run import RunConfig
 from asyncflow.core import protocol
-from asyncflow.core.actor import serve_actor
+from asyncflow.core.actor import ServedActor, serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.host import STACKS_WAIT_S, collect_stacks, stacks_path
@@ -144,6 +146,15 @@ class Launcher:
         self.lost_process = False  # a process the run cannot go on without died: stop fast, then resume
         self.scaler: Scaler | None = None  # the online planner's driver side ([planner] online = true)
         self.ray_hosts: RayHosts | None = None  # [cluster] launcher = "ray"
+        # what start builds, each None until its stage runs (the undos are in ``teardown``)
+        self.teardown = Teardown()
+        self.directory: ServedActor | None = None
+        self.dc: DirectoryClient | None = None
+        self.collector: ServedActor | None = None
+        self.transport = cfg.cluster.transport
+        self.started_wall_s: float | None = None  # when cluster.json was first written
+        self._addresses: set[str] = set()  # the run's actors' (listed as the stop begins): the driver's sockets to them close
+        self._stage: StageRunner = lambda name, fn, *args: fn(*args)  # the stop's, while it runs
 
     def tasks(self) -> list[str]:
         return topology.tasks(self.roles, self.cfg)
@@ -153,37 +164,56 @@ class Launcher:
 
     # -- start / stop --------------------------------------------------------------------
     def start(self) -> None:
-        cfg, sup = self.cfg, self.supervisor
-        self.ipc_dir = tempfile.mkdtemp(prefix="af-")  # short: ipc paths are limited to ~100 bytes
-        transport = msgspec.structs.replace(cfg.cluster.transport, ipc_dir=self.ipc_dir)
+        """Start the driver's actors, then every process host and actor. Each stage that
+        builds something pushes its undo onto ``self.teardown`` as soon as it exists,
+        which ``stop`` unwinds: a start that fails half way is stopped exactly as far as
+        it got."""
+        cfg, sup, undo = self.cfg, self.supervisor, self.teardown
+        ipc_dir = tempfile.mkdtemp(prefix="af-")  # short: ipc paths are limited to ~100 bytes
+        # a cached dialer to an actor that is gone redials it forever (8% of a core in an idle
+        # driver after one run): the driver's sockets to every actor of the run close last
+        undo.push("close the driver's sockets to the run's actors", self._close_sockets, ipc_dir)
+        undo.push(f"remove {ipc_dir}", shutil.rmtree, ipc_dir, True)  # the ipc sockets' directory (empty by then)
+        transport = msgspec.structs.replace(cfg.cluster.transport, ipc_dir=ipc_dir)
         if cfg.cluster.launcher == "ray":  # Ray places the hosts; the driver listens on its node's address
             from asyncflow.actors.ray_hosts import RayHosts
 
-            self.ray_hosts = RayHosts(cfg.cluster, sup.num_devices)
-            sup.spawn = self.ray_hosts.spawn
-            transport = self.ray_hosts.connect(transport)
+            self.ray_hosts = ray_hosts = RayHosts(cfg.cluster, sup.num_devices)
+            undo.push("close the Ray hosts", ray_hosts.close)
+            sup.spawn = ray_hosts.spawn
+            transport = ray_hosts.connect(transport)
         self.transport = transport.validate()
         sup.pin_cores, why = pinning(cfg)  # before any host starts: the cores are watched idle (actors/_pinning.py)
         if why:
             click.echo(why)
-        self.directory = start_directory(self.transport)
-        self.dc = DirectoryClient(self.directory.address, self.transport)
+        self.directory = directory = start_directory(self.transport)
+        undo.push("stop the directory", directory.stop)
+        self.dc = dc = DirectoryClient(directory.address, self.transport)
         from asyncflow.actors.loggers import build_loggers
 
-        self.loggers = build_loggers(cfg.logging, self.run_dir, cfg)
-        self.collector = serve_actor(
+        loggers = build_loggers(cfg.logging, self.run_dir, cfg)
+        for logger in loggers:
+            undo.push(f"close logger {type(logger).__name__}", logger.close)
+        self.collector = collector = serve_actor(
             CollectorActor,
             names.COLLECTOR,
             self.transport,
-            directory_address=self.directory.address,
+            directory_address=directory.address,
             run_dir=str(self.run_dir),
             num_steps=cfg.train.num_steps,
             progress=cfg.logging.progress,
-            loggers=self.loggers,
+            loggers=loggers,
             trace_every_s=cfg.logging.trace_every_s if cfg.logging.spans else 0.0,
             ended=self.ended,
         )
-        self.dc.register(self.collector.entry())
+        undo.push("stop the collector", collector.stop)
+        undo.push("write trace.json", collector.pykka_ref.ask, messages.WriteTrace(path=str(self.run_dir / "trace.json")))
+        dc.register(collector.entry())
+        roster = serve_actor(
+            RosterActor, names.ROSTER, self.transport, directory_address=directory.address, replicas=sup.replicas
+        )
+        undo.push("stop the roster", roster.stop)
+        dc.register(roster.entry())
         env = {
             **quiet_progress_bars(),
             "OMP_NUM_THREADS": str(cfg.cluster.threads_per_process),
@@ -194,39 +224,51 @@ class Launcher:
             "ASYNCFLOW_SPANS": "1" if cfg.logging.spans else "0",
             "ASYNCFLOW_LOG_DIR": str((self.run_dir / "logs").absolute()),
         }
-        sup.attach(self.dc, self.transport, env)
+        sup.attach(dc, self.transport, env)
         sup.on_restart = self.write_cluster_file
         click.echo(f"starting {len(sup.names())} processes: {', '.join(sup.names())}")
         crowded = oversubscribed(cfg, sup.names())
         if crowded:
             click.echo(crowded)
+        undo.push("mark cluster.json stopped", _cluster_file.mark_stopped, self.run_dir.absolute())
+        undo.push("stop the processes", self._stop_processes)  # those started, should the start fail half way
         sup.spawn_all()
         self.write_cluster_file()
         queue = sup.names(topology.QUEUE) + sup.names(topology.SHARD)
         sup.start_actors(queue)
         if self.launch.resume_from:
-            saved = TQClient(self.dc, consumer="driver").load(str(Path(self.launch.resume_from) / "queue"))
+            saved = TQClient(dc, consumer="driver").load(str(Path(self.launch.resume_from) / "queue"))
             click.echo(f"resumed the queue: {saved.num_rows} rows from {self.launch.resume_from}")
         sup.start_actors([h for h in sup.names() if h not in queue])
         if cfg.planner.online:
             from asyncflow.actors._scaling import Scaler
 
-            self.scaler = Scaler(self)
+            self.scaler = Scaler(cfg, self.run_dir, sup, dc, self.roles, subscribe=self.subscribe, stopping=lambda: self.stopping)
+            undo.push("stop the online planner", self.scaler.stop)
             self.scaler.start()
         for name in sup.workers():
-            self.dc.ref(name).ask(messages.StartWork(), timeout_s=30)
+            dc.ref(name).ask(messages.StartWork(), timeout_s=30)
         click.echo("every process is up; waiting for the first step (the first rollouts and the first batch)")
         gateway = gateway_line(self.run_dir, cfg)
         if gateway:
             click.echo(gateway)
 
+    def _client(self) -> DirectoryClient:
+        assert self.dc is not None, "start() comes first"
+        return self.dc
+
+    def _collector(self) -> ServedActor:
+        assert self.collector is not None, "start() comes first"
+        return self.collector
+
     def subscribe(self, refs: list) -> None:
         """Tell every following StepMetrics to these in-process refs (the planner)."""
-        self.collector.pykka_ref.ask(Subscribe(refs))
+        self._collector().pykka_ref.ask(Subscribe(refs))
 
     def write_cluster_file(self) -> None:
         """RUN_DIR/cluster.json and the pointer to it, for `afctl status` (no secret)."""
-        if not hasattr(self, "started_wall_s"):
+        assert self.directory is not None, "start() comes first"
+        if self.started_wall_s is None:
             self.started_wall_s = time.time()  # kept when a restart rewrites the file
         _cluster_file.write(
             _cluster_file.ClusterFile(
@@ -242,16 +284,19 @@ class Launcher:
         )
 
     def stop(self) -> list[tuple[str, BaseException]]:
-        """Stop the workers' loops first (each finishes its unit), then the processes,
-        the collector (after it writes trace.json), the loggers and the directory.
+        """Unwind what ``start`` built, newest first (``teardown``): the online planner,
+        the processes (the workers' loops first, each finishing its unit, then the queue's
+        last notices, then the hosts), the roster, the collector (after it writes
+        trace.json), the loggers, the directory, Ray, the ipc directory, the driver's
+        sockets. Nothing is stopped that did not start; a second stop finds nothing.
 
         Every stage runs whatever failed before it: an error (a full disk while writing
         the trace, a host that cannot be stopped) is logged and returned as
         ``(stage, error)``, and the next stage goes on, so the driver never waits at
         exit on an actor left running. An interrupt (Ctrl-C again, SIGTERM) ends the
-        stage it lands in, not the stop: the driver's own actors (collector, directory)
-        are stopped whatever happens, since their threads would keep the process from
-        exiting, and the interrupt is raised once the stop is done."""
+        stage it lands in, not the stop: every stage still runs (the driver's own actors'
+        threads would keep the process from exiting), and the interrupt is raised once
+        the stop is done."""
         errors: list[tuple[str, BaseException]] = []
         interrupts: list[KeyboardInterrupt] = []
 
@@ -268,27 +313,29 @@ class Launcher:
                 interrupts.append(exc)
 
         self.stopping = True
-        addresses: set[str] = set()  # the run's actors': the driver's sockets to them are closed at the end
+        self._stage = stage
         try:
-            if hasattr(self, "dc"):
-                addresses.add(self.directory.address)
-                stage("list the run's actors", lambda: addresses.update(e.address for e in self.dc.list()))
-            if self.scaler is not None:
-                stage("stop the online planner", self.scaler.stop)
-            stage("stop the processes", self._stop_processes, stage)
-        except KeyboardInterrupt as between:  # between two stages
+            if self.dc is not None and self.directory is not None:  # the driver's sockets to these close at the end
+                dc = self.dc
+                self._addresses.add(self.directory.address)
+                stage("list the run's actors", lambda: self._addresses.update(e.address for e in dc.list()))
+        except KeyboardInterrupt as between:
             interrupts.append(between)
-        finally:
-            self._stop_driver_actors(stage, addresses)
+        try:
+            self.teardown.unwind(stage)
+        except KeyboardInterrupt as between:  # between two stages (each undo has run)
+            interrupts.append(between)
         for name, exc in errors:
             click.echo(f"!! while stopping: {name} failed: {type(exc).__name__}: {exc}", err=True)
         if interrupts:
             raise interrupts[0]
         return errors
 
-    def _stop_processes(self, stage) -> None:
-        """The workers' loops, the queue's last notices, then every host process."""
-        workers = self.supervisor.workers() if hasattr(self, "dc") else []
+    def _stop_processes(self) -> None:
+        """The workers' loops, the queue's last notices, then every host process (those
+        started: a start that failed half way has fewer)."""
+        stage = self._stage
+        workers = self.supervisor.workers()
         procs = self.supervisor.procs()
         if self.lost_process:
             # the run resumes from its last checkpoint: nothing a worker would finish or ack
@@ -307,29 +354,11 @@ class Launcher:
         for host, future in futures.items():
             stage(f"stop host {host}", future.result)
 
-    def _stop_driver_actors(self, stage, addresses: set[str]) -> None:
-        """The collector (after trace.json), the loggers, cluster.json, the directory,
-        Ray, the ipc directory and the driver's sockets to the run's actors."""
-        if hasattr(self, "collector"):
-            stage("write trace.json", self.collector.pykka_ref.ask, messages.WriteTrace(path=str(self.run_dir / "trace.json")))
-            stage("stop the collector", self.collector.stop)
-        for logger in getattr(self, "loggers", []):
-            stage(f"close logger {type(logger).__name__}", logger.close)
-        stage("mark cluster.json stopped", _cluster_file.mark_stopped, self.run_dir.absolute())
-        if hasattr(self, "directory"):
-            stage("stop the directory", self.directory.stop)
-        if self.ray_hosts is not None:
-            stage("close the Ray hosts", self.ray_hosts.close)
-        if getattr(self, "ipc_dir", None):  # the ipc sockets' directory (empty by now)
-            stage(f"remove {self.ipc_dir}", shutil.rmtree, self.ipc_dir, True)
-        # a cached dialer to an actor that is gone redials it forever (8% of a core in an idle
-        # driver after one run): close the driver's sockets to every actor of the run
-        ipc_prefix = f"ipc://{self.ipc_dir}/" if getattr(self, "ipc_dir", None) else None
-        stage(
-            "close the driver's sockets to the run's actors",
-            close_sockets,
-            lambda address: address in addresses or (ipc_prefix is not None and address.startswith(ipc_prefix)),
-        )
+    def _close_sockets(self, ipc_dir: str) -> None:
+        """Close the driver's sockets to every actor of the run (listed as the stop began)
+        and to every address in the run's ipc directory."""
+        addresses, prefix = self._addresses, f"ipc://{ipc_dir}/"
+        close_sockets(lambda address: address in addresses or address.startswith(prefix))
 
     def _settle_queue(self) -> None:
         """The workers' last acks (flushed as they stopped) travel on as notices: each
@@ -339,17 +368,17 @@ class Launcher:
         Nothing to settle where the queue's process is not up (lost, or never planned)."""
         if not self.supervisor.runs(MANAGER_NAME):
             return
-        manager = self.dc.ref(MANAGER_NAME, wait_s=0.5)
+        manager = self._client().ref(MANAGER_NAME, wait_s=0.5)
         info = manager.ask(protocol.GetQueueInfo(), timeout_s=10)
         for name in info.controllers.values():
-            self.dc.ref(name, wait_s=0.5).ask(protocol.FlushNotices(), timeout_s=30)
+            self._client().ref(name, wait_s=0.5).ask(protocol.FlushNotices(), timeout_s=30)
         manager.ask(protocol.FlushNotices(), timeout_s=30)
 
     def _stop_worker(self, name: str) -> None:
         if not self.supervisor.actor_alive(name):
             return  # its process is gone: asking would only wait out the timeout
         try:
-            self.dc.ref(name, wait_s=0.1).ask(protocol.Stop(), timeout_s=60)
+            self._client().ref(name, wait_s=0.1).ask(protocol.Stop(), timeout_s=60)
         except (AsyncflowError, LookupError):
             pass  # never started, or already gone
 
@@ -360,7 +389,7 @@ class Launcher:
             if not self.supervisor.actor_alive(name):
                 continue
             try:
-                out[name] = self.dc.ref(name, wait_s=0.5).ask(messages.GetRoleStats(), timeout_s=5)
+                out[name] = self._client().ref(name, wait_s=0.5).ask(messages.GetRoleStats(), timeout_s=5)
             except (AsyncflowError, LookupError):
                 pass  # restarting or gone: no figure this time
         return out
@@ -370,7 +399,7 @@ class Launcher:
 
     def run_state(self) -> messages.RunState:
         # block=True is the default; spelled out, it selects pykka's typed overload that returns the reply, not a Future
-        return self.collector.pykka_ref.ask(messages.GetRunState(), block=True)
+        return self._collector().pykka_ref.ask(messages.GetRunState(), block=True)
 
     def check_hosts(self) -> None:
         """Handle the processes that died since the last look, and start again those
@@ -482,7 +511,7 @@ class Launcher:
                 self.scaler.apply_pending()  # moves of the online planner, between steps
             now = time.monotonic()
             if now - last_poll > 2.0:
-                self.collector.pykka_ref.tell(messages.SetBusy(fractions=self.busy_fractions(self.role_stats())))
+                self._collector().pykka_ref.tell(messages.SetBusy(fractions=self.busy_fractions(self.role_stats())))
                 last_poll = now
             state = self.run_state()
             since = min(state.since_step_s, now - last_hang)

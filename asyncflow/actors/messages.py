@@ -145,8 +145,9 @@ the weights actor's sender (``actors/weights/``)."""
 
 
 class GetReplicas(Request["Replicas"]):
-    """Ask (trainer -> weight sync): the rollout replicas new weights are announced to
-    now (the online planner may have added or removed some)."""
+    """Ask (weight sync, trainer -> roster, in the driver): the rollout replicas the run
+    has now (the online planner may have added or removed some; the Supervisor's record
+    is the one list of them)."""
 
 
 class Replicas(Message):
@@ -200,14 +201,11 @@ class SetThreads(Request["Ok"]):
     num_threads: int
 
 
-class RegisterReplica(Request["Ok"]):
-    """Ask (driver -> weight sync): announce new weights to ``replica`` from now on."""
-
-    replica: str
-
-
-class UnregisterReplica(Request["Ok"]):
-    """Ask (driver -> weight sync): ``replica`` is being stopped; stop telling it."""
+class ReplicaRemoved(Request["Ok"]):
+    """Ask (driver -> weight sync): the online planner is stopping ``replica`` (it has left
+    the roster): release what the weight sync holds for it, its swap grant (a replica
+    stopped between AcquireSwap and ReleaseSwap would hold the others' swaps) and its
+    channel (a collective group)."""
 
     replica: str
 
@@ -260,12 +258,11 @@ WeightSyncIn = Union[
     StreamWeights,
     AcquireSwap,
     ReleaseSwap,
-    RegisterReplica,
-    UnregisterReplica,
-    GetReplicas,
+    ReplicaRemoved,
     Ping,
     Stop,
 ]
+RosterIn = Union[GetReplicas, Ping, Stop]
 PlannerIn = Union[StepMetrics, MoveApplied, Ping, Stop]
 
 

@@ -7,7 +7,9 @@ the hosts (local processes, or Ray's: ``spawn``), restarts a dead worker of a
 restartable role after requeueing the rows it held (``_on_death``, the restart
 policy of ``_restarts.py``), and adds or removes a host when the online planner
 moves a replica (``_scaling.py`` asks; it never edits the record). Everything else
-reads it: the launcher's stop, the cluster file, the hang report.
+reads it: the launcher's stop, the cluster file, the hang report, and every process
+that needs the rollout replicas of now (the weight sync, the trainer's checkpoint
+pause) through the driver's ``roster`` actor (``roster.py``, ``replicas``).
 
 Invariants:
 - a host is in the record from its plan until it is removed; ``proc`` is None only
@@ -21,6 +23,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +36,7 @@ from asyncflow.actors import messages
 from asyncflow.actors._restarts import RestartPolicy
 from asyncflow.actors.roles import Devices, RoleSpec, index_of
 from asyncflow.actors.topology import HostPlan
+from asyncflow.config import names
 from asyncflow.config.run import ConfigError, RunConfig
 from asyncflow.core.directory import DirectoryClient
 from asyncflow.core.errors import AsyncflowError
@@ -116,6 +120,7 @@ class Supervisor:
         self.cfg = cfg
         self.run_dir = run_dir
         self._hosts: dict[str, HostRecord] = {}
+        self._lock = threading.Lock()  # the roster actor reads the record from its own thread (``replicas``)
         c = cfg.cluster
         self.restart_policy = RestartPolicy(c.max_restarts_per_role, c.restart_window_s, c.restart_backoff_s)
         self.restarts: list[dict] = []  # each restart, for summary.json
@@ -130,6 +135,12 @@ class Supervisor:
     def names(self, kind: str | None = None) -> list[str]:
         """The hosts (of one kind: a role's name, or topology.QUEUE / SHARD), in start order."""
         return [h for h, r in self._hosts.items() if kind is None or r.plan.kind == kind]
+
+    def replicas(self) -> list[str]:
+        """The rollout replicas now, oldest first: what the ``roster`` actor answers (from
+        its own thread: a copy under the lock that guards every change of the record)."""
+        with self._lock:
+            return [h for h, r in self._hosts.items() if r.plan.kind == names.ROLLOUT]
 
     def workers(self) -> list[str]:
         """The role actors, in the order they are started and stopped: the training group
@@ -176,8 +187,9 @@ class Supervisor:
     # -- changing the record: plan, start, add, remove, restart ---------------------------------
     def plan(self, plans: list[HostPlan]) -> None:
         """The hosts to start (before ``start``)."""
-        for p in plans:
-            self._hosts[p.name] = HostRecord(p)
+        with self._lock:
+            for p in plans:
+                self._hosts[p.name] = HostRecord(p)
 
     def attach(self, dc: DirectoryClient, transport: TransportConfig, env: dict[str, str]) -> None:
         """The directory, transport and common environment every host is started with."""
@@ -208,18 +220,21 @@ class Supervisor:
         """Start one more host and its actors while the run goes on (a replica the planner
         adds); restarted like the others if it dies. Not recorded if it fails to start."""
         assert self.dc is not None and self.transport is not None, "attach() comes first"
-        record = self._hosts[plan.name] = HostRecord(plan)  # recorded first: its env and Ray bundle read it
+        with self._lock:
+            record = self._hosts[plan.name] = HostRecord(plan)  # recorded first: its env and Ray bundle read it
         try:
             record.proc = self.spawn(plan.name, self.dc, self.transport, plan.specs, env=self.host_env(plan.name))
         except BaseException:
-            del self._hosts[plan.name]
+            with self._lock:
+                del self._hosts[plan.name]
             raise
         return record
 
     def remove(self, host: str) -> HostRecord:
         """Forget a host (never restarted from now on, nor a restart it had planned
         finished); the caller stops its actors and process."""
-        return self._hosts.pop(host)
+        with self._lock:
+            return self._hosts.pop(host)
 
     def check(self) -> None:
         """Handle the processes that died since the last look, and start again those

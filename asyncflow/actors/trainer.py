@@ -53,7 +53,7 @@ model and optimizer (Hugging Face format, ``step_N/model``) and the roles' state
 resume them; then point the link ``checkpoints/latest`` at ``step_N/model``.
 
 Takes: LoopActor messages. Sends: StepMetrics, RunFinished (collector); RefillGroups (loader); Pause,
-Resume (roles); Publish (in-process), GetReplicas (weights); TrainPart,
+Resume (roles); Publish (in-process), GetReplicas (the driver's roster); TrainPart,
 SaveRankCheckpoint (the other trainer ranks, a ``RankGroup``); TQ reads, acks, save.
 """
 
@@ -88,7 +88,7 @@ from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 from asyncflow.config import names
 from asyncflow.config.names import COLLECTOR, TASK_TRAIN
 from asyncflow.core import protocol
-from asyncflow.core.errors import ActorGone, ActorTimeout
+from asyncflow.core.errors import ActorGone, ActorTimeout, AsyncflowError
 from asyncflow.core.phases import phase
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
@@ -465,11 +465,15 @@ class TrainerActor(LoopActor):
     def _pause_roles(self, paused: list) -> dict[str, bytes]:
         """Pause every other role (each answers between units, its rows acked), appending
         each reference that answered to ``paused``; returns their resumable states."""
-        # the online planner may have added or removed rollout replicas: the weight sync knows the current ones
-        replicas = self._weights.ask(messages.GetReplicas()).names
-        names = [n for n in self.other_roles if n not in self._initial_replicas] + list(replicas)
+        # the online planner may have added or removed rollout replicas: the driver's roster has the current ones
+        try:
+            replicas = self._fresh_ref(names.ROSTER).ask(messages.GetReplicas(), timeout_s=10).names
+        except (AsyncflowError, LookupError) as exc:  # the driver frozen or gone: the replicas at start
+            log.warning("checkpoint at step %d: the roster did not answer (%s); pausing the replicas at start", self.step, exc)
+            replicas = sorted(self._initial_replicas)
+        others = [n for n in self.other_roles if n not in self._initial_replicas] + list(replicas)
         states = {}
-        for name in names:
+        for name in others:
             ref, answer = pause_role(self._fresh_ref, name, deadline_s=PAUSE_DEADLINE_S)
             paused.append(ref)
             states[answer.role] = answer.state

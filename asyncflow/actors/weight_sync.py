@@ -9,12 +9,15 @@ they keep generating (delayed parameter update), then ask ``AcquireSwap`` before
 loading them onto their device at a generation boundary.
 
 Constructed like any role actor from an ``ActorSpec``: ``run_dir`` (the config) and
-the rollout replicas at start.
+the rollout replicas at start. It keeps no roster of its own: each Publish asks the
+driver's ``roster`` (``roster.py``: the Supervisor's record) whom to announce to, so a
+replica the online planner adds or removes is in or out of the next announcement; where
+the roster does not answer, the last answer (at first, the replicas at start) is used.
 
 Takes: Publish (in-process), GetLatestWeights, GetWeightChunk / StreamWeights (served
-by the sender), AcquireSwap, ReleaseSwap, RegisterReplica, UnregisterReplica
-(replicas added or removed by the online planner), GetReplicas, Ping, Stop.
-Sends: WeightsReady (tell, to each replica).
+by the sender), AcquireSwap, ReleaseSwap, ReplicaRemoved (the planner stops a replica:
+its grant and channel are released), Ping, Stop.
+Sends: GetReplicas (ask, to the roster); WeightsReady (tell, to each replica).
 
 Invariants:
 - The bytes of a version never change once published; the two newest versions are
@@ -33,12 +36,16 @@ import msgspec
 from asyncflow.actors import messages
 from asyncflow.actors._run import Run
 from asyncflow.actors.weights import build_sender
+from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor
 from asyncflow.core.errors import AsyncflowError
 
 log = logging.getLogger(__name__)
 
+ROSTER_ASK_S = 2.0
+"""How long a Publish waits for the roster's answer (the driver's process; a frozen driver
+must not hold the trainer's step: the last answer is used instead)."""
 CHUNK_BYTES = 32 << 20
 """Bytes per chunk (nng: a larger tensor is cut into pieces) or per broadcast (collective: a larger
 tensor travels alone)."""
@@ -61,11 +68,27 @@ class WeightSyncActor(Actor):
     def __init__(self, ctx, run_dir: str, replicas: list[str], chunk_bytes: int = CHUNK_BYTES):
         super().__init__(ctx)
         workflow = Run(run_dir).config.workflow
-        self.replicas = list(replicas)
+        self.replicas = list(replicas)  # the roster's last answer (the replicas at start until the first)
+        self._roster_failed = False  # warned once that the roster does not answer
         self.substep = workflow.substep_updates
         self.sender = build_sender(workflow.weight_transport, ctx, chunk_bytes, workflow.weight_timeout_s)
         self._holder: str | None = None
         self._swap_queue: deque = deque()
+
+    def _roster(self) -> list[str]:
+        """The rollout replicas now, from the driver's roster; the last answer where it
+        cannot answer (warned once, and once more when it answers again)."""
+        try:
+            ref = self.ctx.directory.ref(names.ROSTER, wait_s=0.5)
+            self.replicas = ref.ask(messages.GetReplicas(), timeout_s=ROSTER_ASK_S).names
+            if self._roster_failed:
+                log.info("the roster answers again: %s", self.replicas)
+            self._roster_failed = False
+        except (AsyncflowError, LookupError) as exc:
+            if not self._roster_failed:
+                log.warning("the roster did not answer (%s); announcing to the last replicas known: %s", exc, self.replicas)
+            self._roster_failed = True
+        return self.replicas
 
     def _announce(self, name: str, ready: messages.WeightsReady) -> None:
         """Tell ``name`` through the directory's cached ref; where that fails (a restarted
@@ -82,8 +105,9 @@ class WeightSyncActor(Actor):
         match msg:
             case Publish(version=version, named_tensors=named_tensors, digest=digest):
                 # each replica learns whether it is alone: one alone swaps without the grant (rollout.py)
-                ready = msgspec.structs.replace(self.sender.publish(version, named_tensors, digest), replicas=len(self.replicas))
-                for name in self.replicas:
+                replicas = self._roster()
+                ready = msgspec.structs.replace(self.sender.publish(version, named_tensors, digest), replicas=len(replicas))
+                for name in replicas:
                     self._announce(name, ready)
                 return ready.num_bytes
             case messages.GetLatestWeights():
@@ -99,19 +123,13 @@ class WeightSyncActor(Actor):
             case messages.ReleaseSwap(replica=replica):
                 self._release(replica)
                 return protocol.Ok()
-            case messages.RegisterReplica(replica=replica):
-                if replica not in self.replicas:
-                    self.replicas = [*self.replicas, replica]
-                return protocol.Ok()
-            case messages.UnregisterReplica(replica=replica):
-                self.replicas = [r for r in self.replicas if r != replica]
+            case messages.ReplicaRemoved(replica=replica):
+                self.replicas = [r for r in self.replicas if r != replica]  # should the roster not answer next time
                 self.sender.drop_replica(replica)
                 self._swap_queue = deque((r, p) for r, p in self._swap_queue if r != replica)
                 if self._holder == replica:  # it stopped between AcquireSwap and ReleaseSwap
                     self._release(replica)
                 return protocol.Ok()
-            case messages.GetReplicas():
-                return messages.Replicas(names=list(self.replicas))
             case protocol.Stop():
                 self.sender.close()
                 return protocol.Ok()

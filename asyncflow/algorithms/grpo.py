@@ -75,6 +75,25 @@ class PolicyLossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     def masking(self) -> bool:
         return self.is_mask_low > 0 or self.is_mask_high > 0
 
+    def regularisers(
+        self, out: ForwardOutput, mb: TokenBatch, mask_BT: torch.Tensor, ctx: LossContext, metrics: dict[str, float]
+    ) -> torch.Tensor:
+        """The per-token terms every policy loss adds to its policy-gradient term: the KL
+        to the reference (``kl_coef``) and the entropy bonus (``entropy_coef``); their
+        figures go into ``metrics``."""
+        terms_BT = torch.zeros_like(out.logp)
+        if self.kl_coef > 0:
+            if mb.ref_logp is None:
+                raise ValueError("kl_coef > 0 needs batch.ref_logp from a reference actor; or set kl_coef = 0")
+            kl_BT = kl_per_token(out.logp, mb.ref_logp, self.kl_estimator)
+            terms_BT = terms_BT + self.kl_coef * kl_BT
+            metrics["kl"] = float(aggregate(kl_BT.detach(), mask_BT, "token-mean", ctx))
+        if out.entropy is not None:
+            metrics["entropy"] = float(aggregate(out.entropy.detach(), mask_BT, "token-mean", ctx))
+            if self.entropy_coef > 0:
+                terms_BT = terms_BT + entropy_bonus(out.entropy, self.entropy_coef)
+        return terms_BT
+
 
 def off_policy_factor(
     cfg: PolicyLossConfig, prox_BT: torch.Tensor, mu_BT: torch.Tensor, mask_BT: torch.Tensor, ctx: LossContext
@@ -121,19 +140,9 @@ def policy_loss_fn(cfg: PolicyLossConfig, log_ratio_sink: list[torch.Tensor] | N
             pg_BT = pg_BT * factor_BT
             if log_ratio_sink is not None:
                 log_ratio_sink.append((prox_BT - mb.rollout_logp).detach()[mask_BT > 0].float().cpu())
-        loss_BT = pg_BT
         metrics["pg_loss"] = float(aggregate(pg_BT.detach(), mask_BT, cfg.agg, ctx))
         metrics["clip_frac"] = float(aggregate(clipped_BT, mask_BT, "token-mean", ctx))
-        if cfg.kl_coef > 0:
-            if mb.ref_logp is None:
-                raise ValueError("kl_coef > 0 needs batch.ref_logp from a reference actor; or set kl_coef = 0")
-            kl_BT = kl_per_token(logp_BT, mb.ref_logp, cfg.kl_estimator)
-            loss_BT = loss_BT + cfg.kl_coef * kl_BT
-            metrics["kl"] = float(aggregate(kl_BT.detach(), mask_BT, "token-mean", ctx))
-        if out.entropy is not None:
-            metrics["entropy"] = float(aggregate(out.entropy.detach(), mask_BT, "token-mean", ctx))
-            if cfg.entropy_coef > 0:
-                loss_BT = loss_BT + entropy_bonus(out.entropy, cfg.entropy_coef)
+        loss_BT = pg_BT + cfg.regularisers(out, mb, mask_BT, ctx, metrics)
         return aggregate(loss_BT, mask_BT, cfg.agg, ctx), metrics
 
     return loss_fn
@@ -150,11 +159,16 @@ def ppo_clip_config(alg: Any) -> PolicyLossConfig:
     KL, entropy and off-policy terms of ``[algorithm]`` (``alg``). With ``kl_in_reward``
     the KL is in the reward (the estimator's), not in the loss."""
     loss = alg.loss
+    return msgspec.structs.replace(
+        algorithm_terms(alg), clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip=loss.dual_clip or None, agg=loss.agg
+    )
+
+
+def algorithm_terms(alg: Any) -> PolicyLossConfig:
+    """What every policy loss reads from ``[algorithm]`` itself, whatever its
+    ``[algorithm.loss]``: the KL, entropy and off-policy terms (``off_policy_factor``,
+    ``PolicyLossConfig.regularisers``); the clip fields are left at their defaults."""
     return PolicyLossConfig(
-        clip_low=loss.clip_low,
-        clip_high=loss.clip_high,
-        dual_clip=loss.dual_clip or None,
-        agg=loss.agg,
         kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef,
         kl_estimator=alg.kl_estimator,
         entropy_coef=alg.entropy_coef,

@@ -1,7 +1,8 @@
 """The ``[algorithm.loss]`` sections: one msgspec Struct per policy loss, tagged by its
 registry name (``name = "ppo_clip"``). Torch-free, so the run config embeds them
 without importing torch; the loss functions that read them live beside the math
-(``grpo.py``) and are found through ``registry.py``.
+(``grpo.py``) and are found through ``registry.py``. A newer loss keeps its Struct in
+its own module (``gspo.py``); ``registry.LossConfig`` is the union of them all.
 
 Invariants:
 - A Struct's ``tag`` is its key in ``registry.POLICY_LOSSES``; ``LossConfig`` is the
@@ -60,8 +61,3 @@ class PPOClipLoss(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag=
     def check(self, run: object) -> None:
         if self.dual_clip != 0 and self.dual_clip <= 1:
             raise Refused("dual_clip", "use 0 (off) or a bound above 1 such as 3.0")
-
-
-LossConfig = PPOClipLoss
-"""What ``[algorithm.loss]`` decodes to: the union of the losses' Structs (a new loss
-adds its Struct here and its entry in ``registry.POLICY_LOSSES``)."""

@@ -10,9 +10,11 @@ Adding one:
   (``estimators.py``) and one ``Estimator`` entry below saying what it needs (a critic,
   a reference, prompt groups). Roles, preflight and the planner read those needs from
   here; nothing else names an estimator.
-- a policy loss: its ``[algorithm.loss]`` Struct (``loss_configs.py``, tagged with the
-  name, added to ``LossConfig``), a builder ``build(alg, log_ratio_sink) -> LossFn``
-  and one ``PolicyLoss`` entry below.
+- a policy loss: one module holding its ``[algorithm.loss]`` Struct (tagged with the
+  name, torch-free at import) and a builder ``build(alg, log_ratio_sink) -> LossFn``
+  (torch imported inside: ``gspo.py``), and one ``PolicyLoss`` entry below. The
+  config's ``[algorithm.loss]`` decodes to ``LossConfig``, the union of the entries'
+  Structs, and docs/config.md documents each.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
+from asyncflow.algorithms.gspo import GSPOLoss
 from asyncflow.algorithms.loss_configs import PPOClipLoss
 
 
@@ -81,8 +84,17 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
             PPOClipLoss,
             "asyncflow.algorithms.grpo:build_ppo_clip",
         ),
+        PolicyLoss(
+            "gspo",
+            "GSPO's clip on each response's geometric-mean ratio: a response is kept or clipped whole",
+            GSPOLoss,
+            "asyncflow.algorithms.gspo:build",
+        ),
     )
 }
+
+LossConfig: Any = Union[tuple(p.config for p in POLICY_LOSSES.values())]  # noqa: UP007 (built at run time)
+"""What ``[algorithm.loss]`` decodes to: the union of the losses' Structs, told apart by ``name``."""
 
 
 def estimator(name: str) -> Estimator:

@@ -21,6 +21,7 @@ TRAINER_RANK = "trainer_rank"  # the role of ranks 1.. (named trainer.<r>)
 WEIGHTS = "weights"  # the weight sync, in the trainer's process
 COLLECTOR = "collector"  # in the driver
 PLANNER = "planner"  # in the driver, with [planner] online = true
+ROSTER = "roster"  # in the driver: the rollout replicas now, from the Supervisor
 
 # -- queue tasks (a controller each: tq.controller.<task>) -------------------------------------
 TASK_ROLLOUT = "rollout"
@@ -43,7 +44,7 @@ def role_of(name: str) -> str:
 
 
 # -- what a custom role ([[roles]]) may not be called --------------------------------------------
-RESERVED_NAMES = (LOADER, TRAINER, WEIGHTS, COLLECTOR, PLANNER, "directory", "queue")
+RESERVED_NAMES = (LOADER, TRAINER, WEIGHTS, COLLECTOR, PLANNER, ROSTER, "directory", "queue")
 """Single actors and processes of the built-in roles and of the driver."""
 RESERVED_PREFIXES = tuple(
     f"{role}." for role in (ROLLOUT, REWARD, REWARD_MODEL, REFERENCE, TRAINER, "tq", "host", "dist", "shard")

@@ -32,7 +32,7 @@ import tomllib
 from msgspec import Meta
 
 from asyncflow.algorithms import registry
-from asyncflow.algorithms.loss_configs import LossConfig, PPOClipLoss
+from asyncflow.algorithms.loss_configs import PPOClipLoss
 from asyncflow.config.names import reserved as reserved_role_name
 from asyncflow.core import schema
 from asyncflow.core.schema import ConfigError, Refused, check_tree
@@ -48,6 +48,11 @@ from asyncflow.engines.config import (
     Seconds,
     TrainEngineConfig,
 )
+
+if typing.TYPE_CHECKING:  # statically the default loss's Struct; at run time the union of the registry's
+    LossConfig = PPOClipLoss
+else:
+    LossConfig = registry.LossConfig
 
 log = logging.getLogger(__name__)
 
@@ -1226,6 +1231,9 @@ def _choices(path: str) -> str:
     cls = schema.struct_at(RunConfig, parent) if parent else RunConfig
     hint = typing.get_type_hints(cls, include_extras=True).get(name) if cls else None
     values = schema.literal_values(hint)
+    members = schema.union_at(RunConfig, parent) if parent else []
+    if members and name == members[0].__struct_config__.tag_field:  # which loss: the registry's names
+        values = tuple(m.__struct_config__.tag for m in members)
     return "; use one of " + ", ".join(repr(v) for v in values) if values else ""
 
 
@@ -1284,6 +1292,9 @@ def _format_error(
             return ConfigError(f"{key}.{unknown}: {moved} (in {source}; keys are documented in docs/config.md)")
         cls = schema.struct_at(RunConfig, key) if key else RunConfig
         known = list(cls.__struct_fields__) if cls else []
+        for member in schema.union_at(RunConfig, key) if key else []:  # [algorithm.loss]: every loss's keys
+            tag = member.__struct_config__.tag_field
+            known += [k for k in (tag or "", *member.__struct_fields__) if k and k not in known]
         close = difflib.get_close_matches(unknown, known, n=1)
         full = f"{key}.{unknown}" if key else unknown
         if full in given:
@@ -1447,6 +1458,17 @@ def config_markdown() -> str:
         for field in info.fields:
             meaning = schema.description(field)
             hint = typing.get_type_hints(cls, include_extras=True)[field.name]
+            members = schema.struct_types(hint)
+            if len(members) > 1:  # a union of tagged Structs ([algorithm.loss]): a section for each
+                default = getattr(defaults, field.name)
+                sub_path = f"{path}.{field.name}" if path else field.name
+                for member in members:
+                    tag = member.__struct_config__
+                    about = f"{meaning} This one: `{tag.tag_field} = {_toml(tag.tag)}`" + (
+                        " (the default)." if isinstance(default, member) else "."
+                    )
+                    nested.append((member, sub_path, default if isinstance(default, member) else member(), about))
+                continue
             sub = schema.struct_type(hint)
             if sub is not None and not isinstance(schema.bare_type(field.type), msgspec.inspect.ListType):
                 nested.append((sub, f"{path}.{field.name}" if path else field.name, getattr(defaults, field.name), meaning))

@@ -83,6 +83,26 @@ def struct_type(hint: Any) -> type[msgspec.Struct] | None:
     return hint if isinstance(hint, type) and issubclass(hint, msgspec.Struct) else None
 
 
+def struct_types(hint: Any) -> list[type[msgspec.Struct]]:
+    """The Structs a field may hold: ``struct_type``'s one, or each member of a union of
+    tagged Structs (``[algorithm.loss]``: one per policy loss, told apart by ``name``)."""
+    one = struct_type(hint)
+    if one is not None:
+        return [one]
+    members = typing.get_args(_strip(hint)) if typing.get_origin(_strip(hint)) is typing.Union else ()
+    return [m for m in members if isinstance(m, type) and issubclass(m, msgspec.Struct)]
+
+
+def union_at(root: type[msgspec.Struct], path: str) -> list[type[msgspec.Struct]]:
+    """The Structs a union field at a dotted path may hold (``algorithm.loss``); [] where the
+    path is not a union of Structs."""
+    parent, _, name = path.rpartition(".")
+    cls = struct_at(root, parent) if parent else root
+    hints = typing.get_type_hints(cls, include_extras=True) if cls else {}
+    members = struct_types(hints[name]) if name in hints else []
+    return members if len(members) > 1 else []
+
+
 def _strip(hint: Any) -> Any:
     while typing.get_origin(hint) is typing.Annotated:
         hint = typing.get_args(hint)[0]

@@ -87,3 +87,41 @@ def test_an_interrupt_during_the_stop_still_stops_everything_then_is_raised(tmp_
     assert not launcher.collector.pykka_ref.is_alive()
     assert not launcher.directory.pykka_ref.is_alive()
     assert json.loads((tmp_path / "cluster.json").read_text())["running"] is False
+
+
+@pytest.mark.timeout(60)
+def test_a_start_that_fails_half_way_is_stopped_exactly_as_far_as_it_got(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cfg = load_config_text("[logging]\nprogress = false\n")
+    launcher = Launcher(cfg, tmp_path, LaunchInfo(model_dir="m", base_model_dir="m", data_path="d"))
+
+    def no_processes():
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable: fork")
+
+    monkeypatch.setattr(launcher.supervisor, "spawn_all", no_processes)
+    with pytest.raises(OSError, match="fork"):
+        launcher.start()
+    built = launcher.teardown.names()
+    assert built[0] == "stop the processes" and "stop the online planner" not in built
+    assert {"stop the roster", "stop the collector", "write trace.json", "stop the directory"} <= set(built)
+    assert launcher.stop() == []
+    assert not launcher.collector.pykka_ref.is_alive() and not launcher.directory.pykka_ref.is_alive()
+    assert launcher.teardown.names() == [] and launcher.stop() == []  # a second stop finds nothing left
+
+
+@pytest.mark.timeout(60)
+def test_a_start_that_fails_before_its_directory_removes_its_ipc_directory_and_nothing_else(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cfg = load_config_text("[logging]\nprogress = false\n")
+    launcher = Launcher(cfg, tmp_path / "run", LaunchInfo(model_dir="m", base_model_dir="m", data_path="d"))
+
+    def no_port(*args, **kwargs):
+        raise OSError(errno.EADDRINUSE, "Address in use")
+
+    monkeypatch.setattr("asyncflow.actors.launcher.start_directory", no_port)
+    with pytest.raises(OSError, match="Address in use"):
+        launcher.start()
+    ipc_dirs = [p for p in tmp_path.iterdir() if p.name.startswith("af-")]
+    assert len(ipc_dirs) == 1
+    assert launcher.teardown.names() == [f"remove {ipc_dirs[0]}", "close the driver's sockets to the run's actors"]
+    assert launcher.stop() == [] and not ipc_dirs[0].exists()

@@ -13,9 +13,10 @@ from wf_helpers import afctl, assert_trained_exactly_once, read_jsonl, write_con
 
 from asyncflow.actors import messages
 from asyncflow.actors.rollout.inbox import swap_grant_needed
+from asyncflow.actors.roster import RosterActor
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 from asyncflow.bench.weights import bench_run_dir
-from asyncflow.config.names import WEIGHTS
+from asyncflow.config.names import ROSTER, WEIGHTS
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
@@ -56,32 +57,41 @@ class _Replica(Actor):
 
 
 @pytest.mark.timeout(60)
-def test_each_announcement_says_how_many_replicas_it_went_to(tmp_path):
+def test_each_announcement_goes_to_the_replicas_the_roster_lists_and_says_how_many(tmp_path):
     transport = TransportConfig(scheme="inproc")
     directory = start_directory(transport)
     dc = DirectoryClient(directory.address, transport)
     replicas = [serve_actor(_Replica, name, transport, directory_address=directory.address) for name in ("r.0", "r.1")]
     for r in replicas:
         dc.register(r.entry())
+    listed = ["r.0"]  # the Supervisor's record, as the driver's roster answers it
+    roster = serve_actor(RosterActor, ROSTER, transport, directory_address=directory.address, replicas=lambda: list(listed))
+    dc.register(roster.entry())
     weights = serve_actor(
         WeightSyncActor,
         WEIGHTS,
         transport,
         directory_address=directory.address,
         run_dir=bench_run_dir(str(tmp_path), substep_updates=True),
-        replicas=["r.0"],
+        replicas=[],  # the replicas at start: only used where the roster does not answer
         chunk_bytes=1 << 10,
     )
     dc.register(weights.entry())
     try:
         weights.pykka_ref.ask(Publish(1, [("w", torch.zeros(4))], 0))
         assert [(m.version, m.replicas) for m in _Replica.wait_told(1)] == [(1, 1)]
-        dc.ref(WEIGHTS).ask(messages.RegisterReplica(replica="r.1"))
+        listed.append("r.1")  # the planner added a replica: nothing else is told
         weights.pykka_ref.ask(Publish(2, [("w", torch.ones(4))], 0))
         assert sorted((m.version, m.replicas) for m in _Replica.wait_told(3)[1:]) == [(2, 2), (2, 2)]
         assert dc.ref(WEIGHTS).ask(messages.GetLatestWeights()).replicas == 0  # not an announcement: unknown
+        # the driver's roster gone (a frozen or dead driver): the last answer, not the replicas at start
+        roster.stop()
+        dc.unregister(ROSTER)
+        weights.pykka_ref.ask(Publish(3, [("w", torch.ones(4))], 0))
+        assert sorted((m.version, m.replicas) for m in _Replica.wait_told(5)[3:]) == [(3, 2), (3, 2)]
     finally:
         weights.stop()
+        roster.stop()
         for r in replicas:
             r.stop()
         directory.stop()

@@ -105,7 +105,7 @@ def test_a_named_tensor_set_moves_bit_exactly_and_the_group_is_reused_for_the_ne
         assert other.fetch(weights)[0] == 2 and other.group != group
         assert receiver.fetch(weights)[0] == 2
         # a replica stopped by the planner: its group's store leaves the directory
-        weights.ask(messages.UnregisterReplica(replica="rollout.1"), timeout_s=10)
+        weights.ask(messages.ReplicaRemoved(replica="rollout.1"), timeout_s=10)
         assert {e.name for e in side.dc.list("dist.weights.")} == {f"dist.{group}"}
     finally:
         side.close()
