@@ -315,7 +315,9 @@ class Launcher:
         self.stopping = True
         self._stage = stage
         try:
-            if self.dc is not None and self.directory is not None:  # the driver's sockets to these close at the end
+            if (
+                self.dc is not None and self.directory is not None and self.teardown.names()
+            ):  # a second stop: all gone  # the driver's sockets to these close at the end
                 dc = self.dc
                 self._addresses.add(self.directory.address)
                 stage("list the run's actors", lambda: self._addresses.update(e.address for e in dc.list()))

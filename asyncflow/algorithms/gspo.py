@@ -19,15 +19,14 @@ log-ratio, hence about a thousandth of PPO's (the paper's 3e-4 / 4e-4).
 proximal one otherwise, and the off-policy weight and mask, the KL term and the
 entropy bonus of ``[algorithm]`` apply as to ``ppo_clip`` (``grpo.py``).
 
-Torch-free at import (the run config embeds ``GSPOLoss``); torch comes with ``build``.
+Its ``[algorithm.loss]`` Struct, ``GSPOLoss``, is in ``loss_configs.py`` (torch-free: the run config embeds it).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-import msgspec
-from msgspec import Meta
+from asyncflow.algorithms.loss_configs import GSPOLoss
 
 if TYPE_CHECKING:
     import torch
@@ -37,24 +36,6 @@ if TYPE_CHECKING:
 MAX_SEQ_LOG_RATIO = 10.0
 """A response's mean log-ratio is held at or below this before exp (one response whose
 policy moved far must not overflow the step's loss)."""
-
-
-class GSPOLoss(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag="gspo", tag_field="name"):
-    """GSPO: PPO's clip on each response's geometric-mean ratio ``exp(mean_t log(pi / old))``,
-    so a response is kept or clipped whole (algorithms/gspo.py). ``name = "gspo"``."""
-
-    clip_low: Annotated[
-        float,
-        Meta(gt=0, lt=1, description="Lower clip of the sequence ratio: held at 1 - clip_low or above (paper: 3e-4)."),
-    ] = 3e-4
-    clip_high: Annotated[
-        float,
-        Meta(gt=0, description="Upper clip of the sequence ratio: held at 1 + clip_high or below (paper: 4e-4)."),
-    ] = 4e-4
-    agg: Annotated[
-        Literal["seq-mean-token-mean"],
-        Meta(description="GSPO's objective is a mean over responses: seq-mean-token-mean only."),
-    ] = "seq-mean-token-mean"
 
 
 def sequence_log_ratio(logp_BT: torch.Tensor, old_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:

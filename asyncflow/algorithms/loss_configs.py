@@ -1,8 +1,8 @@
 """The ``[algorithm.loss]`` sections: one msgspec Struct per policy loss, tagged by its
 registry name (``name = "ppo_clip"``). Torch-free, so the run config embeds them
 without importing torch; the loss functions that read them live beside the math
-(``grpo.py``) and are found through ``registry.py``. A newer loss keeps its Struct in
-its own module (``gspo.py``); ``registry.LossConfig`` is the union of them all.
+(``grpo.py``) and are found through ``registry.py``. ``registry.LossConfig`` is the
+union of them all.
 
 Invariants:
 - A Struct's ``tag`` is its key in ``registry.POLICY_LOSSES``; ``LossConfig`` is the
@@ -61,3 +61,21 @@ class PPOClipLoss(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag=
     def check(self, run: object) -> None:
         if self.dual_clip != 0 and self.dual_clip <= 1:
             raise Refused("dual_clip", "use 0 (off) or a bound above 1 such as 3.0")
+
+
+class GSPOLoss(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag="gspo", tag_field="name"):
+    """GSPO: PPO's clip on each response's geometric-mean ratio ``exp(mean_t log(pi / old))``,
+    so a response is kept or clipped whole (algorithms/gspo.py). ``name = "gspo"``."""
+
+    clip_low: Annotated[
+        float,
+        Meta(gt=0, lt=1, description="Lower clip of the sequence ratio: held at 1 - clip_low or above (paper: 3e-4)."),
+    ] = 3e-4
+    clip_high: Annotated[
+        float,
+        Meta(gt=0, description="Upper clip of the sequence ratio: held at 1 + clip_high or below (paper: 4e-4)."),
+    ] = 4e-4
+    agg: Annotated[
+        Literal["seq-mean-token-mean"],
+        Meta(description="GSPO's objective is a mean over responses: seq-mean-token-mean only."),
+    ] = "seq-mean-token-mean"

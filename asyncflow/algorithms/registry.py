@@ -10,9 +10,9 @@ Adding one:
   (``estimators.py``) and one ``Estimator`` entry below saying what it needs (a critic,
   a reference, prompt groups). Roles, preflight and the planner read those needs from
   here; nothing else names an estimator.
-- a policy loss: one module holding its ``[algorithm.loss]`` Struct (tagged with the
-  name, torch-free at import) and a builder ``build(alg, log_ratio_sink) -> LossFn``
-  (torch imported inside: ``gspo.py``), and one ``PolicyLoss`` entry below. The
+- a policy loss: its ``[algorithm.loss]`` Struct in ``loss_configs.py`` (tagged with
+  the name, torch-free), one module with its builder ``build(alg, log_ratio_sink) ->
+  LossFn`` (``gspo.py``), and one ``PolicyLoss`` entry below. The
   config's ``[algorithm.loss]`` decodes to ``LossConfig``, the union of the entries'
   Structs, and docs/config.md documents each.
 """
@@ -24,8 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
-from asyncflow.algorithms.gspo import GSPOLoss
-from asyncflow.algorithms.loss_configs import PPOClipLoss
+from asyncflow.algorithms.loss_configs import GSPOLoss, PPOClipLoss
 
 
 @dataclass(frozen=True)

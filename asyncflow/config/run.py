@@ -1344,6 +1344,9 @@ def load_config_text(
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source} is not valid TOML: {exc}") from None
     apply_overrides(raw, overrides)
+    loss = raw.get("algorithm", {}).get("loss") if isinstance(raw.get("algorithm"), dict) else None
+    if isinstance(loss, dict):  # a union of losses needs its tag: without one, the default loss's keys are meant
+        loss.setdefault("name", "ppo_clip")
     try:
         cfg = msgspec.convert(raw, RunConfig)
     except msgspec.ValidationError as exc:

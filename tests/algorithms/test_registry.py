@@ -17,7 +17,7 @@ from tiny_config import tiny_config_text
 import asyncflow
 from asyncflow.algorithms import registry
 from asyncflow.algorithms.grpo import PolicyLossConfig, policy_loss_fn
-from asyncflow.algorithms.loss_configs import LossConfig
+from asyncflow.algorithms.registry import LossConfig
 from asyncflow.config.run import ConfigError, load_config_text
 from asyncflow.engines.base import ForwardOutput, LossContext, TokenBatch
 
@@ -84,7 +84,7 @@ def test_an_estimator_that_needs_a_critic_gets_one_and_the_group_estimator_none(
     "changes, message",
     [
         ({"algorithm": {"name": "reinforce"}}, r"algorithm.name = 'reinforce': not an advantage estimator.*'grpo', 'ppo'"),
-        ({"algorithm.loss": {"name": "gspo"}}, r"algorithm.loss.name"),
+        ({"algorithm.loss": {"name": "cispo"}}, r"algorithm.loss.name"),
         ({"algorithm.loss": {"dual_clip": 0.5}}, r"algorithm.loss.dual_clip = 0.5: use 0 \(off\) or a bound above 1"),
         ({"algorithm.loss": {"tis_cap": 2.0}}, r"algorithm.loss.tis_cap: unknown key"),
         ({"algorithm": {"clip_eps": 0.2}}, r"algorithm.clip_eps: moved to .*\[algorithm.loss\] clip_low and clip_high"),
