@@ -1220,6 +1220,8 @@ def _field(path: str) -> msgspec.inspect.Field | None:
     ``cluster.rollout_devices[1]``, ``roles[0].name``), if there is one."""
     parent, _, name = re.sub(r"\[\d+\]$", "", path).rpartition(".")
     cls = schema.struct_at(RunConfig, parent) if parent else RunConfig
+    if cls is None and parent:  # a union ([algorithm.loss]): the first of its Structs that has the key
+        cls = next((m for m in schema.union_at(RunConfig, parent) if name in m.__struct_fields__), None)
     if cls is None or name not in cls.__struct_fields__:
         return None
     return schema.field_info(cls, name)
