@@ -75,13 +75,47 @@ class PolicyLossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     def masking(self) -> bool:
         return self.is_mask_low > 0 or self.is_mask_high > 0
 
+    def ratio_inputs(self, out: ForwardOutput, mb: TokenBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What every policy loss's ratio is taken from: (response mask, pi_prox, old), with
+        old = mu (``rollout_logp``) under ``clip_against = "behaviour"``, else pi_prox;
+        pi_prox = ``prox_logp`` when given, else logp without gradient."""
+        if mb.advantages is None:
+            raise ValueError("the policy loss needs batch.advantages (GRPO: grpo_advantages broadcast to tokens)")
+        prox_BT = mb.prox_logp if mb.prox_logp is not None else out.logp.detach()
+        if self.clip_against != "behaviour":
+            return mb.response_mask.float(), prox_BT, prox_BT
+        if mb.rollout_logp is None:
+            raise ValueError(
+                'clip_against = "behaviour" needs batch.rollout_logp (the rollout log-probs); or set clip_against = "proximal"'
+            )
+        return mb.response_mask.float(), prox_BT, mb.rollout_logp
+
+    def off_policy(
+        self,
+        pg_BT: torch.Tensor,
+        prox_BT: torch.Tensor,
+        mb: TokenBatch,
+        mask_BT: torch.Tensor,
+        ctx: LossContext,
+        log_ratio_sink: list[torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The policy-gradient term times the off-policy factor (``off_policy_factor``) where
+        the batch has the rollout's log-probs, and the mismatch figures; the per-token
+        log(pi_prox / mu) goes to ``log_ratio_sink``."""
+        if mb.rollout_logp is None:
+            return pg_BT, {}
+        factor_BT, metrics = off_policy_factor(self, prox_BT, mb.rollout_logp, mask_BT, ctx)
+        if log_ratio_sink is not None:
+            log_ratio_sink.append((prox_BT - mb.rollout_logp).detach()[mask_BT > 0].float().cpu())
+        return pg_BT * factor_BT, metrics
+
     def regularisers(
         self, out: ForwardOutput, mb: TokenBatch, mask_BT: torch.Tensor, ctx: LossContext, metrics: dict[str, float]
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | float:
         """The per-token terms every policy loss adds to its policy-gradient term: the KL
-        to the reference (``kl_coef``) and the entropy bonus (``entropy_coef``); their
-        figures go into ``metrics``."""
-        terms_BT = torch.zeros_like(out.logp)
+        to the reference (``kl_coef``) and the entropy bonus (``entropy_coef``); 0.0 when
+        neither applies; their figures go into ``metrics``."""
+        terms_BT: torch.Tensor | float = 0.0
         if self.kl_coef > 0:
             if mb.ref_logp is None:
                 raise ValueError("kl_coef > 0 needs batch.ref_logp from a reference actor; or set kl_coef = 0")
@@ -122,24 +156,10 @@ def policy_loss_fn(cfg: PolicyLossConfig, log_ratio_sink: list[torch.Tensor] | N
     of the micro-batch's response tokens (cpu, [N]), for quantiles over the step."""
 
     def loss_fn(out: ForwardOutput, mb: TokenBatch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
-        if mb.advantages is None:
-            raise ValueError("the policy loss needs batch.advantages (GRPO: grpo_advantages broadcast to tokens)")
-        mask_BT = mb.response_mask.float()
-        logp_BT = out.logp
-        prox_BT = mb.prox_logp if mb.prox_logp is not None else logp_BT.detach()
-        behaviour = cfg.clip_against == "behaviour"
-        if behaviour and mb.rollout_logp is None:
-            raise ValueError(
-                'clip_against = "behaviour" needs batch.rollout_logp (the rollout log-probs); or set clip_against = "proximal"'
-            )
-        old_BT = mb.rollout_logp if behaviour and mb.rollout_logp is not None else prox_BT  # None: refused above
-        pg_BT, clipped_BT = clipped_policy_loss(logp_BT, old_BT, mb.advantages, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
-        metrics: dict[str, float] = {}
-        if mb.rollout_logp is not None:
-            factor_BT, metrics = off_policy_factor(cfg, prox_BT, mb.rollout_logp, mask_BT, ctx)
-            pg_BT = pg_BT * factor_BT
-            if log_ratio_sink is not None:
-                log_ratio_sink.append((prox_BT - mb.rollout_logp).detach()[mask_BT > 0].float().cpu())
+        mask_BT, prox_BT, old_BT = cfg.ratio_inputs(out, mb)
+        assert mb.advantages is not None  # ratio_inputs refuses a batch without
+        pg_BT, clipped_BT = clipped_policy_loss(out.logp, old_BT, mb.advantages, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+        pg_BT, metrics = cfg.off_policy(pg_BT, prox_BT, mb, mask_BT, ctx, log_ratio_sink)
         metrics["pg_loss"] = float(aggregate(pg_BT.detach(), mask_BT, cfg.agg, ctx))
         metrics["clip_frac"] = float(aggregate(clipped_BT, mask_BT, "token-mean", ctx))
         loss_BT = pg_BT + cfg.regularisers(out, mb, mask_BT, ctx, metrics)

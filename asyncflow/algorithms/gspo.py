@@ -68,31 +68,16 @@ def gspo_token_loss(
 def build(alg: Any, log_ratio_sink: list[torch.Tensor] | None = None) -> LossFn:
     """The registry's ``gspo``: the ``loss_fn`` for ``TrainEngine.train_step``. ``alg``: the
     run's ``[algorithm]`` (``alg.loss`` a ``GSPOLoss``)."""
-    from asyncflow.algorithms.grpo import algorithm_terms, off_policy_factor
+    from asyncflow.algorithms.grpo import algorithm_terms
     from asyncflow.algorithms.losses import aggregate
 
     loss: GSPOLoss = alg.loss
     terms = algorithm_terms(alg)  # the off-policy, KL and entropy settings ppo_clip reads
 
     def loss_fn(out, mb, ctx):
-        if mb.advantages is None:
-            raise ValueError("the GSPO loss needs batch.advantages")
-        mask_BT = mb.response_mask.float()
-        logp_BT = out.logp
-        prox_BT = mb.prox_logp if mb.prox_logp is not None else logp_BT.detach()
-        behaviour = terms.clip_against == "behaviour"
-        if behaviour and mb.rollout_logp is None:
-            raise ValueError(
-                'clip_against = "behaviour" needs batch.rollout_logp (the rollout log-probs); or set clip_against = "proximal"'
-            )
-        old_BT = mb.rollout_logp if behaviour else prox_BT
-        pg_BT, clipped_BT = gspo_token_loss(logp_BT, old_BT, mb.advantages, mask_BT, loss.clip_low, loss.clip_high)
-        metrics: dict[str, float] = {}
-        if mb.rollout_logp is not None:
-            factor_BT, metrics = off_policy_factor(terms, prox_BT, mb.rollout_logp, mask_BT, ctx)
-            pg_BT = pg_BT * factor_BT
-            if log_ratio_sink is not None:
-                log_ratio_sink.append((prox_BT - mb.rollout_logp).detach()[mask_BT > 0].float().cpu())
+        mask_BT, prox_BT, old_BT = terms.ratio_inputs(out, mb)
+        pg_BT, clipped_BT = gspo_token_loss(out.logp, old_BT, mb.advantages, mask_BT, loss.clip_low, loss.clip_high)
+        pg_BT, metrics = terms.off_policy(pg_BT, prox_BT, mb, mask_BT, ctx, log_ratio_sink)
         metrics["pg_loss"] = float(aggregate(pg_BT.detach(), mask_BT, loss.agg, ctx))
         metrics["clip_frac"] = float(aggregate(clipped_BT, mask_BT, "token-mean", ctx))
         return aggregate(pg_BT + terms.regularisers(out, mb, mask_BT, ctx, metrics), mask_BT, loss.agg, ctx), metrics

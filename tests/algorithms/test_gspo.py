@@ -35,16 +35,20 @@ def _paper(logp, old, adv, mask, low, high):
     return torch.maximum(-a * s, -a * s.clamp(1 - low, 1 + high)).mean(), s
 
 
-def _ours(logp, old, adv, mask, low, high, alg_text: str = ""):
-    cfg = load_config_text(f"[algorithm.loss]\nname = 'gspo'\nclip_low = {low}\nclip_high = {high}\n{alg_text}")
-    loss_fn = build(cfg.algorithm)
-    mb = TokenBatch(
+def _batch(old, adv, mask) -> TokenBatch:
+    return TokenBatch(
         input_ids=torch.zeros(B, T, dtype=torch.long),
         attention_mask=torch.ones(B, T),
         response_mask=mask,
         rollout_logp=old,
         advantages=adv,
     )
+
+
+def _ours(logp, old, adv, mask, low, high, alg_text: str = ""):
+    cfg = load_config_text(f"[algorithm.loss]\nname = 'gspo'\nclip_low = {low}\nclip_high = {high}\n{alg_text}")
+    loss_fn = build(cfg.algorithm)
+    mb = _batch(old, adv, mask)
     return loss_fn(ForwardOutput(logp=logp), mb, LossContext(num_tokens=float(mask.sum()), num_seqs=float(B)))
 
 
@@ -92,13 +96,7 @@ def test_the_kl_and_entropy_terms_of_algorithm_apply_as_to_ppo_clip():
     plain, _ = _ours(logp, old, adv, mask, 3e-4, 4e-4)
     ent = torch.rand(B, T)
     cfg = load_config_text("[algorithm]\nentropy_coef = 0.1\n[algorithm.loss]\nname = 'gspo'\n")
-    mb = TokenBatch(
-        input_ids=torch.zeros(B, T, dtype=torch.long),
-        attention_mask=torch.ones(B, T),
-        response_mask=mask,
-        rollout_logp=old,
-        advantages=adv,
-    )
+    mb = _batch(old, adv, mask)
     ctx = LossContext(num_tokens=float(mask.sum()), num_seqs=float(B))
     with_bonus, metrics = build(cfg.algorithm)(ForwardOutput(logp=logp, entropy=ent), mb, ctx)
     bonus = ((-0.1 * ent * mask).sum(1) / mask.sum(1)).mean()  # seq-mean-token-mean of the entropy bonus
