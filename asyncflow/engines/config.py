@@ -212,8 +212,8 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         Meta(
             description="Mixed precision: the forward and backward run their matmuls in this dtype (``torch.autocast``) "
             "while parameters, gradients and optimizer states stay in ``dtype`` (float32); log-probs, entropy and the loss "
-            "are still computed in float32 from the logits. On a CPU with avx512_bf16 or AMX it trains about 2.6x faster "
-            "(SmolLM2-135M, one core: docs/real-model.md); on one without bf16 instructions it is slower: leave it off. "
+            "are still computed in float32 from the logits. On a CPU with avx512_bf16 or AMX it trains faster "
+            "(SmolLM2-135M, one core: the measured ratio is in docs/real-model.md, 'Training at real size'); on one without bf16 instructions it is slower: leave it off. "
             "The trainer's log-probs then differ from a float32 rollout's by bfloat16 rounding, which the importance "
             "ratio sees. float16 is not offered: it needs loss scaling."
         ),
