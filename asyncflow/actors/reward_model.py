@@ -24,7 +24,7 @@ from asyncflow.actors import roles
 from asyncflow.actors._run import set_threads
 from asyncflow.actors.column_role import ColumnRole
 from asyncflow.config import names
-from asyncflow.config.run import REWARD_MODEL_COLUMN
+from asyncflow.config.roles import REWARD_MODEL_COLUMN
 from asyncflow.core import protocol
 from asyncflow.core.phases import phase
 from asyncflow.planner import memory

@@ -218,4 +218,13 @@ ROLE = roles.RoleSpec(
     memory=replica_memory,
     working_memory=lambda cfg, facts: float(memory.PROCESS_BYTES),
     device_list="rollout_devices",
+    step_work=lambda cfg, cores: roles.StepWork(
+        what="generation",
+        flops_per_param_token=2,
+        units=roles.compute_units(
+            cfg, cores, cfg.rollout.num_replicas, cfg.rollout.engine.num_threads, cfg.rollout.engine.tensor_parallel_size
+        ),
+        efficiency="prefill",
+        bfloat16=cfg.rollout.engine.dtype == "bfloat16",
+    ),
 )
