@@ -82,7 +82,6 @@ class ReferenceActor(LoopActor):
 ROLE = roles.RoleSpec(
     name=names.REFERENCE,
     actor=ReferenceActor,
-    section="reference",
     instances=roles.numbered(names.REFERENCE, lambda cfg: cfg.reference.num_workers if cfg.algorithm.needs_reference else 0),
     task=names.TASK_REFERENCE,
     outputs=("ref_logp",),

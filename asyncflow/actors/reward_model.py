@@ -69,7 +69,6 @@ class RewardModelActor(ColumnRole):
 ROLE = roles.RoleSpec(
     name=names.REWARD_MODEL,
     actor=RewardModelActor,
-    section="reward_model",
     instances=roles.numbered(names.REWARD_MODEL, lambda cfg: cfg.reward_model.num_replicas if cfg.reward_model.enabled else 0),
     task=names.TASK_REWARD_MODEL,
     outputs=(REWARD_MODEL_COLUMN,),

@@ -100,8 +100,6 @@ class RoleSpec:
     """The actor class (a ``core.actor.Actor`` subclass)."""
     instances: Callable[[RunConfig], list[str]]
     """The names of its instances for a config (``one`` or ``numbered``); none: not started."""
-    section: str
-    """The config section that sets it up (``[rollout]``, ``[[roles]]`` ...)."""
     task: str = ""
     """The queue task it takes rows from (empty: none)."""
     outputs: tuple[str, ...] = ()

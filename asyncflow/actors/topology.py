@@ -72,7 +72,6 @@ def custom_role(entry: RoleEntry, python_path: list[str]) -> RoleSpec:
         name=entry.name,
         actor=cls,
         instances=one(entry.name),
-        section="roles",
         task=entry.task,
         outputs=(entry.reward_column,) if entry.reward_column else (),
         restartable=True,

@@ -537,7 +537,6 @@ def _train_threads(cfg: RunConfig) -> int | None:
 ROLE = roles.RoleSpec(
     name=names.TRAINER,
     actor=TrainerActor,
-    section="train",
     instances=roles.one(names.TRAINER),
     task=names.TASK_TRAIN,
     device=roles.Devices.GROUP,

@@ -208,7 +208,6 @@ def replica_memory(cfg, facts: memory.MemoryFacts) -> float:
 ROLE = roles.RoleSpec(
     name=names.ROLLOUT,
     actor=RolloutActor,
-    section="rollout",
     instances=roles.numbered(names.ROLLOUT, lambda cfg: cfg.rollout.num_replicas),
     task=names.TASK_ROLLOUT,
     outputs=("response_ids", "rollout_logp", "finish"),
