@@ -9,6 +9,7 @@ busy time (from each run's trace.json, ``bench/_breakdown.py``) and one JSON lin
 
     python scripts/ab_e2e.py --before-rev <base commit> --rounds 2 --steps 100
     python scripts/ab_e2e.py --before /some/old/tree --after . --rounds 2 --steps 100
+    python scripts/ab_e2e.py --before-rev <rev> --queue-rounds 200   # and `afctl bench queue` of each tree
 """
 
 from __future__ import annotations
@@ -57,6 +58,16 @@ def run_tree(tree: Path, config: str, steps: int, out: Path, sets: list[str]) ->
     return result
 
 
+def run_queue(tree: Path, rounds: int) -> dict:
+    """``afctl bench queue`` of one tree (round trip and bandwidth of the TransferQueue)."""
+    cmd = [sys.executable, "-m", "asyncflow.cli.main", "bench", "queue", "--rounds", str(rounds), "--json"]
+    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{tree}: bench queue failed ({done.returncode}):\n{done.stdout[-3000:]}")
+    return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, help="source tree of the old code")
@@ -76,6 +87,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs/ab"))
+    parser.add_argument(
+        "--queue-rounds",
+        type=int,
+        default=0,
+        help="also run each tree's `afctl bench queue --rounds N` in every round, after its bench e2e (0: not)",
+    )
     args = parser.parse_args()
     if args.before_rev:
         tree = (args.out / "before-tree").resolve()
@@ -93,6 +110,8 @@ def main() -> int:
             print(f"== round {r + 1}: {name} ({tree})", file=sys.stderr, flush=True)
             sets = args.before_set if name == "before" else args.after_set
             runs[name].append(run_tree(tree, args.config, args.steps, (args.out / f"{name}-{r}").resolve(), sets))
+            if args.queue_rounds:
+                runs[name][-1]["queue"] = run_queue(tree, args.queue_rounds)
     summary: dict = {
         "steps": args.steps,
         "rounds": args.rounds,
@@ -127,13 +146,21 @@ def main() -> int:
             },
             "each": [{k: x[k] for k in ("sync_samples_per_s", "async_samples_per_s", "load_avg_1m")} for x in results],
         }
+        if args.queue_rounds:
+            summary[name]["queue_round_trip_ms"] = round(statistics.mean(x["queue"]["round_trip_ms"] for x in results), 3)
+            summary[name]["queue_samples_per_s"] = round(statistics.mean(x["queue"]["samples_per_s"] for x in results), 1)
     for mode in ("sync", "async"):
         key = f"{mode}_samples_per_s"
         summary[f"{mode}_after_over_before"] = round(summary["after"][key] / summary["before"][key], 3)
+    if args.queue_rounds:
+        summary["queue_round_trip_after_over_before"] = round(
+            summary["after"]["queue_round_trip_ms"] / summary["before"]["queue_round_trip_ms"], 3
+        )
     b, a = summary["before"], summary["after"]
     print(f"{'':<28}{'before':>10}{'after':>10}")
-    for key in ("sync_samples_per_s", "async_samples_per_s", "async_pipeline_efficiency"):
-        print(f"{key:<28}{b[key]:>10.3f}{a[key]:>10.3f}")
+    for key in ("sync_samples_per_s", "async_samples_per_s", "async_pipeline_efficiency", "queue_round_trip_ms"):
+        if key in a:
+            print(f"{key:<28}{b[key]:>10.3f}{a[key]:>10.3f}")
     for mode in ("sync", "async"):
         for role in a[f"{mode}_busy_ms"]:
             print(

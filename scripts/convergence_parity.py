@@ -11,7 +11,7 @@ measure again). About 40-50 s per run on a 2-core machine.
     python scripts/convergence_parity.py --set algorithm.clip_against=proximal --out runs/parity-prox
 
 The JSON line is what ``scripts/results.py`` puts in docs/results.md, and what
-``tests/workflow/test_learning.py`` (marked slow) checks on a shorter run.
+``tests/runs/test_learning.py`` (marked slow) checks on a shorter run.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ export VLLM_CONFIGURE_LOGGING=0
 
 # -- 2. the gpu-marked tests -----------------------------------------------------------------
 if [ "$INSTALLED" = 1 ]; then
-  run_step gpu-tests 170 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu --basetemp="$WORK/pytest" tests/engines tests/workflow/test_weight_collective.py
+  run_step gpu-tests 170 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu --basetemp="$WORK/pytest" tests/engines tests/runs/test_weight_collective.py
   rc=$?
   line="$(grep -E '[0-9]+ (passed|failed|error)' "$WORK/gpu-tests.log" | tail -n 1)"
   if [ $rc = 0 ]; then record PASS gpu-tests "$line"; else record FAIL gpu-tests "rc $rc: ${line:-$(why gpu-tests)}"; fi

@@ -193,6 +193,11 @@ def _ab(r: dict, title: str, what: str) -> list[str]:
     out.append(
         f"| async pipeline efficiency | {bef['async_pipeline_efficiency']:.2f} | {aft['async_pipeline_efficiency']:.2f} | |"
     )
+    if "queue_round_trip_ms" in aft:  # --queue-rounds: each tree's `afctl bench queue` in every round
+        x, y = bef["queue_round_trip_ms"], aft["queue_round_trip_ms"]
+        out.append(f"| `bench queue` round trip, ms (median) | {x:.3f} | {y:.3f} | {y / x:.2f}x |")
+        x, y = bef["queue_samples_per_s"], aft["queue_samples_per_s"]
+        out.append(f"| `bench queue` rows/s | {x:.0f} | {y:.0f} | {y / x:.2f}x |")
     for mode in ("sync", "async"):
         for role in sorted(aft[f"{mode}_busy_ms"]):
             x, y = bef[f"{mode}_busy_ms"].get(role, 0.0), aft[f"{mode}_busy_ms"][role]
@@ -230,6 +235,7 @@ SECTIONS = (
     "ab_placement",
     "ab_pin",
     "ab_call",
+    "ab_seams",
     "micro",
     "changes",
     "parity",
@@ -240,6 +246,11 @@ ROUNDS = {  # each round of issue 13 against the code before it (its own example
     "ab": ("Before and after, side by side", "the code before this work"),
     "ab_round2": ("Second round: before and after, side by side", "the code before the second round"),
     "ab_round3": ("Third round: before and after, side by side", "the code before the third round"),
+    "ab_seams": (
+        "The seams refactor (issue 32): before and after, side by side",
+        "the code before the seams refactor (the rollout package, the algorithm registry, role facts on the specs, "
+        "the driver's lifecycle, the config split)",
+    ),
 }
 
 
@@ -252,7 +263,7 @@ def render_performance(records: dict[str, dict], previous: str = "") -> str:
         "# Performance: the framework's own cost per step (issue 13)",
         "",
         "Written by `python scripts/results.py --only breakdown peer ab ab_round2 ab_round3 ab_prefetch ab_placement ab_pin ab_call "
-        "micro` (and `real_breakdown`, with the real model: docs/real-model.md) from the JSON line of each command "
+        "ab_seams micro` (and `real_breakdown`, with the real model: docs/real-model.md) from the JSON line of each command "
         "below; do not edit by hand. The machine: 2 cores, no accelerator, shared with other jobs (the load "
         "average is given with each figure), so absolute figures move between runs; the ratios measured side "
         "by side in one invocation are the ones to trust.",
@@ -375,7 +386,7 @@ def _changes() -> list[str]:
         "## What changed, and why it is exact",
         "",
         "- `actors/_batching.token_batch`: one concatenation and scatter per column instead of per-row tensor "
-        "writes (the same tensors; `tests/perf/test_token_batch_vectorised.py`).",
+        "writes (the same tensors; `tests/bench/test_token_batch_vectorised.py`).",
         "- Training engine: a right-padded batch trains without the attention mask (causal attention alone "
         "never lets a real token see a pad: the same logits up to float rounding); fused AdamW on cpu/cuda.",
         "- Trainer: the weights are handed to `weights` without waiting for it to stage them and tell the "

@@ -5,7 +5,7 @@ typed by hand.
     python scripts/results.py                      # run what is missing, write docs/results.md
     python scripts/results.py --only parity        # rerun one section (its JSON is replaced)
     python scripts/results.py --render             # rewrite the pages from the JSON kept in --work
-    python scripts/results.py --only breakdown peer ab ab_round2 ab_round3 ab_pin ab_call micro   # docs/performance.md's sections
+    python scripts/results.py --only breakdown peer ab ab_round2 ab_round3 ab_pin ab_call ab_seams micro   # docs/performance.md's sections
 
 Each section's JSON line is kept with the command that produced it and when, in
 ``--work`` (default runs/results/<section>.json, with the runs) and in the repository
@@ -46,6 +46,8 @@ rows asked for while the weights travel)."""
 ROUND3_REV = "19e0a5f"
 """The commit before issue 13's third round (the driver's stale sockets closed, no swap grant for a
 replica alone, the trainer's metrics from a sender thread, the trainer pinned on an idle machine)."""
+SEAMS_REV = "0c2ee0c"
+"""The commit before issue 32 (the seams refactor)."""
 
 _ONE_ASYNC_RUN = [PY, "scripts/real_model_check.py", "--seeds", "0", "--modes", "async"]
 """One async run of examples/smollm2.toml, seed 0 (the real-model sections that change one thing)."""
@@ -346,6 +348,20 @@ SECTIONS: dict[str, list[str]] = {
         "--out",
         "{work}/ab_round3",
     ],
+    "ab_seams": [
+        PY,
+        "scripts/ab_e2e.py",
+        "--before-rev",
+        SEAMS_REV,
+        "--rounds",
+        "2",
+        "--steps",
+        "100",
+        "--queue-rounds",
+        "200",
+        "--out",
+        "{work}/ab_seams",
+    ],
     "ab_prefetch": [
         PY,
         "scripts/ab_e2e.py",
@@ -375,7 +391,19 @@ SECTIONS: dict[str, list[str]] = {
         "{work}/ab_placement",
     ],
 }
-PERFORMANCE = ("breakdown", "peer", "ab", "ab_round2", "ab_round3", "ab_prefetch", "ab_placement", "ab_pin", "ab_call", "micro")
+PERFORMANCE = (
+    "breakdown",
+    "peer",
+    "ab",
+    "ab_round2",
+    "ab_round3",
+    "ab_prefetch",
+    "ab_placement",
+    "ab_pin",
+    "ab_call",
+    "ab_seams",
+    "micro",
+)
 """The sections of docs/performance.md; the others are docs/results.md's."""
 REAL_PERFORMANCE = ("real_breakdown", "real_rollout", "real_train")
 """Real-model sections docs/performance.md also reads (real_breakdown is its own; the other two are docs/real-model.md's too)."""

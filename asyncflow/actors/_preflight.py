@@ -25,8 +25,8 @@ step: the FLOPs of a step (6 x parameters x tokens to train, x2 with a PPO criti
 planner's figures for the device (``planner.hardware`` peak x ``planner.calibration``
 efficiency; on cpu per core of the roles' threads, the peak read from this host's
 /proc/cpuinfo: ``planner.io.local_cpu_peak``, bfloat16 where the trainer autocasts or the rollout
-runs in it). Stages counted one after the
-other, as the first step runs them.
+runs in it). What each role does in a step is its spec's ``step_work``; stages are
+counted one after the other, as the first step runs them.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from asyncflow.actors._imports import importable
-from asyncflow.config.run import ConfigError, RunConfig
+from asyncflow.config.load import ConfigError
+from asyncflow.config.run import RunConfig
 
 if TYPE_CHECKING:
     from asyncflow.actors.roles import RoleSpec
@@ -169,49 +170,36 @@ def _hardware(cfg: RunConfig) -> tuple[Hardware, str]:
     return get_hardware("a100"), f"assuming an A100 ({name or 'no GPU seen here'})"
 
 
-def _threads(engine_threads: int | None, cfg: RunConfig) -> int:
-    return engine_threads or cfg.cluster.threads_per_process
-
-
 def step_estimate(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> StepEstimate:
     """A step's time from its FLOPs (module docstring); ``prompt_tokens``: the mean prompt
     length in tokens (``mean_prompt_tokens``). Tokens of a step: prompts_per_step x
-    group_size x (prompt + max_new_tokens), every response taken at its cap."""
+    group_size x (prompt + max_new_tokens), every response taken at its cap. What each
+    role's instances do in a step is their spec's ``step_work`` (training, generation, a
+    reference forward ...): the roles the config starts, counted one after the other."""
+    from asyncflow.actors.topology import BUILT_IN
     from asyncflow.planner.calibration import Efficiency
     from asyncflow.planner.io import from_hf_config, local_cpu_peak
 
     params = from_hf_config(Path(model_dir) / "config.json").num_params
     seqs = cfg.train.prompts_per_step * cfg.algorithm.group_size
     tokens = seqs * (prompt_tokens + cfg.rollout.sampling.max_new_tokens)
-    train_flops = 6 * params * tokens * (2 if cfg.algorithm.needs_critic else 1)
-    generate_flops = 2 * params * tokens
-    reference_flops = 2 * params * tokens if cfg.algorithm.needs_reference else 0.0
     hw, source = _hardware(cfg)
     eff = Efficiency()
-    if cfg.cluster.device == "cpu":  # a "device" of the cpu figures is one core
-        cores = os.cpu_count() or 1
-        train_threads = cfg.train.engine.num_threads or (cfg.planner.train_threads if cfg.planner.online else None)
-        train_units = min(cores, _threads(train_threads, cfg) * cfg.train.num_ranks)
-        rollout_units = min(cores, _threads(cfg.rollout.engine.num_threads, cfg) * cfg.rollout.num_replicas)
-        reference_units = min(cores, cfg.cluster.threads_per_process * cfg.reference.num_workers)
-        unit = "core"
-    else:
-        train_units = cfg.train.num_ranks
-        rollout_units = cfg.rollout.num_replicas * cfg.rollout.engine.tensor_parallel_size
-        reference_units = cfg.reference.num_workers
-        unit = "device"
-    train_peak = generate_peak = reference_peak = hw.peak_bf16_flops
-    if cfg.cluster.device == "cpu" and (cpu := local_cpu_peak()) is not None:  # this host's cores, not the profile's
-        bf16_train = cfg.train.engine.autocast == "bfloat16" or cfg.train.engine.dtype == "bfloat16"
-        train_peak = cpu.bf16_flops if bf16_train else cpu.fp32_flops
-        generate_peak = cpu.bf16_flops if cfg.rollout.engine.dtype == "bfloat16" else cpu.fp32_flops
-        reference_peak = cpu.fp32_flops
-        source = cpu.describe + (", bfloat16 training" if bf16_train else "")
-    train_rate, generate_rate = train_peak * eff.train_flops, generate_peak * eff.prefill_flops
-    train_s = train_flops / (train_units * train_rate)
-    generate_s = generate_flops / (rollout_units * generate_rate)
-    reference_s = reference_flops / (reference_units * reference_peak * eff.forward_flops)
-    total = train_s + generate_s + reference_s
+    efficiency = {"train": eff.train_flops, "prefill": eff.prefill_flops, "forward": eff.forward_flops}
+    cpu = local_cpu_peak() if cfg.cluster.device == "cpu" else None  # this host's cores, not the profile's
+    cores = (os.cpu_count() or 1) if cfg.cluster.device == "cpu" else 0  # a "device" of the cpu figures is one core
+    unit = "core" if cores else "device"
+    works = [spec.step_work(cfg, cores) for spec in BUILT_IN if spec.step_work is not None and spec.instances(cfg)]
+
+    def peak(bfloat16: bool) -> float:
+        if cpu is None:
+            return hw.peak_bf16_flops
+        return cpu.bf16_flops if bfloat16 else cpu.fp32_flops
+
+    if cpu is not None:
+        source = cpu.describe + (", bfloat16 training" if any(w.bfloat16 for w in works if w.efficiency == "train") else "")
+    costs = [(w, w.flops_per_param_token * params * tokens, peak(w.bfloat16) * efficiency[w.efficiency]) for w in works]
+    seconds = [flops / (w.units * rate) for w, flops, rate in costs]
 
     def units(n: int) -> str:
         return f"{n} {unit}{'s' if n > 1 else ''}"
@@ -225,10 +213,13 @@ def step_estimate(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> StepE
     def rate(x: float) -> str:
         return f"{x / 1e12:.0f} TFLOP/s" if x >= 1e12 else f"{x / 1e9:.0f} GFLOP/s"
 
-    reference = f", reference forward {flop(reference_flops)} {secs(reference_s)}" if reference_flops else ""
+    total = sum(seconds)
+    parts = ", ".join(f"{w.what} {flop(flops)} on {units(w.units)} {secs(t)}" for (w, flops, _), t in zip(costs, seconds))
+    rates = {w.efficiency: (r, peak(w.bfloat16)) for w, _, r in costs}
+    train_rate, train_peak = rates.get("train", (0.0, 0.0))
+    generate_rate, generate_peak = rates.get("prefill", (0.0, 0.0))
     line = (
-        f"step time: about {secs(total)} estimated (training {flop(train_flops)} on {units(train_units)} "
-        f"{secs(train_s)}, generation {flop(generate_flops)} on {units(rollout_units)} {secs(generate_s)}{reference}: "
+        f"step time: about {secs(total)} estimated ({parts}: "
         f"{seqs} sequences of ~{prompt_tokens:.0f} prompt + {cfg.rollout.sampling.max_new_tokens} new tokens, "
         f"{params / 1e6:.3g}M parameters)\n"
         f"  assuming ~{rate(train_rate)} per {unit} training, ~{rate(generate_rate)} generating ({source}: "

@@ -21,7 +21,8 @@ from asyncflow.actors._checkpoints import done_step, latest_checkpoint, latest_g
 from asyncflow.actors._manifest import MANIFEST
 from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors._summary import complete_lines
-from asyncflow.config.run import ConfigError, RunConfig, dump_config
+from asyncflow.config.load import ConfigError, dump_config
+from asyncflow.config.run import RunConfig
 from asyncflow.core._private import write_private
 from asyncflow.core.transport import is_loopback
 

@@ -8,7 +8,7 @@ The shape is Erlang/OTP's supervisor *intensity* and *period*: at most
 workers of one role share the budget, since a fault that kills one on start (a reward
 module that fails to import, a full device) kills them all.
 
-Invariants (tests/workflow/test_restart_policy.py):
+Invariants (tests/actors/test_restart_policy.py):
 - the first restart of a role in a window is immediate; each further one waits
   twice as long as the one before, from ``backoff_s`` up to ``MAX_BACKOFF_S``;
 - a death that would be restart number ``max_restarts + 1`` within the window is

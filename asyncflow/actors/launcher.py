@@ -101,10 +101,6 @@ STALL_STEP_FACTOR = 3.0
 estimate of a step, before the first), when that is longer than ``logging.hang_timeout_s``."""
 
 
-COMPUTE_HOSTS = ("rollout.", "trainer", "reference.", "reward_model.", "critic")
-"""Hosts that keep their cores busy (the queue, shards, loader and reward functions mostly wait)."""
-
-
 def oversubscribed(cfg: RunConfig, hosts: list[str], cores: int | None = None) -> str:
     """A warning when the computing processes of a cpu run ask for more than twice this
     machine's cores in torch threads (each then runs at a fraction of its speed, and
@@ -112,7 +108,7 @@ def oversubscribed(cfg: RunConfig, hosts: list[str], cores: int | None = None) -
     if cfg.cluster.device != "cpu" or cfg.cluster.launcher != "local":
         return ""
     cores = cores or os.cpu_count() or 1
-    busy = [h for h in hosts if h.startswith(COMPUTE_HOSTS)]
+    busy = [h for h in hosts if topology.computes(h)]
     threads = len(busy) * cfg.cluster.threads_per_process
     if threads <= 2 * cores:
         return ""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asyncflow.config.run import LoggingConfig, RunConfig
+from asyncflow.config.cluster import LoggingConfig
+from asyncflow.config.run import RunConfig
 
 
 class TensorBoardLogger:

@@ -48,7 +48,7 @@ import msgspec
 
 from asyncflow.actors import messages
 from asyncflow.config import names
-from asyncflow.config.run import PlannerConfig
+from asyncflow.config.planner import PlannerConfig
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 from asyncflow.core.errors import AsyncflowError

@@ -132,7 +132,6 @@ class PromptLoaderActor(LoopActor):
 ROLE = roles.RoleSpec(
     name=names.LOADER,
     actor=PromptLoaderActor,
-    section="data",
     instances=roles.one(names.LOADER),
     outputs=("prompt_ids", "answer"),
 )

@@ -33,7 +33,8 @@ import click
 import msgspec
 
 from asyncflow.actors._heartbeat import Heartbeat
-from asyncflow.config.run import ClusterConfig, ConfigError
+from asyncflow.config.cluster import ClusterConfig
+from asyncflow.config.load import ConfigError
 from asyncflow.core import protocol
 from asyncflow.core.directory import DirectoryClient
 from asyncflow.core.errors import ActorTimeout

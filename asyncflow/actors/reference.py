@@ -82,7 +82,6 @@ class ReferenceActor(LoopActor):
 ROLE = roles.RoleSpec(
     name=names.REFERENCE,
     actor=ReferenceActor,
-    section="reference",
     instances=roles.numbered(names.REFERENCE, lambda cfg: cfg.reference.num_workers if cfg.algorithm.needs_reference else 0),
     task=names.TASK_REFERENCE,
     outputs=("ref_logp",),
@@ -91,4 +90,10 @@ ROLE = roles.RoleSpec(
     devices_used=lambda cfg: [("train.engine.device", cfg.train.engine.device)],  # the trainer's engine settings
     memory=lambda cfg, facts: facts.shape.num_params * memory.DTYPE_BYTES[cfg.train.engine.dtype],  # the base weights
     device_list="reference_devices",
+    step_work=lambda cfg, cores: roles.StepWork(
+        what="reference forward",
+        flops_per_param_token=2,
+        units=roles.compute_units(cfg, cores, cfg.reference.num_workers),
+        efficiency="forward",
+    ),
 )

@@ -98,7 +98,6 @@ class RewardActor(LoopActor):
 ROLE = roles.RoleSpec(
     name=names.REWARD,
     actor=RewardActor,
-    section="reward",
     instances=roles.numbered(names.REWARD, lambda cfg: cfg.reward.num_workers if cfg.reward.placement == "role" else 0),
     task=names.TASK_REWARD,
     outputs=("reward",),

@@ -24,7 +24,7 @@ from asyncflow.actors import roles
 from asyncflow.actors._run import set_threads
 from asyncflow.actors.column_role import ColumnRole
 from asyncflow.config import names
-from asyncflow.config.run import REWARD_MODEL_COLUMN
+from asyncflow.config.roles import REWARD_MODEL_COLUMN
 from asyncflow.core import protocol
 from asyncflow.core.phases import phase
 from asyncflow.planner import memory
@@ -69,7 +69,6 @@ class RewardModelActor(ColumnRole):
 ROLE = roles.RoleSpec(
     name=names.REWARD_MODEL,
     actor=RewardModelActor,
-    section="reward_model",
     instances=roles.numbered(names.REWARD_MODEL, lambda cfg: cfg.reward_model.num_replicas if cfg.reward_model.enabled else 0),
     task=names.TASK_REWARD_MODEL,
     outputs=(REWARD_MODEL_COLUMN,),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from asyncflow.config import names
 from asyncflow.config.run import RunConfig
@@ -56,6 +57,32 @@ class Layout:
         return [n for role, ns in self.names.items() if role not in self.train_group for n in ns]
 
 
+@dataclass(frozen=True, kw_only=True)
+class StepWork:
+    """What one trainer step asks of a role's instances, for the preflight's estimate of a
+    step's time (``_preflight.step_estimate``): FLOPs per parameter and token of the step,
+    spread over ``units`` (cores on a cpu, devices otherwise), at one of the planner's
+    efficiencies (``planner.calibration.Efficiency``)."""
+
+    what: str
+    """How the preflight line names it: ``training``, ``generation``, ``reference forward``."""
+    flops_per_param_token: float
+    """6 to train (forward and backward), 2 for a forward or to generate; x2 with a critic."""
+    units: int
+    efficiency: Literal["train", "prefill", "forward"]
+    bfloat16: bool = False
+    """It computes in bfloat16 (the cpu peak of bfloat16 instructions applies)."""
+
+
+def compute_units(cfg: RunConfig, cores: int, instances: int, threads: int | None = None, devices_each: int = 1) -> int:
+    """``StepWork.units``: on a cpu (``cores`` > 0) the threads of ``instances`` processes
+    (``threads``, else ``cluster.threads_per_process``) up to the machine's cores; on
+    accelerators (``cores`` = 0) ``devices_each`` per instance."""
+    if cores:
+        return max(1, min(cores, (threads or cfg.cluster.threads_per_process) * instances))
+    return max(1, instances * devices_each)
+
+
 def no_kwargs(layout: Layout, name: str) -> dict:
     return {}
 
@@ -73,8 +100,6 @@ class RoleSpec:
     """The actor class (a ``core.actor.Actor`` subclass)."""
     instances: Callable[[RunConfig], list[str]]
     """The names of its instances for a config (``one`` or ``numbered``); none: not started."""
-    section: str
-    """The config section that sets it up (``[rollout]``, ``[[roles]]`` ...)."""
     task: str = ""
     """The queue task it takes rows from (empty: none)."""
     outputs: tuple[str, ...] = ()
@@ -97,6 +122,9 @@ class RoleSpec:
     """Bytes one instance needs beyond its states while it works (its runtime, a
     trainer's activations of one micro-batch at the data's mean prompt length): an
     estimate, added when the preflight knows the prompts' length."""
+    step_work: Callable[[RunConfig, int], StepWork] | None = None
+    """What a step asks of its instances, given the machine's cores (0: accelerators), for
+    the preflight's estimate of a step's time; None: nothing the estimate counts."""
     train_group: bool = False
     """Part of the training group: started after every other worker (which it pauses at
     checkpoints), stopped after them, given the pinned cores (``pin_trainer_cores``)."""

@@ -37,7 +37,8 @@ from asyncflow.actors._restarts import RestartPolicy
 from asyncflow.actors.roles import Devices, RoleSpec, index_of
 from asyncflow.actors.topology import HostPlan
 from asyncflow.config import names
-from asyncflow.config.run import ConfigError, RunConfig
+from asyncflow.config.load import ConfigError
+from asyncflow.config.run import RunConfig
 from asyncflow.core.directory import DirectoryClient
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.host import CPUS_ENV, HostProcess, spawn_host

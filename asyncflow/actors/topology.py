@@ -1,6 +1,6 @@
 """A run's topology: the registry of built-in roles, and the pure function from a
 config to the process hosts the driver starts (``plan_hosts``), tested without
-processes (tests/workflow/test_topology.py).
+processes (tests/actors/test_topology.py).
 
 Processes (one host per line)::
 
@@ -20,8 +20,11 @@ from dataclasses import dataclass
 
 from asyncflow.actors import prompt_loader, reference, reward, reward_model, rollout, trainer, trainer_rank
 from asyncflow.actors._imports import importable
-from asyncflow.actors.roles import Layout, RoleSpec, one
-from asyncflow.config.run import ConfigError, RoleEntry, RunConfig
+from asyncflow.actors.roles import Devices, Layout, RoleSpec, one
+from asyncflow.config import names
+from asyncflow.config.load import ConfigError
+from asyncflow.config.roles import RoleEntry
+from asyncflow.config.run import RunConfig
 from asyncflow.core import protocol
 from asyncflow.core.host import actor_spec
 from asyncflow.core.tq.launch import queue_specs
@@ -45,6 +48,17 @@ def built_in(name: str) -> RoleSpec:
     return next(r for r in BUILT_IN if r.name == name)
 
 
+def computes(host: str) -> bool:
+    """Whether the host of this name keeps its cores busy: an instance of a built-in role
+    with a device (``RoleSpec.device``: rollout, trainer and its ranks, reference, reward
+    model). The queue, its shards, the loader and reward workers mostly wait."""
+    return any(
+        host == spec.name or names.role_of(host) == (names.TRAINER if spec.name == names.TRAINER_RANK else spec.name)
+        for spec in BUILT_IN
+        if spec.device is not Devices.NONE
+    )
+
+
 def custom_role(entry: RoleEntry, python_path: list[str]) -> RoleSpec:
     """A ``[[roles]]`` entry as a RoleSpec: its class imported from the dotted path the
     user wrote, the way its process will (``cluster.python_path`` first)."""
@@ -58,7 +72,6 @@ def custom_role(entry: RoleEntry, python_path: list[str]) -> RoleSpec:
         name=entry.name,
         actor=cls,
         instances=one(entry.name),
-        section="roles",
         task=entry.task,
         outputs=(entry.reward_column,) if entry.reward_column else (),
         restartable=True,

@@ -98,6 +98,7 @@ from asyncflow.planner import memory
 
 if TYPE_CHECKING:
     from asyncflow.actors._eval import Evaluator
+    from asyncflow.config.run import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -527,10 +528,15 @@ def trainer_working_bytes(cfg, facts: memory.MemoryFacts) -> float:
 
 # -- the role, as the driver sees it (actors/topology.py) ---------------------------------
 
+
+def _train_threads(cfg: RunConfig) -> int | None:
+    """Torch threads of each trainer rank: the engine's, else the planner's online choice."""
+    return cfg.train.engine.num_threads or (cfg.planner.train_threads if cfg.planner.online else None)
+
+
 ROLE = roles.RoleSpec(
     name=names.TRAINER,
     actor=TrainerActor,
-    section="train",
     instances=roles.one(names.TRAINER),
     task=names.TASK_TRAIN,
     device=roles.Devices.GROUP,
@@ -543,6 +549,13 @@ ROLE = roles.RoleSpec(
         memory.training_state_bytes(cfg, facts.shape) + memory.synced_params(cfg, facts.shape) * 4
     ),  # + the host-staged snapshot published to rollout (fp32 on cpu)
     working_memory=lambda cfg, facts: trainer_working_bytes(cfg, facts),
+    step_work=lambda cfg, cores: roles.StepWork(
+        what="training",
+        flops_per_param_token=6 * (2 if cfg.algorithm.needs_critic else 1),  # the critic trains as much
+        units=roles.compute_units(cfg, cores, cfg.train.num_ranks, _train_threads(cfg)),
+        efficiency="train",
+        bfloat16=cfg.train.engine.autocast == "bfloat16" or cfg.train.engine.dtype == "bfloat16",
+    ),
     train_group=True,
     kwargs=lambda layout, name: {
         "other_roles": layout.workers_outside_training(),

@@ -160,7 +160,6 @@ class TrainerRankActor(Actor):
 ROLE = roles.RoleSpec(
     name=names.TRAINER_RANK,
     actor=TrainerRankActor,
-    section="train",
     instances=roles.numbered(names.TRAINER, lambda cfg: cfg.train.num_ranks - 1, first=1),  # trainer.1, ...
     device=roles.Devices.GROUP,
     memory=lambda cfg, facts: memory.training_state_bytes(cfg, facts.shape),

@@ -52,7 +52,7 @@ def e2e(
 
     from asyncflow.actors.launcher import run
     from asyncflow.bench._shared_inputs import with_shared_inputs
-    from asyncflow.config.run import load_config
+    from asyncflow.config.load import load_config
 
     base = load_config(config_path, list(overrides))
     root = Path(out or tempfile.mkdtemp(prefix="af-e2e-"))

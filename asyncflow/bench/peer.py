@@ -127,7 +127,7 @@ def peer(
     """Samples/s (training time only) and last-10% reward of TRL GRPOTrainer,
     asyncflow sync and asyncflow async on the same work."""
     from asyncflow.bench._shared_inputs import with_shared_inputs
-    from asyncflow.config.run import load_config
+    from asyncflow.config.load import load_config
 
     if skip_trl and only_trl:
         raise click.UsageError("--skip-trl and --only-trl leave nothing to run: give one of them")

@@ -83,7 +83,7 @@ def planner(config_path: str, steps: int | None, window: int, compare: bool, out
 
     from asyncflow.actors._prepare import prepare_new
     from asyncflow.actors.launcher import run
-    from asyncflow.config.run import load_config
+    from asyncflow.config.load import load_config
 
     if config_path is None:
         if not EXAMPLE.is_file():

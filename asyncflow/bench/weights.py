@@ -38,7 +38,8 @@ def bench_run_dir(path: str, substep_updates: bool = False) -> str:
     import msgspec
 
     from asyncflow.actors._run import LaunchInfo
-    from asyncflow.config.run import RunConfig, WorkflowConfig
+    from asyncflow.config.run import RunConfig
+    from asyncflow.config.workflow import WorkflowConfig
 
     run = Path(path)
     config = RunConfig(workflow=WorkflowConfig(weight_transport="collective", substep_updates=substep_updates))

@@ -9,7 +9,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROLE_ORDER = ("loader", "rollout", "reward", "reference", "trainer")
+from asyncflow.config import names
+
+ROLE_ORDER = names.DISPLAY_ORDER
 
 
 @dataclass

@@ -186,7 +186,7 @@ def run_predict(
     as_json: bool,
     longest_response_len: float | None = None,
 ) -> None:
-    from asyncflow.config.run import load_config
+    from asyncflow.config.load import load_config
     from asyncflow.planner.calibration import Profile
     from asyncflow.planner.io import load_profile
 

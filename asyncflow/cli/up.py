@@ -36,7 +36,7 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
     from asyncflow.actors._prepare import default_run_dir
     from asyncflow.actors.launcher import run
     from asyncflow.actors.supervisor import RunFailed
-    from asyncflow.config.run import ConfigError, load_config
+    from asyncflow.config.load import ConfigError, load_config
 
     if bool(config) == bool(resume):
         raise click.UsageError("give a CONFIG file to start a run, or --resume RUN_DIR to continue one (not both)")

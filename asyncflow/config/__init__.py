@@ -1,9 +1,18 @@
 """The RL run's configuration, above ``core`` (which knows no RL) and ``engines``
-(whose sections it includes):
+(whose sections it includes). One module per area, each a few ``[sections]``:
 
-- ``run.py``: the typed ``cluster.toml`` schema (``RunConfig``), loading, ``--set``
-  overrides, and the generated docs/config.md (``python -m asyncflow.config.run --markdown``);
-- ``resumable.py``: the keys a resume may change.
+- ``model.py`` (``[model]``, ``[data]``), ``algorithm.py``, ``roles.py`` (``[rollout]``,
+  ``[reference]``, ``[reward]``, ``[reward_model]``, ``[critic]``, ``[[roles]]``),
+  ``gateway.py``, ``train.py`` (``[train]``, ``[eval]``), ``workflow.py`` (``[queue]``,
+  ``[workflow]``), ``cluster.py`` (``[cluster]``, ``[logging]``), ``planner.py``, ``env.py``;
+  each section a ``Section`` (``_section.py``);
+- ``run.py``: ``RunConfig``, the whole ``cluster.toml``, and the rules that need all of it
+  (``validate``, ``check_paths``);
+- ``load.py``: TOML text or a file to a validated ``RunConfig``, ``--set`` overrides,
+  relative paths, and errors that name the key and the fix;
+- ``docs.py``: docs/config.md, generated from the schema
+  (``python -m asyncflow.config.docs --markdown``);
+- ``names.py``: the reserved role names; ``resumable.py``: the keys a resume may change.
 
 The rule machinery it uses (``ConfigError``, ranges on the fields, one ``check()`` per
 section) is generic and lives in ``core/schema.py``.

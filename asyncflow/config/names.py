@@ -23,6 +23,9 @@ COLLECTOR = "collector"  # in the driver
 PLANNER = "planner"  # in the driver, with [planner] online = true
 ROSTER = "roster"  # in the driver: the rollout replicas now, from the Supervisor
 
+DISPLAY_ORDER = (LOADER, ROLLOUT, REWARD, REFERENCE, TRAINER)
+"""The order tables and plots list roles in (``afctl`` views of a run; any other after them)."""
+
 # -- queue tasks (a controller each: tq.controller.<task>) -------------------------------------
 TASK_ROLLOUT = "rollout"
 TASK_REWARD = "reward"

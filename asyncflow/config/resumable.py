@@ -26,7 +26,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from asyncflow.config.run import ConfigError, RunConfig, _format_error, apply_overrides, check_paths, validate
+from asyncflow.config.load import ConfigError, _format_error, apply_overrides
+from asyncflow.config.run import RunConfig, check_paths, validate
 
 RESUMABLE_KEYS = (
     "train.num_steps",

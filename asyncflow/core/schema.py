@@ -1,6 +1,6 @@
 """Config schemas as msgspec Structs: rules on the fields, a validator per section.
 
-Knows no RL: ``config/run.py`` (the ``cluster.toml`` schema) and ``engines/config.py``
+Knows no RL: ``config/`` (the ``cluster.toml`` schema) and ``engines/config.py``
 (the engine sections) use it.
 
 - A single-field rule is a constraint on the field's type

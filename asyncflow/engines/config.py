@@ -21,7 +21,7 @@ Device = Literal["cpu", "cuda", "npu"]
 DType = Literal["float32", "bfloat16", "float16"]
 
 # Ranges of numeric keys, checked by msgspec when a config is loaded (the error names
-# the key and the range: config/run.py). A field adds its description with a second
+# the key and the range: config/load.py). A field adds its description with a second
 # Meta: ``Annotated[Count, Meta(description=...)]``; a rule between fields is the
 # Struct's ``check`` method (core/schema.py).
 Count = Annotated[int, Meta(ge=1)]
@@ -213,7 +213,8 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             description="Mixed precision: the forward and backward run their matmuls in this dtype (``torch.autocast``) "
             "while parameters, gradients and optimizer states stay in ``dtype`` (float32); log-probs, entropy and the loss "
             "are still computed in float32 from the logits. On a CPU with avx512_bf16 or AMX it trains faster "
-            "(SmolLM2-135M, one core: the measured ratio is in docs/real-model.md, 'Training at real size'); on one without bf16 instructions it is slower: leave it off. "
+            "(SmolLM2-135M, one core: the measured ratio is in docs/real-model.md, 'Training at real size'); on one "
+            "without bf16 instructions it is slower: leave it off. "
             "The trainer's log-probs then differ from a float32 rollout's by bfloat16 rounding, which the importance "
             "ratio sees. float16 is not offered: it needs loss scaling."
         ),

@@ -2,7 +2,7 @@
 spec adds up for its own instances (``RoleSpec.memory``, ``RoleSpec.working_memory``),
 which the preflight sums and checks against the host (``actors/_preflight.py``).
 
-Pure functions. ``cfg`` is a run config (``config/run.py``), read by attribute.
+Pure functions. ``cfg`` is a run config (``config/``), read by attribute.
 
 Two kinds of figure:
 - states (``memory``): weights, optimizer states, KV budgets, staged snapshots: a

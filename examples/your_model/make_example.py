@@ -8,7 +8,7 @@
 
     python examples/your_model/make_example.py DIR && afctl up DIR/run.toml
 
-docs/your-model-and-data.md walks through each file; tests/workflow/test_your_model.py
+docs/your-model-and-data.md walks through each file; tests/runs/test_your_model.py
 and scripts/newcomer.sh run it. Nothing is downloaded.
 """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from asyncflow.actors.launcher import oversubscribed
-from asyncflow.config.run import load_config_text
+from asyncflow.config.load import load_config_text
 
 pytestmark = pytest.mark.timeout(10)
 

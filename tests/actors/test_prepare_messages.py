@@ -6,7 +6,7 @@ import pytest
 from tiny_config import tiny_config_text
 
 from asyncflow.actors._prepare import prepare_new
-from asyncflow.config.run import load_config_text
+from asyncflow.config.load import load_config_text
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,7 @@ import pytest
 from asyncflow.actors._checkpoints import checkpoint_dir
 from asyncflow.actors._prepare import prepare_resume, write_run_config
 from asyncflow.actors._run import LaunchInfo
-from asyncflow.config.run import load_config_text
+from asyncflow.config.load import load_config_text
 from asyncflow.core.schema import ConfigError
 
 pytestmark = pytest.mark.timeout(20)

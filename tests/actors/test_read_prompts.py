@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from asyncflow.actors._run import read_prompts
-from asyncflow.config.run import load_config_text
+from asyncflow.config.load import load_config_text
 from asyncflow.core.schema import ConfigError
 
 pytestmark = pytest.mark.timeout(20)

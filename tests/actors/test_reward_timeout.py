@@ -11,7 +11,7 @@ import pytest
 from tiny_config import tiny_config_text
 
 from asyncflow.actors._scoring import Scorer
-from asyncflow.config.run import load_config_text
+from asyncflow.config.load import load_config_text
 from asyncflow.toy.tiny import build_char_tokenizer
 
 pytestmark = pytest.mark.timeout(60)

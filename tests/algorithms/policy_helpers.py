@@ -11,7 +11,7 @@ from tiny_config import tiny_config_text
 
 from asyncflow.actors._policy import PolicyUpdate
 from asyncflow.actors._run import LaunchInfo
-from asyncflow.config.run import load_config_text
+from asyncflow.config.load import load_config_text
 
 
 def policy_update(model_dir: Path, changes: dict[str, dict[str, Any]]) -> PolicyUpdate:

@@ -5,7 +5,7 @@ import logging
 import pytest
 from tiny_config import tiny_config_text
 
-from asyncflow.config.run import ConfigError, load_config_text
+from asyncflow.config.load import ConfigError, load_config_text
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pytest
 
 from asyncflow.actors._dynamic_sampling import subset
 from asyncflow.algorithms.dynamic_sampling import choose_groups, is_informative
-from asyncflow.config.run import load_config_text
+from asyncflow.config.load import load_config_text
 from asyncflow.core import protocol
 from asyncflow.core.schema import ConfigError
 

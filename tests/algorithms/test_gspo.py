@@ -11,7 +11,7 @@ import torch
 
 from asyncflow.algorithms import registry
 from asyncflow.algorithms.gspo import GSPOLoss, build
-from asyncflow.config.run import ConfigError, load_config_text
+from asyncflow.config.load import ConfigError, load_config_text
 from asyncflow.engines.base import ForwardOutput, LossContext, TokenBatch
 
 B, T = 6, 9

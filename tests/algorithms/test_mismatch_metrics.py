@@ -29,7 +29,7 @@ def test_the_algorithm_section_sets_the_weight_level_and_the_mask():
     from tiny_config import tiny_config_text
 
     from asyncflow.algorithms.grpo import ppo_clip_config as loss_config
-    from asyncflow.config.run import load_config_text
+    from asyncflow.config.load import load_config_text
 
     alg = load_config_text(
         tiny_config_text({"algorithm": {"is_level": "sequence", "is_mask_low": 0.5, "is_mask_high": 2.0}})

@@ -40,7 +40,7 @@ def test_the_algorithm_section_chooses_what_the_ratio_is_clipped_against():
     from tiny_config import tiny_config_text
 
     from asyncflow.algorithms.grpo import ppo_clip_config as loss_config
-    from asyncflow.config.run import load_config_text
+    from asyncflow.config.load import load_config_text
 
     cfg = load_config_text(tiny_config_text({"algorithm": {"clip_against": "proximal"}}))
     assert loss_config(cfg.algorithm).clip_against == "proximal"
@@ -50,7 +50,7 @@ def test_the_algorithm_section_chooses_what_the_ratio_is_clipped_against():
 def test_an_unknown_clip_against_value_names_the_key_and_the_choices():
     from tiny_config import tiny_config_text
 
-    from asyncflow.config.run import ConfigError, load_config_text
+    from asyncflow.config.load import ConfigError, load_config_text
 
     with pytest.raises(ConfigError, match=r"algorithm.clip_against.*'proximal', 'behaviour'"):
         load_config_text(tiny_config_text({"algorithm": {"clip_against": "coupled"}}))

@@ -13,7 +13,7 @@ from tiny_config import tiny_config_text
 from asyncflow.actors._batching import token_batch
 from asyncflow.algorithms.grpo import PolicyLossConfig, policy_loss_fn
 from asyncflow.algorithms.overlong import drop_rows, overlong_penalty, truncated_rows
-from asyncflow.config.run import ConfigError, load_config_text
+from asyncflow.config.load import ConfigError, load_config_text
 from asyncflow.engines.base import ForwardOutput, LossContext, TokenBatch, TrainStepResult
 
 pytestmark = pytest.mark.timeout(120)

@@ -18,7 +18,7 @@ import asyncflow
 from asyncflow.algorithms import registry
 from asyncflow.algorithms.grpo import PolicyLossConfig, policy_loss_fn
 from asyncflow.algorithms.registry import LossConfig
-from asyncflow.config.run import ConfigError, load_config_text
+from asyncflow.config.load import ConfigError, load_config_text
 from asyncflow.engines.base import ForwardOutput, LossContext, TokenBatch
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,9 +1,9 @@
-"""The chaos suite (``python -m pytest -m chaos tests/chaos``): wf_helpers of the workflow tests."""
+"""The chaos suite (``python -m pytest -m chaos tests/chaos``): wf_helpers of the whole-run tests (tests/runs)."""
 
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "workflow"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "runs"))
 
 
 import pytest  # noqa: E402

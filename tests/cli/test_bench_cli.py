@@ -24,7 +24,7 @@ def test_afctl_help_and_bench_help_name_every_benchmark():
 
 @pytest.mark.timeout(30)
 def test_bench_planner_finds_its_default_config_from_another_directory(tmp_path, monkeypatch):
-    import asyncflow.config.run as config
+    import asyncflow.config.load as config
 
     seen = []
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncflow.config.run import ConfigError, config_markdown, load_config, load_config_text
+from asyncflow.config.docs import config_markdown
+from asyncflow.config.load import ConfigError, load_config, load_config_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,7 +90,7 @@ def test_set_overrides_change_keys_of_the_file_and_name_a_wrong_one():
 
 def test_docs_config_md_documents_every_key_as_the_code_has_it():
     assert (ROOT / "docs" / "config.md").read_text().strip() == config_markdown().strip(), (
-        "docs/config.md is stale: regenerate it with `python -m asyncflow.config.run --markdown > docs/config.md`"
+        "docs/config.md is stale: regenerate it with `python -m asyncflow.config.docs --markdown > docs/config.md`"
     )
 
 
@@ -144,7 +145,7 @@ def test_every_numeric_config_key_has_a_range():
                 elif inner in (int, float) and f"{cls.__name__}.{name}" not in free:
                     unconstrained.append(f"{cls.__name__}.{name}")
 
-    from asyncflow.config.run import RoleEntry
+    from asyncflow.config.roles import RoleEntry
 
     walk(RunConfig)
     walk(RoleEntry)

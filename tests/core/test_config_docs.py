@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncflow.config.run import config_markdown
+from asyncflow.config.docs import config_markdown
 
 
 @pytest.mark.timeout(30)

@@ -8,7 +8,9 @@ import typing
 import msgspec
 import pytest
 
-from asyncflow.config.run import ConfigError, RoleEntry, RunConfig, check_paths, load_config_text, validate
+from asyncflow.config.load import ConfigError, load_config_text
+from asyncflow.config.roles import RoleEntry
+from asyncflow.config.run import RunConfig, check_paths, validate
 from asyncflow.core import schema
 
 # One value outside its field's constraint in every section (and the top level).

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from tiny_config import tiny_config_text
 
-from asyncflow.config.run import load_config_text
+from asyncflow.config.load import load_config_text
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -379,7 +379,7 @@ def _preflight(tmp_path: Path, kind: str, config: str = "") -> tuple[dict[str, f
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from asyncflow.actors._preflight import estimate, working_bytes
-    from asyncflow.config.run import load_config_text
+    from asyncflow.config.load import load_config_text
 
     model_dir = write_real_size_config(tmp_path / kind, kind)
     with torch.device("meta"):

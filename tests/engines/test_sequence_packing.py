@@ -180,7 +180,7 @@ def test_packing_refuses_a_batch_that_is_not_right_padded(qwen2_dir):
     ],
 )
 def test_a_packing_key_without_packing_is_refused_naming_the_key(text, message):
-    from asyncflow.config.run import ConfigError, load_config_text
+    from asyncflow.config.load import ConfigError, load_config_text
 
     with pytest.raises(ConfigError) as info:
         load_config_text(text)

@@ -7,7 +7,8 @@ import importlib.util
 import pytest
 import torch
 
-from asyncflow.config.run import ConfigError, RunConfig
+from asyncflow.config.load import ConfigError
+from asyncflow.config.run import RunConfig
 from asyncflow.core.schema import check_tree
 from asyncflow.engines.config import LoraConfig, RolloutEngineConfig, SamplingParams, TrainEngineConfig
 from asyncflow.engines.factory import build_rollout_engine, build_train_engine

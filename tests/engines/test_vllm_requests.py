@@ -44,7 +44,7 @@ def test_auto_weight_transfer_is_ipc_on_one_gpu_and_rpc_with_tensor_parallelism_
     ],
 )
 def test_a_vllm_key_that_cannot_work_is_refused_naming_the_key_and_the_fix(engine, message):
-    from asyncflow.config.run import ConfigError, load_config_text
+    from asyncflow.config.load import ConfigError, load_config_text
 
     with pytest.raises(ConfigError) as info:
         load_config_text(f"[rollout.engine]\n{engine}\n")
@@ -52,7 +52,7 @@ def test_a_vllm_key_that_cannot_work_is_refused_naming_the_key_and_the_fix(engin
 
 
 def test_the_vllm_keys_load_where_they_apply():
-    from asyncflow.config.run import load_config_text
+    from asyncflow.config.load import load_config_text
 
     cfg = load_config_text(
         '[rollout.engine]\ntype = "vllm"\ntensor_parallel_size = 2\nweight_transfer = "rpc"\npartial_kv = "recompute"\n'
@@ -131,7 +131,7 @@ def _gpu_check_overrides() -> list[str]:
 def test_the_gpu_checks_run_of_examples_gpu_toml_is_a_valid_one_gpu_config_of_20_steps_on_vllm():
     from pathlib import Path
 
-    from asyncflow.config.run import load_config
+    from asyncflow.config.load import load_config
 
     overrides = _gpu_check_overrides()
     assert len(overrides) >= 10
@@ -144,7 +144,7 @@ def test_the_gpu_checks_run_of_examples_gpu_toml_is_a_valid_one_gpu_config_of_20
 def test_examples_npu_toml_takes_the_rpc_weight_path():
     from pathlib import Path
 
-    from asyncflow.config.run import load_config
+    from asyncflow.config.load import load_config
 
     cfg = load_config(
         Path(__file__).resolve().parents[2] / "examples" / "npu.toml",

@@ -91,7 +91,7 @@ def test_an_environment_is_loaded_by_dotted_path_and_a_wrong_one_is_refused_with
 
 
 def test_a_config_with_no_reward_function_needs_an_environment():
-    from asyncflow.config.run import ConfigError, load_config_text
+    from asyncflow.config.load import ConfigError, load_config_text
 
     with pytest.raises(ConfigError, match="reward.functions"):
         load_config_text("[reward]\nfunctions = []")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from asyncflow.actors.rollout.multiturn import MultiTurnDriver
-from asyncflow.config.run import EnvConfig
+from asyncflow.config.env import EnvConfig
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
 from asyncflow.engines.native_rollout import NativeRolloutEngine
 from asyncflow.engines.prompts import encode_chat_prompt
@@ -161,7 +161,7 @@ def test_a_slow_environment_step_does_not_stop_the_engine_from_driving_the_other
 HUNG_PROCESS = """
 import threading
 from asyncflow.actors.rollout.multiturn import MultiTurnDriver
-from asyncflow.config.run import EnvConfig
+from asyncflow.config.env import EnvConfig
 from asyncflow.envs.base import Environment, Step
 
 class Hung(Environment):

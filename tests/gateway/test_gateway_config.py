@@ -2,7 +2,7 @@
 
 import pytest
 
-from asyncflow.config.run import load_config_text
+from asyncflow.config.load import load_config_text
 from asyncflow.core.schema import ConfigError
 
 
@@ -50,7 +50,7 @@ def test_the_driver_prints_where_the_gateway_answers_and_for_how_long(tmp_path):
     from tiny_config import tiny_config_text
 
     from asyncflow.actors.launcher import gateway_line
-    from asyncflow.config.run import load_config_text
+    from asyncflow.config.load import load_config_text
 
     on = load_config_text(tiny_config_text({"rollout.gateway": {"enabled": True}, "train": {"num_steps": 300}}))
     assert "not in RUN_DIR/gateway.json yet" in gateway_line(tmp_path, on)

@@ -135,7 +135,7 @@ def test_a_new_session_beyond_max_sessions_drops_the_oldest_finished_one_or_is_r
 def test_only_the_named_replica_serves_and_it_asks_for_the_secret_when_the_config_requires_it(tiny_dir, tokenizer, tmp_path):
     import threading
 
-    from asyncflow.config.run import GatewayConfig
+    from asyncflow.config.gateway import GatewayConfig
     from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
     from asyncflow.engines.factory import build_rollout_engine
     from asyncflow.gateway.replica import serve_for_replica

@@ -11,7 +11,7 @@ from asyncflow.actors import messages
 from asyncflow.actors.collector import CollectorActor
 from asyncflow.actors.loggers import build_loggers
 from asyncflow.cli._runs import timeline, validate_trace
-from asyncflow.config.run import LoggingConfig
+from asyncflow.config.cluster import LoggingConfig
 from asyncflow.core.actor import ActorContext
 from asyncflow.core.transport import TransportConfig
 

@@ -15,7 +15,7 @@ from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors.collector import CollectorActor
 from asyncflow.actors.launcher import STALL_STEP_FACTOR, Launcher, stall_timeout_s
 from asyncflow.actors.topology import HostPlan
-from asyncflow.config.run import load_config_text
+from asyncflow.config.load import load_config_text
 from asyncflow.core import protocol
 from asyncflow.core.actor import ActorContext
 from asyncflow.core.transport import TransportConfig

@@ -55,7 +55,7 @@ def test_an_unreadable_cpuinfo_gives_no_peak(tmp_path):
 @pytest.mark.timeout(60)
 def test_the_step_estimate_reads_this_cpu_and_halves_training_under_bfloat16_autocast(tmp_path, monkeypatch):
     from asyncflow.actors._preflight import step_estimate
-    from asyncflow.config.run import load_config_text
+    from asyncflow.config.load import load_config_text
 
     model_dir = tmp_path / "m"
     model_dir.mkdir()

@@ -166,7 +166,7 @@ LOCAL_LIKE = """
 
 @pytest.mark.timeout(120)
 def test_plan_config_adds_the_framework_terms_to_the_stages():
-    from asyncflow.config.run import load_config_text
+    from asyncflow.config.load import load_config_text
     from asyncflow.planner.predict import ConfigInputs, predict
 
     cfg = load_config_text(LOCAL_LIKE)

@@ -12,7 +12,7 @@ import pytest
 
 from asyncflow.actors import messages
 from asyncflow.actors.planner import PlannerActor
-from asyncflow.config.run import PlannerConfig
+from asyncflow.config.planner import PlannerConfig
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
@@ -220,7 +220,7 @@ def test_a_failed_move_keeps_the_split_and_lets_the_planner_decide_again(make_be
 def test_moves_during_a_tiny_run_add_and_remove_a_replica_and_every_step_still_trains_once(tmp_path):
     from asyncflow.actors._prepare import prepare_new
     from asyncflow.actors.launcher import Launcher
-    from asyncflow.config.run import load_config_text
+    from asyncflow.config.load import load_config_text
     from asyncflow.planner.online import MoveDecision, Split
 
     cfg = load_config_text("""

@@ -109,7 +109,7 @@ def test_afctl_plan_fits_a_7b_on_two_gpus_with_lora_and_not_without():
 
 
 def test_a_run_config_with_lora_is_predicted_with_the_adapters_sync():
-    from asyncflow.config.run import load_config_text
+    from asyncflow.config.load import load_config_text
     from asyncflow.planner.calibration import Profile
     from asyncflow.planner.predict import ConfigInputs, predict
 

@@ -71,7 +71,7 @@ def test_too_few_devices_beside_the_reward_model_are_refused():
 
 
 def test_the_config_prediction_adds_the_reward_models_forward_to_the_reward_stage():
-    from asyncflow.config.run import load_config_text
+    from asyncflow.config.load import load_config_text
     from asyncflow.planner.calibration import Profile
     from asyncflow.planner.predict import ConfigInputs, predict
 

@@ -40,7 +40,7 @@ def test_processes_beyond_the_cores_stretch_each_other():
 @pytest.mark.timeout(60)
 def test_plan_config_maps_a_run_config_and_predicts_both_modes(tmp_path):
     from asyncflow.cli.predict import config_inputs
-    from asyncflow.config.run import load_config_text
+    from asyncflow.config.load import load_config_text
     from asyncflow.planner.calibration import Efficiency, Profile
     from asyncflow.planner.predict import predict
 

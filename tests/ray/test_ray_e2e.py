@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "workflow"))
+sys.path.insert(0, str(Path(__file__).parent.parent / "runs"))
 from wf_helpers import assert_trained_exactly_once, read_jsonl, write_config  # noqa: E402
 
 RAY_CLUSTER = """

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from asyncflow.actors.ray_hosts import CPU_PER_HOST, RayHosts, node_transport
-from asyncflow.config.run import ClusterConfig, ConfigError
+from asyncflow.config.cluster import ClusterConfig
+from asyncflow.config.load import ConfigError
 from asyncflow.core.transport import TransportConfig
 
 DEVICES = {"queue": 0, "rollout.0": 1, "reference.0": 1, "trainer": 4}.get

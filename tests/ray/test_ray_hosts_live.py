@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from asyncflow.actors.ray_hosts import RayHosts
-from asyncflow.config.run import ClusterConfig
+from asyncflow.config.cluster import ClusterConfig
 from asyncflow.core import protocol
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.transport import TransportConfig

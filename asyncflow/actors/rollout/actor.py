@@ -208,7 +208,6 @@ def replica_memory(cfg, facts: memory.MemoryFacts) -> float:
 ROLE = roles.RoleSpec(
     name=names.ROLLOUT,
     actor=RolloutActor,
-    section="rollout",
     instances=roles.numbered(names.ROLLOUT, lambda cfg: cfg.rollout.num_replicas),
     task=names.TASK_ROLLOUT,
     outputs=("response_ids", "rollout_logp", "finish"),
@@ -218,4 +217,13 @@ ROLE = roles.RoleSpec(
     memory=replica_memory,
     working_memory=lambda cfg, facts: float(memory.PROCESS_BYTES),
     device_list="rollout_devices",
+    step_work=lambda cfg, cores: roles.StepWork(
+        what="generation",
+        flops_per_param_token=2,
+        units=roles.compute_units(
+            cfg, cores, cfg.rollout.num_replicas, cfg.rollout.engine.num_threads, cfg.rollout.engine.tensor_parallel_size
+        ),
+        efficiency="prefill",
+        bfloat16=cfg.rollout.engine.dtype == "bfloat16",
+    ),
 )

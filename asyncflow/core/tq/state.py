@@ -21,7 +21,7 @@ Policies of :meth:`TaskState.select`:
 - ``dp_size > 1`` with either: the batch also comes split into ``dp_size`` parts of
   balanced total length (``prompt_len + response_len``), groups kept whole.
 
-Invariants (tests/tq/test_state.py):
+Invariants (tests/core/tq/test_state.py):
 - a row is handed to at most one consumer of the task, and never again once acked;
 - a selection is all-or-nothing: without ``partial`` either ``batch_size`` rows are
   handed out or none;

@@ -11,7 +11,7 @@ import pytest
 from wf_helpers import afctl, assert_trained_exactly_once, read_jsonl, write_config
 
 from asyncflow.actors._versions import VersionLedger, VersionMismatch, token_staleness
-from asyncflow.config.run import ConfigError, load_config_text
+from asyncflow.config.load import ConfigError, load_config_text
 from asyncflow.core import protocol
 
 HERE = Path(__file__).resolve().parent

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from asyncflow.actors._preflight import check, estimate
-from asyncflow.config.run import ConfigError, load_config_text
+from asyncflow.config.load import ConfigError, load_config_text
 
 
 def _model_dir(tmp_path, hidden: int, layers: int, vocab: int):

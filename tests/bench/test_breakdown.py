@@ -95,7 +95,7 @@ def test_a_real_run_breaks_down_into_the_phases_of_every_role(tmp_path):
 
     from asyncflow.actors.launcher import run
     from asyncflow.cli._runs import load_trace
-    from asyncflow.config.run import load_config
+    from asyncflow.config.load import load_config
 
     path = write_tiny_config(
         tmp_path / "c.toml",

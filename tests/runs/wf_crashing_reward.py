@@ -1,5 +1,5 @@
 """A reward module whose import kills its process while a count file says so: a
-reward worker that dies during its own (re)start (tests/workflow/test_restart_faults.py).
+reward worker that dies during its own (re)start (tests/runs/test_restart_faults.py).
 
 ``AF_TEST_CRASH_ON_IMPORT`` names the file; while it holds a number above 0, each
 import lowers it by one and exits the process with code 3. Without the file the

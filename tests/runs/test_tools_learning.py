@@ -2,7 +2,7 @@
 to call it on only about a fifth of the prompts, learns by RL to call it. Marked
 slow (a few minutes on 2 cores):
 
-    python -m pytest -m slow tests/workflow/test_tools_learning.py
+    python -m pytest -m slow tests/runs/test_tools_learning.py
 
 Fails with the environment off (``--set env.path=`` leaves single-turn rollouts
 scored by no function: no tool-call rate, reward 0) and when the multi-turn rollout

@@ -7,7 +7,7 @@ import multiprocessing as mp
 import threading
 import time
 
-import _workers  # noqa: E402  (tests/tq is on sys.path; spawned processes import it by name)
+import _workers  # noqa: E402  (tests/core/tq is on sys.path; spawned processes import it by name)
 import numpy as np
 import pytest
 import torch

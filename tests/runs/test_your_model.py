@@ -71,7 +71,7 @@ def test_the_readme_snippet_loads_a_checkpoint_and_answers_through_the_chat_temp
 
 @pytest.mark.timeout(30)
 def test_model_path_may_name_a_checkpoint_directory(tmp_path):
-    from asyncflow.config.run import load_config
+    from asyncflow.config.load import load_config
 
     step = tmp_path / "checkpoints" / "step_000004"
     (step / "model").mkdir(parents=True)

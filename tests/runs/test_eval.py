@@ -13,7 +13,7 @@ from asyncflow.actors._checkpoints import latest_checkpoint
 from asyncflow.actors._eval import Evaluator, read_best, save_best
 from asyncflow.actors._run import PromptOrder, Run, read_prompts, split_prompts
 from asyncflow.actors.collector import progress_line
-from asyncflow.config.run import ConfigError, load_config
+from asyncflow.config.load import ConfigError, load_config
 from asyncflow.engines.base import Completion
 from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.lr_schedule import lr_at
@@ -39,7 +39,7 @@ def eval_run(tmp_path_factory):
     from tiny_config import tiny_config_text
 
     from asyncflow.actors._prepare import prepare_new
-    from asyncflow.config.run import load_config_text
+    from asyncflow.config.load import load_config_text
 
     root = tmp_path_factory.mktemp("evalrun")
     cfg = load_config_text(tiny_config_text({"eval": {"every_steps": 1, "num_prompts": 6, "mode": "pass_at_k", "k": 3}}))
@@ -225,7 +225,7 @@ def test_a_run_evaluates_every_n_steps_keeps_the_best_weights_and_never_trains_a
 
 @pytest.mark.timeout(30)
 def test_eval_at_start_is_refused_without_evaluation_or_with_several_trainer_ranks():
-    from asyncflow.config.run import load_config_text
+    from asyncflow.config.load import load_config_text
 
     with pytest.raises(ConfigError, match="at_start"):
         load_config_text("[eval]\nat_start = true")

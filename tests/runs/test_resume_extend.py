@@ -10,8 +10,9 @@ from wf_helpers import afctl, read_jsonl, write_config
 
 from asyncflow.actors._prepare import write_run_config
 from asyncflow.cli.up import up
+from asyncflow.config.load import ConfigError
 from asyncflow.config.resumable import apply_resume_overrides
-from asyncflow.config.run import ConfigError, RunConfig
+from asyncflow.config.run import RunConfig
 
 
 @pytest.mark.timeout(10)

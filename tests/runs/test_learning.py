@@ -1,7 +1,7 @@
 """The learning-quality guard: async (k = 1) must learn as much as sync on the tiny
 task. Marked slow (six 300-step runs, about 4 minutes on 2 cores):
 
-    python -m pytest -m slow tests/workflow/test_learning.py
+    python -m pytest -m slow tests/runs/test_learning.py
 
 A change to rollout, weight sync, the queue's hand-out or the trainer that makes
 async learn clearly worse than sync fails here, even when every other test passes

@@ -11,7 +11,7 @@ import pytest
 from wf_helpers import write_config
 
 from asyncflow.actors.launcher import run
-from asyncflow.config.run import load_config
+from asyncflow.config.load import load_config
 from asyncflow.core import ref
 
 

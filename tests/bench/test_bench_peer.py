@@ -15,7 +15,7 @@ from asyncflow.bench.peer import DEFAULT_CONFIG, trl_spec, unsupported
 
 @pytest.mark.timeout(30)
 def test_the_peer_gets_the_configs_work_and_refuses_what_it_cannot_do(tmp_path):
-    from asyncflow.config.run import load_config
+    from asyncflow.config.load import load_config
 
     cfg = load_config(str(DEFAULT_CONFIG))
     assert unsupported(cfg) is None

@@ -13,7 +13,7 @@ from asyncflow.actors._run import LaunchInfo
 from asyncflow.actors.collector import CollectorActor
 from asyncflow.actors.launcher import Launcher
 from asyncflow.actors.topology import HostPlan
-from asyncflow.config.run import load_config_text
+from asyncflow.config.load import load_config_text
 
 
 class _StuckHost:

@@ -10,7 +10,7 @@ import pytest
 
 from asyncflow.actors._pinning import cores_busy, pinning
 from asyncflow.actors.supervisor import pinned_cores
-from asyncflow.config.run import ConfigError, load_config
+from asyncflow.config.load import ConfigError, load_config
 from asyncflow.core.host import CPUS_ENV
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "local.toml")

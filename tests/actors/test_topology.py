@@ -11,7 +11,9 @@ from asyncflow.actors.column_role import ColumnRole
 from asyncflow.actors.supervisor import num_devices, visible_devices
 from asyncflow.actors.weight_sync import WeightSyncActor
 from asyncflow.config import names
-from asyncflow.config.run import ClusterConfig, RoleEntry, load_config_text
+from asyncflow.config.cluster import ClusterConfig
+from asyncflow.config.load import load_config_text
+from asyncflow.config.roles import RoleEntry
 from asyncflow.core.host import class_path
 
 pytestmark = pytest.mark.timeout(30)
@@ -117,7 +119,6 @@ def test_a_custom_role_is_a_restartable_rolespec_started_before_the_training_gro
 def test_what_dies_alone_is_restarted_and_what_it_put_is_kept():
     built_in = {r.name: r for r in topology.BUILT_IN}
     cfg = _cfg()
-    assert all(hasattr(cfg, r.section) for r in built_in.values())  # each names a section of the config
     assert all(hasattr(cfg.cluster, r.device_list) for r in built_in.values() if r.device_list)
     assert {n for n, r in built_in.items() if r.restartable} == {names.ROLLOUT, names.REWARD, names.REFERENCE, names.REWARD_MODEL}
     assert built_in[names.ROLLOUT].outputs == ("response_ids", "rollout_logp", "finish")
@@ -157,6 +158,32 @@ def test_the_reference_role_lives_in_its_module_and_one_registry_line_only():
     assert naming == ["actors/reference.py", "actors/topology.py", "config/names.py"]
     registry = [line for line in (package / "actors" / "topology.py").read_text().splitlines() if mentions.search(line)]
     assert len(registry) == 2  # its name in the import of the role modules, and its line in BUILT_IN
+
+
+def test_without_the_reference_roles_spec_no_host_task_device_memory_or_step_line_of_it_is_left(tmp_path, monkeypatch):
+    """Role facts come from the RoleSpec alone: with the reference's spec taken out of
+    BUILT_IN, a config that asks for a reference (kl_coef > 0) plans no reference host,
+    task, device, memory or step-time line, while with it each of them is there."""
+    from asyncflow.actors import _preflight
+    from asyncflow.planner import io
+    from asyncflow.planner.cpu_peak import parse_cpuinfo
+    from asyncflow.toy.tiny import make_tiny_model
+
+    monkeypatch.setattr(io, "local_cpu_peak", lambda path="": parse_cpuinfo("cpu MHz : 2450\nflags : fma avx2\n"))
+    model = str(make_tiny_model(tmp_path / "tiny", arch="qwen2", seed=0))
+    cfg = _cfg("[algorithm]\nkl_coef = 0.01\n[cluster]\nreference_devices = [3]\n")
+
+    def reference_facts() -> list[str]:
+        found = [h.name for h in topology.plan_hosts(cfg, str(tmp_path)) if h.name.startswith("reference")]
+        found += [t for t in topology.tasks(topology.roles_of(cfg), cfg) if t == names.TASK_REFERENCE]
+        found += [k for k in _preflight.estimate(cfg, model) if k.startswith("reference")]
+        found += ["step line"] if "reference" in _preflight.step_estimate(cfg, model, 10.0).line else []
+        found += [f"devices {r.name}" for r in topology.roles_of(cfg) if visible_devices(r, names.replica(r.name, 0), cfg) == "3"]
+        return found
+
+    assert reference_facts() == ["reference.0", names.TASK_REFERENCE, "reference.0", "step line", "devices reference"]
+    monkeypatch.setattr(topology, "BUILT_IN", [r for r in topology.BUILT_IN if r.name != names.REFERENCE])
+    assert reference_facts() == []
 
 
 def test_finding_checkpoints_and_preparing_a_resume_import_no_torch():

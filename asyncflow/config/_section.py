@@ -1,0 +1,9 @@
+"""The base of every config section (a ``[table]`` of cluster.toml)."""
+
+import msgspec
+
+
+class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A ``[section]``. Its single-field rules are constraints on the fields; its
+    cross-field rules are one ``check(run)`` method (core/schema.py), which raises
+    ``Refused(key, fix)`` with the key relative to the section."""

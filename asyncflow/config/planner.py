@@ -1,0 +1,74 @@
+"""``[planner]``: the cost model's inputs (``afctl plan``)."""
+
+from __future__ import annotations
+
+import typing
+from typing import Annotated
+
+from msgspec import Meta
+
+from asyncflow.config._section import Section
+from asyncflow.core.schema import Refused
+from asyncflow.engines.config import (
+    Count,
+    NonNegFloat,
+    NonNegInt,
+)
+
+if typing.TYPE_CHECKING:
+    from asyncflow.config.run import RunConfig
+
+
+class PlannerConfig(Section):
+    """The planner actor (online reallocation; docs/planner.md)."""
+
+    online: Annotated[bool, Meta(description="Move worker processes between rollout and training during the run.")] = False
+    imbalance_threshold: Annotated[
+        NonNegFloat,
+        Meta(
+            description="Busy-fraction gap (rollout - training) beyond which one side counts as waiting on the other in a step."
+        ),
+    ] = 0.2
+    patience_steps: Annotated[
+        Count, Meta(description="Steps in a row that must lean the same way before a move, and steps between moves.")
+    ] = 3
+    min_gain: Annotated[NonNegFloat, Meta(description="Predicted step-time gain (fraction) a move must bring to be made.")] = 0.05
+    max_rollout_replicas: Annotated[
+        Count,
+        Meta(
+            description="Most rollout replica processes the online planner may run (it never adds beyond); "
+            "with ``online = false`` it limits nothing."
+        ),
+    ] = 4
+    train_threads: Annotated[
+        NonNegInt,
+        Meta(
+            description="torch threads of the trainer at start (its workers, the ones the planner moves to rollout); 0: "
+            "cluster.threads_per_process."
+        ),
+    ] = 0
+    measure_steps: Annotated[
+        Count, Meta(description="Steps after a move over which its measured gain is recorded in planner.jsonl.")
+    ] = 3
+    cores: Annotated[
+        NonNegInt,
+        Meta(
+            description="With cluster.device = cpu: the cores every process shares (0: all of this machine's). There the planner adds "
+            'or removes rollout replicas and never gives the trainer threads (docs/planner.md, "online reallocation on a '
+            'CPU box").'
+        ),
+    ] = 0
+
+    def check(self, run: RunConfig) -> None:
+        if self.online and self.max_rollout_replicas < run.rollout.num_replicas:  # a limit of the online planner alone
+            raise Refused(
+                "max_rollout_replicas",
+                f"the online planner starts from rollout.num_replicas = {run.rollout.num_replicas} replicas: raise "
+                "it to at least that",
+            )
+        if self.online and run.train.num_ranks > 1:
+            raise Refused(
+                "online",
+                "the online planner moves threads and replicas for a one-rank trainer only: set "
+                "it to false, or train.num_ranks = 1",
+            )
