@@ -144,7 +144,17 @@ def main() -> int:
                 }
                 for mode in ("sync", "async")
             },
-            "each": [{k: x[k] for k in ("sync_samples_per_s", "async_samples_per_s", "load_avg_1m")} for x in results],
+            "each": [
+                {
+                    **{k: x[k] for k in ("sync_samples_per_s", "async_samples_per_s", "load_avg_1m")},
+                    **(
+                        {"queue_round_trip_ms": x["queue"]["round_trip_ms"], "queue_samples_per_s": x["queue"]["samples_per_s"]}
+                        if "queue" in x
+                        else {}
+                    ),
+                }
+                for x in results
+            ],
         }
         if args.queue_rounds:
             summary[name]["queue_round_trip_ms"] = round(statistics.mean(x["queue"]["round_trip_ms"] for x in results), 3)

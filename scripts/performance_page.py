@@ -198,6 +198,23 @@ def _ab(r: dict, title: str, what: str) -> list[str]:
         out.append(f"| `bench queue` round trip, ms (median) | {x:.3f} | {y:.3f} | {y / x:.2f}x |")
         x, y = bef["queue_samples_per_s"], aft["queue_samples_per_s"]
         out.append(f"| `bench queue` rows/s | {x:.0f} | {y:.0f} | {y / x:.2f}x |")
+    if any("queue_samples_per_s" in e for e in aft.get("each", [])):  # the rounds one by one: their spread
+
+        def rounds(tree: dict, key: str, fmt: str) -> str:
+            return ", ".join(format(e[key], fmt) for e in tree["each"])
+
+        out.append(
+            f"| each round: sync samples/s | {rounds(bef, 'sync_samples_per_s', '.0f')} | "
+            f"{rounds(aft, 'sync_samples_per_s', '.0f')} | |"
+        )
+        out.append(
+            f"| each round: async samples/s | {rounds(bef, 'async_samples_per_s', '.0f')} | "
+            f"{rounds(aft, 'async_samples_per_s', '.0f')} | |"
+        )
+        out.append(
+            f"| each round: `bench queue` rows/s | {rounds(bef, 'queue_samples_per_s', '.0f')} | "
+            f"{rounds(aft, 'queue_samples_per_s', '.0f')} | |"
+        )
     for mode in ("sync", "async"):
         for role in sorted(aft[f"{mode}_busy_ms"]):
             x, y = bef[f"{mode}_busy_ms"].get(role, 0.0), aft[f"{mode}_busy_ms"][role]
