@@ -93,6 +93,8 @@ class PolicyUpdate:
         build_loss = registry.resolve(registry.policy_loss(registry.loss_name(alg.loss)).build)
         self.loss_fn = build_loss(alg, self.log_ratios)
         self.temperature = cfg.rollout.sampling.temperature or 1.0
+        # the rollout's truncation: log-probs under the distribution its tokens were drawn from
+        self.top_k, self.top_p = cfg.rollout.sampling.top_k, cfg.rollout.sampling.top_p
         self.columns = ["prompt_ids", "response_ids", "rollout_logp", "reward", "finish"]
         if alg.needs_reference:
             self.columns.append("ref_logp")
@@ -190,10 +192,10 @@ class PolicyUpdate:
             # (and the IS weight is pi_old / mu, not pi_now / mu). A collective: every
             # rank takes this branch, as epochs is the same everywhere.
             with phase("prox_logp"):
-                tb.prox_logp = self.engine.forward(tb, temperature=self.temperature).logp
+                tb.prox_logp = self.engine.forward(tb, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p).logp
         self.log_ratios.clear()
         for epoch in range(alg.epochs):
-            result = self.engine.train_step(tb, self.loss_fn, temperature=self.temperature)
+            result = self.engine.train_step(tb, self.loss_fn, self.temperature, self.top_k, self.top_p)
             if epoch == 0:  # before any update: the mismatch of the data as it came
                 quantiles = ratio_quantiles(torch.cat(self.log_ratios)) if self.log_ratios else {}
             self.log_ratios.clear()

@@ -41,6 +41,8 @@ class ReferenceActor(LoopActor):
         engine_cfg = msgspec.structs.replace(cfg.train.engine, fsdp=False, lora=LoraConfig())
         self.engine = build_train_engine(engine_cfg, self.run.launch.base_model_dir)
         self.temperature = cfg.rollout.sampling.temperature or 1.0
+        # the same truncation as the policy's log-probs: the KL compares the two truncated distributions
+        self.top_k, self.top_p = cfg.rollout.sampling.top_k, cfg.rollout.sampling.top_p
         self.sync = cfg.workflow.mode == "sync"
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
         self.acks = DeferredAcks(self.tq)
@@ -65,7 +67,7 @@ class ReferenceActor(LoopActor):
                 return True
         with self.activity("forward"):
             tb, starts = token_batch(batch.columns["prompt_ids"], batch.columns["response_ids"])
-            logp_BT = self.engine.forward(tb, temperature=self.temperature).logp
+            logp_BT = self.engine.forward(tb, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p).logp
             out = [
                 logp_BT[b, s : s + len(r)].numpy().astype(np.float32)
                 for b, (s, r) in enumerate(zip(starts, batch.columns["response_ids"]))

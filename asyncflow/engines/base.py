@@ -236,12 +236,19 @@ class TrainEngine(abc.ABC):
     """Computes log-probs/values and updates a policy (or critic)."""
 
     @abc.abstractmethod
-    def forward(self, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False) -> ForwardOutput:
-        """Log-probs (and entropy, values) without gradients, micro-batched."""
+    def forward(
+        self, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False, top_k: int = 0, top_p: float = 1.0
+    ) -> ForwardOutput:
+        """Log-probs (and entropy, values) without gradients, micro-batched. The
+        log-probs are under the rollout's sampling rule: ``temperature``, and the
+        ``top_k``/``top_p`` truncation when set (``engines/sampling.py``); the entropy is
+        that of the whole tempered distribution."""
 
     @abc.abstractmethod
-    def train_step(self, batch: TokenBatch, loss_fn: LossFn, temperature: float = 1.0) -> TrainStepResult:
-        """One optimizer step over ``batch`` split into micro-batches."""
+    def train_step(
+        self, batch: TokenBatch, loss_fn: LossFn, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+    ) -> TrainStepResult:
+        """One optimizer step over ``batch`` split into micro-batches (log-probs as ``forward``'s)."""
 
     @abc.abstractmethod
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

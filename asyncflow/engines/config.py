@@ -42,8 +42,10 @@ LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 
 class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
     """How a rollout engine samples. Log-probs returned by every engine are those of
-    the sampled token under ``softmax(logits / temperature)`` (before top-k/top-p
-    truncation), so a trainer recomputes them with the same temperature."""
+    the sampled token under the distribution it was drawn from: ``softmax(logits /
+    temperature)`` over the tokens top-k/top-p keep (engines/sampling.py; vLLM's
+    processed log-probs), so a trainer recomputes them with the same temperature and
+    truncation and an on-policy ratio is 1."""
 
     temperature: Annotated[
         NonNegFloat, Meta(description="Softmax temperature; 0 means greedy (log-probs are then those at temperature 1).")

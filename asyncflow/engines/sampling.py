@@ -1,11 +1,17 @@
-"""Token sampling with the log-prob of the sampled token.
+"""Token sampling with the log-prob of the sampled token, and the truncation rule
+(top-k, top-p) that the trainer applies again to its own logits.
 
-Shape legend: B sequences, V vocabulary.
+Shape legend: B sequences (or token positions), V vocabulary.
 
-Invariant: the returned log-prob is ``log_softmax(logits / temperature)`` at the
-sampled token, before top-k/top-p truncation (temperature 0: greedy, log-prob at
-temperature 1). A trainer recomputing log-probs with the same temperature gets the
-same numbers; truncation only changes which tokens can be drawn.
+Invariant: the returned log-prob is that of the distribution the token was drawn
+from: ``log_softmax`` of ``logits / temperature`` with every token outside the kept
+set (``keep_mask``: top-k, then top-p of what top-k left) at minus infinity
+(temperature 0: greedy, the log-prob at temperature 1, untruncated). A trainer that
+recomputes the log-prob of the same token with the same temperature and the same
+rule on its own logits (``truncated_logits``, ``torch_train.shift_logp``) gets the
+same number, so an on-policy ratio is 1 on every token. vLLM's
+``logprobs_mode = "processed_logprobs"`` records the same quantity
+(engines/vllm_requests.py).
 """
 
 from __future__ import annotations
@@ -15,30 +21,56 @@ import torch
 from asyncflow.engines.config import SamplingParams
 
 
+def truncates(top_k: int, top_p: float, vocab: int) -> bool:
+    """Whether the rule cuts anything at this vocabulary size."""
+    return 0 < top_k < vocab or top_p < 1.0
+
+
+@torch.no_grad()
+def keep_mask(scaled_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """The tokens a draw may take (bool, [B, V]): the ``top_k`` most likely (0: all),
+    then the smallest set of those whose mass reaches ``top_p`` of what top-k left
+    (the most likely token always stays). ``scaled_BV``: logits over temperature."""
+    keep_BV = torch.ones_like(scaled_BV, dtype=torch.bool)
+    if 0 < top_k < scaled_BV.shape[-1]:
+        kth_B1 = torch.topk(scaled_BV, top_k, dim=-1).values[:, -1:]
+        keep_BV &= scaled_BV >= kth_B1
+    if top_p < 1.0:
+        masked_BV = scaled_BV.masked_fill(~keep_BV, float("-inf"))
+        sorted_BV, order_BV = torch.sort(masked_BV, dim=-1, descending=True)
+        probs_BV = torch.softmax(sorted_BV, dim=-1)
+        # drop a token when the mass before it already reaches top_p (the first stays)
+        drop_sorted_BV = (probs_BV.cumsum(dim=-1) - probs_BV) >= top_p
+        keep_BV &= ~torch.zeros_like(drop_sorted_BV).scatter(1, order_BV, drop_sorted_BV)
+    return keep_BV
+
+
+def truncated_logits(scaled_BV: torch.Tensor, top_k: int, top_p: float, token_B: torch.Tensor | None = None) -> torch.Tensor:
+    """``scaled_BV`` with the tokens ``keep_mask`` cuts at minus infinity (differentiable
+    through the kept ones). ``token_B``: tokens known to have been drawn, kept even where
+    this side's numbers would cut them (a trainer's logits differ from the sampler's by
+    rounding at the edge of the set), so their log-prob stays finite."""
+    keep_BV = keep_mask(scaled_BV, top_k, top_p)
+    if token_B is not None:
+        keep_BV.scatter_(1, token_B.unsqueeze(1), True)
+    return scaled_BV.masked_fill(~keep_BV, float("-inf"))
+
+
 def sample(
     logits_BV: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (token_B int64, logp_B float32)."""
+    """Returns (token_B int64, logp_B float32): the log-prob under the distribution
+    the token was drawn from (module docstring)."""
     logits_BV = logits_BV.float()
     if params.temperature == 0.0:
         token_B = logits_BV.argmax(dim=-1)
         logp_BV = torch.log_softmax(logits_BV, dim=-1)
         return token_B, logp_BV.gather(1, token_B.unsqueeze(1)).squeeze(1)
     scaled_BV = logits_BV / params.temperature
+    if truncates(params.top_k, params.top_p, scaled_BV.shape[-1]):
+        scaled_BV = truncated_logits(scaled_BV, params.top_k, params.top_p)
     logp_BV = torch.log_softmax(scaled_BV, dim=-1)
-    draw_BV = scaled_BV
-    if params.top_k > 0 and params.top_k < draw_BV.shape[-1]:
-        kth_B1 = torch.topk(draw_BV, params.top_k, dim=-1).values[:, -1:]
-        draw_BV = draw_BV.masked_fill(draw_BV < kth_B1, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_BV, order_BV = torch.sort(draw_BV, dim=-1, descending=True)
-        cum_BV = torch.softmax(sorted_BV, dim=-1).cumsum(dim=-1)
-        # Drop a token when the mass before it already reaches top_p (the first stays).
-        drop_sorted_BV = (cum_BV - torch.softmax(sorted_BV, dim=-1)) >= params.top_p
-        drop_BV = torch.zeros_like(drop_sorted_BV).scatter(1, order_BV, drop_sorted_BV)
-        draw_BV = draw_BV.masked_fill(drop_BV, float("-inf"))
-    probs_BV = torch.softmax(draw_BV, dim=-1) if draw_BV is not scaled_BV else logp_BV.exp()
-    token_B = draw(probs_BV, generator)
+    token_B = draw(logp_BV.exp(), generator)
     return token_B, logp_BV.gather(1, token_B.unsqueeze(1)).squeeze(1)
 
 

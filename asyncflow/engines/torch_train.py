@@ -4,7 +4,8 @@ default process group (gloo on cpu, nccl on cuda, hccl on npu).
 Shape legend: B sequences, T tokens, V vocabulary, E hidden.
 
 Invariants:
-- ``logp_BT[b, t] = log softmax(logits[b, t-1] / temperature)[ids[b, t]]`` at every
+- ``logp_BT[b, t] = log softmax(logits[b, t-1] / temperature)[ids[b, t]]``, over the
+  tokens the sampling's top-k/top-p keep when it has them (``shift_logp``), at every
   position from the batch's first response token on (the padded path computes the
   logits of those positions only: over a real vocabulary the LM head and its softmax
   cost as much as a few decoder layers per position; ``logits_start``), 0 before it
@@ -73,6 +74,7 @@ from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
 from asyncflow.engines.hf import TOKENIZER_FILES, load_model
 from asyncflow.engines.lr_schedule import lr_at
+from asyncflow.engines.sampling import truncated_logits, truncates
 
 if TYPE_CHECKING:
     from asyncflow.engines.lora import Adapter
@@ -192,12 +194,30 @@ def logits_start(response_mask_BT: torch.Tensor) -> int:
     return max(int(first.min()) - 1, 0)
 
 
-def shift_logp(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Per-token log-probs aligned with ``ids_BT`` (column 0 is 0), float32."""
+TRUNCATE_CHUNK = 1024
+"""Token positions whose top-k/top-p sets are found at once (the sort of a 49k-vocabulary
+row of each: bounds the memory of that pass)."""
+
+
+def shift_logp(
+    logits_BTV: torch.Tensor, ids_BT: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """Per-token log-probs aligned with ``ids_BT`` (column 0 is 0), float32: under the
+    distribution the rollout drew from, ``logits / temperature`` truncated by the
+    sampling's ``top_k``/``top_p`` (``engines/sampling.py``; the token itself always
+    kept, so its log-prob is finite)."""
     logits = logits_BTV[:, :-1].float()
     if temperature not in (0.0, 1.0):
         logits = logits / temperature
     target = ids_BT[:, 1:].unsqueeze(-1)
+    if temperature != 0.0 and truncates(top_k, top_p, logits.shape[-1]):
+        B, T, V = logits.shape
+        flat_NV, token_N = logits.reshape(B * T, V), target.reshape(B * T)
+        parts = [
+            truncated_logits(flat_NV[i : i + TRUNCATE_CHUNK], top_k, top_p, token_N[i : i + TRUNCATE_CHUNK])
+            for i in range(0, B * T, TRUNCATE_CHUNK)
+        ]
+        logits = torch.cat(parts).reshape(B, T, V)
     logp = logits.gather(-1, target).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return F.pad(logp, (1, 0))
 
@@ -343,9 +363,9 @@ class TorchTrainEngine(TrainEngine):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
-    def _run(self, mb: _MicroBatch, temperature: float, with_entropy: bool) -> ForwardOutput:
+    def _run(self, mb: _MicroBatch, temperature: float, with_entropy: bool, top_k: int = 0, top_p: float = 1.0) -> ForwardOutput:
         if mb.packed is not None:
-            return self._run_packed(mb.packed.to(self.device), temperature, with_entropy)
+            return self._run_packed(mb.packed.to(self.device), temperature, with_entropy, top_k, top_p)
         ids = mb.batch.input_ids.to(self.device)
         # Right padding (every row's ones first): causal attention alone never lets a real
         # token see a pad, so the mask changes nothing at real positions (up to float rounding) and
@@ -358,9 +378,12 @@ class TorchTrainEngine(TrainEngine):
             return ForwardOutput(logp=torch.zeros_like(values, dtype=torch.float32), values=F.pad(values[:, :-1].float(), (1, 0)))
         # logits of positions start.. only: the log-probs of tokens start + 1.., and 0 before (never a response token)
         entropy = F.pad(shift_entropy(logits, temperature), (start, 0)) if with_entropy else None
-        return ForwardOutput(logp=F.pad(shift_logp(logits, ids[:, start:], temperature), (start, 0)), entropy=entropy)
+        logp = shift_logp(logits, ids[:, start:], temperature, top_k, top_p)
+        return ForwardOutput(logp=F.pad(logp, (start, 0)), entropy=entropy)
 
-    def _run_packed(self, packed: PackedRows, temperature: float, with_entropy: bool) -> ForwardOutput:
+    def _run_packed(
+        self, packed: PackedRows, temperature: float, with_entropy: bool, top_k: int = 0, top_p: float = 1.0
+    ) -> ForwardOutput:
         """The model on packed rows [R, N]; outputs put back at the rows' [b, t], column 0 zero."""
         ids_RN, pos_RN = packed.input_ids, packed.position_ids
         mask = block_causal_mask(pos_RN, self.compute_dtype) if self.pack_attention == "mask" else None
@@ -378,7 +401,7 @@ class TorchTrainEngine(TrainEngine):
             values_BT = back(F.pad(values[:, :-1].float(), (1, 0)))
             return ForwardOutput(logp=torch.zeros_like(values_BT), values=values_BT)
         entropy = back(shift_entropy(logits, temperature)) if with_entropy else None
-        return ForwardOutput(logp=back(shift_logp(logits, ids_RN, temperature)), entropy=entropy)
+        return ForwardOutput(logp=back(shift_logp(logits, ids_RN, temperature, top_k, top_p)), entropy=entropy)
 
     def _micro_batches(self, batch: TokenBatch) -> list[_MicroBatch]:
         if self.cfg.packing:
@@ -424,9 +447,11 @@ class TorchTrainEngine(TrainEngine):
         return mbs
 
     @torch.no_grad()
-    def forward(self, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False) -> ForwardOutput:
+    def forward(
+        self, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False, top_k: int = 0, top_p: float = 1.0
+    ) -> ForwardOutput:
         mbs = self._micro_batches(batch)
-        outs = [self._run(mb, temperature, with_entropy) for mb in mbs]
+        outs = [self._run(mb, temperature, with_entropy, top_k, top_p) for mb in mbs]
 
         def gather(key: str) -> torch.Tensor | None:
             if getattr(outs[0], key) is None:
@@ -441,7 +466,9 @@ class TorchTrainEngine(TrainEngine):
         assert logp is not None  # every forward computes log-probs
         return ForwardOutput(logp=logp, entropy=gather("entropy"), values=gather("values"))
 
-    def train_step(self, batch: TokenBatch, loss_fn: LossFn, temperature: float = 1.0) -> TrainStepResult:
+    def train_step(
+        self, batch: TokenBatch, loss_fn: LossFn, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+    ) -> TrainStepResult:
         mbs = self._micro_batches(batch)
         mask = batch.response_mask.float()
         totals = torch.tensor([mask.sum().item(), (mask.sum(dim=1) > 0).sum().item()], dtype=torch.float64)
@@ -454,7 +481,7 @@ class TorchTrainEngine(TrainEngine):
         num_fed_tokens = sum((mb.packed.input_ids if mb.packed is not None else mb.batch.input_ids).numel() for mb in mbs)
         for mb in mbs:
             with phase("forward"):
-                out = self._run(mb, temperature, with_entropy=True)
+                out = self._run(mb, temperature, True, top_k, top_p)
             with phase("loss"):
                 loss, mb_metrics = loss_fn(out, mb.batch.to(self.device), ctx)
             with phase("backward"):

@@ -70,10 +70,45 @@ def test_logprobs_at_other_temperatures_match_training_logprobs_at_that_temperat
     out = rollout.generate(PROMPTS[:2], SamplingParams(temperature=0.7, top_k=20, max_new_tokens=10, seed=2))
     trainer = build_train_engine(TrainEngineConfig(), qwen2_dir)
     batch = make_token_batch([PROMPTS[c.prompt_index] for c in out], [c.response_ids for c in out], pad_token_id=0)
-    logp_BT = trainer.forward(batch, temperature=0.7).logp
+    logp_BT = trainer.forward(batch, temperature=0.7, top_k=20).logp
     for b, c in enumerate(out):
         start = len(PROMPTS[c.prompt_index])
         assert torch.allclose(logp_BT[b, start : start + 10], torch.tensor(c.logprobs), atol=1e-4, rtol=0)
+
+
+def test_an_on_policy_batch_under_top_p_and_top_k_has_ratio_one_on_every_token(qwen2_dir):
+    """The rollout records the log-prob of the distribution it drew from (top_p = 0.9,
+    top_k = 20), and the trainer's forward and train step apply the same rule: pi / mu is 1
+    on every response token, where the untruncated log-probs are off on most of them."""
+    rollout = engine(qwen2_dir)
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=20, max_new_tokens=12, n=2, seed=5)
+    out = rollout.generate(PROMPTS, params)
+    trainer = build_train_engine(TrainEngineConfig(micro_batch_size=3), qwen2_dir)
+    batch = make_token_batch([PROMPTS[c.prompt_index] for c in out], [c.response_ids for c in out], pad_token_id=0)
+    pi_BT = trainer.forward(batch, temperature=1.0, top_k=20, top_p=0.9).logp
+    full_BT = trainer.forward(batch, temperature=1.0).logp
+    off = 0
+    for b, c in enumerate(out):
+        start, n = len(PROMPTS[c.prompt_index]), len(c.response_ids)
+        ratio = (pi_BT[b, start : start + n] - torch.tensor(c.logprobs)).exp()
+        assert torch.allclose(ratio, torch.ones(n), atol=1e-4, rtol=0), ratio
+        off += int(((full_BT[b, start : start + n] - torch.tensor(c.logprobs)).abs() > 1e-3).sum())
+    assert off > 0  # the untruncated recomputation is not the distribution the tokens came from
+
+    seen = []
+
+    def loss_fn(fwd, mb, ctx):  # the train step's own log-probs: the same rule
+        seen.append((fwd.logp.detach(), mb.rollout_logp))
+        return fwd.logp.sum() * 0.0, {}
+
+    batch.rollout_logp = torch.zeros(batch.input_ids.shape)
+    for b, c in enumerate(out):
+        start = len(PROMPTS[c.prompt_index])
+        batch.rollout_logp[b, start : start + len(c.response_ids)] = torch.tensor(c.logprobs)
+    trainer.train_step(batch, loss_fn, 1.0, 20, 0.9)
+    for logp, mu in seen:
+        mask = mu != 0
+        assert torch.allclose(logp[mask], mu[mask], atol=1e-4, rtol=0)
 
 
 def assert_greedy_is_transformers(model_dir, prompts, rollout, max_new_tokens: int) -> None:
