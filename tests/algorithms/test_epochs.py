@@ -24,8 +24,8 @@ def test_several_epochs_on_one_batch_clip_the_ratio_against_the_policy_before_th
     mu = [before_BT[b, s : s + len(r)].tolist() for b, (s, r) in enumerate(zip(starts, responses))]
     epochs, train_step = [], policy.engine.train_step
 
-    def recording_train_step(batch, loss_fn, temperature=1.0):
-        epochs.append(train_step(batch, loss_fn, temperature))
+    def recording_train_step(batch, loss_fn, temperature=1.0, top_k=0, top_p=1.0):
+        epochs.append(train_step(batch, loss_fn, temperature, top_k, top_p))
         return epochs[-1]
 
     policy.engine.train_step = recording_train_step

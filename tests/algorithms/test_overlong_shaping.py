@@ -115,7 +115,7 @@ def _advantages_and_mask(policy, cols, group_ids):
     """The batch the policy loss would see (the optimizer step is skipped)."""
     seen = {}
 
-    def train_step(tb, loss_fn, temperature=1.0):
+    def train_step(tb, loss_fn, temperature=1.0, top_k=0, top_p=1.0):
         seen["advantages_BT"], seen["mask_BT"] = tb.advantages.clone(), tb.response_mask.clone()
         return TrainStepResult(loss=0.0, grad_norm=0.0, num_tokens=0, metrics={}, step=1)
 
