@@ -18,21 +18,31 @@ import torch
 
 KLEstimator = Literal["k1", "k2", "k3"]
 
+K3_LOG_R_BOUND = 20.0
+"""k3's log r is bounded to this before the exponential (verl's bound); the estimate to ``clamp``."""
+
 
 def kl_per_token(
     logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, estimator: KLEstimator = "k3", clamp: float | None = 10.0
 ) -> torch.Tensor:
-    """Per-token KL(pi || ref) estimate. ``clamp`` bounds log r first (None: off),
-    so one wild token cannot overflow k3's exponential."""
+    """Per-token KL(pi || ref) estimate; ``clamp`` None: unbounded. k1 and k2: log r is
+    bounded to +-``clamp``. k3 as verl's ``low_var_kl``: log r within +-``K3_LOG_R_BOUND``
+    (no overflow of the exponential), then the estimate itself within +-``clamp``, so
+    one token whose probabilities disagree wildly adds at most ``clamp`` (bounding only
+    log r at 10 let it add e^10 - 11 = 22,015, enough to rank a right answer's row below
+    a wrong one's with the KL in the reward)."""
     log_r_BT = ref_logp_BT - logp_BT
+    if estimator == "k3":
+        if clamp is not None:
+            log_r_BT = log_r_BT.clamp(-K3_LOG_R_BOUND, K3_LOG_R_BOUND)
+        k3_BT = torch.expm1(log_r_BT) - log_r_BT
+        return k3_BT.clamp(-clamp, clamp) if clamp is not None else k3_BT
     if clamp is not None:
         log_r_BT = log_r_BT.clamp(-clamp, clamp)
     if estimator == "k1":
         return -log_r_BT
     if estimator == "k2":
         return 0.5 * log_r_BT**2
-    if estimator == "k3":
-        return torch.expm1(log_r_BT) - log_r_BT
     raise ValueError(f"unknown KL estimator {estimator!r}; use 'k1', 'k2' or 'k3'")
 
 

@@ -55,7 +55,14 @@ class AlgorithmConfig(Section):
     kl_coef: Annotated[
         NonNegFloat, Meta(description="Weight of the KL to the reference policy; 0 disables the reference role.")
     ] = 0.0
-    kl_estimator: Annotated[Literal["k1", "k2", "k3"], Meta(description="KL estimator.")] = "k3"
+    kl_estimator: Annotated[
+        Literal["k1", "k2", "k3"],
+        Meta(
+            description="KL estimator per token, with log r = log ref - log pi: k1 = -log r, k2 = (log r)^2 / 2 (log r "
+            "within +-10), k3 = e^(log r) - 1 - log r (log r within +-20, the estimate within +-10, as verl's low_var_kl): "
+            "algorithms/kl.py."
+        ),
+    ] = "k3"
     kl_in_reward: Annotated[
         bool,
         Meta(
