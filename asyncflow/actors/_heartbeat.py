@@ -6,6 +6,11 @@ its TCP connections. So the driver asks each host actor ``Ping`` every
 ``interval_s``; a host with no answer for ``lost_after_s`` is lost, reported with
 its name, address and last error. Invariant: a host is reported lost only after
 ``lost_after_s`` without any answer, and ``watch`` again (a restart) forgets the past.
+A round of pings that starts long after the one before (the driver itself was frozen:
+Ctrl-Z of the whole run) forgets the past too: the silence was the driver's, not theirs.
+
+On this machine the freeze watch (``_freezes.py``) reads ``silent`` to tell a frozen
+process (it does not answer, its pid is there) from a dead one.
 """
 
 from __future__ import annotations
@@ -65,6 +70,12 @@ class Heartbeat:
                 if now - self._last_answer[host] > self.lost_after_s
             }
 
+    def silent(self) -> dict[str, float]:
+        """Every watched host -> seconds since its last answer (or since it is watched)."""
+        now = time.monotonic()
+        with self._lock:
+            return {host: now - self._last_answer[host] for host in self._refs}
+
     def start(self) -> Heartbeat:
         self._thread = threading.Thread(target=self._run, name="asyncflow-heartbeat", daemon=True)
         self._thread.start()
@@ -88,10 +99,14 @@ class Heartbeat:
                 self._last_answer[host] = time.monotonic()
 
     def _run(self) -> None:
+        last_round = time.monotonic()
         with ThreadPoolExecutor(max_workers=8, thread_name_prefix="heartbeat") as pool:
             while not self._stopped.is_set():
                 started = time.monotonic()
                 with self._lock:
+                    if started - last_round > self.lost_after_s:  # this process stood still: nobody missed a ping
+                        self._last_answer = dict.fromkeys(self._refs, started)
                     refs = list(self._refs.items())
+                last_round = started
                 list(pool.map(lambda item: self._ping(*item), refs))
                 self._stopped.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
