@@ -38,6 +38,7 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._last_round = time.monotonic()  # when the last round of pings began
 
     def watch(self, host: str, actor_name: str, address: str) -> None:
         """Watch ``host`` (its host actor ``actor_name`` at ``address``), from now. A host
@@ -59,10 +60,18 @@ class Heartbeat:
         if old is not None:
             close_sockets(old.address.__eq__)
 
+    def _forgive_own_stall(self, now: float) -> None:
+        """No round of pings began for ``lost_after_s``: this process stood still (the
+        whole run was frozen), so the hosts' silence since is not theirs. Under ``_lock``."""
+        if now - self._last_round > self.lost_after_s:
+            self._last_answer = dict.fromkeys(self._refs, now)
+            self._last_round = now
+
     def lost(self) -> dict[str, str]:
         """Hosts without an answer for ``lost_after_s``: name -> what the driver knows."""
         now = time.monotonic()
         with self._lock:
+            self._forgive_own_stall(now)
             return {
                 host: f"host {host!r} at {ref.address} has not answered Ping for {now - self._last_answer[host]:.1f} s"
                 f" ({self._last_error.get(host, 'no reply')}): its node is down or unreachable"
@@ -74,9 +83,11 @@ class Heartbeat:
         """Every watched host -> seconds since its last answer (or since it is watched)."""
         now = time.monotonic()
         with self._lock:
+            self._forgive_own_stall(now)
             return {host: now - self._last_answer[host] for host in self._refs}
 
     def start(self) -> Heartbeat:
+        self._last_round = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="asyncflow-heartbeat", daemon=True)
         self._thread.start()
         return self
@@ -99,14 +110,12 @@ class Heartbeat:
                 self._last_answer[host] = time.monotonic()
 
     def _run(self) -> None:
-        last_round = time.monotonic()
         with ThreadPoolExecutor(max_workers=8, thread_name_prefix="heartbeat") as pool:
             while not self._stopped.is_set():
                 started = time.monotonic()
                 with self._lock:
-                    if started - last_round > self.lost_after_s:  # this process stood still: nobody missed a ping
-                        self._last_answer = dict.fromkeys(self._refs, started)
+                    self._forgive_own_stall(started)
+                    self._last_round = started
                     refs = list(self._refs.items())
-                last_round = started
                 list(pool.map(lambda item: self._ping(*item), refs))
                 self._stopped.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
