@@ -6,6 +6,11 @@ its TCP connections. So the driver asks each host actor ``Ping`` every
 ``interval_s``; a host with no answer for ``lost_after_s`` is lost, reported with
 its name, address and last error. Invariant: a host is reported lost only after
 ``lost_after_s`` without any answer, and ``watch`` again (a restart) forgets the past.
+A round of pings that starts long after the one before (the driver itself was frozen:
+Ctrl-Z of the whole run) forgets the past too: the silence was the driver's, not theirs.
+
+On this machine the freeze watch (``_freezes.py``) reads ``silent`` to tell a frozen
+process (it does not answer, its pid is there) from a dead one.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._last_round = time.monotonic()  # when the last round of pings began
 
     def watch(self, host: str, actor_name: str, address: str) -> None:
         """Watch ``host`` (its host actor ``actor_name`` at ``address``), from now. A host
@@ -54,10 +60,18 @@ class Heartbeat:
         if old is not None:
             close_sockets(old.address.__eq__)
 
+    def _forgive_own_stall(self, now: float) -> None:
+        """No round of pings began for ``lost_after_s``: this process stood still (the
+        whole run was frozen), so the hosts' silence since is not theirs. Under ``_lock``."""
+        if now - self._last_round > self.lost_after_s:
+            self._last_answer = dict.fromkeys(self._refs, now)
+            self._last_round = now
+
     def lost(self) -> dict[str, str]:
         """Hosts without an answer for ``lost_after_s``: name -> what the driver knows."""
         now = time.monotonic()
         with self._lock:
+            self._forgive_own_stall(now)
             return {
                 host: f"host {host!r} at {ref.address} has not answered Ping for {now - self._last_answer[host]:.1f} s"
                 f" ({self._last_error.get(host, 'no reply')}): its node is down or unreachable"
@@ -65,7 +79,15 @@ class Heartbeat:
                 if now - self._last_answer[host] > self.lost_after_s
             }
 
+    def silent(self) -> dict[str, float]:
+        """Every watched host -> seconds since its last answer (or since it is watched)."""
+        now = time.monotonic()
+        with self._lock:
+            self._forgive_own_stall(now)
+            return {host: now - self._last_answer[host] for host in self._refs}
+
     def start(self) -> Heartbeat:
+        self._last_round = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="asyncflow-heartbeat", daemon=True)
         self._thread.start()
         return self
@@ -92,6 +114,8 @@ class Heartbeat:
             while not self._stopped.is_set():
                 started = time.monotonic()
                 with self._lock:
+                    self._forgive_own_stall(started)
+                    self._last_round = started
                     refs = list(self._refs.items())
                 list(pool.map(lambda item: self._ping(*item), refs))
                 self._stopped.wait(max(0.0, self.interval_s - (time.monotonic() - started)))

@@ -49,6 +49,7 @@ import msgspec
 
 from asyncflow.actors import _cluster_file, messages, topology
 from asyncflow.actors._checkpoints import latest_good_checkpoint
+from asyncflow.actors._freezes import FreezeWatch
 from asyncflow.actors._pinning import pinning
 from asyncflow.actors._prepare import prepare_new, prepare_resume, resume_advice
 from asyncflow.actors._run import LaunchInfo
@@ -222,6 +223,9 @@ class Launcher:
         }
         sup.attach(dc, self.transport, env)
         sup.on_restart = self.write_cluster_file
+        if cfg.cluster.launcher == "local":  # a frozen host is named, and killed once frozen too long (_freezes.py)
+            sup.freezes = FreezeWatch(self.transport).start()
+            undo.push("stop the freeze watch", sup.freezes.stop)
         click.echo(f"starting {len(sup.names())} processes: {', '.join(sup.names())}")
         crowded = oversubscribed(cfg, sup.names())
         if crowded:

@@ -17,7 +17,9 @@ Invariants:
 - a dead host is handled once: its rows are requeued and it gets a ``restart_at``;
   until it is started again ``check`` does not see it as a new death;
 - a death that cannot be healed in place (a host of no restartable role, a queue that
-  does not answer the requeue, a spent restart budget) raises ``RunFailed(process_lost=True)``.
+  does not answer the requeue, a spent restart budget) raises ``RunFailed(process_lost=True)``;
+- a host frozen past ``cluster.transport.freeze_timeout_s`` (``_freezes.py``, local
+  launcher) is killed in ``check`` and handled as a death from there, named as frozen.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 import click
 
 from asyncflow.actors import messages
+from asyncflow.actors._freezes import FreezeWatch
 from asyncflow.actors._restarts import RestartPolicy
 from asyncflow.actors.roles import Devices, RoleSpec, index_of
 from asyncflow.actors.topology import HostPlan
@@ -63,6 +66,8 @@ class HostRecord:
     """None until it is first started."""
     restart_at: float | None = None
     """Dead and requeued: when to start it again (time.monotonic)."""
+    killed_frozen: str = ""
+    """Why the driver killed it, frozen too long (its death is named so); "" otherwise."""
 
     @property
     def name(self) -> str:
@@ -131,6 +136,7 @@ class Supervisor:
         self.env: dict[str, str] = {}
         self.pin_cores: int | None = None  # the run's pinning decision (actors/_pinning.py); None: the config's
         self.on_restart: Callable[[], None] = lambda: None  # the launcher rewrites cluster.json (the new pid)
+        self.freezes: FreezeWatch | None = None  # the local launcher's watch of frozen hosts (Launcher.start)
 
     # -- reading --------------------------------------------------------------------------
     def names(self, kind: str | None = None) -> list[str]:
@@ -234,28 +240,66 @@ class Supervisor:
     def remove(self, host: str) -> HostRecord:
         """Forget a host (never restarted from now on, nor a restart it had planned
         finished); the caller stops its actors and process."""
+        if self.freezes is not None:
+            self.freezes.forget(host)
         with self._lock:
             return self._hosts.pop(host)
 
     def check(self) -> None:
-        """Handle the processes that died since the last look, and start again those
-        whose restart is due. Raises RunFailed (never anything else for a death)."""
+        """Name the hosts frozen and kill those frozen too long (``_freezes.py``), handle
+        the processes that died since the last look, and start again those whose
+        restart is due. Raises RunFailed (never anything else for a death)."""
+        self._watch_freezes()
         dead = [r for r in self._hosts.values() if r.restart_at is None and not r.alive()]
         for record in dead:  # a process that cannot be restarted names the failure, before any requeue
             assert record.proc is not None  # dead, so started: alive() is True before the first start
             if record.role is None or not record.role.restartable:
                 raise RunFailed(
-                    f"process {record.name!r} ({record.plan.kind}) exited with code "
-                    f"{record.proc.returncode}; the run cannot go on. "
+                    f"process {record.name!r} ({record.plan.kind}) {self._death(record)}; the run cannot go on. "
                     f"Resume from the last checkpoint: afctl up --resume {self.run_dir}",
                     process_lost=True,
                 )
         for record in dead:
-            assert record.proc is not None  # as above
-            self._on_death(record, f"exited with code {record.proc.returncode}")
+            self._on_death(record, self._death(record))
         now = time.monotonic()
         for record in [r for r in self._hosts.values() if r.restart_at is not None and r.restart_at <= now]:
             self._restart(record)
+
+    @staticmethod
+    def _death(record: HostRecord) -> str:
+        assert record.proc is not None  # dead, so started
+        return record.killed_frozen or f"exited with code {record.proc.returncode}"
+
+    def _watch_freezes(self) -> None:
+        """Follow every live host with the freeze watch (from when it is registered), print
+        what it finds, and kill the hosts frozen past ``cluster.transport.freeze_timeout_s``:
+        the rest of ``check`` then handles each as a death."""
+        watch = self.freezes
+        if watch is None or self.dc is None:
+            return
+        alive: dict[str, int] = {}
+        for record in self._hosts.values():
+            proc = record.proc
+            if proc is None or record.restart_at is not None or record.killed_frozen or not proc.alive():
+                continue
+            if not watch.watching(record.name, proc.pid):
+                try:
+                    entry = self.dc.lookup(f"host.{record.name}")
+                except (AsyncflowError, LookupError):  # not registered yet: watched from a later look
+                    continue
+                if entry.pid != proc.pid:  # the entry of a process this one replaces
+                    continue
+                watch.watch(record.name, proc.pid, entry.address)
+            alive[record.name] = proc.pid
+        review = watch.review(alive)
+        for line in review.lines:
+            click.echo(line, err=True)
+        for host, why in review.overdue.items():
+            record = self._hosts[host]
+            assert record.proc is not None  # reviewed as alive
+            record.killed_frozen = why
+            click.echo(f"!! process {host} (pid {record.proc.pid}) {why}", err=True)
+            record.proc.kill()
 
     def _on_death(self, record: HostRecord, why: str) -> None:
         """Requeue the rows a dead worker held (now: others take them) and plan its
@@ -294,6 +338,7 @@ class Supervisor:
 
     def _restart(self, record: HostRecord) -> None:
         record.restart_at = None
+        record.killed_frozen = ""
         specs = record.plan.specs
         assert self.dc is not None and self.transport is not None, "attach() comes first"
         try:

@@ -130,7 +130,7 @@ class TrainerActor(LoopActor):
         self._weights = self._weights_actor()
         self._collector = ctx.ref(COLLECTOR)
         # each step's metrics go out from a sender thread: the step never waits on the driver's receipt
-        self._reports = Notifier(f"{ctx.name}-metrics", resolve=lambda _name: self._collector)
+        self._reports = Notifier(f"{ctx.name}-metrics", resolve=lambda _name: self._collector, transport=ctx.transport)
         self._audit_file: IO[str] | None = None  # RUN_DIR/trained.jsonl, open for appending after the first step
         self.ranks = RankGroup(ctx, list(ranks), wait_s=cfg.train.dist_timeout_s)  # trainer.1 ...: data parallel
         self._started = time.monotonic()

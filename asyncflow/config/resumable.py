@@ -11,8 +11,9 @@ key is refused by name, with the reason. The allow-list is deliberately small:
   where the old schedule had brought it (docs/faults.md, "Extending a run").
 - ``train.checkpoint_every``, ``train.keep_checkpoints``, ``train.dist_timeout_s``, ``logging.*``,
   ``workflow.weight_timeout_s``, ``cluster.max_resumes``,
-  ``cluster.threads_per_process``, ``cluster.pin_trainer_cores``: how often, how
-  long, what is written, where processes run.
+  ``cluster.threads_per_process``, ``cluster.pin_trainer_cores``,
+  ``cluster.transport.ask_timeout_s``, ``cluster.transport.freeze_timeout_s``: how
+  often, how long, what is written, where processes run.
 - ``rollout.gateway.*``: the HTTP gateway (docs/gateway.md) generates no queued row and
   its sessions are not checkpointed.
 - ``eval.every_steps``: between two non-zero values only (turning evaluation on or
@@ -40,6 +41,8 @@ RESUMABLE_KEYS = (
     "cluster.max_resumes",
     "cluster.threads_per_process",
     "cluster.pin_trainer_cores",
+    "cluster.transport.ask_timeout_s",
+    "cluster.transport.freeze_timeout_s",
     "logging.*",
     "rollout.gateway.*",
 )

@@ -19,6 +19,9 @@ Rules:
   no frame ends the receive thread.
 - tcp requests without the cluster secret are refused (``auth``) and counted; the
   secret is read from the header's fixed prefix before the header is decoded.
+- A resendable request (its header names a ``sender`` and ``seq``: ``core/retry.py``)
+  is served once however many copies of it come (a caller resends to a peer that was
+  frozen): the copies get the first one's answer (``core/replay.py``).
 - Inside one process a message may also be handed to the actor's pykka inbox
   (``served.pykka_ref.ask(msg)``): a plain class carrying Python objects that must not
   be copied (a weight snapshot), or a wire message. It reaches ``handle(msg, None)``
@@ -45,6 +48,7 @@ import pynng
 from asyncflow.core import _nngio, frames, protocol
 from asyncflow.core.directory_client import DirectoryClient
 from asyncflow.core.errors import FrameError
+from asyncflow.core.replay import ANSWERED, NEW, STALE, ReplayCache
 from asyncflow.core.transport import TransportConfig, is_tcp, listen
 
 log = logging.getLogger(__name__)
@@ -56,16 +60,21 @@ DEFER = object()
 """Returned by ``handle`` when the reply will be sent later through ``pending``."""
 
 
+ReplyHook = Callable[[bytearray], None]
+"""Called with the reply frame of a resendable request once it is sent (``core/replay.py``)."""
+
+
 class Pending:
     """The reply slot of one ask. Resolve or reject it exactly once, from any thread."""
 
-    __slots__ = ("_ctx", "actor", "message_type", "_done")
+    __slots__ = ("_ctx", "actor", "message_type", "_done", "_on_reply")
 
-    def __init__(self, ctx: pynng.Context, actor: str, message_type: str):
+    def __init__(self, ctx: pynng.Context, actor: str, message_type: str, on_reply: ReplyHook | None = None):
         self._ctx = ctx
         self.actor = actor
         self.message_type = message_type
         self._done = False
+        self._on_reply = on_reply
 
     @property
     def done(self) -> bool:
@@ -81,15 +90,19 @@ class Pending:
         if self._done:
             raise RuntimeError(f"{self.actor}: reply to {self.message_type} sent twice")
         self._done = True
-        if self._ctx._context is None:  # the listener closed (actor stopping): nobody to answer
-            log.info("%s: dropped the reply to %s (listener closed)", self.actor, self.message_type)
-            return
         try:
-            _nngio.send(self._ctx, frame)
-        except (pynng.Closed, pynng.Timeout):
-            log.warning("%s: could not send the reply to %s (caller gone)", self.actor, self.message_type)
+            if self._ctx._context is None:  # the listener closed (actor stopping): nobody to answer
+                log.info("%s: dropped the reply to %s (listener closed)", self.actor, self.message_type)
+                return
+            try:
+                _nngio.send(self._ctx, frame)
+            except (pynng.Closed, pynng.Timeout):
+                log.warning("%s: could not send the reply to %s (caller gone)", self.actor, self.message_type)
+            finally:
+                _nngio.close_quietly(self._ctx)
         finally:
-            _nngio.close_quietly(self._ctx)
+            if self._on_reply is not None:  # the resent copies of this request get the same answer
+                self._on_reply(frame)
 
 
 class _Delivery:
@@ -241,6 +254,7 @@ class _Listener:
         self._check_secret = is_tcp(self.address)
         self._closed = False
         self._next_reject_log = 0.0
+        self.replay = ReplayCache()  # resendable requests: served once, every copy answered alike
         self._thread = threading.Thread(target=self._run, name=f"listen-{self._name}", daemon=True)
         self._thread.start()
 
@@ -301,25 +315,47 @@ class _Listener:
         except FrameError as exc:
             self._reject(ctx, "rejected", f"actor {self._name!r} {exc}")
             return
+        on_reply: ReplyHook | None = None
+        if header.sender:  # a resendable request: one copy is served, each gets its answer
+            what, answer = self.replay.begin(header.sender, header.seq, ctx)
+            if what != NEW:
+                if what == ANSWERED:
+                    assert answer is not None  # an answered request keeps its frame
+                    self._send_and_close(ctx, answer)
+                elif what == STALE:
+                    self._send_and_close(ctx, frames.error_reply("stale", f"a newer request of {header.sender} came first"))
+                return  # WAITING: ``ctx`` gets the answer with the first copy
+            sender, seq = header.sender, header.seq
+            on_reply = lambda frame: self._answer_copies(sender, seq, frame)  # noqa: E731
+            try:
+                self._deliver(ctx, header, msg, on_reply)
+            except Exception as exc:  # contained as in _run, and the copies waiting get the same error
+                error = frames.error_reply("rejected", f"actor {self._name!r} failed on a frame: {type(exc).__name__}: {exc}")
+                self._send_and_close(ctx, error)
+                on_reply(error)
+            return
+        self._deliver(ctx, header, msg, None)
+
+    def _deliver(self, ctx: pynng.Context, header: protocol.Header, msg: Any, on_reply: ReplyHook | None) -> None:
+        """Serve a decoded request: at once on this thread (Urgent), or through the actor's inbox."""
         if self._urgent and isinstance(msg, self._urgent):
-            self._serve_urgent(ctx, msg)
+            self._serve_urgent(ctx, msg, on_reply)
             return
         if header.kind == protocol.TELL:
             pending = None
-            try:
-                _nngio.send(ctx, frames.ok_reply())
-            except (pynng.Closed, pynng.Timeout):
-                pass
-            _nngio.close_quietly(ctx)
+            ok = frames.ok_reply()
+            self._send_and_close(ctx, ok)
+            if on_reply is not None:
+                on_reply(ok)
         else:
-            pending = Pending(ctx, self._name, type(msg).__name__)
+            pending = Pending(ctx, self._name, type(msg).__name__, on_reply)
         try:
             self._pykka_ref.tell(_Delivery(msg, pending))
         except pykka.ActorDeadError:
             if pending is not None:
                 pending._send(frames.error_reply("remote", f"actor {self._name!r} has stopped"))
 
-    def _serve_urgent(self, ctx: pynng.Context, msg: Any) -> None:
+    def _serve_urgent(self, ctx: pynng.Context, msg: Any, on_reply: ReplyHook | None = None) -> None:
         try:
             actor = self._ctx.actor
             assert actor is not None  # set before the listener serves
@@ -327,11 +363,22 @@ class _Listener:
         except Exception as exc:
             log.warning("actor %s failed on urgent %s: %s", self._name, type(msg).__name__, exc)
             reply = frames.error_reply("remote", f"{type(exc).__name__}: {exc}")
+        self._send_and_close(ctx, reply)
+        if on_reply is not None:
+            on_reply(reply)
+
+    @staticmethod
+    def _send_and_close(ctx: pynng.Context, frame: bytes | bytearray) -> None:
         try:
-            _nngio.send(ctx, reply)
+            _nngio.send(ctx, frame)
         except (pynng.Closed, pynng.Timeout):
             pass
         _nngio.close_quietly(ctx)
+
+    def _answer_copies(self, sender: str, seq: int, frame: bytearray) -> None:
+        """The copies of request ``(sender, seq)`` that came while it was served get its answer."""
+        for ctx in self.replay.answered(sender, seq, frame):
+            self._send_and_close(ctx, frame)
 
     def close(self) -> None:
         self._closed = True
@@ -352,6 +399,11 @@ class ServedActor:
     @property
     def num_rejected_frames(self) -> int:
         return self._listener._ctx.num_rejected_frames
+
+    @property
+    def num_replayed(self) -> int:
+        """Copies of resent requests answered with the first copy's answer (``core/replay.py``)."""
+        return self._listener.replay.num_replayed
 
     def entry(self) -> protocol.ActorEntry:
         return protocol.ActorEntry(

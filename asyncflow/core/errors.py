@@ -20,6 +20,24 @@ class ActorTimeout(AsyncflowError, TimeoutError):
         self.message_type = message_type
 
 
+class PeerFrozen(ActorTimeout):
+    """A peer answered none of the copies of a request sent again and again for
+    ``cluster.transport.freeze_timeout_s`` (``core/retry.py``): its process is frozen
+    past the freeze policy (the driver kills and restarts such a process), or dead."""
+
+    def __init__(self, actor: str, address: str, message_type: str, waited_s: float, freeze_timeout_s: float):
+        AsyncflowError.__init__(
+            self,
+            f"actor {actor!r} at {address} answered none of the copies of {message_type} sent over {waited_s:.0f} s "
+            f"(cluster.transport.freeze_timeout_s = {freeze_timeout_s:g}): its process is frozen or dead "
+            f"(`afctl status` lists the actors; the driver restarts a process frozen that long, or stops the run)",
+        )
+        self.actor = actor
+        self.address = address
+        self.message_type = message_type
+        self.waited_s = waited_s
+
+
 class ActorGone(AsyncflowError, ConnectionError):
     """The connection to a peer broke mid-request (its process exited or restarted)."""
 

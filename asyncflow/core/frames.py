@@ -6,7 +6,7 @@ received frame (no copy). Encoders and decoders are built once per process.
 
 Every decoder here turns any malformed input (bad msgpack, a wrong schema, values
 nested so deep that msgspec raises ``RecursionError``) into ``FrameError``.
-The request header is the msgpack array ``[target, kind, secret, timeout_s]``:
+The request header is the msgpack array ``[target, kind, secret, timeout_s, sender, seq]``:
 ``peek_secret`` reads the secret from that fixed prefix without decoding anything
 else, so a listener refuses an unauthenticated frame before it parses the rest.
 """

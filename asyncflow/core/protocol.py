@@ -104,13 +104,17 @@ class Header(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     kind: int  # ASK or TELL
     secret: bytes = b""  # the cluster secret; required on tcp listeners
     timeout_s: float = 0.0  # the caller's deadline, for the server's logs
+    # a resendable request's id (core/retry.py): the sending thread's id and its request number;
+    # every attempt of one request carries the same, and the actor serves it once (core/replay.py)
+    sender: str = ""
+    seq: int = 0
 
 
 class ReplyHeader(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """Header of a reply frame; the body follows when ``ok``."""
 
     ok: bool
-    error_type: str = ""  # "remote" (handler raised), "rejected" (bad frame), "auth", "unknown_actor"
+    error_type: str = ""  # "remote" (handler raised), "rejected" (bad frame), "auth", "unknown_actor", "stale" (core/replay.py)
     error: str = ""  # message with the actor's name and the message type
 
 

@@ -102,21 +102,27 @@ class ActorRef:
     def __repr__(self) -> str:
         return f"ActorRef({self.name!r}, {self.address!r})"
 
-    def ask(self, msg: protocol.Request[R], timeout_s: float = 30.0) -> R:
+    @property
+    def config(self) -> TransportConfig:
+        """The transport this reference talks over (its timeouts: ``core/retry.py``)."""
+        return self._config
+
+    def ask(self, msg: protocol.Request[R], timeout_s: float = 30.0, *, sender: str = "", seq: int = 0) -> R:
         """Send ``msg`` and wait for its reply (of the type ``msg`` declares); raises
-        ``ActorTimeout``, ``RemoteError`` or ``WrongReply``."""
-        reply = self._call(protocol.ASK, msg, timeout_s)
+        ``ActorTimeout``, ``RemoteError`` or ``WrongReply``. ``sender`` and ``seq``: the
+        id of a request that may be sent again (``core/retry.py`` sends them)."""
+        reply = self._call(protocol.ASK, msg, timeout_s, sender, seq)
         expected = protocol.reply_types(type(msg))
         if expected and not isinstance(reply, expected):
             raise WrongReply(self.name, type(msg).__name__, expected, reply)
         return reply
 
-    def tell(self, msg: Any, timeout_s: float = 10.0) -> None:
+    def tell(self, msg: Any, timeout_s: float = 10.0, *, sender: str = "", seq: int = 0) -> None:
         """Deliver ``msg`` without waiting for it to be handled (only for its receipt)."""
-        self._call(protocol.TELL, msg, timeout_s)
+        self._call(protocol.TELL, msg, timeout_s, sender, seq)
 
-    def _call(self, kind: int, msg: Any, timeout_s: float) -> Any:
-        header = protocol.Header(target=self.name, kind=kind, secret=self._secret, timeout_s=timeout_s)
+    def _call(self, kind: int, msg: Any, timeout_s: float, sender: str = "", seq: int = 0) -> Any:
+        header = protocol.Header(target=self.name, kind=kind, secret=self._secret, timeout_s=timeout_s, sender=sender, seq=seq)
         frame = frames.encode_frame(header, msg)
         msg_type = type(msg).__name__
         try:

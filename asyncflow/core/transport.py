@@ -87,6 +87,26 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             description="Seconds to wait when dialing a peer and for the directory's answers (register, look up) before failing.",
         ),
     ] = 10.0
+    ask_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="How long one attempt of a request waits for its answer (on top of the time the peer may hold it on "
+            "purpose, such as a queue get's poll) before it is sent again. A peer that does not answer is frozen or dead; "
+            "the queue's requests and notices are resent, with the same request id, so the peer serves each once when it "
+            "wakes (docs/faults.md, 'Freeze policy').",
+        ),
+    ] = 30.0
+    freeze_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="How long a request is resent to a peer that does not answer before it fails with ``PeerFrozen``; and "
+            "how long a process of the run may stay frozen (stopped, in a debugger, swapped out) before the driver kills it "
+            "and restarts it in place like a dead one (a process that cannot be restarted alone stops the run, which "
+            "``cluster.max_resumes`` resumes). At least ``ask_timeout_s``.",
+        ),
+    ] = 600.0
     advertise_host: Annotated[
         str,
         Meta(
@@ -145,6 +165,11 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             raise ValueError("[cluster.transport] max_message_bytes must be > 0")
         if self.control_max_message_bytes <= 0:
             raise ValueError("[cluster.transport] control_max_message_bytes must be > 0")
+        if self.freeze_timeout_s < self.ask_timeout_s:
+            raise ValueError(
+                f"[cluster.transport] freeze_timeout_s = {self.freeze_timeout_s:g} is shorter than ask_timeout_s = "
+                f"{self.ask_timeout_s:g}: a request is resent for freeze_timeout_s, so make it at least ask_timeout_s"
+            )
         if self.tls_dir and self.scheme != "tcp":
             raise ValueError(
                 f"[cluster.transport] tls_dir is set but scheme = {self.scheme!r}: TLS is for tcp; "

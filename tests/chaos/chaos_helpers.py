@@ -44,6 +44,7 @@ class ChaosRun:
     extra_cluster: str = ""
     changes: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
+    new_session: bool = False  # the driver leads its own process group (which a test may stop as a whole)
     proc: subprocess.Popen | None = None
     pids: set = field(default_factory=set)
     outputs: list = field(default_factory=list)
@@ -89,7 +90,7 @@ class ChaosRun:
     def _afctl(self, *args: str) -> subprocess.Popen:
         path = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH", "")) if p)
         env = {"PYTHONPATH": path, "AF_CHAOS_MARKS": str(self.marks), **self.env}
-        proc = afctl(*args, env_extra=env)
+        proc = afctl(*args, env_extra=env, start_new_session=self.new_session)
         threading.Thread(target=self._watch, args=(proc,), daemon=True).start()
         return proc
 
@@ -130,6 +131,42 @@ class ChaosRun:
         pid = self.wait_until(f"a process {host}", lambda: (p := self.hosts().get(host)) and p != old_pid and p)
         os.kill(pid, signal.SIGKILL)
         return pid
+
+    def freeze(self, host: str) -> int:
+        """SIGSTOP the process ``host`` (it stays until ``thaw``); returns its pid."""
+        pid = self.wait_until(f"a process {host}", lambda: self.hosts().get(host))
+        os.kill(pid, signal.SIGSTOP)
+        return pid
+
+    def freeze_everything(self) -> None:
+        """SIGSTOP the driver's whole process group, the driver with its hosts (Ctrl-Z of ``afctl up``)."""
+        assert self.new_session, "start the run with new_session=True: the group is the driver's own"
+        self.hosts()
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self, pid: int | None = None) -> None:
+        """SIGCONT the process ``pid``, or the driver's whole process group."""
+        if pid is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+        else:
+            os.kill(pid, signal.SIGCONT)
+
+    def finish_without_failure(self, timeout_s: float = 240.0) -> str:
+        """Wait for the run's end: it must complete by itself (exit code 0) with no role or
+        process failing on the way (no failure printed, no automatic resume), every
+        group trained exactly once, no process left."""
+        out, _ = self.proc.communicate(timeout=timeout_s)
+        self.outputs.append(out)
+        self.assert_nothing_left()
+        assert self.proc.returncode == 0, self.why(f"exit code {self.proc.returncode}:\n{out}")
+        for bad in ("run failed", "automatic resume", "Traceback (most recent call last)", "exited with code"):
+            assert bad not in out, self.why(f"the run printed {bad!r}:\n{out}")
+        assert f"done: {self.num_steps} steps" in out, self.why(out)
+        try:
+            assert_trained_exactly_once(self.run_dir, self.num_steps, PROMPTS_PER_STEP, GROUP_SIZE)
+        except AssertionError as exc:
+            raise AssertionError(self.why(f"audit: {exc}\n{out}")) from exc
+        return out
 
     def kill_driver(self) -> None:
         """kill -9 the driver (``afctl up``) itself: its hosts must follow it (they get

@@ -19,6 +19,12 @@ through a shared-memory segment handed to the shard, and reads of such rows map 
 Arrays returned by ``get_batch`` that came in a message are read-only views into it
 (valid as long as they live); those from a shared-memory arena are copies, or with
 ``zero_copy=True`` read-only views valid until the batch is acked.
+
+A queue process that does not answer (frozen: SIGSTOP, a debugger, swapped out) is
+asked again until it does, for up to ``cluster.transport.freeze_timeout_s``
+(``core/retry.py``); requests that hand something out or change the queue carry a
+request id, so the queue serves each once however many copies it finds when it
+wakes (``core/replay.py``): no row is handed out twice, none is lost.
 """
 
 from __future__ import annotations
@@ -29,11 +35,11 @@ import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from asyncflow.core import protocol, tensors
+from asyncflow.core import protocol, retry, tensors
 from asyncflow.core.errors import RemoteError
 from asyncflow.core.phases import phase
 from asyncflow.core.tq import shm
@@ -42,6 +48,10 @@ from asyncflow.core.tq.ledger import shard_of
 from asyncflow.core.transport import is_tcp
 
 MANAGER_NAME = "tq.manager"
+SAVE_WAIT_S = 570.0
+"""How long a save or load of the whole queue may take (600 s with the default ask timeout)."""
+
+R = TypeVar("R")
 
 
 def controller_name(task: str) -> str:
@@ -85,9 +95,14 @@ class TQClient:
         consumer: str | None = None,
         use_shm: bool | None = None,
         shm_min_bytes: int = 1 << 20,
-        timeout_s: float = 30.0,
+        timeout_s: float | None = None,
         reserve_rows: int | None = None,
+        freeze_timeout_s: float | None = None,
     ):
+        """``timeout_s``: how long one attempt of a request waits for its answer (on top
+        of a get's or an allocation's own wait); ``freeze_timeout_s``: how long a request
+        is sent again to a queue process that does not answer (0: never). None: the
+        transport's ``ask_timeout_s`` and ``freeze_timeout_s``."""
         if isinstance(directory, str):
             from asyncflow.core.directory import DirectoryClient
 
@@ -97,11 +112,13 @@ class TQClient:
         # this client's id: a restarted worker reuses ``consumer`` but never this; a
         # requeue of ``consumer`` retires it (the controller refuses its requests after)
         self.incarnation = uuid.uuid4().hex
-        self.timeout_s = timeout_s
+        transport = directory.transport
+        self.timeout_s = transport.ask_timeout_s if timeout_s is None else timeout_s
+        self.freeze_timeout_s = transport.freeze_timeout_s if freeze_timeout_s is None else freeze_timeout_s
         self.shm_min_bytes = shm_min_bytes
-        self._manager = directory.ref(manager, wait_s=timeout_s)
-        self.info: protocol.QueueInfo = self._manager.ask(protocol.GetQueueInfo(), timeout_s=timeout_s)
-        self._shards = [directory.ref(name, wait_s=timeout_s) for name in self.info.shards]
+        self._manager = directory.ref(manager, wait_s=self.timeout_s)
+        self.info: protocol.QueueInfo = self._ask(self._manager, protocol.GetQueueInfo(), idempotent=True)
+        self._shards = [directory.ref(name, wait_s=self.timeout_s) for name in self.info.shards]
         self._controllers: dict[str, Any] = {}
         if use_shm is None:
             here = socket.gethostname()
@@ -125,6 +142,14 @@ class TQClient:
             self._pool = None
 
     # -- helpers -------------------------------------------------------------------
+
+    def _ask(self, ref, msg: protocol.Request[R], wait_s: float = 0.0, idempotent: bool = False) -> R:
+        """Ask ``msg`` until the queue answers (``core/retry.py``); with a request id unless
+        ``idempotent`` (a read: a copy served twice changes nothing, and its answer, which
+        may be large, is not kept for a resend)."""
+        if idempotent:
+            return retry.ask_idempotent(ref, msg, wait_s, ask_timeout_s=self.timeout_s, freeze_timeout_s=self.freeze_timeout_s)
+        return retry.ask(ref, msg, wait_s, ask_timeout_s=self.timeout_s, freeze_timeout_s=self.freeze_timeout_s)
 
     def _controller(self, task: str):
         ref = self._controllers.get(task)
@@ -176,7 +201,7 @@ class TQClient:
             headroom_rows=headroom_rows,
         )
         try:
-            reply = self._manager.ask(msg, timeout_s=timeout_s + self.timeout_s)
+            reply = self._ask(self._manager, msg, wait_s=timeout_s)
         except BaseException as exc:
             for k in range(len(taken) - group_size, -1, -group_size):  # keep the reserved groups
                 spare.appendleft(taken[k : k + group_size])
@@ -224,7 +249,7 @@ class TQClient:
                     }
                     msg = protocol.PutRows(indices=rows, columns=wire, metas=row_metas)
             with phase("put_round_trip"):
-                self._shards[k].ask(msg, timeout_s=self.timeout_s)
+                self._ask(self._shards[k], msg)
 
         self._each(put_one, list(by_shard.items()))
 
@@ -249,7 +274,7 @@ class TQClient:
                     offs.append(pos)
                     pos += shm.align(a.nbytes)
                 layout[name] = (pos, offs, False)
-        got = shard.ask(protocol.ReserveShm(num_bytes=pos), timeout_s=self.timeout_s)
+        got = self._ask(shard, protocol.ReserveShm(num_bytes=pos))
         arena = shm.MAPPINGS.get(got.segment)
         base = got.offset
         columns = {}
@@ -276,7 +301,7 @@ class TQClient:
 
     def release(self, indices: Sequence[int]) -> None:
         """Give back allocated rows that will not be written."""
-        self._manager.ask(protocol.Release(indices=list(indices)), timeout_s=self.timeout_s)
+        self._ask(self._manager, protocol.Release(indices=list(indices)))
 
     # -- consumers ---------------------------------------------------------------------
 
@@ -322,7 +347,7 @@ class TQClient:
             incarnation=self.incarnation,
         )
         try:
-            return self._controller(task).ask(msg, timeout_s=timeout_s + self.timeout_s)
+            return self._ask(self._controller(task), msg, wait_s=timeout_s)
         except RemoteError as exc:
             if exc.detail.startswith("TimeoutError"):
                 raise BatchTimeout(exc.detail.removeprefix("TimeoutError: ")) from None
@@ -359,9 +384,10 @@ class TQClient:
 
         def get_one(item):
             k, positions = item
-            rows = self._shards[k].ask(
+            rows = self._ask(
+                self._shards[k],
                 protocol.GetRows(indices=[indices[p] for p in positions], columns=list(columns), shm=self.use_shm),
-                timeout_s=self.timeout_s,
+                idempotent=True,
             )
             for name, cells in rows.columns.items():
                 col = out[name]
@@ -403,36 +429,36 @@ class TQClient:
             task = batch_or_task
         if indices:
             ack = protocol.Ack(consumer=self.consumer, indices=list(indices), incarnation=self.incarnation)
-            self._controller(task).ask(ack, timeout_s=self.timeout_s)
+            self._ask(self._controller(task), ack)
 
     def requeue(self, task: str, consumer: str, done_columns: Sequence[str] = ()) -> int:
         """Hand a dead consumer's un-acked rows of ``task`` to others; returns how many.
         Rows that already have all of ``done_columns`` (its outputs) are acked instead."""
         msg = protocol.Requeue(consumer=consumer, done_columns=list(done_columns))
-        return self._controller(task).ask(msg, timeout_s=self.timeout_s).num_rows
+        return self._ask(self._controller(task), msg).num_rows
 
     def discard(self, task: str, filters: Sequence[protocol.RowFilter]) -> list[int]:
         """Ack for ``task``, without reading, every waiting row matching ``filters``."""
-        return self._controller(task).ask(protocol.Discard(filters=list(filters)), timeout_s=self.timeout_s).indices
+        return self._ask(self._controller(task), protocol.Discard(filters=list(filters))).indices
 
     # -- whole queue --------------------------------------------------------------------
 
     def save(self, path: str) -> protocol.QueueSaved:
         """Save the whole queue (controllers, shards, ledger) under ``path``; call it at
         a quiescent point (between steps)."""
-        return self._manager.ask(protocol.SaveQueue(path=os.path.abspath(path)), timeout_s=600)
+        return self._ask(self._manager, protocol.SaveQueue(path=os.path.abspath(path)), wait_s=SAVE_WAIT_S)
 
     def load(self, path: str) -> protocol.QueueSaved:
-        return self._manager.ask(protocol.LoadQueue(path=os.path.abspath(path)), timeout_s=600)
+        return self._ask(self._manager, protocol.LoadQueue(path=os.path.abspath(path)), wait_s=SAVE_WAIT_S)
 
     def status(self) -> protocol.QueueStatus:
-        return self._manager.ask(protocol.GetQueueStatus(), timeout_s=self.timeout_s)
+        return self._ask(self._manager, protocol.GetQueueStatus(), idempotent=True)
 
     def task_status(self, task: str) -> protocol.TaskStatus:
-        return self._controller(task).ask(protocol.GetTaskStatus(), timeout_s=self.timeout_s)
+        return self._ask(self._controller(task), protocol.GetTaskStatus(), idempotent=True)
 
     def shard_stats(self) -> list[protocol.ShardStats]:
-        return self._each(lambda ref: ref.ask(protocol.GetShardStats(), timeout_s=self.timeout_s), list(self._shards))
+        return self._each(lambda ref: self._ask(ref, protocol.GetShardStats(), idempotent=True), list(self._shards))
 
 
 _TORCH_ONLY = {"bfloat16": np.int16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}

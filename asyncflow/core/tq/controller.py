@@ -60,7 +60,7 @@ class ControllerActor(Actor):
         self.inline = InlineCache()  # small rows' cells, answered with their metadata
         self._timer_at: float | None = None  # when the armed timer fires
         # acks go to the manager in batches: capacity frees a few ms later, for far fewer messages
-        self.notifier = Notifier(ctx.name, resolve=ctx.ref, linger_s=ack_linger_s)
+        self.notifier = Notifier(ctx.name, resolve=ctx.ref, linger_s=ack_linger_s, transport=ctx.transport)
 
     def on_stop(self) -> None:
         self.notifier.close()

@@ -55,7 +55,7 @@ class QueueManagerActor(Actor):
         self.stripe_rows = stripe_rows
         self.ledger = Ledger(tasks, capacity_rows)
         # frees go to shards and controllers in batches (the ledger's capacity is freed at once)
-        self.notifier = Notifier(ctx.name, resolve=ctx.ref, linger_s=free_linger_s)
+        self.notifier = Notifier(ctx.name, resolve=ctx.ref, linger_s=free_linger_s, transport=ctx.transport)
 
     def on_stop(self) -> None:
         self.notifier.close()

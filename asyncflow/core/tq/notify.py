@@ -10,6 +10,11 @@ message (``merge``): a burst of small writes costs one round trip per controller
 one per write. With ``linger_s`` the sender also waits that long after a first notice
 for more to merge (for bookkeeping off the critical path: acks, frees), trading a few
 milliseconds of delay for far fewer messages.
+
+A notice that gets no receipt is sent again, with the same request id, until it gets
+one or ``cluster.transport.freeze_timeout_s`` has passed (``core/retry.py``): a frozen
+receiver handles it once when it wakes (``core/replay.py``), and the notices after it
+wait meanwhile, so the order per target holds. One that still fails is logged.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from asyncflow.core import protocol
+from asyncflow.core import protocol, retry
+from asyncflow.core.transport import TransportConfig
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +52,12 @@ def merge(a: Any, b: Any) -> Any | None:
 
 
 class Notifier:
-    def __init__(self, owner: str, resolve: Callable[[str], Any], linger_s: float = 0.0):
+    def __init__(
+        self, owner: str, resolve: Callable[[str], Any], linger_s: float = 0.0, transport: TransportConfig | None = None
+    ):
+        transport = transport or TransportConfig.from_env()
+        # a flush waits as long as a notice is sent again to a frozen receiver, and a little more
+        self._flush_timeout_s = transport.freeze_timeout_s + transport.ask_timeout_s
         self._owner = owner
         self._linger_s = linger_s
         self._resolve = resolve  # actor name -> ActorRef (resolved in the sender thread)
@@ -58,7 +69,11 @@ class Notifier:
     def tell(self, name: str, msg: Any) -> None:
         self._queue.put((name, msg))
 
-    def flush(self, timeout_s: float = 30.0) -> None:
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until everything told so far is delivered (at most ``timeout_s``; None:
+        as long as a notice is sent again to a frozen receiver, and a little more)."""
+        if timeout_s is None:
+            timeout_s = self._flush_timeout_s
         done = threading.Event()
         self._queue.put((None, done))
         if not done.wait(timeout_s):
@@ -115,6 +130,6 @@ class Notifier:
             if self._closed:
                 return
             try:
-                self._resolve(name).tell(msg)
+                retry.tell(self._resolve(name), msg)
             except Exception as exc:  # a sender thread must outlive a bad peer; say so loudly
                 log.error("%s: could not tell %s to %s: %s: %s", self._owner, type(msg).__name__, name, type(exc).__name__, exc)

@@ -57,7 +57,7 @@ class ShardActor(Actor):
         self.store = ShardStore(ctx.name, arena_bytes)
         for name in shm.reap_orphans():
             log.warning("%s: removed /dev/shm/%s, left by a shard that died", ctx.name, name)
-        self.notifier = Notifier(ctx.name, resolve=ctx.ref)
+        self.notifier = Notifier(ctx.name, resolve=ctx.ref, transport=ctx.transport)
 
     def on_stop(self) -> None:
         self.notifier.close()
