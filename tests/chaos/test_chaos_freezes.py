@@ -55,4 +55,4 @@ def test_the_whole_run_frozen_for_a_minute_at_a_random_moment_goes_on_when_conti
     finally:
         run.thaw()
     out = run.finish_without_failure()
-    assert "has not answered" not in out, run.why(f"the driver, frozen too, blamed a process:\n{out}")
+    assert "frozen, not dead" not in out, run.why(f"the driver, frozen too, named a process frozen:\n{out}")
