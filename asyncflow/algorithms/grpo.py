@@ -20,6 +20,7 @@ sum over micro-batches is the step mean.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -70,6 +71,8 @@ class PolicyLossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     policy-gradient term; 0: no lower bound."""
     is_mask_high: float = 0.0
     """... or above this; 0: no upper bound (both 0: no mask)."""
+    horizon: int = 0
+    """The constant divisor of ``agg = "seq-mean-token-sum-norm"`` (rollout.sampling.max_new_tokens)."""
 
     @property
     def masking(self) -> bool:
@@ -149,38 +152,60 @@ def off_policy_factor(
     return factor_BT, metrics
 
 
-def policy_loss_fn(cfg: PolicyLossConfig, log_ratio_sink: list[torch.Tensor] | None = None) -> LossFn:
+Adjust = Callable[
+    [ForwardOutput, TokenBatch, torch.Tensor, torch.Tensor, LossContext], tuple[torch.Tensor, torch.Tensor, dict[str, float]]]
+"""``adjust(out, mb, mask_BT, prox_BT, ctx) -> (prox_BT, keep_BT, metrics)``: a loss's own
+proximal log-probs and 0/1 factor of its policy-gradient term (``decoupled.py``, ``m2po.py``)."""
+
+
+def policy_loss_fn(cfg: PolicyLossConfig, log_ratio_sink: list[torch.Tensor] | None = None, adjust: Adjust | None = None) -> LossFn:
     """The ``loss_fn`` for ``TrainEngine.train_step``. The batch needs
     ``advantages`` (and ``rollout_logp``, ``ref_logp`` as the config asks).
     ``log_ratio_sink``: a list that gets, per call, the per-token log(pi_prox / mu)
-    of the micro-batch's response tokens (cpu, [N]), for quantiles over the step."""
+    of the micro-batch's response tokens (cpu, [N]), for quantiles over the step.
+    ``adjust``: replaces pi_prox (and with ``clip_against = "proximal"`` the ratio's
+    denominator) and drops tokens from the policy-gradient term."""
 
     def loss_fn(out: ForwardOutput, mb: TokenBatch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         mask_BT, prox_BT, old_BT = cfg.ratio_inputs(out, mb)
         assert mb.advantages is not None  # ratio_inputs refuses a batch without
+        metrics: dict[str, float] = {}
+        keep_BT: torch.Tensor | None = None
+        if adjust is not None:
+            prox_BT, keep_BT, metrics = adjust(out, mb, mask_BT, prox_BT, ctx)
+            if cfg.clip_against != "behaviour":
+                old_BT = prox_BT
         pg_BT, clipped_BT = clipped_policy_loss(out.logp, old_BT, mb.advantages, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
-        pg_BT, metrics = cfg.off_policy(pg_BT, prox_BT, mb, mask_BT, ctx, log_ratio_sink)
-        metrics["pg_loss"] = float(aggregate(pg_BT.detach(), mask_BT, cfg.agg, ctx))
+        if keep_BT is not None:
+            pg_BT = pg_BT * keep_BT
+        pg_BT, off_metrics = cfg.off_policy(pg_BT, prox_BT, mb, mask_BT, ctx, log_ratio_sink)
+        metrics.update(off_metrics)
+        metrics["pg_loss"] = float(aggregate(pg_BT.detach(), mask_BT, cfg.agg, ctx, cfg.horizon))
         metrics["clip_frac"] = float(aggregate(clipped_BT, mask_BT, "token-mean", ctx))
         loss_BT = pg_BT + cfg.regularisers(out, mb, mask_BT, ctx, metrics)
-        return aggregate(loss_BT, mask_BT, cfg.agg, ctx), metrics
+        return aggregate(loss_BT, mask_BT, cfg.agg, ctx, cfg.horizon), metrics
 
     return loss_fn
 
 
-def build_ppo_clip(alg: Any, log_ratio_sink: list[torch.Tensor] | None = None) -> LossFn:
+def build_ppo_clip(alg: Any, log_ratio_sink: list[torch.Tensor] | None = None, horizon: int = 0) -> LossFn:
     """The registry's ``ppo_clip`` (``registry.POLICY_LOSSES``): ``policy_loss_fn`` of
-    ``ppo_clip_config(alg)``."""
-    return policy_loss_fn(ppo_clip_config(alg), log_ratio_sink)
+    ``ppo_clip_config(alg)``; ``horizon``: rollout.sampling.max_new_tokens (``seq-mean-token-sum-norm``)."""
+    return policy_loss_fn(ppo_clip_config(alg, horizon), log_ratio_sink)
 
 
-def ppo_clip_config(alg: Any) -> PolicyLossConfig:
+def ppo_clip_config(alg: Any, horizon: int = 0) -> PolicyLossConfig:
     """The clip and aggregation of ``alg.loss`` (a ``loss_configs.PPOClipLoss``) and the
     KL, entropy and off-policy terms of ``[algorithm]`` (``alg``). With ``kl_in_reward``
     the KL is in the reward (the estimator's), not in the loss."""
     loss = alg.loss
     return msgspec.structs.replace(
-        algorithm_terms(alg), clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip=loss.dual_clip or None, agg=loss.agg
+        algorithm_terms(alg),
+        clip_low=loss.clip_low,
+        clip_high=loss.clip_high,
+        dual_clip=loss.dual_clip or None,
+        agg=loss.agg,
+        horizon=horizon,
     )
 
 

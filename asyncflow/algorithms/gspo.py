@@ -65,7 +65,7 @@ def gspo_token_loss(
     return torch.maximum(unclipped_BT, clipped_BT), (clipped_BT > unclipped_BT).float()
 
 
-def build(alg: Any, log_ratio_sink: list[torch.Tensor] | None = None) -> LossFn:
+def build(alg: Any, log_ratio_sink: list[torch.Tensor] | None = None, horizon: int = 0) -> LossFn:
     """The registry's ``gspo``: the ``loss_fn`` for ``TrainEngine.train_step``. ``alg``: the
     run's ``[algorithm]`` (``alg.loss`` a ``GSPOLoss``)."""
     from asyncflow.algorithms.grpo import algorithm_terms

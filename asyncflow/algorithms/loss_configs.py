@@ -14,15 +14,23 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
 from asyncflow.core.schema import Refused
 
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum"]
 """How per-token losses reduce to the step's loss (``losses.aggregate``)."""
+
+AGG_DESCRIPTION = (
+    "How the per-token losses reduce: token-mean (over every response token of the step), "
+    "seq-mean-token-mean (each sequence's token mean, then the mean over sequences), seq-mean-token-sum (each "
+    "sequence's token sum, then the mean over sequences), seq-mean-token-sum-norm (Dr. GRPO: seq-mean-token-sum "
+    "divided by the constant rollout.sampling.max_new_tokens, so no response's length scales its tokens' weight), "
+    "token-sum (the sum over every response token of the step, no division)."
+)
 
 
 class PPOClipLoss(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag="ppo_clip", tag_field="name"):
@@ -49,14 +57,7 @@ class PPOClipLoss(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag=
             "1 (3.0 is usual).",
         ),
     ] = 0.0
-    agg: Annotated[
-        AggMode,
-        Meta(
-            description="How the per-token losses reduce: token-mean (over every response token of the step), "
-            "seq-mean-token-mean (each sequence's token mean, then the mean over sequences), seq-mean-token-sum (each "
-            "sequence's token sum, then the mean over sequences: Dr. GRPO's length-unbiased form)."
-        ),
-    ] = "token-mean"
+    agg: Annotated[AggMode, Meta(description=AGG_DESCRIPTION)] = "token-mean"
 
     def check(self, run: object) -> None:
         if self.dual_clip != 0 and self.dual_clip <= 1:
@@ -79,3 +80,55 @@ class GSPOLoss(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag="gs
         Literal["seq-mean-token-mean"],
         Meta(description="GSPO's objective is a mean over responses: seq-mean-token-mean only."),
     ] = "seq-mean-token-mean"
+
+
+class CISPOLoss(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag="cispo", tag_field="name"):
+    """CISPO (MiniMax-M1): ``-sg(clip(r, 1 - clip_low, 1 + clip_high)) A log pi`` per token, the
+    importance weight clipped and without gradient, so a clipped token still gets the
+    gradient of its log-prob (algorithms/cispo.py). ``name = "cispo"``."""
+
+    clip_low: Annotated[
+        float,
+        Meta(
+            gt=0,
+            le=1,
+            description="Lower clip of the weight: held at 1 - clip_low or above; 1 (the default, as MiniMax-M1 and TRL): no "
+            "lower bound.",
+        ),
+    ] = 1.0
+    clip_high: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="Upper clip of the weight: held at 1 + clip_high or below (4.0: TRL's and ScaleRL's epsilon_max of 5).",
+        ),
+    ] = 4.0
+    agg: Annotated[AggMode, Meta(description=AGG_DESCRIPTION)] = "token-mean"
+
+
+class DecoupledPPOLoss(PPOClipLoss, tag="decoupled_ppo"):
+    """AReaL's decoupled PPO with the log-linear proximal approximation: the PPO clip against
+    pi_prox, times the truncated weight pi_prox / mu (``[algorithm]`` ``is_truncation``), where
+    log pi_prox is interpolated between mu's and the current log-prob by each token's
+    policy version instead of recomputed by a forward pass (algorithms/decoupled.py).
+    Needs ``clip_against = "proximal"``. ``name = "decoupled_ppo"``."""
+
+    def check(self, run: Any) -> None:
+        super().check(run)
+        if run.algorithm.clip_against != "proximal":
+            raise Refused("name", 'decoupled_ppo clips against the proximal policy: set [algorithm] clip_against = "proximal"')
+
+
+class M2POLoss(PPOClipLoss, tag="m2po"):
+    """M2PO (AReaL): the PPO clip with the tokens of the largest (log mu - log pi_prox)^2
+    dropped until the mean of that second moment over the rest is below
+    ``m2_threshold`` (algorithms/m2po.py). ``name = "m2po"``."""
+
+    m2_threshold: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="The bound on the mean second moment (log mu - log pi_prox)^2 of the micro-batch's kept tokens "
+            "(the paper's 0.04).",
+        ),
+    ] = 0.04

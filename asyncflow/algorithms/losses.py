@@ -33,25 +33,42 @@ clipped or truncated anyway."""
 
 
 def aggregate(
-    loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: AggMode = "token-mean", ctx: LossContext | None = None
+    loss_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    mode: AggMode = "token-mean",
+    ctx: LossContext | None = None,
+    horizon: int = 0,
 ) -> torch.Tensor:
     """Reduce a per-token loss to a scalar.
 
     token-mean: sum over all masked tokens / number of masked tokens.
     seq-mean-token-mean: mean over sequences of each sequence's token mean.
     seq-mean-token-sum: mean over sequences of each sequence's token sum.
-    With ``ctx`` the denominators are the step totals times ``1 / dp_size``; without,
-    this batch's own totals."""
+    seq-mean-token-sum-norm: seq-mean-token-sum / ``horizon`` (Dr. GRPO: a constant,
+    the generation budget, so a response's length does not scale its tokens' weight).
+    token-sum: sum over all masked tokens.
+    With ``ctx`` the denominators are the step totals times ``1 / dp_size`` (token-sum:
+    the sum times ``dp_size``, so the gradient average over ranks is the step's sum);
+    without, this batch's own totals."""
     mask_BT = mask_BT.float()
-    if mode == "token-mean":
+    if mode in ("token-mean", "token-sum"):
         total = (loss_BT * mask_BT).sum()
+        if mode == "token-sum":
+            return total * (ctx.dp_size if ctx else 1)
         denom = ctx.num_tokens / ctx.dp_size if ctx else mask_BT.sum().clamp(min=1.0)
         return total / denom
     per_seq_B = (loss_BT * mask_BT).sum(dim=1)
     if mode == "seq-mean-token-mean":
         per_seq_B = per_seq_B / mask_BT.sum(dim=1).clamp(min=1.0)
+    elif mode == "seq-mean-token-sum-norm":
+        if horizon < 1:
+            raise ValueError("seq-mean-token-sum-norm divides by a constant horizon: pass rollout.sampling.max_new_tokens")
+        per_seq_B = per_seq_B / horizon
     elif mode != "seq-mean-token-sum":
-        raise ValueError(f"unknown aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum")
+        raise ValueError(
+            f"unknown aggregation {mode!r}; use token-mean, seq-mean-token-mean, seq-mean-token-sum, "
+            "seq-mean-token-sum-norm or token-sum"
+        )
     has_tokens_B = (mask_BT.sum(dim=1) > 0).float()
     denom = ctx.num_seqs / ctx.dp_size if ctx else has_tokens_B.sum().clamp(min=1.0)
     return (per_seq_B * has_tokens_B).sum() / denom

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
-from asyncflow.algorithms.loss_configs import GSPOLoss, PPOClipLoss
+from asyncflow.algorithms.loss_configs import CISPOLoss, DecoupledPPOLoss, GSPOLoss, M2POLoss, PPOClipLoss
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,15 @@ class PolicyLoss:
     summary: str
     config: type
     build: str
-    """``"module:function"``: ``build(alg, log_ratio_sink) -> LossFn``; ``alg`` is the
-    run's ``[algorithm]`` (``alg.loss`` is an instance of ``config``)."""
+    """``"module:function"``: ``build(alg, log_ratio_sink, horizon) -> LossFn``; ``alg`` is the
+    run's ``[algorithm]`` (``alg.loss`` is an instance of ``config``), ``horizon`` the run's
+    ``rollout.sampling.max_new_tokens`` (the ``seq-mean-token-sum-norm`` divisor)."""
+    needs_staleness: bool = False
+    """The batch carries each token's staleness (trainer version minus the version that
+    sampled it) as ``extra["staleness"]``."""
+    recompute_prox: bool = True
+    """With ``epochs > 1`` the trainer recomputes pi_prox by a forward pass; False: the
+    loss approximates it (no forward pass)."""
 
 
 ESTIMATORS: dict[str, Estimator] = {
@@ -63,6 +70,25 @@ ESTIMATORS: dict[str, Estimator] = {
             "grpo",
             "each response's reward minus its prompt group's mean, divided by the group's std (std_normalize)",
             "asyncflow.algorithms.estimators:grpo",
+            grouped=True,
+        ),
+        Estimator(
+            "rloo",
+            "REINFORCE leave-one-out: each response's reward minus the mean reward of the other responses to its prompt",
+            "asyncflow.algorithms.estimators:rloo",
+            grouped=True,
+        ),
+        Estimator(
+            "reinforce_plus_plus",
+            "REINFORCE++: the reward on the last token (minus the per-token KL with kl_in_reward), returns discounted by gamma, "
+            "whitened over the batch's response tokens; no critic, no groups",
+            "asyncflow.algorithms.estimators:reinforce_plus_plus",
+        ),
+        Estimator(
+            "reinforce_plus_plus_baseline",
+            "REINFORCE++ with a baseline: each response's reward minus its prompt group's mean, on every response token, "
+            "whitened over the batch's response tokens",
+            "asyncflow.algorithms.estimators:reinforce_plus_plus_baseline",
             grouped=True,
         ),
         Estimator(
@@ -88,6 +114,26 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
             "GSPO's clip on each response's geometric-mean ratio: a response is kept or clipped whole",
             GSPOLoss,
             "asyncflow.algorithms.gspo:build",
+        ),
+        PolicyLoss(
+            "cispo",
+            "CISPO's clipped importance weight, without gradient, times the log-prob: every token keeps a gradient",
+            CISPOLoss,
+            "asyncflow.algorithms.cispo:build",
+        ),
+        PolicyLoss(
+            "decoupled_ppo",
+            "AReaL's decoupled PPO with pi_prox interpolated, in log space, between mu and pi by policy version (no forward pass)",
+            DecoupledPPOLoss,
+            "asyncflow.algorithms.decoupled:build",
+            needs_staleness=True,
+            recompute_prox=False,
+        ),
+        PolicyLoss(
+            "m2po",
+            "M2PO: ppo_clip on the tokens left once the largest (log mu - log pi_prox)^2 are dropped to bring its mean under m2_threshold",
+            M2POLoss,
+            "asyncflow.algorithms.m2po:build",
         ),
     )
 }
