@@ -47,6 +47,29 @@ def last_token_rewards(rewards_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.
     return out_BT
 
 
+def rloo_advantages(rewards_GN: torch.Tensor) -> torch.Tensor:
+    """REINFORCE leave-one-out: r_i - mean_{j != i} r_j = (r_i - mean) N / (N - 1) within
+    each group (a group of one: 0)."""
+    rewards_GN = rewards_GN.float()
+    n = rewards_GN.shape[1]
+    if n < 2:
+        return torch.zeros_like(rewards_GN)
+    return (rewards_GN - rewards_GN.mean(dim=1, keepdim=True)) * (n / (n - 1))
+
+
+def discounted_returns(rewards_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """G_t = r_t + gamma G_{t+1} over each row's masked tokens; a masked-out token
+    (an observation inside a multi-turn response) passes G through unchanged."""
+    mask_BT = mask_BT.float()
+    returns_BT = torch.zeros_like(mask_BT)
+    running_B = torch.zeros_like(mask_BT[:, 0])
+    for t in reversed(range(mask_BT.shape[1])):
+        new_B = rewards_BT[:, t].float() + gamma * running_B
+        returns_BT[:, t] = new_B * mask_BT[:, t]
+        running_B = new_B * mask_BT[:, t] + running_B * (1 - mask_BT[:, t])
+    return returns_BT
+
+
 def gae(
     rewards_BT: torch.Tensor, values_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: float = 1.0, lam: float = 0.95
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,10 +95,11 @@ def gae(
     return adv_BT, (adv_BT + values_BT) * mask_BT
 
 
-def masked_whiten(x_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over masked entries (population std); zero off the mask."""
+def masked_whiten(x_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float = 1e-8, unbiased: bool = False) -> torch.Tensor:
+    """(x - mean) / std over masked entries (population std; ``unbiased``: the sample
+    std, as verl's REINFORCE++ whitens); zero off the mask."""
     mask_BT = mask_BT.float()
     n = mask_BT.sum().clamp(min=1.0)
     mean = (x_BT * mask_BT).sum() / n
-    var = (((x_BT - mean) * mask_BT) ** 2).sum() / n
+    var = (((x_BT - mean) * mask_BT) ** 2).sum() / ((n - 1).clamp(min=1.0) if unbiased else n)
     return (x_BT - mean) * torch.rsqrt(var + eps) * mask_BT

@@ -116,7 +116,11 @@ class DecoupledPPOLoss(PPOClipLoss, tag="decoupled_ppo"):
     def check(self, run: Any) -> None:
         super().check(run)
         if run.algorithm.clip_against != "proximal":
-            raise Refused("name", 'decoupled_ppo clips against the proximal policy: set [algorithm] clip_against = "proximal"')
+            raise Refused(
+                "name",
+                'decoupled_ppo clips against the proximal policy: set [algorithm] clip_against = "proximal"',
+                value="decoupled_ppo",
+            )
 
 
 class M2POLoss(PPOClipLoss, tag="m2po"):
