@@ -79,8 +79,8 @@ class StepGather:
     def add(self, tq: TQClient, policy: PolicyUpdate, meta: protocol.BatchMeta) -> None:
         """One round's rows (all of the step's rows the queue had, whole groups)."""
         columns = tq.read_batch(meta, policy.score_columns)
-        shaped = policy.shaped_rewards(columns).tolist()
-        self.groups.add([m.group_id for m in meta.metas], shaped)
+        values = policy.filter_values(columns).tolist()  # algorithm.dynamic_sampling_metric
+        self.groups.add([m.group_id for m in meta.metas], values)
         raw = policy.rewards(columns)
         self.reward_sum += float(raw.sum())
         self.num_rows += len(meta.indices)

@@ -230,6 +230,8 @@ class TrainPart(Request["Ok"]):
     indices: list[int]
     group_ids: list[int]
     columns: list[str]
+    versions: list[int] = []
+    """The policy version that generated each row (losses that read staleness)."""
 
 
 class SaveRankCheckpoint(Request["Ok"]):

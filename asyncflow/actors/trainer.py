@@ -304,7 +304,9 @@ class TrainerActor(LoopActor):
         with self.activity("read"):
             columns = self.tq.read_batch(meta, self.columns, mine)
         with self.activity("train"):
-            values = self.policy.train(columns, [meta.metas[p].group_id for p in mine])
+            values = self.policy.train(
+                columns, [meta.metas[p].group_id for p in mine], [meta.metas[p].version for p in mine], self.step
+            )
             with phase("figures"):
                 figures = self.policy.batch_figures(columns)
         return parts, columns, values, figures

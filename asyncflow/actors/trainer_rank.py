@@ -68,6 +68,7 @@ class RankGroup:
                     indices=[meta.indices[p] for p in positions],
                     group_ids=[meta.metas[p].group_id for p in positions],
                     columns=columns,
+                    versions=[meta.metas[p].version for p in positions],
                 )
             )
 
@@ -143,7 +144,7 @@ class TrainerRankActor(Actor):
         with self.clock.activity("read"):
             columns = self.tq.read(msg.indices, msg.columns)
         with self.clock.activity("train"):
-            self.policy.train(columns, msg.group_ids)
+            self.policy.train(columns, msg.group_ids, msg.versions, msg.step)
             self.policy.batch_figures(columns)
         with self.clock.activity("sync_weights"):
             self.policy.export_weights(keep=False)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
+from asyncflow.algorithms.kl_control import AdaptiveKL, FixedKL
 from asyncflow.algorithms.loss_configs import CISPOLoss, DecoupledPPOLoss, GSPOLoss, M2POLoss, PPOClipLoss
 
 
@@ -137,6 +138,10 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
         ),
     )
 }
+
+KL_CONTROLLERS: dict[str, type] = {"fixed": FixedKL, "adaptive": AdaptiveKL}
+"""``[algorithm.kl_ctrl] type``: the KL coefficient controllers' Structs (``kl_control.py``
+builds each one's controller)."""
 
 LossConfig: Any = Union[tuple(p.config for p in POLICY_LOSSES.values())]  # noqa: UP007 (built at run time)
 """What ``[algorithm.loss]`` decodes to: the union of the losses' Structs, told apart by ``name``."""

@@ -10,6 +10,7 @@ import msgspec
 from msgspec import Meta
 
 from asyncflow.algorithms import registry
+from asyncflow.algorithms.kl_control import FixedKL, KLControl
 from asyncflow.algorithms.loss_configs import PPOClipLoss
 from asyncflow.config._section import Section
 from asyncflow.core.schema import Refused
@@ -55,6 +56,15 @@ class AlgorithmConfig(Section):
     kl_coef: Annotated[
         NonNegFloat, Meta(description="Weight of the KL to the reference policy; 0 disables the reference role.")
     ] = 0.0
+    kl_ctrl: Annotated[
+        KLControl,
+        Meta(
+            description="How kl_coef moves during the run, a Struct keyed by ``type``: fixed (the default: it stays "
+            "kl_coef) or adaptive (verl's AdaptiveKLController: from kl_coef, multiplied after each step by 1 + "
+            "clip(KL / target_kl - 1, -0.2, 0.2) x rows / horizon, KL the batch's to the reference; algorithms/kl_control.py). "
+            "Metric ``kl_coef``."
+        ),
+    ] = msgspec.field(default_factory=FixedKL)
     kl_estimator: Annotated[
         Literal["k1", "k2", "k3"],
         Meta(
@@ -162,6 +172,17 @@ class AlgorithmConfig(Section):
             "trained.jsonl. GRPO only. Metrics ``filtered_frac``, ``kept_groups``; see docs/algorithms.md.",
         ),
     ] = False
+    dynamic_sampling_metric: Annotated[
+        str,
+        Meta(
+            description="With ``dynamic_sampling``: what must differ within a group for it to be kept (verl's "
+            "filter_groups.metric). reward: the reward as the advantages see it (the reward column, custom roles' "
+            "weighted scores and the overlong penalty; verl's 'reward'); score: the reward column alone, what the reward "
+            "functions (or the environment) gave, so that a group the overlong penalty or a judge alone tells apart is "
+            "dropped (verl's 'score' / 'acc' for an accuracy reward); or the name of a custom role's ``reward_column`` or "
+            "``rm_score``: that column alone."
+        ),
+    ] = "reward"
     dynamic_sampling_oversample: Annotated[
         float,
         Meta(
@@ -212,6 +233,11 @@ class AlgorithmConfig(Section):
             raise Refused("dynamic_sampling", "a group of one response always has equal rewards: use group_size >= 2")
         if self.estimator.grouped and self.group_size < 2:
             raise Refused("group_size", f"{self.name} compares the responses of one prompt: use at least 2")
+        metrics = ["reward", "score", *(column for column, _ in run.reward_columns)]
+        if self.dynamic_sampling_metric not in metrics:
+            raise Refused("dynamic_sampling_metric", f"use one of {metrics} (the reward columns this run has)")
+        if self.kl_ctrl != FixedKL() and self.kl_coef == 0:
+            raise Refused("kl_ctrl", "an adaptive coefficient starts from kl_coef: set kl_coef > 0 (verl: 0.001)", "adaptive")
         if self.is_mask_high != 0 and self.is_mask_high <= 1:
             raise Refused("is_mask_high", "use 0 (no upper bound) or a ratio above 1 such as 2.0")
         max_new_tokens = run.rollout.sampling.max_new_tokens

@@ -53,3 +53,20 @@ def test_decoupled_ppo_needs_the_proximal_clip_and_the_trainer_skips_the_forward
     logp, mu, adv, mask = inputs(0)
     with pytest.raises(ValueError, match="staleness"):
         registry_loss(TOML, logp, mu, adv, mask)
+
+
+def test_the_trainer_gives_the_loss_each_tokens_staleness_and_runs_no_prox_forward_pass(tiny_model_dir, monkeypatch):
+    from policy_helpers import columns, policy_update
+
+    import asyncflow.algorithms.decoupled as decoupled
+
+    changes = {"algorithm": {"clip_against": "proximal", "epochs": 2, "group_size": 2}, "algorithm.loss": {"name": "decoupled_ppo"}}
+    policy = policy_update(tiny_model_dir, changes)
+    seen = []
+    real = decoupled.loglinear_prox
+    monkeypatch.setattr(decoupled, "loglinear_prox", lambda mu, logp, d: seen.append(d.clone()) or real(mu, logp, d))
+    monkeypatch.setattr(policy.engine, "forward", lambda *a, **k: pytest.fail("pi_prox was recomputed"))
+    cols = columns([[1, 2], [1, 2, 3]], [[4, 5, 6], [7, 8]], [1.0, 0.0], [[-1.0, -2.0, -0.5], [-1.5, -0.2]])
+    policy.train(cols, [0, 0], versions=[3, 5], step=6)
+    d = seen[0]
+    assert sorted(d[0][d[0] > 0].tolist()) == [3.0, 3.0, 3.0] and d[1][d[1] > 0].tolist() == [1.0, 1.0]

@@ -32,7 +32,7 @@ def test_every_entry_resolves_and_every_loss_struct_is_tagged_with_its_name():
         assert loss.name == name and callable(registry.resolve(loss.build))
         assert registry.loss_name(loss.config()) == name and loss.config in members
     assert registry.ESTIMATORS["ppo"].needs_critic and not registry.ESTIMATORS["grpo"].needs_critic
-    with pytest.raises(KeyError, match="known: grpo, ppo"):
+    with pytest.raises(KeyError, match="known: grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, ppo"):
         registry.estimator("reinforce")
 
 
@@ -83,8 +83,8 @@ def test_an_estimator_that_needs_a_critic_gets_one_and_the_group_estimator_none(
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"algorithm": {"name": "reinforce"}}, r"algorithm.name = 'reinforce': not an advantage estimator.*'grpo', 'ppo'"),
-        ({"algorithm.loss": {"name": "cispo"}}, r"algorithm.loss.name"),
+        ({"algorithm": {"name": "reinforce"}}, r"algorithm.name = 'reinforce': not an advantage estimator.*'grpo', 'rloo'.*'ppo'"),
+        ({"algorithm.loss": {"name": "cisp"}}, r"algorithm.loss.name"),
         ({"algorithm.loss": {"dual_clip": 0.5}}, r"algorithm.loss.dual_clip = 0.5: use 0 \(off\) or a bound above 1"),
         ({"algorithm.loss": {"tis_cap": 2.0}}, r"algorithm.loss.tis_cap: unknown key"),
         ({"algorithm": {"clip_eps": 0.2}}, r"algorithm.clip_eps: moved to .*\[algorithm.loss\] clip_low and clip_high"),
