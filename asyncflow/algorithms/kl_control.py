@@ -1,5 +1,5 @@
-"""KL coefficient controllers: ``[algorithm.kl_ctrl]``, one Struct per controller tagged by
-``type``, and the controller each builds. Torch-free: the run config embeds the Structs.
+"""KL coefficient controllers: the controller each ``[algorithm.kl_ctrl]`` Struct builds (the
+Structs, tagged by ``type``, are in ``loss_configs.py`` with the rest of the torch-free schema).
 
 - ``fixed`` (the default): the coefficient stays ``[algorithm] kl_coef``.
 - ``adaptive`` (Ziegler et al. 2019, verl's ``AdaptiveKLController``): starting from
@@ -19,29 +19,7 @@ global batch's); the value is saved with the checkpoint and restored on resume.
 
 from __future__ import annotations
 
-from typing import Annotated, Union
-
-import msgspec
-from msgspec import Meta
-
-
-class FixedKL(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True, tag="fixed", tag_field="type"):
-    """The coefficient stays ``[algorithm] kl_coef``. ``type = "fixed"``."""
-
-
-class AdaptiveKL(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True, tag="adaptive", tag_field="type"):
-    """Ziegler et al.'s adaptive coefficient, from ``kl_coef`` towards a target KL. ``type = "adaptive"``."""
-
-    target_kl: Annotated[
-        float, Meta(gt=0, description="The batch KL to the reference the coefficient steers towards (verl: 0.1).")
-    ] = 0.1
-    horizon: Annotated[
-        int,
-        Meta(ge=1, description="Rows over which the coefficient changes by at most 20% (verl: 10000)."),
-    ] = 10000
-
-
-KLControl = Union[FixedKL, AdaptiveKL]  # noqa: UP007 (a msgspec tagged union)
+from asyncflow.algorithms.loss_configs import AdaptiveKL, FixedKL, KLControl
 
 
 class Fixed:

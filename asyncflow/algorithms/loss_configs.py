@@ -1,5 +1,6 @@
 """The ``[algorithm.loss]`` sections: one msgspec Struct per policy loss, tagged by its
-registry name (``name = "ppo_clip"``). Torch-free, so the run config embeds them
+registry name (``name = "ppo_clip"``), and the ``[algorithm.kl_ctrl]`` ones (``type =
+"fixed"`` / ``"adaptive"``, built by ``kl_control.py``). Torch-free, so the run config embeds them
 without importing torch; the loss functions that read them live beside the math
 (``grpo.py``) and are found through ``registry.py``. ``registry.LossConfig`` is the
 union of them all.
@@ -14,7 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 from msgspec import Meta
@@ -136,3 +137,22 @@ class M2POLoss(PPOClipLoss, tag="m2po"):
             "(the paper's 0.04).",
         ),
     ] = 0.04
+
+
+class FixedKL(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True, tag="fixed", tag_field="type"):
+    """The coefficient stays ``[algorithm] kl_coef``. ``type = "fixed"``."""
+
+
+class AdaptiveKL(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True, tag="adaptive", tag_field="type"):
+    """Ziegler et al.'s adaptive coefficient, from ``kl_coef`` towards a target KL. ``type = "adaptive"``."""
+
+    target_kl: Annotated[
+        float, Meta(gt=0, description="The batch KL to the reference the coefficient steers towards (verl: 0.1).")
+    ] = 0.1
+    horizon: Annotated[
+        int,
+        Meta(ge=1, description="Rows over which the coefficient changes by at most 20% (verl: 10000)."),
+    ] = 10000
+
+
+KLControl = Union[FixedKL, AdaptiveKL]  # noqa: UP007 (a msgspec tagged union)

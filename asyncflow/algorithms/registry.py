@@ -24,8 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
-from asyncflow.algorithms.kl_control import AdaptiveKL, FixedKL
-from asyncflow.algorithms.loss_configs import CISPOLoss, DecoupledPPOLoss, GSPOLoss, M2POLoss, PPOClipLoss
+from asyncflow.algorithms.loss_configs import AdaptiveKL, CISPOLoss, DecoupledPPOLoss, FixedKL, GSPOLoss, M2POLoss, PPOClipLoss
 
 
 @dataclass(frozen=True)

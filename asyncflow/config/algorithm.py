@@ -10,8 +10,7 @@ import msgspec
 from msgspec import Meta
 
 from asyncflow.algorithms import registry
-from asyncflow.algorithms.kl_control import FixedKL, KLControl
-from asyncflow.algorithms.loss_configs import PPOClipLoss
+from asyncflow.algorithms.loss_configs import FixedKL, KLControl, PPOClipLoss
 from asyncflow.config._section import Section
 from asyncflow.core.schema import Refused
 from asyncflow.engines.config import (
