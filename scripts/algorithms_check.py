@@ -56,7 +56,9 @@ def main() -> int:
             "reward_last_10pct": [round(x, 4) for x in last],
             "reward_last_10pct_mean": round(statistics.mean(last), 4),
             "val_final_accuracy": acc,
-            "val_final_accuracy_mean": round(statistics.mean(a for a in acc if a is not None), 4) if any(a is not None for a in acc) else None,
+            "val_final_accuracy_mean": round(statistics.mean(a for a in acc if a is not None), 4)
+            if any(a is not None for a in acc)
+            else None,
             "samples_per_s": [round(r["samples_per_s"], 1) for r in runs],
             "samples_per_s_mean": round(statistics.mean(r["samples_per_s"] for r in runs), 1),
         }

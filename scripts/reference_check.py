@@ -239,15 +239,31 @@ def verl_rows(rows: list[Row]) -> None:
     tlr = last_token(rewards_B, mask)
     cfg = SimpleNamespace(gamma=0.95)
     cases = [
-        ("Dr. GRPO advantages (no std)", "name = 'grpo'\nstd_normalize = false", "compute_grpo_outcome_advantage(norm_adv_by_std_in_grpo=False)",
-         lambda: ca.compute_grpo_outcome_advantage(tlr, mask, index, norm_adv_by_std_in_grpo=False)[0]),
-        ("RLOO advantages", "name = 'rloo'", "compute_rloo_outcome_advantage",
-         lambda: ca.compute_rloo_outcome_advantage(tlr, mask, index)[0]),
-        ("REINFORCE++ advantages (gamma 0.95)", "name = 'reinforce_plus_plus'\ngamma = 0.95", "compute_reinforce_plus_plus_outcome_advantage",
-         lambda: ca.compute_reinforce_plus_plus_outcome_advantage(tlr, mask, config=cfg)[0]),
-        ("REINFORCE++-baseline advantages", "name = 'reinforce_plus_plus_baseline'", "compute_reinforce_plus_plus_baseline_outcome_advantage",
-         lambda: ca.compute_reinforce_plus_plus_baseline_outcome_advantage(tlr, mask, index)[0]),
-    ]  # fmt: skip
+        (
+            "Dr. GRPO advantages (no std)",
+            "name = 'grpo'\nstd_normalize = false",
+            "compute_grpo_outcome_advantage(norm_adv_by_std_in_grpo=False)",
+            lambda: ca.compute_grpo_outcome_advantage(tlr, mask, index, norm_adv_by_std_in_grpo=False)[0],
+        ),
+        (
+            "RLOO advantages",
+            "name = 'rloo'",
+            "compute_rloo_outcome_advantage",
+            lambda: ca.compute_rloo_outcome_advantage(tlr, mask, index)[0],
+        ),
+        (
+            "REINFORCE++ advantages (gamma 0.95)",
+            "name = 'reinforce_plus_plus'\ngamma = 0.95",
+            "compute_reinforce_plus_plus_outcome_advantage",
+            lambda: ca.compute_reinforce_plus_plus_outcome_advantage(tlr, mask, config=cfg)[0],
+        ),
+        (
+            "REINFORCE++-baseline advantages",
+            "name = 'reinforce_plus_plus_baseline'",
+            "compute_reinforce_plus_plus_baseline_outcome_advantage",
+            lambda: ca.compute_reinforce_plus_plus_baseline_outcome_advantage(tlr, mask, index)[0],
+        ),
+    ]
     for quantity, toml, fn_name, fn in cases:
         ours = estimate(toml, rewards_B, mask, groups)
         rows.append(Row(quantity, ours_toml_name(toml), f"{ref}.{fn_name}", diff(ours, fn())))
@@ -257,9 +273,21 @@ def verl_rows(rows: list[Row]) -> None:
     toml = "name = 'reinforce_plus_plus'\ngamma = 0.95\nkl_coef = 0.05\nkl_in_reward = true\nkl_estimator = 'k1'"
     ours = estimate(toml, rewards_B, mask, groups, ref=ref_logp)
     verl = ca.compute_reinforce_plus_plus_outcome_advantage(tlr - 0.05 * kld, mask, config=cfg)[0]
-    rows.append(Row("REINFORCE++ advantages, k1 KL in the reward", ours_toml_name(toml), f"{ref} kl_penalty + reinforce_plus_plus", diff(ours, verl)))
+    rows.append(
+        Row(
+            "REINFORCE++ advantages, k1 KL in the reward",
+            ours_toml_name(toml),
+            f"{ref} kl_penalty + reinforce_plus_plus",
+            diff(ours, verl),
+        )
+    )
     # the adaptive KL controller over a run of steps
-    mine = controller(load_config_text("[algorithm]\nkl_coef = 0.05\n[algorithm.kl_ctrl]\ntype = 'adaptive'\ntarget_kl = 0.1\nhorizon = 2000\n").algorithm.kl_ctrl, 0.05)
+    mine = controller(
+        load_config_text(
+            "[algorithm]\nkl_coef = 0.05\n[algorithm.kl_ctrl]\ntype = 'adaptive'\ntarget_kl = 0.1\nhorizon = 2000\n"
+        ).algorithm.kl_ctrl,
+        0.05,
+    )
     theirs = ca.AdaptiveKLController(init_kl_coef=0.05, target_kl=0.1, horizon=2000)
     worst = 0.0
     for kl in np.random.default_rng(7).uniform(0.0, 0.4, 200):
@@ -278,9 +306,14 @@ def dynamic_sampling_rows(rows: list[Row]) -> None:
     kept = set(choose_groups(ids, values.reshape(-1).tolist(), num_groups=64).kept)
     verl_kept = {g for g in range(64) if not float(np.std(values[g])) == 0.0}
     rows.append(
-        Row("Dynamic sampling: groups kept", "dynamic_sampling_metric", "verl's rule as its replay buffer writes it",
-            float(len(kept ^ verl_kept)), note="groups kept by one only (64 groups)")
-    )  # fmt: skip
+        Row(
+            "Dynamic sampling: groups kept",
+            "dynamic_sampling_metric",
+            "verl's rule as its replay buffer writes it",
+            float(len(kept ^ verl_kept)),
+            note="groups kept by one only (64 groups)",
+        )
+    )
 
 
 # -- TRL -------------------------------------------------------------------------------------------
@@ -313,13 +346,16 @@ def trl_rows(rows: list[Row]) -> None:
                 current_gradient_accumulation_steps=1,
                 max_completion_length=max_completion_length,
                 accelerator=SimpleNamespace(
-                    gather=lambda t: t, gather_for_metrics=lambda t: t, reduce=lambda t, reduction="sum": t,
-                    num_processes=1, sync_gradients=True,
+                    gather=lambda t: t,
+                    gather_for_metrics=lambda t: t,
+                    reduce=lambda t, reduction="sum": t,
+                    num_processes=1,
+                    sync_gradients=True,
                 ),
                 _entropy_bonus_enabled=False,
                 aux_loss_enabled=False,
                 _metrics=defaultdict(lambda: defaultdict(list)),
-            )  # fmt: skip
+            )
             batch = {
                 "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
                 "prompt_mask": torch.ones(B, 1, dtype=torch.long),
@@ -334,8 +370,20 @@ def trl_rows(rows: list[Row]) -> None:
         return fn
 
     clip = "[algorithm.loss]\nname = 'ppo_clip'\nclip_low = 0.2\nclip_high = 0.28\n"
-    for loss_type, agg in (("grpo", "seq-mean-token-mean"), ("bnpo", "token-mean"), ("dapo", "token-mean"), ("dr_grpo", "seq-mean-token-sum-norm")):
-        compare_loss(rows, f"TRL loss_type {loss_type}", clip + f"agg = '{agg}'\n", f"{ref} ({loss_type})", trl_loss(loss_type, 0.2, 0.28), data)
+    for loss_type, agg in (
+        ("grpo", "seq-mean-token-mean"),
+        ("bnpo", "token-mean"),
+        ("dapo", "token-mean"),
+        ("dr_grpo", "seq-mean-token-sum-norm"),
+    ):
+        compare_loss(
+            rows,
+            f"TRL loss_type {loss_type}",
+            clip + f"agg = '{agg}'\n",
+            f"{ref} ({loss_type})",
+            trl_loss(loss_type, 0.2, 0.28),
+            data,
+        )
     compare_loss(
         rows,
         "TRL loss_type cispo",
@@ -399,9 +447,16 @@ def areal_rows(rows: list[Row], root: Path) -> None:
     def decoupled(x):
         prox = ns["compute_prox_logp_approximations"](mu, x.detach(), versions, current, method="loglinear")["loglinear"]
         loss, _ = ns["ppo_actor_loss_fn"](
-            logprobs=x, proximal_logprobs=prox, old_logprobs=mu, advantages=adv, eps_clip=0.2, loss_mask=mask.bool(),
-            eps_clip_higher=0.28, c_clip=3.0, rejection_sampling=rs,
-        )  # fmt: skip
+            logprobs=x,
+            proximal_logprobs=prox,
+            old_logprobs=mu,
+            advantages=adv,
+            eps_clip=0.2,
+            loss_mask=mask.bool(),
+            eps_clip_higher=0.28,
+            c_clip=3.0,
+            rejection_sampling=rs,
+        )
         return loss
 
     toml = (
@@ -409,29 +464,56 @@ def areal_rows(rows: list[Row], root: Path) -> None:
         "[algorithm.loss]\nname = 'decoupled_ppo'\nclip_high = 0.28\ndual_clip = 3.0\n"
     )
     staleness = d_B[:, None].double().expand(B, T) * mask
-    compare_loss(rows, "Decoupled PPO, log-linear pi_prox", toml, f"{ref} compute_prox_logp_approximations + ppo_actor_loss_fn",
-                 decoupled, data, staleness=staleness,
-                 note="AReaL's weight clamp (rejection_sampling action = clamp, upper = 2) is our is_truncation")  # fmt: skip
+    compare_loss(
+        rows,
+        "Decoupled PPO, log-linear pi_prox",
+        toml,
+        f"{ref} compute_prox_logp_approximations + ppo_actor_loss_fn",
+        decoupled,
+        data,
+        staleness=staleness,
+        note="AReaL's weight clamp (rejection_sampling action = clamp, upper = 2) is our is_truncation",
+    )
     # M2PO: the mask (exact), then the loss on it
     from asyncflow.algorithms.m2po import m2po_keep_mask
 
     theirs = ns["_apply_m2po_masking"](mu, logp, mask.bool(), 0.04)
     ours_keep = m2po_keep_mask(mu, logp, mask, 0.04)
-    rows.append(Row("M2PO mask (threshold 0.04)", "m2po_keep_mask", f"{ref} _apply_m2po_masking", float((theirs.double() != ours_keep).sum()),
-                    note=f"tokens on which the masks differ; {int(mask.sum() - ours_keep.sum())} of {int(mask.sum())} dropped"))  # fmt: skip
+    rows.append(
+        Row(
+            "M2PO mask (threshold 0.04)",
+            "m2po_keep_mask",
+            f"{ref} _apply_m2po_masking",
+            float((theirs.double() != ours_keep).sum()),
+            note=f"tokens on which the masks differ; {int(mask.sum() - ours_keep.sum())} of {int(mask.sum())} dropped",
+        )
+    )
 
     def m2po(x):
         keep = ns["_apply_m2po_masking"](mu, x.detach(), mask.bool(), 0.04)
         loss, _ = ns["ppo_actor_loss_fn"](
-            logprobs=x, proximal_logprobs=x.detach(), old_logprobs=mu, advantages=adv, eps_clip=0.2, loss_mask=keep,
-            eps_clip_higher=0.28, c_clip=None,
-        )  # fmt: skip
+            logprobs=x,
+            proximal_logprobs=x.detach(),
+            old_logprobs=mu,
+            advantages=adv,
+            eps_clip=0.2,
+            loss_mask=keep,
+            eps_clip_higher=0.28,
+            c_clip=None,
+        )
         return loss
 
     kept = float(ours_keep.sum())
-    compare_loss(rows, "M2PO loss", "[algorithm]\nclip_against = 'proximal'\nis_truncation = 0.0\n[algorithm.loss]\nname = 'm2po'\nclip_high = 0.28\n",
-                 f"{ref} _apply_m2po_masking + ppo_actor_loss_fn", m2po, data, scale=float(mask.sum()) / kept,
-                 note="AReaL divides by the kept tokens, we by all: ours is compared times all / kept")  # fmt: skip
+    compare_loss(
+        rows,
+        "M2PO loss",
+        "[algorithm]\nclip_against = 'proximal'\nis_truncation = 0.0\n[algorithm.loss]\nname = 'm2po'\nclip_high = 0.28\n",
+        f"{ref} _apply_m2po_masking + ppo_actor_loss_fn",
+        m2po,
+        data,
+        scale=float(mask.sum()) / kept,
+        note="AReaL divides by the kept tokens, we by all: ours is compared times all / kept",
+    )
 
 
 # -- output ----------------------------------------------------------------------------------------
@@ -457,7 +539,9 @@ def markdown(rows: list[Row]) -> str:
 def text(rows: list[Row]) -> str:
     out = [f"{'quantity':48} {'value':>9} {'grad':>9}  status"]
     for r in rows:
-        out.append(f"{r.quantity[:48]:48} {fmt(r.value_diff):>9} {fmt(r.grad_diff):>9}  {r.status}{': ' + r.note if r.note else ''}")
+        out.append(
+            f"{r.quantity[:48]:48} {fmt(r.value_diff):>9} {fmt(r.grad_diff):>9}  {r.status}{': ' + r.note if r.note else ''}"
+        )
     return "\n".join(out + [f"note: {n}" for n in NOTES])
 
 

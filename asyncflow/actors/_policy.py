@@ -99,7 +99,8 @@ class PolicyUpdate:
         self.loss_entry = registry.policy_loss(registry.loss_name(alg.loss))
         self.build_loss = registry.resolve(self.loss_entry.build)
         self.loss_fn = self.build_loss(alg, self.log_ratios, horizon=self.max_new_tokens)
-        from asyncflow.algorithms.kl_control import FixedKL, controller
+        from asyncflow.algorithms.kl_control import controller
+        from asyncflow.algorithms.loss_configs import FixedKL
 
         self.kl_ctrl = controller(alg.kl_ctrl, alg.kl_coef)
         self.kl_adaptive = alg.kl_ctrl != FixedKL()

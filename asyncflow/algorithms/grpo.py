@@ -153,12 +153,15 @@ def off_policy_factor(
 
 
 Adjust = Callable[
-    [ForwardOutput, TokenBatch, torch.Tensor, torch.Tensor, LossContext], tuple[torch.Tensor, torch.Tensor, dict[str, float]]]
+    [ForwardOutput, TokenBatch, torch.Tensor, torch.Tensor, LossContext], tuple[torch.Tensor, torch.Tensor, dict[str, float]]
+]
 """``adjust(out, mb, mask_BT, prox_BT, ctx) -> (prox_BT, keep_BT, metrics)``: a loss's own
 proximal log-probs and 0/1 factor of its policy-gradient term (``decoupled.py``, ``m2po.py``)."""
 
 
-def policy_loss_fn(cfg: PolicyLossConfig, log_ratio_sink: list[torch.Tensor] | None = None, adjust: Adjust | None = None) -> LossFn:
+def policy_loss_fn(
+    cfg: PolicyLossConfig, log_ratio_sink: list[torch.Tensor] | None = None, adjust: Adjust | None = None
+) -> LossFn:
     """The ``loss_fn`` for ``TrainEngine.train_step``. The batch needs
     ``advantages`` (and ``rollout_logp``, ``ref_logp`` as the config asks).
     ``log_ratio_sink``: a list that gets, per call, the per-token log(pi_prox / mu)

@@ -19,7 +19,7 @@ global batch's); the value is saved with the checkpoint and restored on resume.
 
 from __future__ import annotations
 
-from asyncflow.algorithms.loss_configs import AdaptiveKL, FixedKL, KLControl
+from asyncflow.algorithms.loss_configs import AdaptiveKL, KLControl
 
 
 class Fixed:

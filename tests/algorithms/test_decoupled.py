@@ -60,7 +60,10 @@ def test_the_trainer_gives_the_loss_each_tokens_staleness_and_runs_no_prox_forwa
 
     import asyncflow.algorithms.decoupled as decoupled
 
-    changes = {"algorithm": {"clip_against": "proximal", "epochs": 2, "group_size": 2}, "algorithm.loss": {"name": "decoupled_ppo"}}
+    changes = {
+        "algorithm": {"clip_against": "proximal", "epochs": 2, "group_size": 2},
+        "algorithm.loss": {"name": "decoupled_ppo"},
+    }
     policy = policy_update(tiny_model_dir, changes)
     seen = []
     real = decoupled.loglinear_prox

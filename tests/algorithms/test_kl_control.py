@@ -36,7 +36,9 @@ def test_the_fixed_controller_keeps_kl_coef():
 def test_an_adaptive_controller_needs_a_starting_coefficient():
     with pytest.raises(ConfigError, match="algorithm.kl_ctrl"):
         load_config_text("[algorithm.kl_ctrl]\ntype = 'adaptive'\n")
-    cfg = load_config_text("[algorithm]\nkl_coef = 0.01\n[algorithm.kl_ctrl]\ntype = 'adaptive'\ntarget_kl = 0.2\nhorizon = 500\n")
+    cfg = load_config_text(
+        "[algorithm]\nkl_coef = 0.01\n[algorithm.kl_ctrl]\ntype = 'adaptive'\ntarget_kl = 0.2\nhorizon = 500\n"
+    )
     assert cfg.algorithm.kl_ctrl == AdaptiveKL(target_kl=0.2, horizon=500)
 
 

@@ -83,7 +83,10 @@ def test_an_estimator_that_needs_a_critic_gets_one_and_the_group_estimator_none(
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"algorithm": {"name": "reinforce"}}, r"algorithm.name = 'reinforce': not an advantage estimator.*'grpo', 'rloo'.*'ppo'"),
+        (
+            {"algorithm": {"name": "reinforce"}},
+            r"algorithm.name = 'reinforce': not an advantage estimator.*'grpo', 'rloo'.*'ppo'",
+        ),
         ({"algorithm.loss": {"name": "cisp"}}, r"algorithm.loss.name"),
         ({"algorithm.loss": {"dual_clip": 0.5}}, r"algorithm.loss.dual_clip = 0.5: use 0 \(off\) or a bound above 1"),
         ({"algorithm.loss": {"tis_cap": 2.0}}, r"algorithm.loss.tis_cap: unknown key"),
