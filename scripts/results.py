@@ -661,8 +661,9 @@ def main() -> int:
     parser.add_argument(
         "--keep-runs",
         action="store_true",
-        help="real-model sections: read the runs a measurement left finished in --work (after an interruption) "
-        "instead of starting them again; without it every section named by --only starts from an empty directory",
+        help="read the runs a measurement left finished in --work (after an interruption) instead of starting them "
+        "again (the real-model sections, parity, algorithms, dynamic_sampling); without it every section named by "
+        "--only starts from an empty directory",
     )
     parser.add_argument("--out", default="docs/results.md")
     parser.add_argument("--performance-out", default="docs/performance.md")
@@ -679,7 +680,7 @@ def main() -> int:
         if path.exists() and not fresh:
             records[name] = json.loads(path.read_text())
         elif not args.render and ((args.only is None and name not in REAL) or fresh):  # real-model runs: only when named
-            if fresh and (name not in REAL or not args.keep_runs):
+            if fresh and not args.keep_runs:
                 # a run left by an older measurement would be read as this one's (the real-model check reads a
                 # finished run instead of starting it: --keep-runs continues an interrupted measurement)
                 import shutil
