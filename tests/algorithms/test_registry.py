@@ -58,7 +58,7 @@ def _batch_and_output(seed: int = 0) -> tuple[ForwardOutput, TokenBatch, LossCon
     return ForwardOutput(logp=logp_BT), tb, ctx
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum"])
 def test_clip_high_dual_clip_and_every_aggregation_go_from_the_toml_to_the_trainers_loss(tiny_model_dir, agg):
     knobs = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0, "agg": agg}
     policy = policy_update(tiny_model_dir, {"algorithm.loss": {"name": "ppo_clip", **knobs}})
