@@ -572,9 +572,25 @@ def render(records: dict[str, dict]) -> str:
     for name in ("dynamic_sampling", "dynamic_sampling_sync"):
         if name in records:
             out += _render_dynamic_sampling(records[name])
-    if "algorithms" in records:
-        out += _render_algorithms(records["algorithms"])
+    for name, render_block in BLOCKS.items():
+        if name in records:
+            out += block_lines(name, render_block(records[name]))
     return "\n".join(out)
+
+
+def block_lines(name: str, lines: list[str]) -> list[str]:
+    """A section's lines between the markers ``splice_block`` finds again."""
+    return [f"<!-- results:{name} -->", *lines, f"<!-- /results:{name} -->", ""]
+
+
+def splice_block(page: str, name: str, lines: list[str]) -> str:
+    """``page`` with the block of section ``name`` replaced (appended when it has none)."""
+    begin, end = f"<!-- results:{name} -->", f"<!-- /results:{name} -->"
+    block = "\n".join(block_lines(name, lines)).rstrip() + "\n"
+    if begin in page and end in page:
+        head, rest = page.split(begin, 1)
+        return head + block.rstrip("\n") + rest.split(end, 1)[1]
+    return page.rstrip("\n") + "\n\n" + block
 
 
 def _render_algorithms(r: dict) -> list[str]:
@@ -663,6 +679,11 @@ def _render_dynamic_sampling(r: dict) -> list[str]:
     return out
 
 
+BLOCKS = {"algorithms": _render_algorithms}
+"""Sections of docs/results.md in a marked block of their own: measured alone (``--only``), their block is
+rewritten in the page as it stands when the JSON of the others is not at hand."""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default="runs/results", help="where each section's JSON (and runs) are kept")
@@ -722,7 +743,15 @@ def main() -> int:
     sections = [n for n in SECTIONS if n not in PERFORMANCE and n not in REAL]
     if args.only is None or any(n in args.only for n in sections):
         missing = [n for n in sections if n not in results]
-        if missing:  # docs/results.md is written whole or not at all
+        page = ROOT / args.out
+        blocks = [n for n in BLOCKS if n in results and (args.render or args.only is None or n in args.only)]
+        if missing and blocks and page.exists():  # the page as it stands, with these sections' blocks rewritten
+            text = page.read_text()
+            for name in blocks:
+                text = splice_block(text, name, BLOCKS[name](results[name]))
+            page.write_text(text)
+            print(f"{args.out}: rewrote the blocks of {', '.join(blocks)}; no JSON for {', '.join(missing)}", file=sys.stderr)
+        elif missing:  # docs/results.md is written whole or not at all
             print(
                 f"{args.out} not rewritten: no JSON in {work} for {', '.join(missing)} (measure them with --only)",
                 file=sys.stderr,
