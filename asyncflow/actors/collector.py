@@ -31,8 +31,8 @@ first spans do, flows when the replica's swap does.
 from __future__ import annotations
 
 import json
-import shutil
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +44,6 @@ from asyncflow.actors import messages
 from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
-
 
 TRACE_CHUNK_EVENTS = 20_000
 """Events the collector holds before it appends them to trace.json (also appended every

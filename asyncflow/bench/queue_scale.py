@@ -196,8 +196,10 @@ def _ints(text: str) -> list[int]:
 
 def run_matrix(rows: list[int], replicas: list[int], steps: int, train_ms: float, as_json: bool) -> list[dict]:
     results = []
-    header = f"{'rows':>6} {'replicas':>8} {'waits':>5} {'step_s':>7} {'ctl ms/step':>11} {'ctl us/row':>10} {'shard us/row':>12} {'gets/step':>9}"
-    click.echo(header)
+    click.echo(
+        f"{'rows':>6} {'replicas':>8} {'waits':>5} {'step_s':>7} {'ctl ms/step':>11} {'ctl us/row':>10} "
+        f"{'shard us/row':>12} {'gets/step':>9}"
+    )
     for n in rows:
         for r in replicas:
             res = run_scale(n, r, steps=steps, train_ms=train_ms)

@@ -71,8 +71,7 @@ def load_trace(path: Path) -> dict:
         text = path.read_text()
     except FileNotFoundError:
         raise FileNotFoundError(
-            f"{path} does not exist: the run has not written its first events yet "
-            f"or ran with [logging] spans = false"
+            f"{path} does not exist: the run has not written its first events yet or ran with [logging] spans = false"
         ) from None
     try:
         return json.loads(text)

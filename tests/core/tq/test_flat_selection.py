@@ -71,7 +71,10 @@ def test_a_request_held_back_by_the_staleness_bound_examines_no_row_of_a_later_s
 def test_a_waiting_partial_request_with_min_rows_takes_nothing_until_that_many_are_admissible():
     s = TaskState("rollout")
     write_groups(s, 0, 1, step=2)
-    assert s.select("r", ["prompt_ids"], 4 * G, policy="group", partial=True, min_rows=G, filters=[RowFilter(field="step", hi=1)]) is None
+    assert (
+        s.select("r", ["prompt_ids"], 4 * G, policy="group", partial=True, min_rows=G, filters=[RowFilter(field="step", hi=1)])
+        is None
+    )
     sel = s.select("r", ["prompt_ids"], 4 * G, policy="group", partial=True, min_rows=G, filters=[RowFilter(field="step", hi=2)])
     assert sel.indices == list(range(G))
 
@@ -100,7 +103,9 @@ def test_selections_across_steps_keep_the_order_rows_became_ready_and_requeued_r
             lo = rng.choice([-(2**62), rng.randint(0, hi)])
             want = rng.randint(1, 3) * G
             consumer = rng.choice("abc")
-            sel = s.select(consumer, ["prompt_ids"], want, policy="group", partial=True, filters=[RowFilter(field="step", lo=lo, hi=hi)])
+            sel = s.select(
+                consumer, ["prompt_ids"], want, policy="group", partial=True, filters=[RowFilter(field="step", lo=lo, hi=hi)]
+            )
             expect = [i for i in order if lo <= group_step[i // G] <= hi][:want]
             assert sel.indices == expect
             order = [i for i in order if i not in set(expect)]

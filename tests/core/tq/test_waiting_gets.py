@@ -11,7 +11,6 @@ import threading
 import pytest
 
 from asyncflow.core.directory import DirectoryClient, start_directory
-from asyncflow.core.protocol import RowFilter
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.launch import spawn_queue
 from asyncflow.core.transport import TransportConfig
@@ -59,7 +58,14 @@ class Asker(threading.Thread):
 
     def run(self) -> None:
         self.result = self.tq.get_meta(
-            "rollout", ["prompt_ids"], 2 * G, policy="group", partial=True, min_rows=G, max_step=self.max_step, timeout_s=self.timeout_s
+            "rollout",
+            ["prompt_ids"],
+            2 * G,
+            policy="group",
+            partial=True,
+            min_rows=G,
+            max_step=self.max_step,
+            timeout_s=self.timeout_s,
         )
         self.done.set()
 
@@ -132,8 +138,8 @@ def test_many_waiting_replicas_each_get_distinct_groups_in_the_order_they_asked(
     for k, r in enumerate(replicas):
         askers.append(Asker(r, max_step=1))
         askers[-1].start()
-        wait_until(lambda: waiting(loader, k + 1))
-    first = put_groups(loader, 2, step=1)  # two groups: the first two askers, one group each? no: 2G each
+        wait_until(lambda n=k + 1: waiting(loader, n))
+    first = put_groups(loader, 2, step=1)  # the first asker takes both (2 G)
     assert askers[0].done.wait(30)
     assert sorted(askers[0].result.indices) == sorted(first)
     rest = put_groups(loader, 10, step=0)
