@@ -1,7 +1,11 @@
 """The collector's trace cost: CPU and peak memory for 200,000 span events with a live write every 20,000
 (issue 31, item 3). Run against a tree: PYTHONPATH=<tree> python -P scripts/trace_cost.py"""
 
-import resource, sys, tempfile, time, os
+import os
+import resource
+import tempfile
+import time
+
 from asyncflow.actors import messages
 from asyncflow.actors.collector import CollectorActor
 from asyncflow.core.actor import ActorContext
