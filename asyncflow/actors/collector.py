@@ -15,15 +15,24 @@ trainer's ``sync_weights`` span that published version v to every rollout
 ``swap_weights`` span that loaded v (flow id ``v * 1000 + track``). Phases of an
 activity (``<activity>/<phase>``, ``core/phases.py``) are spans of cat "phase" on
 lane (tid) 1 of the role's track; a "cpu" counter holds the CPU seconds of the
-role's process, sent with each batch of spans. It is rewritten
-every ``logging.trace_every_s`` while the run goes on (atomically: a reader never
-sees half a file), so ``afctl trace`` works on a live run, and once more at the end.
+role's process, sent with each batch of spans.
+
+The trace is streamed (issue 31): the collector holds only the events not yet
+written, at most ``trace_chunk_events``, and appends them to trace.json every
+``logging.trace_every_s``, whenever a chunk is full, and at the end. An append
+overwrites only the file's closing ``]}``, so the file is a whole Chrome trace
+between appends, memory and the cost of a write stay constant however long the
+run, and a run killed mid-way keeps its trace up to its last append. A reader that
+meets an append half done reads up to the last whole event (``cli/_runs.load_trace``).
+Events are in arrival order (Perfetto sorts them); process names come when a role's
+first spans do, flows when the replica's swap does.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +44,14 @@ from asyncflow.actors import messages
 from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
+
+TRACE_CHUNK_EVENTS = 20_000
+"""Events the collector holds before it appends them to trace.json (also appended every
+``logging.trace_every_s`` and at the end)."""
+TRACE_HEAD = '{"displayTimeUnit": "ms", "traceEvents": [\n'
+TRACE_TAIL = "\n]}\n"
+KEEP_VERSIONS = 64
+"""Publish times kept to link a replica's swap to (a swap comes a few versions late at most)."""
 
 
 class Subscribe:
@@ -58,6 +75,7 @@ class CollectorActor(Actor):
         trace_every_s: float = 0.0,
         on_trace_written: Callable[[int], None] | None = None,
         ended: threading.Event | None = None,
+        trace_chunk_events: int = TRACE_CHUNK_EVENTS,
     ):
         """``on_trace_written(num_events)`` is called in the actor's thread after each live
         rewrite of trace.json (e.g. to follow a live run). ``ended`` is set on RunFinished
@@ -67,7 +85,9 @@ class CollectorActor(Actor):
         self.trace_path = Path(run_dir) / "trace.json"
         self.trace_every_s = trace_every_s
         self.on_trace_written = on_trace_written
-        self._traced = 0  # events in the last file written
+        self._traced = 0  # events written to trace.json so far
+        self.trace_chunk_events = trace_chunk_events
+        self._named: set[str] = set()  # roles whose process_name is written
         self.num_steps = num_steps
         self.progress = progress
         self.loggers = loggers or []
@@ -80,12 +100,12 @@ class CollectorActor(Actor):
         self.last_values: dict[str, float] = {}
         self.busy: dict[str, float] = {}  # role -> busy fraction, refreshed by the driver
         self.subscribers: list = []  # in-process pykka refs told every StepMetrics (Subscribe: the planner)
-        self.trace_events: list[dict] = []
+        self.trace_events: list[dict] = []  # not yet written to trace.json
         self._tracks: dict[str, int] = {}  # role -> track (Chrome trace pid)
         self._role_pids: dict[str, int] = {}  # role -> OS pid
         self._last_version: dict[str, int] = {}
         self._published: dict[int, float] = {}  # version -> ts (us) of the trainer's sync_weights span
-        self._swaps: list[tuple[int, int, float]] = []  # (version, track, ts us) of rollout swap_weights spans
+        self._swaps: dict[int, list[tuple[int, float]]] = {}  # version -> (track, ts us) of swaps before its publish
         self.last_span: dict[str, tuple[str, float]] = {}  # role -> (name, wall-clock end s), for the hang report
 
     def on_start(self) -> None:
@@ -93,7 +113,7 @@ class CollectorActor(Actor):
             self.call_later(self.trace_every_s, self._write_live)
 
     def _write_live(self) -> None:
-        if len(self.trace_events) != self._traced:  # nothing new: leave the file as it is
+        if self.trace_events:  # nothing new: leave the file as it is
             written = self.write_trace(str(self.trace_path))
             if self.on_trace_written is not None:
                 self.on_trace_written(written)
@@ -199,9 +219,9 @@ class CollectorActor(Actor):
             )
             end_version = versions[activities[j + 1]] if j + 1 < len(activities) else final_version
             if name == "sync_weights" and versions[i] >= 0:
-                self._published[versions[i] + 1] = ts
+                self._publish(versions[i] + 1, ts)
             elif name == "swap_weights" and end_version >= 0:
-                self._swaps.append((end_version, track, ts))
+                self._swap(end_version, track, ts)
             if end_version >= 0 and end_version != self._last_version.get(msg.role):
                 self._last_version[msg.role] = end_version
                 events.append(
@@ -214,53 +234,73 @@ class CollectorActor(Actor):
         if activities:
             i = activities[-1]
             self.last_span[msg.role] = (msg.names[i], msg.starts_s[i] + msg.durations_s[i])
+        if msg.role not in self._named:
+            self._named.add(msg.role)
+            events.extend(self._names(msg.role))
+        if len(events) >= self.trace_chunk_events:
+            self._append_trace()
 
-    def _metadata_and_flows(self) -> list[dict]:
-        out = []
-        for role, track in self._tracks.items():
-            pid = self._role_pids.get(role)
-            label = f"{role} (pid {pid})" if pid else role
-            out.append({"ph": "M", "name": "process_name", "pid": track, "tid": 0, "args": {"name": label}})
-            out.append({"ph": "M", "name": "process_sort_index", "pid": track, "tid": 0, "args": {"sort_index": track}})
+    def _names(self, role: str) -> list[dict]:
+        track = self._tracks[role]
+        pid = self._role_pids.get(role)
+        label = f"{role} (pid {pid})" if pid else role
+        return [
+            {"ph": "M", "name": "process_name", "pid": track, "tid": 0, "args": {"name": label}},
+            {"ph": "M", "name": "process_sort_index", "pid": track, "tid": 0, "args": {"sort_index": track}},
+        ]
+
+    def _publish(self, version: int, ts: float) -> None:
+        self._published[version] = ts
+        for track, swap_ts in self._swaps.pop(version, ()):
+            self._flow(version, track, swap_ts)
+        for old in [v for v in self._published if v < version - KEEP_VERSIONS]:  # bounded: versions long past
+            del self._published[old]
+        for old in [v for v in self._swaps if v < version - KEEP_VERSIONS]:
+            del self._swaps[old]  # loaded from the start checkpoint: no publish to link
+
+    def _swap(self, version: int, track: int, ts: float) -> None:
+        if version in self._published:
+            self._flow(version, track, ts)
+        else:
+            self._swaps.setdefault(version, []).append((track, ts))
+
+    def _flow(self, version: int, track: int, ts: float) -> None:
         trainer = self._tracks.get(names.TRAINER)
-        for version, track, ts in self._swaps:
-            published = self._published.get(version)
-            if trainer is None or published is None:
-                continue  # loaded from the start checkpoint, or the trainer's span was not received
-            flow_id = version * 1000 + track
-            out.append(
-                {
-                    "ph": "s",
-                    "name": f"weights v{version}",
-                    "cat": "weights",
-                    "id": flow_id,
-                    "ts": published,
-                    "pid": trainer,
-                    "tid": 0,
-                }
-            )
-            out.append(
-                {
-                    "ph": "f",
-                    "bp": "e",
-                    "name": f"weights v{version}",
-                    "cat": "weights",
-                    "id": flow_id,
-                    "ts": ts,
-                    "pid": track,
-                    "tid": 0,
-                }
-            )
-        return out
+        if trainer is None:
+            return
+        flow_id = version * 1000 + track
+        common = {"name": f"weights v{version}", "cat": "weights", "id": flow_id, "tid": 0}
+        self.trace_events.append({"ph": "s", **common, "ts": self._published[version], "pid": trainer})
+        self.trace_events.append({"ph": "f", "bp": "e", **common, "ts": ts, "pid": track})
+
+    def _append_trace(self) -> None:
+        """Append the events held to trace.json (created, atomically, by the first)."""
+        for role in self._tracks:  # a role seen only in metrics (the trainer's staleness) is named too
+            if role not in self._named:
+                self._named.add(role)
+                self.trace_events.extend(self._names(role))
+        events, self.trace_events = self.trace_events, []
+        body = ",\n".join(json.dumps(e) for e in events)
+        path = self.trace_path
+        if self._traced == 0 or not path.exists():
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(TRACE_HEAD + body + TRACE_TAIL)
+            os.replace(tmp, path)
+        elif body:
+            with path.open("r+b") as f:
+                f.seek(-len(TRACE_TAIL), os.SEEK_END)
+                f.write((",\n" + body + TRACE_TAIL).encode())
+        self._traced += len(events)
 
     def write_trace(self, path: str) -> int:
-        """RUN_DIR/trace.json in the Chrome trace event format (Perfetto, chrome://tracing)."""
-        self._traced = len(self.trace_events)
-        events = sorted(self._metadata_and_flows() + self.trace_events, key=lambda e: e.get("ts", 0))
-        tmp = Path(path).with_name(Path(path).name + ".tmp")
-        tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
-        os.replace(tmp, path)
-        return len(events)
+        """RUN_DIR/trace.json in the Chrome trace event format (Perfetto, chrome://tracing):
+        what is held is appended; another ``path`` gets a copy. Returns the events written."""
+        self._append_trace()
+        if Path(path).resolve() != self.trace_path.resolve():
+            tmp = Path(path).with_name(Path(path).name + ".tmp")
+            shutil.copyfile(self.trace_path, tmp)
+            os.replace(tmp, path)
+        return self._traced
 
 
 def progress_line(v: dict[str, float], num_steps: int, busy: dict[str, float]) -> str:

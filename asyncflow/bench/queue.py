@@ -217,6 +217,13 @@ def run_queue_bench(
     "([queue] inline_max_bytes; default 16384; 0: always read from the shard).",
 )
 @click.option("--compare-inline", is_flag=True, help="Run twice, inline off then on, and print the round-trip ratio (off / on).")
+@click.option(
+    "--rows",
+    default="",
+    help="Rows per step, comma-separated (e.g. 4096,16384,65536): measure the queue host's CPU per row and "
+    "GetBatch calls per step as rows and --replicas grow (bench/queue_scale.py), instead of put/get.",
+)
+@click.option("--replicas", default="8,64,512", show_default=True, help="With --rows: rollout replicas emulated.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
 def queue(
     samples: int,
@@ -229,9 +236,17 @@ def queue(
     window_rounds: int,
     inline_max_bytes: int | None,
     compare_inline: bool,
+    rows: str,
+    replicas: str,
     as_json: bool,
 ) -> None:
-    """TransferQueue round trip and bandwidth, producer and consumer in their own processes."""
+    """TransferQueue round trip and bandwidth, producer and consumer in their own processes;
+    with --rows, the queue host's cost as rows per step and replicas grow."""
+    if rows:
+        from asyncflow.bench.queue_scale import _ints, run_matrix
+
+        run_matrix(_ints(rows), _ints(replicas), steps=3, train_ms=500.0, as_json=as_json)
+        return
     if compare_inline:
         off = run_queue_bench(samples, seq_len, rounds, shards, warmup, use_shm, zero_copy, window_rounds, 0)
         on = run_queue_bench(samples, seq_len, rounds, shards, warmup, use_shm, zero_copy, window_rounds, inline_max_bytes)

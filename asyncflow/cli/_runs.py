@@ -65,16 +65,30 @@ def run_label(run_dir: Path) -> str:
 
 
 def load_trace(path: Path) -> dict:
+    """A run's trace.json. The collector appends to it in chunks (``actors/collector.py``):
+    met in the middle of an append, it is read up to its last whole event."""
     try:
-        trace = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise FileNotFoundError(
-            f"{path} does not exist: the run has not finished (trace.json is written at the end) "
-            f"or ran with [logging] spans = false"
+            f"{path} does not exist: the run has not written its first events yet or ran with [logging] spans = false"
         ) from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc}): was the run killed while writing it?") from None
-    return trace
+        head = '{"displayTimeUnit": "ms", "traceEvents": [\n'
+        if not text.startswith(head):
+            raise ValueError(f"{path} is not valid JSON ({exc}): was the run killed while writing it?") from None
+        events = []
+        for line in text[len(head) :].splitlines():
+            line = line.rstrip(",")
+            if not line.startswith("{"):
+                continue
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # the append in progress
+        return {"displayTimeUnit": "ms", "traceEvents": events}
 
 
 def validate_trace(trace: dict, max_run_s: float | None = None) -> list[str]:

@@ -144,7 +144,10 @@ class LoggingConfig(Section):
     )
     trace_every_s: Annotated[
         NonNegFloat,
-        Meta(description="Rewrite RUN_DIR/trace.json this often during the run (afctl trace on a live run); 0: only at the end."),
+        Meta(
+            description="Append the roles' new spans to RUN_DIR/trace.json this often during the run (afctl trace on a "
+            "live run; also whenever 20,000 are held); 0: only then and at the end."
+        ),
     ] = 30.0
     samples_every: Annotated[
         NonNegInt,

@@ -187,12 +187,19 @@ class Actor(pykka.ThreadingActor):
     waiting behind the message in progress (notifications such as WeightsReady
     that must not wait for a long unit of work). Thread safety is the actor's."""
 
+    Heralded: ClassVar[tuple[type, ...]] = ()
+    """Message types of which ``on_arrival`` hears on the listener thread as they arrive,
+    before they queue for ``handle`` (a Pause that must cut short a wait in progress)."""
+
     Control: ClassVar[bool] = False
     """A control actor (directory, process host) takes only small messages: its listener
     receives frames of up to ``control_max_message_bytes`` instead of ``max_message_bytes``."""
 
     def handle_urgent(self, msg: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} lists {type(msg).__name__} in Urgent but has no handle_urgent")
+
+    def on_arrival(self, msg: Any) -> None:
+        """A ``Heralded`` message arrived (listener thread; it is handled later, in order)."""
 
     def __init__(self, ctx: ActorContext):
         super().__init__()
@@ -248,6 +255,7 @@ class _Listener:
         self._pykka_ref = pykka_ref
         self._decoder = frames.decoder_for(actor_cls.Inbox)
         self._urgent = actor_cls.Urgent
+        self._heralded = actor_cls.Heralded
         self._secret = ctx.transport.secret_bytes()
         limit = ctx.transport.control_max_message_bytes if actor_cls.Control else ctx.transport.max_message_bytes
         self._sock, self.address = listen(address, ctx.transport, limit)
@@ -341,6 +349,13 @@ class _Listener:
         if self._urgent and isinstance(msg, self._urgent):
             self._serve_urgent(ctx, msg, on_reply)
             return
+        if self._heralded and isinstance(msg, self._heralded):
+            actor = self._ctx.actor
+            if actor is not None:
+                try:
+                    actor.on_arrival(msg)
+                except Exception as exc:  # a herald is a hint: the message is still handled
+                    log.warning("actor %s failed on the arrival of %s: %s", self._name, type(msg).__name__, exc)
         if header.kind == protocol.TELL:
             pending = None
             ok = frames.ok_reply()

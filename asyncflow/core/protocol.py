@@ -388,7 +388,11 @@ class GetBatch(Request["BatchMeta"]):
     """Ask a task's controller for ``batch_size`` rows whose ``columns`` are all
     produced and not yet consumed by the task; they are marked consumed by
     ``consumer`` at once. Waits up to ``timeout_s`` unless ``partial`` (then answers
-    at once with whatever is ready, possibly nothing)."""
+    at once with whatever is ready, possibly nothing). A ``partial`` request with
+    ``min_rows`` waits in the controller until at least that many rows can be handed
+    out, then takes up to ``batch_size``; at ``timeout_s``, or when its client sent a
+    ``Wake`` after it (``wakes``: the client's count of Wake sent before it), it is
+    answered with no rows."""
 
     consumer: str
     columns: list[str]
@@ -402,6 +406,19 @@ class GetBatch(Request["BatchMeta"]):
     # the asking TQClient's id (fresh per client); after a Requeue of ``consumer`` its
     # earlier incarnations are refused. "" (an older client): not checked
     incarnation: str = ""
+    min_rows: int = 0  # with partial: wait for at least this many rows (0: answer at once)
+    wakes: int = 0  # Wake messages this incarnation had sent for the task when it sent this
+
+
+class Wake(Request["Ok"]):
+    """Answer the waiting GetBatch requests of client ``incarnation`` that it sent
+    before its ``wakes``-th Wake with no rows now (its staleness bound moved: a new
+    version was announced; or it must stop waiting: Pause, Stop). One that arrives
+    after this Wake is answered at once, so the order of the two never matters."""
+
+    consumer: str
+    incarnation: str
+    wakes: int
 
 
 class BatchMeta(_Msg):
@@ -563,6 +580,7 @@ ShardIn = Union[PutRows, ReserveShm, PutRowsShm, GetRows, FreeRows, SaveShard, L
 ControllerIn = Union[
     RowsWritten,
     GetBatch,
+    Wake,
     Ack,
     Requeue,
     Discard,

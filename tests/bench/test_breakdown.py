@@ -106,7 +106,8 @@ def test_a_real_run_breaks_down_into_the_phases_of_every_role(tmp_path):
     trainer, rollout = b["trainer"], b["rollout.0"]
     for name in ("train/forward", "train/backward", "train/optimizer", "train/batch", "sync_weights/export"):
         assert trainer["phases"].get(name, 0.0) > 0.0, (name, trainer["phases"])
-    for name in ("generate/prefill_model", "generate/sample", "put/put_round_trip", "get/get_meta"):
+    # the replica's GetBatch waits in the queue for admissible rows: idle time (wait_data)
+    for name in ("generate/prefill_model", "generate/sample", "put/put_round_trip", "wait_data/get_meta"):
         assert rollout["phases"].get(name, 0.0) > 0.0, (name, rollout["phases"])
     assert b["reward.0"]["phases"].get("score/reward_fn", 0.0) > 0.0
     for role in (trainer, rollout):

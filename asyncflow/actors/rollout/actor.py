@@ -68,14 +68,22 @@ from asyncflow.planner.models import Lora
 log = logging.getLogger(__name__)
 
 ANNOUNCE_WAIT_S = 0.05
-"""How long a replica held back by the staleness gate waits for the trainer's next
-announcement (which wakes it at once) before it looks at the queue again; the
-planner's predictions take it as ``poll_s`` (cli/predict.py passes it)."""
+"""How long a partial-rollout replica (``stream.py``) held back by the staleness gate
+waits before it looks at the queue again; the planner's predictions take it as
+``poll_s`` (cli/predict.py passes it). A unit-mode replica does not poll: its GetBatch
+waits in the queue (``QUEUE_WAIT_S``) and is woken by the next announcement."""
+
+QUEUE_WAIT_S = 30.0
+"""How long a unit-mode replica's GetBatch waits in the queue for admissible rows; it
+comes back at once on a new version's announcement, a Pause or a Stop (``TQClient.wake``),
+so this bounds only how often an idle replica asks (issue 31)."""
 
 
 class RolloutActor(LoopActor):
     Urgent = LoopActor.Urgent + (messages.WeightsReady,)  # start fetching at once, even mid-generation
+    Heralded = (messages.Pause, protocol.Stop)  # cut short a GetBatch waiting in the queue
     announce_wait_s = ANNOUNCE_WAIT_S  # read by the modes (unit.py, stream.py)
+    queue_wait_s = QUEUE_WAIT_S
     acks: DeferredAcks  # not None: set in __init__ (this role acks with its next request)
 
     def __init__(self, ctx, run_dir: str):
@@ -142,7 +150,12 @@ class RolloutActor(LoopActor):
         if not isinstance(msg, messages.WeightsReady):
             return super().handle_urgent(msg)
         self.inbox.announce(msg)
+        self.tq.wake(names.TASK_ROLLOUT)  # a GetBatch waiting under the old staleness bound asks again
         return protocol.Ok()
+
+    def on_arrival(self, msg) -> None:
+        """Pause or Stop: a GetBatch waiting in the queue comes back now, so the unit ends."""
+        self.tq.wake(names.TASK_ROLLOUT)
 
     def count_decode(self, stats) -> None:
         """Add a native engine's decode figures (``SchedulerStats``) of one generate call."""

@@ -29,6 +29,7 @@ class Replica(Protocol):
     acks: DeferredAcks
     k: int
     announce_wait_s: float  # actor.ANNOUNCE_WAIT_S
+    queue_wait_s: float  # actor.QUEUE_WAIT_S
     num_items: int
     inbox: WeightInbox
     scorer: Scorer | None  # reward.placement = "rollout"

@@ -4,7 +4,9 @@ rollout): one ``work_once`` is one unit.
 1. swap in staged weights (``inbox.swap_staged``); stop once the held version is the
    last step's;
 2. take up to ``prompts_per_call`` whole prompt groups whose planned step s
-   satisfies ``s <= target + k``, where ``target`` is the newest version announced:
+   satisfies ``s <= target + k``, where ``target`` is the newest version announced
+   (the request waits in the queue until a group is admissible, and the next
+   announcement wakes it to ask again with the new bound: no polling):
    the rows are asked for while that version's weights still travel (the queue's
    round trip overlaps the fetch), and generated only once they are swapped in
    (``inbox.swap_to``);
@@ -48,23 +50,28 @@ class UnitRollout:
         if a.engine.version >= cfg.train.num_steps:
             return False
         G = cfg.algorithm.group_size
+        wakes = a.tq.wakes(TASK_ROLLOUT)  # read before the target: an announcement after it wakes this get
         target = a.inbox.target()
-        with a.activity("get"):
+        with a.activity("wait_data"):
+            # waits in the queue until a whole group is admissible (s <= target + k), or until
+            # the next announcement (or a Pause) wakes it with no rows: no polling
             batch = a.tq.get_batch(
                 TASK_ROLLOUT,
                 ["prompt_ids", "answer"] if a.multiturn or a.scorer else ["prompt_ids"],
                 cfg.rollout.prompts_per_call * G,
                 policy="group",
                 partial=True,
+                min_rows=G,
+                timeout_s=a.queue_wait_s,
+                wakes=wakes,
                 max_step=target + a.k,
                 ack=a.acks.take(TASK_ROLLOUT),
             )
         if len(batch) == 0:
-            # Nothing admissible: the staleness gate holds and the trainer has not announced
-            # the next version (the usual case: the loader keeps rows of later steps queued),
-            # or no prompts yet. Wait for the weights on the way, or for the announcement,
-            # which wakes this at once (a blocking get would sit through it), or 50 ms.
-            a.inbox.wait_for_news(a.announce_wait_s)
+            # woken (a newer version was announced: ask again with the new bound; or Pause,
+            # Stop) or nothing within the wait; with weights on the way, let them arrive
+            if a.inbox.wanted > a.engine.version and a.inbox.wanted == target:
+                a.inbox.wait_fetched()
             return True
         if target > a.engine.version:
             a.inbox.swap_to(target)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,7 @@ from asyncflow.core.phases import phase
 from asyncflow.core.tq import shm
 from asyncflow.core.tq.errors import BatchTimeout, QueueFull
 from asyncflow.core.tq.ledger import shard_of
+from asyncflow.core.tq.notify import Notifier
 from asyncflow.core.transport import is_tcp
 
 MANAGER_NAME = "tq.manager"
@@ -130,6 +132,9 @@ class TQClient:
         # rows reserved ahead, so most allocations need no round trip (they count as live)
         self.reserve_rows = min(256, self.info.capacity_rows // 8) if reserve_rows is None else reserve_rows
         self._spare: dict[int, deque[list[protocol.RowMeta]]] = {}  # group size -> reserved groups
+        self._wakes: dict[str, int] = {}  # task -> Wake messages sent (``wake``)
+        self._wake_lock = threading.Lock()
+        self._notifier: Notifier | None = None  # sends the wakes, made at the first
 
     def close(self) -> None:
         """Give back reserved rows and stop the client's threads."""
@@ -140,6 +145,9 @@ class TQClient:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
+        if self._notifier is not None:
+            self._notifier.close()
+            self._notifier = None
 
     # -- helpers -------------------------------------------------------------------
 
@@ -319,11 +327,19 @@ class TQClient:
         min_step: int | None = None,
         max_step: int | None = None,
         ack: Batch | Sequence[int] | None = None,
+        min_rows: int = 0,
+        wakes: int | None = None,
     ) -> protocol.BatchMeta:
         """Ask ``task``'s controller for rows (metadata only); they are now this
         consumer's until acked. Raises BatchTimeout with the reason after ``timeout_s``.
         ``ack``: rows (or the previous batch) this consumer is done with, acked first
-        in the same message."""
+        in the same message. ``min_rows`` (with ``partial``): wait in the controller
+        until at least that many rows can be handed out, up to ``timeout_s`` or until
+        this client's next ``wake(task)``; then the answer has no rows. ``wakes``: the
+        count of ``wake`` the request counts as sent after (default: ``wakes(task)`` now;
+        pass the count read before looking at what decides the request's filters)."""
+        if min_rows and not partial:
+            raise ValueError("min_rows applies to a partial request: pass partial=True")
         filters = list(filters)
         if min_step is not None or max_step is not None:
             filters.append(
@@ -345,6 +361,8 @@ class TQClient:
             dp_size=dp_size,
             ack=list(ack.indices if isinstance(ack, Batch) else ack or ()),
             incarnation=self.incarnation,
+            min_rows=min_rows,
+            wakes=self.wakes(task) if wakes is None else wakes,
         )
         try:
             return self._ask(self._controller(task), msg, wait_s=timeout_s)
@@ -430,6 +448,32 @@ class TQClient:
         if indices:
             ack = protocol.Ack(consumer=self.consumer, indices=list(indices), incarnation=self.incarnation)
             self._ask(self._controller(task), ack)
+
+    def wakes(self, task: str) -> int:
+        """How many ``wake(task)`` this client has called."""
+        return self._wakes.get(task, 0)
+
+    def wake(self, task: str) -> None:
+        """Answer this client's waiting request of ``task`` (and one still on its way)
+        with no rows now, so it asks again: its staleness bound moved, or it must stop
+        waiting. Never blocks: sent from a background thread, safe from any thread."""
+        with self._wake_lock:
+            n = self._wakes[task] = self._wakes.get(task, 0) + 1
+            if self._notifier is None:
+                transport = self.directory.transport
+                self._notifier = Notifier(
+                    f"tq-client-{self.consumer}",
+                    resolve=lambda name: self.directory.ref(name, wait_s=self.timeout_s),
+                    transport=transport,
+                )
+            self._notifier.tell(
+                self._controller(task).name, protocol.Wake(consumer=self.consumer, incarnation=self.incarnation, wakes=n)
+            )
+
+    def flush_wakes(self) -> None:
+        """Wait until every wake so far reached its controller."""
+        if self._notifier is not None:
+            self._notifier.flush()
 
     def requeue(self, task: str, consumer: str, done_columns: Sequence[str] = ()) -> int:
         """Hand a dead consumer's un-acked rows of ``task`` to others; returns how many.

@@ -1,7 +1,7 @@
 """ControllerActor: the TransferQueue controller of one consuming task
 (``tq.controller.<task>``, e.g. ``tq.controller.train``).
 
-Takes: RowsWritten (tell, from shards), GetBatch (ask: BatchMeta, possibly later),
+Takes: RowsWritten (tell, from shards), GetBatch (ask: BatchMeta, possibly later), Wake (tell),
 Ack (ask: Ok), Requeue (ask: Requeued), Discard (ask: Discarded), ForgetRows (tell,
 from the manager), SaveController, LoadController (ask: Ok), GetTaskStatus (ask:
 TaskStatus), FlushNotices (ask: Ok, once its acks reached the manager), Ping, Stop.
@@ -14,7 +14,13 @@ Invariants (the state's, see ``state.py``):
   shards sent along with their notices (``inline.py``): those come in the reply;
 - a blocking GetBatch waits (DEFER) without holding the actor: requests are served in
   arrival order as rows become ready, or fail after ``timeout_s`` with an error that
-  names the task, the columns still missing and how many rows are ready;
+  names the task, the columns still missing and how many rows are ready (a partial
+  one with ``min_rows`` gets no rows then instead, as it does when its client's Wake
+  comes: no poller asks again and again, however many wait);
+- a notice that makes no row ready tries no waiting request, and one that does tries
+  one request per signature that cannot be served (``_signature``) and one per request
+  served, each from the state's per-step counts (``state.py``): the cost of a notice
+  does not grow with the number of waiting consumers;
 - after LoadController, rows that were handed out but not acked are handed out again;
 - a Requeue of a consumer, under the same lock as the shards' notices, also drops its
   waiting GetBatch requests and retires its incarnations (``TaskState.admit``): no row
@@ -23,9 +29,11 @@ Invariants (the state's, see ``state.py``):
 
 from __future__ import annotations
 
+import heapq
 import os
 import threading
 import time
+from collections import deque
 
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor, Pending
@@ -35,12 +43,20 @@ from asyncflow.core.tq.state import ACKED, TaskState, check_filters
 
 
 class _Waiter:
-    __slots__ = ("msg", "pending", "deadline")
+    __slots__ = ("msg", "pending", "deadline", "seq", "live")
 
-    def __init__(self, msg: protocol.GetBatch, pending: Pending):
+    def __init__(self, msg: protocol.GetBatch, pending: Pending, seq: int):
         self.msg = msg
         self.pending = pending
         self.deadline = time.monotonic() + msg.timeout_s
+        self.seq = seq  # arrival order
+        self.live = True
+
+
+def _signature(msg: protocol.GetBatch) -> tuple:
+    """What decides whether a request can be served (everything but who asks): of two
+    waiting requests with one signature, the later can be served only if the earlier can."""
+    return (tuple(msg.columns), msg.batch_size, msg.policy, msg.partial, msg.min_rows, msg.dp_size, tuple(msg.filters))
 
 
 class ControllerActor(Actor):
@@ -56,7 +72,14 @@ class ControllerActor(Actor):
         self.task = task
         self.manager = manager
         self.state = TaskState(task)
-        self.waiters: list[_Waiter] = []
+        # waiting requests, in arrival order per signature (``_serve_waiters`` tries one per
+        # signature, not every one); by client, for its Wake; by deadline, for the timer
+        self._queues: dict[tuple, deque[_Waiter]] = {}
+        self._by_incarnation: dict[str, list[_Waiter]] = {}
+        self._deadlines: list[tuple[float, int, _Waiter]] = []
+        self._num_waiting = 0
+        self._next_seq = 0
+        self._wakes: dict[str, int] = {}  # incarnation -> its newest Wake
         self.inline = InlineCache()  # small rows' cells, answered with their metadata
         self._timer_at: float | None = None  # when the armed timer fires
         # acks go to the manager in batches: capacity frees a few ms later, for far fewer messages
@@ -65,7 +88,8 @@ class ControllerActor(Actor):
     def on_stop(self) -> None:
         self.notifier.close()
         with self._lock:
-            for w in self.waiters:
+            for w in self._live_waiters():
+                self._finish(w)
                 if not w.pending.done:
                     w.pending.reject(RuntimeError(f"controller of task {self.task!r} stopped"))
 
@@ -80,6 +104,7 @@ class ControllerActor(Actor):
             partial=msg.partial,
             filters=msg.filters,
             dp_size=msg.dp_size,
+            min_rows=msg.min_rows if msg.partial else 0,
         )
 
     def _reply(self, sel, columns: list[str]) -> protocol.BatchMeta:
@@ -93,23 +118,73 @@ class ControllerActor(Actor):
             columns=self.inline.take(sel.indices, columns),
         )
 
-    def _serve_waiters(self) -> None:
-        if not self.waiters:
+    def _empty(self) -> protocol.BatchMeta:
+        return protocol.BatchMeta(task=self.task, indices=[], metas=[], shards=[])
+
+    def _live_waiters(self) -> list[_Waiter]:
+        return sorted((w for q in self._queues.values() for w in q if w.live), key=lambda w: w.seq)
+
+    def _wait(self, msg: protocol.GetBatch, pending: Pending) -> None:
+        waiter = _Waiter(msg, pending, self._next_seq)
+        self._next_seq += 1
+        self._queues.setdefault(_signature(msg), deque()).append(waiter)
+        if msg.incarnation:
+            self._by_incarnation.setdefault(msg.incarnation, []).append(waiter)
+        heapq.heappush(self._deadlines, (waiter.deadline, waiter.seq, waiter))
+        self._num_waiting += 1
+        self._arm(waiter.deadline)
+
+    def _finish(self, waiter: _Waiter) -> None:
+        """No longer waiting (answered, expired, woken, dropped); its queue entries go lazily."""
+        if not waiter.live:
             return
-        still = []
-        for w in self.waiters:
-            if w.pending.done:
-                continue
+        waiter.live = False
+        self._num_waiting -= 1
+        mine = self._by_incarnation.get(waiter.msg.incarnation)
+        if mine is not None:
+            mine.remove(waiter)
+            if not mine:
+                del self._by_incarnation[waiter.msg.incarnation]
+
+    def _front(self, key: tuple) -> _Waiter | None:
+        """The first live waiter of a signature (dropping those answered meanwhile)."""
+        q = self._queues[key]
+        while q and not (q[0].live and not q[0].pending.done):
+            self._finish(q.popleft())
+        if not q:
+            del self._queues[key]
+            return None
+        return q[0]
+
+    def _serve_waiters(self) -> None:
+        """Serve waiting requests in arrival order while they can be served: one try per
+        signature that cannot (the rest of its queue cannot either), one per request
+        that can."""
+        if not self._num_waiting:
+            return
+        heap = []
+        for key in list(self._queues):
+            front = self._front(key)
+            if front is not None:
+                heap.append((front.seq, key))
+        heapq.heapify(heap)
+        while heap:
+            _, key = heapq.heappop(heap)
+            w = self._queues[key][0]
             try:
                 sel = self._select(w.msg)
             except ValueError as exc:  # e.g. a batch that is not whole groups: that asker's error
+                self._finish(w)
                 w.pending.reject(exc)
-                continue
+                sel = False
             if sel is None:
-                still.append(w)
-            else:
+                continue  # this signature waits on
+            if sel is not False:
+                self._finish(w)
                 w.pending.resolve(self._reply(sel, w.msg.columns))
-        self.waiters = still
+            front = self._front(key)
+            if front is not None:
+                heapq.heappush(heap, (front.seq, key))
 
     def _arm(self, deadline: float) -> None:
         """One timer for the earliest deadline (not one per waiting request: a
@@ -122,17 +197,22 @@ class ControllerActor(Actor):
         with self._lock:
             now = time.monotonic()
             self._timer_at = None
-            for w in [w for w in self.waiters if w.deadline <= now]:
-                self._expire_locked(w)
-            live = [w.deadline for w in self.waiters if not w.pending.done]
-            if live:
-                self._arm(min(live))
+            deadlines = self._deadlines
+            while deadlines and (deadlines[0][0] <= now or not deadlines[0][2].live):
+                _, _, waiter = heapq.heappop(deadlines)
+                if waiter.live:
+                    self._expire_locked(waiter)
+            if deadlines:
+                self._arm(deadlines[0][0])
 
     def _expire_locked(self, waiter: _Waiter) -> None:
+        self._finish(waiter)
         if waiter.pending.done:
             return
-        self.waiters = [w for w in self.waiters if w is not waiter]
         msg = waiter.msg
+        if msg.partial:  # a waiting partial request: no rows yet, which is an answer
+            waiter.pending.resolve(self._empty())
+            return
         r = self.state.readiness(msg.columns, msg.filters)
         missing = ", ".join(f"{c!r} on {n} rows" for c, n in r.num_missing.items() if n) or "none"
         group = f", {r.num_complete_groups} complete groups" if msg.policy == "group" else ""
@@ -145,14 +225,22 @@ class ControllerActor(Actor):
             )
         )
 
+    def _wake(self, incarnation: str, wakes: int) -> None:
+        """A client's Wake: its requests sent before it are answered with no rows."""
+        if wakes <= self._wakes.get(incarnation, 0):
+            return
+        self._wakes[incarnation] = wakes
+        for w in list(self._by_incarnation.get(incarnation, ())):
+            if w.msg.wakes < wakes:
+                self._finish(w)
+                if not w.pending.done:
+                    w.pending.resolve(self._empty())
+
     def _drop_waiters_locked(self, consumer: str) -> None:
         """A requeued consumer's waiting requests: answered with an error now (nobody
         reads it if the consumer is dead), never with rows."""
-        dropped = [w for w in self.waiters if w.msg.consumer == consumer]
-        if not dropped:
-            return
-        self.waiters = [w for w in self.waiters if w.msg.consumer != consumer]
-        for w in dropped:
+        for w in [w for w in self._live_waiters() if w.msg.consumer == consumer]:
+            self._finish(w)
             if not w.pending.done:
                 w.pending.reject(
                     RuntimeError(f"task {self.task!r}: consumer {consumer!r} was requeued as dead while this request waited")
@@ -176,10 +264,11 @@ class ControllerActor(Actor):
     def _handle(self, msg, pending):
         match msg:
             case protocol.RowsWritten(shard=shard, indices=indices, columns=columns, metas=metas, inline=inline):
-                self.state.on_written(shard, indices, columns, metas)
+                changed = self.state.on_written(shard, indices, columns, metas)
                 # rows this task already finished are never handed out again: keep none of theirs
                 self.inline.on_written(indices, columns, inline, skip=lambda i: self.state.state_of(i) == ACKED)
-                self._serve_waiters()
+                if changed:  # else no waiting request can be served that could not before
+                    self._serve_waiters()
                 return protocol.Ok()
             case protocol.GetBatch():
                 self.state.admit(msg.consumer, msg.incarnation)
@@ -190,12 +279,15 @@ class ControllerActor(Actor):
                 sel = self._select(msg)
                 if sel is not None:
                     return self._reply(sel, msg.columns)
+                if msg.incarnation and msg.wakes < self._wakes.get(msg.incarnation, 0):
+                    return self._empty()  # its client woke it before it arrived
                 if pending is None:
                     raise ValueError("GetBatch must be asked, not told")
-                waiter = _Waiter(msg, pending)
-                self.waiters.append(waiter)
-                self._arm(waiter.deadline)
+                self._wait(msg, pending)
                 return DEFER
+            case protocol.Wake(incarnation=incarnation, wakes=wakes):
+                self._wake(incarnation, wakes)
+                return protocol.Ok()
             case protocol.Ack(consumer=consumer, indices=indices):
                 self.state.admit(consumer, msg.incarnation)
                 self._tell_acked(self.state.ack(consumer, indices))
@@ -239,7 +331,7 @@ class ControllerActor(Actor):
                     num_rows=self.state.num_rows,
                     num_pending=self.state.pending(),
                     num_acked=self.state.num_acked,
-                    num_waiting=len(self.waiters),
+                    num_waiting=self._num_waiting,
                     acked=self.state.acked_indices(),
                 )
             case protocol.Stop():

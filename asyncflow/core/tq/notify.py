@@ -46,6 +46,8 @@ def merge(a: Any, b: Any) -> Any | None:
         )
     if isinstance(a, protocol.RowsAcked):
         return protocol.RowsAcked(task=a.task, indices=a.indices + b.indices) if a.task == b.task else None
+    if isinstance(a, protocol.Wake):
+        return b if a.incarnation == b.incarnation else None  # the newest wake covers the older
     if isinstance(a, (protocol.FreeRows, protocol.ForgetRows)):
         return type(a)(indices=a.indices + b.indices)
     return None
