@@ -48,7 +48,7 @@ import click
 import msgspec
 
 from asyncflow.actors import _cluster_file, messages, topology
-from asyncflow.actors._checkpoints import latest_good_checkpoint
+from asyncflow.actors._checkpoints import done_step, latest_good_checkpoint
 from asyncflow.actors._freezes import FreezeWatch
 from asyncflow.actors._pinning import pinning
 from asyncflow.actors._prepare import prepare_new, prepare_resume, resume_advice
@@ -580,6 +580,23 @@ def _run_private(
             summary = _run_once(cfg, rd, launch, prepare_s)
         except RunFailed as exc:
             ckpt, _ = latest_good_checkpoint(rd)
+            finished = done_step(ckpt) if ckpt is not None else None
+            if exc.process_lost and finished is not None and finished >= cfg.train.num_steps:
+                # lost after the last step was trained and checkpointed (while the run wound
+                # down): the work is done, and a resume would find nothing to train
+                assert ckpt is not None
+                click.echo(
+                    f"!! {str(exc).splitlines()[0]}\n!! after the run had trained its {cfg.train.num_steps} steps "
+                    f"and saved {ckpt.name}: nothing is lost, nothing to resume",
+                    err=True,
+                )
+                end = messages.RunFinished(last_step=finished - 1, checkpoint=str(ckpt))
+                summary = summarize(rd, cfg, {}, time.monotonic() - started, [], end)
+                summary["lost_at_end"] = str(exc).splitlines()[0]
+                if resumes:
+                    summary["resumes"] = resumes
+                (rd / "summary.json").write_text(json.dumps(summary, indent=2))
+                return summary
             if not exc.process_lost or len(resumes) >= cfg.cluster.max_resumes or ckpt is None:
                 if exc.process_lost and cfg.cluster.max_resumes and ckpt is None:
                     click.echo("!! no checkpoint yet to resume from (train.checkpoint_every)", err=True)

@@ -5,6 +5,7 @@ or an automatic resume: ``cluster.max_resumes``) or after a clean stop and
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -71,6 +72,20 @@ def test_a_process_killed_during_a_checkpoint_leaves_every_group_trained_exactly
     assert tmp_dir.is_dir(), run.why("the hook marks the checkpoint while its .tmp directory is written")
     run.kill(host)  # the trainer holds 1 s before the manifest: the checkpoint is half written
     run.finish()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("host", ["loader", "queue", "shard.0"])
+def test_a_process_lost_after_the_last_checkpoint_ends_the_run_done_not_resumed(tmp_path, host):
+    """Found by [loader-112] above: a process the run cannot go on without, killed after
+    the last step was checkpointed, made the driver resume automatically, and the resume
+    failed ("already finished its 6 steps"). The work is done: the run ends done."""
+    run = ChaosRun(tmp_path, 500, env={"AF_CHAOS_HOLD_S": "2.0"}).start()
+    run.wait_until("the last checkpoint", (run.marks / "finished").exists)
+    run.kill(host)  # the trainer holds 2 s before RunFinished: the run is winding down
+    out = run.finish()
+    assert run.proc.returncode == 0 and "nothing to resume" in out and "automatic resume" not in out, run.why(out)
+    assert json.loads((run.run_dir / "summary.json").read_text())["lost_at_end"], run.why(out)
 
 
 @pytest.mark.timeout(300)

@@ -10,13 +10,18 @@ Without ``AF_CHAOS_MARKS`` nothing is patched. With it (a directory):
 - the trainer's checkpoint writes ``MARKS/checkpoint.<step>`` once its ``.tmp``
   directory holds the queue and the model, and waits ``AF_CHAOS_HOLD_S`` before the
   manifest, so a test can kill a process while a checkpoint is being written;
+- the trainer's last checkpoint (complete, ``DONE`` written) writes ``MARKS/finished``
+  and waits ``AF_CHAOS_HOLD_S`` before it tells the collector ``RunFinished``, so a
+  test can kill a process while the run winds down, its work all done;
 - while the file ``AF_CHAOS_ENOSPC`` exists, the checkpoint's manifest write raises
   ``OSError(ENOSPC)``: a disk that is full during a checkpoint.
 """
 
+import importlib.util
 import os
 
-MARKS = os.environ.get("AF_CHAOS_MARKS", "")
+# a Python of the test that cannot import asyncflow (a tool it runs) is left alone
+MARKS = os.environ.get("AF_CHAOS_MARKS", "") if importlib.util.find_spec("asyncflow") else ""
 
 if MARKS:
     import errno
@@ -56,3 +61,22 @@ if MARKS:
         return _write_manifest(path)
 
     _trainer.write_manifest = write_manifest
+
+    _finish = _trainer.TrainerActor._finish
+
+    def finish(self):
+        checkpoint = self.checkpoint
+
+        def checkpoint_then_hold():
+            path = checkpoint()
+            _mark("finished")
+            time.sleep(HOLD_S)
+            return path
+
+        self.checkpoint = checkpoint_then_hold
+        try:
+            return _finish(self)
+        finally:
+            del self.checkpoint
+
+    _trainer.TrainerActor._finish = finish
