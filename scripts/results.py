@@ -46,6 +46,7 @@ rows asked for while the weights travel)."""
 ROUND3_REV = "19e0a5f"
 """The commit before issue 13's third round (the driver's stale sockets closed, no swap grant for a
 replica alone, the trainer's metrics from a sender thread, the trainer pinned on an idle machine)."""
+QUEUE_REV = "68294c9"  # main before the flat queue (issue 31, items 2 and 3)
 SEAMS_REV = "0c2ee0c"
 """The commit before issue 32 (the seams refactor)."""
 
@@ -351,6 +352,9 @@ SECTIONS: dict[str, list[str]] = {
         "--out",
         "{work}/ab_round3",
     ],
+    # issue 31, item 2: the queue host's CPU per row and rollout GetBatch calls per step, the queue before the
+    # flat selection and server-side waits (QUEUE_REV) against this tree, case by case: about 10 minutes
+    "queue_scale": [PY, "scripts/queue_scale_ab.py", "--before-rev", QUEUE_REV, "--out", "{work}/queue_scale"],
     "ab_seams": [
         PY,
         "scripts/ab_e2e.py",
@@ -642,6 +646,29 @@ def _render_algorithms(r: dict) -> list[str]:
     return out
 
 
+def _render_queue_scale(r: dict) -> list[str]:
+    q = r["result"]
+    out = [
+        "## The queue host as replicas and rows per step grow (issue 31)",
+        "",
+        f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): `asyncflow/bench/queue_scale.py` (the queue as "
+        f"deployed, replicas and trainer emulated on threads with real nng sockets, {q['train_ms']:g} ms of emulated "
+        f"training per step, {q['steps'] - 1} measured steps), the queue of {q['before_rev']} (replicas poll) against "
+        "this tree's (docs/scale.md), case by case. Control = the manager and the controllers' process.",
+        "",
+        "| rows per step | replicas | control CPU, us per row: before | after | GetBatch calls per step: before | after |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in q["cases"]:
+        b, a = c["before"], c["after"]
+        out.append(
+            f"| {c['rows']} | {c['replicas']} | {b['control_cpu_us_per_row']:g} | **{a['control_cpu_us_per_row']:g}** "
+            f"| {b['rollout_gets_per_step']:g} | **{a['rollout_gets_per_step']:g}** |"
+        )
+    out.append("")
+    return out
+
+
 def _render_dynamic_sampling(r: dict) -> list[str]:
     d = r["result"]["dynamic_sampling"]
     mc = d["mean_curve"]
@@ -679,7 +706,7 @@ def _render_dynamic_sampling(r: dict) -> list[str]:
     return out
 
 
-BLOCKS = {"algorithms": _render_algorithms}
+BLOCKS = {"algorithms": _render_algorithms, "queue_scale": _render_queue_scale}
 """Sections of docs/results.md in a marked block of their own: measured alone (``--only``), their block is
 rewritten in the page as it stands when the JSON of the others is not at hand."""
 
