@@ -315,7 +315,7 @@ class PolicyUpdate:
     def save(self, path: Path) -> None:
         """Model (+ critic) with optimizer into ``path`` (collective; rank 0 writes)."""
         self.engine.save_checkpoint(str(path / "model"), with_optimizer=True)
-        if self.kl_adaptive:
+        if self.kl_adaptive and (not self.distributed or torch.distributed.get_rank() == 0):  # equal on every rank
             (path / KL_CTRL_FILE).write_text(json.dumps({"kl_coef": self.kl_ctrl.value}))
         if self.critic is not None:
             self.critic.save_checkpoint(str(path / "critic"), with_optimizer=True)
