@@ -96,3 +96,35 @@ def test_ppo_with_a_kl_reference_trains_its_critic_on_both_ranks_too(tmp_path):
     assert all(m["num_ranks"] == 2 and "critic_loss" in m and "kl" in m for m in metrics)
     final = Path(json.loads((run_dir / "summary.json").read_text())["checkpoint"])
     assert (final / "critic" / "value_head.safetensors").exists() and (final / "model" / "model.safetensors").exists()
+
+
+@pytest.mark.slow  # about 60 s
+@pytest.mark.timeout(300)
+def test_two_ranks_train_the_decoupled_loss_with_an_adaptive_kl_and_keep_one_coefficient(tmp_path):
+    """Each row's policy version reaches both ranks (``TrainPart.versions``: the decoupled
+    loss's interpolation), and the adaptive KL coefficient, measured over both ranks' rows
+    (an all-reduce), is one value that rank 0 alone writes into each checkpoint."""
+    run_dir = tmp_path / "run"
+    config = write_config(
+        tmp_path,
+        num_steps=4,
+        checkpoint_every=2,
+        extra=DATA_PARALLEL,
+        changes={
+            "reward": {"functions": ["wf_rewards:length"]},
+            "train": {"num_ranks": 2},
+            "train.engine": {"fsdp": True},
+            "algorithm": {"clip_against": "proximal", "kl_coef": 0.01},
+            "algorithm.loss": {"name": "decoupled_ppo"},
+            "algorithm.kl_ctrl": {"type": "adaptive"},
+        },
+    )
+    proc = afctl("up", str(config), "--run-dir", str(run_dir))
+    out, _ = proc.communicate(timeout=250)
+    assert proc.returncode == 0, out
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    coefs = [m["kl_coef"] for m in metrics]
+    assert coefs[0] == pytest.approx(0.01) and coefs[-1] != coefs[0], coefs  # it moves
+    assert any(m["staleness_max"] >= 1 for m in metrics) and all(m["num_ranks"] == 2 for m in metrics)
+    saved = json.loads((run_dir / "checkpoints" / "step_000004" / "kl_ctrl.json").read_text())
+    assert saved["kl_coef"] != coefs[0], saved
