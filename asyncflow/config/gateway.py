@@ -69,9 +69,46 @@ class GatewayConfig(Section):
             "Content-Length, or once the stream passes the limit), never held whole in memory."
         ),
     ] = 1 << 20
+    train: Annotated[
+        bool,
+        Meta(
+            description="Train on the gateway's rewarded sessions: the run's data comes from outside (agent programs "
+            "calling the gateway) instead of ``[data]``. Each rewarded session becomes one row of the queue's train task "
+            "(token ids, loss mask, log-probs, per-token versions); no prompt loader, no reward role, and the rollout "
+            "replica generates only for the gateway. Sessions sharing a group key (the ``X-Group-Id`` header or the "
+            "reward's ``group`` field) form a GRPO group of ``algorithm.group_size``; a session without one gets a "
+            "leave-one-out baseline over the step's other lone sessions (docs/gateway.md, Training on sessions)."
+        ),
+    ] = False
+    reward_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="With ``train``: a session not rewarded within this many seconds of its last turn, or a keyed "
+            "group not complete within it of its first reward, is dropped and counted (``gateway/sessions_unrewarded``, "
+            "``gateway/sessions_group_incomplete`` in RUN_DIR/gateway/stats.json and the replica's metrics).",
+        ),
+    ] = 600.0
+    num_sessions: Annotated[
+        Count | None,
+        Meta(
+            description="With ``train``: end the run once this many sessions are trained; ``train.num_steps`` becomes "
+            "num_sessions / (train.prompts_per_step x algorithm.group_size), which must divide it. None: "
+            "``train.num_steps`` steps (or ``until_stopped``)."
+        ),
+    ] = None
+    until_stopped: Annotated[
+        bool,
+        Meta(
+            description="With ``train``: train until the run is stopped (Ctrl-C or SIGTERM to ``afctl up``); "
+            "``train.num_steps`` is then ignored (set to a bound no run reaches)."
+        ),
+    ] = False
 
     def check(self, run: RunConfig) -> None:
         if not self.enabled:
+            if self.train:
+                raise Refused("train", "sessions train only when the gateway serves: set rollout.gateway.enabled = true")
             return
         if self.host.startswith("[") or self.host.endswith("]"):
             raise Refused("host", f"give the address without brackets ({self.host.strip('[]')!r}); brackets belong in URLs")
@@ -86,3 +123,49 @@ class GatewayConfig(Section):
                 f"{SECRET_ENV} environment variable (clients send it as their api_key), or serve on host = '127.0.0.1'",
                 self.host if not is_loopback(self.host) else self.require_secret,
             )
+        if self.train:
+            self._check_training(run)
+        elif self.num_sessions is not None or self.until_stopped:
+            key = "num_sessions" if self.num_sessions is not None else "until_stopped"
+            raise Refused(key, "ends a run whose data comes from the gateway: set rollout.gateway.train = true, or unset it")
+
+    def _check_training(self, run: RunConfig) -> None:
+        """What a run that trains on sessions cannot combine with, each named with its fix."""
+        per_step = run.samples_per_step
+        if self.num_sessions is not None and self.until_stopped:
+            raise Refused("num_sessions", "give num_sessions or until_stopped = true, not both")
+        if self.num_sessions is not None and self.num_sessions % per_step:
+            raise Refused(
+                "num_sessions",
+                f"a step trains train.prompts_per_step x algorithm.group_size = {per_step} sessions: use a multiple of "
+                f"{per_step} (e.g. {max(1, round(self.num_sessions / per_step)) * per_step})",
+            )
+        refusals = (
+            (run.algorithm.name != "grpo", f"algorithm.name = {run.algorithm.name!r}: set algorithm.name = 'grpo'"),
+            (run.algorithm.dynamic_sampling, "set algorithm.dynamic_sampling = false (sessions come as they come)"),
+            (bool(run.env.path), "unset env.path (the agent program is the environment)"),
+            (run.reward_model.enabled, "set reward_model.enabled = false (a session's reward comes by the reward route)"),
+            (
+                run.rollout.num_replicas > 1,
+                f"set rollout.num_replicas = 1 (one replica serves the gateway; the other {run.rollout.num_replicas - 1} "
+                "would idle)",
+            ),
+        )
+        for refused, fix in refusals:
+            if refused:
+                raise Refused("train", f"a run that trains on gateway sessions cannot do this: {fix}")
+
+    def steps(self, run: RunConfig) -> int:
+        """The run's trainer steps: ``num_sessions`` / sessions per step, a bound no run reaches
+        with ``until_stopped``, else ``train.num_steps``."""
+        if not (self.enabled and self.train):
+            return run.train.num_steps
+        if self.until_stopped:
+            return UNTIL_STOPPED_STEPS
+        if self.num_sessions is not None:
+            return self.num_sessions // run.samples_per_step
+        return run.train.num_steps
+
+
+UNTIL_STOPPED_STEPS = 1 << 40
+"""``train.num_steps`` of a run that trains on sessions until it is stopped."""

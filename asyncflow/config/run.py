@@ -147,8 +147,11 @@ class RunConfig(Section):
 def validate(cfg: RunConfig) -> None:
     """The cross-field rules: every section's ``check``; the first one broken raises
     ConfigError naming the key, its value and the fix. (msgspec has checked each
-    field's own constraints while decoding.)"""
+    field's own constraints while decoding.) A run that trains on gateway sessions
+    then gets its ``train.num_steps`` from ``rollout.gateway`` (``num_sessions``,
+    ``until_stopped``)."""
     check_tree(cfg)
+    cfg.train.num_steps = cfg.rollout.gateway.steps(cfg)
 
 
 def check_paths(cfg: RunConfig) -> None:
