@@ -91,10 +91,12 @@ def decode_request(body: bytes) -> ChatRequest:
 
 class RewardRequest(msgspec.Struct, kw_only=True):
     reward: float
+    group: str | None = None
+    """The session's group key (sessions sharing it form a GRPO group); else its ``X-Group-Id``."""
 
 
-def decode_reward(body: bytes) -> float:
+def decode_reward(body: bytes) -> RewardRequest:
     try:
-        return msgspec.json.decode(body, type=RewardRequest).reward
+        return msgspec.json.decode(body, type=RewardRequest)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise RequestError(400, f'a reward is a JSON object {{"reward": <number>}}: {exc}') from None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -35,8 +36,15 @@ class _Request:
 
 
 class Batcher:
-    def __init__(self, engine: RolloutEngine, engine_lock: threading.Lock, max_batch: int = 64):
+    def __init__(
+        self, engine: RolloutEngine, engine_lock: threading.Lock, max_batch: int = 64, digest: Callable[[], int] | None = None
+    ):
+        """``digest``: the weights digest of the engine's version, read under the engine lock
+        with each generate call (``digests``)."""
         self.engine, self.engine_lock, self.max_batch = engine, engine_lock, max_batch
+        self.digest = digest
+        self.digests: dict[int, int] = {}
+        """version -> the weights digest its generate calls ran with."""
         self._queue: list[_Request] = []
         self._cv = threading.Condition()
         self._closed = False
@@ -104,6 +112,8 @@ class Batcher:
     def _generate(self, batch: list[_Request]) -> list[tuple[Completion, int]]:
         with self.engine_lock:  # the replica swaps weights and generates under it too
             version = self.engine.version
+            if self.digest is not None:
+                self.digests[version] = self.digest()
             completions = self.engine.generate([r.ids for r in batch], batch[0].params)
         if [c.prompt_index for c in completions] != list(range(len(batch))):
             raise RuntimeError(f"the engine answered prompts {[c.prompt_index for c in completions]} of {len(batch)}")

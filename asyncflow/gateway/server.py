@@ -6,7 +6,8 @@ Routes:
     POST /v1/chat/completions              generate one reply; record it in the session
     GET  /v1/asyncflow/sessions            ids of the sessions kept
     GET  /v1/asyncflow/sessions/{id}       the session's trajectory (token ids, log-probs, mask, versions)
-    POST /v1/asyncflow/sessions/{id}/reward  {"reward": r}: finish it; appended to the trajectories file
+    POST /v1/asyncflow/sessions/{id}/reward  {"reward": r[, "group": key]}: finish it; appended to the
+                                           trajectories file and, with [rollout.gateway] train, written to the queue
 
 Invariants:
 - Every generate call holds ``engine_lock``, which the replica also holds around its
@@ -17,6 +18,13 @@ Invariants:
   constant time) before reading the body.
 - A refused request gets a 4xx with an OpenAI-style error body; an unexpected error in
   a request gets a 500 and a log line, and the server goes on.
+- With a journal (``journal.py``) every turn and reward is journaled before it is
+  answered, and a gateway started on the same journal (the replica restarted) serves
+  the sessions as they were; a request whose answer was lost (sent again) gets the
+  recorded answer again, never a second reply.
+- With a feed (``[rollout.gateway] train``) a reward is answered 200 once its session
+  is in the queue (or waits for its group); a queue that stays full answers 503 with
+  ``Retry-After`` and the session stays open for the same reward again.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ from asyncflow.engines.config import SamplingParams
 from asyncflow.gateway.api import decode_request, decode_reward
 from asyncflow.gateway.batcher import Batcher
 from asyncflow.gateway.chat import ChatFormat, TemplateError
+from asyncflow.gateway.feed import GROUP_HEADER, Rewarded, SessionFeed, write_unit
+from asyncflow.gateway.journal import Journal, replay
 from asyncflow.gateway.sessions import RequestError, SessionStore, Trajectory, check_session_id
 
 log = logging.getLogger(__name__)
@@ -52,8 +62,12 @@ SESSION_HEADER = "x-session-id"
 START_TIMEOUT_S = 30.0
 
 
-def _error(status: int, message: str, code: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": code, "code": code}}, status_code=status)
+RETRY_AFTER_S = 5
+"""The ``Retry-After`` of a 503 (a reward refused while the queue is full)."""
+
+
+def _error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": code, "code": code}}, status_code=status, headers=headers)
 
 
 class Gateway:
@@ -70,20 +84,36 @@ class Gateway:
         max_sessions: int = 1024,
         max_batch: int = 64,
         max_request_bytes: int = 1 << 20,
+        journal_path: str | Path | None = None,
+        digest=None,
+        feed: SessionFeed | None = None,
+        queue=None,
+        write_timeout_s: float = 30.0,
     ):
         """``params``: the run's sampling (temperature, top-p/k, stop tokens; its
         ``max_new_tokens`` caps a request's ``max_tokens``); ``max_batch``: most
         requests in one generate call; ``max_request_bytes``: the largest request body
-        (a larger one is refused with a 413 as it arrives, never held whole)."""
+        (a larger one is refused with a 413 as it arrives, never held whole).
+        ``journal_path``: the journal its sessions are kept in and restored from;
+        ``digest``: the weights digest of the engine's version (read under the engine
+        lock); ``feed`` and ``queue`` (a TQClient): rewarded sessions go into the
+        queue, a write waiting at most ``write_timeout_s`` for room."""
         self.max_request_bytes = max_request_bytes
         self.engine, self.params, self.engine_lock = engine, msgspec.structs.replace(params, n=1, seed=None), engine_lock
         self.chat = ChatFormat(tokenizer)
         self.model_name = model_name
         self.secret = secret or None
         self.sessions = SessionStore(max_sessions)
-        self.batcher = Batcher(engine, engine_lock, max_batch)
+        self.batcher = Batcher(engine, engine_lock, max_batch, digest=digest)
         self.trajectories_path = Path(trajectories_path) if trajectories_path else None
         self._write_lock = threading.Lock()
+        self.feed, self.queue, self.write_timeout_s = feed, queue, write_timeout_s
+        self._feed_lock = threading.Lock()  # the feed's state and the queue writes of its units
+        self._closed: set[str] = set()  # sessions written to the queue or dropped: finished for good
+        self.journal: Journal | None = None
+        if journal_path is not None:
+            self._restore(Path(journal_path))
+            self.journal = Journal(journal_path)
         self.app = Starlette(
             routes=[
                 Route("/v1/models", self._models, methods=["GET"]),
@@ -96,6 +126,56 @@ class Gateway:
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.url = ""
+
+    def _restore(self, path: Path) -> None:
+        """The sessions of a replica that ran before this one (its journal)."""
+        state = replay(path)
+        self._closed = set(state.closed)
+        for session, turns in state.turns.items():
+            first = turns[0]
+            t = Trajectory(session=session, prompt_ids=first["prompt_ids"], group=first.get("group"))
+            for ev in turns:
+                t.add_turn(ev["request"], ev["context"], ev["reply"], ev["logp"], ev["text"], ev["finish"], ev["v"], ev["d"])
+                t.group = ev.get("group") or t.group
+            reward = state.rewards.get(session)
+            if reward is not None:
+                t.reward, t.group = reward["reward"], reward.get("group") or t.group
+                if self.feed is not None:  # waits for its group again (a lone one was written or is lost)
+                    self.feed.offer(Rewarded(session, {**t.to_json(), "reward": t.reward}, self._digest_of(t), time.time()), t.group)
+            self.sessions.reserve(session)
+            self.sessions.add(t)
+        if state.turns or self._closed:
+            log.info("gateway: %d sessions restored from %s (%d finished for good)", len(state.turns), path, len(self._closed))
+
+    @staticmethod
+    def _digest_of(t: Trajectory) -> int:
+        return t.digests.get(t.version, 0)
+
+    def counters(self) -> dict[str, float]:
+        """The feed's counts (``gateway/sessions_*``), for the replica's metrics."""
+        if self.feed is None:
+            return {}
+        with self._feed_lock:
+            return self.feed.counts.as_metrics()
+
+    def expire(self, timeout_s: float, now_s: float | None = None) -> int:
+        """Drop the sessions not rewarded within ``timeout_s`` of their last turn and the
+        groups not complete within it (counted, journaled); returns how many."""
+        now_s = time.time() if now_s is None else now_s
+        dropped = [t.session for t in self.sessions.expire(now_s, timeout_s)]
+        with self._feed_lock:
+            if self.feed is not None:
+                self.feed.counts.unrewarded += len(dropped)
+                groups = [d.session for d in self.feed.expire(now_s)]
+            else:
+                groups = []
+        for session in dropped + groups:
+            self._closed.add(session)
+            if self.journal is not None:
+                self.journal.append("dropped", s=session)
+        if dropped or groups:
+            log.info("gateway: dropped %d sessions without a reward and %d of incomplete groups", len(dropped), len(groups))
+        return len(dropped) + len(groups)
 
     # -- serving -------------------------------------------------------------------
     def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -144,6 +224,8 @@ class Gateway:
             self._thread.join(timeout=10)
             if self._thread.is_alive():
                 log.warning("the gateway's HTTP server did not stop within 10 s (a generate call still running?)")
+        if self.journal is not None:
+            self.journal.close()
 
     # -- routes --------------------------------------------------------------------
     def _authorised(self, request: Request) -> bool:
@@ -160,7 +242,7 @@ class Gateway:
         try:
             return await handler(request)
         except RequestError as exc:
-            return _error(exc.status, exc.message, exc.code)
+            return _error(exc.status, exc.message, exc.code, exc.headers)
         except ClientDisconnect:  # the client went away mid-upload: nothing was recorded, one line is enough
             log.info("gateway: %s %s: the client disconnected before its request arrived", request.method, request.url.path)
             return _error(400, "the request body did not arrive (the client disconnected)", "client_disconnected")
@@ -200,7 +282,8 @@ class Gateway:
             req = decode_request(await self._body(request))
             named = request.headers.get(SESSION_HEADER) or req.user
             session = check_session_id(named) if named else f"anon-{uuid.uuid4().hex}"
-            body = await run_in_threadpool(self.complete, session, req, not named)
+            group = request.headers.get(GROUP_HEADER)
+            body = await run_in_threadpool(self.complete, session, req, not named, group)
             if req.stream:  # server-sent events: the whole reply in one chunk, then the finish
                 return StreamingResponse(
                     iter(sse_events(body)), media_type="text/event-stream", headers={"X-Session-Id": session}
@@ -215,9 +298,18 @@ class Gateway:
 
         return await self._guard(request, handle)
 
+    def _known(self, session: str) -> Trajectory:
+        """The kept session ``session``; a 409 for one finished for good (written to the
+        queue, or dropped), a 404 for one never seen."""
+        if session in self._closed and self.sessions.lookup(session) is None:
+            raise RequestError(
+                409, f"session {session!r} is finished (trained on, or dropped): use a new session id", "session_finished"
+            )
+        return self.sessions.get(session)
+
     async def _session(self, request: Request) -> Response:
         async def handle(request: Request) -> JSONResponse:
-            t = self.sessions.get(request.path_params["session"])
+            t = self._known(request.path_params["session"])
             with t.lock:
                 return JSONResponse(t.to_json())
 
@@ -225,29 +317,32 @@ class Gateway:
 
     async def _reward(self, request: Request) -> Response:
         async def handle(request: Request) -> JSONResponse:
-            reward = decode_reward(await self._body(request))
-            if not math.isfinite(reward):
-                raise RequestError(400, f"reward = {reward}: give a finite number")
-            t = self.sessions.get(request.path_params["session"])
-            row = await run_in_threadpool(self.finish, t, reward)
+            given = decode_reward(await self._body(request))
+            if not math.isfinite(given.reward):
+                raise RequestError(400, f"reward = {given.reward}: give a finite number")
+            t = self._known(request.path_params["session"])
+            row = await run_in_threadpool(self.finish, t, given.reward, given.group)
             return JSONResponse(row)
 
         return await self._guard(request, handle)
 
     # -- work (in starlette's thread pool) -----------------------------------------------
-    def complete(self, session: str, req, anonymous: bool = False) -> dict[str, Any]:
+    def complete(self, session: str, req, anonymous: bool = False, group: str | None = None) -> dict[str, Any]:
         """Generate the reply to ``req`` in ``session`` and record it; the OpenAI response body.
-        ``anonymous``: the request named no session (the gateway made ``session`` up)."""
+        ``anonymous``: the request named no session (the gateway made ``session`` up);
+        ``group``: its group key (``X-Group-Id``)."""
         messages = [m.plain(i) for i, m in enumerate(req.messages)]
         if messages[-1]["role"] == "assistant":
             raise RequestError(400, "the last message is an assistant message: the gateway generates the assistant's turn")
         limit = min(x for x in (req.max_completion_tokens, req.max_tokens, self.params.max_new_tokens) if x is not None)
         params = msgspec.structs.replace(self.params, max_new_tokens=limit)
         t = self.sessions.lookup(session)
+        if t is None and session in self._closed:
+            self._known(session)  # 409: finished for good
         if t is None:
             self.sessions.reserve(session, anonymous)
             try:
-                t = Trajectory(session=session, prompt_ids=self._encode(lambda: self.chat.prompt(messages)))
+                t = Trajectory(session=session, prompt_ids=self._encode(lambda: self.chat.prompt(messages)), group=group)
                 with t.lock:
                     body = self._turn(t, messages, [], params, req)
             except BaseException:
@@ -260,6 +355,9 @@ class Gateway:
                 raise RequestError(
                     409, f"session {session!r} is finished (it has a reward): use a new session id", "session_finished"
                 )
+            if t.is_retry(messages):  # its answer was lost (the client or the replica went away): the same one again
+                return self._body_of(t, req)
+            t.group = group or t.group
             new = t.new_messages(messages)
             context = self._encode(lambda: self.chat.continuation(t.messages, t.last_reply_ids, new))
             return self._turn(t, messages, context, params, req)
@@ -283,11 +381,26 @@ class Gateway:
         text = self.chat.decode(reply_ids)
         if req.stops:
             reply_ids, logprobs, text, finish = self._cut_at_stop(reply_ids, logprobs, text, finish, req.stops)
-        t.add_turn(messages, context, reply_ids, logprobs, text, finish, c.version)
+        digest = self.batcher.digests.get(c.version, 0)
+        first = t.num_turns == 0
+        t.add_turn(messages, context, reply_ids, logprobs, text, finish, c.version, digest)
+        t.last_turn.update(ids=reply_ids, prompt_tokens=len(ids))
+        if self.journal is not None:  # before the answer: the turn survives the replica (journal.py)
+            extra = {"prompt_ids": t.prompt_ids} if first else {}
+            self.journal.append(
+                "turn", s=t.session, request=messages, context=context, reply=reply_ids, logp=[float(x) for x in logprobs],
+                text=text, finish=finish, v=c.version, d=digest, group=t.group, **extra,
+            )  # fmt: skip
+        return self._body_of(t, req)
+
+    def _body_of(self, t: Trajectory, req) -> dict[str, Any]:
+        """The OpenAI response body of ``t``'s last reply."""
+        last = t.last_turn
+        reply_ids, logprobs = list(t.last_reply_ids), last["logp"]
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish,
+            "message": {"role": "assistant", "content": last["text"]},
+            "finish_reason": last["finish"],
             "logprobs": None,
         }
         if req.logprobs:
@@ -298,7 +411,7 @@ class Gateway:
                     for i, lp in zip(reply_ids, logprobs)
                 ]
             }
-        n_prompt = len(ids)
+        n_prompt = last.get("prompt_tokens", len(t.context_ids()) - len(reply_ids))
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
@@ -310,7 +423,7 @@ class Gateway:
                 "completion_tokens": len(reply_ids),
                 "total_tokens": n_prompt + len(reply_ids),
             },
-            "asyncflow": {"session": t.session, "turn": t.num_turns, "version": c.version, "token_ids": reply_ids},
+            "asyncflow": {"session": t.session, "turn": t.num_turns, "version": last["version"], "token_ids": reply_ids},
         }
 
     def _cut_at_stop(
@@ -335,12 +448,18 @@ class Gateway:
             lo, hi = (lo, mid) if cut(mid) >= 0 else (mid + 1, hi)
         return ids[:lo], logprobs[:lo], self.chat.decode(ids[:lo])[: cut(lo)], "stop"
 
-    def finish(self, t: Trajectory, reward: float) -> dict[str, Any]:
-        """Give the session its reward and append it to the trajectories file."""
+    def finish(self, t: Trajectory, reward: float, group: str | None = None) -> dict[str, Any]:
+        """Give the session its reward: appended to the trajectories file, and with a feed
+        written to the queue (alone, or with its group once the group is complete)."""
         with t.lock:
             if t.finished:
                 raise RequestError(409, f"session {t.session!r} already has a reward ({t.reward})", "session_finished")
+            t.group = group or t.group
             row = {**t.to_json(), "reward": reward}
+            if self.feed is not None:
+                row["queue"] = self._feed(Rewarded(t.session, row, self._digest_of(t), time.time()), t.group)
+            if self.journal is not None:
+                self.journal.append("reward", s=t.session, reward=reward, group=t.group)
             if self.trajectories_path is not None:  # written before the session counts as finished
                 with self._write_lock:
                     self.trajectories_path.parent.mkdir(parents=True, exist_ok=True)
@@ -348,6 +467,36 @@ class Gateway:
                         f.write(json.dumps(row) + "\n")
             t.reward = reward
         return row
+
+    def _feed(self, item: Rewarded, group: str | None) -> dict[str, Any]:
+        """Offer a rewarded session to the feed and write the unit it completes; what
+        became of it (``{"written": [row indices], "sessions": [...]}`` or
+        ``{"waiting": n}`` more sessions of its group). A queue that stays full: 503."""
+        from asyncflow.core.tq.errors import QueueFull
+
+        with self._feed_lock:
+            assert self.feed is not None  # the caller checked
+            unit = self.feed.offer(item, group)
+            if not unit:
+                return {"group": group, "waiting": self.feed.group_size - len(self.feed.waiting_groups().get(group or "", []))}
+            sessions = [u.session for u in unit]
+            if self.journal is not None:
+                self.journal.append("writing", s=sessions)
+            try:
+                indices = write_unit(self.queue, unit, self.write_timeout_s)
+            except QueueFull as exc:
+                self.feed.restore(unit, group)
+                if self.journal is not None:
+                    self.journal.append("unwritten", s=sessions)
+                raise RequestError(
+                    503,
+                    f"the training queue is full (the trainer is behind): send this reward again in a few seconds ({exc})",
+                    "queue_full",
+                    headers={"Retry-After": str(RETRY_AFTER_S)},
+                ) from None
+            self.feed.written(unit)
+            self._closed.update(sessions)
+        return {"group": group, "written": indices, "sessions": sessions}
 
 
 def sse_events(body: dict[str, Any]) -> list[bytes]:

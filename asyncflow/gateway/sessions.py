@@ -60,9 +60,9 @@ def check_session_id(session: str) -> str:
 class RequestError(Exception):
     """A request the gateway refuses: its HTTP status and a message saying what to change."""
 
-    def __init__(self, status: int, message: str, code: str = "invalid_request_error"):
+    def __init__(self, status: int, message: str, code: str = "invalid_request_error", headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.code = status, message, code
+        self.status, self.message, self.code, self.headers = status, message, code, headers
 
 
 @dataclass
@@ -81,6 +81,13 @@ class Trajectory:
     num_turns: int = 0
     reward: float | None = None
     updated_s: float = field(default_factory=time.time)
+    group: str | None = None
+    """The group key (``X-Group-Id``, or the reward's ``group``): sessions sharing it form a GRPO group."""
+    digests: dict[int, int] = field(default_factory=dict)
+    """The weights digest of each version that generated a turn (0: unknown)."""
+    last_turn: dict[str, Any] = field(default_factory=dict)
+    """The last reply as it was answered (text, log-probs, finish, version, prompt tokens): a retried
+    request whose answer was lost gets it again."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -105,6 +112,7 @@ class Trajectory:
         reply: str,
         finish: str,
         version: int,
+        digest: int = 0,
     ) -> None:
         """Record one turn: ``context_ids`` (the new messages' tokens, outside the
         loss), then the model's reply with its log-probs; ``request`` is the whole
@@ -120,6 +128,12 @@ class Trajectory:
         self.finish = finish
         self.num_turns += 1
         self.updated_s = time.time()
+        self.digests.setdefault(version, digest)
+        self.last_turn = {"text": reply, "logp": [float(x) for x in reply_logp], "finish": finish, "version": version}
+
+    def is_retry(self, request: list[Message]) -> bool:
+        """``request`` is the one the last reply answered (sent again: its answer was lost)."""
+        return self.num_turns > 0 and request == self.messages[:-1]
 
     def new_messages(self, request: list[Message]) -> list[Message]:
         """The messages of ``request`` after the recorded conversation, which it must repeat."""
@@ -209,6 +223,20 @@ class SessionStore:
     def _idle(t: Trajectory | None) -> bool:
         """Recorded and not taking a turn now."""
         return t is not None and not t.lock.locked()
+
+    def expire(self, now_s: float, timeout_s: float) -> list[Trajectory]:
+        """Drop the open sessions whose last turn is older than ``timeout_s`` and that
+        are not taking a turn; returns them."""
+        with self._lock:
+            old = [
+                t
+                for t in self._sessions.values()
+                if t is not None and not t.finished and now_s - t.updated_s > timeout_s and self._idle(t)
+            ]
+            for t in old:
+                del self._sessions[t.session]
+                self._anonymous.discard(t.session)
+        return old
 
     def release(self, session: str) -> None:
         """Give back a reserved id whose first turn failed."""
