@@ -83,6 +83,10 @@ class PolicyUpdate:
         )
         self.estimator = cfg.algorithm.estimator  # the registry's entry: what it needs, its function
         self.estimate = registry.resolve(self.estimator.compute)
+        if cfg.data_from_gateway:  # groups by key beside lone sessions (algorithms/session_baseline.py)
+            from asyncflow.algorithms.session_baseline import session_advantages
+
+            self.estimate = session_advantages
         self.critic = None
         if self.estimator.needs_critic:
             critic_dir = Path(launch.resume_from) / "critic" if launch.resume_from else Path(launch.model_dir)
@@ -119,6 +123,8 @@ class PolicyUpdate:
         self.columns += [column for column, _ in self.extra_rewards]
         if cfg.workflow.partial_rollout:  # each token's policy version (actors/rollout/stream.py)
             self.columns.append("token_versions")
+        if cfg.data_from_gateway:  # sessions: their turns' mask and each token's version (gateway/feed.py)
+            self.columns += ["loss_mask", "token_versions"]
         self.distributed = cfg.train.num_ranks > 1
 
     def rewards(self, columns: dict[str, list]) -> torch.Tensor:

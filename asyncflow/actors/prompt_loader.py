@@ -132,6 +132,6 @@ class PromptLoaderActor(LoopActor):
 ROLE = roles.RoleSpec(
     name=names.LOADER,
     actor=PromptLoaderActor,
-    instances=roles.one(names.LOADER),
+    instances=lambda cfg: [] if cfg.data_from_gateway else [names.LOADER],  # sessions come from the gateway
     outputs=("prompt_ids", "answer"),
 )

@@ -98,7 +98,10 @@ class RewardActor(LoopActor):
 ROLE = roles.RoleSpec(
     name=names.REWARD,
     actor=RewardActor,
-    instances=roles.numbered(names.REWARD, lambda cfg: cfg.reward.num_workers if cfg.reward.placement == "role" else 0),
+    instances=roles.numbered(
+        names.REWARD,  # none when sessions come from the gateway: their rewards come by its reward route
+        lambda cfg: cfg.reward.num_workers if cfg.reward.placement == "role" and not cfg.data_from_gateway else 0,
+    ),
     task=names.TASK_REWARD,
     outputs=("reward",),
     restartable=True,

@@ -102,6 +102,9 @@ class RoleSpec:
     """The names of its instances for a config (``one`` or ``numbered``); none: not started."""
     task: str = ""
     """The queue task it takes rows from (empty: none)."""
+    takes_task: Callable[[RunConfig], bool] = field(default=lambda cfg: True)
+    """Whether its instances take rows from ``task`` in this config (a rollout replica
+    that only serves the gateway takes none: ``[rollout.gateway] train``)."""
     outputs: tuple[str, ...] = ()
     """The columns it puts: rows a dead instance already put them for are acked, not redone."""
     restartable: bool = False
@@ -145,6 +148,11 @@ class Companion:
     kwargs: Callable[[Layout, str], dict] = field(default=no_kwargs)
     """Its constructor keyword arguments besides ``run_dir``, given the layout and the
     name of the instance whose process it shares."""
+
+
+def task_of(role: RoleSpec, cfg: RunConfig) -> str:
+    """The queue task ``role`` takes rows from in ``cfg`` (empty: none)."""
+    return role.task if role.task and role.takes_task(cfg) else ""
 
 
 def one(name: str) -> Callable[[RunConfig], list[str]]:

@@ -37,7 +37,7 @@ import click
 from asyncflow.actors import messages
 from asyncflow.actors._freezes import FreezeWatch
 from asyncflow.actors._restarts import RestartPolicy
-from asyncflow.actors.roles import Devices, RoleSpec, index_of
+from asyncflow.actors.roles import Devices, RoleSpec, index_of, task_of
 from asyncflow.actors.topology import HostPlan
 from asyncflow.config import names
 from asyncflow.config.load import ConfigError
@@ -309,7 +309,8 @@ class Supervisor:
         assert role is not None and record.proc is not None and self.dc is not None
         try:
             tq = TQClient(self.dc, consumer="driver")
-            requeued = sum(tq.requeue(role.task, s.name, list(role.outputs)) for s in record.plan.specs) if role.task else 0
+            task = task_of(role, self.cfg)  # none for a replica that only serves the gateway
+            requeued = sum(tq.requeue(task, s.name, list(role.outputs)) for s in record.plan.specs) if task else 0
             for spec in record.plan.specs:
                 self.dc.unregister(spec.name)
         except (AsyncflowError, LookupError) as exc:  # the queue is gone too: only a resume heals this

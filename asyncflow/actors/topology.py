@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from asyncflow.actors import prompt_loader, reference, reward, reward_model, rollout, trainer, trainer_rank
 from asyncflow.actors._imports import importable
-from asyncflow.actors.roles import Devices, Layout, RoleSpec, one
+from asyncflow.actors.roles import Devices, Layout, RoleSpec, one, task_of
 from asyncflow.config import names
 from asyncflow.config.load import ConfigError
 from asyncflow.config.roles import RoleEntry
@@ -87,7 +87,7 @@ def roles_of(cfg: RunConfig) -> list[RoleSpec]:
 
 def tasks(roles: list[RoleSpec], cfg: RunConfig) -> list[str]:
     """The queue's tasks: that of every role with an instance (each a controller)."""
-    return [r.task for r in roles if r.task and r.instances(cfg)]
+    return [task_of(r, cfg) for r in roles if task_of(r, cfg) and r.instances(cfg)]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -87,6 +87,12 @@ class RunConfig(Section):
         return 0 if self.workflow.mode == "sync" else self.workflow.staleness
 
     @property
+    def data_from_gateway(self) -> bool:
+        """The run trains on the gateway's rewarded sessions (``[rollout.gateway] train``):
+        no prompt loader, no reward role, no rollout task."""
+        return self.rollout.gateway.enabled and self.rollout.gateway.train
+
+    @property
     def samples_per_step(self) -> int:
         return self.train.prompts_per_step * self.algorithm.group_size
 

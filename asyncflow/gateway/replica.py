@@ -13,17 +13,35 @@ import threading
 from pathlib import Path
 
 from asyncflow.core.transport import is_loopback
+from asyncflow.gateway.journal import JOURNAL_FILE
 
 log = logging.getLogger(__name__)
 
 TRAJECTORIES_FILE = "gateway/trajectories.jsonl"
 """RUN_DIR/gateway/trajectories.jsonl: one rewarded session per line (docs/gateway.md)."""
+STATS_FILE = "gateway/stats.json"
+"""RUN_DIR/gateway/stats.json: the feed's counts (``gateway/sessions_*``), rewritten as they change."""
 
 
 def serve_for_replica(
-    cfg, replica: int, run_dir: str | Path, engine, tokenizer, params, engine_lock: threading.Lock, secret: bytes
+    cfg,
+    replica: int,
+    run_dir: str | Path,
+    engine,
+    tokenizer,
+    params,
+    engine_lock: threading.Lock,
+    secret: bytes,
+    *,
+    digest=None,
+    queue=None,
+    group_size: int = 1,
 ):
-    """The started Gateway when ``cfg`` (a GatewayConfig) puts it on this replica, else None."""
+    """The started Gateway when ``cfg`` (a GatewayConfig) puts it on this replica, else None.
+    Its sessions are journaled in RUN_DIR (a restarted replica serves them again);
+    ``digest``: the engine's weights digest (read under ``engine_lock``); with
+    ``cfg.train``, ``queue`` (a TQClient) is where rewarded sessions go, in groups of
+    ``group_size`` by key."""
     if not cfg.enabled or replica != cfg.replica:
         return None
     try:
@@ -40,6 +58,11 @@ def serve_for_replica(
 
         params = msgspec.structs.replace(params, max_new_tokens=cfg.max_new_tokens)
     run = Path(run_dir)
+    feed = None
+    if cfg.train:
+        from asyncflow.gateway.feed import SessionFeed
+
+        feed = SessionFeed(group_size, cfg.reward_timeout_s)
     gateway = Gateway(
         engine,
         tokenizer,
@@ -50,7 +73,13 @@ def serve_for_replica(
         max_sessions=cfg.max_sessions,
         max_batch=cfg.max_batch,
         max_request_bytes=cfg.max_request_bytes,
+        journal_path=run / JOURNAL_FILE,
+        digest=digest,
+        feed=feed,
+        queue=queue if cfg.train else None,
     )
+    if cfg.train:
+        gateway.start_expiry(cfg.reward_timeout_s, run / STATS_FILE)
     url = gateway.start(cfg.host, cfg.port)
     (run / "gateway.json").write_text(json.dumps({"url": url, "replica": replica, "trajectories": str(run / TRAJECTORIES_FILE)}))
     log.info("gateway: OpenAI-compatible API of rollout.%d at %s/v1", replica, url)

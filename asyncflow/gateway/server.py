@@ -110,6 +110,7 @@ class Gateway:
         self.feed, self.queue, self.write_timeout_s = feed, queue, write_timeout_s
         self._feed_lock = threading.Lock()  # the feed's state and the queue writes of its units
         self._closed: set[str] = set()  # sessions written to the queue or dropped: finished for good
+        self._stopping = threading.Event()
         self.journal: Journal | None = None
         if journal_path is not None:
             self._restore(Path(journal_path))
@@ -150,6 +151,19 @@ class Gateway:
     @staticmethod
     def _digest_of(t: Trajectory) -> int:
         return t.digests.get(t.version, 0)
+
+    def start_expiry(self, timeout_s: float, stats_path: str | Path | None = None) -> None:
+        """Drop unrewarded sessions and incomplete groups (``expire``) from a daemon thread,
+        every tenth of ``timeout_s`` (at most 5 s), writing the counts to ``stats_path``."""
+        period = min(timeout_s / 10, 5.0)
+
+        def sweep() -> None:
+            while not self._stopping.wait(period):
+                self.expire(timeout_s)
+                if stats_path is not None:
+                    Path(stats_path).write_text(json.dumps(self.counters()))
+
+        threading.Thread(target=sweep, name="gateway-expiry", daemon=True).start()
 
     def counters(self) -> dict[str, float]:
         """The feed's counts (``gateway/sessions_*``), for the replica's metrics."""
@@ -217,6 +231,7 @@ class Gateway:
         return self.url
 
     def close(self) -> None:
+        self._stopping.set()
         if self._server is not None:
             self._server.should_exit = True
         self.batcher.close()  # queued requests fail (500), so the server's threads can finish

@@ -8,7 +8,9 @@ weight inbox, the gateway, the scorer and the environment driver, and hands each
   docs/environments.md);
 - ``stream.py`` (``[workflow] partial_rollout``): one continuous generation stream
   that groups join and leave, with weights swapped in between two decode steps; each
-  token records its version (``token_versions``).
+  token records its version (``token_versions``);
+- ``serve.py`` (``[rollout.gateway] train``): no queue rows, only weight swaps; the
+  gateway's rewarded sessions are the run's data (docs/gateway.md).
 
 Every mode packs its rows with ``pack.py`` (``response_ids`` int64, ``rollout_logp``
 float32, ``finish`` uint8, stamped with the version and the weights digest).
@@ -53,6 +55,7 @@ from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors._scoring import Scorer
 from asyncflow.actors.rollout.inbox import WeightInbox
+from asyncflow.actors.rollout.serve import ServeOnly
 from asyncflow.actors.rollout.stream import PartialRollout
 from asyncflow.actors.rollout.unit import UnitRollout
 from asyncflow.actors.weights import build_receiver
@@ -127,6 +130,10 @@ class RolloutActor(LoopActor):
             self.params,
             self.engine_lock,
             ctx.transport.secret_bytes(),
+            digest=lambda: self.inbox.digest,
+            # its own client, with no spare rows: a killed replica leaves no allocated row unwritten
+            queue=TQClient(ctx.directory, consumer=f"{ctx.name}.gateway", reserve_rows=0) if cfg.rollout.gateway.train else None,
+            group_size=cfg.algorithm.group_size,
         )
         self._decode_steps = self._decode_rows = 0  # counters(): decode forwards, sequences decoded
         # reward.placement = "rollout": the reward functions score each unit's rows here, put with the responses
@@ -138,7 +145,13 @@ class RolloutActor(LoopActor):
             self.multiturn = MultiTurnDriver(cfg.env, tokenizer)
         # how units are generated: one call per unit (unit.py), or one continuous stream whose
         # weights swap between decode steps ([workflow] partial_rollout: stream.py)
-        self.mode: UnitRollout | PartialRollout = PartialRollout(self) if cfg.workflow.partial_rollout else UnitRollout(self)
+        self.mode: UnitRollout | PartialRollout | ServeOnly = (
+            ServeOnly(self)  # [rollout.gateway] train: the gateway's sessions are the data (serve.py)
+            if cfg.rollout.gateway.train and cfg.rollout.gateway.enabled
+            else PartialRollout(self)
+            if cfg.workflow.partial_rollout
+            else UnitRollout(self)
+        )
 
     @property
     def version(self) -> int:
@@ -169,7 +182,10 @@ class RolloutActor(LoopActor):
         stream_stats = getattr(self.mode.stream, "stats", None) if isinstance(self.mode, PartialRollout) else None
         if stream_stats is not None:
             steps, rows = steps + stream_stats.num_steps, rows + stream_stats.decode_rows
-        return {"decode_steps": float(steps), "decode_rows": float(rows)} if steps else {}
+        out = {"decode_steps": float(steps), "decode_rows": float(rows)} if steps else {}
+        if self.gateway is not None:
+            out.update(self.gateway.counters())  # gateway/sessions_*: queued, dropped unrewarded or group incomplete
+        return out
 
     def on_start(self) -> None:
         # a (re)started replica catches up with the newest published weights first
@@ -223,6 +239,7 @@ ROLE = roles.RoleSpec(
     actor=RolloutActor,
     instances=roles.numbered(names.ROLLOUT, lambda cfg: cfg.rollout.num_replicas),
     task=names.TASK_ROLLOUT,
+    takes_task=lambda cfg: not cfg.data_from_gateway,  # serve.py: the gateway's sessions are the data
     outputs=("response_ids", "rollout_logp", "finish"),
     restartable=True,
     device=roles.Devices.ONE,
