@@ -99,7 +99,8 @@ class RewardConfig(Section):
                 "placement",
                 "a partial rollout streams its rows out unscored: with workflow.partial_rollout, use placement = 'role'",
             )
-        if not self.functions and not run.env.path and not any(r.reward_column for r in run.roles):
+        scored_outside = run.data_from_gateway  # sessions' rewards come by the gateway's reward route
+        if not self.functions and not run.env.path and not scored_outside and not any(r.reward_column for r in run.roles):
             raise Refused(
                 "functions", "nothing would score the responses: name a reward function (or set [env] path, whose reward counts)"
             )

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from asyncflow.engines.base import Completion, RolloutEngine
 from asyncflow.engines.config import SamplingParams
+from asyncflow.gateway.sessions import RequestError
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class Batcher:
         request = _Request(list(ids), params)
         with self._cv:
             if self._closed:
-                raise RuntimeError("the gateway is stopping")
+                raise RequestError(503, "the gateway is stopping (its replica or the run ends)", "gateway_stopping")
             self._queue.append(request)
             self.num_requests += 1
             self._cv.notify_all()
@@ -69,7 +70,9 @@ class Batcher:
             queued, self._queue = self._queue, []
             self._cv.notify_all()
         for r in queued:
-            r.result.set_exception(RuntimeError("the gateway stopped before generating this reply"))
+            r.result.set_exception(
+                RequestError(503, "the gateway stopped before generating this reply (its replica or the run ends)", "gateway_stopping")
+            )
         self._thread.join(timeout=10)
 
     def _take(self) -> list[_Request] | None:
