@@ -63,6 +63,7 @@ _REAL_PEER = [PY, "-m", "asyncflow.cli.main", "bench", "peer", "--config", "exam
 
 SECTIONS: dict[str, list[str]] = {
     "parity": [PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--out", "{work}/parity"],
+    "agent": [PY, "examples/agent/measure.py", "--out", "{work}/agent"],
     "objective": [
         PY,
         "scripts/convergence_parity.py",
@@ -706,7 +707,29 @@ def _render_dynamic_sampling(r: dict) -> list[str]:
     return out
 
 
-BLOCKS = {"algorithms": _render_algorithms, "queue_scale": _render_queue_scale}
+def _render_agent(r: dict) -> list[str]:
+    a, t = r["result"]["agent"], r["result"]["trainer"]
+    return [
+        "## An agent written without asyncflow learns through the gateway",
+        "",
+        f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): `examples/agent/agent.py`, a plain `openai`-client "
+        "program in its own process, multiplies two-digit numbers with a calculator tool it runs itself, 8 attempts "
+        "per problem under one group key, and posts each episode's reward; `examples/agent/agent.toml` trains the "
+        "warm-started tiny model on the rewarded sessions (docs/gateway.md, Training on sessions).",
+        "",
+        "| | first 10% | last 10% | ratio |",
+        "|---|---|---|---|",
+        f"| the agent's reward, episodes in finishing order ({a['episodes']}) | {a['reward_first_10pct']:.3f} | "
+        f"{a['reward_last_10pct']:.3f} | {a['ratio']}x |",
+        f"| the trainer's `reward_mean`, steps ({t['steps']}) | {t['reward_first_10pct_steps']:.3f} | "
+        f"{t['reward_last_10pct_steps']:.3f} | |",
+        "",
+        f"Sessions trained: {t['sessions_trained']}; dropped as too stale for the step (`stale_sessions`): "
+        f"{t['sessions_stale']}; staleness at most {t['staleness_max']:.0f}; {r['result']['wall_s']} s wall.",
+    ]
+
+
+BLOCKS = {"algorithms": _render_algorithms, "queue_scale": _render_queue_scale, "agent": _render_agent}
 """Sections of docs/results.md in a marked block of their own: measured alone (``--only``), their block is
 rewritten in the page as it stands when the JSON of the others is not at hand."""
 
