@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from asyncflow.algorithms.advantages import broadcast_to_tokens, grpo_advantages
-from asyncflow.algorithms.estimators import Advantages, AdvantageInputs
+from asyncflow.algorithms.estimators import AdvantageInputs, Advantages
 from asyncflow.algorithms.kl import kl_penalized_rewards
 
 

@@ -71,7 +71,9 @@ class Batcher:
             self._cv.notify_all()
         for r in queued:
             r.result.set_exception(
-                RequestError(503, "the gateway stopped before generating this reply (its replica or the run ends)", "gateway_stopping")
+                RequestError(
+                    503, "the gateway stopped before generating this reply (its replica or the run ends)", "gateway_stopping"
+                )
             )
         self._thread.join(timeout=10)
 

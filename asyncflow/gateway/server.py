@@ -142,7 +142,9 @@ class Gateway:
             if reward is not None:
                 t.reward, t.group = reward["reward"], reward.get("group") or t.group
                 if self.feed is not None:  # waits for its group again (a lone one was written or is lost)
-                    self.feed.offer(Rewarded(session, {**t.to_json(), "reward": t.reward}, self._digest_of(t), time.time()), t.group)
+                    self.feed.offer(
+                        Rewarded(session, {**t.to_json(), "reward": t.reward}, self._digest_of(t), time.time()), t.group
+                    )
             self.sessions.reserve(session)
             self.sessions.add(t)
         if state.turns or self._closed:

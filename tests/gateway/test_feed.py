@@ -66,5 +66,11 @@ def test_a_sessions_row_keeps_its_ids_mask_log_probs_and_versions_and_is_tagged_
     assert columns["reward"][0].tolist() == [0.5] and columns["finish"][0].tolist() == [1]
     (m,) = out
     assert (m.index, m.group_id, m.version, m.prompt_len, m.response_len, m.weights_digest, m.step) == (
-        40, 7, 3, 2, 4, 0xABC, -1,
+        40,
+        7,
+        3,
+        2,
+        4,
+        0xABC,
+        -1,
     )

@@ -60,7 +60,16 @@ def test_rewarded_sessions_are_trained_exactly_once_keyed_ones_as_one_group_and_
     proc = afctl("up", str(sessions_config(tmp_path, num_sessions=8)), "--run-dir", str(run_dir))
     try:
         api = client(wait_for_gateway(run_dir, proc))
-        plan = [("a-0", "a"), ("a-1", "a"), ("l-0", None), ("l-1", None), ("b-0", "b"), ("l-2", None), ("b-1", "b"), ("l-3", None)]
+        plan = [
+            ("a-0", "a"),
+            ("a-1", "a"),
+            ("l-0", None),
+            ("l-1", None),
+            ("b-0", "b"),
+            ("l-2", None),
+            ("b-1", "b"),
+            ("l-3", None),
+        ]
         for session, group in plan:
             one_turn(api, session, group)
         written = {}

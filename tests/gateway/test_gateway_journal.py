@@ -1,0 +1,79 @@
+"""The gateway's journal: a gateway started on the journal of one that died serves its
+sessions as they were; a request sent again gets the recorded answer; rewards go into
+the queue through the feed, and a queue that stays full answers a retryable 503."""
+
+import openai
+import pytest
+
+from asyncflow.core.tq.errors import QueueFull
+from asyncflow.gateway.feed import SessionFeed
+from asyncflow.gateway.journal import replay
+
+
+class FakeQueue:
+    """A queue client that allocates rows and keeps what is put (or is full)."""
+
+    def __init__(self, full: bool = False):
+        self.full, self.puts, self.next = full, [], 0
+
+    def allocate(self, num_groups, group_size, step=-1, timeout_s=0.0):
+        from asyncflow.core.protocol import RowMeta
+
+        if self.full:
+            raise QueueFull("no room")
+        metas = [RowMeta(index=self.next + k, group_id=self.next, group_size=group_size, step=step) for k in range(group_size)]
+        self.next += group_size
+        return metas
+
+    def put(self, indices, columns, metas):
+        self.puts.append((indices, columns, metas))
+
+
+def api(gw):
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_a_gateway_started_on_the_journal_continues_its_sessions_and_answers_a_retry_with_the_recorded_reply(
+    make_gateway, tmp_path
+):
+    journal = tmp_path / "journal.jsonl"
+    first = make_gateway(journal_path=journal)
+    chat = [{"role": "user", "content": "12+7="}]
+    r1 = api(first).chat.completions.create(model="m", messages=chat, user="s")
+    first.close()  # the replica died: its memory is gone, its journal stays
+    second = make_gateway(journal_path=journal)
+    chat += [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "7+1="}]
+    r2 = api(second).chat.completions.create(model="m", messages=chat, user="s")
+    again = api(second).chat.completions.create(model="m", messages=chat, user="s")
+    assert r2.model_extra["asyncflow"]["turn"] == 2
+    assert again.model_extra["asyncflow"]["token_ids"] == r2.model_extra["asyncflow"]["token_ids"]
+    assert again.choices[0].message.content == r2.choices[0].message.content
+    t = second.sessions.get("s")
+    t1 = r1.model_extra["asyncflow"]["token_ids"]
+    assert t.response_ids[: len(t1)] == t1 and t.loss_mask[: len(t1)] == [1] * len(t1) and t.num_turns == 2
+    assert set(replay(journal).turns) == {"s"}
+
+
+@pytest.mark.timeout(120)
+def test_rewards_go_into_the_queue_by_group_and_a_full_queue_answers_503_with_the_session_left_open(make_gateway, tmp_path):
+    queue = FakeQueue()
+    gw = make_gateway(journal_path=tmp_path / "j.jsonl", feed=SessionFeed(2, 60), queue=queue, write_timeout_s=0.1)
+    c = api(gw)
+    for s in ("a", "b", "lone"):
+        headers = {"X-Group-Id": "g"} if s != "lone" else {}
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}], user=s, extra_headers=headers)
+    assert c.post("/asyncflow/sessions/a/reward", body={"reward": 1.0}, cast_to=object)["queue"]["waiting"] == 1
+    done = c.post("/asyncflow/sessions/b/reward", body={"reward": 0.0}, cast_to=object)["queue"]
+    assert done["sessions"] == ["a", "b"] and done["written"] == [0, 1]
+    ((indices, columns, metas),) = queue.puts
+    assert [float(r[0]) for r in columns["reward"]] == [1.0, 0.0] and {m.group_id for m in metas} == {0}
+    queue.full = True
+    with pytest.raises(openai.APIStatusError) as refused:
+        c.post("/asyncflow/sessions/lone/reward", body={"reward": 1.0}, cast_to=object)
+    assert refused.value.status_code == 503 and refused.value.response.headers["retry-after"] == "5"
+    queue.full = False
+    assert c.post("/asyncflow/sessions/lone/reward", body={"reward": 1.0}, cast_to=object)["queue"]["written"] == [2]
+    with pytest.raises(openai.APIStatusError) as finished:  # trained on: finished for good
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}], user="a")
+    assert finished.value.status_code == 409
