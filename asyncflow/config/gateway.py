@@ -141,7 +141,10 @@ class GatewayConfig(Section):
                 f"{per_step} (e.g. {max(1, round(self.num_sessions / per_step)) * per_step})",
             )
         refusals = (
-            (run.algorithm.name != "grpo", f"algorithm.name = {run.algorithm.name!r}: set algorithm.name = 'grpo'"),
+            (
+                run.algorithm.needs_critic,  # sessions get GRPO in groups and RLOO alone (algorithms/session_baseline.py)
+                f"algorithm.name = {run.algorithm.name!r} trains a critic: set algorithm.name = 'grpo'",
+            ),
             (run.algorithm.dynamic_sampling, "set algorithm.dynamic_sampling = false (sessions come as they come)"),
             (bool(run.env.path), "unset env.path (the agent program is the environment)"),
             (run.reward_model.enabled, "set reward_model.enabled = false (a session's reward comes by the reward route)"),
