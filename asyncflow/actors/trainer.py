@@ -429,7 +429,7 @@ class TrainerActor(LoopActor):
         for rank, positions in enumerate(parts):
             for p in positions:
                 rank_of[p] = rank
-        line = {
+        line: dict[str, object] = {
             "step": self.step,
             "indices": list(meta.indices),
             "groups": [m.group_id for m in meta.metas],
@@ -437,8 +437,9 @@ class TrainerActor(LoopActor):
             "ranks": rank_of,
         }
         if self._stale or self.run.config.data_from_gateway:
-            line["stale_sessions"], self._stale = self._stale, []
-            self._num_stale += len(line["stale_sessions"])
+            stale, self._stale = self._stale, []
+            line["stale_sessions"] = stale
+            self._num_stale += len(stale)
         if filtered is not None:
             line["dropped"] = filtered.dropped
             line["filtered_groups"] = filtered.choice.filtered
