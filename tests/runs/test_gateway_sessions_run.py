@@ -38,6 +38,16 @@ def wait_for_gateway(run_dir, proc, newer_than_ns: int = -1, timeout_s: float = 
     return json.loads(pointer.read_text())["url"] + "/v1"
 
 
+def wait_for_line(proc, text: str) -> list[str]:
+    """afctl's output up to and including the line that holds ``text`` (the driver printed it)."""
+    lines = []
+    while not lines or text not in lines[-1]:
+        line = proc.stdout.readline()
+        assert line, f"afctl up ended before printing {text!r}:\n{''.join(lines)}"
+        lines.append(line)
+    return lines
+
+
 def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
 
@@ -101,6 +111,7 @@ def test_a_session_survives_a_kill_9_of_its_serving_replica_and_is_trained_once(
     proc = afctl("up", str(sessions_config(tmp_path, num_sessions=4)), "--run-dir", str(run_dir))
     try:
         url = wait_for_gateway(run_dir, proc)
+        wait_for_line(proc, "every process is up")  # every role started its work: a death now is a restart
         born = (run_dir / "gateway.json").stat().st_mtime_ns
         chat = [{"role": "user", "content": "12+7="}]
         r1 = client(url).chat.completions.create(model="m", messages=chat, user="survivor")
