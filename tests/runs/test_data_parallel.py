@@ -24,7 +24,7 @@ max_resumes = 1
 """
 
 
-def _config(tmp_path: Path, num_steps: int) -> Path:
+def _config(tmp_path: Path, num_steps: int, **changes: dict) -> Path:
     return write_config(
         tmp_path,
         num_steps=num_steps,
@@ -34,6 +34,7 @@ def _config(tmp_path: Path, num_steps: int) -> Path:
             "reward": {"functions": ["wf_rewards:length"]},
             "train": {"num_ranks": 2},
             "train.engine": {"fsdp": True},
+            **changes,
         },
     )
 
@@ -105,20 +106,12 @@ def test_two_ranks_train_the_decoupled_loss_with_an_adaptive_kl_and_keep_one_coe
     loss's interpolation), and the adaptive KL coefficient, measured over both ranks' rows
     (an all-reduce), is one value that rank 0 alone writes into each checkpoint."""
     run_dir = tmp_path / "run"
-    config = write_config(
-        tmp_path,
-        num_steps=4,
-        checkpoint_every=2,
-        extra=DATA_PARALLEL,
-        changes={
-            "reward": {"functions": ["wf_rewards:length"]},
-            "train": {"num_ranks": 2},
-            "train.engine": {"fsdp": True},
-            "algorithm": {"clip_against": "proximal", "kl_coef": 0.01},
-            "algorithm.loss": {"name": "decoupled_ppo"},
-            "algorithm.kl_ctrl": {"type": "adaptive"},
-        },
-    )
+    changes = {
+        "algorithm": {"clip_against": "proximal", "kl_coef": 0.01},
+        "algorithm.loss": {"name": "decoupled_ppo"},
+        "algorithm.kl_ctrl": {"type": "adaptive"},
+    }
+    config = _config(tmp_path, 4, **changes)
     proc = afctl("up", str(config), "--run-dir", str(run_dir))
     out, _ = proc.communicate(timeout=250)
     assert proc.returncode == 0, out
