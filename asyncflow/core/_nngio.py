@@ -15,11 +15,14 @@ lock; a send after the close raises ``pynng.Closed``.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import numpy as np
 import pynng
 from pynng import ffi, lib
+
+log = logging.getLogger(__name__)
 
 _contexts: dict[int, set] = {}  # id(socket) -> its open contexts (strong refs: see close_socket)
 _locks: dict[int, threading.RLock] = {}  # id(socket) -> held by sends and by its close
@@ -88,9 +91,27 @@ def close_socket(sock: pynng.Socket) -> None:
             ctxs = list(_contexts.pop(id(sock), ()))
         for ctx in ctxs:
             close_quietly(ctx)
-        sock.close()
+        _close_bounded(sock)
     with _contexts_lock:
         _locks.pop(id(sock), None)
+
+
+CLOSE_WAIT_S = 10.0
+"""How long ``close_socket`` waits for nng_close. nng_close can deadlock inside nng
+(nanomsg/nng #1813, #1236): it hung a test's actor stop for minutes under load, where
+no timeout could interrupt it. Past this wait the close is left to a daemon thread, the
+socket is given up (its contexts are closed, sends raise Closed) and the caller goes on."""
+
+
+def _close_bounded(sock: pynng.Socket) -> None:
+    closer = threading.Thread(target=sock.close, name="nng-close", daemon=True)
+    closer.start()
+    closer.join(CLOSE_WAIT_S)
+    if closer.is_alive():
+        log.warning(
+            "nng_close did not return within %.0f s (an nng deadlock): the socket is left to close in the background",
+            CLOSE_WAIT_S,
+        )
 
 
 def close_quietly(ctx: pynng.Context) -> None:
