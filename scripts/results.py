@@ -16,7 +16,8 @@ again rewrites its page without measuring the others); a section without JSON is
 ``dynamic_sampling`` and ``dynamic_sampling_sync`` sections (15 seeds x 2 runs each), and about 13 for
 docs/performance.md's (scripts/performance_page.py renders that page). The real-model sections
 (``real_model``, ``real_lora_learning``, ``real_rollout``, ``real_rollout_bf16``, ``real_bf16_learning``, ``real_fp32_learning``,
-``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``, ``real_peer_seed1``, ``real_peer_seed2``, ``real_peer_trl2``:
+``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``, ``real_peer_seed1``, ``real_peer_seed2``, ``real_peer_trl2``, ``real_stream``,
+``real_stream_seed1``, ``real_stream_seed2``:
 docs/real-model.md, rendered by
 scripts/real_model_page.py) are measured only when ``--only`` names them: they need
 ``models/smollm2-135m`` (README.md, "A real pretrained model") and take hours on 2 cores.
@@ -60,6 +61,10 @@ _GROUP_ROLLOUT = [
 
 _REAL_PEER = [PY, "-m", "asyncflow.cli.main", "bench", "peer", "--config", "examples/smollm2.toml", "--steps", "10"]
 """bench peer on SmolLM2 at the config's 10 steps."""
+_STREAMED = [
+    *("--set", "workflow.staleness=0", "--set", "workflow.stream_step=true", "--set", "rollout.prompts_per_call=2"),
+]
+"""async as a step streamed in parts, on-policy (``workflow.stream_step``, staleness 0, rollout calls of 2 prompts)."""
 
 SECTIONS: dict[str, list[str]] = {
     "parity": [PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--out", "{work}/parity"],
@@ -242,6 +247,19 @@ SECTIONS: dict[str, list[str]] = {
         "--out",
         "{work}/real_peer_seed2",
     ],
+    # workflow.stream_step at staleness 0: async's rollout and trainer processes, every sample on-policy
+    # (sync runs without it, its whole batch in one rollout call: bench/peer.py)
+    **{
+        name: [
+            *_REAL_PEER,
+            *_STREAMED,
+            *(("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}") if seed else ()),
+            "--json",
+            "--out",
+            "{work}/" + name,
+        ]
+        for name, seed in (("real_stream", 0), ("real_stream_seed1", 1), ("real_stream_seed2", 2))
+    },
     # a step of the real model, role by role (docs/performance.md, with real_rollout's profile and real_train)
     "real_breakdown": [
         *(PY, "-m", "asyncflow.cli.main", "bench", "e2e", "--config", "examples/smollm2.toml", "--steps", "6"),
