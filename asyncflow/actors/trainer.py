@@ -87,6 +87,7 @@ from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._prefetch import BatchPrefetch
 from asyncflow.actors._run import Run, set_threads
 from asyncflow.actors._samples import SampleLog
+from asyncflow.actors._stream_step import StreamStep, part_min_rows
 from asyncflow.actors._versions import VersionLedger, token_staleness
 from asyncflow.actors.trainer_rank import RankGroup
 from asyncflow.actors.weight_sync import Publish, WeightSyncActor
@@ -148,6 +149,7 @@ class TrainerActor(LoopActor):
             self._versions.record(self.step, self.engine.published_digest(self.policy.export_weights(), self._rollout_dtype))
         self._publishing = None  # the future of the last publish (weights stage it in their thread)
         self._gather: StepGather | None = None  # dynamic sampling's step in progress, while a refill round is made
+        self._stream: StreamStep | None = None  # workflow.stream_step: the step whose parts are coming in
         self._stale: list[int] = []  # gateway sessions discarded as too old since the last step's audit
         self._num_stale = 0
         self._evaluator: Evaluator | None = None  # with eval.every_steps
@@ -197,6 +199,8 @@ class TrainerActor(LoopActor):
         """One RL step s: take the step's batch, train on it, publish version s + 1,
         report, and checkpoint when the schedule says so."""
         cfg = self.run.config
+        if cfg.workflow.stream_step:
+            return self._stream_once()
         if self.step >= cfg.train.num_steps:
             self._finish()
             return False
@@ -212,6 +216,53 @@ class TrainerActor(LoopActor):
             meta = filtered.meta
         integrity = self._check_versions(meta)
         parts, columns, values, figures = self._train(meta)
+        self._complete_step(meta, parts, columns, values, figures, integrity, t0, filtered)
+        return True
+
+    def _stream_once(self) -> bool:
+        """A unit of a step streamed in parts (``workflow.stream_step``, ``_stream_step.py``):
+        take the next part of the step's rows (whole groups), train it (forward and
+        backward); after the step's last part, the optimizer step and the rest of the
+        step as ``work_once`` does it."""
+        cfg = self.run.config
+        if self.step >= cfg.train.num_steps:
+            self._finish()
+            return False
+        stream = self._stream
+        if stream is None:
+            rows = cfg.rows_per_step
+            stream = self._stream = StreamStep(
+                self.step, rows, part_min_rows(cfg.train.engine.micro_batch_size, cfg.algorithm.group_size, rows)
+            )
+            self.policy.begin_parts(rows)
+        with self.activity("wait_data"):
+            meta = stream.request(self.tq, self.columns, self.acks.take(TASK_TRAIN))
+        if meta is None:
+            return True  # no part within the wait: the next unit asks again
+        integrity = self._check_versions(meta)
+        mine = list(range(len(meta.indices)))
+        with self.activity("read"):
+            columns = self.tq.read_batch(meta, self.columns, mine)
+        with self.activity("train"):
+            self.policy.train_part(columns, [m.group_id for m in meta.metas], [m.version for m in meta.metas], self.step)
+        stream.add(meta, columns, integrity)
+        if stream.remaining > 0:
+            return True
+        self._stream = None
+        with self.activity("train"):
+            values = self.policy.finish_parts()
+            with phase("figures"):
+                figures = self.policy.batch_figures(stream.columns)
+        whole = stream.meta()
+        self._complete_step(whole, whole.parts, stream.columns, values, figures, dict(stream.integrity), stream.started)
+        return True
+
+    def _complete_step(
+        self, meta, parts, columns, values, figures, integrity, t0: float, filtered: Filtered | None = None
+    ) -> None:
+        """A trained step's rest: publish version s + 1, log samples, defer the acks,
+        audit, report, and checkpoint when the schedule says so."""
+        cfg = self.run.config
         if "token_versions" in columns:  # partial rollout: each row's staleness is its oldest token's (before publishing)
             mine = parts[0]
             indices, metas = [meta.indices[p] for p in mine], [meta.metas[p] for p in mine]
@@ -233,7 +284,6 @@ class TrainerActor(LoopActor):
         if every and self.step % every == 0 and self.step < cfg.train.num_steps:
             with self.activity("checkpoint"):
                 self.checkpoint()
-        return True
 
     def _filter(self, meta: protocol.BatchMeta) -> Filtered | None:
         """Dynamic sampling: the step's informative groups, gathered over refill rounds

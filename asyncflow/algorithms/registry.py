@@ -42,6 +42,10 @@ class Estimator:
     grouped: bool = False
     """Advantages are relative within prompt groups: ``group_size >= 2``, and dynamic
     sampling (which drops groups of equal rewards) applies."""
+    group_local: bool = False
+    """A row's advantages depend on its prompt group's rows only (nothing batch-wide such
+    as whitening): a step streamed in parts of whole groups (``workflow.stream_step``)
+    gets the advantages the whole batch would."""
 
 
 @dataclass(frozen=True)
@@ -71,12 +75,14 @@ ESTIMATORS: dict[str, Estimator] = {
             "each response's reward minus its prompt group's mean, divided by the group's std (std_normalize)",
             "asyncflow.algorithms.estimators:grpo",
             grouped=True,
+            group_local=True,
         ),
         Estimator(
             "rloo",
             "REINFORCE leave-one-out: each response's reward minus the mean reward of the other responses to its prompt",
             "asyncflow.algorithms.estimators:rloo",
             grouped=True,
+            group_local=True,
         ),
         Estimator(
             "reinforce_plus_plus",

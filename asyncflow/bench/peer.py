@@ -9,7 +9,8 @@ a process of its own (``bench/_peer_trl.py``; the ``bench`` extra) with
 ``cluster.threads_per_process = 1``; with 2 on a machine that other jobs share,
 TRL's OpenMP threads spin waiting for a descheduled sibling and it runs ten times
 slower); asyncflow runs the config as ``afctl up`` does, without checkpoints
-(TRL saves none here), async with the config's staleness. A config with ``[eval]``
+(TRL saves none here), async with the config's staleness (and its ``workflow.stream_step``:
+then sync runs without it, its whole batch in one rollout call). A config with ``[eval]``
 (examples/smollm2.toml) also gets each system's greedy held-out accuracy after its last
 step: every system trains on the same training split, asyncflow's trainer evaluates its
 last version in the run (counted in its time), and TRL's saved final weights go through
@@ -201,9 +202,16 @@ def _one_round(base, steps: int, trl_threads: int, skip_trl: bool, root: Path, o
         return results
     heldout = base.eval.every_steps > 0
     for mode in ("sync", "async"):
+        workflow, rollout = msgspec.structs.replace(base.workflow, mode=mode), base.rollout
+        if mode == "sync" and base.workflow.stream_step:
+            # the config cuts rollout calls small so that parts of a step stream to the trainer;
+            # sync generates the whole batch before training: in one call, its fastest
+            workflow = msgspec.structs.replace(workflow, stream_step=False)
+            rollout = msgspec.structs.replace(rollout, prompts_per_call=base.train.prompts_per_step)
         cfg = msgspec.structs.replace(
             base,
-            workflow=msgspec.structs.replace(base.workflow, mode=mode),
+            workflow=workflow,
+            rollout=rollout,
             train=msgspec.structs.replace(base.train, num_steps=steps, checkpoint_every=0),
             # [eval]: one greedy evaluation, after the last step (its time counts against asyncflow's samples/s)
             eval=msgspec.structs.replace(base.eval, every_steps=steps if heldout else 0, at_start=False, save_best=False),
@@ -215,6 +223,8 @@ def _one_round(base, steps: int, trl_threads: int, skip_trl: bool, root: Path, o
             "samples_per_s": summary["samples_per_s"],
             "reward_last_10pct": summary["reward_last_10pct"],
             "staleness": cfg.staleness,
+            "stream_step": cfg.workflow.stream_step,
+            "prompts_per_call": cfg.rollout.prompts_per_call,
             "pipeline_efficiency": summary["pipeline_efficiency"],
             # cluster.pin_trainer_cores as the run applied it (only where the machine was idle: actors/_pinning.py)
             "pinned_trainer_cores": summary.get("pinned_trainer_cores", 0),

@@ -112,8 +112,23 @@ class WorkflowConfig(Section):
             "oldest token's version, so the staleness bound holds for every token. Pays on long-tailed response lengths."
         ),
     ] = False
+    stream_step: Annotated[
+        bool,
+        Meta(
+            description="The trainer takes a step's rows as their prompt groups complete (at least one micro-batch of whole "
+            "groups at a time) and runs each part's forward and backward at once, accumulating gradients; one optimizer step "
+            "when the step's last row is in, rescaled to the step's real token count: the update the whole batch would give. "
+            "Training overlaps generation inside a step, so with ``staleness = 0`` every sample is on-policy (as in sync "
+            "mode) while the rollout is not idle; set ``rollout.prompts_per_call`` below ``train.prompts_per_step`` so parts "
+            "come before the step's last one. async only; one trainer rank, ``algorithm.epochs = 1``, a group-local "
+            "estimator (grpo, rloo), no dynamic sampling, no adaptive KL, no gateway sessions "
+            "(``actors/_stream_step.py``)."
+        ),
+    ] = False
 
     def check(self, run: RunConfig) -> None:
+        if self.stream_step:
+            self._check_stream_step(run)
         if self.partial_rollout and self.mode != "async":
             raise Refused(
                 "partial_rollout",
@@ -134,3 +149,25 @@ class WorkflowConfig(Section):
                 "unit and do not record per-token versions yet: set workflow.partial_rollout = false or unset env.path",
                 self.partial_rollout,
             )
+
+    def _check_stream_step(self, run: RunConfig) -> None:
+        """What a step streamed in parts cannot do (yet): each refusal names the key to change."""
+        from asyncflow.algorithms.loss_configs import FixedKL
+
+        alg = run.algorithm
+        refusals = [
+            (self.mode != "async", 'needs workflow.mode = "async" (sync mode generates the whole batch before training)'),
+            (run.train.num_ranks > 1, "runs on one trainer rank: set train.num_ranks = 1 or workflow.stream_step = false"),
+            (alg.epochs > 1, "takes one optimizer step per batch: set algorithm.epochs = 1 or workflow.stream_step = false"),
+            (
+                not alg.estimator.group_local,
+                f"needs advantages within prompt groups (grpo, rloo); algorithm.name = {alg.name!r} normalises over the "
+                "whole batch: choose grpo or rloo, or set workflow.stream_step = false",
+            ),
+            (alg.dynamic_sampling, "cannot drop groups after training them: set algorithm.dynamic_sampling = false"),
+            (alg.kl_ctrl != FixedKL(), "measures the KL of a whole batch for the adaptive controller: use a fixed kl_coef"),
+            (run.data_from_gateway, "takes rows planned for a step; gateway sessions are not: set workflow.stream_step = false"),
+        ]
+        for refused, why in refusals:
+            if refused:
+                raise Refused("stream_step", why, self.stream_step)

@@ -232,6 +232,18 @@ class TrainStepResult:
     sequence packing: ``train.engine.packing``)."""
 
 
+@dataclass
+class Accumulated:
+    """What ``TrainEngine.accumulate`` added to the gradients: this rank's figures, not reduced."""
+
+    loss: float
+    """Sum of the micro-batch losses (normalised by the ``LossContext`` it was given)."""
+    metrics: dict[str, float]
+    """Loss function metrics, summed over micro-batches."""
+    num_fed_tokens: int = 0
+    """Tokens, real and padding, that the forwards ran on."""
+
+
 class TrainEngine(abc.ABC):
     """Computes log-probs/values and updates a policy (or critic)."""
 
@@ -249,6 +261,25 @@ class TrainEngine(abc.ABC):
         self, batch: TokenBatch, loss_fn: LossFn, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
     ) -> TrainStepResult:
         """One optimizer step over ``batch`` split into micro-batches (log-probs as ``forward``'s)."""
+
+    def accumulate(
+        self,
+        batch: TokenBatch,
+        loss_fn: LossFn,
+        ctx: LossContext,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+    ) -> Accumulated:
+        """Forward and backward ``batch`` (micro-batched) with the loss normalised by ``ctx``,
+        adding to the gradients; no optimizer step (``apply_gradients`` takes it). A step
+        streamed in parts (``workflow.stream_step``) calls it once per part."""
+        raise NotImplementedError(f"{type(self).__name__} cannot stream a step in parts: set workflow.stream_step = false")
+
+    def apply_gradients(self, grad_scale: float = 1.0) -> tuple[float, float]:
+        """One optimizer step on the accumulated gradients, first multiplied by
+        ``grad_scale`` (before clipping); returns (grad norm before clipping, lr)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot stream a step in parts: set workflow.stream_step = false")
 
     @abc.abstractmethod
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

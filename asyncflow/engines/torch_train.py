@@ -68,7 +68,15 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from asyncflow.core.phases import phase
-from asyncflow.engines.base import ForwardOutput, LossContext, LossFn, TokenBatch, TrainEngine, TrainStepResult
+from asyncflow.engines.base import (
+    Accumulated,
+    ForwardOutput,
+    LossContext,
+    LossFn,
+    TokenBatch,
+    TrainEngine,
+    TrainStepResult,
+)
 from asyncflow.engines.batching import PackedRows, block_causal_mask, pack_batch, plan_packing
 from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
@@ -469,12 +477,43 @@ class TorchTrainEngine(TrainEngine):
     def train_step(
         self, batch: TokenBatch, loss_fn: LossFn, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
     ) -> TrainStepResult:
-        mbs = self._micro_batches(batch)
         mask = batch.response_mask.float()
         totals = torch.tensor([mask.sum().item(), (mask.sum(dim=1) > 0).sum().item()], dtype=torch.float64)
         if self.distributed:
             dist.all_reduce(totals)
         ctx = LossContext(num_tokens=max(totals[0].item(), 1.0), num_seqs=max(totals[1].item(), 1.0), dp_size=self.dp_size)
+        part = self.accumulate(batch, loss_fn, ctx, temperature, top_k, top_p)
+        grad_norm, lr = self.apply_gradients()
+        total_loss, metrics = part.loss, part.metrics
+        if self.distributed:
+            # Each rank's loss was scaled by dp_size (FSDP averages gradients): the
+            # step's figures are the ranks' sums divided by dp_size.
+            names = sorted(metrics)
+            figures = torch.tensor([total_loss] + [metrics[k] for k in names], dtype=torch.float64)
+            dist.all_reduce(figures)
+            figures /= self.dp_size
+            total_loss = figures[0].item()
+            metrics = {k: figures[i + 1].item() for i, k in enumerate(names)}
+        metrics["lr"] = lr
+        return TrainStepResult(
+            loss=total_loss,
+            grad_norm=grad_norm,
+            num_tokens=int(totals[0].item()),
+            metrics=metrics,
+            step=self._step,
+            num_fed_tokens=part.num_fed_tokens,
+        )
+
+    def accumulate(
+        self,
+        batch: TokenBatch,
+        loss_fn: LossFn,
+        ctx: LossContext,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+    ) -> Accumulated:
+        mbs = self._micro_batches(batch)
         self.net.train()
         total_loss = 0.0
         metrics: dict[str, float] = {}
@@ -489,8 +528,15 @@ class TorchTrainEngine(TrainEngine):
             total_loss += float(loss.detach())
             for k, v in mb_metrics.items():
                 metrics[k] = metrics.get(k, 0.0) + float(v)
+        return Accumulated(loss=total_loss, metrics=metrics, num_fed_tokens=num_fed_tokens)
+
+    def apply_gradients(self, grad_scale: float = 1.0) -> tuple[float, float]:
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
         with phase("optimizer"):
+            if grad_scale != 1.0:
+                for param in self.net.parameters():
+                    if param.grad is not None:
+                        param.grad.mul_(grad_scale)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), max_norm)
             if hasattr(grad_norm, "full_tensor"):
                 grad_norm = grad_norm.full_tensor()
@@ -500,24 +546,7 @@ class TorchTrainEngine(TrainEngine):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self._step += 1
-        if self.distributed:
-            # Each rank's loss was scaled by dp_size (FSDP averages gradients): the
-            # step's figures are the ranks' sums divided by dp_size.
-            names = sorted(metrics)
-            figures = torch.tensor([total_loss] + [metrics[k] for k in names], dtype=torch.float64)
-            dist.all_reduce(figures)
-            figures /= self.dp_size
-            total_loss = figures[0].item()
-            metrics = {k: figures[i + 1].item() for i, k in enumerate(names)}
-        metrics["lr"] = lr
-        return TrainStepResult(
-            loss=total_loss,
-            grad_norm=float(grad_norm),
-            num_tokens=int(totals[0].item()),
-            metrics=metrics,
-            step=self._step,
-            num_fed_tokens=num_fed_tokens,
-        )
+        return float(grad_norm), lr
 
     @torch.no_grad()
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
