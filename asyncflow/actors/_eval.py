@@ -6,11 +6,19 @@ with the snapshot it published: a private native rollout engine on the trainer's
 device loads it and generates for every held-out prompt (``split_prompts``: never
 trained on), greedy or k samples; the run's reward functions score the responses.
 
+With an environment (``[env] path``) each response is an episode instead, run as
+training runs them: ``rollout/multiturn.py``'s ``MultiTurnDriver`` drives it with
+the private engine (the model's turns, the environment's steps and tool calls, the
+turn and context limits), and it is scored as the reward role scores a training
+row (``_scoring.Scorer``: the reward functions on the decoded transcript combined
+with the environment's reward by ``env.reward``; 0 after an environment error).
+
 Figures (``val/*`` in metrics.jsonl): a response is correct when its reward is at
 least ``eval.correct_reward``. ``val/accuracy``: fraction of correct responses (in
 greedy mode: of prompts answered correctly). ``val/reward_mean``: mean reward.
 ``val/pass_at_k`` (pass_at_k mode): fraction of prompts with a correct response
-among their k.
+among their k. With an environment also ``val/env/*``: training's ``env/*``
+figures (``_policy.env_sums``) over the held-out episodes.
 
 Best weights: ``save_best`` writes the snapshot as a Hugging Face directory
 ``checkpoints/best_<version>`` (weights, config and tokenizer: no optimizer, so it
@@ -29,19 +37,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
+import numpy as np
 import torch
 
 from asyncflow.actors._run import Run, encode_prompt, read_prompts, split_prompts
 
 if TYPE_CHECKING:
+    from asyncflow.actors.rollout.multiturn import MultiTurnDriver
     from asyncflow.engines.base import RolloutEngine
+    from asyncflow.engines.config import SamplingParams
 
 BEST = "best"
 
 
 class Evaluator:
     def __init__(self, run: Run):
-        from asyncflow.actors._scoring import build_reward_fn
+        from asyncflow.actors._scoring import Scorer, build_reward_fn
 
         cfg = run.config
         self.run = run
@@ -76,17 +87,32 @@ class Evaluator:
             seed=cfg.seed,
         )
         self.engine: RolloutEngine | None = None  # built at the first evaluation
+        # [env] path: episodes through the environment, scored as the reward role scores training rows
+        self.env_cfg = cfg.env
+        self.driver: MultiTurnDriver | None = None  # built at the first evaluation (its pool of environment threads)
+        self.scorer = Scorer(cfg, self.tokenizer) if cfg.env.path else None
 
     def evaluate(self, snapshot: list[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
         """The ``val/*`` figures of the policy with these weights (HF names, any device)."""
-        from asyncflow.algorithms.rewards import call_reward
         from asyncflow.engines.factory import build_rollout_engine
 
         if self.engine is None:
             self.engine = build_rollout_engine(self.engine_cfg, self.run.launch.model_dir, version=version)
         self.engine.load_weights(snapshot, version)
         params = self.params if self.params.temperature == 0 else msgspec.structs.replace(self.params, seed=version)
-        outs = self.engine.generate(self.prompt_ids, params)  # ordered by (prompt, sample)
+        if self.env_cfg.path:
+            rewards, prompt_index, figures = self._episodes(self.engine, params)
+        else:
+            rewards, prompt_index = self._responses(self.engine, params)
+            figures = {}
+        return {**self._scores(rewards, prompt_index), **figures}
+
+    def _responses(self, engine: RolloutEngine, params: SamplingParams) -> tuple[list[float], list[int]]:
+        """Single-turn: ``params.n`` responses per held-out prompt in one generate call,
+        scored by the reward functions; (rewards, each one's prompt)."""
+        from asyncflow.algorithms.rewards import call_reward
+
+        outs = engine.generate(self.prompt_ids, params)  # ordered by (prompt, sample)
         rewards = call_reward(
             self.reward_fn,
             [self.prompts[c.prompt_index] for c in outs],
@@ -94,12 +120,37 @@ class Evaluator:
             [self.answers[c.prompt_index] for c in outs],
             [c.finish_reason for c in outs],
         )
+        return rewards, [c.prompt_index for c in outs]
+
+    def _episodes(self, engine: RolloutEngine, params: SamplingParams) -> tuple[list[float], list[int], dict[str, float]]:
+        """With an environment: ``params.n`` episodes per held-out prompt, driven by the
+        rollout's multi-turn driver with this engine and scored as the reward role
+        scores training rows (so that ``val/*`` measures what training optimises);
+        (rewards, each one's prompt, the ``val/env/*`` figures)."""
+        from asyncflow.actors.rollout import pack
+        from asyncflow.actors.rollout.multiturn import MultiTurnDriver
+        from asyncflow.envs.base import Sample
+
+        assert self.scorer is not None  # made with [env] path
+        if self.driver is None:
+            self.driver = MultiTurnDriver(self.env_cfg, self.tokenizer)
+        index = [p for p in range(len(self.prompt_ids)) for _ in range(params.n)]  # the driver takes one sample per episode
+        samples = [Sample(prompt=self.prompts[p], prompt_ids=self.prompt_ids[p], answer=self.answers[p]) for p in index]
+        episodes = self.driver.run(engine, params, samples)
+        columns = pack.columns([e.columns() for e in episodes])
+        columns["prompt_ids"] = [np.asarray(self.prompt_ids[p], dtype=np.int64) for p in index]
+        columns["answer"] = [np.frombuffer(self.answers[p].encode(), dtype=np.uint8) for p in index]
+        return self.scorer.score(columns, index), index, env_figures(columns)
+
+    def _scores(self, rewards: list[float], prompt_index: list[int]) -> dict[str, float]:
+        """``val/accuracy``, ``val/reward_mean`` (and ``val/pass_at_k``) of these rewards,
+        the i-th that of a response to prompt ``prompt_index[i]``."""
         correct = [r >= self.cfg.correct_reward for r in rewards]
         values = {"val/accuracy": sum(correct) / len(correct), "val/reward_mean": sum(rewards) / len(rewards)}
         if self.cfg.mode == "pass_at_k":
             passed = [False] * len(self.prompt_ids)
-            for c, ok in zip(outs, correct):
-                passed[c.prompt_index] |= ok
+            for p, ok in zip(prompt_index, correct):
+                passed[p] |= ok
             values["val/pass_at_k"] = sum(passed) / len(passed)
         return values
 
@@ -107,6 +158,26 @@ class Evaluator:
         if self.engine is not None:
             self.engine.close()
             self.engine = None
+        if self.driver is not None:
+            self.driver.close()
+            self.driver = None
+
+
+def env_figures(columns: dict[str, list]) -> dict[str, float]:
+    """``val/env/*`` of held-out episodes (their packed columns): training's ``env/*``
+    (docs/metrics.md) computed the same way, from the same sums (``_policy.env_sums``)."""
+    from asyncflow.actors._policy import env_sums
+
+    with_calls, calls, errors, env_reward, model_tokens = env_sums(columns)
+    n = max(len(columns["response_ids"]), 1)
+    response = max(sum(len(r) for r in columns["response_ids"]), 1)
+    return {
+        "val/env/tool_call_rate": with_calls / n,
+        "val/env/tool_calls_mean": calls / n,
+        "val/env/error_rate": errors / n,
+        "val/env/reward_mean": env_reward / n,
+        "val/env/model_token_frac": model_tokens / response,
+    }
 
 
 def evaluate_saved(run_dir: str | Path, model_dir: str | Path) -> dict[str, float]:

@@ -27,7 +27,8 @@ class EnvConfig(Section):
         str,
         Meta(
             description="The environment, ``package.module:Name`` (a class or zero-argument function making an "
-            "``asyncflow.envs.Environment``), importable on every rollout host; e.g. ``asyncflow.envs.calc:CalcEnv``. "
+            "``asyncflow.envs.Environment``), importable on every rollout host (and the trainer's with ``[eval]``: held-out "
+            "episodes run there); e.g. ``asyncflow.envs.calc:CalcEnv``. "
             "Empty: single-turn rollouts (no environment)."
         ),
     ] = ""

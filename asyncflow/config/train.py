@@ -84,7 +84,9 @@ class EvalConfig(Section):
     ``val/*``). The trainer evaluates in its own process, with a private native
     rollout engine on its device holding the weights it has just published (whatever
     ``rollout.engine.type``; its KV cache: ``rollout.engine.kv_cache_bytes``, or 64 MiB);
-    only trainer rank 0 evaluates, the other ranks wait for it."""
+    only trainer rank 0 evaluates, the other ranks wait for it. With ``[env] path`` each
+    response is a multi-turn episode through the environment, as in training
+    (docs/environments.md, "Held-out evaluation"), and ``val/env/*`` are reported too."""
 
     every_steps: Annotated[
         NonNegInt,
@@ -109,12 +111,19 @@ class EvalConfig(Section):
         ),
     ] = "greedy"
     k: Annotated[Count, Meta(description="Responses per prompt in pass_at_k mode.")] = 4
-    max_new_tokens: Annotated[NonNegInt, Meta(description="Most response tokens; 0: ``rollout.sampling.max_new_tokens``.")] = 0
+    max_new_tokens: Annotated[
+        NonNegInt,
+        Meta(
+            description="Most response tokens (with ``[env] path``: per model turn, as in training); 0: "
+            "``rollout.sampling.max_new_tokens``."
+        ),
+    ] = 0
     correct_reward: Annotated[
         float,
         Meta(
-            description="A response counts as correct when its reward (``reward.functions`` with ``reward.weights``) is at least this. "
-            "The built-in tasks give 1.0 to an exact answer."
+            description="A response counts as correct when its reward (``reward.functions`` with ``reward.weights``; with "
+            "``[env] path``, combined with the episode's ``env_reward`` by ``env.reward``, as in training) is at least this. "
+            "The built-in tasks (and ``asyncflow.envs.calc:CalcEnv``) give 1.0 to an exact answer."
         ),
     ] = 0.999
     save_best: Annotated[

@@ -1,11 +1,15 @@
 """Held-out evaluation ([eval]): the split, the scoring, checkpoints/best, and one
-`afctl up` that evaluates after 2 of its 3 steps and the last, under a warmup + cosine lr schedule."""
+`afctl up` that evaluates after 2 of its 3 steps and the last, under a warmup + cosine lr schedule.
+With `[env] path`: multi-turn episodes (the calc tool run by a scripted model, two
+turns of an untrained one) and one `afctl up` whose val/env/* land in metrics.jsonl."""
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
+import msgspec
 import pytest
 from wf_helpers import afctl, read_jsonl, write_config
 
@@ -232,3 +236,129 @@ def test_eval_at_start_is_refused_without_evaluation_or_with_several_trainer_ran
     with pytest.raises(ConfigError, match="num_ranks"):
         load_config_text("[eval]\nevery_steps = 5\nat_start = true\n[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true")
     assert load_config_text("[eval]\nevery_steps = 5\nat_start = true").eval.at_start
+
+
+ENV_FIGURES = {
+    "val/env/tool_call_rate",
+    "val/env/tool_calls_mean",
+    "val/env/error_rate",
+    "val/env/reward_mean",
+    "val/env/model_token_frac",
+}
+"""The environment's figures of an evaluation with ``[env] path`` (training's env/*, under val/)."""
+
+
+@pytest.fixture(scope="module")
+def calc_run(tmp_path_factory):
+    """A run directory of the calc tool task (docs/environments.md): untrained tiny model, the
+    environment's reward only, [eval] on."""
+    from tiny_config import tiny_config_text
+
+    from asyncflow.actors._prepare import prepare_new
+    from asyncflow.config.load import load_config_text
+
+    changes = {
+        "data": {"task": "calc"},
+        "env": {"path": "asyncflow.envs.calc:CalcEnv", "max_turns": 3, "reward": "replace"},
+        "reward": {"functions": []},
+        "rollout.sampling": {"max_new_tokens": 24, "temperature": 1.0},
+        "eval": {"every_steps": 1, "num_prompts": 5},
+    }
+    root = tmp_path_factory.mktemp("calcrun")
+    _, rd, _ = prepare_new(load_config_text(tiny_config_text(changes)), root / "run")
+    return Run(rd)
+
+
+class ToolUser:
+    """Stands in for the rollout engine as a model that has learnt the calc tool: to a
+    context ending with the prompt ``a*b=`` it answers ``<calc>a*b</calc>``, to one
+    ending with a tool result it answers that result. Keeps the contexts it was given."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.contexts: list[str] = []
+
+    def load_weights(self, named_tensors, version):
+        self.version = version
+
+    def close(self):
+        """Nothing held."""
+
+    def generate(self, prompts, params):
+        assert params.n == 1  # the driver gives each trajectory's context once
+        out = []
+        for p, ids in enumerate(prompts):
+            context = self.tokenizer.decode(ids, skip_special_tokens=True)
+            self.contexts.append(context)
+            text = f"<calc>{context[:-1]}</calc>" if context.endswith("=") else context.rsplit("</calc>", 1)[1]
+            response = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            out.append(Completion(p, 0, response, [0.0] * len(response), "stop", self.version))
+        return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["greedy", "pass_at_k"])
+def test_with_an_environment_the_evaluation_runs_the_episodes_and_the_tools_result_is_in_the_transcript(calc_run, mode):
+    run = Run(calc_run.dir)
+    run.config = msgspec.structs.replace(run.config, eval=msgspec.structs.replace(run.config.eval, mode=mode, k=2))
+    evaluator = Evaluator(run)
+    evaluator.engine = engine = ToolUser(evaluator.tokenizer)
+    try:
+        values = evaluator.evaluate([], version=3)
+    finally:
+        evaluator.close()
+    samples = 2 if mode == "pass_at_k" else 1
+    # turn 1 of every episode sees its prompt; turn 2 sees the call and the calc tool's result (never the engine's)
+    for prompt, answer in zip(evaluator.prompts, evaluator.answers):
+        expr = prompt.rstrip("=")
+        assert engine.contexts.count(prompt) == samples
+        assert engine.contexts.count(f"{prompt}<calc>{expr}</calc>{answer}") == samples
+    assert len(engine.contexts) == 2 * samples * len(evaluator.prompts)
+    # scored by the environment (env.reward = "replace", no reward functions): every final answer is the product
+    assert values["val/accuracy"] == values["val/reward_mean"] == 1.0
+    assert values["val/env/tool_call_rate"] == values["val/env/tool_calls_mean"] == values["val/env/reward_mean"] == 1.0
+    assert values["val/env/error_rate"] == 0.0 and 0.0 < values["val/env/model_token_frac"] < 1.0
+    assert set(values) == {"val/accuracy", "val/reward_mean", *ENV_FIGURES} | ({"val/pass_at_k"} if samples > 1 else set())
+
+
+@pytest.mark.timeout(60)
+def test_the_evaluations_own_engine_drives_an_untrained_model_through_every_turn_of_the_environment(calc_run):
+    from asyncflow.engines.hf import load_model
+
+    run = Run(calc_run.dir)
+    run.config = msgspec.structs.replace(run.config, env=msgspec.structs.replace(run.config.env, path="wf_envs:TwoTurnEnv"))
+    evaluator = Evaluator(run)
+    weights = [(n, p.detach()) for n, p in load_model(run.launch.model_dir).named_parameters()]
+    try:
+        values = evaluator.evaluate(weights, version=2)
+        assert evaluator.engine.version == 2
+    finally:
+        evaluator.close()
+    # TwoTurnEnv: a tool call, then reward 1 at the second turn, whatever the model says (a single turn would score 0)
+    assert values["val/accuracy"] == values["val/env/tool_call_rate"] == values["val/env/reward_mean"] == 1.0
+    assert values["val/env/error_rate"] == 0.0 and 0.0 < values["val/env/model_token_frac"] < 1.0
+
+
+@pytest.mark.timeout(150)
+def test_a_run_with_an_environment_evaluates_multi_turn_episodes_into_metrics(tmp_path):
+    here = Path(__file__).resolve().parent
+    run_dir = tmp_path / "run"
+    config = write_config(
+        tmp_path,
+        num_steps=2,
+        changes={
+            "env": {"path": "wf_envs:TwoTurnEnv", "max_turns": 3, "reward": "replace"},
+            "reward": {"functions": []},
+            "eval": {"every_steps": 1, "num_prompts": 4},
+        },
+        extra=f'\n[cluster]\npython_path = ["{here}"]\n',
+    )
+    proc = afctl("up", str(config), "--run-dir", str(run_dir))
+    out, _ = proc.communicate(timeout=140)
+    assert proc.returncode == 0, out
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [int(m["step"]) for m in metrics] == [0, 1]
+    for m in metrics:  # every step evaluated: the held-out episodes took both turns of TwoTurnEnv
+        assert m["val/accuracy"] == m["val/env/tool_call_rate"] == m["val/env/reward_mean"] == 1.0, m
+        assert m["val/env/error_rate"] == 0.0 and 0.0 < m["val/env/model_token_frac"] < 1.0, m
+        assert m["env/tool_call_rate"] == 1.0, m  # training's episodes, the same environment
