@@ -248,14 +248,11 @@ class PolicyUpdate:
         parts, self._parts = self._parts, None
         if parts is None or parts.count == 0:
             raise RuntimeError("finish_parts without a part trained")
-        token_scale = parts.ctx.num_tokens / max(parts.num_tokens, 1.0)
-        agg = getattr(self.cfg.algorithm.loss, "agg", "token-mean")
-        if agg == "token-mean":
-            loss_scale = token_scale
-        elif agg == "token-sum":
-            loss_scale = 1.0
-        else:  # the seq-mean modes
-            loss_scale = parts.ctx.num_seqs / max(parts.num_seqs, 1.0)
+        from asyncflow.algorithms.losses import renormalise
+
+        real = LossContext(num_tokens=max(parts.num_tokens, 1.0), num_seqs=max(parts.num_seqs, 1.0))
+        token_scale = renormalise("token-mean", parts.ctx, real)
+        loss_scale = renormalise(self.cfg.algorithm.loss.agg, parts.ctx, real)
         grad_norm, lr = self.engine.apply_gradients(loss_scale)
         # every loss metric is a token mean under the context, but pg_loss (the loss's own aggregation)
         metrics = {k: v * (loss_scale if k == "pg_loss" else token_scale) for k, v in parts.metrics.items()}

@@ -21,8 +21,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import msgspec
-
 from asyncflow.config.names import TASK_TRAIN
 from asyncflow.core import protocol
 from asyncflow.core.tq.client import TQClient
@@ -47,13 +45,12 @@ class StreamStep:
     step: int
     rows: int  # the step's rows (samples_per_step)
     min_rows: int
-    started: float = field(default_factory=time.monotonic)  # when the first part came (reset by add)
+    started: float = 0.0  # when the first part came (time.monotonic)
     indices: list[int] = field(default_factory=list)
     metas: list[protocol.RowMeta] = field(default_factory=list)
     shards: list[int] = field(default_factory=list)
     columns: dict[str, list] = field(default_factory=dict)
     integrity: dict[str, float] = field(default_factory=dict)
-    template: protocol.BatchMeta | None = None
 
     @property
     def remaining(self) -> int:
@@ -84,7 +81,6 @@ class StreamStep:
         """Record a trained part: its rows, their columns and their version checks."""
         if not self.indices:
             self.started = time.monotonic()
-            self.template = meta
         self.indices.extend(meta.indices)
         self.metas.extend(meta.metas)
         self.shards.extend(meta.shards)
@@ -95,12 +91,10 @@ class StreamStep:
 
     def meta(self) -> protocol.BatchMeta:
         """The whole step as one batch (one part: this rank's), for the step's report and audit."""
-        assert self.template is not None  # a step finishes only after a part came
-        return msgspec.structs.replace(
-            self.template,
+        return protocol.BatchMeta(
+            task=TASK_TRAIN,
             indices=list(self.indices),
             metas=list(self.metas),
             shards=list(self.shards),
             parts=[list(range(len(self.indices)))],
-            columns={},
         )

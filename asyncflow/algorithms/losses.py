@@ -74,6 +74,18 @@ def aggregate(
     return (per_seq_B * has_tokens_B).sum() / denom
 
 
+def renormalise(mode: AggMode, provisional: LossContext, real: LossContext) -> float:
+    """The factor that turns ``aggregate(..., mode, provisional)`` into ``aggregate(...,
+    mode, real)``: the loss (and its gradient) of a step trained in parts before its
+    totals were known (``workflow.stream_step``). ``token-mean`` divides by tokens, the
+    ``seq-mean-*`` modes by sequences, ``token-sum`` by nothing."""
+    if mode == "token-sum":
+        return 1.0
+    if mode == "token-mean":
+        return provisional.num_tokens / real.num_tokens
+    return provisional.num_seqs / real.num_seqs
+
+
 def clipped_policy_loss(
     logp_BT: torch.Tensor,
     prox_logp_BT: torch.Tensor,

@@ -12,17 +12,32 @@ REWARDS = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.5, 0.0]
 GROUPS = [0, 0, 1, 1, 2, 2, 3, 3]
 
 
+TRUNCATED = [False, False, True, False, False, False, False, True]  # dropped from the loss with mask_truncated
+
+
 def _rows(sel: list[int]) -> tuple[dict, list[int]]:
     logp = [[-1.0 - 0.1 * t for t in range(len(RESPONSES[b]))] for b in sel]
-    cols = columns([PROMPTS[b] for b in sel], [RESPONSES[b] for b in sel], [REWARDS[b] for b in sel], logp)
+    cols = columns(
+        [PROMPTS[b] for b in sel],
+        [RESPONSES[b] for b in sel],
+        [REWARDS[b] for b in sel],
+        logp,
+        truncated=[TRUNCATED[b] for b in sel],
+    )
     return cols, [GROUPS[b] for b in sel]
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "token-sum"])
+@pytest.mark.parametrize(
+    "agg, mask_truncated",
+    [("token-mean", False), ("seq-mean-token-mean", False), ("seq-mean-token-mean", True), ("token-sum", False)],
+    ids=["token-mean", "seq-mean", "seq-mean-truncated-dropped", "token-sum"],
+)
 @pytest.mark.timeout(60)
-def test_a_step_trained_in_parts_makes_the_update_of_the_whole_batch(tiny_model_dir, agg):
+def test_a_step_trained_in_parts_makes_the_update_of_the_whole_batch(tiny_model_dir, agg, mask_truncated):
+    """With truncated rows dropped (mask_truncated) a step has fewer sequences than rows:
+    the seq-mean denominator is then wrong in the provisional context too."""
     changes = {
-        "algorithm": {"group_size": 2, "clip_against": "behaviour"},
+        "algorithm": {"group_size": 2, "clip_against": "behaviour", "mask_truncated": mask_truncated},
         "algorithm.loss": {"agg": agg},
         "train": {"prompts_per_step": 4},
         "train.engine": {"lr": 1e-2, "grad_clip": 1.0, "micro_batch_size": 2},
