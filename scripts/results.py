@@ -66,6 +66,9 @@ _STREAMED = [
 ]
 """async as a step streamed in parts, on-policy (``workflow.stream_step``, staleness 0, rollout calls of 2 prompts)."""
 
+MORE_SEEDS = (3, 4, 5, 6, 7)
+"""Seeds of bench peer beyond 0-2, TRL and async only: one seed's comparison moves by up to 0.15 (docs/real-model.md)."""
+
 SECTIONS: dict[str, list[str]] = {
     "parity": [PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--out", "{work}/parity"],
     "agent": [PY, "examples/agent/measure.py", "--out", "{work}/agent"],
@@ -254,6 +257,27 @@ SECTIONS: dict[str, list[str]] = {
         "--out",
         "{work}/real_peer_seed2",
     ],
+    # five more seeds of the accuracy comparison, TRL and the example's async only (sync has its 3 seeds above);
+    # TRL on both cores: an accuracy-only run (its samples/s at 1 thread are the 3 seeds above)
+    **{
+        f"real_peer_seed{seed}": [
+            *_REAL_PEER,
+            *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}"),
+            *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_peer_seed{seed}"),
+        ]
+        for seed in MORE_SEEDS
+    },
+    # the example's async with its rollout in bfloat16 (rollout.engine.dtype), seeds 0-7, async only: TRL's accuracy
+    # at each seed is the real_peer* sections'
+    **{
+        f"real_bf16_seed{seed}": [
+            *_REAL_PEER,
+            *(("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}") if seed else ()),
+            *("--set", "rollout.engine.dtype=bfloat16", "--skip-trl", "--skip-sync", "--json"),
+            *("--out", f"{{work}}/real_bf16_seed{seed}"),
+        ]
+        for seed in (0, 1, 2, *MORE_SEEDS)
+    },
     # workflow.stream_step at staleness 0: async's rollout and trainer processes, every sample on-policy
     # (sync runs without it, its whole batch in one rollout call: bench/peer.py)
     **{
