@@ -20,13 +20,14 @@ Mapping (docs/environments.md, "Hub environments"):
 - ``step``: the turn's text is the action; ``terminated or truncated`` ends the
   trajectory (``finish`` 1; ``info["truncated"]`` says which), the reward is the step's,
   ``info["tool_calls"]`` counts as in any environment. The wrapped env is closed when
-  its trajectory ends.
+  its trajectory ends, or when the driver drops a trajectory it ended (the turn limit).
 - An observation that is a string is a tool message; ``None`` or ``""`` inserts nothing;
   anything else is inserted as ``str(obs)`` (override ``render``).
 """
 
 from __future__ import annotations
 
+import weakref
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -68,6 +69,7 @@ class GymTextEnvironment(Environment):
                 f"{type(self).__name__}.make returned a {type(self.env).__name__}, which lacks reset() or step(): "
                 "return an env with the gymnasium API (reset(seed=, options=) and step(text))"
             )
+        self.closer = weakref.finalize(self, getattr(self.env, "close", lambda: None))  # once: at done, or when dropped
         out = self.env.reset(seed=self.seed(sample), options=self.options(sample))
         if not (isinstance(out, tuple) and len(out) == 2):
             raise TypeError(
@@ -87,8 +89,8 @@ class GymTextEnvironment(Environment):
         observation, reward, terminated, truncated, info = out
         done = bool(terminated) or bool(truncated)
         info = {**(info or {}), "truncated": bool(truncated) and not bool(terminated)}
-        if done and callable(getattr(self.env, "close", None)):
-            self.env.close()
+        if done:
+            self.closer()
         return Step(observation=None if done else self.render(observation), reward=float(reward), done=done, info=info)
 
 

@@ -6,7 +6,7 @@ trainer's mean reward and tool-call rate over the first and the last 10% of step
     python examples/hub/measure.py --served    # the same environment served by OpenEnv's
                                                # own server in another process, over its client
 
-Needs openenv-core in this Python (``pip install 'asyncflow[hub]'``); nothing is
+Needs openenv-core in this Python (``pip install 'asyncflow[openenv]'``); nothing is
 downloaded (the data and the tiny model are built by the run).
 """
 
@@ -47,7 +47,7 @@ def main() -> int:
     try:
         import openenv.core  # noqa: F401
     except ImportError:
-        raise SystemExit("examples/hub needs openenv-core in this Python: pip install 'asyncflow[hub]'") from None
+        raise SystemExit("examples/hub needs openenv-core in this Python: pip install 'asyncflow[openenv]'") from None
     out = Path(args.out).resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

@@ -5,6 +5,8 @@ test drives one through the multi-turn driver with the real tiny model."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from asyncflow.envs.base import Action, Environment, Sample, load_env_factory
@@ -58,6 +60,17 @@ def test_truncation_ends_the_trajectory_and_says_so_in_info():
     steps = [env.step(Action(text="0", ids=[])) for _ in range(3)]
     assert [s.done for s in steps] == [False, False, True]
     assert steps[-1].info["truncated"] is True and steps[-1].reward == 0.0
+
+
+@pytest.mark.timeout(30)
+def test_a_trajectory_dropped_before_done_closes_its_env():
+    env = gym_env(Guess, options=lambda sample: {"secret": "9"})()
+    env.reset(SAMPLE)
+    env.step(Action(text="0", ids=[]))  # env.max_turns reached: the driver calls nothing more
+    game = env.env
+    del env
+    gc.collect()
+    assert game.closed
 
 
 @pytest.mark.timeout(30)

@@ -23,6 +23,8 @@ Mapping (docs/environments.md, "Hub environments"):
 - the observation's own fields (not ``done``, ``reward``, ``metadata``) are rendered:
   one text field as its text, several as JSON (override ``render``); ``reward`` None is
   0; ``done`` ends the trajectory; ``metadata["tool_calls"]`` counts as tool calls.
+- the environment (or the served session) is closed when its trajectory ends, or when
+  the driver drops a trajectory it ended (the turn limit, a timeout).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import json
 import re
 import typing
 import urllib.request
+import weakref
 from functools import cache
 from typing import Any
 
@@ -134,6 +137,7 @@ class OpenEnvEnvironment(Environment):
         core = _openenv()
         if self.base_url:
             self.client = core.GenericEnvClient(base_url=self.base_url).sync()
+            self.closer = weakref.finalize(self, self.client.close)  # once: at done, or when the driver drops it
             self.client.connect()
             self.schema = _served_schema(self.base_url)
             result = self.client.reset(**self.reset_kwargs(sample))
@@ -144,6 +148,7 @@ class OpenEnvEnvironment(Environment):
                 f"{type(self).__name__}.make returned a {type(self.env).__name__}, not an openenv.core.Environment: "
                 "return an instance of your OpenEnv environment, or set base_url to play a served one"
             )
+        self.closer = weakref.finalize(self, self.env.close)
         self.action_cls = self.action_type or action_type(self.env)
         self.schema = self.action_cls.model_json_schema()
         return self._observe_model(self.env.reset(**self.reset_kwargs(sample)))[0]
@@ -162,7 +167,7 @@ class OpenEnvEnvironment(Environment):
             why = exc.errors(include_url=False) if isinstance(exc, pydantic.ValidationError) else str(exc)
             return Step(observation=f"invalid action: {why}", info={"invalid_action": 1})
         if done:
-            self._close()
+            self.closer()
         return Step(observation=None if done else observation, reward=reward, done=done, info=info)
 
     def _observe_model(self, obs: Any) -> tuple[Observation, float, bool, dict[str, Any]]:
@@ -173,12 +178,6 @@ class OpenEnvEnvironment(Environment):
         info = {"tool_calls": metadata["tool_calls"]} if isinstance(metadata.get("tool_calls"), int) else {}
         own = {k: v for k, v in fields.items() if k not in _BASE_FIELDS}
         return self.render(own), float(reward or 0.0), bool(done), info
-
-    def _close(self) -> None:
-        if self.base_url:
-            self.client.close()
-        else:
-            self.env.close()
 
 
 def openenv_env(
