@@ -3,11 +3,15 @@ OpenEnv environment, through asyncflow's OpenEnv adapter) and print one JSON lin
 trainer's mean reward and tool-call rate over the first and the last 10% of steps.
 
     python examples/hub/measure.py --out runs/hub-measure
-    python examples/hub/measure.py --served    # the same environment served by OpenEnv's
-                                               # own server in another process, over its client
+    python examples/hub/measure.py --served          # the same environment served by OpenEnv's
+                                                     # own server in another process, over its client
+    python examples/hub/measure.py --lib verifiers   # the task as a verifiers environment
+                                                     # (calc_verifiers.py; its rows as the data)
 
-Needs openenv-core in this Python (``pip install 'asyncflow[openenv]'``); nothing is
-downloaded (the data and the tiny model are built by the run).
+Needs openenv-core in this Python (``pip install 'asyncflow[openenv]'``; verifiers too for
+``--lib verifiers``: ``[hub]``); nothing is downloaded (the data and the tiny model are
+built here). The tool-call rate is the OpenEnv environment's count (``metadata``); the
+verifiers one reports none.
 """
 
 from __future__ import annotations
@@ -41,13 +45,17 @@ def tenth_means(xs: list[float]) -> tuple[float, float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/hub-measure")
-    p.add_argument("--served", action="store_true", help="serve the environment with OpenEnv's server and play it over HTTP")
+    p.add_argument("--lib", choices=["openenv", "verifiers"], default="openenv", help="the library the task is written for")
+    p.add_argument("--served", action="store_true", help="serve the OpenEnv environment with OpenEnv's server, play it over HTTP")
     p.add_argument("--set", action="append", default=[], help="config overrides for afctl up")
     args = p.parse_args()
     try:
         import openenv.core  # noqa: F401
-    except ImportError:
-        raise SystemExit("examples/hub needs openenv-core in this Python: pip install 'asyncflow[openenv]'") from None
+
+        if args.lib == "verifiers":
+            import verifiers.v1  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(f"examples/hub needs {exc.name} in this Python: pip install 'asyncflow[hub]'") from None
     out = Path(args.out).resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -62,6 +70,14 @@ def main() -> int:
         server = subprocess.Popen([sys.executable, "-c", SERVE, str(sock.fileno()), str(HERE)], pass_fds=[sock.fileno()])
         env["CALC_OPENENV_URL"] = f"http://127.0.0.1:{sock.getsockname()[1]}"
         sets += ["--set", "env.path=calc_openenv:CalcHubServed"]
+    if args.lib == "verifiers":  # the taskset's rows are the run's data: prompt, and the task's key as the answer
+        sys.path.insert(0, str(HERE))
+        import calc_verifiers
+
+        from asyncflow.envs.hub.verifiers import write_data
+
+        data = write_data(calc_verifiers.CONFIG, out / "data.jsonl")
+        sets += ["--set", f"data.path={data}", "--set", "env.path=calc_verifiers:CalcHub"]
     started = time.monotonic()
     try:
         code = subprocess.run(
@@ -83,13 +99,16 @@ def main() -> int:
     first, last = tenth_means([s["reward_mean"] for s in steps])
     calls_first, calls_last = tenth_means([s.get("env/tool_call_rate", 0.0) for s in steps])
     result = {
-        "env": "openenv served" if args.served else "openenv in process",
+        "env": f"{args.lib} {'served' if args.served else 'in process'}",
         "steps": len(steps),
         "reward_first_10pct": round(first, 4),
         "reward_last_10pct": round(last, 4),
         "ratio": round(last / first, 2) if first else None,
-        "tool_call_rate_first_10pct": round(calls_first, 4),
-        "tool_call_rate_last_10pct": round(calls_last, 4),
+        **(
+            {"tool_call_rate_first_10pct": round(calls_first, 4), "tool_call_rate_last_10pct": round(calls_last, 4)}
+            if args.lib == "openenv"
+            else {}
+        ),
         "env_error_rate_max": max(s.get("env/error_rate", 0.0) for s in steps),
         "wall_s": round(time.monotonic() - started),
     }
