@@ -156,16 +156,19 @@ class OpenEnvEnvironment(Environment):
     def step(self, action: Action) -> Step:
         import pydantic
 
-        try:
+        try:  # the model's turn as an action; the environment's own errors are not caught here
             fields = parse_action(action.text, self.schema)
-            if self.base_url:
-                result = self.client.step(fields)
-                observation, reward, done, info = self._observe(result.observation, result.reward, result.done)
-            else:
-                observation, reward, done, info = self._observe_model(self.env.step(self.action_cls.model_validate(fields)))
+            typed = None if self.base_url else self.action_cls.model_validate(fields)
         except (InvalidAction, pydantic.ValidationError) as exc:
-            why = exc.errors(include_url=False) if isinstance(exc, pydantic.ValidationError) else str(exc)
+            why = str(exc)
+            if isinstance(exc, pydantic.ValidationError):
+                why = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             return Step(observation=f"invalid action: {why}", info={"invalid_action": 1})
+        if self.base_url:
+            result = self.client.step(fields)
+            observation, reward, done, info = self._observe(result.observation, result.reward, result.done)
+        else:
+            observation, reward, done, info = self._observe_model(self.env.step(typed))
         if done:
             self.closer()
         return Step(observation=None if done else observation, reward=reward, done=done, info=info)
