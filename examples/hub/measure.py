@@ -10,8 +10,9 @@ trainer's mean reward and tool-call rate over the first and the last 10% of step
 
 Needs openenv-core in this Python (``pip install 'asyncflow[openenv]'``; verifiers too for
 ``--lib verifiers``: ``[hub]``); nothing is downloaded (the data and the tiny model are
-built here). The tool-call rate is the OpenEnv environment's count (``metadata``); the
-verifiers one reports none.
+built here). The tool-call rate is the OpenEnv environment's count (``metadata``), in
+process only: OpenEnv's server leaves ``metadata`` out of what it sends, and the verifiers
+adapter reports none.
 """
 
 from __future__ import annotations
@@ -67,7 +68,12 @@ def main() -> int:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(512)
-        server = subprocess.Popen([sys.executable, "-c", SERVE, str(sock.fileno()), str(HERE)], pass_fds=[sock.fileno()])
+        server = subprocess.Popen(
+            [sys.executable, "-c", SERVE, str(sock.fileno()), str(HERE)],
+            pass_fds=[sock.fileno()],
+            stdout=open(out / "server.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
         env["CALC_OPENENV_URL"] = f"http://127.0.0.1:{sock.getsockname()[1]}"
         sets += ["--set", "env.path=calc_openenv:CalcHubServed"]
     if args.lib == "verifiers":  # the taskset's rows are the run's data: prompt, and the task's key as the answer
@@ -106,7 +112,7 @@ def main() -> int:
         "ratio": round(last / first, 2) if first else None,
         **(
             {"tool_call_rate_first_10pct": round(calls_first, 4), "tool_call_rate_last_10pct": round(calls_last, 4)}
-            if args.lib == "openenv"
+            if args.lib == "openenv" and not args.served
             else {}
         ),
         "env_error_rate_max": max(s.get("env/error_rate", 0.0) for s in steps),

@@ -22,7 +22,8 @@ Mapping (docs/environments.md, "Hub environments"):
   action is, reward 0, the trajectory goes on (``info["invalid_action"]``).
 - the observation's own fields (not ``done``, ``reward``, ``metadata``) are rendered:
   one text field as its text, several as JSON (override ``render``); ``reward`` None is
-  0; ``done`` ends the trajectory; ``metadata["tool_calls"]`` counts as tool calls.
+  0; ``done`` ends the trajectory; ``metadata["tool_calls"]`` counts as tool calls (in
+  process only: OpenEnv's server leaves ``metadata`` out of what it sends).
 - the environment (or the served session) is closed when its trajectory ends, or when
   the driver drops a trajectory it ended (the turn limit, a timeout).
 """
