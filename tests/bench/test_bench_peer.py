@@ -77,3 +77,35 @@ def test_bench_peer_runs_the_three_systems_for_a_few_steps_round_after_round(tmp
     assert [n in (0, 1) for n in line["systems"]["async"]["pinned_trainer_cores_rounds"]] == [True, True]
     assert line["systems"]["sync"]["pinned_trainer_cores_rounds"] == [0, 0]  # sync never pins
     assert line["async_over_trl"] == pytest.approx(sum(line["async_over_trl_rounds"]) / 2)
+
+
+@pytest.mark.timeout(60)
+def test_skip_sync_refuses_only_trl_which_already_skips_it():
+    from click.testing import CliRunner
+
+    from asyncflow.bench.peer import peer
+
+    done = CliRunner().invoke(peer, ["--skip-sync", "--only-trl", "--steps", "1"])
+    assert done.exit_code == 2 and "--only-trl already skips sync" in done.output, done.output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bench_peer_skip_sync_runs_trl_and_async_and_evaluates_both(tmp_path):
+    pytest.importorskip("trl", reason="the bench extra: pip install -e '.[bench]'")
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncflow.cli.main", "bench", "peer", "--steps", "2", "--skip-sync", "--json"]
+        + ["--out", str(tmp_path)],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=580,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(line["systems"]) == {"trl", "async"} and "sync_over_trl" not in line
+    # TRL's final weights get the held-out evaluation from the async run's directory (no sync run to read it from)
+    for name, r in line["systems"].items():
+        assert 0.0 <= r["heldout_accuracy"] <= 1.0, (name, r)
+    assert not (tmp_path / "sync").exists()
