@@ -109,7 +109,9 @@ class WorkflowConfig(Section):
             "and swaps in new weights between two decode steps instead "
             "of between generate calls. In-flight sequences keep their tokens and KV cache and go on with the new weights; "
             "each token records the version that produced it (column ``token_versions``), and a row is tagged with its "
-            "oldest token's version, so the staleness bound holds for every token. Pays on long-tailed response lengths."
+            "oldest token's version, so the staleness bound holds for every token. With ``[env] path`` each turn of a "
+            "trajectory joins the stream when its observation is back, and a trajectory's turns may span swaps. Pays on "
+            "long-tailed response lengths (or turn counts)."
         ),
     ] = False
     stream_step: Annotated[
@@ -140,13 +142,6 @@ class WorkflowConfig(Section):
                 "partial_rollout",
                 "partial rollout and [rollout.gateway] share one engine whose stream holds KV blocks between decode steps; "
                 "they cannot run together yet: set workflow.partial_rollout = false or rollout.gateway.enabled = false",
-                self.partial_rollout,
-            )
-        if self.partial_rollout and run.env.path:
-            raise Refused(
-                "partial_rollout",
-                "partial rollout streams single-turn responses; multi-turn trajectories ([env] path) are driven unit by "
-                "unit and do not record per-token versions yet: set workflow.partial_rollout = false or unset env.path",
                 self.partial_rollout,
             )
 
