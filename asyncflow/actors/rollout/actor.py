@@ -8,7 +8,8 @@ weight inbox, the gateway, the scorer and the environment driver, and hands each
   docs/environments.md);
 - ``stream.py`` (``[workflow] partial_rollout``): one continuous generation stream
   that groups join and leave, with weights swapped in between two decode steps; each
-  token records its version (``token_versions``);
+  token records its version (``token_versions``); with an environment the stream
+  decodes the trajectories' turns (``multiturn.TurnStream``);
 - ``serve.py`` (``[rollout.gateway] train``): no queue rows, only weight swaps; the
   gateway's rewarded sessions are the run's data (docs/gateway.md).
 
