@@ -49,6 +49,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -170,12 +171,18 @@ class MultiTurnDriver:
 
     # -- one unit ---------------------------------------------------------------------
     def run(
-        self, engine: RolloutEngine, params: SamplingParams, samples: list[Sample], lock: AbstractContextManager | None = None
+        self,
+        engine: RolloutEngine,
+        params: SamplingParams,
+        samples: list[Sample],
+        lock: AbstractContextManager | None = None,
+        count: Callable[[Any], None] | None = None,
     ) -> list[Trajectory]:
         """Drive one trajectory per sample to its end; ``params.n`` is ignored (one
         sample per trajectory: give a group's prompt once per member). ``lock`` is held
         around each generate call (the replica's engine lock: the gateway shares the
-        engine), never while environments step."""
+        engine), never while environments step. ``count(engine.stats)`` after each
+        generate call (the replica's decode counters)."""
         params = msgspec.structs.replace(params, n=1)
         trajs = [self.start(sample) for sample in samples]
         while not all(t.done for t in trajs):
@@ -183,7 +190,7 @@ class MultiTurnDriver:
             if ready:
                 pending = sum(1 for t in trajs if t.future is not None)
                 self.stats.max_pending = max(self.stats.max_pending, pending)
-                self._turn(engine, params, ready, lock or nullcontext())
+                self._turn(engine, params, ready, lock or nullcontext(), count)
                 params = msgspec.structs.replace(params, seed=None)  # a seed starts the unit's stream once
             self.collect(trajs, block=not ready)
         for t in trajs:
@@ -239,7 +246,14 @@ class MultiTurnDriver:
         traj.future = self.pool.submit(fn, *args)
         traj.deadline = time.monotonic() + self.cfg.step_timeout_s
 
-    def _turn(self, engine: RolloutEngine, params: SamplingParams, ready: list[Trajectory], lock: AbstractContextManager) -> None:
+    def _turn(
+        self,
+        engine: RolloutEngine,
+        params: SamplingParams,
+        ready: list[Trajectory],
+        lock: AbstractContextManager,
+        count: Callable[[Any], None] | None,
+    ) -> None:
         """One generate call over the ready trajectories; each turn goes to its env."""
         fits, prompts = [], []
         for t in ready:
@@ -252,6 +266,8 @@ class MultiTurnDriver:
         with lock:
             completions = engine.generate(prompts, params)
         self.stats.generate_calls += 1
+        if count is not None:
+            count(getattr(engine, "stats", None))
         for t, c in zip(fits, completions):
             self.took_turn(t, c)
 
