@@ -110,7 +110,8 @@ class WorkflowConfig(Section):
             "of between generate calls. In-flight sequences keep their tokens and KV cache and go on with the new weights; "
             "each token records the version that produced it (column ``token_versions``), and a row is tagged with its "
             "oldest token's version, so the staleness bound holds for every token. With ``[env] path`` each turn of a "
-            "trajectory joins the stream when its observation is back, and a trajectory's turns may span swaps. Pays on "
+            "trajectory joins the stream when its observation is back, and a trajectory's turns may span swaps; the "
+            "gateway's requests (``[rollout.gateway]``) join it too, and a reply may span a swap. Pays on "
             "long-tailed response lengths (or turn counts)."
         ),
     ] = False
@@ -135,13 +136,6 @@ class WorkflowConfig(Section):
             raise Refused(
                 "partial_rollout",
                 'partial rollout needs workflow.mode = "async" (in sync mode weights never change during generation)',
-                self.partial_rollout,
-            )
-        if self.partial_rollout and run.rollout.gateway.enabled:
-            raise Refused(
-                "partial_rollout",
-                "partial rollout and [rollout.gateway] share one engine whose stream holds KV blocks between decode steps; "
-                "they cannot run together yet: set workflow.partial_rollout = false or rollout.gateway.enabled = false",
                 self.partial_rollout,
             )
 

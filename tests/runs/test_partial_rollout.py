@@ -61,11 +61,11 @@ def test_partial_rollout_with_an_environment_is_accepted():
     assert cfg.workflow.partial_rollout and cfg.env.path
 
 
-def test_partial_rollout_with_the_gateway_is_refused_naming_both_keys():
-    with pytest.raises(ConfigError, match="workflow.partial_rollout.*rollout.gateway.enabled = false"):
-        load_config_text(
-            '[model]\ntiny = "qwen2"\n[workflow]\nmode = "async"\npartial_rollout = true\n[rollout.gateway]\nenabled = true\n'
-        )
+def test_partial_rollout_with_the_gateway_is_accepted():
+    cfg = load_config_text(
+        '[model]\ntiny = "qwen2"\n[workflow]\nmode = "async"\npartial_rollout = true\n[rollout.gateway]\nenabled = true\n'
+    )
+    assert cfg.workflow.partial_rollout and cfg.rollout.gateway.enabled
 
 
 @pytest.mark.slow

@@ -383,10 +383,21 @@ class TurnStream:
         return trajs
 
     def step(self, wait_s: float) -> list[Trajectory]:
-        """One round (class docstring); with nothing to decode, wait at most ``wait_s``
-        for an environment call. Returns the trajectories that ended in it."""
-        waiting = [t for t in self.live if t.future is not None]
-        self.driver.collect(waiting, block=False)
+        """One round (class docstring) when this is the stream's only user: ``feed``, one
+        decode step (or, with nothing to decode, a wait of at most ``wait_s`` for an
+        environment call), ``ended``."""
+        self.feed()
+        if self.stream.num_active:
+            for c in self.stream.step():
+                self.took(c)
+        else:
+            self.wait(wait_s)
+        return self.ended()
+
+    def feed(self) -> None:
+        """Apply the environment calls that came back; every trajectory whose next turn is
+        ready joins the stream (one whose turn could pass ``env.max_context_tokens`` ends)."""
+        self.driver.collect([t for t in self.live if t.future is not None], block=False)
         decoding = {id(t) for t in self._decoding.values()}
         ready = [t for t in self.live if not t.done and t.future is None and id(t) not in decoding]
         contexts = [(t, self.driver.next_context(t, self.max_new_tokens)) for t in ready]
@@ -394,13 +405,23 @@ class TurnStream:
         if joining:
             pending = sum(1 for t in self.live if t.future is not None)
             self.driver.stats.max_pending = max(self.driver.stats.max_pending, pending)
-            for t, index in zip((t for t, _ in joining), self.stream.add([ids for _, ids in joining])):
+            for (t, _), index in zip(joining, self.stream.add([ids for _, ids in joining], n=1)):
                 self._decoding[index] = t
-        if self._decoding:
-            for c in self.stream.step():
-                self.driver.took_turn(self._decoding.pop(c.prompt_index), c)
-        else:
-            self.driver.collect([t for t in self.live if t.future is not None], block=True, max_wait_s=wait_s)
+
+    def owns(self, c: Completion) -> bool:
+        """Whether ``c`` is a turn of one of these trajectories (the stream may serve others)."""
+        return c.prompt_index in self._decoding
+
+    def took(self, c: Completion) -> None:
+        """The stream finished a turn: it goes to its environment."""
+        self.driver.took_turn(self._decoding.pop(c.prompt_index), c)
+
+    def wait(self, wait_s: float) -> None:
+        """Nothing to decode: wait at most ``wait_s`` for an environment call."""
+        self.driver.collect([t for t in self.live if t.future is not None], block=True, max_wait_s=wait_s)
+
+    def ended(self) -> list[Trajectory]:
+        """The trajectories that ended since the last call, their rows closed."""
         ended = [t for t in self.live if t.done]
         if ended:
             self.live = [t for t in self.live if not t.done]

@@ -15,6 +15,12 @@ Each ``work_once`` is one decode step of the stream (``RolloutStream``,
    (``response_ids``, ``rollout_logp``, ``finish``, ``token_versions``) and acked
    with the next request.
 
+With the gateway on this replica (``[rollout.gateway]``) its requests join the same
+stream (``gateway/batcher.StreamedRequests``): taken at every step, one sequence each
+with its own ``max_new_tokens``, each reply handed back when it finishes; a reply may
+span a swap, and records each token's version. With ``[rollout.gateway] train`` the
+stream serves the gateway alone (no queue rows).
+
 With an environment (``[env] path``) each row is a multi-turn trajectory
 (``multiturn.TurnStream``): a whole group's trajectories start together (their
 ``env.reset`` on the driver's pool) and count against the ``prompts_per_call x
@@ -48,7 +54,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -61,6 +67,7 @@ if TYPE_CHECKING:
     from asyncflow.core.protocol import RowMeta
     from asyncflow.core.tq.client import Batch
     from asyncflow.engines.base import Completion, RolloutStream
+    from asyncflow.gateway.batcher import StreamedRequests
 
 
 @dataclass
@@ -78,8 +85,12 @@ class PartialRollout:
     def __init__(self, actor: Replica):
         self.actor = actor
         cfg = actor.run.config
-        # at most a unit's sequences decode at once (prompts_per_call groups)
-        self.max_running = cfg.rollout.prompts_per_call * cfg.algorithm.group_size
+        self.serve_only = cfg.data_from_gateway  # [rollout.gateway] train: no queue rows, only the gateway's requests
+        # at most a unit's sequences decode at once (prompts_per_call groups; the gateway's requests
+        # count among them), or serving only the gateway as many as one of its batches (gateway.max_batch)
+        self.max_running = (
+            cfg.rollout.gateway.max_batch if self.serve_only else cfg.rollout.prompts_per_call * cfg.algorithm.group_size
+        )
         # with an environment one sequence per turn (a group's prompt is not sampled n times)
         params = msgspec.structs.replace(actor.params, n=1) if actor.multiturn is not None else actor.params
         self.stream: RolloutStream = actor.engine.open_stream(params, self.max_running)
@@ -90,11 +101,19 @@ class PartialRollout:
             self.turns = TurnStream(actor.multiturn, self.stream, params.max_new_tokens, lambda: actor.engine.version)
         self.groups: dict[int, _Group] = {}  # stream prompt index (a group id with an environment) -> group in flight
         self._num_groups = 0  # group ids given with an environment
+        # the gateway on this replica: its requests join the stream (gateway/batcher.StreamedRequests)
+        gateway = actor.gateway
+        self.requests: StreamedRequests | None = gateway.batcher if gateway is not None and gateway.streamed else None
+        self._served: dict[int, Any] = {}  # stream prompt index -> the gateway request it answers
         self.digests = {actor.engine.version: actor.inbox.digest}  # version swapped in -> its digest
         self._quiet_until = 0.0  # the queue had nothing admissible: ask again after this (or a change)
         self._quiet_version = -1
 
     def close(self) -> None:
+        if self.requests is not None:  # the stream ends: its replies in progress fail (503), new ones at once
+            self.requests.abandon(list(self._served.values()), "its replica's generation stream closed")
+            self._served = {}
+            self.requests.close()
         if self.turns is not None:
             self.turns.close()
         self.stream.close()
@@ -108,7 +127,15 @@ class PartialRollout:
         if version >= cfg.train.num_steps:
             self.close()  # every step is trained: in-flight rows are no longer needed
             return False
-        self._admit(version)
+        if not self.serve_only:
+            self._admit(version)
+        if self.requests is not None:
+            self.requests.record(version, self.digests[version])
+            self._take_requests()
+            if not self.groups and not self._served:
+                self._idle(version)
+                return True
+            return self._shared_step(version)
         if not self.groups:
             self._idle(version)
             return True
@@ -186,12 +213,61 @@ class PartialRollout:
             self._num_groups += 1
 
     def _idle(self, version: int) -> None:
-        """Nothing in flight and nothing admissible: wait as the unit-by-unit path does."""
+        """Nothing in flight and nothing admissible: wait as the unit-by-unit path does
+        (with the gateway, for its next request instead when no weights are on the way)."""
         a = self.actor
         gated = a.inbox.wanted > version  # new weights on the way: the quiet spell lasts until they are in
-        a.inbox.wait_for_news(a.announce_wait_s)
+        if self.requests is not None and not gated:
+            with a.activity("wait_data"):
+                self.requests.arrived.wait(a.announce_wait_s)
+        else:
+            a.inbox.wait_for_news(a.announce_wait_s)
         if not gated:
             self._quiet_until = 0.0
+
+    # -- the gateway's requests ----------------------------------------------------------
+    def _take_requests(self) -> None:
+        """The gateway's requests join the stream, one sequence each (its own max_new_tokens)."""
+        assert self.requests is not None  # called with a streamed gateway
+        for r in self.requests.take():
+            try:
+                (index,) = self.stream.add([r.ids], n=1, max_new_tokens=r.params.max_new_tokens)
+            except ValueError as exc:  # too long for the model or its KV cache: this request fails alone (a 400)
+                r.result.set_exception(exc)
+                continue
+            self._served[index] = r
+
+    def _shared_step(self, version: int) -> bool:
+        """One decode step of a stream the gateway's requests share: each completion goes to
+        its request, its trajectory or its group."""
+        a = self.actor
+        assert self.requests is not None
+        ended: list[Trajectory] = []
+        mine: list[Completion] = []
+        with a.activity("generate"):
+            if self.turns is not None:
+                self.turns.feed()
+            decoding = self.stream.num_active > 0
+            if decoding:
+                with a.engine_lock:
+                    finished = self.stream.step()
+                for c in finished:
+                    r = self._served.pop(c.prompt_index, None)
+                    if r is not None:
+                        self.requests.deliver(r, c)
+                    else:
+                        mine.append(c)
+            if self.turns is not None:
+                for c in mine:
+                    self.turns.took(c)
+                if not decoding:
+                    self.turns.wait(a.announce_wait_s)
+                ended = self.turns.ended()
+        if ended:
+            self._collect_trajectories(ended, version)
+        elif mine and self.turns is None:
+            self._collect(mine, version)
+        return True
 
     # -- completion --------------------------------------------------------------------
     def _collect(self, finished: list[Completion], version: int) -> None:
