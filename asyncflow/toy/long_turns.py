@@ -9,11 +9,15 @@ on) get the same work. Each step's
 observation is a short text (``OBSERVATION``); the reward is 0 (the task's reward
 functions score the transcript). The model's turns themselves end on the config's
 stop tokens: their lengths are long-tailed too.
+
+``SlowToolEnv``: the same, each step taking ``TOOL_S`` (a tool call's latency, as a
+sandbox or an API has), during which its trajectory cannot go on.
 """
 
 from __future__ import annotations
 
 import random
+import time
 import zlib
 
 from asyncflow.envs.base import Action, Environment, Sample, Step
@@ -21,6 +25,7 @@ from asyncflow.envs.base import Action, Environment, Sample, Step
 LONG_TURNS = 6
 LONG_FRACTION = 0.25
 OBSERVATION = "go on"
+TOOL_S = 0.02
 
 
 class LongTurnsEnv(Environment):
@@ -34,3 +39,9 @@ class LongTurnsEnv(Environment):
         if self.turns_left <= 0:
             return Step(done=True)
         return Step(observation=OBSERVATION)
+
+
+class SlowToolEnv(LongTurnsEnv):
+    def step(self, action: Action) -> Step:
+        time.sleep(TOOL_S)  # the tool's latency (not a synchronisation)
+        return super().step(action)
