@@ -18,8 +18,9 @@ Each ``work_once`` is one decode step of the stream (``RolloutStream``,
 With the gateway on this replica (``[rollout.gateway]``) its requests join the same
 stream (``gateway/batcher.StreamedRequests``): taken at every step, one sequence each
 with its own ``max_new_tokens``, each reply handed back when it finishes; a reply may
-span a swap, and records each token's version. With ``[rollout.gateway] train`` the
-stream serves the gateway alone (no queue rows).
+span a swap, and records each token's version. Its requests count among the
+``prompts_per_call x group_size`` sequences; with ``[rollout.gateway] train`` the stream
+serves the gateway alone (no queue rows), up to ``rollout.gateway.max_batch`` at once.
 
 With an environment (``[env] path``) each row is a multi-turn trajectory
 (``multiturn.TurnStream``): a whole group's trajectories start together (their
@@ -48,6 +49,8 @@ Invariants:
   outputs are not in. A Pause leaves in-flight rows handed (a checkpoint saves
   handed rows as free: they are generated again after a restart from it, never
   twice in one run).
+- The gateway: every request taken gets exactly one result, its reply or, when the
+  stream closes first (the run ends, the replica stops), a 503.
 """
 
 from __future__ import annotations
