@@ -125,7 +125,7 @@ class PolicyUpdate:
         if cfg.workflow.partial_rollout:  # each token's policy version (actors/rollout/stream.py)
             self.columns.append("token_versions")
         if cfg.data_from_gateway:  # sessions: their turns' mask and each token's version (gateway/feed.py)
-            self.columns += ["loss_mask", "token_versions"]
+            self.columns += [c for c in ("loss_mask", "token_versions") if c not in self.columns]
         self.distributed = cfg.train.num_ranks > 1
         self._parts: _Parts | None = None  # a step streamed in parts, between begin_parts and finish_parts
 

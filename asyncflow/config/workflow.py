@@ -109,7 +109,10 @@ class WorkflowConfig(Section):
             "and swaps in new weights between two decode steps instead "
             "of between generate calls. In-flight sequences keep their tokens and KV cache and go on with the new weights; "
             "each token records the version that produced it (column ``token_versions``), and a row is tagged with its "
-            "oldest token's version, so the staleness bound holds for every token. Pays on long-tailed response lengths."
+            "oldest token's version, so the staleness bound holds for every token. With ``[env] path`` each turn of a "
+            "trajectory joins the stream when its observation is back, and a trajectory's turns may span swaps; the "
+            "gateway's requests (``[rollout.gateway]``) join it too, and a reply may span a swap. Pays on "
+            "long-tailed response lengths (or turn counts)."
         ),
     ] = False
     stream_step: Annotated[
@@ -133,20 +136,6 @@ class WorkflowConfig(Section):
             raise Refused(
                 "partial_rollout",
                 'partial rollout needs workflow.mode = "async" (in sync mode weights never change during generation)',
-                self.partial_rollout,
-            )
-        if self.partial_rollout and run.rollout.gateway.enabled:
-            raise Refused(
-                "partial_rollout",
-                "partial rollout and [rollout.gateway] share one engine whose stream holds KV blocks between decode steps; "
-                "they cannot run together yet: set workflow.partial_rollout = false or rollout.gateway.enabled = false",
-                self.partial_rollout,
-            )
-        if self.partial_rollout and run.env.path:
-            raise Refused(
-                "partial_rollout",
-                "partial rollout streams single-turn responses; multi-turn trajectories ([env] path) are driven unit by "
-                "unit and do not record per-token versions yet: set workflow.partial_rollout = false or unset env.path",
                 self.partial_rollout,
             )
 

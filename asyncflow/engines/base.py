@@ -58,9 +58,10 @@ class RolloutStream(abc.ABC):
     version that produced it (``Completion.token_versions``)."""
 
     @abc.abstractmethod
-    def add(self, prompts: Sequence[Sequence[int]]) -> list[int]:
-        """Queue ``n`` samples of each prompt; returns the stream-wide prompt index of
-        each (the completions' ``prompt_index``)."""
+    def add(self, prompts: Sequence[Sequence[int]], n: int | None = None, max_new_tokens: int | None = None) -> list[int]:
+        """Queue ``n`` samples of each prompt (None: the stream's ``params.n``), each of at
+        most ``max_new_tokens`` (None: the stream's); returns the stream-wide prompt index
+        of each (the completions' ``prompt_index``)."""
 
     @abc.abstractmethod
     def step(self) -> list[Completion]:

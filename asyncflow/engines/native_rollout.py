@@ -66,6 +66,7 @@ class _Seq:
     out_ids: list[int] = field(default_factory=list)
     out_logps: list[float] = field(default_factory=list)
     out_versions: list[int] = field(default_factory=list)
+    max_new: int = 0  # max_new_tokens of this sequence (its stream's, or the one its add gave)
 
 
 @dataclass
@@ -348,16 +349,20 @@ class NativeStream(RolloutStream):
     def num_free(self) -> int:
         return max(len(self.free_rows) - len(self.waiting), 0)
 
-    def add(self, prompts: Sequence[Sequence[int]]) -> list[int]:
+    def add(self, prompts: Sequence[Sequence[int]], n: int | None = None, max_new_tokens: int | None = None) -> list[int]:
         engine, params = self.engine, self.params
         pool = engine.pool
+        n = params.n if n is None else n
+        max_new = params.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if n < 1 or max_new < 1:
+            raise ValueError(f"n = {n} and max_new_tokens = {max_new} must be >= 1")
         for p, prompt in enumerate(prompts):
             if len(prompt) == 0:
                 raise ValueError(f"prompt {p} is empty; a prompt needs at least one token")
-            need = len(prompt) + params.max_new_tokens - 1
+            need = len(prompt) + max_new - 1
             if need > engine.decoder.max_positions:
                 raise ValueError(
-                    f"prompt {p}: {len(prompt)} tokens + max_new_tokens={params.max_new_tokens} exceeds the model's "
+                    f"prompt {p}: {len(prompt)} tokens + max_new_tokens={max_new} exceeds the model's "
                     f"max_position_embeddings={engine.decoder.max_positions}; lower max_new_tokens"
                 )
             if pool.blocks_for(need) > pool.num_blocks:
@@ -367,15 +372,15 @@ class NativeStream(RolloutStream):
                     "or lower max_new_tokens"
                 )
         if prompts:  # the slot table is wide enough for the longest sequence (it only grows)
-            width = pool.blocks_for(max(len(p) for p in prompts) + params.max_new_tokens) * pool.block_tokens
+            width = pool.blocks_for(max(len(p) for p in prompts) + max_new) * pool.block_tokens
             if width > self.slot_table_RK.shape[1]:
                 grown = torch.zeros((self.max_rows, width), dtype=torch.long, device=engine.device)
                 grown[:, : self.slot_table_RK.shape[1]] = self.slot_table_RK
                 self.slot_table_RK = grown
         indices = []
         for prompt in prompts:
-            for s in range(params.n):
-                self.waiting.append(_Seq(self.num_prompts, s, list(prompt)))
+            for s in range(n):
+                self.waiting.append(_Seq(self.num_prompts, s, list(prompt), max_new=max_new))
             indices.append(self.num_prompts)
             self.num_prompts += 1
         return indices
@@ -383,7 +388,7 @@ class NativeStream(RolloutStream):
     def _finish_check(self, seqs: list[_Seq], done: list[_Seq]) -> list[_Seq]:
         still = []
         for q in seqs:
-            if q.out_ids[-1] in self.stop or len(q.out_ids) >= self.params.max_new_tokens:
+            if q.out_ids[-1] in self.stop or len(q.out_ids) >= q.max_new:
                 self.engine.pool.free(q.blocks)
                 q.blocks = []
                 self.free_rows.append(q.row)
@@ -399,7 +404,7 @@ class NativeStream(RolloutStream):
         self.admitted = admitted
         while self.waiting and self.free_rows:
             q = self.waiting[0]
-            blocks = engine.pool.allocate(len(q.prompt) + params.max_new_tokens - 1)
+            blocks = engine.pool.allocate(len(q.prompt) + q.max_new - 1)
             if blocks is None:
                 break
             self.waiting.popleft()

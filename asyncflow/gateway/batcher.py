@@ -123,3 +123,69 @@ class Batcher:
         if [c.prompt_index for c in completions] != list(range(len(batch))):
             raise RuntimeError(f"the engine answered prompts {[c.prompt_index for c in completions]} of {len(batch)}")
         return [(c, version) for c in completions]
+
+
+class StreamedRequests:
+    """With partial rollout (``[workflow] partial_rollout``): the gateway's requests join
+    the replica's generation stream (``actors/rollout/stream.py`` takes them between two
+    decode steps) instead of generate calls of their own, so weights swap between any
+    two decode steps of a reply too and each reply token records the version that
+    sampled it (``Completion.token_versions``). The same surface as ``Batcher`` for the
+    server (``generate``, ``digests``, ``close``), and ``take``/``abandon`` for the
+    replica.
+
+    Invariants: every request gets exactly one result: its completion and the version of
+    its first token, or an error (``abandon``, ``close``); ``digests`` holds the digest of
+    every version the stream swapped in (the replica records each, ``record``)."""
+
+    def __init__(self) -> None:
+        self.digests: dict[int, int] = {}
+        """version -> the weights digest of that version (recorded by the replica)."""
+        self._queue: list[_Request] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self.num_requests = 0  # requests queued so far
+        self.arrived = threading.Event()
+        """Set when a request is queued: wakes the replica's idle wait."""
+
+    def generate(self, ids: list[int], params: SamplingParams) -> tuple[Completion, int]:
+        """One completion of ``ids`` and its first token's version (blocks until the stream gives it)."""
+        request = _Request(list(ids), params)
+        with self._cv:
+            if self._closed:
+                raise RequestError(503, "the gateway is stopping (its replica or the run ends)", "gateway_stopping")
+            self._queue.append(request)
+            self.num_requests += 1
+        self.arrived.set()
+        completion = request.result.result()
+        return completion, completion.version
+
+    def record(self, version: int, digest: int) -> None:
+        """The digest of a version the replica swapped in."""
+        self.digests.setdefault(version, digest)
+
+    def take(self) -> list[_Request]:
+        """The requests queued since the last take (the replica adds them to its stream)."""
+        with self._cv:
+            self.arrived.clear()
+            taken, self._queue = self._queue, []
+        return taken
+
+    @staticmethod
+    def deliver(request: _Request, completion: Completion) -> None:
+        """The stream finished ``request``'s reply."""
+        request.result.set_result(completion)
+
+    def abandon(self, requests: list[_Request], why: str) -> None:
+        """Fail requests the stream will not finish (it closes: the replica or the run stops)."""
+        for r in requests:
+            if not r.result.done():
+                r.result.set_exception(
+                    RequestError(503, f"the gateway stopped before this reply was done: {why}", "gateway_stopping")
+                )
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            queued, self._queue = self._queue, []
+        self.abandon(queued, "its replica or the run ends")

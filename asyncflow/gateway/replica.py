@@ -36,12 +36,14 @@ def serve_for_replica(
     digest=None,
     queue=None,
     group_size: int = 1,
+    streamed: bool = False,
 ):
     """The started Gateway when ``cfg`` (a GatewayConfig) puts it on this replica, else None.
     Its sessions are journaled in RUN_DIR (a restarted replica serves them again);
     ``digest``: the engine's weights digest (read under ``engine_lock``); with
     ``cfg.train``, ``queue`` (a TQClient) is where rewarded sessions go, in groups of
-    ``group_size`` by key."""
+    ``group_size`` by key; ``streamed`` (partial rollout): its requests join the replica's
+    generation stream (``batcher.StreamedRequests``)."""
     if not cfg.enabled or replica != cfg.replica:
         return None
     try:
@@ -77,6 +79,7 @@ def serve_for_replica(
         digest=digest,
         feed=feed,
         queue=queue if cfg.train else None,
+        streamed=streamed,
     )
     if cfg.train:
         gateway.start_expiry(cfg.reward_timeout_s, run / STATS_FILE)

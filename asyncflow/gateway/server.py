@@ -13,7 +13,10 @@ Invariants:
 - Every generate call holds ``engine_lock``, which the replica also holds around its
   own generate calls and weight swaps: a reply is produced by one set of weights,
   the version it is recorded with. Requests of different sessions that wait at the
-  same time share one generate call (``batcher.py``).
+  same time share one generate call (``batcher.py``). With partial rollout
+  (``streamed``) the requests join the replica's generation stream instead, weights
+  swap between two of its decode steps, and each reply token is recorded with the
+  version that sampled it (``batcher.StreamedRequests``).
 - With a secret, every route asks for ``Authorization: Bearer <secret>`` (compared in
   constant time) before reading the body.
 - A refused request gets a 4xx with an OpenAI-style error body; an unexpected error in
@@ -50,7 +53,7 @@ from starlette.routing import Route
 from asyncflow.engines.base import RolloutEngine
 from asyncflow.engines.config import SamplingParams
 from asyncflow.gateway.api import decode_request, decode_reward
-from asyncflow.gateway.batcher import Batcher
+from asyncflow.gateway.batcher import Batcher, StreamedRequests
 from asyncflow.gateway.chat import ChatFormat, TemplateError
 from asyncflow.gateway.feed import GROUP_HEADER, Rewarded, SessionFeed, write_unit
 from asyncflow.gateway.journal import Journal, replay
@@ -89,6 +92,7 @@ class Gateway:
         feed: SessionFeed | None = None,
         queue=None,
         write_timeout_s: float = 30.0,
+        streamed: bool = False,
     ):
         """``params``: the run's sampling (temperature, top-p/k, stop tokens; its
         ``max_new_tokens`` caps a request's ``max_tokens``); ``max_batch``: most
@@ -97,14 +101,19 @@ class Gateway:
         ``journal_path``: the journal its sessions are kept in and restored from;
         ``digest``: the weights digest of the engine's version (read under the engine
         lock); ``feed`` and ``queue`` (a TQClient): rewarded sessions go into the
-        queue, a write waiting at most ``write_timeout_s`` for room."""
+        queue, a write waiting at most ``write_timeout_s`` for room. ``streamed`` (partial
+        rollout): the requests join the replica's generation stream (``batcher.StreamedRequests``,
+        which the replica feeds) instead of generate calls of their own."""
         self.max_request_bytes = max_request_bytes
         self.engine, self.params, self.engine_lock = engine, msgspec.structs.replace(params, n=1, seed=None), engine_lock
         self.chat = ChatFormat(tokenizer)
         self.model_name = model_name
         self.secret = secret or None
         self.sessions = SessionStore(max_sessions)
-        self.batcher = Batcher(engine, engine_lock, max_batch, digest=digest)
+        self.streamed = streamed
+        self.batcher: Batcher | StreamedRequests = (
+            StreamedRequests() if streamed else Batcher(engine, engine_lock, max_batch, digest=digest)
+        )
         self.trajectories_path = Path(trajectories_path) if trajectories_path else None
         self._write_lock = threading.Lock()
         self.feed, self.queue, self.write_timeout_s = feed, queue, write_timeout_s
@@ -136,7 +145,10 @@ class Gateway:
             first = turns[0]
             t = Trajectory(session=session, prompt_ids=first["prompt_ids"], group=first.get("group"))
             for ev in turns:
-                t.add_turn(ev["request"], ev["context"], ev["reply"], ev["logp"], ev["text"], ev["finish"], ev["v"], ev["d"])
+                t.add_turn(
+                    ev["request"], ev["context"], ev["reply"], ev["logp"], ev["text"], ev["finish"], ev["v"], ev["d"],
+                    reply_versions=ev.get("tv"), digests=ev.get("ds"),
+                )  # fmt: skip
                 t.group = ev.get("group") or t.group
             reward = state.rewards.get(session)
             if reward is not None:
@@ -399,14 +411,18 @@ class Gateway:
         if req.stops:
             reply_ids, logprobs, text, finish = self._cut_at_stop(reply_ids, logprobs, text, finish, req.stops)
         digest = self.batcher.digests.get(c.version, 0)
+        # partial rollout: each token's own version (a reply may span a swap), and each version's digest
+        tv = list(c.token_versions[: len(reply_ids)]) if self.streamed and c.token_versions is not None else None
+        ds = {v: self.batcher.digests.get(v, 0) for v in sorted(set(tv))} if tv is not None else None
         first = t.num_turns == 0
-        t.add_turn(messages, context, reply_ids, logprobs, text, finish, c.version, digest)
+        t.add_turn(messages, context, reply_ids, logprobs, text, finish, c.version, digest, reply_versions=tv, digests=ds)
         t.last_turn.update(ids=reply_ids, prompt_tokens=len(ids))
         if self.journal is not None:  # before the answer: the turn survives the replica (journal.py)
             extra = {"prompt_ids": t.prompt_ids} if first else {}
             self.journal.append(
                 "turn", s=t.session, request=messages, context=context, reply=reply_ids, logp=[float(x) for x in logprobs],
                 text=text, finish=finish, v=c.version, d=digest, group=t.group, **extra,
+                **({"tv": tv, "ds": ds} if tv is not None else {}),
             )  # fmt: skip
         return self._body_of(t, req)
 

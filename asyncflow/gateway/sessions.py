@@ -9,9 +9,11 @@ shared trajectory format of the queue (docs/gateway.md):
   and the context (later messages, template glue) between them;
 - ``rollout_logp``: the generating policy's log-prob of each model token, 0 on context;
 - ``loss_mask``: 1 on model tokens, 0 on context;
-- ``token_versions``: the policy version of the generate call each token belongs to
-  (context tokens take the version of the reply that follows them); ``version`` is the
-  oldest version among model tokens (a conservative staleness).
+- ``token_versions``: the policy version of each token: a reply's tokens the version of
+  their generate call, or with partial rollout each the version that sampled it (a reply
+  may span a weight swap); context tokens take the version of the reply's first token,
+  which follows them; ``version`` is the oldest version among model tokens (a
+  conservative staleness).
 
 Invariants:
 - A token is never re-tokenised: a turn appends ids; recorded ids never change.
@@ -113,16 +115,25 @@ class Trajectory:
         finish: str,
         version: int,
         digest: int = 0,
+        reply_versions: list[int] | None = None,
+        digests: dict[int, int] | None = None,
     ) -> None:
         """Record one turn: ``context_ids`` (the new messages' tokens, outside the
         loss), then the model's reply with its log-probs; ``request`` is the whole
-        conversation the request sent."""
+        conversation the request sent. ``version`` (digest ``digest``) generated the
+        reply, or with ``reply_versions`` (partial rollout: one per reply token,
+        ``version`` their first) each token its own, ``digests`` of each."""
         if len(reply_logp) != len(reply_ids):
             raise ValueError(f"{len(reply_ids)} reply tokens but {len(reply_logp)} log-probs")
+        if reply_versions is not None and (len(reply_versions) != len(reply_ids) or reply_versions[:1] not in ([], [version])):
+            raise ValueError(f"{len(reply_ids)} reply tokens from v{version} but versions {reply_versions}")
         self.response_ids += list(context_ids) + list(reply_ids)
         self.rollout_logp += [0.0] * len(context_ids) + [float(x) for x in reply_logp]
         self.loss_mask += [0] * len(context_ids) + [1] * len(reply_ids)
-        self.token_versions += [version] * (len(context_ids) + len(reply_ids))
+        self.token_versions += [version] * len(context_ids)
+        self.token_versions += [int(v) for v in reply_versions] if reply_versions is not None else [version] * len(reply_ids)
+        for v, d in (digests or {}).items():
+            self.digests.setdefault(int(v), d)
         self.messages = [*request, {"role": "assistant", "content": reply}]
         self.last_reply_ids = list(reply_ids)
         self.finish = finish

@@ -99,3 +99,16 @@ def test_a_stream_never_decodes_more_than_max_running_sequences(qwen2_dir):
     while stream.num_active:
         got += stream.step()
     assert len(got) == 4 and stream.stats.max_running == 3
+
+
+def test_a_prompt_added_with_its_own_count_and_length_is_sampled_so_beside_the_streams_own(qwen2_dir):
+    engine = _engine(qwen2_dir)
+    stream = engine.open_stream(SamplingParams(n=2, max_new_tokens=6, stop_token_ids=(), seed=3))
+    stream.add(PROMPTS[:1])
+    stream.add(PROMPTS[1:], n=1, max_new_tokens=3)  # one sample of 3 tokens (a gateway request in the stream)
+    got = []
+    while stream.num_active:
+        got += stream.step()
+    lengths = sorted((c.prompt_index, c.sample_index, len(c.response_ids)) for c in got)
+    assert lengths == [(0, 0, 6), (0, 1, 6), (1, 0, 3)]
+    assert engine.pool.used_bytes == 0

@@ -13,9 +13,12 @@ from wf_helpers import afctl, read_jsonl, wait_for_steps, write_config
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_training_run_serves_the_gateway_from_its_rollout_replica_and_keeps_training(tmp_path):
+@pytest.mark.parametrize("partial", [False, True], ids=["units", "partial"])
+def test_a_training_run_serves_the_gateway_from_its_rollout_replica_and_keeps_training(tmp_path, partial):
+    """With partial rollout the requests join the replica's stream beside its groups."""
     run_dir = tmp_path / "run"
-    config = write_config(tmp_path, num_steps=200, changes={"rollout.gateway": {"enabled": True, "port": 0}})
+    changes = {"rollout.gateway": {"enabled": True, "port": 0}, "workflow": {"partial_rollout": partial}}
+    config = write_config(tmp_path, num_steps=200, changes=changes)
     proc = afctl("up", str(config), "--run-dir", str(run_dir))
     try:
         pointer = run_dir / "gateway.json"
@@ -41,3 +44,5 @@ def test_a_training_run_serves_the_gateway_from_its_rollout_replica_and_keeps_tr
     assert r2.model_extra["asyncflow"]["version"] >= reward["version"]
     (row,) = read_jsonl(run_dir / "gateway" / "trajectories.jsonl")
     assert row == reward, out
+    model = [v for v, m in zip(row["token_versions"], row["loss_mask"]) if m]
+    assert model == sorted(model) and min(model) == row["version"]  # per token, never decreasing

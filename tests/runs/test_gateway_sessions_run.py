@@ -14,7 +14,7 @@ import pytest
 from wf_helpers import afctl, child_hosts, read_jsonl, write_config
 
 
-def sessions_config(tmp_path, num_sessions: int):
+def sessions_config(tmp_path, num_sessions: int, partial: bool = False):
     return write_config(
         tmp_path,
         num_steps=1,
@@ -23,6 +23,7 @@ def sessions_config(tmp_path, num_sessions: int):
             "train": {"prompts_per_step": 2},  # 4 sessions a step
             "rollout.gateway": {"enabled": True, "port": 0, "train": True, "num_sessions": num_sessions},
             "reward": {"functions": []},
+            "workflow": {"partial_rollout": partial},  # the gateway's requests join the replica's stream
         },
     )
 
@@ -65,9 +66,10 @@ def reward(api: openai.OpenAI, session: str, value: float) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_rewarded_sessions_are_trained_exactly_once_keyed_ones_as_one_group_and_lone_ones_alone(tmp_path):
+@pytest.mark.parametrize("partial", [False, True], ids=["units", "partial"])
+def test_rewarded_sessions_are_trained_exactly_once_keyed_ones_as_one_group_and_lone_ones_alone(tmp_path, partial):
     run_dir = tmp_path / "run"
-    proc = afctl("up", str(sessions_config(tmp_path, num_sessions=8)), "--run-dir", str(run_dir))
+    proc = afctl("up", str(sessions_config(tmp_path, num_sessions=8, partial=partial)), "--run-dir", str(run_dir))
     try:
         api = client(wait_for_gateway(run_dir, proc))
         plan = [
@@ -106,9 +108,10 @@ def test_rewarded_sessions_are_trained_exactly_once_keyed_ones_as_one_group_and_
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_session_survives_a_kill_9_of_its_serving_replica_and_is_trained_once(tmp_path):
+@pytest.mark.parametrize("partial", [False, True], ids=["units", "partial"])
+def test_a_session_survives_a_kill_9_of_its_serving_replica_and_is_trained_once(tmp_path, partial):
     run_dir = tmp_path / "run"
-    proc = afctl("up", str(sessions_config(tmp_path, num_sessions=4)), "--run-dir", str(run_dir))
+    proc = afctl("up", str(sessions_config(tmp_path, num_sessions=4, partial=partial)), "--run-dir", str(run_dir))
     try:
         url = wait_for_gateway(run_dir, proc)
         wait_for_line(proc, "every process is up")  # every role started its work: a death now is a restart

@@ -8,7 +8,8 @@ weight inbox, the gateway, the scorer and the environment driver, and hands each
   docs/environments.md);
 - ``stream.py`` (``[workflow] partial_rollout``): one continuous generation stream
   that groups join and leave, with weights swapped in between two decode steps; each
-  token records its version (``token_versions``);
+  token records its version (``token_versions``); with an environment the stream
+  decodes the trajectories' turns (``multiturn.TurnStream``);
 - ``serve.py`` (``[rollout.gateway] train``): no queue rows, only weight swaps; the
   gateway's rewarded sessions are the run's data (docs/gateway.md).
 
@@ -134,6 +135,7 @@ class RolloutActor(LoopActor):
             # its own client, with no spare rows: a killed replica leaves no allocated row unwritten
             queue=TQClient(ctx.directory, consumer=f"{ctx.name}.gateway", reserve_rows=0) if cfg.rollout.gateway.train else None,
             group_size=cfg.algorithm.group_size,
+            streamed=cfg.workflow.partial_rollout,  # its requests join the partial-rollout stream (stream.py)
         )
         self._decode_steps = self._decode_rows = 0  # counters(): decode forwards, sequences decoded
         # reward.placement = "rollout": the reward functions score each unit's rows here, put with the responses
@@ -146,10 +148,10 @@ class RolloutActor(LoopActor):
         # how units are generated: one call per unit (unit.py), or one continuous stream whose
         # weights swap between decode steps ([workflow] partial_rollout: stream.py)
         self.mode: UnitRollout | PartialRollout | ServeOnly = (
-            ServeOnly(self)  # [rollout.gateway] train: the gateway's sessions are the data (serve.py)
-            if cfg.rollout.gateway.train and cfg.rollout.gateway.enabled
-            else PartialRollout(self)
+            PartialRollout(self)  # with [rollout.gateway] train, a stream of the gateway's requests alone
             if cfg.workflow.partial_rollout
+            else ServeOnly(self)  # [rollout.gateway] train: the gateway's sessions are the data (serve.py)
+            if cfg.rollout.gateway.train and cfg.rollout.gateway.enabled
             else UnitRollout(self)
         )
 

@@ -20,8 +20,23 @@ threads cannot): it keeps its pool thread, so ``num_threads`` bounds how many hu
 calls a replica survives before new steps queue behind them (and time out too). The
 pool's threads are daemons, so a hung call never holds the process at exit.
 
+Versions: each response token records the policy version that produced it
+(``Trajectory.versions``): a model token the version that sampled it (the engine's
+``token_versions``, or the call's version), an observation token the version of the
+model token before it (an observation before the first turn: the first turn's first
+token's), so the list never decreases and its first entry is the oldest model token's.
+Unit mode does not write them (one version per unit, the row's); partial rollout
+writes them as ``token_versions``.
+
+Partial rollout (``[workflow] partial_rollout``, ``TurnStream``): the trajectories'
+turns join a ``RolloutStream`` (``engines/base.py``) instead of one ``generate`` call
+per round of ready turns: a turn joins the stream as soon as its environment step is
+back, and weights may swap between any two decode steps, so one trajectory's turns
+(and one turn's tokens) can come from several versions.
+
 Invariant: ``run`` returns one result per trajectory, in the order given, whatever
 happened to each; an engine error fails the whole call (the unit), as single-turn.
+``TurnStream.step`` returns each trajectory once, when it ends.
 """
 
 from __future__ import annotations
@@ -30,15 +45,17 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import numpy as np
 
 from asyncflow.actors.rollout import pack
-from asyncflow.engines.base import RolloutEngine
+from asyncflow.engines.base import Completion, RolloutEngine, RolloutStream
 from asyncflow.engines.config import SamplingParams
 from asyncflow.envs.base import Action, Environment, Observation, Sample, Step, load_env_factory
 from asyncflow.envs.render import observation_ids
@@ -57,6 +74,9 @@ class Trajectory:
     mask: list[int] = field(default_factory=list)
     reward: float = 0.0
     """Discounted sum of the step rewards so far."""
+    versions: list[int] = field(default_factory=list)
+    """The version of each token of ``ids`` (module docstring; -1 on an observation before
+    the first turn until that turn is taken)."""
     turns: int = 0
     tool_calls: int = 0
     finished: bool = False
@@ -68,9 +88,10 @@ class Trajectory:
     future: Future | None = None
     deadline: float = 0.0
 
-    def columns(self) -> dict[str, np.ndarray]:
-        """The row's outputs (the shared trajectory format, docs/environments.md)."""
-        return pack.row(
+    def columns(self, token_versions: bool = False) -> dict[str, np.ndarray]:
+        """The row's outputs (the shared trajectory format, docs/environments.md), with
+        ``token_versions`` for partial rollout."""
+        out = pack.row(
             response_ids=self.ids,
             rollout_logp=self.logp,
             finish=self.finished,
@@ -79,6 +100,9 @@ class Trajectory:
             env_error=bool(self.error),
             env_tool_calls=self.tool_calls,
         )
+        if token_versions:
+            out.update(pack.row(token_versions=self.versions))
+        return out
 
 
 ENV_COLUMNS = ("loss_mask", "env_reward", "env_error", "env_tool_calls")
@@ -147,30 +171,72 @@ class MultiTurnDriver:
 
     # -- one unit ---------------------------------------------------------------------
     def run(
-        self, engine: RolloutEngine, params: SamplingParams, samples: list[Sample], lock: AbstractContextManager | None = None
+        self,
+        engine: RolloutEngine,
+        params: SamplingParams,
+        samples: list[Sample],
+        lock: AbstractContextManager | None = None,
+        count: Callable[[Any], None] | None = None,
     ) -> list[Trajectory]:
         """Drive one trajectory per sample to its end; ``params.n`` is ignored (one
         sample per trajectory: give a group's prompt once per member). ``lock`` is held
         around each generate call (the replica's engine lock: the gateway shares the
-        engine), never while environments step."""
+        engine), never while environments step. ``count(engine.stats)`` after each
+        generate call (the replica's decode counters)."""
         params = msgspec.structs.replace(params, n=1)
-        trajs = []
-        for sample in samples:
-            traj = Trajectory(prompt_ids=list(sample.prompt_ids), env=self.factory())
-            self._submit(traj, self._reset, traj.env, sample)
-            trajs.append(traj)
+        trajs = [self.start(sample) for sample in samples]
         while not all(t.done for t in trajs):
             ready = [t for t in trajs if not t.done and t.future is None]
             if ready:
                 pending = sum(1 for t in trajs if t.future is not None)
                 self.stats.max_pending = max(self.stats.max_pending, pending)
-                self._turn(engine, params, ready, lock or nullcontext())
+                self._turn(engine, params, ready, lock or nullcontext(), count)
                 params = msgspec.structs.replace(params, seed=None)  # a seed starts the unit's stream once
-            self._collect(trajs, block=not ready)
+            self.collect(trajs, block=not ready)
         for t in trajs:
-            if not t.ids:  # ended before its first turn (an error in reset): one context token, out of the loss
-                t.ids, t.logp, t.mask = [self.tokenizer.eos_token_id], [0.0], [0]
+            self.end(t, engine.version)
         return trajs
+
+    # -- one trajectory's steps (``run`` above, ``TurnStream`` below) -------------------
+    def start(self, sample: Sample) -> Trajectory:
+        """A new trajectory for ``sample``; its ``env.reset`` runs on the pool."""
+        traj = Trajectory(prompt_ids=list(sample.prompt_ids), env=self.factory())
+        self._submit(traj, self._reset, traj.env, sample)
+        return traj
+
+    def next_context(self, t: Trajectory, max_new_tokens: int) -> list[int] | None:
+        """The next turn's prompt (every id so far), or None when the turn could pass
+        ``env.max_context_tokens``: the trajectory then ends unfinished (finish 0)."""
+        limit = self.cfg.max_context_tokens
+        if limit and len(t.prompt_ids) + len(t.ids) + max_new_tokens > limit:
+            t.done = True
+            return None
+        return t.prompt_ids + t.ids
+
+    def took_turn(self, t: Trajectory, c: Completion) -> None:
+        """Append a model turn (loss mask 1, its log-probs and versions) and send it to
+        the environment (``env.step`` on the pool)."""
+        versions = list(c.token_versions) if c.token_versions is not None else [c.version] * len(c.response_ids)
+        if t.turns == 0 and versions:  # an observation before the first turn: that turn's first version
+            t.versions = [versions[0] if v < 0 else v for v in t.versions]
+        t.ids += c.response_ids
+        t.logp += c.logprobs
+        t.mask += [1] * len(c.response_ids)
+        t.versions += versions
+        t.version = c.version
+        t.turns += 1
+        self.stats.turns += 1
+        text = self.tokenizer.decode(c.response_ids, skip_special_tokens=True)
+        action = Action(text=text, ids=list(c.response_ids), truncated=c.finish_reason == "length")
+        self._submit(t, t.env.step, action)
+
+    def end(self, t: Trajectory, version: int) -> None:
+        """Close an ended trajectory's row: one that never took a turn (an error in
+        reset, no room) gets one context token, out of the loss; tokens that no turn
+        dated get ``version`` (the version the row runs under)."""
+        if not t.ids:
+            t.ids, t.logp, t.mask, t.versions = [self.tokenizer.eos_token_id], [0.0], [0], [version]
+        t.versions = [version if v < 0 else v for v in t.versions]
 
     def _reset(self, env: Environment, sample: Sample) -> Step:
         env.bind(self.tokenizer)
@@ -180,41 +246,43 @@ class MultiTurnDriver:
         traj.future = self.pool.submit(fn, *args)
         traj.deadline = time.monotonic() + self.cfg.step_timeout_s
 
-    def _turn(self, engine: RolloutEngine, params: SamplingParams, ready: list[Trajectory], lock: AbstractContextManager) -> None:
+    def _turn(
+        self,
+        engine: RolloutEngine,
+        params: SamplingParams,
+        ready: list[Trajectory],
+        lock: AbstractContextManager,
+        count: Callable[[Any], None] | None,
+    ) -> None:
         """One generate call over the ready trajectories; each turn goes to its env."""
-        limit = self.cfg.max_context_tokens
-        fits = []
+        fits, prompts = [], []
         for t in ready:
-            if limit and len(t.prompt_ids) + len(t.ids) + params.max_new_tokens > limit:
-                t.done = True  # no room for another turn: ends unfinished (finish 0)
-            else:
+            context = self.next_context(t, params.max_new_tokens)
+            if context is not None:
                 fits.append(t)
+                prompts.append(context)
         if not fits:
             return
         with lock:
-            completions = engine.generate([t.prompt_ids + t.ids for t in fits], params)
+            completions = engine.generate(prompts, params)
         self.stats.generate_calls += 1
+        if count is not None:
+            count(getattr(engine, "stats", None))
         for t, c in zip(fits, completions):
-            t.ids += c.response_ids
-            t.logp += c.logprobs
-            t.mask += [1] * len(c.response_ids)
-            t.version = c.version
-            t.turns += 1
-            self.stats.turns += 1
-            text = self.tokenizer.decode(c.response_ids, skip_special_tokens=True)
-            action = Action(text=text, ids=list(c.response_ids), truncated=c.finish_reason == "length")
-            self._submit(t, t.env.step, action)
+            self.took_turn(t, c)
 
-    def _collect(self, trajs: list[Trajectory], block: bool) -> None:
+    def collect(self, trajs: list[Trajectory], block: bool, max_wait_s: float | None = None) -> None:
         """Apply the environment calls that ended (waiting for the first one when
-        ``block``: nothing else to do); end the ones past their deadline."""
+        ``block``: nothing else to do, at most ``max_wait_s`` when given); end the ones
+        past their deadline."""
         pending = [t for t in trajs if t.future is not None]
         if not pending:
             return
         if block:
             now = time.monotonic()
             futures = [t.future for t in pending if t.future is not None]
-            wait(futures, timeout=max(0.0, min(t.deadline for t in pending) - now), return_when=FIRST_COMPLETED)
+            timeout = max(0.0, min(t.deadline for t in pending) - now)
+            wait(futures, timeout=timeout if max_wait_s is None else min(timeout, max_wait_s), return_when=FIRST_COMPLETED)
         now = time.monotonic()
         for t in pending:
             future = t.future
@@ -246,6 +314,7 @@ class MultiTurnDriver:
         t.ids += ids
         t.logp += [0.0] * len(ids)
         t.mask += [0] * len(ids)
+        t.versions += [t.versions[-1] if t.versions else -1] * len(ids)  # -1: dated by the first turn (took_turn)
 
     def _observation(self, obs: Observation) -> list[int]:
         if obs is None or obs == "":
@@ -273,3 +342,94 @@ class MultiTurnDriver:
         self.stats.errors += 1
         t.error, t.done = why, True
         log.warning("trajectory ended by an environment error after %d turns: %s", t.turns, why)
+
+
+class TurnStream:
+    """Multi-turn trajectories whose turns are decoded in one ``RolloutStream``
+    (partial rollout with ``[env] path``; ``stream.py`` holds one). No queue, no actor:
+    the replica's stream mode adds trajectories and calls ``step`` between weight swaps.
+
+    Each ``step``: the environment calls that came back are applied; every trajectory
+    whose next turn is ready joins the stream (its whole context as the prompt,
+    prefilled under the weights held then); one decode step runs; each finished turn
+    goes to its environment. A turn's tokens carry the versions that sampled them
+    (``Completion.token_versions``), so a trajectory whose turns span a weight swap
+    records each version (``Trajectory.versions``).
+
+    Invariants: a trajectory is in the stream (a turn decoding), at its environment
+    (a future), or ended, never two of these; ``step`` returns each trajectory once,
+    when it ends, its row closed (``MultiTurnDriver.end``) with the version held then
+    for tokens no turn dated."""
+
+    def __init__(self, driver: MultiTurnDriver, stream: RolloutStream, max_new_tokens: int, version: Callable[[], int]):
+        """``stream``: opened with ``n = 1`` (one sequence per turn). ``version()``: the
+        version the engine holds (for a trajectory that ends before any turn)."""
+        self.driver = driver
+        self.stream = stream
+        self.max_new_tokens = max_new_tokens
+        self.version = version
+        self.live: list[Trajectory] = []  # not ended
+        self._decoding: dict[int, Trajectory] = {}  # stream prompt index -> trajectory whose turn decodes
+
+    @property
+    def num_live(self) -> int:
+        """Trajectories not ended (decoding, at their environment, or ready)."""
+        return len(self.live)
+
+    def add(self, samples: list[Sample]) -> list[Trajectory]:
+        """Start one trajectory per sample (``env.reset`` on the pool)."""
+        trajs = [self.driver.start(sample) for sample in samples]
+        self.live += trajs
+        return trajs
+
+    def step(self, wait_s: float) -> list[Trajectory]:
+        """One round (class docstring) when this is the stream's only user: ``feed``, one
+        decode step (or, with nothing to decode, a wait of at most ``wait_s`` for an
+        environment call), ``ended``."""
+        self.feed()
+        if self.stream.num_active:
+            for c in self.stream.step():
+                self.took(c)
+        else:
+            self.wait(wait_s)
+        return self.ended()
+
+    def feed(self) -> None:
+        """Apply the environment calls that came back; every trajectory whose next turn is
+        ready joins the stream (one whose turn could pass ``env.max_context_tokens`` ends)."""
+        self.driver.collect([t for t in self.live if t.future is not None], block=False)
+        decoding = {id(t) for t in self._decoding.values()}
+        ready = [t for t in self.live if not t.done and t.future is None and id(t) not in decoding]
+        contexts = [(t, self.driver.next_context(t, self.max_new_tokens)) for t in ready]
+        joining = [(t, ids) for t, ids in contexts if ids is not None]
+        if joining:
+            pending = sum(1 for t in self.live if t.future is not None)
+            self.driver.stats.max_pending = max(self.driver.stats.max_pending, pending)
+            for (t, _), index in zip(joining, self.stream.add([ids for _, ids in joining], n=1)):
+                self._decoding[index] = t
+
+    def owns(self, c: Completion) -> bool:
+        """Whether ``c`` is a turn of one of these trajectories (the stream may serve others)."""
+        return c.prompt_index in self._decoding
+
+    def took(self, c: Completion) -> None:
+        """The stream finished a turn: it goes to its environment."""
+        self.driver.took_turn(self._decoding.pop(c.prompt_index), c)
+
+    def wait(self, wait_s: float) -> None:
+        """Nothing to decode: wait at most ``wait_s`` for an environment call."""
+        self.driver.collect([t for t in self.live if t.future is not None], block=True, max_wait_s=wait_s)
+
+    def ended(self) -> list[Trajectory]:
+        """The trajectories that ended since the last call, their rows closed."""
+        ended = [t for t in self.live if t.done]
+        if ended:
+            self.live = [t for t in self.live if not t.done]
+            version = self.version()
+            for t in ended:
+                self.driver.end(t, version)
+        return ended
+
+    def close(self) -> None:
+        """Drop every trajectory (their environment calls run out on the pool)."""
+        self.live, self._decoding = [], {}

@@ -34,6 +34,7 @@ class Replica(Protocol):
     inbox: WeightInbox
     scorer: Scorer | None  # reward.placement = "rollout"
     multiturn: MultiTurnDriver | None  # [env] path
+    gateway: Any  # the gateway (gateway/server.py Gateway) on the replica that serves it, else None
 
     def activity(self, name: str) -> AbstractContextManager: ...
     def count_decode(self, stats: Any) -> None: ...

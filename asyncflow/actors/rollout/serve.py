@@ -4,7 +4,9 @@ engine's weights current for the gateway's requests.
 
 One ``work_once``: swap in staged weights (under the engine lock, between two of the
 gateway's generate calls), stop once the held version is the last step's, else wait for
-the next announcement (which wakes it at once) or the weights on the way.
+the next announcement (which wakes it at once) or the weights on the way. With
+``[workflow] partial_rollout`` the replica runs ``stream.py`` instead, whose stream
+serves the gateway's requests and swaps weights between its decode steps.
 
 Invariant: the gateway's replies are generated with the newest weights this replica
 has swapped in; the staleness of what they become is the trainer's to check (it drops

@@ -133,7 +133,7 @@ class UnitRollout:
                 Sample(prompt=tokenizer.decode(ids, skip_special_tokens=True), prompt_ids=ids, answer=bytes(answer).decode())
             )
         with a.activity("generate"):
-            trajs = a.multiturn.run(a.engine, a.params, samples, lock=a.engine_lock)
+            trajs = a.multiturn.run(a.engine, a.params, samples, lock=a.engine_lock, count=a.count_decode)
         with a.activity("pack"):
             self._check_unchanged(version, digest, [t for t in trajs if t.turns])  # every turn of this version
             rows = [t.columns() for t in trajs]
