@@ -117,6 +117,7 @@ class WeightInbox:
         """A ``WeightsReady``: remember it and start fetching it now (listener thread)."""
         if msg.version <= self.engine.version:
             return
+        self.receiver.announce(msg)  # the relay tree: this replica's children may ask for it now
         with self._lock:
             if self._announcement is None or msg.version > self._announcement.version:
                 self._announcement = msg
