@@ -21,6 +21,7 @@ from asyncflow.actors import messages
 from asyncflow.actors.weights import relay_name, tree_depth, tree_sources
 from asyncflow.actors.weights._relay import MAX_SOURCES, RelayStore
 from asyncflow.bench.fanout import Fleet, fanout_run_dir, tensors_crc32, version_tensors
+from asyncflow.config.load import ConfigError, load_config_text
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.protocol import Tensor
 from asyncflow.core.transport import TransportConfig
@@ -29,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 VERSION_BYTES, TENSOR_BYTES, CHUNK_BYTES = 256 << 10, 32 << 10, 16 << 10  # 8 tensors, 16 chunks (tensors cut in two)
 
 
+@pytest.mark.timeout(10)
 def test_tree_sources_name_each_replicas_ancestors_nearest_first_and_only_degree_replicas_pull_from_the_root():
     names = [f"rollout.{i}" for i in range(8)]
     sources = tree_sources(names, 2)
@@ -44,10 +46,35 @@ def test_tree_sources_name_each_replicas_ancestors_nearest_first_and_only_degree
     assert tree_depth(20, 1) == 20
 
 
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (
+            '[workflow]\nweight_fanout = "tree"\nweight_transport = "collective"',
+            "workflow.weight_fanout = 'tree': the relay tree forwards nng chunks; with weight_transport = 'collective' "
+            'set weight_fanout = "direct"',
+        ),
+        ('[workflow]\nweight_fanout = "ring"', "workflow.weight_fanout: Invalid enum value 'ring'; use one of 'direct', 'tree'"),
+        ("[workflow]\nweight_fanout_degree = 0", "workflow.weight_fanout_degree = 0: out of range; use a value between 1 and 64"),
+    ],
+)
+def test_a_wrong_fanout_names_the_key_and_the_fix(text, message):
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text)
+    assert message in str(info.value)
+
+
+@pytest.mark.timeout(10)
+def test_the_default_fanout_is_direct_as_before():
+    assert load_config_text("").workflow.weight_fanout == "direct"
+
+
 def _chunk(version: int, index: int) -> messages.WeightChunk:
     return messages.WeightChunk(version=version, index=index, names=["w"], tensors=[Tensor(dtype="uint8", shape=(1,), data=b"x")])
 
 
+@pytest.mark.timeout(10)
 def test_a_relay_store_answers_held_requests_when_their_chunk_arrives_and_tells_the_rest_it_will_not_come():
     store = RelayStore(num_kept=2)
     store.announce(1)
