@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 
 from asyncflow.actors import messages
-from asyncflow.actors.weights import relay_name, tree_depth, tree_sources
+from asyncflow.actors.weights import relay_name, tree_sources
 from asyncflow.actors.weights._relay import MAX_SOURCES, RelayStore
 from asyncflow.bench.fanout import Fleet, fanout_run_dir, tensors_crc32, version_tensors
 from asyncflow.config.load import ConfigError, load_config_text
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.protocol import Tensor
 from asyncflow.core.transport import TransportConfig
+from asyncflow.planner.cost import tree_depth
 
 HERE = Path(__file__).resolve().parent
 VERSION_BYTES, TENSOR_BYTES, CHUNK_BYTES = 256 << 10, 32 << 10, 16 << 10  # 8 tensors, 16 chunks (tensors cut in two)
@@ -40,6 +41,8 @@ def test_tree_sources_name_each_replicas_ancestors_nearest_first_and_only_degree
     assert sources["rollout.7"] == [relay_name("rollout.2"), relay_name("rollout.0")]
     assert relay_name("rollout.3") == "relay.rollout.3"
     assert [tree_depth(n, 2) for n in (1, 2, 3, 6, 7, 128)] == [1, 1, 2, 2, 3, 7]
+    for n, d in ((128, 2), (100, 3), (9, 1)):  # the planner's depth (planner/cost.py) is the layout's
+        assert tree_depth(n, d) == 1 + max(len(s) for s in tree_sources([f"r.{i}" for i in range(n)], d).values())
     chain = tree_sources([f"r.{i}" for i in range(20)], 1)  # a chain: every replica's parent is the one before
     assert chain["r.0"] == [] and chain["r.1"] == [relay_name("r.0")]
     assert chain["r.19"][:2] == [relay_name("r.18"), relay_name("r.17")] and len(chain["r.19"]) == MAX_SOURCES

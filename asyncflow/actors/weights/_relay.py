@@ -98,15 +98,6 @@ def tree_sources(replicas: list[str], degree: int) -> dict[str, list[str]]:
     return out
 
 
-def tree_depth(num_replicas: int, degree: int) -> int:
-    """Hops from the root to the deepest replica (1: every replica is a child of the root)."""
-    depth, node = 0, num_replicas  # the last replica is the deepest node
-    while node > 0:
-        node = (node - 1) // degree
-        depth += 1
-    return depth
-
-
 # -- the relay's state: pure, one thread ------------------------------------------------
 
 
