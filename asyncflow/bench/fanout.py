@@ -167,9 +167,8 @@ def fanout_run_dir(path: str, fanout: str, degree: int = 2, timeout_s: float = 3
     from asyncflow.config.workflow import WorkflowConfig
 
     run = Path(path)
-    workflow = WorkflowConfig(
-        weight_fanout=fanout, weight_fanout_degree=degree, substep_updates=False, weight_timeout_s=timeout_s
-    )
+    keys = {"weight_fanout": fanout, "weight_fanout_degree": degree, "substep_updates": False, "weight_timeout_s": timeout_s}
+    workflow = msgspec.convert(keys, WorkflowConfig)  # checked as a config file's [workflow] is
     (run / "config.json").write_bytes(msgspec.json.encode(RunConfig(workflow=workflow)))
     (run / "launch.json").write_bytes(msgspec.json.encode(LaunchInfo(model_dir="", base_model_dir="", data_path="")))
     return str(run)
@@ -239,7 +238,7 @@ class Fleet:
         weights = self.client.ref(WEIGHTS)
         before = weights.ask(messages.GetWeightSyncStats())
         digest = weights_digest(named)
-        t0 = time.time()
+        t0, cpu0 = time.time(), time.process_time()
         self.weights.pykka_ref.ask(_publish(version, named, digest))
         records = [
             self.client.ref(name, refresh=True).ask(messages.GetFanoutRecord(version=version), timeout_s=wait_s)
@@ -248,6 +247,8 @@ class Fleet:
         after = weights.ask(messages.GetWeightSyncStats())
         return {
             "served_bytes": after.num_bytes_served - before.num_bytes_served,
+            # this process: the weights actor serving, as in the trainer's (and the waits on the records)
+            "trainer_cpu_s": time.process_time() - cpu0,
             "last_s": max(r.swapped_at_s[version] for r in records if version in r.swapped_at_s) - t0,
             "records": records,
         }
@@ -257,6 +258,15 @@ class Fleet:
         return [self.client.ref(name, refresh=True).ask(messages.GetFanoutRecord()) for name in among or self.names]
 
     def close(self) -> None:
+        from asyncflow.core.ref import close_sockets
+
+        # this process's sockets to the replicas, closed while they still listen (a dialer to a
+        # dead address can hold nng_close for seconds: core/_nngio.py CLOSE_WAIT_S)
+        addresses = set()
+        for name in self.names:
+            with contextlib.suppress(LookupError):
+                addresses.add(self.client.lookup(name).address)
+        close_sockets(addresses.__contains__)
         for host in self.hosts:
             host.stop()
         for served in reversed(self.served):
@@ -326,6 +336,7 @@ def fanout(
                         "trainer_bytes_per_version": served,
                         "trainer_copies_per_version": round(served / size, 2),
                         "last_replica_s": round(statistics.median(p["last_s"] for p in points), 3),
+                        "trainer_cpu_s": round(statistics.median(p["trainer_cpu_s"] for p in points), 3),
                         "fallbacks": sum(r.num_fallbacks for r in points[-1]["records"]),
                         "errors": errors[:3],
                     }
@@ -333,17 +344,20 @@ def fanout(
                 r = rows[-1]
                 click.echo(
                     f"{n:>4} replicas {mode:<6}: trainer served {served / 1e6:8.1f} MB/version "
-                    f"({r['trainer_copies_per_version']:g} copies), last replica after {r['last_replica_s']:.3f} s",
+                    f"({r['trainer_copies_per_version']:g} copies, {r['trainer_cpu_s']:.2f} CPU-s), "
+                    f"last replica after {r['last_replica_s']:.3f} s",
                     err=True,
                 )
     finally:
         directory.stop()
-    click.echo(f"{'replicas':>8} {'fanout':<10} {'MB/version':>10} {'trainer MB':>11} {'copies':>7} {'last s':>8}")
+    click.echo(
+        f"{'replicas':>8} {'fanout':<10} {'MB/version':>10} {'trainer MB':>11} {'copies':>7} {'trainer CPU-s':>13} {'last s':>8}"
+    )
     for r in rows:
         label = r["fanout"] + (f" d={r['degree']}" if r["degree"] else "")
         click.echo(
             f"{r['replicas']:>8} {label:<10} {r['version_bytes'] / 1e6:>10.1f} {r['trainer_bytes_per_version'] / 1e6:>11.1f} "
-            f"{r['trainer_copies_per_version']:>7g} {r['last_replica_s']:>8.3f}"
+            f"{r['trainer_copies_per_version']:>7g} {r['trainer_cpu_s']:>13.2f} {r['last_replica_s']:>8.3f}"
         )
     if any(r["errors"] for r in rows):
         click.echo(f"errors: {[r['errors'] for r in rows if r['errors']]}")
