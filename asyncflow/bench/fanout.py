@@ -26,7 +26,6 @@ import click
 from asyncflow.actors import messages
 from asyncflow.actors.rollout.inbox import WeightInbox
 from asyncflow.actors.weights import build_receiver
-from asyncflow.actors.weights._relay import TreeReceiver
 from asyncflow.config.names import WEIGHTS
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor
@@ -135,18 +134,17 @@ class FanoutReplica(Actor):
                         waiting.resolve(record)
 
     def _record(self) -> messages.FanoutRecord:
-        tree = self.receiver if isinstance(self.receiver, TreeReceiver) else None
-        relay_bytes = tree.relay_stats()[0] if tree is not None else 0
+        counters = self.receiver.counters()  # the relay tree's byte counts (none with direct fan-out)
         with self._lock:
             return messages.FanoutRecord(
                 name=self.ctx.name,
                 version=self._held,
                 swapped_at_s=dict(self._swapped),
                 crc32=dict(self._crc),
-                num_bytes_from_root=tree.num_bytes_from_root if tree is not None else 0,
-                num_bytes_relayed=tree.num_bytes_relayed if tree is not None else 0,
-                num_relay_bytes_served=relay_bytes,
-                num_fallbacks=tree.num_fallbacks if tree is not None else 0,
+                num_bytes_from_root=int(counters.get("weights/bytes_from_root", 0)),
+                num_bytes_relayed=int(counters.get("weights/bytes_relayed", 0)),
+                num_relay_bytes_served=int(counters.get("weights/relay_bytes_served", 0)),
+                num_fallbacks=int(counters.get("weights/relay_fallbacks", 0)),
                 errors=list(self._errors),
             )
 

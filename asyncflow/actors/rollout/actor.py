@@ -190,6 +190,7 @@ class RolloutActor(LoopActor):
         out = {"decode_steps": float(steps), "decode_rows": float(rows)} if steps else {}
         if self.gateway is not None:
             out.update(self.gateway.counters())  # gateway/sessions_*: queued, dropped unrewarded or group incomplete
+        out.update(self.inbox.receiver.counters())  # weights/*: the relay tree's bytes (weight_fanout = "tree")
         return out
 
     def on_start(self) -> None:

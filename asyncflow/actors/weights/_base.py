@@ -57,6 +57,10 @@ class WeightReceiver(ABC):
         """``msg`` was announced to this replica (listener thread; return at once). Optional:
         the default does nothing; the relay (``_relay.py``) tells its children a version is coming."""
 
+    def counters(self) -> dict[str, float]:
+        """Running totals for the replica's RoleStats (``weights/...``). Optional: none by default."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 (optional hook: nng holds nothing; the collective receiver overrides it)
         """Release what this side holds (groups, buffers). Optional: the default does
         nothing."""

@@ -295,6 +295,14 @@ class RelayReceiver(WeightReceiver):
     def announce(self, msg: messages.WeightsReady) -> None:
         self.relay.tell(_Announce(msg.version))
 
+    def counters(self) -> dict[str, float]:
+        """Bytes this replica received from the root and from relays; sources it left mid-version."""
+        return {
+            "weights/bytes_from_root": float(self.num_bytes_from_root),
+            "weights/bytes_relayed": float(self.num_bytes_relayed),
+            "weights/relay_fallbacks": float(self.num_fallbacks),
+        }
+
     def fetch(
         self, weights, on_chunk: Callable[[int], None] | None = None, announced: messages.WeightsReady | None = None
     ) -> tuple[int, NamedTensors]:
@@ -385,7 +393,11 @@ class TreeReceiver(RelayReceiver):
 
     def relay_stats(self) -> tuple[int, int, int]:
         """``(num_bytes_served, num_chunks_served, num_waiting)`` of this replica's relay."""
-        return self.served.pykka_ref.ask(GetRelayStats())
+        return self.served.pykka_ref.ask(GetRelayStats(), timeout=5.0)
+
+    def counters(self) -> dict[str, float]:
+        """``RelayReceiver.counters`` and the bytes this replica's relay served its children."""
+        return {**super().counters(), "weights/relay_bytes_served": float(self.relay_stats()[0])}
 
     def close(self) -> None:
         try:
