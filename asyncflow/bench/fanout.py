@@ -112,6 +112,8 @@ class FanoutReplica(Actor):
 
     def _swap_loop(self) -> None:
         while not self._stopping.is_set():
+            if self.inbox.wanted > self.engine.version:  # as a replica's swap_to does: a failed fetch is started again
+                self.inbox.want(self.inbox.wanted)
             self.inbox.wait_fetched(0.2)
             try:
                 swapped = self.inbox.swap_staged()

@@ -291,8 +291,11 @@ class RelayReceiver(WeightReceiver):
         self.num_bytes_from_root = 0
         self.num_bytes_relayed = 0  # received from relays
         self.num_fallbacks = 0  # sources left mid-version
+        self._announced: messages.WeightsReady | None = None  # the newest announcement (its sources)
 
     def announce(self, msg: messages.WeightsReady) -> None:
+        if self._announced is None or msg.version > self._announced.version:
+            self._announced = msg  # (listener thread: one reference, swapped whole)
         self.relay.tell(_Announce(msg.version))
 
     def counters(self) -> dict[str, float]:
@@ -311,7 +314,9 @@ class RelayReceiver(WeightReceiver):
                 return self._fetch(weights, announced, announced.sources, on_chunk)
             except RemoteError:  # the root no longer stages it (the trainer moved two versions on): the latest
                 pass
-        return self._fetch(weights, weights.ask(messages.GetLatestWeights(), timeout_s=30), [], on_chunk)
+        latest = weights.ask(messages.GetLatestWeights(), timeout_s=30)
+        newest = self._announced  # the latest through the tree too, where it was announced here
+        return self._fetch(weights, latest, newest.sources if newest and newest.version == latest.version else [], on_chunk)
 
     def _fetch(self, weights, ready: messages.WeightsReady, sources: list[str], on_chunk) -> tuple[int, NamedTensors]:
         version = ready.version
