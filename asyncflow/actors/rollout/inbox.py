@@ -2,7 +2,9 @@
 
 A version goes through three states:
 1. **announced**: the trainer's ``WeightsReady`` reached the replica (``announce``, on
-   the actor's listener thread, even mid-generation); ``wanted`` is the newest;
+   the actor's listener thread, even mid-generation); ``wanted`` is the newest; the
+   receiver hears of it too (``WeightReceiver.announce``: with the relay tree, this
+   replica's relay then holds its children's requests for the version);
 2. **staged**: a background fetch thread brought its tensors to this process (host
    or device buffers, ``WeightReceiver.fetch``) while generation goes on with the
    old weights (delayed parameter update);
