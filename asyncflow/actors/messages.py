@@ -71,6 +71,10 @@ class WeightsReady(Request["Ok"]):
     num_bytes: int
     digest: int = 0  # weights_digest of the version (engines/digest.py); 0: unknown
     replicas: int = 0  # how many replicas this version was announced to; 0: unknown (a reply to GetLatestWeights)
+    sources: list[str] = []
+    """``weight_fanout = "tree"``: the relays (``relay.<replica>``, ``actors/weights/_relay.py``) this replica
+    fetches the version from, its parent first, then each ancestor up the tree; the ``weights`` actor is the
+    last source of all. Empty: fetch from ``weights`` (direct fan-out, or a child of the root)."""
 
 
 class GetLatestWeights(Request["WeightsReady"]):
@@ -137,6 +141,57 @@ class WeightStream(Message):
     version: int
     chunks: list[StreamChunk] = []
     refused: str = ""
+
+
+class RelayChunk(Request["WeightChunk | RelayWait"]):
+    """Ask (replica -> the relay of its parent in the fan-out tree, ``weight_fanout = "tree"``):
+    chunk ``index`` of weights ``version``. The relay answers as soon as it holds the chunk,
+    or after holding the request for about a second with ``RelayWait``."""
+
+    version: int
+    index: int
+
+
+class RelayWait(Message):
+    """Reply to RelayChunk: the relay does not hold the chunk yet. ``coming``: the relay is
+    fetching ``version`` or was told of it (ask it again); false: it will not have it (ask
+    the next source up the tree)."""
+
+    version: int
+    index: int
+    coming: bool
+
+
+class GetWeightSyncStats(Request["WeightSyncStats"]):
+    """Ask (bench, tests -> weights): what the trainer's side has served so far."""
+
+
+class WeightSyncStats(Message):
+    num_bytes_served: int  # tensor bytes of the chunks served (GetWeightChunk)
+    num_chunks_served: int
+
+
+class GetFanoutRecord(Request["FanoutRecord"]):
+    """Ask (bench, tests -> a light replica of ``bench/fanout.py``): what it received;
+    answered once it holds ``version`` or newer (-1: at once)."""
+
+    version: int = -1
+
+
+class FanoutRecord(Message):
+    """A light replica's weights so far: per version swapped in, the wall-clock time it
+    was (``time.time()``) and the crc32 of its bytes (0: not checked); its receiver's and
+    relay's byte counts (``weights/_relay.py``)."""
+
+    name: str
+    version: int
+    swapped_at_s: dict[int, float]
+    crc32: dict[int, int]
+    num_bytes_from_root: int = 0
+    num_bytes_relayed: int = 0
+    num_relay_bytes_served: int = 0
+    num_fallbacks: int = 0
+    errors: list[str] = []
 
 
 WeightRequest = Union[GetWeightChunk, StreamWeights]
@@ -261,9 +316,12 @@ WeightSyncIn = Union[
     AcquireSwap,
     ReleaseSwap,
     ReplicaRemoved,
+    GetWeightSyncStats,
     Ping,
     Stop,
 ]
+RelayIn = Union[RelayChunk, Ping, Stop]
+FanoutReplicaIn = Union[WeightsReady, GetFanoutRecord, Ping, Stop]
 RosterIn = Union[GetReplicas, Ping, Stop]
 PlannerIn = Union[StepMetrics, MoveApplied, Ping, Stop]
 

@@ -14,9 +14,15 @@ driver's ``roster`` (``roster.py``: the Supervisor's record) whom to announce to
 replica the online planner adds or removes is in or out of the next announcement; where
 the roster does not answer, the last answer (at first, the replicas at start) is used.
 
+With ``[workflow] weight_fanout = "tree"`` each replica's announcement also names its
+``sources``, its ancestors in a tree of ``weight_fanout_degree`` over the roster
+(``weights/_relay.py``): only the root's children fetch from this actor, the others
+from their parent's relay, so this actor serves ``weight_fanout_degree`` copies of a
+version whatever the number of replicas.
+
 Takes: Publish (in-process), GetLatestWeights, GetWeightChunk / StreamWeights (served
 by the sender), AcquireSwap, ReleaseSwap, ReplicaRemoved (the planner stops a replica:
-its grant and channel are released), Ping, Stop.
+its grant and channel are released), GetWeightSyncStats, Ping, Stop.
 Sends: GetReplicas (ask, to the roster); WeightsReady (tell, to each replica).
 
 Invariants:
@@ -35,7 +41,7 @@ import msgspec
 
 from asyncflow.actors import messages
 from asyncflow.actors._run import Run
-from asyncflow.actors.weights import build_sender
+from asyncflow.actors.weights import build_sender, tree_sources
 from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor
@@ -71,6 +77,7 @@ class WeightSyncActor(Actor):
         self.replicas = list(replicas)  # the roster's last answer (the replicas at start until the first)
         self._roster_failed = False  # warned once that the roster does not answer
         self.substep = workflow.substep_updates
+        self.fanout, self.fanout_degree = workflow.weight_fanout, workflow.weight_fanout_degree
         self.sender = build_sender(workflow.weight_transport, ctx, chunk_bytes, workflow.weight_timeout_s)
         self._holder: str | None = None
         self._swap_queue: deque = deque()
@@ -107,13 +114,18 @@ class WeightSyncActor(Actor):
                 # each replica learns whether it is alone: one alone swaps without the grant (rollout.py)
                 replicas = self._roster()
                 ready = msgspec.structs.replace(self.sender.publish(version, named_tensors, digest), replicas=len(replicas))
-                for name in replicas:
-                    self._announce(name, ready)
+                sources = tree_sources(replicas, self.fanout_degree) if self.fanout == "tree" else {}
+                for name in replicas:  # roster order: a parent hears before its children
+                    self._announce(name, msgspec.structs.replace(ready, sources=sources[name]) if sources.get(name) else ready)
                 return ready.num_bytes
             case messages.GetLatestWeights():
                 return self.sender.latest()
             case messages.GetWeightChunk() | messages.StreamWeights():
                 return self.sender.serve(msg)
+            case messages.GetWeightSyncStats():
+                return messages.WeightSyncStats(
+                    num_bytes_served=self.sender.num_bytes_served, num_chunks_served=self.sender.num_chunks_served
+                )
             case messages.AcquireSwap(replica=replica):
                 if not self.substep or self._holder in (None, replica):
                     self._holder = replica if self.substep else None

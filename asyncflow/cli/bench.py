@@ -16,6 +16,10 @@ BENCHES = {
     ),
     "e2e": ("asyncflow.bench.e2e:e2e", "A config end to end, sync vs async, side by side."),
     "weights": ("asyncflow.bench.weights:weights", "Weight fetch bytes/s: nng chunks vs the gloo collective, side by side."),
+    "fanout": (
+        "asyncflow.bench.fanout:fanout",
+        "Weight fan-out to n replicas: trainer bytes and time to the last replica, direct vs relay tree.",
+    ),
     "lora": ("asyncflow.bench.lora:lora", "Bytes per weight sync and sync time: full weights vs LoRA adapters."),
     "planner": (
         "asyncflow.bench.planner:planner",

@@ -10,7 +10,10 @@ COMMANDS = {
     "up": ("asyncflow.cli.up:up", "Run an RL post-training job from a cluster.toml."),
     "plan": ("asyncflow.cli.plan:plan", "Preview the best split of devices between rollout and training."),
     "profile": ("asyncflow.cli.profile:profile", "Calibrate the planner's cost model on this hardware."),
-    "bench": ("asyncflow.cli.bench:bench", "Benchmarks: transport, queue, rollout, train, e2e, weights, planner, peer, lora."),
+    "bench": (
+        "asyncflow.cli.bench:bench",
+        "Benchmarks: transport, queue, rollout, train, e2e, weights, planner, peer, lora, fanout.",
+    ),
     "model": ("asyncflow.cli.model:model", "Get a real model as a Hugging Face directory (import-gguf)."),
     "certs": ("asyncflow.cli.certs:certs", "Make a cluster CA and node certificate for TLS (tcp)."),
     "status": ("asyncflow.cli.status:status", "Show the actors of a running cluster."),

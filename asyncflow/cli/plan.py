@@ -132,6 +132,17 @@ def _boundary(infeasible) -> list:
     help="With --lora-rank: the adapted linear layers of each block, comma-separated.",
 )
 @click.option("--lora-train-norms", is_flag=True, help="With --lora-rank: the RMSNorm weights train (and sync) too.")
+@click.option(
+    "--weight-fanout",
+    type=click.Choice(["direct", "tree"]),
+    default="direct",
+    show_default=True,
+    help="[workflow] weight_fanout: the trainer sends every rollout instance its copy (direct), or the instances "
+    "relay it in a tree (the trainer sends --weight-fanout-degree copies).",
+)
+@click.option(
+    "--weight-fanout-degree", type=click.IntRange(1, 64), default=2, show_default=True, help="Children per node of the tree."
+)
 @click.option("--top", type=int, default=5, show_default=True, help="Plans to show.")
 @click.option(
     "--profile", "profile_path", type=click.Path(dir_okay=False), help="Calibrated efficiency factors from `afctl profile`."
@@ -173,6 +184,8 @@ def plan(
     lora_rank,
     lora_targets,
     lora_train_norms,
+    weight_fanout,
+    weight_fanout_degree,
     top,
     profile_path,
     as_json,
@@ -250,6 +263,8 @@ def plan(
             use_reference=not no_reference,
             use_critic=critic,
             lora=lora,
+            weight_fanout=weight_fanout,
+            weight_fanout_degree=weight_fanout_degree,
         )
         result = search(
             model, hw, wl, num_devices, eff, top_k=top, reward_model=reward_model, reward_model_devices=reward_model_devices

@@ -50,10 +50,10 @@ def role_of(name: str) -> str:
 RESERVED_NAMES = (LOADER, TRAINER, WEIGHTS, COLLECTOR, PLANNER, ROSTER, "directory", "queue")
 """Single actors and processes of the built-in roles and of the driver."""
 RESERVED_PREFIXES = tuple(
-    f"{role}." for role in (ROLLOUT, REWARD, REWARD_MODEL, REFERENCE, TRAINER, "tq", "host", "dist", "shard")
+    f"{role}." for role in (ROLLOUT, REWARD, REWARD_MODEL, REFERENCE, TRAINER, "tq", "host", "dist", "shard", "relay")
 )
 """Prefixes of numbered replicas (``rollout.3``, ``trainer.1``) and of the queue's,
-hosts' and rendezvous' actors."""
+hosts', rendezvous' and weight relays' (``relay.rollout.3``) actors."""
 
 
 def reserved(name: str) -> bool:

@@ -101,6 +101,27 @@ class WorkflowConfig(Section):
             "trainer side has no such collective falls back to nng (logged)."
         ),
     ] = "nng"
+    # -- weight fan-out (issue 31): how a version reaches many replicas ----------------------
+    weight_fanout: Annotated[
+        Literal["direct", "tree"],
+        Meta(
+            description="How a weight version fans out to the rollout replicas. direct: every replica pulls the whole version "
+            "from the trainer's ``weights`` actor (it serves one copy per replica). tree: replicas relay it to each other, "
+            "chunk by chunk, in a tree of ``weight_fanout_degree`` children per node (``actors/weights/_relay.py``): the "
+            "trainer serves ``weight_fanout_degree`` copies per version whatever the number of replicas, and a replica "
+            "whose parent dies or freezes mid-transfer fetches the rest from its grandparent, up to the trainer. "
+            'nng transport only (``weight_transport = "nng"``).'
+        ),
+    ] = "direct"
+    weight_fanout_degree: Annotated[
+        Count,
+        Meta(
+            le=64,
+            description='``weight_fanout = "tree"``: children per node of the relay tree (the trainer is the root). 1 is a '
+            "chain (the trainer serves one copy; time grows with the replicas by one chunk each); 2 to 4 keep the depth "
+            "log(replicas) while each relay serves that many copies.",
+        ),
+    ] = 2
     partial_rollout: Annotated[
         bool,
         Meta(
@@ -130,6 +151,13 @@ class WorkflowConfig(Section):
     ] = False
 
     def check(self, run: RunConfig) -> None:
+        if self.weight_fanout == "tree" and self.weight_transport != "nng":
+            raise Refused(
+                "weight_fanout",
+                f"the relay tree forwards nng chunks; with weight_transport = {self.weight_transport!r} set "
+                'weight_fanout = "direct" (or weight_transport = "nng")',
+                self.weight_fanout,
+            )
         if self.stream_step:
             self._check_stream_step(run)
         if self.partial_rollout and self.mode != "async":

@@ -27,9 +27,12 @@ All times are seconds per RL step; memory is bytes per device.
   vocabulary's logits. It runs beside the reference, after generation: a stage of
   its own in async mode (its latency on the loop, overlapping the reference's), a
   phase in sync mode.
-- Weight sync: the rollout shard (2P/tp bytes) over the inter-node link; with the
-  delayed parameter update only the host-to-device swap stays on the rollout path.
-  With LoRA only the trainable parameters travel: 2T/tp bytes.
+- Weight sync: the rollout shard (2P/tp bytes) over the inter-node link, one copy
+  per rollout instance, from the senders the fan-out has (`Workload.weight_fanout`,
+  `fanout_s`): direct, the trainer's side sends all n copies, n x copy; tree, each
+  node sends d, and the chunks flow down in a pipeline, d x copy + (depth - 1) x d
+  chunk hops. With the delayed parameter update only the host-to-device swap stays
+  on the rollout path. With LoRA only the trainable parameters travel: 2T/tp bytes.
 - A step: synchronous = the sum of its phases. Asynchronous with staleness k =
   max(each stage's time, (the dependency chain: generate -> train -> sync) / (k+1)),
   since k+1 steps may be in flight around that loop.
@@ -50,6 +53,7 @@ MODEL_STATE_BYTES_PER_PARAM = 16  # bf16 param + bf16 grad + fp32 master, Adam m
 LOGITS_BYTES_PER_VOCAB = 6  # bf16 logits + fp32 log-softmax for log-probs
 MIN_MICRO_BATCH_TOKENS = 16384  # packed micro-batch (verl's default token budget per device)
 MAX_SEQS_PER_INSTANCE = 512  # engine scheduler cap (vLLM max_num_seqs-like)
+WEIGHT_CHUNK_BYTES = 32 << 20  # the weights actor's chunk (actors/weight_sync.py CHUNK_BYTES): the relay pipeline's grain
 
 
 class Workload(msgspec.Struct, kw_only=True, frozen=True):
@@ -64,6 +68,8 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True):
     train_micro_batch_tokens: int = 0  # 0: max(one max-length sequence, 16384), sequences packed
     prefill_chunk_tokens: int = 2048
     lora: Lora = msgspec.field(default_factory=Lora)  # rank 0: full fine-tuning
+    weight_fanout: str = "direct"  # [workflow] weight_fanout: "direct" (the trainer sends every copy) or "tree"
+    weight_fanout_degree: int = 2  # [workflow] weight_fanout_degree: children per node of the tree
 
     @property
     def num_samples(self) -> int:
@@ -91,6 +97,11 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True):
             raise ValueError("prompt and response lengths, batch size and samples per prompt must be at least 1")
         if self.staleness < 0:
             raise ValueError("staleness must be 0 (synchronous) or more")
+        if self.weight_fanout not in ("direct", "tree") or self.weight_fanout_degree < 1:
+            raise ValueError(
+                f"weight fan-out {self.weight_fanout!r} of degree {self.weight_fanout_degree}: use 'direct' or 'tree' "
+                "with a degree of 1 or more"
+            )
 
 
 class RoleCost(msgspec.Struct, kw_only=True):
@@ -347,14 +358,65 @@ def train_cost(
     return _check_fit(cost)
 
 
+def tree_depth(num_replicas: int, degree: int) -> int:
+    """Hops from the root to the deepest of ``num_replicas`` replicas in the fan-out tree of
+    ``degree`` (heap order, the root at node 0: ``actors/weights/_relay.py``); 1: every
+    replica is a child of the root."""
+    depth, node = 0, num_replicas  # the last replica is the deepest node
+    while node > 0:
+        node = (node - 1) // degree
+        depth += 1
+    return depth
+
+
+def fanout_s(copy_s: float, replicas: int, fanout: str = "direct", degree: int = 2, chunk_s: float = 0.0) -> float:
+    """Seconds from a publish to the last of ``replicas`` replicas holding the version, one
+    copy of which takes ``copy_s`` over a sender's link and one chunk ``chunk_s``: direct,
+    the trainer's side sends every copy; tree, every node (the trainer too) sends at most
+    ``degree``, and a relay forwards each chunk as it arrives, so the deepest replica is
+    ``depth - 1`` chunk hops (each shared by ``degree`` children) behind the root's children."""
+    n = max(1, replicas)
+    if fanout == "direct":
+        return n * copy_s
+    return min(degree, n) * copy_s + (tree_depth(n, degree) - 1) * degree * min(chunk_s, copy_s)
+
+
 def weight_transfer_s(
-    model: ModelShape, hw: Hardware, eff: Efficiency, rollout_tp: int, colocated: bool = False, lora: Lora | None = None
+    model: ModelShape,
+    hw: Hardware,
+    eff: Efficiency,
+    rollout_tp: int,
+    colocated: bool = False,
+    lora: Lora | None = None,
+    replicas: int = 1,
+    fanout: str = "direct",
+    degree: int = 2,
 ) -> float:
-    """New weights into every rollout device: its shard over the inter-node link (or local
-    reshard); with LoRA only the trainable parameters (adapters, + norms) travel."""
+    """New weights into every rollout device of ``replicas`` instances: a shard over the
+    inter-node link (or local reshard: colocated, no fan-out), one copy per instance,
+    sent as the fan-out (``fanout_s``) has it; with LoRA only the trainable parameters
+    (adapters, + norms) travel."""
     shard = trainable_params(model, lora or Lora()) * DTYPE_BYTES / rollout_tp
-    link = hw.intra_node_bandwidth_bytes_per_s if colocated else hw.inter_node_bandwidth_bytes_per_s
-    return shard / (link * eff.link_bandwidth) + hw.collective_latency_s
+    link = (hw.intra_node_bandwidth_bytes_per_s if colocated else hw.inter_node_bandwidth_bytes_per_s) * eff.link_bandwidth
+    copies = 1 if colocated else replicas
+    return fanout_s(shard / link, copies, fanout, degree, WEIGHT_CHUNK_BYTES / link) + hw.collective_latency_s
+
+
+def workload_transfer_s(
+    model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, rollout_devices: int, rollout_tp: int
+) -> float:
+    """``weight_transfer_s`` of the workload's fan-out to the rollout instances of
+    ``rollout_devices`` devices at tensor-parallel degree ``rollout_tp``."""
+    return weight_transfer_s(
+        model,
+        hw,
+        eff,
+        rollout_tp,
+        lora=wl.lora,
+        replicas=max(1, rollout_devices // rollout_tp),
+        fanout=wl.weight_fanout,
+        degree=wl.weight_fanout_degree,
+    )
 
 
 def weight_swap_s(model: ModelShape, hw: Hardware, rollout_tp: int, lora: Lora | None = None) -> float:

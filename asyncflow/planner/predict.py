@@ -72,6 +72,8 @@ def predict(
         use_reference=cfg.algorithm.needs_reference,
         use_critic=cfg.algorithm.needs_critic,
         lora=Lora.of(cfg.train.engine.lora),
+        weight_fanout=cfg.workflow.weight_fanout,
+        weight_fanout_degree=cfg.workflow.weight_fanout_degree,
     )
     # one call: a static batch, prefilled once, decoded until its longest sample ends; finished samples leave the batch
     call = framework.generate_call(model, hw, eff, batch, prompt, resp, longest)
@@ -83,8 +85,10 @@ def predict(
     ref = cost.forward_cost(model, hw, eff, padded, threads, 1) if wl.use_reference else None
     # the reward model scores beside the reference (its own processes): the later of the two holds the rows
     rm = cost.reward_model_cost(inputs.reward_model, hw, eff, padded, threads, 1) if inputs.reward_model else None
-    transfer_s = cost.weight_transfer_s(model, hw, eff, 1, lora=wl.lora)
+    transfer_s = cost.weight_transfer_s(model, hw, eff, 1, lora=wl.lora)  # one copy: what the trainer's publish stages
     replicas = cfg.rollout.num_replicas
+    # to the last replica: every copy from the trainer (direct), or through the relay tree (workflow.weight_fanout)
+    fanout_s = cost.workload_transfer_s(model, hw, eff, wl, replicas, 1)
     rollout_workers = replicas * threads
     # generate calls per step: over every loaded group (dynamic sampling over-samples; the trainer keeps at most prompts_per_step)
     C = workflow.calls_per_step(cfg.groups_per_step, cfg.rollout.prompts_per_call)
@@ -130,7 +134,7 @@ def predict(
                 calls_per_step=C,
                 train_s=(train.time_s + framework_s["trainer_s"]) * f_train * s_train + framework_s["trainer_queue_s"],
                 publish_s=transfer_s + framework_s["snapshot_s"] * f_train * s_train + framework_s["publish_asks_s"],
-                fetch_s=transfer_s + framework.queue_s(eff, framework.FETCH_ASKS, 0),
+                fetch_s=fanout_s + framework.queue_s(eff, framework.FETCH_ASKS, 0),
                 swap_s=cost.weight_swap_s(model, hw, 1, wl.lora) + framework.queue_s(eff, framework.swap_asks(k, replicas), 0),
                 reward_s=max(((r.time_s if mode == "sync" else r.latency_s) if r else 0.0) for r in (ref, rm))
                 + framework_s["reward_queue_s"]
@@ -159,10 +163,10 @@ def predict(
             "staleness": k,
             # the analytical bound without the workflow's mechanics, for comparison
             "analytical_step_s": (
-                cost.sync_step(_role(C * st.call_s / replicas, replicas), _role(st.train_s, 1), None, transfer_s)
+                cost.sync_step(_role(C * st.call_s / replicas, replicas), _role(st.train_s, 1), None, fanout_s)
                 if k == 0
                 else cost.async_step(
-                    _role(C * st.call_s / replicas, replicas), _role(st.train_s, 1), None, transfer_s, st.swap_s, k
+                    _role(C * st.call_s / replicas, replicas), _role(st.train_s, 1), None, fanout_s, st.swap_s, k
                 )
             ).step_s,
         }

@@ -36,6 +36,7 @@ from asyncflow.planner.cost import (
     train_cost,
     weight_swap_s,
     weight_transfer_s,
+    workload_transfer_s,
 )
 from asyncflow.planner.hardware import Hardware
 from asyncflow.planner.models import ModelShape
@@ -190,7 +191,11 @@ class _Roles:
                 return (
                     c.time_s
                     + c.tail_s
-                    + weight_transfer_s(self.model, self.hw, self.eff, c.tp, mode == "colocated", self.wl.lora)
+                    + (
+                        weight_transfer_s(self.model, self.hw, self.eff, c.tp, colocated=True, lora=self.wl.lora)
+                        if mode == "colocated"
+                        else workload_transfer_s(self.model, self.hw, self.eff, self.wl, devices, c.tp)
+                    )
                 )
 
             sink = self.infeasible if mode == "async" else []
@@ -285,7 +290,7 @@ def search(
                 rollout,
                 train,
                 reference,
-                weight_transfer_s(model, hw, eff, rollout.tp, lora=wl.lora),
+                workload_transfer_s(model, hw, eff, wl, rollout.devices, rollout.tp),
                 weight_swap_s(model, hw, rollout.tp, wl.lora),
                 wl.staleness,
                 rm_cost,
@@ -297,7 +302,7 @@ def search(
                 rollout_sync,
                 train,
                 reference,
-                weight_transfer_s(model, hw, eff, rollout_sync.tp, lora=wl.lora),
+                workload_transfer_s(model, hw, eff, wl, rollout_sync.devices, rollout_sync.tp),
                 reward_model=rm_cost,
             )
             if sync_best is None or sync.step_s < sync_best[0]:
@@ -313,7 +318,7 @@ def search(
             rollout,
             train,
             reference,
-            weight_transfer_s(model, hw, eff, rollout.tp, lora=wl.lora),
+            workload_transfer_s(model, hw, eff, wl, rollout.devices, rollout.tp),
             weight_swap_s(model, hw, rollout.tp, wl.lora),
             wl.staleness,
             rm_cost,
@@ -327,7 +332,7 @@ def search(
         train = roles.train(num_devices - rollout_devices - ref_devices, with_reference=use_ref and not ref_devices)
         assert rollout is not None and train is not None  # the best sync split was scored, so it is feasible
         step = sync_step(
-            rollout, train, reference, weight_transfer_s(model, hw, eff, rollout.tp, lora=wl.lora), reward_model=rm_cost
+            rollout, train, reference, workload_transfer_s(model, hw, eff, wl, rollout.devices, rollout.tp), reward_model=rm_cost
         )
         sync_plan = _plan("sync", step, rollout, train, reference, wl, rm_cost)
     return SearchResult(

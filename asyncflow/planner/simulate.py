@@ -33,7 +33,7 @@ from asyncflow.planner.cost import (
     rollout_cost,
     train_cost,
     weight_swap_s,
-    weight_transfer_s,
+    workload_transfer_s,
 )
 from asyncflow.planner.hardware import Hardware
 from asyncflow.planner.models import ModelShape
@@ -104,7 +104,7 @@ def _costs(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, plan)
         prefill_per_sample_s=max(prefill, 0.0),
         ref_s_per_token=ref_rate,
         train_s_per_token=train.time_s / tokens,
-        transfer_s=weight_transfer_s(model, hw, eff, plan.rollout_tp, lora=wl.lora),
+        transfer_s=workload_transfer_s(model, hw, eff, wl, plan.rollout_devices, plan.rollout_tp),
         swap_s=weight_swap_s(model, hw, plan.rollout_tp, wl.lora),
     )
 

@@ -12,6 +12,7 @@ import torch
 
 from asyncflow.actors import messages
 from asyncflow.actors.rollout.inbox import WeightInbox
+from asyncflow.actors.weights import WeightReceiver
 from asyncflow.core import protocol
 from asyncflow.engines.config import RolloutEngineConfig
 from asyncflow.engines.factory import build_rollout_engine
@@ -19,7 +20,7 @@ from asyncflow.engines.factory import build_rollout_engine
 pytestmark = pytest.mark.timeout(60)
 
 
-class HeldReceiver:
+class HeldReceiver(WeightReceiver):
     """A ``WeightReceiver`` whose every fetch waits until the test releases it; it
     returns the announced version's tensors (each version's weights: the base ones
     plus the version number), or raises if the test says so."""

@@ -105,7 +105,12 @@ class RolloutActor(LoopActor):
         self.tq = TQClient(ctx.directory, consumer=ctx.name)
         self.acks = DeferredAcks(self.tq)
         receiver = build_receiver(
-            cfg.workflow.weight_transport, ctx, cfg.workflow.weight_timeout_s, device=cfg.cluster.device, engine=self.engine
+            cfg.workflow.weight_transport,
+            ctx,
+            cfg.workflow.weight_timeout_s,
+            device=cfg.cluster.device,
+            engine=self.engine,
+            fanout=cfg.workflow.weight_fanout,  # tree: a relay for this replica's children beside it (weights/_relay.py)
         )
         # held around every generate call and weight swap: the gateway (docs/gateway.md) shares the engine
         self.engine_lock = threading.Lock()
@@ -187,6 +192,7 @@ class RolloutActor(LoopActor):
         out = {"decode_steps": float(steps), "decode_rows": float(rows)} if steps else {}
         if self.gateway is not None:
             out.update(self.gateway.counters())  # gateway/sessions_*: queued, dropped unrewarded or group incomplete
+        out.update(self.inbox.receiver.counters())  # weights/*: the relay tree's bytes (weight_fanout = "tree")
         return out
 
     def on_start(self) -> None:
@@ -231,7 +237,9 @@ def replica_memory(cfg, facts: memory.MemoryFacts) -> float:
     eng = cfg.rollout.engine
     kv = eng.kv_cache_bytes or (memory.DEFAULT_KV_BYTES if eng.kv_cache_fraction is None else 0)
     base_copies = memory.adapted_weight_params(shape, Lora.of(cfg.train.engine.lora)) if eng.type == "native" else 0
-    return shape.num_params * b + kv + memory.synced_params(cfg, shape) * 4 + base_copies * b
+    # the relay tree: the received chunks of the two newest versions stay for the replica's children
+    relayed = 2 * memory.synced_params(cfg, shape) * 4 if cfg.workflow.weight_fanout == "tree" else 0
+    return shape.num_params * b + kv + memory.synced_params(cfg, shape) * 4 + base_copies * b + relayed
 
 
 # -- the role, as the driver sees it (actors/topology.py) ---------------------------------

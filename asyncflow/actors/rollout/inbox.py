@@ -2,7 +2,9 @@
 
 A version goes through three states:
 1. **announced**: the trainer's ``WeightsReady`` reached the replica (``announce``, on
-   the actor's listener thread, even mid-generation); ``wanted`` is the newest;
+   the actor's listener thread, even mid-generation); ``wanted`` is the newest; the
+   receiver hears of it too (``WeightReceiver.announce``: with the relay tree, this
+   replica's relay then holds its children's requests for the version);
 2. **staged**: a background fetch thread brought its tensors to this process (host
    or device buffers, ``WeightReceiver.fetch``) while generation goes on with the
    old weights (delayed parameter update);
@@ -117,6 +119,7 @@ class WeightInbox:
         """A ``WeightsReady``: remember it and start fetching it now (listener thread)."""
         if msg.version <= self.engine.version:
             return
+        self.receiver.announce(msg)  # the relay tree: this replica's children may ask for it now
         with self._lock:
             if self._announcement is None or msg.version > self._announcement.version:
                 self._announcement = msg

@@ -22,6 +22,12 @@ the swap grant (``AcquireSwap``/``ReleaseSwap``), the replica list, and version
 integrity (the digest a version is published with, checked by the replica after it
 loads the tensors a receiver returned).
 
+How a version fans out to many replicas is ``[workflow] weight_fanout``: ``direct``
+(each replica pulls it from the ``weights`` actor) or ``tree`` (``_relay.py``: replicas
+relay the nng chunks to each other, each one's receiver a ``TreeReceiver`` with a relay
+actor beside it; the ``weights`` actor names each replica's sources in its
+announcement).
+
 Future transports plug in here, as one sender and one receiver each plus a line in
 the two factories: CUDA IPC (same-node replicas map the trainer's device buffers),
 vLLM's NCCL weight-transfer engine (the weights actor as rank 0 of vLLM's group with
@@ -45,10 +51,11 @@ import logging
 
 from asyncflow.actors.weights._base import WeightReceiver, WeightSender
 from asyncflow.actors.weights._nng import NngReceiver, NngSender
+from asyncflow.actors.weights._relay import relay_name, tree_sources
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WeightReceiver", "WeightSender", "build_receiver", "build_sender"]
+__all__ = ["WeightReceiver", "WeightSender", "build_receiver", "build_sender", "relay_name", "tree_sources"]
 
 
 def build_sender(transport: str, ctx, chunk_bytes: int, timeout_s: float) -> WeightSender:
@@ -63,10 +70,22 @@ def build_sender(transport: str, ctx, chunk_bytes: int, timeout_s: float) -> Wei
     raise ValueError(f"unknown weight transport {transport!r}: use 'nng' or 'collective'")
 
 
-def build_receiver(transport: str, ctx, timeout_s: float, device: str | None = None, engine=None) -> WeightReceiver:
+def build_receiver(
+    transport: str, ctx, timeout_s: float, device: str | None = None, engine=None, fanout: str = "direct"
+) -> WeightReceiver:
     """A replica's side of ``transport`` for the actor of ``ctx``. The collective
     receives onto the engine's device (else ``device``); where this replica cannot
-    take part in one (e.g. npu without torch_npu) it says so once and uses nng."""
+    take part in one (e.g. npu without torch_npu) it says so once and uses nng.
+    ``fanout`` (``[workflow] weight_fanout``): ``tree`` relays nng chunks through the
+    replicas (``_relay.py``; the config refuses it with the collective)."""
+    if fanout not in ("direct", "tree"):
+        raise ValueError(f"unknown weight fan-out {fanout!r}: use 'direct' or 'tree'")
+    if fanout == "tree":
+        if transport != "nng":
+            raise ValueError(f"weight_fanout = 'tree' relays nng chunks, not {transport!r}: use weight_transport = 'nng'")
+        from asyncflow.actors.weights._relay import TreeReceiver
+
+        return TreeReceiver(ctx, timeout_s)
     if transport == "nng":
         return NngReceiver(timeout_s)
     if transport != "collective":

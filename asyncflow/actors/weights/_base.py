@@ -13,6 +13,9 @@ NamedTensors = list  # [(name, torch.Tensor)]
 class WeightSender(ABC):
     """The trainer's side: stages published versions and serves their bytes."""
 
+    num_bytes_served: int = 0  # tensor bytes served over nng (GetWeightChunk) so far
+    num_chunks_served: int = 0
+
     @abstractmethod
     def publish(self, version: int, named_tensors: NamedTensors, digest: int) -> messages.WeightsReady:
         """Stage ``named_tensors`` (host copies nobody modifies) as ``version``; return
@@ -49,6 +52,14 @@ class WeightReceiver(ABC):
         newest ``WeightsReady`` the replica was told, which a transport may use instead
         of asking for the latest (a round trip less). Raises on failure (the caller
         retries at the next announcement)."""
+
+    def announce(self, msg: messages.WeightsReady) -> None:  # noqa: B027 (optional hook: only the relay tree listens)
+        """``msg`` was announced to this replica (listener thread; return at once). Optional:
+        the default does nothing; the relay (``_relay.py``) tells its children a version is coming."""
+
+    def counters(self) -> dict[str, float]:
+        """Running totals for the replica's RoleStats (``weights/...``). Optional: none by default."""
+        return {}
 
     def close(self) -> None:  # noqa: B027 (optional hook: nng holds nothing; the collective receiver overrides it)
         """Release what this side holds (groups, buffers). Optional: the default does

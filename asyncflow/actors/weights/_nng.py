@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from asyncflow.actors import messages
 from asyncflow.actors.weights._base import NamedTensors, WeightReceiver, WeightSender
 from asyncflow.core.errors import RemoteError
-from asyncflow.core.tensors import to_torch, to_wire
+from asyncflow.core.tensors import nbytes, to_torch, to_wire
 
 if TYPE_CHECKING:
     import torch
@@ -67,6 +67,8 @@ class NngSender(WeightSender):
         self._named: dict[int, NamedTensors] = {}  # the snapshots themselves (the chunks are views of them)
         self._ready: dict[int, messages.WeightsReady] = {}
         self._latest = -1
+        self.num_bytes_served = 0  # tensor bytes of the chunks served (GetWeightSyncStats)
+        self.num_chunks_served = 0
 
     def publish(self, version: int, named_tensors: NamedTensors, digest: int) -> messages.WeightsReady:
         from asyncflow.engines.base import chunk_by_bytes
@@ -102,7 +104,10 @@ class NngSender(WeightSender):
             )
         if msg.version not in self._chunks:
             raise KeyError(f"weights v{msg.version} are no longer staged (latest v{self._latest}); fetch the latest")
-        return self._chunks[msg.version][msg.index]
+        chunk = self._chunks[msg.version][msg.index]
+        self.num_chunks_served += 1
+        self.num_bytes_served += sum(nbytes(t) for t in chunk.tensors)
+        return chunk
 
 
 class NngReceiver(WeightReceiver):
