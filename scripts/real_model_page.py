@@ -382,8 +382,7 @@ def _peer_more(r: dict, seed: int) -> list[str]:
     for name, x in p["systems"].items():
         acc = x.get("heldout_accuracy")
         out.append(
-            f"| {name} | {x['samples_per_s']:.2f} | {x['reward_last_10pct']:.3f} | "
-            f"{'-' if acc is None else f'{acc:.3f}'} |"
+            f"| {name} | {x['samples_per_s']:.2f} | {x['reward_last_10pct']:.3f} | {'-' if acc is None else f'{acc:.3f}'} |"
         )
     out.append("")
     return out
@@ -400,7 +399,7 @@ def _bf16_seed(r: dict, seed: int) -> list[str]:
         out += [
             "## Async with its rollout in bfloat16, over 5 seeds",
             "",
-            "The example's async run with `rollout.engine.dtype = \"bfloat16\"`: the rollout samples from the model in "
+            'The example\'s async run with `rollout.engine.dtype = "bfloat16"`: the rollout samples from the model in '
             "bfloat16, as the trainer's forward runs it (`train.engine.autocast`), and as TRL generates under `bf16=True`. "
             "Async alone (`--skip-trl --skip-sync`); TRL's held-out accuracy at each seed is the sections above.",
             "",
@@ -436,8 +435,7 @@ def _bf16_over_seeds(records: dict[str, dict]) -> list[str]:
     for (seed, a, t, f32), d in zip(rows, diff):
         f = "-" if f32 is None else f"{f32['heldout_accuracy']:.3f}"
         out.append(
-            f"| {seed} | {a['heldout_accuracy']:.3f} | {t['heldout_accuracy']:.3f} | {d:+.3f} | {f} | "
-            f"{a['samples_per_s']:.2f} |"
+            f"| {seed} | {a['heldout_accuracy']:.3f} | {t['heldout_accuracy']:.3f} | {d:+.3f} | {f} | {a['samples_per_s']:.2f} |"
         )
     mean = statistics.mean(a["heldout_accuracy"] for _, a, _, _ in rows)
     trl = statistics.mean(t["heldout_accuracy"] for _, _, t, _ in rows)

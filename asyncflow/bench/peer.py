@@ -159,9 +159,7 @@ def peer(
         if rounds > 1:
             click.echo(f"== round {r + 1} of {rounds} ==")
         each.append(
-            _one_round(
-                base, steps, trl_threads, skip_trl, root / f"round-{r}" if rounds > 1 else root, only_trl, skip_sync
-            )
+            _one_round(base, steps, trl_threads, skip_trl, root / f"round-{r}" if rounds > 1 else root, only_trl, skip_sync)
         )
     results = _medians(each)
     heldout = all("heldout_accuracy" in fig for fig in results.values())
