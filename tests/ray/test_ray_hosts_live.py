@@ -8,7 +8,6 @@ import os
 import time
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from asyncflow.actors.ray_hosts import RayHosts
@@ -17,6 +16,8 @@ from asyncflow.config.load import ConfigError
 from asyncflow.core import protocol
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.transport import TransportConfig
+
+STARTUP = str(Path(__file__).parent / "startup")  # its sitecustomize: a barrier, or an exit
 
 
 @pytest.mark.ray
@@ -34,10 +35,10 @@ def test_a_host_is_placed_on_its_node_address_and_one_dying_at_start_is_reported
         assert dc.ref("host.good").ask(protocol.Ping(), timeout_s=5).name == "host.good"
         assert hosts.heartbeat.lost() == {}
 
-        broken = msgspec.structs.replace(transport, max_message_bytes=0)  # the host refuses it and exits
+        dies = {"PYTHONPATH": STARTUP, "AF_TEST_EXIT": "1"}  # the host exits as it starts
         started = time.monotonic()
         with pytest.raises(RuntimeError, match=r"'bad' on node .* exited with code 1 before it registered"):
-            hosts.spawn("bad", dc, broken, timeout_s=120)
+            hosts.spawn("bad", dc, transport, env=dies, timeout_s=120)
         assert time.monotonic() - started < 60  # not the whole timeout
 
         good.stop(timeout_s=20)
@@ -45,9 +46,6 @@ def test_a_host_is_placed_on_its_node_address_and_one_dying_at_start_is_reported
     finally:
         directory.stop()
         hosts.close()
-
-
-STARTUP = str(Path(__file__).parent / "startup")  # its sitecustomize: a barrier, or an exit
 
 
 @pytest.fixture

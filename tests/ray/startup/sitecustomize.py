@@ -6,11 +6,10 @@ before going on, so that hosts started one after another never get past it.
 AF_TEST_EXIT=CODE: exit at once with CODE (a host that dies before it registers)."""
 
 import os
-import sys
 import time
 
 if os.environ.get("AF_TEST_EXIT"):
-    sys.exit(int(os.environ["AF_TEST_EXIT"]))
+    os._exit(int(os.environ["AF_TEST_EXIT"]))  # sys.exit in sitecustomize is a fatal start-up error (code 1)
 if os.environ.get("AF_TEST_BARRIER"):
     folder, count = os.environ["AF_TEST_BARRIER"].rsplit(":", 1)
     open(os.path.join(folder, str(os.getpid())), "w").close()
