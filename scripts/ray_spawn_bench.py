@@ -52,7 +52,9 @@ def main() -> None:
     finally:
         head.stdin.close()
         head.wait(timeout=120)
-    print(f"\nstart N empty process hosts under Ray (local cluster on 127.0.0.1, {args.ray_cpus} CPUs declared, {os.cpu_count()} cores)")
+    print(
+        f"\nstart N empty process hosts under Ray (local cluster on 127.0.0.1, {args.ray_cpus} CPUs declared, {os.cpu_count()} cores)"
+    )
     print(f"{'hosts':>6} {'serial s':>9} {'wave s':>7} {'serial/wave':>12} {'serial s/host':>14} {'wave s/host':>12}")
     for n, serial_s, wave_s in rows:
         print(f"{n:>6} {serial_s:>9.1f} {wave_s:>7.1f} {serial_s / wave_s:>11.1f}x {serial_s / n:>14.2f} {wave_s / n:>12.2f}")

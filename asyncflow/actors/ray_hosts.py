@@ -133,7 +133,9 @@ def capacity_error(bundles: Sequence[Mapping[str, float]], cluster: Mapping[str,
         )
     short = [key for key in need if key != "CPU" and need[key] > have[key]]
     if short:
-        figures = ", ".join(f"{need[k] * RAY_RESOURCE_STEP:g} {k} and the Ray cluster has {have[k] * RAY_RESOURCE_STEP:g} {k}" for k in short)
+        figures = ", ".join(
+            f"{need[k] * RAY_RESOURCE_STEP:g} {k} and the Ray cluster has {have[k] * RAY_RESOURCE_STEP:g} {k}" for k in short
+        )
         return (
             f"Ray cannot place the run's {len(bundles)} process hosts: they reserve {figures}; add nodes or devices, "
             f"or lower num_replicas / num_workers / train.num_ranks"

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,9 +132,9 @@ class Supervisor:
         self.restarts: list[dict] = []  # each restart, for summary.json
         self.spawn = spawn_host  # with [cluster] launcher = "ray": RayHosts.spawn (actors/ray_hosts.py)
         # every host of the launch at once: name -> its env. None: ``spawn`` each (local: a Popen, no wait)
-        self.spawn_many: Callable[[DirectoryClient, TransportConfig, dict[str, dict[str, str]]], dict[str, HostProcess]] | None = (
-            None
-        )
+        self.spawn_many: (
+            Callable[[DirectoryClient, TransportConfig, dict[str, dict[str, str]]], Mapping[str, HostProcess]] | None
+        ) = None
         self.dc: DirectoryClient | None = None
         self.transport: TransportConfig | None = None
         self.env: dict[str, str] = {}

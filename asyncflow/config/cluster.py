@@ -121,7 +121,9 @@ class ClusterConfig(Section):
 
     def check(self, run: RunConfig) -> None:
         if self.ray_cpus_per_host < RAY_RESOURCE_STEP:
-            raise Refused("ray_cpus_per_host", f"Ray counts CPU in steps of {RAY_RESOURCE_STEP:g}: use {RAY_RESOURCE_STEP:g} or more")
+            raise Refused(
+                "ray_cpus_per_host", f"Ray counts CPU in steps of {RAY_RESOURCE_STEP:g}: use {RAY_RESOURCE_STEP:g} or more"
+            )
         if self.pin_trainer_cores and self.launcher != "local":
             raise Refused("pin_trainer_cores", "pins cores of this machine: use it with launcher = 'local', or set it to 0")
         ranks = run.train.num_ranks

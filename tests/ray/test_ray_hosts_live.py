@@ -158,7 +158,9 @@ def _with_descendants(pids: set[int]) -> set[int]:
     return found
 
 
-def _tcp_sockets(pids: set[int]) -> list[tuple[int, ipaddress.IPv4Address | ipaddress.IPv6Address, ipaddress.IPv4Address | ipaddress.IPv6Address]]:
+def _tcp_sockets(
+    pids: set[int],
+) -> list[tuple[int, ipaddress.IPv4Address | ipaddress.IPv6Address, ipaddress.IPv4Address | ipaddress.IPv6Address]]:
     """(pid, local address, remote address) of every tcp socket (v4 and v6) these processes hold."""
     owner: dict[str, int] = {}
     for pid in pids:
