@@ -9,6 +9,18 @@
 # script exits (no `ray stop`: another Ray on the machine is left alone). Ray's token
 # auth gets a fresh token in the environment; nothing is written to ~/.ray.
 # The same check as a test: python -m pytest tests/ray -m ray -q
+#
+# Loopback only: the cluster, the driver and every host listen and dial on 127.0.0.1,
+# never on another interface of the machine. RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is
+# what does it for Ray (Ray 2.60 turns --node-ip-address 127.0.0.1 into the machine's
+# routable address otherwise, and a driver that dials that may hang for minutes);
+# by hand: RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head --node-ip-address 127.0.0.1.
+# afctl up sets it itself when bind_host or the Ray address is a loopback one.
+#
+# Scale: every host reserves [cluster] ray_cpus_per_host (0.1) of the CPUs the cluster
+# declares (RAY_CPUS here), so RAY_CPUS=4 holds 40 hosts; a run that needs more is
+# refused at once with the figures. Hosts start in parallel; to time N of them:
+#   python scripts/ray_spawn_bench.py --hosts 8,16,24 --ray-cpus 8
 set -euo pipefail
 
 num_steps=${1:-3}
@@ -19,6 +31,7 @@ python -c "import ray" 2>/dev/null || { echo "Ray is missing: pip install -e '$r
 work=$(mktemp -d -t asyncflow-ray-XXXXXX)
 token() { python -c 'import secrets; print(secrets.token_hex(32))'; }
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$(token) RAY_USAGE_STATS_ENABLED=0
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # Ray on 127.0.0.1 only (the head and this driver)
 export ASYNCFLOW_SECRET=${ASYNCFLOW_SECRET:-$(token)}
 unset RAY_ADDRESS
 
@@ -42,7 +55,7 @@ cat >> "$work/ray_tiny.toml" <<TOML
 launcher = "ray"
 [cluster.transport]
 scheme = "tcp"
-bind_host = "0.0.0.0"   # each host advertises its Ray node's IP
+bind_host = "127.0.0.1"   # one machine: loopback only (several machines: "0.0.0.0", docs/multi-node.md)
 TOML
 
 OMP_NUM_THREADS=1 python -m asyncflow.cli.main up "$work/ray_tiny.toml" --run-dir "$work/run"

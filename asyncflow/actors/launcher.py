@@ -177,7 +177,7 @@ class Launcher:
 
             self.ray_hosts = ray_hosts = RayHosts(cfg.cluster, sup.num_devices)
             undo.push("close the Ray hosts", ray_hosts.close)
-            sup.spawn = ray_hosts.spawn
+            sup.spawn, sup.spawn_many = ray_hosts.spawn, ray_hosts.spawn_many
             transport = ray_hosts.connect(transport)
         self.transport = transport.validate()
         sup.pin_cores, why = pinning(cfg)  # before any host starts: the cores are watched idle (actors/_pinning.py)

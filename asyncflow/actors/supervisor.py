@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +131,10 @@ class Supervisor:
         self.restart_policy = RestartPolicy(c.max_restarts_per_role, c.restart_window_s, c.restart_backoff_s)
         self.restarts: list[dict] = []  # each restart, for summary.json
         self.spawn = spawn_host  # with [cluster] launcher = "ray": RayHosts.spawn (actors/ray_hosts.py)
+        # every host of the launch at once: name -> its env. None: ``spawn`` each (local: a Popen, no wait)
+        self.spawn_many: (
+            Callable[[DirectoryClient, TransportConfig, dict[str, dict[str, str]]], Mapping[str, HostProcess]] | None
+        ) = None
         self.dc: DirectoryClient | None = None
         self.transport: TransportConfig | None = None
         self.env: dict[str, str] = {}
@@ -205,6 +209,11 @@ class Supervisor:
     def spawn_all(self) -> None:
         """Start every planned host's process (its actors come with ``start_actors``)."""
         assert self.dc is not None and self.transport is not None, "attach() comes first"
+        if self.spawn_many is not None:  # Ray: placed, started and registered together (ray_hosts.py)
+            procs = self.spawn_many(self.dc, self.transport, {name: self.host_env(name) for name in self._hosts})
+            for name, record in self._hosts.items():
+                record.proc = procs[name]
+            return
         for record in self._hosts.values():
             record.proc = self.spawn(record.name, self.dc, self.transport, env=self.host_env(record.name))
 

@@ -23,6 +23,10 @@ if typing.TYPE_CHECKING:
     from asyncflow.config.run import RunConfig
 
 
+RAY_RESOURCE_STEP = 0.0001
+"""Ray's resolution of a resource quantity (its fixed-point unit)."""
+
+
 class ClusterConfig(Section):
     """Where processes run."""
 
@@ -105,8 +109,21 @@ class ClusterConfig(Section):
         ),
     ] = msgspec.field(default_factory=list)
     ray_address: Annotated[str, Meta(description="Ray cluster address (launcher = ray); empty: RAY_ADDRESS.")] = ""
+    ray_cpus_per_host: Annotated[
+        PosFloat,
+        Meta(
+            description="launcher = ray: the CPU each process host reserves from Ray, for placement only (its threads come from "
+            "``threads_per_process``); a fraction, so that light processes do not wait for whole cores. A run of N hosts "
+            "needs N x this many of the CPUs the Ray cluster declares (``ray start --num-cpus``): a run that needs more is "
+            "refused before any host starts, with the figures (docs/multi-node.md)."
+        ),
+    ] = 0.1
 
     def check(self, run: RunConfig) -> None:
+        if self.ray_cpus_per_host < RAY_RESOURCE_STEP:
+            raise Refused(
+                "ray_cpus_per_host", f"Ray counts CPU in steps of {RAY_RESOURCE_STEP:g}: use {RAY_RESOURCE_STEP:g} or more"
+            )
         if self.pin_trainer_cores and self.launcher != "local":
             raise Refused("pin_trainer_cores", "pins cores of this machine: use it with launcher = 'local', or set it to 0")
         ranks = run.train.num_ranks
