@@ -8,7 +8,7 @@ trainer's mean reward and tool-call rate over the first and the last 10% of step
     python examples/hub/measure.py --lib verifiers   # the task as a verifiers environment
                                                      # (calc_verifiers.py; its rows as the data)
 
-Needs openenv-core in this Python (``pip install 'asyncflow[openenv]'``; verifiers too for
+Needs openenv-core in this Python (``pip install -e '.[openenv]' (in the asyncflow checkout)``; verifiers too for
 ``--lib verifiers``: ``[hub]``); nothing is downloaded (the data and the tiny model are
 built here). The tool-call rate is the OpenEnv environment's count (``metadata``), in
 process only: OpenEnv's server leaves ``metadata`` out of what it sends, and the verifiers
@@ -56,7 +56,9 @@ def main() -> int:
         if args.lib == "verifiers":
             import verifiers.v1  # noqa: F401
     except ImportError as exc:
-        raise SystemExit(f"examples/hub needs {exc.name} in this Python: pip install 'asyncflow[hub]'") from None
+        raise SystemExit(
+            f"examples/hub needs {exc.name} in this Python: pip install -e '.[hub]' (in the asyncflow checkout)"
+        ) from None
     out = Path(args.out).resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

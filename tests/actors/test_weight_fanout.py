@@ -243,7 +243,10 @@ def test_a_relay_killed_or_frozen_mid_transfer_costs_its_subtree_no_version_and_
     untouched = [n for n in survivors if n not in children]
     assert all(v2[n].num_fallbacks == before[n].num_fallbacks for n in untouched)
     assert last[victim_name].crc32[4] == sent[4]["crc"]  # back, and in the tree again
-    assert sent[4]["served_bytes"] == 2 * VERSION_BYTES  # v4 through the tree: the root served its two children
+    # v4 through the tree: the root served its two children, and at most a few chunks more. A thawed victim
+    # answers late at first; a child that gives up on a chunk in that time takes it from the root (seen: one
+    # chunk, every time, for a frozen child of the root; the exact figure was this test's flake)
+    assert 2 * VERSION_BYTES <= sent[4]["served_bytes"] < 3 * VERSION_BYTES
 
 
 def _publish_only(version: int):

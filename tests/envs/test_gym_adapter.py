@@ -128,7 +128,9 @@ def test_an_env_without_the_five_tuple_step_is_refused_with_what_to_return():
 
 @pytest.mark.timeout(30)
 def test_a_gymnasium_env_runs_as_is():
-    gymnasium = pytest.importorskip("gymnasium", reason="gymnasium is not installed (pip install 'asyncflow[hub]')")
+    gymnasium = pytest.importorskip(
+        "gymnasium", reason="gymnasium is not installed (pip install -e '.[hub]' (in the asyncflow checkout))"
+    )
     from gymnasium import spaces
 
     class Echo(gymnasium.Env):

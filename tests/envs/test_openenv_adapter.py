@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("openenv.core", reason="openenv-core is not installed (pip install 'asyncflow[hub]')")
+pytest.importorskip("openenv.core", reason="openenv-core is not installed (pip install -e '.[hub]' (in the asyncflow checkout))")
 
 from openenv_guess import Board, Guess  # noqa: E402  (needs openenv)
 

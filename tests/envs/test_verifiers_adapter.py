@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-pytest.importorskip("verifiers.v1", reason="verifiers is not installed (pip install 'asyncflow[hub]')")
+pytest.importorskip("verifiers.v1", reason="verifiers is not installed (pip install -e '.[hub]' (in the asyncflow checkout))")
 
 from asyncflow.envs.base import Action, Sample, load_env_factory  # noqa: E402
 from asyncflow.envs.hub.verifiers import task_rows, verifiers_env, write_data  # noqa: E402

@@ -1,4 +1,4 @@
-"""A local Ray cluster for the ``ray``-marked tests (``pip install 'asyncflow[ray]'``).
+"""A local Ray cluster for the ``ray``-marked tests (``pip install -e '.[ray]' in the asyncflow checkout``).
 
 Run: ``timeout 900 python -m pytest tests/ray -m ray -q``. The cluster is started by a
 helper process (``_ray_head.py``) and shut down by it, so no other Ray on the machine
@@ -41,7 +41,7 @@ def ray_head():
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     }
     if importlib.util.find_spec("ray") is None:
-        pytest.skip("the ray extra is not installed: pip install 'asyncflow[ray]'")
+        pytest.skip("the ray extra is not installed: pip install -e '.[ray]' in the asyncflow checkout")
     saved = {key: os.environ.get(key) for key in auth}
     os.environ.update(auth)
     env = dict(os.environ, **auth, **{PARENT_ENV: str(os.getpid())})

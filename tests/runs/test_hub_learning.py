@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_the_hub_example_raises_its_tool_call_rate_and_doubles_its_reward(tmp_path):
-    pytest.importorskip("openenv.core", reason="openenv-core is not installed (pip install 'asyncflow[openenv]')")
+    pytest.importorskip(
+        "openenv.core", reason="openenv-core is not installed (pip install -e '.[openenv]' in the asyncflow checkout)"
+    )
     done = subprocess.run(
         [sys.executable, "examples/hub/measure.py", "--out", str(tmp_path / "hub")],
         cwd=ROOT,

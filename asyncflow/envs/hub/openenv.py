@@ -51,7 +51,7 @@ def _openenv():
     except ImportError as exc:
         raise ImportError(
             "env.path names an OpenEnv environment (asyncflow.envs.hub.openenv), but openenv-core is not installed "
-            "in this Python: pip install 'asyncflow[hub]' on every rollout host (and the trainer's with [eval])"
+            "in this Python: pip install -e '.[hub]' (in the asyncflow checkout) on every rollout host (and the trainer's with [eval])"
         ) from exc
     return core
 

@@ -55,7 +55,7 @@ def _verifiers():
     except ImportError as exc:
         raise ImportError(
             "env.path names a verifiers environment (asyncflow.envs.hub.verifiers), but verifiers is not installed in "
-            "this Python: pip install 'asyncflow[hub]' on every rollout host (and the trainer's with [eval])"
+            "this Python: pip install -e '.[hub]' (in the asyncflow checkout) on every rollout host (and the trainer's with [eval])"
         ) from exc
     return vf
 
