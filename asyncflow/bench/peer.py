@@ -14,7 +14,9 @@ then sync runs without it, its whole batch in one rollout call). A config with `
 (examples/smollm2.toml) also gets each system's greedy held-out accuracy after its last
 step: every system trains on the same training split, asyncflow's trainer evaluates its
 last version in the run (counted in its time), and TRL's saved final weights go through
-the same evaluation (``actors/_eval.evaluate_saved``) after its timing.
+the same evaluation (``actors/_eval.evaluate_saved``) after its timing. ``--skip-sync`` runs
+TRL and async only (more seeds of the accuracy comparison in less time; TRL's weights are
+then evaluated from the async run's directory).
 """
 
 from __future__ import annotations

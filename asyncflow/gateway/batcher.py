@@ -36,7 +36,28 @@ class _Request:
     result: Future = field(default_factory=Future)
 
 
-class Batcher:
+class _RequestQueue:
+    """The queue both kinds of serving share: requests in arrival order, refused with a 503
+    once closed; ``num_requests`` counts those queued so far (tests wait on it under ``_cv``)."""
+
+    def __init__(self) -> None:
+        self._queue: list[_Request] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self.num_requests = 0
+
+    def _enqueue(self, ids: list[int], params: SamplingParams) -> _Request:
+        request = _Request(list(ids), params)
+        with self._cv:
+            if self._closed:
+                raise RequestError(503, "the gateway is stopping (its replica or the run ends)", "gateway_stopping")
+            self._queue.append(request)
+            self.num_requests += 1
+            self._cv.notify_all()
+        return request
+
+
+class Batcher(_RequestQueue):
     def __init__(
         self, engine: RolloutEngine, engine_lock: threading.Lock, max_batch: int = 64, digest: Callable[[], int] | None = None
     ):
@@ -46,23 +67,13 @@ class Batcher:
         self.digest = digest
         self.digests: dict[int, int] = {}
         """version -> the weights digest its generate calls ran with."""
-        self._queue: list[_Request] = []
-        self._cv = threading.Condition()
-        self._closed = False
-        self.num_requests = 0  # requests queued so far (tests wait on it under _cv)
+        super().__init__()
         self._thread = threading.Thread(target=self._loop, name="gateway-generate", daemon=True)
         self._thread.start()
 
     def generate(self, ids: list[int], params: SamplingParams) -> tuple[Completion, int]:
         """One completion of ``ids`` and the policy version that generated it (blocks)."""
-        request = _Request(list(ids), params)
-        with self._cv:
-            if self._closed:
-                raise RequestError(503, "the gateway is stopping (its replica or the run ends)", "gateway_stopping")
-            self._queue.append(request)
-            self.num_requests += 1
-            self._cv.notify_all()
-        return request.result.result()
+        return self._enqueue(ids, params).result.result()
 
     def close(self) -> None:
         with self._cv:
@@ -125,7 +136,7 @@ class Batcher:
         return [(c, version) for c in completions]
 
 
-class StreamedRequests:
+class StreamedRequests(_RequestQueue):
     """With partial rollout (``[workflow] partial_rollout``): the gateway's requests join
     the replica's generation stream (``actors/rollout/stream.py`` takes them between two
     decode steps) instead of generate calls of their own, so weights swap between any
@@ -139,23 +150,15 @@ class StreamedRequests:
     every version the stream swapped in (the replica records each, ``record``)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.digests: dict[int, int] = {}
         """version -> the weights digest of that version (recorded by the replica)."""
-        self._queue: list[_Request] = []
-        self._cv = threading.Condition()
-        self._closed = False
-        self.num_requests = 0  # requests queued so far
         self.arrived = threading.Event()
         """Set when a request is queued: wakes the replica's idle wait."""
 
     def generate(self, ids: list[int], params: SamplingParams) -> tuple[Completion, int]:
         """One completion of ``ids`` and its first token's version (blocks until the stream gives it)."""
-        request = _Request(list(ids), params)
-        with self._cv:
-            if self._closed:
-                raise RequestError(503, "the gateway is stopping (its replica or the run ends)", "gateway_stopping")
-            self._queue.append(request)
-            self.num_requests += 1
+        request = self._enqueue(ids, params)
         self.arrived.set()
         completion = request.result.result()
         return completion, completion.version

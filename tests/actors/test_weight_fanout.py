@@ -256,3 +256,29 @@ def _publish_only(version: int):
 
     named = version_tensors(version, VERSION_BYTES, TENSOR_BYTES)
     return Publish(version, named, weights_digest(named))
+
+
+@pytest.mark.timeout(300)
+def test_a_real_size_embedding_relayed_down_a_chain_reaches_every_replica_byte_exact_with_its_digest(cluster, tmp_path):
+    """The Qwen2.5-0.5B embedding (151,936 x 896, past 2^24 elements), in bfloat16 as a
+    bfloat16 replica holds it, through a chain of 3 (degree 1: every hop but the first is
+    a relay): no hop's index or chunk arithmetic may round at that size."""
+    import torch
+
+    transport, client = cluster
+    shape = (151_936, 896)  # Qwen2.5-0.5B's vocabulary x hidden (tests/engines/real_sizes.py)
+    embed = torch.randn(shape, generator=torch.Generator().manual_seed(0), dtype=torch.float32).to(torch.bfloat16)
+    embed.view(-1)[-1] = 7.0  # the last element is the one float32 positions lost
+    named = [("model.embed_tokens.weight", embed), ("model.norm.weight", torch.ones(shape[1]))]
+    assert embed.numel() > 2**24
+    run_dir = fanout_run_dir(str(tmp_path), "tree", 1, timeout_s=60.0)
+    fleet = Fleet(client, transport, run_dir, "tree", 3, 2, 32 << 20, timeout_s=60.0, check_bytes=True)
+    try:
+        point = fleet.publish(1, named, wait_s=240.0)
+    finally:
+        fleet.close()
+    num_bytes = sum(t.numel() * t.element_size() for _, t in named)
+    assert [r.crc32[1] for r in point["records"]] == [tensors_crc32(named)] * 3
+    assert all(not r.errors for r in point["records"])  # each replica's digest check passed
+    assert point["served_bytes"] == num_bytes  # one copy from the trainer's side, the rest relayed
+    assert sum(r.num_bytes_relayed for r in point["records"]) == 2 * num_bytes

@@ -130,6 +130,27 @@ def test_a_real_size_replica_generates_tokens_whose_logprobs_the_trainer_recompu
         assert torch.allclose(logp_BT[b, start : start + 4], torch.tensor(c.logprobs), atol=1e-4, rtol=0)
 
 
+@pytest.mark.timeout(300)
+def test_a_real_size_stream_samples_a_prompt_added_with_its_own_count_and_length_beside_its_own(real):
+    """The partial-rollout stream at real vocabulary size: a gateway request or an environment
+    turn joins it with its own ``n`` and ``max_new_tokens`` (actors/rollout/stream.py)."""
+    vocab = REAL_SHAPES[real.kind]["vocab_size"]
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (6, 4)]
+    stream = real.rollout.open_stream(SamplingParams(n=2, max_new_tokens=4, stop_token_ids=(), seed=0))
+    try:
+        stream.add(prompts[:1])
+        stream.add(prompts[1:], n=1, max_new_tokens=2)
+        got = []
+        while stream.num_active:
+            got += stream.step()
+    finally:
+        stream.close()
+    assert sorted((c.prompt_index, c.sample_index, len(c.response_ids)) for c in got) == [(0, 0, 4), (0, 1, 4), (1, 0, 2)]
+    assert max(t for c in got for t in c.response_ids) > 2**16  # ids from all of the vocabulary
+    assert real.rollout.pool.used_bytes == 0
+
+
 # -- weight sync -----------------------------------------------------------------------
 
 
