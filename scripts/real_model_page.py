@@ -239,7 +239,7 @@ def _peer(r: dict) -> list[str]:
     if p["systems"].get("trl", {}).get("bf16"):
         out[-2] += (
             " Both train in mixed precision: bfloat16 autocast over float32 weights (asyncflow "
-            '`train.engine.autocast = "bfloat16"`, TRL `bf16=True`).'
+            '`train.engine.autocast` "bfloat16", or "auto" on a CPU with bfloat16 instructions, TRL `bf16=True`).'
         )
     out += [
         "| system | samples/s | last-10% reward | held-out accuracy | vs TRL |",

@@ -100,6 +100,7 @@ from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.errors import BatchTimeout
 from asyncflow.core.tq.notify import Notifier
 from asyncflow.engines.device import torch_dtype
+from asyncflow.engines.precision import resolve_autocast
 from asyncflow.planner import memory
 
 if TYPE_CHECKING:
@@ -622,7 +623,8 @@ ROLE = roles.RoleSpec(
         flops_per_param_token=6 * (2 if cfg.algorithm.needs_critic else 1),  # the critic trains as much
         units=roles.compute_units(cfg, cores, cfg.train.num_ranks, _train_threads(cfg)),
         efficiency="train",
-        bfloat16=cfg.train.engine.autocast == "bfloat16" or cfg.train.engine.dtype == "bfloat16",
+        bfloat16=resolve_autocast(cfg.train.engine.autocast, cfg.train.engine.device) == "bfloat16"
+        or cfg.train.engine.dtype == "bfloat16",
     ),
     train_group=True,
     kwargs=lambda layout, name: {

@@ -38,6 +38,8 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "local.toml"
 
 def trl_spec(cfg, steps: int, threads: int, out_dir: Path) -> dict:
     """What ``_peer_trl`` needs, from the run config (model and data already built)."""
+    from asyncflow.engines.precision import resolve_autocast
+
     eng = cfg.train.engine
     return {
         "model_dir": cfg.model.path,
@@ -56,7 +58,8 @@ def trl_spec(cfg, steps: int, threads: int, out_dir: Path) -> dict:
         "clip_low": cfg.algorithm.loss.clip_low,
         "clip_high": cfg.algorithm.loss.clip_high,
         "grad_clip": eng.grad_clip,
-        "bf16": eng.autocast == "bfloat16",  # mixed precision as the trainer's (TRL: accelerate's bf16 autocast)
+        "bf16": resolve_autocast(eng.autocast, eng.device)
+        == "bfloat16",  # mixed precision as the trainer's (TRL: accelerate's bf16 autocast)
         "steps": steps,
         "seed": cfg.seed,
         "threads": threads,

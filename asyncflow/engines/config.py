@@ -210,13 +210,15 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     device: Annotated[Device, Meta(description="Where the model trains.")] = "cpu"
     dtype: Annotated[DType, Meta(description="Parameter dtype (optimizer states follow it).")] = "float32"
     autocast: Annotated[
-        Literal["off", "bfloat16"],
+        Literal["off", "bfloat16", "auto"],
         Meta(
             description="Mixed precision: the forward and backward run their matmuls in this dtype (``torch.autocast``) "
             "while parameters, gradients and optimizer states stay in ``dtype`` (float32); log-probs, entropy and the loss "
             "are still computed in float32 from the logits. On a CPU with avx512_bf16 or AMX it trains faster "
             "(SmolLM2-135M, one core: the measured ratio is in docs/real-model.md, 'Training at real size'); on one "
-            "without bf16 instructions it is slower: leave it off. "
+            "without bf16 instructions torch emulates it, several times slower than float32 (the preflight warns). "
+            "auto: bfloat16 where the trainer's host runs it natively (a CPU with avx512_bf16 or amx_bf16, a GPU "
+            "with bf16 support, an NPU), off elsewhere; the trainer's log says which (engines/precision.py). "
             "The trainer's log-probs then differ from a float32 rollout's by bfloat16 rounding, which the importance "
             "ratio sees. float16 is not offered: it needs loss scaling."
         ),

@@ -82,6 +82,7 @@ from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
 from asyncflow.engines.hf import TOKENIZER_FILES, load_model
 from asyncflow.engines.lr_schedule import lr_at
+from asyncflow.engines.precision import resolve_autocast
 from asyncflow.engines.sampling import truncated_logits, truncates
 
 if TYPE_CHECKING:
@@ -277,7 +278,11 @@ class TorchTrainEngine(TrainEngine):
         trained = [p for p in self.net.parameters() if p.requires_grad] if self.lora else self.net.parameters()
         self.optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused)
         self._step = 0
-        self.compute_dtype = torch_dtype(cfg.autocast if cfg.autocast != "off" else cfg.dtype)
+        self.autocast = resolve_autocast(cfg.autocast, self.device.type)
+        """``cfg.autocast`` on this host ("auto" resolved: ``engines/precision.py``)."""
+        if cfg.autocast == "auto":
+            log.info("train.engine.autocast = 'auto': %s on this host", self.autocast)
+        self.compute_dtype = torch_dtype(self.autocast if self.autocast != "off" else cfg.dtype)
         """The dtype the matmuls run in (``autocast``'s, else the parameters')."""
         self.pack_attention: PackAttention | None = None
         """With packing: how attention is kept within packed sequences (the path that runs)."""
@@ -367,7 +372,7 @@ class TorchTrainEngine(TrainEngine):
     def _compute(self) -> contextlib.AbstractContextManager[Any]:
         """Where the model runs: under ``torch.autocast`` with ``autocast`` set (its
         backward follows the forward's dtypes), else as is."""
-        if self.cfg.autocast == "off":
+        if self.autocast == "off":
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
