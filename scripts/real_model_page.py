@@ -17,6 +17,7 @@ REAL = (
     "real_rollout_bf16",
     "real_bf16_learning",
     "real_fp32_learning",
+    "real_model_here",
     "real_rollout_distinct",
     "real_train",
     "real_lora",
@@ -43,7 +44,8 @@ def previous_sections(page: str) -> dict[str, str]:
 
 
 def _head(r: dict) -> str:
-    return f"`{r['command']}` ({r['when']}, {r['seconds'] / 60:.0f} min, load average {r['load_avg_1m']} at the end)"
+    cpu = f", CPU: {r['cpu']}" if r.get("cpu") else ""  # recorded since the sections ran on two kinds of CPU
+    return f"`{r['command']}` ({r['when']}, {r['seconds'] / 60:.0f} min, load average {r['load_avg_1m']} at the end{cpu})"
 
 
 def _learning(r: dict) -> list[str]:
@@ -173,6 +175,20 @@ def _fp32_learning(r: dict) -> list[str]:
         "",
         'The task with `train.engine.autocast = "off"`: the trainer in float32, as the rollout. What mixed precision '
         "saves (time) and what it costs (accuracy, if anything): compare with async seed 0 of the first section.",
+        *body,
+    ]
+
+
+def _model_here(r: dict) -> list[str]:
+    body = _learning(r)[1:]
+    cpu = r.get("cpu", "unknown")
+    return [
+        f"## The example on another CPU: {cpu}",
+        "",
+        "The sections above ran on a CPU with bfloat16 instructions (avx512_bf16), where the example trains in "
+        'mixed precision. `train.engine.autocast = "auto"` (the example\'s) takes float32 on a CPU without them, '
+        "where torch emulates bfloat16 about 10x slower than float32 (`asyncflow/planner/cpu_peak.py`, "
+        "EMULATED_BF16). This is the example as shipped on the CPU named here.",
         *body,
     ]
 
@@ -463,6 +479,7 @@ RENDER = {
     "real_rollout_bf16": _rollout_bf16,
     "real_bf16_learning": _bf16_learning,
     "real_fp32_learning": _fp32_learning,
+    "real_model_here": _model_here,
     "real_rollout_distinct": _rollout_distinct,
     "real_train": _train,
     "real_lora": _lora,

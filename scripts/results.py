@@ -17,6 +17,7 @@ again rewrites its page without measuring the others); a section without JSON is
 the ``openenv`` extra (``pip install -e '.[openenv]'``); about 13 for
 docs/performance.md's (scripts/performance_page.py renders that page). The real-model sections
 (``real_model``, ``real_lora_learning``, ``real_rollout``, ``real_rollout_bf16``, ``real_bf16_learning``, ``real_fp32_learning``,
+``real_model_here`` (the example as shipped, on this CPU),
 ``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``, ``real_peer_seed1``, ``real_peer_seed2``, ``real_peer_trl2``,
 ``real_peer_seed3``, ``real_peer_seed4`` (TRL and async only), ``real_bf16_seed0`` to ``real_bf16_seed4`` (async
 with its rollout in bfloat16), ``real_stream``, ``real_stream_seed1``, ``real_stream_seed2``: docs/real-model.md, rendered by
@@ -172,6 +173,11 @@ SECTIONS: dict[str, list[str]] = {
     ],
     "real_rollout": [*_GROUP_ROLLOUT, "--profile", "--json"],
     "real_rollout_bf16": [*_GROUP_ROLLOUT, "--dtype", "bfloat16", "--json"],  # a CPU with avx512_bf16 or AMX
+    "real_model_here": [  # the example as shipped on the CPU this runs on (its heading names it), one async seed
+        *_ONE_ASYNC_RUN,
+        "--out",
+        "{work}/real_model_here",
+    ],
     "real_bf16_learning": [  # the task with the rollout in bfloat16 too (the trainer: the example's mixed precision)
         *_ONE_ASYNC_RUN,
         "--set",
@@ -469,6 +475,16 @@ REAL_PERFORMANCE = ("real_breakdown", "real_rollout", "real_train")
 """Real-model sections docs/performance.md also reads (real_breakdown is its own; the other two are docs/real-model.md's too)."""
 
 
+def _cpu() -> str:
+    """What the figures ran on (the preflight's reading of /proc/cpuinfo): a CPU with
+    bfloat16 instructions runs the real-model sections' mixed precision several times
+    faster than one without (engines/precision.py)."""
+    from asyncflow.planner.io import local_cpu_peak
+
+    peak = local_cpu_peak()
+    return peak.describe.removeprefix("this CPU: ") if peak is not None else "unknown"
+
+
 def measure(name: str, work: Path) -> dict:
     cmd = [part.format(work=work) for part in SECTIONS[name]]
     print(f"== {name}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
@@ -482,6 +498,7 @@ def measure(name: str, work: Path) -> dict:
         "when": time.strftime("%Y-%m-%d %H:%M"),
         "seconds": round(time.time() - started),
         "load_avg_1m": round(os.getloadavg()[0], 1),
+        "cpu": _cpu(),
         "result": json.loads(last),
     }
     (work / f"{name}.json").write_text(json.dumps(record, indent=1))
