@@ -135,26 +135,48 @@ class Front:
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 
-    async def _body(self, request: Request) -> bytes:
+    async def _body(self, request: Request) -> bytes | None:
+        """The body, or None when it is over ``max_request_bytes`` (by its Content-Length, or
+        as soon as the stream passes it): never held whole."""
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_request_bytes:
-            return b""  # the replica refuses it with its 413 by the same Content-Length
-        return await request.body()
+            return None
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_request_bytes:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self) -> JSONResponse:
+        return _error(
+            413,
+            f"the request body is over {self.max_request_bytes} bytes ([rollout.gateway] max_request_bytes): "
+            "send a shorter conversation",
+            "request_too_large",
+        )
 
     # -- routes --------------------------------------------------------------------
     async def _chat(self, request: Request) -> Response:
         body = await self._body(request)
+        if body is None:
+            return self._too_large()
         session = request.headers.get("x-session-id") or _field(body, "user")
         group = request.headers.get("x-group-id")
         self._refresh()
+        placeholder = session or f"anon-{uuid.uuid4().hex}"  # an anonymous session is named by its replica's answer
         try:
-            replica = self.table.route(session or f"anon-{uuid.uuid4().hex}", group)
+            replica = self.table.route(placeholder, group)
         except ReplicaDown as exc:
             return self._refused(exc.replica, session)
         try:
             r = await self._forward(replica, request, body)
         except _Gone:
             return self._refused(replica, session)
+        finally:
+            if session is None:
+                self.table.forget(placeholder)
         named = r.headers.get("x-session-id")
         if session is None and named is not None and r.status_code == 200:
             self.table.pin(named, replica, group)
@@ -165,6 +187,8 @@ class Front:
 
     async def _reward(self, request: Request) -> Response:
         body = await self._body(request)
+        if body is None:
+            return self._too_large()
         session = request.path_params["session"]
         group = _field(body, "group")
         owner, pinned = self.table.replica_of(session), self.table.group_replica(group) if group else None

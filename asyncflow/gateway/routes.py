@@ -96,6 +96,13 @@ class RouteTable:
             if group is not None:
                 self._group.setdefault(group, replica)
 
+    def forget(self, session: str) -> None:
+        """Route ``session`` afresh next time (a placeholder for an anonymous request)."""
+        with self._lock:
+            replica = self._session.pop(session, None)
+            if replica is not None:
+                self._open[replica].discard(session)
+
     def group_replica(self, group: str) -> int | None:
         with self._lock:
             return self._group.get(group)

@@ -85,3 +85,20 @@ def test_a_request_for_a_session_the_front_never_routed_is_a_404(make_gateway, f
     front = front_of({0: make_gateway(replica=0)})
     with pytest.raises(openai.NotFoundError):
         api(front.url).get("/asyncflow/sessions/nobody", cast_to=object)
+
+
+@pytest.mark.timeout(120)
+def test_an_anonymous_session_stays_on_the_replica_that_named_it_and_an_oversized_body_is_a_413(make_gateway, front_of):
+    gateways = {i: make_gateway(replica=i) for i in (0, 1)}
+    front = front_of(gateways)
+    client = api(front.url)
+    chat = [{"role": "user", "content": "1+1="}]
+    first = client.chat.completions.with_raw_response.create(model="m", messages=chat, max_tokens=4)
+    named, replica = first.headers["x-session-id"], first.parse().model_extra["asyncflow"]["replica"]
+    chat.append({"role": "assistant", "content": first.parse().choices[0].message.content})
+    later = [turn(client, [*chat], named, "2+2=")["replica"] for _ in range(1)]
+    assert later == [replica]
+    assert front.table.counts()[f"gateway/open_sessions_{replica}"] == 1.0  # the anonymous placeholder is gone
+    with pytest.raises(openai.APIStatusError) as big:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1" * (1 << 20)}])
+    assert big.value.status_code == 413
