@@ -240,6 +240,11 @@ class Launcher:
             saved = TQClient(dc, consumer="driver").load(str(Path(self.launch.resume_from) / "queue"))
             click.echo(f"resumed the queue: {saved.num_rows} rows from {self.launch.resume_from}")
         sup.start_actors([h for h in sup.names() if h not in queue])
+        if cfg.rollout.gateway.enabled and cfg.rollout.gateway.all_replicas:  # one URL before every replica's gateway
+            from asyncflow.gateway.front import serve_front
+
+            front = serve_front(cfg.rollout.gateway, self.run_dir, cfg.rollout.num_replicas)
+            undo.push("stop the gateway front", front.close)
         if cfg.planner.online:
             from asyncflow.actors._scaling import Scaler
 
@@ -626,8 +631,9 @@ def gateway_line(run_dir: Path, cfg: RunConfig) -> str:
         info = json.loads((run_dir / "gateway.json").read_text())
     except (OSError, ValueError):
         return "gateway: its address is not in RUN_DIR/gateway.json yet (see the replica's log)"
+    served = f"rollout.{info['replica']}" if info["replica"] != "all" else f"{info['replicas']} rollout replicas, sticky sessions"
     return (
-        f"gateway: OpenAI-compatible API at {info['url']}/v1 (rollout.{info['replica']}; trajectories to "
+        f"gateway: OpenAI-compatible API at {info['url']}/v1 ({served}; trajectories to "
         f"{info['trajectories']}); it serves while the run trains: {cfg.train.num_steps} steps (train.num_steps)"
     )
 

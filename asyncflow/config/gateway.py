@@ -37,6 +37,15 @@ class GatewayConfig(Section):
         int, Meta(ge=0, le=65535, description="TCP port; 0 picks a free one (written to ``RUN_DIR/gateway.json`` and the log).")
     ] = 8000
     replica: Annotated[NonNegInt, Meta(description="Index of the rollout replica that serves it (``rollout.<replica>``).")] = 0
+    all_replicas: Annotated[
+        bool,
+        Meta(
+            description="Every rollout replica serves the gateway (``replica`` is then ignored), behind one URL that the "
+            "driver serves on ``host:port``: each session goes to one replica at its first request (its group's, else the "
+            "least loaded) and stays there, so its prefix stays where it was run; while that replica is down (restarting) "
+            "its requests get a retryable 503 (docs/gateway.md, Several replicas)."
+        ),
+    ] = False
     require_secret: Annotated[
         bool, Meta(description="Ask for the cluster secret on loopback too (off loopback it is always asked for).")
     ] = False
@@ -149,9 +158,10 @@ class GatewayConfig(Section):
             (bool(run.env.path), "unset env.path (the agent program is the environment)"),
             (run.reward_model.enabled, "set reward_model.enabled = false (a session's reward comes by the reward route)"),
             (
-                run.rollout.num_replicas > 1,
-                f"set rollout.num_replicas = 1 (one replica serves the gateway; the other {run.rollout.num_replicas - 1} "
-                "would idle)",
+                run.rollout.num_replicas > 1 and not self.all_replicas,
+                f"set rollout.gateway.all_replicas = true (every replica serves the gateway behind one URL, each session "
+                f"on one replica), or rollout.num_replicas = 1 (one replica serves it; the other "
+                f"{run.rollout.num_replicas - 1} would idle)",
             ),
         )
         for refused, fix in refusals:

@@ -1,8 +1,12 @@
-"""Start the gateway in the rollout replica that ``[rollout.gateway] replica`` names.
+"""Start the gateway in the rollout replica that ``[rollout.gateway] replica`` names, or
+in every replica with ``all_replicas``.
 
 The replica calls ``serve_for_replica`` once it has its engine; the HTTP libraries
 (the ``gateway`` extra) are imported only when the gateway is on. The URL goes to the
 log and to ``RUN_DIR/gateway.json`` (``{"url": ..., "replica": ..., "trajectories": ...}``).
+With ``all_replicas`` each replica serves on a free port of its own and keeps its files
+in ``RUN_DIR/gateway/replica-<i>/`` (``url.json``, ``journal.jsonl``, ``stats.json``); the
+driver's front (``front.py``) writes ``RUN_DIR/gateway.json`` with its one URL.
 """
 
 from __future__ import annotations
@@ -20,7 +24,21 @@ log = logging.getLogger(__name__)
 TRAJECTORIES_FILE = "gateway/trajectories.jsonl"
 """RUN_DIR/gateway/trajectories.jsonl: one rewarded session per line (docs/gateway.md)."""
 STATS_FILE = "gateway/stats.json"
-"""RUN_DIR/gateway/stats.json: the feed's counts (``gateway/sessions_*``), rewritten as they change."""
+"""RUN_DIR/gateway/stats.json: the feed's counts (``gateway/sessions_*``) and the prefix reuse
+(``gateway/prefix_reused_*``), rewritten as they change."""
+
+
+def replica_dir(run_dir: str | Path, replica: int) -> Path:
+    """Where the gateway of replica ``replica`` keeps its files with ``all_replicas``."""
+    return Path(run_dir) / "gateway" / f"replica-{replica}"
+
+
+def replica_url(run_dir: str | Path, replica: int) -> str | None:
+    """The URL the gateway of replica ``replica`` serves on now (``all_replicas``), None before it serves."""
+    try:
+        return json.loads((replica_dir(run_dir, replica) / "url.json").read_text())["url"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def serve_for_replica(
@@ -44,7 +62,7 @@ def serve_for_replica(
     ``cfg.train``, ``queue`` (a TQClient) is where rewarded sessions go, in groups of
     ``group_size`` by key; ``streamed`` (partial rollout): its requests join the replica's
     generation stream (``batcher.StreamedRequests``)."""
-    if not cfg.enabled or replica != cfg.replica:
+    if not cfg.enabled or (replica != cfg.replica and not cfg.all_replicas):
         return None
     try:
         from asyncflow.gateway.server import Gateway
@@ -60,6 +78,7 @@ def serve_for_replica(
 
         params = msgspec.structs.replace(params, max_new_tokens=cfg.max_new_tokens)
     run = Path(run_dir)
+    own = replica_dir(run, replica) if cfg.all_replicas else run / "gateway"
     feed = None
     if cfg.train:
         from asyncflow.gateway.feed import SessionFeed
@@ -75,15 +94,21 @@ def serve_for_replica(
         max_sessions=cfg.max_sessions,
         max_batch=cfg.max_batch,
         max_request_bytes=cfg.max_request_bytes,
-        journal_path=run / JOURNAL_FILE,
+        journal_path=own / Path(JOURNAL_FILE).name,
         digest=digest,
         feed=feed,
         queue=queue if cfg.train else None,
         streamed=streamed,
+        replica=replica,
     )
-    if cfg.train:
-        gateway.start_expiry(cfg.reward_timeout_s, run / STATS_FILE)
-    url = gateway.start(cfg.host, cfg.port)
-    (run / "gateway.json").write_text(json.dumps({"url": url, "replica": replica, "trajectories": str(run / TRAJECTORIES_FILE)}))
+    gateway.start_expiry(cfg.reward_timeout_s if cfg.train else None, own / Path(STATS_FILE).name)
+    url = gateway.start(cfg.host, 0 if cfg.all_replicas else cfg.port)
+    if cfg.all_replicas:  # the front (driver) routes to it: read again by the front when it restarts
+        (own / "url.json.tmp").write_text(json.dumps({"url": url}))
+        (own / "url.json.tmp").replace(own / "url.json")  # the front never reads half a file
+    else:
+        (run / "gateway.json").write_text(
+            json.dumps({"url": url, "replica": replica, "trajectories": str(run / TRAJECTORIES_FILE)})
+        )
     log.info("gateway: OpenAI-compatible API of rollout.%d at %s/v1", replica, url)
     return gateway

@@ -36,7 +36,7 @@ import hmac
 import json
 import logging
 import math
-import socket
+import os
 import threading
 import time
 import uuid
@@ -56,13 +56,14 @@ from asyncflow.gateway.api import decode_request, decode_reward
 from asyncflow.gateway.batcher import Batcher, StreamedRequests
 from asyncflow.gateway.chat import ChatFormat, TemplateError
 from asyncflow.gateway.feed import GROUP_HEADER, Rewarded, SessionFeed, write_unit
+from asyncflow.gateway.http import HttpServer
 from asyncflow.gateway.journal import Journal, replay
+from asyncflow.gateway.prefix import PrefixLedger
 from asyncflow.gateway.sessions import RequestError, SessionStore, Trajectory, check_session_id
 
 log = logging.getLogger(__name__)
 
 SESSION_HEADER = "x-session-id"
-START_TIMEOUT_S = 30.0
 
 
 RETRY_AFTER_S = 5
@@ -93,6 +94,8 @@ class Gateway:
         queue=None,
         write_timeout_s: float = 30.0,
         streamed: bool = False,
+        replica: int | None = None,
+        sessions: SessionStore | None = None,
     ):
         """``params``: the run's sampling (temperature, top-p/k, stop tokens; its
         ``max_new_tokens`` caps a request's ``max_tokens``); ``max_batch``: most
@@ -103,13 +106,18 @@ class Gateway:
         lock); ``feed`` and ``queue`` (a TQClient): rewarded sessions go into the
         queue, a write waiting at most ``write_timeout_s`` for room. ``streamed`` (partial
         rollout): the requests join the replica's generation stream (``batcher.StreamedRequests``,
-        which the replica feeds) instead of generate calls of their own."""
+        which the replica feeds) instead of generate calls of their own. ``replica``: the
+        index of the rollout replica serving it (named in each reply's ``asyncflow`` field);
+        ``sessions``: a session store shared with other gateways of this process (the
+        routing benchmark, ``scripts/bench_sticky.py``), else one of its own."""
         self.max_request_bytes = max_request_bytes
         self.engine, self.params, self.engine_lock = engine, msgspec.structs.replace(params, n=1, seed=None), engine_lock
         self.chat = ChatFormat(tokenizer)
         self.model_name = model_name
         self.secret = secret or None
-        self.sessions = SessionStore(max_sessions)
+        self.sessions = sessions if sessions is not None else SessionStore(max_sessions)
+        self.replica = replica
+        self.prefix = PrefixLedger(max_sessions)  # prompt tokens this replica already ran for the session (prefix.py)
         self.streamed = streamed
         self.batcher: Batcher | StreamedRequests = (
             StreamedRequests() if streamed else Batcher(engine, engine_lock, max_batch, digest=digest)
@@ -131,10 +139,10 @@ class Gateway:
                 Route("/v1/asyncflow/sessions", self._list, methods=["GET"]),
                 Route("/v1/asyncflow/sessions/{session}", self._session, methods=["GET"]),
                 Route("/v1/asyncflow/sessions/{session}/reward", self._reward, methods=["POST"]),
+                Route("/v1/asyncflow/stats", self._stats, methods=["GET"]),
             ]
         )
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._http = HttpServer(self.app, "gateway")
         self.url = ""
 
     def _restore(self, path: Path) -> None:
@@ -166,25 +174,29 @@ class Gateway:
     def _digest_of(t: Trajectory) -> int:
         return t.digests.get(t.version, 0)
 
-    def start_expiry(self, timeout_s: float, stats_path: str | Path | None = None) -> None:
+    def start_expiry(self, timeout_s: float | None, stats_path: str | Path | None = None) -> None:
         """Drop unrewarded sessions and incomplete groups (``expire``) from a daemon thread,
-        every tenth of ``timeout_s`` (at most 5 s), writing the counts to ``stats_path``."""
-        period = min(timeout_s / 10, 5.0)
+        every tenth of ``timeout_s`` (at most 5 s), writing the counts to ``stats_path``;
+        ``timeout_s`` None: drop nothing, write the counts every second."""
+        period = min(timeout_s / 10, 5.0) if timeout_s is not None else 1.0
 
         def sweep() -> None:
             while not self._stopping.wait(period):
-                self.expire(timeout_s)
+                if timeout_s is not None:
+                    self.expire(timeout_s)
                 if stats_path is not None:
                     Path(stats_path).write_text(json.dumps(self.counters()))
 
         threading.Thread(target=sweep, name="gateway-expiry", daemon=True).start()
 
     def counters(self) -> dict[str, float]:
-        """The feed's counts (``gateway/sessions_*``), for the replica's metrics."""
-        if self.feed is None:
-            return {}
-        with self._feed_lock:
-            return self.feed.counts.as_metrics()
+        """The prefix reuse (``gateway/prompt_tokens``, ``gateway/prefix_reused_*``) and the
+        feed's counts (``gateway/sessions_*``), for the replica's metrics."""
+        out = self.prefix.as_metrics()
+        if self.feed is not None:
+            with self._feed_lock:
+                out.update(self.feed.counts.as_metrics())
+        return out
 
     def expire(self, timeout_s: float, now_s: float | None = None) -> int:
         """Drop the sessions not rewarded within ``timeout_s`` of their last turn and the
@@ -208,51 +220,14 @@ class Gateway:
     # -- serving -------------------------------------------------------------------
     def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve on ``host:port`` (0: a free port) from a daemon thread; returns the base URL."""
-        import uvicorn
-
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(addr)
-        except OSError as exc:
-            sock.close()
-            raise RuntimeError(
-                f"the gateway cannot listen on {host}:{port} ({exc}): set [rollout.gateway] port to a free port, or 0"
-            ) from None
-        bound = sock.getsockname()
-        server = uvicorn.Server(uvicorn.Config(self.app, log_config=None, log_level="warning", access_log=False, lifespan="off"))
-        failed: list[BaseException] = []
-
-        def serve() -> None:
-            try:
-                server.run(sockets=[sock])
-            except BaseException as exc:  # noqa: BLE001  (reported to start(), or logged once serving)
-                failed.append(exc)
-                log.error("the gateway's HTTP server stopped: %s", exc)
-
-        self._server = server
-        self._thread = threading.Thread(target=serve, name="gateway-http", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not server.started:
-            if failed or not self._thread.is_alive() or time.monotonic() > deadline:
-                sock.close()
-                raise RuntimeError(f"the gateway's HTTP server did not start on {host}:{bound[1]}: {failed or 'timed out'}")
-            self._thread.join(timeout=0.01)
-        shown = f"[{bound[0]}]" if family == socket.AF_INET6 else bound[0]
-        self.url = f"http://{shown}:{bound[1]}"
+        self.url = self._http.start(host, port)
         return self.url
 
     def close(self) -> None:
         self._stopping.set()
-        if self._server is not None:
-            self._server.should_exit = True
+        self._http.stop()
         self.batcher.close()  # queued requests fail (500), so the server's threads can finish
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            if self._thread.is_alive():
-                log.warning("the gateway's HTTP server did not stop within 10 s (a generate call still running?)")
+        self._http.join()
         if self.journal is not None:
             self.journal.close()
 
@@ -344,6 +319,12 @@ class Gateway:
 
         return await self._guard(request, handle)
 
+    async def _stats(self, request: Request) -> Response:
+        async def handle(_: Request) -> JSONResponse:
+            return JSONResponse({"replica": self.replica, "counters": self.counters()})
+
+        return await self._guard(request, handle)
+
     async def _reward(self, request: Request) -> Response:
         async def handle(request: Request) -> JSONResponse:
             given = decode_reward(await self._body(request))
@@ -415,6 +396,8 @@ class Gateway:
         tv = list(c.token_versions[: len(reply_ids)]) if self.streamed and c.token_versions is not None else None
         ds = {v: self.batcher.digests.get(v, 0) for v in sorted(set(tv))} if tv is not None else None
         first = t.num_turns == 0
+        self.prefix.turn(t.session, ids, c.version)
+        self.prefix.ran(t.session, ids, list(c.response_ids), c.version)
         t.add_turn(messages, context, reply_ids, logprobs, text, finish, c.version, digest, reply_versions=tv, digests=ds)
         t.last_turn.update(ids=reply_ids, prompt_tokens=len(ids))
         if self.journal is not None:  # before the answer: the turn survives the replica (journal.py)
@@ -456,7 +439,13 @@ class Gateway:
                 "completion_tokens": len(reply_ids),
                 "total_tokens": n_prompt + len(reply_ids),
             },
-            "asyncflow": {"session": t.session, "turn": t.num_turns, "version": last["version"], "token_ids": reply_ids},
+            "asyncflow": {
+                "session": t.session,
+                "turn": t.num_turns,
+                "version": last["version"],
+                "token_ids": reply_ids,
+                "replica": self.replica,
+            },
         }
 
     def _cut_at_stop(
@@ -495,9 +484,7 @@ class Gateway:
                 self.journal.append("reward", s=t.session, reward=reward, group=t.group)
             if self.trajectories_path is not None:  # written before the session counts as finished
                 with self._write_lock:
-                    self.trajectories_path.parent.mkdir(parents=True, exist_ok=True)
-                    with open(self.trajectories_path, "a") as f:
-                        f.write(json.dumps(row) + "\n")
+                    append_line(self.trajectories_path, json.dumps(row))
             t.reward = reward
         return row
 
@@ -530,6 +517,20 @@ class Gateway:
             self.feed.written(unit)
             self._closed.update(sessions)
         return {"group": group, "written": indices, "sessions": sessions}
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append ``line`` to ``path`` in one write to a file opened for appending: the
+    gateways of several replicas append to one trajectories file, and their lines never
+    interleave (Linux appends one write at once to a local file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        data = (line + "\n").encode()
+        if os.write(fd, data) != len(data):
+            raise OSError(f"{path}: a short append ({len(data)} bytes)")
+    finally:
+        os.close(fd)
 
 
 def sse_events(body: dict[str, Any]) -> list[bytes]:

@@ -34,7 +34,16 @@ def test_session_training_needs_the_gateway_and_refuses_what_it_cannot_combine_w
         load_config_text("[rollout.gateway]\nenabled = true\nnum_sessions = 8\n")
     with pytest.raises(ConfigError, match=r"rollout\.gateway\.train = True: .*set algorithm\.name = 'grpo'"):
         load_config_text(ON + '[algorithm]\nname = "ppo"\n')
-    with pytest.raises(ConfigError, match=r"rollout\.gateway\.train = True: .*set rollout\.num_replicas = 1"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rollout\.gateway\.train = True: .*set rollout\.gateway\.all_replicas = true .*or rollout\.num_replicas = 1",
+    ):
         load_config_text("[rollout]\nnum_replicas = 2\n" + ON)
     with pytest.raises(ConfigError, match=r"rollout\.gateway\.reward_timeout_s"):
         load_config_text(ON + "reward_timeout_s = 0\n")
+
+
+@pytest.mark.timeout(30)
+def test_several_replicas_train_on_sessions_when_every_replica_serves_the_gateway():
+    cfg = load_config_text("[rollout]\nnum_replicas = 2\n" + ON + "all_replicas = true\n")
+    assert (cfg.rollout.num_replicas, cfg.rollout.gateway.all_replicas) == (2, True)
