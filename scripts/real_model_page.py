@@ -18,6 +18,7 @@ REAL = (
     "real_bf16_learning",
     "real_fp32_learning",
     "real_model_here",
+    "real_threads",
     "real_rollout_distinct",
     "real_train",
     "real_lora",
@@ -191,6 +192,30 @@ def _model_here(r: dict) -> list[str]:
         "EMULATED_BF16). This is the example as shipped on the CPU named here.",
         *body,
     ]
+
+
+def _threads(r: dict) -> list[str]:
+    p = r["result"]
+    layouts = p["layouts"]
+    first = next(iter(layouts))
+    out = [
+        "## How the processes share the cores",
+        "",
+        f"{_head(r)}: `{p['config']}`, {p['steps']} steps per layout, one after the other, no evaluation; each layout "
+        "sets the keys below whatever the config says. samples/s over the trainer's training span; busy: each role's "
+        "seconds per step.",
+        "",
+        f"| layout | keys | samples/s | vs {first} | s/step | busy s per step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, x in layouts.items():
+        keys = ", ".join(f"`{k}`" for k in x["keys"])
+        busy = ", ".join(f"{role} {s / p['steps']:.0f}" for role, s in sorted(x["busy_s"].items()) if s >= 0.5)
+        out.append(
+            f"| {name} | {keys} | {x['samples_per_s']:.3f} | {x['samples_per_s'] / layouts[first]['samples_per_s']:.2f}x | "
+            f"{x['train_span_s'] / p['steps']:.1f} | {busy} |"
+        )
+    return out + [""]
 
 
 def _rollout_distinct(r: dict) -> list[str]:
@@ -480,6 +505,7 @@ RENDER = {
     "real_bf16_learning": _bf16_learning,
     "real_fp32_learning": _fp32_learning,
     "real_model_here": _model_here,
+    "real_threads": _threads,
     "real_rollout_distinct": _rollout_distinct,
     "real_train": _train,
     "real_lora": _lora,

@@ -17,7 +17,7 @@ again rewrites its page without measuring the others); a section without JSON is
 the ``openenv`` extra (``pip install -e '.[openenv]'``); about 13 for
 docs/performance.md's (scripts/performance_page.py renders that page). The real-model sections
 (``real_model``, ``real_lora_learning``, ``real_rollout``, ``real_rollout_bf16``, ``real_bf16_learning``, ``real_fp32_learning``,
-``real_model_here`` (the example as shipped, on this CPU),
+``real_model_here`` (the example as shipped, on this CPU), ``real_threads`` (its thread layouts side by side),
 ``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``, ``real_peer_seed1``, ``real_peer_seed2``, ``real_peer_trl2``,
 ``real_peer_seed3``, ``real_peer_seed4`` (TRL and async only), ``real_bf16_seed0`` to ``real_bf16_seed4`` (async
 with its rollout in bfloat16), ``real_stream``, ``real_stream_seed1``, ``real_stream_seed2``: docs/real-model.md, rendered by
@@ -177,6 +177,9 @@ SECTIONS: dict[str, list[str]] = {
         *_ONE_ASYNC_RUN,
         "--out",
         "{work}/real_model_here",
+    ],
+    "real_threads": [  # how the example's processes share the 2 cores: thread layouts side by side (about 20 min)
+        *(PY, "scripts/threads_check.py", "--config", "examples/smollm2.toml", "--steps", "4", "--json"),
     ],
     "real_bf16_learning": [  # the task with the rollout in bfloat16 too (the trainer: the example's mixed precision)
         *_ONE_ASYNC_RUN,
