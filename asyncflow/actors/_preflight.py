@@ -177,7 +177,7 @@ def step_estimate(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> StepE
     role's instances do in a step is their spec's ``step_work`` (training, generation, a
     reference forward ...): the roles the config starts, counted one after the other."""
     from asyncflow.actors.topology import BUILT_IN
-    from asyncflow.engines.precision import emulated_bf16_warning
+    from asyncflow.engines.precision import emulated_bf16_warning, precision_line
     from asyncflow.planner.calibration import Efficiency
     from asyncflow.planner.io import from_hf_config, local_cpu_peak
 
@@ -227,8 +227,8 @@ def step_estimate(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> StepE
         f"{rate(train_peak)} / {rate(generate_peak)} peak x efficiency {eff.train_flops:g} / {eff.prefill_flops:g}); "
         "calibrated: afctl profile --out P, then afctl plan --config CONFIG --profile P"
     )
-    warning = emulated_bf16_warning(cfg) if cpu is not None else None
-    return StepEstimate(total, line + (f"\n  {warning}" if warning else ""))
+    notes = [precision_line(cfg), emulated_bf16_warning(cfg) if cpu is not None else None]
+    return StepEstimate(total, line + "".join(f"\n  {note}" for note in notes if note))
 
 
 def mean_prompt_tokens(cfg: RunConfig, data_path: str, tokenizer_dir: str, limit: int = 64) -> float:

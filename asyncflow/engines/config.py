@@ -218,7 +218,7 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             "(SmolLM2-135M, one core: the measured ratio is in docs/real-model.md, 'Training at real size'); on one "
             "without bf16 instructions torch emulates it, several times slower than float32 (the preflight warns). "
             "auto: bfloat16 where the trainer's host runs it natively (a CPU with avx512_bf16 or amx_bf16, a GPU "
-            "with bf16 support, an NPU), off elsewhere; the trainer's log says which (engines/precision.py). "
+            "with bf16 support, an NPU), off elsewhere; the preflight's lines say which (engines/precision.py). "
             "The trainer's log-probs then differ from a float32 rollout's by bfloat16 rounding, which the importance "
             "ratio sees. float16 is not offered: it needs loss scaling."
         ),

@@ -65,3 +65,19 @@ def emulated_bf16_warning(cfg: object) -> str | None:
         'several times slower than float32 here; set train.engine.autocast = "auto" (bfloat16 only where the CPU '
         'has avx512_bf16 or amx_bf16) or "off", and rollout.engine.dtype = "float32"'
     )
+
+
+def precision_line(cfg: object) -> str | None:
+    """What ``train.engine.autocast = "auto"`` takes on this host, for the preflight
+    (the trainer resolves it again on its own host); None for the other settings."""
+    from asyncflow.config.run import RunConfig
+
+    assert isinstance(cfg, RunConfig)
+    eng = cfg.train.engine
+    if eng.autocast != "auto":
+        return None
+    taken = resolve_autocast("auto", eng.device)
+    where = "cpu" if eng.device == "cpu" else eng.device
+    if taken == "bfloat16":
+        return f'train.engine.autocast = "auto": bfloat16 mixed precision ({where} runs bfloat16 natively)'
+    return f'train.engine.autocast = "auto": float32 ({where} has no native bfloat16: emulated, it would be slower)'

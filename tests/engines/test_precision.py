@@ -121,7 +121,9 @@ def test_the_preflight_warns_of_emulated_bfloat16_by_key_and_fix_and_charges_it(
     assert asked.seconds > fp32.seconds  # emulated bfloat16 is charged as slower, not as fast as float32
     auto = _estimate(tmp_path, monkeypatch, AVX2, '[train.engine]\nautocast = "auto"\n')
     assert "warning" not in auto.line and auto.seconds == pytest.approx(fp32.seconds)
+    assert 'train.engine.autocast = "auto": float32' in auto.line  # the preflight says what auto took
     # where the CPU has the instructions, nothing to warn of, and auto is charged as bfloat16
     native = _estimate(tmp_path, monkeypatch, AVX512_BF16, '[train.engine]\nautocast = "bfloat16"\n')
     native_auto = _estimate(tmp_path, monkeypatch, AVX512_BF16, '[train.engine]\nautocast = "auto"\n')
     assert "warning" not in native.line and native_auto.seconds == pytest.approx(native.seconds)
+    assert 'train.engine.autocast = "auto": bfloat16' in native_auto.line
