@@ -19,6 +19,7 @@ REAL = (
     "real_fp32_learning",
     "real_model_here",
     "real_threads",
+    "real_peer_here",
     "real_rollout_distinct",
     "real_train",
     "real_lora",
@@ -216,6 +217,17 @@ def _threads(r: dict) -> list[str]:
             f"{x['train_span_s'] / p['steps']:.1f} | {busy} |"
         )
     return out + [""]
+
+
+def _peer_here(r: dict) -> list[str]:
+    body = _peer(r)[1:]
+    return [
+        f"## Side by side with TRL on both cores, on this CPU: {r.get('cpu', 'unknown')}",
+        "",
+        'The example as shipped (its thread layout and `autocast = "auto"`) against TRL with 2 torch threads, both '
+        "cores, as asyncflow's processes use both; TRL's `bf16` follows the trainer's resolved precision.",
+        *body,
+    ]
 
 
 def _rollout_distinct(r: dict) -> list[str]:
@@ -506,6 +518,7 @@ RENDER = {
     "real_fp32_learning": _fp32_learning,
     "real_model_here": _model_here,
     "real_threads": _threads,
+    "real_peer_here": _peer_here,
     "real_rollout_distinct": _rollout_distinct,
     "real_train": _train,
     "real_lora": _lora,

@@ -18,6 +18,7 @@ the ``openenv`` extra (``pip install -e '.[openenv]'``); about 13 for
 docs/performance.md's (scripts/performance_page.py renders that page). The real-model sections
 (``real_model``, ``real_lora_learning``, ``real_rollout``, ``real_rollout_bf16``, ``real_bf16_learning``, ``real_fp32_learning``,
 ``real_model_here`` (the example as shipped, on this CPU), ``real_threads`` (its thread layouts side by side),
+``real_peer_here`` (it against TRL on both cores, on this CPU),
 ``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``, ``real_peer_seed1``, ``real_peer_seed2``, ``real_peer_trl2``,
 ``real_peer_seed3``, ``real_peer_seed4`` (TRL and async only), ``real_bf16_seed0`` to ``real_bf16_seed4`` (async
 with its rollout in bfloat16), ``real_stream``, ``real_stream_seed1``, ``real_stream_seed2``: docs/real-model.md, rendered by
@@ -317,6 +318,9 @@ SECTIONS: dict[str, list[str]] = {
             "{work}/real_breakdown",
         ),
     ],
+    # the example as shipped on the CPU this runs on, against TRL on both cores (the fair comparison of speed:
+    # asyncflow's processes use both cores too)
+    "real_peer_here": [*_REAL_PEER, "--trl-threads", "2", "--json", "--out", "{work}/real_peer_here"],
     "real_peer_trl2": [  # TRL alone with two torch threads: the same work on both cores, beside real_peer's
         *_REAL_PEER,
         "--trl-threads",

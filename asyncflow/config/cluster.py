@@ -126,6 +126,16 @@ class ClusterConfig(Section):
             )
         if self.pin_trainer_cores and self.launcher != "local":
             raise Refused("pin_trainer_cores", "pins cores of this machine: use it with launcher = 'local', or set it to 0")
+        threads = run.train.engine.num_threads or self.threads_per_process
+        if self.pin_trainer_cores and run.workflow.mode == "async" and threads > self.pin_trainer_cores * run.train.num_ranks:
+            # more OpenMP threads than cores: each barrier waits for a descheduled thread
+            raise Refused(
+                "pin_trainer_cores",
+                f"the trainer would run {threads} threads per rank on {self.pin_trainer_cores} pinned core(s) for "
+                f"{run.train.num_ranks} rank(s): set train.engine.num_threads to at most the pinned cores per rank, or "
+                "pin_trainer_cores = 0 (nothing pinned: the trainer's threads share every core; docs/real-model.md, "
+                "'How the processes share the cores')",
+            )
         ranks = run.train.num_ranks
         if ranks > 1 and self.train_devices and len(self.train_devices) != ranks:
             raise Refused("train_devices", f"give one device per trainer rank ({ranks} ids), or none")

@@ -170,6 +170,10 @@ CROSS_FIELD = [
     ("[cluster]\nrollout_devices = [0, 1]", "cluster.rollout_devices = [0, 1]: give one device id per worker (1)"),
     ("[cluster]\nlauncher = 'ray'\npin_trainer_cores = 2", "cluster.pin_trainer_cores = 2: pins cores of this machine"),
     (
+        "[workflow]\nmode = 'async'\n[cluster]\npin_trainer_cores = 1\n[train.engine]\nnum_threads = 2",
+        "cluster.pin_trainer_cores = 1: the trainer would run 2 threads per rank on 1 pinned core(s)",
+    ),
+    (
         "[rollout]\nnum_replicas = 5\n[planner]\nonline = true",
         "planner.max_rollout_replicas = 4: the online planner starts from rollout.num_replicas = 5 replicas",
     ),
