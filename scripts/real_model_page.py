@@ -284,9 +284,9 @@ def _peer(r: dict) -> list[str]:
         f"{_head(r)}: TRL's `GRPOTrainer`, then asyncflow sync, then async, on the same model, data split, reward, "
         f"{p['samples_per_step']} samples per step and {p['steps']} steps; held-out accuracy after the last step, "
         "evaluated the same way for all three. TRL runs in one process with "
-        f"{p['systems'].get('trl', {}).get('threads', '?')} torch thread(s); asyncflow with one per process "
-        "(`cluster.threads_per_process`), its rollout and trainer in processes of their own (TRL on both cores: "
-        "below).",
+        f"{p['systems'].get('trl', {}).get('threads', '?')} torch thread(s); asyncflow with `cluster.threads_per_process` "
+        "per process (the trainer `train.engine.num_threads` where the config sets it), its rollout and trainer in "
+        "processes of their own.",
         "",
     ]
     if p["systems"].get("trl", {}).get("bf16"):
