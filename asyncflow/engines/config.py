@@ -185,6 +185,11 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
                 'hash the log-probs and weights a real engine computes, so set both to "emulated" or neither',
             )
         if self.type == "emulated":
+            workflow = getattr(run, "workflow", None)
+            if workflow is not None and workflow.partial_rollout:
+                raise Refused(
+                    "type", "the emulated engine generates whole calls, not a stream: set workflow.partial_rollout = false"
+                )
             return
         if self.kv_cache_bytes is not None and self.kv_cache_fraction is not None:
             raise Refused("kv_cache_fraction", "set kv_cache_bytes or kv_cache_fraction, not both")
@@ -385,6 +390,16 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
                         f"{getattr(mine, key)!r} but rollout.engine.emulated.{key} = {getattr(theirs, key)!r}: both engines "
                         "emulate one model on one kind of device; set them equal",
                     )
+        train = getattr(run, "train", None)
+        if train is not None and train.num_ranks > 1:
+            raise Refused(
+                "type",
+                f"the emulated trainer is one rank (its devices: emulated.train_devices), not train.num_ranks = "
+                f"{train.num_ranks}: set train.num_ranks = 1 and fsdp = false",
+            )
+        workflow = getattr(run, "workflow", None)
+        if workflow is not None and workflow.stream_step:
+            raise Refused("type", "the emulated train engine takes whole steps: set workflow.stream_step = false")
         for key, on in (("fsdp", self.fsdp), ("critic", self.critic), ("packing", self.packing), ("lora.rank", self.lora.rank)):
             if on:
                 raise Refused(key, "the emulated train engine has no model to shard, pack or adapt: leave it out")

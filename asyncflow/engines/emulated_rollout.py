@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from asyncflow.engines import emulated_model
-from asyncflow.engines.base import Completion, RolloutEngine
+from asyncflow.engines.base import Completion, FinishReason, RolloutEngine
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
 from asyncflow.engines.digest import weights_digest
 
@@ -33,24 +33,26 @@ class EmulatedRolloutEngine(RolloutEngine):
         self.sleep = emulated_model.EventSleep()
         """Called with each emulated duration in seconds (tests record them instead)."""
 
-    def _sample(self, prompt: Sequence[int], index: int, params: SamplingParams) -> tuple[list[int], str]:
+    def _sample(
+        self, prompt: Sequence[int], index: int, params: SamplingParams, ordinary: list[int]
+    ) -> tuple[list[int], FinishReason]:
         r = emulated_model.rng(self.cfg.seed if params.seed is None else params.seed, prompt, index, self._version)
         length = emulated_model.response_length(
             r, params.max_new_tokens, self.cfg.response_median_fraction, self.cfg.response_sigma
         )
-        stops = set(params.stop_token_ids)
-        ordinary = [t for t in range(self.first_token, min(self.vocab, self.first_token + 4096)) if t not in stops]
         stop = bool(params.stop_token_ids) and length < params.max_new_tokens
         ids = [r.choice(ordinary) for _ in range(length - 1 if stop else length)]
         return (ids + [params.stop_token_ids[0]], "stop") if stop else (ids, "length")
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         out: list[Completion] = []
+        stops = set(params.stop_token_ids)
+        ordinary = [t for t in range(self.first_token, min(self.vocab, self.first_token + 4096)) if t not in stops]
         for p, prompt in enumerate(prompts):
             for i in range(params.n):
-                ids, finish = self._sample(prompt, i, params)
+                ids, finish = self._sample(prompt, i, params, ordinary)
                 logp = emulated_model.logp_BT(torch.tensor([list(prompt) + ids]), self._version)[0, len(prompt) :]
-                out.append(Completion(p, i, ids, logp.tolist(), finish, self._version))  # type: ignore[arg-type]
+                out.append(Completion(p, i, ids, logp.tolist(), finish, self._version))
         seconds = self.timing.generate_s(
             [len(prompts[c.prompt_index]) for c in out], [len(c.response_ids) for c in out], len(prompts), params.n
         )
