@@ -173,3 +173,21 @@ def test_the_two_emulated_engines_must_emulate_one_model():
 def test_packing_replicas_is_refused_for_an_engine_that_holds_a_model():
     with pytest.raises(ConfigError, match=r"cluster\.actors_per_process.*emulated"):
         load_config_text("[cluster]\nactors_per_process = 4\n")
+
+
+BOTH = '[rollout.engine]\ntype = "emulated"\n[train.engine]\ntype = "emulated"\n'
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ("[workflow]\npartial_rollout = true\n", r"rollout\.engine\.type.*partial_rollout = false"),
+        ("[workflow]\nstream_step = true\n", r"train\.engine\.type.*stream_step = false"),
+        ("[train.engine.emulated]\nhardware = 'h100'\n", r"train\.engine\.emulated\.hardware"),
+        ("[cluster]\nactors_per_process = 4\n[planner]\nonline = true\n", r"cluster\.actors_per_process.*planner\.online"),
+    ],
+)
+def test_what_the_emulated_engines_do_not_emulate_is_refused_naming_the_key_and_the_fix(extra, key):
+    with pytest.raises(ConfigError, match=key):
+        load_config_text(BOTH + extra)
+    assert load_config_text(BOTH + "[cluster]\nactors_per_process = 4\n").cluster.actors_per_process == 4
