@@ -16,7 +16,8 @@ Rules:
   algorithms' schema (``algorithms.registry``, ``algorithms.loss_configs``), which
   imports no torch and no other algorithm or engine module;
 - ``asyncflow.engines`` imports nothing from ``actors``, ``algorithms``, ``planner``,
-  ``config`` or ``cli``, and outside it nothing imports a concrete engine (``engines.factory``
+  ``config`` or ``cli`` (but ``engines.emulated_model``, the emulated engines' device time,
+  imports the planner's pure cost model), and outside it nothing imports a concrete engine (``engines.factory``
   is the only place that names one);
 - ``asyncflow.engines.config`` imports no other engine module (the config is read where
   no engine runs, and must not pull torch in);
@@ -89,8 +90,22 @@ ALGORITHM_SCHEMA = ("asyncflow.algorithms.registry", "asyncflow.algorithms.loss_
 Structs): the config embeds them. They import no torch and no other algorithm module."""
 ENGINES_MAY_NOT_IMPORT = ("asyncflow.actors", "asyncflow.algorithms", "asyncflow.planner", "asyncflow.cli", "asyncflow.bench")
 CONCRETE_ENGINES = tuple(
-    f"asyncflow.engines.{m}" for m in ("native_rollout", "native_model", "kv_cache", "vllm_rollout", "vllm_worker", "torch_train")
+    f"asyncflow.engines.{m}"
+    for m in (
+        "native_rollout",
+        "native_model",
+        "kv_cache",
+        "vllm_rollout",
+        "vllm_worker",
+        "torch_train",
+        "emulated_rollout",
+        "emulated_train",
+        "emulated_model",
+    )
 )
+EMULATED_TIME = "asyncflow.engines.emulated_model"
+"""The emulated engines' device time is the planner's cost model: this one engine module may
+import the planner's pure modules (never ``planner.io``), which import no engine."""
 PLANNER_PURE_MAY_NOT_IMPORT = (
     "asyncflow.actors",
     "asyncflow.cli",
@@ -253,7 +268,11 @@ def layer_violations(
                 and not _under(target, ALGORITHM_SCHEMA)
             ):
                 rule = "the algorithm schema is torch-free: it names functions as 'module:function', imported when built"
-            elif _under(module, ("asyncflow.engines",)) and _under(target, ENGINES_MAY_NOT_IMPORT + ("asyncflow.config",)):
+            elif (
+                _under(module, ("asyncflow.engines",))
+                and _under(target, ENGINES_MAY_NOT_IMPORT + ("asyncflow.config",))
+                and not (module == EMULATED_TIME and _under(target, ("asyncflow.planner",)) and target != "asyncflow.planner.io")
+            ):
                 rule = "engines sit below the roles, the algorithms and the planner"
             elif not _under(module, ("asyncflow.engines",)) and _under(target, CONCRETE_ENGINES):
                 rule = "a concrete engine is named only by engines/factory.py"

@@ -148,15 +148,15 @@ class Supervisor:
         return [h for h, r in self._hosts.items() if kind is None or r.plan.kind == kind]
 
     def replicas(self) -> list[str]:
-        """The rollout replicas now, oldest first: what the ``roster`` actor answers (from
+        """The rollout replicas now (actors: several per host when packed), oldest first: what the ``roster`` actor answers (from
         its own thread: a copy under the lock that guards every change of the record)."""
         with self._lock:
-            return [h for h, r in self._hosts.items() if r.plan.kind == names.ROLLOUT]
+            return [w for r in self._hosts.values() if r.plan.kind == names.ROLLOUT for w in r.plan.workers]
 
     def workers(self) -> list[str]:
         """The role actors, in the order they are started and stopped: the training group
         last, rank 0 first (Stop reaches it before the ranks it drives)."""
-        roles = [(r.name, r.role) for r in self._hosts.values() if r.role is not None]
+        roles = [(w, r.role) for r in self._hosts.values() if r.role is not None for w in r.plan.workers]
         return [name for name, role in roles if not role.train_group] + [name for name, role in roles if role.train_group]
 
     def procs(self) -> dict[str, HostProcess]:
@@ -353,7 +353,8 @@ class Supervisor:
         assert self.dc is not None and self.transport is not None, "attach() comes first"
         try:
             record.proc = self.spawn(record.name, self.dc, self.transport, specs, env=self.host_env(record.name))
-            self.dc.ref(record.name, refresh=True).ask(messages.StartWork(), timeout_s=30)  # not its companions
+            for worker in record.plan.workers:  # not its companions
+                self.dc.ref(worker, refresh=True).ask(messages.StartWork(), timeout_s=30)
         except (AsyncflowError, LookupError) as exc:  # it died (or hangs) in its own start: one more death
             click.echo(f"!! restart of {record.name} failed: {exc}", err=True)
             assert record.proc is not None  # the one that died, or the new one

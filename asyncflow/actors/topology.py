@@ -9,6 +9,9 @@ Processes (one host per line)::
     <instance>  one per instance of each role, in this order: the built-in roles
                 outside training (BUILT_IN order), the [[roles]] of the config,
                 then the training group (trainer rank 0, then ranks 1..)
+    rollout.pack.<k>  instead of rollout.<i> with ``cluster.actors_per_process = m > 1``
+                (emulated replicas only): replicas km .. km + m - 1, each an actor of
+                its own in one process (``HostPlan.workers``)
 
 A new built-in role is one module that ends with ``ROLE = RoleSpec(...)`` and one
 line in ``BUILT_IN``.
@@ -16,7 +19,7 @@ line in ``BUILT_IN``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asyncflow.actors import prompt_loader, reference, reward, reward_model, rollout, trainer, trainer_rank
 from asyncflow.actors._imports import importable
@@ -100,6 +103,9 @@ class HostPlan:
     role: RoleSpec | None
     """None for the queue's hosts."""
     specs: list[protocol.ActorSpec]
+    workers: list[str] = field(default_factory=list)
+    """The role instances it runs (StartWork, stats, Stop, requeue each): its own name, or the
+    replicas packed into it; none for the queue's hosts. Its other specs are companions."""
 
 
 def layout(roles: list[RoleSpec], cfg: RunConfig) -> Layout:
@@ -114,7 +120,27 @@ def role_host(role: RoleSpec, name: str, lay: Layout, run_dir: str) -> HostPlan:
         kind=role.name,
         role=role,
         specs=[*companions, actor_spec(name, role.actor, run_dir=run_dir, **role.kwargs(lay, name))],
+        workers=[name],
     )
+
+
+PACK = "pack"
+"""``rollout.pack.<k>``: a process of packed replicas (``cluster.actors_per_process``)."""
+
+
+def packed_host(role: RoleSpec, index: int, instances: list[str], lay: Layout, run_dir: str) -> HostPlan:
+    """One process running several instances of ``role``, each with its companions before it."""
+    specs = [spec for name in instances for spec in role_host(role, name, lay, run_dir).specs]
+    return HostPlan(name=f"{role.name}.{PACK}.{index}", kind=role.name, role=role, specs=specs, workers=list(instances))
+
+
+def role_hosts(role: RoleSpec, lay: Layout, cfg: RunConfig, run_dir: str) -> list[HostPlan]:
+    """The hosts of every instance of ``role``: one each, or the rollout replicas packed
+    ``cluster.actors_per_process`` to a process."""
+    instances, per = lay.of(role.name), cfg.cluster.actors_per_process
+    if role.name != names.ROLLOUT or per == 1:
+        return [role_host(role, name, lay, run_dir) for name in instances]
+    return [packed_host(role, k, instances[i : i + per], lay, run_dir) for k, i in enumerate(range(0, len(instances), per))]
 
 
 def plan_hosts(cfg: RunConfig, run_dir: str, roles: list[RoleSpec] | None = None) -> list[HostPlan]:
@@ -128,4 +154,4 @@ def plan_hosts(cfg: RunConfig, run_dir: str, roles: list[RoleSpec] | None = None
     hosts = [HostPlan(name=QUEUE, kind=QUEUE, role=None, specs=[q.manager, *q.controllers])]
     hosts += [HostPlan(name=f"{SHARD}.{i}", kind=SHARD, role=None, specs=[s]) for i, s in enumerate(q.shards)]
     lay = layout(roles, cfg)
-    return hosts + [role_host(r, name, lay, run_dir) for r in roles for name in lay.of(r.name)]
+    return hosts + [h for r in roles for h in role_hosts(r, lay, cfg, run_dir)]

@@ -65,6 +65,16 @@ class ClusterConfig(Section):
         TransportConfig, Meta(description="nng transport of the actors (scheme ipc on one host, tcp across hosts).")
     ] = msgspec.field(default_factory=TransportConfig)
     threads_per_process: Annotated[Count, Meta(description="torch intra-op threads per worker process (cpu).")] = 1
+    actors_per_process: Annotated[
+        Count,
+        Meta(
+            description="Rollout replicas per process host: replicas rollout.0 .. are packed this many to a process "
+            "(``rollout.pack.<k>``), each still an actor of its own (its name, its listener, its rows). Only with "
+            'rollout.engine.type = "emulated", whose replicas hold no model: a real replica has torch threads and device '
+            "memory of its own. A packed process that dies takes all its replicas with it; each is requeued and restarted "
+            "(docs/scale.md)."
+        ),
+    ] = 1
     pin_trainer_cores: Annotated[
         NonNegInt,
         Meta(
@@ -146,10 +156,28 @@ class ClusterConfig(Section):
         ):
             if devices and len(devices) != count:
                 raise Refused(key, f"give one device id per worker ({count})")
+        self._check_packing(run)
         try:
             self.transport.validate()
         except ValueError as exc:  # the transport names its keys already
             raise ConfigError(str(exc).replace("[cluster.transport] ", "cluster.transport.")) from None
+
+    def _check_packing(self, run: RunConfig) -> None:
+        if self.actors_per_process == 1:
+            return
+        if run.rollout.engine.type != "emulated":
+            raise Refused(
+                "actors_per_process",
+                f"packs rollout replicas, which is safe only for the emulated engine (a {run.rollout.engine.type} replica "
+                'holds a model, torch threads and device memory of its own): set rollout.engine.type = "emulated" and '
+                'train.engine.type = "emulated", or actors_per_process = 1',
+            )
+        if run.planner.online:
+            raise Refused(
+                "actors_per_process", "the online planner moves one replica process at a time: set planner.online = false"
+            )
+        if run.rollout.gateway.enabled:
+            raise Refused("actors_per_process", "a gateway serves from one replica's process: disable rollout.gateway")
 
 
 class LoggingConfig(Section):

@@ -66,14 +66,56 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     ] = None
 
 
+class EmulatedConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What the emulated engines (``type = "emulated"``) stand for: a named model on named
+    hardware, whose device time the planner's cost model gives (docs/scale.md, "The
+    emulated engines"). Both engines of a run emulate one model: the rollout's and the
+    train engine's ``model``, ``hardware`` and ``time_scale`` must agree."""
+
+    model: Annotated[
+        Literal["7b", "32b"], Meta(description="The planner's preset the engines time and count bytes for (Qwen2.5-7B, -32B).")
+    ] = "7b"
+    hardware: Annotated[
+        Literal["910b", "h100", "a100", "h200"], Meta(description="The planner's hardware profile a device of it is.")
+    ] = "910b"
+    time_scale: Annotated[
+        PosFloat,
+        Meta(
+            description="Emulated seconds per modelled second: 1e-3 makes a 30 s generate call sleep 30 ms. The sleep "
+            "waits on an event, using no core."
+        ),
+    ] = 1e-3
+    rollout_tp: Annotated[Count, Meta(description="Devices (tensor parallel) of one rollout replica.")] = 1
+    train_devices: Annotated[Count, Meta(description="Devices the emulated trainer trains on (data parallel).")] = 8
+    token_scale: Annotated[
+        PosFloat,
+        Meta(
+            description="Modelled tokens per emulated token: the lengths the cost model is given are the real ones times this "
+            "(64 stands a 32-token response for 2,048), while the queue carries only the emulated tokens."
+        ),
+    ] = 1.0
+    response_median_fraction: Annotated[
+        Annotated[float, Meta(gt=0, le=1)],
+        Meta(
+            description="Median response length as a fraction of ``rollout.sampling.max_new_tokens``; lengths are "
+            "log-normal around it (a long right tail) and capped at max_new_tokens."
+        ),
+    ] = 0.25
+    response_sigma: Annotated[
+        NonNegFloat, Meta(description="The log-normal's sigma: 0 gives every response the median; 1 a tail past 4x it.")
+    ] = 1.0
+    seed: Annotated[NonNegInt, Meta(description="Seed of the emulated responses' lengths and tokens.")] = 0
+
+
 class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A rollout (generation) engine."""
 
     type: Annotated[
-        Literal["native", "vllm", "vllm_ascend"],
+        Literal["native", "vllm", "vllm_ascend", "emulated"],
         Meta(
             description="native: PyTorch, KV cache + continuous batching, cpu/cuda/npu. vllm: vLLM on CUDA. vllm_ascend: vLLM with the "
-            "vllm-ascend plugin on NPU."
+            "vllm-ascend plugin on NPU. emulated: no model; the device time of ``emulated.model`` on ``emulated.hardware`` "
+            'from the planner\'s cost model, hashed log-probs (docs/scale.md); needs train.engine.type = "emulated".'
         ),
     ] = "native"
     device: Annotated[Device, Meta(description="Where the model runs.")] = "cpu"
@@ -129,9 +171,26 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
             "must be at least ``train.engine.lora.rank``). 0: no LoRA. The native engine needs nothing: it merges adapters."
         ),
     ] = 0
+    emulated: Annotated[
+        EmulatedConfig, Meta(description='type = "emulated" only: the model, hardware and time scale it emulates.')
+    ] = msgspec.field(default_factory=EmulatedConfig)
 
     def check(self, run: object) -> None:
         """Cross-field rules (core/schema.py); ``run``: the whole config (its train engine's LoRA rank)."""
+        train = getattr(run, "train", None)
+        if train is not None and (self.type == "emulated") != (train.engine.type == "emulated"):
+            raise Refused(
+                "type",
+                f"rollout.engine.type = {self.type!r} with train.engine.type = {train.engine.type!r}: the emulated engines "
+                'hash the log-probs and weights a real engine computes, so set both to "emulated" or neither',
+            )
+        if self.type == "emulated":
+            workflow = getattr(run, "workflow", None)
+            if workflow is not None and workflow.partial_rollout:
+                raise Refused(
+                    "type", "the emulated engine generates whole calls, not a stream: set workflow.partial_rollout = false"
+                )
+            return
         if self.kv_cache_bytes is not None and self.kv_cache_fraction is not None:
             raise Refused("kv_cache_fraction", "set kv_cache_bytes or kv_cache_fraction, not both")
         train = getattr(run, "train", None)
@@ -206,7 +265,14 @@ class LoraConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A training engine."""
 
-    type: Annotated[Literal["torch"], Meta(description="torch: PyTorch, one process or FSDP2 over torch.distributed.")] = "torch"
+    type: Annotated[
+        Literal["torch", "emulated"],
+        Meta(
+            description="torch: PyTorch, one process or FSDP2 over torch.distributed. emulated: no model; the step time of "
+            "``emulated.model`` on ``emulated.train_devices`` from the planner's cost model (docs/scale.md); needs "
+            'rollout.engine.type = "emulated".'
+        ),
+    ] = "torch"
     device: Annotated[Device, Meta(description="Where the model trains.")] = "cpu"
     dtype: Annotated[DType, Meta(description="Parameter dtype (optimizer states follow it).")] = "float32"
     autocast: Annotated[
@@ -292,9 +358,15 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     lora: Annotated[
         LoraConfig, Meta(description="LoRA adapters with adapter-only weight sync (docs/algorithms.md); off by default.")
     ] = msgspec.field(default_factory=LoraConfig)
+    emulated: Annotated[
+        EmulatedConfig,
+        Meta(description='type = "emulated" only: the model, hardware and time scale, as the rollout\'s ``emulated``.'),
+    ] = msgspec.field(default_factory=EmulatedConfig)
 
     def check(self, run: object) -> None:
-        """Cross-field rules (core/schema.py); ``run``: the whole config, unused."""
+        """Cross-field rules (core/schema.py); ``run``: the whole config (its rollout engine's emulated model)."""
+        if self.type == "emulated":
+            self._check_emulated(run)
         if self.autocast != "off" and self.dtype != "float32":
             raise Refused(
                 "autocast",
@@ -307,3 +379,29 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             raise Refused(
                 "pack_attention", "it applies only with packing = true: set packing = true, or leave pack_attention out"
             )
+
+    def _check_emulated(self, run: object) -> None:
+        """The emulated trainer: one model with the rollout's, and none of what it does not emulate."""
+        rollout = getattr(run, "rollout", None)
+        if rollout is not None:
+            mine, theirs = self.emulated, rollout.engine.emulated
+            for key in ("model", "hardware", "time_scale"):
+                if getattr(mine, key) != getattr(theirs, key):
+                    raise Refused(
+                        f"emulated.{key}",
+                        f"{getattr(mine, key)!r} but rollout.engine.emulated.{key} = {getattr(theirs, key)!r}: both engines "
+                        "emulate one model on one kind of device; set them equal",
+                    )
+        train = getattr(run, "train", None)
+        if train is not None and train.num_ranks > 1:
+            raise Refused(
+                "type",
+                f"the emulated trainer is one rank (its devices: emulated.train_devices), not train.num_ranks = "
+                f"{train.num_ranks}: set train.num_ranks = 1 and fsdp = false",
+            )
+        workflow = getattr(run, "workflow", None)
+        if workflow is not None and workflow.stream_step:
+            raise Refused("type", "the emulated train engine takes whole steps: set workflow.stream_step = false")
+        for key, on in (("fsdp", self.fsdp), ("critic", self.critic), ("packing", self.packing), ("lora.rank", self.lora.rank)):
+            if on:
+                raise Refused(key, "the emulated train engine has no model to shard, pack or adapt: leave it out")

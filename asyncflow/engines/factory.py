@@ -24,7 +24,11 @@ def build_rollout_engine(cfg: RolloutEngineConfig, model_dir: str | Path, versio
         from asyncflow.engines.vllm_rollout import VLLMRolloutEngine
 
         return VLLMRolloutEngine(cfg, model_dir, version=version)
-    raise ValueError(f"unknown rollout engine type {cfg.type!r}; use 'native', 'vllm' or 'vllm_ascend'")
+    if cfg.type == "emulated":
+        from asyncflow.engines.emulated_rollout import EmulatedRolloutEngine
+
+        return EmulatedRolloutEngine(cfg, model_dir, version=version)
+    raise ValueError(f"unknown rollout engine type {cfg.type!r}; use 'native', 'vllm', 'vllm_ascend' or 'emulated'")
 
 
 def build_train_engine(cfg: TrainEngineConfig, model_dir: str | Path, total_steps: int = 0) -> TrainEngine:
@@ -37,7 +41,11 @@ def build_train_engine(cfg: TrainEngineConfig, model_dir: str | Path, total_step
         from asyncflow.engines.torch_train import TorchTrainEngine
 
         return TorchTrainEngine(cfg, model_dir, total_steps=total_steps)
-    raise ValueError(f"unknown train engine type {cfg.type!r}; use 'torch'")
+    if cfg.type == "emulated":
+        from asyncflow.engines.emulated_train import EmulatedTrainEngine
+
+        return EmulatedTrainEngine(cfg, model_dir, total_steps=total_steps)
+    raise ValueError(f"unknown train engine type {cfg.type!r}; use 'torch' or 'emulated'")
 
 
 def build_reward_scorer(

@@ -3,6 +3,8 @@ what the supervisor derives from each role's RoleSpec (devices, cores): no proce
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 
@@ -196,3 +198,32 @@ def test_finding_checkpoints_and_preparing_a_resume_import_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
+
+
+EMULATED = '[rollout.engine]\ntype = "emulated"\n[train.engine]\ntype = "emulated"\n'
+
+
+def test_emulated_replicas_are_packed_into_shared_processes_and_each_stays_a_worker_and_a_replica():
+    from asyncflow.actors.supervisor import Supervisor
+
+    cfg = _cfg(EMULATED + "[rollout]\nnum_replicas = 10\n[cluster]\nactors_per_process = 4\n")
+    hosts = topology.plan_hosts(cfg, "/run")
+    packed = [h for h in hosts if h.kind == names.ROLLOUT]
+    assert [h.name for h in packed] == ["rollout.pack.0", "rollout.pack.1", "rollout.pack.2"]
+    assert [h.workers for h in packed] == [
+        [f"rollout.{i}" for i in range(4)],
+        [f"rollout.{i}" for i in range(4, 8)],
+        ["rollout.8", "rollout.9"],
+    ]
+    assert [s.name for s in packed[2].specs] == ["rollout.8", "rollout.9"]
+    assert all(h.workers == [h.name] for h in hosts if h.role is not None and h.kind != names.ROLLOUT)
+    sup = Supervisor(cfg, Path("/run"))
+    sup.plan(hosts)
+    assert sup.replicas() == [f"rollout.{i}" for i in range(10)]
+    assert sup.workers() == ["loader", *[f"rollout.{i}" for i in range(10)], "reward.0", "trainer"]
+    assert sup.log_file("rollout.5").name == "rollout.pack.1.log"
+
+
+def test_one_actor_per_process_keeps_a_host_per_replica_named_like_it():
+    hosts = topology.plan_hosts(_cfg(EMULATED + "[rollout]\nnum_replicas = 2\n"), "/run")
+    assert [h.name for h in hosts if h.kind == names.ROLLOUT] == ["rollout.0", "rollout.1"]

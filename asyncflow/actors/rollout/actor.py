@@ -232,7 +232,10 @@ class RolloutActor(LoopActor):
 
 def replica_memory(cfg, facts: memory.MemoryFacts) -> float:
     """A replica's weights, its KV budget, the staged next version, and with LoRA on the
-    native engine the base of each adapted weight it keeps beside the merged one."""
+    native engine the base of each adapted weight it keeps beside the merged one. An
+    emulated replica holds no model: a few small tensors, counted as nothing."""
+    if cfg.rollout.engine.type == "emulated":
+        return 0.0
     shape, b = facts.shape, memory.DTYPE_BYTES[cfg.rollout.engine.dtype]
     eng = cfg.rollout.engine
     kv = eng.kv_cache_bytes or (memory.DEFAULT_KV_BYTES if eng.kv_cache_fraction is None else 0)
@@ -255,7 +258,8 @@ ROLE = roles.RoleSpec(
     device=roles.Devices.ONE,
     devices_used=lambda cfg: [("rollout.engine.device", cfg.rollout.engine.device)],
     memory=replica_memory,
-    working_memory=lambda cfg, facts: float(memory.PROCESS_BYTES),
+    # a process's runtime, shared by the replicas packed into it (cluster.actors_per_process)
+    working_memory=lambda cfg, facts: float(memory.PROCESS_BYTES) / cfg.cluster.actors_per_process,
     device_list="rollout_devices",
     step_work=lambda cfg, cores: roles.StepWork(
         what="generation",
