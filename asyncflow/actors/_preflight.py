@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from asyncflow.actors._imports import importable
 from asyncflow.config.load import ConfigError
 from asyncflow.config.run import RunConfig
+from asyncflow.engines import precision
 
 if TYPE_CHECKING:
     from asyncflow.actors.roles import RoleSpec
@@ -177,7 +178,6 @@ def step_estimate(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> StepE
     role's instances do in a step is their spec's ``step_work`` (training, generation, a
     reference forward ...): the roles the config starts, counted one after the other."""
     from asyncflow.actors.topology import BUILT_IN
-    from asyncflow.engines.precision import emulated_bf16_warning, precision_line
     from asyncflow.planner.calibration import Efficiency
     from asyncflow.planner.io import from_hf_config, local_cpu_peak
 
@@ -397,3 +397,41 @@ def _check_devices(cfg: RunConfig, roles: Sequence[RoleSpec]) -> None:
             raise ConfigError(
                 f"{key} = 'npu', but torch_npu is not installed: use 'cpu', or install torch_npu on an Ascend machine (extra npu)"
             )
+
+
+def emulated_bf16_warning(cfg: RunConfig) -> str | None:
+    """A preflight line where the config asks for bfloat16 by name on a CPU that
+    emulates it (``auto`` never does), naming the keys and the fix; None otherwise."""
+    if cfg.cluster.device != "cpu" or precision.bf16_fast("cpu"):
+        return None
+    keys = []
+    if cfg.train.engine.autocast == "bfloat16":
+        keys.append('train.engine.autocast = "bfloat16"')
+    if cfg.train.engine.dtype == "bfloat16":
+        keys.append('train.engine.dtype = "bfloat16"')
+    if cfg.rollout.engine.dtype == "bfloat16":
+        keys.append('rollout.engine.dtype = "bfloat16"')
+    if not keys:
+        return None
+    from asyncflow.planner.io import local_cpu_peak
+
+    peak = local_cpu_peak()
+    what = peak.describe if peak is not None else "this CPU"
+    return (
+        f"warning: {' and '.join(keys)} on a CPU without bfloat16 instructions ({what}): torch emulates them, "
+        'several times slower than float32 here; set train.engine.autocast = "auto" (bfloat16 only where the CPU '
+        'has avx512_bf16 or amx_bf16) or "off", and rollout.engine.dtype = "float32"'
+    )
+
+
+def precision_line(cfg: RunConfig) -> str | None:
+    """What ``train.engine.autocast = "auto"`` takes on this host, for the preflight
+    (the trainer resolves it again on its own host); None for the other settings."""
+    eng = cfg.train.engine
+    if eng.autocast != "auto":
+        return None
+    taken = precision.resolve_autocast("auto", eng.device)
+    where = "cpu" if eng.device == "cpu" else eng.device
+    if taken == "bfloat16":
+        return f'train.engine.autocast = "auto": bfloat16 mixed precision ({where} runs bfloat16 natively)'
+    return f'train.engine.autocast = "auto": float32 ({where} has no native bfloat16: emulated, it would be slower)'

@@ -6,16 +6,33 @@ without those instructions torch emulates them, and SmolLM2-135M trained several
 times slower than in float32 (docs/real-model.md, 'Training at real size'), so
 ``"auto"`` is mixed precision where it pays and float32 where it does not. The host
 that decides is the one the engine runs on (a trainer on another machine reads its
-own /proc/cpuinfo).
+own /proc/cpuinfo). What the preflight says of it: ``actors/_preflight.py``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from asyncflow.planner import io as planner_io
-
 Autocast = Literal["off", "bfloat16"]
+CPUINFO = "/proc/cpuinfo"
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+"""The /proc/cpuinfo flags of a CPU that runs bfloat16 dot products natively."""
+
+
+def cpu_bf16_isa(path: str = CPUINFO) -> str:
+    """The bfloat16 instruction set this host's CPU names in ``path`` ("" where it names
+    none, or the file cannot be read: not Linux)."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            flags = set(value.split())
+            return next((f for f in BF16_FLAGS if f in flags), "")
+    return ""
 
 
 def bf16_fast(device_kind: str) -> bool:
@@ -27,8 +44,7 @@ def bf16_fast(device_kind: str) -> bool:
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     if device_kind == "npu":
         return True
-    peak = planner_io.local_cpu_peak()
-    return peak is not None and peak.bf16_native
+    return bool(cpu_bf16_isa())
 
 
 def resolve_autocast(setting: str, device_kind: str) -> Autocast:
@@ -39,45 +55,3 @@ def resolve_autocast(setting: str, device_kind: str) -> Autocast:
     if setting not in ("off", "bfloat16"):
         raise ValueError(f"train.engine.autocast = {setting!r}: use 'off', 'bfloat16' or 'auto'")
     return "bfloat16" if setting == "bfloat16" else "off"
-
-
-def emulated_bf16_warning(cfg: object) -> str | None:
-    """A preflight line where the config asks for bfloat16 by name on a CPU that
-    emulates it (``auto`` never does), naming the keys and the fix; None otherwise."""
-    from asyncflow.config.run import RunConfig
-
-    assert isinstance(cfg, RunConfig)
-    if cfg.cluster.device != "cpu" or bf16_fast("cpu"):
-        return None
-    keys = []
-    if cfg.train.engine.autocast == "bfloat16":
-        keys.append('train.engine.autocast = "bfloat16"')
-    if cfg.train.engine.dtype == "bfloat16":
-        keys.append('train.engine.dtype = "bfloat16"')
-    if cfg.rollout.engine.dtype == "bfloat16":
-        keys.append('rollout.engine.dtype = "bfloat16"')
-    if not keys:
-        return None
-    peak = planner_io.local_cpu_peak()
-    what = peak.describe if peak is not None else "this CPU"
-    return (
-        f"warning: {' and '.join(keys)} on a CPU without bfloat16 instructions ({what}): torch emulates them, "
-        'several times slower than float32 here; set train.engine.autocast = "auto" (bfloat16 only where the CPU '
-        'has avx512_bf16 or amx_bf16) or "off", and rollout.engine.dtype = "float32"'
-    )
-
-
-def precision_line(cfg: object) -> str | None:
-    """What ``train.engine.autocast = "auto"`` takes on this host, for the preflight
-    (the trainer resolves it again on its own host); None for the other settings."""
-    from asyncflow.config.run import RunConfig
-
-    assert isinstance(cfg, RunConfig)
-    eng = cfg.train.engine
-    if eng.autocast != "auto":
-        return None
-    taken = resolve_autocast("auto", eng.device)
-    where = "cpu" if eng.device == "cpu" else eng.device
-    if taken == "bfloat16":
-        return f'train.engine.autocast = "auto": bfloat16 mixed precision ({where} runs bfloat16 natively)'
-    return f'train.engine.autocast = "auto": float32 ({where} has no native bfloat16: emulated, it would be slower)'

@@ -58,6 +58,21 @@ OUT_OF_RANGE = [
     ("[reward]\nbatch_size = 0", "reward.batch_size = 0: out of range; use a value >= 1", "[reward] batch_size"),
     ("[critic.engine]\nlr = 0", "critic.engine.lr = 0: out of range; use a value > 0", "[critic.engine] lr"),
     (
+        "[rollout.engine.emulated]\nrollout_tp = 0",
+        "rollout.engine.emulated.rollout_tp = 0: out of range; use a value >= 1",
+        "[rollout.engine.emulated] rollout_tp",
+    ),
+    (
+        "[train.engine.emulated]\nrollout_tp = 0",
+        "train.engine.emulated.rollout_tp = 0: out of range; use a value >= 1",
+        "[train.engine.emulated] rollout_tp",
+    ),
+    (
+        "[critic.engine.emulated]\nrollout_tp = 0",
+        "critic.engine.emulated.rollout_tp = 0: out of range; use a value >= 1",
+        "[critic.engine.emulated] rollout_tp",
+    ),
+    (
         "[train]\nnum_steps = 0",
         "train.num_steps = 0: out of range; use a value >= 1",
         "set it in [train] num_steps, or --set train.num_steps=",

@@ -22,8 +22,13 @@ AVX512_BF16 = "cpu MHz\t\t: 2596.122\nflags\t\t: fpu sse fma avx avx2 avx512f av
 AMX = "cpu MHz\t\t: 2000.000\nflags\t\t: fpu sse fma avx avx2 avx512f amx_bf16 amx_tile\n"
 
 
-def on_cpu(monkeypatch, cpuinfo: str) -> None:
+def on_cpu(monkeypatch, cpuinfo: str, tmp_path_factory=None) -> None:
+    """This host's /proc/cpuinfo as ``cpuinfo`` says, for the engine's reading and the planner's."""
+    from asyncflow.engines import precision
+
     monkeypatch.setattr(io, "local_cpu_peak", lambda path="/proc/cpuinfo": parse_cpuinfo(cpuinfo))
+    flags = next((line.partition(":")[2].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    monkeypatch.setattr(precision, "cpu_bf16_isa", lambda path="": next((f for f in precision.BF16_FLAGS if f in flags), ""))
 
 
 @pytest.mark.timeout(10)
@@ -45,9 +50,14 @@ def test_auto_resolves_by_this_hosts_cpu_and_named_settings_stay_as_they_are(mon
 
 
 @pytest.mark.timeout(10)
-def test_auto_without_a_readable_cpuinfo_is_float32(monkeypatch):
-    monkeypatch.setattr(io, "local_cpu_peak", lambda path="/proc/cpuinfo": None)
-    assert resolve_autocast("auto", "cpu") == "off"
+def test_auto_without_a_readable_cpuinfo_is_float32(tmp_path):
+    from asyncflow.engines.precision import cpu_bf16_isa
+
+    assert cpu_bf16_isa(str(tmp_path / "absent")) == ""
+    (tmp_path / "cpuinfo").write_text(AVX512_BF16)
+    assert cpu_bf16_isa(str(tmp_path / "cpuinfo")) == "avx512_bf16"
+    (tmp_path / "cpuinfo").write_text(AVX2)
+    assert cpu_bf16_isa(str(tmp_path / "cpuinfo")) == ""
 
 
 @pytest.mark.timeout(10)
