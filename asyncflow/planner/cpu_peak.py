@@ -32,7 +32,6 @@ class CpuPeak(Struct, frozen=True):
     fp32_flops: float  # per core
     bf16_flops: float  # per core, matmuls in bfloat16 (emulated without bf16 instructions: EMULATED_BF16 of fp32's)
     describe: str  # what was read, for the preflight's line
-    bf16_native: bool = False  # avx512_bf16 or amx_bf16: bfloat16 pays (``train.engine.autocast = "auto"``)
 
 
 def parse_cpuinfo(text: str) -> CpuPeak:
@@ -52,8 +51,10 @@ def parse_cpuinfo(text: str) -> CpuPeak:
     lanes, isa = (16, "avx512") if "avx512f" in flags else (8, "avx2") if "avx2" in flags else (4, "sse")
     ghz = mhz / 1000 if mhz > 0 else DEFAULT_GHZ
     fp32 = FMA_UNITS * lanes * 2 * ghz * 1e9
-    bf16_isa = next((f for f in ("amx_bf16", "avx512_bf16") if f in flags), "")
+    bf16_isa = next(
+        (f for f in ("amx_bf16", "avx512_bf16") if f in flags), ""
+    )  # engines/precision.BF16_FLAGS (planner modules may not import engines)
     bf16 = fp32 * 2 if bf16_isa else fp32 * EMULATED_BF16
     clock = f"{ghz:.2f} GHz" if mhz > 0 else f"{ghz:.2f} GHz assumed"
     describe = f"this CPU: {isa}{', ' + bf16_isa if bf16_isa else ', no bfloat16 instructions'}, {clock}"
-    return CpuPeak(fp32_flops=fp32, bf16_flops=bf16, describe=describe, bf16_native=bool(bf16_isa))
+    return CpuPeak(fp32_flops=fp32, bf16_flops=bf16, describe=describe)
