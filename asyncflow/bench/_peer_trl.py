@@ -5,7 +5,8 @@
 SPEC (written by ``bench/peer.py`` from the run config): the model directory, the
 data file, the reward functions, prompts per step, group size, new tokens,
 temperature, lr and its schedule, clip, grad clip, mixed precision (``bf16`` when
-the trainer has ``autocast = "bfloat16"``), steps, seed, threads. The
+the trainer's ``autocast`` resolves to bfloat16), the trainer's device (TRL runs on the
+GPU when it is ``cuda``), steps, seed, threads. The
 prompts go through the model's chat template as TRL does for conversational data
 (the same ids asyncflow's loader puts in the queue); the reward functions get what
 asyncflow's reward role gives them: decoded prompt and response, the answer, and
@@ -90,7 +91,7 @@ def run(spec: dict) -> dict:
         max_grad_norm=spec["grad_clip"],
         weight_decay=0.0,
         seed=spec["seed"],
-        use_cpu=True,
+        use_cpu=spec.get("device", "cpu") == "cpu",
         bf16=spec.get("bf16", False),
         fp16=False,
         logging_steps=1,

@@ -60,6 +60,7 @@ def trl_spec(cfg, steps: int, threads: int, out_dir: Path) -> dict:
         "grad_clip": eng.grad_clip,
         "bf16": resolve_autocast(eng.autocast, eng.device)
         == "bfloat16",  # mixed precision as the trainer's (TRL: accelerate's bf16 autocast)
+        "device": eng.device,  # TRL trains where asyncflow's trainer does (use_cpu off on a GPU)
         "steps": steps,
         "seed": cfg.seed,
         "threads": threads,
