@@ -14,7 +14,14 @@
 # Wheels of the packages the machine lacks (pykka, pynng, msgspec, gguf, trl, datasets, ...)
 # in .whl/ are installed into /tmp/site first; the config and tokenizer of SmolLM2 in
 # .gpu/smollm2-config/ give the random model its shapes. Figures and logs go to OUT
-# (default /tmp/cuda-check): summary.txt, figures.jsonl, logs.tar.gz.
+# (default /tmp/cuda-check): summary.txt, figures.jsonl, logs.tar.gz. docs/cuda.md
+# (scripts/cuda_page.py) renders the figures kept in docs/data/cuda_check/.
+#
+# More seeds set both ``seed`` (TRL's) and ``rollout.engine.seed`` (asyncflow's sampler: the
+# global seed does not reach it, docs/config.md); ``data.seed`` stays, so the held-out
+# prompts are the same. A machine that takes at most 64 MiB per transfer gets the 98 MB
+# GGUF file in two transfers (split -b 50000000 -d -a 1 FILE .gpu/smollm2.gguf.part):
+# each copied to /tmp/gguf as it lands, then back into .gpu/ before the `real` phase.
 set -u
 PHASE="${1:-unit}"
 OUT_DIR="${2:-/tmp/cuda-check}"
@@ -33,7 +40,7 @@ step() {  # step NAME SECONDS CMD...: output to $WORK/NAME.log
   note "$name (up to ${t}s): $*"
   timeout --kill-after=10 "$t" "$@" >"$WORK/$name.log" 2>&1
 }
-tailof() { tail -n 4 "$WORK/$1.log" 2>/dev/null | tr '\n' ' ' | cut -c1-300; }
+tailof() { tr '\r' '\n' <"$WORK/$1.log" 2>/dev/null | grep -v -e '^Loading weights' -e '^Writing model shards' | tail -n 4 | tr '\n' ' ' | cut -c1-300; }
 finish() {
   (cd "$WORK" && tar czf "$OUT_DIR/logs.tar.gz" --exclude='*.safetensors' --exclude='*.gguf' --exclude='*.bin' \
     --exclude='*.pt' --exclude='checkpoints' --exclude='model' --exclude='final' ./*.log runs 2>/dev/null)
@@ -139,7 +146,7 @@ if [ "$left" -gt 90 ]; then
   pids=()
   for seed in 1 2 3 4; do
     step "peer-seed$seed" "$left" "${AF[@]}" bench peer --config examples/smollm2.toml --steps 10 --trl-threads 2 --json \
-      --out "$WORK/runs/peer$seed" --set "seed=$seed" "${CUDA_SET[@]}" &
+      --out "$WORK/runs/peer$seed" --set "seed=$seed" --set "rollout.engine.seed=$seed" "${CUDA_SET[@]}" &
     pids+=($!)
   done
   for i in "${!pids[@]}"; do
