@@ -71,6 +71,14 @@ class GatewayConfig(Section):
             "1: one at a time."
         ),
     ] = 64
+    request_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="With ``all_replicas``: how long the front waits for a replica's answer to one request "
+            "(generation included) before it answers 504 (a frozen or stuck replica); the replica keeps its sessions.",
+        ),
+    ] = 600.0
     max_request_bytes: Annotated[
         Count,
         Meta(

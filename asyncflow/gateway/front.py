@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -55,6 +56,10 @@ class _Gone(Exception):
     """The replica did not answer (refused the connection, or died mid-request)."""
 
 
+class _Slow(Exception):
+    """The replica took the request but did not answer within ``request_timeout_s``."""
+
+
 class Front:
     def __init__(
         self,
@@ -63,14 +68,18 @@ class Front:
         *,
         policy: Policy = "sticky",
         max_request_bytes: int = 1 << 20,
+        request_timeout_s: float = 600.0,
     ):
         """``locate(i)``: the base URL rollout replica ``i``'s gateway serves on now (None:
-        not serving yet)."""
+        not serving yet). A replica that takes the request but does not answer within
+        ``request_timeout_s`` (frozen, or stuck) gets the client a 504; it is not marked
+        down, since a slow replica keeps its sessions."""
         self.table = RouteTable(replicas, policy)
         self.locate = locate
         self.max_request_bytes = max_request_bytes
         self._failed_url: dict[int, str | None] = {}  # a down replica -> the URL it did not answer on
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
+        self.request_timeout_s = request_timeout_s
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout_s, connect=10.0))
         self.app = Starlette(
             routes=[
                 Route("/v1/models", self._models, methods=["GET"]),
@@ -91,6 +100,10 @@ class Front:
     def close(self) -> None:
         self._http.stop()
         self._http.join()
+        try:  # its pool's sockets: the server's event loop is gone, so on a loop of its own
+            asyncio.run(self._client.aclose())
+        except Exception as exc:  # a connection bound to the stopped loop: the sockets close with it
+            log.debug("gateway front: closing the client: %r", exc)
 
     # -- replicas ------------------------------------------------------------------
     def _refresh(self) -> None:
@@ -116,6 +129,8 @@ class Front:
         headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED}
         try:
             return await self._client.request(request.method, url + request.url.path, content=body, headers=headers)
+        except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
+            raise _Slow() from None
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
             self._down(replica, url)
             raise _Gone() from None
@@ -132,6 +147,16 @@ class Front:
             503,
             f"{which} is down (restarting): send the request again in a few seconds; the session goes on where it was",
             "replica_down",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    def _timed_out(self, replica: int) -> JSONResponse:
+        log.warning("gateway front: rollout.%d did not answer within %.0f s", replica, self.request_timeout_s)
+        return _error(
+            504,
+            f"rollout.{replica} took the request but did not answer within {self.request_timeout_s:g} s "
+            "([rollout.gateway] request_timeout_s): it may be frozen or overloaded; send the request again, or raise the key",
+            "replica_timeout",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 
@@ -174,6 +199,8 @@ class Front:
             r = await self._forward(replica, request, body)
         except _Gone:
             return self._refused(replica, session)
+        except _Slow:
+            return self._timed_out(replica)
         finally:
             if session is None:
                 self.table.forget(placeholder)
@@ -277,7 +304,12 @@ def serve_front(cfg, run_dir: str | Path, num_replicas: int) -> Front:
     from asyncflow.gateway.replica import TRAJECTORIES_FILE, replica_url
 
     run = Path(run_dir)
-    front = Front(list(range(num_replicas)), lambda i: replica_url(run, i), max_request_bytes=cfg.max_request_bytes)
+    front = Front(
+        list(range(num_replicas)),
+        lambda i: replica_url(run, i),
+        max_request_bytes=cfg.max_request_bytes,
+        request_timeout_s=cfg.request_timeout_s,
+    )
     url = front.start(cfg.host, cfg.port)
     info = {"url": url, "replica": "all", "replicas": num_replicas, "trajectories": str(run / TRAJECTORIES_FILE)}
     (run / "gateway.json").write_text(json.dumps(info))

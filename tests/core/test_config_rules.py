@@ -51,6 +51,11 @@ OUT_OF_RANGE = [
     ),
     ("[rollout.gateway]\nport = 70000", "rollout.gateway.port = 70000: out of range", "[rollout.gateway] port"),
     (
+        "[rollout.gateway]\nrequest_timeout_s = 0",
+        "rollout.gateway.request_timeout_s = 0: out of range",
+        "[rollout.gateway] request_timeout_s",
+    ),
+    (
         "[reference]\nmicro_batch_size = 0",
         "reference.micro_batch_size = 0: out of range; use a value >= 1",
         "[reference] micro_batch_size",

@@ -102,3 +102,45 @@ def test_an_anonymous_session_stays_on_the_replica_that_named_it_and_an_oversize
     with pytest.raises(openai.APIStatusError) as big:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1" * (1 << 20)}])
     assert big.value.status_code == 413
+
+
+@pytest.mark.timeout(60)
+def test_a_replica_that_accepts_the_connection_but_never_answers_gets_a_504_not_a_hung_client():
+    """A frozen replica (SIGSTOP, a stuck engine) keeps its socket open: the front gives up after
+    ``request_timeout_s`` with a 504 naming the key, and its next request goes the same way
+    (the replica is slow, not gone: its sessions stay on it)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:  # accepts and reads nothing, answers nothing
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    front = Front([0], lambda i: url, request_timeout_s=0.5)
+    front.start("127.0.0.1", 0)
+    try:
+        client = api(front.url)
+        for _ in range(2):
+            with pytest.raises(openai.APIStatusError) as err:
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}], user="s0")
+            assert err.value.status_code == 504
+            assert "request_timeout_s" in err.value.message and "rollout.0" in err.value.message
+        assert not front.table.is_down(0)
+    finally:
+        front.close()
+        stop.set()
+        for s in held:
+            s.close()
+        listener.close()
