@@ -13,6 +13,8 @@ Invariants:
   template, ``envs/render.py``) or token ids (inserted exactly as given).
 - Rewards are per step; the driver sums them with ``env.discount`` per turn
   (1: plain sum) into the row's ``env_reward``.
+- ``close()`` ends every trajectory whose calls all returned, once (not one that
+  timed out: the instance may still be inside its call).
 """
 
 from __future__ import annotations
@@ -85,6 +87,14 @@ class Environment(abc.ABC):
     def step(self, action: Action) -> Step:
         """The model took a turn: answer it. Raising ends the trajectory with an error
         (reward 0, ``env_error`` set); so does taking longer than ``env.step_timeout_s``."""
+
+    def close(self) -> None:  # noqa: B027  (optional: most environments hold nothing)
+        """The trajectory ended (done, the turn limit, no room left, an error in
+        ``reset`` or ``step``): free what the environment holds (a sandbox, a connection,
+        a subprocess). Called once, on the pool, after its last call returned; its
+        errors are logged and counted (the driver's ``close_errors``). Not called when a call
+        timed out, since the environment may still be inside it: such an instance is
+        dropped, and only garbage collection reaches it."""
 
 
 def load_env_factory(spec: str) -> Callable[[], Environment]:

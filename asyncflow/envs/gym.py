@@ -78,6 +78,13 @@ class GymTextEnvironment(Environment):
             )
         return self.render(out[0])
 
+    def close(self) -> None:
+        """The trajectory ended however it ended (the driver's call): what ``reset`` opened is
+        closed now rather than at garbage collection (once: the finalizer runs at most once)."""
+        closer = getattr(self, "closer", None)
+        if closer is not None:
+            closer()
+
     def step(self, action: Action) -> Step:
         out = self.env.step(action.text)
         if not (isinstance(out, tuple) and len(out) == 5):

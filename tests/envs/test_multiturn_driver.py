@@ -186,3 +186,53 @@ def test_a_hung_environment_call_does_not_hold_the_process_at_exit(tmp_path):
     script.write_text(HUNG_PROCESS)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "exiting" in done.stdout, done.stderr
+
+
+class Closing(Scripted):
+    """Scripted, recording its ``close`` (``CLOSED``: the kinds closed, under ``CLOSING``)."""
+
+    def close(self) -> None:
+        with CLOSING:
+            CLOSED.append(self.kind)
+            CLOSING.notify_all()
+        if self.kind == "raise":
+            raise OSError("the sandbox was already gone")
+
+
+CLOSED: list[str] = []
+CLOSING = threading.Condition()
+
+
+def test_every_trajectory_that_ended_is_closed_once_on_the_pool_except_one_whose_call_hung(engine, tokenizer):
+    """Done, the turn limit, an error: each environment's close() runs once, off the engine's
+    thread; one whose step timed out is never closed (it may still be inside the step), and a
+    close that raises is counted, not fatal."""
+    CLOSED.clear()
+    RELEASE.clear()
+    cfg = EnvConfig(path="x:y", step_timeout_s=1.0, max_turns=2)
+    driver = MultiTurnDriver(cfg, tokenizer, factory=Closing)
+    submitted: list[str] = []
+    submit = driver.pool.submit
+
+    def spy(fn, *args):  # which environments the driver hands a close to (decided in end(), before run returns)
+        if getattr(fn, "__name__", "") == "_close":
+            submitted.append(args[0].kind)
+        return submit(fn, *args)
+
+    driver.pool.submit = spy
+    kinds = ["text", "raise", "hang", "ids"]
+    samples = [
+        Sample(prompt=f"{i}+{i}=", prompt_ids=encode_chat_prompt(tokenizer, f"{i}+{i}="), answer=k) for i, k in enumerate(kinds)
+    ]
+    try:
+        trajs = driver.run(engine, SamplingParams(max_new_tokens=4, stop_token_ids=(tokenizer.eos_token_id,)), samples)
+        assert [t.hung for t in trajs] == [False, False, True, False]
+        assert sorted(submitted) == ["ids", "raise", "text"]  # the hung one is not handed over
+        with CLOSING:
+            assert CLOSING.wait_for(lambda: len(CLOSED) == 3, timeout=30), CLOSED
+        assert sorted(CLOSED) == ["ids", "raise", "text"]
+        with CLOSING:
+            assert CLOSING.wait_for(lambda: driver.stats.close_errors == 1, timeout=30)
+    finally:
+        RELEASE.set()
+        driver.close()

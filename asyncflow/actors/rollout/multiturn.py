@@ -87,6 +87,7 @@ class Trajectory:
     version: int = -1
     future: Future | None = None
     deadline: float = 0.0
+    hung: bool = False  # a call timed out: the environment may still be inside it (never closed)
 
     def columns(self, token_versions: bool = False) -> dict[str, np.ndarray]:
         """The row's outputs (the shared trajectory format, docs/environments.md), with
@@ -122,6 +123,8 @@ class DriverStats:
     """Most environment calls in flight while the engine generated."""
     observations_cut: int = 0
     """Observations cut to ``env.max_observation_chars``."""
+    close_errors: int = 0
+    """``Environment.close`` calls that raised (each logged: the first, then every 100th)."""
 
 
 class DaemonPool:
@@ -237,6 +240,19 @@ class MultiTurnDriver:
         if not t.ids:
             t.ids, t.logp, t.mask, t.versions = [self.tokenizer.eos_token_id], [0.0], [0], [version]
         t.versions = [version if v < 0 else v for v in t.versions]
+        if not t.hung and t.future is None:
+            self.pool.submit(self._close, t.env)
+
+    def _close(self, env: Environment) -> None:
+        """``env.close()`` on the pool: its error is the environment's, logged and counted."""
+        try:
+            env.close()
+        except Exception as exc:  # noqa: BLE001  (any: the trajectory is already out)
+            self.stats.close_errors += 1
+            if self.stats.close_errors == 1 or self.stats.close_errors % 100 == 0:
+                log.warning(
+                    "%s.close() raised %s: %s (%d so far)", type(env).__name__, type(exc).__name__, exc, self.stats.close_errors
+                )
 
     def _reset(self, env: Environment, sample: Sample) -> Step:
         env.bind(self.tokenizer)
@@ -296,6 +312,7 @@ class MultiTurnDriver:
             elif now >= t.deadline:
                 future.cancel()
                 t.future = None
+                t.hung = True
                 self.stats.timeouts += 1
                 self._fail(t, f"environment call timed out after {self.cfg.step_timeout_s:g} s (env.step_timeout_s)")
 

@@ -154,6 +154,13 @@ class OpenEnvEnvironment(Environment):
         self.schema = self.action_cls.model_json_schema()
         return self._observe_model(self.env.reset(**self.reset_kwargs(sample)))[0]
 
+    def close(self) -> None:
+        """The trajectory ended however it ended (the driver's call): what ``reset`` opened is
+        closed now rather than at garbage collection (once: the finalizer runs at most once)."""
+        closer = getattr(self, "closer", None)
+        if closer is not None:
+            closer()
+
     def step(self, action: Action) -> Step:
         import pydantic
 

@@ -264,12 +264,19 @@ class VerifiersEnvironment(Environment):
         self.bridge = _Bridge()
         self.thread = threading.Thread(target=_play, args=(self.bridge, env, task), name="verifiers-episode", daemon=True)
         self.thread.start()
-        weakref.finalize(self, self.bridge.deliver, _CLOSE)  # dropped before the episode ended: end it
+        self.closer = weakref.finalize(self, self.bridge.deliver, _CLOSE)  # ended or dropped before the episode ended: end it
         self.ended: Step | None = None
         first = self._next()
         if first.done:  # run() ended without asking for a turn
             self.ended = first
         return first.observation
+
+    def close(self) -> None:
+        """The trajectory ended however it ended (the driver's call): what ``reset`` opened is
+        closed now rather than at garbage collection (once: the finalizer runs at most once)."""
+        closer = getattr(self, "closer", None)
+        if closer is not None:
+            closer()
 
     def step(self, action: Action) -> Step:
         if self.ended is not None:
