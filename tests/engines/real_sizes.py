@@ -126,3 +126,22 @@ def real_size_model(kind: str, tmp_path_factory) -> Path:
 def numel_over_2_24(named) -> list[str]:
     """The names of the tensors of more than 2^24 elements."""
     return [name for name, t in named if t.numel() > 2**24]
+
+
+def logprob_gaps(trainer, prompts: list[list[int]], done) -> torch.Tensor:
+    """The trainer's log-probs of each completion's response tokens minus the ones the
+    replica sampled with, all completions' tokens in one vector."""
+    from asyncflow.engines.base import TokenBatch
+
+    rows = [prompts[c.prompt_index] + c.response_ids for c in done]
+    width = max(map(len, rows))
+    ids_BT = torch.zeros(len(rows), width, dtype=torch.long)
+    mask_BT = torch.zeros_like(ids_BT)
+    for b, row in enumerate(rows):
+        ids_BT[b, : len(row)], mask_BT[b, : len(row)] = torch.tensor(row), 1
+    logp_BT = trainer.forward(TokenBatch(input_ids=ids_BT, attention_mask=mask_BT, response_mask=mask_BT.float())).logp
+    gaps = []
+    for b, c in enumerate(done):
+        start = len(prompts[c.prompt_index])
+        gaps.append(logp_BT[b, start : start + len(c.response_ids)] - torch.tensor(c.logprobs))
+    return torch.cat(gaps)

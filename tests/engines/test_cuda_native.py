@@ -32,7 +32,7 @@ from asyncflow.engines.factory import build_rollout_engine, build_train_engine
 from asyncflow.engines.precision import resolve_autocast
 
 sys.path.insert(0, os.path.dirname(__file__))
-from real_sizes import REAL_SHAPES, real_size_model  # noqa: E402
+from real_sizes import REAL_SHAPES, logprob_gaps, real_size_model  # noqa: E402
 from test_real_sizes import WeightsSide, _bits, _same_tensors  # noqa: E402
 from test_torch_train import nll  # noqa: E402
 
@@ -62,22 +62,6 @@ def trainer(qwen):
 
 def _replica(model_dir: Path, dtype: str = "float32"):
     return build_rollout_engine(RolloutEngineConfig(device="cuda", dtype=dtype, kv_cache_bytes=1 << 30), model_dir)
-
-
-def _recompute(trainer, prompts, done) -> torch.Tensor:
-    """The trainer's log-probs of each completion's response tokens, one row each."""
-    rows = [prompts[c.prompt_index] + c.response_ids for c in done]
-    width = max(map(len, rows))
-    ids_BT = torch.zeros(len(rows), width, dtype=torch.long)
-    mask_BT = torch.zeros_like(ids_BT)
-    for b, row in enumerate(rows):
-        ids_BT[b, : len(row)], mask_BT[b, : len(row)] = torch.tensor(row), 1
-    logp_BT = trainer.forward(TokenBatch(input_ids=ids_BT, attention_mask=mask_BT, response_mask=mask_BT.float())).logp
-    out = []
-    for b, c in enumerate(done):
-        start = len(prompts[c.prompt_index])
-        out.append(logp_BT[b, start : start + len(c.response_ids)] - torch.tensor(c.logprobs))
-    return torch.cat(out)
 
 
 def _prompts(vocab: int) -> list[list[int]]:
@@ -110,7 +94,7 @@ def test_a_float32_cuda_replica_samples_with_the_logprobs_the_cuda_trainer_recom
         replica.close()
     assert len(done) == 12 and all(len(c.response_ids) == 8 for c in done)
     assert max(t for c in done for t in c.response_ids) > 2**16  # ids from all of the vocabulary
-    gap = _recompute(trainer, prompts, done).abs()
+    gap = logprob_gaps(trainer, prompts, done).abs()
     _figure("cuda_fp32_logprob_gap_max", float(gap.max()))
     assert float(gap.max()) < 1e-3
 
@@ -126,7 +110,7 @@ def test_a_bfloat16_cuda_replica_stays_close_to_a_bfloat16_autocast_trainer(qwen
         done = replica.generate(prompts, SamplingParams(max_new_tokens=8, temperature=1.0, n=4, seed=0))
     finally:
         replica.close()
-    gap = _recompute(trainer, prompts, done).abs()
+    gap = logprob_gaps(trainer, prompts, done).abs()
     _figure("cuda_bf16_logprob_gap_mean", float(gap.mean()))
     _figure("cuda_bf16_logprob_gap_max", float(gap.max()))
     assert float(gap.mean()) < 0.1
