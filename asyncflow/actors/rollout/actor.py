@@ -170,12 +170,18 @@ class RolloutActor(LoopActor):
         if not isinstance(msg, messages.WeightsReady):
             return super().handle_urgent(msg)
         self.inbox.announce(msg)
-        self.tq.wake(names.TASK_ROLLOUT)  # a GetBatch waiting under the old staleness bound asks again
+        self._wake_get_batch()  # a GetBatch waiting under the old staleness bound asks again
         return protocol.Ok()
 
     def on_arrival(self, msg) -> None:
         """Pause or Stop: a GetBatch waiting in the queue comes back now, so the unit ends."""
-        self.tq.wake(names.TASK_ROLLOUT)
+        self._wake_get_batch()
+
+    def _wake_get_batch(self) -> None:
+        """Wake this replica's waiting GetBatch of the rollout task; a replica whose data is
+        the gateway's sessions ([rollout.gateway] train) has no such task and nothing waits."""
+        if not self.run.config.data_from_gateway:
+            self.tq.wake(names.TASK_ROLLOUT)
 
     def count_decode(self, stats) -> None:
         """Add a native engine's decode figures (``SchedulerStats``) of one generate call."""
