@@ -54,3 +54,15 @@ def request(tq, step: int, k: int, columns: list[str], batch_size: int, dp_size:
         )
     except BatchTimeout:
         return None
+
+
+def stale_warning(step: int, cfg, discarded: int, total: int) -> str:
+    """What a step that discarded stale sessions tells the user: they do not count toward
+    ``num_sessions``, so a client that sent all its sessions at once waits forever."""
+    k = cfg.staleness
+    return (
+        f"step {step} discarded {discarded} gateway sessions older than version {step - k} ({total} so far): "
+        f"a session trains only within workflow.staleness = {k} steps of the version it was sampled with, and a "
+        "discarded one does not count toward [rollout.gateway] num_sessions. The run now waits for newer sessions: "
+        "keep the agent sending, send sessions no faster than the run trains, or raise workflow.staleness"
+    )

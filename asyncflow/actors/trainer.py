@@ -311,7 +311,12 @@ class TrainerActor(LoopActor):
         trained (``_prefetch.py``); then only its reply is waited for."""
         with self.activity("wait_data"):
             if self.run.config.data_from_gateway:  # sessions too old for this step are too old for any later one
-                self._stale += _sessions.discard_stale(self.tq, self.step, self.run.config.staleness)
+                discarded = _sessions.discard_stale(self.tq, self.step, self.run.config.staleness)
+                if discarded:
+                    self._stale += discarded
+                    log.warning(
+                        _sessions.stale_warning(self.step, self.run.config, len(discarded), self._num_stale + len(self._stale))
+                    )
             meta = self._prefetch.take(self.step)
             self._prefetched = meta is not None
             if meta is None:

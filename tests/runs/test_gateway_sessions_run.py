@@ -145,3 +145,25 @@ def test_a_session_survives_a_kill_9_of_its_serving_replica_and_is_trained_once(
     assert trained.count(index) == 1
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "rollout.0" in json.dumps(summary.get("restarts", summary))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sessions_sent_all_at_once_that_go_stale_are_named_in_a_warning_with_the_fix(tmp_path):
+    """An agent that sends every session before the first step (the SmolLM2 agent run did):
+    at staleness 1, step 2 discards the version-0 sessions left, and the run waits for more.
+    Before, nothing said so; the stall report showed an empty task."""
+    run_dir = tmp_path / "run"
+    proc = afctl("up", str(sessions_config(tmp_path, num_sessions=12)), "--run-dir", str(run_dir))  # 3 steps of 4
+    try:
+        api = client(wait_for_gateway(run_dir, proc))
+        for k in range(12):
+            one_turn(api, f"s{k}")
+        for k in range(12):
+            reward(api, f"s{k}", float(k % 2))
+        lines = wait_for_line(proc, "discarded")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    warning = lines[-1]
+    assert "4 gateway sessions" in warning and "workflow.staleness" in warning and "num_sessions" in warning, warning
