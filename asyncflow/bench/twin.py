@@ -381,7 +381,7 @@ def run_mode_config(
 
     sampler = CpuSampler(run_dir, on_step)
     log = run_dir / "twin.log"
-    with open(log, "w") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+    with open(log, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         sampler.start()
         try:
             run(cfg, run_dir)
@@ -457,7 +457,7 @@ def table(rep: dict) -> list[str]:
     row("measured step, ms", lambda r: f"{r['measured_step_ms']:.0f}")
     for part in ("queue", "weights", "directory", "driver"):
         row(f"overhead {part}, ms/step", lambda r, p=part: f"{r['overhead_ms'][p]:.1f}")
-        row(f"  of the emulated step", lambda r, p=part: f"{100 * r['overhead_frac'][p]:.2f}%")
+        row("  of the emulated step", lambda r, p=part: f"{100 * r['overhead_frac'][p]:.2f}%")
     row("predicted samples/s (modelled)", lambda r: f"{r['predicted_samples_per_s']:.2f}")
     row("measured samples/s (modelled)", lambda r: f"{r['measured_samples_per_s']:.2f}")
     row("error", lambda r: f"{100 * r['error']:+.1f}%")
