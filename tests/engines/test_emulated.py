@@ -191,3 +191,17 @@ def test_what_the_emulated_engines_do_not_emulate_is_refused_naming_the_key_and_
     with pytest.raises(ConfigError, match=key):
         load_config_text(BOTH + extra)
     assert load_config_text(BOTH + "[cluster]\nactors_per_process = 4\n").cluster.actors_per_process == 4
+
+
+def test_a_marked_wait_ends_the_device_time_after_the_mark_so_host_work_overlaps_it(monkeypatch):
+    waits: list[float] = []
+    clock = iter([10.0, 10.3, 20.0, 25.0])
+    monkeypatch.setattr(emulated_model.time, "monotonic", lambda: next(clock))
+    sleep = emulated_model.EventSleep()
+    monkeypatch.setattr(sleep.event, "wait", waits.append)
+    sleep.mark()  # 10.0: the call starts; its host work takes 0.3 s
+    sleep(1.0)  # 10.3
+    sleep(1.0)  # unmarked: the whole second
+    sleep.mark()  # 20.0; host work longer than the device time: no wait at all
+    sleep(1.0)  # 25.0
+    assert waits == [pytest.approx(0.7), 1.0]
