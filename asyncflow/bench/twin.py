@@ -237,14 +237,14 @@ progress = false
 # ---------------------------------------------------------------- measuring a run
 
 
-def _proc_cpu_s(path: str) -> float:
-    """utime + stime of a /proc stat file, seconds (0 once it is gone)."""
+def _cpu_s(path: str) -> float:
+    """CPU seconds one thread ran, from its /proc ``schedstat`` (nanoseconds; 0 once it is
+    gone). ``path``: /proc/PID/task/TID."""
     try:
-        with open(path) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        with open(f"{path}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, IndexError, ValueError):
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class CpuSampler:
@@ -252,15 +252,16 @@ class CpuSampler:
     metrics line: the queue (its host and the shards' processes, pids from
     RUN_DIR/cluster.json), the directory (its listener and actor threads in this, the
     driver's, process) and the rest of the driver process (supervisor, collector,
-    roster, loggers). ``on_step`` is called with each new step's count."""
+    roster, loggers). Every thread is counted at the last value seen, so one that
+    ended keeps its share. ``on_step`` is called with each new step's count."""
 
     def __init__(self, run_dir: Path, on_step: Callable[[int], None]):
         self.run_dir = run_dir
         self.on_step = on_step
         self.marks: list[dict[str, float]] = []
         self._stop = threading.Event()
-        self._pids: dict[str, int] = {}
-        self._thread_cpu: dict[int, tuple[str, float]] = {}  # native id -> (kind, last cpu seen)
+        self._queue_pids: list[int] = []
+        self._threads: dict[tuple[int, int], tuple[str, float]] = {}  # (pid, tid) -> (part, cpu seconds)
         self._thread = threading.Thread(target=self._loop, name="twin-sampler", daemon=True)
 
     def start(self) -> None:
@@ -270,49 +271,53 @@ class CpuSampler:
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def _queue_cpu(self) -> float:
-        if not self._pids:
+    def _see(self, pid: int, tid: int, part: str) -> None:
+        cpu = _cpu_s(f"/proc/{pid}/task/{tid}")
+        if cpu or (pid, tid) not in self._threads:
+            self._threads[(pid, tid)] = (part, cpu)
+
+    def _sample(self) -> None:
+        if not self._queue_pids:
             try:
                 hosts = json.loads((self.run_dir / "cluster.json").read_text())["hosts"]
             except (OSError, ValueError, KeyError):
-                return 0.0
-            self._pids = {n: p for n, p in hosts.items() if n == "queue" or n.startswith("shard.")}
-        return sum(_proc_cpu_s(f"/proc/{pid}/stat") for pid in self._pids.values())
-
-    def _driver_cpu(self) -> tuple[float, float]:
-        """(directory, rest of the driver) CPU seconds of this process's threads, each
-        thread counted at the last value seen (a thread that ended keeps its share)."""
-        me = threading.get_native_id()
-        for t in threading.enumerate():
-            if t.native_id is None or t.native_id == me:
+                hosts = {}
+            self._queue_pids = [p for n, p in hosts.items() if n == "queue" or n.startswith("shard.")]
+        for pid in self._queue_pids:
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
                 continue
-            kind = "directory" if t.name == "listen-directory" or t.name.startswith("DirectoryActor-") else "driver"
-            cpu = _proc_cpu_s(f"/proc/self/task/{t.native_id}/stat")
-            if cpu or t.native_id not in self._thread_cpu:
-                self._thread_cpu[t.native_id] = (kind, cpu)
-        total = _proc_cpu_s("/proc/self/stat") - _proc_cpu_s(f"/proc/self/task/{me}/stat")
-        directory = sum(c for k, c in self._thread_cpu.values() if k == "directory")
-        return directory, max(0.0, total - directory)
+            for tid in tids:
+                self._see(pid, tid, "queue")
+        me, here = threading.get_native_id(), os.getpid()
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        for tid in (int(t) for t in os.listdir("/proc/self/task")):
+            if tid == me:
+                continue
+            name = names.get(tid, "")
+            self._see(here, tid, "directory" if name == "listen-directory" or name.startswith("DirectoryActor-") else "driver")
 
     def mark(self) -> dict[str, float]:
-        directory, driver = self._driver_cpu()
-        return {"time": time.monotonic(), "queue": self._queue_cpu(), "directory": directory, "driver": driver}
+        self._sample()
+        out = {"time": time.monotonic(), "queue": 0.0, "directory": 0.0, "driver": 0.0}
+        for part, cpu in self._threads.values():
+            out[part] += cpu
+        return out
 
     def _loop(self) -> None:
         metrics = self.run_dir / "metrics.jsonl"
         seen = 0
         while not self._stop.wait(0.1):
-            if not self._pids:
-                self._queue_cpu()
             try:
                 with open(metrics) as f:
                     lines = sum(1 for line in f if line.strip())
             except OSError:
+                self._sample()  # the threads that end before the first step still count
                 continue
             if lines > seen:
                 m = self.mark()
-                for _ in range(lines - seen):
-                    self.marks.append(m)
+                self.marks.extend([m] * (lines - seen))
                 seen = lines
                 self.on_step(seen)
 
