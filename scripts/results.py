@@ -847,7 +847,8 @@ def _render_twin(r: dict) -> list[str]:
         f"| mean speedup over the colocated baseline | {PAPER['mean']:.2f}x | {_mean(plan_sp):.2f}x | **{_mean(twin_sp):.2f}x** |",
         f"| mean speedup, the planner at the paper-like workload (a reference, prompts of 1,024) | {PAPER['mean']:.2f}x | "
         f"{_mean(paper_wl):.2f}x | - |",
-        f"| peak speedup | {PAPER['peak']:.2f}x ({PAPER['peak_at']}) | {max(plan_sp):.2f}x | **{peak['speedup_async_over_colocated']:.2f}x** "
+        f"| peak speedup | {PAPER['peak']:.2f}x ({PAPER['peak_at']}) | {max(plan_sp):.2f}x | "
+        f"**{peak['speedup_async_over_colocated']:.2f}x** "
         f"({peak['model'].upper()}, {peak['npus']} NPUs) |",
         f"| ablation: colocated / task-separated sync / async, mean | {' / '.join(f'{x:.2f}' for x in PAPER['ablation'])} | "
         f"1.00 / {_mean([c['predicted_speedup_async_over_colocated'] / c['predicted_speedup_async_over_sync'] for c in cases]):.2f} / "
