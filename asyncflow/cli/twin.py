@@ -54,6 +54,7 @@ def twin(
     except tw.TwinError as exc:
         raise click.UsageError(str(exc)) from None
     from asyncflow.actors._preflight import mean_prompt_tokens
+    from asyncflow.actors.launcher import quiet_progress_bars
     from asyncflow.bench._shared_inputs import with_shared_inputs
     from asyncflow.config.load import load_config_text
 
@@ -78,6 +79,7 @@ def twin(
         bottleneck="",
     )
     base = load_config_text(tw.config_text(probe_plan, model, hardware, 1.0, steps, prompts, group), "twin")
+    quiet_progress_bars()  # before the tiny tokenizer is saved
     base = with_shared_inputs(base, root)
     prompt_tokens = mean_prompt_tokens(base, base.data.path, base.model.path)
     wl = tw.workload(prompts, group, prompt_tokens, tw.emulated_mean_response())
