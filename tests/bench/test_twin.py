@@ -106,3 +106,10 @@ def test_the_mean_response_the_planner_is_given_is_the_emulated_rollouts():
     draws = [response_length(r, tw.MAX_NEW_TOKENS, tw.RESPONSE_MEDIAN_FRACTION, tw.RESPONSE_SIGMA) for _ in range(20000)]
     assert tw.emulated_mean_response() == pytest.approx(sum(draws) / len(draws))
     assert tw.emulated_mean_response() * tw.TOKEN_SCALE == pytest.approx(2048, rel=0.05)  # the paper-like mean
+
+
+def test_afctl_lists_twin_and_its_help_names_every_flag():
+    assert "  twin " in CliRunner().invoke(main, ["--help"]).output
+    text = CliRunner().invoke(main, ["twin", "--help"]).output
+    for flag in ("--model", "--npus", "--hardware", "--steps", "--time-scale", "--modes", "--json"):
+        assert flag in text, text
