@@ -268,8 +268,10 @@ class CpuSampler:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stops the sampling; a step written since the last poll is marked now."""
         self._stop.set()
         self._thread.join(timeout=5)
+        self._poll()
 
     def _see(self, pid: int, tid: int, part: str) -> None:
         cpu = _cpu_s(f"/proc/{pid}/task/{tid}")
@@ -305,21 +307,21 @@ class CpuSampler:
             out[part] += cpu
         return out
 
+    def _poll(self) -> None:
+        try:
+            with open(self.run_dir / "metrics.jsonl") as f:
+                lines = sum(1 for line in f if line.strip())
+        except OSError:
+            self._sample()  # the threads that end before the first step still count
+            return
+        if lines > len(self.marks):
+            seen = len(self.marks)
+            self.marks.extend([self.mark()] * (lines - seen))
+            self.on_step(lines)
+
     def _loop(self) -> None:
-        metrics = self.run_dir / "metrics.jsonl"
-        seen = 0
         while not self._stop.wait(0.1):
-            try:
-                with open(metrics) as f:
-                    lines = sum(1 for line in f if line.strip())
-            except OSError:
-                self._sample()  # the threads that end before the first step still count
-                continue
-            if lines > seen:
-                m = self.mark()
-                self.marks.extend([m] * (lines - seen))
-                seen = lines
-                self.on_step(seen)
+            self._poll()
 
 
 def _trace_ms_per_step(trace_path: Path, steps: int) -> dict[str, float]:

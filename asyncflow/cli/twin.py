@@ -106,7 +106,13 @@ def twin(
             f"trainer on {mp.train_devices} devices; predicted {mp.predicted_step_s:.1f} s/step "
             f"(here {mp.predicted_step_s * scale:.2f} s), config {cfg_path}"
         )
-        results[mode] = tw.run_mode_config(cfg, root / mode, mp, scale, steps, tw.say_stderr)
+        try:
+            results[mode] = tw.run_mode_config(cfg, root / mode, mp, scale, steps, tw.say_stderr)
+        except Exception as exc:  # the run's own words are in its log
+            raise click.ClickException(
+                f"the {mode} run failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; its output is in "
+                f"{root / mode / 'twin.log'} and its processes' logs in {root / mode / 'logs'}"
+            ) from None
     report = tw.report(model, hardware, npus, wl, scale, results)
     for line in tw.table(report):
         click.echo(line)
