@@ -247,6 +247,14 @@ def _cpu_s(path: str) -> float:
         return 0.0
 
 
+def _open_fds() -> float:
+    """File descriptors this (the driver's) process holds: sockets to every actor it talks to."""
+    try:
+        return float(len(os.listdir("/proc/self/fd")))
+    except OSError:
+        return math.nan
+
+
 class CpuSampler:
     """The CPU seconds of the run's control-plane parts, read at each trainer step's
     metrics line: the queue (its host and the shards' processes, pids from
@@ -302,12 +310,18 @@ class CpuSampler:
 
     def mark(self) -> dict[str, float]:
         self._sample()
-        out = {"time": time.monotonic(), "queue": 0.0, "directory": 0.0, "driver": 0.0}
+        out = {"time": time.monotonic(), "queue": 0.0, "directory": 0.0, "driver": 0.0, "driver_fds": _open_fds()}
         for part, cpu in self._threads.values():
             out[part] += cpu
         return out
 
     def _poll(self) -> None:
+        try:
+            self._poll_once()
+        except OSError:  # out of descriptors, a process gone: the next poll tries again
+            pass
+
+    def _poll_once(self) -> None:
         try:
             with open(self.run_dir / "metrics.jsonl") as f:
                 lines = sum(1 for line in f if line.strip())
@@ -354,7 +368,9 @@ def figures(metrics: list[dict], marks: list[dict[str, float]], time_scale: floa
     else:
         overhead = {part: math.nan for part in ("queue", "directory", "driver")}
     overhead["weights"] = weights_ms
+    fds = [m.get("driver_fds", math.nan) for m in marks]
     return {
+        "driver_fds_max": max(fds) if fds else math.nan,
         "mode": mp.mode,
         "replicas": mp.replicas,
         "rollout_tp": mp.rollout_tp,
@@ -414,6 +430,45 @@ def say_stderr(line: str) -> None:
     print(line, file=sys.__stderr__, flush=True)
 
 
+def run_mode_process(cfg_path: Path, run_dir: Path, mp: ModePlan, time_scale: float, steps: int) -> dict:
+    """``run_mode_config`` in a process of its own (``python -m asyncflow.bench.twin``), as
+    ``afctl up`` runs one run per process: each mode's driver starts with nothing held by
+    the one before (sockets, threads). Its progress lines go to this process's stderr; its
+    figures come back through RUN_DIR/twin.json."""
+    import subprocess
+
+    import asyncflow
+
+    root = str(Path(asyncflow.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    result = run_dir / "twin.json"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "asyncflow.bench.twin", str(cfg_path), str(run_dir)]
+    cmd += [msgspec.json.encode(mp).decode(), repr(time_scale), str(steps)]
+    done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL)
+    if done.returncode != 0 or not result.exists():
+        log = run_dir / "twin.log"
+        tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
+        raise RuntimeError(f"exit status {done.returncode}{': ' + tail[0] if tail else ''}")
+    return json.loads(result.read_text())
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m asyncflow.bench.twin CONFIG RUN_DIR MODE_PLAN_JSON TIME_SCALE STEPS``."""
+    from asyncflow.config.load import load_config
+
+    cfg_path, run_dir, plan, scale, steps = argv
+    mp = msgspec.json.decode(plan, type=ModePlan)
+    figs = run_mode_config(load_config(cfg_path), Path(run_dir), mp, float(scale), int(steps), say_stderr)
+    (Path(run_dir) / "twin.json").write_text(json.dumps(figs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
+
+
 def report(model: str, hardware: str, npus: int, wl: Workload, time_scale: float, results: dict[str, dict]) -> dict:
     """The twin's JSON: the workload, each mode's figures and the speedups, measured and predicted."""
     out: dict = {
@@ -465,6 +520,7 @@ def table(rep: dict) -> list[str]:
     for part in ("queue", "weights", "directory", "driver"):
         row(f"overhead {part}, ms/step", lambda r, p=part: f"{r['overhead_ms'][p]:.1f}")
         row("  of the emulated step", lambda r, p=part: f"{100 * r['overhead_frac'][p]:.2f}%")
+    row("driver's open fds (max)", lambda r: f"{r.get('driver_fds_max', math.nan):.0f}")
     row("predicted samples/s (modelled)", lambda r: f"{r['predicted_samples_per_s']:.2f}")
     row("measured samples/s (modelled)", lambda r: f"{r['measured_samples_per_s']:.2f}")
     row("error", lambda r: f"{100 * r['error']:+.1f}%")

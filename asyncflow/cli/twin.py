@@ -100,14 +100,14 @@ def twin(
         mp = plans[mode]
         cfg_path = root / f"{mode}.toml"
         cfg_path.write_text(tw.config_text(mp, model, hardware, scale, steps, prompts, group, base.model.path, base.data.path))
-        cfg = load_config_text(cfg_path.read_text(), str(cfg_path))
+        load_config_text(cfg_path.read_text(), str(cfg_path))  # a config the loader refuses is this process's error
         tw.say_stderr(
             f"[{i}/{len(asked)}] {mode}: {mp.replicas} rollout replicas (tp {mp.rollout_tp}, {mp.per_process} per process), "
             f"trainer on {mp.train_devices} devices; predicted {mp.predicted_step_s:.1f} s/step "
             f"(here {mp.predicted_step_s * scale:.2f} s), config {cfg_path}"
         )
         try:
-            results[mode] = tw.run_mode_config(cfg, root / mode, mp, scale, steps, tw.say_stderr)
+            results[mode] = tw.run_mode_process(cfg_path, root / mode, mp, scale, steps)
         except Exception as exc:  # the run's own words are in its log
             raise click.ClickException(
                 f"the {mode} run failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; its output is in "
