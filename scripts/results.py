@@ -800,7 +800,8 @@ def _linearity(cases: list[dict], model: str, key: str) -> tuple[float, int, int
 
 def _render_twin(r: dict) -> list[str]:
     t = r["result"]
-    cases = t["cases"]
+    failed = [c for c in t["cases"] if "failed" in c]
+    cases = [c for c in t["cases"] if "failed" not in c]
     wl = cases[0]["workload"]
     out = [
         "## The paper's table on the digital twin (issue 31)",
@@ -833,6 +834,7 @@ def _render_twin(r: dict) -> list[str]:
             f"**{c['speedup_async_over_colocated']:.2f}** | {c['predicted_speedup_async_over_sync']:.2f} / "
             f"{c['speedup_async_over_sync']:.2f} | {c['planner_paper_workload_speedup']:.2f} | {pct} |"
         )
+    out += [f"| {c['model']} | {c['npus']} | failed: {c['failed']} | | | | | | | |" for c in failed]
     twin_sp = [c["speedup_async_over_colocated"] for c in cases]
     plan_sp = [c["predicted_speedup_async_over_colocated"] for c in cases]
     paper_wl = [c["planner_paper_workload_speedup"] for c in cases]

@@ -47,10 +47,12 @@ def main() -> int:
         )
         cmd = [sys.executable, "-m", "asyncflow.cli.main", "twin", "--model", model, "--npus", str(npus)]
         cmd += ["--hardware", args.hardware, "--steps", str(args.steps), "--json", "--out", str(out / f"{model}-{npus}")]
-        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-        if done.returncode != 0:
-            print(done.stdout[-3000:], file=sys.stderr)
-            return done.returncode
+        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        sys.stderr.write(done.stderr)
+        if done.returncode != 0:  # kept, with its error, and the table goes on
+            error = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            results.append({"model": model, "npus": npus, "failed": error})
+            continue
         rep = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
         rep["planner_paper_workload_speedup"] = paper_workload_speedup(model, npus)
         rep["wall_s"] = round(sum(m["wall_s"] for m in rep["modes"].values()), 1)
