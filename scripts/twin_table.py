@@ -47,7 +47,7 @@ def main() -> int:
         )
         cmd = [sys.executable, "-m", "asyncflow.cli.main", "twin", "--model", model, "--npus", str(npus)]
         cmd += ["--hardware", args.hardware, "--steps", str(args.steps), "--json", "--out", str(out / f"{model}-{npus}")]
-        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         sys.stderr.write(done.stderr)
         if done.returncode != 0:  # kept, with its error, and the table goes on
             error = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
