@@ -67,6 +67,8 @@ class ModePlan(msgspec.Struct, kw_only=True):
     rollout_tp: int
     rollout_devices: int
     train_devices: int
+    train_tp: int
+    train_pp: int
     prompts_per_call: int
     per_process: int
     predicted_step_s: float  # modelled seconds
@@ -142,6 +144,8 @@ def _mode_plan(mode: str, plan: Plan, prompts: int) -> ModePlan:
         rollout_tp=plan.rollout_tp,
         rollout_devices=plan.rollout_devices,
         train_devices=plan.train_devices,
+        train_tp=plan.train_tp,
+        train_pp=plan.train_pp,
         # one call per replica per step where the batch allows: a call is the instance's share of the step
         prompts_per_call=max(1, prompts // replicas),
         per_process=max(1, math.ceil(replicas / MAX_PROCESSES)),
@@ -220,6 +224,8 @@ checkpoint_every = 0
 type = "emulated"
 [train.engine.emulated]
 {emulated}train_devices = {mp.train_devices}
+train_tp = {mp.train_tp}
+train_pp = {mp.train_pp}
 
 [workflow]
 mode = "{mp.workflow_mode}"

@@ -71,6 +71,8 @@ def twin(
         rollout_tp=1,
         rollout_devices=1,
         train_devices=1,
+        train_tp=1,
+        train_pp=1,
         prompts_per_call=1,
         per_process=1,
         predicted_step_s=1.0,

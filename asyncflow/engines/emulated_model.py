@@ -141,9 +141,10 @@ class Timing:
             samples_per_prompt=1,
             use_reference=False,
         )
-        cost = train_cost(self.model, self.hardware, self.efficiency, wl, devices=self.cfg.train_devices, tp=1, pp=1)
+        cfg = self.cfg
+        cost = train_cost(self.model, self.hardware, self.efficiency, wl, cfg.train_devices, cfg.train_tp, cfg.train_pp)
         if not cost.feasible:
-            raise ValueError(f"emulated trainer: {cost.reason}; raise train.engine.emulated.train_devices")
+            raise ValueError(f"emulated trainer: {cost.reason}; raise train.engine.emulated.train_devices, train_tp or train_pp")
         return cost.time_s * self.cfg.time_scale
 
     def swap_s(self) -> float:

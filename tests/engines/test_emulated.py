@@ -205,3 +205,25 @@ def test_a_marked_wait_ends_the_device_time_after_the_mark_so_host_work_overlaps
     sleep.mark()  # 20.0; host work longer than the device time: no wait at all
     sleep(1.0)  # 25.0
     assert waits == [pytest.approx(0.7), 1.0]
+
+
+def test_the_emulated_trainer_times_its_tensor_and_pipeline_degrees_and_refuses_devices_they_do_not_split(tmp_path):
+    base = '[rollout.engine]\ntype = "emulated"\n[train.engine]\ntype = "emulated"\n[train.engine.emulated]\n'
+    with pytest.raises(ConfigError, match=r"train\.engine\.emulated\.train_devices.*multiple"):
+        load_config_text(base + "train_devices = 6\ntrain_tp = 4\n")
+    # 32B on 16 devices at tp 4: timed as the planner times that plan
+    out = rollout(tmp_path, model="32b", rollout_tp=4).generate(PROMPTS, PARAMS)
+    sleeps = Sleeps()
+    engine = trainer(tmp_path, sleeps, model="32b", train_devices=16, train_tp=4)
+    engine.train_step(batch_of(out), lambda o, b, c: (o.logp.sum() * 0, {}))
+    prompt, response = engine.timing.lengths(batch_of(out))
+    wl = Workload(
+        prompt_len_tokens=prompt,
+        response_len_tokens=response,
+        max_response_len_tokens=response,
+        prompts_per_step=len(out),
+        samples_per_prompt=1,
+        use_reference=False,
+    )
+    cost = train_cost(PRESETS["32b"], get_hardware("910b"), Efficiency(), wl, 16, 4, 1)
+    assert cost.feasible and sleeps == [pytest.approx(cost.time_s * 1e-3, rel=1e-9)]
