@@ -422,7 +422,7 @@ SECTIONS: dict[str, list[str]] = {
     # flat selection and server-side waits (QUEUE_REV) against this tree, case by case: about 10 minutes
     "queue_scale": [PY, "scripts/queue_scale_ab.py", "--before-rev", QUEUE_REV, "--out", "{work}/queue_scale"],
     # issue 31, item 5: the paper's table on the digital twin (afctl twin: 7B and 32B, 32 to 1,024 emulated NPUs,
-    # sync, async and colocated each): about 25 minutes on 2 cores
+    # sync, async and colocated each): about 15 minutes on 2 cores
     "twin": [
         *(PY, "scripts/twin_table.py", "--cases", "7b:32,64,256,1024", "32b:32,64,256,1024"),
         *("--steps", "5", "--out", "{work}/twin"),
