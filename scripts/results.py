@@ -421,6 +421,12 @@ SECTIONS: dict[str, list[str]] = {
     # issue 31, item 2: the queue host's CPU per row and rollout GetBatch calls per step, the queue before the
     # flat selection and server-side waits (QUEUE_REV) against this tree, case by case: about 10 minutes
     "queue_scale": [PY, "scripts/queue_scale_ab.py", "--before-rev", QUEUE_REV, "--out", "{work}/queue_scale"],
+    # issue 31, item 5: the paper's table on the digital twin (afctl twin: 7B and 32B, 32 to 1,024 emulated NPUs,
+    # sync, async and colocated each): about 15 minutes on 2 cores
+    "twin": [
+        *(PY, "scripts/twin_table.py", "--cases", "7b:32,64,256,1024", "32b:32,64,256,1024"),
+        *("--steps", "5", "--out", "{work}/twin"),
+    ],
     "ab_seams": [
         PY,
         "scripts/ab_e2e.py",
@@ -779,6 +785,135 @@ def _render_queue_scale(r: dict) -> list[str]:
     return out
 
 
+PAPER = {"mean": 1.59, "peak": 2.03, "peak_at": "7B, 256 NPUs", "ablation": (1.00, 2.01, 2.74), "linearity": (0.65, 0.88)}
+"""AsyncFlow's (arXiv 2507.01663) figures as issue 31 quotes them: speedup over verl on 32 to 1,024 Ascend NPUs, its
+ablation, and its scaling linearity when the cluster grows 16x."""
+
+
+def _linearity(cases: list[dict], model: str, key: str) -> tuple[float, int, int]:
+    """(throughput growth over device growth, smallest N, largest N) of ``model``'s async runs."""
+    rows = sorted((c for c in cases if c["model"] == model), key=lambda c: c["npus"])
+    lo, hi = rows[0], rows[-1]
+    growth = hi["modes"]["async"][key] / lo["modes"]["async"][key]
+    return growth / (hi["npus"] / lo["npus"]), lo["npus"], hi["npus"]
+
+
+def _render_twin(r: dict) -> list[str]:
+    t = r["result"]
+    failed = [c for c in t["cases"] if "failed" in c]
+    cases = [c for c in t["cases"] if "failed" not in c]
+    wl = cases[0]["workload"]
+    out = [
+        "## The paper's table on the digital twin (issue 31)",
+        "",
+        f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}, {t['wall_s']} s): `afctl twin` for each model and NPU "
+        f"count (docs/scale.md, 'The digital twin'): the planner's split of the devices becomes emulated engines (rollout "
+        "replicas packed up to a quarter of them per process) and the real control plane runs it in sync, async (staleness "
+        f"1) and colocated mode, {t['steps']} steps each, the first 2 left out. Workload: {wl['prompts_per_step']} prompts x "
+        f"{wl['group']} samples per step, prompts of {wl['prompt_tokens']} tokens, responses of {wl['response_tokens_mean']} "
+        f"on average (log-normal, sigma 1) capped at {wl['response_tokens_max']}, no reference, GRPO; Ascend "
+        f"{t['hardware'].upper()}. Samples/s are modelled (the twin's samples/s x its time_scale, which makes the "
+        "predicted async step about 2 s here).",
+        "",
+        "| model | NPUs | async split: replicas x tp / train | samples/s predicted: colocated / sync / async | measured "
+        "| error (async) | async / colocated: planner / twin | async / sync: planner / twin | planner at the paper's "
+        "workload | overhead per async step: queue / weights / directory / driver, ms (% of the step) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cases:
+        m = c["modes"]
+        a = m["async"]
+        pct = " / ".join(
+            f"{a['overhead_ms'][k]:.1f} ({100 * a['overhead_frac'][k]:.1f}%)" for k in ("queue", "weights", "directory", "driver")
+        )
+        pred = " / ".join(f"{m[k]['predicted_samples_per_s']:.2f}" for k in ("colocated", "sync", "async"))
+        meas = " / ".join(f"{m[k]['measured_samples_per_s']:.2f}" for k in ("colocated", "sync", "async"))
+        out.append(
+            f"| {c['model']} | {c['npus']} | {a['replicas']} x {a['rollout_tp']} / {a['train_devices']} | {pred} | {meas} | "
+            f"{100 * a['error']:+.0f}% | {c['predicted_speedup_async_over_colocated']:.2f} / "
+            f"**{c['speedup_async_over_colocated']:.2f}** | {c['predicted_speedup_async_over_sync']:.2f} / "
+            f"{c['speedup_async_over_sync']:.2f} | {c['planner_paper_workload_speedup']:.2f} | {pct} |"
+        )
+    out += [f"| {c['model']} | {c['npus']} | failed: {c['failed']} | | | | | | | |" for c in failed]
+    twin_sp = [c["speedup_async_over_colocated"] for c in cases]
+    plan_sp = [c["predicted_speedup_async_over_colocated"] for c in cases]
+    paper_wl = [c["planner_paper_workload_speedup"] for c in cases]
+    peak = max(cases, key=lambda c: c["speedup_async_over_colocated"])
+    sync_ab = [c["modes"]["sync"]["measured_samples_per_s"] / c["modes"]["colocated"]["measured_samples_per_s"] for c in cases]
+    errors = [abs(c["modes"][k]["error"]) for c in cases for k in ("sync", "async", "colocated")]
+    frac = [sum(c["modes"]["async"]["overhead_frac"].values()) for c in cases]
+    worst, worst_mode = max(
+        ((c, k) for c in cases for k in ("sync", "async", "colocated")), key=lambda ck: abs(ck[0]["modes"][ck[1]]["error"])
+    )
+    worst_share = sum(worst["modes"][worst_mode]["overhead_frac"][k] for k in ("queue", "driver"))
+    failed_names = ", ".join(f"{c['model'].upper()} x {c['npus']}" for c in failed)
+    out += [
+        "",
+        "| figure | paper | planner, this workload | twin (measured) |",
+        "|---|---|---|---|",
+        f"| mean speedup over the colocated baseline | {PAPER['mean']:.2f}x | {_mean(plan_sp):.2f}x | **{_mean(twin_sp):.2f}x** |",
+        f"| mean speedup, the planner at the paper-like workload (a reference, prompts of 1,024) | {PAPER['mean']:.2f}x | "
+        f"{_mean(paper_wl):.2f}x | - |",
+        f"| peak speedup | {PAPER['peak']:.2f}x ({PAPER['peak_at']}) | {max(plan_sp):.2f}x | "
+        f"**{peak['speedup_async_over_colocated']:.2f}x** "
+        f"({peak['model'].upper()}, {peak['npus']} NPUs) |",
+        f"| ablation: colocated / task-separated sync / async, mean | {' / '.join(f'{x:.2f}' for x in PAPER['ablation'])} | "
+        f"1.00 / {_mean([c['predicted_speedup_async_over_colocated'] / c['predicted_speedup_async_over_sync'] for c in cases]):.2f} / "
+        f"{_mean(plan_sp):.2f} | **1.00 / {_mean(sync_ab):.2f} / {_mean(twin_sp):.2f}** |",
+    ]
+    for model in sorted({c["model"] for c in cases}):
+        lin_m, lo, hi = _linearity(cases, model, "measured_samples_per_s")
+        lin_p, _, _ = _linearity(cases, model, "predicted_samples_per_s")
+        out.append(
+            f"| linearity, {model.upper()} async, {lo} -> {hi} NPUs ({hi // lo}x) | {PAPER['linearity'][0]:.2f} and "
+            f"{PAPER['linearity'][1]:.2f} (over 16x) | {lin_p:.2f} | **{lin_m:.2f}** |"
+        )
+    out += [
+        "",
+        f"- **The twin against its planner.** Measured throughput is within {100 * max(errors):.0f}% of the prediction in "
+        f"every mode and case (mean |error| {100 * _mean(errors):.0f}%); the largest is {worst_mode} at "
+        f"{worst['model'].upper()} x {worst['npus']} ({worst['modes'][worst_mode]['replicas']} replicas), where the queue "
+        f"and the driver took {100 * worst_share:.0f}% of the emulated step's time in CPU on these 2 cores. The "
+        "framework's overhead per async step (queue, "
+        f"weights, directory, driver together) is {100 * min(frac):.1f}% to {100 * max(frac):.1f}% of the emulated step "
+        "here. These are this box's processes at this time_scale: where an overhead does not grow with the modelled "
+        "step, its share at full scale is time_scale times smaller (a 2 s step here stands for 25 to 700 s).",
+        f"- **The twin's speedups against the planner's** (mean {_mean(twin_sp):.2f}x measured, {_mean(plan_sp):.2f}x "
+        "predicted). The planner's async rollout streams (continuous batching hides each call's long tail behind the "
+        "next); the emulated replica serves one generate call at a time and pays each call's tail, so async gets less "
+        "than the planner credits it, while sync and colocated pay the tail either way. And the emulated weight sync "
+        "moves 256 bytes: the planner's transfer and, for "
+        "colocated, the offload of the training state (its `weight_sync` stage) are not slept, which favours the "
+        "baselines slightly. Every gap here is also the 2 shared cores: 2,048 rows per step of tokenizing, scoring "
+        "and queue traffic cost real CPU beside the emulated sleep.",
+        f"- **Against the paper (mean {PAPER['mean']}x, peak {PAPER['peak']}x).** The paper's baseline is verl as "
+        "measured; ours is the planner's clean colocated model of it (no log-prob recomputation, no engine "
+        "start/stop, a local reshard; docs/planner.md, 'The paper's settings'), which favours the baseline. The paper's "
+        "lengths and batch are not published: this workload (no reference model, prompts of 768 tokens) is ours, and the "
+        "speedup is as large as the assumed tail. The column 'planner at the paper's workload' is the planner with a "
+        "reference and 1,024-token prompts (scripts/paper_table.py): the twin's workload drops the reference, which "
+        "the emulated run has no role for.",
+        f"- **Ablation.** The paper's three steps are its own components switched on one by one; ours are the three "
+        f"modes, colocated (1.00), task-separated sync through the queue, async. Task-separated sync is "
+        f"{'slower' if _mean(sync_ab) < 1 else 'faster'} than colocated here (mean {_mean(sync_ab):.2f}): with part of "
+        "the devices each, a phase waits for the other, which pays only once the two overlap (async).",
+        *(
+            [
+                f"- **Failed:** {failed_names} (the error its run gave is in the table, the run's twin.log has the "
+                "rest); the figures above leave them out."
+            ]
+            if failed
+            else []
+        ),
+        "- **Linearity** at a fixed batch (256 x 8) is low for the planner and the twin alike: past a few hundred NPUs "
+        "a step is bound by the dependency loop and the longest response, which more devices do not shorten. The "
+        "paper's 0.65 and 0.88 need a batch that grows with the cluster (the planner gives 0.74 and 0.92 with "
+        "1,024 x 16; issue 31).",
+        "",
+    ]
+    return out
+
+
 def _render_dynamic_sampling(r: dict) -> list[str]:
     d = r["result"]["dynamic_sampling"]
     mc = d["mean_curve"]
@@ -865,6 +1000,7 @@ def _render_hub(r: dict) -> list[str]:
 
 BLOCKS = {
     "algorithms": _render_algorithms,
+    "twin": _render_twin,
     "queue_scale": _render_queue_scale,
     "agent": _render_agent,
     "hub": _render_hub,

@@ -14,6 +14,10 @@ COMMANDS = {
         "asyncflow.cli.bench:bench",
         "Benchmarks: transport, queue, rollout, train, e2e, weights, planner, peer, lora, fanout.",
     ),
+    "twin": (
+        "asyncflow.cli.twin:twin",
+        "A digital twin: N emulated devices run by the real control plane, sync vs async vs colocated.",
+    ),
     "model": ("asyncflow.cli.model:model", "Get a real model as a Hugging Face directory (import-gguf)."),
     "certs": ("asyncflow.cli.certs:certs", "Make a cluster CA and node certificate for TLS (tcp)."),
     "status": ("asyncflow.cli.status:status", "Show the actors of a running cluster."),

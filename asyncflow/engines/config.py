@@ -86,7 +86,13 @@ class EmulatedConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         ),
     ] = 1e-3
     rollout_tp: Annotated[Count, Meta(description="Devices (tensor parallel) of one rollout replica.")] = 1
-    train_devices: Annotated[Count, Meta(description="Devices the emulated trainer trains on (data parallel).")] = 8
+    train_devices: Annotated[
+        Count, Meta(description="Devices the emulated trainer trains on: train_tp x train_pp x the data-parallel degree.")
+    ] = 8
+    train_tp: Annotated[
+        Count, Meta(description="Tensor-parallel degree of the emulated trainer (a model too big for one device).")
+    ] = 1
+    train_pp: Annotated[Count, Meta(description="Pipeline-parallel degree of the emulated trainer.")] = 1
     token_scale: Annotated[
         PosFloat,
         Meta(
@@ -392,6 +398,12 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
                         f"{getattr(mine, key)!r} but rollout.engine.emulated.{key} = {getattr(theirs, key)!r}: both engines "
                         "emulate one model on one kind of device; set them equal",
                     )
+        if self.emulated.train_devices % (self.emulated.train_tp * self.emulated.train_pp):
+            raise Refused(
+                "emulated.train_devices",
+                f"{self.emulated.train_devices} devices do not split into train_tp x train_pp = "
+                f"{self.emulated.train_tp} x {self.emulated.train_pp} groups: make it a multiple of their product",
+            )
         train = getattr(run, "train", None)
         if train is not None and train.num_ranks > 1:
             raise Refused(

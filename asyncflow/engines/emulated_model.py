@@ -15,7 +15,7 @@ the model they stand for, its device time, its log-probs and its weights.
 This module may import the planner's pure cost model (tests/test_layers.py names it):
 an emulated device's time is that model. Shape legend: B rows, T tokens.
 
-Invariant: everything here is a pure function of its arguments (no clock, no state).
+Invariant: everything here but ``EventSleep`` is a pure function of its arguments (no clock, no state).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import json
 import math
 import random
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -140,9 +141,10 @@ class Timing:
             samples_per_prompt=1,
             use_reference=False,
         )
-        cost = train_cost(self.model, self.hardware, self.efficiency, wl, devices=self.cfg.train_devices, tp=1, pp=1)
+        cfg = self.cfg
+        cost = train_cost(self.model, self.hardware, self.efficiency, wl, cfg.train_devices, cfg.train_tp, cfg.train_pp)
         if not cost.feasible:
-            raise ValueError(f"emulated trainer: {cost.reason}; raise train.engine.emulated.train_devices")
+            raise ValueError(f"emulated trainer: {cost.reason}; raise train.engine.emulated.train_devices, train_tp or train_pp")
         return cost.time_s * self.cfg.time_scale
 
     def swap_s(self) -> float:
@@ -151,13 +153,26 @@ class Timing:
 
 
 class EventSleep:
-    """Waits on an event (no core used); ``wake`` ends every wait at once (close)."""
+    """Waits on an event (no core used); ``wake`` ends every wait at once (close).
+
+    ``mark`` at the start of an emulated call makes the next wait end ``seconds`` after
+    the mark: the host's own work of emulating the call (drawing tokens, hashing
+    log-probs) happens during the device time, as a real engine's host work overlaps its
+    device, instead of being added to it. Without a mark a wait is ``seconds`` long."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
+        self._since: float | None = None
+
+    def mark(self) -> None:
+        self._since = time.monotonic()
 
     def __call__(self, seconds: float) -> None:
-        self.event.wait(seconds)
+        since, self._since = self._since, None
+        if since is not None:
+            seconds -= time.monotonic() - since
+        if seconds > 0:
+            self.event.wait(seconds)
 
     def wake(self) -> None:
         self.event.set()

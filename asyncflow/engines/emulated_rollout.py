@@ -45,14 +45,20 @@ class EmulatedRolloutEngine(RolloutEngine):
         return (ids + [params.stop_token_ids[0]], "stop") if stop else (ids, "length")
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
-        out: list[Completion] = []
+        mark = getattr(self.sleep, "mark", None)
+        if mark is not None:  # the host work below happens during the call's device time
+            mark()
         stops = set(params.stop_token_ids)
         ordinary = [t for t in range(self.first_token, min(self.vocab, self.first_token + 4096)) if t not in stops]
-        for p, prompt in enumerate(prompts):
-            for i in range(params.n):
-                ids, finish = self._sample(prompt, i, params, ordinary)
-                logp = emulated_model.logp_BT(torch.tensor([list(prompt) + ids]), self._version)[0, len(prompt) :]
-                out.append(Completion(p, i, ids, logp.tolist(), finish, self._version))
+        drawn = [(p, i, *self._sample(prompt, i, params, ordinary)) for p, prompt in enumerate(prompts) for i in range(params.n)]
+        # every row's log-probs in one call, right-padded: a position's value depends only on the ids up to it
+        rows = [list(prompts[p]) + ids for p, _, ids, _ in drawn]
+        width = max(len(r) for r in rows)
+        logp = emulated_model.logp_BT(torch.tensor([r + [0] * (width - len(r)) for r in rows]), self._version)
+        out: list[Completion] = []
+        for b, (p, i, ids, finish) in enumerate(drawn):
+            start = len(prompts[p])
+            out.append(Completion(p, i, ids, logp[b, start : start + len(ids)].tolist(), finish, self._version))
         seconds = self.timing.generate_s(
             [len(prompts[c.prompt_index]) for c in out], [len(c.response_ids) for c in out], len(prompts), params.n
         )
@@ -60,6 +66,9 @@ class EmulatedRolloutEngine(RolloutEngine):
         return out
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        mark = getattr(self.sleep, "mark", None)
+        if mark is not None:
+            mark()
         self._weights = [(name, t.detach().to("cpu", torch.float32).clone()) for name, t in named_tensors]
         self.sleep(self.timing.swap_s())
         self._version = version

@@ -73,6 +73,16 @@ OUT_OF_RANGE = [
         "[train.engine.emulated] rollout_tp",
     ),
     (
+        "[train.engine.emulated]\ntrain_tp = 0",
+        "train.engine.emulated.train_tp = 0: out of range; use a value >= 1",
+        "[train.engine.emulated] train_tp",
+    ),
+    (
+        "[train.engine.emulated]\ntrain_pp = 0",
+        "train.engine.emulated.train_pp = 0: out of range; use a value >= 1",
+        "[train.engine.emulated] train_pp",
+    ),
+    (
         "[critic.engine.emulated]\nrollout_tp = 0",
         "critic.engine.emulated.rollout_tp = 0: out of range; use a value >= 1",
         "[critic.engine.emulated] rollout_tp",

@@ -191,3 +191,39 @@ def test_what_the_emulated_engines_do_not_emulate_is_refused_naming_the_key_and_
     with pytest.raises(ConfigError, match=key):
         load_config_text(BOTH + extra)
     assert load_config_text(BOTH + "[cluster]\nactors_per_process = 4\n").cluster.actors_per_process == 4
+
+
+def test_a_marked_wait_ends_the_device_time_after_the_mark_so_host_work_overlaps_it(monkeypatch):
+    waits: list[float] = []
+    clock = iter([10.0, 10.3, 20.0, 25.0])
+    monkeypatch.setattr(emulated_model.time, "monotonic", lambda: next(clock))
+    sleep = emulated_model.EventSleep()
+    monkeypatch.setattr(sleep.event, "wait", waits.append)
+    sleep.mark()  # 10.0: the call starts; its host work takes 0.3 s
+    sleep(1.0)  # 10.3
+    sleep(1.0)  # unmarked: the whole second
+    sleep.mark()  # 20.0; host work longer than the device time: no wait at all
+    sleep(1.0)  # 25.0
+    assert waits == [pytest.approx(0.7), 1.0]
+
+
+def test_the_emulated_trainer_times_its_tensor_and_pipeline_degrees_and_refuses_devices_they_do_not_split(tmp_path):
+    base = '[rollout.engine]\ntype = "emulated"\n[train.engine]\ntype = "emulated"\n[train.engine.emulated]\n'
+    with pytest.raises(ConfigError, match=r"train\.engine\.emulated\.train_devices.*multiple"):
+        load_config_text(base + "train_devices = 6\ntrain_tp = 4\n")
+    # 32B on 16 devices at tp 4: timed as the planner times that plan
+    out = rollout(tmp_path, model="32b", rollout_tp=4).generate(PROMPTS, PARAMS)
+    sleeps = Sleeps()
+    engine = trainer(tmp_path, sleeps, model="32b", train_devices=16, train_tp=4)
+    engine.train_step(batch_of(out), lambda o, b, c: (o.logp.sum() * 0, {}))
+    prompt, response = engine.timing.lengths(batch_of(out))
+    wl = Workload(
+        prompt_len_tokens=prompt,
+        response_len_tokens=response,
+        max_response_len_tokens=response,
+        prompts_per_step=len(out),
+        samples_per_prompt=1,
+        use_reference=False,
+    )
+    cost = train_cost(PRESETS["32b"], get_hardware("910b"), Efficiency(), wl, 16, 4, 1)
+    assert cost.feasible and sleeps == [pytest.approx(cost.time_s * 1e-3, rel=1e-9)]

@@ -1,0 +1,115 @@
+"""The twin's pure parts (asyncflow/bench/twin.py): flag checks that name the flag and the
+fix, the planner's split per mode, the run config it writes (loaded by the real config
+loader), and the figures from a run's metrics lines and CPU marks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from asyncflow.bench import twin as tw
+from asyncflow.cli.main import main
+from asyncflow.config.load import load_config_text
+
+pytestmark = pytest.mark.timeout(60)
+
+WL = tw.workload(256, 8, 6.0, 16.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, flag, fix",
+    [
+        ({"model": "70b"}, "--model", "7b or 32b"),
+        ({"hardware": "tpu"}, "--hardware", "910b"),
+        ({"npus": 1}, "--npus", "at least 2"),
+        ({"steps": 3}, "--steps", "--steps 4 or more"),
+        ({"time_scale": "fast"}, "--time-scale", "positive number"),
+        ({"time_scale": "0"}, "--time-scale", "positive number"),
+        ({"time_scale": "-1e-2"}, "--time-scale", "positive number"),
+        ({"modes": "sync,warp"}, "--modes", "sync,async,colocated"),
+        ({"modes": ","}, "--modes", "none given"),
+        ({"prompts": 0}, "--prompts", "1 or more"),
+    ],
+)
+def test_a_bad_flag_is_refused_naming_the_flag_and_the_fix(kwargs, flag, fix):
+    args = dict(model="7b", npus=32, hardware="910b", steps=6, time_scale="auto", modes="sync,async", prompts=256, group=8)
+    args.update(kwargs)
+    with pytest.raises(tw.TwinError) as err:
+        tw.check_flags(**args)
+    assert flag in str(err.value) and fix in str(err.value), err.value
+
+
+def test_good_flags_give_the_modes_in_order_without_repeats():
+    assert tw.check_flags("32b", 512, "h100", 4, "1e-2", "async,sync,async", 64, 4) == ["async", "sync"]
+
+
+@pytest.mark.parametrize("args, flag", [(["--npus", "1"], "--npus"), (["--npus", "32", "--modes", "fast"], "--modes")])
+def test_afctl_twin_refuses_a_bad_flag_before_building_anything(args, flag, tmp_path):
+    result = CliRunner().invoke(main, ["twin", *args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert flag in result.output and "Usage" in result.output, result.output
+    assert not (tmp_path / "out").exists()  # refused before the shared inputs were built
+
+
+def test_each_mode_takes_the_planners_split():
+    plans = tw.plan_modes("7b", "910b", 256, WL, ["sync", "async", "colocated"])
+    a, s, c = plans["async"], plans["sync"], plans["colocated"]
+    assert a.workflow_mode == "async" and s.workflow_mode == c.workflow_mode == "sync"
+    for p in (a, s):  # task-separated: rollout and training share the devices, nothing left over
+        assert p.rollout_devices + p.train_devices == 256
+        assert p.replicas * p.rollout_tp == p.rollout_devices
+    assert c.train_devices == 256 and c.replicas * c.rollout_tp == 256  # colocated: every device does both
+    assert a.predicted_step_s < min(s.predicted_step_s, c.predicted_step_s)
+    for p in plans.values():
+        assert math.ceil(p.replicas / p.per_process) <= tw.MAX_PROCESSES
+        assert p.prompts_per_call == max(1, 256 // p.replicas)
+
+
+def test_too_few_devices_for_the_model_is_a_flag_error():
+    with pytest.raises(tw.TwinError, match="--npus 2"):
+        tw.plan_modes("32b", "910b", 2, WL, ["async"])
+
+
+def test_the_config_it_writes_loads_as_an_emulated_packed_run():
+    plans = tw.plan_modes("32b", "910b", 128, WL, ["async", "colocated"])
+    for mp in plans.values():
+        cfg = load_config_text(tw.config_text(mp, "32b", "910b", 1e-2, 6, 256, 8), "twin")
+        assert cfg.rollout.engine.type == cfg.train.engine.type == "emulated"
+        assert cfg.rollout.num_replicas == mp.replicas and cfg.cluster.actors_per_process == mp.per_process
+        assert cfg.rollout.engine.emulated.rollout_tp == mp.rollout_tp
+        assert cfg.train.engine.emulated.train_devices == mp.train_devices
+        assert cfg.rollout.engine.emulated.time_scale == cfg.train.engine.emulated.time_scale == 1e-2
+        assert cfg.workflow.mode == mp.workflow_mode and cfg.train.prompts_per_step == 256
+
+
+def test_figures_leave_the_warmup_out_and_divide_by_the_steps_measured():
+    mp = tw.plan_modes("7b", "910b", 32, WL, ["async"])["async"]
+    metrics = [{"time_s": t, "samples": 100.0} for t in (5.0, 5.1, 6.0, 7.0, 8.0)]  # steps 3..5 take 1 s each
+    marks = [{"time": 0.0, "queue": q, "directory": 0.001 * i, "driver": 0.1 * i} for i, q in enumerate((1, 2, 3, 3.3, 3.6))]
+    f = tw.figures(metrics, marks, 0.01, 4.0, mp)
+    assert f["steps_measured"] == 2 and f["measured_step_ms"] == pytest.approx(1000.0)
+    assert f["measured_samples_per_s"] == pytest.approx(100.0 * 0.01)  # modelled: samples/s here x time_scale
+    assert f["overhead_ms"] == pytest.approx({"queue": 300.0, "directory": 1.0, "driver": 100.0, "weights": 4.0})
+    assert f["emulated_step_ms"] == pytest.approx(mp.predicted_step_s * 0.01 * 1e3)
+    assert f["overhead_frac"]["queue"] == pytest.approx(300.0 / f["emulated_step_ms"])
+    assert f["error"] == pytest.approx(1.0 / mp.predicted_samples_per_s - 1)
+
+
+def test_the_mean_response_the_planner_is_given_is_the_emulated_rollouts():
+    import random
+
+    from asyncflow.engines.emulated_model import response_length
+
+    r = random.Random(0)
+    draws = [response_length(r, tw.MAX_NEW_TOKENS, tw.RESPONSE_MEDIAN_FRACTION, tw.RESPONSE_SIGMA) for _ in range(20000)]
+    assert tw.emulated_mean_response() == pytest.approx(sum(draws) / len(draws))
+    assert tw.emulated_mean_response() * tw.TOKEN_SCALE == pytest.approx(2048, rel=0.05)  # the paper-like mean
+
+
+def test_afctl_lists_twin_and_its_help_names_every_flag():
+    assert "  twin " in CliRunner().invoke(main, ["--help"]).output
+    text = CliRunner().invoke(main, ["twin", "--help"]).output
+    for flag in ("--model", "--npus", "--hardware", "--steps", "--time-scale", "--modes", "--json"):
+        assert flag in text, text
