@@ -188,6 +188,9 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 _counter = itertools.count()
 _ipc_lock = threading.Lock()
+# a Unix socket's path holds at most 107 bytes (sun_path less its NUL); nng answers a longer one with a
+# bare "Address invalid" when the actor binds
+IPC_PATH_MAX = 107
 
 
 def ipc_dir(config: TransportConfig) -> str:
@@ -222,8 +225,22 @@ def new_address(config: TransportConfig, name: str) -> str:
     if config.scheme == "inproc":
         return f"inproc://{safe}-{uuid.uuid4().hex[:8]}"
     if config.scheme == "ipc":
-        return f"ipc://{ipc_dir(config)}/{safe}-{os.getpid()}-{next(_counter)}.sock"
+        return f"ipc://{_ipc_path(ipc_dir(config), safe)}"
     return f"{_tcp_scheme(config)}://{url_host(config.bind_host)}:0"
+
+
+def _ipc_path(folder: str, name: str) -> str:
+    """A fresh socket path in ``folder``: ``<name>-<pid>-<n>.sock``, or ``<pid>-<n>.sock`` where the
+    name would pass :data:`IPC_PATH_MAX` (the name only helps a person reading the directory)."""
+    unique = f"{os.getpid()}-{next(_counter)}.sock"
+    for path in (f"{folder}/{name}-{unique}", f"{folder}/{unique}"):
+        if len(path.encode()) <= IPC_PATH_MAX:
+            return path
+    raise ValueError(
+        f"[cluster.transport] ipc_dir = {folder!r} is too long for a Unix socket: a socket's path holds at most "
+        f"{IPC_PATH_MAX} bytes and {len(path.encode())} are needed: set ipc_dir to a shorter directory (or TMPDIR, "
+        f"where afctl makes one), or use scheme = 'tcp'"
+    )
 
 
 def _tcp_scheme(config: TransportConfig) -> str:

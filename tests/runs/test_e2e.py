@@ -93,10 +93,14 @@ def test_resume_continues_with_the_next_step_and_the_same_queue_contents(tmp_pat
     run_dir = tmp_path / "run"
     # long enough that the interrupt lands mid-run even on a fast machine
     config = write_config(tmp_path, num_steps=40, checkpoint_every=2)
-    first = afctl("up", str(config), "--run-dir", str(run_dir))
+    # its own process group, like a job in a terminal: Ctrl-C reaches the driver and every host
+    # (the stop itself is checked as test_ctrl_c_stops_every_process does, which runs with -m slow)
+    first = afctl("up", str(config), "--run-dir", str(run_dir), start_new_session=True)
     wait_for_steps(run_dir, first, 3, 200)  # the checkpoint after step index 1 (version 2) is written
-    first.send_signal(signal.SIGINT)
+    children = list(child_hosts(first.pid).values())
+    os.killpg(first.pid, signal.SIGINT)
     out, _ = first.communicate(timeout=60)
+    _assert_stopped_by_the_signal(first, out, children, run_dir)
     assert "afctl up --resume" in out
     second = afctl("up", "--resume", str(run_dir))
     out, _ = second.communicate(timeout=220)
@@ -108,7 +112,8 @@ def test_resume_continues_with_the_next_step_and_the_same_queue_contents(tmp_pat
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("how", ["ctrl_c", pytest.param("sigterm", marks=pytest.mark.slow)])  # sigterm: -m slow (suite time)
+# -m slow (suite time): the default suite stops a run with Ctrl-C in test_resume_continues_with_the_next_step...
+@pytest.mark.parametrize("how", [pytest.param("ctrl_c", marks=pytest.mark.slow), pytest.param("sigterm", marks=pytest.mark.slow)])
 def test_ctrl_c_stops_every_process(tmp_path, how):
     run_dir = tmp_path / "run"
     # its own process group, like a job in a terminal: Ctrl-C reaches the driver and every host. The run is
@@ -123,6 +128,10 @@ def test_ctrl_c_stops_every_process(tmp_path, how):
     else:  # `kill DRIVER_PID`, or a scheduler cancelling the job: the driver alone gets SIGTERM
         proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
+    _assert_stopped_by_the_signal(proc, out, children, run_dir)
+
+
+def _assert_stopped_by_the_signal(proc, out: str, children: list[int], run_dir: Path) -> None:
     assert proc.returncode == 130, out
     # the driver stops the roles in order: no role fails because the queue vanished under it
     assert "failed" not in out and "Traceback" not in out, out
