@@ -1,10 +1,13 @@
-"""`afctl up` end to end on this machine: real processes, real sockets, a real tiny model."""
+"""`afctl up` end to end on this machine: real processes, real sockets, a real tiny model; what it
+prints and leaves behind (the async case also checks what test_quiet_run.py did)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,16 +29,28 @@ python_path = ["{Path(__file__).resolve().parents[2] / "examples" / "roles"}"]
 # sync: -m slow (suite time); sync whole runs stay in the default suite through test_overlong_run and
 # test_dynamic_sampling_run
 @pytest.mark.parametrize("mode,staleness", [pytest.param("sync", 0, marks=pytest.mark.slow), ("async", 1)])
-def test_a_few_steps_run_end_to_end_and_staleness_never_exceeds_k(tmp_path, mode, staleness):
+def test_a_few_steps_run_end_to_end_and_staleness_never_exceeds_k(tmp_path, mode, staleness, request):
     run_dir = tmp_path / "run"
     # the async run also carries a custom role (the example brevity judge) whose score the trainer adds
     judge = JUDGE if mode == "async" else ""
+    tmp = Path(tempfile.mkdtemp(prefix="afq-", dir="/tmp"))  # the run's TMPDIR: short, as ipc socket paths must be
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
     proc = afctl(
-        "up", str(write_config(tmp_path, mode=mode, num_steps=4, staleness=staleness, extra=judge)), "--run-dir", str(run_dir)
+        "up",
+        str(write_config(tmp_path, mode=mode, num_steps=4, staleness=staleness, extra=judge)),
+        "--run-dir",
+        str(run_dir),
+        env_extra={"TMPDIR": str(tmp)},
     )
     out, _ = proc.communicate(timeout=220)
     assert proc.returncode == 0, out
     assert "done: 4 steps" in out
+    # what it prints: what starts, and no progress bars of the libraries that load and save the model
+    assert "Loading weights" not in out and "Writing model shards" not in out, out
+    roles = "queue, shard.0, loader, rollout.0, reward.0, " + ("judge, " if judge else "") + "trainer"
+    assert f"starting {6 + bool(judge)} processes: {roles}" in out, out
+    assert "waiting for the first step" in out, out
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("af-")] == []  # the ipc directory is removed
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert [int(m["step"]) for m in metrics] == [0, 1, 2, 3]
     assert all(m["staleness_max"] <= staleness for m in metrics)
