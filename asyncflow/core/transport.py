@@ -77,7 +77,8 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         str,
         Meta(
             description="ipc: the directory of the sockets (empty: a fresh one per run, or TMPDIR/asyncflow-UID). It must belong to "
-            "this user and be writable by no one else."
+            "this user and be writable by no one else, and its path leave room for a socket's name in the 107 bytes "
+            "a Unix socket path may have (a path too long for any is refused)."
         ),
     ] = ""
     connect_timeout_s: Annotated[
