@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from real_configs import write_smollm2_config
 
 from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.factory import build_train_engine
@@ -98,23 +99,7 @@ def _estimate(tmp_path, monkeypatch, cpuinfo: str, extra: str):
     from asyncflow.config.load import load_config_text
 
     on_cpu(monkeypatch, cpuinfo)
-    model_dir = tmp_path / "m"
-    model_dir.mkdir(exist_ok=True)
-    (model_dir / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "llama",
-                "architectures": ["LlamaForCausalLM"],
-                "vocab_size": 49152,
-                "hidden_size": 576,
-                "intermediate_size": 1536,
-                "num_hidden_layers": 30,
-                "num_attention_heads": 9,
-                "num_key_value_heads": 3,
-                "tie_word_embeddings": True,
-            }
-        )
-    )
+    model_dir = write_smollm2_config(tmp_path / "m")
     head = f"[model]\npath = {json.dumps(str(model_dir))}\n[cluster]\nthreads_per_process = 1\n"
     return step_estimate(load_config_text(head + extra), str(model_dir), prompt_tokens=46.0)
 

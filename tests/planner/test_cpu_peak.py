@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from real_configs import write_smollm2_config
 
 from asyncflow.planner import cpu_peak, io
 from asyncflow.planner.cpu_peak import CpuPeak, parse_cpuinfo
@@ -58,23 +59,7 @@ def test_the_step_estimate_reads_this_cpu_and_halves_training_under_bfloat16_aut
     from asyncflow.actors._preflight import step_estimate
     from asyncflow.config.load import load_config_text
 
-    model_dir = tmp_path / "m"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "llama",
-                "architectures": ["LlamaForCausalLM"],
-                "vocab_size": 49152,
-                "hidden_size": 576,
-                "intermediate_size": 1536,
-                "num_hidden_layers": 30,
-                "num_attention_heads": 9,
-                "num_key_value_heads": 3,
-                "tie_word_embeddings": True,
-            }
-        )
-    )
+    model_dir = write_smollm2_config(tmp_path / "m")
     monkeypatch.setattr(io, "local_cpu_peak", lambda path="/proc/cpuinfo": parse_cpuinfo(ZEN5))
     head = f"[model]\npath = {json.dumps(str(model_dir))}\n[cluster]\nthreads_per_process = 1\n"
     fp32 = step_estimate(load_config_text(head), str(model_dir), prompt_tokens=46.0)
