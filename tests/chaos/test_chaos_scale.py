@@ -115,18 +115,22 @@ def test_a_pack_of_32_replicas_then_the_queue_killed_at_256_replicas_leaves_ever
     )
     t0 = time.monotonic()
     run.start()
-    run.wait_for_step(kill_step)  # step_000002 is saved first: a checkpoint to resume from
-    time.sleep(delay_s)
-    pid = run.kill(pack)
-    killed_at = run.steps_done()
-    # the pack is back: a new process, and the driver has told its 32 replicas StartWork
-    new_pid = run.wait_until(f"{pack} restarted", lambda: (p := _cluster_pid(run, pack)) and p != pid and p, timeout_s=300)
-    restarted_at = run.steps_done()
-    assert restarted_at < NUM_STEPS - 2, run.why(f"{pack} came back only after step {restarted_at} of {NUM_STEPS}")
-    run.wait_for_step(restarted_at + 1)  # a step with the restarted replicas in the run
-    time.sleep(rng.uniform(0.0, 1.0))
-    run.kill("queue")
-    queue_at = run.steps_done()
+    try:
+        run.wait_for_step(kill_step)  # step_000002 is saved first: a checkpoint to resume from
+        time.sleep(delay_s)
+        pid = run.kill(pack)
+        killed_at = run.steps_done()
+        # the pack is back: a new process, and the driver has told its 32 replicas StartWork
+        new_pid = run.wait_until(f"{pack} restarted", lambda: (p := _cluster_pid(run, pack)) and p != pid and p, timeout_s=300)
+        restarted_at = run.steps_done()
+        assert restarted_at < NUM_STEPS - 2, run.why(f"{pack} came back only after step {restarted_at} of {NUM_STEPS}")
+        run.wait_for_step(restarted_at + 1)  # a step with the restarted replicas in the run
+        time.sleep(rng.uniform(0.0, 1.0))
+        run.kill("queue")
+        queue_at = run.steps_done()
+    except AssertionError as exc:  # the driver's output says what held the run up
+        run.kill_everything()
+        raise AssertionError(f"{exc}\n--- the driver's output:\n{run.proc.stdout.read()[-30000:]}") from None
     out = run.finish(timeout_s=900)
     wall_s = time.monotonic() - t0
     where = (
