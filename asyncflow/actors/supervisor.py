@@ -336,6 +336,8 @@ class Supervisor:
                 f"Resume from the last checkpoint: afctl up --resume {self.run_dir}",
                 process_lost=True,
             ) from None
+        if role.name == names.ROLLOUT:
+            self._release_swaps(host, record.plan.workers)
         now = time.monotonic()
         at = self.restart_policy.on_death(role.name, now)
         if at is None:
@@ -353,6 +355,20 @@ class Supervisor:
         self.restarts.append(
             {"host": host, "why": why, "exit_code": record.proc.returncode, "requeued_rows": requeued, "time": time.time()}
         )
+
+    def _release_swaps(self, host: str, replicas: list[str]) -> None:
+        """Tell the weight sync that the replicas of ``host`` died: a replica killed holding the
+        swap grant (or waiting in line for it) would hold every other replica's swap, and with
+        them the trainer's checkpoint, which pauses each between two units. Told, not asked
+        (the weights actor may be busy publishing); a weight sync that cannot be told is
+        named, and the run goes on (a restarted replica gets a grant held under its name)."""
+        assert self.dc is not None
+        try:
+            ref = self.dc.ref(names.WEIGHTS, wait_s=0.5)
+            for replica in replicas:
+                ref.tell(messages.ReplicaRemoved(replica=replica, dead=True), timeout_s=5)
+        except (AsyncflowError, LookupError) as exc:
+            click.echo(f"!! could not tell the weight sync that the replicas of {host} died ({exc}); going on", err=True)
 
     def _start_work(self, workers: list[str]) -> None:
         """Tell every worker of a restarted host StartWork, all at once: a pack's replicas each

@@ -22,7 +22,8 @@ version whatever the number of replicas.
 
 Takes: Publish (in-process), GetLatestWeights, GetWeightChunk / StreamWeights (served
 by the sender), AcquireSwap, ReleaseSwap, ReplicaRemoved (the planner stops a replica:
-its grant and channel are released), GetWeightSyncStats, Ping, Stop.
+its grant and channel are released; or the driver handles a replica's death: its grant
+and its place in line for it are released), GetWeightSyncStats, Ping, Stop.
 Sends: GetReplicas (ask, to the roster); WeightsReady (tell, to each replica, ``ANNOUNCE_THREADS`` at once).
 
 Invariants:
@@ -159,9 +160,12 @@ class WeightSyncActor(Actor):
             case messages.ReleaseSwap(replica=replica):
                 self._release(replica)
                 return protocol.Ok()
-            case messages.ReplicaRemoved(replica=replica):
-                self.replicas = [r for r in self.replicas if r != replica]  # should the roster not answer next time
-                self.sender.drop_replica(replica)
+            case messages.ReplicaRemoved(replica=replica, dead=dead):
+                if dead:  # its process died: restarted under its name, it asks for the grant anew
+                    log.info("%s died: its swap grant and its place in line for it are released", replica)
+                else:
+                    self.replicas = [r for r in self.replicas if r != replica]  # should the roster not answer next time
+                    self.sender.drop_replica(replica)
                 self._swap_queue = deque((r, p) for r, p in self._swap_queue if r != replica)
                 if self._holder == replica:  # it stopped between AcquireSwap and ReleaseSwap
                     self._release(replica)

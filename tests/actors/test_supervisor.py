@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncflow.actors import messages, topology
+from asyncflow.actors import messages, supervisor, topology
 from asyncflow.actors.supervisor import Supervisor
 from asyncflow.config import names
 from asyncflow.config.load import load_config_text
@@ -101,3 +101,54 @@ def test_a_restarted_pack_is_told_to_start_work_all_at_once():
     assert sorted(directory.started) == sorted(f"rollout.{i}" for i in range(16, 32))
     assert took < 4.0, f"{took:.1f} s: 16 replicas x 0.5 s told in turn take 8 s"
     assert sup._hosts["rollout.pack.1"].proc.pid == 2000 and sup._hosts["rollout.pack.1"].restart_at is None
+
+
+class Queue:
+    """The queue as the Supervisor's requeue uses it."""
+
+    def __init__(self, dc, consumer: str = ""):
+        pass
+
+    def requeue(self, task: str, consumer: str, done_columns=()) -> int:
+        return 1
+
+
+class Told(Directory):
+    """A directory whose ``weights`` records what it is told (or cannot be reached)."""
+
+    def __init__(self, reachable: bool = True):
+        super().__init__(0.0)
+        self.told: list[messages.ReplicaRemoved] = []
+        self.reachable = reachable
+
+    def ref(self, name: str, wait_s: float = 10.0, refresh: bool = False):
+        if name != names.WEIGHTS:
+            return super().ref(name, wait_s, refresh)
+        if not self.reachable:
+            raise LookupError("no actor named 'weights' registered within 0.5 s")
+        told = self.told
+
+        class Ref:
+            def tell(self, msg, timeout_s: float = 10.0):
+                told.append(msg)
+
+        return Ref()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("reachable", [True, False])
+def test_the_replicas_of_a_dead_pack_give_up_their_swap_grant(monkeypatch, capsys, reachable):
+    """Found by tests/chaos/test_chaos_scale.py: a replica of the killed pack held the swap grant,
+    every live replica waited for it in AcquireSwap, and the trainer's checkpoint for them."""
+    monkeypatch.setattr(supervisor, "TQClient", Queue)
+    sup = _supervisor("[rollout]\nnum_replicas = 4\n[cluster]\nactors_per_process = 2\n")
+    directory = Told(reachable)
+    sup.attach(directory, TransportConfig(scheme="inproc"), {})
+    sup.spawn = lambda name, dc, transport, specs=None, env=None: Proc(3000)
+    sup._hosts["rollout.pack.1"].proc.kill()
+    sup.check()
+    assert [r["host"] for r in sup.restarts] == ["rollout.pack.1"] and sup._hosts["rollout.pack.1"].proc.pid == 3000
+    if reachable:
+        assert directory.told == [messages.ReplicaRemoved(replica=r, dead=True) for r in ("rollout.2", "rollout.3")]
+    else:  # named, and the run goes on
+        assert "could not tell the weight sync that the replicas of rollout.pack.1 died" in capsys.readouterr().err

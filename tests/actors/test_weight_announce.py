@@ -83,3 +83,50 @@ def test_replicas_that_are_gone_do_not_hold_up_the_announcement_to_the_live_ones
         for actor in reversed(served):
             actor.stop()
         directory.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_replicas_swap_grant_and_its_place_in_line_go_to_the_live_ones(tmp_path):
+    """Found by tests/chaos/test_chaos_scale.py: a replica of the killed pack held the swap grant
+    (or was next in line for it), so the 224 live replicas waited in AcquireSwap, the trainer's
+    checkpoint waited for them to pause, and the run stalled. The driver tells the weight sync of
+    each dead replica (``ReplicaRemoved(dead=True)``): its grant and its waiting asks are dropped;
+    it stays a replica (its restart comes back under its name)."""
+    transport = TransportConfig(scheme="inproc")
+    directory = start_directory(transport)
+    dc = DirectoryClient(directory.address, transport)
+    weights = serve_actor(
+        WeightSyncActor,
+        names.WEIGHTS,
+        transport,
+        directory_address=directory.address,
+        run_dir=bench_run_dir(str(tmp_path), substep_updates=True),
+        replicas=["rollout.0", "rollout.1", "rollout.2", "rollout.3"],
+    )
+    dc.register(weights.entry())
+    granted: dict[str, threading.Event] = {}
+
+    def acquire(replica: str) -> None:
+        granted[replica] = threading.Event()
+
+        def ask():
+            dc.ref(names.WEIGHTS).ask(messages.AcquireSwap(replica=replica, version=1), timeout_s=60)
+            granted[replica].set()
+
+        threading.Thread(target=ask, daemon=True).start()
+
+    try:
+        ref = dc.ref(names.WEIGHTS)
+        acquire("rollout.0")
+        assert granted["rollout.0"].wait(10)
+        for replica in ("rollout.1", "rollout.2", "rollout.3"):  # in line, in this order
+            acquire(replica)
+            time.sleep(0.2)
+        ref.tell(messages.ReplicaRemoved(replica="rollout.1", dead=True))  # dead while waiting in line
+        ref.tell(messages.ReplicaRemoved(replica="rollout.0", dead=True))  # dead holding the grant
+        assert granted["rollout.2"].wait(10) and not granted["rollout.3"].is_set()
+        ref.ask(messages.ReleaseSwap(replica="rollout.2", version=1))
+        assert granted["rollout.3"].wait(10) and not granted["rollout.1"].is_set()
+    finally:
+        weights.stop()
+        directory.stop()
