@@ -92,6 +92,7 @@ restart_backoff_s = 0.2
 
 [logging]
 progress = true
+hang_timeout_s = 60  # a stall is reported (every role's state, the stacks) within the test's waits
 """
 
 
