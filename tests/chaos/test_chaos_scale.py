@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 REPLICAS, PER_PROCESS = 256, 32
 PACKS = REPLICAS // PER_PROCESS
-NUM_STEPS, CHECKPOINT_EVERY = 10, 2
+NUM_STEPS, CHECKPOINT_EVERY = 12, 2
 PROMPTS_PER_STEP, GROUP_SIZE = REPLICAS, 2  # one call of one prompt group per replica per step
 SLOWEST_STEP_S = 45.0
 """No step may take longer (from the end of the step before, in one launch), the pack's loss and
@@ -96,6 +96,12 @@ hang_timeout_s = 60  # a stall is reported (every role's state, the stacks) with
 """
 
 
+def _checkpoint_after(run: ChaosRun, step: int) -> int | None:
+    """The step of the first complete checkpoint (``DONE`` written) after ``step`` steps, if any."""
+    done = sorted(int(p.parent.name.split("_")[1]) for p in (run.run_dir / "checkpoints").glob("step_*/DONE"))
+    return next((s for s in done if s > step), None)
+
+
 def _cluster_pid(run: ChaosRun, host: str) -> int | None:
     """The pid RUN_DIR/cluster.json gives ``host``: the driver rewrites it once a restart is
     complete (the new process started and every replica in it told StartWork)."""
@@ -124,8 +130,11 @@ def test_a_pack_of_32_replicas_then_the_queue_killed_at_256_replicas_leaves_ever
         # the pack is back: a new process, and the driver has told its 32 replicas StartWork
         new_pid = run.wait_until(f"{pack} restarted", lambda: (p := _cluster_pid(run, pack)) and p != pid and p, timeout_s=300)
         restarted_at = run.steps_done()
-        assert restarted_at < NUM_STEPS - 2, run.why(f"{pack} came back only after step {restarted_at} of {NUM_STEPS}")
-        run.wait_for_step(restarted_at + 1)  # a step with the restarted replicas in the run
+        assert restarted_at < NUM_STEPS - 4, run.why(f"{pack} came back only after step {restarted_at} of {NUM_STEPS}")
+        # a checkpoint after the pack's loss, and a step after it: the resume keeps the steps the loss slowed
+        saved = run.wait_until("a checkpoint after the pack's restart", lambda: _checkpoint_after(run, killed_at))
+        assert saved < NUM_STEPS - 1, run.why(f"the first checkpoint after the pack's loss is step_{saved:06d}")
+        run.wait_for_step(saved + 1)
         time.sleep(rng.uniform(0.0, 1.0))
         run.kill("queue")
         queue_at = run.steps_done()
@@ -135,7 +144,8 @@ def test_a_pack_of_32_replicas_then_the_queue_killed_at_256_replicas_leaves_ever
     out = run.finish(timeout_s=900)
     wall_s = time.monotonic() - t0
     where = (
-        f"{pack} (pid {pid} -> {new_pid}) killed after step {killed_at}, back at {restarted_at}; queue killed after {queue_at}"
+        f"{pack} (pid {pid} -> {new_pid}) killed after step {killed_at}, back at {restarted_at}; "
+        f"step_{saved:06d} saved; queue killed after {queue_at}"
     )
 
     assert f"{pack} exited with code -9" in out, run.why(f"{where}:\n{out}")
@@ -157,6 +167,10 @@ def test_a_pack_of_32_replicas_then_the_queue_killed_at_256_replicas_leaves_ever
     ]
     step, took = max(gaps, key=lambda g: g[1])
     assert took < SLOWEST_STEP_S, run.why(f"{where}: step {step} took {took:.1f} s (at most {SLOWEST_STEP_S:g} s):\n{out}")
+    assert {s for s, _ in gaps} >= set(range(killed_at, saved)), run.why(f"{where}: steps timed {gaps}")
     busy = summary["busy_s"]  # the last launch's stats: every replica worked in it
     assert sorted(n for n in busy if n.startswith("rollout.")) == sorted(f"rollout.{i}" for i in range(REPLICAS)), run.why(where)
-    print(f"\n{where}; the run took {wall_s:.1f} s, {len(summary['restarts'])} restart(s), {len(summary['resumes'])} resume(s)")
+    print(
+        f"\n{where}; the run took {wall_s:.1f} s, {len(summary['restarts'])} restart(s), {len(summary['resumes'])} resume(s); "
+        f"seconds per step: {', '.join(f'{s:.0f}: {t:.1f}' for s, t in gaps)}"
+    )
