@@ -43,7 +43,7 @@ import msgspec
 
 from asyncflow.actors import messages
 from asyncflow.actors._run import Run
-from asyncflow.actors.weights import build_sender, tree_sources
+from asyncflow.actors.weights import build_sender, tree_levels, tree_sources
 from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor
@@ -117,9 +117,8 @@ class WeightSyncActor(Actor):
                     log.warning("could not tell %s about weights v%d: %s", name, ready.version, exc)
 
     def _announce_all(self, todo: list[tuple[str, messages.WeightsReady]]) -> None:
-        """Tell every replica its announcement, ``ANNOUNCE_THREADS`` at a time, started in
-        roster order (a relay asked for a version before it hears of it holds the request:
-        ``weights/_relay.py``); returns once every tell is done or given up (each is bounded)."""
+        """Tell replicas their announcements, ``ANNOUNCE_THREADS`` at a time, in roster order;
+        returns once every tell is done or given up (each is bounded)."""
         if len(todo) <= 1:
             for name, ready in todo:
                 self._announce(name, ready)
@@ -136,12 +135,15 @@ class WeightSyncActor(Actor):
                 replicas = self._roster()
                 ready = msgspec.structs.replace(self.sender.publish(version, named_tensors, digest), replicas=len(replicas))
                 sources = tree_sources(replicas, self.fanout_degree) if self.fanout == "tree" else {}
-                self._announce_all(
-                    [
-                        (name, msgspec.structs.replace(ready, sources=sources[name]) if sources.get(name) else ready)
-                        for name in replicas
-                    ]
-                )
+                # the tree: a level at a time, so a parent hears before its children (as when every replica
+                # was told in turn); a slow parent (dead, restarting) holds its children as it did then
+                for level in tree_levels(replicas, self.fanout_degree) if self.fanout == "tree" else [replicas]:
+                    self._announce_all(
+                        [
+                            (name, msgspec.structs.replace(ready, sources=sources[name]) if sources.get(name) else ready)
+                            for name in level
+                        ]
+                    )
                 return ready.num_bytes
             case messages.GetLatestWeights():
                 return self.sender.latest()
