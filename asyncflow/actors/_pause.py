@@ -10,8 +10,9 @@ blocked for 600 s.
 ``pause_role`` asks in short rounds instead. After each round that gets no answer it
 looks the name up again, and asks the new address if the name moved. Pause is
 idempotent, so a slow but live role that gets the question twice answers twice and
-stays paused. Only when the whole ``deadline_s`` passes without an answer does it
-raise.
+stays paused. A name not in the directory at all (its dead instance unregistered by the
+driver's requeue, its restart not registered yet) is looked up again the same way. Only
+when the whole ``deadline_s`` passes without an answer does it raise.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def pause_role(
     answers within ``deadline_s``.
     """
     deadline = time.monotonic() + deadline_s
-    ref = lookup(name)
+    ref = _registered(lookup, name, deadline, deadline_s, poll_s)
     while True:
         wait_s = max(0.1, min(poll_s, deadline - time.monotonic()))
         try:
@@ -58,3 +59,19 @@ def pause_role(
         if newer.address != ref.address:
             log.warning("pause %s: it moved from %s to %s (restarted); asking the new process", name, ref.address, newer.address)
             ref = newer
+
+
+def _registered(lookup: Callable[[str], ActorRef], name: str, deadline: float, deadline_s: float, poll_s: float) -> ActorRef:
+    """``lookup(name)``, again every ``min(poll_s, 0.5)`` s while the name is not registered
+    (a restart in progress), until ``deadline``; then ``ActorTimeout``."""
+    said = False
+    while True:
+        try:
+            return lookup(name)
+        except LookupError as exc:
+            if time.monotonic() >= deadline:
+                raise ActorTimeout(name, "(not in the directory)", "Pause", deadline_s) from exc
+            if not said:
+                log.info("pause %s: not in the directory (%s); looking again until it registers (a restart)", name, exc)
+                said = True
+        time.sleep(min(poll_s, 0.5))

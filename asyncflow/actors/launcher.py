@@ -580,9 +580,10 @@ def _run_private(
     prepare_s = time.monotonic() - started  # data, the tiny model and its warm start: before any process
     os.chmod(rd, 0o700)  # a run directory made before this rule, or by hand, closes too
     resumes: list[dict] = []
+    restarts: list[dict] = []  # every launch's (an automatic resume's launch adds its own): summary.json's
     while True:
         try:
-            summary = _run_once(cfg, rd, launch, prepare_s)
+            summary = _run_once(cfg, rd, launch, prepare_s, restarts)
         except RunFailed as exc:
             ckpt, _ = latest_good_checkpoint(rd)
             finished = done_step(ckpt) if ckpt is not None else None
@@ -596,7 +597,7 @@ def _run_private(
                     err=True,
                 )
                 end = messages.RunFinished(last_step=finished - 1, checkpoint=str(ckpt))
-                summary = summarize(rd, cfg, {}, time.monotonic() - started, [], end)
+                summary = summarize(rd, cfg, {}, time.monotonic() - started, restarts, end)
                 summary["lost_at_end"] = str(exc).splitlines()[0]
                 if resumes:
                     summary["resumes"] = resumes
@@ -638,7 +639,11 @@ def gateway_line(run_dir: Path, cfg: RunConfig) -> str:
     )
 
 
-def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo, prepare_s: float = 0.0) -> dict:
+def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo, prepare_s: float = 0.0, restarts: list[dict] | None = None) -> dict:
+    """One launch, to its end. ``restarts``: those of the earlier launches of this ``afctl up``
+    (lost, then resumed automatically); this launch's are added to it however it ends, and
+    summary.json lists them all."""
+    restarts = [] if restarts is None else restarts
     faulthandler.enable()
     from asyncflow.actors._preflight import check, launch_step_estimate, mean_prompt_tokens
 
@@ -671,11 +676,12 @@ def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo, prepare_s: float = 0
         raise
     finally:
         launcher.stop()
+        restarts.extend(launcher.supervisor.restarts)  # a lost launch's too: the next launch's summary keeps them
         if interrupted:  # what ran until Ctrl-C / SIGTERM, marked as such (no role stats: the roles are gone)
-            summary = summarize(rd, cfg, {}, time.monotonic() - t0, launcher.supervisor.restarts, None, interrupted=True)
+            summary = summarize(rd, cfg, {}, time.monotonic() - t0, restarts, None, interrupted=True)
             (rd / "summary.json").write_text(json.dumps(summary, indent=2))
     wall_s = time.monotonic() - t0
-    summary = summarize(rd, cfg, stats, wall_s, launcher.supervisor.restarts, result)
+    summary = summarize(rd, cfg, stats, wall_s, restarts, result)
     summary["pinned_trainer_cores"] = launcher.supervisor.pin_cores or 0  # the run's decision (actors/_pinning.py)
     summary["prepare_s"] = round(prepare_s, 2)
     (rd / "summary.json").write_text(json.dumps(summary, indent=2))

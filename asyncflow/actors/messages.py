@@ -260,9 +260,12 @@ class ReplicaRemoved(Request["Ok"]):
     """Ask (driver -> weight sync): the online planner is stopping ``replica`` (it has left
     the roster): release what the weight sync holds for it, its swap grant (a replica
     stopped between AcquireSwap and ReleaseSwap would hold the others' swaps) and its
-    channel (a collective group)."""
+    channel (a collective group). ``dead`` (told, by the Supervisor as it handles the
+    death of a replica's process, which it restarts under the same name): only its swap
+    grant and its AcquireSwap waiting in line are dropped; it stays a replica."""
 
     replica: str
+    dead: bool = False
 
 
 class MoveApplied(Request["Ok"]):

@@ -48,6 +48,9 @@ from asyncflow.core.host import CPUS_ENV, HostProcess, spawn_host
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.transport import TransportConfig
 
+START_WORK_S = 30.0
+"""How long a restarted worker may take to answer StartWork (after its actors' start)."""
+
 
 class RunFailed(AsyncflowError):
     """The run cannot go on. ``process_lost``: because a process (or its node) that
@@ -149,9 +152,14 @@ class Supervisor:
 
     def replicas(self) -> list[str]:
         """The rollout replicas now (actors: several per host when packed), oldest first: what the ``roster`` actor answers (from
-        its own thread: a copy under the lock that guards every change of the record)."""
+        its own thread: a copy under the lock that guards every change of the record). Those of a host whose death was handled
+        are left out until its restart begins (``restart_at`` set): nobody is there to hear an announcement or a Pause (told
+        in turn, the 32 dead replicas of a killed pack held every weight version 96 s), and the restarted replicas ask for the
+        newest weights as they start (``rollout/actor.py``), after their host is back in this list."""
         with self._lock:
-            return [w for r in self._hosts.values() if r.plan.kind == names.ROLLOUT for w in r.plan.workers]
+            return [
+                w for r in self._hosts.values() if r.plan.kind == names.ROLLOUT and r.restart_at is None for w in r.plan.workers
+            ]
 
     def workers(self) -> list[str]:
         """The role actors, in the order they are started and stopped: the training group
@@ -328,6 +336,8 @@ class Supervisor:
                 f"Resume from the last checkpoint: afctl up --resume {self.run_dir}",
                 process_lost=True,
             ) from None
+        if role.name == names.ROLLOUT:
+            self._release_swaps(host, record.plan.workers)
         now = time.monotonic()
         at = self.restart_policy.on_death(role.name, now)
         if at is None:
@@ -346,6 +356,38 @@ class Supervisor:
             {"host": host, "why": why, "exit_code": record.proc.returncode, "requeued_rows": requeued, "time": time.time()}
         )
 
+    def _release_swaps(self, host: str, replicas: list[str]) -> None:
+        """Tell the weight sync that the replicas of ``host`` died: a replica killed holding the
+        swap grant (or waiting in line for it) would hold every other replica's swap, and with
+        them the trainer's checkpoint, which pauses each between two units. Told, not asked
+        (the weights actor may be busy publishing); a weight sync that cannot be told is
+        named, and the run goes on (a restarted replica gets a grant held under its name)."""
+        assert self.dc is not None
+        try:
+            ref = self.dc.ref(names.WEIGHTS, wait_s=0.5)
+            for replica in replicas:
+                ref.tell(messages.ReplicaRemoved(replica=replica, dead=True), timeout_s=5)
+        except (AsyncflowError, LookupError) as exc:
+            click.echo(f"!! could not tell the weight sync that the replicas of {host} died ({exc}); going on", err=True)
+
+    def _start_work(self, workers: list[str]) -> None:
+        """Tell every worker of a restarted host StartWork, all at once: a pack's replicas each
+        answer after their own start, and told in turn their waits added up (the driver's loop,
+        which watches every other process, waiting meanwhile). Raises the first failure."""
+        dc = self.dc
+        assert dc is not None, "attach() comes first"
+
+        def start(worker: str) -> None:
+            dc.ref(worker, refresh=True).ask(messages.StartWork(), timeout_s=START_WORK_S)
+
+        if len(workers) == 1:
+            start(workers[0])
+            return
+        with ThreadPoolExecutor(max_workers=min(len(workers), 32), thread_name_prefix="start-work") as pool:
+            futures = [pool.submit(start, worker) for worker in workers]
+        for future in futures:
+            future.result()
+
     def _restart(self, record: HostRecord) -> None:
         record.restart_at = None
         record.killed_frozen = ""
@@ -353,8 +395,7 @@ class Supervisor:
         assert self.dc is not None and self.transport is not None, "attach() comes first"
         try:
             record.proc = self.spawn(record.name, self.dc, self.transport, specs, env=self.host_env(record.name))
-            for worker in record.plan.workers:  # not its companions
-                self.dc.ref(worker, refresh=True).ask(messages.StartWork(), timeout_s=30)
+            self._start_work(record.plan.workers)  # not its companions
         except (AsyncflowError, LookupError) as exc:  # it died (or hangs) in its own start: one more death
             click.echo(f"!! restart of {record.name} failed: {exc}", err=True)
             assert record.proc is not None  # the one that died, or the new one

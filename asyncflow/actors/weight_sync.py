@@ -22,8 +22,9 @@ version whatever the number of replicas.
 
 Takes: Publish (in-process), GetLatestWeights, GetWeightChunk / StreamWeights (served
 by the sender), AcquireSwap, ReleaseSwap, ReplicaRemoved (the planner stops a replica:
-its grant and channel are released), GetWeightSyncStats, Ping, Stop.
-Sends: GetReplicas (ask, to the roster); WeightsReady (tell, to each replica).
+its grant and channel are released; or the driver handles a replica's death: its grant
+and its place in line for it are released), GetWeightSyncStats, Ping, Stop.
+Sends: GetReplicas (ask, to the roster); WeightsReady (tell, to each replica, ``ANNOUNCE_THREADS`` at once).
 
 Invariants:
 - The bytes of a version never change once published; the two newest versions are
@@ -36,12 +37,13 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 
 from asyncflow.actors import messages
 from asyncflow.actors._run import Run
-from asyncflow.actors.weights import build_sender, tree_sources
+from asyncflow.actors.weights import build_sender, tree_levels, tree_sources
 from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor
@@ -52,6 +54,11 @@ log = logging.getLogger(__name__)
 ROSTER_ASK_S = 2.0
 """How long a Publish waits for the roster's answer (the driver's process; a frozen driver
 must not hold the trainer's step: the last answer is used instead)."""
+ANNOUNCE_THREADS = 32
+"""Announcements in flight at once. A replica that is gone (killed, its death not yet handled
+by the driver; restarting at a new address) costs a tell's timeout and a lookup, about 3 s:
+told in turn, the 32 replicas of a killed pack held every version 96 s (issue 31). Told
+together, the whole announcement waits about one such timeout at most."""
 CHUNK_BYTES = 32 << 20
 """Bytes per chunk (nng: a larger tensor is cut into pieces) or per broadcast (collective: a larger
 tensor travels alone)."""
@@ -81,6 +88,7 @@ class WeightSyncActor(Actor):
         self.sender = build_sender(workflow.weight_transport, ctx, chunk_bytes, workflow.weight_timeout_s)
         self._holder: str | None = None
         self._swap_queue: deque = deque()
+        self._announcers: ThreadPoolExecutor | None = None  # made at the first announcement to several replicas
 
     def _roster(self) -> list[str]:
         """The rollout replicas now, from the driver's roster; the last answer where it
@@ -108,6 +116,18 @@ class WeightSyncActor(Actor):
                 if refresh:
                     log.warning("could not tell %s about weights v%d: %s", name, ready.version, exc)
 
+    def _announce_all(self, todo: list[tuple[str, messages.WeightsReady]]) -> None:
+        """Tell replicas their announcements, ``ANNOUNCE_THREADS`` at a time, in roster order;
+        returns once every tell is done or given up (each is bounded)."""
+        if len(todo) <= 1:
+            for name, ready in todo:
+                self._announce(name, ready)
+            return
+        if self._announcers is None:
+            self._announcers = ThreadPoolExecutor(ANNOUNCE_THREADS, thread_name_prefix=f"{self.ctx.name}-announce")
+        for future in [self._announcers.submit(self._announce, name, ready) for name, ready in todo]:
+            future.result()  # _announce contains a replica's failure; anything else is this actor's
+
     def handle(self, msg, pending):
         match msg:
             case Publish(version=version, named_tensors=named_tensors, digest=digest):
@@ -115,8 +135,15 @@ class WeightSyncActor(Actor):
                 replicas = self._roster()
                 ready = msgspec.structs.replace(self.sender.publish(version, named_tensors, digest), replicas=len(replicas))
                 sources = tree_sources(replicas, self.fanout_degree) if self.fanout == "tree" else {}
-                for name in replicas:  # roster order: a parent hears before its children
-                    self._announce(name, msgspec.structs.replace(ready, sources=sources[name]) if sources.get(name) else ready)
+                # the tree: a level at a time, so a parent hears before its children (as when every replica
+                # was told in turn); a slow parent (dead, restarting) holds its children as it did then
+                for level in tree_levels(replicas, self.fanout_degree) if self.fanout == "tree" else [replicas]:
+                    self._announce_all(
+                        [
+                            (name, msgspec.structs.replace(ready, sources=sources[name]) if sources.get(name) else ready)
+                            for name in level
+                        ]
+                    )
                 return ready.num_bytes
             case messages.GetLatestWeights():
                 return self.sender.latest()
@@ -135,15 +162,18 @@ class WeightSyncActor(Actor):
             case messages.ReleaseSwap(replica=replica):
                 self._release(replica)
                 return protocol.Ok()
-            case messages.ReplicaRemoved(replica=replica):
-                self.replicas = [r for r in self.replicas if r != replica]  # should the roster not answer next time
-                self.sender.drop_replica(replica)
+            case messages.ReplicaRemoved(replica=replica, dead=dead):
+                if dead:  # its process died: restarted under its name, it asks for the grant anew
+                    log.info("%s died: its swap grant and its place in line for it are released", replica)
+                else:
+                    self.replicas = [r for r in self.replicas if r != replica]  # should the roster not answer next time
+                    self.sender.drop_replica(replica)
                 self._swap_queue = deque((r, p) for r, p in self._swap_queue if r != replica)
                 if self._holder == replica:  # it stopped between AcquireSwap and ReleaseSwap
                     self._release(replica)
                 return protocol.Ok()
             case protocol.Stop():
-                self.sender.close()
+                self._close()
                 return protocol.Ok()
             case _:
                 raise TypeError(f"{self.ctx.name} does not handle {type(msg).__name__}")
@@ -159,5 +189,10 @@ class WeightSyncActor(Actor):
                 self._holder = nxt
                 waiting.resolve(protocol.Ok())
 
-    def on_stop(self) -> None:
+    def _close(self) -> None:
         self.sender.close()
+        if self._announcers is not None:
+            self._announcers.shutdown(wait=False, cancel_futures=True)
+
+    def on_stop(self) -> None:
+        self._close()

@@ -3,7 +3,9 @@
 (what the emulated rollout gave the same ids); ``train_step`` runs the loss on those
 log-probs (through a zero-valued parameter, so the loss has a graph and a gradient),
 sleeps the step time the planner's cost model gives the batch, and counts one version.
-Its weights are ``emulated_model.version_weights(version)``; a checkpoint is the version.
+Its weights are ``emulated_model.version_weights(version)``; a checkpoint is the version,
+beside the model's config.json (a resume reads the model's shape and vocabulary from the
+checkpoint's model directory, as it does a real engine's).
 
 Invariants: the loss and metrics are finite and a pure function of the batch, the loss
 function and the version; the version is the number of optimizer steps taken.
@@ -12,6 +14,7 @@ function and the version; the version is the number of optimizer steps taken.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from asyncflow.engines.lr_schedule import lr_at
 class EmulatedTrainEngine(TrainEngine):
     def __init__(self, cfg: TrainEngineConfig, model_dir: str | Path, total_steps: int = 0):
         self.cfg = cfg
+        self.model_dir = Path(model_dir)
         self.timing = emulated_model.Timing(cfg.emulated)
         self.total_steps = total_steps
         self._version = 0
@@ -75,8 +79,12 @@ class EmulatedTrainEngine(TrainEngine):
         yield from emulated_model.version_weights(self._version)
 
     def save_checkpoint(self, path: str, with_optimizer: bool = True) -> None:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        (Path(path) / emulated_model.CHECKPOINT_FILE).write_text(json.dumps({"version": self._version}))
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / emulated_model.CHECKPOINT_FILE).write_text(json.dumps({"version": self._version}))
+        config = self.model_dir / "config.json"
+        if config.is_file() and config.resolve() != (out / "config.json").resolve():
+            shutil.copyfile(config, out / "config.json")
 
     def load_checkpoint(self, path: str, with_optimizer: bool = True) -> None:
         self._version = int(json.loads((Path(path) / emulated_model.CHECKPOINT_FILE).read_text())["version"])

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from asyncflow.actors import messages
-from asyncflow.actors.weights import relay_name, tree_sources
+from asyncflow.actors.weights import relay_name, tree_levels, tree_sources
 from asyncflow.actors.weights._relay import MAX_SOURCES, RelayStore
 from asyncflow.bench.fanout import Fleet, fanout_run_dir, tensors_crc32, version_tensors
 from asyncflow.config.load import ConfigError, load_config_text
@@ -292,3 +292,22 @@ def test_a_real_size_embedding_relayed_down_a_chain_reaches_every_replica_byte_e
     assert all(not r.errors for r in point["records"])  # each replica's digest check passed
     assert point["served_bytes"] == num_bytes  # one copy from the trainer's side, the rest relayed
     assert sum(r.num_bytes_relayed for r in point["records"]) == 2 * num_bytes
+
+
+@pytest.mark.timeout(10)
+def test_tree_levels_put_every_replicas_parent_in_the_level_before_its_own():
+    """The weights actor announces a version a level at a time (weight_sync.py): a parent hears
+    before its children ask it, as when the replicas were told in turn."""
+    names = [f"rollout.{i}" for i in range(8)]
+    assert tree_levels(names, 2) == [
+        ["rollout.0", "rollout.1"],
+        [f"rollout.{i}" for i in range(2, 6)],
+        ["rollout.6", "rollout.7"],
+    ]
+    for n, d in ((128, 2), (100, 3), (20, 1), (1, 4)):
+        replicas = [f"r.{i}" for i in range(n)]
+        levels, sources = tree_levels(replicas, d), tree_sources(replicas, d)
+        assert sorted(r for level in levels for r in level) == sorted(replicas) and len(levels) == tree_depth(n, d)
+        depth = {r: k for k, level in enumerate(levels) for r in level}
+        for r in replicas:
+            assert depth[r] == 0 if not sources[r] else depth[sources[r][0].removeprefix("relay.")] == depth[r] - 1

@@ -14,6 +14,7 @@ from asyncflow.actors import messages
 from asyncflow.actors.rollout.inbox import WeightInbox
 from asyncflow.actors.weights import WeightReceiver
 from asyncflow.core import protocol
+from asyncflow.core.errors import ActorTimeout
 from asyncflow.engines.config import RolloutEngineConfig
 from asyncflow.engines.factory import build_rollout_engine
 
@@ -217,3 +218,83 @@ def test_an_engine_holding_other_weights_than_the_published_digest_fails_the_swa
     receiver.release[0].set()
     with pytest.raises(RuntimeError, match=r"after loading weights v1 the engine holds weights with digest .* not the 1234"):
         inbox.swap_to(1)
+
+
+class _Engine:
+    """An engine as the inbox sees it (no model): its version, what it was last loaded with."""
+
+    def __init__(self, version: int):
+        self.version = version
+
+    def weights_digest(self):
+        return None
+
+    def load_weights(self, tensors, version):
+        self.version = version
+
+
+class _Latest:
+    """The weights actor's GetLatestWeights: it times out ``busy`` times (the actor busy
+    past the ask's timeout), then answers ``version``."""
+
+    def __init__(self, version: int, busy: int = 0, missing: bool = False):
+        self.version, self.busy, self.missing, self.asked = version, busy, missing, 0
+
+    def __call__(self) -> messages.WeightsReady:
+        self.asked += 1
+        if self.missing:
+            raise LookupError("no actor named 'weights' registered within 0.2 s")
+        if self.asked <= self.busy:
+            raise ActorTimeout("weights", "ipc:///w.sock", "GetLatestWeights", 10)
+        return ready(self.version)
+
+
+class _Fetch(WeightReceiver):
+    def fetch(self, weights, on_chunk=None, announced=None):
+        return 9, []
+
+    def close(self) -> None:
+        pass
+
+
+def _bare_inbox(version: int) -> WeightInbox:
+    return WeightInbox(
+        "rollout.3",
+        _Engine(version),
+        threading.Lock(),
+        _Fetch(),
+        lambda: None,
+        staleness=1,
+        verify=False,
+        dtype=torch.float32,
+        timeout_s=5.0,
+        activity=lambda name: contextlib.nullcontext(),
+    )
+
+
+def test_a_restarted_replica_whose_weights_actor_is_busy_asks_again_in_the_background_instead_of_dying(caplog):
+    """Found by tests/chaos/test_chaos_scale.py: the 32 restarted replicas of a killed pack asked
+    the weights actor for the newest version as they started, it did not answer within 10 s (busy
+    announcing to dead replicas), and each replica died in its start with the ActorTimeout."""
+    inbox = _bare_inbox(2)
+    latest, woken = _Latest(9, busy=2), threading.Event()
+    inbox.catch_up(latest, retry_s=0.05, on_news=woken.set)  # returns at once: the replica starts
+    assert woken.wait(10) and inbox.wanted == 9 and inbox.target() == 9 and latest.asked == 3
+    assert "did not say which version is newest" in caplog.text and "asking again" in caplog.text
+    inbox.close()
+
+
+def test_a_replica_started_before_the_trainer_has_nothing_newer_to_catch_up_with():
+    inbox, latest = _bare_inbox(0), _Latest(5, missing=True)
+    inbox.catch_up(latest, retry_s=0.01)
+    assert inbox.wanted == -1 and latest.asked == 1
+
+
+def test_the_catch_up_stops_asking_once_an_announcement_brings_the_newest_version():
+    inbox, latest = _bare_inbox(2), _Latest(9, busy=10**6)
+    inbox.catch_up(latest, retry_s=0.05)
+    inbox.announce(ready(4))
+    asked = latest.asked
+    threading.Event().wait(0.5)
+    assert latest.asked <= asked + 1 and inbox.wanted == 4
+    inbox.close()

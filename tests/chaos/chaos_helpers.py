@@ -45,6 +45,9 @@ class ChaosRun:
     changes: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
     new_session: bool = False  # the driver leads its own process group (which a test may stop as a whole)
+    config_text: str = ""  # a whole run config of the test's own instead of the tiny one ("" : the tiny config)
+    prompts_per_step: int = PROMPTS_PER_STEP  # the audit's batch shape (that of config_text when given)
+    group_size: int = GROUP_SIZE
     proc: subprocess.Popen | None = None
     pids: set = field(default_factory=set)
     outputs: list = field(default_factory=list)
@@ -62,14 +65,18 @@ class ChaosRun:
 
     def start(self) -> ChaosRun:
         self.marks.mkdir(exist_ok=True)
-        changes = {"reward": {"functions": ["chaos_rewards:switchable"]}, **self.changes}
-        config = write_config(
-            self.tmp_path,
-            num_steps=self.num_steps,
-            checkpoint_every=CHECKPOINT_EVERY,
-            changes=changes,
-            extra=f'[cluster]\npython_path = ["{HERE}"]\nmax_resumes = 2\nrestart_backoff_s = 0.2\n{self.extra_cluster}',
-        )
+        if self.config_text:
+            config = self.tmp_path / "chaos.toml"
+            config.write_text(self.config_text)
+        else:
+            changes = {"reward": {"functions": ["chaos_rewards:switchable"]}, **self.changes}
+            config = write_config(
+                self.tmp_path,
+                num_steps=self.num_steps,
+                checkpoint_every=CHECKPOINT_EVERY,
+                changes=changes,
+                extra=f'[cluster]\npython_path = ["{HERE}"]\nmax_resumes = 2\nrestart_backoff_s = 0.2\n{self.extra_cluster}',
+            )
         self.proc = self._afctl("up", str(config), "--run-dir", str(self.run_dir))
         LIVE.append(self)
         return self
@@ -163,7 +170,7 @@ class ChaosRun:
             assert bad not in out, self.why(f"the run printed {bad!r}:\n{out}")
         assert f"done: {self.num_steps} steps" in out, self.why(out)
         try:
-            assert_trained_exactly_once(self.run_dir, self.num_steps, PROMPTS_PER_STEP, GROUP_SIZE)
+            assert_trained_exactly_once(self.run_dir, self.num_steps, self.prompts_per_step, self.group_size)
         except AssertionError as exc:
             raise AssertionError(self.why(f"audit: {exc}\n{out}")) from exc
         return out
@@ -202,7 +209,7 @@ class ChaosRun:
             assert self.proc.returncode == 0, self.why(f"the resume did not complete:\n{out}")
         assert f"done: {self.num_steps} steps" in out, self.why(out)
         try:
-            assert_trained_exactly_once(self.run_dir, self.num_steps, PROMPTS_PER_STEP, GROUP_SIZE)
+            assert_trained_exactly_once(self.run_dir, self.num_steps, self.prompts_per_step, self.group_size)
         except AssertionError as exc:
             raise AssertionError(self.why(f"audit: {exc}\n" + "\n----\n".join(self.outputs))) from exc
         return "\n".join(self.outputs)

@@ -4,6 +4,7 @@ the trainer blocked 600 s in ``Pause`` after a worker died)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -78,3 +79,40 @@ def test_a_role_that_never_comes_back_fails_the_pause_at_the_deadline_naming_it(
     host.proc.wait(timeout=10)
     with pytest.raises(ActorTimeout, match="worker"):
         pause_role(lambda n: client.ref(n, refresh=True), "worker", deadline_s=2.0, poll_s=0.5)
+
+
+class _Answering:
+    name, address = "worker", "ipc:///tmp/worker-new.sock"
+
+    def ask(self, msg, timeout_s: float = 30.0):
+        return messages.Paused(role="worker", state=b"restarted")
+
+
+@pytest.mark.timeout(30)
+def test_a_role_not_in_the_directory_at_the_first_lookup_is_looked_up_again_until_it_registers(caplog):
+    """Found by tests/chaos/test_chaos_scale.py: a checkpoint began while a killed pack of
+    replicas was being restarted, the first lookup of a replica's name raised LookupError (its
+    dead instance unregistered, the new one not registered yet), and the trainer failed."""
+    caplog.set_level(logging.INFO, logger="asyncflow.actors._pause")
+    looked = []
+
+    def lookup(name):
+        looked.append(name)
+        if len(looked) <= 3:
+            raise LookupError(f"no actor named {name!r} registered within 1 s")
+        return _Answering()
+
+    ref, paused = pause_role(lookup, "worker", deadline_s=20, poll_s=0.05)
+    assert paused.state == b"restarted" and ref.address == _Answering.address and len(looked) == 4
+    assert "pause worker: not in the directory" in caplog.text
+
+
+@pytest.mark.timeout(30)
+def test_a_role_that_never_registers_fails_the_pause_at_the_deadline_naming_it():
+    def lookup(name):
+        raise LookupError(f"no actor named {name!r} registered within 1 s")
+
+    began = time.monotonic()
+    with pytest.raises(ActorTimeout, match="worker"):
+        pause_role(lookup, "worker", deadline_s=1.0, poll_s=0.05)
+    assert time.monotonic() - began < 5

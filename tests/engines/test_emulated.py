@@ -227,3 +227,23 @@ def test_the_emulated_trainer_times_its_tensor_and_pipeline_degrees_and_refuses_
     )
     cost = train_cost(PRESETS["32b"], get_hardware("910b"), Efficiency(), wl, 16, 4, 1)
     assert cost.feasible and sleeps == [pytest.approx(cost.time_s * 1e-3, rel=1e-9)]
+
+
+def test_a_checkpoint_of_the_emulated_trainer_carries_the_model_config_a_resume_reads(tmp_path):
+    """Found by tests/chaos/test_chaos_scale.py: an emulated run's automatic resume failed in the
+    preflight (``no config.json at .../checkpoints/step_000004/model/config.json``): the emulated
+    checkpoint held its version alone, while a resume reads the model's config.json from it (the
+    preflight's memory and step estimates; the emulated rollout's vocabulary)."""
+    base = tmp_path / "model"
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "qwen2", "vocab_size": 77}')
+    engine = trainer(base)
+    engine._version = 4
+    first = tmp_path / "step_000004" / "model"
+    engine.save_checkpoint(str(first))
+    assert (first / "config.json").read_text() == (base / "config.json").read_text()
+    resumed = trainer(first)  # the resumed launch's model dir is the checkpoint's
+    resumed.load_checkpoint(str(first))
+    assert resumed.version == 4 and emulated_model.vocab_of(first) == emulated_model.vocab_of(base) == (77, 3)
+    resumed.save_checkpoint(str(tmp_path / "step_000006" / "model"))  # and so on, from launch to launch
+    assert (tmp_path / "step_000006" / "model" / "config.json").read_text() == (base / "config.json").read_text()

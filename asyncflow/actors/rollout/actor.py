@@ -202,13 +202,13 @@ class RolloutActor(LoopActor):
         return out
 
     def on_start(self) -> None:
-        # a (re)started replica catches up with the newest published weights first
-        try:
-            latest = self.ctx.ref(WEIGHTS, wait_s=0.2).ask(messages.GetLatestWeights(), timeout_s=10)
-        except LookupError:
-            return  # the trainer has not started yet: nothing newer than the model dir
-        if latest.version > self.engine.version:
-            self.inbox.want(latest.version)
+        # a (re)started replica catches up with the newest published weights first; no weights actor
+        # yet (the trainer starts later): nothing newer than the model dir. One that does not answer
+        # is asked again in the background: the replica starts anyway (inbox.py, catch_up)
+        self.inbox.catch_up(
+            lambda: self.ctx.ref(WEIGHTS, wait_s=0.2).ask(messages.GetLatestWeights(), timeout_s=10),
+            on_news=self._wake_get_batch,
+        )
 
     def work_once(self) -> bool:
         return self.mode.work_once()

@@ -45,9 +45,14 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from asyncflow.actors import messages
+from asyncflow.core.errors import AsyncflowError
 from asyncflow.engines.digest import weights_digest
 
 log = logging.getLogger(__name__)
+
+CATCH_UP_RETRY_S = 2.0
+"""How often a (re)started replica asks the ``weights`` actor again for the newest version
+when its first ask got no answer (``WeightInbox.catch_up``)."""
 
 
 def swap_grant_needed(staleness: int, announcement: messages.WeightsReady | None) -> bool:
@@ -101,6 +106,7 @@ class WeightInbox:
         self._fetching = False
         self._fetched = threading.Event()  # set when a fetch stages new weights
         self._announced = threading.Event()  # set when WeightsReady arrives: wakes a gated wait at once
+        self._closed = threading.Event()  # ends a catch-up still asking in the background
         self.digest = (engine.weights_digest() or 0) if verify else 0
         """Digest of the weights the engine holds (0: not verified)."""
 
@@ -161,6 +167,56 @@ class WeightInbox:
             with self._lock:
                 self._staged = (version, tensors, digest)
             self._fetched.set()
+
+    def catch_up(
+        self,
+        latest: Callable[[], messages.WeightsReady],
+        retry_s: float = CATCH_UP_RETRY_S,
+        on_news: Callable[[], None] = lambda: None,
+    ) -> None:
+        """A (re)started replica wants the newest version published before its first unit
+        (``latest()``: the ``weights`` actor's GetLatestWeights). ``latest`` raising
+        LookupError: no weights actor yet (the trainer starts after the replicas), nothing
+        newer than the launch's weights. Any other failure to get an answer (the weights
+        actor busy past the ask's timeout, or restarting) is logged, and the question asked
+        again in the background every ``retry_s`` until it is answered (then ``on_news``:
+        the replica wakes its waiting GetBatch), an announcement brings a newer version
+        first, or ``close``. The replica starts meanwhile, with the weights it holds."""
+        try:
+            self._want_latest(latest())
+            return
+        except LookupError:
+            return
+        except AsyncflowError as exc:
+            log.warning(
+                "%s: the weights actor did not say which version is newest (%s); asking again every %g s in "
+                "the background (the next announcement brings it too), going on with v%d meanwhile",
+                self.name,
+                exc,
+                retry_s,
+                self.engine.version,
+            )
+        threading.Thread(
+            target=self._catch_up_loop, args=(latest, retry_s, on_news), name=f"{self.name}-catch-up", daemon=True
+        ).start()
+
+    def _catch_up_loop(self, latest: Callable[[], messages.WeightsReady], retry_s: float, on_news: Callable[[], None]) -> None:
+        while not self._closed.wait(retry_s):
+            if self._wanted >= 0:  # an announcement came first: it named the newest version
+                return
+            try:
+                ready = latest()
+            except (AsyncflowError, LookupError) as exc:
+                log.info("%s: still no answer from the weights actor about the newest version (%s)", self.name, exc)
+                continue
+            log.info("%s: the newest version is v%d (the engine holds v%d)", self.name, ready.version, self.engine.version)
+            self._want_latest(ready)
+            on_news()
+            return
+
+    def _want_latest(self, ready: messages.WeightsReady) -> None:
+        if ready.version > self.engine.version:
+            self.want(ready.version)
 
     # -- the work thread --------------------------------------------------------------
     def target(self) -> int:
@@ -239,5 +295,6 @@ class WeightInbox:
 
     def close(self) -> None:
         """Release what the receiver holds (a collective group); a fetch thread still
-        running fails its fetch and ends."""
+        running fails its fetch and ends; a catch-up still asking stops."""
+        self._closed.set()
         self.receiver.close()

@@ -51,11 +51,11 @@ import logging
 
 from asyncflow.actors.weights._base import WeightReceiver, WeightSender
 from asyncflow.actors.weights._nng import NngReceiver, NngSender
-from asyncflow.actors.weights._relay import relay_name, tree_sources
+from asyncflow.actors.weights._relay import relay_name, tree_levels, tree_sources
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WeightReceiver", "WeightSender", "build_receiver", "build_sender", "relay_name", "tree_sources"]
+__all__ = ["WeightReceiver", "WeightSender", "build_receiver", "build_sender", "relay_name", "tree_levels", "tree_sources"]
 
 
 def build_sender(transport: str, ctx, chunk_bytes: int, timeout_s: float) -> WeightSender:

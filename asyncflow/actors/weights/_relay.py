@@ -98,6 +98,24 @@ def tree_sources(replicas: list[str], degree: int) -> dict[str, list[str]]:
     return out
 
 
+def tree_levels(replicas: list[str], degree: int) -> list[list[str]]:
+    """The replicas by depth in the tree of ``degree`` over ``replicas`` (in order): the
+    root's children first, then theirs, ... Every replica's parent is in the level before
+    its own (what the weights actor announces a level at a time: a parent hears of a
+    version before its children ask it for the chunks)."""
+    if degree < 1:
+        raise ValueError(f"a fan-out tree needs degree >= 1, not {degree}")
+    levels: list[list[str]] = []
+    for i, name in enumerate(replicas):
+        depth, node = 0, i + 1
+        while (node := (node - 1) // degree) != 0:
+            depth += 1
+        while len(levels) <= depth:
+            levels.append([])
+        levels[depth].append(name)
+    return levels
+
+
 # -- the relay's state: pure, one thread ------------------------------------------------
 
 
