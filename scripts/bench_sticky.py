@@ -6,9 +6,10 @@ calculator chat through the OpenAI client. Routed ``sticky`` (a session's turns 
 replica: how a run routes) and ``round_robin`` (every request to the next replica:
 only possible here, where the gateways share one session store; a run never routes so).
 Each replica counts, of every turn's prompt tokens, those it had already run for the
-session (``gateway/prefix.py``): what a per-replica prefix cache could reuse. The
-native engine keeps no KV across generate calls, so this is reuse available, not
-compute saved.
+session (``gateway/prefix.py``): what a per-replica prefix cache could reuse; and what
+its native engine's prefix cache did serve (``gateway/prefix_cached_tokens``: whole
+16-token blocks, also of other sessions' identical prefixes, such as the chat template's
+system prompt: compute saved).
 
     PYTHONPATH=. python scripts/bench_sticky.py [--replicas 2] [--sessions 8] [--turns 4] [--tokens 16] [--json]
 """
@@ -66,6 +67,8 @@ def run(policy: str, args, model_dir, tokenizer) -> dict:
         "reused_tokens": int(reused),
         "reused_fraction": reused / prompt,
         "reused_same_version_tokens": int(same),
+        "cached_tokens": int(total.get("gateway/prefix_cached_tokens", 0)),
+        "cached_fraction": total.get("gateway/prefix_cached_tokens", 0) / prompt,
         "per_replica_prompt_tokens": {r: int(c["gateway/prompt_tokens"]) for r, c in stats["replicas"].items()},
     }
 
@@ -92,11 +95,11 @@ def main() -> None:
         print(json.dumps(results, indent=2))
         return
     print(f"{args.replicas} replicas, {args.sessions} sessions x {args.turns} turns (tiny model, {args.tokens}-token replies)")
-    print(f"{'routing':<12} {'prompt tokens':>14} {'reused':>8} {'reused %':>9}  per replica")
+    print(f"{'routing':<12} {'prompt tokens':>14} {'reused':>8} {'reused %':>9} {'cached':>8} {'cached %':>9}  per replica")
     for r in results:
         print(
             f"{r['policy']:<12} {r['prompt_tokens']:>14} {r['reused_tokens']:>8} {100 * r['reused_fraction']:>8.1f}%"
-            f"  {r['per_replica_prompt_tokens']}"
+            f" {r['cached_tokens']:>8} {100 * r['cached_fraction']:>8.1f}%  {r['per_replica_prompt_tokens']}"
         )
 
 

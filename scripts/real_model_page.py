@@ -21,6 +21,7 @@ REAL = (
     "real_threads",
     "real_peer_here",
     "real_rollout_distinct",
+    "real_prefix",
     "real_train",
     "real_lora",
     "real_peer",
@@ -276,6 +277,26 @@ def _lora(r: dict) -> list[str]:
     return out
 
 
+def _prefix(r: dict) -> list[str]:
+    x = r["result"]
+    return [
+        "### Multi-turn: the prefix cache",
+        "",
+        "A conversation sends its whole history each turn (an environment's next turn, a gateway session's next "
+        "request). The native engine keeps the full KV blocks of finished sequences and serves them to a prompt "
+        "that starts with the same tokens under the same weights (`rollout.engine.prefix_cache`, on by default; new "
+        "weights empty it). Each turn here appends the response and a next user message to every conversation; "
+        "greedy, so both modes produce the same tokens.",
+        "",
+        f"{_head(r)}: {x['model']}; {x['conversations']} chat-rendered add2 conversations x {x['turns']} turns, up to "
+        f"{x['max_new_tokens']} new tokens a turn, {x['threads']} thread(s): **{x['seconds_cache']:.2f} s with the "
+        f"cache against {x['seconds_no_cache']:.2f} s without, {x['speedup']:.2f}x** (repetitions alternate, "
+        f"medians); prompt tokens run {x['prefill_tokens_cache']:,} against {x['prefill_tokens_no_cache']:,} "
+        f"({x['cached_tokens']:,} served from the cache); same tokens in both: {'yes' if x['same_tokens'] else 'no'}.",
+        "",
+    ]
+
+
 def _peer(r: dict) -> list[str]:
     p = r["result"]
     out = [
@@ -522,6 +543,7 @@ RENDER = {
     "real_rollout_distinct": _rollout_distinct,
     "real_train": _train,
     "real_lora": _lora,
+    "real_prefix": _prefix,
     "real_peer": _peer,
     "real_peer_seed1": _peer_seed1,
     "real_peer_seed2": _peer_seed2,

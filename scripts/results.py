@@ -19,7 +19,8 @@ docs/performance.md's (scripts/performance_page.py renders that page). The real-
 (``real_model``, ``real_lora_learning``, ``real_rollout``, ``real_rollout_bf16``, ``real_bf16_learning``, ``real_fp32_learning``,
 ``real_model_here`` (the example as shipped, on this CPU), ``real_threads`` (its thread layouts side by side),
 ``real_peer_here`` (it against TRL on both cores, on this CPU),
-``real_rollout_distinct``, ``real_train``, ``real_lora``, ``real_peer``, ``real_peer_seed1``, ``real_peer_seed2``, ``real_peer_trl2``,
+``real_rollout_distinct``, ``real_prefix`` (multi-turn, the prefix cache on vs off), ``real_train``, ``real_lora``,
+``real_peer``, ``real_peer_seed1``, ``real_peer_seed2``, ``real_peer_trl2``,
 ``real_peer_seed3``, ``real_peer_seed4`` (TRL and async only), ``real_bf16_seed0`` to ``real_bf16_seed4`` (async
 with its rollout in bfloat16), ``real_stream``, ``real_stream_seed1``, ``real_stream_seed2``: docs/real-model.md, rendered by
 scripts/real_model_page.py) are measured only when ``--only`` names them: they need
@@ -231,6 +232,11 @@ SECTIONS: dict[str, list[str]] = {
         "--steps",
         "2",
         "--autocast",
+        "--json",
+    ],
+    # multi-turn conversations on SmolLM2, the native engine's prefix cache on vs off (rollout.engine.prefix_cache)
+    "real_prefix": [
+        *(PY, "-m", "asyncflow.cli.main", "bench", "prefix", "--model", "models/smollm2-135m", "--repeats", "3"),
         "--json",
     ],
     "real_lora": [

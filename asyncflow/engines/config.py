@@ -146,6 +146,15 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
         ),
     ] = None
     kv_block_tokens: Annotated[Count, Meta(description="Tokens per KV-cache block (native engine's allocation unit).")] = 16
+    prefix_cache: Annotated[
+        bool,
+        Meta(
+            description="Native engine: keep the full KV blocks of finished sequences for later prompts that start with "
+            "the same tokens under the same weights (the next turn of an environment or a gateway session, the later "
+            "samples of a group), so their prefill runs only the rest; new weights empty it, and its blocks give way "
+            "to any admission. false: every prompt runs from its first token (engines/prefix_cache.py)."
+        ),
+    ] = True
     max_batch_size: Annotated[Count, Meta(description="Most sequences decoded together in one step.")] = 64
     seed: Annotated[NonNegInt, Meta(description="Seed of the sampling generator.")] = 0
     num_threads: Annotated[

@@ -11,13 +11,20 @@ Invariants:
 - ``allocate`` hands out whole free blocks or nothing (returns None): the caller
   admits a sequence only when its reservation fits, so no sequence ever needs a
   block that is not there (no preemption, no out-of-memory mid-generation).
-- ``used_bytes`` counts blocks held; ``peak_used_bytes`` is its running maximum,
-  always ``<= capacity_bytes``.
+- ``used_bytes`` counts blocks held by sequences; ``peak_used_bytes`` is its running
+  maximum, always ``<= capacity_bytes``. Blocks a ``PrefixCache`` keeps for later
+  prompts (``cache``, engines/prefix_cache.py) are not counted: ``allocate`` takes them
+  back when the free ones do not suffice.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from asyncflow.engines.prefix_cache import PrefixCache
 
 
 class KVBlockPool:
@@ -47,6 +54,7 @@ class KVBlockPool:
         self.v = torch.zeros_like(self.k)
         self._free = list(range(self.num_blocks - 1, -1, -1))
         self.peak_used_bytes = 0
+        self.cache: PrefixCache | None = None
 
     @property
     def capacity_bytes(self) -> int:
@@ -58,7 +66,8 @@ class KVBlockPool:
 
     @property
     def used_bytes(self) -> int:
-        return (self.num_blocks - len(self._free)) * self.block_bytes
+        idle = self.cache.idle_blocks if self.cache is not None else 0
+        return (self.num_blocks - len(self._free) - idle) * self.block_bytes
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_tokens)
@@ -66,6 +75,8 @@ class KVBlockPool:
     def allocate(self, num_tokens: int) -> list[int] | None:
         """Blocks for ``num_tokens`` slots, or None when they do not fit now."""
         need = self.blocks_for(num_tokens)
+        if need > len(self._free) and self.cache is not None and need <= len(self._free) + self.cache.idle_blocks:
+            self.cache.evict(need - len(self._free))
         if need > len(self._free):
             return None
         blocks = [self._free.pop() for _ in range(need)]

@@ -12,6 +12,11 @@ Each sample of each prompt is a sequence. The scheduler loop:
 3. decode one token for every running sequence in one forward;
 4. sequences that sampled a stop token or reached ``max_new_tokens`` leave: their
    blocks and row are freed at once, so waiting sequences join on the next iteration.
+   With ``prefix_cache`` (the default) their full blocks stay in the pool, idle, for a
+   later prompt that starts with the same tokens under the same weights: at admission
+   (1) such a prompt takes them and its prefill runs only the rest
+   (``engines/prefix_cache.py``; the next turn of a conversation, a group's samples
+   admitted after others finished). Idle blocks give way to any admission.
 
 Invariants:
 - KV memory: the pool is allocated once within ``kv_cache_bytes`` (or the fraction of
@@ -48,6 +53,7 @@ from asyncflow.engines.hf import load_model
 from asyncflow.engines.kv_cache import KVBlockPool
 from asyncflow.engines.lora import ADAPTER_DIR, Adapter, load_adapter, merge, split
 from asyncflow.engines.native_model import NativeDecoder
+from asyncflow.engines.prefix_cache import PrefixCache
 from asyncflow.engines.sampling import sample
 
 DEFAULT_KV_CACHE_BYTES = 64 * 2**20
@@ -67,6 +73,8 @@ class _Seq:
     out_logps: list[float] = field(default_factory=list)
     out_versions: list[int] = field(default_factory=list)
     max_new: int = 0  # max_new_tokens of this sequence (its stream's, or the one its add gave)
+    cached: int = 0  # leading prompt tokens whose KV came from the prefix cache (whole blocks, shared)
+    epoch: int = 0  # the prefix cache's epoch (weights) at admission
 
 
 @dataclass
@@ -85,7 +93,10 @@ class SchedulerStats:
     (its other samples copy its prompt KV)."""
     prefill_tokens: int = 0
     """Prompt tokens run through prefill forwards: a distinct prompt's tokens once, less
-    the prefix it shares with the others admitted with it (which runs once for all)."""
+    the prefix it shares with the others admitted with it (which runs once for all), less
+    what the prefix cache served."""
+    prefix_cached_tokens: int = 0
+    """Prompt tokens of the distinct prompts whose KV the prefix cache served (not run)."""
     max_running: int = 0
     """Most sequences running at once."""
     admitted_while_running: int = 0
@@ -112,6 +123,7 @@ class NativeRolloutEngine(RolloutEngine):
             dtype=torch_dtype(cfg.dtype),
             device=self.device,
         )
+        self.prefix = PrefixCache(self.pool) if cfg.prefix_cache else None
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self._version = version
         self.stats = SchedulerStats()
@@ -159,6 +171,8 @@ class NativeRolloutEngine(RolloutEngine):
             param.copy_(tensor)
         self._merge(adapters)
         self._version = version
+        if self.prefix is not None:
+            self.prefix.clear()  # keys and values computed under the old weights are not served again
 
     @torch.inference_mode()
     def _merge(self, adapters: dict[str, Adapter]) -> None:
@@ -230,16 +244,19 @@ class NativeRolloutEngine(RolloutEngine):
         lead_S = [leader_of.setdefault(q.prompt_index, s) for s, q in enumerate(seqs)]
         leaders = [seqs[s] for s in leader_of.values()]
         rows = torch.tensor([q.row for q in leaders], device=self.device)
-        shared = self._run_shared_prefix(leaders, rows, slot_table_RK)
-        n_B = np.fromiter((len(q.prompt) - shared for q in leaders), dtype=np.int64, count=len(leaders))
+        cached = any(q.cached for q in leaders)
+        shared = 0 if cached else self._run_shared_prefix(leaders, rows, slot_table_RK)
+        # each leader runs its prompt from its first token not served: the shared prefix's or the cache's end
+        start_B = np.fromiter((q.cached or shared for q in leaders), dtype=np.int64, count=len(leaders))
+        n_B = np.fromiter((len(q.prompt) for q in leaders), dtype=np.int64, count=len(leaders)) - start_B
         Q = int(n_B.max())
         col_Q = np.arange(Q)
         valid = col_Q < n_B[:, None]
         ids = np.zeros((len(leaders), Q), dtype=np.int64)
-        ids[valid] = np.concatenate([q.prompt[shared:] for q in leaders])
+        ids[valid] = np.concatenate([q.prompt[int(a) :] for q, a in zip(leaders, start_B)])
         ids_BQ = torch.from_numpy(ids)
         # padding keeps the first new position: a valid index, masked out of writes
-        pos_BQ = torch.from_numpy(np.where(valid, col_Q, 0) + shared)
+        pos_BQ = torch.from_numpy(np.where(valid, col_Q, 0) + start_B[:, None])
         valid_BQ = torch.from_numpy(valid)
         last_B = torch.from_numpy(n_B - 1).to(self.device)
         with phase("prefill_model"):
@@ -248,7 +265,7 @@ class NativeRolloutEngine(RolloutEngine):
                 ids_BQ.to(self.device),
                 pos_BQ.to(self.device),
                 valid_BQ.to(self.device),
-                slot_table_RK[rows, : shared + Q],
+                slot_table_RK[rows, : int((start_B + n_B).max())],
                 last_B,
             )
         if len(leaders) < len(seqs):
@@ -258,6 +275,31 @@ class NativeRolloutEngine(RolloutEngine):
                 logits_BV = logits_BV[torch.tensor([index_of[s] for s in lead_S], device=self.device)]
         self._append(seqs, logits_BV, params)
         return len(leaders), shared + int(n_B.sum())
+
+    def _admit(self, q: _Seq) -> bool:
+        """Reserve ``q``'s KV blocks (its worst case), the cached ones first; False when they
+        do not fit now (nothing is held then)."""
+        hit = self.prefix.match(q.prompt) if self.prefix is not None else []
+        blocks = self.pool.allocate(len(q.prompt) + q.max_new - 1 - len(hit) * self.pool.block_tokens)
+        if blocks is None:
+            if hit and self.prefix is not None:
+                self.prefix.release(hit)
+            return False
+        q.blocks = hit + blocks
+        q.cached = len(hit) * self.pool.block_tokens
+        q.epoch = self.prefix.epoch if self.prefix is not None else 0
+        return True
+
+    def _release(self, q: _Seq, finished: bool) -> None:
+        """``q`` lets go of its blocks: a finished sequence gives its full blocks to the
+        prefix cache; one cut short (an error, a closed stream) only returns what it took."""
+        if self.prefix is None:
+            self.pool.free(q.blocks)
+        else:
+            fed = q.prompt + q.out_ids[:-1] if finished else []
+            held = q.cached // self.pool.block_tokens
+            self.prefix.finish(fed, q.blocks, held, q.epoch)
+        q.blocks = []
 
     def _run_shared_prefix(self, leaders: list[_Seq], rows: torch.Tensor, slot_table_RK: torch.Tensor) -> int:
         """Run the leaders' common prefix once and copy its KV to every leader;
@@ -294,7 +336,10 @@ class NativeRolloutEngine(RolloutEngine):
         src_rows = torch.tensor([seqs[lead_S[s]].row for s in followers], device=self.device)
         dst_rows = torch.tensor([seqs[s].row for s in followers], device=self.device)
         Q = max(n)
-        keep_FQ = torch.arange(Q, device=self.device) < torch.tensor(n, device=self.device).unsqueeze(1)
+        col_Q = torch.arange(Q, device=self.device)
+        # a follower's cached blocks are its leader's already (the same prompt matched them): not written
+        start_F1 = torch.tensor([seqs[s].cached for s in followers], device=self.device).unsqueeze(1)
+        keep_FQ = (col_Q < torch.tensor(n, device=self.device).unsqueeze(1)) & (col_Q >= start_F1)
         src = slot_table_RK[src_rows, :Q][keep_FQ]
         dst = slot_table_RK[dst_rows, :Q][keep_FQ]
         self.pool.k[:, dst] = self.pool.k[:, src]
@@ -389,8 +434,7 @@ class NativeStream(RolloutStream):
         still = []
         for q in seqs:
             if q.out_ids[-1] in self.stop or len(q.out_ids) >= q.max_new:
-                self.engine.pool.free(q.blocks)
-                q.blocks = []
+                self.engine._release(q, finished=True)
                 self.free_rows.append(q.row)
                 done.append(q)
             else:
@@ -404,11 +448,9 @@ class NativeStream(RolloutStream):
         self.admitted = admitted
         while self.waiting and self.free_rows:
             q = self.waiting[0]
-            blocks = engine.pool.allocate(len(q.prompt) + q.max_new - 1)
-            if blocks is None:
+            if not engine._admit(q):
                 break
             self.waiting.popleft()
-            q.blocks = blocks
             q.row = self.free_rows.pop()
             admitted.append(q)
         if admitted:
@@ -418,6 +460,7 @@ class NativeStream(RolloutStream):
             rows, tokens = engine._prefill(admitted, self.slot_table_RK, params)
             stats.prefill_rows += rows
             stats.prefill_tokens += tokens
+            stats.prefix_cached_tokens += sum({q.prompt_index: q.cached for q in admitted}.values())
             stats.num_prefills += 1
             self.running.extend(self._finish_check(admitted, done))
         self.admitted = []
@@ -445,7 +488,6 @@ class NativeStream(RolloutStream):
         # An error mid-generation must not leak reservations into the next call.
         for q in self.running + self.admitted:
             if q.blocks:
-                self.engine.pool.free(q.blocks)
-                q.blocks = []
+                self.engine._release(q, finished=False)
         self.running, self.admitted = [], []
         self.waiting.clear()

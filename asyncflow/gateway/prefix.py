@@ -1,10 +1,10 @@
 """Prefix reuse: of each turn's prompt tokens, how many this replica already ran through
 the model for the same session. Pure state, no engine.
 
-The native engine keeps no KV cache across generate calls (``engines/native_rollout.py``
-frees a sequence's blocks when it finishes), so nothing is reused today: this ledger
-measures what a per-replica prefix cache could reuse, which is what sticky routing
-(``routes.py``) preserves. A turn's prompt is the session's whole conversation; what the
+This ledger measures what a per-replica prefix cache can reuse, which is what sticky
+routing (``routes.py``) preserves; what the native engine's cache did serve is
+``gateway/prefix_cached_tokens`` (``engines/prefix_cache.py``: whole blocks of a prefix
+run under the weights the turn runs with, while the cache still holds them). A turn's prompt is the session's whole conversation; what the
 replica ran for the session's last turn is that turn's prompt and its reply but the
 last reply token (sampled, never fed back). The reused tokens of a turn are the common
 prefix of the two; ``reused_same_version_tokens`` counts only those run with the weights

@@ -190,9 +190,14 @@ class Gateway:
         threading.Thread(target=sweep, name="gateway-expiry", daemon=True).start()
 
     def counters(self) -> dict[str, float]:
-        """The prefix reuse (``gateway/prompt_tokens``, ``gateway/prefix_reused_*``) and the
-        feed's counts (``gateway/sessions_*``), for the replica's metrics."""
+        """The prefix reuse (``gateway/prompt_tokens``, ``gateway/prefix_reused_*``), the
+        prompt tokens the engine's prefix cache served (``gateway/prefix_cached_tokens``,
+        the native engine's; engines/prefix_cache.py) and the feed's counts
+        (``gateway/sessions_*``), for the replica's metrics."""
         out = self.prefix.as_metrics()
+        cache = getattr(self.engine, "prefix", None)
+        if cache is not None:
+            out["gateway/prefix_cached_tokens"] = float(cache.hit_tokens)
         if self.feed is not None:
             with self._feed_lock:
                 out.update(self.feed.counts.as_metrics())

@@ -121,6 +121,23 @@ def test_a_real_size_replica_generates_tokens_whose_logprobs_the_trainer_recompu
 
 
 @pytest.mark.timeout(300)
+def test_a_real_size_second_turn_takes_its_prefix_from_the_cache_and_the_trainer_recomputes_its_logprobs(real):
+    """The prefix cache (engines/prefix_cache.py) at real vocabulary size: a conversation's
+    next turn runs only what the first did not."""
+    vocab = REAL_SHAPES[real.kind]["vocab_size"]
+    g = torch.Generator().manual_seed(2)
+    first = torch.randint(0, vocab, (40,), generator=g).tolist()
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=(), seed=0)
+    (turn1,) = real.rollout.generate([first], params)
+    prompt = first + turn1.response_ids + torch.randint(0, vocab, (3,), generator=g).tolist()
+    done = real.rollout.generate([prompt], params)
+    assert real.rollout.stats.prefix_cached_tokens == 32  # 47 tokens fed in turn 1: 2 full blocks of 16
+    assert real.rollout.stats.prefill_tokens == len(prompt) - 32
+    assert float(logprob_gaps(real.trainer, [prompt], done).abs().max()) <= 1e-4
+    assert real.rollout.pool.used_bytes == 0
+
+
+@pytest.mark.timeout(300)
 def test_a_real_size_stream_samples_a_prompt_added_with_its_own_count_and_length_beside_its_own(real):
     """The partial-rollout stream at real vocabulary size: a gateway request or an environment
     turn joins it with its own ``n`` and ``max_new_tokens`` (actors/rollout/stream.py)."""

@@ -23,6 +23,10 @@ class SpyEngine:
     def version(self):
         return self.inner.version
 
+    @property
+    def prefix(self):
+        return self.inner.prefix
+
 
 @pytest.fixture
 def make_gateway(tiny_dir, tokenizer, tmp_path):

@@ -1,5 +1,5 @@
 """The front before several replicas' gateways (gateway/front.py): every turn of a
-session lands on one replica, whose prefix reuse it counts; a replica that is gone
+session lands on one replica, whose prefix reuse it counts and whose prefix cache serves it; a replica that is gone
 refuses its sessions with a retryable 503 until it is back (restarted on its journal),
 and new sessions go to the live ones."""
 
@@ -53,6 +53,15 @@ def test_every_turn_of_a_session_lands_on_one_replica_and_its_earlier_turns_coun
     # every turn after the first reuses the turn before it: its prompt and its reply but the last token
     reused = sum(a["prompt_tokens"] + a["reply_tokens"] - 1 for ts in turns.values() for a in ts[:-1])
     assert total["gateway/prefix_reused_tokens"] == total["gateway/prefix_reused_same_version_tokens"] == reused
+    # the replica's prefix cache served at least the whole 16-token blocks of each reused prefix (nothing evicted,
+    # no new weights), and never a turn's last prompt token
+    blocks = sum(
+        min(a["prompt_tokens"] + a["reply_tokens"] - 1, b["prompt_tokens"] - 1) // 16 * 16
+        for ts in turns.values()
+        for a, b in zip(ts, ts[1:])
+    )
+    assert blocks > 0
+    assert blocks <= total["gateway/prefix_cached_tokens"] <= sum(t["prompt_tokens"] - 1 for ts in turns.values() for t in ts)
     assert sorted(client.get("/asyncflow/sessions", cast_to=object)["sessions"]) == sorted(chats)
 
 
