@@ -76,6 +76,8 @@ MORE_SEEDS = (3, 4)
 SECTIONS: dict[str, list[str]] = {
     "parity": [PY, "scripts/convergence_parity.py", "--seeds", "0", "1", "2", "--out", "{work}/parity"],
     "agent": [PY, "examples/agent/measure.py", "--out", "{work}/agent"],
+    # gateway sessions over 2 and 4 replicas, sticky vs round robin: prefix reuse and what the prefix cache served
+    "sticky": [PY, "scripts/bench_sticky.py", "--replicas", "2,4", "--json"],
     # an environment of another library (OpenEnv, through envs/hub/openenv.py) trains the tiny model: the openenv extra
     "hub": [PY, "examples/hub/measure.py", "--out", "{work}/hub"],
     # async as a step streamed in parts at staleness 0 (workflow.stream_step): on-policy, learning as sync's
@@ -979,6 +981,42 @@ def _render_agent(r: dict) -> list[str]:
     ]
 
 
+def _render_sticky(r: dict) -> list[str]:
+    x = r["result"]
+    out = [
+        "## Gateway sessions over several replicas: sticky routing and the prefix cache",
+        "",
+        f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): {x['sessions']} agents of {x['turns']} turns each "
+        f"(the tiny model, {x['tokens']}-token replies) through the front over in-process replicas, each with its own "
+        "native engine, routed sticky (a session's turns on one replica: how a run routes) and round robin (every "
+        "request to the next replica; only possible here, where the replicas share one session store). 'Already run': "
+        "the prompt tokens the replica had run for the session before (`gateway/prefix_reused_tokens`); 'served by the "
+        "cache': those its prefix cache served (`gateway/prefix_cached_tokens`: whole 16-token blocks, also of other "
+        "sessions' identical prefixes such as the chat template's system prompt; docs/gateway.md).",
+        "",
+        "| replicas | routing | prompt tokens | already run on the replica | served by the prefix cache |",
+        "|---|---|---|---|---|",
+    ]
+    for run in x["runs"]:
+        out.append(
+            f"| {run['replicas']} | {run['policy'].replace('_', ' ')} | {run['prompt_tokens']} | {run['reused_tokens']} "
+            f"({100 * run['reused_fraction']:.1f}%) | {run['cached_tokens']} ({100 * run['cached_fraction']:.1f}%) |"
+        )
+    out += [
+        "",
+        "Sticky routing keeps everything reusable (the first turn of a session has nothing before it: about 80% is "
+        "this workload's ceiling); round robin keeps about one turn in `replicas` on the replica that ran the turn "
+        "before. "
+        + (
+            "The cache serves whole blocks only: here less than was run in every row."
+            if all(run["cached_tokens"] <= run["reused_tokens"] for run in x["runs"])
+            else "The cache serves whole blocks only, but also other sessions' identical prefixes: in some rows more "
+            "than was run for the session."
+        ),
+    ]
+    return out
+
+
 def _render_hub(r: dict) -> list[str]:
     h = r["result"]
     calls = ""
@@ -1009,6 +1047,7 @@ BLOCKS = {
     "twin": _render_twin,
     "queue_scale": _render_queue_scale,
     "agent": _render_agent,
+    "sticky": _render_sticky,
     "hub": _render_hub,
     "parity_stream": _parity_stream,
 }
