@@ -14,8 +14,11 @@ asyncflow's reward role gives them: decoded prompt and response, the answer, and
 ``token_mean``); advantages normalised within each group (``scale_rewards="group"``
 = ``std_normalize``); no KL (``beta=0``), one optimizer step per batch; no
 gradient checkpointing (TRL's default, a memory saving this model does not need).
-The lr schedule is the config's (warmup then constant or cosine to ``lr_min_ratio``)
-through the Hugging Face schedulers, whose warmup starts at 0 rather than lr / W.
+The lr at every step is asyncflow's (``engines/lr_schedule.lr_at``: warmup from lr / W,
+then constant or cosine to ``lr_min_ratio``), given to TRL as its scheduler: Hugging
+Face's own schedulers start their warmup at 0, so TRL's first step would not move the
+weights and its lr summed over a 10-step run would be 9% lower (``lrs``: what it
+trained with, step by step).
 
 Samples/s is the training time only: ``train_runtime`` (generation, reward and
 update; not the model load) over steps x samples per step. The last-10% reward is
@@ -29,6 +32,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -37,7 +41,7 @@ def run(spec: dict) -> dict:
 
     torch.set_num_threads(spec["threads"])
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from asyncflow.actors._run import read_prompts
@@ -68,7 +72,21 @@ def run(spec: dict) -> dict:
         return call_reward(fn, shown, texts, answer, finish)
 
     reward.__name__ = "asyncflow_reward"
-    schedule = {"constant": "constant_with_warmup", "cosine": "cosine_with_min_lr"}[spec["lr_schedule"]]
+    factor = lr_factor(spec)
+    lrs: list[float] = []
+
+    class Trainer(GRPOTrainer):
+        def create_scheduler(self, num_training_steps, optimizer=None):
+            if self.lr_scheduler is None:  # asyncflow's schedule, not one of Hugging Face's
+                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, factor)
+                self._created_lr_scheduler = True
+            return self.lr_scheduler
+
+    class RecordLr(TrainerCallback):
+        def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+            if optimizer is not None:
+                lrs.append(float(optimizer.param_groups[0]["lr"]))
+
     args = GRPOConfig(
         output_dir=spec["out_dir"],
         max_steps=spec["steps"],
@@ -79,9 +97,6 @@ def run(spec: dict) -> dict:
         top_p=1.0,
         top_k=0,
         learning_rate=spec["lr"],
-        warmup_steps=spec["warmup_steps"],
-        lr_scheduler_type=schedule,
-        lr_scheduler_kwargs={"min_lr_rate": spec["lr_min_ratio"]} if schedule.startswith("cosine") else {},
         epsilon=spec["clip_low"],
         epsilon_high=spec["clip_high"],
         beta=0.0,
@@ -101,7 +116,9 @@ def run(spec: dict) -> dict:
         dataloader_num_workers=0,
         gradient_checkpointing=False,  # TRL's default recomputes the forward to save memory; nothing to save here
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer)
+    trainer = Trainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer, callbacks=[RecordLr()]
+    )
     started = time.monotonic()
     out = trainer.train()
     wall = time.monotonic() - started
@@ -122,7 +139,23 @@ def run(spec: dict) -> dict:
         "threads": spec["threads"],
         "bf16": bool(spec.get("bf16", False)),
         "final_model": final_model,
+        "lrs": lrs,
     }
+
+
+def lr_factor(spec: dict) -> Callable[[int], float]:
+    """The multiple of ``spec["lr"]`` at optimizer step k: asyncflow's schedule for the
+    spec's warmup, schedule, minimum ratio and number of steps."""
+    from asyncflow.engines.config import TrainEngineConfig
+    from asyncflow.engines.lr_schedule import lr_at
+
+    cfg = TrainEngineConfig(
+        lr=spec["lr"],
+        lr_warmup_steps=spec["warmup_steps"],
+        lr_schedule=spec["lr_schedule"],
+        lr_min_ratio=spec["lr_min_ratio"],
+    )
+    return lambda k: lr_at(cfg, k, spec["steps"]) / spec["lr"]
 
 
 def main() -> int:

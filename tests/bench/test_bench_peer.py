@@ -109,3 +109,30 @@ def test_bench_peer_skip_sync_runs_trl_and_async_and_evaluates_both(tmp_path):
     for name, r in line["systems"].items():
         assert 0.0 <= r["heldout_accuracy"] <= 1.0, (name, r)
     assert not (tmp_path / "sync").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_trl_trains_at_asyncflows_lr_at_every_step(tmp_path):
+    """The same lr at every step, warmup included: Hugging Face's warmup starts at 0 (its first step
+    does not move the weights), asyncflow's at lr / W (engines/lr_schedule.py); TRL is given asyncflow's."""
+    pytest.importorskip("trl", reason="the bench extra: pip install -e '.[bench]'")
+    from asyncflow.config.load import load_config
+    from asyncflow.engines.lr_schedule import lr_at
+
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncflow.cli.main", "bench", "peer", "--steps", "4"]
+        + ["--only-trl", "--set", "train.engine.lr_warmup_steps=2", "--set", "train.engine.lr_schedule=cosine"]
+        + ["--json", "--out", str(tmp_path / "out")],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=580,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    eng = load_config(str(DEFAULT_CONFIG)).train.engine
+    eng = msgspec.structs.replace(eng, lr_warmup_steps=2, lr_schedule="cosine")
+    assert line["systems"]["trl"]["lrs"] == pytest.approx([lr_at(eng, k, 4) for k in range(4)], rel=1e-6)
+    assert line["systems"]["trl"]["lrs"][0] > 0
