@@ -491,62 +491,65 @@ TRL_LR_SEEDS = tuple(f"real_trl_lr_seed{seed}" for seed in range(5))
 
 
 def _trl_lr_seed(r: dict, seed: int) -> list[str]:
-    t = r["result"]["systems"]["trl"]
+    t, a = r["result"]["systems"]["trl"], r["result"]["systems"]["async"]
     out = []
     if seed == 0:
         out += [
-            "## TRL at asyncflow's lr at every step, over 5 seeds",
+            "## TRL at asyncflow's lr at every step, then async, over 5 seeds",
             "",
             "The sections above gave TRL the config's schedule through Hugging Face's schedulers, whose warmup starts "
             "at 0: TRL's first step did not move the weights, and its lr summed over the 10 steps was 9% below "
             "asyncflow's (warmup from lr / W, `engines/lr_schedule.py`). Here TRL trains at asyncflow's lr at every "
-            "step (`bench/_peer_trl.py` gives it asyncflow's schedule; `lrs` in each JSON line), alone "
-            "(`--only-trl`), on both cores; everything else as above.",
+            "step (`bench/_peer_trl.py` gives it asyncflow's schedule; `lrs` in each JSON line), on both cores, then "
+            "the example's async runs on the same code (`--skip-sync`); everything else as above.",
             "",
         ]
     lrs = ", ".join(f"{x:.2g}" for x in t.get("lrs", []))
     out += [
-        f"- seed {seed}: {_head(r)}: {t['samples_per_s']:.2f} samples/s, last-10% reward {t['reward_last_10pct']:.3f}, "
-        f"held-out accuracy **{t['heldout_accuracy']:.3f}** (lr by step: {lrs}).",
+        f"- seed {seed}: {_head(r)}: TRL held-out accuracy **{t['heldout_accuracy']:.3f}** (lr by step: {lrs}), "
+        f"async **{a['heldout_accuracy']:.3f}**; last-10% reward TRL {t['reward_last_10pct']:.3f}, async "
+        f"{a['reward_last_10pct']:.3f}.",
         "",
     ]
     return out
 
 
 def _trl_lr_over_seeds(records: dict[str, dict]) -> list[str]:
-    """TRL at asyncflow's lr beside TRL at Hugging Face's warmup and async (both rollout precisions), seed by seed."""
+    """TRL at asyncflow's lr against async of the same invocation, seed by seed; TRL at Hugging Face's warmup beside."""
     import statistics
 
     peers = {0: "real_peer", 1: "real_peer_seed1", 2: "real_peer_seed2"} | {int(n[-1]): n for n in MORE_SEEDS}
     rows = []
     for name in TRL_LR_SEEDS:
-        seed = int(name[-1])
-        peer = records.get(peers[seed], {}).get("result", {}).get("systems", {})
-        bf16 = records.get(f"real_bf16_seed{seed}", {}).get("result", {}).get("systems", {}).get("async")
-        if name not in records or "trl" not in peer or "async" not in peer or bf16 is None:
+        if name not in records:
             continue
-        rows.append((seed, records[name]["result"]["systems"]["trl"], peer["trl"], bf16, peer["async"]))
+        seed = int(name[-1])
+        systems = records[name]["result"]["systems"]
+        old = records.get(peers[seed], {}).get("result", {}).get("systems", {}).get("trl")
+        rows.append((seed, systems["trl"], systems["async"], old))
     if len(rows) < 2:
         return []
-    acc = [[x["heldout_accuracy"] for x in row[1:]] for row in rows]
     out = [
-        "| seed | TRL, asyncflow's lr | TRL, Hugging Face's warmup | async, rollout bf16 | async, rollout fp32 | "
-        "async bf16 minus TRL at asyncflow's lr |",
-        "|---|---|---|---|---|---|",
+        "| seed | TRL, asyncflow's lr | async | async minus TRL | TRL, Hugging Face's warmup (above) |",
+        "|---|---|---|---|---|",
     ]
-    for (seed, *_), a in zip(rows, acc):
-        out.append(f"| {seed} | {a[0]:.3f} | {a[1]:.3f} | {a[2]:.3f} | {a[3]:.3f} | {a[2] - a[0]:+.3f} |")
-    diff = [a[2] - a[0] for a in acc]
+    for seed, t, a, old in rows:
+        was = "-" if old is None else f"{old['heldout_accuracy']:.3f}"
+        out.append(
+            f"| {seed} | {t['heldout_accuracy']:.3f} | {a['heldout_accuracy']:.3f} | "
+            f"{a['heldout_accuracy'] - t['heldout_accuracy']:+.3f} | {was} |"
+        )
+    diff = [a["heldout_accuracy"] - t["heldout_accuracy"] for _, t, a, _ in rows]
     sd = statistics.stdev(diff)
-    means = [statistics.mean(col) for col in zip(*acc)]
+    olds = [old["heldout_accuracy"] for *_, old in rows if old is not None]
     out += [
-        f"| mean | {means[0]:.3f} | {means[1]:.3f} | {means[2]:.3f} | {means[3]:.3f} | {statistics.mean(diff):+.3f} "
-        f"(sd {sd:.3f}, s.e. {sd / len(diff) ** 0.5:.3f}) |",
+        f"| mean | {statistics.mean(t['heldout_accuracy'] for _, t, _, _ in rows):.3f} | "
+        f"{statistics.mean(a['heldout_accuracy'] for _, _, a, _ in rows):.3f} | {statistics.mean(diff):+.3f} "
+        f"(sd {sd:.3f}, s.e. {sd / len(diff) ** 0.5:.3f}) | {statistics.mean(olds) if olds else float('nan'):.3f} |",
         "",
         f"Issue 26's target, async's held-out accuracy at least TRL's at the same lr at every step: "
-        f"{'met' if statistics.mean(diff) >= 0 else 'not met'} with the rollout in bfloat16 ({statistics.mean(diff):+.3f} "
-        f"over {len(diff)} seeds, {abs(statistics.mean(diff)) / (sd / len(diff) ** 0.5):.1f} standard errors from 0). "
-        "The async runs are the sections above (measured earlier, on the code of their date).",
+        f"{'met' if statistics.mean(diff) >= 0 else 'not met'} ({statistics.mean(diff):+.3f} over {len(diff)} seeds, "
+        f"{abs(statistics.mean(diff)) / (sd / len(diff) ** 0.5):.1f} standard errors from 0).",
         "",
     ]
     return out

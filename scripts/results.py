@@ -22,8 +22,8 @@ docs/performance.md's (scripts/performance_page.py renders that page). The real-
 ``real_rollout_distinct``, ``real_prefix`` (multi-turn, the prefix cache on vs off), ``real_train``, ``real_lora``,
 ``real_peer``, ``real_peer_seed1``, ``real_peer_seed2``, ``real_peer_trl2``,
 ``real_peer_seed3``, ``real_peer_seed4`` (TRL and async only), ``real_bf16_seed0`` to ``real_bf16_seed4`` (async
-with its rollout in bfloat16), ``real_trl_lr_seed0`` to ``real_trl_lr_seed4`` (TRL alone at asyncflow's lr
-schedule), ``real_stream``, ``real_stream_seed1``, ``real_stream_seed2``: docs/real-model.md, rendered by
+with its rollout in bfloat16), ``real_trl_lr_seed0`` to ``real_trl_lr_seed4`` (TRL at asyncflow's lr
+schedule, and async), ``real_stream``, ``real_stream_seed1``, ``real_stream_seed2``: docs/real-model.md, rendered by
 scripts/real_model_page.py) are measured only when ``--only`` names them: they need
 ``models/smollm2-135m`` (README.md, "A real pretrained model") and take hours on 2 cores.
 """
@@ -300,13 +300,13 @@ SECTIONS: dict[str, list[str]] = {
         ]
         for seed in (0, 1, 2, *MORE_SEEDS)
     },
-    # TRL alone at asyncflow's lr at every step (bench/_peer_trl.py gives it asyncflow's schedule: warmup from lr / W,
-    # where Hugging Face's starts at 0), seeds 0-4, on both cores: its held-out accuracy against async's at each seed
+    # TRL at asyncflow's lr at every step (bench/_peer_trl.py gives it asyncflow's schedule: warmup from lr / W,
+    # where Hugging Face's starts at 0), then async, on the same code, seeds 0-4, TRL on both cores
     **{
         f"real_trl_lr_seed{seed}": [
             *_REAL_PEER,
             *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}"),
-            *("--only-trl", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_trl_lr_seed{seed}"),
+            *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_trl_lr_seed{seed}"),
         ]
         for seed in range(5)
     },
