@@ -57,7 +57,7 @@ class Evaluator:
         cfg = run.config
         self.run = run
         self.cfg = cfg.eval
-        self.tokenizer = run.tokenizer()
+        self.tokenizer = run.hf_tokenizer()
         rows = read_prompts(run.launch.data_path)
         _, heldout = split_prompts([str(r["prompt"]) for r in rows], cfg.eval.num_prompts, cfg.data.seed)
         self.prompt_ids = [encode_prompt(self.tokenizer, rows[i]["prompt"], cfg.data.chat_template).tolist() for i in heldout]

@@ -131,7 +131,7 @@ def check(cfg: RunConfig, model_dir: str, reward_model_dir: str = "", prompt_tok
 
 @functools.lru_cache(maxsize=2)
 def _tokenizer_at(path: str):
-    from asyncflow.engines.hf import load_tokenizer
+    from asyncflow.engines.tokenizer import load_tokenizer  # the loader's: prompts are encoded as it encodes them
 
     return load_tokenizer(path)
 

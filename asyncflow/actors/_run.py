@@ -50,6 +50,16 @@ class Run:
         return self.launch.role_states.get(role, b"")
 
     def tokenizer(self):
+        """The run's tokenizer without transformers or torch (``engines/tokenizer.py``): text
+        <-> ids, the chat template, the special tokens. The loader and the reward role use it."""
+        from asyncflow.engines.tokenizer import load_tokenizer
+
+        return load_tokenizer(self.launch.base_model_dir)
+
+    def hf_tokenizer(self):
+        """transformers' own tokenizer (``AutoTokenizer``), for the roles that import
+        transformers for their model anyway and hand the tokenizer to others' code (an
+        environment's ``bind``, the gateway): the rollout, the trainer, the reward model."""
         from asyncflow.engines.hf import load_tokenizer
 
         return load_tokenizer(self.launch.base_model_dir)

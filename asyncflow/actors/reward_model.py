@@ -41,7 +41,7 @@ class RewardModelActor(ColumnRole):
         set_threads(cfg)
         rm = cfg.reward_model
         self.batch_size = rm.batch_size
-        self.tokenizer = self.run.tokenizer()
+        self.tokenizer = self.run.hf_tokenizer()
         model_dir = self.run.launch.reward_model_dir or self.run.launch.base_model_dir
         self.scorer = build_reward_scorer(
             rm.kind,

@@ -155,7 +155,7 @@ class TrainerActor(LoopActor):
         self._num_stale = 0
         self._evaluator: Evaluator | None = None  # with eval.every_steps
         log_cfg = cfg.logging
-        self.samples = SampleLog(self.run.dir, self.run.tokenizer, log_cfg.samples_every, log_cfg.samples_per_step)
+        self.samples = SampleLog(self.run.dir, self.run.hf_tokenizer, log_cfg.samples_every, log_cfg.samples_per_step)
         self._best = float("-inf")  # best val/accuracy so far (kept across a resume by best.json)
         if cfg.eval.every_steps:
             from asyncflow.actors._eval import Evaluator, read_best

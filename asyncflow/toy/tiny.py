@@ -9,7 +9,10 @@ special tokens ``SPECIALS``. Its vocabulary spells characters the byte-level way
 (space is ``Ġ``, newline ``Ċ``; printable ASCII is itself), with a byte-level
 pre-tokenizer and decoder: transformers 5 loads a ``qwen2`` directory's tokenizer as
 ``Qwen2Tokenizer`` (byte-level BPE from the vocabulary, whatever ``tokenizer.json``
-says), and this way both read the same ids. A character outside ``CHARS`` has no
+says), and this way both read the same ids. ``make_tiny_model`` saves the tokenizer
+as transformers loads it, so its ``tokenizer.json`` is the pipeline transformers runs
+(a character outside ``CHARS`` vanishes rather than becoming ``<unk>``), which the
+light tokenizer of ``engines/tokenizer.py`` runs as written. A character outside ``CHARS`` has no
 token: ``encode_chat_prompt`` (``engines/prompts.py``) refuses it with an error naming it. The chat template renders a conversation as
 ``<|user|>{content}<|assistant|>{content}</s>``; with ``add_generation_prompt`` it
 ends in ``<|assistant|>``, so a response is generated characters then ``</s>``.
@@ -29,7 +32,7 @@ from typing import Any, Literal
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
 
 # The alphabet and chat template live beside the prompt encoding that checks prompts
 # against them (engines/prompts.py, production code); re-exported here.
@@ -126,6 +129,9 @@ def make_tiny_model(
         warm_start_fn(model, tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    # saved again as transformers loads it (a qwen2 directory's as Qwen2Tokenizer's pipeline), so
+    # tokenizer.json is the pipeline that transformers and engines/tokenizer.py both run
+    AutoTokenizer.from_pretrained(out, local_files_only=True).save_pretrained(out)
     return out
 
 

@@ -98,7 +98,7 @@ class RolloutActor(LoopActor):
         cfg = self.run.config
         set_threads(cfg)
         self.engine = build_rollout_engine(cfg.rollout.engine, self.run.launch.model_dir, version=self.run.launch.start_step)
-        tokenizer = self.run.tokenizer()
+        tokenizer = self.run.hf_tokenizer()
         stop = cfg.rollout.sampling.stop_token_ids or (tokenizer.eos_token_id,)
         self.params = msgspec.structs.replace(cfg.rollout.sampling, n=cfg.algorithm.group_size, stop_token_ids=tuple(stop))
         self.k = cfg.staleness
