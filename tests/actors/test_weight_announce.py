@@ -22,6 +22,7 @@ from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
+from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.transport import TransportConfig
 
 
@@ -104,13 +105,19 @@ def test_a_dead_replicas_swap_grant_and_its_place_in_line_go_to_the_live_ones(tm
         replicas=["rollout.0", "rollout.1", "rollout.2", "rollout.3"],
     )
     dc.register(weights.entry())
+    line = weights.pykka_ref._actor_weakref()._swap_queue  # the asks waiting for the grant, read to order them (not changed)
     granted: dict[str, threading.Event] = {}
+    ended: dict[str, str] = {}  # how an ask that was never granted ended (the dropped one: when the actor stops)
 
     def acquire(replica: str) -> None:
         granted[replica] = threading.Event()
 
         def ask():
-            dc.ref(names.WEIGHTS).ask(messages.AcquireSwap(replica=replica, version=1), timeout_s=60)
+            try:
+                dc.ref(names.WEIGHTS).ask(messages.AcquireSwap(replica=replica, version=1), timeout_s=60)
+            except AsyncflowError as exc:
+                ended[replica] = type(exc).__name__
+                return
             granted[replica].set()
 
         threading.Thread(target=ask, daemon=True).start()
@@ -119,9 +126,12 @@ def test_a_dead_replicas_swap_grant_and_its_place_in_line_go_to_the_live_ones(tm
         ref = dc.ref(names.WEIGHTS)
         acquire("rollout.0")
         assert granted["rollout.0"].wait(10)
-        for replica in ("rollout.1", "rollout.2", "rollout.3"):  # in line, in this order
+        for n, replica in enumerate(("rollout.1", "rollout.2", "rollout.3"), start=1):  # in line, in this order
             acquire(replica)
-            time.sleep(0.2)
+            deadline = time.monotonic() + 10
+            while len(line) < n and time.monotonic() < deadline:  # this one is in line before the next asks
+                time.sleep(0.01)
+            assert len(line) == n
         ref.tell(messages.ReplicaRemoved(replica="rollout.1", dead=True))  # dead while waiting in line
         ref.tell(messages.ReplicaRemoved(replica="rollout.0", dead=True))  # dead holding the grant
         assert granted["rollout.2"].wait(10) and not granted["rollout.3"].is_set()
@@ -130,3 +140,8 @@ def test_a_dead_replicas_swap_grant_and_its_place_in_line_go_to_the_live_ones(tm
     finally:
         weights.stop()
         directory.stop()
+    # the dead replica's ask was dropped, never answered: it ends as the actor goes, in the asking thread's hands
+    deadline = time.monotonic() + 10
+    while "rollout.1" not in ended and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ended == {"rollout.1": "ActorGone"}
