@@ -508,7 +508,8 @@ def _trl_lr_seed(r: dict, seed: int) -> list[str]:
     out += [
         f"- seed {seed}: {_head(r)}: TRL held-out accuracy **{t['heldout_accuracy']:.3f}** (lr by step: {lrs}), "
         f"async **{a['heldout_accuracy']:.3f}**; last-10% reward TRL {t['reward_last_10pct']:.3f}, async "
-        f"{a['reward_last_10pct']:.3f}.",
+        f"{a['reward_last_10pct']:.3f}; samples/s TRL {t['samples_per_s']:.2f} (2 threads), async "
+        f"{a['samples_per_s']:.2f} ({a['samples_per_s'] / t['samples_per_s']:.2f}x).",
         "",
     ]
     return out
@@ -549,9 +550,22 @@ def _trl_lr_over_seeds(records: dict[str, dict]) -> list[str]:
         "",
         f"Issue 26's target, async's held-out accuracy at least TRL's at the same lr at every step: "
         f"{'met' if statistics.mean(diff) >= 0 else 'not met'} ({statistics.mean(diff):+.3f} over {len(diff)} seeds, "
-        f"{abs(statistics.mean(diff)) / (sd / len(diff) ** 0.5):.1f} standard errors from 0).",
+        f"{abs(statistics.mean(diff)) / (sd / len(diff) ** 0.5):.1f} standard errors from 0). Samples/s, async over "
+        f"TRL on both cores, median over the seeds: "
+        f"{statistics.median(a['samples_per_s'] / t['samples_per_s'] for _, t, a, _ in rows):.2f}x.",
         "",
     ]
+    if olds and len(olds) == len(rows):
+        own = statistics.mean(olds) - statistics.mean(a["heldout_accuracy"] for _, _, a, _ in rows)
+        out += [
+            f"Read with the column beside it: TRL at its own Hugging Face warmup (the sections above, earlier code of "
+            f"asyncflow's evaluation and data) scored {statistics.mean(olds):.3f} on the same seeds, "
+            f"{'above' if own > 0 else 'below'} this async by {abs(own):.3f}; the two TRL schedules differ by "
+            f"{statistics.mean(olds) - statistics.mean(t['heldout_accuracy'] for _, t, _, _ in rows):+.3f}, as much as "
+            "async's gap either way. With a seed's difference spreading by about 0.1, 5 seeds do not separate the "
+            "systems in either comparison.",
+            "",
+        ]
     return out
 
 
