@@ -32,6 +32,7 @@ REAL = (
     "real_peer_trl2",
     *(f"real_bf16_seed{seed}" for seed in range(5)),
     *(f"real_trl_lr_seed{seed}" for seed in range(5)),
+    *(f"real_hfconv_seed{seed}" for seed in range(5)),
     "real_stream",
     "real_stream_seed1",
     "real_stream_seed2",
@@ -569,6 +570,73 @@ def _trl_lr_over_seeds(records: dict[str, dict]) -> list[str]:
     return out
 
 
+HFCONV_SEEDS = tuple(f"real_hfconv_seed{seed}" for seed in range(5))
+
+
+def _hfconv_seed(r: dict, seed: int) -> list[str]:
+    a = r["result"]["systems"]["async"]
+    out = []
+    if seed == 0:
+        out += [
+            "## Async at transformers' lr schedule, against TRL at it, over 5 seeds",
+            "",
+            "The other way to give both the same lr at every step: asyncflow at the schedule TRL trained with in the "
+            'first comparison (`train.engine.lr_schedule_convention = "huggingface"`: warmup from 0, so step 0 only '
+            "fills AdamW's moments, and the cosine's minimum one step after the last). Async alone; TRL's figures are "
+            "the real_peer sections' (TRL at its own schedule).",
+            "",
+        ]
+    out += [
+        f"- seed {seed}: {_head(r)}: held-out accuracy **{a['heldout_accuracy']:.3f}**, last-10% reward "
+        f"{a['reward_last_10pct']:.3f}, {a['samples_per_s']:.2f} samples/s.",
+        "",
+    ]
+    return out
+
+
+def _hfconv_over_seeds(records: dict[str, dict]) -> list[str]:
+    """Async at transformers' schedule against TRL at it (the real_peer sections), and async at asyncflow's."""
+    import statistics
+
+    peers = {0: "real_peer", 1: "real_peer_seed1", 2: "real_peer_seed2"} | {int(n[-1]): n for n in MORE_SEEDS}
+    rows = []
+    for name in HFCONV_SEEDS:
+        seed = int(name[-1])
+        trl = records.get(peers[seed], {}).get("result", {}).get("systems", {}).get("trl")
+        ours = records.get(f"real_trl_lr_seed{seed}", {}).get("result", {}).get("systems", {}).get("async")
+        if name not in records or trl is None:
+            continue
+        rows.append((seed, records[name]["result"]["systems"]["async"], trl, ours))
+    if len(rows) < 2:
+        return []
+    out = [
+        "| seed | async, transformers' schedule | TRL, transformers' schedule | async minus TRL | async, asyncflow's "
+        "schedule (above) |",
+        "|---|---|---|---|---|",
+    ]
+    for seed, a, t, ours in rows:
+        was = "-" if ours is None else f"{ours['heldout_accuracy']:.3f}"
+        out.append(
+            f"| {seed} | {a['heldout_accuracy']:.3f} | {t['heldout_accuracy']:.3f} | "
+            f"{a['heldout_accuracy'] - t['heldout_accuracy']:+.3f} | {was} |"
+        )
+    diff = [a["heldout_accuracy"] - t["heldout_accuracy"] for _, a, t, _ in rows]
+    sd = statistics.stdev(diff)
+    ours = [o["heldout_accuracy"] for *_, o in rows if o is not None]
+    out += [
+        f"| mean | {statistics.mean(a['heldout_accuracy'] for _, a, _, _ in rows):.3f} | "
+        f"{statistics.mean(t['heldout_accuracy'] for _, _, t, _ in rows):.3f} | {statistics.mean(diff):+.3f} "
+        f"(sd {sd:.3f}, s.e. {sd / len(diff) ** 0.5:.3f}) | {statistics.mean(ours) if ours else float('nan'):.3f} |",
+        "",
+        f"Issue 26's target at transformers' schedule for both: {'met' if statistics.mean(diff) >= 0 else 'not met'} "
+        f"({statistics.mean(diff):+.3f} over {len(diff)} seeds, {abs(statistics.mean(diff)) / (sd / len(diff) ** 0.5):.1f}"
+        " standard errors from 0). TRL's runs here are on earlier code of asyncflow's evaluation and data (their "
+        "dates above).",
+        "",
+    ]
+    return out
+
+
 def _bf16_over_seeds(records: dict[str, dict]) -> list[str]:
     """Each bfloat16-rollout seed beside TRL's and the float32 rollout's async at the same seed."""
     import statistics
@@ -668,6 +736,10 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
             out += _bf16_seed(records[name], int(name[-1]))
             if name == [n for n in BF16_SEEDS if n in records][-1]:
                 out += _bf16_over_seeds(records)
+        elif name in HFCONV_SEEDS and name in records:
+            out += _hfconv_seed(records[name], int(name[-1]))
+            if name == [n for n in HFCONV_SEEDS if n in records][-1]:
+                out += _hfconv_over_seeds(records)
         elif name in TRL_LR_SEEDS and name in records:
             out += _trl_lr_seed(records[name], int(name[-1]))
             if name == [n for n in TRL_LR_SEEDS if n in records][-1]:

@@ -23,7 +23,8 @@ docs/performance.md's (scripts/performance_page.py renders that page). The real-
 ``real_peer``, ``real_peer_seed1``, ``real_peer_seed2``, ``real_peer_trl2``,
 ``real_peer_seed3``, ``real_peer_seed4`` (TRL and async only), ``real_bf16_seed0`` to ``real_bf16_seed4`` (async
 with its rollout in bfloat16), ``real_trl_lr_seed0`` to ``real_trl_lr_seed4`` (TRL at asyncflow's lr
-schedule, and async), ``real_stream``, ``real_stream_seed1``, ``real_stream_seed2``: docs/real-model.md, rendered by
+schedule, and async), ``real_hfconv_seed0`` to ``real_hfconv_seed4`` (async at transformers' lr
+schedule), ``real_stream``, ``real_stream_seed1``, ``real_stream_seed2``: docs/real-model.md, rendered by
 scripts/real_model_page.py) are measured only when ``--only`` names them: they need
 ``models/smollm2-135m`` (README.md, "A real pretrained model") and take hours on 2 cores.
 """
@@ -307,6 +308,17 @@ SECTIONS: dict[str, list[str]] = {
             *_REAL_PEER,
             *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}"),
             *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_trl_lr_seed{seed}"),
+        ]
+        for seed in range(5)
+    },
+    # the example's async at transformers' lr schedule (train.engine.lr_schedule_convention = "huggingface"), the
+    # schedule TRL trained with in the real_peer* sections: async only, seeds 0-4
+    **{
+        f"real_hfconv_seed{seed}": [
+            *_REAL_PEER,
+            *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}"),
+            *("--set", "train.engine.lr_schedule_convention=huggingface", "--skip-trl", "--skip-sync", "--json"),
+            *("--out", f"{{work}}/real_hfconv_seed{seed}"),
         ]
         for seed in range(5)
     },

@@ -18,7 +18,8 @@ The lr at every step is asyncflow's (``engines/lr_schedule.lr_at``: warmup from 
 then constant or cosine to ``lr_min_ratio``), given to TRL as its scheduler: Hugging
 Face's own schedulers start their warmup at 0, so TRL's first step would not move the
 weights and its lr summed over a 10-step run would be 9% lower (``lrs``: what it
-trained with, step by step).
+trained with, step by step). With ``train.engine.lr_schedule_convention = "huggingface"``
+both train at the lr transformers' schedulers give.
 
 Samples/s is the training time only: ``train_runtime`` (generation, reward and
 update; not the model load) over steps x samples per step. The last-10% reward is
@@ -154,6 +155,7 @@ def lr_factor(spec: dict) -> Callable[[int], float]:
         lr_warmup_steps=spec["warmup_steps"],
         lr_schedule=spec["lr_schedule"],
         lr_min_ratio=spec["lr_min_ratio"],
+        lr_schedule_convention=spec.get("lr_schedule_convention", "asyncflow"),
     )
     return lambda k: lr_at(cfg, k, spec["steps"]) / spec["lr"]
 

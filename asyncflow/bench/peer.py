@@ -55,6 +55,7 @@ def trl_spec(cfg, steps: int, threads: int, out_dir: Path) -> dict:
         "lr_schedule": eng.lr_schedule,
         "warmup_steps": eng.lr_warmup_steps,
         "lr_min_ratio": eng.lr_min_ratio,
+        "lr_schedule_convention": eng.lr_schedule_convention,
         "clip_low": cfg.algorithm.loss.clip_low,
         "clip_high": cfg.algorithm.loss.clip_high,
         "grad_clip": eng.grad_clip,

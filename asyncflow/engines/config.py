@@ -322,6 +322,17 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         ),
     ] = "constant"
     lr_min_ratio: Annotated[Fraction, Meta(description="Cosine only: the final lr as a fraction of ``lr`` (0 to 1).")] = 0.0
+    lr_schedule_convention: Annotated[
+        Literal["asyncflow", "huggingface"],
+        Meta(
+            description="How warmup and cosine count steps. asyncflow: warmup step k uses ``lr * (k + 1) / "
+            "lr_warmup_steps`` (the first step moves the weights) and the cosine reaches ``lr * lr_min_ratio`` at the "
+            "last step. huggingface: the lr of transformers' schedulers (constant_with_warmup, cosine_with_min_lr), "
+            "which TRL and the HF Trainer use: warmup step k uses ``lr * k / lr_warmup_steps`` (step 0 at 0, its "
+            "gradient only fills AdamW's moments) and the cosine reaches its minimum one step after the last. For a "
+            "run that must match one of theirs step for step (afctl bench peer gives TRL the config's)."
+        ),
+    ] = "asyncflow"
     betas: Annotated[
         tuple[Annotated[float, Meta(ge=0, lt=1)], Annotated[float, Meta(ge=0, lt=1)]], Meta(description="AdamW betas.")
     ] = (0.9, 0.999)

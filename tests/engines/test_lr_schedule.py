@@ -49,3 +49,28 @@ def test_the_engine_reports_each_steps_lr_and_a_resumed_engine_continues_the_sch
     # steps 4 and 5: on down the cosine, not back to the first warmup step
     assert after == pytest.approx([lr_at(cfg, 4, total), lr_at(cfg, 5, total)])
     assert after[-1] == pytest.approx(0.0) and after[0] < seen[-1]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_the_hugging_face_convention_gives_the_lr_of_transformers_schedulers_at_every_step(schedule):
+    """``lr_schedule_convention = "huggingface"``: warmup from 0 (step 0 does not move the weights)
+    and a cosine that reaches its minimum one step after the last, as transformers' schedulers
+    (and so TRL's GRPOTrainer) give it."""
+    import torch
+    from transformers import get_scheduler
+
+    total, warmup, lr = 10, 3, 2e-5
+    cfg = TrainEngineConfig(
+        lr=lr, lr_warmup_steps=warmup, lr_schedule=schedule, lr_min_ratio=0.1, lr_schedule_convention="huggingface"
+    )
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    name, kwargs = {"constant": ("constant_with_warmup", {}), "cosine": ("cosine_with_min_lr", {"min_lr_rate": 0.1})}[schedule]
+    sched = get_scheduler(name, opt, num_warmup_steps=warmup, num_training_steps=total, scheduler_specific_kwargs=kwargs)
+    theirs = []
+    for _ in range(total):
+        theirs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert [lr_at(cfg, k, total) for k in range(total)] == pytest.approx(theirs, rel=1e-9, abs=1e-15)
+    assert lr_at(cfg, 0, total) == 0.0
