@@ -279,15 +279,16 @@ class NativeRolloutEngine(RolloutEngine):
     def _admit(self, q: _Seq) -> bool:
         """Reserve ``q``'s KV blocks (its worst case), the cached ones first; False when they
         do not fit now (nothing is held then)."""
-        hit = self.prefix.match(q.prompt) if self.prefix is not None else []
+        prefix = self.prefix
+        hit = prefix.match(q.prompt) if prefix is not None else []
         blocks = self.pool.allocate(len(q.prompt) + q.max_new - 1 - len(hit) * self.pool.block_tokens)
         if blocks is None:
-            if hit and self.prefix is not None:
-                self.prefix.release(hit)
+            if prefix is not None:
+                prefix.release(hit)
             return False
         q.blocks = hit + blocks
         q.cached = len(hit) * self.pool.block_tokens
-        q.epoch = self.prefix.epoch if self.prefix is not None else 0
+        q.epoch = prefix.epoch if prefix is not None else 0
         return True
 
     def _release(self, q: _Seq, finished: bool) -> None:
