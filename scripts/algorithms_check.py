@@ -8,6 +8,10 @@ summary.json are read, not rerun. About 50 s per run on 2 cores.
 
     python scripts/algorithms_check.py --seeds 0 1 2 --out runs/algorithms
     python scripts/algorithms_check.py --steps 150 ...        # shorter runs (say so where they are shown)
+    python scripts/algorithms_check.py --config examples/smollm2.toml --rollout-seed ...   # the real model
+
+``--rollout-seed`` sets ``rollout.engine.seed`` to each run's seed as well (the global ``seed`` does not
+reach the rollout's sampler; docs/config.md): without it the seeds of a run differ only in their data.
 """
 
 from __future__ import annotations
@@ -39,16 +43,34 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=0, help="train.num_steps (0: the config's)")
     parser.add_argument("--only", nargs="+", choices=sorted(ALGORITHMS), help="these algorithms alone")
+    parser.add_argument(
+        "--rollout-seed", action="store_true", help="rollout.engine.seed = the run's seed too (its sampler)"
+    )
     parser.add_argument("--out", default="runs/algorithms")
     args = parser.parse_args()
     out = Path(args.out)
     steps = [f"train.num_steps={args.steps}"] if args.steps else []
-    result: dict = {"config": args.config, "seeds": args.seeds, "steps": args.steps or None, "algorithms": {}}
+    result: dict = {
+        "config": args.config,
+        "seeds": args.seeds,
+        "steps": args.steps or None,
+        "rollout_seed": args.rollout_seed,
+        "algorithms": {},
+    }
     for name, keys in ALGORITHMS.items():
         if args.only and name not in args.only:
             continue
         slug = name.lower().replace(". ", "_").replace("+", "p").replace("-", "_")
-        runs = [run_one(args.config, out / f"{slug}-seed{seed}", "async", seed, [*keys, *steps]) for seed in args.seeds]
+        runs = [
+            run_one(
+                args.config,
+                out / f"{slug}-seed{seed}",
+                "async",
+                seed,
+                [*keys, *steps, *([f"rollout.engine.seed={seed}"] if args.rollout_seed else [])],
+            )
+            for seed in args.seeds
+        ]
         last = [r["reward_last_10pct"] for r in runs]
         acc = [r.get("val_final_accuracy") for r in runs]
         result["algorithms"][name] = {

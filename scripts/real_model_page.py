@@ -13,6 +13,7 @@ import re
 REAL = (
     "real_model",
     "real_lora_learning",
+    "real_algorithms",
     "real_rollout",
     "real_rollout_bf16",
     "real_bf16_learning",

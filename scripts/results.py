@@ -177,6 +177,11 @@ SECTIONS: dict[str, list[str]] = {
         "--out",
         "{work}/real_lora_learning",
     ],
+    # issue 29's losses and estimators on the real model: 7 algorithms x 3 seeds, async, about 3 min a run (avx512)
+    "real_algorithms": [
+        *(PY, "scripts/algorithms_check.py", "--config", "examples/smollm2.toml", "--rollout-seed"),
+        *("--seeds", "0", "1", "2", "--out", "{work}/real_algorithms"),
+    ],
     "real_rollout": [*_GROUP_ROLLOUT, "--profile", "--json"],
     "real_rollout_bf16": [*_GROUP_ROLLOUT, "--dtype", "bfloat16", "--json"],  # a CPU with avx512_bf16 or AMX
     "real_model_here": [  # the example as shipped on the CPU this runs on (its heading names it), one async seed
