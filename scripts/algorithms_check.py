@@ -43,9 +43,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=0, help="train.num_steps (0: the config's)")
     parser.add_argument("--only", nargs="+", choices=sorted(ALGORITHMS), help="these algorithms alone")
-    parser.add_argument(
-        "--rollout-seed", action="store_true", help="rollout.engine.seed = the run's seed too (its sampler)"
-    )
+    parser.add_argument("--rollout-seed", action="store_true", help="rollout.engine.seed = the run's seed too (its sampler)")
     parser.add_argument("--out", default="runs/algorithms")
     args = parser.parse_args()
     out = Path(args.out)

@@ -9,7 +9,14 @@ not yet taken by the trainer). It gives the window to ``planner.online.decide``;
 move it returns is logged with its predicted gain and handed to the driver
 (``apply``), which carries it out between steps and answers MoveApplied. After
 ``measure_steps`` more steps the measured gain (mean step of the window that
-motivated the move / mean step after it) is logged beside the prediction.
+motivated the move / mean step after it) is logged beside the prediction, with the
+move's measured cost (the extra time of the steps it straddled).
+
+A move is made only when it pays (`planner.move_cost`): the time it saves over the
+steps left once it is in place must exceed its cost (the prior
+``planner.move_cost_s`` until a move of that direction has been measured). A move
+whose measured gain is negative is reverted at once, and its direction is held for
+the rest of the run.
 
 Workers: rollout has one per replica process, training one per torch thread of
 the trainer. With devices (``cores = 0``) a move to rollout starts one more replica
@@ -22,7 +29,8 @@ Ping, Stop.
 Sends: SetThreads (ask, to the trainer, at start: ``planner.train_threads``),
 GetRoleStats (ask, rollout replicas and trainer), GetTaskStatus (ask, queue controllers).
 Writes: RUN_DIR/planner.jsonl, one object per event: ``observe``, ``decision``,
-``held`` (a move the limits forbid), ``applied``, ``measured``, ``skipped`` (a role
+``held`` (a move the limits forbid, or one that would not repay its cost), ``applied``,
+``measured``, ``revert`` (a move that slowed the run, handed back), ``skipped`` (a role
 did not answer: the window starts again).
 
 Invariants:
@@ -30,6 +38,7 @@ Invariants:
 - a decision uses only steps observed under the current split: the window starts
   again after every move, and the step during which a move was carried out is not
   counted (neither for decisions nor for the measured gain);
+- a revert is never itself reverted, and a direction that did not pay is not tried again;
 - a move keeps the total number of workers; rollout stays within 1 ..
   ``max_rollout_replicas`` replicas and the trainer keeps at least one thread.
 """
@@ -52,7 +61,7 @@ from asyncflow.config.planner import PlannerConfig
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 from asyncflow.core.errors import AsyncflowError
-from asyncflow.planner import online, shared_cores
+from asyncflow.planner import move_cost, online, shared_cores
 
 if TYPE_CHECKING:
     from asyncflow.core.tq.client import TQClient
@@ -99,6 +108,13 @@ class PlannerActor(Actor):
         self.measuring: dict | None = None  # the last applied move, until its gain is measured
         self.skip_next = False  # the step during which a move was applied
         self.decided_on: list[online.StepObservation] = []  # the window of the pending move
+        self.during: list[online.StepObservation] = []  # steps from the pending move's decision to its first step after
+        self.reverting = False  # the pending move is a revert
+        self.costs = {  # per direction (the role that gains a worker): the prior, then the last measured
+            "rollout": move_cost.MoveCost(cost_s=config.move_cost_s, wall_s=config.move_cost_s, measured=False),
+            "train": move_cost.MoveCost(cost_s=0.0, wall_s=0.0, measured=False),
+        }
+        self.did_not_pay: dict[str, str] = {}  # direction -> why it is held for the rest of the run
         self.held_reason = ""
         self.decisions: list[dict] = []
         self._last_time_s: float | None = None
@@ -144,8 +160,13 @@ class PlannerActor(Actor):
         obs = self.observe(step, values)
         if obs is None:
             return
-        if self.skip_next:  # straddles the move: neither before nor after
+        if self.pending is not None:  # under the old split while the move is carried out: its cost
+            self.during.append(obs)
+            return
+        if self.skip_next:  # straddles the move: neither before nor after (its cost)
             self.skip_next = False
+            if self.measuring is not None:
+                self.measuring["during"].append(obs)
             return
         self.history.append(obs)
         if self.measuring is not None:
@@ -155,17 +176,27 @@ class PlannerActor(Actor):
 
     def on_applied(self, msg: messages.MoveApplied) -> None:
         decision, self.pending = self.pending, None
+        reverting, self.reverting = self.reverting, False
+        during, self.during = self.during, []
         if not msg.ok:
             self._log("applied", ok=False, error=msg.error, split=self.split_dict())
             self.history = []
             return
         before = self.decided_on  # the steps that motivated the move, not those during it (a spawn slows them)
+        split_before = self.split
         self.replicas = list(msg.rollout_replicas)
         self.train_threads = msg.train_threads
         self.history = []
         self.skip_next = True
         if decision is not None and before:  # (None: a move the planner did not ask for)
-            self.measuring = {"decision": decision, "before": before, "after": []}
+            self.measuring = {
+                "decision": decision,
+                "before": before,
+                "during": during,
+                "after": [],
+                "split_before": split_before,
+                "revert": reverting,
+            }
         self._log("applied", ok=True, split=self.split_dict())
 
     # -- measuring -----------------------------------------------------------------------
@@ -237,6 +268,9 @@ class PlannerActor(Actor):
         decision: online.MoveDecision = m["decision"]
         gain = online.measured_gain(m["before"], m["after"])
         mean = lambda xs: sum(o.step_s for o in xs) / len(xs)  # noqa: E731
+        cost = move_cost.measured_cost(m["before"], m["during"], wall_s=sum(o.step_s for o in m["during"]))
+        self.costs[decision.to_role] = cost
+        move = f"{decision.num_workers} {decision.from_role} -> {decision.to_role}"
         self._log(
             "measured",
             step=obs.step,
@@ -245,8 +279,21 @@ class PlannerActor(Actor):
             step_s_before=round(mean(m["before"]), 4),
             step_s_after=round(mean(m["after"]), 4),
             predicted_step_s_after=round(decision.predicted_step_s_after, 4),
-            move=f"{decision.num_workers} {decision.from_role} -> {decision.to_role}",
+            cost_s=round(cost.cost_s, 3),
+            wall_s=round(cost.wall_s, 3),
+            move=move,
         )
+        if gain >= 0 or m["revert"]:
+            return
+        self.did_not_pay[decision.to_role] = (
+            f"the move {move} at step {m['before'][-1].step} did not pay: a step took {mean(m['after']):.3f} s after it "
+            f"against {mean(m['before']):.3f} s before ({gain:+.0%}); no move towards {decision.to_role} for the rest of the run"
+        )
+        if self.num_steps - 1 - obs.step < 2:  # too late to go back (it would race the final checkpoint)
+            return
+        back = move_cost.reverse(decision, m["split_before"], mean(m["before"]), mean(m["after"]))
+        self._log("revert", step=obs.step, move=f"{back.num_workers} {back.from_role} -> {back.to_role}", reason=back.reason)
+        self._hand(back, obs.step, self.history[-len(m["after"]) :], revert=True)
 
     # -- deciding ------------------------------------------------------------------------
     def _decide(self, step: int) -> None:
@@ -256,15 +303,22 @@ class PlannerActor(Actor):
             decision = online.decide(self.history, self.split, self.policy)
         if decision is None:
             return
-        held = self._held(decision)
+        held = self._held(decision, step)
         if held:
             if held != self.held_reason:
                 self._log("held", step=step, reason=held, predicted_gain=round(decision.predicted_gain, 4))
             self.held_reason = held
             return
         self.held_reason = ""
+        self._hand(decision, step, self.history[-self.policy.patience_steps :])
+
+    def _hand(self, decision: online.MoveDecision, step: int, window: list[online.StepObservation], revert: bool = False) -> None:
+        """Log ``decision`` and hand it to the driver; ``window``: the steps that motivated it."""
         self.pending = decision
-        self.decided_on = self.history[-self.policy.patience_steps :]
+        self.reverting = revert
+        self.decided_on = window
+        self.during = []
+        cost = self.costs[decision.to_role]
         record = self._log(
             "decision",
             step=step,
@@ -275,18 +329,32 @@ class PlannerActor(Actor):
             predicted_step_s_after=round(decision.predicted_step_s_after, 4),
             predicted_gain=round(decision.predicted_gain, 4),
             reason=decision.reason,
-            window=[msgspec.to_builtins(o) for o in self.history[-self.policy.patience_steps :]],
+            cost=f"{cost.cost_s:.1f} s ({'measured' if cost.measured else 'planner.move_cost_s, not yet measured'})",
+            window=[msgspec.to_builtins(o) for o in window],
         )
         self.decisions.append(record)
         self.apply(decision)
 
-    def _held(self, decision: online.MoveDecision) -> str:
+    def _held(self, decision: online.MoveDecision, step: int) -> str:
         after = decision.split_after
         limit = self.config.max_rollout_replicas
         if after.rollout_workers > limit:
             return (
                 f"rollout needs more workers but already runs {len(self.replicas)} replicas "
                 f"(planner.max_rollout_replicas = {limit}; raise it to allow more)"
+            )
+        if decision.to_role in self.did_not_pay:
+            return self.did_not_pay[decision.to_role]
+        steps_left = self.num_steps - 1 - step
+        cost = self.costs[decision.to_role]
+        net = move_cost.net_gain_s(decision, steps_left, cost)
+        if net <= 0:
+            source = "measured at the last move" if cost.measured else f"planner.move_cost_s = {self.config.move_cost_s:g}"
+            return (
+                f"{decision.num_workers} {decision.from_role} -> {decision.to_role} would save "
+                f"{decision.predicted_step_s_before - decision.predicted_step_s_after:.3f} s a step over the "
+                f"{steps_left} steps left, less than its cost ({cost.cost_s:.1f} s, {source}; in place after "
+                f"{cost.wall_s:.1f} s): net {net:+.1f} s"
             )
         return ""
 

@@ -11,6 +11,11 @@ config with the planner off, for the same windows and for the steps after the
 move. Runs go one after the other: on a machine shared with other jobs the load
 drifts between them, so compare the planner's own ``measured`` line too (before and
 after the move, in one run).
+
+``--rounds N`` runs N rounds of both, alternating which goes first (round 1: online
+then static; round 2: static then online; ...), and prints each round's whole-run
+samples/s ratio, online / static: the planner should never make a round slower
+(issue 31 item 6; docs/planner.md, "What a move costs").
 """
 
 from __future__ import annotations
@@ -75,14 +80,20 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "unbalanced.toml"
 @click.option("--steps", type=int, help="Trainer steps (default: the config's).")
 @click.option("--window", default=5, show_default=True, help="Steps per measured window (first and last).")
 @click.option("--compare", is_flag=True, help="Also run the config with the planner off.")
+@click.option(
+    "--rounds",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Rounds of online and static runs, alternating which goes first (more than 1 implies --compare).",
+)
 @click.option("--out", type=click.Path(file_okay=False), help="Keep the run directories here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def planner(config_path: str, steps: int | None, window: int, compare: bool, out: str | None, as_json: bool) -> None:
+def planner(config_path: str, steps: int | None, window: int, compare: bool, rounds: int, out: str | None, as_json: bool) -> None:
     """Samples/s in the first and last windows of an unbalanced run, and the planner's decisions."""
     import msgspec
 
     from asyncflow.actors._prepare import prepare_new
-    from asyncflow.actors.launcher import run
     from asyncflow.config.load import load_config
 
     if config_path is None:
@@ -103,26 +114,11 @@ def planner(config_path: str, steps: int | None, window: int, compare: bool, out
             model=msgspec.structs.replace(base.model, path=launch.model_dir),
             data=msgspec.structs.replace(base.data, path=launch.data_path),
         )
+    if rounds > 1:
+        _rounds(base, root, rounds, window, as_json)
+        return
     modes = {"online": True, **({"static": False} if compare else {})}
-    results = {}
-    for mode, on in modes.items():
-        cfg = msgspec.structs.replace(base, planner=msgspec.structs.replace(base.planner, online=on))
-        click.echo(f"== planner {mode} ==")
-        summary = run(cfg, root / mode)
-        rows = _read(root / mode / "metrics.jsonl")
-        first, last = window_rates(rows, window)
-        events = _read(root / mode / "planner.jsonl")
-        results[mode] = {
-            "first_window_samples_per_s": first,
-            "last_window_samples_per_s": last,
-            "speedup": last / first,
-            "samples_per_s": summary["samples_per_s"],
-            "train_span_s": summary["train_span_s"],
-            "decisions": [e for e in events if e["event"] in ("decision", "held")],
-            "applied": [e for e in events if e["event"] == "applied"],
-            "measured": [e for e in events if e["event"] == "measured"],
-            "run_dir": str(root / mode),
-        }
+    results = {mode: _run(base, mode, on, root / mode, window) for mode, on in modes.items()}
     click.echo(
         f"\n{'':<12}{'first ' + str(window) + ' steps':>16}{'last ' + str(window) + ' steps':>16}{'last/first':>12}"
         f"{'whole run':>12}   (samples/s)"
@@ -160,3 +156,69 @@ def planner(config_path: str, steps: int | None, window: int, compare: bool, out
     click.echo(f"(runs in {root})")
     if as_json:
         click.echo(json.dumps(results))
+
+
+def _run(base, mode: str, on: bool, run_dir: Path, window: int) -> dict:
+    """One run of ``base`` with the online planner on or off, and its figures."""
+    import msgspec
+
+    from asyncflow.actors.launcher import run
+
+    cfg = msgspec.structs.replace(base, planner=msgspec.structs.replace(base.planner, online=on))
+    click.echo(f"== planner {mode} -> {run_dir} ==")
+    summary = run(cfg, run_dir)
+    rows = _read(run_dir / "metrics.jsonl")
+    first, last = window_rates(rows, window)
+    events = _read(run_dir / "planner.jsonl")
+    return {
+        "first_window_samples_per_s": first,
+        "last_window_samples_per_s": last,
+        "speedup": last / first,
+        "samples_per_s": summary["samples_per_s"],
+        "train_span_s": summary["train_span_s"],
+        "decisions": [e for e in events if e["event"] in ("decision", "held")],
+        "applied": [e for e in events if e["event"] == "applied"],
+        "measured": [e for e in events if e["event"] == "measured"],
+        "reverted": [e for e in events if e["event"] == "revert"],
+        "run_dir": str(run_dir),
+    }
+
+
+def _rounds(base, root: Path, rounds: int, window: int, as_json: bool) -> None:
+    """``rounds`` rounds of online and static, the order alternating; one line per round."""
+    out = []
+    for i in range(rounds):
+        order = ["online", "static"] if i % 2 == 0 else ["static", "online"]
+        got = {mode: _run(base, mode, mode == "online", root / f"round{i + 1}" / mode, window) for mode in order}
+        on = got["online"]
+        moves = [e for e in on["decisions"] if e["event"] == "decision"]
+        held = [e["reason"] for e in on["decisions"] if e["event"] == "held"]
+        out.append(
+            {
+                "round": i + 1,
+                "order": order,
+                "online_samples_per_s": on["samples_per_s"],
+                "static_samples_per_s": got["static"]["samples_per_s"],
+                "ratio": on["samples_per_s"] / got["static"]["samples_per_s"],
+                "moves": [
+                    f"step {e['step']}: {e['move']} (predicted {e['predicted_gain']:+.0%}, cost {e['cost']})" for e in moves
+                ],
+                "measured": [f"step {e['step']}: {e['measured_gain']:+.0%} (cost {e['cost_s']:.1f} s)" for e in on["measured"]],
+                "reverted": len(on["reverted"]),
+                "held": held[:3],
+            }
+        )
+        r = out[-1]
+        click.echo(
+            f"round {r['round']} ({' then '.join(order)}): online {r['online_samples_per_s']:.2f} samples/s, "
+            f"static {r['static_samples_per_s']:.2f}: {r['ratio']:.2f}x; moves {len(moves)}, reverted {r['reverted']}"
+        )
+        for line in [*r["moves"], *(f"measured {m}" for m in r["measured"]), *(f"held: {h}" for h in r["held"])]:
+            click.echo(f"    {line}")
+    ratios = [r["ratio"] for r in out]
+    click.echo(
+        f"online / static, whole run, per round: {' '.join(f'{x:.2f}' for x in ratios)} "
+        f"(slowest {min(ratios):.2f}x, median {sorted(ratios)[len(ratios) // 2]:.2f}x)  (runs in {root})"
+    )
+    if as_json:
+        click.echo(json.dumps({"rounds": out, "ratios": ratios}))

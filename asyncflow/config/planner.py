@@ -50,6 +50,15 @@ class PlannerConfig(Section):
     measure_steps: Annotated[
         Count, Meta(description="Steps after a move over which its measured gain is recorded in planner.jsonl.")
     ] = 3
+    move_cost_s: Annotated[
+        NonNegFloat,
+        Meta(
+            description="Run seconds a move that adds a rollout replica is taken to cost before one has been made (a new "
+            "process imports torch and builds its engine on the cores the roles share: about 20 s on a 2-core box). A move is "
+            "made only when the time it saves over the steps left exceeds its cost; after a move the measured cost "
+            'replaces this (docs/planner.md, "What a move costs").'
+        ),
+    ] = 20.0
     cores: Annotated[
         NonNegInt,
         Meta(

@@ -37,3 +37,39 @@ def test_bench_planner_finds_its_default_config_from_another_directory(tmp_path,
     result = CliRunner().invoke(main, ["bench", "planner"])
     assert "stop here" in result.output, result.output
     assert seen and seen[0].endswith("examples/unbalanced.toml") and Path(seen[0]).is_file()
+
+
+@pytest.mark.timeout(30)
+def test_bench_planner_rounds_alternate_which_mode_goes_first_and_report_each_rounds_ratio(tmp_path, monkeypatch):
+    import json
+
+    import asyncflow.bench.planner as bench_planner
+
+    ran = []
+
+    def one_run(base, mode, on, run_dir, window):  # the runs themselves: tests/planner and tests/runs
+        ran.append((run_dir.parent.name, mode, on))
+        rate = 12.0 if on else 10.0
+        return {"samples_per_s": rate, "decisions": [], "measured": [], "reverted": []}
+
+    monkeypatch.setattr(bench_planner, "_run", one_run)
+    monkeypatch.setattr(bench_planner, "EXAMPLE", Path(__file__).resolve().parents[2] / "examples" / "unbalanced.toml")
+    monkeypatch.setattr("asyncflow.actors._prepare.prepare_new", lambda cfg, d: (cfg, d, _Launch()))
+    result = CliRunner().invoke(main, ["bench", "planner", "--rounds", "3", "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert ran == [
+        ("round1", "online", True),
+        ("round1", "static", False),
+        ("round2", "static", False),
+        ("round2", "online", True),
+        ("round3", "online", True),
+        ("round3", "static", False),
+    ]
+    last = json.loads(result.output.strip().splitlines()[-1])
+    assert last["ratios"] == [1.2, 1.2, 1.2]
+    assert "slowest 1.20x" in result.output
+
+
+class _Launch:
+    model_dir = "m"
+    data_path = "d.jsonl"

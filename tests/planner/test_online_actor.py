@@ -215,6 +215,68 @@ def test_a_failed_move_keeps_the_split_and_lets_the_planner_decide_again(make_be
     assert [e["ok"] for e in b.events("applied")] == [False]
 
 
+@pytest.mark.timeout(60)
+def test_a_move_that_cannot_repay_its_cost_in_the_steps_left_is_held_and_says_so(make_bench):
+    # 5 s saved a step from step 2 on, of 12: the move (60 s, 6 steps) would be in place for 3 steps
+    cfg = PlannerConfig(online=True, patience_steps=2, move_cost_s=60.0)
+    b = make_bench(config=cfg, replicas=["rollout.0"], train_threads=2, num_steps=12)
+    for step in range(3):
+        b.step(step, 10.0, {"rollout.0": 1.0, "trainer": 0.2})
+    assert b.moves.empty()
+    [held] = b.events("held")
+    assert "planner.move_cost_s = 60" in held["reason"] and "9 steps left" in held["reason"]
+
+
+@pytest.mark.timeout(60)
+def test_a_move_that_slowed_the_run_is_reverted_its_cost_measured_and_not_tried_again(make_bench):
+    cfg = PlannerConfig(online=True, patience_steps=2, measure_steps=2, move_cost_s=5.0)
+    b = make_bench(config=cfg, replicas=["rollout.0"], train_threads=2, num_steps=40)
+    slow = {"rollout.0": 1.0, "trainer": 0.2}
+    for step in range(3):
+        b.step(step, 10.0, slow)
+    b.moves.get(timeout=10)
+    b.step(3, 17.0, slow)  # the spawn takes a core: 7 s extra while the move is carried out
+    b.add_role("rollout.1")
+    b.ref.tell(messages.MoveApplied(ok=True, rollout_replicas=["rollout.0", "rollout.1"], train_threads=1))
+    worse = {"rollout.0": 1.0, "rollout.1": 1.0, "trainer": 0.3}
+    for step in range(4, 7):  # step 4 straddles the move; 5 and 6 are measured: slower than before
+        b.step(step, 12.0 if step > 4 else 11.0, worse)
+    [measured] = b.events("measured")
+    assert measured["measured_gain"] < 0
+    assert measured["cost_s"] == pytest.approx(8.0)  # (17 - 10) + (11 - 10)
+    back = b.moves.get(timeout=10)
+    assert (back.from_role, back.to_role) == ("rollout", "train")
+    assert back.split_after == Split(rollout_workers=1, train_workers=2)
+    [reverted] = b.events("revert")
+    assert reverted["step"] == 6
+    b.ref.tell(messages.MoveApplied(ok=True, rollout_replicas=["rollout.0"], train_threads=2))
+    for step in range(7, 13):  # leaning the same way again: the direction that did not pay is not tried again
+        b.step(step, 10.0, slow)
+    assert b.moves.empty()
+    held = b.events("held")
+    assert len(held) == 1 and "did not pay" in held[0]["reason"]
+
+
+@pytest.mark.timeout(60)
+def test_a_move_that_paid_keeps_and_its_measured_cost_replaces_the_prior(make_bench):
+    cfg = PlannerConfig(online=True, patience_steps=2, measure_steps=2, move_cost_s=30.0, max_rollout_replicas=3)
+    b = make_bench(config=cfg, replicas=["rollout.0"], train_threads=3, num_steps=60)
+    for step in range(3):
+        b.step(step, 10.0, {"rollout.0": 1.0, "trainer": 0.2})
+    b.moves.get(timeout=10)
+    b.add_role("rollout.1")
+    b.ref.tell(messages.MoveApplied(ok=True, rollout_replicas=["rollout.0", "rollout.1"], train_threads=2))
+    b.step(3, 12.0, {"rollout.0": 1.0, "trainer": 0.2})  # straddles: 2 s extra
+    for step in range(4, 6):
+        b.step(step, 6.0, {"rollout.0": 1.0, "rollout.1": 1.0, "trainer": 0.3})
+    [measured] = b.events("measured")
+    assert measured["measured_gain"] > 0 and measured["cost_s"] == pytest.approx(2.0)
+    assert not b.events("revert")
+    decision = b.moves.get(timeout=10)
+    assert decision.split_after.rollout_workers == 3  # the next move is weighed at the measured 2 s, not 30
+    assert "measured" in b.events("decision")[-1]["cost"]
+
+
 @pytest.mark.slow  # ~75 s on the shared 2 cores: the start-up plus spawning a replica mid-run (run with -m slow)
 @pytest.mark.timeout(240)
 def test_moves_during_a_tiny_run_add_and_remove_a_replica_and_every_step_still_trains_once(tmp_path):
