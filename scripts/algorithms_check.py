@@ -37,6 +37,25 @@ ALGORITHMS: dict[str, list[str]] = {
 """Each algorithm's keys over examples/local.toml (each loss at its paper's clip range)."""
 
 
+def table_lines(a: dict) -> list[str]:
+    """The markdown table of one run of this script (its JSON line's ``algorithms`` object)."""
+    out = [
+        "| algorithm | keys | reward, last 10% (per seed) | mean | held-out greedy accuracy, final (per seed) | mean "
+        "| samples/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, x in a["algorithms"].items():
+        keys = ", ".join(f"`{k}`" for k in x["keys"]) or "(as shipped)"
+        per_seed = " / ".join(f"{v:.3f}" for v in x["reward_last_10pct"])
+        acc = " / ".join("-" if v is None else f"{v:.2f}" for v in x["val_final_accuracy"])
+        acc_mean = "-" if x["val_final_accuracy_mean"] is None else f"{x['val_final_accuracy_mean']:.3f}"
+        out.append(
+            f"| {name} | {keys} | {per_seed} | **{x['reward_last_10pct_mean']:.3f}** | {acc} | {acc_mean} | "
+            f"{x['samples_per_s_mean']:.0f} |"
+        )
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="examples/local.toml")
@@ -75,6 +94,7 @@ def main() -> int:
             "keys": keys,
             "reward_last_10pct": [round(x, 4) for x in last],
             "reward_last_10pct_mean": round(statistics.mean(last), 4),
+            "val_start_accuracy": [r.get("val_start_accuracy") for r in runs],
             "val_final_accuracy": acc,
             "val_final_accuracy_mean": round(statistics.mean(a for a in acc if a is not None), 4)
             if any(a is not None for a in acc)

@@ -459,6 +459,11 @@ SECTIONS: dict[str, list[str]] = {
     "queue_scale": [PY, "scripts/queue_scale_ab.py", "--before-rev", QUEUE_REV, "--out", "{work}/queue_scale"],
     # issue 31, item 5: the paper's table on the digital twin (afctl twin: 7B and 32B, 32 to 1,024 emulated NPUs,
     # sync, async and colocated each): about 15 minutes on 2 cores
+    # issue 31 item 6: the online planner against none, whole runs, 6 rounds alternating which goes first (~25 min)
+    "planner_rounds": [
+        *(PY, "-m", "asyncflow.cli.main", "bench", "planner", "--rounds", "6"),
+        *("--json", "--out", "{work}/planner_rounds"),
+    ],
     "twin": [
         *(PY, "scripts/twin_table.py", "--cases", "7b:32,64,256,1024", "32b:32,64,256,1024"),
         *("--steps", "5", "--out", "{work}/twin"),
@@ -750,34 +755,24 @@ def splice_block(page: str, name: str, lines: list[str]) -> str:
 
 
 def _render_algorithms(r: dict) -> list[str]:
+    from algorithms_check import table_lines
+
     a = r["result"]["algorithms"]
     steps = f"{a['steps']} steps (shortened)" if a.get("steps") else "300 steps as shipped"
-    out = [
-        "## Policy losses and advantage estimators side by side",
-        "",
-        f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): `{a['config']}`, async (k = 1), {steps}, "
-        f"seeds {', '.join(str(s) for s in a['seeds'])}; each algorithm with the keys shown over the example "
-        "(each loss at its paper's clip range; docs/algorithms.md).",
-        "",
-        "| algorithm | keys | reward, last 10% (per seed) | mean | held-out greedy accuracy, final (per seed) | mean "
-        "| samples/s |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, x in a["algorithms"].items():
-        keys = ", ".join(f"`{k}`" for k in x["keys"]) or "(as shipped)"
-        per_seed = " / ".join(f"{v:.3f}" for v in x["reward_last_10pct"])
-        acc = " / ".join("-" if v is None else f"{v:.2f}" for v in x["val_final_accuracy"])
-        acc_mean = "-" if x["val_final_accuracy_mean"] is None else f"{x['val_final_accuracy_mean']:.3f}"
-        out.append(
-            f"| {name} | {keys} | {per_seed} | **{x['reward_last_10pct_mean']:.3f}** | {acc} | {acc_mean} | "
-            f"{x['samples_per_s_mean']:.0f} |"
-        )
     algs = a["algorithms"]
     ranked = sorted(algs, key=lambda n: -algs[n]["reward_last_10pct_mean"])
     spread = max(max(x["reward_last_10pct"]) - min(x["reward_last_10pct"]) for x in algs.values())
     fastest = max(algs, key=lambda n: algs[n]["samples_per_s_mean"])
     order = ", ".join(f"{n} {algs[n]['reward_last_10pct_mean']:.3f}" for n in ranked)
-    out += [
+    return [
+        "## Policy losses and advantage estimators side by side",
+        "",
+        f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): `{a['config']}`, async (k = 1), {steps}, "
+        f"seeds {', '.join(str(s) for s in a['seeds'])}; each algorithm with the keys shown over the example "
+        "(each loss at its paper's clip range; docs/algorithms.md). The same on SmolLM2-135M: "
+        "[real-model.md, 'The algorithms on the real model'](real-model.md#the-algorithms-on-the-real-model).",
+        "",
+        *table_lines(a),
         "",
         f"On this task, by mean last-10% reward: {order}. The seeds of one algorithm spread by up to {spread:.2f}, "
         "so only gaps larger than that say more than the seeds do. Every loss and estimator costs the same forward "
@@ -795,7 +790,6 @@ def _render_algorithms(r: dict) -> list[str]:
         "On a six-token addition task with a 0.1M-parameter model neither of the last two has the problem it solves.",
         "",
     ]
-    return out
 
 
 def _render_queue_scale(r: dict) -> list[str]:
@@ -1009,6 +1003,46 @@ def _render_agent(r: dict) -> list[str]:
     ]
 
 
+def _render_planner_rounds(r: dict) -> list[str]:
+    p = r["result"]
+    ratios = p["ratios"]
+    slower = [x for x in ratios if x < 1.0]
+    moved = sum(1 for x in p["rounds"] if x["moves"])
+    out = [
+        "## The online planner, round by round (issue 31 item 6)",
+        "",
+        f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}, {r['seconds'] / 60:.0f} min): `examples/unbalanced.toml` "
+        "(one rollout replica generating 48 tokens a sample, a cheap trainer) with `[planner] online` on and off, "
+        "whole runs one after the other, the order alternating round by round. A move is made only when it repays "
+        "its cost over the steps left, and one that slowed the run is reverted (docs/planner.md, 'What a move costs').",
+        "",
+        "| round | order | samples/s, online | static | online / static | moves (predicted gain, cost) | measured | reverted |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for x in p["rounds"]:
+        out.append(
+            f"| {x['round']} | {' then '.join(x['order'])} | {x['online_samples_per_s']:.2f} | "
+            f"{x['static_samples_per_s']:.2f} | **{x['ratio']:.2f}** | {'; '.join(x['moves']) or 'none'} | "
+            f"{'; '.join(x['measured']) or '-'} | {x['reverted']} |"
+        )
+    median = sorted(ratios)[len(ratios) // 2]
+    out += [
+        "",
+        f"Online / static over the whole run: slowest round {min(ratios):.2f}x, median {median:.2f}x, fastest "
+        f"{max(ratios):.2f}x; the planner moved in {moved} of {len(ratios)} rounds. "
+        + (
+            "No round was slower with the planner on (target: none)."
+            if not slower
+            else f"{len(slower)} round(s) came out slower with the planner on (target: none): "
+            + ", ".join(f"{x:.2f}x" for x in slower)
+            + ". Two runs of the same config one after the other differ by that much on this shared machine when "
+            "neither moves (the rounds without a move show the spread)."
+        ),
+        "",
+    ]
+    return out
+
+
 def _render_sticky(r: dict) -> list[str]:
     x = r["result"]
     out = [
@@ -1072,6 +1106,7 @@ def _render_hub(r: dict) -> list[str]:
 
 BLOCKS = {
     "algorithms": _render_algorithms,
+    "planner_rounds": _render_planner_rounds,
     "twin": _render_twin,
     "queue_scale": _render_queue_scale,
     "agent": _render_agent,
