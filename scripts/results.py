@@ -1008,6 +1008,7 @@ def _render_planner_rounds(r: dict) -> list[str]:
     ratios = p["ratios"]
     slower = [x for x in ratios if x < 1.0]
     moved = sum(1 for x in p["rounds"] if x["moves"])
+    still = [x["ratio"] for x in p["rounds"] if not x["moves"]]
     out = [
         "## The online planner, round by round (issue 31 item 6)",
         "",
@@ -1035,8 +1036,13 @@ def _render_planner_rounds(r: dict) -> list[str]:
             if not slower
             else f"{len(slower)} round(s) came out slower with the planner on (target: none): "
             + ", ".join(f"{x:.2f}x" for x in slower)
-            + ". Two runs of the same config one after the other differ by that much on this shared machine when "
-            "neither moves (the rounds without a move show the spread)."
+            + "."
+        )
+        + (
+            f" In the {len(still)} round(s) where the planner made no move (the two runs are then the same config), "
+            f"online / static ranged {min(still):.2f}x to {max(still):.2f}x: the spread of two runs one after the other."
+            if still
+            else ""
         ),
         "",
     ]
