@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 
 from asyncflow.actors import messages
 from asyncflow.core.errors import ActorGone, ActorTimeout
@@ -75,3 +76,35 @@ def _registered(lookup: Callable[[str], ActorRef], name: str, deadline: float, d
                 log.info("pause %s: not in the directory (%s); looking again until it registers (a restart)", name, exc)
                 said = True
         time.sleep(min(poll_s, 0.5))
+
+
+def pause_roles(
+    lookup: Callable[[str], ActorRef],
+    names: Sequence[str],
+    paused: list[ActorRef],
+    pool: Executor,
+    deadline_s: float = 600.0,
+    poll_s: float = POLL_S,
+) -> dict[str, bytes]:
+    """Pause every role of ``names`` at once (``pause_role`` each, on ``pool``); their
+    resumable states by role. Together, because the roles that take longest are those
+    whose process is restarting, and a killed process can hold many (packed replicas):
+    asked one after the other, each would cost its own rounds.
+
+    Every reference that answered is appended to ``paused``, in the order of ``names``,
+    even when another role fails, so that the caller resumes it; then the first failure
+    (in that order) is raised, once every pause has finished."""
+    futures = [pool.submit(pause_role, lookup, name, deadline_s, poll_s) for name in names]
+    states: dict[str, bytes] = {}
+    failure: BaseException | None = None
+    for future in futures:
+        try:
+            ref, answer = future.result()
+        except Exception as exc:  # noqa: BLE001  (raised below, once the others are listed for resume)
+            failure = failure or exc
+            continue
+        paused.append(ref)
+        states[answer.role] = answer.state
+    if failure is not None:
+        raise failure
+    return states

@@ -69,6 +69,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -82,7 +83,7 @@ from asyncflow.actors._checkpoints import _link_latest, checkpoint_dir, prune_ch
 from asyncflow.actors._dynamic_sampling import Filtered, StepGather
 from asyncflow.actors._loop import LoopActor
 from asyncflow.actors._manifest import write_manifest
-from asyncflow.actors._pause import pause_role
+from asyncflow.actors._pause import pause_roles
 from asyncflow.actors._policy import PolicyUpdate, join_trainer_group
 from asyncflow.actors._prefetch import BatchPrefetch
 from asyncflow.actors._run import Run, set_threads
@@ -112,6 +113,8 @@ log = logging.getLogger(__name__)
 
 PAUSE_DEADLINE_S = 600.0
 """How long a checkpoint waits for one role to pause (it answers between units of work)."""
+PAUSE_THREADS = 32
+"""Roles a checkpoint asks to pause at once (a killed host of packed replicas restarts them together)."""
 
 
 class TrainerActor(LoopActor):
@@ -165,6 +168,7 @@ class TrainerActor(LoopActor):
             self._best = best["value"] if best else float("-inf")
         # eval.at_start: a copy of the starting weights, evaluated with the first step's report (step 0 of a new run)
         self._start_snapshot = None
+        self._pause_pool: ThreadPoolExecutor | None = None  # made at the first checkpoint (_pause_roles)
         if cfg.eval.at_start and self.step == 0:  # one rank: the config refuses at_start with train.num_ranks > 1
             self._start_snapshot = [(n, t.detach().clone()) for n, t in self.policy.export_weights()]
 
@@ -194,6 +198,8 @@ class TrainerActor(LoopActor):
         super().on_stop()
         if self._evaluator is not None:
             self._evaluator.close()
+        if self._pause_pool is not None:
+            self._pause_pool.shutdown(wait=False)
 
     # -- one step ----------------------------------------------------------------------
     def work_once(self) -> bool:
@@ -547,12 +553,9 @@ class TrainerActor(LoopActor):
             log.warning("checkpoint at step %d: the roster did not answer (%s); pausing the replicas at start", self.step, exc)
             replicas = sorted(self._initial_replicas)
         others = [n for n in self.other_roles if n not in self._initial_replicas] + list(replicas)
-        states = {}
-        for name in others:
-            ref, answer = pause_role(self._fresh_ref, name, deadline_s=PAUSE_DEADLINE_S)
-            paused.append(ref)
-            states[answer.role] = answer.state
-        return states
+        if self._pause_pool is None:  # kept: its threads' nng contexts are reused checkpoint after checkpoint
+            self._pause_pool = ThreadPoolExecutor(max_workers=PAUSE_THREADS, thread_name_prefix="pause")
+        return pause_roles(self._fresh_ref, others, paused, self._pause_pool, deadline_s=PAUSE_DEADLINE_S)
 
     def _save(self, tmp: Path, states: dict[str, bytes]) -> None:
         """The queue, the model and optimizer (every rank joins), the roles' states, the manifest."""

@@ -116,3 +116,56 @@ def test_a_role_that_never_registers_fails_the_pause_at_the_deadline_naming_it()
     with pytest.raises(ActorTimeout, match="worker"):
         pause_role(lookup, "worker", deadline_s=1.0, poll_s=0.05)
     assert time.monotonic() - began < 5
+
+
+class _Restarted:
+    """A role's new instance, registered once its restart is done."""
+
+    def __init__(self, name: str):
+        self.name, self.address = name, f"ipc:///tmp/{name}-new.sock"
+
+    def ask(self, msg, timeout_s: float = 30.0):
+        return messages.Paused(role=self.name, state=self.name.encode())
+
+
+@pytest.mark.timeout(30)
+def test_roles_restarting_together_are_paused_together_not_one_deadline_after_another():
+    """Found by tests/chaos/test_chaos_scale.py: a killed pack of 32 replicas cost a checkpoint a
+    round per replica, one after the other. Here each of two restarting roles registers only once
+    the other has been looked up too (their pack restarts as one): asked one at a time, the first
+    waits out its deadline."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asyncflow.actors._pause import pause_roles
+
+    looked = {"rollout.0": threading.Event(), "rollout.1": threading.Event()}
+
+    def lookup(name):
+        looked[name].set()
+        if not all(e.is_set() for e in looked.values()):
+            raise LookupError(f"no actor named {name!r} registered within 1 s")
+        return _Restarted(name)
+
+    paused: list = []
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        states = pause_roles(lookup, ["rollout.0", "rollout.1"], paused, pool, deadline_s=10.0, poll_s=0.05)
+    assert states == {"rollout.0": b"rollout.0", "rollout.1": b"rollout.1"}
+    assert [ref.name for ref in paused] == ["rollout.0", "rollout.1"]
+
+
+@pytest.mark.timeout(30)
+def test_a_role_that_cannot_be_paused_fails_the_checkpoint_after_the_others_are_paused_and_listed_for_resume():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asyncflow.actors._pause import pause_roles
+
+    def lookup(name):
+        if name == "rollout.1":
+            raise LookupError(f"no actor named {name!r} registered within 1 s")
+        return _Restarted(name)
+
+    paused: list = []
+    with ThreadPoolExecutor(max_workers=4) as pool, pytest.raises(ActorTimeout, match="rollout.1"):
+        pause_roles(lookup, ["rollout.0", "rollout.1", "reward"], paused, pool, deadline_s=0.5, poll_s=0.05)
+    assert [ref.name for ref in paused] == ["rollout.0", "reward"]  # resumed by the caller
