@@ -77,3 +77,25 @@ def test_rewards_go_into_the_queue_by_group_and_a_full_queue_answers_503_with_th
     with pytest.raises(openai.APIStatusError) as finished:  # trained on: finished for good
         c.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}], user="a")
     assert finished.value.status_code == 409
+
+
+@pytest.mark.timeout(30)
+def test_a_journal_is_held_while_its_gateway_lives_and_a_handover_closes_its_sessions_there(tmp_path):
+    """Only a journal nobody holds (its replica's process is gone) may be handed over; the
+    sessions handed over are finished for good in it, so a replica restarted on it later
+    never serves (nor writes to the queue) a session another replica took."""
+    from asyncflow.gateway.journal import Journal
+
+    path = tmp_path / "j.jsonl"
+    live = Journal(path)
+    live.append("turn", s="a", prompt_ids=[1], request=[], context=[], reply=[2], logp=[0.0], text="", finish="stop", v=0, d=0)
+    live.append("turn", s="b", prompt_ids=[1], request=[], context=[], reply=[2], logp=[0.0], text="", finish="stop", v=0, d=0)
+    assert Journal.claim(path) is None  # its replica lives
+    live.close()
+    claimed = Journal.claim(path)
+    assert claimed is not None
+    claimed.append("moved", s=["a"], to={"a": 1})
+    assert Journal.claim(path) is None  # one handover at a time
+    claimed.close()
+    state = replay(path)
+    assert set(state.turns) == {"b"} and state.closed == {"a"}
