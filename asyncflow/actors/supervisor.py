@@ -161,6 +161,14 @@ class Supervisor:
                 w for r in self._hosts.values() if r.plan.kind == names.ROLLOUT and r.restart_at is None for w in r.plan.workers
             ]
 
+    def replica_indices(self) -> list[int]:
+        """The indices of the run's rollout replicas now, those dead and restarting in place
+        included (they keep their gateway sessions): the gateway front's roster (``launcher.py``),
+        read from the front's thread under the lock. A replica the planner adds is in it from its
+        start, one it removes out from its removal."""
+        with self._lock:
+            return [index_of(w) for r in self._hosts.values() if r.plan.kind == names.ROLLOUT for w in r.plan.workers]
+
     def workers(self) -> list[str]:
         """The role actors, in the order they are started and stopped: the training group
         last, rank 0 first (Stop reaches it before the ranks it drives)."""

@@ -29,9 +29,7 @@ def moving_front():
     started = []
 
     def make(gateways: dict, journals, **kw):
-        front = Front(
-            sorted(gateways), lambda i: gateways[i].url if i in gateways else None, journal_of=journals, **kw
-        )
+        front = Front(sorted(gateways), lambda i: gateways[i].url if i in gateways else None, journal_of=journals, **kw)
         front.start("127.0.0.1", 0)
         started.append(front)
         return front
