@@ -7,9 +7,10 @@ the hosts (local processes, or Ray's: ``spawn``), restarts a dead worker of a
 restartable role after requeueing the rows it held (``_on_death``, the restart
 policy of ``_restarts.py``), and adds or removes a host when the online planner
 moves a replica (``_scaling.py`` asks; it never edits the record). Everything else
-reads it: the launcher's stop, the cluster file, the hang report, and every process
+reads it: the launcher's stop, the cluster file, the hang report, every process
 that needs the rollout replicas of now (the weight sync, the trainer's checkpoint
-pause) through the driver's ``roster`` actor (``roster.py``, ``replicas``).
+pause) through the driver's ``roster`` actor (``roster.py``, ``replicas``), and the
+gateway front in the driver (``replica_indices``: which replicas sessions may go to).
 
 Invariants:
 - a host is in the record from its plan until it is removed; ``proc`` is None only

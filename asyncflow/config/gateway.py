@@ -44,7 +44,8 @@ class GatewayConfig(Section):
             description="Every rollout replica serves the gateway (``replica`` is then ignored), behind one URL that the "
             "driver serves on ``host:port``: each session goes to one replica at its first request (its group's, else the "
             "least loaded) and stays there, so its prefix stays where it was run; while that replica is down (restarting) "
-            "its requests get a retryable 503 (docs/gateway.md, Several replicas)."
+            "its requests get a retryable 503, and after ``session_move_after_s`` the session goes on on a live replica "
+            "(docs/gateway.md, Several replicas)."
         ),
     ] = False
     require_secret: Annotated[
@@ -81,13 +82,13 @@ class GatewayConfig(Section):
         ),
     ] = 600.0
     session_move_after_s: Annotated[
-        PosFloat | None,
+        PosFloat,
         Meta(
             description="With ``all_replicas``: how long a replica may stay unreachable before its sessions go on on live "
             "replicas, loaded from its journal in RUN_DIR exactly as recorded (a replica the online planner removed: at "
             "once). Until then its requests get a retryable 503, and a replica restarted in place keeps its sessions. "
-            "Longer than ``cluster.restart_backoff_s``. None: sessions wait for their replica however long "
-            "(docs/gateway.md, Several replicas)."
+            "Longer than ``cluster.restart_backoff_s``; a huge value (1e9) lets sessions wait for their replica however "
+            "long (docs/gateway.md, Several replicas)."
         ),
     ] = 300.0
     max_request_bytes: Annotated[
@@ -152,7 +153,7 @@ class GatewayConfig(Section):
                 self.host if not is_loopback(self.host) else self.require_secret,
             )
         backoff = run.cluster.restart_backoff_s
-        if self.all_replicas and self.session_move_after_s is not None and self.session_move_after_s <= backoff:
+        if self.all_replicas and self.session_move_after_s <= backoff:
             raise Refused(
                 "session_move_after_s",
                 f"the Supervisor waits cluster.restart_backoff_s = {backoff:g} s (and longer each time after) before it "

@@ -99,3 +99,36 @@ def test_a_journal_is_held_while_its_gateway_lives_and_a_handover_closes_its_ses
     claimed.close()
     state = replay(path)
     assert set(state.turns) == {"b"} and state.closed == {"a"}
+
+
+@pytest.mark.timeout(60)
+def test_the_journal_of_a_replica_process_is_claimed_only_once_that_process_is_killed(tmp_path):
+    """Across processes, as in a run: the front cannot claim the journal of a live replica
+    process, and can once it is killed with -9 (the kernel releases its lock)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from asyncflow.gateway.journal import Journal
+
+    path = tmp_path / "j.jsonl"
+    holder = (
+        "import sys; from asyncflow.gateway.journal import Journal; "
+        "j = Journal(sys.argv[1]); print('held', flush=True); sys.stdin.read()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", holder, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        assert Journal.claim(path) is None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        claimed = Journal.claim(path)
+        assert claimed is not None
+        claimed.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
