@@ -137,7 +137,8 @@ class Front:
                 del self._failed_url[replica]
                 self.table.up(replica)
                 log.info("gateway front: rollout.%d is back at %s", replica, url)
-        if self.journal_of is not None and self.table.due(self.clock(), self.move_after_s):
+        # a request waits for a handover under way: its session may be pinned where it is not yet taken over
+        if self.journal_of is not None and (self._moving.locked() or self.table.due(self.clock(), self.move_after_s)):
             async with self._moving:
                 for replica in self.table.due(self.clock(), self.move_after_s):
                     await self._hand_over(replica)
