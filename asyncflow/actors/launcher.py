@@ -243,7 +243,13 @@ class Launcher:
         if cfg.rollout.gateway.enabled and cfg.rollout.gateway.all_replicas:  # one URL before every replica's gateway
             from asyncflow.gateway.front import serve_front
 
-            front = serve_front(cfg.rollout.gateway, self.run_dir, cfg.rollout.num_replicas)
+            front = serve_front(
+                cfg.rollout.gateway,
+                self.run_dir,
+                cfg.rollout.num_replicas,
+                roster=sup.replica_indices,  # replicas the online planner adds or removes
+                secret=self.transport.secret_bytes(),
+            )
             undo.push("stop the gateway front", front.close)
         if cfg.planner.online:
             from asyncflow.actors._scaling import Scaler

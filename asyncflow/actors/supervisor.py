@@ -7,9 +7,10 @@ the hosts (local processes, or Ray's: ``spawn``), restarts a dead worker of a
 restartable role after requeueing the rows it held (``_on_death``, the restart
 policy of ``_restarts.py``), and adds or removes a host when the online planner
 moves a replica (``_scaling.py`` asks; it never edits the record). Everything else
-reads it: the launcher's stop, the cluster file, the hang report, and every process
+reads it: the launcher's stop, the cluster file, the hang report, every process
 that needs the rollout replicas of now (the weight sync, the trainer's checkpoint
-pause) through the driver's ``roster`` actor (``roster.py``, ``replicas``).
+pause) through the driver's ``roster`` actor (``roster.py``, ``replicas``), and the
+gateway front in the driver (``replica_indices``: which replicas sessions may go to).
 
 Invariants:
 - a host is in the record from its plan until it is removed; ``proc`` is None only
@@ -160,6 +161,14 @@ class Supervisor:
             return [
                 w for r in self._hosts.values() if r.plan.kind == names.ROLLOUT and r.restart_at is None for w in r.plan.workers
             ]
+
+    def replica_indices(self) -> list[int]:
+        """The indices of the run's rollout replicas now, those dead and restarting in place
+        included (they keep their gateway sessions): the gateway front's roster (``launcher.py``),
+        read from the front's thread under the lock. A replica the planner adds is in it from its
+        start, one it removes out from its removal."""
+        with self._lock:
+            return [index_of(w) for r in self._hosts.values() if r.plan.kind == names.ROLLOUT for w in r.plan.workers]
 
     def workers(self) -> list[str]:
         """The role actors, in the order they are started and stopped: the training group

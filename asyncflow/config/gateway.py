@@ -13,6 +13,7 @@ from asyncflow.core.transport import SECRET_ENV, is_loopback
 from asyncflow.engines.config import (
     Count,
     NonNegInt,
+    PosFloat,
 )
 
 if typing.TYPE_CHECKING:
@@ -43,7 +44,8 @@ class GatewayConfig(Section):
             description="Every rollout replica serves the gateway (``replica`` is then ignored), behind one URL that the "
             "driver serves on ``host:port``: each session goes to one replica at its first request (its group's, else the "
             "least loaded) and stays there, so its prefix stays where it was run; while that replica is down (restarting) "
-            "its requests get a retryable 503 (docs/gateway.md, Several replicas)."
+            "its requests get a retryable 503, and after ``session_move_after_s`` the session goes on on a live replica "
+            "(docs/gateway.md, Several replicas)."
         ),
     ] = False
     require_secret: Annotated[
@@ -79,6 +81,16 @@ class GatewayConfig(Section):
             "(generation included) before it answers 504 (a frozen or stuck replica); the replica keeps its sessions.",
         ),
     ] = 600.0
+    session_move_after_s: Annotated[
+        PosFloat,
+        Meta(
+            description="With ``all_replicas``: how long a replica may stay unreachable before its sessions go on on live "
+            "replicas, loaded from its journal in RUN_DIR exactly as recorded (a replica the online planner removed: at "
+            "once). Until then its requests get a retryable 503, and a replica restarted in place keeps its sessions. "
+            "Longer than ``cluster.restart_backoff_s``; a huge value (1e9) lets sessions wait for their replica however "
+            "long (docs/gateway.md, Several replicas)."
+        ),
+    ] = 300.0
     max_request_bytes: Annotated[
         Count,
         Meta(
@@ -139,6 +151,14 @@ class GatewayConfig(Section):
                 f"the gateway asks for the cluster secret here and none is set: set [cluster.transport] secret or the "
                 f"{SECRET_ENV} environment variable (clients send it as their api_key), or serve on host = '127.0.0.1'",
                 self.host if not is_loopback(self.host) else self.require_secret,
+            )
+        backoff = run.cluster.restart_backoff_s
+        if self.all_replicas and self.session_move_after_s <= backoff:
+            raise Refused(
+                "session_move_after_s",
+                f"the Supervisor waits cluster.restart_backoff_s = {backoff:g} s (and longer each time after) before it "
+                f"restarts a replica that died again, which would find its sessions moved: raise it above {backoff:g} "
+                "(minutes: a restart loads the model), or lower cluster.restart_backoff_s",
             )
         if self.train:
             self._check_training(run)

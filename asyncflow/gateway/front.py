@@ -19,6 +19,11 @@ Invariants:
   (``locate`` gives another URL), and new sessions go to the live replicas. A request
   whose answer was lost that way can be sent again as it was: the restarted replica
   answers it with the recorded reply, never a second one (``server.py``).
+- A replica down for ``move_after_s`` (or out of the ``roster`` and down: removed, it never
+  comes back) hands its sessions over: read from its journal once nobody holds it, each
+  goes on on a live replica with its recorded state (``handover.py``), once.
+- With a ``roster`` (the run's replicas now: the Supervisor's record) new sessions reach a
+  replica added mid-run once it serves, and none go to one that is no longer in it.
 - Authorization headers are forwarded as they came: each replica checks the secret.
 """
 
@@ -27,17 +32,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from asyncflow.gateway.handover import ADOPT_ROUTE, take_over
 from asyncflow.gateway.http import HttpServer
 from asyncflow.gateway.routes import Policy, ReplicaDown, RouteTable
 
@@ -69,13 +77,24 @@ class Front:
         policy: Policy = "sticky",
         max_request_bytes: int = 1 << 20,
         request_timeout_s: float = 600.0,
+        journal_of: Callable[[int], Path] | None = None,
+        move_after_s: float | None = None,
+        roster: Callable[[], list[int]] | None = None,
+        secret: bytes | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         """``locate(i)``: the base URL rollout replica ``i``'s gateway serves on now (None:
         not serving yet). A replica that takes the request but does not answer within
         ``request_timeout_s`` (frozen, or stuck) gets the client a 504; it is not marked
-        down, since a slow replica keeps its sessions."""
+        down, since a slow replica keeps its sessions. ``journal_of(i)``: replica ``i``'s
+        journal, whose sessions go to live replicas once it is down for ``move_after_s``
+        (None: never; ``clock`` reads the time); ``roster()``: the run's replicas now;
+        ``secret``: what the front's own requests to the replicas (handovers) carry."""
         self.table = RouteTable(replicas, policy)
         self.locate = locate
+        self.journal_of, self.move_after_s, self.roster, self.clock = journal_of, move_after_s, roster, clock
+        self._auth = {"authorization": f"Bearer {secret.decode()}"} if secret else {}
+        self._moving = asyncio.Lock()
         self.max_request_bytes = max_request_bytes
         self._failed_url: dict[int, str | None] = {}  # a down replica -> the URL it did not answer on
         self.request_timeout_s = request_timeout_s
@@ -106,20 +125,61 @@ class Front:
             log.debug("gateway front: closing the client: %r", exc)
 
     # -- replicas ------------------------------------------------------------------
-    def _refresh(self) -> None:
-        """A down replica that serves on a new address (restarted) is up again."""
+    async def _refresh(self) -> None:
+        """The roster's replicas that serve are routed to; a down replica that serves on a new
+        address (restarted) is up again; one down past the grace hands its sessions over."""
+        if self.roster is not None:
+            known = set(self.table.replicas)
+            self.table.set_roster([r for r in self.roster() if r in known or self.locate(r) is not None])
         for replica, failed in list(self._failed_url.items()):
             url = self.locate(replica)
             if url is not None and url != failed:
                 del self._failed_url[replica]
                 self.table.up(replica)
                 log.info("gateway front: rollout.%d is back at %s", replica, url)
+        # a request waits for a handover under way: its session may be pinned where it is not yet taken over
+        if self.journal_of is not None and (self._moving.locked() or self.table.due(self.clock(), self.move_after_s)):
+            async with self._moving:
+                for replica in self.table.due(self.clock(), self.move_after_s):
+                    await self._hand_over(replica)
+
+    async def _hand_over(self, replica: int) -> None:
+        """Give the sessions of ``replica`` (gone) to live replicas, with their recorded state."""
+        assert self.journal_of is not None
+        try:
+            handovers = await asyncio.to_thread(
+                take_over, self.journal_of(replica), replica, lambda groups, done: self.table.hand_over(replica, groups, done)
+            )
+        except ReplicaDown:
+            return  # no live replica to take them: they wait
+        if handovers is None:
+            log.info("gateway front: rollout.%d does not answer but its journal is held: its sessions stay", replica)
+            return
+        for to, handover in handovers.items():
+            url = self.locate(to)
+            try:
+                if url is None:
+                    raise httpx.ConnectError("not serving")
+                r = await self._client.post(url + ADOPT_ROUTE, content=msgspec.json.encode(handover), headers=self._auth)
+                r.raise_for_status()
+            except httpx.HTTPError as exc:  # marked moved already: lost rather than held twice (handover.py)
+                log.error(
+                    "gateway front: rollout.%d could not take over %d sessions of rollout.%d: %r",
+                    to,
+                    len(handover.turns),
+                    replica,
+                    exc,
+                )
+                continue
+            log.warning(
+                "gateway front: rollout.%d did not come back: %d sessions go on on rollout.%d", replica, len(handover.turns), to
+            )
 
     def _down(self, replica: int, url: str | None) -> None:
         if not self.table.is_down(replica):
             log.warning("gateway front: rollout.%d does not answer at %s: its sessions wait until it is back", replica, url)
         self._failed_url[replica] = url
-        self.table.down(replica)
+        self.table.down(replica, self.clock())
 
     async def _forward(self, replica: int, request: Request, body: bytes | None) -> httpx.Response:
         url = self.locate(replica)
@@ -189,16 +249,23 @@ class Front:
             return self._too_large()
         session = request.headers.get("x-session-id") or _field(body, "user")
         group = request.headers.get("x-group-id")
-        self._refresh()
+        await self._refresh()
         placeholder = session or f"anon-{uuid.uuid4().hex}"  # an anonymous session is named by its replica's answer
         try:
             replica = self.table.route(placeholder, group)
+            r = await self._forward(replica, request, body)
         except ReplicaDown as exc:
             return self._refused(exc.replica, session)
-        try:
-            r = await self._forward(replica, request, body)
         except _Gone:
-            return self._refused(replica, session)
+            if session is None or not await self._moved(session, replica):
+                return self._refused(replica, session)
+            try:  # handed over at once (its replica left the roster): served where it went
+                replica = self.table.route(session, group)
+                r = await self._forward(replica, request, body)
+            except (ReplicaDown, _Gone):
+                return self._refused(replica, session)
+            except _Slow:
+                return self._timed_out(replica)
         except _Slow:
             return self._timed_out(replica)
         finally:
@@ -236,20 +303,34 @@ class Front:
 
     async def _to_owner(self, request: Request, body: bytes | None) -> Response:
         session = request.path_params["session"]
-        replica = self.table.replica_of(session)
-        if replica is None:
+        if self.table.replica_of(session) is None:
             return _error(404, f"no session {session!r} (not started through this gateway)", "session_not_found")
-        self._refresh()
-        if self.table.is_down(replica):
+        await self._refresh()
+        replica = self.table.replica_of(session)
+        if replica is None or self.table.is_down(replica):
             return self._refused(replica, session)
+        try:
+            return self._answer(await self._forward(replica, request, body))
+        except _Gone:
+            if not await self._moved(session, replica):
+                return self._refused(replica, session)
+        replica = self.table.replica_of(session)  # handed over at once (its replica left the roster)
+        if replica is None:
+            return _error(404, f"no session {session!r} (its replica is gone and it had no recorded turn)", "session_not_found")
         try:
             return self._answer(await self._forward(replica, request, body))
         except _Gone:
             return self._refused(replica, session)
 
+    async def _moved(self, session: str, replica: int) -> bool:
+        """Whether ``session``, whose ``replica`` was just found gone, was handed over at once
+        (to another replica; a session with no recorded turn is routed afresh)."""
+        await self._refresh()
+        return self.table.replica_of(session) != replica
+
     async def _live(self, request: Request) -> dict[int, Any]:
         """Each live replica's JSON answer to ``request`` (a GET)."""
-        self._refresh()
+        await self._refresh()
         out = {}
         for replica in self.table.replicas:
             if self.table.is_down(replica):
@@ -298,10 +379,15 @@ def _field(body: bytes, key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def serve_front(cfg, run_dir: str | Path, num_replicas: int) -> Front:
+def serve_front(
+    cfg, run_dir: str | Path, num_replicas: int, roster: Callable[[], list[int]] | None = None, secret: bytes = b""
+) -> Front:
     """Start the front of a run's ``num_replicas`` gateways (``cfg``: its GatewayConfig, with
-    ``all_replicas``) on ``cfg.host:cfg.port`` and write its URL to ``RUN_DIR/gateway.json``."""
-    from asyncflow.gateway.replica import TRAJECTORIES_FILE, replica_url
+    ``all_replicas``) on ``cfg.host:cfg.port`` and write its URL to ``RUN_DIR/gateway.json``.
+    ``roster()``: the run's replica indices now (the Supervisor's record: replicas the online
+    planner adds or removes); ``secret``: the cluster secret (the front's handovers carry it)."""
+    from asyncflow.gateway.journal import JOURNAL_FILE
+    from asyncflow.gateway.replica import TRAJECTORIES_FILE, replica_dir, replica_url
 
     run = Path(run_dir)
     front = Front(
@@ -309,6 +395,10 @@ def serve_front(cfg, run_dir: str | Path, num_replicas: int) -> Front:
         lambda i: replica_url(run, i),
         max_request_bytes=cfg.max_request_bytes,
         request_timeout_s=cfg.request_timeout_s,
+        journal_of=lambda i: replica_dir(run, i) / Path(JOURNAL_FILE).name,
+        move_after_s=cfg.session_move_after_s,
+        roster=roster,
+        secret=secret or None,
     )
     url = front.start(cfg.host, cfg.port)
     info = {"url": url, "replica": "all", "replicas": num_replicas, "trajectories": str(run / TRAJECTORIES_FILE)}

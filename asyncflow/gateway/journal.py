@@ -11,7 +11,10 @@ caused it is answered:
 - ``reward``: its reward (and group key);
 - ``writing``: sessions about to be put into the queue; ``unwritten``: that write
   failed before any row was put (they wait again);
-- ``dropped``: a session given up (no reward in time, its group incomplete).
+- ``dropped``: a session given up (no reward in time, its group incomplete);
+- ``moved``: sessions handed over to another replica (written by the front, ``front.py``,
+  on the journal of a replica that did not come back); ``closed``: sessions finished for
+  good on the replica they were handed over from (the one that takes them over writes it).
 
 Invariants:
 - A line is appended before the request is answered: an answered turn survives a
@@ -21,12 +24,20 @@ Invariants:
   turn of one is refused, never started afresh).
 - Queue writes are at most once: ``writing`` is journaled before the rows are put, so
   a replica killed between the two loses those sessions rather than writing them twice.
+- A journal is held (an exclusive ``flock``) by the one process that writes it: a gateway
+  for its life, taking it before it replays (waiting while another holds it), or the front
+  for a handover, which takes it only if nobody holds it (``claim``: the replica's process
+  is gone; the kernel releases the lock of a dead process). So sessions are handed over
+  only from a replica that is not running, and a replica restarted afterwards replays the
+  ``moved`` line: two replicas never hold one session.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,12 +55,41 @@ class Replayed:
     """Sessions written to the queue or dropped: finished for good."""
 
 
+class JournalHeld(RuntimeError):
+    """Another process holds the journal (module docstring)."""
+
+
 class Journal:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, wait_s: float = 60.0):
+        """Open ``path`` for appending and hold it, waiting up to ``wait_s`` while another
+        process does (a handover under way; JournalHeld after that)."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._file = self.path.open("a")
+        deadline = time.monotonic() + wait_s
+        while not self._hold():
+            if time.monotonic() > deadline:
+                self._file.close()
+                raise JournalHeld(
+                    f"{self.path} is held by another process for over {wait_s:g} s (is that replica still running?)"
+                )
+            time.sleep(0.05)
+
+    def _hold(self) -> bool:
+        try:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    @classmethod
+    def claim(cls, path: str | Path) -> Journal | None:
+        """The journal held by the caller, or None when another holds it (its replica lives)."""
+        try:
+            return cls(path, wait_s=0.0)
+        except JournalHeld:
+            return None
 
     def append(self, event: str, **fields: Any) -> None:
         line = json.dumps({"e": event, **fields}, separators=(",", ":"))
@@ -59,7 +99,7 @@ class Journal:
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            self._file.close()  # and the lock with it
 
 
 def replay(path: str | Path) -> Replayed:
@@ -86,6 +126,8 @@ def replay(path: str | Path) -> Replayed:
             writing.difference_update(ev["s"])
         elif kind == "dropped":
             out.closed.add(ev["s"])
+        elif kind in ("moved", "closed"):  # handed over to another replica, or finished for good on the one before
+            out.closed.update(ev["s"])
     out.closed |= writing
     for s in out.closed:
         out.rewards.pop(s, None)

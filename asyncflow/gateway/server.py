@@ -8,6 +8,7 @@ Routes:
     GET  /v1/asyncflow/sessions/{id}       the session's trajectory (token ids, log-probs, mask, versions)
     POST /v1/asyncflow/sessions/{id}/reward  {"reward": r[, "group": key]}: finish it; appended to the
                                            trajectories file and, with [rollout.gateway] train, written to the queue
+    POST /v1/asyncflow/internal/adopt      (the front only) take over sessions of a replica that did not come back
 
 Invariants:
 - Every generate call holds ``engine_lock``, which the replica also holds around its
@@ -56,8 +57,9 @@ from asyncflow.gateway.api import decode_request, decode_reward
 from asyncflow.gateway.batcher import Batcher, StreamedRequests
 from asyncflow.gateway.chat import ChatFormat, TemplateError
 from asyncflow.gateway.feed import GROUP_HEADER, Rewarded, SessionFeed, write_unit
+from asyncflow.gateway.handover import ADOPT_ROUTE, Handover
 from asyncflow.gateway.http import HttpServer
-from asyncflow.gateway.journal import Journal, replay
+from asyncflow.gateway.journal import Journal, Replayed, replay
 from asyncflow.gateway.prefix import PrefixLedger
 from asyncflow.gateway.sessions import RequestError, SessionStore, Trajectory, check_session_id
 
@@ -130,8 +132,8 @@ class Gateway:
         self._stopping = threading.Event()
         self.journal: Journal | None = None
         if journal_path is not None:
+            self.journal = Journal(journal_path)  # held first: a handover of its sessions is over, or waits (journal.py)
             self._restore(Path(journal_path))
-            self.journal = Journal(journal_path)
         self.app = Starlette(
             routes=[
                 Route("/v1/models", self._models, methods=["GET"]),
@@ -140,6 +142,7 @@ class Gateway:
                 Route("/v1/asyncflow/sessions/{session}", self._session, methods=["GET"]),
                 Route("/v1/asyncflow/sessions/{session}/reward", self._reward, methods=["POST"]),
                 Route("/v1/asyncflow/stats", self._stats, methods=["GET"]),
+                Route(ADOPT_ROUTE, self._adopt, methods=["POST"]),
             ]
         )
         self._http = HttpServer(self.app, "gateway")
@@ -149,6 +152,34 @@ class Gateway:
         """The sessions of a replica that ran before this one (its journal)."""
         state = replay(path)
         self._closed = set(state.closed)
+        self._load(state)
+        if state.turns or self._closed:
+            log.info("gateway: %d sessions restored from %s (%d finished for good)", len(state.turns), path, len(self._closed))
+
+    def adopt(self, handover: Handover) -> list[str]:
+        """Take over sessions of a replica that did not come back (the front's handover,
+        ``handover.py``): journaled here first, as they were recorded there, then served as
+        if this replica had run them; a rewarded one waits for its group here (and completes
+        it, written once). Sessions this replica knows already are left alone (a handover
+        sent again). Returns the sessions taken."""
+        new = {s: turns for s, turns in handover.turns.items() if s not in self._closed and self.sessions.lookup(s) is None}
+        closed = [s for s in handover.closed if s not in self._closed and self.sessions.lookup(s) is None]
+        if self.journal is not None:
+            for session, turns in new.items():
+                for ev in turns:
+                    self.journal.append("turn", **{k: v for k, v in ev.items() if k != "e"})
+                if session in handover.rewards:
+                    self.journal.append("reward", **{k: v for k, v in handover.rewards[session].items() if k != "e"})
+            if closed:
+                self.journal.append("closed", s=closed)
+        self._closed.update(closed)
+        self._load(Replayed(turns=new, rewards={s: r for s, r in handover.rewards.items() if s in new}), write=True)
+        log.info("gateway: took over %d sessions of rollout.%s (%d finished)", len(new), handover.source, len(closed))
+        return sorted(new)
+
+    def _load(self, state: Replayed, write: bool = False) -> None:
+        """Serve the sessions of ``state``; a rewarded one waits for its group in the feed
+        (``write``: a group it completes is written now, else the journal says none can be)."""
         for session, turns in state.turns.items():
             first = turns[0]
             t = Trajectory(session=session, prompt_ids=first["prompt_ids"], group=first.get("group"))
@@ -162,13 +193,19 @@ class Gateway:
             if reward is not None:
                 t.reward, t.group = reward["reward"], reward.get("group") or t.group
                 if self.feed is not None:  # waits for its group again (a lone one was written or is lost)
-                    self.feed.offer(
-                        Rewarded(session, {**t.to_json(), "reward": t.reward}, self._digest_of(t), time.time()), t.group
-                    )
+                    item = Rewarded(session, {**t.to_json(), "reward": t.reward}, self._digest_of(t), time.time())
+                    if write:
+                        self._offer_adopted(item, t.group)
+                    else:
+                        self.feed.offer(item, t.group)
             self.sessions.reserve(session)
             self.sessions.add(t)
-        if state.turns or self._closed:
-            log.info("gateway: %d sessions restored from %s (%d finished for good)", len(state.turns), path, len(self._closed))
+
+    def _offer_adopted(self, item: Rewarded, group: str | None) -> None:
+        try:
+            self._feed(item, group)
+        except RequestError as exc:  # the queue stayed full: like a reward refused, but nobody sends it again
+            log.warning("gateway: session %s, taken over, could not be written: %s", item.session, exc.message)
 
     @staticmethod
     def _digest_of(t: Trajectory) -> int:
@@ -327,6 +364,13 @@ class Gateway:
     async def _stats(self, request: Request) -> Response:
         async def handle(_: Request) -> JSONResponse:
             return JSONResponse({"replica": self.replica, "counters": self.counters()})
+
+        return await self._guard(request, handle)
+
+    async def _adopt(self, request: Request) -> Response:
+        async def handle(request: Request) -> JSONResponse:  # from the front, not a client: no body limit
+            handover = msgspec.json.decode(await request.body(), type=Handover)
+            return JSONResponse({"adopted": await run_in_threadpool(self.adopt, handover)})
 
         return await self._guard(request, handle)
 

@@ -152,3 +152,20 @@ def test_the_replicas_of_a_dead_pack_give_up_their_swap_grant(monkeypatch, capsy
         assert directory.told == [messages.ReplicaRemoved(replica=r, dead=True) for r in ("rollout.2", "rollout.3")]
     else:  # named, and the run goes on
         assert "could not tell the weight sync that the replicas of rollout.pack.1 died" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(10)
+def test_the_gateway_fronts_roster_keeps_a_restarting_replica_and_follows_the_planners_adds_and_removes():
+    """The front routes sessions over ``Supervisor.replica_indices``: a replica restarting in place
+    keeps its sessions (it is in the list), one the planner adds is in it, one it removes is not."""
+    sup = _supervisor("[rollout]\nnum_replicas = 2\n")
+    sup.attach(Directory(0.0), TransportConfig(scheme="inproc"), {})
+    sup.spawn = lambda name, dc, transport, specs=None, env=None: Proc(3000)
+    assert sup.replica_indices() == [0, 1]
+    sup._hosts["rollout.1"].restart_at = 1e18  # dead, its restart due later
+    assert sup.replicas() == ["rollout.0"] and sup.replica_indices() == [0, 1]
+    cfg = sup.cfg
+    sup.add(topology.role_host(topology.built_in(names.ROLLOUT), "rollout.2", topology.layout([], cfg), "/run"))
+    assert sup.replica_indices() == [0, 1, 2]
+    sup.remove("rollout.0")
+    assert sup.replica_indices() == [1, 2]

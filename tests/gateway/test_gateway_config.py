@@ -59,3 +59,15 @@ def test_the_driver_prints_where_the_gateway_answers_and_for_how_long(tmp_path):
     line = gateway_line(tmp_path, on)
     assert f"{url}/v1" in line and "rollout.0" in line and "300 steps" in line
     assert gateway_line(tmp_path, load_config_text(tiny_config_text())) == ""
+
+
+def test_sessions_move_from_a_gone_replica_after_a_grace_longer_than_the_supervisors_restart_backoff():
+    replicas = "[rollout]\nnum_replicas = 2\n[rollout.gateway]\nenabled = true\nall_replicas = true\n"
+    assert load_config_text(replicas).rollout.gateway.session_move_after_s == 300.0
+    assert load_config_text(replicas + "session_move_after_s = 5.0").rollout.gateway.session_move_after_s == 5.0
+    with pytest.raises(
+        ConfigError, match=r"rollout\.gateway\.session_move_after_s = 0\.5: .*cluster\.restart_backoff_s = 1.*raise it above 1"
+    ):
+        load_config_text(replicas + "session_move_after_s = 0.5")
+    with pytest.raises(ConfigError, match=r"rollout\.gateway\.session_move_after_s"):
+        load_config_text(replicas + "session_move_after_s = -1.0")

@@ -77,3 +77,58 @@ def test_rewards_go_into_the_queue_by_group_and_a_full_queue_answers_503_with_th
     with pytest.raises(openai.APIStatusError) as finished:  # trained on: finished for good
         c.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}], user="a")
     assert finished.value.status_code == 409
+
+
+@pytest.mark.timeout(30)
+def test_a_journal_is_held_while_its_gateway_lives_and_a_handover_closes_its_sessions_there(tmp_path):
+    """Only a journal nobody holds (its replica's process is gone) may be handed over; the
+    sessions handed over are finished for good in it, so a replica restarted on it later
+    never serves (nor writes to the queue) a session another replica took."""
+    from asyncflow.gateway.journal import Journal
+
+    path = tmp_path / "j.jsonl"
+    live = Journal(path)
+    live.append("turn", s="a", prompt_ids=[1], request=[], context=[], reply=[2], logp=[0.0], text="", finish="stop", v=0, d=0)
+    live.append("turn", s="b", prompt_ids=[1], request=[], context=[], reply=[2], logp=[0.0], text="", finish="stop", v=0, d=0)
+    assert Journal.claim(path) is None  # its replica lives
+    live.close()
+    claimed = Journal.claim(path)
+    assert claimed is not None
+    claimed.append("moved", s=["a"], to={"a": 1})
+    assert Journal.claim(path) is None  # one handover at a time
+    claimed.close()
+    state = replay(path)
+    assert set(state.turns) == {"b"} and state.closed == {"a"}
+
+
+@pytest.mark.timeout(60)
+def test_the_journal_of_a_replica_process_is_claimed_only_once_that_process_is_killed(tmp_path):
+    """Across processes, as in a run: the front cannot claim the journal of a live replica
+    process, and can once it is killed with -9 (the kernel releases its lock)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from asyncflow.gateway.journal import Journal
+
+    path = tmp_path / "j.jsonl"
+    holder = (
+        "import sys; from asyncflow.gateway.journal import Journal; "
+        "j = Journal(sys.argv[1]); print('held', flush=True); sys.stdin.read()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", holder, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        assert Journal.claim(path) is None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        claimed = Journal.claim(path)
+        assert claimed is not None
+        claimed.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
