@@ -51,7 +51,7 @@ def table_lines(a: dict) -> list[str]:
         acc_mean = "-" if x["val_final_accuracy_mean"] is None else f"{x['val_final_accuracy_mean']:.3f}"
         out.append(
             f"| {name} | {keys} | {per_seed} | **{x['reward_last_10pct_mean']:.3f}** | {acc} | {acc_mean} | "
-            f"{x['samples_per_s_mean']:.0f} |"
+            f"{x['samples_per_s_mean']:.{0 if x['samples_per_s_mean'] >= 100 else 2}f} |"
         )
     return out
 
@@ -99,8 +99,9 @@ def main() -> int:
             "val_final_accuracy_mean": round(statistics.mean(a for a in acc if a is not None), 4)
             if any(a is not None for a in acc)
             else None,
-            "samples_per_s": [round(r["samples_per_s"], 1) for r in runs],
-            "samples_per_s_mean": round(statistics.mean(r["samples_per_s"] for r in runs), 1),
+            "samples_per_s": [round(r["samples_per_s"], 2) for r in runs],
+            "samples_per_s_mean": round(statistics.mean(r["samples_per_s"] for r in runs), 2),
+            "wall_s": round(sum(r["wall_s"] for r in runs)),
         }
         r = result["algorithms"][name]
         print(

@@ -697,10 +697,12 @@ def _algorithms(r: dict) -> list[str]:
     best, worst = by_acc[0], by_acc[-1]
     gap = algs[best]["val_final_accuracy_mean"] - algs[worst]["val_final_accuracy_mean"]
     order = ", ".join(f"{n} {algs[n]['val_final_accuracy_mean']:.3f}" for n in by_acc)
+    runs_min = sum(x.get("wall_s", 0) for x in algs.values()) / 60
     return [
         "## The algorithms on the real model",
         "",
-        f"{_head(r)}: `{a['config']}` as shipped (async, k = 1, 10 steps of 8 prompts x 8 samples), seeds "
+        f"`{r['command']}` ({r['when']}; the runs, {len(algs) * len(a['seeds'])} of them one after the other, took "
+        f"{runs_min:.0f} min of wall time; load average {r['load_avg_1m']} at the end; CPU: {r.get('cpu', '?')}): `{a['config']}` as shipped (async, k = 1, 10 steps of 8 prompts x 8 samples), seeds "
         f"{', '.join(str(s) for s in a['seeds'])} (`seed`, `data.seed` and `rollout.engine.seed` each), one fresh `afctl up` "
         "per run; each algorithm with the keys shown over the example (each loss at its paper's clip range; "
         "docs/algorithms.md). Held-out greedy accuracy on the seed's 256 held-out prompts; at the start (the same "
