@@ -702,7 +702,8 @@ def _algorithms(r: dict) -> list[str]:
         "## The algorithms on the real model",
         "",
         f"`{r['command']}` ({r['when']}; the runs, {len(algs) * len(a['seeds'])} of them one after the other, took "
-        f"{runs_min:.0f} min of wall time; load average {r['load_avg_1m']} at the end; CPU: {r.get('cpu', '?')}): `{a['config']}` as shipped (async, k = 1, 10 steps of 8 prompts x 8 samples), seeds "
+        f"{runs_min:.0f} min of wall time; load average {r['load_avg_1m']} at the end; CPU: {r.get('cpu', '?')}): "
+        f"`{a['config']}` as shipped (async, k = 1, 10 steps of 8 prompts x 8 samples), seeds "
         f"{', '.join(str(s) for s in a['seeds'])} (`seed`, `data.seed` and `rollout.engine.seed` each), one fresh `afctl up` "
         "per run; each algorithm with the keys shown over the example (each loss at its paper's clip range; "
         "docs/algorithms.md). Held-out greedy accuracy on the seed's 256 held-out prompts; at the start (the same "
