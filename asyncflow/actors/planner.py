@@ -303,11 +303,11 @@ class PlannerActor(Actor):
             decision = online.decide(self.history, self.split, self.policy)
         if decision is None:
             return
-        held = self._held(decision, step)
+        kind, held = self._held(decision, step)
         if held:
-            if held != self.held_reason:
+            if kind != self.held_reason:  # once per reason, not per step (its figures move every step)
                 self._log("held", step=step, reason=held, predicted_gain=round(decision.predicted_gain, 4))
-            self.held_reason = held
+            self.held_reason = kind
             return
         self.held_reason = ""
         self._hand(decision, step, self.history[-self.policy.patience_steps :])
@@ -335,28 +335,29 @@ class PlannerActor(Actor):
         self.decisions.append(record)
         self.apply(decision)
 
-    def _held(self, decision: online.MoveDecision, step: int) -> str:
+    def _held(self, decision: online.MoveDecision, step: int) -> tuple[str, str]:
+        """(the kind of reason, the reason) a move is held, or ("", "")."""
         after = decision.split_after
         limit = self.config.max_rollout_replicas
         if after.rollout_workers > limit:
-            return (
+            return "limit", (
                 f"rollout needs more workers but already runs {len(self.replicas)} replicas "
                 f"(planner.max_rollout_replicas = {limit}; raise it to allow more)"
             )
         if decision.to_role in self.did_not_pay:
-            return self.did_not_pay[decision.to_role]
+            return "did_not_pay", self.did_not_pay[decision.to_role]
         steps_left = self.num_steps - 1 - step
         cost = self.costs[decision.to_role]
         net = move_cost.net_gain_s(decision, steps_left, cost)
         if net <= 0:
             source = "measured at the last move" if cost.measured else f"planner.move_cost_s = {self.config.move_cost_s:g}"
-            return (
+            return "cost", (
                 f"{decision.num_workers} {decision.from_role} -> {decision.to_role} would save "
                 f"{decision.predicted_step_s_before - decision.predicted_step_s_after:.3f} s a step over the "
                 f"{steps_left} steps left, less than its cost ({cost.cost_s:.1f} s, {source}; in place after "
                 f"{cost.wall_s:.1f} s): net {net:+.1f} s"
             )
-        return ""
+        return "", ""
 
     def _log(self, event: str, quiet: bool = False, **fields) -> dict:
         record = {"event": event, "time": round(time.time(), 3), **fields}

@@ -225,6 +225,9 @@ def test_a_move_that_cannot_repay_its_cost_in_the_steps_left_is_held_and_says_so
     assert b.moves.empty()
     [held] = b.events("held")
     assert "planner.move_cost_s = 60" in held["reason"] and "9 steps left" in held["reason"]
+    for step, step_s in ((3, 11.0), (4, 9.5)):  # held again, at other figures: not logged again
+        b.step(step, step_s, {"rollout.0": 1.0, "trainer": 0.2})
+    assert len(b.events("held")) == 1 and b.moves.empty()
 
 
 @pytest.mark.timeout(60)
