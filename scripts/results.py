@@ -1044,6 +1044,12 @@ def _render_planner_rounds(r: dict) -> list[str]:
             f"online / static ranged {min(still):.2f}x to {max(still):.2f}x: the spread of two runs one after the other."
             if still
             else ""
+        )
+        + (
+            f' Why the planner held, round 1: "{p["rounds"][0]["held"][0]}" (a net of minus the whole cost: the '
+            "move would not be in place before the run's end; a longer run, `--steps`, gives it the steps to pay)."
+            if p["rounds"][0]["held"] and not p["rounds"][0]["moves"]
+            else ""
         ),
         "",
     ]
