@@ -49,3 +49,21 @@ def make_gateway(tiny_dir, tokenizer, tmp_path):
     yield make
     for gw in started:
         gw.close()
+
+
+@pytest.fixture
+def front_of():
+    """``front_of(gateways, **kw)``: a Front before these gateways (index -> Gateway), on 127.0.0.1."""
+    from asyncflow.gateway.front import Front
+
+    started = []
+
+    def make(gateways: dict, **kw):
+        front = Front(sorted(gateways), lambda i: gateways[i].url if i in gateways else None, **kw)
+        front.start("127.0.0.1", 0)
+        started.append(front)
+        return front
+
+    yield make
+    for front in started:
+        front.close()

@@ -9,21 +9,6 @@ import pytest
 from asyncflow.gateway.front import Front
 
 
-@pytest.fixture
-def front_of():
-    started = []
-
-    def make(gateways: dict):
-        front = Front(sorted(gateways), lambda i: gateways[i].url if i in gateways else None)
-        front.start("127.0.0.1", 0)
-        started.append(front)
-        return front
-
-    yield make
-    for front in started:
-        front.close()
-
-
 def api(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
 

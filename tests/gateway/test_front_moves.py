@@ -12,7 +12,6 @@ from test_front import api, turn
 from test_gateway_journal import FakeQueue
 
 from asyncflow.gateway.feed import SessionFeed
-from asyncflow.gateway.front import Front
 from asyncflow.gateway.journal import replay
 
 
@@ -24,21 +23,6 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def moving_front():
-    started = []
-
-    def make(gateways: dict, journals, **kw):
-        front = Front(sorted(gateways), lambda i: gateways[i].url if i in gateways else None, journal_of=journals, **kw)
-        front.start("127.0.0.1", 0)
-        started.append(front)
-        return front
-
-    yield make
-    for front in started:
-        front.close()
-
-
 def refused(client, chat: list, session: str, text: str) -> openai.APIStatusError:
     with pytest.raises(openai.APIStatusError) as err:
         client.chat.completions.create(model="m", messages=[*chat, {"role": "user", "content": text}], user=session, max_tokens=4)
@@ -47,12 +31,12 @@ def refused(client, chat: list, session: str, text: str) -> openai.APIStatusErro
 
 @pytest.mark.timeout(180)
 def test_after_the_grace_a_gone_replicas_sessions_go_on_exactly_on_a_live_replica_and_its_restart_does_not_take_them_back(
-    make_gateway, moving_front, tmp_path
+    make_gateway, front_of, tmp_path
 ):
     journal = lambda i: tmp_path / f"journal.{i}.jsonl"  # noqa: E731
     gateways = {i: make_gateway(replica=i, journal_path=journal(i)) for i in (0, 1)}
     clock = Clock()
-    front = moving_front(gateways, journal, move_after_s=60.0, clock=clock)
+    front = front_of(gateways, journal_of=journal, move_after_s=60.0, clock=clock)
     client = api(front.url)
     chats = {"a": [], "b": []}
     first = {s: turn(client, chat, s, "1+1=") for s, chat in chats.items()}
@@ -83,12 +67,12 @@ def test_after_the_grace_a_gone_replicas_sessions_go_on_exactly_on_a_live_replic
 
 
 @pytest.mark.timeout(180)
-def test_a_journal_its_replica_still_holds_is_never_handed_over(make_gateway, moving_front, tmp_path):
+def test_a_journal_its_replica_still_holds_is_never_handed_over(make_gateway, front_of, tmp_path):
     """A replica that stopped answering HTTP but whose process lives (restarting, replaying its
     journal) keeps its sessions whatever the grace: two replicas never hold one session."""
     journal = lambda i: tmp_path / f"journal.{i}.jsonl"  # noqa: E731
     gateways = {i: make_gateway(replica=i, journal_path=journal(i)) for i in (0, 1)}
-    front = moving_front(gateways, journal, move_after_s=0.0)
+    front = front_of(gateways, journal_of=journal, move_after_s=0.0)
     client = api(front.url)
     chat: list = []
     held = turn(client, chat, "a", "1+1=")["replica"]
@@ -100,7 +84,7 @@ def test_a_journal_its_replica_still_holds_is_never_handed_over(make_gateway, mo
 
 
 @pytest.mark.timeout(180)
-def test_a_group_waiting_on_a_gone_replica_completes_on_the_live_one_and_is_written_once(make_gateway, moving_front, tmp_path):
+def test_a_group_waiting_on_a_gone_replica_completes_on_the_live_one_and_is_written_once(make_gateway, front_of, tmp_path):
     journal = lambda i: tmp_path / f"journal.{i}.jsonl"  # noqa: E731
     queues = {i: FakeQueue() for i in (0, 1)}
 
@@ -108,7 +92,7 @@ def test_a_group_waiting_on_a_gone_replica_completes_on_the_live_one_and_is_writ
         return make_gateway(replica=i, journal_path=journal(i), feed=SessionFeed(2, 600), queue=queues[i])
 
     gateways = {i: gateway(i) for i in (0, 1)}
-    front = moving_front(gateways, journal, move_after_s=0.0)
+    front = front_of(gateways, journal_of=journal, move_after_s=0.0)
     client = api(front.url)
     r = client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "1+1="}], user="g-0", max_tokens=4, extra_headers={"X-Group-Id": "g"}
@@ -130,12 +114,12 @@ def test_a_group_waiting_on_a_gone_replica_completes_on_the_live_one_and_is_writ
 
 @pytest.mark.timeout(180)
 def test_new_sessions_reach_a_replica_the_roster_adds_and_a_removed_ones_sessions_move_once_it_is_gone(
-    make_gateway, moving_front, tmp_path
+    make_gateway, front_of, tmp_path
 ):
     journal = lambda i: tmp_path / f"journal.{i}.jsonl"  # noqa: E731
     gateways = {i: make_gateway(replica=i, journal_path=journal(i)) for i in (0, 1)}
     roster = [0, 1]
-    front = moving_front(gateways, journal, move_after_s=3600.0, roster=lambda: list(roster))
+    front = front_of(gateways, journal_of=journal, move_after_s=3600.0, roster=lambda: list(roster))
     client = api(front.url)
     chats: dict[str, list] = {s: [] for s in ("a", "b", "c", "d", "e")}
     assert [turn(client, chats[s], s, "1+1=")["replica"] for s in ("a", "b")] == [0, 1]
