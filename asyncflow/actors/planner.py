@@ -293,7 +293,7 @@ class PlannerActor(Actor):
             return
         back = move_cost.reverse(decision, m["split_before"], mean(m["before"]), mean(m["after"]))
         self._log("revert", step=obs.step, move=f"{back.num_workers} {back.from_role} -> {back.to_role}", reason=back.reason)
-        self._hand(back, obs.step, self.history[-len(m["after"]) :], revert=True)
+        self._hand(back, obs.step, m["after"], revert=True)  # the steps since the move motivate its revert
 
     # -- deciding ------------------------------------------------------------------------
     def _decide(self, step: int) -> None:
