@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _trees import tree_at
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "asyncflow" / "bench" / "queue_scale.py"
 
@@ -42,11 +44,7 @@ def main() -> int:
     parser.add_argument("--train-ms", type=float, default=200.0, help="emulated training time per step")
     parser.add_argument("--out", type=Path, default=Path("runs/queue_scale_ab"))
     args = parser.parse_args()
-    before = (args.out / "before-tree").resolve()
-    if not (before / "asyncflow").is_dir():
-        before.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "archive", args.before_rev], cwd=ROOT, stdout=subprocess.PIPE, check=True)
-        subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
+    before = tree_at(args.before_rev, args.out / "before-tree")
     cases = []
     print(f"{'rows':>6} {'replicas':>8} {'tree':>6} {'ctl ms/step':>11} {'ctl us/row':>10} {'gets/step':>9}", file=sys.stderr)
     for rows in [int(x) for x in args.rows.split(",") if x]:

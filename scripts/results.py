@@ -456,8 +456,39 @@ SECTIONS: dict[str, list[str]] = {
         "{work}/ab_round3",
     ],
     # issue 31, item 2: the queue host's CPU per row and rollout GetBatch calls per step, the queue before the
-    # flat selection and server-side waits (QUEUE_REV) against this tree, case by case: about 10 minutes
-    "queue_scale": [PY, "scripts/queue_scale_ab.py", "--before-rev", QUEUE_REV, "--out", "{work}/queue_scale"],
+    # flat selection and server-side waits (QUEUE_REV) against this tree, case by case, at the issue's sizes (4k to
+    # 64k rows per step, 8 to 512 replicas)
+    "queue_scale": [
+        *(PY, "scripts/queue_scale_ab.py", "--before-rev", QUEUE_REV, "--rows", "4096,16384,65536"),
+        *("--replicas", "8,64,256,512", "--out", "{work}/queue_scale"),
+    ],
+    # issue 31, item 3: the collector's trace cost per million events, the unbounded trace (QUEUE_REV) against this
+    # tree's, at two run lengths (about 2 minutes)
+    "trace_cost": [
+        PY,
+        "scripts/trace_cost_ab.py",
+        "--before-rev",
+        QUEUE_REV,
+        "--events",
+        "100000,400000",
+        "--out",
+        "{work}/trace_cost",
+    ],
+    # issue 31, item 1: weight fan-out, direct against the relay tree, at 2 to 128 replicas (about 5 minutes)
+    "fanout": [
+        PY,
+        "-m",
+        "asyncflow.cli.main",
+        "bench",
+        "fanout",
+        "--replicas",
+        "2,8,32,128",
+        "--mb",
+        "16",
+        "--versions",
+        "3",
+        "--json",
+    ],
     # issue 31, item 5: the paper's table on the digital twin (afctl twin: 7B and 32B, 32 to 1,024 emulated NPUs,
     # sync, async and colocated each): about 15 minutes on 2 cores
     # issue 31 item 6: the online planner against none, whole runs, 6 rounds alternating which goes first (~25 min)
@@ -812,7 +843,113 @@ def _render_queue_scale(r: dict) -> list[str]:
             f"| {c['rows']} | {c['replicas']} | {b['control_cpu_us_per_row']:g} | **{a['control_cpu_us_per_row']:g}** "
             f"| {b['rollout_gets_per_step']:g} | **{a['rollout_gets_per_step']:g}** |"
         )
-    out.append("")
+    out += ["", *_queue_scale_targets(q["cases"]), ""]
+    return out
+
+
+def _queue_scale_targets(cases: list[dict]) -> list[str]:
+    """Issue 31 item 2's two targets, read off the cases: the control CPU per row within 2x over the replica counts
+    (at each rows per step), and no quadratic term in rows per step (the CPU per row does not grow with the rows)."""
+    lines = []
+    for key in ("before", "after"):
+        per_row = {(c["rows"], c["replicas"]): c[key]["control_cpu_us_per_row"] for c in cases}
+        rows = sorted({r for r, _ in per_row})
+        replicas = sorted({n for _, n in per_row})
+        spread = [max(per_row[r, n] for n in replicas) / min(per_row[r, n] for n in replicas) for r in rows]
+        growth = [per_row[rows[-1], n] / per_row[rows[0], n] for n in replicas]
+        lines.append(
+            f"- **{key.capitalize()}:** over {replicas[0]} to {replicas[-1]} replicas the control CPU per row varies by "
+            f"{min(spread):.2f}x to {max(spread):.2f}x (the largest over the smallest, at each rows per step; target "
+            f"within 2x); from {rows[0]} to {rows[-1]} rows per step ({rows[-1] // rows[0]}x) it changes by "
+            f"{min(growth):.2f}x to {max(growth):.2f}x per row, at each replica count (a quadratic term would grow it "
+            f"about {rows[-1] // rows[0]}x)."
+        )
+    return lines
+
+
+def _render_trace_cost(r: dict) -> list[str]:
+    t = r["result"]
+    out = [
+        "## The collector's trace over a long run (issue 31 item 3)",
+        "",
+        f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): `scripts/trace_cost.py` (the collector actor fed span "
+        f"events 500 to a message, as a busy role sends them, with a live write of trace.json every {t['every']} events, "
+        f"one process per measurement), the collector of {t['before_rev']} (every event kept, the whole file rewritten "
+        "at each write) against this tree's (chunks appended; docs/scale.md), at two run lengths.",
+        "",
+        "| events in the run | collector CPU, s per million events: before | after | its longest call, s: before | after "
+        "| peak memory growth, MB: before | after |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in t["cases"]:
+        b, a = c["before"], c["after"]
+        out.append(
+            f"| {c['events']} | {b['cpu_s_per_million']:g} | **{a['cpu_s_per_million']:g}** | {b['longest_call_s']:g} "
+            f"| **{a['longest_call_s']:g}** | {b['peak_rss_growth_mb']:g} | **{a['peak_rss_growth_mb']:g}** |"
+        )
+    first, last = t["cases"][0], t["cases"][-1]
+    x = last["events"] / first["events"]
+
+    def grew(key: str, field: str) -> str:
+        return f"{last[key][field] / first[key][field]:.2f}x" if first[key][field] > 0 else "from 0"
+
+    out += [
+        "",
+        f"From {first['events']} to {last['events']} events ({x:g}x the run): the CPU per million events grew "
+        f"{grew('before', 'cpu_s_per_million')} before and {grew('after', 'cpu_s_per_million')} after; the collector's "
+        f"longest call (a Spans message or a live write: the longest it answers nothing else) "
+        f"{grew('before', 'longest_call_s')} before and {grew('after', 'longest_call_s')} after; the memory "
+        f"{grew('before', 'peak_rss_growth_mb')} before and {grew('after', 'peak_rss_growth_mb')} after.",
+        "",
+    ]
+    return out
+
+
+def _render_fanout(r: dict) -> list[str]:
+    rows = r["result"]["rows"]
+    by = {(x["replicas"], x["fanout"]): x for x in rows}
+    counts = sorted({x["replicas"] for x in rows})
+    size = rows[0]["version_bytes"] / 1e6
+    degree = next((x["degree"] for x in rows if x["fanout"] == "tree"), 2)
+    out = [
+        "## Weight fan-out as replicas grow (issue 31 item 1)",
+        "",
+        f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): the real `weights` actor, roster, announcements, "
+        "inbox, receivers and relays over ipc nng, with light replicas whose engine only keeps the tensors (64 per "
+        f"process); {size:.1f} MB per version in 1 MiB chunks, the median of 3 versions after a warm-up. `direct`: "
+        f"every replica pulls from the trainer; `tree`: replicas relay to each other, {degree} children a node "
+        "(docs/scale.md, 'Weight fan-out').",
+        "",
+        "| replicas | trainer MB per version: direct | tree | trainer-process CPU-s per version: direct | tree "
+        "| last replica, s: direct | tree |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for n in counts:
+        d, t = by[n, "direct"], by[n, "tree"]
+        out.append(
+            f"| {n} | {d['trainer_bytes_per_version'] / 1e6:.1f} ({d['trainer_copies_per_version']:g} copies) "
+            f"| **{t['trainer_bytes_per_version'] / 1e6:.1f} ({t['trainer_copies_per_version']:g})** "
+            f"| {d['trainer_cpu_s']:.2f} | **{t['trainer_cpu_s']:.2f}** | {d['last_replica_s']:.2f} | **{t['last_replica_s']:.2f}** |"
+        )
+    lo, hi = by[counts[0], "tree"], by[counts[-1], "tree"]
+    dlo, dhi = by[counts[0], "direct"], by[counts[-1], "direct"]
+    errors = [e for x in rows for e in x["errors"]]
+    out += [
+        "",
+        f"- From {counts[0]} to {counts[-1]} replicas the trainer serves {lo['trainer_copies_per_version']:g} to "
+        f"{hi['trainer_copies_per_version']:g} copies a version with the tree, {dlo['trainer_copies_per_version']:g} to "
+        f"{dhi['trainer_copies_per_version']:g} direct; its process's CPU per version is "
+        f"{dhi['trainer_cpu_s'] / hi['trainer_cpu_s']:.1f}x lower with the tree at {counts[-1]}.",
+        f"- Time to the last replica grows with n in both modes here ({dlo['last_replica_s']:.2f} to "
+        f"{dhi['last_replica_s']:.2f} s direct, {lo['last_replica_s']:.2f} to {hi['last_replica_s']:.2f} s tree): every "
+        "replica of this one box still receives, copies and digests the whole version on the same 2 cores, so the "
+        "box's memory copies, not a link, set the time. Where each replica has a host and link of its own, direct is "
+        "n copies over the trainer's one link and the tree the degree's copies plus one chunk hop a level, which is "
+        "what the planner charges (`planner/cost.py` `fanout_s`).",
+        f"- Fallbacks to a source higher in the tree: {sum(x['fallbacks'] for x in rows)}; errors: "
+        f"{len(errors)}{' (' + '; '.join(errors[:2]) + ')' if errors else ''}.",
+        "",
+    ]
     return out
 
 
@@ -1122,6 +1259,8 @@ BLOCKS = {
     "planner_rounds": _render_planner_rounds,
     "twin": _render_twin,
     "queue_scale": _render_queue_scale,
+    "trace_cost": _render_trace_cost,
+    "fanout": _render_fanout,
     "agent": _render_agent,
     "sticky": _render_sticky,
     "hub": _render_hub,

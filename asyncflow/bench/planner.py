@@ -87,9 +87,25 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "unbalanced.toml"
     type=click.IntRange(min=1),
     help="Rounds of online and static runs, alternating which goes first (more than 1 implies --compare).",
 )
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Change one config key for every run (repeatable), e.g. --set planner.move_cost_s=0 to measure a move's cost.",
+)
 @click.option("--out", type=click.Path(file_okay=False), help="Keep the run directories here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
-def planner(config_path: str, steps: int | None, window: int, compare: bool, rounds: int, out: str | None, as_json: bool) -> None:
+def planner(
+    config_path: str,
+    steps: int | None,
+    window: int,
+    compare: bool,
+    rounds: int,
+    overrides: tuple[str, ...],
+    out: str | None,
+    as_json: bool,
+) -> None:
     """Samples/s in the first and last windows of an unbalanced run, and the planner's decisions."""
     import msgspec
 
@@ -102,7 +118,7 @@ def planner(config_path: str, steps: int | None, window: int, compare: bool, rou
                 f"{EXAMPLE} does not exist (asyncflow is not installed from a source checkout): give a config with --config PATH"
             )
         config_path = str(EXAMPLE)
-    base = load_config(config_path)
+    base = load_config(config_path, overrides)
     if steps:
         base = msgspec.structs.replace(base, train=msgspec.structs.replace(base.train, num_steps=steps))
     root = Path(out or tempfile.mkdtemp(prefix="af-bench-planner-"))
@@ -149,7 +165,8 @@ def planner(config_path: str, steps: int | None, window: int, compare: bool, rou
     for e in results["online"]["measured"]:
         click.echo(
             f"measured at step {e['step']}: step {e['step_s_before']:.3f} -> {e['step_s_after']:.3f} s, "
-            f"gain {e['measured_gain']:+.0%} (predicted {e['predicted_gain']:+.0%})"
+            f"gain {e['measured_gain']:+.0%} (predicted {e['predicted_gain']:+.0%}); the move cost {e['cost_s']:.1f} s "
+            f"and was in place {e['wall_s']:.1f} s after its decision (planner.move_cost_s calibrates the first move)"
         )
     if not results["online"]["decisions"]:
         click.echo("the planner made no decision: the roles were balanced within planner.imbalance_threshold")

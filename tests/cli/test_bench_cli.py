@@ -73,3 +73,22 @@ def test_bench_planner_rounds_alternate_which_mode_goes_first_and_report_each_ro
 class _Launch:
     model_dir = "m"
     data_path = "d.jsonl"
+
+
+@pytest.mark.timeout(30)
+def test_bench_planner_set_changes_the_config_of_every_run(tmp_path, monkeypatch):
+    import asyncflow.bench.planner as bench_planner
+
+    costs = []
+
+    def one_run(base, mode, on, run_dir, window):
+        costs.append((mode, base.planner.move_cost_s, base.train.num_steps))
+        return {"samples_per_s": 10.0, "decisions": [], "measured": [], "reverted": []}
+
+    monkeypatch.setattr(bench_planner, "_run", one_run)
+    monkeypatch.setattr(bench_planner, "EXAMPLE", Path(__file__).resolve().parents[2] / "examples" / "unbalanced.toml")
+    monkeypatch.setattr("asyncflow.actors._prepare.prepare_new", lambda cfg, d: (cfg, d, _Launch()))
+    args = ["bench", "planner", "--rounds", "2", "--steps", "40", "--set", "planner.move_cost_s=3.5", "--out", str(tmp_path)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert costs == [("online", 3.5, 40), ("static", 3.5, 40), ("static", 3.5, 40), ("online", 3.5, 40)]
