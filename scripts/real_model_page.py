@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+TRL_LR_NUM_SEEDS = 10  # TRL at asyncflow's lr, then async: seeds 0-4 first, 5-9 added to narrow the difference's s.e.
+
 REAL = (
     "real_model",
     "real_lora_learning",
@@ -32,7 +34,7 @@ REAL = (
     "real_peer_seed4",
     "real_peer_trl2",
     *(f"real_bf16_seed{seed}" for seed in range(5)),
-    *(f"real_trl_lr_seed{seed}" for seed in range(5)),
+    *(f"real_trl_lr_seed{seed}" for seed in range(TRL_LR_NUM_SEEDS)),
     *(f"real_hfconv_seed{seed}" for seed in range(5)),
     "real_stream",
     "real_stream_seed1",
@@ -489,7 +491,7 @@ def _bf16_seed(r: dict, seed: int) -> list[str]:
     return out
 
 
-TRL_LR_SEEDS = tuple(f"real_trl_lr_seed{seed}" for seed in range(5))
+TRL_LR_SEEDS = tuple(f"real_trl_lr_seed{seed}" for seed in range(TRL_LR_NUM_SEEDS))
 
 
 def _trl_lr_seed(r: dict, seed: int) -> list[str]:
@@ -497,7 +499,7 @@ def _trl_lr_seed(r: dict, seed: int) -> list[str]:
     out = []
     if seed == 0:
         out += [
-            "## TRL at asyncflow's lr at every step, then async, over 5 seeds",
+            f"## TRL at asyncflow's lr at every step, then async, over {TRL_LR_NUM_SEEDS} seeds",
             "",
             "The sections above gave TRL the config's schedule through Hugging Face's schedulers, whose warmup starts "
             "at 0: TRL's first step did not move the weights, and its lr summed over the 10 steps was 9% below "
@@ -528,7 +530,7 @@ def _trl_lr_over_seeds(records: dict[str, dict]) -> list[str]:
             continue
         seed = int(name[-1])
         systems = records[name]["result"]["systems"]
-        old = records.get(peers[seed], {}).get("result", {}).get("systems", {}).get("trl")
+        old = records.get(peers.get(seed, ""), {}).get("result", {}).get("systems", {}).get("trl")  # seeds 0-4 only
         rows.append((seed, systems["trl"], systems["async"], old))
     if len(rows) < 2:
         return []
@@ -557,15 +559,16 @@ def _trl_lr_over_seeds(records: dict[str, dict]) -> list[str]:
         f"{statistics.median(a['samples_per_s'] / t['samples_per_s'] for _, t, a, _ in rows):.2f}x.",
         "",
     ]
-    if olds and len(olds) == len(rows):
-        own = statistics.mean(olds) - statistics.mean(a["heldout_accuracy"] for _, _, a, _ in rows)
+    both = [(t, a, old) for _, t, a, old in rows if old is not None]
+    if len(both) >= 2:
+        olds = [old["heldout_accuracy"] for *_, old in both]
+        own = statistics.mean(olds) - statistics.mean(a["heldout_accuracy"] for _, a, _ in both)
         out += [
             f"Read with the column beside it: TRL at its own Hugging Face warmup (the sections above, earlier code of "
-            f"asyncflow's evaluation and data) scored {statistics.mean(olds):.3f} on the same seeds, "
-            f"{'above' if own > 0 else 'below'} this async by {abs(own):.3f}; the two TRL schedules differ by "
-            f"{statistics.mean(olds) - statistics.mean(t['heldout_accuracy'] for _, t, _, _ in rows):+.3f}, as much as "
-            "async's gap either way. With a seed's difference spreading by about 0.1, 5 seeds do not separate the "
-            "systems in either comparison.",
+            f"asyncflow's evaluation and data) scored {statistics.mean(olds):.3f} on the {len(both)} seeds it ran, "
+            f"{'above' if own > 0 else 'below'} this async on those seeds by {abs(own):.3f}; the two TRL schedules "
+            f"differ there by {statistics.mean(olds) - statistics.mean(t['heldout_accuracy'] for t, _, _ in both):+.3f}. "
+            f"A seed's difference spreads by about {sd:.2f}: the standard error above is what more seeds buy.",
             "",
         ]
     return out

@@ -22,7 +22,7 @@ docs/performance.md's (scripts/performance_page.py renders that page). The real-
 ``real_rollout_distinct``, ``real_prefix`` (multi-turn, the prefix cache on vs off), ``real_train``, ``real_lora``,
 ``real_peer``, ``real_peer_seed1``, ``real_peer_seed2``, ``real_peer_trl2``,
 ``real_peer_seed3``, ``real_peer_seed4`` (TRL and async only), ``real_bf16_seed0`` to ``real_bf16_seed4`` (async
-with its rollout in bfloat16), ``real_trl_lr_seed0`` to ``real_trl_lr_seed4`` (TRL at asyncflow's lr
+with its rollout in bfloat16), ``real_trl_lr_seed0`` to ``real_trl_lr_seed9`` (TRL at asyncflow's lr
 schedule, and async), ``real_hfconv_seed0`` to ``real_hfconv_seed4`` (async at transformers' lr
 schedule), ``real_stream``, ``real_stream_seed1``, ``real_stream_seed2``: docs/real-model.md, rendered by
 scripts/real_model_page.py) are measured only when ``--only`` names them: they need
@@ -308,14 +308,14 @@ SECTIONS: dict[str, list[str]] = {
         for seed in (0, 1, 2, *MORE_SEEDS)
     },
     # TRL at asyncflow's lr at every step (bench/_peer_trl.py gives it asyncflow's schedule: warmup from lr / W,
-    # where Hugging Face's starts at 0), then async, on the same code, seeds 0-4, TRL on both cores
+    # where Hugging Face's starts at 0), then async, on the same code, seeds 0-9, TRL on both cores
     **{
         f"real_trl_lr_seed{seed}": [
             *_REAL_PEER,
             *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}"),
             *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_trl_lr_seed{seed}"),
         ]
-        for seed in range(5)
+        for seed in range(10)
     },
     # the example's async at transformers' lr schedule (train.engine.lr_schedule_convention = "huggingface"), the
     # schedule TRL trained with in the real_peer* sections: async only, seeds 0-4
@@ -1036,8 +1036,13 @@ def _render_twin(r: dict) -> list[str]:
             f"| linearity, {model.upper()} async, {lo} -> {hi} NPUs ({hi // lo}x) | {PAPER['linearity'][0]:.2f} and "
             f"{PAPER['linearity'][1]:.2f} (over 16x) | {lin_p:.2f} | **{lin_m:.2f}** |"
         )
+    largest = max(c["npus"] for c in cases)
+    walls = [c["wall_s"] for c in cases if c["npus"] == largest]
     out += [
         "",
+        f"- **Time on this box.** A case (its {len(cases[0]['modes'])} modes, each a whole run with its start and "
+        f"stop) took {min(c['wall_s'] for c in cases):.0f} to {max(c['wall_s'] for c in cases):.0f} s; those of "
+        f"{largest} logical devices {min(walls):.0f} to {max(walls):.0f} s (issue 31's target: under 10 minutes).",
         f"- **The twin against its planner.** Measured throughput is within {100 * max(errors):.0f}% of the prediction in "
         f"every mode and case (mean |error| {100 * _mean(errors):.0f}%); the largest is {worst_mode} at "
         f"{worst['model'].upper()} x {worst['npus']} ({worst['modes'][worst_mode]['replicas']} replicas), where the queue "
@@ -1151,7 +1156,9 @@ def _render_planner_rounds(r: dict) -> list[str]:
         "## The online planner, round by round (issue 31 item 6)",
         "",
         f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}, {r['seconds'] / 60:.0f} min): `examples/unbalanced.toml` "
-        "(one rollout replica generating 48 tokens a sample, a cheap trainer) with `[planner] online` on and off, "
+        "as shipped (one rollout replica generating 48 tokens a sample, a cheap trainer, 300 steps, weights that stay "
+        "put so that both runs generate the same work, `planner.move_cost_s` as measured on this box) with "
+        "`[planner] online` on and off, "
         "whole runs one after the other, the order alternating round by round. A move is made only when it repays "
         "its cost over the steps left, and one that slowed the run is reverted (docs/planner.md, 'What a move costs').",
         "",

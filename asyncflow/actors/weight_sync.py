@@ -114,7 +114,13 @@ class WeightSyncActor(Actor):
                 return
             except (AsyncflowError, LookupError) as exc:  # a dead replica fetches the latest when restarted
                 if refresh:
-                    log.warning("could not tell %s about weights v%d: %s", name, ready.version, exc)
+                    log.warning(
+                        "could not tell %s about weights v%d (a replica still starting or restarting loads the newest "
+                        "version once it is up): %s",
+                        name,
+                        ready.version,
+                        exc,
+                    )
 
     def _announce_all(self, todo: list[tuple[str, messages.WeightsReady]]) -> None:
         """Tell replicas their announcements, ``ANNOUNCE_THREADS`` at a time, in roster order;
