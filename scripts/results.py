@@ -476,18 +476,14 @@ SECTIONS: dict[str, list[str]] = {
     ],
     # issue 31, item 1: weight fan-out, direct against the relay tree, at 2 to 128 replicas (about 5 minutes)
     "fanout": [
-        PY,
-        "-m",
-        "asyncflow.cli.main",
-        "bench",
-        "fanout",
-        "--replicas",
-        "2,8,32,128",
-        "--mb",
-        "16",
-        "--versions",
-        "3",
-        "--json",
+        *(PY, "-m", "asyncflow.cli.main", "bench", "fanout", "--replicas", "2,8,32,128"),
+        *("--mb", "16", "--versions", "3", "--json"),
+    ],
+    # the same with every sender's uplink emulated (25 MB/s), as when each replica has a host of its own: the time to
+    # the last replica that the shared cores hide above (about 6 minutes)
+    "fanout_link": [
+        *(PY, "-m", "asyncflow.cli.main", "bench", "fanout", "--replicas", "2,8,32,128", "--mb", "4"),
+        *("--link-mb-s", "25", "--versions", "3", "--json"),
     ],
     # issue 31, item 5: the paper's table on the digital twin (afctl twin: 7B and 32B, 32 to 1,024 emulated NPUs,
     # sync, async and colocated each): about 15 minutes on 2 cores
@@ -905,14 +901,15 @@ def _render_trace_cost(r: dict) -> list[str]:
     return out
 
 
-def _render_fanout(r: dict) -> list[str]:
+def _fanout_head(r: dict, title: str) -> tuple[list[str], dict, list[int]]:
+    """The heading, the command and the table of a ``bench fanout`` section; its rows by (replicas, mode)."""
     rows = r["result"]["rows"]
     by = {(x["replicas"], x["fanout"]): x for x in rows}
     counts = sorted({x["replicas"] for x in rows})
     size = rows[0]["version_bytes"] / 1e6
     degree = next((x["degree"] for x in rows if x["fanout"] == "tree"), 2)
     out = [
-        "## Weight fan-out as replicas grow (issue 31 item 1)",
+        f"## {title}",
         "",
         f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): the real `weights` actor, roster, announcements, "
         "inbox, receivers and relays over ipc nng, with light replicas whose engine only keeps the tensors (64 per "
@@ -931,6 +928,34 @@ def _render_fanout(r: dict) -> list[str]:
             f"| **{t['trainer_bytes_per_version'] / 1e6:.1f} ({t['trainer_copies_per_version']:g})** "
             f"| {d['trainer_cpu_s']:.2f} | **{t['trainer_cpu_s']:.2f}** | {d['last_replica_s']:.2f} | **{t['last_replica_s']:.2f}** |"
         )
+    return out, by, counts
+
+
+def _render_fanout_link(r: dict) -> list[str]:
+    rows = r["result"]["rows"]
+    out, by, counts = _fanout_head(r, "Weight fan-out over an emulated link (issue 31 item 1)")
+    lo, hi = counts[0], counts[-1]
+    d_growth = by[hi, "direct"]["last_replica_s"] / by[lo, "direct"]["last_replica_s"]
+    t_growth = by[hi, "tree"]["last_replica_s"] / by[lo, "tree"]["last_replica_s"]
+    errors = [e for x in rows for e in x["errors"]]
+    out += [
+        "",
+        f"Every sender (the trainer's `weights` actor and each replica's relay) sends at most {rows[0]['link_mb_s']:g} "
+        "MB/s, its chunks one after another (`--link-mb-s`, `actors/weights/_link.py`), as when each replica has a "
+        "host and link of its own; the versions are small, so that this box's memory copies weigh less than the links. "
+        f"From {lo} to {hi} replicas ({hi // lo}x) the time to the last replica grew {d_growth:.1f}x direct (the "
+        f"trainer's link carries a copy per replica) and {t_growth:.1f}x with the tree (the trainer's link carries "
+        f"{by[hi, 'tree']['trainer_copies_per_version']:g} copies; each level adds one chunk's hop, the chunks "
+        f"pipelined: {hi.bit_length() - 1} levels at {hi} replicas). Fallbacks to a source higher in the tree: "
+        f"{sum(x['fallbacks'] for x in rows)}; errors: {len(errors)}.",
+        "",
+    ]
+    return out
+
+
+def _render_fanout(r: dict) -> list[str]:
+    rows = r["result"]["rows"]
+    out, by, counts = _fanout_head(r, "Weight fan-out as replicas grow (issue 31 item 1)")
     lo, hi = by[counts[0], "tree"], by[counts[-1], "tree"]
     dlo, dhi = by[counts[0], "direct"], by[counts[-1], "direct"]
     errors = [e for x in rows for e in x["errors"]]
@@ -945,7 +970,7 @@ def _render_fanout(r: dict) -> list[str]:
         "replica of this one box still receives, copies and digests the whole version on the same 2 cores, so the "
         "box's memory copies, not a link, set the time. Where each replica has a host and link of its own, direct is "
         "n copies over the trainer's one link and the tree the degree's copies plus one chunk hop a level, which is "
-        "what the planner charges (`planner/cost.py` `fanout_s`).",
+        "what the planner charges (`planner/cost.py` `fanout_s`); the next section emulates such links.",
         f"- Fallbacks to a source higher in the tree: {sum(x['fallbacks'] for x in rows)}; errors: "
         f"{len(errors)}{' (' + '; '.join(errors[:2]) + ')' if errors else ''}.",
         "",
@@ -1268,6 +1293,7 @@ BLOCKS = {
     "queue_scale": _render_queue_scale,
     "trace_cost": _render_trace_cost,
     "fanout": _render_fanout,
+    "fanout_link": _render_fanout_link,
     "agent": _render_agent,
     "sticky": _render_sticky,
     "hub": _render_hub,

@@ -44,10 +44,12 @@ import msgspec
 from asyncflow.actors import messages
 from asyncflow.actors._run import Run
 from asyncflow.actors.weights import build_sender, tree_levels, tree_sources
+from asyncflow.actors.weights._link import EmulatedLink
 from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor
 from asyncflow.core.errors import AsyncflowError
+from asyncflow.core.tensors import nbytes
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +80,10 @@ class Publish:
 class WeightSyncActor(Actor):
     Inbox = messages.WeightSyncIn
 
-    def __init__(self, ctx, run_dir: str, replicas: list[str], chunk_bytes: int = CHUNK_BYTES):
+    def __init__(self, ctx, run_dir: str, replicas: list[str], chunk_bytes: int = CHUNK_BYTES, link_mb_s: float = 0.0):
+        """``link_mb_s``: an emulated uplink for the nng chunks served (benchmarks, ``weights/_link.py``); 0: none."""
         super().__init__(ctx)
+        self.link = EmulatedLink(link_mb_s) if link_mb_s > 0 else None
         workflow = Run(run_dir).config.workflow
         self.replicas = list(replicas)  # the roster's last answer (the replicas at start until the first)
         self._roster_failed = False  # warned once that the roster does not answer
@@ -154,7 +158,12 @@ class WeightSyncActor(Actor):
             case messages.GetLatestWeights():
                 return self.sender.latest()
             case messages.GetWeightChunk() | messages.StreamWeights():
-                return self.sender.serve(msg)
+                served = self.sender.serve(msg)
+                if self.link is None or pending is None or not isinstance(served, messages.WeightChunk):
+                    return served
+                delay_s = self.link.delay_s(sum(nbytes(t) for t in served.tensors))
+                self.call_later(delay_s, lambda: pending.done or pending.resolve(served))
+                return DEFER
             case messages.GetWeightSyncStats():
                 return messages.WeightSyncStats(
                     num_bytes_served=self.sender.num_bytes_served, num_chunks_served=self.sender.num_chunks_served

@@ -66,10 +66,10 @@ class FanoutReplica(Actor):
     Inbox = messages.FanoutReplicaIn
     Urgent = (messages.WeightsReady,)
 
-    def __init__(self, ctx, fanout: str = "direct", timeout_s: float = 30.0, check_bytes: bool = False):
+    def __init__(self, ctx, fanout: str = "direct", timeout_s: float = 30.0, check_bytes: bool = False, link_mb_s: float = 0.0):
         super().__init__(ctx)
         self.engine = HeldWeights()
-        self.receiver = build_receiver("nng", ctx, timeout_s, fanout=fanout)
+        self.receiver = build_receiver("nng", ctx, timeout_s, fanout=fanout, link_mb_s=link_mb_s)
         self.inbox = WeightInbox(
             ctx.name,
             self.engine,
@@ -199,9 +199,12 @@ class Fleet:
         timeout_s: float,
         external: tuple[str, ...] = (),
         check_bytes: bool = False,
+        link_mb_s: float = 0.0,
     ):
         """``external``: replicas of the roster the caller starts itself (tests: one in a
-        process of its own, to kill); ``check_bytes``: replicas record a crc32 per version."""
+        process of its own, to kill); ``check_bytes``: replicas record a crc32 per version;
+        ``link_mb_s``: every sender's emulated uplink (the ``weights`` actor and each relay;
+        ``actors/weights/_link.py``), 0 for none."""
         from asyncflow.actors.roster import RosterActor
         from asyncflow.actors.weight_sync import WeightSyncActor
         from asyncflow.config.names import ROSTER
@@ -215,7 +218,11 @@ class Fleet:
         try:
             for name, cls, kwargs in (
                 (ROSTER, RosterActor, {"replicas": lambda: list(self.names)}),
-                (WEIGHTS, WeightSyncActor, {"run_dir": run_dir, "replicas": self.names, "chunk_bytes": chunk_bytes}),
+                (
+                    WEIGHTS,
+                    WeightSyncActor,
+                    {"run_dir": run_dir, "replicas": self.names, "chunk_bytes": chunk_bytes, "link_mb_s": link_mb_s},
+                ),
             ):
                 served = serve_actor(cls, name, transport, directory_address=client.address, **kwargs)
                 self.served.append(served)
@@ -224,7 +231,9 @@ class Fleet:
             hosted = [name for name in self.names if name not in external]
             for p in range(min(processes, len(hosted))):  # interleaved: parents and children in different processes
                 specs = [
-                    actor_spec(name, FanoutReplica, fanout=fanout, timeout_s=timeout_s, check_bytes=check_bytes)
+                    actor_spec(
+                        name, FanoutReplica, fanout=fanout, timeout_s=timeout_s, check_bytes=check_bytes, link_mb_s=link_mb_s
+                    )
                     for name in hosted[p::processes]
                 ]
                 self.hosts.append(spawn_host(f"fanout-{p}", client, transport, specs))
@@ -291,6 +300,14 @@ def _publish(version: int, named: list, digest: int):
 @click.option("--versions", default=3, show_default=True, help="Timed versions per point (after one warm-up; median).")
 @click.option("--processes", default=2, show_default=True, help="Processes the replicas share.")
 @click.option("--scheme", default="ipc", type=click.Choice(["ipc", "tcp"]), show_default=True, help="nng transport.")
+@click.option(
+    "--link-mb-s",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Emulate an uplink of this many MB/s at every sender (the trainer's weights actor, each relay), as when each "
+    "replica has a host of its own; 0: none (this box's cores and memory set the time).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
 def fanout(
     replicas: str,
@@ -302,6 +319,7 @@ def fanout(
     versions: int,
     processes: int,
     scheme: str,
+    link_mb_s: float,
     as_json: bool,
 ) -> None:
     """Weight fan-out: trainer bytes per version and time to the last replica, direct vs tree."""
@@ -319,7 +337,7 @@ def fanout(
         for n in [int(x) for x in replicas.split(",")]:
             for mode in modes.split(","):
                 run_dir = fanout_run_dir(tempfile.mkdtemp(prefix="af-fanout-run-"), mode, degree)
-                fleet = Fleet(client, transport, run_dir, mode, n, processes, chunk_bytes, timeout_s=60.0)
+                fleet = Fleet(client, transport, run_dir, mode, n, processes, chunk_bytes, timeout_s=60.0, link_mb_s=link_mb_s)
                 try:
                     points = [fleet.publish(v, version_tensors(v, num_bytes, tensor_bytes)) for v in range(1, versions + 2)][1:]
                 finally:
@@ -331,6 +349,7 @@ def fanout(
                     {
                         "replicas": n,
                         "fanout": mode,
+                        "link_mb_s": link_mb_s,
                         "degree": degree if mode == "tree" else None,
                         "version_bytes": size,
                         "trainer_bytes_per_version": served,

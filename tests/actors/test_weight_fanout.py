@@ -142,6 +142,30 @@ def test_every_version_reaches_every_replica_byte_exact_in_order_and_the_tree_se
         assert sum(r.num_fallbacks for r in final) == 0
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fanout", ["direct", "tree"])
+def test_with_an_emulated_link_each_sender_serves_at_its_rate_and_every_replica_still_gets_every_version(
+    cluster, tmp_path, fanout
+):
+    transport, client = cluster
+    n, degree, mb_s = 7, 2, 4.0
+    run_dir = fanout_run_dir(str(tmp_path), fanout, degree, timeout_s=20.0)
+    fleet = Fleet(client, transport, run_dir, fanout, n, 2, CHUNK_BYTES, timeout_s=20.0, check_bytes=True, link_mb_s=mb_s)
+    try:
+        sent = _versions(fleet, (1, 2))
+        final = fleet.records()
+    finally:
+        fleet.close()
+    copies = degree if fanout == "tree" else n
+    for v, point in sent.items():
+        assert [r.crc32[v] for r in point["records"]] == [point["crc"]] * n, f"v{v} not byte-exact everywhere"
+        assert point["served_bytes"] == copies * VERSION_BYTES
+        # the trainer's link sends its copies one after another: the last replica cannot have them sooner
+        assert point["last_s"] >= copies * VERSION_BYTES / (mb_s * 1e6), point["last_s"]
+    assert all(not r.errors for r in final), [r.errors for r in final]
+    assert sum(r.num_fallbacks for r in final) == 0  # a paced relay is not taken for a frozen one
+
+
 def _victim(client: DirectoryClient, transport: TransportConfig, name: str, timeout_s: float, stall: tuple[int, int] | None):
     cmd = [sys.executable, str(HERE / "_fanout_victim.py"), "--directory", client.address, "--ipc-dir", transport.ipc_dir]
     cmd += ["--name", name, "--timeout-s", str(timeout_s)]

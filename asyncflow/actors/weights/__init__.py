@@ -71,13 +71,20 @@ def build_sender(transport: str, ctx, chunk_bytes: int, timeout_s: float) -> Wei
 
 
 def build_receiver(
-    transport: str, ctx, timeout_s: float, device: str | None = None, engine=None, fanout: str = "direct"
+    transport: str,
+    ctx,
+    timeout_s: float,
+    device: str | None = None,
+    engine=None,
+    fanout: str = "direct",
+    link_mb_s: float = 0.0,
 ) -> WeightReceiver:
     """A replica's side of ``transport`` for the actor of ``ctx``. The collective
     receives onto the engine's device (else ``device``); where this replica cannot
     take part in one (e.g. npu without torch_npu) it says so once and uses nng.
     ``fanout`` (``[workflow] weight_fanout``): ``tree`` relays nng chunks through the
-    replicas (``_relay.py``; the config refuses it with the collective)."""
+    replicas (``_relay.py``; the config refuses it with the collective); ``link_mb_s``, an
+    emulated uplink for this replica's relay (benchmarks, ``_link.py``)."""
     if fanout not in ("direct", "tree"):
         raise ValueError(f"unknown weight fan-out {fanout!r}: use 'direct' or 'tree'")
     if fanout == "tree":
@@ -85,7 +92,7 @@ def build_receiver(
             raise ValueError(f"weight_fanout = 'tree' relays nng chunks, not {transport!r}: use weight_transport = 'nng'")
         from asyncflow.actors.weights._relay import TreeReceiver
 
-        return TreeReceiver(ctx, timeout_s)
+        return TreeReceiver(ctx, timeout_s, link_mb_s=link_mb_s)
     if transport == "nng":
         return NngReceiver(timeout_s)
     if transport != "collective":

@@ -52,6 +52,7 @@ from collections.abc import Callable
 
 from asyncflow.actors import messages
 from asyncflow.actors.weights._base import NamedTensors, WeightReceiver
+from asyncflow.actors.weights._link import EmulatedLink
 from asyncflow.actors.weights._nng import joined
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor, Pending, serve_actor
@@ -236,18 +237,23 @@ class RelayActor(Actor):
 
     Inbox = messages.RelayIn
 
-    def __init__(self, ctx, hold_s: float = HOLD_S, num_kept: int = NUM_KEPT):
+    def __init__(self, ctx, hold_s: float = HOLD_S, num_kept: int = NUM_KEPT, link_mb_s: float = 0.0):
+        """``link_mb_s``: an emulated uplink for the chunks served (benchmarks, ``_link.py``); 0: none."""
         super().__init__(ctx)
         self.hold_s = hold_s
         self.store = RelayStore(num_kept)
         self.num_bytes_served = self.num_chunks_served = 0
         self._ids = itertools.count()
+        self.link = EmulatedLink(link_mb_s) if link_mb_s > 0 else None
 
     def handle(self, msg, pending: Pending | None):
         match msg:
             case messages.RelayChunk(version=version, index=index):
                 chunk = self.store.get(version, index)
                 if chunk is not None:
+                    if self.link is not None and pending is not None:
+                        self._send_later(self._served(chunk), pending)
+                        return DEFER
                     return self._served(chunk)
                 if pending is None or (version <= self.store.announced and not self.store.coming(version)):
                     return messages.RelayWait(version=version, index=index, coming=False)
@@ -263,7 +269,7 @@ class RelayActor(Actor):
             case _Put(chunk=chunk):
                 for _, _, _, waiting in self.store.put(chunk):
                     if not waiting.done:
-                        waiting.resolve(self._served(chunk))
+                        self._send_later(self._served(chunk), waiting)
             case _End(version=version):
                 self._answer_wait(self.store.end(version), coming=False)
             case GetRelayStats():
@@ -284,6 +290,13 @@ class RelayActor(Actor):
         self.num_chunks_served += 1
         self.num_bytes_served += sum(nbytes(t) for t in chunk.tensors)
         return chunk
+
+    def _send_later(self, chunk: messages.WeightChunk, waiting: Pending) -> None:
+        """Answer ``waiting`` with ``chunk``: at once, or once the emulated link has sent it."""
+        if self.link is None:
+            waiting.resolve(chunk)
+            return
+        self.call_later(self.link.delay_s(sum(nbytes(t) for t in chunk.tensors)), lambda: waiting.done or waiting.resolve(chunk))
 
     @staticmethod
     def _answer_wait(tokens: list, coming: bool) -> None:
@@ -395,9 +408,16 @@ class RelayReceiver(WeightReceiver):
             return None
 
 
-def start_relay(ctx, hold_s: float = HOLD_S):
+def start_relay(ctx, hold_s: float = HOLD_S, link_mb_s: float = 0.0):
     """Serve ``relay.<ctx.name>`` in this process and register it; returns the served actor."""
-    served = serve_actor(RelayActor, relay_name(ctx.name), ctx.transport, directory_address=ctx.directory_address, hold_s=hold_s)
+    served = serve_actor(
+        RelayActor,
+        relay_name(ctx.name),
+        ctx.transport,
+        directory_address=ctx.directory_address,
+        hold_s=hold_s,
+        link_mb_s=link_mb_s,
+    )
     try:
         ctx.directory.register(served.entry())
     except BaseException:
@@ -409,9 +429,11 @@ def start_relay(ctx, hold_s: float = HOLD_S):
 class TreeReceiver(RelayReceiver):
     """A ``RelayReceiver`` that owns its relay actor: started with it, stopped by ``close``."""
 
-    def __init__(self, ctx, timeout_s: float, source_timeout_s: float = SOURCE_TIMEOUT_S, hold_s: float = HOLD_S):
+    def __init__(
+        self, ctx, timeout_s: float, source_timeout_s: float = SOURCE_TIMEOUT_S, hold_s: float = HOLD_S, link_mb_s: float = 0.0
+    ):
         # a held request is answered well inside the asker's patience
-        self.served = start_relay(ctx, min(hold_s, min(source_timeout_s, timeout_s) / 2))
+        self.served = start_relay(ctx, min(hold_s, min(source_timeout_s, timeout_s) / 2), link_mb_s)
         super().__init__(ctx.directory, self.served.pykka_ref, timeout_s, source_timeout_s)
 
     def relay_stats(self) -> tuple[int, int, int]:
