@@ -626,6 +626,35 @@ def _parity_stream(r: dict) -> list[str]:
     return out + ["", line + ".", ""]
 
 
+def _render_parity(r: dict) -> list[str]:
+    p = r["result"]["parity"]
+    s, a = p["sync"], p["async"]
+    out = [
+        "## Learning: async (k = 1) against sync, seed by seed",
+        "",
+        f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): `examples/local.toml` as shipped, 300 steps"
+        " x 128 samples per run, each run a fresh `afctl up`.",
+        "",
+        "| mode | seed | reward, first 10% of steps | reward, last 10% | samples/s | held-out greedy accuracy, final / best |",
+        "|---|---|---|---|---|---|",
+    ]
+    for mode, m in (("sync", s), ("async", a)):
+        for i, seed in enumerate(p["seeds"]):
+            out.append(
+                f"| {mode} | {seed} | {m['reward_first_10pct'][i]:.3f} | {m['reward_last_10pct'][i]:.3f} | "
+                f"{m['samples_per_s'][i]:.0f} | {m['val_final_accuracy'][i]} / {m['val_best_accuracy'][i]} |"
+            )
+    out += [
+        "",
+        f"Last-10% reward over the seeds: **sync {s['reward_last_10pct_mean']:.3f}, async "
+        f"{a['reward_last_10pct_mean']:.3f}** (async - sync = {p['async_minus_sync']:+.3f}); async samples/s "
+        f"{_mean(a['samples_per_s']):.0f} against sync {_mean(s['samples_per_s']):.0f} "
+        f"({_mean(a['samples_per_s']) / _mean(s['samples_per_s']):.2f}x, separate runs).",
+        "",
+    ]
+    return out
+
+
 def render(records: dict[str, dict]) -> str:
     out = [
         "# Measured results (this 2-core CPU machine)",
@@ -639,33 +668,8 @@ def render(records: dict[str, dict]) -> str:
         "page of its own: [real-model.md](real-model.md).",
         "",
     ]
-    if "parity" in records:
-        r = records["parity"]
-        p = r["result"]["parity"]
-        s, a = p["sync"], p["async"]
-        out += [
-            "## Learning: async (k = 1) against sync, seed by seed",
-            "",
-            f"`{r['command']}` ({r['when']}, load {r['load_avg_1m']}): `examples/local.toml` as shipped, 300 steps"
-            " x 128 samples per run, each run a fresh `afctl up`.",
-            "",
-            "| mode | seed | reward, first 10% of steps | reward, last 10% | samples/s | held-out greedy accuracy, final / best |",
-            "|---|---|---|---|---|---|",
-        ]
-        for mode, m in (("sync", s), ("async", a)):
-            for i, seed in enumerate(p["seeds"]):
-                out.append(
-                    f"| {mode} | {seed} | {m['reward_first_10pct'][i]:.3f} | {m['reward_last_10pct'][i]:.3f} | "
-                    f"{m['samples_per_s'][i]:.0f} | {m['val_final_accuracy'][i]} / {m['val_best_accuracy'][i]} |"
-                )
-        out += [
-            "",
-            f"Last-10% reward over the seeds: **sync {s['reward_last_10pct_mean']:.3f}, async "
-            f"{a['reward_last_10pct_mean']:.3f}** (async - sync = {p['async_minus_sync']:+.3f}); async samples/s "
-            f"{_mean(a['samples_per_s']):.0f} against sync {_mean(s['samples_per_s']):.0f} "
-            f"({_mean(a['samples_per_s']) / _mean(s['samples_per_s']):.2f}x, separate runs).",
-            "",
-        ]
+    if "parity" in records:  # a block: measured alone (--only parity), it is spliced into the page as it stands
+        out += block_lines("parity", _render_parity(records["parity"]))
     if "objective" in records:
         r = records["objective"]
         o = r["result"]["parity"]["async"]
@@ -762,7 +766,7 @@ def render(records: dict[str, dict]) -> str:
         if name in records:
             out += _render_dynamic_sampling(records[name])
     for name, render_block in BLOCKS.items():
-        if name in records:
+        if name in records and name not in INLINE_BLOCKS:
             out += block_lines(name, render_block(records[name]))
     return "\n".join(out)
 
@@ -1301,6 +1305,9 @@ BLOCKS = {
 }
 """Sections of docs/results.md in a marked block of their own: measured alone (``--only``), their block is
 rewritten in the page as it stands when the JSON of the others is not at hand."""
+INLINE_BLOCKS = {"parity": _render_parity}
+"""Blocks that ``render`` places in the page's order (the first section), not at its end."""
+BLOCKS = {**BLOCKS, **INLINE_BLOCKS}
 
 
 def main() -> int:
