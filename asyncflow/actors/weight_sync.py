@@ -44,7 +44,7 @@ import msgspec
 from asyncflow.actors import messages
 from asyncflow.actors._run import Run
 from asyncflow.actors.weights import build_sender, tree_levels, tree_sources
-from asyncflow.actors.weights._link import EmulatedLink
+from asyncflow.actors.weights._link import EmulatedLink, resolve_open
 from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor
@@ -162,7 +162,7 @@ class WeightSyncActor(Actor):
                 if self.link is None or pending is None or not isinstance(served, messages.WeightChunk):
                     return served
                 delay_s = self.link.delay_s(sum(nbytes(t) for t in served.tensors))
-                self.call_later(delay_s, lambda: pending.done or pending.resolve(served))
+                self.call_later(delay_s, lambda: resolve_open(pending, served))
                 return DEFER
             case messages.GetWeightSyncStats():
                 return messages.WeightSyncStats(

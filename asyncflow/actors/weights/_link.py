@@ -27,3 +27,9 @@ class EmulatedLink:
             now = self.clock()
             self._free_at = max(now, self._free_at) + num_bytes / self.bytes_per_s
             return self._free_at - now
+
+
+def resolve_open(pending, reply) -> None:
+    """Answer ``pending`` with ``reply`` once the link has sent it, unless it was answered meanwhile."""
+    if not pending.done:
+        pending.resolve(reply)

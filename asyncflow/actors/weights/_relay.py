@@ -52,7 +52,7 @@ from collections.abc import Callable
 
 from asyncflow.actors import messages
 from asyncflow.actors.weights._base import NamedTensors, WeightReceiver
-from asyncflow.actors.weights._link import EmulatedLink
+from asyncflow.actors.weights._link import EmulatedLink, resolve_open
 from asyncflow.actors.weights._nng import joined
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor, Pending, serve_actor
@@ -296,7 +296,7 @@ class RelayActor(Actor):
         if self.link is None:
             waiting.resolve(chunk)
             return
-        self.call_later(self.link.delay_s(sum(nbytes(t) for t in chunk.tensors)), lambda: waiting.done or waiting.resolve(chunk))
+        self.call_later(self.link.delay_s(sum(nbytes(t) for t in chunk.tensors)), lambda: resolve_open(waiting, chunk))
 
     @staticmethod
     def _answer_wait(tokens: list, coming: bool) -> None:
