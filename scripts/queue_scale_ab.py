@@ -14,25 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-from _trees import tree_at
+from _trees import run_against, tree_at
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "asyncflow" / "bench" / "queue_scale.py"
 
 
 def run_case(tree: Path, rows: int, replicas: int, steps: int, train_ms: float) -> dict:
-    cmd = [sys.executable, "-P", str(BENCH), "--rows", str(rows), "--replicas", str(replicas), "--steps", str(steps)]
-    cmd += ["--train-ms", str(train_ms), "--json"]
-    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
-    done = subprocess.run(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{tree}: queue_scale failed ({done.returncode}):\n{done.stdout[-3000:]}")
-    return json.loads([line for line in done.stdout.splitlines() if line.startswith("[")][-1])[0]
+    args = ["--rows", str(rows), "--replicas", str(replicas), "--steps", str(steps), "--train-ms", str(train_ms), "--json"]
+    out = run_against(tree, BENCH, args)
+    return json.loads([line for line in out.splitlines() if line.startswith("[")][-1])[0]
 
 
 def main() -> int:

@@ -10,23 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-from _trees import ROOT, tree_at
+from _trees import ROOT, run_against, tree_at
 
 SCRIPT = ROOT / "scripts" / "trace_cost.py"
 
 
 def run_case(tree: Path, events: int, every: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-P", str(SCRIPT), "--events", str(events), "--every", str(every), "--json"]
-    done = subprocess.run(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{tree}: trace_cost failed ({done.returncode}):\n{done.stdout[-3000:]}")
-    return json.loads(done.stdout.splitlines()[-1])
+    return json.loads(run_against(tree, SCRIPT, ["--events", str(events), "--every", str(every), "--json"]).splitlines()[-1])
 
 
 def main() -> int:
