@@ -1083,11 +1083,11 @@ def _render_twin(r: dict) -> list[str]:
         f"- **The twin's speedups against the planner's** (mean {_mean(twin_sp):.2f}x measured, {_mean(plan_sp):.2f}x "
         "predicted). The planner's async rollout streams (continuous batching hides each call's long tail behind the "
         "next); the emulated replica serves one generate call at a time and pays each call's tail, so async gets less "
-        "than the planner credits it, while sync and colocated pay the tail either way. And the emulated weight sync "
-        "moves 256 bytes: the planner's transfer and, for "
-        "colocated, the offload of the training state (its `weight_sync` stage) are not slept, which favours the "
-        "baselines slightly. Every gap here is also the 2 shared cores: 2,048 rows per step of tokenizing, scoring "
-        "and queue traffic cost real CPU beside the emulated sleep.",
+        "than the planner credits it, while sync and colocated pay the tail either way. The weights take the real "
+        "model's transfer time: the emulated version (256 bytes) goes to each replica over an emulated link "
+        "(`workflow.weight_link_mb_s`) whose rate makes the copies take the planner's transfer for the split, times "
+        "time_scale; colocated's offload of the training state is not slept. Every gap here is also the 2 shared "
+        "cores: 2,048 rows per step of tokenizing, scoring and queue traffic cost real CPU beside the emulated sleep.",
         f"- **Against the paper (mean {PAPER['mean']}x, peak {PAPER['peak']}x).** The paper's baseline is verl as "
         "measured; ours is the planner's clean colocated model of it (no log-prob recomputation, no engine "
         "start/stop, a local reshard; docs/planner.md, 'The paper's settings'), which favours the baseline. The paper's "

@@ -80,11 +80,13 @@ class Publish:
 class WeightSyncActor(Actor):
     Inbox = messages.WeightSyncIn
 
-    def __init__(self, ctx, run_dir: str, replicas: list[str], chunk_bytes: int = CHUNK_BYTES, link_mb_s: float = 0.0):
-        """``link_mb_s``: an emulated uplink for the nng chunks served (benchmarks, ``weights/_link.py``); 0: none."""
+    def __init__(self, ctx, run_dir: str, replicas: list[str], chunk_bytes: int = CHUNK_BYTES, link_mb_s: float | None = None):
+        """``link_mb_s``: an emulated uplink for the nng chunks served (``weights/_link.py``; None: the run's
+        ``workflow.weight_link_mb_s``); 0: none."""
         super().__init__(ctx)
-        self.link = EmulatedLink(link_mb_s) if link_mb_s > 0 else None
         workflow = Run(run_dir).config.workflow
+        link_mb_s = workflow.weight_link_mb_s if link_mb_s is None else link_mb_s
+        self.link = EmulatedLink(link_mb_s) if link_mb_s > 0 else None
         self.replicas = list(replicas)  # the roster's last answer (the replicas at start until the first)
         self._roster_failed = False  # warned once that the roster does not answer
         self.substep = workflow.substep_updates

@@ -34,7 +34,8 @@ from pathlib import Path
 import msgspec
 
 from asyncflow.config.run import RunConfig
-from asyncflow.planner.cost import Workload
+from asyncflow.planner.calibration import Efficiency
+from asyncflow.planner.cost import Workload, weight_transfer_s
 from asyncflow.planner.hardware import get_hardware
 from asyncflow.planner.models import PRESETS
 from asyncflow.planner.search import Plan, search
@@ -171,6 +172,22 @@ def plan_modes(model: str, hardware: str, npus: int, wl: Workload, modes: list[s
     return out
 
 
+EMULATED_WEIGHT_BYTES = 64 * 4
+"""What one emulated version sends: the emulated engines' one 64-float tensor (``engines/emulated_model.py``,
+``WEIGHT_ELEMENTS``, which this side of the engine boundary may not import; tests/bench/test_twin.py checks they agree)."""
+
+
+def weight_link_mb_s(mp: ModePlan, model: str, hardware: str, time_scale: float) -> float:
+    """``workflow.weight_link_mb_s`` for a mode: the rate at which the emulated version's copies, one per replica
+    over the trainer's emulated link, take the planner's weight transfer for that split (``weight_transfer_s``:
+    direct, a shard per replica over the inter-node link; colocated, one local reshard) times ``time_scale``."""
+    hw = get_hardware(hardware)
+    colocated = mp.mode == "colocated"
+    transfer_s = weight_transfer_s(PRESETS[model], hw, Efficiency(), mp.rollout_tp, colocated=colocated, replicas=mp.replicas)
+    link_s = max(1e-9, transfer_s - hw.collective_latency_s) * time_scale  # the latency is not a link's
+    return mp.replicas * EMULATED_WEIGHT_BYTES / link_s / 1e6
+
+
 def config_text(
     mp: ModePlan,
     model: str,
@@ -231,6 +248,7 @@ train_pp = {mp.train_pp}
 mode = "{mp.workflow_mode}"
 staleness = {1 if mp.workflow_mode == "async" else 0}
 verify_weights = "error"
+weight_link_mb_s = {weight_link_mb_s(mp, model, hardware, time_scale)!r}  # the real model's transfer, times time_scale
 
 [cluster]
 actors_per_process = {mp.per_process}

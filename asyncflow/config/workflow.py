@@ -11,6 +11,7 @@ from asyncflow.config._section import Section
 from asyncflow.core.schema import Refused
 from asyncflow.engines.config import (
     Count,
+    NonNegFloat,
     NonNegInt,
     Seconds,
 )
@@ -122,6 +123,16 @@ class WorkflowConfig(Section):
             "log(replicas) while each relay serves that many copies.",
         ),
     ] = 2
+    weight_link_mb_s: Annotated[
+        NonNegFloat,
+        Meta(
+            description="Emulation only (benchmarks, ``afctl twin``): every sender of weight chunks (the trainer's "
+            "``weights`` actor, each relay of the tree) answers a chunk once an emulated uplink of this many MB/s has sent "
+            "it, its chunks one after another (``actors/weights/_link.py``), as when each replica has a host and link of "
+            "its own. The twin sets it so that its small emulated weights take the real model's transfer time. 0: none "
+            "(a real run's transfers take what they take).",
+        ),
+    ] = 0.0
     partial_rollout: Annotated[
         bool,
         Meta(

@@ -84,6 +84,36 @@ def test_the_config_it_writes_loads_as_an_emulated_packed_run():
         assert cfg.workflow.mode == mp.workflow_mode and cfg.train.prompts_per_step == 256
 
 
+def test_the_emulated_weights_take_the_planners_transfer_over_the_emulated_link():
+    from asyncflow.engines.emulated_model import WEIGHT_ELEMENTS
+    from asyncflow.planner.calibration import Efficiency
+    from asyncflow.planner.cost import weight_transfer_s
+    from asyncflow.planner.hardware import get_hardware
+    from asyncflow.planner.models import PRESETS
+
+    assert tw.EMULATED_WEIGHT_BYTES == WEIGHT_ELEMENTS * 4  # what one emulated version sends
+    hw = get_hardware("910b")
+    plans = tw.plan_modes("32b", "910b", 256, WL, ["sync", "colocated"])
+    for mp in plans.values():
+        cfg = load_config_text(tw.config_text(mp, "32b", "910b", 0.05, 6, 256, 8), "twin")
+        rate = cfg.workflow.weight_link_mb_s * 1e6
+        planner_s = weight_transfer_s(
+            PRESETS["32b"], hw, Efficiency(), mp.rollout_tp, colocated=mp.mode == "colocated", replicas=mp.replicas
+        )
+        # every replica's copy over the trainer's one link: the planner's transfer (less its latency), scaled
+        fanout_s = mp.replicas * tw.EMULATED_WEIGHT_BYTES / rate
+        assert fanout_s == pytest.approx((planner_s - hw.collective_latency_s) * 0.05)
+    assert plans["sync"].predicted_stage_s["weight_sync"] * 0.05 == pytest.approx(
+        plans["sync"].replicas
+        * tw.EMULATED_WEIGHT_BYTES
+        / (
+            load_config_text(tw.config_text(plans["sync"], "32b", "910b", 0.05, 6, 256, 8), "twin").workflow.weight_link_mb_s
+            * 1e6
+        ),
+        rel=1e-3,
+    )
+
+
 def test_figures_leave_the_warmup_out_and_divide_by_the_steps_measured():
     mp = tw.plan_modes("7b", "910b", 32, WL, ["async"])["async"]
     metrics = [{"time_s": t, "samples": 100.0} for t in (5.0, 5.1, 6.0, 7.0, 8.0)]  # steps 3..5 take 1 s each

@@ -111,6 +111,7 @@ class RolloutActor(LoopActor):
             device=cfg.cluster.device,
             engine=self.engine,
             fanout=cfg.workflow.weight_fanout,  # tree: a relay for this replica's children beside it (weights/_relay.py)
+            link_mb_s=cfg.workflow.weight_link_mb_s,  # emulation only: the relay's uplink
         )
         # held around every generate call and weight swap: the gateway (docs/gateway.md) shares the engine
         self.engine_lock = threading.Lock()
