@@ -3,7 +3,9 @@ one measurement against two trees (``PYTHONPATH=<tree> python -P ...``)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,9 +24,6 @@ def tree_at(rev: str, dest: Path) -> Path:
 def run_against(tree: Path, script: Path, args: list[str]) -> str:
     """``script`` (a file of this tree) run with ``tree`` alone on the import path (``python -P``, one
     torch thread); its output (stdout and stderr). A failure stops the caller with the output's tail."""
-    import os
-    import sys
-
     env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-P", str(script), *args]
     done = subprocess.run(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

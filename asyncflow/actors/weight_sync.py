@@ -44,12 +44,11 @@ import msgspec
 from asyncflow.actors import messages
 from asyncflow.actors._run import Run
 from asyncflow.actors.weights import build_sender, tree_levels, tree_sources
-from asyncflow.actors.weights._link import EmulatedLink, resolve_open
+from asyncflow.actors.weights._link import EmulatedLink
 from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor
 from asyncflow.core.errors import AsyncflowError
-from asyncflow.core.tensors import nbytes
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +79,10 @@ class Publish:
 class WeightSyncActor(Actor):
     Inbox = messages.WeightSyncIn
 
-    def __init__(self, ctx, run_dir: str, replicas: list[str], chunk_bytes: int = CHUNK_BYTES, link_mb_s: float | None = None):
-        """``link_mb_s``: an emulated uplink for the nng chunks served (``weights/_link.py``; None: the run's
-        ``workflow.weight_link_mb_s``); 0: none."""
+    def __init__(self, ctx, run_dir: str, replicas: list[str], chunk_bytes: int = CHUNK_BYTES):
         super().__init__(ctx)
         workflow = Run(run_dir).config.workflow
-        link_mb_s = workflow.weight_link_mb_s if link_mb_s is None else link_mb_s
-        self.link = EmulatedLink(link_mb_s) if link_mb_s > 0 else None
+        self.link = EmulatedLink.of(workflow.weight_link_mb_s)  # emulation only (weights/_link.py); None: no link
         self.replicas = list(replicas)  # the roster's last answer (the replicas at start until the first)
         self._roster_failed = False  # warned once that the roster does not answer
         self.substep = workflow.substep_updates
@@ -163,8 +159,7 @@ class WeightSyncActor(Actor):
                 served = self.sender.serve(msg)
                 if self.link is None or pending is None or not isinstance(served, messages.WeightChunk):
                     return served
-                delay_s = self.link.delay_s(sum(nbytes(t) for t in served.tensors))
-                self.call_later(delay_s, lambda: resolve_open(pending, served))
+                self.link.send(self, served, pending)
                 return DEFER
             case messages.GetWeightSyncStats():
                 return messages.WeightSyncStats(

@@ -156,8 +156,9 @@ class FanoutReplica(Actor):
         self.inbox.close()
 
 
-def fanout_run_dir(path: str, fanout: str, degree: int = 2, timeout_s: float = 30.0) -> str:
-    """A run directory with what the ``weights`` actor reads: the fan-out, nng, no grant."""
+def fanout_run_dir(path: str, fanout: str, degree: int = 2, timeout_s: float = 30.0, link_mb_s: float = 0.0) -> str:
+    """A run directory with what the ``weights`` actor reads: the fan-out, nng, no grant, and
+    ``link_mb_s``, every sender's emulated uplink (``workflow.weight_link_mb_s``; 0: none)."""
     from pathlib import Path
 
     import msgspec
@@ -168,6 +169,7 @@ def fanout_run_dir(path: str, fanout: str, degree: int = 2, timeout_s: float = 3
 
     run = Path(path)
     keys = {"weight_fanout": fanout, "weight_fanout_degree": degree, "substep_updates": False, "weight_timeout_s": timeout_s}
+    keys["weight_link_mb_s"] = link_mb_s
     workflow = msgspec.convert(keys, WorkflowConfig)  # checked as a config file's [workflow] is
     (run / "config.json").write_bytes(msgspec.json.encode(RunConfig(workflow=workflow)))
     (run / "launch.json").write_bytes(msgspec.json.encode(LaunchInfo(model_dir="", base_model_dir="", data_path="")))
@@ -199,12 +201,11 @@ class Fleet:
         timeout_s: float,
         external: tuple[str, ...] = (),
         check_bytes: bool = False,
-        link_mb_s: float = 0.0,
     ):
         """``external``: replicas of the roster the caller starts itself (tests: one in a
-        process of its own, to kill); ``check_bytes``: replicas record a crc32 per version;
-        ``link_mb_s``: every sender's emulated uplink (the ``weights`` actor and each relay;
-        ``actors/weights/_link.py``), 0 for none."""
+        process of its own, to kill); ``check_bytes``: replicas record a crc32 per version.
+        The run directory's ``workflow.weight_link_mb_s`` paces every sender (``fanout_run_dir``)."""
+        from asyncflow.actors._run import Run
         from asyncflow.actors.roster import RosterActor
         from asyncflow.actors.weight_sync import WeightSyncActor
         from asyncflow.config.names import ROSTER
@@ -218,17 +219,14 @@ class Fleet:
         try:
             for name, cls, kwargs in (
                 (ROSTER, RosterActor, {"replicas": lambda: list(self.names)}),
-                (
-                    WEIGHTS,
-                    WeightSyncActor,
-                    {"run_dir": run_dir, "replicas": self.names, "chunk_bytes": chunk_bytes, "link_mb_s": link_mb_s},
-                ),
+                (WEIGHTS, WeightSyncActor, {"run_dir": run_dir, "replicas": self.names, "chunk_bytes": chunk_bytes}),
             ):
                 served = serve_actor(cls, name, transport, directory_address=client.address, **kwargs)
                 self.served.append(served)
                 client.register(served.entry())
             self.weights = self.served[-1]
             hosted = [name for name in self.names if name not in external]
+            link_mb_s = Run(run_dir).config.workflow.weight_link_mb_s  # each replica's relay, as the weights actor
             for p in range(min(processes, len(hosted))):  # interleaved: parents and children in different processes
                 specs = [
                     actor_spec(
@@ -336,8 +334,8 @@ def fanout(
     try:
         for n in [int(x) for x in replicas.split(",")]:
             for mode in modes.split(","):
-                run_dir = fanout_run_dir(tempfile.mkdtemp(prefix="af-fanout-run-"), mode, degree)
-                fleet = Fleet(client, transport, run_dir, mode, n, processes, chunk_bytes, timeout_s=60.0, link_mb_s=link_mb_s)
+                run_dir = fanout_run_dir(tempfile.mkdtemp(prefix="af-fanout-run-"), mode, degree, link_mb_s=link_mb_s)
+                fleet = Fleet(client, transport, run_dir, mode, n, processes, chunk_bytes, timeout_s=60.0)
                 try:
                     points = [fleet.publish(v, version_tensors(v, num_bytes, tensor_bytes)) for v in range(1, versions + 2)][1:]
                 finally:

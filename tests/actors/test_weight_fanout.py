@@ -149,8 +149,8 @@ def test_with_an_emulated_link_each_sender_serves_at_its_rate_and_every_replica_
 ):
     transport, client = cluster
     n, degree, mb_s = 7, 2, 4.0
-    run_dir = fanout_run_dir(str(tmp_path), fanout, degree, timeout_s=20.0)
-    fleet = Fleet(client, transport, run_dir, fanout, n, 2, CHUNK_BYTES, timeout_s=20.0, check_bytes=True, link_mb_s=mb_s)
+    run_dir = fanout_run_dir(str(tmp_path), fanout, degree, timeout_s=20.0, link_mb_s=mb_s)
+    fleet = Fleet(client, transport, run_dir, fanout, n, 2, CHUNK_BYTES, timeout_s=20.0, check_bytes=True)
     try:
         sent = _versions(fleet, (1, 2))
         final = fleet.records()
@@ -294,7 +294,11 @@ def _publish_only(version: int):
 
 
 @pytest.mark.timeout(300)
-def test_a_real_size_embedding_relayed_down_a_chain_reaches_every_replica_byte_exact_with_its_digest(cluster, tmp_path):
+# with an emulated link (workflow.weight_link_mb_s: the twin's pacing) too, in -m slow (suite time)
+@pytest.mark.parametrize("link_mb_s", [0.0, pytest.param(2000.0, marks=pytest.mark.slow)])
+def test_a_real_size_embedding_relayed_down_a_chain_reaches_every_replica_byte_exact_with_its_digest(
+    cluster, tmp_path, link_mb_s
+):
     """The Qwen2.5-0.5B embedding (151,936 x 896, past 2^24 elements), in bfloat16 as a
     bfloat16 replica holds it, through a chain of 3 (degree 1: every hop but the first is
     a relay): no hop's index or chunk arithmetic may round at that size."""
@@ -306,7 +310,7 @@ def test_a_real_size_embedding_relayed_down_a_chain_reaches_every_replica_byte_e
     embed.view(-1)[-1] = 7.0  # the last element is the one float32 positions lost
     named = [("model.embed_tokens.weight", embed), ("model.norm.weight", torch.ones(shape[1]))]
     assert embed.numel() > 2**24
-    run_dir = fanout_run_dir(str(tmp_path), "tree", 1, timeout_s=60.0)
+    run_dir = fanout_run_dir(str(tmp_path), "tree", 1, timeout_s=60.0, link_mb_s=link_mb_s)
     fleet = Fleet(client, transport, run_dir, "tree", 3, 2, 32 << 20, timeout_s=60.0, check_bytes=True)
     try:
         point = fleet.publish(1, named, wait_s=240.0)
@@ -317,6 +321,8 @@ def test_a_real_size_embedding_relayed_down_a_chain_reaches_every_replica_byte_e
     assert all(not r.errors for r in point["records"])  # each replica's digest check passed
     assert point["served_bytes"] == num_bytes  # one copy from the trainer's side, the rest relayed
     assert sum(r.num_bytes_relayed for r in point["records"]) == 2 * num_bytes
+    if link_mb_s:  # the trainer's link sent its copy at the link's rate: the last replica cannot be sooner
+        assert point["last_s"] >= num_bytes / (link_mb_s * 1e6)
 
 
 @pytest.mark.timeout(10)

@@ -21,15 +21,25 @@ class EmulatedLink:
         self._free_at = 0.0  # when the chunks sent so far have all left
         self._lock = threading.Lock()
 
+    @classmethod
+    def of(cls, mb_per_s: float) -> EmulatedLink | None:
+        """The link of a config's ``workflow.weight_link_mb_s``: None for 0 (no emulation)."""
+        return cls(mb_per_s) if mb_per_s > 0 else None
+
+    def send(self, actor, chunk, pending) -> None:
+        """Answer ``pending`` (a request to ``actor``) with ``chunk`` once this link has sent it, in
+        ``actor``'s thread, unless it was answered meanwhile; the caller returns ``DEFER``."""
+        from asyncflow.core.tensors import nbytes
+
+        def answer() -> None:
+            if not pending.done:  # its asker gave up meanwhile
+                pending.resolve(chunk)
+
+        actor.call_later(self.delay_s(sum(nbytes(t) for t in chunk.tensors)), answer)
+
     def delay_s(self, num_bytes: int) -> float:
         """Seconds from now until a chunk of ``num_bytes`` sent now has left (it queues behind the ones before)."""
         with self._lock:
             now = self.clock()
             self._free_at = max(now, self._free_at) + num_bytes / self.bytes_per_s
             return self._free_at - now
-
-
-def resolve_open(pending, reply) -> None:
-    """Answer ``pending`` with ``reply`` once the link has sent it, unless it was answered meanwhile."""
-    if not pending.done:
-        pending.resolve(reply)

@@ -52,7 +52,7 @@ from collections.abc import Callable
 
 from asyncflow.actors import messages
 from asyncflow.actors.weights._base import NamedTensors, WeightReceiver
-from asyncflow.actors.weights._link import EmulatedLink, resolve_open
+from asyncflow.actors.weights._link import EmulatedLink
 from asyncflow.actors.weights._nng import joined
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor, Pending, serve_actor
@@ -244,7 +244,7 @@ class RelayActor(Actor):
         self.store = RelayStore(num_kept)
         self.num_bytes_served = self.num_chunks_served = 0
         self._ids = itertools.count()
-        self.link = EmulatedLink(link_mb_s) if link_mb_s > 0 else None
+        self.link = EmulatedLink.of(link_mb_s)
 
     def handle(self, msg, pending: Pending | None):
         match msg:
@@ -295,8 +295,8 @@ class RelayActor(Actor):
         """Answer ``waiting`` with ``chunk``: at once, or once the emulated link has sent it."""
         if self.link is None:
             waiting.resolve(chunk)
-            return
-        self.call_later(self.link.delay_s(sum(nbytes(t) for t in chunk.tensors)), lambda: resolve_open(waiting, chunk))
+        else:
+            self.link.send(self, chunk, waiting)
 
     @staticmethod
     def _answer_wait(tokens: list, coming: bool) -> None:
