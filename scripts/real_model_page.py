@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+PAIRED_NUM_SEEDS = 10  # TRL on asyncflow's prompt order, then async, each seed another order (data.order_seed)
 TRL_LR_NUM_SEEDS = 10  # TRL at asyncflow's lr, then async: seeds 0-4 first, 5-9 added to narrow the difference's s.e.
 
 REAL = (
@@ -36,6 +37,7 @@ REAL = (
     *(f"real_bf16_seed{seed}" for seed in range(5)),
     *(f"real_trl_lr_seed{seed}" for seed in range(TRL_LR_NUM_SEEDS)),
     *(f"real_hfconv_seed{seed}" for seed in range(5)),
+    *(f"real_paired_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
     "real_stream",
     "real_stream_seed1",
     "real_stream_seed2",
@@ -574,6 +576,87 @@ def _trl_lr_over_seeds(records: dict[str, dict]) -> list[str]:
     return out
 
 
+PAIRED_SEEDS = tuple(f"real_paired_seed{seed}" for seed in range(PAIRED_NUM_SEEDS))
+
+
+def _steps(rewards: list[float] | None) -> str:
+    return "-" if not rewards else " ".join(f"{x:.2f}" for x in rewards)
+
+
+def _paired_seed(r: dict, seed: int) -> list[str]:
+    t, a = r["result"]["systems"]["trl"], r["result"]["systems"]["async"]
+    out = []
+    if seed == 0:
+        out += [
+            f"## Paired by data: TRL on asyncflow's prompt order, then async, over {PAIRED_NUM_SEEDS} seeds",
+            "",
+            "In every comparison above, a seed changed TRL's order of the training prompts (its sampler shuffles "
+            "with its seed) but not asyncflow's (the loader's order comes from `data.seed`, which also fixes the data "
+            "and the held-out split): the two trained on different prompts at every step, and every asyncflow seed "
+            "on the same 80. Here TRL reads the training prompts in asyncflow's order "
+            "(`bench/_peer_trl.in_asyncflows_order`, `shuffle_dataset=False`; `prompts_by_step` in its JSON line is "
+            "what its reward function was given), and each seed draws another order for both "
+            "(`data.order_seed`), on the same data and held-out prompts. So each seed's difference is paired by its "
+            "data: both systems saw the same 8 prompts at each of the 10 steps. Each step's mean reward, below, is "
+            "over those same prompts for both. TRL at asyncflow's lr at every step, on both cores; everything else "
+            "as above.",
+            "",
+        ]
+    out += [
+        f"- seed {seed}: {_head(r)}: held-out accuracy TRL **{t['heldout_accuracy']:.3f}**, async "
+        f"**{a['heldout_accuracy']:.3f}**; reward by step, TRL {_steps(t.get('reward_by_step'))}, async "
+        f"{_steps(a.get('reward_by_step'))}; samples/s TRL {t['samples_per_s']:.2f} (2 threads), async "
+        f"{a['samples_per_s']:.2f} ({a['samples_per_s'] / t['samples_per_s']:.2f}x).",
+        "",
+    ]
+    return out
+
+
+def _paired_over_seeds(records: dict[str, dict]) -> list[str]:
+    """TRL against async of the same invocation, on the same prompts at every step, seed by seed."""
+    import statistics
+
+    rows = [(int(n[-1]), records[n]["result"]["systems"]) for n in PAIRED_SEEDS if n in records]
+    if len(rows) < 2:
+        return []
+    out = ["| seed | TRL | async | async minus TRL |", "|---|---|---|---|"]
+    for seed, sy in rows:
+        t, a = sy["trl"]["heldout_accuracy"], sy["async"]["heldout_accuracy"]
+        out.append(f"| {seed} | {t:.3f} | {a:.3f} | {a - t:+.3f} |")
+    diff = [sy["async"]["heldout_accuracy"] - sy["trl"]["heldout_accuracy"] for _, sy in rows]
+    mean, sd = statistics.mean(diff), statistics.stdev(diff)
+    se = sd / len(diff) ** 0.5
+    out += [
+        f"| mean | {statistics.mean(sy['trl']['heldout_accuracy'] for _, sy in rows):.3f} | "
+        f"{statistics.mean(sy['async']['heldout_accuracy'] for _, sy in rows):.3f} | {mean:+.3f} (sd {sd:.3f}, "
+        f"s.e. {se:.3f}) |",
+        "",
+    ]
+    by_step = [sy for _, sy in rows if sy["trl"].get("reward_by_step") and sy["async"].get("reward_by_step")]
+    if by_step:
+        steps = min(len(sy[k]["reward_by_step"]) for sy in by_step for k in ("trl", "async"))
+        out += [
+            f"Mean reward of each step's samples over the {len(by_step)} seeds that recorded it (the same prompts "
+            "for both at each step; async's samples at step k come from the weights of step k - 1, staleness 1):",
+            "",
+            "| step | " + " | ".join(str(k) for k in range(steps)) + " |",
+            "|---|" + "---|" * steps,
+        ]
+        for name in ("trl", "async"):
+            means = [statistics.mean(sy[name]["reward_by_step"][k] for sy in by_step) for k in range(steps)]
+            out.append(f"| {name} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
+        out.append("")
+    z = abs(mean) / se if se else float("inf")
+    out += [
+        f"Issue 26's target, async's held-out accuracy at least TRL's, paired by data: "
+        f"{'met' if mean >= 0 else 'not met'} on the mean ({mean:+.3f} over {len(diff)} seeds, {z:.1f} standard errors "
+        f"from 0{': within the noise of this many seeds' if z < 2 else ''}). Samples/s, async over TRL on both cores, "
+        f"median over the seeds: {statistics.median(sy['async']['samples_per_s'] / sy['trl']['samples_per_s'] for _, sy in rows):.2f}x.",
+        "",
+    ]
+    return out
+
+
 HFCONV_SEEDS = tuple(f"real_hfconv_seed{seed}" for seed in range(5))
 
 
@@ -788,6 +871,10 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
             out += _hfconv_seed(records[name], int(name[-1]))
             if name == [n for n in HFCONV_SEEDS if n in records][-1]:
                 out += _hfconv_over_seeds(records)
+        elif name in PAIRED_SEEDS and name in records:
+            out += _paired_seed(records[name], int(name[-1]))
+            if name == [n for n in PAIRED_SEEDS if n in records][-1]:
+                out += _paired_over_seeds(records)
         elif name in TRL_LR_SEEDS and name in records:
             out += _trl_lr_seed(records[name], int(name[-1]))
             if name == [n for n in TRL_LR_SEEDS if n in records][-1]:

@@ -317,6 +317,16 @@ SECTIONS: dict[str, list[str]] = {
         ]
         for seed in range(10)
     },
+    # paired by data: TRL reads the training prompts in asyncflow's order (bench/_peer_trl.in_asyncflows_order), and
+    # each seed draws another order (data.order_seed) for both; TRL at asyncflow's lr, then async, seeds 0-9
+    **{
+        f"real_paired_seed{seed}": [
+            *_REAL_PEER,
+            *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}", "--set", f"data.order_seed={seed}"),
+            *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_paired_seed{seed}"),
+        ]
+        for seed in range(10)
+    },
     # the example's async at transformers' lr schedule (train.engine.lr_schedule_convention = "huggingface"), the
     # schedule TRL trained with in the real_peer* sections: async only, seeds 0-4
     **{

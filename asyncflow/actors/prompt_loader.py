@@ -65,9 +65,9 @@ class PromptLoaderActor(LoopActor):
         self.headroom_rows = cfg.refill_headroom_rows
         # with refill, no spare groups: they would be live rows outside the headroom's accounting
         self.tq = TQClient(ctx.directory, consumer=ctx.name, reserve_rows=0 if self.headroom_rows else None)
-        self.order = PromptOrder(len(rows), cfg.groups_per_step, cfg.data.shuffle, cfg.data.seed)
+        self.order = PromptOrder(len(rows), cfg.groups_per_step, cfg.data.shuffle, cfg.data.shuffle_seed)
         refills = max(cfg.refill_rounds, 1) * cfg.groups_per_step  # positions per step in the refill stream
-        self.refill_order = PromptOrder(len(rows), refills, cfg.data.shuffle, cfg.data.seed, stream=1)
+        self.refill_order = PromptOrder(len(rows), refills, cfg.data.shuffle, cfg.data.shuffle_seed, stream=1)
         self._refills: deque[messages.RefillGroups] = deque()  # asked by the trainer, not yet loaded
 
     def resumable_state(self) -> bytes:

@@ -23,7 +23,9 @@ both train at the lr transformers' schedulers give.
 
 Samples/s is the training time only: ``train_runtime`` (generation, reward and
 update; not the model load) over steps x samples per step. The last-10% reward is
-the mean of the logged per-step reward over the last tenth of the steps. With
+the mean of the logged per-step reward over the last tenth of the steps. The
+prompts of each step are those asyncflow's loader gives that step (``in_asyncflows_order``;
+``prompts_by_step``: what TRL's reward function was given, step by step). With
 ``heldout_prompts`` (the config has ``[eval]``) TRL trains on asyncflow's training split
 only and saves its final weights (after the timing) for bench peer's held-out evaluation.
 """
@@ -57,6 +59,7 @@ def run(spec: dict) -> dict:
 
         train_idx, _ = split_prompts([str(r["prompt"]) for r in rows], spec["heldout_prompts"], spec["data_seed"])
         rows = [rows[i] for i in train_idx]
+    rows = in_asyncflows_order(rows, spec)
     prompts: list[Any]
     if spec["chat_template"]:
         prompts = [[{"role": "user", "content": str(r["prompt"])}] for r in rows]
@@ -66,9 +69,12 @@ def run(spec: dict) -> dict:
     fn = build_reward_fn(spec["reward_functions"], spec["reward_weights"])
     eos = tokenizer.eos_token_id
 
+    prompts_by_step: list[list[str]] = []  # each reward call's distinct prompts: one call per step
+
     def reward(prompts, completions, completion_ids, answer, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         shown = [p[-1]["content"] if isinstance(p, list) else p for p in prompts]
+        prompts_by_step.append(list(dict.fromkeys(shown)))
         finish = ["stop" if eos in ids else "length" for ids in completion_ids]
         return call_reward(fn, shown, texts, answer, finish)
 
@@ -102,6 +108,7 @@ def run(spec: dict) -> dict:
         epsilon_high=spec["clip_high"],
         beta=0.0,
         num_iterations=1,
+        shuffle_dataset=False,  # the rows are already in asyncflow's order (in_asyncflows_order)
         loss_type="dapo",
         scale_rewards="group",
         max_grad_norm=spec["grad_clip"],
@@ -141,7 +148,23 @@ def run(spec: dict) -> dict:
         "bf16": bool(spec.get("bf16", False)),
         "final_model": final_model,
         "lrs": lrs,
+        "prompts_by_step": prompts_by_step,
+        "reward_by_step": rewards,
     }
+
+
+def in_asyncflows_order(rows: list[dict], spec: dict) -> list[dict]:
+    """The training rows in the order asyncflow's loader gives them: step s, group g is
+    ``PromptOrder(...).index(s, g)`` over the training split (``data.shuffle``, the seed
+    ``data.shuffle_seed``), for ``spec["steps"]`` steps. TRL reads them in this order
+    (``shuffle_dataset=False``), so both systems train on the same prompts at every step
+    and a seed's comparison is paired by its data; without, TRL shuffled with its own
+    seed and the two saw different prompts."""
+    from asyncflow.actors._run import PromptOrder
+
+    per_step = spec["samples_per_step"] // spec["group_size"]
+    order = PromptOrder(len(rows), per_step, spec["shuffle"], spec["order_seed"])
+    return [rows[order.index(step, g)] for step in range(spec["steps"]) for g in range(per_step)]
 
 
 def lr_factor(spec: dict) -> Callable[[int], float]:

@@ -69,6 +69,9 @@ def trl_spec(cfg, steps: int, threads: int, out_dir: Path) -> dict:
         # [eval]: TRL leaves out the held-out prompts and saves its final weights for the same evaluation
         "heldout_prompts": cfg.eval.num_prompts if cfg.eval.every_steps else 0,
         "data_seed": cfg.data.seed,
+        # the training prompts in asyncflow's order (_peer_trl.in_asyncflows_order): the same prompts at every step
+        "shuffle": cfg.data.shuffle,
+        "order_seed": cfg.data.shuffle_seed,
     }
 
 
@@ -196,6 +199,7 @@ def _one_round(
     ``only_trl``), one after the other, in ``root``."""
     import msgspec
 
+    from asyncflow.actors._summary import complete_lines
     from asyncflow.actors.launcher import run
 
     root.mkdir(parents=True, exist_ok=True)
@@ -248,6 +252,8 @@ def _one_round(
             "pipeline_efficiency": summary["pipeline_efficiency"],
             # cluster.pin_trainer_cores as the run applied it (only where the machine was idle: actors/_pinning.py)
             "pinned_trainer_cores": summary.get("pinned_trainer_cores", 0),
+            # the mean reward of each step's samples (with TRL's, paired step by step: the same prompts)
+            "reward_by_step": [json.loads(x)["reward_mean"] for x in complete_lines(root / mode / "metrics.jsonl")],
         }
         if heldout:
             results[mode]["heldout_accuracy"] = summary["val_final_accuracy"]

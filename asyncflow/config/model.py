@@ -63,8 +63,26 @@ class DataConfig(Section):
     ] = "add"
     num_prompts: Annotated[Count, Meta(description="Prompts generated for the built-in task.")] = 2000
     chat_template: Annotated[bool, Meta(description="Apply the tokenizer's chat template to each prompt.")] = True
-    shuffle: Annotated[bool, Meta(description="Shuffle the prompts (with ``seed``) before each epoch.")] = True
-    seed: Annotated[NonNegInt, Meta(description="Seed of the shuffle and of generated tasks.")] = 0
+    shuffle: Annotated[bool, Meta(description="Shuffle the prompts (with ``order_seed``, else ``seed``) before each epoch.")] = (
+        True
+    )
+    seed: Annotated[
+        NonNegInt, Meta(description="Seed of generated tasks, of the held-out split and (unless ``order_seed``) of the shuffle.")
+    ] = 0
+    order_seed: Annotated[
+        NonNegInt | None,
+        Meta(
+            description="Seed of the shuffle alone: the order the training prompts are given in, on the same data and "
+            "held-out split. Unset: ``seed``. Another run of the same config on other prompts in each step changes this, "
+            "``rollout.engine.seed`` and ``seed`` (``afctl bench peer``'s seeds do; TRL gets the same order)."
+        ),
+    ] = None
+
+    @property
+    def shuffle_seed(self) -> int:
+        """The seed of the training prompts' order: ``order_seed``, else ``seed``."""
+        return self.seed if self.order_seed is None else self.order_seed
+
     max_prompt_tokens: Annotated[
         NonNegInt,
         Meta(

@@ -30,6 +30,10 @@ def test_the_peer_gets_the_configs_work_and_refuses_what_it_cannot_do(tmp_path):
     assert spec["reward_functions"] == ["asyncflow.toy.tasks:reward"]
     # [eval]: TRL trains on the same split as asyncflow and its final weights get the same held-out evaluation
     assert (spec["heldout_prompts"], spec["data_seed"]) == (cfg.eval.num_prompts, cfg.data.seed) and cfg.eval.every_steps
+    # TRL reads the training prompts in the loader's order: its seed (data.shuffle_seed) and shuffle
+    assert (spec["shuffle"], spec["order_seed"]) == (cfg.data.shuffle, cfg.data.seed)
+    reordered = msgspec.structs.replace(cfg, data=msgspec.structs.replace(cfg.data, order_seed=5))
+    assert trl_spec(reordered, steps=7, threads=2, out_dir=tmp_path)["order_seed"] == 5
     no_eval = msgspec.structs.replace(cfg, eval=msgspec.structs.replace(cfg.eval, every_steps=0))
     assert trl_spec(no_eval, steps=7, threads=2, out_dir=tmp_path)["heldout_prompts"] == 0
     kl = msgspec.structs.replace(cfg, algorithm=msgspec.structs.replace(cfg.algorithm, kl_coef=0.1))
@@ -79,6 +83,21 @@ def test_bench_peer_runs_the_three_systems_for_a_few_steps_round_after_round(tmp
     assert line["async_over_trl"] == pytest.approx(sum(line["async_over_trl_rounds"]) / 2)
 
 
+@pytest.mark.timeout(30)
+def test_trl_gets_the_rows_in_the_loaders_order_step_by_step_across_epochs():
+    from asyncflow.actors._run import PromptOrder
+    from asyncflow.bench._peer_trl import in_asyncflows_order
+
+    rows = [{"prompt": f"p{i}"} for i in range(10)]
+    spec = {"samples_per_step": 12, "group_size": 4, "steps": 5, "shuffle": True, "order_seed": 3}
+    got = [r["prompt"] for r in in_asyncflows_order(rows, spec)]
+    order = PromptOrder(10, 3, shuffle=True, seed=3)  # the loader's: 3 groups a step
+    assert got == [f"p{order.index(s, g)}" for s in range(5) for g in range(3)]
+    assert len(got) == 15 and len(set(got[:10])) == 10  # 15 positions: one whole epoch, then the next one's start
+    assert got != [r["prompt"] for r in in_asyncflows_order(rows, {**spec, "order_seed": 4})]
+    assert [r["prompt"] for r in in_asyncflows_order(rows, {**spec, "shuffle": False})] == [f"p{i % 10}" for i in range(15)]
+
+
 @pytest.mark.timeout(60)
 def test_skip_sync_refuses_only_trl_which_already_skips_it():
     from click.testing import CliRunner
@@ -95,7 +114,7 @@ def test_bench_peer_skip_sync_runs_trl_and_async_and_evaluates_both(tmp_path):
     pytest.importorskip("trl", reason="the bench extra: pip install -e '.[bench]'")
     done = subprocess.run(
         [sys.executable, "-m", "asyncflow.cli.main", "bench", "peer", "--steps", "2", "--skip-sync", "--json"]
-        + ["--out", str(tmp_path)],
+        + ["--set", "data.order_seed=3", "--out", str(tmp_path)],
         env=dict(os.environ, OMP_NUM_THREADS="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -109,6 +128,25 @@ def test_bench_peer_skip_sync_runs_trl_and_async_and_evaluates_both(tmp_path):
     for name, r in line["systems"].items():
         assert 0.0 <= r["heldout_accuracy"] <= 1.0, (name, r)
     assert not (tmp_path / "sync").exists()
+    # both trained on the same prompts at every step: TRL's reward calls against the groups async trained
+    # (group g of the queue is group g % P of step g // P in the loader's order, data.order_seed 3)
+    from asyncflow.actors._run import PromptOrder, Run, read_prompts, split_prompts
+
+    run = Run(str(tmp_path / "async"))
+    rows = read_prompts(run.launch.data_path)
+    train, _ = split_prompts([r["prompt"] for r in rows], run.config.eval.num_prompts, run.config.data.seed)
+    per_step = run.config.train.prompts_per_step
+    order = PromptOrder(len(train), per_step, shuffle=True, seed=3)
+    trained = [
+        {rows[train[order.index(*divmod(g, per_step))]]["prompt"] for g in set(line["groups"])}
+        for line in (json.loads(x) for x in (tmp_path / "async" / "trained.jsonl").read_text().splitlines())
+    ]
+    assert [set(p) for p in line["systems"]["trl"]["prompts_by_step"]] == trained
+    # and each step's reward of both, step by step (the figures a paired comparison reads)
+    assert [len(r["reward_by_step"]) for r in line["systems"].values()] == [2, 2]
+    assert all(len(p) == per_step for p in trained)
+    seed0 = PromptOrder(len(train), per_step, shuffle=True, seed=0)
+    assert trained[0] != {rows[train[seed0.index(0, g)]]["prompt"] for g in range(per_step)}  # order_seed took effect
 
 
 @pytest.mark.slow
