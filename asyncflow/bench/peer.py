@@ -2,7 +2,10 @@
 same task, one after the other in one invocation.
 
 The same model directory (the config's, or the tiny warm-started model it builds,
-once), the same data file, the same reward functions, prompts per step, group size,
+once), the same data file and the same prompts at every step (TRL reads the training
+prompts in the order asyncflow's loader gives them: ``data.shuffle`` with
+``data.order_seed``, else ``data.seed``; set ``--set data.order_seed=N`` for another
+order for both), the same reward functions, prompts per step, group size,
 new tokens, temperature, lr schedule, clip and grad clip, steps and seed. TRL runs in
 a process of its own (``bench/_peer_trl.py``; the ``bench`` extra) with
 ``--trl-threads`` torch threads (default 1, as each asyncflow process has with
