@@ -87,14 +87,21 @@ def test_a_few_steps_run_end_to_end_and_staleness_never_exceeds_k(tmp_path, mode
 
 @pytest.mark.timeout(300)
 def test_killed_rollout_and_custom_role_processes_are_restarted_and_every_sample_is_trained_exactly_once(tmp_path):
-    run_dir = tmp_path / "run"
-    config = write_config(tmp_path, num_steps=30, extra=JUDGE)  # long enough that the kills land mid-run
+    run_dir, gate = tmp_path / "run", tmp_path / "gate"
+    # the judge holds after 4 steps' rows (2 prompts x 2 samples each) until the gate exists: the kills land
+    # mid-run however fast the steps go (they take ~20 ms: 30 of them once could end before the kill)
+    judge = JUDGE.replace('"brevity_judge:BrevityJudge"', '"wf_gated_judge:GatedJudge"')
+    judge = judge.replace("target_tokens = 2 }", f'target_tokens = 2, gate = "{gate}", hold_after = 16 }}')
+    judge = judge.replace("python_path = [", f'python_path = ["{Path(__file__).resolve().parent}", ')
+    config = write_config(tmp_path, num_steps=30, extra=judge)
     proc = afctl("up", str(config), "--run-dir", str(run_dir))
     wait_for_steps(run_dir, proc, 2, 200)
     hosts = child_hosts(proc.pid)
     assert {"rollout.0", "judge"} <= set(hosts), f"no rollout.0 or judge process under {proc.pid}: {hosts}"
     os.kill(hosts["rollout.0"], signal.SIGKILL)
     os.kill(hosts["judge"], signal.SIGKILL)  # a custom role is restarted the same way
+    assert len(read_jsonl(run_dir / "metrics.jsonl")) < 30  # held by the judge: the kills landed mid-run
+    gate.touch()  # the restarted judge scores on
     out, _ = proc.communicate(timeout=250)
     assert proc.returncode == 0, out
     assert "rollout.0 exited with code -9" in out and "judge exited with code -9" in out
