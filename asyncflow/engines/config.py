@@ -377,6 +377,17 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     ] = False
     critic: Annotated[bool, Meta(description="Add a scalar value head (PPO critic); ``forward`` then returns values.")] = False
     gradient_checkpointing: Annotated[bool, Meta(description="Recompute activations in backward to save memory.")] = False
+    share_prompts: Annotated[
+        bool,
+        Meta(
+            description="Run each distinct prompt of a micro-batch once and every sample's response on its keys and values, "
+            "instead of every row whole (engines/shared_prompts.py): a group's samples share one prompt, so with 50-token "
+            "prompts, 16-token responses and 8 samples a prompt the decoder sees a third of the tokens. The same log-probs "
+            "and gradients up to float rounding. For a policy trainer of one rank without packing or gradient "
+            "checkpointing (a critic keeps the padded path); micro_batch_size a multiple of algorithm.group_size keeps "
+            "groups whole (docs/performance.md)."
+        ),
+    ] = False
     seed: Annotated[NonNegInt, Meta(description="Seed for the value head's initialisation.")] = 0
     num_threads: Annotated[
         Count | None, Meta(description="torch intra-op threads on cpu; None leaves torch's setting alone.")
@@ -399,6 +410,11 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
                 f"the parameters are already {self.dtype}: autocast computes in {self.autocast} from float32 master "
                 f"weights; set dtype = 'float32' or autocast = 'off'",
             )
+        for key, on in (("fsdp", self.fsdp), ("packing", self.packing), ("gradient_checkpointing", self.gradient_checkpointing)):
+            if self.share_prompts and on:
+                raise Refused(
+                    "share_prompts", f"it runs a prompt once for one rank's unpacked rows, not with {key} = true: leave one out"
+                )
         if not self.packing and self.pack_tokens != 0:
             raise Refused("pack_tokens", "it applies only with packing = true: set packing = true, or leave pack_tokens out")
         if not self.packing and self.pack_attention != "auto":

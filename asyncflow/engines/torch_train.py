@@ -84,6 +84,7 @@ from asyncflow.engines.hf import TOKENIZER_FILES, load_model
 from asyncflow.engines.lr_schedule import lr_at
 from asyncflow.engines.precision import resolve_autocast
 from asyncflow.engines.sampling import truncated_logits, truncates
+from asyncflow.engines.shared_prompts import SharedPlan, plan_shared, shared_hidden
 
 if TYPE_CHECKING:
     from asyncflow.engines.lora import Adapter
@@ -113,9 +114,14 @@ class _Net(torch.nn.Module):
         attention_mask_BT: torch.Tensor | None,
         position_ids_BT: torch.Tensor | None = None,
         logits_from: int = 0,
+        shared: SharedPlan | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Logits (of positions ``logits_from`` on only: the LM head and the softmax over a
-        real vocabulary cost as much as a few decoder layers per position) or values."""
+        real vocabulary cost as much as a few decoder layers per position) or values.
+        With ``shared`` (``train.engine.share_prompts``): the logits [B, R, V] that predict
+        each row's response part, each distinct prompt run once (engines/shared_prompts.py)."""
+        if shared is not None:
+            return self._head(shared_hidden(self.lm.model, shared)), None
         kw: dict[str, Any] = {
             "input_ids": input_ids_BT,
             "attention_mask": attention_mask_BT,
@@ -125,16 +131,21 @@ class _Net(torch.nn.Module):
         if self.value_head is None:
             device = input_ids_BT.device.type
             if torch.is_autocast_enabled(device):
-                # mixed precision: the decoder in the autocast dtype, the LM head in float32. Logits
-                # are tens, and bfloat16's 8-bit mantissa would put ~0.1 of error into every log-prob
-                hidden_BTE = self.lm.model(**kw).last_hidden_state[:, logits_from:]
-                with torch.autocast(device, enabled=False):
-                    return self.lm.lm_head(hidden_BTE.float()), None
+                return self._head(self.lm.model(**kw).last_hidden_state[:, logits_from:]), None
             if logits_from > 0:
                 kw["logits_to_keep"] = input_ids_BT.shape[1] - logits_from
             return self.lm(**kw).logits, None
         hidden_BTE = self.lm.model(**kw).last_hidden_state
         return None, self.value_head(hidden_BTE).squeeze(-1)
+
+    def _head(self, hidden_BTE: torch.Tensor) -> torch.Tensor:
+        """The LM head. Under mixed precision (the decoder in the autocast dtype) in float32:
+        logits are tens, and bfloat16's 8-bit mantissa would put ~0.1 of error into every log-prob."""
+        device = hidden_BTE.device.type
+        if not torch.is_autocast_enabled(device):
+            return self.lm.lm_head(hidden_BTE)
+        with torch.autocast(device, enabled=False):
+            return self.lm.lm_head(hidden_BTE.float())
 
 
 log = logging.getLogger(__name__)
@@ -215,10 +226,18 @@ def shift_logp(
     distribution the rollout drew from, ``logits / temperature`` truncated by the
     sampling's ``top_k``/``top_p`` (``engines/sampling.py``; the token itself always
     kept, so its log-prob is finite)."""
-    logits = logits_BTV[:, :-1].float()
+    return F.pad(token_logp(logits_BTV[:, :-1], ids_BT[:, 1:], temperature, top_k, top_p), (1, 0))
+
+
+def token_logp(
+    logits_BTV: torch.Tensor, target_BT: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """The log-prob of ``target_BT[b, t]`` under ``logits_BTV[b, t]`` (the logits that
+    predict it), float32, as ``shift_logp`` takes it."""
+    logits = logits_BTV.float()
     if temperature not in (0.0, 1.0):
         logits = logits / temperature
-    target = ids_BT[:, 1:].unsqueeze(-1)
+    target = target_BT.unsqueeze(-1)
     if temperature != 0.0 and truncates(top_k, top_p, logits.shape[-1]):
         B, T, V = logits.shape
         flat_NV, token_N = logits.reshape(B * T, V), target.reshape(B * T)
@@ -227,17 +246,21 @@ def shift_logp(
             for i in range(0, B * T, TRUNCATE_CHUNK)
         ]
         logits = torch.cat(parts).reshape(B, T, V)
-    logp = logits.gather(-1, target).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return F.pad(logp, (1, 0))
+    return logits.gather(-1, target).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def shift_entropy(logits_BTV: torch.Tensor, temperature: float) -> torch.Tensor:
     """Entropy of the distribution that chose token t (column 0 is 0), float32."""
-    logits = logits_BTV[:, :-1].float()
+    return F.pad(token_entropy(logits_BTV[:, :-1], temperature), (1, 0))
+
+
+def token_entropy(logits_BTV: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy of each position's distribution ``logits_BTV[b, t] / temperature``, float32."""
+    logits = logits_BTV.float()
     if temperature not in (0.0, 1.0):
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
-    return F.pad(-(logp.exp() * logp).sum(-1), (1, 0))
+    return -(logp.exp() * logp).sum(-1)
 
 
 class TorchTrainEngine(TrainEngine):
@@ -259,6 +282,7 @@ class TorchTrainEngine(TrainEngine):
         lm.train()
         self.net = _Net(lm, cfg.critic, cfg.seed)
         self.distributed = cfg.fsdp
+        self.share_prompts = cfg.share_prompts and not cfg.critic  # a critic's values keep the padded path
         if cfg.fsdp:
             if not dist.is_initialized():
                 raise RuntimeError(
@@ -379,6 +403,9 @@ class TorchTrainEngine(TrainEngine):
     def _run(self, mb: _MicroBatch, temperature: float, with_entropy: bool, top_k: int = 0, top_p: float = 1.0) -> ForwardOutput:
         if mb.packed is not None:
             return self._run_packed(mb.packed.to(self.device), temperature, with_entropy, top_k, top_p)
+        shared = plan_shared(mb.batch) if self.share_prompts else None
+        if shared is not None:
+            return self._run_shared(shared.to(self.device), temperature, with_entropy, top_k, top_p)
         ids = mb.batch.input_ids.to(self.device)
         # Right padding (every row's ones first): causal attention alone never lets a real
         # token see a pad, so the mask changes nothing at real positions (up to float rounding) and
@@ -393,6 +420,18 @@ class TorchTrainEngine(TrainEngine):
         entropy = F.pad(shift_entropy(logits, temperature), (start, 0)) if with_entropy else None
         logp = shift_logp(logits, ids[:, start:], temperature, top_k, top_p)
         return ForwardOutput(logp=F.pad(logp, (start, 0)), entropy=entropy)
+
+    def _run_shared(
+        self, plan: SharedPlan, temperature: float, with_entropy: bool, top_k: int = 0, top_p: float = 1.0
+    ) -> ForwardOutput:
+        """Each distinct prompt once, each row's response part on its keys and values
+        (``train.engine.share_prompts``); outputs at the rows' [b, t], column 0 zero."""
+        with self._compute():
+            logits_BRV, _ = self.net(plan.response_BR, None, shared=plan)
+        assert logits_BRV is not None  # the shared path has no value head
+        entropy = plan.back(token_entropy(logits_BRV, temperature)) if with_entropy else None
+        logp = plan.back(token_logp(logits_BRV, plan.response_BR, temperature, top_k, top_p))
+        return ForwardOutput(logp=logp, entropy=entropy)
 
     def _run_packed(
         self, packed: PackedRows, temperature: float, with_entropy: bool, top_k: int = 0, top_p: float = 1.0
