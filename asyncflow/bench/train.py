@@ -3,6 +3,8 @@ one process against two-process FSDP2 (gloo on cpu), on the same tiny model (or
 ``--model DIR``: a real one) and
 the same global batch; with ``--packing``, one process with sequence packing on
 against off (``train.engine.packing``) on a batch with long-tailed lengths; with
+``--share-prompts``, one process with ``train.engine.share_prompts`` off against on,
+on groups of rows that share a prompt (``bench/_train_shared.py``); with
 ``--autocast``, one process in float32 against bfloat16 autocast
 (``train.engine.autocast``).
 
@@ -156,6 +158,14 @@ def _free_port() -> int:
 )
 @click.option("--long-every", default=8, show_default=True, help="--packing: every n-th row has a long response.")
 @click.option(
+    "--share-prompts",
+    is_flag=True,
+    help="train.engine.share_prompts off vs on, one process, on groups of --group-size rows sharing a "
+    "--prompt-len-token prompt (prints one JSON line; with --autocast under bfloat16 autocast).",
+)
+@click.option("--group-size", default=8, show_default=True, help="--share-prompts: rows per prompt.")
+@click.option("--prompt-len", default=48, show_default=True, help="--share-prompts: tokens per prompt.")
+@click.option(
     "--autocast",
     is_flag=True,
     help="Also one process with bfloat16 autocast (train.engine.autocast): its tokens/s beside float32's, same batch.",
@@ -172,6 +182,9 @@ def train(
     threads,
     packing,
     long_every,
+    share_prompts,
+    group_size,
+    prompt_len,
     autocast,
     as_json,
 ):
@@ -197,6 +210,16 @@ def train(
         )
     )
     torch.set_num_threads(threads)
+    if share_prompts:
+        from asyncflow.bench import _train_shared
+        from asyncflow.engines.hf import load_config
+
+        vocab = min(int(load_config(model_dir).vocab_size), 50_000)
+        batch = _train_shared.grouped_batch(num_rows, group_size, prompt_len, seq_len, vocab)
+        run = _train_shared.side_by_side(model_dir, batch, micro_batch_size, steps, autocast)
+        model = label if model_path is None else model_path
+        _train_shared.report(run, batch, steps, threads, model, group_size, prompt_len, autocast)
+        return
     if packing:
         _report_packing(
             _packing_side_by_side(model_dir, num_rows, seq_len, micro_batch_size, steps, long_every),
