@@ -48,9 +48,7 @@ def pg_loss(out, mb, ctx):
 
 
 def both(model_dir, **cfg) -> tuple:
-    return tuple(
-        build_train_engine(TrainEngineConfig(lr=1e-3, share_prompts=on, **cfg), model_dir) for on in (False, True)
-    )
+    return tuple(build_train_engine(TrainEngineConfig(lr=1e-3, share_prompts=on, **cfg), model_dir) for on in (False, True))
 
 
 def grads(engine, batch: TokenBatch) -> dict[str, torch.Tensor]:
