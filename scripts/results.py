@@ -225,6 +225,13 @@ SECTIONS: dict[str, list[str]] = {
         "3",
         "--json",
     ],
+    # train.engine.share_prompts off vs on, one trainer step of examples/smollm2.toml's shape: 8 prompts of 46 tokens
+    # (the chat template's) x 8 samples of up to 16 tokens, micro-batches of 16 rows, bfloat16 autocast, both cores
+    "real_share_prompts": [
+        *(PY, "-m", "asyncflow.cli.main", "bench", "train", "--model", "models/smollm2-135m", "--share-prompts"),
+        *("--num-rows", "64", "--group-size", "8", "--prompt-len", "46", "--seq-len", "62", "--micro-batch-size", "16"),
+        *("--autocast", "--threads", "2", "--steps", "3", "--json"),
+    ],
     "real_train": [
         PY,
         "-m",
