@@ -39,6 +39,7 @@ REAL = (
     *(f"real_trl_lr_seed{seed}" for seed in range(TRL_LR_NUM_SEEDS)),
     *(f"real_hfconv_seed{seed}" for seed in range(5)),
     *(f"real_paired_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
+    *(f"real_paired_prox_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
     "real_stream",
     "real_stream_seed1",
     "real_stream_seed2",
@@ -599,10 +600,31 @@ def _steps(rewards: list[float] | None) -> str:
     return "-" if not rewards else " ".join(f"{x:.2f}" for x in rewards)
 
 
-def _paired_seed(r: dict, seed: int) -> list[str]:
+PAIRED_PROX_SEEDS = tuple(f"real_paired_prox_seed{seed}" for seed in range(PAIRED_NUM_SEEDS))
+
+
+def _paired_prox_intro() -> list[str]:
+    return [
+        f"## Paired by data, async with the decoupled objective and a prompt once per group, over {PAIRED_NUM_SEEDS} seeds",
+        "",
+        "The comparison above, the same seeds and prompt orders, with two changes on asyncflow's side. "
+        '`algorithm.clip_against = "proximal"`: the PPO ratio is taken against the trainer\'s own policy (1 at the one '
+        "optimizer step of a batch) and the sample's staleness is corrected by the truncated weight min(pi_prox / mu, 2), "
+        'instead of clipping pi / mu against the policy that generated the sample (`"behaviour"`, the example\'s): with '
+        "staleness 1 the behaviour clip takes the push off exactly the tokens of the rare right answers that the previous "
+        "step had already raised, and the table above shows async's reward of each step's samples climbing at about half "
+        "TRL's rate. `train.engine.share_prompts = true`: each prompt runs once per micro-batch in training, the same "
+        "gradients up to rounding ('A prompt once per group in training' above). TRL runs as above.",
+        "",
+    ]
+
+
+def _paired_seed(r: dict, seed: int, intro: list[str] | None = None) -> list[str]:
     t, a = r["result"]["systems"]["trl"], r["result"]["systems"]["async"]
     out = []
-    if seed == 0:
+    if seed == 0 and intro is not None:
+        out += intro
+    elif seed == 0:
         out += [
             f"## Paired by data: TRL on asyncflow's prompt order, then async, over {PAIRED_NUM_SEEDS} seeds",
             "",
@@ -628,24 +650,30 @@ def _paired_seed(r: dict, seed: int) -> list[str]:
     return out
 
 
-def _paired_over_seeds(records: dict[str, dict]) -> list[str]:
-    """TRL against async of the same invocation, on the same prompts at every step, seed by seed."""
+def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED_SEEDS) -> list[str]:
+    """TRL against async of the same invocation, on the same prompts at every step, seed by seed;
+    for the decoupled sections also the first set's async (behaviour clip) at each seed."""
     import statistics
 
-    rows = [(int(n[-1]), records[n]["result"]["systems"]) for n in PAIRED_SEEDS if n in records]
+    rows = [(int(n[-1]), records[n]["result"]["systems"]) for n in names if n in records]
     if len(rows) < 2:
         return []
-    out = ["| seed | TRL | async | async minus TRL |", "|---|---|---|---|"]
+    before = {} if names == PAIRED_SEEDS else {s: records.get(f"real_paired_seed{s}") for s, _ in rows}
+    extra = " async, behaviour clip (above) |" if before else ""
+    out = [f"| seed | TRL | async | async minus TRL |{extra}", "|---|---|---|---|" + ("---|" if before else "")]
     for seed, sy in rows:
         t, a = sy["trl"]["heldout_accuracy"], sy["async"]["heldout_accuracy"]
-        out.append(f"| {seed} | {t:.3f} | {a:.3f} | {a - t:+.3f} |")
+        was = before.get(seed)
+        cell = f" {was['result']['systems']['async']['heldout_accuracy']:.3f} |" if was else (" - |" if before else "")
+        out.append(f"| {seed} | {t:.3f} | {a:.3f} | {a - t:+.3f} |{cell}")
     diff = [sy["async"]["heldout_accuracy"] - sy["trl"]["heldout_accuracy"] for _, sy in rows]
     mean, sd = statistics.mean(diff), statistics.stdev(diff)
     se = sd / len(diff) ** 0.5
+    olds = [w["result"]["systems"]["async"]["heldout_accuracy"] for w in before.values() if w]
     out += [
         f"| mean | {statistics.mean(sy['trl']['heldout_accuracy'] for _, sy in rows):.3f} | "
         f"{statistics.mean(sy['async']['heldout_accuracy'] for _, sy in rows):.3f} | {mean:+.3f} (sd {sd:.3f}, "
-        f"s.e. {se:.3f}) |",
+        f"s.e. {se:.3f}) |" + (f" {statistics.mean(olds):.3f} |" if olds else (" - |" if before else "")),
         "",
     ]
     by_step = [sy for _, sy in rows if sy["trl"].get("reward_by_step") and sy["async"].get("reward_by_step")]
@@ -661,6 +689,12 @@ def _paired_over_seeds(records: dict[str, dict]) -> list[str]:
         for name in ("trl", "async"):
             means = [statistics.mean(sy[name]["reward_by_step"][k] for sy in by_step) for k in range(steps)]
             out.append(f"| {name} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
+        # the first set's async on the same seeds (prompt orders), where it recorded each step's reward
+        old = [w["result"]["systems"]["async"].get("reward_by_step") for w in before.values() if w]
+        old = [x for x in old if x and len(x) >= steps]
+        if old:
+            means = [statistics.mean(x[k] for x in old) for k in range(steps)]
+            out.append(f"| async, behaviour clip ({len(old)} seeds) | " + " | ".join(f"{m:.3f}" for m in means) + " |")
         out.append("")
     z = abs(mean) / se if se else float("inf")
     out += [
@@ -892,6 +926,10 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
             out += _paired_seed(records[name], int(name[-1]))
             if name == [n for n in PAIRED_SEEDS if n in records][-1]:
                 out += _paired_over_seeds(records)
+        elif name in PAIRED_PROX_SEEDS and name in records:
+            out += _paired_seed(records[name], int(name[-1]), _paired_prox_intro())
+            if name == [n for n in PAIRED_PROX_SEEDS if n in records][-1]:
+                out += _paired_over_seeds(records, PAIRED_PROX_SEEDS)
         elif name in TRL_LR_SEEDS and name in records:
             out += _trl_lr_seed(records[name], int(name[-1]))
             if name == [n for n in TRL_LR_SEEDS if n in records][-1]:

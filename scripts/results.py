@@ -334,6 +334,18 @@ SECTIONS: dict[str, list[str]] = {
         ]
         for seed in range(10)
     },
+    # as real_paired, async with the decoupled objective (clip_against = "proximal": the ratio against the trainer's
+    # policy, staleness corrected by min(pi_prox / mu, 2)) and each prompt once per micro-batch in training
+    # (train.engine.share_prompts), seeds 0-9
+    **{
+        f"real_paired_prox_seed{seed}": [
+            *_REAL_PEER,
+            *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}", "--set", f"data.order_seed={seed}"),
+            *("--set", "algorithm.clip_against=proximal", "--set", "train.engine.share_prompts=true"),
+            *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_paired_prox_seed{seed}"),
+        ]
+        for seed in range(10)
+    },
     # the example's async at transformers' lr schedule (train.engine.lr_schedule_convention = "huggingface"), the
     # schedule TRL trained with in the real_peer* sections: async only, seeds 0-4
     **{
