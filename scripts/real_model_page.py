@@ -605,7 +605,7 @@ PAIRED_PROX_SEEDS = tuple(f"real_paired_prox_seed{seed}" for seed in range(PAIRE
 
 def _paired_prox_intro() -> list[str]:
     return [
-        f"## Paired by data, async with the decoupled objective and a prompt once per group, over {PAIRED_NUM_SEEDS} seeds",
+        "## Paired by data, async with the decoupled objective and a prompt once per group, seed by seed",
         "",
         "The comparison above, the same seeds and prompt orders, with two changes on asyncflow's side. "
         '`algorithm.clip_against = "proximal"`: the PPO ratio is taken against the trainer\'s own policy (1 at the one '
