@@ -11,15 +11,18 @@ a process of its own (``bench/_peer_trl.py``; the ``bench`` extra) with
 ``--trl-threads`` torch threads (default 1, as each asyncflow process has with
 ``cluster.threads_per_process = 1``; with 2 on a machine that other jobs share,
 TRL's OpenMP threads spin waiting for a descheduled sibling and it runs ten times
-slower); asyncflow runs the config as ``afctl up`` does, without checkpoints
-(TRL saves none here), async with the config's staleness (and its ``workflow.stream_step``:
+slower); asyncflow runs the config as ``afctl up`` does, with no checkpoint before
+the end (TRL saves none), async with the config's staleness (and its ``workflow.stream_step``:
 then sync runs without it, its whole batch in one rollout call). A config with ``[eval]``
 (examples/smollm2.toml) also gets each system's greedy held-out accuracy after its last
 step: every system trains on the same training split, asyncflow's trainer evaluates its
 last version in the run (counted in its time), and TRL's saved final weights go through
 the same evaluation (``actors/_eval.evaluate_saved``) after its timing. ``--skip-sync`` runs
 TRL and async only (more seeds of the accuracy comparison in less time; TRL's weights are
-then evaluated from the async run's directory).
+then evaluated from the async run's directory). The weights the runs leave behind (the
+trainer's end-of-run checkpoint, with its optimizer state, and TRL's final model: 2 GB
+for SmolLM2) are deleted once evaluated, unless ``--keep-weights``: a series of seeds
+filled this machine's disk with them.
 """
 
 from __future__ import annotations
@@ -131,6 +134,12 @@ def unsupported(cfg) -> str | None:
     help="Change one config key for every system (repeatable), e.g. --set seed=1: TRL gets the same value.",
 )
 @click.option("--out", type=click.Path(file_okay=False), help="Keep the run directories here.")
+@click.option(
+    "--keep-weights",
+    is_flag=True,
+    help="Keep the weights the runs end with (asyncflow's checkpoints, TRL's final model); deleted once evaluated "
+    "by default: 2 GB a run for SmolLM2.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
 def peer(
     config_path: str,
@@ -142,6 +151,7 @@ def peer(
     rounds: int,
     overrides: tuple[str, ...],
     out: str | None,
+    keep_weights: bool,
     as_json: bool,
 ) -> None:
     """Samples/s (training time only) and last-10% reward of TRL GRPOTrainer,
@@ -174,6 +184,10 @@ def peer(
         each.append(
             _one_round(base, steps, trl_threads, skip_trl, root / f"round-{r}" if rounds > 1 else root, only_trl, skip_sync)
         )
+        if not keep_weights:
+            freed = drop_weights(root / f"round-{r}" if rounds > 1 else root)
+            if freed:
+                click.echo(f"deleted the runs' final weights, {freed / 2**30:.2f} GiB (--keep-weights keeps them)")
     results = _medians(each)
     heldout = all("heldout_accuracy" in fig for fig in results.values())
     acc_head = f"{'held-out acc':>14}" if heldout else ""
@@ -187,6 +201,7 @@ def peer(
     click.echo(f"(runs in {root})")
     if as_json:
         line: dict = {"steps": steps, "samples_per_step": base.samples_per_step, "rounds": rounds, "systems": results}
+        line["huge_pages"] = base.cluster.huge_pages  # every process's, TRL's too (engines/huge_pages.py)
         if "trl" in results:
             for mode in [m for m in ("sync", "async") if m in results]:
                 ratios = [e[mode]["samples_per_s"] / e["trl"]["samples_per_s"] for e in each]
@@ -204,6 +219,7 @@ def _one_round(
 
     from asyncflow.actors._summary import complete_lines
     from asyncflow.actors.launcher import run
+    from asyncflow.engines.huge_pages import huge_pages_env
 
     root.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
@@ -213,6 +229,7 @@ def _one_round(
         spec_path.write_text(json.dumps(trl_spec(base, steps, trl_threads or os.cpu_count() or 1, root / "trl")))
         done = subprocess.run(
             [sys.executable, "-m", "asyncflow.bench._peer_trl", str(spec_path)],
+            env={**os.environ, **huge_pages_env(base.cluster.huge_pages)},  # the allocator asyncflow's processes get
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -267,6 +284,25 @@ def _one_round(
         evaluated = evaluate_saved(root / modes[0], results["trl"]["final_model"])
         results["trl"]["heldout_accuracy"] = evaluated["val/accuracy"]
     return results
+
+
+WEIGHTS = ("trl/final", "sync/checkpoints", "async/checkpoints")
+"""What one round leaves that only its evaluation reads, under the round's directory."""
+
+
+def drop_weights(root: Path) -> int:
+    """Delete the weights a round of runs in ``root`` ended with (``WEIGHTS``); the
+    bytes freed. Logs, metrics, samples and the shared data stay."""
+    import shutil
+
+    freed = 0
+    for rel in WEIGHTS:
+        path = root / rel
+        if not path.is_dir() or path.is_symlink():
+            continue
+        freed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+        shutil.rmtree(path)
+    return freed
 
 
 def _medians(each: list[dict[str, dict]]) -> dict[str, dict]:

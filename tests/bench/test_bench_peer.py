@@ -56,6 +56,7 @@ def test_bench_peer_runs_the_three_systems_for_a_few_steps_round_after_round(tmp
             "--rounds",
             "2",
             "--json",
+            "--keep-weights",
             "--out",
             str(tmp_path),
         ],
@@ -81,6 +82,9 @@ def test_bench_peer_runs_the_three_systems_for_a_few_steps_round_after_round(tmp
     assert [n in (0, 1) for n in line["systems"]["async"]["pinned_trainer_cores_rounds"]] == [True, True]
     assert line["systems"]["sync"]["pinned_trainer_cores_rounds"] == [0, 0]  # sync never pins
     assert line["async_over_trl"] == pytest.approx(sum(line["async_over_trl_rounds"]) / 2)
+    for r in ("round-0", "round-1"):  # --keep-weights: each round's final weights are still there
+        assert (tmp_path / r / "trl" / "final" / "config.json").is_file()
+        assert all((tmp_path / r / mode / "checkpoints" / "latest").exists() for mode in ("sync", "async"))
 
 
 @pytest.mark.timeout(30)
@@ -96,6 +100,26 @@ def test_trl_gets_the_rows_in_the_loaders_order_step_by_step_across_epochs():
     assert len(got) == 15 and len(set(got[:10])) == 10  # 15 positions: one whole epoch, then the next one's start
     assert got != [r["prompt"] for r in in_asyncflows_order(rows, {**spec, "order_seed": 4})]
     assert [r["prompt"] for r in in_asyncflows_order(rows, {**spec, "shuffle": False})] == [f"p{i % 10}" for i in range(15)]
+
+
+@pytest.mark.timeout(30)
+def test_drop_weights_deletes_only_the_final_weights_and_counts_their_bytes(tmp_path):
+    from asyncflow.bench.peer import drop_weights
+
+    kept = ["trl.log", "trl/trainer_state.json", "async/metrics.jsonl", "async/logs/trainer.log", "sync/summary.json"]
+    gone = {"trl/final/model.safetensors": 3000, "async/checkpoints/step_000003/model.safetensors": 5000}
+    gone["async/checkpoints/step_000003/optimizer.pt"] = 700
+    for rel in kept:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    for rel, size in gone.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"\0" * size)
+    (tmp_path / "async" / "checkpoints" / "latest").symlink_to("step_000003")  # as the trainer writes it
+    assert drop_weights(tmp_path) == 8700  # the files once each, not again through the link
+    assert all((tmp_path / rel).is_file() for rel in kept)
+    assert not (tmp_path / "trl" / "final").exists() and not (tmp_path / "async" / "checkpoints").exists()
+    assert drop_weights(tmp_path) == 0  # nothing left to delete; sync, that has no checkpoints, is no error
 
 
 @pytest.mark.timeout(60)
@@ -128,6 +152,10 @@ def test_bench_peer_skip_sync_runs_trl_and_async_and_evaluates_both(tmp_path):
     for name, r in line["systems"].items():
         assert 0.0 <= r["heldout_accuracy"] <= 1.0, (name, r)
     assert not (tmp_path / "sync").exists()
+    # the weights both ended with are deleted once evaluated (no --keep-weights); the runs' records stay
+    assert not (tmp_path / "trl" / "final").exists() and not (tmp_path / "async" / "checkpoints").exists()
+    assert (tmp_path / "async" / "metrics.jsonl").is_file() and (tmp_path / "trl.log").is_file()
+    assert "deleted the runs' final weights" in done.stdout
     # both trained on the same prompts at every step: TRL's reward calls against the groups async trained
     # (group g of the queue is group g % P of step g // P in the loader's order, data.order_seed 3)
     from asyncflow.actors._run import PromptOrder, Run, read_prompts, split_prompts
