@@ -28,6 +28,7 @@ REAL = (
     "real_prefix",
     "real_train",
     "real_share_prompts",
+    "real_huge_pages",
     "real_lora",
     "real_peer",
     "real_peer_seed1",
@@ -282,6 +283,33 @@ def _share_prompts(r: dict) -> list[str]:
         f"by at most {x['max_loss_diff']:.1e} (rounding: `engines/shared_prompts.py`).",
         "",
     ]
+
+
+def _huge_pages(r: dict) -> list[str]:
+    x = r["result"]
+    out = [
+        "## Huge pages for torch's tensors",
+        "",
+        f"{_head(r)}: `cluster.huge_pages` off and on (torch's `THP_MEM_ALLOC_ENABLE`: 2 MB pages for its CPU tensors of "
+        f"2 MB or more; `engines/huge_pages.py`), in processes of their own, off, on, off, on: `afctl bench train` and "
+        f"`afctl bench rollout` on SmolLM2 in the example's shapes, then {x['run_steps']}-step async runs of "
+        f"`examples/smollm2.toml` (`afctl bench peer --skip-trl --skip-sync`). The kernel's mode here: `{x['kernel_mode']}`. "
+        f"Medians over {x['rounds']} rounds.",
+        "",
+        "| figure | off | on | on / off |",
+        "|---|---|---|---|",
+    ]
+    for label, f in x["figures"].items():
+        out.append(f"| {label} | {f['off']:.2f} | {f['on']:.2f} | **{f['ratio']:.2f}x** |")
+    pf = x["page_faults"]
+    out += [
+        "",
+        f"Page faults of the machine over each side's runs: off {pf['off']:,}, on {pf['on']:,} "
+        f"({pf['off'] / max(pf['on'], 1):.1f}x fewer with huge pages). Where the kernel's mode is `always`, both sides "
+        "get huge pages and the setting changes nothing; `never`, neither can.",
+        "",
+    ]
+    return out
 
 
 def _lora(r: dict) -> list[str]:
@@ -875,6 +903,7 @@ RENDER = {
     "real_rollout_distinct": _rollout_distinct,
     "real_train": _train,
     "real_share_prompts": _share_prompts,
+    "real_huge_pages": _huge_pages,
     "real_lora": _lora,
     "real_prefix": _prefix,
     "real_peer": _peer,

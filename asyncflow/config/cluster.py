@@ -65,6 +65,17 @@ class ClusterConfig(Section):
         TransportConfig, Meta(description="nng transport of the actors (scheme ipc on one host, tcp across hosts).")
     ] = msgspec.field(default_factory=TransportConfig)
     threads_per_process: Annotated[Count, Meta(description="torch intra-op threads per worker process (cpu).")] = 1
+    huge_pages: Annotated[
+        bool,
+        Meta(
+            description="torch's CPU allocator asks the kernel for transparent huge pages (2 MB) for tensors of 2 MB or more, "
+            "in every worker process (THP_MEM_ALLOC_ENABLE=1; afctl bench peer gives TRL the same). A real model's "
+            "activations and logits are new allocations at every step: in 4 KB pages each is hundreds of thousands of "
+            "page faults (docs/performance.md, 'Huge pages'). It only matters where "
+            "/sys/kernel/mm/transparent_hugepage/enabled is madvise (always: every process gets them; never: none can). "
+            "false: the process environment's value, or torch's default (off)."
+        ),
+    ] = True
     actors_per_process: Annotated[
         Count,
         Meta(
