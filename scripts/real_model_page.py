@@ -672,7 +672,12 @@ def _paired_seed(r: dict, seed: int, intro: list[str] | None = None) -> list[str
         f"- seed {seed}: {_head(r)}: held-out accuracy TRL **{t['heldout_accuracy']:.3f}**, async "
         f"**{a['heldout_accuracy']:.3f}**; reward by step, TRL {_steps(t.get('reward_by_step'))}, async "
         f"{_steps(a.get('reward_by_step'))}; samples/s TRL {t['samples_per_s']:.2f} (2 threads), async "
-        f"{a['samples_per_s']:.2f} ({a['samples_per_s'] / t['samples_per_s']:.2f}x).",
+        f"{a['samples_per_s']:.2f} ({a['samples_per_s'] / t['samples_per_s']:.2f}x)"
+        + (
+            ", both with huge pages (`cluster.huge_pages`: 'Huge pages for torch's tensors' above)."
+            if r["result"].get("huge_pages")
+            else "."
+        ),
         "",
     ]
     return out
