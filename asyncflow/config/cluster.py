@@ -71,7 +71,7 @@ class ClusterConfig(Section):
             description="torch's CPU allocator asks the kernel for transparent huge pages (2 MB) for tensors of 2 MB or more, "
             "in every worker process (THP_MEM_ALLOC_ENABLE=1; afctl bench peer gives TRL the same). A real model's "
             "activations and logits are new allocations at every step: in 4 KB pages each is hundreds of thousands of "
-            "page faults (docs/performance.md, 'Huge pages'). It only matters where "
+            "page faults (docs/real-model.md, 'Huge pages for torch's tensors'). It only matters where "
             "/sys/kernel/mm/transparent_hugepage/enabled is madvise (always: every process gets them; never: none can). "
             "false: the process environment's value, or torch's default (off)."
         ),

@@ -12,7 +12,7 @@ allocation, so it is set in the environment the driver starts each worker with
 
 It matters only where the kernel's mode is ``madvise`` (Ubuntu's and this
 machine's default): with ``always`` every process gets huge pages anyway, with
-``never`` none can. Figures: docs/performance.md, 'Huge pages'.
+``never`` none can. Figures: docs/real-model.md, 'Huge pages for torch's tensors'.
 """
 
 from __future__ import annotations
