@@ -733,11 +733,35 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
     out += [
         f"Issue 26's target, async's held-out accuracy at least TRL's, paired by data: "
         f"{'met' if mean >= 0 else 'not met'} on the mean ({mean:+.3f} over {len(diff)} seeds, {z:.1f} standard errors "
-        f"from 0{': within the noise of this many seeds' if z < 2 else ''}). Samples/s, async over TRL on both cores, "
-        f"median over the seeds: {statistics.median(sy['async']['samples_per_s'] / sy['trl']['samples_per_s'] for _, sy in rows):.2f}x.",
+        f"from 0{': within the noise of this many seeds' if z < 2 else ''}). {_paired_speed(records, names)}",
         "",
     ]
     return out
+
+
+def _paired_speed(records: dict[str, dict], names: tuple[str, ...]) -> str:
+    """Async over TRL's samples/s, the median over the seeds; apart for the seeds that ran with huge pages
+    (cluster.huge_pages, for both) and those without, where a set has both: page faults cost TRL's
+    generation far more than asyncflow's engines on a machine where they are dear."""
+    import statistics
+
+    groups: dict[bool, list[float]] = {}
+    for n in names:
+        if n in records:
+            sy = records[n]["result"]["systems"]
+            groups.setdefault(bool(records[n]["result"].get("huge_pages")), []).append(
+                sy["async"]["samples_per_s"] / sy["trl"]["samples_per_s"]
+            )
+    every = [x for g in groups.values() for x in g]
+    text = f"Samples/s, async over TRL on both cores, median over the seeds: {statistics.median(every):.2f}x"
+    if len(groups) < 2:
+        return text + "."
+    return (
+        text + f"; over the {len(groups[True])} seeds with huge pages for both (`cluster.huge_pages`) "
+        f"{statistics.median(groups[True]):.2f}x, over the {len(groups[False])} without {statistics.median(groups[False]):.2f}x "
+        "(on a machine where page faults are dear, they slow TRL's generation far more than asyncflow's engines: "
+        "'Huge pages for torch's tensors' above)."
+    )
 
 
 HFCONV_SEEDS = tuple(f"real_hfconv_seed{seed}" for seed in range(5))
