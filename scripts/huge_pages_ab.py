@@ -70,7 +70,7 @@ def benches(run_steps: int, out: Path) -> dict[str, tuple[list[str], dict[str, s
     }
     if run_steps:  # async alone (bench peer without TRL and sync), no evaluation
         run = [*AFCTL, "bench", "peer", "--config", "examples/smollm2.toml", "--steps", str(run_steps), "--skip-trl"]
-        run += ["--skip-sync", "--set", "eval.every_steps=0", "--json", "--out"]
+        run += ["--skip-sync", "--set", "eval.every_steps=0", "--set", "eval.at_start=false", "--json", "--out"]
         cmds["run"] = ([*run, str(out / "run")], {"async run samples/s": "samples_per_s"})
     return cmds
 

@@ -41,6 +41,7 @@ REAL = (
     *(f"real_hfconv_seed{seed}" for seed in range(5)),
     *(f"real_paired_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
     *(f"real_paired_prox_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
+    "real_peer_prox",
     "real_stream",
     "real_stream_seed1",
     "real_stream_seed2",
@@ -237,6 +238,21 @@ def _peer_here(r: dict) -> list[str]:
         "",
         'The example as shipped (its thread layout and `autocast = "auto"`) against TRL with 2 torch threads, both '
         "cores, as asyncflow's processes use both; TRL's `bf16` follows the trainer's resolved precision.",
+        *body,
+    ]
+
+
+def _peer_prox(r: dict) -> list[str]:
+    p = r["result"]
+    body = _peer(r)[1:]
+    pages = "with huge pages for every process, TRL's too (`cluster.huge_pages`)" if p.get("huge_pages") else ""
+    return [
+        "## TRL, sync and async side by side with the decoupled objective and a prompt once per group",
+        "",
+        'Seed 0 of the set above (`algorithm.clip_against = "proximal"`, `train.engine.share_prompts = true`) with '
+        f"sync too, TRL on both cores, {pages or 'no huge pages'}: the three systems' samples/s in one invocation, on "
+        f"this CPU: {r.get('cpu', 'unknown')}. Sync runs the same objective: on-policy, its ratio against the trainer's "
+        "policy is the behaviour clip's.",
         *body,
     ]
 
@@ -929,6 +945,7 @@ RENDER = {
     "real_model_here": _model_here,
     "real_threads": _threads,
     "real_peer_here": _peer_here,
+    "real_peer_prox": _peer_prox,
     "real_rollout_distinct": _rollout_distinct,
     "real_train": _train,
     "real_share_prompts": _share_prompts,

@@ -352,6 +352,13 @@ SECTIONS: dict[str, list[str]] = {
         ]
         for seed in range(10)
     },
+    # TRL, sync and async side by side on both cores with the settings of real_paired_prox (seed 0) and this code's
+    # huge pages (cluster.huge_pages, TRL's too): the three systems' samples/s in one invocation
+    "real_peer_prox": [
+        *_REAL_PEER,
+        *("--set", "algorithm.clip_against=proximal", "--set", "train.engine.share_prompts=true"),
+        *("--trl-threads", "2", "--json", "--out", "{work}/real_peer_prox"),
+    ],
     # the example's async at transformers' lr schedule (train.engine.lr_schedule_convention = "huggingface"), the
     # schedule TRL trained with in the real_peer* sections: async only, seeds 0-4
     **{

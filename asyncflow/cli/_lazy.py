@@ -2,6 +2,9 @@
 
 `afctl --help` must answer at once, without importing torch or transformers, so
 each command is named here by ``module:attribute`` and imported on first use.
+
+A wrong config value, from any command (a benchmark's ``--set`` too), ends the
+command with its one-line message, which names the key and the fix, not a traceback.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import importlib
 import importlib.util
 
 import click
+
+from asyncflow.core.schema import ConfigError
 
 
 class LazyGroup(click.Group):
@@ -32,6 +37,12 @@ class LazyGroup(click.Group):
             module, attr = self._lazy[name][0].split(":")
             return getattr(importlib.import_module(module), attr)
         return super().get_command(ctx, name)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ConfigError as exc:
+            raise click.ClickException(f"config: {exc}") from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = []

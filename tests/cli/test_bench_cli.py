@@ -92,3 +92,14 @@ def test_bench_planner_set_changes_the_config_of_every_run(tmp_path, monkeypatch
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert costs == [("online", 3.5, 40), ("static", 3.5, 40), ("static", 3.5, 40), ("online", 3.5, 40)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bench_name", ["peer", "e2e", "planner"])
+def test_a_wrong_set_ends_a_benchmark_with_the_key_and_the_fix_not_a_traceback(bench_name):
+    config = Path(__file__).resolve().parents[2] / "examples" / "local.toml"
+    args = ["bench", bench_name, "--config", str(config), "--set", "eval.every_steps=0"]
+    done = CliRunner().invoke(main, [*args, "--set", "eval.at_start=true"])
+    assert done.exit_code == 1, (done.output, done.exception)
+    assert "Error: config: eval.at_start = True" in done.output and "set eval.every_steps too" in done.output
+    assert "Traceback" not in done.output
