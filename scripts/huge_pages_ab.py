@@ -6,7 +6,7 @@ variable 0 and 1, and a whole async run of ``examples/smollm2.toml`` (``afctl be
 peer --skip-trl --skip-sync``) with ``cluster.huge_pages`` false and true, off, on, off, on...
 for ``--rounds`` rounds, so load changes on a shared machine hit both alike. Prints
 the median of each figure per side, on/off ratios, the page faults of each side
-(``/proc/vmstat`` pgfault over its runs) and one JSON line. About 15 minutes.
+(``/proc/vmstat`` pgfault over its runs) and one JSON line. About 20 minutes here.
 
     python scripts/huge_pages_ab.py --rounds 2 --run-steps 4
 """

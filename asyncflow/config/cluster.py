@@ -70,12 +70,14 @@ class ClusterConfig(Section):
         Meta(
             description="torch's CPU allocator asks the kernel for transparent huge pages (2 MB) for tensors of 2 MB or more, "
             "in every worker process (THP_MEM_ALLOC_ENABLE=1; afctl bench peer gives TRL the same). A real model's "
-            "activations and logits are new allocations at every step: in 4 KB pages each is hundreds of thousands of "
-            "page faults (docs/real-model.md, 'Huge pages for torch's tensors'). It only matters where "
-            "/sys/kernel/mm/transparent_hugepage/enabled is madvise (always: every process gets them; never: none can). "
-            "false: the process environment's value, or torch's default (off)."
+            "activations and logits are new allocations at every step, each page faulted in anew; with huge pages "
+            "SmolLM2's runs took 3.4x fewer page faults but were no faster on this machine (trainer 0.83-0.87x, "
+            "rollout 0.99x, whole async run 1.00x: docs/real-model.md, 'Huge pages for torch's tensors'), hence off. "
+            "Try it where page faults are dear (python scripts/huge_pages_ab.py measures both sides). It only matters "
+            "where /sys/kernel/mm/transparent_hugepage/enabled is madvise (always: every process gets them; never: "
+            "none can). false: the process environment's value, or torch's default (off)."
         ),
-    ] = True
+    ] = False
     actors_per_process: Annotated[
         Count,
         Meta(
