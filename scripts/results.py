@@ -352,8 +352,8 @@ SECTIONS: dict[str, list[str]] = {
         ]
         for seed in range(10)
     },
-    # TRL, sync and async side by side on both cores with the settings of real_paired_prox (seed 0) and this code's
-    # huge pages (cluster.huge_pages, TRL's too): the three systems' samples/s in one invocation
+    # TRL, sync and async side by side on both cores with the settings of real_paired_prox (seed 0) as this code runs
+    # them: the three systems' samples/s and held-out accuracy in one invocation
     "real_peer_prox": [
         *_REAL_PEER,
         *("--set", "algorithm.clip_against=proximal", "--set", "train.engine.share_prompts=true"),
