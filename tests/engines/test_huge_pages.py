@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -14,6 +15,8 @@ import pytest
 from asyncflow.actors.launcher import worker_env
 from asyncflow.config.load import load_config
 from asyncflow.engines.huge_pages import ENV, huge_pages_env, kernel_mode
+
+LOCAL = str(Path(__file__).resolve().parents[2] / "examples" / "local.toml")
 
 
 @pytest.mark.timeout(30)
@@ -28,10 +31,10 @@ def test_kernel_mode_is_the_bracketed_word_and_unknown_without_the_file(tmp_path
 @pytest.mark.timeout(60)
 def test_workers_start_with_the_variable_unless_the_config_turns_it_off(tmp_path, monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
-    off = load_config("examples/local.toml", ())
+    off = load_config(LOCAL, ())
     assert off.cluster.huge_pages is False  # the default: no faster on this machine (docs/real-model.md)
     assert ENV not in worker_env(off, tmp_path)  # the driver's environment (its own value, or torch's default) stands
-    on = load_config("examples/local.toml", ("cluster.huge_pages=true",))
+    on = load_config(LOCAL, ("cluster.huge_pages=true",))
     assert worker_env(on, tmp_path)[ENV] == "1"
     assert worker_env(msgspec.structs.replace(on, cluster=off.cluster), tmp_path) == worker_env(off, tmp_path)
     assert huge_pages_env(True) == {ENV: "1"} and huge_pages_env(False) == {}
