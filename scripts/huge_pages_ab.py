@@ -1,9 +1,12 @@
-"""Transparent huge pages for torch's CPU allocations off vs on (``cluster.huge_pages``), interleaved.
+"""Transparent huge pages for torch's CPU allocations off vs on, interleaved.
 
-torch reads ``THP_MEM_ALLOC_ENABLE`` once per process, so each side runs in processes
-of its own: ``afctl bench train`` and ``afctl bench rollout`` on SmolLM2 with the
-variable 0 and 1, and a whole async run of ``examples/smollm2.toml`` (``afctl bench
-peer --skip-trl --skip-sync``) with ``cluster.huge_pages`` false and true, off, on, off, on...
+torch's CPU allocator asks for 2 MB pages (``madvise(MADV_HUGEPAGE)``) for tensors of
+2 MB or more when the environment variable ``THP_MEM_ALLOC_ENABLE`` is 1, read once per
+process; asyncflow sets nothing: its worker processes (and bench peer's TRL) inherit
+the environment of ``afctl``, so a user turns it on with ``THP_MEM_ALLOC_ENABLE=1 afctl
+up ...``. Each side runs in processes of its own: ``afctl bench train`` and ``afctl
+bench rollout`` on SmolLM2, and a whole async run of ``examples/smollm2.toml``
+(``afctl bench peer --skip-trl --skip-sync``), with the variable 0 and 1, off, on, off, on...
 for ``--rounds`` rounds, so load changes on a shared machine hit both alike. Prints
 the median of each figure per side, on/off ratios, the page faults of each side
 (``/proc/vmstat`` pgfault over its runs) and one JSON line. About 20 minutes here.
@@ -25,10 +28,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from asyncflow.engines.huge_pages import ENV, kernel_mode  # noqa: E402
-
+ENV = "THP_MEM_ALLOC_ENABLE"
+"""The variable torch's CPU allocator (c10 ``alloc_cpu``) reads."""
 MODEL = "models/smollm2-135m"
 AFCTL = [sys.executable, "-m", "asyncflow.cli.main"]
+
+
+def kernel_mode(path: Path = Path("/sys/kernel/mm/transparent_hugepage/enabled")) -> str:
+    """The kernel's THP mode, the bracketed word of ``path`` ("unknown" without it). Only
+    ``madvise`` tells the two sides apart: ``always`` gives both huge pages, ``never`` neither."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return "unknown"
+    start, end = text.find("["), text.find("]")
+    return text[start + 1 : end] if 0 <= start < end else "unknown"
 
 
 def faults() -> int:
@@ -92,11 +106,7 @@ def main() -> None:
     for r in range(args.rounds):
         for side in ("off", "on"):
             for name, (cmd, keys) in benches(args.run_steps, out / f"{side}-{r}").items():
-                if name == "run":  # the launcher sets the variable in the processes it starts
-                    cmd = [*cmd[:-2], "--set", f"cluster.huge_pages={'true' if side == 'on' else 'false'}", *cmd[-2:]]
-                    env = base_env
-                else:
-                    env = {**base_env, ENV: "1" if side == "on" else "0"}
+                env = {**base_env, ENV: "1" if side == "on" else "0"}  # every process of a run inherits it
                 print(f"== round {r + 1}/{args.rounds}, huge pages {side}: {name}", flush=True)
                 line, n, s = last_json(cmd, env)
                 line = line["systems"]["async"] if name == "run" else line

@@ -245,7 +245,7 @@ def _peer_here(r: dict) -> list[str]:
 def _peer_prox(r: dict) -> list[str]:
     p = r["result"]
     body = _peer(r)[1:]
-    pages = "with huge pages for every process, TRL's too (`cluster.huge_pages`)" if p.get("huge_pages") else ""
+    pages = "with huge pages for every process, TRL's too" if p.get("huge_pages") else ""
     return [
         "## TRL, sync and async side by side with the decoupled objective and a prompt once per group",
         "",
@@ -306,8 +306,8 @@ def _huge_pages(r: dict) -> list[str]:
     out = [
         "## Huge pages for torch's tensors",
         "",
-        f"{_head(r)}: `cluster.huge_pages` off and on (torch's `THP_MEM_ALLOC_ENABLE`: 2 MB pages for its CPU tensors of "
-        f"2 MB or more; `engines/huge_pages.py`), in processes of their own, off, on, off, on: `afctl bench train` and "
+        f"{_head(r)}: torch's `THP_MEM_ALLOC_ENABLE` 0 and 1 (2 MB pages for its CPU tensors of 2 MB or more; every "
+        f"process of a run inherits it from `afctl`'s environment), in processes of their own, off, on, off, on: `afctl bench train` and "
         f"`afctl bench rollout` on SmolLM2 in the example's shapes, then {x['run_steps']}-step async runs of "
         f"`examples/smollm2.toml` (`afctl bench peer --skip-trl --skip-sync`). The kernel's mode here: `{x['kernel_mode']}`. "
         f"Medians over {x['rounds']} rounds.",
@@ -321,7 +321,7 @@ def _huge_pages(r: dict) -> list[str]:
     ratios = [f["ratio"] for f in x["figures"].values()]
     verdict = (
         f"no figure gained more than 5% (from {min(ratios):.2f}x to {max(ratios):.2f}x; a figure's two rounds are in "
-        "the JSON line), so `cluster.huge_pages` is off by default"
+        "the JSON line), so asyncflow leaves the variable alone (`THP_MEM_ALLOC_ENABLE=1 afctl up ...` turns it on)"
         if max(ratios) < 1.05
         else f"the best figure gained {max(ratios):.2f}x"
     )
@@ -329,7 +329,7 @@ def _huge_pages(r: dict) -> list[str]:
         "",
         f"Page faults of the machine over each side's runs: off {pf['off']:,}, on {pf['on']:,} "
         f"({pf['off'] / max(pf['on'], 1):.1f}x fewer with huge pages). Yet {verdict}. Where the kernel's mode is "
-        "`always`, both sides get huge pages and the setting changes nothing; `never`, neither can.",
+        "`always`, both sides get huge pages and the variable changes nothing; `never`, neither can.",
         "",
     ]
     return out
@@ -697,7 +697,7 @@ def _paired_seed(r: dict, seed: int, intro: list[str] | None = None) -> list[str
         f"{_steps(a.get('reward_by_step'))}; samples/s TRL {t['samples_per_s']:.2f} (2 threads), async "
         f"{a['samples_per_s']:.2f} ({a['samples_per_s'] / t['samples_per_s']:.2f}x)"
         + (
-            ", both with huge pages (`cluster.huge_pages`: 'Huge pages for torch's tensors' above)."
+            ", both with huge pages (`THP_MEM_ALLOC_ENABLE=1`: 'Huge pages for torch's tensors' above)."
             if r["result"].get("huge_pages")
             else "."
         ),
@@ -764,7 +764,7 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
 
 def _paired_speed(records: dict[str, dict], names: tuple[str, ...]) -> str:
     """Async over TRL's samples/s, the median over the seeds; apart for the seeds that ran with huge pages
-    (cluster.huge_pages, for both) and those without, where a set has both: page faults cost TRL's
+    (THP_MEM_ALLOC_ENABLE=1, for both) and those without, where a set has both: page faults cost TRL's
     generation far more than asyncflow's engines on a machine where they are dear."""
     import statistics
 
@@ -780,7 +780,7 @@ def _paired_speed(records: dict[str, dict], names: tuple[str, ...]) -> str:
     if len(groups) < 2:
         return text + "."
     return (
-        text + f"; over the {len(groups[True])} seeds with huge pages for both (`cluster.huge_pages`) "
+        text + f"; over the {len(groups[True])} seeds with huge pages for both (`THP_MEM_ALLOC_ENABLE=1`) "
         f"{statistics.median(groups[True]):.2f}x, over the {len(groups[False])} without {statistics.median(groups[False]):.2f}x "
         "(huge pages did not make either system faster in 'Huge pages for torch's tensors' above: the ratio moved with "
         "the machine, whose speed each seed's line gives in TRL's samples/s)."

@@ -227,7 +227,7 @@ SECTIONS: dict[str, list[str]] = {
     ],
     # train.engine.share_prompts off vs on, one trainer step of examples/smollm2.toml's shape: 8 prompts of 46 tokens
     # (the chat template's) x 8 samples of up to 16 tokens, micro-batches of 16 rows, bfloat16 autocast, both cores
-    # transparent huge pages for torch's CPU tensors off vs on (cluster.huge_pages), interleaved: the trainer and the
+    # transparent huge pages for torch's CPU tensors off vs on (THP_MEM_ALLOC_ENABLE), interleaved: the trainer and the
     # rollout engine on SmolLM2, then whole async runs of examples/smollm2.toml (about 20 min)
     "real_huge_pages": [
         *(PY, "scripts/huge_pages_ab.py", "--rounds", "2", "--run-steps", "4", "--json"),

@@ -67,7 +67,6 @@ from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.host import STACKS_WAIT_S, collect_stacks, stacks_path
 from asyncflow.core.ref import close_sockets
 from asyncflow.core.tq.client import MANAGER_NAME, TQClient
-from asyncflow.engines.huge_pages import huge_pages_env
 
 if TYPE_CHECKING:
     from asyncflow.actors._scaling import Scaler
@@ -94,19 +93,6 @@ def quiet_progress_bars() -> dict[str, str]:
 
         hf_logging.disable_progress_bar()
     return env
-
-
-def worker_env(cfg: RunConfig, run_dir: Path) -> dict[str, str]:
-    """The variables every worker process starts with, over the driver's own."""
-    return {
-        **quiet_progress_bars(),
-        "OMP_NUM_THREADS": str(cfg.cluster.threads_per_process),
-        **huge_pages_env(cfg.cluster.huge_pages),  # read once, at the process's first allocation
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": os.pathsep.join(filter(None, [*cfg.cluster.python_path, os.getcwd(), os.environ.get("PYTHONPATH", "")])),
-        "ASYNCFLOW_SPANS": "1" if cfg.logging.spans else "0",
-        "ASYNCFLOW_LOG_DIR": str((run_dir / "logs").absolute()),
-    }
 
 
 HANG_REPORT_ASK_S = 5.0
@@ -225,7 +211,17 @@ class Launcher:
         )
         undo.push("stop the roster", roster.stop)
         dc.register(roster.entry())
-        sup.attach(dc, self.transport, worker_env(cfg, self.run_dir))
+        env = {
+            **quiet_progress_bars(),
+            "OMP_NUM_THREADS": str(cfg.cluster.threads_per_process),
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [*cfg.cluster.python_path, os.getcwd(), os.environ.get("PYTHONPATH", "")])
+            ),
+            "ASYNCFLOW_SPANS": "1" if cfg.logging.spans else "0",
+            "ASYNCFLOW_LOG_DIR": str((self.run_dir / "logs").absolute()),
+        }
+        sup.attach(dc, self.transport, env)
         sup.on_restart = self.write_cluster_file
         if cfg.cluster.launcher == "local":  # a frozen host is named, and killed once frozen too long (_freezes.py)
             sup.freezes = FreezeWatch(self.transport).start()

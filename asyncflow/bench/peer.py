@@ -181,11 +181,10 @@ def peer(
     for r in range(rounds):
         if rounds > 1:
             click.echo(f"== round {r + 1} of {rounds} ==")
-        each.append(
-            _one_round(base, steps, trl_threads, skip_trl, root / f"round-{r}" if rounds > 1 else root, only_trl, skip_sync)
-        )
+        where = root / f"round-{r}" if rounds > 1 else root
+        each.append(_one_round(base, steps, trl_threads, skip_trl, where, only_trl, skip_sync))
         if not keep_weights:
-            freed = drop_weights(root / f"round-{r}" if rounds > 1 else root)
+            freed = drop_weights(where)
             if freed:
                 click.echo(f"deleted the runs' final weights, {freed / 2**30:.2f} GiB (--keep-weights keeps them)")
     results = _medians(each)
@@ -201,7 +200,6 @@ def peer(
     click.echo(f"(runs in {root})")
     if as_json:
         line: dict = {"steps": steps, "samples_per_step": base.samples_per_step, "rounds": rounds, "systems": results}
-        line["huge_pages"] = base.cluster.huge_pages  # every process's, TRL's too (engines/huge_pages.py)
         if "trl" in results:
             for mode in [m for m in ("sync", "async") if m in results]:
                 ratios = [e[mode]["samples_per_s"] / e["trl"]["samples_per_s"] for e in each]
@@ -219,7 +217,6 @@ def _one_round(
 
     from asyncflow.actors._summary import complete_lines
     from asyncflow.actors.launcher import run
-    from asyncflow.engines.huge_pages import huge_pages_env
 
     root.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
@@ -229,7 +226,6 @@ def _one_round(
         spec_path.write_text(json.dumps(trl_spec(base, steps, trl_threads or os.cpu_count() or 1, root / "trl")))
         done = subprocess.run(
             [sys.executable, "-m", "asyncflow.bench._peer_trl", str(spec_path)],
-            env={**os.environ, **huge_pages_env(base.cluster.huge_pages)},  # the allocator asyncflow's processes get
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -65,19 +65,6 @@ class ClusterConfig(Section):
         TransportConfig, Meta(description="nng transport of the actors (scheme ipc on one host, tcp across hosts).")
     ] = msgspec.field(default_factory=TransportConfig)
     threads_per_process: Annotated[Count, Meta(description="torch intra-op threads per worker process (cpu).")] = 1
-    huge_pages: Annotated[
-        bool,
-        Meta(
-            description="torch's CPU allocator asks the kernel for transparent huge pages (2 MB) for tensors of 2 MB or more, "
-            "in every worker process (THP_MEM_ALLOC_ENABLE=1; afctl bench peer gives TRL the same). A real model's "
-            "activations and logits are new allocations at every step, each page faulted in anew; with huge pages "
-            "SmolLM2's runs took 3.4x fewer page faults but were no faster on this machine (trainer 0.83-0.87x, "
-            "rollout 0.99x, whole async run 1.00x: docs/real-model.md, 'Huge pages for torch's tensors'), hence off. "
-            "Try it where page faults are dear (python scripts/huge_pages_ab.py measures both sides). It only matters "
-            "where /sys/kernel/mm/transparent_hugepage/enabled is madvise (always: every process gets them; never: "
-            "none can). false: the process environment's value, or torch's default (off)."
-        ),
-    ] = False
     actors_per_process: Annotated[
         Count,
         Meta(

@@ -11,7 +11,7 @@ key is refused by name, with the reason. The allow-list is deliberately small:
   where the old schedule had brought it (docs/faults.md, "Extending a run").
 - ``train.checkpoint_every``, ``train.keep_checkpoints``, ``train.dist_timeout_s``, ``logging.*``,
   ``workflow.weight_timeout_s``, ``cluster.max_resumes``,
-  ``cluster.threads_per_process``, ``cluster.huge_pages``, ``cluster.pin_trainer_cores``,
+  ``cluster.threads_per_process``, ``cluster.pin_trainer_cores``,
   ``cluster.transport.ask_timeout_s``, ``cluster.transport.freeze_timeout_s``: how
   often, how long, what is written, where processes run.
 - ``rollout.gateway.*``: the HTTP gateway (docs/gateway.md) generates no queued row and
@@ -40,7 +40,6 @@ RESUMABLE_KEYS = (
     "workflow.prefetch_batch",
     "cluster.max_resumes",
     "cluster.threads_per_process",
-    "cluster.huge_pages",
     "cluster.pin_trainer_cores",
     "cluster.transport.ask_timeout_s",
     "cluster.transport.freeze_timeout_s",
