@@ -41,6 +41,7 @@ REAL = (
     *(f"real_hfconv_seed{seed}" for seed in range(5)),
     *(f"real_paired_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
     *(f"real_paired_prox_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
+    *(f"real_paired_stream_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
     "real_peer_prox",
     "real_stream",
     "real_stream_seed1",
@@ -652,6 +653,7 @@ def _steps(rewards: list[float] | None) -> str:
 
 
 PAIRED_PROX_SEEDS = tuple(f"real_paired_prox_seed{seed}" for seed in range(PAIRED_NUM_SEEDS))
+PAIRED_STREAM_SEEDS = tuple(f"real_paired_stream_seed{seed}" for seed in range(PAIRED_NUM_SEEDS))
 
 
 def _paired_prox_intro() -> list[str]:
@@ -666,6 +668,21 @@ def _paired_prox_intro() -> list[str]:
         "step had already raised, and the table above shows async's reward of each step's samples climbing at about half "
         "TRL's rate. `train.engine.share_prompts = true`: each prompt runs once per micro-batch in training, the same "
         "gradients up to rounding ('A prompt once per group in training' above). TRL runs as above.",
+        "",
+    ]
+
+
+def _paired_stream_intro() -> list[str]:
+    return [
+        "## Paired by data, async streamed and on-policy, seed by seed",
+        "",
+        "The set above (the decoupled objective, a prompt once per group), the same seeds and prompt orders, with async "
+        "run as a step streamed in parts: `workflow.stream_step = true`, `workflow.staleness = 0`, "
+        "`rollout.prompts_per_call = 2`. The trainer trains each part of a step (whole prompt groups) as the rollout "
+        "puts it and takes one optimizer step when the step's last row is in, so every sample comes from the weights "
+        "it is trained on, as in TRL and sync: no one-step lag. Generation still overlaps training inside the step "
+        "(`actors/_stream_step.py`). With staleness 0 the decoupled objective's ratio and weight see only the two "
+        "engines' numerics. TRL runs as above, in the same invocation.",
         "",
     ]
 
@@ -714,8 +731,13 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
     rows = [(int(n[-1]), records[n]["result"]["systems"]) for n in names if n in records]
     if len(rows) < 2:
         return []
-    before = {} if names == PAIRED_SEEDS else {s: records.get(f"real_paired_seed{s}") for s, _ in rows}
-    extra = " async, behaviour clip (above) |" if before else ""
+    earlier, label = (
+        ("real_paired_prox_seed", "async, staleness 1 (above)")
+        if names == PAIRED_STREAM_SEEDS
+        else ("real_paired_seed", "async, behaviour clip (above)")
+    )
+    before = {} if names == PAIRED_SEEDS else {s: records.get(f"{earlier}{s}") for s, _ in rows}
+    extra = f" {label} |" if before else ""
     out = [f"| seed | TRL | async | async minus TRL |{extra}", "|---|---|---|---|" + ("---|" if before else "")]
     for seed, sy in rows:
         t, a = sy["trl"]["heldout_accuracy"], sy["async"]["heldout_accuracy"]
@@ -737,7 +759,12 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
         steps = min(len(sy[k]["reward_by_step"]) for sy in by_step for k in ("trl", "async"))
         out += [
             f"Mean reward of each step's samples over the {len(by_step)} seeds that recorded it (the same prompts "
-            "for both at each step; async's samples at step k come from the weights of step k - 1, staleness 1):",
+            "for both at each step; "
+            + (
+                "every sample on-policy, as TRL's):"
+                if names == PAIRED_STREAM_SEEDS
+                else "async's samples at step k come from the weights of step k - 1, staleness 1):"
+            ),
             "",
             "| step | " + " | ".join(str(k) for k in range(steps)) + " |",
             "|---|" + "---|" * steps,
@@ -750,7 +777,7 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
         old = [x for x in old if x and len(x) >= steps]
         if old:
             means = [statistics.mean(x[k] for x in old) for k in range(steps)]
-            out.append(f"| async, behaviour clip ({len(old)} seeds) | " + " | ".join(f"{m:.3f}" for m in means) + " |")
+            out.append(f"| {label.removesuffix(' (above)')} ({len(old)} seeds) | " + " | ".join(f"{m:.3f}" for m in means) + " |")
         out.append("")
     z = abs(mean) / se if se else float("inf")
     out += [
@@ -1012,6 +1039,10 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
             out += _paired_seed(records[name], int(name[-1]), _paired_prox_intro())
             if name == [n for n in PAIRED_PROX_SEEDS if n in records][-1]:
                 out += _paired_over_seeds(records, PAIRED_PROX_SEEDS)
+        elif name in PAIRED_STREAM_SEEDS and name in records:
+            out += _paired_seed(records[name], int(name[-1]), _paired_stream_intro())
+            if name == [n for n in PAIRED_STREAM_SEEDS if n in records][-1]:
+                out += _paired_over_seeds(records, PAIRED_STREAM_SEEDS)
         elif name in TRL_LR_SEEDS and name in records:
             out += _trl_lr_seed(records[name], int(name[-1]))
             if name == [n for n in TRL_LR_SEEDS if n in records][-1]:

@@ -352,6 +352,17 @@ SECTIONS: dict[str, list[str]] = {
         ]
         for seed in range(10)
     },
+    # as real_paired_prox, async streamed and on-policy (workflow.stream_step at staleness 0, rollout calls of 2
+    # prompts): no one-step lag behind TRL's on-policy samples, generation still overlapping training; seeds 0-9
+    **{
+        f"real_paired_stream_seed{seed}": [
+            *_REAL_PEER,
+            *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}", "--set", f"data.order_seed={seed}"),
+            *("--set", "algorithm.clip_against=proximal", "--set", "train.engine.share_prompts=true", *_STREAMED),
+            *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_paired_stream_seed{seed}"),
+        ]
+        for seed in range(10)
+    },
     # TRL, sync and async side by side on both cores with the settings of real_paired_prox (seed 0) as this code runs
     # them: the three systems' samples/s and held-out accuracy in one invocation
     "real_peer_prox": [
