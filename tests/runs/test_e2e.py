@@ -113,8 +113,9 @@ def test_killed_rollout_and_custom_role_processes_are_restarted_and_every_sample
 @pytest.mark.timeout(300)
 def test_resume_continues_with_the_next_step_and_the_same_queue_contents(tmp_path):
     run_dir = tmp_path / "run"
-    # long enough that the interrupt lands mid-run even on a fast machine
-    config = write_config(tmp_path, num_steps=40, checkpoint_every=2)
+    # far longer than the test, so only the interrupt can end the first run: tiny steps take milliseconds,
+    # and 40 of them once all ran before the interrupt landed on a fast machine (the run exited 0, not 130)
+    config = write_config(tmp_path, num_steps=100_000, checkpoint_every=2)
     # its own process group, like a job in a terminal: Ctrl-C reaches the driver and every host
     # (the stop itself is checked as test_ctrl_c_stops_every_process does, which runs with -m slow)
     first = afctl("up", str(config), "--run-dir", str(run_dir), start_new_session=True)
@@ -124,13 +125,20 @@ def test_resume_continues_with_the_next_step_and_the_same_queue_contents(tmp_pat
     out, _ = first.communicate(timeout=60)
     _assert_stopped_by_the_signal(first, out, children, run_dir)
     assert "afctl up --resume" in out
-    second = afctl("up", "--resume", str(run_dir))
+    # wherever the interrupt landed, the resumed run trains a few steps past its last checkpoint and ends
+    from asyncflow.actors._checkpoints import done_step, latest_checkpoint
+
+    latest = latest_checkpoint(run_dir)
+    checkpointed = done_step(latest) if latest is not None else None
+    assert checkpointed is not None and checkpointed >= 2, f"no complete checkpoint in {run_dir / 'checkpoints'}"
+    steps = checkpointed + 6
+    second = afctl("up", "--resume", str(run_dir), "--set", f"train.num_steps={steps}")
     out, _ = second.communicate(timeout=220)
     assert second.returncode == 0, out
     assert "resumed the queue" in out
     metrics = read_jsonl(run_dir / "metrics.jsonl")
-    assert [int(m["step"]) for m in metrics] == list(range(40))
-    assert_trained_exactly_once(run_dir, 40, 2, 2)
+    assert [int(m["step"]) for m in metrics] == list(range(steps))
+    assert_trained_exactly_once(run_dir, steps, 2, 2)
 
 
 @pytest.mark.timeout(200)
