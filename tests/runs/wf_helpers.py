@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -45,7 +46,20 @@ def wait_for_steps(run_dir: Path, proc, num_steps: int, timeout_s: float) -> Non
     raise AssertionError(f"no {num_steps} steps within {timeout_s} s")
 
 
+def _like_a_terminal_job() -> None:
+    """SIGINT at its default in the child, as in a job a terminal's Ctrl-C reaches. A non-interactive
+    shell starts a background command (``.ci/run &``) with SIGINT ignored, everything under it inherits
+    that, and Python leaves an inherited ignored SIGINT ignored: the driver would never see the test's
+    Ctrl-C and would run on (it did: a 100,000-step run trained until SIGTERM)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def afctl(*args: str, env_extra: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+    """``afctl ARGS`` in a child process, its output read at the end. With ``start_new_session`` (a test
+    that stops the run with Ctrl-C: ``os.killpg(pid, SIGINT)``) its SIGINT is at the default, whatever
+    the test's own (``_like_a_terminal_job``)."""
+    if kwargs.get("start_new_session"):
+        kwargs.setdefault("preexec_fn", _like_a_terminal_job)
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
     return subprocess.Popen(
         [sys.executable, "-m", "asyncflow.cli.main", *args],
