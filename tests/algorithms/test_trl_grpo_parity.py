@@ -48,7 +48,7 @@ def _logp(model, prompts: list[list[int]], responses: list[list[int]]) -> list[l
     return out
 
 
-def _trl_grads(model_dir, prompts, responses, tmp_path) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def _trl_grads(model_dir, prompts, responses, tmp_path) -> dict[str, torch.Tensor]:
     """TRL's gradient: ``GRPOTrainer._compute_loss`` on the batch, advantages by its formula."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -100,7 +100,7 @@ def _trl_grads(model_dir, prompts, responses, tmp_path) -> tuple[dict[str, torch
     }
     model.train()
     trainer._compute_loss(model, inputs).backward()
-    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}, advantages
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
 
 
 def _asyncflow_grads(model_dir, prompts, responses, changes, streamed: bool) -> dict[str, torch.Tensor]:
@@ -159,7 +159,7 @@ def test_grpo_gradient_equals_trls(tiny_model_dir, tmp_path, clip_against, micro
 
     eos = AutoConfig.from_pretrained(tiny_model_dir).eos_token_id
     prompts, responses = _batch(eos)
-    theirs, _ = _trl_grads(tiny_model_dir, prompts, responses, tmp_path)
+    theirs = _trl_grads(tiny_model_dir, prompts, responses, tmp_path)
     changes = {
         "algorithm": {"group_size": GROUP, "clip_against": clip_against, "kl_coef": 0.0, "std_normalize": True},
         "algorithm.loss": {"agg": "token-mean"},

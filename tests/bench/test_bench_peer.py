@@ -139,7 +139,8 @@ def test_bench_peer_skip_sync_runs_trl_and_async_and_evaluates_both(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "asyncflow.cli.main", "bench", "peer", "--steps", "2", "--skip-sync", "--json"]
         + ["--set", "data.order_seed=3", "--out", str(tmp_path)],
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        # torch's huge pages, which every process inherits; the JSON line says so (the renderer splits by it)
+        env=dict(os.environ, OMP_NUM_THREADS="1", THP_MEM_ALLOC_ENABLE="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -148,6 +149,7 @@ def test_bench_peer_skip_sync_runs_trl_and_async_and_evaluates_both(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:]
     line = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(line["systems"]) == {"trl", "async"} and "sync_over_trl" not in line
+    assert line["huge_pages"] is True
     # TRL's final weights get the held-out evaluation from the async run's directory (no sync run to read it from)
     for name, r in line["systems"].items():
         assert 0.0 <= r["heldout_accuracy"] <= 1.0, (name, r)
