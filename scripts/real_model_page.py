@@ -42,6 +42,7 @@ REAL = (
     *(f"real_paired_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
     *(f"real_paired_prox_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
     *(f"real_paired_stream_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
+    *(f"real_paired_fp32_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
     "real_peer_prox",
     "real_stream",
     "real_stream_seed1",
@@ -654,6 +655,7 @@ def _steps(rewards: list[float] | None) -> str:
 
 PAIRED_PROX_SEEDS = tuple(f"real_paired_prox_seed{seed}" for seed in range(PAIRED_NUM_SEEDS))
 PAIRED_STREAM_SEEDS = tuple(f"real_paired_stream_seed{seed}" for seed in range(PAIRED_NUM_SEEDS))
+PAIRED_FP32_SEEDS = tuple(f"real_paired_fp32_seed{seed}" for seed in range(PAIRED_NUM_SEEDS))
 
 
 def _paired_prox_intro() -> list[str]:
@@ -683,6 +685,21 @@ def _paired_stream_intro() -> list[str]:
         "it is trained on, as in TRL and sync: no one-step lag. Generation still overlaps training inside the step "
         "(`actors/_stream_step.py`). With staleness 0 the decoupled objective's ratio and weight see only the two "
         "engines' numerics. TRL runs as above, in the same invocation.",
+        "",
+    ]
+
+
+def _paired_fp32_intro() -> list[str]:
+    return [
+        "## Paired by data, async streamed and on-policy, both trainers in float32, seed by seed",
+        "",
+        'The set above, the same seeds and prompt orders, with `train.engine.autocast = "off"`: asyncflow\'s trainer '
+        "computes in float32, and `bench peer` then runs TRL without `bf16` too. In the set above the trainer's bfloat16 "
+        "autocast was the one difference left between the two systems' updates (`tests/algorithms/"
+        "test_trl_grpo_parity.py` shows the update is TRL's in float32): pi / mu spread around 1 by a few percent for "
+        "asyncflow, while TRL's ratio is 1 by construction. In float32 the native rollout's log-probs equal the "
+        "trainer's up to float rounding, so both systems run the same algorithm on the same "
+        "prompts, and differ only in their samples.",
         "",
     ]
 
@@ -731,11 +748,10 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
     rows = [(int(n[-1]), records[n]["result"]["systems"]) for n in names if n in records]
     if len(rows) < 2:
         return []
-    earlier, label = (
-        ("real_paired_prox_seed", "async, staleness 1 (above)")
-        if names == PAIRED_STREAM_SEEDS
-        else ("real_paired_seed", "async, behaviour clip (above)")
-    )
+    earlier, label = {
+        PAIRED_STREAM_SEEDS: ("real_paired_prox_seed", "async, staleness 1 (above)"),
+        PAIRED_FP32_SEEDS: ("real_paired_stream_seed", "async, bfloat16 autocast (above)"),
+    }.get(names, ("real_paired_seed", "async, behaviour clip (above)"))
     before = {} if names == PAIRED_SEEDS else {s: records.get(f"{earlier}{s}") for s, _ in rows}
     extra = f" {label} |" if before else ""
     out = [f"| seed | TRL | async | async minus TRL |{extra}", "|---|---|---|---|" + ("---|" if before else "")]
@@ -762,7 +778,7 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
             "for both at each step; "
             + (
                 "every sample on-policy, as TRL's):"
-                if names == PAIRED_STREAM_SEEDS
+                if names in (PAIRED_STREAM_SEEDS, PAIRED_FP32_SEEDS)
                 else "async's samples at step k come from the weights of step k - 1, staleness 1):"
             ),
             "",
@@ -1043,6 +1059,10 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
             out += _paired_seed(records[name], int(name[-1]), _paired_stream_intro())
             if name == [n for n in PAIRED_STREAM_SEEDS if n in records][-1]:
                 out += _paired_over_seeds(records, PAIRED_STREAM_SEEDS)
+        elif name in PAIRED_FP32_SEEDS and name in records:
+            out += _paired_seed(records[name], int(name[-1]), _paired_fp32_intro())
+            if name == [n for n in PAIRED_FP32_SEEDS if n in records][-1]:
+                out += _paired_over_seeds(records, PAIRED_FP32_SEEDS)
         elif name in TRL_LR_SEEDS and name in records:
             out += _trl_lr_seed(records[name], int(name[-1]))
             if name == [n for n in TRL_LR_SEEDS if n in records][-1]:

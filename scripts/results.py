@@ -24,7 +24,9 @@ docs/performance.md's (scripts/performance_page.py renders that page). The real-
 ``real_peer_seed3``, ``real_peer_seed4`` (TRL and async only), ``real_bf16_seed0`` to ``real_bf16_seed4`` (async
 with its rollout in bfloat16), ``real_trl_lr_seed0`` to ``real_trl_lr_seed9`` (TRL at asyncflow's lr
 schedule, and async), ``real_hfconv_seed0`` to ``real_hfconv_seed4`` (async at transformers' lr
-schedule), ``real_stream``, ``real_stream_seed1``, ``real_stream_seed2``: docs/real-model.md, rendered by
+schedule), ``real_paired_stream_seed0`` to ``real_paired_stream_seed9`` (async streamed and on-policy
+against TRL, paired by data), ``real_paired_fp32_seed0`` to ``real_paired_fp32_seed9`` (the same, both trainers
+in float32), ``real_stream``, ``real_stream_seed1``, ``real_stream_seed2``: docs/real-model.md, rendered by
 scripts/real_model_page.py) are measured only when ``--only`` names them: they need
 ``models/smollm2-135m`` (README.md, "A real pretrained model") and take hours on 2 cores.
 """
@@ -360,6 +362,18 @@ SECTIONS: dict[str, list[str]] = {
             *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}", "--set", f"data.order_seed={seed}"),
             *("--set", "algorithm.clip_against=proximal", "--set", "train.engine.share_prompts=true", *_STREAMED),
             *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_paired_stream_seed{seed}"),
+        ]
+        for seed in range(10)
+    },
+    # as real_paired_stream, both trainers in float32 (train.engine.autocast = "off"; bench peer then runs TRL
+    # without bf16): pi / mu exactly 1 on both sides, the two systems the same algorithm up to sampling; seeds 0-9
+    **{
+        f"real_paired_fp32_seed{seed}": [
+            *_REAL_PEER,
+            *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}", "--set", f"data.order_seed={seed}"),
+            *("--set", "algorithm.clip_against=proximal", "--set", "train.engine.share_prompts=true", *_STREAMED),
+            *("--set", "train.engine.autocast=off"),
+            *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_paired_fp32_seed{seed}"),
         ]
         for seed in range(10)
     },
