@@ -802,7 +802,39 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
         f"from 0{': within the noise of this many seeds' if z < 2 else ''}). {_paired_speed(records, names)}",
         "",
     ]
+    if names == PAIRED_FP32_SEEDS:
+        out += _against_bf16(records, rows)
     return out
+
+
+def _against_bf16(records: dict[str, dict], rows: list[tuple[int, dict]]) -> list[str]:
+    """The float32 set seed by seed against the bfloat16 set (real_paired_stream): the same seeds, prompt
+    orders and rollout seeds, so a seed's two outcomes are not independent; what moves is the precision."""
+    import statistics
+
+    pairs = []
+    for seed, sy in rows:
+        was = records.get(f"real_paired_stream_seed{seed}")
+        if was:
+            ws = was["result"]["systems"]
+            pairs.append(
+                (
+                    sy["async"]["heldout_accuracy"] - sy["trl"]["heldout_accuracy"],
+                    ws["async"]["heldout_accuracy"] - ws["trl"]["heldout_accuracy"],
+                )
+            )
+    if len(pairs) < 3:
+        return []
+    now, then = [p[0] for p in pairs], [p[1] for p in pairs]
+    change = [a - b for a, b in pairs]
+    return [
+        f"Against the bfloat16 set above, on the same {len(pairs)} seeds: async minus TRL {statistics.mean(now):+.3f} "
+        f"here, {statistics.mean(then):+.3f} there; the change, float32 minus bfloat16, {statistics.mean(change):+.3f} "
+        f"(s.e. {statistics.stdev(change) / len(change) ** 0.5:.3f}); the correlation of a seed's two differences "
+        f"{statistics.correlation(now, then):+.2f}. Both sets start from the same samples (the same rollout seed and "
+        "weights, a float32 rollout in both), so they are two looks at the same seeds, not twenty seeds.",
+        "",
+    ]
 
 
 def _paired_speed(records: dict[str, dict], names: tuple[str, ...]) -> str:

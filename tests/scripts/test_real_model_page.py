@@ -1,0 +1,55 @@
+"""docs/real-model.md's paired comparisons (scripts/real_model_page.py): the verdict line of
+issue 26's accuracy target and the float32 set's comparison with the bfloat16 set are
+computed from the records, seed by seed, and say "met" only when the mean is at least 0."""
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import real_model_page as page  # noqa: E402
+
+
+def record(trl: float, async_: float) -> dict:
+    return {
+        "result": {
+            "systems": {
+                "trl": {"heldout_accuracy": trl, "samples_per_s": 1.5},
+                "async": {"heldout_accuracy": async_, "samples_per_s": 3.0},
+            }
+        }
+    }
+
+
+FP32 = {0: (0.60, 0.50), 1: (0.55, 0.60), 2: (0.62, 0.61), 3: (0.58, 0.56)}
+BF16 = {0: (0.59, 0.49), 1: (0.55, 0.65), 2: (0.61, 0.63), 3: (0.61, 0.60)}
+
+
+def records() -> dict[str, dict]:
+    out = {f"real_paired_fp32_seed{s}": record(*v) for s, v in FP32.items()}
+    out.update({f"real_paired_stream_seed{s}": record(*v) for s, v in BF16.items()})
+    return out
+
+
+def test_fp32_set_verdict_and_the_seed_by_seed_comparison_with_the_bf16_set():
+    text = "\n".join(page._paired_over_seeds(records(), page.PAIRED_FP32_SEEDS))
+    now = [a - t for t, a in FP32.values()]
+    then = [a - t for t, a in BF16.values()]
+    change = [x - y for x, y in zip(now, then)]
+    se = statistics.stdev(now) / len(now) ** 0.5
+    assert f"not met on the mean ({statistics.mean(now):+.3f} over 4 seeds" in text
+    assert f"s.e. {se:.3f}" in text
+    assert f"async minus TRL {statistics.mean(now):+.3f} here, {statistics.mean(then):+.3f} there" in text
+    assert f"float32 minus bfloat16, {statistics.mean(change):+.3f}" in text
+    assert f"{statistics.correlation(now, then):+.2f}" in text
+    assert "Samples/s, async over TRL on both cores, median over the seeds: 2.00x" in text
+    # the earlier column is the bfloat16 set's async, seed by seed
+    assert "| 0 | 0.600 | 0.500 | -0.100 | 0.490 |" in text
+
+
+def test_met_only_when_async_is_at_least_trl_on_the_mean():
+    recs = {f"real_paired_fp32_seed{s}": record(t, t + 0.01 * (s - 1)) for s, (t, _) in FP32.items()}
+    text = "\n".join(page._paired_over_seeds(recs, page.PAIRED_FP32_SEEDS))
+    assert "target, async's held-out accuracy at least TRL's, paired by data: met on the mean (+0.005" in text
+    assert "Against the bfloat16 set" not in text  # no bfloat16 records: nothing to compare with
