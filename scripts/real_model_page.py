@@ -9,6 +9,8 @@ measures it."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import NamedTuple
 
 PAIRED_NUM_SEEDS = 10  # TRL on asyncflow's prompt order, then async, each seed another order (data.order_seed)
 TRL_LR_NUM_SEEDS = 10  # TRL at asyncflow's lr, then async: seeds 0-4 first, 5-9 added to narrow the difference's s.e.
@@ -704,6 +706,27 @@ def _paired_fp32_intro() -> list[str]:
     ]
 
 
+class PairedSet(NamedTuple):
+    """A set of sections paired by data (one bench peer invocation a seed): how the page shows it."""
+
+    intro: Callable[[], list[str]] | None
+    """Its heading and what it changes (None: the first set's own heading, in ``_paired_seed``)."""
+    earlier: str = ""
+    """The set its async is shown beside, seed by seed (a section name without its seed number; "": none)."""
+    label: str = ""
+    """That column's heading."""
+    on_policy: bool = False
+    """async's samples come from the weights they are trained on (as TRL's), else from the step before."""
+
+
+PAIRED_SETS: dict[tuple[str, ...], PairedSet] = {
+    PAIRED_SEEDS: PairedSet(None),
+    PAIRED_PROX_SEEDS: PairedSet(_paired_prox_intro, "real_paired_seed", "async, behaviour clip (above)"),
+    PAIRED_STREAM_SEEDS: PairedSet(_paired_stream_intro, "real_paired_prox_seed", "async, staleness 1 (above)", True),
+    PAIRED_FP32_SEEDS: PairedSet(_paired_fp32_intro, "real_paired_stream_seed", "async, bfloat16 autocast (above)", True),
+}
+
+
 def _paired_seed(r: dict, seed: int, intro: list[str] | None = None) -> list[str]:
     t, a = r["result"]["systems"]["trl"], r["result"]["systems"]["async"]
     out = []
@@ -748,11 +771,9 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
     rows = [(int(n[-1]), records[n]["result"]["systems"]) for n in names if n in records]
     if len(rows) < 2:
         return []
-    earlier, label = {
-        PAIRED_STREAM_SEEDS: ("real_paired_prox_seed", "async, staleness 1 (above)"),
-        PAIRED_FP32_SEEDS: ("real_paired_stream_seed", "async, bfloat16 autocast (above)"),
-    }.get(names, ("real_paired_seed", "async, behaviour clip (above)"))
-    before = {} if names == PAIRED_SEEDS else {s: records.get(f"{earlier}{s}") for s, _ in rows}
+    spec = PAIRED_SETS[names]
+    label = spec.label
+    before = {s: records.get(f"{spec.earlier}{s}") for s, _ in rows} if spec.earlier else {}
     extra = f" {label} |" if before else ""
     out = [f"| seed | TRL | async | async minus TRL |{extra}", "|---|---|---|---|" + ("---|" if before else "")]
     for seed, sy in rows:
@@ -778,7 +799,7 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
             "for both at each step; "
             + (
                 "every sample on-policy, as TRL's):"
-                if names in (PAIRED_STREAM_SEEDS, PAIRED_FP32_SEEDS)
+                if spec.on_policy
                 else "async's samples at step k come from the weights of step k - 1, staleness 1):"
             ),
             "",
@@ -803,18 +824,18 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
         "",
     ]
     if names == PAIRED_FP32_SEEDS:
-        out += _against_bf16(records, rows)
+        out += _against_bf16(records, rows, spec.earlier)
     return out
 
 
-def _against_bf16(records: dict[str, dict], rows: list[tuple[int, dict]]) -> list[str]:
-    """The float32 set seed by seed against the bfloat16 set (real_paired_stream): the same seeds, prompt
+def _against_bf16(records: dict[str, dict], rows: list[tuple[int, dict]], bf16: str) -> list[str]:
+    """The float32 set seed by seed against the bfloat16 set (sections ``bf16`` + seed): the same seeds, prompt
     orders and rollout seeds, so a seed's two outcomes are not independent; what moves is the precision."""
     import statistics
 
     pairs = []
     for seed, sy in rows:
-        was = records.get(f"real_paired_stream_seed{seed}")
+        was = records.get(f"{bf16}{seed}")
         if was:
             ws = was["result"]["systems"]
             pairs.append(
@@ -1079,22 +1100,11 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
             out += _hfconv_seed(records[name], int(name[-1]))
             if name == [n for n in HFCONV_SEEDS if n in records][-1]:
                 out += _hfconv_over_seeds(records)
-        elif name in PAIRED_SEEDS and name in records:
-            out += _paired_seed(records[name], int(name[-1]))
-            if name == [n for n in PAIRED_SEEDS if n in records][-1]:
-                out += _paired_over_seeds(records)
-        elif name in PAIRED_PROX_SEEDS and name in records:
-            out += _paired_seed(records[name], int(name[-1]), _paired_prox_intro())
-            if name == [n for n in PAIRED_PROX_SEEDS if n in records][-1]:
-                out += _paired_over_seeds(records, PAIRED_PROX_SEEDS)
-        elif name in PAIRED_STREAM_SEEDS and name in records:
-            out += _paired_seed(records[name], int(name[-1]), _paired_stream_intro())
-            if name == [n for n in PAIRED_STREAM_SEEDS if n in records][-1]:
-                out += _paired_over_seeds(records, PAIRED_STREAM_SEEDS)
-        elif name in PAIRED_FP32_SEEDS and name in records:
-            out += _paired_seed(records[name], int(name[-1]), _paired_fp32_intro())
-            if name == [n for n in PAIRED_FP32_SEEDS if n in records][-1]:
-                out += _paired_over_seeds(records, PAIRED_FP32_SEEDS)
+        elif (names := next((n for n in PAIRED_SETS if name in n), None)) and name in records:
+            intro = PAIRED_SETS[names].intro
+            out += _paired_seed(records[name], int(name[-1]), intro() if intro else None)
+            if name == [n for n in names if n in records][-1]:
+                out += _paired_over_seeds(records, names)
         elif name in TRL_LR_SEEDS and name in records:
             out += _trl_lr_seed(records[name], int(name[-1]))
             if name == [n for n in TRL_LR_SEEDS if n in records][-1]:

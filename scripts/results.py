@@ -73,6 +73,23 @@ _STREAMED = [
     *("--set", "workflow.staleness=0", "--set", "workflow.stream_step=true", "--set", "rollout.prompts_per_call=2"),
 ]
 """async as a step streamed in parts, on-policy (``workflow.stream_step``, staleness 0, rollout calls of 2 prompts)."""
+_DECOUPLED = ["--set", "algorithm.clip_against=proximal", "--set", "train.engine.share_prompts=true"]
+"""async with the decoupled objective (the ratio against the trainer's policy) and each prompt once per micro-batch."""
+
+
+def _paired(name: str, *overrides: str) -> dict[str, list[str]]:
+    """A set paired by data, seeds 0-9: per seed one bench peer invocation, TRL then async (``overrides``
+    apply to the config of both; bench peer gives TRL what maps to it) on the same prompt order."""
+    return {
+        f"{name}_seed{seed}": [
+            *_REAL_PEER,
+            *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}", "--set", f"data.order_seed={seed}"),
+            *overrides,
+            *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/{name}_seed{seed}"),
+        ]
+        for seed in range(10)
+    }
+
 
 MORE_SEEDS = (3, 4)
 """Seeds of bench peer beyond 0-2, TRL and async only: one seed's comparison moves by up to 0.15 (docs/real-model.md)."""
@@ -334,54 +351,22 @@ SECTIONS: dict[str, list[str]] = {
     },
     # paired by data: TRL reads the training prompts in asyncflow's order (bench/_peer_trl.in_asyncflows_order), and
     # each seed draws another order (data.order_seed) for both; TRL at asyncflow's lr, then async, seeds 0-9
-    **{
-        f"real_paired_seed{seed}": [
-            *_REAL_PEER,
-            *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}", "--set", f"data.order_seed={seed}"),
-            *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_paired_seed{seed}"),
-        ]
-        for seed in range(10)
-    },
+    **_paired("real_paired"),
     # as real_paired, async with the decoupled objective (clip_against = "proximal": the ratio against the trainer's
     # policy, staleness corrected by min(pi_prox / mu, 2)) and each prompt once per micro-batch in training
     # (train.engine.share_prompts), seeds 0-9
-    **{
-        f"real_paired_prox_seed{seed}": [
-            *_REAL_PEER,
-            *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}", "--set", f"data.order_seed={seed}"),
-            *("--set", "algorithm.clip_against=proximal", "--set", "train.engine.share_prompts=true"),
-            *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_paired_prox_seed{seed}"),
-        ]
-        for seed in range(10)
-    },
+    **_paired("real_paired_prox", *_DECOUPLED),
     # as real_paired_prox, async streamed and on-policy (workflow.stream_step at staleness 0, rollout calls of 2
     # prompts): no one-step lag behind TRL's on-policy samples, generation still overlapping training; seeds 0-9
-    **{
-        f"real_paired_stream_seed{seed}": [
-            *_REAL_PEER,
-            *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}", "--set", f"data.order_seed={seed}"),
-            *("--set", "algorithm.clip_against=proximal", "--set", "train.engine.share_prompts=true", *_STREAMED),
-            *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_paired_stream_seed{seed}"),
-        ]
-        for seed in range(10)
-    },
+    **_paired("real_paired_stream", *_DECOUPLED, *_STREAMED),
     # as real_paired_stream, both trainers in float32 (train.engine.autocast = "off"; bench peer then runs TRL
     # without bf16): pi / mu exactly 1 on both sides, the two systems the same algorithm up to sampling; seeds 0-9
-    **{
-        f"real_paired_fp32_seed{seed}": [
-            *_REAL_PEER,
-            *("--set", f"seed={seed}", "--set", f"rollout.engine.seed={seed}", "--set", f"data.order_seed={seed}"),
-            *("--set", "algorithm.clip_against=proximal", "--set", "train.engine.share_prompts=true", *_STREAMED),
-            *("--set", "train.engine.autocast=off"),
-            *("--skip-sync", "--trl-threads", "2", "--json", "--out", f"{{work}}/real_paired_fp32_seed{seed}"),
-        ]
-        for seed in range(10)
-    },
+    **_paired("real_paired_fp32", *_DECOUPLED, *_STREAMED, "--set", "train.engine.autocast=off"),
     # TRL, sync and async side by side on both cores with the settings of real_paired_prox (seed 0) as this code runs
     # them: the three systems' samples/s and held-out accuracy in one invocation
     "real_peer_prox": [
         *_REAL_PEER,
-        *("--set", "algorithm.clip_against=proximal", "--set", "train.engine.share_prompts=true"),
+        *_DECOUPLED,
         *("--trl-threads", "2", "--json", "--out", "{work}/real_peer_prox"),
     ],
     # the example's async at transformers' lr schedule (train.engine.lr_schedule_convention = "huggingface"), the
