@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 PAIRED_NUM_SEEDS = 10  # TRL on asyncflow's prompt order, then async, each seed another order (data.order_seed)
+PAIRED_STREAM_NUM_SEEDS = 20  # the streamed set: seeds 10-19 added to halve the variance of its mean difference
 TRL_LR_NUM_SEEDS = 10  # TRL at asyncflow's lr, then async: seeds 0-4 first, 5-9 added to narrow the difference's s.e.
 
 REAL = (
@@ -43,7 +44,7 @@ REAL = (
     *(f"real_hfconv_seed{seed}" for seed in range(5)),
     *(f"real_paired_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
     *(f"real_paired_prox_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
-    *(f"real_paired_stream_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
+    *(f"real_paired_stream_seed{seed}" for seed in range(PAIRED_STREAM_NUM_SEEDS)),
     *(f"real_paired_fp32_seed{seed}" for seed in range(PAIRED_NUM_SEEDS)),
     "real_peer_prox",
     "real_stream",
@@ -53,6 +54,14 @@ REAL = (
 )
 DATA_DIR = "docs/data"
 """Where scripts/results.py keeps the JSON line of every section (tracked), relative to the checkout."""
+
+
+def seed_of(name: str) -> int:
+    """The seed number a section's name ends with: ``real_paired_stream_seed12`` is seed 12."""
+    found = re.search(r"seed(\d+)$", name)
+    if found is None:
+        raise ValueError(f"section {name!r} does not end with seed<N>")
+    return int(found.group(1))
 
 
 def previous_sections(page: str) -> dict[str, str]:
@@ -597,12 +606,12 @@ def _trl_lr_over_seeds(records: dict[str, dict]) -> list[str]:
     """TRL at asyncflow's lr against async of the same invocation, seed by seed; TRL at Hugging Face's warmup beside."""
     import statistics
 
-    peers = {0: "real_peer", 1: "real_peer_seed1", 2: "real_peer_seed2"} | {int(n[-1]): n for n in MORE_SEEDS}
+    peers = {0: "real_peer", 1: "real_peer_seed1", 2: "real_peer_seed2"} | {seed_of(n): n for n in MORE_SEEDS}
     rows = []
     for name in TRL_LR_SEEDS:
         if name not in records:
             continue
-        seed = int(name[-1])
+        seed = seed_of(name)
         systems = records[name]["result"]["systems"]
         old = records.get(peers.get(seed, ""), {}).get("result", {}).get("systems", {}).get("trl")  # seeds 0-4 only
         rows.append((seed, systems["trl"], systems["async"], old))
@@ -656,7 +665,7 @@ def _steps(rewards: list[float] | None) -> str:
 
 
 PAIRED_PROX_SEEDS = tuple(f"real_paired_prox_seed{seed}" for seed in range(PAIRED_NUM_SEEDS))
-PAIRED_STREAM_SEEDS = tuple(f"real_paired_stream_seed{seed}" for seed in range(PAIRED_NUM_SEEDS))
+PAIRED_STREAM_SEEDS = tuple(f"real_paired_stream_seed{seed}" for seed in range(PAIRED_STREAM_NUM_SEEDS))
 PAIRED_FP32_SEEDS = tuple(f"real_paired_fp32_seed{seed}" for seed in range(PAIRED_NUM_SEEDS))
 
 
@@ -768,7 +777,7 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
     for the decoupled sections also the first set's async (behaviour clip) at each seed."""
     import statistics
 
-    rows = [(int(n[-1]), records[n]["result"]["systems"]) for n in names if n in records]
+    rows = [(seed_of(n), records[n]["result"]["systems"]) for n in names if n in records]
     if len(rows) < 2:
         return []
     spec = PAIRED_SETS[names]
@@ -823,6 +832,16 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
         f"from 0{': within the noise of this many seeds' if z < 2 else ''}). {_paired_speed(records, names)}",
         "",
     ]
+    later = [d for (seed, _), d in zip(rows, diff) if seed >= PAIRED_NUM_SEEDS]
+    if len(later) >= 2:  # seeds added after the first 10: independent of them, their own mean apart
+        first = diff[: len(diff) - len(later)]
+        out += [
+            f"Apart: seeds 0-{PAIRED_NUM_SEEDS - 1} {statistics.mean(first):+.3f} (s.e. "
+            f"{statistics.stdev(first) / len(first) ** 0.5:.3f}), seeds {PAIRED_NUM_SEEDS}-"
+            f"{rows[-1][0]} {statistics.mean(later):+.3f} (s.e. {statistics.stdev(later) / len(later) ** 0.5:.3f}, "
+            f"{len(later)} seeds run after the first {len(first)} had been seen).",
+            "",
+        ]
     if names == PAIRED_FP32_SEEDS:
         out += _against_bf16(records, rows, spec.earlier)
     return out
@@ -911,10 +930,10 @@ def _hfconv_over_seeds(records: dict[str, dict]) -> list[str]:
     """Async at transformers' schedule against TRL at it (the real_peer sections), and async at asyncflow's."""
     import statistics
 
-    peers = {0: "real_peer", 1: "real_peer_seed1", 2: "real_peer_seed2"} | {int(n[-1]): n for n in MORE_SEEDS}
+    peers = {0: "real_peer", 1: "real_peer_seed1", 2: "real_peer_seed2"} | {seed_of(n): n for n in MORE_SEEDS}
     rows = []
     for name in HFCONV_SEEDS:
-        seed = int(name[-1])
+        seed = seed_of(name)
         trl = records.get(peers[seed], {}).get("result", {}).get("systems", {}).get("trl")
         ours = records.get(f"real_trl_lr_seed{seed}", {}).get("result", {}).get("systems", {}).get("async")
         if name not in records or trl is None:
@@ -954,10 +973,10 @@ def _bf16_over_seeds(records: dict[str, dict]) -> list[str]:
     """Each bfloat16-rollout seed beside TRL's and the float32 rollout's async at the same seed."""
     import statistics
 
-    peers = {0: "real_peer", 1: "real_peer_seed1", 2: "real_peer_seed2"} | {int(n[-1]): n for n in MORE_SEEDS}
+    peers = {0: "real_peer", 1: "real_peer_seed1", 2: "real_peer_seed2"} | {seed_of(n): n for n in MORE_SEEDS}
     rows = []
     for name in BF16_SEEDS:
-        seed = int(name[-1])
+        seed = seed_of(name)
         peer = records.get(peers[seed], {}).get("result", {}).get("systems", {})
         if name not in records or "trl" not in peer:
             continue
@@ -1093,24 +1112,24 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
             if not any(n in records for n in MORE_SEEDS):
                 out += _peer_over_seeds(records)
         elif name in BF16_SEEDS and name in records:
-            out += _bf16_seed(records[name], int(name[-1]))
+            out += _bf16_seed(records[name], seed_of(name))
             if name == [n for n in BF16_SEEDS if n in records][-1]:
                 out += _bf16_over_seeds(records)
         elif name in HFCONV_SEEDS and name in records:
-            out += _hfconv_seed(records[name], int(name[-1]))
+            out += _hfconv_seed(records[name], seed_of(name))
             if name == [n for n in HFCONV_SEEDS if n in records][-1]:
                 out += _hfconv_over_seeds(records)
         elif (names := next((n for n in PAIRED_SETS if name in n), None)) and name in records:
             intro = PAIRED_SETS[names].intro
-            out += _paired_seed(records[name], int(name[-1]), intro() if intro else None)
+            out += _paired_seed(records[name], seed_of(name), intro() if intro else None)
             if name == [n for n in names if n in records][-1]:
                 out += _paired_over_seeds(records, names)
         elif name in TRL_LR_SEEDS and name in records:
-            out += _trl_lr_seed(records[name], int(name[-1]))
+            out += _trl_lr_seed(records[name], seed_of(name))
             if name == [n for n in TRL_LR_SEEDS if n in records][-1]:
                 out += _trl_lr_over_seeds(records)
         elif name in MORE_SEEDS and name in records:
-            out += _peer_more(records[name], int(name[-1]))
+            out += _peer_more(records[name], seed_of(name))
             if name == [n for n in MORE_SEEDS if n in records][-1]:  # after the last seed measured: all of them
                 out += _peer_over_seeds(records, PEER_SEEDS + MORE_SEEDS)
         elif name == "real_stream_seed2" and name in records:

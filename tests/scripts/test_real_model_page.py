@@ -53,3 +53,20 @@ def test_met_only_when_async_is_at_least_trl_on_the_mean():
     text = "\n".join(page._paired_over_seeds(recs, page.PAIRED_FP32_SEEDS))
     assert "target, async's held-out accuracy at least TRL's, paired by data: met on the mean (+0.005" in text
     assert "Against the bfloat16 set" not in text  # no bfloat16 records: nothing to compare with
+
+
+def test_a_two_digit_seed_is_rendered_under_its_own_number():
+    recs = {f"real_paired_stream_seed{s}": record(0.5, 0.5 + 0.01 * s) for s in (0, 1, 12)}
+    for name in recs:
+        recs[name].update(command=f"bench peer {name}", when="2026-12-07 02:00", seconds=600, load_avg_1m=1.0)
+    table = "\n".join(page._paired_over_seeds(recs, page.PAIRED_STREAM_SEEDS))
+    assert "| 12 | 0.500 | 0.620 | +0.120 |" in table
+    assert "over 3 seeds" in table
+    assert "Apart" not in table  # one seed past 9 has no spread of its own
+    recs |= {"real_paired_stream_seed13": {**recs["real_paired_stream_seed12"], "result": record(0.6, 0.5)["result"]}}
+    table = "\n".join(page._paired_over_seeds(recs, page.PAIRED_STREAM_SEEDS))
+    assert "Apart: seeds 0-9 +0.005 (s.e. 0.005), seeds 10-13 +0.010 (s.e. 0.110, 2 seeds" in table
+    commands = {n: f"bench peer {n}" for n in page.REAL}
+    text = page.render_real(recs, commands)
+    assert "- seed 12: `bench peer real_paired_stream_seed12`" in text
+    assert "- seed 2: `bench peer real_paired_stream_seed12`" not in text
