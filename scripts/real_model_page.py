@@ -726,14 +726,116 @@ class PairedSet(NamedTuple):
     """That column's heading."""
     on_policy: bool = False
     """async's samples come from the weights they are trained on (as TRL's), else from the step before."""
+    title: str = ""
+    """What async runs in this set, in a few words (the targets table at the top of the page)."""
 
 
 PAIRED_SETS: dict[tuple[str, ...], PairedSet] = {
-    PAIRED_SEEDS: PairedSet(None),
-    PAIRED_PROX_SEEDS: PairedSet(_paired_prox_intro, "real_paired_seed", "async, behaviour clip (above)"),
-    PAIRED_STREAM_SEEDS: PairedSet(_paired_stream_intro, "real_paired_prox_seed", "async, staleness 1 (above)", True),
-    PAIRED_FP32_SEEDS: PairedSet(_paired_fp32_intro, "real_paired_stream_seed", "async, bfloat16 autocast (above)", True),
+    PAIRED_SEEDS: PairedSet(None, title="the example: behaviour clip, staleness 1"),
+    PAIRED_PROX_SEEDS: PairedSet(
+        _paired_prox_intro, "real_paired_seed", "async, behaviour clip (above)", title="decoupled objective, staleness 1"
+    ),
+    PAIRED_STREAM_SEEDS: PairedSet(
+        _paired_stream_intro, "real_paired_prox_seed", "async, staleness 1 (above)", True, "streamed on-policy"
+    ),
+    PAIRED_FP32_SEEDS: PairedSet(
+        _paired_fp32_intro,
+        "real_paired_stream_seed",
+        "async, bfloat16 autocast (above)",
+        True,
+        "streamed on-policy, both trainers in float32",
+    ),
 }
+
+THREE_WAY = ("real_peer", "real_peer_seed1", "real_peer_seed2", "real_peer_here", "real_peer_prox", *STREAM_SEEDS)
+"""bench peer invocations that ran TRL, sync and async side by side: item 4's speed targets."""
+
+
+def _threads_of(systems: dict) -> str:
+    n = systems["trl"].get("threads", "?")
+    return f"{n} thread" + ("" if n == 1 else "s")
+
+
+def _targets(records: dict[str, dict]) -> list[str]:
+    """Issue 26's measurable targets, each against the sections that measure it: a verdict computed from the
+    records, where the page below gives each section's command and figures."""
+    import statistics
+
+    rows = []
+    learning = records.get("real_model", {}).get("result", {}).get("real_model")
+    if learning:
+        t = learning["target"]
+        runs = [(mode, seed, x) for mode in ("async", "sync") for seed, x in zip(learning["seeds"], learning.get(mode, []))]
+        met = sum(bool(x["met_target"]) for *_, x in runs)
+        got = "; ".join(
+            f"{mode} seed {seed} {x['val_start_accuracy']:.3f} -> {x['val_final_accuracy']:.3f} in {x['wall_s'] / 60:.1f} min"
+            for mode, seed, x in runs
+        )
+        rows.append(
+            (
+                "3: the example learns (real_model)",
+                f"final accuracy >= {t['factor']:g}x the start and >= {t['floor']:.2f}, within {t['minutes']:g} min, "
+                "async and sync, 2 seeds",
+                got,
+                f"{'met' if met == len(runs) else 'not met'}: {met} of {len(runs)} runs",
+            )
+        )
+    three = [(n, records[n]["result"]["systems"]) for n in THREE_WAY if n in records]
+    for mode, floor in (("async", 1.5), ("sync", 1.1)):
+        ratios = [
+            (f"{n}, TRL on {_threads_of(sy)}", sy[mode]["samples_per_s"] / sy["trl"]["samples_per_s"])
+            for n, sy in three
+            if mode in sy
+        ]
+        if ratios:
+            met = sum(x >= floor for _, x in ratios)
+            rows.append(
+                (
+                    f"4: {mode}'s samples/s against TRL's, one invocation each",
+                    f">= {floor:g}x",
+                    ", ".join(f"{x:.2f}x ({n})" for n, x in ratios),
+                    f"{'met' if met == len(ratios) else 'not met'}: {met} of {len(ratios)} invocations",
+                )
+            )
+    for names, spec in PAIRED_SETS.items():
+        runs = [records[n]["result"]["systems"] for n in names if n in records]
+        if len(runs) < 2:
+            continue
+        diff = [sy["async"]["heldout_accuracy"] - sy["trl"]["heldout_accuracy"] for sy in runs]
+        mean, se = statistics.mean(diff), statistics.stdev(diff) / len(diff) ** 0.5
+        speed = statistics.median(sy["async"]["samples_per_s"] / sy["trl"]["samples_per_s"] for sy in runs)
+        rows.append(
+            (
+                f"4: held-out accuracy, paired by data: {spec.title} ({names[0].removesuffix('0')}N)",
+                "async - TRL >= 0 on the mean",
+                f"{mean:+.3f} (s.e. {se:.3f}, {len(diff)} seeds, {abs(mean) / se:.1f} s.e. from 0); samples/s "
+                f"{speed:.2f}x TRL's on {_threads_of(runs[0])} (median)",
+                "met" if mean >= 0 else "not met",
+            )
+        )
+    rollout = records.get("real_rollout", {}).get("result")
+    if rollout:
+        rows.append(
+            (
+                "5: the native rollout engine against HF generate (real_rollout)",
+                ">= 2x tokens/s",
+                f"{rollout['tokens_per_s']:.1f} against {rollout['baseline_tokens_per_s']:.1f} tokens/s: {rollout['ratio']:.2f}x",
+                "met" if rollout["ratio"] >= 2 else "not met",
+            )
+        )
+    if not rows:
+        return []
+    return [
+        "## Issue 26's targets at a glance",
+        "",
+        "Computed from the sections below, which give each command, its date and machine, and the figures in full; "
+        "nothing here is typed by hand.",
+        "",
+        "| item | target | measured | verdict |",
+        "|---|---|---|---|",
+        *(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows),
+        "",
+    ]
 
 
 def _paired_seed(r: dict, seed: int, intro: list[str] | None = None) -> list[str]:
@@ -1094,6 +1196,7 @@ def render_real(records: dict[str, dict], commands: dict[str, str], previous: st
         "two-digit addition in words (`examples/smollm2.toml`).",
         "",
     ]
+    out += _targets(records)
     kept = previous_sections(previous)
     for name in REAL:
         out.append(f"<!-- section: {name} -->")

@@ -718,7 +718,7 @@ def render(records: dict[str, dict]) -> str:
         "side in one invocation are more trustworthy.",
         "",
         "The figures below are of the tiny model the project builds itself; a real pretrained model (SmolLM2-135M) has a",
-        "page of its own: [real-model.md](real-model.md).",
+        "page of its own: [real-model.md](real-model.md), which opens with its targets and where each stands.",
         "",
     ]
     if "parity" in records:  # a block: measured alone (--only parity), it is spliced into the page as it stands

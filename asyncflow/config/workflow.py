@@ -184,7 +184,11 @@ class WorkflowConfig(Section):
 
         alg = run.algorithm
         refusals = [
-            (self.mode != "async", 'needs workflow.mode = "async" (sync mode generates the whole batch before training)'),
+            (
+                self.mode != "async",
+                'needs workflow.mode = "async" (sync mode generates the whole batch before training): set it, or set '
+                "workflow.stream_step = false",
+            ),
             (run.train.num_ranks > 1, "runs on one trainer rank: set train.num_ranks = 1 or workflow.stream_step = false"),
             (alg.epochs > 1, "takes one optimizer step per batch: set algorithm.epochs = 1 or workflow.stream_step = false"),
             (

@@ -70,3 +70,34 @@ def test_a_two_digit_seed_is_rendered_under_its_own_number():
     text = page.render_real(recs, commands)
     assert "- seed 12: `bench peer real_paired_stream_seed12`" in text
     assert "- seed 2: `bench peer real_paired_stream_seed12`" not in text
+
+
+def test_the_targets_table_says_met_only_where_every_run_meets_its_target():
+    def run(final: float, minutes: float, met: bool) -> dict:
+        return {"val_start_accuracy": 0.078, "val_final_accuracy": final, "wall_s": minutes * 60, "met_target": met}
+
+    learning = {
+        "seeds": [0, 1],
+        "target": {"factor": 3.0, "floor": 0.3, "minutes": 30.0},
+        "async": [run(0.5, 5.3, True), run(0.2, 5.6, False)],
+        "sync": [run(0.49, 6.1, True), run(0.56, 6.1, True)],
+    }
+    three = {"systems": {n: {"samples_per_s": v, "threads": 2} for n, v in (("trl", 1.0), ("sync", 1.2), ("async", 1.4))}}
+    recs = {"real_model": {"result": {"real_model": learning}}, "real_peer": {"result": three}}
+    recs |= {f"real_paired_stream_seed{s}": record(*v) for s, v in BF16.items()}  # async - TRL +0.0025
+    recs |= {f"real_paired_fp32_seed{s}": record(*v) for s, v in FP32.items()}  # -0.02
+    recs["real_rollout"] = {"result": {"tokens_per_s": 177.4, "baseline_tokens_per_s": 81.1, "ratio": 2.188}}
+    rows = {line.split(" | ")[0]: line for line in page._targets(recs) if line.startswith("| ")}
+    assert rows["| 3: the example learns (real_model)"].endswith("| not met: 3 of 4 runs |")
+    assert "async seed 1 0.078 -> 0.200 in 5.6 min" in rows["| 3: the example learns (real_model)"]
+    assert rows["| 4: async's samples/s against TRL's, one invocation each"].endswith(
+        "| 1.40x (real_peer, TRL on 2 threads) | not met: 0 of 1 invocations |"
+    )
+    assert rows["| 4: sync's samples/s against TRL's, one invocation each"].endswith("| met: 1 of 1 invocations |")
+    stream = rows["| 4: held-out accuracy, paired by data: streamed on-policy (real_paired_stream_seedN)"]
+    assert "+0.003 (s.e. 0.041, 4 seeds" in stream and stream.endswith("| met |")
+    assert rows[
+        "| 4: held-out accuracy, paired by data: streamed on-policy, both trainers in float32 (real_paired_fp32_seedN)"
+    ].endswith("| not met |")
+    assert rows["| 5: the native rollout engine against HF generate (real_rollout)"].endswith("2.19x | met |")
+    assert page._targets({}) == []  # nothing measured: no table
