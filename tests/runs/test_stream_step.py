@@ -14,7 +14,7 @@ BASE = '[model]\ntiny = "qwen2"\n'
 @pytest.mark.parametrize(
     "toml, fix",
     [
-        ('[workflow]\nmode = "sync"\nstream_step = true\n', 'or set workflow.stream_step = false'),
+        ('[workflow]\nmode = "sync"\nstream_step = true\n', "or set workflow.stream_step = false"),
         ("[workflow]\nstream_step = true\n[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true\n", "set train.num_ranks = 1"),
         ("[workflow]\nstream_step = true\n[algorithm]\nepochs = 2\n", "set algorithm.epochs = 1"),
         ('[workflow]\nstream_step = true\n[algorithm]\nname = "reinforce_plus_plus"\n', "choose grpo or rloo"),
