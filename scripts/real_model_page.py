@@ -64,6 +64,13 @@ def seed_of(name: str) -> int:
     return int(found.group(1))
 
 
+def _se(xs: list[float]) -> float:
+    """The standard error of the mean of ``xs`` (at least 2 values): sd / sqrt(n)."""
+    import statistics
+
+    return statistics.stdev(xs) / len(xs) ** 0.5
+
+
 def previous_sections(page: str) -> dict[str, str]:
     """The text of each marked section of the page as it stands."""
     found = re.findall(r"<!-- section: (\w+) -->\n(.*?)<!-- end: \1 -->\n", page, flags=re.S)
@@ -747,8 +754,20 @@ PAIRED_SETS: dict[tuple[str, ...], PairedSet] = {
     ),
 }
 
-THREE_WAY = ("real_peer", "real_peer_seed1", "real_peer_seed2", "real_peer_here", "real_peer_prox", *STREAM_SEEDS)
-"""bench peer invocations that ran TRL, sync and async side by side: item 4's speed targets."""
+
+def _systems(record: dict | None) -> dict:
+    """A bench peer record's systems (trl, sync, async: each one that ran); {} for a record of anything else."""
+    result = (record or {}).get("result")
+    return result.get("systems", {}) if isinstance(result, dict) else {}
+
+
+def _paired_rows(records: dict[str, dict], names: tuple[str, ...]) -> list[tuple[int, dict]]:
+    """(seed, systems) of each measured section of a paired set, in seed order."""
+    return [(seed_of(n), records[n]["result"]["systems"]) for n in names if n in records]
+
+
+def _accuracy_gap(systems: dict) -> float:
+    return systems["async"]["heldout_accuracy"] - systems["trl"]["heldout_accuracy"]
 
 
 def _threads_of(systems: dict) -> str:
@@ -766,6 +785,7 @@ def _targets(records: dict[str, dict]) -> list[str]:
     if learning:
         t = learning["target"]
         runs = [(mode, seed, x) for mode in ("async", "sync") for seed, x in zip(learning["seeds"], learning.get(mode, []))]
+        modes = " and ".join(mode for mode in ("async", "sync") if learning.get(mode))
         met = sum(bool(x["met_target"]) for *_, x in runs)
         got = "; ".join(
             f"{mode} seed {seed} {x['val_start_accuracy']:.3f} -> {x['val_final_accuracy']:.3f} in {x['wall_s'] / 60:.1f} min"
@@ -775,12 +795,13 @@ def _targets(records: dict[str, dict]) -> list[str]:
             (
                 "3: the example learns (real_model)",
                 f"final accuracy >= {t['factor']:g}x the start and >= {t['floor']:.2f}, within {t['minutes']:g} min, "
-                "async and sync, 2 seeds",
+                f"{modes}, {len(learning['seeds'])} seeds",
                 got,
                 f"{'met' if met == len(runs) else 'not met'}: {met} of {len(runs)} runs",
             )
         )
-    three = [(n, records[n]["result"]["systems"]) for n in THREE_WAY if n in records]
+    # every bench peer invocation that ran TRL, sync and async side by side: item 4's speed targets
+    three = [(n, sy) for n in REAL if {"trl", "sync", "async"} <= (sy := _systems(records.get(n))).keys()]
     for mode, floor in (("async", 1.5), ("sync", 1.1)):
         ratios = [
             (f"{n}, TRL on {_threads_of(sy)}", sy[mode]["samples_per_s"] / sy["trl"]["samples_per_s"])
@@ -798,11 +819,11 @@ def _targets(records: dict[str, dict]) -> list[str]:
                 )
             )
     for names, spec in PAIRED_SETS.items():
-        runs = [records[n]["result"]["systems"] for n in names if n in records]
+        runs = [sy for _, sy in _paired_rows(records, names)]
         if len(runs) < 2:
             continue
-        diff = [sy["async"]["heldout_accuracy"] - sy["trl"]["heldout_accuracy"] for sy in runs]
-        mean, se = statistics.mean(diff), statistics.stdev(diff) / len(diff) ** 0.5
+        diff = [_accuracy_gap(sy) for sy in runs]
+        mean, se = statistics.mean(diff), _se(diff)
         speed = statistics.median(sy["async"]["samples_per_s"] / sy["trl"]["samples_per_s"] for sy in runs)
         rows.append(
             (
@@ -879,7 +900,7 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
     for the decoupled sections also the first set's async (behaviour clip) at each seed."""
     import statistics
 
-    rows = [(seed_of(n), records[n]["result"]["systems"]) for n in names if n in records]
+    rows = _paired_rows(records, names)
     if len(rows) < 2:
         return []
     spec = PAIRED_SETS[names]
@@ -892,9 +913,8 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
         was = before.get(seed)
         cell = f" {was['result']['systems']['async']['heldout_accuracy']:.3f} |" if was else (" - |" if before else "")
         out.append(f"| {seed} | {t:.3f} | {a:.3f} | {a - t:+.3f} |{cell}")
-    diff = [sy["async"]["heldout_accuracy"] - sy["trl"]["heldout_accuracy"] for _, sy in rows]
-    mean, sd = statistics.mean(diff), statistics.stdev(diff)
-    se = sd / len(diff) ** 0.5
+    diff = [_accuracy_gap(sy) for _, sy in rows]
+    mean, sd, se = statistics.mean(diff), statistics.stdev(diff), _se(diff)
     olds = [w["result"]["systems"]["async"]["heldout_accuracy"] for w in before.values() if w]
     out += [
         f"| mean | {statistics.mean(sy['trl']['heldout_accuracy'] for _, sy in rows):.3f} | "
@@ -935,12 +955,11 @@ def _paired_over_seeds(records: dict[str, dict], names: tuple[str, ...] = PAIRED
         "",
     ]
     later = [d for (seed, _), d in zip(rows, diff) if seed >= PAIRED_NUM_SEEDS]
-    if len(later) >= 2:  # seeds added after the first 10: independent of them, their own mean apart
-        first = diff[: len(diff) - len(later)]
+    first = diff[: len(diff) - len(later)]
+    if len(later) >= 2 and len(first) >= 2:  # seeds added after the first 10: independent of them, their mean apart
         out += [
-            f"Apart: seeds 0-{PAIRED_NUM_SEEDS - 1} {statistics.mean(first):+.3f} (s.e. "
-            f"{statistics.stdev(first) / len(first) ** 0.5:.3f}), seeds {PAIRED_NUM_SEEDS}-"
-            f"{rows[-1][0]} {statistics.mean(later):+.3f} (s.e. {statistics.stdev(later) / len(later) ** 0.5:.3f}, "
+            f"Apart: seeds 0-{PAIRED_NUM_SEEDS - 1} {statistics.mean(first):+.3f} (s.e. {_se(first):.3f}), seeds "
+            f"{PAIRED_NUM_SEEDS}-{rows[-1][0]} {statistics.mean(later):+.3f} (s.e. {_se(later):.3f}, "
             f"{len(later)} seeds run after the first {len(first)} had been seen).",
             "",
         ]
@@ -959,12 +978,7 @@ def _against_bf16(records: dict[str, dict], rows: list[tuple[int, dict]], bf16: 
         was = records.get(f"{bf16}{seed}")
         if was:
             ws = was["result"]["systems"]
-            pairs.append(
-                (
-                    sy["async"]["heldout_accuracy"] - sy["trl"]["heldout_accuracy"],
-                    ws["async"]["heldout_accuracy"] - ws["trl"]["heldout_accuracy"],
-                )
-            )
+            pairs.append((_accuracy_gap(sy), _accuracy_gap(ws)))
     if len(pairs) < 3:
         return []
     now, then = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -972,7 +986,7 @@ def _against_bf16(records: dict[str, dict], rows: list[tuple[int, dict]], bf16: 
     return [
         f"Against the bfloat16 set above, on the same {len(pairs)} seeds: async minus TRL {statistics.mean(now):+.3f} "
         f"here, {statistics.mean(then):+.3f} there; the change, float32 minus bfloat16, {statistics.mean(change):+.3f} "
-        f"(s.e. {statistics.stdev(change) / len(change) ** 0.5:.3f}); the correlation of a seed's two differences "
+        f"(s.e. {_se(change):.3f}); the correlation of a seed's two differences "
         f"{statistics.correlation(now, then):+.2f}. Both sets start from the same samples (the same rollout seed and "
         "weights, a float32 rollout in both), so they are two looks at the same seeds, not twenty seeds.",
         "",
