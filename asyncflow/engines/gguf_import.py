@@ -8,8 +8,8 @@ quantisation attached, copies the state dict into it (every key must match), and
 that with the tokenizer (and its chat template) beside it: a directory ``model.path``
 and ``from_pretrained`` accept.
 
-Which files load: those whose architecture transformers' GGUF loader knows *and* the
-native engine runs (``hf.SUPPORTED_ARCHITECTURES``: llama, qwen2), in the quantisations
+Which files load: those whose architecture transformers' GGUF loader knows and that
+are a causal LM (``hf.causal_lm_refusal``), in the quantisations
 the ``gguf`` package dequantises (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the
 K-quants Q2_K..Q6_K; docs/your-model-and-data.md). The weights are the dequantised
 values: a Q4_1 file gives a float32 model with Q4_1's rounding, not the original
@@ -91,7 +91,7 @@ def import_gguf(
             )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncflow.engines.hf import SUPPORTED_ARCHITECTURES
+    from asyncflow.engines.hf import causal_lm_refusal
 
     if (out_dir / "config.json").exists():
         raise FileExistsError(f"{out_dir} already holds a model (config.json): give a new directory")
@@ -103,8 +103,9 @@ def import_gguf(
     config = loaded.config
     config.architectures = [type(loaded).__name__]  # a GGUF-loaded config names none
     archs = tuple(config.architectures)
-    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-        raise ValueError(f"{gguf_file}: architecture {archs} is not one the native engine runs ({SUPPORTED_ARCHITECTURES})")
+    reason = causal_lm_refusal(config.to_dict())
+    if reason is not None:
+        raise ValueError(f"{gguf_file}: {reason}")
     for attr in ("quantization_config", "gguf_file"):
         if hasattr(config, attr):
             delattr(config, attr)

@@ -2,12 +2,14 @@
 
 Invariants:
 - Only local directories: nothing is downloaded (``local_files_only``).
-- Only the decoder families the native engine implements are accepted
-  (``SUPPORTED_ARCHITECTURES``); others fail here with the list, not later.
+- Any causal LM that ``AutoModelForCausalLM`` builds is accepted (``causal_lm_refusal``
+  says why not otherwise: an encoder-decoder, a model type without a causal LM head).
+  Which of them the native rollout engine runs is ``engines/families``' answer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,6 @@ TOKENIZER_FILES = (
 )
 """Files beside the weights that a checkpoint copies from the model it started from."""
 
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
-"""Same block layout (pre-norm, RoPE, GQA, SwiGLU); Qwen2 adds q/k/v biases."""
 
 
 def _check_dir(model_dir: str | Path) -> Path:
@@ -37,12 +37,28 @@ def _check_dir(model_dir: str | Path) -> Path:
     return path
 
 
+def causal_lm_refusal(config: Mapping[str, Any]) -> str | None:
+    """Why a model (``config.json`` as a dict) cannot be trained as a causal LM, or None.
+    Reads no weights and needs no torch model: the driver asks before any process starts."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    if config.get("is_encoder_decoder"):
+        return f"model_type {model_type!r} is an encoder-decoder; RL here trains decoder-only causal LMs"
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return (
+            f"model_type {model_type!r} has no causal LM head in transformers (AutoModelForCausalLM does not build it); "
+            "use a decoder-only causal LM checkpoint"
+        )
+    return None
+
+
 def load_config(model_dir: str | Path) -> PretrainedConfig:
     path = _check_dir(model_dir)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
-    archs = tuple(config.architectures or ())
-    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-        raise ValueError(f"{path}: architectures {archs} not supported; supported: {SUPPORTED_ARCHITECTURES}")
+    reason = causal_lm_refusal(config.to_dict())
+    if reason is not None:
+        raise ValueError(f"{path}: {reason}")
     return config
 
 
