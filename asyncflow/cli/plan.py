@@ -350,7 +350,7 @@ def plan(
     if result.num_infeasible_splits:
         click.echo(
             f"{result.num_infeasible_splits} of {result.num_splits} splits do not fit, or would give the training ranks "
-            f"unequal shares of the {wl.num_samples} samples; each role's closest miss in memory:"
+            f"unequal shares of the {wl.prompts_per_step} prompt groups; each role's closest miss in memory:"
         )
         for item in _boundary(result.infeasible):
             click.echo(f"  {item.reason}")

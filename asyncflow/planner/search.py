@@ -4,6 +4,9 @@ Invariants:
 - every returned plan fits in memory on every device of every role;
 - every (role, device count) for which no parallel degree fits is reported as an
   `Infeasible` with the memory that is short (which use, by how much), never dropped;
+- a plan's training data-parallel degree divides the step's prompts: every rank
+  trains whole prompt groups, as many as the others (the trainer refuses anything
+  else, config/train.py); rollout replicas pull groups from the queue and need no such rule;
 - device counts are multiples of a granularity g (1 up to 128 devices, then whole
   fractions of a node) so that 1024 devices are planned in well under a second.
 
@@ -209,8 +212,9 @@ class _Roles:
                 train_cost(self.model, self.hw, self.eff, self.wl, devices, tp, pp, with_reference)
                 for tp in self.tps
                 for pp in self.pps
-                # FSDP ranks take equal shares: the trainer refuses rows that do not split evenly
-                if devices % (tp * pp) == 0 and self.wl.num_samples % (devices // (tp * pp)) == 0
+                # every FSDP rank trains whole prompt groups, as many as the others: the trainer (config/train.py)
+                # refuses a prompts_per_step that is not a multiple of its ranks
+                if devices % (tp * pp) == 0 and self.wl.prompts_per_step % (devices // (tp * pp)) == 0
             ]
             self._train[key] = _best(cands, lambda c: c.time_s, self.infeasible)
         return self._train[key]

@@ -44,6 +44,19 @@ def test_every_training_rank_gets_the_same_number_of_samples(model, n):
         assert plan is not None and wl.num_samples % plan.train_dp == 0, (plan.train_dp, wl.num_samples)
 
 
+@pytest.mark.parametrize("model,n,prompts,samples", [("7b", 64, 12, 8), ("7b", 32, 12, 16), ("llama3-8b", 64, 48, 16)])
+def test_every_training_rank_trains_whole_prompt_groups(model, n, prompts, samples):
+    """The trainer gives each rank whole prompt groups (``prompts_per_step`` a multiple of
+    ``train.num_ranks``, config/train.py): 12 prompts x 8 samples split over dp 16 gives
+    every rank 6 samples, but 16 ranks cannot take 12 groups whole. Every plan's (and the
+    sync and colocated alternatives') data-parallel degree divides the prompts."""
+    wl = Workload(prompts_per_step=prompts, samples_per_prompt=samples)
+    result = search(PRESETS[model], get_hardware("h100"), wl, n)
+    assert result.plans
+    for plan in [*result.plans, result.sync, result.colocated]:
+        assert plan is None or prompts % plan.train_dp == 0, (plan.mode, plan.train_dp, prompts)
+
+
 def test_plans_come_best_first_with_consistent_rates():
     wl = Workload()
     result = search(PRESETS["7b"], get_hardware("h100"), wl, 64)
