@@ -94,6 +94,7 @@ CONCRETE_ENGINES = tuple(
     for m in (
         "native_rollout",
         "native_model",
+        "hf_rollout",
         "kv_cache",
         "vllm_rollout",
         "vllm_worker",

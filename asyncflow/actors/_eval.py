@@ -2,9 +2,10 @@
 (``[eval]``), and the ``checkpoints/best`` weights it keeps.
 
 The trainer (rank 0 only) calls ``Evaluator.evaluate`` after publishing version v,
-with the snapshot it published: a private native rollout engine on the trainer's
-device loads it and generates for every held-out prompt (``split_prompts``: never
-trained on), greedy or k samples; the run's reward functions score the responses.
+with the snapshot it published: a private rollout engine on the trainer's device
+(``type = "auto"``: native, or hf for a model the native engine does not run) loads it
+and generates for every held-out prompt (``split_prompts``: never trained on), greedy
+or k samples; the run's reward functions score the responses.
 
 With an environment (``[env] path``) each response is an episode instead, run as
 training runs them: ``rollout/multiturn.py``'s ``MultiTurnDriver`` drives it with
@@ -79,7 +80,7 @@ class Evaluator:
         # the trainer's device; a KV cache of a fixed size there (never a fraction of what training left free)
         self.engine_cfg = msgspec.structs.replace(
             cfg.rollout.engine,
-            type="native",
+            type="hf" if cfg.rollout.engine.type == "hf" else "auto",  # the local engines: native where it runs the model
             device=device,
             device_index=index[device]() if device in index else 0,
             kv_cache_fraction=None,

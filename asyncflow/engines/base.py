@@ -98,7 +98,7 @@ class RolloutEngine(abc.ABC):
         that cannot swap weights between decode steps do not have one."""
         raise NotImplementedError(
             f"the {type(self).__name__} rollout engine cannot continue sequences across a weight swap; "
-            'set workflow.partial_rollout = false or use rollout.engine.type = "native"'
+            'set workflow.partial_rollout = false or use rollout.engine.type = "auto" (native, or hf)'
         )
 
     @abc.abstractmethod

@@ -36,6 +36,9 @@ Fraction = Annotated[float, Meta(ge=0, le=1)]
 """0 to 1."""
 
 
+VLLM_TYPES = ("vllm", "vllm_ascend")
+"""The rollout engine types that run vLLM (the keys marked "vLLM only" apply to them)."""
+
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The linear layers of a decoder block that LoRA may adapt (``LoraConfig.target_modules``)."""
 
@@ -117,13 +120,17 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     """A rollout (generation) engine."""
 
     type: Annotated[
-        Literal["native", "vllm", "vllm_ascend", "emulated"],
+        Literal["auto", "native", "hf", "vllm", "vllm_ascend", "emulated"],
         Meta(
-            description="native: PyTorch, KV cache + continuous batching, cpu/cuda/npu. vllm: vLLM on CUDA. vllm_ascend: vLLM with the "
-            "vllm-ascend plugin on NPU. emulated: no model; the device time of ``emulated.model`` on ``emulated.hardware`` "
-            'from the planner\'s cost model, hashed log-probs (docs/scale.md); needs train.engine.type = "emulated".'
+            description="auto: native where it implements the model's family (``engines/families``, read from config.json), "
+            "else hf; the run's first lines say which and why. native: PyTorch, "
+            "paged KV cache + continuous batching, cpu/cuda/npu. hf: the model's own Hugging Face forward and KV cache, any "
+            "causal LM transformers builds; the slow fallback (a forward per prompt's cohort each step). vllm: vLLM on "
+            "CUDA. vllm_ascend: vLLM with the vllm-ascend plugin on NPU. emulated: no model; the device time of "
+            "``emulated.model`` on ``emulated.hardware`` from the planner's cost model, hashed log-probs (docs/scale.md); "
+            'needs train.engine.type = "emulated".'
         ),
-    ] = "native"
+    ] = "auto"
     device: Annotated[Device, Meta(description="Where the model runs.")] = "cpu"
     device_index: Annotated[NonNegInt, Meta(description="Which accelerator on the host (ignored on cpu).")] = 0
     dtype: Annotated[
@@ -141,7 +148,7 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     kv_cache_fraction: Annotated[
         Annotated[float, Meta(gt=0, le=1)] | None,
         Meta(
-            description="KV-cache budget as a fraction of the device's free memory (cuda/npu only for native; vLLM's "
+            description="KV-cache budget as a fraction of the device's free memory (cuda/npu only for native and hf; vLLM's "
             "gpu_memory_utilization)."
         ),
     ] = None
@@ -183,7 +190,7 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
         NonNegInt,
         Meta(
             description="vLLM only: start vLLM with LoRA support for adapters up to this rank (``train.engine.lora``; it "
-            "must be at least ``train.engine.lora.rank``). 0: no LoRA. The native engine needs nothing: it merges adapters."
+            "must be at least ``train.engine.lora.rank``). 0: no LoRA. The native and hf engines need nothing: they merge adapters."
         ),
     ] = 0
     emulated: Annotated[
@@ -210,13 +217,13 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
             raise Refused("kv_cache_fraction", "set kv_cache_bytes or kv_cache_fraction, not both")
         train = getattr(run, "train", None)
         rank = train.engine.lora.rank if train is not None else 0
-        if self.type != "native" and rank > self.max_lora_rank:
+        if self.type in VLLM_TYPES and rank > self.max_lora_rank:
             raise Refused(
                 "max_lora_rank",
                 f"train.engine.lora.rank = {rank} needs vLLM started with LoRA: set rollout.engine.max_lora_rank >= {rank}",
             )
 
-        if self.type == "native":
+        if self.type not in VLLM_TYPES:  # native, hf, or auto (one of the two)
             if self.weight_transfer != "auto":
                 raise Refused("weight_transfer", 'only the vLLM engines take it: remove it, or set type = "vllm"')
             if self.partial_kv != "keep":

@@ -7,28 +7,56 @@ vLLM, torch_npu and friends load only when a config asks for them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from asyncflow.engines.base import RewardScorer, RolloutEngine, TrainEngine
-from asyncflow.engines.config import Device, DType, RolloutEngineConfig, TrainEngineConfig
+from asyncflow.engines.config import VLLM_TYPES, Device, DType, RolloutEngineConfig, TrainEngineConfig
 
 
 def build_rollout_engine(cfg: RolloutEngineConfig, model_dir: str | Path, version: int = 0) -> RolloutEngine:
-    """A rollout engine of ``cfg.type`` holding the weights in ``model_dir`` as
-    policy ``version``."""
-    if cfg.type == "native":
+    """A rollout engine of ``cfg.type`` (``auto``: ``resolve_rollout_type``'s) holding the
+    weights in ``model_dir`` as policy ``version``."""
+    kind, _ = resolve_rollout_type(cfg.type, model_dir)
+    if kind == "native":
         from asyncflow.engines.native_rollout import NativeRolloutEngine
 
         return NativeRolloutEngine(cfg, model_dir, version=version)
-    if cfg.type in ("vllm", "vllm_ascend"):
+    if kind == "hf":
+        from asyncflow.engines.hf_rollout import HFRolloutEngine
+
+        return HFRolloutEngine(cfg, model_dir, version=version)
+    if kind in VLLM_TYPES:
         from asyncflow.engines.vllm_rollout import VLLMRolloutEngine
 
         return VLLMRolloutEngine(cfg, model_dir, version=version)
-    if cfg.type == "emulated":
+    if kind == "emulated":
         from asyncflow.engines.emulated_rollout import EmulatedRolloutEngine
 
         return EmulatedRolloutEngine(cfg, model_dir, version=version)
-    raise ValueError(f"unknown rollout engine type {cfg.type!r}; use 'native', 'vllm', 'vllm_ascend' or 'emulated'")
+    raise ValueError(f"unknown rollout engine type {cfg.type!r}; use 'auto', 'native', 'hf', 'vllm', 'vllm_ascend' or 'emulated'")
+
+
+def resolve_rollout_type(kind: str, model_dir: str | Path) -> tuple[str, str]:
+    """The rollout engine type a config's ``kind`` builds for ``model_dir``, and why, in
+    words for the run's first lines. ``auto``: native where ``engines/families`` implements
+    the model (read from ``model_dir/config.json``, no weights), else hf with the
+    families' reason; any other type is itself."""
+    if kind != "auto":
+        return kind, f'rollout.engine.type = "{kind}"'
+    from asyncflow.engines.families import why_not_native
+
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{model_dir} is not a Hugging Face model directory (no config.json); "
+            "point model_dir at a local directory saved with save_pretrained"
+        )
+    config = json.loads(path.read_text())
+    reason = why_not_native(config)
+    if reason is None:
+        return "native", f"model_type {config.get('model_type')!r}"
+    return "hf", reason
 
 
 def build_train_engine(cfg: TrainEngineConfig, model_dir: str | Path, total_steps: int = 0) -> TrainEngine:

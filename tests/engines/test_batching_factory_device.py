@@ -44,7 +44,7 @@ def test_configs_reject_unknown_fields_with_the_field_name():
 
 
 def test_factory_refuses_unknown_engine_types_and_fsdp_without_a_process_group(qwen2_dir):
-    with pytest.raises(ValueError, match="use 'native'"):
+    with pytest.raises(ValueError, match="use 'auto', 'native', 'hf'"):
         build_rollout_engine(msgspec.structs.replace(RolloutEngineConfig(), type="tgi"), qwen2_dir)
     with pytest.raises(RuntimeError, match="init_process_group"):
         build_train_engine(TrainEngineConfig(fsdp=True), qwen2_dir)

@@ -64,6 +64,7 @@ from asyncflow.config import names
 from asyncflow.config.names import WEIGHTS
 from asyncflow.core import protocol
 from asyncflow.core.tq.client import TQClient
+from asyncflow.engines.config import VLLM_TYPES
 from asyncflow.engines.device import torch_dtype
 from asyncflow.gateway.replica import serve_for_replica
 from asyncflow.planner import memory
@@ -239,14 +240,14 @@ class RolloutActor(LoopActor):
 
 def replica_memory(cfg, facts: memory.MemoryFacts) -> float:
     """A replica's weights, its KV budget, the staged next version, and with LoRA on the
-    native engine the base of each adapted weight it keeps beside the merged one. An
+    native or hf engine the base of each adapted weight it keeps beside the merged one. An
     emulated replica holds no model: a few small tensors, counted as nothing."""
     if cfg.rollout.engine.type == "emulated":
         return 0.0
     shape, b = facts.shape, memory.DTYPE_BYTES[cfg.rollout.engine.dtype]
     eng = cfg.rollout.engine
     kv = eng.kv_cache_bytes or (memory.DEFAULT_KV_BYTES if eng.kv_cache_fraction is None else 0)
-    base_copies = memory.adapted_weight_params(shape, Lora.of(cfg.train.engine.lora)) if eng.type == "native" else 0
+    base_copies = memory.adapted_weight_params(shape, Lora.of(cfg.train.engine.lora)) if eng.type not in VLLM_TYPES else 0
     # the relay tree: the received chunks of the two newest versions stay for the replica's children
     relayed = 2 * memory.synced_params(cfg, shape) * 4 if cfg.workflow.weight_fanout == "tree" else 0
     return shape.num_params * b + kv + memory.synced_params(cfg, shape) * 4 + base_copies * b + relayed
