@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from asyncflow.planner.models import PRESETS  # the shapes alone (msgspec): the help names them
+
 GiB = 2**30
 
 
@@ -25,6 +27,12 @@ def _sig(x: float) -> str:
 
 def _params(n: float) -> str:
     return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def _size(model) -> str:
+    """ "30.5B params, 3.3B active per token" (a mixture of experts) or "7.6B params"."""
+    active = f", {_params(model.num_active_params)} active per token" if model.num_experts else ""
+    return f"{_params(model.num_params)} params{active}"
 
 
 def _table(plans) -> list[str]:
@@ -78,7 +86,9 @@ def _boundary(infeasible) -> list:
     "model_name",
     default="7b",
     show_default=True,
-    help="Preset (0.5b, 1.5b, 7b, 14b, 32b, 72b; Qwen2.5 shapes) or a local HF model directory.",
+    help=f"A preset ({', '.join(PRESETS)}; 0.5b ... 72b are Qwen2.5), or a local Hugging Face model directory or "
+    "its config.json (Llama, Qwen2/3 and their mixtures of experts, Mistral/Mixtral, Gemma 2/3, OLMoE, DeepSeek). "
+    "A mixture of experts computes with its active parameters and holds all of them.",
 )
 @click.option("--npus", type=int, help="Number of Ascend NPUs (hardware defaults to 910b).")
 @click.option("--gpus", type=int, help="Number of GPUs (hardware defaults to h100).")
@@ -236,7 +246,7 @@ def plan(
     targets = tuple(m.strip() for m in lora_targets.split(",") if m.strip())
     lora = Lora(rank=lora_rank, target_modules=targets, train_norms=lora_train_norms)
     try:
-        for m in lora.target_modules:
+        for m in lora.target_modules if lora.rank else ():
             linear_features(model, m)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--lora-targets") from None
@@ -300,7 +310,7 @@ def plan(
         return
 
     click.echo(
-        f"{model.name} ({_params(model.num_params)} params) on {num_devices} x {hw.name}: "
+        f"{model.name} ({_size(model)}) on {num_devices} x {hw.name}: "
         f"{wl.prompts_per_step} prompts x {wl.samples_per_prompt} samples, prompt {wl.prompt_len_tokens}, "
         f"response {wl.response_len_tokens} (max {wl.max_response_len_tokens}), staleness {wl.staleness}"
         + (f", profile {profile_path}" if profile_path else ", default efficiencies (calibrate: afctl profile)")
@@ -321,7 +331,7 @@ def plan(
     if reward_model is not None:
         best = result.plans[0]
         click.echo(
-            f"reward model {reward_model.name} ({_params(reward_model.num_params)} params): its own {best.reward_model_devices} "
+            f"reward model {reward_model.name} ({_size(reward_model)}): its own {best.reward_model_devices} "
             f"device(s) at tp{best.reward_model_tp}, {_sig(best.stage_s['reward_model'])} s of scoring per step, "
             f"{_sig(best.memory_bytes['reward_model'] / GiB)} GiB/dev"
         )

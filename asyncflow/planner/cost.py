@@ -162,9 +162,11 @@ def allreduce_s(hw: Hardware, eff: Efficiency, num_bytes: float, group: int, int
 
 
 def decode_iteration_s(model: ModelShape, hw: Hardware, eff: Efficiency, tp: int, batch: float, context_tokens: float) -> float:
-    """One decode iteration of `batch` sequences at mean context `context_tokens`, on tp devices."""
-    weight_bytes = model.num_params * DTYPE_BYTES / tp
-    kv_bytes = batch * kv_bytes_per_token_per_device(model, tp) * context_tokens
+    """One decode iteration of `batch` sequences at mean context `context_tokens`, on tp devices.
+    It reads the weights its tokens go through (a mixture of experts: the experts the batch
+    routes to, ``ModelShape.params_read``) and the batch's KV cache."""
+    weight_bytes = model.params_read(batch) * DTYPE_BYTES / tp
+    kv_bytes = batch * kv_bytes_per_sequence_per_device(model, tp, context_tokens)
     memory_s = (weight_bytes + kv_bytes) / (hw.memory_bandwidth_bytes_per_s * eff.decode_bandwidth)
     compute_s = batch * model.forward_flops_per_token(context_tokens) / tp / (hw.peak_bf16_flops * eff.prefill_flops)
     comm_s = 2 * model.num_layers * allreduce_s(hw, eff, batch * model.hidden_size * DTYPE_BYTES, tp, inter_node=False)
@@ -174,9 +176,22 @@ def decode_iteration_s(model: ModelShape, hw: Hardware, eff: Efficiency, tp: int
     return max(memory_s, compute_s) + comm_s + overhead_s
 
 
-def kv_bytes_per_token_per_device(model: ModelShape, tp: int) -> float:
+def _kv_bytes_per_token_layer_per_device(model: ModelShape, tp: int) -> float:
+    if model.latent_attention:  # one compressed kv per token, which every tensor-parallel rank holds
+        return model.kv_elements_per_token_layer * DTYPE_BYTES
     kv_heads_per_device = math.ceil(model.num_kv_heads / tp)  # replicated when tp > kv heads
-    return 2 * model.num_layers * kv_heads_per_device * model.head_dim_ * DTYPE_BYTES
+    return 2 * kv_heads_per_device * model.head_dim_ * DTYPE_BYTES
+
+
+def kv_bytes_per_token_per_device(model: ModelShape, tp: int) -> float:
+    """A token's KV cache in every layer, per device."""
+    return model.num_layers * _kv_bytes_per_token_layer_per_device(model, tp)
+
+
+def kv_bytes_per_sequence_per_device(model: ModelShape, tp: int, tokens: float) -> float:
+    """One sequence of ``tokens`` tokens' KV cache per device: every token in a global layer,
+    at most the window in a sliding-window layer (``ModelShape.attended_tokens``)."""
+    return model.attended_tokens(tokens) * _kv_bytes_per_token_layer_per_device(model, tp)
 
 
 def tp_allowed(model: ModelShape, hw: Hardware, tp: int) -> bool:
@@ -193,14 +208,15 @@ def rollout_cost(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload,
     instances = devices // tp
     weights = model.num_params * DTYPE_BYTES / tp
     workspace = wl.prefill_chunk_tokens * (
-        DTYPE_BYTES * (8 * model.hidden_size + 3 * model.intermediate_size / tp) + 4 * model.vocab_size / tp
+        DTYPE_BYTES * (8 * model.hidden_size + 3 * model.active_intermediate_size / tp) + 4 * model.vocab_size / tp
     )
-    kv_token = kv_bytes_per_token_per_device(model, tp)
+    kv_mean_seq = kv_bytes_per_sequence_per_device(model, tp, wl.mean_seq_tokens)
+    kv_max_seq = kv_bytes_per_sequence_per_device(model, tp, wl.max_seq_tokens)
     available = usable_memory(hw)
     kv_free = available - weights - workspace
     seqs_per_instance = math.ceil(wl.num_samples / instances)
     # Mean KV held by a live sequence: prompt + mean response (a long one holds more for longer).
-    batch_cap = int(max(kv_free, 0) // (kv_token * wl.mean_seq_tokens))
+    batch_cap = int(max(kv_free, 0) // kv_mean_seq)
     batch = max(1, min(batch_cap, seqs_per_instance, MAX_SEQS_PER_INSTANCE))
     role = RoleCost(
         role="rollout",
@@ -209,11 +225,11 @@ def rollout_cost(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload,
         dp=instances,
         batch_per_instance=batch,
         memory_available_bytes=available,
-        memory_bytes={"weights": weights, "workspace": workspace, "kv_cache": batch * kv_token * wl.mean_seq_tokens},
+        memory_bytes={"weights": weights, "workspace": workspace, "kv_cache": batch * kv_mean_seq},
     )
-    if kv_free < kv_token * wl.max_seq_tokens:
+    if kv_free < kv_max_seq:
         # Not even one max-length sequence fits beside the weights.
-        role.memory_bytes["kv_cache"] = kv_token * wl.max_seq_tokens
+        role.memory_bytes["kv_cache"] = kv_max_seq
         _check_fit(role)
         role.reason += " (KV cache of one max-length sequence)"
         role.feasible = False
@@ -276,7 +292,7 @@ def forward_cost(
         memory_available_bytes=usable_memory(hw),
         memory_bytes={
             "weights": model.num_params * DTYPE_BYTES / tp,
-            "activations": mb * DTYPE_BYTES * (8 * model.hidden_size + 3 * model.intermediate_size) / tp,
+            "activations": mb * DTYPE_BYTES * (8 * model.hidden_size + 3 * model.active_intermediate_size) / tp,
             "logits": mb * model.vocab_size * LOGITS_BYTES_PER_VOCAB / tp if vocab_logits else 0.0,
         },
     )
@@ -333,7 +349,7 @@ def train_cost(
         "gathered_layers": 2 * models_trained * model.params_per_layer * DTYPE_BYTES / tp,
         "activations": (
             min(pp, num_mb) * layers_per_stage * mb * model.hidden_size * DTYPE_BYTES / tp
-            + mb * DTYPE_BYTES * (8 * model.hidden_size + 3 * model.intermediate_size) / tp
+            + mb * DTYPE_BYTES * (8 * model.hidden_size + 3 * model.active_intermediate_size) / tp
         ),
         "logits": mb * model.vocab_size * LOGITS_BYTES_PER_VOCAB / tp,
     }

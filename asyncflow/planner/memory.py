@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from asyncflow.planner.models import Lora, ModelShape, linear_features, total_params, trainable_params
+from asyncflow.planner.models import Lora, ModelShape, adapted_params, total_params, trainable_params
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PROCESS_BYTES = 350 << 20
@@ -54,7 +54,7 @@ def adapted_weight_params(shape: ModelShape, lora: Lora) -> int:
     """Parameters of the weights LoRA adapts (0 without LoRA)."""
     if lora.rank == 0:
         return 0
-    return shape.num_layers * sum(i * o for i, o in (linear_features(shape, m) for m in lora.target_modules))
+    return adapted_params(shape, lora.target_modules)
 
 
 def synced_params(cfg: Any, shape: ModelShape) -> int:
@@ -81,7 +81,7 @@ def training_step_bytes(cfg: Any, facts: MemoryFacts) -> float:
     micro = min(cfg.train.engine.micro_batch_size, cfg.samples_per_step)
     new = cfg.rollout.sampling.max_new_tokens
     tokens = micro * (prompt_tokens + new)
-    per_token_layer = 6 * shape.hidden_size + 4 * shape.intermediate_size
+    per_token_layer = 6 * shape.hidden_size + 4 * shape.active_intermediate_size  # a mixture: its tokens' experts
     activations = tokens * shape.num_layers * per_token_layer * DTYPE_BYTES[cfg.train.engine.dtype]
     logits = micro * (new + 1) * shape.vocab_size * 4 * LOGIT_COPIES
     return PROCESS_BYTES + (activations + logits) / cfg.train.num_ranks

@@ -104,3 +104,46 @@ def test_an_unknown_model_is_reported_before_a_missing_device_count():
     assert result.exit_code != 0
     assert "unknown model '13x'" in result.output and "0.5b" in result.output, result.output
     assert "--npus" not in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    "model,gpus",
+    [
+        ("qwen3-8b", 16),
+        ("qwen3-30b-a3b", 64),
+        ("qwen3-235b-a22b", 128),  # 3.8 TB of training state: not on 64 H100s
+        ("llama3-8b", 16),
+        ("llama3-70b", 64),
+        ("gemma3-27b", 64),
+        ("mixtral-8x7b", 64),
+    ],
+)
+def test_the_models_users_bring_are_planned_by_name(model, gpus):
+    out = _run("--model", model, "--gpus", str(gpus), "--top", "1")
+    assert re.search(r"\(\d+\.\dB params", out.splitlines()[0]), out
+    assert out.splitlines()[2].split()[0] == "1", out
+
+
+def test_a_mixture_of_experts_names_its_active_parameters_and_the_help_its_presets():
+    first = _run("--model", "qwen3-30b-a3b", "--npus", "64", "--top", "1").splitlines()[0]
+    assert "30.5B params, 3.4B active per token" in first, first  # 3.35B: its card says 3.3B
+    help_text = " ".join(_run("--help").split())
+    assert all(name in help_text for name in ("qwen3-30b-a3b", "gemma3-27b", "mixtral-8x7b", "config.json")), help_text
+
+
+def test_a_config_json_path_or_its_directory_is_a_model(tmp_path):
+    cfg = {
+        "model_type": "mixtral",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "vocab_size": 32000,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for source in (tmp_path / "config.json", tmp_path):
+        first = _run("--model", str(source), "--gpus", "32", "--top", "1").splitlines()[0]
+        assert "46.7B params, 12.9B active per token" in first, first

@@ -2,6 +2,7 @@
 
 import math
 
+import msgspec
 import pytest
 
 from asyncflow.planner.calibration import Efficiency
@@ -10,6 +11,7 @@ from asyncflow.planner.cost import (
     async_step,
     decode_iteration_s,
     forward_cost,
+    kv_bytes_per_sequence_per_device,
     kv_bytes_per_token_per_device,
     rollout_cost,
     sync_step,
@@ -178,3 +180,87 @@ def test_workload_rejects_a_mean_response_above_its_cap():
     with pytest.raises(ValueError, match="max-response-len"):
         Workload(response_len_tokens=9000, max_response_len_tokens=8192).validate()
     assert not math.isnan(Workload().num_samples)
+
+
+def _only_compute_counts(hw):
+    """``hw`` with memory, bandwidths and links so large that only FLOPs take time."""
+    huge = 1e30
+    return msgspec.structs.replace(
+        hw,
+        memory_bytes=1e15,
+        memory_bandwidth_bytes_per_s=huge,
+        intra_node_bandwidth_bytes_per_s=huge,
+        inter_node_bandwidth_bytes_per_s=huge,
+        host_to_device_bandwidth_bytes_per_s=huge,
+        collective_latency_s=0.0,
+    )
+
+
+def test_a_mixture_of_experts_computes_with_its_active_parameters_and_holds_all_of_them():
+    """Twice the experts (the same top-k): the same FLOPs (but the router's, 0.4 %), twice
+    the experts' weights in memory, in the training state and in a weight sync. Twice the top-k (the same
+    experts): more FLOPs, the same memory. Fails if compute used the total or memory the
+    active parameters."""
+    base = PRESETS["qwen3-30b-a3b"]
+    more_experts = msgspec.structs.replace(base, num_experts=2 * base.num_experts)
+    more_topk = msgspec.structs.replace(base, num_experts_per_tok=2 * base.num_experts_per_tok)
+    assert more_experts.num_params > 1.9 * base.num_params
+    assert more_experts.num_active_params == pytest.approx(base.num_active_params, rel=0.005)
+    assert more_topk.num_params == base.num_params and more_topk.num_active_params > 1.5 * base.num_active_params
+    wl, eff = Workload(prompts_per_step=64), Efficiency()
+    fast = _only_compute_counts(get_hardware("h100"))
+
+    def times(m):
+        return (
+            rollout_cost(m, fast, eff, wl, 8, 2).time_s,
+            train_cost(m, fast, eff, wl, 16, 1, 1).time_s,
+            forward_cost(m, fast, eff, wl, 8, 1).time_s,
+        )
+
+    for same, more in zip(times(base), times(more_experts)):
+        assert more == pytest.approx(same, rel=0.005)
+    for same, more in zip(times(base), times(more_topk)):
+        assert more > 1.3 * same
+
+    hw = get_hardware("h100")
+
+    def held(m):
+        return (
+            rollout_cost(m, hw, eff, wl, 8, 8).memory_bytes["weights"],
+            train_cost(m, hw, eff, wl, 16, 1, 1).memory_bytes["model_states"],
+            forward_cost(m, hw, eff, wl, 8, 8).memory_bytes["weights"],
+            weight_transfer_s(m, hw, eff, 8) - hw.collective_latency_s,
+            weight_swap_s(m, hw, 8),
+        )
+
+    ratio = more_experts.num_params / base.num_params
+    for same, more in zip(held(base), held(more_experts)):
+        assert more == pytest.approx(ratio * same, rel=1e-9)
+    assert held(more_topk) == held(base)
+    assert held(base)[1] == pytest.approx(16 * base.num_params / 16)  # 16 bytes of state per parameter, 16 ranks
+
+
+def test_a_mixture_of_experts_decode_reads_the_experts_its_batch_routes_to():
+    """One sequence's decode iteration reads its 8 experts of 128 per layer (and every
+    other weight); 512 sequences route to every expert."""
+    m, hw = PRESETS["qwen3-30b-a3b"], get_hardware("h100")
+    routed = m.num_layers * m.num_experts * 3 * m.hidden_size * m.moe_intermediate_size
+    one = decode_iteration_s(m, hw, PEAK, tp=1, batch=1, context_tokens=0)
+    assert one == pytest.approx(2 * (m.num_params - routed * (1 - 8 / 128)) / hw.memory_bandwidth_bytes_per_s)
+    assert one < 0.2 * 2 * m.num_params / hw.memory_bandwidth_bytes_per_s
+    full = decode_iteration_s(m, hw, PEAK, tp=1, batch=512, context_tokens=0)
+    assert full == pytest.approx(2 * m.num_params / hw.memory_bandwidth_bytes_per_s, rel=1e-6)
+
+
+def test_a_sliding_window_models_kv_cache_is_the_windows_in_its_local_layers():
+    """Gemma 3 27B at tp 1: a 9k-token sequence holds 9k tokens in its 10 global layers and
+    1,024 in its 52 local ones; an instance fits that many more sequences than a model
+    holding every token in every layer would."""
+    m = PRESETS["gemma3-27b"]
+    per_token_layer = 2 * m.num_kv_heads * m.head_dim_ * 2
+    assert kv_bytes_per_sequence_per_device(m, 1, 9216) == per_token_layer * (10 * 9216 + 52 * 1024)
+    assert kv_bytes_per_sequence_per_device(m, 2, 9216) == kv_bytes_per_sequence_per_device(m, 1, 9216) / 2
+    everywhere = msgspec.structs.replace(m, sliding_window=0, sliding_window_layers=0)
+    wl, hw = Workload(prompts_per_step=512), get_hardware("h100")
+    windowed, full = rollout_cost(m, hw, Efficiency(), wl, 2, 2), rollout_cost(everywhere, hw, Efficiency(), wl, 2, 2)
+    assert windowed.batch_per_instance > 2 * full.batch_per_instance
