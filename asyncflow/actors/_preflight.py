@@ -268,7 +268,9 @@ def _positions(cfg: RunConfig) -> int | None:
     """The policy's ``max_position_embeddings`` (None when its config does not say)."""
     if not cfg.model.path:
         return TINY_MAX_POSITIONS
-    positions = json.loads((Path(cfg.model.path) / "config.json").read_text()).get("max_position_embeddings")
+    from asyncflow.planner.io import read_hf_config
+
+    positions = read_hf_config(cfg.model.path).get("max_position_embeddings")  # the text model's (Gemma 3, GPT-2 too)
     return positions if isinstance(positions, int) else None
 
 
@@ -352,6 +354,7 @@ def check_inputs(cfg: RunConfig, roles: Sequence[RoleSpec] = ()) -> None:
                 f"{class_path(ColumnRole)} (docs/custom-roles.md)"
             )
     _check_devices(cfg, roles)
+    _check_causal_lms(cfg)
     _check_length(cfg)
     data_path, model_dir = cfg.data.path, cfg.model.path
     if data_path:
@@ -371,6 +374,27 @@ def check_inputs(cfg: RunConfig, roles: Sequence[RoleSpec] = ()) -> None:
             )
     if data_path and model_dir:  # encoded as the loader will, chat template included (checked above)
         _check_prompt_lengths(cfg, [str(r["prompt"]) for r in rows], where, model_dir)
+
+
+def _check_causal_lms(cfg: RunConfig) -> None:
+    """The models that must be causal LMs are (``engines.hf.causal_lm_refusal`` of their
+    config.json): the policy, and a judge reward model of its own; refused by their key."""
+    from asyncflow.engines.hf import causal_lm_refusal
+
+    rm = cfg.reward_model
+    judge = rm.path if rm.enabled and rm.kind == "judge" else ""
+    for key, path in (("model.path", cfg.model.path), ("reward_model.path", judge)):
+        if not path:
+            continue
+        try:
+            config = json.loads((Path(path) / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"{key} = {path!r}: its config.json cannot be read ({exc}); give a directory saved with save_pretrained"
+            ) from None
+        reason = causal_lm_refusal(config)
+        if reason is not None:
+            raise ConfigError(f"{key} = {path!r}: {reason} (which models train: docs/your-model-and-data.md)")
 
 
 def _check_devices(cfg: RunConfig, roles: Sequence[RoleSpec]) -> None:

@@ -214,7 +214,7 @@ def train(
         from asyncflow.bench import _train_shared
         from asyncflow.engines.hf import load_config
 
-        vocab = min(int(load_config(model_dir).vocab_size), 50_000)
+        vocab = min(int(load_config(model_dir).get_text_config().vocab_size), 50_000)
         batch = _train_shared.grouped_batch(num_rows, group_size, prompt_len, seq_len, vocab)
         run = _train_shared.side_by_side(model_dir, batch, micro_batch_size, steps, autocast)
         model = label if model_path is None else model_path

@@ -26,7 +26,6 @@ TOKENIZER_FILES = (
 """Files beside the weights that a checkpoint copies from the model it started from."""
 
 
-
 def _check_dir(model_dir: str | Path) -> Path:
     path = Path(model_dir)
     if not (path / "config.json").is_file():
@@ -39,12 +38,21 @@ def _check_dir(model_dir: str | Path) -> Path:
 
 def causal_lm_refusal(config: Mapping[str, Any]) -> str | None:
     """Why a model (``config.json`` as a dict) cannot be trained as a causal LM, or None.
-    Reads no weights and needs no torch model: the driver asks before any process starts."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    Reads no weights and needs no torch model: the driver asks before any process starts.
+    An encoder (BERT, RoBERTa ...) has a causal LM class in transformers, which is one only
+    with ``is_decoder = true``; without it the model was trained to fill in masked tokens."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
     model_type = config.get("model_type")
+    if not model_type:
+        return "config.json names no model_type, so transformers cannot tell which model it is; give a directory saved with save_pretrained"
     if config.get("is_encoder_decoder"):
         return f"model_type {model_type!r} is an encoder-decoder; RL here trains decoder-only causal LMs"
+    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.get("is_decoder"):
+        return (
+            f"model_type {model_type!r} is an encoder (a masked LM; its causal LM class needs is_decoder = true); "
+            "use a decoder-only causal LM checkpoint"
+        )
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return (
             f"model_type {model_type!r} has no causal LM head in transformers (AutoModelForCausalLM does not build it); "

@@ -30,6 +30,10 @@ Invariants:
   in ``forward`` and ``train_step`` alike, the LM head in float32 (bfloat16 logits
   would be off by ~0.1); parameters, gradients, AdamW states and checkpoints stay in
   ``dtype`` (float32).
+- Any causal LM of transformers trains (``engines/hf.py``): the decoder is the model's
+  ``base_model``, the head its output embeddings, FSDP shards the family's decoder blocks
+  (``_no_split_modules``), a tied head is saved once. Dropout is off (``no_dropout``): the
+  log-probs and ratios are the policy's, as the rollout computes them.
 - Checkpoints are Hugging Face directories: ``model.safetensors`` + config +
   tokenizer (loadable by transformers/vLLM as is), plus ``optimizer.pt``,
   ``value_head.safetensors`` (critic) and ``trainer_state.json``.
@@ -100,7 +104,7 @@ class _Net(torch.nn.Module):
         self.lm = lm
         self.value_head = None
         if critic:
-            hidden = self.lm.config.hidden_size
+            hidden = self.lm.config.get_text_config().hidden_size
             param = next(lm.parameters())
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
@@ -121,7 +125,7 @@ class _Net(torch.nn.Module):
         With ``shared`` (``train.engine.share_prompts``): the logits [B, R, V] that predict
         each row's response part, each distinct prompt run once (engines/shared_prompts.py)."""
         if shared is not None:
-            return self._head(shared_hidden(self.lm.model, shared)), None
+            return self._head(shared_hidden(self.lm.base_model, shared)), None
         kw: dict[str, Any] = {
             "input_ids": input_ids_BT,
             "attention_mask": attention_mask_BT,
@@ -131,21 +135,22 @@ class _Net(torch.nn.Module):
         if self.value_head is None:
             device = input_ids_BT.device.type
             if torch.is_autocast_enabled(device):
-                return self._head(self.lm.model(**kw).last_hidden_state[:, logits_from:]), None
+                return self._head(self.lm.base_model(**kw).last_hidden_state[:, logits_from:]), None
             if logits_from > 0:
                 kw["logits_to_keep"] = input_ids_BT.shape[1] - logits_from
             return self.lm(**kw).logits, None
-        hidden_BTE = self.lm.model(**kw).last_hidden_state
+        hidden_BTE = self.lm.base_model(**kw).last_hidden_state
         return None, self.value_head(hidden_BTE).squeeze(-1)
 
     def _head(self, hidden_BTE: torch.Tensor) -> torch.Tensor:
         """The LM head. Under mixed precision (the decoder in the autocast dtype) in float32:
         logits are tens, and bfloat16's 8-bit mantissa would put ~0.1 of error into every log-prob."""
         device = hidden_BTE.device.type
+        head = self.lm.get_output_embeddings()
         if not torch.is_autocast_enabled(device):
-            return self.lm.lm_head(hidden_BTE)
+            return head(hidden_BTE)
         with torch.autocast(device, enabled=False):
-            return self.lm.lm_head(hidden_BTE.float())
+            return head(hidden_BTE.float())
 
 
 log = logging.getLogger(__name__)
@@ -193,9 +198,47 @@ def hf_name(name: str) -> str:
     return name.replace(".base_layer.", ".").replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
 
 
-def is_norm(name: str) -> bool:
-    """An RMSNorm weight of the decoder (``input_layernorm``, ``post_attention_layernorm``, the final ``norm``)."""
-    return name.endswith(("layernorm.weight", "model.norm.weight"))
+def norm_names(lm: torch.nn.Module) -> set[str]:
+    """The parameters of the model's normalisation layers, by name: of every module whose
+    class is a norm (``LlamaRMSNorm``, ``Qwen3RMSNorm`` of q and k, Gemma3's four a block,
+    ``LayerNorm`` ...), whatever the family calls the module."""
+    return {
+        f"{module}.{name}" if module else name
+        for module, m in lm.named_modules()
+        if type(m).__name__.endswith("Norm")
+        for name, _ in m.named_parameters(recurse=False)
+    }
+
+
+def no_dropout(lm: torch.nn.Module) -> None:
+    """Dropout off in every layer, as transformers' eval mode has it, while the model stays in
+    train mode (gradient checkpointing runs only there): the log-probs and the ratios of RL are
+    those of the policy itself, not of a random sub-network (GPT-2 drops 10% by default). The
+    ``nn.Dropout`` modules and the rates a layer keeps as a number (``attention_dropout``, OPT's
+    ``dropout``); the model's config is unchanged. Before LoRA's layers: their dropout stays."""
+    for module in lm.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for attr, value in vars(module).items():
+            if "dropout" in attr and isinstance(value, float):
+                setattr(module, attr, 0.0)
+
+
+FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+"""Linear layers some families fuse (Phi-3): adapted when any of their parts is named."""
+
+
+def lora_targets(lm: torch.nn.Module, requested: tuple[str, ...]) -> list[str]:
+    """``lora.target_modules`` as this model names its linear layers: a fused layer
+    (``qkv_proj``, ``gate_up_proj``) stands for the parts it holds where the model has no
+    separate ones."""
+    linear = {name.rsplit(".", 1)[-1] for name, m in lm.named_modules() if isinstance(m, torch.nn.Linear)}
+    targets = list(requested)
+    for fused, parts in FUSED_PROJECTIONS.items():
+        named = [p for p in parts if p in requested]
+        if fused in linear and named and not any(p in linear for p in parts):
+            targets = [t for t in targets if t not in parts] + [fused]
+    return targets
 
 
 def right_padded(mask_BT: torch.Tensor) -> bool:
@@ -271,6 +314,10 @@ class TorchTrainEngine(TrainEngine):
         self.model_dir = Path(model_dir)
         self.device = torch_device(cfg.device, torch.cuda.current_device() if cfg.device == "cuda" else 0)
         lm: Any = load_model(model_dir, dtype=torch_dtype(cfg.dtype), device=self.device)
+        no_dropout(lm)
+        # parameters shared with another (an LM head tied to the embeddings): saved once, as transformers does
+        self._tied = {n for n, _ in lm.named_parameters(remove_duplicate=False)} - {n for n, _ in lm.named_parameters()}
+        self._norms = norm_names(lm)
         self.lora = cfg.lora.rank > 0
         self._base_samples: list[tuple[str, tuple[int, ...], torch.Tensor, torch.Tensor | None]] = []
         if self.lora:
@@ -291,7 +338,8 @@ class TorchTrainEngine(TrainEngine):
                 )
             from torch.distributed.fsdp import fully_shard
 
-            for layer in lm.model.layers:
+            blocks = set(getattr(lm, "_no_split_modules", None) or ())  # the family's decoder block classes
+            for layer in [m for m in lm.modules() if type(m).__name__ in blocks]:
                 fully_shard(layer)
             fully_shard(self.net)
         self.dp_size = dist.get_world_size() if self.distributed else 1
@@ -312,7 +360,7 @@ class TorchTrainEngine(TrainEngine):
         """With packing: how attention is kept within packed sequences (the path that runs)."""
         if cfg.packing:
             self.pack_attention = (
-                probe_pack_attention(self.net, lm.config.vocab_size, self.device)
+                probe_pack_attention(self.net, lm.config.get_text_config().vocab_size, self.device)
                 if cfg.pack_attention == "auto"
                 else cfg.pack_attention
             )
@@ -331,13 +379,13 @@ class TorchTrainEngine(TrainEngine):
             r=spec.rank,
             lora_alpha=spec.alpha,  # type: ignore[arg-type]  # peft annotates int; it takes any number (alpha / r)
             lora_dropout=spec.dropout,
-            target_modules=list(spec.target_modules),
+            target_modules=lora_targets(lm, spec.target_modules),
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.cfg.seed)
             inject_adapter_in_model(peft_cfg, lm)
         for name, param in lm.named_parameters():
-            param.requires_grad_(".lora_" in name or (spec.train_norms and is_norm(name)))
+            param.requires_grad_(".lora_" in name or (spec.train_norms and name in self._norms))
             if ".lora_" not in name:
                 index = sample_index(param.numel(), param.device)
                 flat = param.detach().reshape(-1)
@@ -599,7 +647,7 @@ class TorchTrainEngine(TrainEngine):
                 yield from adapter.tensors(module)
             if self.cfg.lora.train_norms:  # trained in full: they travel in full
                 for name, param in self.net.lm.named_parameters():
-                    if is_norm(name):
+                    if name in self._norms:
                         full = param.full_tensor() if hasattr(param, "full_tensor") else param
                         yield name, full.detach().to("cpu", copy=True)
             return
@@ -618,8 +666,8 @@ class TorchTrainEngine(TrainEngine):
             return
         out.mkdir(parents=True, exist_ok=True)
         lm = {hf_name(k.removeprefix("lm.")): v.contiguous() for k, v in state.items() if k.startswith("lm.")}
-        if getattr(self.net.lm.config, "tie_word_embeddings", False):
-            lm.pop("lm_head.weight", None)
+        for name in self._tied:
+            lm.pop(name, None)
         adapters: dict[str, Adapter] = {}
         if self.lora:  # the base weights as loaded; the adapter beside them
             from asyncflow.engines.lora import LORA_A, LORA_B, Adapter, is_adapter_name

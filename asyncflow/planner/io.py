@@ -5,7 +5,8 @@ The planner's other modules are pure functions and never import this one
 driver's preflight call these.
 
 - profiles: `save_profile` / `load_profile` (JSON or TOML by the file's suffix);
-- model shapes from a local Hugging Face directory: `from_hf_config`, `get_model`;
+- model shapes from a local Hugging Face directory: `from_hf_config`, `get_model` (GPT-2's field
+  names too: `common_names`; the text model's fields of any family: `text_model_fields`);
 - a simulated plan's trace.json and timeline PNG: `simulate_plan`, `draw_timeline`
   (numpy and matplotlib imported only there: `afctl plan` without `--simulate`
   imports neither).
@@ -75,14 +76,53 @@ def load_profile(path: str | Path) -> Profile:
         raise ValueError(f"{path} is not a planner profile ({exc}); recreate it with `afctl profile`") from exc
 
 
+GPT2_NAMES = {
+    "n_layer": "num_hidden_layers",
+    "n_embd": "hidden_size",
+    "n_head": "num_attention_heads",
+    "n_inner": "intermediate_size",
+    "n_positions": "max_position_embeddings",
+}
+"""The fields GPT-2 and the families that copied it name their own way."""
+
+
+def common_names(cfg: dict) -> dict:
+    """A config.json's fields with GPT-2's names (``n_layer``, ``n_embd``, ...) also under
+    the names most families use (``num_hidden_layers``, ``hidden_size``, ...; an unset
+    ``n_inner`` is 4 x ``n_embd``)."""
+    out = dict(cfg)
+    for theirs, ours in GPT2_NAMES.items():
+        if out.get(theirs) is not None and ours not in out:
+            out[ours] = out[theirs]
+    if "n_embd" in out and out.get("intermediate_size") is None:
+        out["intermediate_size"] = 4 * out["n_embd"]
+    return out
+
+
+def text_model_fields(cfg: dict) -> dict:
+    """The text model's fields of a config.json read into a dict (``common_names``): a
+    multimodal model's ``text_config`` (Gemma 3) over the top level."""
+    text = cfg.get("text_config")
+    return common_names({**cfg, **text} if isinstance(text, dict) else cfg)
+
+
+def read_hf_config(path: str | Path) -> dict:
+    """``text_model_fields`` of a model directory's config.json (or of that file)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    return text_model_fields(json.loads(path.read_text()))
+
+
 def from_hf_config(path: str | Path) -> ModelShape:
-    """Read a local Hugging Face model directory or its config.json (Llama/Qwen2 style)."""
+    """Read a local Hugging Face model directory or its config.json (``common_names``:
+    GPT-2's too; a multimodal model's ``text_config`` is ``shape_from_hf_config``'s)."""
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"no config.json at {path}: pass a preset ({', '.join(PRESETS)}) or a model directory")
-    return shape_from_hf_config(json.loads(path.read_text()), name=path.parent.name, source=str(path))
+    return shape_from_hf_config(common_names(json.loads(path.read_text())), name=path.parent.name, source=str(path))
 
 
 def get_model(name_or_path: str) -> ModelShape:
