@@ -4,6 +4,14 @@ Legend: P = parameters, L = layers, h = hidden size, V = vocabulary, S = samples
 step (prompts x samples per prompt), tp/pp/dp = tensor/pipeline/data-parallel degrees.
 All times are seconds per RL step; memory is bytes per device.
 
+A mixture of experts: every FLOP count below ("2P", "6P") is of the parameters a token
+goes through (``ModelShape.forward_flops_per_token``: its experts, ``num_matmul_params``);
+every byte count of weights, gradients, optimizer state, gathers and weight sync is of
+all of them (``num_params``, ``total_params``, ``trainable_params``). A decode
+iteration reads the experts its batch routes to (``ModelShape.params_read``). KV cache:
+per sequence, a sliding-window layer holding at most the window
+(``kv_bytes_per_sequence_per_device``).
+
 - Rollout (one engine instance per `tp` devices). Prefill is compute-bound:
   2P FLOPs per prompt token over peak x prefill efficiency. Decode is bound by
   memory bandwidth: one iteration reads the weight shard (2P/tp bytes) and the KV

@@ -1,14 +1,18 @@
-"""Model shapes: presets (Qwen2.5, Qwen3 dense and MoE, Llama 3), or the shape in a
-Hugging Face config (read from a local config.json by `planner.io.from_hf_config` /
-`planner.io.get_model`).
+"""Model shapes: presets (Qwen2.5, Qwen3 dense and MoE, Llama 3, Gemma 3, Mixtral, OLMoE,
+DeepSeek V2-Lite/V3), or the shape in a Hugging Face config (read from a local
+config.json by `planner.io.from_hf_config` / `planner.io.get_model`; `shape_from_hf_config`
+reads each family's keys).
 
 Only the shape matters to the cost model: parameter count, FLOPs per token, KV-cache
-bytes per token. Parameters are counted from the shape (attention with or without q/k/v
-biases, Qwen3's q/k norms, a SwiGLU MLP or a mixture of SwiGLU experts with its router,
-RMSNorm, embeddings tied or not), so a preset's count matches the published checkpoint
-to within a fraction of a percent (tests/planner/test_presets.py). A mixture of experts
-holds every expert (memory, weight sync: ``num_params``) but a token goes through
-``num_experts_per_tok`` of them (FLOPs: ``num_matmul_params``).
+bytes per sequence. Parameters are counted from the shape (attention with or without
+q/k/v biases, q/k norms, multi-head latent attention, a SwiGLU MLP or a mixture of
+SwiGLU experts with its router, a shared expert and dense first layers, RMSNorms,
+embeddings tied or not), so a preset's count matches the published checkpoint to within
+a fraction of a percent (tests/planner/test_presets.py). A mixture of experts holds
+every expert (memory, gradients, optimizer state, weight sync: ``num_params``) but a
+token goes through ``num_experts_per_tok`` of them (FLOPs: ``num_matmul_params``; the
+model card's activated count: ``num_active_params``). A sliding-window layer holds and
+attends to at most ``sliding_window`` tokens (``attended_tokens``).
 
 LoRA (`Lora`, from ``[train.engine.lora]``) changes what trains, not the shape: the
 adapters add `lora_params` weights, and only they (with ``train_norms``, the RMSNorm

@@ -133,3 +133,19 @@ def test_a_run_config_with_lora_is_predicted_with_the_adapters_sync():
             weight_transfer_s(m, hw, eff, 1) - weight_transfer_s(m, hw, eff, 1, lora=Lora(rank=8))
         )
         assert got["swap_s"] < was["swap_s"]
+
+
+def test_a_mixtures_adapters_count_every_expert_its_shared_expert_and_its_dense_layers():
+    """DeepSeek-V2-Lite: its first layer's dense MLP of 10944, then 26 layers of 64 experts of
+    1408 and a shared expert of 2 x 1408; latent attention's projections have names of their own."""
+    m, r = PRESETS["deepseek-v2-lite"], 4
+    h = m.hidden_size
+    assert lora_params(m, r, ("gate_proj",)) == r * (h + 10944) + 26 * (64 * r * (h + 1408) + r * (h + 2816))
+    assert linear_features(m, "kv_b_proj") == (512, 16 * (128 + 128))
+    assert lora_params(m, r, ("q_proj", "o_proj")) == 27 * r * ((h + 16 * 192) + (16 * 128 + h))
+    with pytest.raises(ValueError, match="kv_a_proj_with_mqa"):
+        linear_features(m, "k_proj")
+    refused = CliRunner().invoke(main, ["plan", "--model", "deepseek-v2-lite", "--gpus", "16", "--lora-rank", "8"])
+    assert refused.exit_code != 0 and "kv_b_proj" in refused.output, refused.output
+    planned = CliRunner().invoke(main, ["plan", "--model", "deepseek-v2-lite", "--gpus", "16", "--top", "1"])
+    assert planned.exit_code == 0 and "15.7B params, 2.7B active per token" in planned.output, planned.output
