@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 import tomllib
 
+from asyncflow.config import hub
 from asyncflow.config.run import RunConfig, _warn, check_paths, validate
 from asyncflow.core import schema
 from asyncflow.core.schema import ConfigError
@@ -172,9 +173,18 @@ def _resolve_paths(cfg: RunConfig, base: Path | None, source: str, given: Abstra
     ``data.path``, ``cluster.python_path``, so a run works from any directory. A
     ``model.path`` that is a checkpoint (``checkpoints/step_N``, with the Hugging Face
     model in ``step_N/model``) means that model directory. A path given with
-    ``--set`` (keys in ``given``) is relative to the working directory."""
+    ``--set`` (keys in ``given``) is relative to the working directory. A model path
+    that exists nowhere and has the shape of a Hugging Face hub id (``org/name``) is that
+    model's snapshot directory in the hub cache, downloaded when the machine is online
+    (``config/hub.py``): resolved here, once, so the run's config.json holds it."""
 
     def resolve(key: str, value: str) -> str:
+        path = local(key, value)
+        if not os.path.exists(path) and hub.is_hub_id(value):  # "org/name": a hub model, unless such a path exists
+            return hub.resolve(key, value)
+        return path
+
+    def local(key: str, value: str) -> str:
         if key in given:
             return os.path.abspath(value)
         if base is None or os.path.isabs(value):
@@ -199,7 +209,7 @@ def _resolve_paths(cfg: RunConfig, base: Path | None, source: str, given: Abstra
         ):
             cfg.model.path = os.path.join(cfg.model.path, "model")  # a checkpoint directory: its model
     if cfg.data.path:
-        cfg.data.path = resolve("data.path", cfg.data.path)
+        cfg.data.path = local("data.path", cfg.data.path)
     if cfg.reward_model.path:
         cfg.reward_model.path = resolve("reward_model.path", cfg.reward_model.path)
     if base is not None and cfg.cluster.python_path:

@@ -24,9 +24,12 @@ class ModelConfig(Section):
     path: Annotated[
         str,
         Meta(
-            description="Local Hugging Face directory (config.json, safetensors, tokenizer), relative to the config file or absolute; "
-            "a run's checkpoint (``checkpoints/step_N``, or the link ``checkpoints/latest``) works too. Empty: build the "
-            "tiny model (``tiny``) into ``RUN_DIR/model``. docs/your-model-and-data.md."
+            description="The policy: any causal LM of transformers (an encoder-decoder or an encoder is refused before any "
+            "process starts). A local Hugging Face directory (config.json, safetensors, tokenizer), relative to the config "
+            "file or absolute; a run's checkpoint (``checkpoints/step_N``, or the link ``checkpoints/latest``); or a Hugging "
+            "Face hub id ``org/name`` that is no existing path (``Qwen/Qwen3-0.6B``): its snapshot in the hub cache "
+            "(HF_HUB_CACHE, HF_HOME), downloaded there unless HF_HUB_OFFLINE is set, resolved once as the config loads. "
+            "Empty: build the tiny model (``tiny``) into ``RUN_DIR/model``. docs/your-model-and-data.md."
         ),
     ] = ""
     tiny: Annotated[

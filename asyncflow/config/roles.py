@@ -127,7 +127,8 @@ class RewardModelConfig(Section):
     path: Annotated[
         str,
         Meta(
-            description="Local Hugging Face directory of the model, relative to the config file or absolute. Empty: a classifier "
+            description="Local Hugging Face directory of the model, relative to the config file or absolute, or a hub id "
+            "``org/name`` (as ``model.path``; a judge must be a causal LM). Empty: a classifier "
             "is the tiny reward model of ``data.task``, trained for ``tiny_steps`` steps into ``RUN_DIR/reward_model``; a "
             "judge is the policy's starting model."
         ),
