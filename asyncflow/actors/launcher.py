@@ -645,6 +645,24 @@ def gateway_line(run_dir: Path, cfg: RunConfig) -> str:
     )
 
 
+def rollout_engine_line(cfg: RunConfig, model_dir: str) -> str:
+    """Which rollout engine the replicas build for ``model_dir`` and why (``auto``: the
+    model's family; ``engines.factory.resolve_rollout_type``). ConfigError where
+    ``type = "native"`` names a model the native engine does not implement."""
+    from asyncflow.config.load import ConfigError
+    from asyncflow.engines.factory import resolve_rollout_type
+
+    kind = cfg.rollout.engine.type
+    taken, why = resolve_rollout_type(kind, model_dir)
+    if kind == "native":
+        family_engine, reason = resolve_rollout_type("auto", model_dir)
+        if family_engine != "native":
+            raise ConfigError(
+                f'rollout.engine.type = "native": {reason}; set it to "auto" (or "hf": the model\'s own forward, slower)'
+            )
+    return f"rollout engine: {taken} ({why})"
+
+
 def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo, prepare_s: float = 0.0, restarts: list[dict] | None = None) -> dict:
     """One launch, to its end. ``restarts``: those of the earlier launches of this ``afctl up``
     (lost, then resumed automatically); this launch's are added to it however it ends, and
@@ -657,6 +675,7 @@ def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo, prepare_s: float = 0
         prompt_tokens: float | None = mean_prompt_tokens(cfg, launch.data_path, launch.base_model_dir)
     except (OSError, ValueError, KeyError):
         prompt_tokens = None  # launch_step_estimate says why below
+    click.echo(rollout_engine_line(cfg, launch.model_dir))
     click.echo(check(cfg, launch.model_dir, launch.reward_model_dir, prompt_tokens))
     estimate = launch_step_estimate(cfg, launch.model_dir, launch.data_path, launch.base_model_dir)
     timeout_s = stall_timeout_s(cfg.logging.hang_timeout_s, 0.0, estimate.seconds)
