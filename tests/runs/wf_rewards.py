@@ -43,3 +43,12 @@ def stop_and_aligned(prompts: list[str], responses: list[str], answers: list[str
         a, b = prompt.removesuffix("=").split("+")
         out.append(float(finish == "stop") + float(str(int(a) + int(b)) == answer))
     return out
+
+
+def scattered(prompts: list[str], responses: list[str], answers: list[str], finish_reasons: list[str]) -> list[float]:
+    """A deterministic reward spread over [0, 1) by the response text's CRC-32: two
+    different samples of an untrained model almost never tie, whatever their length or
+    characters (``length`` is constant when every response has the same length)."""
+    import zlib
+
+    return [zlib.crc32(r.encode()) % 1000 / 1000 for r in responses]
