@@ -325,6 +325,14 @@ def plan(
         click.echo("no plan fits in memory:")
         for item in _boundary(result.infeasible):
             click.echo(f"  {item.reason}")
+        node_share = model.num_params * 2 / hw.devices_per_node  # bf16 weights over one node's devices
+        if node_share > hw.memory_bytes * hw.usable_memory_fraction:
+            raise click.ClickException(
+                f"{model.name}'s weights are {_sig(node_share / GiB)} GiB per device even at tp {hw.devices_per_node} "
+                f"over a whole node of {hw.name} ({_sig(hw.memory_bytes * hw.usable_memory_fraction / GiB)} GiB usable): "
+                "a rollout instance is one node at most here (no pipeline or expert parallelism), so no device count "
+                "fits; use devices with more memory (--hardware) or a smaller model"
+            )
         raise click.ClickException("use more devices, a smaller model, or a shorter --max-response-len")
     for line in _table(result.plans):
         click.echo(line)

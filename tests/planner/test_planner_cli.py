@@ -147,3 +147,10 @@ def test_a_config_json_path_or_its_directory_is_a_model(tmp_path):
     for source in (tmp_path / "config.json", tmp_path):
         first = _run("--model", str(source), "--gpus", "32", "--top", "1").splitlines()[0]
         assert "46.7B params, 12.9B active per token" in first, first
+
+
+def test_a_model_whose_weights_outgrow_a_node_says_no_device_count_fits():
+    result = CliRunner().invoke(main, ["plan", "--model", "deepseek-v3", "--gpus", "1024"])
+    assert result.exit_code != 0
+    assert "even at tp 8 over a whole node of h100" in result.output and "no device count fits" in result.output, result.output
+    assert "use more devices" not in result.output
