@@ -297,3 +297,46 @@ def test_a_sliding_window_holds_at_most_the_window_in_its_local_layers():
     long, short = gemma.forward_flops_per_token(32768), gemma.forward_flops_per_token(1024)
     dense_attention_per_token = 4 * gemma.num_layers * gemma.q_dim
     assert long - short == pytest.approx(dense_attention_per_token * 10 / 62 * (32768 - 1024))
+
+
+def test_each_family_names_its_sliding_window_layers_its_own_way():
+    """Mistral 7B v0.1 windows every layer at 4096, Gemma 2 every other one (and counts its
+    four norms a layer: 9.24B), a config's layer_types lists them, and a Qwen config with
+    use_sliding_window windows the layers from max_window_layers on."""
+    base = {"num_hidden_layers": 8, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 100}
+    mistral = {
+        "model_type": "mistral",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "sliding_window": 4096,
+        "tie_word_embeddings": False,
+        "vocab_size": 32000,
+    }
+    gemma2 = {
+        "model_type": "gemma2",
+        "head_dim": 256,
+        "hidden_size": 3584,
+        "intermediate_size": 14336,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 42,
+        "num_key_value_heads": 8,
+        "sliding_window": 4096,
+        "vocab_size": 256000,
+    }
+    m = shape_from_hf_config(mistral, "m", "m")
+    assert (m.sliding_window, m.sliding_window_layers) == (4096, 32)
+    assert m.num_params / 1e9 == pytest.approx(7.24, rel=0.01)
+    g = shape_from_hf_config(gemma2, "g", "g")
+    assert (g.sliding_window, g.sliding_window_layers, g.norms_per_layer, g.tie_word_embeddings) == (4096, 21, 4, True)
+    assert g.num_params / 1e9 == pytest.approx(9.24, rel=0.01)
+    kinds = ["sliding_attention"] * 3 + ["full_attention"]
+    listed = shape_from_hf_config({**base, "model_type": "x", "sliding_window": 64, "layer_types": kinds * 2}, "x", "x")
+    assert (listed.sliding_window, listed.sliding_window_layers) == (64, 6)
+    qwen = {**base, "model_type": "qwen2", "sliding_window": 64, "max_window_layers": 6}
+    assert shape_from_hf_config({**qwen, "use_sliding_window": True}, "q", "q").sliding_window_layers == 2
+    assert shape_from_hf_config({**qwen, "use_sliding_window": False}, "q", "q").sliding_window == 0
+    v3 = shape_from_hf_config({**mistral, "sliding_window": None}, "v3", "v3")  # Mistral 7B v0.3: no window
+    assert (v3.sliding_window, v3.sliding_window_layers) == (0, 0)
