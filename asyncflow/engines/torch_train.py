@@ -33,7 +33,9 @@ Invariants:
 - Any causal LM of transformers trains (``engines/hf.py``): the decoder is the model's
   ``base_model``, the head its output embeddings, FSDP shards the family's decoder blocks
   (``_no_split_modules``), a tied head is saved once. Dropout is off (``no_dropout``): the
-  log-probs and ratios are the policy's, as the rollout computes them.
+  log-probs and ratios are the policy's, as the rollout computes them. ``share_prompts``
+  takes the padded path for a micro-batch as long as a sliding window (Gemma 3, Mistral):
+  the shared prompt's cache would keep only the window.
 - Checkpoints are Hugging Face directories: ``model.safetensors`` + config +
   tokenizer (loadable by transformers/vLLM as is), plus ``optimizer.pt``,
   ``value_head.safetensors`` (critic) and ``trainer_state.json``.
@@ -224,6 +226,19 @@ def no_dropout(lm: torch.nn.Module) -> None:
                 setattr(module, attr, 0.0)
 
 
+def sliding_window(config: Any) -> int | None:
+    """The window of the model's sliding-window attention layers, if it has any (Gemma 3's
+    ``layer_types``, Mistral's ``sliding_window``, not Qwen2's with ``use_sliding_window`` off)."""
+    text = config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    layer_types = getattr(text, "layer_types", None)
+    if not window or getattr(text, "use_sliding_window", True) is False:
+        return None
+    if layer_types is not None and not any("sliding" in str(t) for t in layer_types):
+        return None
+    return int(window)
+
+
 FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 """Linear layers some families fuse (Phi-3): adapted when any of their parts is named."""
 
@@ -330,6 +345,9 @@ class TorchTrainEngine(TrainEngine):
         self.net = _Net(lm, cfg.critic, cfg.seed)
         self.distributed = cfg.fsdp
         self.share_prompts = cfg.share_prompts and not cfg.critic  # a critic's values keep the padded path
+        self.window = sliding_window(lm.config)
+        """Sliding-window attention's window (None: none): a prompt's cache shared by its rows keeps
+        only that many tokens, so longer micro-batches take the padded path."""
         if cfg.fsdp:
             if not dist.is_initialized():
                 raise RuntimeError(
@@ -451,7 +469,8 @@ class TorchTrainEngine(TrainEngine):
     def _run(self, mb: _MicroBatch, temperature: float, with_entropy: bool, top_k: int = 0, top_p: float = 1.0) -> ForwardOutput:
         if mb.packed is not None:
             return self._run_packed(mb.packed.to(self.device), temperature, with_entropy, top_k, top_p)
-        shared = plan_shared(mb.batch) if self.share_prompts else None
+        fits = self.window is None or mb.batch.input_ids.shape[1] < self.window
+        shared = plan_shared(mb.batch) if self.share_prompts and fits else None
         if shared is not None:
             return self._run_shared(shared.to(self.device), temperature, with_entropy, top_k, top_p)
         ids = mb.batch.input_ids.to(self.device)

@@ -163,3 +163,15 @@ def test_fsdp_shards_the_decoder_blocks_of_a_family_without_a_model_layers_attri
     weights = dict(single.export_weights())
     for name, tensor in weights_of(loaded).items():
         assert torch.allclose(tensor, weights[name], atol=1e-5), name
+
+
+@pytest.mark.timeout(120)
+def test_shared_prompts_and_packing_give_the_padded_paths_logprobs_in_any_family(family_dir):
+    from test_shared_prompts import grouped_batch
+
+    b = grouped_batch(vocab=VOCAB)
+    want = build_train_engine(TrainEngineConfig(micro_batch_size=8), family_dir).forward(b).logp
+    resp = b.response_mask > 0
+    for option in (dict(share_prompts=True), dict(packing=True)):
+        got = build_train_engine(TrainEngineConfig(micro_batch_size=8, **option), family_dir).forward(b).logp
+        assert torch.allclose(got[resp], want[resp], atol=1e-4), option
