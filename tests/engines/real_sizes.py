@@ -15,6 +15,12 @@ and no real model could start): these shapes send such tensors down every path
   the llama3 rope scaling; the output head untied (Llama-3.2-1B ties it; untied, the
   separate ``lm_head`` of Llama-3.1-8B takes its own path) and the MLP narrow
   (intermediate 1,024, not 8,192: memory), so a float32 directory is 2.1 GB.
+- ``qwen3`` (Qwen3-0.6B's shape, 2 of its 28 layers): Qwen3ForCausalLM, vocabulary
+  151,936 x hidden 1,024, tied, 16 heads of 128 dims (2,048 wide: head_dim is not
+  hidden / heads), 8 key/value heads, q/k norms.
+- ``gemma3`` (Gemma 3 270M's shape, 2 of its 18 layers: a sliding one and a global
+  one): Gemma3ForCausalLM, vocabulary 262,144 x hidden 640 (168 M elements), tied,
+  4 heads of 256 dims, 1 key/value head, (1 + w) norms, a rope base per layer type.
 
 The tokenizer is the tiny models' character tokenizer (``toy/tiny.py``): its ~100
 ids are a prefix of the vocabulary; nothing here decodes a sampled id.
@@ -59,17 +65,78 @@ REAL_SHAPES: dict[str, dict] = {
             "original_max_position_embeddings": 8_192,
         },
     ),
+    "qwen3": dict(
+        arch="qwen3",
+        vocab_size=151_936,
+        hidden_size=1_024,
+        intermediate_size=3_072,
+        num_layers=2,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        max_position_embeddings=40_960,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+    ),
+    "gemma3": dict(
+        arch="gemma3_text",
+        vocab_size=262_144,
+        hidden_size=640,
+        intermediate_size=2_048,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=256,
+        max_position_embeddings=32_768,
+        tie_word_embeddings=True,
+        rope_parameters=None,  # Gemma3TextConfig's own: a local base for sliding layers, a global one
+    ),
 }
+
+_FAMILY_EXTRAS: dict[str, dict] = {
+    "qwen3": {},
+    "gemma3_text": dict(
+        query_pre_attn_scalar=256,
+        sliding_window=512,
+        layer_types=["sliding_attention", "full_attention"],
+        final_logit_softcapping=None,
+    ),
+}
+"""Config fields of the families ``toy/tiny.py``'s ``tiny_config`` does not build."""
 
 _built: dict[str, Path] = {}  # one directory per shape and session
 
 
 def real_size_config(kind: str):
     """The transformers config of ``kind`` (``REAL_SHAPES``), its architecture named."""
+    from transformers import AutoConfig
+
     from asyncflow.toy.tiny import tiny_config
 
     spec = dict(REAL_SHAPES[kind])
     tied, rope = spec.pop("tie_word_embeddings"), spec.pop("rope_parameters")
+    if spec["arch"] in _FAMILY_EXTRAS:
+        arch = spec.pop("arch")
+        config = AutoConfig.for_model(
+            arch,
+            vocab_size=spec["vocab_size"],
+            hidden_size=spec["hidden_size"],
+            intermediate_size=spec["intermediate_size"],
+            num_hidden_layers=spec["num_layers"],
+            num_attention_heads=spec["num_heads"],
+            num_key_value_heads=spec["num_kv_heads"],
+            head_dim=spec["head_dim"],
+            max_position_embeddings=spec["max_position_embeddings"],
+            tie_word_embeddings=tied,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+            **_FAMILY_EXTRAS[arch],
+        )
+        if rope is not None:
+            config.rope_parameters = rope
+        config.architectures = [{"qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}[arch]]
+        return config
     config = tiny_config(**spec)
     config.tie_word_embeddings = tied
     config.rope_parameters = rope
@@ -103,7 +170,9 @@ def make_real_size_model(out_dir: str | Path, kind: str, seed: int = 0) -> Path:
         shapes = AutoModelForCausalLM.from_config(config)  # names and shapes only: no memory, no init
     g = torch.Generator().manual_seed(seed)
     weights = {
-        name: torch.ones(p.shape) if name.endswith("norm.weight") else torch.empty(p.shape).normal_(0.0, 0.02, generator=g)
+        name: _norm_init(name, p.shape, config)
+        if name.endswith("norm.weight")
+        else torch.empty(p.shape).normal_(0.0, 0.02, generator=g)
         for name, p in shapes.named_parameters()  # a tied head is the embedding: named once
     }
     out = Path(out_dir)
@@ -112,6 +181,12 @@ def make_real_size_model(out_dir: str | Path, kind: str, seed: int = 0) -> Path:
     config.save_pretrained(out)
     build_char_tokenizer().save_pretrained(out)
     return out
+
+
+def _norm_init(name: str, shape, config) -> torch.Tensor:
+    """A norm's weight as the family initialises it: ones, or zeros where the family
+    scales by (1 + weight) (Gemma)."""
+    return torch.zeros(shape) if config.model_type.startswith("gemma") else torch.ones(shape)
 
 
 def real_size_model(kind: str, tmp_path_factory) -> Path:

@@ -62,7 +62,7 @@ class Real:
         return self._snapshot
 
 
-@pytest.fixture(scope="module", params=["qwen", pytest.param("llama", marks=pytest.mark.slow)])
+@pytest.fixture(scope="module", params=["qwen", "qwen3", "gemma3", pytest.param("llama", marks=pytest.mark.slow)])
 def real(request, tmp_path_factory):
     model_dir = real_size_model(request.param, tmp_path_factory)
     trainer = build_train_engine(TrainEngineConfig(lr=1e-3, micro_batch_size=4), model_dir)
