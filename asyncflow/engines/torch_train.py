@@ -393,11 +393,13 @@ class TorchTrainEngine(TrainEngine):
         from asyncflow.engines.digest import sample_index
 
         spec = self.cfg.lora
+        self.lora_targets = lora_targets(lm, spec.target_modules)
+        """``lora.target_modules`` under this model's names (a fused layer for its parts)."""
         peft_cfg = LoraConfig(
             r=spec.rank,
             lora_alpha=spec.alpha,  # type: ignore[arg-type]  # peft annotates int; it takes any number (alpha / r)
             lora_dropout=spec.dropout,
-            target_modules=lora_targets(lm, spec.target_modules),
+            target_modules=self.lora_targets,
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.cfg.seed)
@@ -412,7 +414,7 @@ class TorchTrainEngine(TrainEngine):
         self.adapted = sorted(n.removesuffix(".base_layer") for n, _ in lm.named_modules() if n.endswith(".base_layer"))
         if not self.adapted:
             raise ValueError(f"lora.target_modules = {list(spec.target_modules)} matched no layer of the model")
-        log.info("LoRA rank %d on %d layers (%s)", spec.rank, len(self.adapted), ", ".join(spec.target_modules))
+        log.info("LoRA rank %d on %d layers (%s)", spec.rank, len(self.adapted), ", ".join(self.lora_targets))
 
     def adapters(self) -> dict[str, Adapter]:
         """This engine's adapters by Hugging Face module name, whole (a gather under
@@ -723,7 +725,7 @@ class TorchTrainEngine(TrainEngine):
         spec = self.cfg.lora
         # trained norms are in this checkpoint's model.safetensors: the adapter's base is then this directory
         base_model = str(out.resolve()) if spec.train_norms else str(self.model_dir)
-        save_adapter(out / ADAPTER_DIR, adapters, spec.rank, spec.alpha, spec.dropout, spec.target_modules, base_model)
+        save_adapter(out / ADAPTER_DIR, adapters, spec.rank, spec.alpha, spec.dropout, self.lora_targets, base_model)
         if spec.save_merged:
             merged = dict(base)
             for module, adapter in adapters.items():

@@ -175,3 +175,22 @@ def test_shared_prompts_and_packing_give_the_padded_paths_logprobs_in_any_family
     for option in (dict(share_prompts=True), dict(packing=True)):
         got = build_train_engine(TrainEngineConfig(micro_batch_size=8, **option), family_dir).forward(b).logp
         assert torch.allclose(got[resp], want[resp], atol=1e-4), option
+
+
+@pytest.mark.timeout(120)
+def test_a_lora_checkpoint_of_a_fused_family_names_the_fused_layers_peft_loads_it_onto(tmp_path):
+    import json
+
+    from peft import PeftModel
+
+    phi3 = save_family("phi3", tmp_path / "phi3")
+    trainer = build_train_engine(TrainEngineConfig(lr=1e-2, micro_batch_size=2, lora=LoraConfig(rank=2)), phi3)
+    trainer.train_step(batch(), nll)
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    adapter = tmp_path / "ckpt" / "adapter"
+    assert sorted(json.loads((adapter / "adapter_config.json").read_text())["target_modules"]) == ["o_proj", "qkv_proj"]
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(phi3, dtype=torch.float32), adapter)
+    modules = dict(peft.named_modules())
+    for name, want in trainer.adapters().items():  # type: ignore[attr-defined]
+        got = modules["base_model.model." + name].lora_B["default"].weight
+        assert torch.equal(got, want.B_OR) and want.B_OR.abs().sum() > 0, name
