@@ -41,12 +41,14 @@ from asyncflow.engines.kv_cache import KVBlockPool
 
 
 def _rms_norm(x: torch.Tensor, norm: Any, offset: float) -> torch.Tensor:
-    """An HF RMSNorm module applied with its own eps; the weight plus ``offset``."""
+    """An HF RMSNorm module applied with its own eps, scaling by ``offset + weight``."""
     eps = getattr(norm, "variance_epsilon", None)
     if eps is None:
         eps = norm.eps
-    weight = norm.weight if offset == 0.0 else norm.weight + offset
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    if offset == 0.0:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, eps)
+    # (1 + w) in float32, as Gemma computes it: w is small, and 1 + w in bfloat16 keeps 8 bits of it
+    return F.rms_norm(x.float(), (x.shape[-1],), norm.weight.float() + offset, eps).to(x.dtype)
 
 
 @dataclass
