@@ -95,6 +95,7 @@ CONCRETE_ENGINES = tuple(
         "native_rollout",
         "native_model",
         "hf_rollout",
+        "hf_cache",
         "kv_cache",
         "vllm_rollout",
         "vllm_worker",

@@ -3,37 +3,39 @@ cache (``rollout.engine.type = "hf"``, and what ``"auto"`` takes for a model the
 engine does not implement: ``engines/families``). The slow fallback: any causal LM that
 ``AutoModelForCausalLM`` builds, under the native engine's contract.
 
-Each sample of each prompt is a sequence. Sequences admitted together from one prompt
-form a cohort that owns one transformers ``Cache`` with a row per sequence. The
+Each sample of each prompt is a sequence; sequences that share a cache form a batch.
+How they may share one is the cache's layout (``engines/hf_cache.py``): with plain
+key/value layers (most models) every running sequence is a row of one batch, left-padded
+to the longest, with an attention mask and each row's own position ids; with sliding
+windows only the samples of one prompt admitted together (always of one length) share
+one; with linear-attention or state space layers every sequence has its own. The
 scheduler loop, one iteration per ``HFStream.step`` (the native engine's):
 1. admit waiting sequences, in order, while a row is free (``max_batch_size``, or the
-   stream's ``max_running``) and the KV budget can reserve the sequence's worst case
-   (``prompt_len + max_new_tokens - 1`` tokens at ``kv_bytes_per_token``, measured on the
-   model's own cache at start);
-2. prefill: each distinct prompt among the admitted runs once, a batch of one; its
-   cache is repeated for its samples (``Cache.batch_repeat_interleave``), which sample
-   their first tokens from its last logits (one ``sample`` call over every admitted
-   sequence, in admission order);
-3. decode: each cohort feeds the last token of each of its rows in one forward on its
+   stream's ``max_running``) and the KV budget holds the running sequences' worst case
+   with it (each at ``prompt_len + max_new_tokens - 1`` tokens, padded ones all at the
+   longest of them, at ``kv_bytes_per_token`` measured on the model's own cache at start);
+2. prefill: each distinct prompt among the admitted runs once, a batch of one with no
+   padding; its cache is repeated for its samples (``Cache.batch_repeat_interleave``),
+   which sample their first tokens from its last logits (one ``sample`` call over every
+   admitted sequence, in admission order); with plain layers they then join the batch;
+3. decode: each batch feeds the last token of each of its rows in one forward on its
    cache; one ``sample`` call over every running sequence;
 4. a sequence that sampled a stop token or reached its ``max_new_tokens`` leaves: its row
-   is dropped from its cohort's cache (``Cache.batch_select_indices``) and its
-   reservation returned, so waiting sequences join on the next iteration.
-
-A model whose cache is not made of plain key/value layers (a linear-attention or state
-space hybrid, which those two cache methods do not reshape) runs every sequence as a
-cohort of its own: nothing is shared or dropped, only released whole.
+   is dropped from its batch's cache (``Cache.batch_select_indices``, then the padding
+   every row still has), its reservation returned, so waiting sequences join on the next
+   iteration.
 
 Invariants:
-- No padding: the rows of a cohort always have the same length, so each forward is the
-  model's own on unpadded sequences (its default positions and causal mask), and the
-  log-probs are ``log_softmax(logits / temperature)`` of the sampled token before
-  top-k/top-p truncation, as ``engines/sampling.py`` gives them (the native engine's;
-  the training engine's within 1e-4 at temperature 1 in float32).
-- KV memory: reservations are worst case and stay within ``kv_cache_bytes`` (or the
-  fraction of free device memory; 64 MiB without either); a sequence that could never
-  fit, or whose length passes the model's ``max_position_embeddings``, is refused by
-  ``add`` before anything runs, naming the setting.
+- A row's tokens sit at their own positions and attend exactly to their sequence's
+  earlier tokens (padding is masked, and prompts run unpadded), so the log-probs are
+  ``log_softmax(logits / temperature)`` of the sampled token before top-k/top-p
+  truncation, as ``engines/sampling.py`` gives them (the native engine's; the training
+  engine's within 1e-4 at temperature 1 in float32).
+- KV memory: reservations are worst case (padding included) and stay within
+  ``kv_cache_bytes`` (or the fraction of free device memory; 64 MiB without either;
+  the copies a cache's growth makes in passing are not counted); a sequence that could
+  never fit, or whose length passes the model's ``max_position_embeddings``, is refused
+  by ``add`` before anything runs, naming the setting.
 - Completions come back ordered by (prompt, sample) from ``generate``.
 - Weights load in place; ``version`` changes only in ``load_weights``. In a stream
   (partial rollout) a running sequence keeps the cache its old weights computed: the
@@ -51,16 +53,16 @@ Invariants:
 from __future__ import annotations
 
 import inspect
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
 from asyncflow.core.phases import phase
+from asyncflow.engines import hf_cache
 from asyncflow.engines.base import Completion, RolloutEngine, RolloutStream
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
 from asyncflow.engines.device import free_memory_bytes, set_cpu_threads, torch_device, torch_dtype
@@ -79,18 +81,20 @@ class _Seq:
     sample_index: int
     prompt: list[int]
     max_new: int
-    reserved: int = 0  # KV bytes reserved for it while admitted
+    worst: int = 0  # tokens reserved for it while admitted (prompt + max_new - 1), 0 when not
     out_ids: list[int] = field(default_factory=list)
     out_logps: list[float] = field(default_factory=list)
     out_versions: list[int] = field(default_factory=list)
 
 
 @dataclass
-class _Cohort:
-    """Sequences of one prompt admitted together: row ``i`` of ``cache`` is ``seqs[i]``'s."""
+class _Batch:
+    """Sequences sharing one cache: row ``i`` is ``seqs[i]``'s, left-padded by ``pads[i]``
+    columns (the padded layout; 0 in the others)."""
 
     seqs: list[_Seq]
     cache: Any  # a transformers Cache with len(seqs) rows
+    pads: list[int]
 
 
 @dataclass
@@ -98,7 +102,7 @@ class HFStats:
     """What the last ``generate`` (or a stream) did, in the native engine's terms."""
 
     num_steps: int = 0
-    """Decode iterations (each runs one forward per cohort)."""
+    """Decode iterations (each runs one forward per batch: one in the padded layout)."""
     decode_rows: int = 0
     """Sequences decoded, summed over the decode iterations."""
     num_prefills: int = 0
@@ -115,34 +119,6 @@ class HFStats:
     """Most KV bytes reserved at once; never above the budget."""
 
 
-def _tensor_bytes(obj: Any, depth: int = 0) -> int:
-    """Bytes of the tensors in a cache layer's attributes (tensors, dicts, lists)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if depth > 3:
-        return 0
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(v, depth + 1) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v, depth + 1) for v in obj)
-    return 0
-
-
-def _cache_bytes(cache: Any) -> int:
-    layers = getattr(cache, "layers", None)
-    if layers is None:  # a legacy tuple of (key, value) per layer
-        return _tensor_bytes(cache)
-    return sum(_tensor_bytes(vars(layer)) for layer in layers)
-
-
-def _reshapable(cache: Any) -> bool:
-    """Whether rows of this cache can be repeated and dropped: plain key/value layers."""
-    layers: list[Any] = getattr(cache, "layers", None) or []
-    return bool(layers) and all(
-        isinstance(layer, DynamicLayer) and not isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers
-    )
-
-
 class HFRolloutEngine(RolloutEngine):
     def __init__(self, cfg: RolloutEngineConfig, model_dir: str | Path, version: int = 0):
         set_cpu_threads(cfg.num_threads)
@@ -156,9 +132,10 @@ class HFRolloutEngine(RolloutEngine):
         accepted = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in accepted else "past_key_values"
         self._keep_last = "logits_to_keep" in accepted
-        self.kv_fixed_bytes, self.kv_bytes_per_token, self.shares_cache = self._measure_cache()
+        self._takes_mask = "attention_mask" in accepted and "position_ids" in accepted
+        self.kv_fixed_bytes, self.kv_bytes_per_token, self.layout = self._measure_cache()
         self.budget_bytes = self._budget_bytes(cfg)
-        self.reserved_bytes = 0
+        self._held: Counter[int] = Counter()  # worst-case lengths of the admitted sequences
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self._version = version
         self.stats = HFStats()
@@ -175,12 +152,20 @@ class HFRolloutEngine(RolloutEngine):
         return cfg.kv_cache_bytes if cfg.kv_cache_bytes is not None else DEFAULT_KV_CACHE_BYTES
 
     @torch.inference_mode()
-    def _forward(self, ids_BQ: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+    def _forward(self, ids_BQ: torch.Tensor, cache: Any, pads: list[int] | None = None) -> tuple[torch.Tensor, Any]:
         """The model on ``ids_BQ`` after ``cache`` (None: from the start): the logits of
-        the last position of each row [B, V], and the cache grown by ``ids_BQ``."""
+        the last position of each row [B, V], and the cache grown by ``ids_BQ``. With
+        ``pads`` (the padded layout): row ``b``'s first ``pads[b]`` columns are masked and
+        its positions count from the column after them."""
         kw: dict[str, Any] = {"input_ids": ids_BQ, "use_cache": True}
         if cache is not None:
             kw[self._cache_arg] = cache
+        if pads is not None and any(pads):
+            past = hf_cache.width(cache) if cache is not None else 0
+            cols_K = torch.arange(past + ids_BQ.shape[1], device=self.device)
+            pad_B1 = torch.tensor(pads, device=self.device).unsqueeze(1)
+            kw["attention_mask"] = (cols_K >= pad_B1).long()
+            kw["position_ids"] = cols_K[past:] - pad_B1
         if self._keep_last:
             kw["logits_to_keep"] = 1
         out = self.model(**kw)
@@ -194,20 +179,31 @@ class HFRolloutEngine(RolloutEngine):
             )
         return out.logits[:, -1], grown
 
-    def _measure_cache(self) -> tuple[int, int, bool]:
-        """(bytes a sequence's cache holds whatever its length, bytes per token, whether
-        its rows can be repeated and dropped), from the model's own cache of one token
-        and of two."""
+    def _measure_cache(self) -> tuple[int, int, hf_cache.Layout]:
+        """(bytes a sequence's cache holds whatever its length, bytes per token, its
+        layout), from the model's own cache of one token and of two."""
         ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
         _, cache = self._forward(ids, None)
-        one = _cache_bytes(cache)
+        one = hf_cache.cache_bytes(cache)
         _, cache = self._forward(ids, cache)
-        per_token = max(_cache_bytes(cache) - one, 0)
-        return max(one - per_token, 0), per_token, _reshapable(cache)
+        per_token = max(hf_cache.cache_bytes(cache) - one, 0)
+        return max(one - per_token, 0), per_token, hf_cache.layout(cache, self._takes_mask)
 
     def kv_bytes(self, num_tokens: int) -> int:
-        """The bytes a sequence of ``num_tokens`` fed tokens reserves."""
+        """The bytes a sequence of ``num_tokens`` fed tokens holds."""
         return self.kv_fixed_bytes + self.kv_bytes_per_token * num_tokens
+
+    def _held_bytes(self, held: Counter[int]) -> int:
+        """The worst case of sequences of these worst-case lengths: padded ones each at the longest."""
+        rows = sum(held.values())
+        if self.layout == "padded":
+            return rows * self.kv_bytes(max(held)) if rows else 0
+        return sum(self.kv_bytes(length) * count for length, count in held.items())
+
+    @property
+    def reserved_bytes(self) -> int:
+        """KV bytes the admitted sequences may come to hold (their worst case)."""
+        return self._held_bytes(self._held)
 
     @property
     def version(self) -> int:
@@ -271,16 +267,19 @@ class HFRolloutEngine(RolloutEngine):
         return HFStream(self, params, max_running)
 
     def _reserve(self, q: _Seq) -> bool:
-        need = self.kv_bytes(len(q.prompt) + q.max_new - 1)
-        if self.reserved_bytes + need > self.budget_bytes:
+        """Hold ``q``'s worst case; False (nothing held) when the budget cannot."""
+        worst = len(q.prompt) + q.max_new - 1
+        self._held[worst] += 1
+        if self._held_bytes(self._held) > self.budget_bytes:
+            self._held -= Counter({worst: 1})
             return False
-        q.reserved = need
-        self.reserved_bytes += need
+        q.worst = worst
         return True
 
     def _release(self, q: _Seq) -> None:
-        self.reserved_bytes -= q.reserved
-        q.reserved = 0
+        if q.worst:
+            self._held -= Counter({q.worst: 1})
+            q.worst = 0
 
     def _append(self, seqs: list[_Seq], logits_BV: torch.Tensor, params: SamplingParams) -> None:
         with phase("sample"):
@@ -290,34 +289,34 @@ class HFRolloutEngine(RolloutEngine):
             q.out_logps.append(lp)
             q.out_versions.append(self._version)
 
-    def _prefill(self, seqs: list[_Seq], params: SamplingParams) -> list[_Cohort]:
-        """Run each distinct prompt of ``seqs`` once (each sequence alone where the cache
-        cannot share rows), give its samples a copy of its cache, and sample every
-        sequence's first token; returns the new cohorts."""
+    def _prefill(self, seqs: list[_Seq], params: SamplingParams) -> list[_Batch]:
+        """Run each distinct prompt of ``seqs`` once, unpadded (each sequence alone in the
+        single layout), give its samples a copy of its cache, and sample every sequence's
+        first token; returns a batch per prompt."""
+        key = [q.prompt_index if self.layout != "single" else -1 - i for i, q in enumerate(seqs)]
         groups: dict[int, list[_Seq]] = {}
-        for i, q in enumerate(seqs):
-            groups.setdefault(q.prompt_index if self.shares_cache else -1 - i, []).append(q)
-        cohorts, last = [], {}
+        for k, q in zip(key, seqs):
+            groups.setdefault(k, []).append(q)
+        batches, last = [], {}
         with phase("prefill_model"):
-            for key, members in groups.items():
+            for k, members in groups.items():
                 ids = torch.tensor([members[0].prompt], dtype=torch.long, device=self.device)
-                last[key], cache = self._forward(ids, None)
+                last[k], cache = self._forward(ids, None)
                 if len(members) > 1:
                     cache.batch_repeat_interleave(len(members))
-                cohorts.append(_Cohort(members, cache))
-        keys = [q.prompt_index if self.shares_cache else -1 - i for i, q in enumerate(seqs)]
-        self._append(seqs, torch.cat([last[k] for k in keys]), params)
-        return cohorts
+                batches.append(_Batch(members, cache, [0] * len(members)))
+        self._append(seqs, torch.cat([last[k] for k in key]), params)
+        return batches
 
-    def _decode(self, cohorts: list[_Cohort], params: SamplingParams) -> None:
-        """One token for every running sequence: a forward per cohort, one ``sample``."""
+    def _decode(self, batches: list[_Batch], params: SamplingParams) -> None:
+        """One token for every running sequence: a forward per batch, one ``sample``."""
         logits = []
         with phase("decode_model"):
-            for cohort in cohorts:
-                ids = torch.tensor([[q.out_ids[-1]] for q in cohort.seqs], dtype=torch.long, device=self.device)
-                logits_BV, cohort.cache = self._forward(ids, cohort.cache)
+            for b in batches:
+                ids = torch.tensor([[q.out_ids[-1]] for q in b.seqs], dtype=torch.long, device=self.device)
+                logits_BV, b.cache = self._forward(ids, b.cache, b.pads if self.layout == "padded" else None)
                 logits.append(logits_BV)
-        self._append([q for c in cohorts for q in c.seqs], torch.cat(logits), params)
+        self._append([q for b in batches for q in b.seqs], torch.cat(logits), params)
 
     def close(self) -> None:
         del self.model
@@ -335,13 +334,13 @@ class HFStream(RolloutStream):
         self.stop = set(params.stop_token_ids)
         self.max_rows = min(engine.cfg.max_batch_size, max_running or engine.cfg.max_batch_size)
         self.waiting: deque[_Seq] = deque()
-        self.cohorts: list[_Cohort] = []
+        self.batches: list[_Batch] = []
         self.stats = HFStats()
         self.num_prompts = 0
 
     @property
     def num_running(self) -> int:
-        return sum(len(c.seqs) for c in self.cohorts)
+        return sum(len(b.seqs) for b in self.batches)
 
     @property
     def num_active(self) -> int:
@@ -379,20 +378,34 @@ class HFStream(RolloutStream):
             self.num_prompts += 1
         return indices
 
-    def _leave(self, cohort: _Cohort, done: list[_Seq]) -> None:
-        """Sequences of ``cohort`` that finished leave it (and its cache)."""
-        keep = [i for i, q in enumerate(cohort.seqs) if not (q.out_ids[-1] in self.stop or len(q.out_ids) >= q.max_new)]
-        if len(keep) == len(cohort.seqs):
+    def _leave(self, batch: _Batch, done: list[_Seq]) -> None:
+        """Sequences of ``batch`` that finished leave it (their rows of its cache, then the
+        padding every row left still has)."""
+        keep = [i for i, q in enumerate(batch.seqs) if not (q.out_ids[-1] in self.stop or len(q.out_ids) >= q.max_new)]
+        if len(keep) == len(batch.seqs):
             return
-        for i, q in enumerate(cohort.seqs):
+        for i, q in enumerate(batch.seqs):
             if i not in keep:
                 self.engine._release(q)
                 done.append(q)
-        if keep:
-            cohort.cache.batch_select_indices(torch.tensor(keep, device=self.engine.device))
-            cohort.seqs = [cohort.seqs[i] for i in keep]
-        else:
-            cohort.seqs, cohort.cache = [], None
+        if not keep:
+            batch.seqs, batch.cache, batch.pads = [], None, []
+            return
+        batch.cache.batch_select_indices(torch.tensor(keep, device=self.engine.device))
+        batch.seqs = [batch.seqs[i] for i in keep]
+        common = min(batch.pads[i] for i in keep)
+        hf_cache.crop_left(batch.cache, common)
+        batch.pads = [batch.pads[i] - common for i in keep]
+
+    def _join(self, new: list[_Batch]) -> None:
+        """New batches run beside the others; in the padded layout their rows join the one batch."""
+        for b in new:
+            if self.engine.layout == "padded" and self.batches:
+                into = self.batches[0]
+                into.pads = hf_cache.merge(into.cache, into.pads, b.cache, b.pads)
+                into.seqs += b.seqs
+            else:
+                self.batches.append(b)
 
     def step(self) -> list[Completion]:
         engine, stats = self.engine, self.stats
@@ -413,19 +426,19 @@ class HFStream(RolloutStream):
                 raise
             stats.num_prefills += len(new)
             stats.prefill_rows += len(new)
-            stats.prefill_tokens += sum(len(c.seqs[0].prompt) for c in new)
-            for cohort in new:
-                self._leave(cohort, done)
-            self.cohorts.extend(c for c in new if c.seqs)
+            stats.prefill_tokens += sum(len(b.seqs[0].prompt) for b in new)
+            for b in new:
+                self._leave(b, done)
+            self._join([b for b in new if b.seqs])
         running = self.num_running
         stats.max_running = max(stats.max_running, running)
-        if self.cohorts:
-            engine._decode(self.cohorts, self.params)
+        if self.batches:
+            engine._decode(self.batches, self.params)
             stats.num_steps += 1
             stats.decode_rows += running
-            for cohort in self.cohorts:
-                self._leave(cohort, done)
-            self.cohorts = [c for c in self.cohorts if c.seqs]
+            for b in self.batches:
+                self._leave(b, done)
+            self.batches = [b for b in self.batches if b.seqs]
         return [
             Completion(
                 prompt_index=q.prompt_index,
@@ -441,8 +454,8 @@ class HFStream(RolloutStream):
 
     def close(self) -> None:
         # an error mid-generation must not leak reservations into the next call
-        for cohort in self.cohorts:
-            for q in cohort.seqs:
+        for b in self.batches:
+            for q in b.seqs:
                 self.engine._release(q)
-        self.cohorts = []
+        self.batches = []
         self.waiting.clear()

@@ -25,10 +25,18 @@ def neox_dir(tmp_path_factory):
     return make_tiny_neox(tmp_path_factory.mktemp("neox"))
 
 
-def hf_engine(model_dir, version: int = 0, **kw):
+LAYOUTS = ["padded", "cohorts", "single"]
+"""How sequences share caches (engines/hf_cache.py): both tiny models' caches allow all three."""
+
+
+def hf_engine(model_dir, version: int = 0, layout: str | None = None, **kw):
     cfg = dict(type="hf", max_batch_size=8, kv_cache_bytes=1 << 20)
     cfg.update(kw)
-    return build_rollout_engine(RolloutEngineConfig(**cfg), model_dir, version=version)
+    engine = build_rollout_engine(RolloutEngineConfig(**cfg), model_dir, version=version)
+    assert engine.layout == "padded"  # plain key/value layers: every running sequence in one left-padded batch
+    if layout is not None:
+        engine.layout = layout  # what a sliding-window (cohorts) or state space (single) model's cache would take
+    return engine
 
 
 def _model(model_dir, weights=None):
@@ -61,10 +69,11 @@ def _logps_on_kept_kv(old, new, prompt, response, fed_before_swap):
     return torch.log_softmax(logits, dim=-1)[torch.arange(len(rest) - 1), torch.tensor(rest[1:])]
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("arch_dir", ["qwen2_dir", "neox_dir"])
-def test_the_hf_engines_logprobs_are_the_training_engines_at_temperature_one_in_fp32(arch_dir, request):
+def test_the_hf_engines_logprobs_are_the_training_engines_at_temperature_one_in_fp32(arch_dir, layout, request):
     model_dir = request.getfixturevalue(arch_dir)
-    rollout = hf_engine(model_dir, max_batch_size=12)
+    rollout = hf_engine(model_dir, layout=layout, max_batch_size=12)
     out = rollout.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=20, n=3, stop_token_ids=(EOS, 40, 41), seed=1))
     assert [(c.prompt_index, c.sample_index) for c in out] == [(p, s) for p in range(4) for s in range(3)]
     trainer = build_train_engine(TrainEngineConfig(micro_batch_size=5), model_dir)
@@ -75,7 +84,7 @@ def test_the_hf_engines_logprobs_are_the_training_engines_at_temperature_one_in_
         recomputed = logp_BT[b, start : start + len(c.response_ids)]
         assert torch.allclose(recomputed, torch.tensor(c.logprobs), atol=1e-4, rtol=0)
     # admitted together, the samples of a prompt share its prefill (one forward per prompt) and still draw their own tokens
-    assert rollout.stats.prefill_rows == 4
+    assert rollout.stats.prefill_rows == (12 if layout == "single" else 4)
     assert all(len({tuple(c.response_ids) for c in out if c.prompt_index == p}) > 1 for p in range(4))
 
 
@@ -124,11 +133,12 @@ def test_top_k_one_is_greedy_and_the_same_seed_repeats_samples(neox_dir):
     assert [c.response_ids for c in a] == [c.response_ids for c in b]
 
 
-def test_a_stream_continues_its_sequences_across_a_swap_with_each_token_from_its_own_weights(neox_dir):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_stream_continues_its_sequences_across_a_swap_with_each_token_from_its_own_weights(neox_dir, layout):
     """The native engine's semantics: a sequence keeps the KV cache its old weights computed;
     the tokens after the swap are sampled by the new weights attending to those old keys and
     values (the last token sampled before the swap is fed under the new weights)."""
-    engine = hf_engine(neox_dir, version=3)
+    engine = hf_engine(neox_dir, version=3, layout=layout)
     new_weights = _perturbed(neox_dir)
     stream = engine.open_stream(SamplingParams(n=2, max_new_tokens=12, stop_token_ids=(), seed=7))
     stream.add(PROMPTS[:2])
@@ -153,8 +163,9 @@ def test_a_stream_continues_its_sequences_across_a_swap_with_each_token_from_its
         assert not torch.allclose(got[5:], lp_new[5:], atol=1e-2)
 
 
-def test_a_prompt_joins_a_running_stream_with_its_own_count_and_length(neox_dir):
-    engine = hf_engine(neox_dir, version=3)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_prompt_joins_a_running_stream_with_its_own_count_and_length(neox_dir, layout):
+    engine = hf_engine(neox_dir, version=3, layout=layout)
     stream = engine.open_stream(SamplingParams(n=2, max_new_tokens=6, stop_token_ids=(), seed=3))
     assert stream.add(PROMPTS[:1]) == [0]
     got = stream.step()
@@ -166,6 +177,26 @@ def test_a_prompt_joins_a_running_stream_with_its_own_count_and_length(neox_dir)
     assert lengths == [(0, 0, 6), (0, 1, 6), (1, 0, 3)]
     assert all(c.token_versions == [3] * len(c.response_ids) for c in got)
     assert engine.reserved_bytes == 0
+    model = _model(neox_dir)  # the joiner (a shorter prompt, left-padded in the shared batch) scores as alone
+    for c in got:
+        assert torch.allclose(torch.tensor(c.logprobs), _logps(model, PROMPTS[c.prompt_index], c.response_ids), atol=1e-4)
+
+
+def test_sequences_of_different_lengths_decode_together_in_one_forward(neox_dir):
+    rollout = hf_engine(neox_dir, max_batch_size=16)
+    forwards = []
+    inner = rollout._forward
+
+    def counted(ids, cache, pads=None):
+        forwards.append((ids.shape[0], cache is None))
+        return inner(ids, cache, pads)
+
+    rollout._forward = counted
+    out = rollout.generate(PROMPTS, SamplingParams(max_new_tokens=6, n=2, stop_token_ids=(), seed=1))
+    assert len(out) == 8
+    prefills, decodes = [f for f in forwards if f[1]], [f for f in forwards if not f[1]]
+    assert len(prefills) == 4  # a prompt each, its two samples sharing it
+    assert [rows for rows, _ in decodes] == [8] * 5  # 4 prompts of 3 to 20 tokens, 8 rows, one forward a token
 
 
 def test_a_stream_never_decodes_more_than_max_running_sequences(neox_dir):
