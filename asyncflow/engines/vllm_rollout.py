@@ -98,7 +98,7 @@ WORKER_EXTENSION = f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qua
 def _require(module: str, extra: str) -> None:
     if importlib.util.find_spec(module) is None:
         raise RuntimeError(
-            f"rollout engine needs {module!r}: pip install -e '.[{extra}]' (in the asyncflow checkout), or set type = \"native\""
+            f"rollout engine needs {module!r}: pip install -e '.[{extra}]' (in the asyncflow checkout), or set type = \"auto\""
         )
 
 
