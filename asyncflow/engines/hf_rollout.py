@@ -182,7 +182,8 @@ class HFRolloutEngine(RolloutEngine):
     def _measure_cache(self) -> tuple[int, int, hf_cache.Layout]:
         """(bytes a sequence's cache holds whatever its length, bytes per token, its
         layout), from the model's own cache of one token and of two."""
-        ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+        token = 1 if getattr(self.model.config, "pad_token_id", None) == 0 else 0  # not padding (transformers warns)
+        ids = torch.full((1, 1), token, dtype=torch.long, device=self.device)
         _, cache = self._forward(ids, None)
         one = hf_cache.cache_bytes(cache)
         _, cache = self._forward(ids, cache)

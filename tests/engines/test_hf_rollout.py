@@ -199,6 +199,53 @@ def test_sequences_of_different_lengths_decode_together_in_one_forward(neox_dir)
     assert [rows for rows, _ in decodes] == [8] * 5  # 4 prompts of 3 to 20 tokens, 8 rows, one forward a token
 
 
+def _tiny(tmp_path, config):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.15)
+    model.save_pretrained(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "family,layout",
+    [
+        ("bloom", "cohorts"),  # alibi from the attention mask, no position ids: a prompt's samples share a cache, unpadded
+        ("lfm2", "single"),  # convolution layers beside attention: a cache of one sequence each
+    ],
+)
+def test_a_model_whose_cache_cannot_be_padded_shares_what_it_can_and_its_logprobs_hold(tmp_path, family, layout):
+    import transformers
+
+    common = dict(vocab_size=80, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "bloom":
+        config = transformers.BloomConfig(hidden_size=64, n_layer=2, n_head=4, **common)
+    else:
+        config = transformers.Lfm2Config(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            layer_types=["conv", "full_attention"],
+            **common,
+        )
+    model_dir = _tiny(tmp_path / family, config)
+    assert resolve_rollout_type("auto", model_dir)[0] == "hf"
+    rollout = build_rollout_engine(RolloutEngineConfig(max_batch_size=16, kv_cache_bytes=1 << 20), model_dir)
+    assert rollout.layout == layout
+    out = rollout.generate(PROMPTS, SamplingParams(max_new_tokens=10, n=2, stop_token_ids=(EOS, 40, 41), seed=1))
+    assert len(out) == 8 and rollout.reserved_bytes == 0
+    assert rollout.stats.prefill_rows == (4 if layout == "cohorts" else 8)
+    model = _model(model_dir)
+    for c in out:
+        assert torch.allclose(torch.tensor(c.logprobs), _logps(model, PROMPTS[c.prompt_index], c.response_ids), atol=1e-4)
+
+
 def test_a_stream_never_decodes_more_than_max_running_sequences(neox_dir):
     engine = hf_engine(neox_dir)
     stream = engine.open_stream(SamplingParams(n=2, max_new_tokens=5, stop_token_ids=(), seed=3), max_running=3)
