@@ -356,3 +356,19 @@ def test_auto_takes_native_for_qwen2_and_llama_and_hf_for_gpt_neox(qwen2_dir, ll
     taken, why = resolve_rollout_type("auto", neox_dir)
     assert taken == "hf" and why.startswith("model_type 'gpt_neox' is not one the native engine implements")
     assert resolve_rollout_type("hf", qwen2_dir) == ("hf", 'rollout.engine.type = "hf"')
+
+
+@pytest.mark.parametrize("kind", ["auto", "hf", "native"])
+def test_the_local_engines_refuse_the_vllm_only_keys_and_take_lora_without_max_lora_rank(kind):
+    from asyncflow.config.load import ConfigError, load_config_text
+    from asyncflow.config.run import RunConfig
+    from asyncflow.core.schema import check_tree
+    from asyncflow.engines.config import LoraConfig
+
+    for key, value in (("weight_transfer", '"ipc"'), ("partial_kv", '"recompute"')):
+        with pytest.raises(ConfigError, match=f"rollout.engine.{key} = .*: only the vLLM engines take it"):
+            load_config_text(f'[rollout.engine]\ntype = "{kind}"\n{key} = {value}\n')
+    cfg = RunConfig()
+    cfg.train.engine.lora = LoraConfig(rank=8)
+    cfg.rollout.engine = RolloutEngineConfig(type=kind)  # merges adapters itself: max_lora_rank is vLLM's
+    check_tree(cfg)
