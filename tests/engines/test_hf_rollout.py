@@ -121,6 +121,9 @@ def test_stop_tokens_end_responses_and_length_caps_them(neox_dir):
         else:
             assert len(c.response_ids) == 7 and not set(c.response_ids) & set(stops)
     assert {c.finish_reason for c in out} == {"stop", "length"}
+    assert hf_engine(neox_dir).generate([], SamplingParams()) == []
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        hf_engine(neox_dir).generate([[4], []], SamplingParams())
 
 
 def test_top_k_one_is_greedy_and_the_same_seed_repeats_samples(neox_dir):
