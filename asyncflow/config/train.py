@@ -81,9 +81,10 @@ class TrainConfig(Section):
 
 class EvalConfig(Section):
     """Evaluation of the policy on held-out prompts during the run (docs/metrics.md,
-    ``val/*``). The trainer evaluates in its own process, with a private native
-    rollout engine on its device holding the weights it has just published (whatever
-    ``rollout.engine.type``; its KV cache: ``rollout.engine.kv_cache_bytes``, or 64 MiB);
+    ``val/*``). The trainer evaluates in its own process, with a private rollout engine
+    on its device holding the weights it has just published (native, or hf for a model
+    the native engine does not implement or with ``rollout.engine.type = "hf"``; never
+    vLLM; its KV cache: ``rollout.engine.kv_cache_bytes``, or 64 MiB);
     only trainer rank 0 evaluates, the other ranks wait for it. With ``[env] path`` each
     response is a multi-turn episode through the environment, as in training
     (docs/environments.md, "Held-out evaluation"), and ``val/env/*`` are reported too."""
