@@ -130,9 +130,11 @@ def save_adapter(
     dropout: float,
     target_modules: Iterable[str],
     base_model: str,
+    exclude_modules: Iterable[str] = (),
 ) -> Path:
     """Write ``adapters`` as a peft adapter directory (``adapter_config.json`` +
-    ``adapter_model.safetensors``); returns it."""
+    ``adapter_model.safetensors``); returns it. ``exclude_modules``: layers of the target
+    names that were not adapted (a multimodal model's vision tower)."""
     import safetensors.torch
     from peft import LoraConfig
 
@@ -143,6 +145,7 @@ def save_adapter(
         lora_alpha=alpha,  # type: ignore[arg-type]  # peft annotates int; it takes any number (alpha / r)
         lora_dropout=dropout,
         target_modules=sorted(target_modules),
+        exclude_modules=sorted(exclude_modules) or None,
         base_model_name_or_path=base_model,
         task_type="CAUSAL_LM",
     ).save_pretrained(str(path))

@@ -200,14 +200,26 @@ def hf_name(name: str) -> str:
     return name.replace(".base_layer.", ".").replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
 
 
-def norm_names(lm: torch.nn.Module) -> set[str]:
-    """The parameters of the model's normalisation layers, by name: of every module whose
-    class is a norm (``LlamaRMSNorm``, ``Qwen3RMSNorm`` of q and k, Gemma3's four a block,
-    ``LayerNorm`` ...), whatever the family calls the module."""
+def language_model(lm: Any) -> str:
+    """The name of the module that is the language model (``get_decoder``): ``model`` of
+    ``LlamaForCausalLM``, ``transformer`` of GPT-2, ``model.language_model`` of a multimodal
+    Gemma 3, whose vision tower trains on no token here."""
+    decoder = lm.get_decoder() if hasattr(lm, "get_decoder") else None
+    return next((name for name, m in lm.named_modules() if m is decoder), "")
+
+
+def _within(name: str, prefix: str) -> bool:
+    return not prefix or name.startswith(prefix + ".")
+
+
+def norm_names(lm: torch.nn.Module, within: str = "") -> set[str]:
+    """The parameters of the model's normalisation layers (under ``within``), by name: of
+    every module whose class is a norm (``LlamaRMSNorm``, ``Qwen3RMSNorm`` of q and k,
+    Gemma3's four a block, ``LayerNorm`` ...), whatever the family calls the module."""
     return {
         f"{module}.{name}" if module else name
         for module, m in lm.named_modules()
-        if type(m).__name__.endswith("Norm")
+        if type(m).__name__.endswith("Norm") and _within(module, within)
         for name, _ in m.named_parameters(recurse=False)
     }
 
@@ -332,7 +344,7 @@ class TorchTrainEngine(TrainEngine):
         no_dropout(lm)
         # parameters shared with another (an LM head tied to the embeddings): saved once, as transformers does
         self._tied = {n for n, _ in lm.named_parameters(remove_duplicate=False)} - {n for n, _ in lm.named_parameters()}
-        self._norms = norm_names(lm)
+        self._norms = norm_names(lm, within=language_model(lm))
         self.lora = cfg.lora.rank > 0
         self._base_samples: list[tuple[str, tuple[int, ...], torch.Tensor, torch.Tensor | None]] = []
         if self.lora:
@@ -395,11 +407,19 @@ class TorchTrainEngine(TrainEngine):
         spec = self.cfg.lora
         self.lora_targets = lora_targets(lm, spec.target_modules)
         """``lora.target_modules`` under this model's names (a fused layer for its parts)."""
+        decoder = language_model(lm)
+        self.lora_excluded = sorted(
+            name
+            for name, m in lm.named_modules()
+            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in self.lora_targets and not _within(name, decoder)
+        )
+        """Layers of those names outside the language model (a vision tower's): not adapted."""
         peft_cfg = LoraConfig(
             r=spec.rank,
             lora_alpha=spec.alpha,  # type: ignore[arg-type]  # peft annotates int; it takes any number (alpha / r)
             lora_dropout=spec.dropout,
             target_modules=self.lora_targets,
+            exclude_modules=self.lora_excluded or None,
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.cfg.seed)
@@ -725,7 +745,9 @@ class TorchTrainEngine(TrainEngine):
         spec = self.cfg.lora
         # trained norms are in this checkpoint's model.safetensors: the adapter's base is then this directory
         base_model = str(out.resolve()) if spec.train_norms else str(self.model_dir)
-        save_adapter(out / ADAPTER_DIR, adapters, spec.rank, spec.alpha, spec.dropout, self.lora_targets, base_model)
+        save_adapter(
+            out / ADAPTER_DIR, adapters, spec.rank, spec.alpha, spec.dropout, self.lora_targets, base_model, self.lora_excluded
+        )
         if spec.save_merged:
             merged = dict(base)
             for module, adapter in adapters.items():

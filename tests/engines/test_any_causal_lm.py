@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3Config,
     Gemma3TextConfig,
     GPT2Config,
     MixtralConfig,
@@ -43,6 +44,17 @@ def family_configs():
         "qwen3": Qwen3Config(**common, head_dim=32, intermediate_size=96, tie_word_embeddings=True),
         # head_dim set, sliding and global layers, four norms a block, tied embeddings
         "gemma3_text": Gemma3TextConfig(**common, head_dim=32, intermediate_size=96, sliding_window=8, query_pre_attn_scalar=32),
+        # the multimodal Gemma 3 (Gemma3ForConditionalGeneration): its text model's fields in text_config, a vision tower
+        "gemma3": Gemma3Config(
+            text_config=dict(**common, head_dim=32, intermediate_size=96, sliding_window=8),
+            vision_config=dict(
+                hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+            ),
+            mm_tokens_per_image=4,
+            boi_token_index=3,
+            eoi_token_index=4,
+            image_token_index=5,
+        ),
         # fused qkv_proj and gate_up_proj
         "phi3": Phi3Config(**common, intermediate_size=96, original_max_position_embeddings=256),
         # norms after attention and MLP, q/k norms over the whole width
@@ -113,17 +125,33 @@ def test_a_critic_of_any_family_gives_a_value_per_token(family_dir):
 
 
 @pytest.mark.timeout(120)
-def test_lora_with_train_norms_trains_every_norm_of_the_family(family_dir):
+def test_lora_with_train_norms_adapts_and_trains_every_norm_of_the_language_model_alone(family_dir, tmp_path):
     if family_dir.name.startswith("gpt2"):
         pytest.skip("GPT-2's attention is one Conv1D (c_attn): none of lora.target_modules' names")
+    from peft import PeftModel
+
     trainer = build_train_engine(
         TrainEngineConfig(lr=1e-2, micro_batch_size=2, lora=LoraConfig(rank=2, train_norms=True)), family_dir
     )
     lm = trainer.net.lm  # type: ignore[attr-defined]
-    norms = {n for n, m in lm.named_modules() if "norm" in type(m).__name__.lower() or type(m).__name__ == "LayerNorm"}
+    decoder = next(n for n, m in lm.named_modules() if m is lm.get_decoder()) + "."  # a multimodal model's: not its vision tower
+    norms = {
+        n
+        for n, m in lm.named_modules()
+        if n.startswith(decoder) and ("Norm" in type(m).__name__ or type(m).__name__ == "LayerNorm")
+    }
     trained = {n for n, p in lm.named_parameters() if p.requires_grad and ".lora_" not in n}
     assert norms and {n.rsplit(".", 1)[0] for n in trained} == norms
+    assert trainer.adapted and all(m.startswith(decoder) for m in trainer.adapted)  # type: ignore[attr-defined]
     assert trainer.train_step(batch(), nll).grad_norm > 0
+    trainer.save_checkpoint(tmp_path / "ckpt")  # peft puts the adapter on those layers, and no other
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt"), tmp_path / "ckpt" / "adapter")
+    adapted = sorted(
+        n.removeprefix("base_model.model.").removesuffix(".base_layer")
+        for n, _ in peft.named_modules()
+        if n.endswith(".base_layer")
+    )
+    assert adapted == trainer.adapted  # type: ignore[attr-defined]
 
 
 @pytest.mark.timeout(120)
