@@ -1,7 +1,8 @@
 """Load a causal LM and its tokenizer from a local Hugging Face directory.
 
 Invariants:
-- Only local directories: nothing is downloaded (``local_files_only``).
+- Only local directories: nothing is downloaded (``local_files_only``). A hub id in the
+  config was resolved to its snapshot directory by the driver (``config/hub.py``).
 - Any causal LM that ``AutoModelForCausalLM`` builds is accepted (``causal_lm_refusal``
   says why not otherwise: an encoder-decoder, a model type without a causal LM head).
   Which of them the native rollout engine runs is ``engines/families``' answer.
