@@ -23,7 +23,10 @@ HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 DOWNLOADED = ("*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken")
 """What a download fetches: config, safetensors weights, tokenizer and chat template
-(not a repository's other weight formats: ``original/``, GGUF, ONNX, ``pytorch_model.bin``)."""
+(not a repository's other weight formats: GGUF, ONNX, ``pytorch_model.bin``)."""
+NOT_DOWNLOADED = ("original/*", "consolidated*.safetensors")
+"""Copies of the weights in another layout than transformers' (Llama's ``original/``,
+Mistral's ``consolidated.safetensors``)."""
 
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
@@ -42,9 +45,10 @@ def cache_dir() -> str:
     return os.path.expandvars(os.path.expanduser(hub))
 
 
-def offline() -> bool:
-    """``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set true now."""
-    return any(os.environ.get(name, "").upper() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+def offline() -> str:
+    """The variable that sets huggingface_hub offline now (``HF_HUB_OFFLINE`` or
+    ``TRANSFORMERS_OFFLINE`` true); empty when online."""
+    return next((name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(name, "").upper() in _TRUE), "")
 
 
 def resolve(key: str, repo_id: str) -> str:
@@ -60,15 +64,18 @@ def resolve(key: str, repo_id: str) -> str:
         return huggingface_hub.snapshot_download(repo_id, cache_dir=cache, local_files_only=True)
     except LocalEntryNotFoundError:
         pass
-    if offline():
+    flag = offline()
+    if flag:
         raise ConfigError(
             f"{key} = {repo_id!r}: no such local directory, and the Hugging Face hub model {repo_id} is not in the "
-            f"cache ({cache}) while HF_HUB_OFFLINE is set; fetch it where the machine is online with {fetch}, or unset "
-            "HF_HUB_OFFLINE to download it now, or give a local directory"
+            f"cache ({cache}) while {flag} is set; fetch it where the machine is online with {fetch}, or unset "
+            f"{flag} to download it now, or give a local directory"
         )
     print(f"downloading {repo_id} from the Hugging Face hub into {cache} ...", flush=True)
     try:
-        path = huggingface_hub.snapshot_download(repo_id, cache_dir=cache, allow_patterns=list(DOWNLOADED))
+        path = huggingface_hub.snapshot_download(
+            repo_id, cache_dir=cache, allow_patterns=list(DOWNLOADED), ignore_patterns=list(NOT_DOWNLOADED)
+        )
     except Exception as exc:  # no network, no such repository, a gated one without a token: all say the same
         raise ConfigError(
             f"{key} = {repo_id!r}: no such local directory, and downloading the Hugging Face hub model {repo_id} into "

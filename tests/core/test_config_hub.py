@@ -134,3 +134,25 @@ def test_every_role_gets_the_resolved_directory_from_the_runs_config_and_launch_
     assert Path(launch.model_dir) == snapshot and Path(launch.base_model_dir) == snapshot
     saved = json.loads((rd / "config.json").read_text())
     assert Path(saved["model"]["path"]) == snapshot
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_download_is_refused_naming_the_id_why_and_the_command(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    real = huggingface_hub.snapshot_download
+
+    def download(repo_id, **kw):  # a machine that cannot reach the hub
+        if kw.get("local_files_only"):
+            return real(repo_id, **kw)
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    with pytest.raises(ConfigError) as err:
+        load_config(config_file(tmp_path, '[reward_model]\nenabled = true\nkind = "judge"\npath = "org/judge-model"\n'))
+    message = str(err.value)
+    assert message.startswith("reward_model.path = 'org/judge-model'")
+    assert "Network is unreachable" in message and "hf download org/judge-model" in message
