@@ -355,6 +355,7 @@ def check_inputs(cfg: RunConfig, roles: Sequence[RoleSpec] = ()) -> None:
             )
     _check_devices(cfg, roles)
     _check_causal_lms(cfg)
+    _check_lora_targets(cfg)
     _check_length(cfg)
     data_path, model_dir = cfg.data.path, cfg.model.path
     if data_path:
@@ -395,6 +396,26 @@ def _check_causal_lms(cfg: RunConfig) -> None:
         reason = causal_lm_refusal(config)
         if reason is not None:
             raise ConfigError(f"{key} = {path!r}: {reason} (which models train: docs/your-model-and-data.md)")
+
+
+def _check_lora_targets(cfg: RunConfig) -> None:
+    """With LoRA, ``lora.target_modules`` name linear layers of the policy's language model
+    (the trainer would refuse it as it starts): the model is built on the meta device,
+    names only, no weights read."""
+    spec = cfg.train.engine.lora
+    if not spec.rank or not cfg.model.path or cfg.train.engine.type != "torch":
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from asyncflow.engines.lora import target_refusal
+
+    config = AutoConfig.from_pretrained(cfg.model.path, local_files_only=True)
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(config)
+    reason = target_refusal(lm, spec.target_modules)
+    if reason is not None:
+        raise ConfigError(f"train.engine.lora.target_modules = {list(spec.target_modules)}: {reason}")
 
 
 def _check_devices(cfg: RunConfig, roles: Sequence[RoleSpec]) -> None:

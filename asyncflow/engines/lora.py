@@ -34,6 +34,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,6 +52,58 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 
 """The linear layers of a decoder block that adapters may target (the native engine
 computes each with its ``weight``)."""
+
+
+FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+"""Linear layers some families fuse (Phi-3): adapted when any of their parts is named."""
+
+
+def language_model(lm: Any) -> str:
+    """The name of the module that is the language model (``get_decoder``): ``model`` of
+    ``LlamaForCausalLM``, ``transformer`` of GPT-2, ``model.language_model`` of a multimodal
+    Gemma 3, whose vision tower trains on no token here."""
+    decoder = lm.get_decoder() if hasattr(lm, "get_decoder") else None
+    return next((name for name, m in lm.named_modules() if m is decoder), "")
+
+
+def within(name: str, prefix: str) -> bool:
+    """Module ``name`` is ``prefix``'s or below it (any module for an empty prefix)."""
+    return not prefix or name.startswith(prefix + ".")
+
+
+def lora_targets(lm: torch.nn.Module, requested: Iterable[str]) -> list[str]:
+    """``lora.target_modules`` as this model names its linear layers: a fused layer
+    (``qkv_proj``, ``gate_up_proj``) stands for the parts it holds where the model has no
+    separate ones."""
+    requested = list(requested)
+    linear = {name.rsplit(".", 1)[-1] for name, m in lm.named_modules() if isinstance(m, torch.nn.Linear)}
+    targets = list(requested)
+    for fused, parts in FUSED_PROJECTIONS.items():
+        named = [p for p in parts if p in requested]
+        if fused in linear and named and not any(p in linear for p in parts):
+            targets = [t for t in targets if t not in parts] + [fused]
+    return targets
+
+
+def target_refusal(lm: torch.nn.Module, requested: Iterable[str]) -> str | None:
+    """Why ``lora.target_modules`` adapt no layer of the language model of ``lm`` (built on
+    the meta device will do: only names are read), or None."""
+    targets = lora_targets(lm, requested)
+    decoder = language_model(lm)
+    linear = [
+        n
+        for n, m in lm.named_modules()
+        if (isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D") and within(n, decoder)  # GPT-2's Conv1D
+    ]
+    if any(n.rsplit(".", 1)[-1] in targets for n in linear):
+        return None
+    names = sorted({n.rsplit(".", 1)[-1] for n in linear})
+    model_type = getattr(getattr(lm, "config", None), "model_type", "?")
+    return (
+        f"no layer of the model ({model_type!r}) has these names (its linear layers: {', '.join(names) or 'none'}), and LoRA "
+        "here adapts layers named as Llama's (or Phi-3's fused qkv_proj, gate_up_proj); set train.engine.lora.rank = 0 to "
+        "train every weight"
+    )
 
 
 @dataclass

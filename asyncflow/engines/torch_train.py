@@ -87,6 +87,7 @@ from asyncflow.engines.batching import PackedRows, block_causal_mask, pack_batch
 from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
 from asyncflow.engines.hf import TOKENIZER_FILES, load_model
+from asyncflow.engines.lora import language_model, lora_targets, within
 from asyncflow.engines.lr_schedule import lr_at
 from asyncflow.engines.precision import resolve_autocast
 from asyncflow.engines.sampling import truncated_logits, truncates
@@ -200,26 +201,14 @@ def hf_name(name: str) -> str:
     return name.replace(".base_layer.", ".").replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
 
 
-def language_model(lm: Any) -> str:
-    """The name of the module that is the language model (``get_decoder``): ``model`` of
-    ``LlamaForCausalLM``, ``transformer`` of GPT-2, ``model.language_model`` of a multimodal
-    Gemma 3, whose vision tower trains on no token here."""
-    decoder = lm.get_decoder() if hasattr(lm, "get_decoder") else None
-    return next((name for name, m in lm.named_modules() if m is decoder), "")
-
-
-def _within(name: str, prefix: str) -> bool:
-    return not prefix or name.startswith(prefix + ".")
-
-
-def norm_names(lm: torch.nn.Module, within: str = "") -> set[str]:
-    """The parameters of the model's normalisation layers (under ``within``), by name: of
+def norm_names(lm: torch.nn.Module, prefix: str = "") -> set[str]:
+    """The parameters of the model's normalisation layers (under ``prefix``), by name: of
     every module whose class is a norm (``LlamaRMSNorm``, ``Qwen3RMSNorm`` of q and k,
     Gemma3's four a block, ``LayerNorm`` ...), whatever the family calls the module."""
     return {
         f"{module}.{name}" if module else name
         for module, m in lm.named_modules()
-        if type(m).__name__.endswith("Norm") and _within(module, within)
+        if type(m).__name__.endswith("Norm") and within(module, prefix)
         for name, _ in m.named_parameters(recurse=False)
     }
 
@@ -249,23 +238,6 @@ def sliding_window(config: Any) -> int | None:
     if layer_types is not None and not any("sliding" in str(t) for t in layer_types):
         return None
     return int(window)
-
-
-FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-"""Linear layers some families fuse (Phi-3): adapted when any of their parts is named."""
-
-
-def lora_targets(lm: torch.nn.Module, requested: tuple[str, ...]) -> list[str]:
-    """``lora.target_modules`` as this model names its linear layers: a fused layer
-    (``qkv_proj``, ``gate_up_proj``) stands for the parts it holds where the model has no
-    separate ones."""
-    linear = {name.rsplit(".", 1)[-1] for name, m in lm.named_modules() if isinstance(m, torch.nn.Linear)}
-    targets = list(requested)
-    for fused, parts in FUSED_PROJECTIONS.items():
-        named = [p for p in parts if p in requested]
-        if fused in linear and named and not any(p in linear for p in parts):
-            targets = [t for t in targets if t not in parts] + [fused]
-    return targets
 
 
 def right_padded(mask_BT: torch.Tensor) -> bool:
@@ -344,7 +316,7 @@ class TorchTrainEngine(TrainEngine):
         no_dropout(lm)
         # parameters shared with another (an LM head tied to the embeddings): saved once, as transformers does
         self._tied = {n for n, _ in lm.named_parameters(remove_duplicate=False)} - {n for n, _ in lm.named_parameters()}
-        self._norms = norm_names(lm, within=language_model(lm))
+        self._norms = norm_names(lm, prefix=language_model(lm))
         self.lora = cfg.lora.rank > 0
         self._base_samples: list[tuple[str, tuple[int, ...], torch.Tensor, torch.Tensor | None]] = []
         if self.lora:
@@ -411,7 +383,7 @@ class TorchTrainEngine(TrainEngine):
         self.lora_excluded = sorted(
             name
             for name, m in lm.named_modules()
-            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in self.lora_targets and not _within(name, decoder)
+            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in self.lora_targets and not within(name, decoder)
         )
         """Layers of those names outside the language model (a vision tower's): not adapted."""
         peft_cfg = LoraConfig(

@@ -128,3 +128,13 @@ def test_a_config_json_without_a_model_type_is_refused_naming_what_is_missing(tm
     build_char_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match=r"model.path = .*: config.json names no model_type"):
         check_inputs(run_config(tmp_path))
+
+
+@pytest.mark.timeout(60)
+def test_lora_on_a_model_without_layers_of_the_target_names_is_refused_before_any_process_starts(tmp_path):
+    gpt2 = model_dir(family_configs()["gpt2"], tmp_path / "gpt2")
+    with pytest.raises(ConfigError, match=r"train.engine.lora.target_modules = \[.*q_proj.*\]: .*'gpt2'.*c_attn.*rank = 0"):
+        check_inputs(run_config(gpt2, "[train.engine.lora]\nrank = 4\n"))
+    check_inputs(run_config(gpt2))  # without LoRA every weight trains: nothing to refuse
+    phi3 = model_dir(family_configs()["phi3"], tmp_path / "phi3")  # fused qkv_proj: adapted for q/k/v_proj
+    check_inputs(run_config(phi3, '[train.engine.lora]\nrank = 4\ntarget_modules = ["q_proj"]\n'))
