@@ -54,6 +54,11 @@ def causal_lm_refusal(config: Mapping[str, Any]) -> str | None:
             f"model_type {model_type!r} is an encoder (a masked LM; its causal LM class needs is_decoder = true); "
             "use a decoder-only causal LM checkpoint"
         )
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and "AutoModelForCausalLM" in (config.get("auto_map") or {}):
+        return (
+            f"model_type {model_type!r} is the repository's own code (auto_map), which transformers runs only with "
+            "trust_remote_code, and asyncflow runs no code a model brings; use a model transformers implements"
+        )
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return (
             f"model_type {model_type!r} has no causal LM head in transformers (AutoModelForCausalLM does not build it); "

@@ -138,3 +138,13 @@ def test_lora_on_a_model_without_layers_of_the_target_names_is_refused_before_an
     check_inputs(run_config(gpt2))  # without LoRA every weight trains: nothing to refuse
     phi3 = model_dir(family_configs()["phi3"], tmp_path / "phi3")  # fused qkv_proj: adapted for q/k/v_proj
     check_inputs(run_config(phi3, '[train.engine.lora]\nrank = 4\ntarget_modules = ["q_proj"]\n'))
+
+
+def test_a_model_of_its_repositorys_own_code_is_refused_saying_no_remote_code_runs(tmp_path):
+    config = {"model_type": "my_lm", "auto_map": {"AutoModelForCausalLM": "modeling_my.MyLM"}, "hidden_size": 64}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    build_char_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(
+        ConfigError, match=r"model.path = .*: model_type 'my_lm' is the repository's own code .*trust_remote_code"
+    ):
+        check_inputs(run_config(tmp_path))
