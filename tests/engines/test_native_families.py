@@ -168,3 +168,12 @@ def test_every_moe_layer_routes_tokens_to_several_experts_that_compute_different
     assert len(seen) > hf.config.num_experts_per_tok  # the tokens went to more experts than one token's top k
     out = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, n=1, stop_token_ids=(), seed=4))
     _assert_hf_logps(hf, PROMPTS, out)
+
+
+def test_every_family_the_native_engine_implements_has_a_row_in_the_models_page():
+    from pathlib import Path
+
+    from asyncflow.engines.families import FAMILIES
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    assert [t for t in FAMILIES if f"`{t}`" not in page] == []
