@@ -181,7 +181,8 @@ def step_estimate(cfg: RunConfig, model_dir: str, prompt_tokens: float) -> StepE
     from asyncflow.planner.calibration import Efficiency
     from asyncflow.planner.io import from_hf_config, local_cpu_peak
 
-    params = from_hf_config(Path(model_dir) / "config.json").num_params
+    # what a token multiplies through: a mixture of experts' active parameters, not all of them
+    params = from_hf_config(Path(model_dir) / "config.json").num_active_params
     seqs = cfg.train.prompts_per_step * cfg.algorithm.group_size
     tokens = seqs * (prompt_tokens + cfg.rollout.sampling.max_new_tokens)
     hw, source = _hardware(cfg)

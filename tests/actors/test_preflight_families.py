@@ -148,3 +148,23 @@ def test_a_model_of_its_repositorys_own_code_is_refused_saying_no_remote_code_ru
         ConfigError, match=r"model.path = .*: model_type 'my_lm' is the repository's own code .*trust_remote_code"
     ):
         check_inputs(run_config(tmp_path))
+
+
+@pytest.mark.timeout(60)
+def test_a_mixture_of_experts_step_is_estimated_from_the_parameters_a_token_touches(tmp_path):
+    """Sixteen times the experts at the same top-k: the same FLOPs per token but the
+    router's, so about the same step estimate (counting every expert: 12 times it)."""
+    from transformers import Qwen3MoeConfig
+
+    def moe(num_experts: int):
+        config = Qwen3MoeConfig(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=num_experts, num_experts_per_tok=2,
+            max_position_embeddings=256,
+        )  # fmt: skip
+        return model_dir(config, tmp_path / f"moe{num_experts}")
+
+    few, many = moe(4), moe(64)
+    est_few = step_estimate(run_config(few), str(few), prompt_tokens=10).seconds
+    est_many = step_estimate(run_config(many), str(many), prompt_tokens=10).seconds
+    assert est_few < est_many < 1.2 * est_few  # the router's logits grow with the experts
