@@ -232,8 +232,9 @@ def rollout(
 
 
 def _real_model_inputs(model_path: str, num_prompts: int) -> tuple[str, list[list[int]], tuple[int, ...], str]:
-    """A real model's directory, its chat-rendered add2 prompts (the task of
-    examples/smollm2.toml), its stop tokens, and a label naming it."""
+    """A real model's directory, its add2 prompts (the task of examples/smollm2.toml),
+    rendered by its chat template where it has one (a base model such as Gemma 3 270M has
+    none: plain text), its stop tokens, and a label naming it."""
     from pathlib import Path
 
     from asyncflow.engines.hf import load_config, load_tokenizer
@@ -242,7 +243,8 @@ def _real_model_inputs(model_path: str, num_prompts: int) -> tuple[str, list[lis
 
     tokenizer = load_tokenizer(model_path)
     config = load_config(model_path)
-    prompts = [list(prompt_ids(tokenizer, ex["prompt"], True)) for ex in make_examples(num_prompts, seed=0, task="add2")]
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    prompts = [list(prompt_ids(tokenizer, ex["prompt"], chat)) for ex in make_examples(num_prompts, seed=0, task="add2")]
     eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
     stops = tuple(eos) if isinstance(eos, list) else (int(eos),)
     label = (
