@@ -94,6 +94,8 @@ CONCRETE_ENGINES = tuple(
     for m in (
         "native_rollout",
         "native_model",
+        "families",
+        "inplace_weights",
         "hf_rollout",
         "hf_cache",
         "kv_cache",

@@ -84,6 +84,21 @@ class RolloutStream(abc.ABC):
         """Drop every unfinished sequence and free its cache."""
 
 
+def run_stream(stream: RolloutStream, prompts: Sequence[Sequence[int]]) -> list[Completion]:
+    """``prompts`` through ``stream`` to the last completion, then the stream closed (also on
+    an error, so no reservation leaks); the completions ordered by (prompt, sample): a whole
+    ``generate`` call of an engine that generates by streams."""
+    try:
+        stream.add(prompts)
+        done: list[Completion] = []
+        while stream.num_active:
+            done.extend(stream.step())
+    finally:
+        stream.close()
+    done.sort(key=lambda c: (c.prompt_index, c.sample_index))
+    return done
+
+
 class RolloutEngine(abc.ABC):
     """Generates responses; swaps weights between calls."""
 

@@ -63,16 +63,12 @@ import torch
 
 from asyncflow.core.phases import phase
 from asyncflow.engines import hf_cache
-from asyncflow.engines.base import Completion, RolloutEngine, RolloutStream
+from asyncflow.engines.base import Completion, RolloutEngine, RolloutStream, run_stream
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
-from asyncflow.engines.device import free_memory_bytes, set_cpu_threads, torch_device, torch_dtype
+from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
 from asyncflow.engines.hf import load_model
-from asyncflow.engines.lora import ADAPTER_DIR, Adapter, load_adapter, merge, split
+from asyncflow.engines.inplace_weights import InPlaceWeights, kv_budget_bytes
 from asyncflow.engines.sampling import sample
-
-DEFAULT_KV_CACHE_BYTES = 64 * 2**20
-"""The KV budget when the config gives neither ``kv_cache_bytes`` nor a fraction (the
-native engine's)."""
 
 
 @dataclass
@@ -126,30 +122,17 @@ class HFRolloutEngine(RolloutEngine):
         self.device = torch_device(cfg.device, cfg.device_index)
         self.model: Any = load_model(model_dir, dtype=torch_dtype(cfg.dtype), device=self.device)
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
-        self._params = dict(self.model.named_parameters())
-        # tied aliases: names named_parameters drops because the tensor is another parameter's
-        self._aliases = {n for n, _ in self.model.named_parameters(remove_duplicate=False)} - set(self._params)
         accepted = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in accepted else "past_key_values"
         self._keep_last = "logits_to_keep" in accepted
         self._takes_mask = "attention_mask" in accepted and "position_ids" in accepted
         self.kv_fixed_bytes, self.kv_bytes_per_token, self.layout = self._measure_cache()
-        self.budget_bytes = self._budget_bytes(cfg)
+        self.budget_bytes = kv_budget_bytes(cfg, self.device)
         self._held: Counter[int] = Counter()  # worst-case lengths of the admitted sequences
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self._version = version
         self.stats = HFStats()
-        self._lora_base: dict[str, torch.Tensor] = {}  # adapted weight -> its base (before any adapter)
-        adapter_dir = Path(model_dir) / ADAPTER_DIR
-        if (adapter_dir / "adapter_model.safetensors").is_file():  # a LoRA checkpoint: base weights + adapter
-            self._merge(load_adapter(adapter_dir))
-
-    def _budget_bytes(self, cfg: RolloutEngineConfig) -> int:
-        if cfg.kv_cache_bytes is not None and cfg.kv_cache_fraction is not None:
-            raise ValueError("set kv_cache_bytes or kv_cache_fraction, not both")
-        if cfg.kv_cache_fraction is not None:
-            return int(free_memory_bytes(self.device) * cfg.kv_cache_fraction)
-        return cfg.kv_cache_bytes if cfg.kv_cache_bytes is not None else DEFAULT_KV_CACHE_BYTES
+        self.weights = InPlaceWeights(self.model, model_dir)
 
     @torch.inference_mode()
     def _forward(self, ids_BQ: torch.Tensor, cache: Any, pads: list[int] | None = None) -> tuple[torch.Tensor, Any]:
@@ -211,53 +194,16 @@ class HFRolloutEngine(RolloutEngine):
         return self._version
 
     def weights_digest(self) -> int:
-        from asyncflow.engines.digest import weights_digest
+        return self.weights.digest()
 
-        return weights_digest(self._params.items())
-
-    @torch.inference_mode()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        full, adapters = split(named_tensors)
-        for name, tensor in full:
-            self._lora_base.pop(name, None)
-            param = self._params.get(name)
-            if param is None:
-                if name in self._aliases:
-                    continue  # tied to another parameter, which arrives under its own name
-                raise KeyError(
-                    f"weight {name!r} is not a parameter of the rollout model; do both engines load the same model_dir?"
-                )
-            if param.shape != tensor.shape:
-                raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != model's {tuple(param.shape)}")
-            param.copy_(tensor)
-        self._merge(adapters)
+        self.weights.load(named_tensors)
         self._version = version
-
-    @torch.inference_mode()
-    def _merge(self, adapters: dict[str, Adapter]) -> None:
-        """Each adapted weight := its base + the adapter (``lora.merge``)."""
-        for module, adapter in adapters.items():
-            name = module + ".weight"
-            param = self._params.get(name)
-            if param is None:
-                raise KeyError(f"adapter for {module!r}: the rollout model has no weight {name!r}; same model_dir on both sides?")
-            shape = (adapter.B_OR.shape[0], adapter.A_RI.shape[1])
-            if tuple(param.shape) != shape:
-                raise ValueError(f"adapter for {module!r} makes a {shape} update of a {tuple(param.shape)} weight")
-            base = self._lora_base.setdefault(name, param.detach().clone())
-            param.copy_(merge(base, adapter, param.dtype))
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         stream = self.open_stream(params)
-        try:
-            stream.add(prompts)
-            done: list[Completion] = []
-            while stream.num_active:
-                done.extend(stream.step())
-        finally:
-            stream.close()
+        done = run_stream(stream, prompts)
         self.stats = stream.stats
-        done.sort(key=lambda c: (c.prompt_index, c.sample_index))
         return done
 
     def open_stream(self, params: SamplingParams, max_running: int | None = None) -> HFStream:

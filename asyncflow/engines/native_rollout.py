@@ -46,17 +46,16 @@ import numpy as np
 import torch
 
 from asyncflow.core.phases import phase
-from asyncflow.engines.base import Completion, RolloutEngine, RolloutStream
+from asyncflow.engines.base import Completion, RolloutEngine, RolloutStream, run_stream
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
-from asyncflow.engines.device import free_memory_bytes, set_cpu_threads, torch_device, torch_dtype
+from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
 from asyncflow.engines.hf import load_model
+from asyncflow.engines.inplace_weights import InPlaceWeights, kv_budget_bytes
 from asyncflow.engines.kv_cache import KVBlockPool
-from asyncflow.engines.lora import ADAPTER_DIR, Adapter, load_adapter, merge, split
 from asyncflow.engines.native_model import NativeDecoder
 from asyncflow.engines.prefix_cache import PrefixCache
 from asyncflow.engines.sampling import sample
 
-DEFAULT_KV_CACHE_BYTES = 64 * 2**20
 MIN_SHARED_PREFIX = 8
 """A prefix common to the distinct prompts of one prefill is run once when it is at
 least this many tokens (shorter, the extra forward costs more than it saves)."""
@@ -112,13 +111,12 @@ class NativeRolloutEngine(RolloutEngine):
         self.device = torch_device(cfg.device, cfg.device_index)
         self.model = load_model(model_dir, dtype=torch_dtype(cfg.dtype), device=self.device)
         self.decoder = NativeDecoder(self.model)
-        self._params = dict(self.model.named_parameters())
-        self._tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        self.weights = InPlaceWeights(self.model, model_dir)
         self.pool = KVBlockPool(
             num_layers=self.decoder.num_layers,
             num_kv_heads=self.decoder.num_kv_heads,
             head_dim=self.decoder.head_dim,
-            budget_bytes=self._budget_bytes(cfg),
+            budget_bytes=kv_budget_bytes(cfg, self.device),
             block_tokens=cfg.kv_block_tokens,
             dtype=torch_dtype(cfg.dtype),
             device=self.device,
@@ -127,78 +125,28 @@ class NativeRolloutEngine(RolloutEngine):
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self._version = version
         self.stats = SchedulerStats()
-        self._lora_base: dict[str, torch.Tensor] = {}  # adapted weight -> its base (before any adapter)
-        adapter_dir = Path(model_dir) / ADAPTER_DIR
-        if (adapter_dir / "adapter_model.safetensors").is_file():  # a LoRA checkpoint: base weights + adapter
-            self._merge(load_adapter(adapter_dir))
-
-    def _budget_bytes(self, cfg: RolloutEngineConfig) -> int:
-        if cfg.kv_cache_bytes is not None and cfg.kv_cache_fraction is not None:
-            raise ValueError("set kv_cache_bytes or kv_cache_fraction, not both")
-        if cfg.kv_cache_fraction is not None:
-            if not 0.0 < cfg.kv_cache_fraction <= 1.0:
-                raise ValueError(f"kv_cache_fraction={cfg.kv_cache_fraction} must be in (0, 1]")
-            return int(free_memory_bytes(self.device) * cfg.kv_cache_fraction)
-        return cfg.kv_cache_bytes if cfg.kv_cache_bytes is not None else DEFAULT_KV_CACHE_BYTES
 
     @property
     def version(self) -> int:
         return self._version
 
     def weights_digest(self) -> int:
-        from asyncflow.engines.digest import weights_digest
-
-        return weights_digest(self._params.items())
+        return self.weights.digest()
 
     @property
     def kv_capacity_bytes(self) -> int:
         return self.pool.capacity_bytes
 
-    @torch.inference_mode()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        full, adapters = split(named_tensors)
-        for name, tensor in full:
-            self._lora_base.pop(name, None)
-            param = self._params.get(name)
-            if param is None:
-                if name == "lm_head.weight" and self._tied:
-                    continue  # tied to embed_tokens, which arrives under its own name
-                raise KeyError(
-                    f"weight {name!r} is not a parameter of the rollout model; do both engines load the same model_dir?"
-                )
-            if param.shape != tensor.shape:
-                raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != model's {tuple(param.shape)}")
-            param.copy_(tensor)
-        self._merge(adapters)
+        self.weights.load(named_tensors)
         self._version = version
         if self.prefix is not None:
             self.prefix.clear()  # keys and values computed under the old weights are not served again
 
-    @torch.inference_mode()
-    def _merge(self, adapters: dict[str, Adapter]) -> None:
-        """Each adapted weight := its base + the adapter (``lora.merge``)."""
-        for module, adapter in adapters.items():
-            name = module + ".weight"
-            param = self._params.get(name)
-            if param is None:
-                raise KeyError(f"adapter for {module!r}: the rollout model has no weight {name!r}; same model_dir on both sides?")
-            shape = (adapter.B_OR.shape[0], adapter.A_RI.shape[1])
-            if tuple(param.shape) != shape:
-                raise ValueError(f"adapter for {module!r} makes a {shape} update of a {tuple(param.shape)} weight")
-            base = self._lora_base.setdefault(name, param.detach().clone())
-            param.copy_(merge(base, adapter, param.dtype))
-
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         stream = self.open_stream(params)
-        try:
-            stream.add(prompts)
-            done: list[Completion] = []
-            while stream.num_active:
-                done.extend(stream.step())
-        finally:
-            stream.close()
+        done = run_stream(stream, prompts)
         self.stats = stream.stats
-        done.sort(key=lambda c: (c.prompt_index, c.sample_index))
         return done
 
     def open_stream(self, params: SamplingParams, max_running: int | None = None) -> NativeStream:

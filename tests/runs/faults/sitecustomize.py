@@ -35,7 +35,7 @@ if FAULT:
         out = _generate(self, prompts, params)
         if FAULT == "mid_unit_swap":
             with torch.no_grad():
-                next(iter(self._params.values())).add_(1e-3)
+                next(iter(self.weights.params.values())).add_(1e-3)
         if FAULT == "mislabel" and self.version > 0:
             out = [dataclasses.replace(c, version=c.version + 1) for c in out]
         return out
