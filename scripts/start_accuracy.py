@@ -5,11 +5,12 @@ For each ``--task``: the prompts a run of ``data.task = TASK`` writes (``data.nu
 of them, ``data.seed``), the held-out ones the run evaluates (``eval.num_prompts``, drawn by
 ``split_prompts`` as the run draws them), encoded as the run encodes them (``prompt_ids``:
 through the chat template or as plain text after the tokenizer's BOS), answered greedily by
-the Hugging Face model in float32 (``--max-new-tokens``, stopping at the EOS token as the
-run's evaluation does) and scored by ``--reward`` (a run's ``reward.functions``; correct:
+the Hugging Face model in float32 (``--max-new-tokens``, stopping at ``--stop-token-ids``,
+the EOS token by default, as the run's evaluation does) and scored by ``--reward`` (a run's ``reward.functions``; correct:
 reward >= 1). Prints one line per task, some responses with ``--show``, then one JSON line.
 
-    python scripts/start_accuracy.py --model models/gemma3-270m --no-chat-template --tasks add2 add
+    python scripts/start_accuracy.py --model models/gemma3-270m --no-chat-template --tasks add1 add2 --num-prompts 30 \\
+        --stop-token-ids 1 $(seq 107 137)      # examples/gemma3.toml's: <eos> and every newline token
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def accuracy(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, batch_size: int) -> list[str]:
+def accuracy(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, batch_size: int, stop: list[int]) -> list[str]:
     """Greedy responses (decoded, special tokens dropped) to the prompts' token ids."""
     import torch
 
@@ -40,7 +41,7 @@ def accuracy(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, ba
                 attention_mask=mask,
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
-                eos_token_id=tokenizer.eos_token_id,
+                eos_token_id=stop,
                 pad_token_id=pad,
             )
         out += tokenizer.batch_decode(done[:, width:], skip_special_tokens=True)
@@ -56,6 +57,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="data.seed")
     parser.add_argument("--num-prompts", type=int, default=256, help="eval.num_prompts: held-out prompts answered")
     parser.add_argument("--max-new-tokens", type=int, default=16, help="rollout.sampling.max_new_tokens")
+    parser.add_argument(
+        "--stop-token-ids", type=int, nargs="*", default=None, help="rollout.sampling.stop_token_ids (default: the EOS token)"
+    )
     parser.add_argument("--reward", default="math_answer", help="reward.functions: one function")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
@@ -81,7 +85,8 @@ def main() -> int:
         _, heldout = split_prompts([r["prompt"] for r in rows], args.num_prompts, args.seed)
         ids = [prompt_ids(tokenizer, rows[i]["prompt"], args.chat_template) for i in heldout]
         answers = [rows[i]["answer"] for i in heldout]
-        responses = accuracy(model, tokenizer, ids, args.max_new_tokens, args.batch_size)
+        stop = args.stop_token_ids or [tokenizer.eos_token_id]
+        responses = accuracy(model, tokenizer, ids, args.max_new_tokens, args.batch_size, stop)
         texts = [tokenizer.decode(p, skip_special_tokens=True) for p in ids]
         scores = reward(texts, responses, answers, ["length"] * len(responses))
         acc = sum(s >= 1.0 for s in scores) / len(scores)
@@ -94,6 +99,7 @@ def main() -> int:
             "model": str(args.model),
             "chat_template": args.chat_template,
             "max_new_tokens": args.max_new_tokens,
+            "stop_token_ids": args.stop_token_ids or "eos",
             "reward": args.reward,
             "tasks": results,
         }

@@ -61,7 +61,8 @@ class DataConfig(Section):
         str,
         Meta(
             description="Built-in task when ``path`` is empty (asyncflow.toy.tasks): add, reverse, calc for the tiny model; "
-            "add2 (two-digit addition in words) for a real model (examples/smollm2.toml)."
+            "add2 (two-digit addition in words) for a real model (examples/smollm2.toml); add1 (one-digit addition in words, "
+            "question and answer) for a base model (examples/gemma3.toml)."
         ),
     ] = "add"
     num_prompts: Annotated[Count, Meta(description="Prompts generated for the built-in task.")] = 2000
@@ -98,5 +99,8 @@ class DataConfig(Section):
     def check(self, run: RunConfig) -> None:
         if self.path and not self.path.endswith((".jsonl", ".parquet")):
             raise Refused("path", "use a .jsonl or .parquet file")
-        if not self.path and self.task == "add2" and not run.model.path:
-            raise Refused("task", '"add2" is a task in words for a real model: set model.path (examples/smollm2.toml)')
+        if not self.path and self.task in ("add2", "add1") and not run.model.path:
+            raise Refused(
+                "task",
+                f"{self.task!r} is a task in words for a real model: set model.path (examples/smollm2.toml, examples/gemma3.toml)",
+            )

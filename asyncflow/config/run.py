@@ -174,7 +174,7 @@ def check_paths(cfg: RunConfig) -> None:
                 "no such directory; give a local Hugging Face model directory "
                 "(relative to the config file), or a checkpoint of a run (RUN_DIR/checkpoints/latest); "
                 "a GGUF file becomes one with `afctl model import-gguf FILE DIR` "
-                "(SmolLM2-135M: `afctl model import-gguf smollm2 DIR`)",
+                "(SmolLM2-135M: `afctl model import-gguf smollm2 DIR`; Gemma 3 270M: `afctl model import-gguf gemma3 DIR`)",
             )
         if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
             refuse(

@@ -11,6 +11,15 @@ tiny model (``asyncflow.toy.tiny``); a response is a few digits then ``</s>``.
   the number only."`` -> ``"109"`` (operands 10..99, 8,100 distinct prompts); scored by
   the built-in ``math_answer`` (the response's last number). SmolLM2-135M-Instruct's
   greedy accuracy on it, before and after GRPO: docs/real-model.md.
+- ``add1`` (for a base model, ``examples/gemma3.toml``): ``"Question: What is seven plus
+  nine?\nAnswer:"`` -> ``"16"`` (operands 0..9: 100 distinct prompts, so hold out about a
+  third: ``eval.num_prompts = 30``); scored by ``math_answer``, a response ending at the
+  first newline (the example's ``stop_token_ids``). Gemma 3 270M (base) mostly writes the
+  question in digits and stops there ("7+9"): greedy accuracy 0.03 on the example's 30
+  held-out prompts (``scripts/start_accuracy.py``; 0.12 on 64 random ones), sampled at
+  temperature 1 0.06, though it knows most one-digit sums ("3 + 7 = 10" for 0.74 of "What is
+  3 + 7?"). Two-digit addition is beyond it (``add2``: 0.00 on 30 held-out prompts as a run
+  scores it, 0.06 asked as a question and answer).
 - ``calc``: ``"37*48="`` -> ``"1776"``, solvable only with the ``calc`` tool of
   ``asyncflow.envs.calc:CalcEnv`` (multi-turn, docs/environments.md); its warm start
   is on whole tool trajectories (``envs/calc.warm_start``).
@@ -82,8 +91,23 @@ def add2_example(rng: random.Random) -> dict[str, str]:
     return {"prompt": f"What is {a} + {b}? Answer with the number only.", "answer": str(a + b)}
 
 
-EXAMPLES = {"reverse": reverse_example, "add": add_example, "calc": calc_example, "add2": add2_example}
-REAL_MODEL_TASKS = ("add2",)
+ONE_DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def add1_example(rng: random.Random) -> dict[str, str]:
+    a, b = rng.randint(0, 9), rng.randint(0, 9)
+    words = ONE_DIGIT_WORDS
+    return {"prompt": f"Question: What is {words[a]} plus {words[b]}?\nAnswer:", "answer": str(a + b)}
+
+
+EXAMPLES = {
+    "reverse": reverse_example,
+    "add": add_example,
+    "calc": calc_example,
+    "add2": add2_example,
+    "add1": add1_example,
+}
+REAL_MODEL_TASKS = ("add2", "add1")
 """Tasks in words, for a real model's tokenizer (the tiny character model cannot learn them)."""
 REWARDS = {"add": reward, "reverse": reverse_reward}
 

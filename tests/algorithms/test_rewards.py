@@ -88,6 +88,20 @@ def test_reverse_task_reward_and_dataset_file(tmp_path):
     assert got == pytest.approx([1.0, 0.6, 0.4, 0.9])
 
 
+def test_add1_task_is_one_digit_addition_in_words_scored_by_its_last_number(tmp_path):
+    """examples/gemma3.toml's task: 100 distinct prompts (operands 0..9 in words), the sum as
+    the answer; math_answer scores a base model's one-line answer, the equation included."""
+    path = tasks.write_jsonl(tmp_path / "add1.jsonl", num_examples=2000, seed=0, task="add1")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    words = {w: i for i, w in enumerate(tasks.ONE_DIGIT_WORDS)}
+    for r in rows:
+        a, b = r["prompt"].removeprefix("Question: What is ").removesuffix("?\nAnswer:").split(" plus ")
+        assert r["answer"] == str(words[a] + words[b])
+    assert len({r["prompt"] for r in rows}) == 100
+    got = math_answer([""] * 4, [" 6+4\n", " 6 + 4 = 10\n", " 10", " ten"], ["10"] * 4, ["stop"] * 4)
+    assert got == [0.0, 1.0, 1.0, 0.0]
+
+
 def nan_for_the_second(prompts, responses, answers, finish_reasons):
     return [1.0, float("nan"), 0.0][: len(responses)]
 
