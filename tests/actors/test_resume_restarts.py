@@ -54,6 +54,7 @@ def test_an_automatic_resume_keeps_the_restarts_of_the_launch_it_replaces(tmp_pa
     monkeypatch.setattr(launcher, "prepare_resume", lambda rd, overrides=(): (cfg, tmp_path, info))
     monkeypatch.setattr(launcher, "latest_good_checkpoint", lambda rd: (tmp_path / "checkpoints" / "step_000002", []))
     monkeypatch.setattr(launcher, "Launcher", FakeLauncher)
+    monkeypatch.setattr(launcher, "rollout_engine_line", lambda *a: "rollout engine: native")  # no model here
     monkeypatch.setattr(_preflight, "check", lambda *a: "preflight")
     monkeypatch.setattr(_preflight, "mean_prompt_tokens", lambda *a: 6.0)
     monkeypatch.setattr(_preflight, "launch_step_estimate", lambda *a: SimpleNamespace(seconds=1.0, line="estimate"))

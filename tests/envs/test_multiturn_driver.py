@@ -155,7 +155,9 @@ def test_a_slow_environment_step_does_not_stop_the_engine_from_driving_the_other
     assert all(t.finished and not t.error for t in trajs), [t.error for t in trajs]
     assert driver.stats.max_pending >= 1  # the engine generated while the slow step was in flight
     first_turns = [len(prompts) for prompts, _ in engine.calls]
-    assert first_turns[0] == 3 and first_turns[1:3] == [2, 2]  # the fast ones went on alone
+    # the fast ones went on alone: no later call waited for the slow one (how the fast ones' own
+    # steps, run in threads, pair up into calls is the scheduler's: [2, 2, ...] or [2, 1, 1, ...])
+    assert first_turns[0] == 3 and all(n <= 2 for n in first_turns[1:])
 
 
 HUNG_PROCESS = """
