@@ -40,8 +40,20 @@ from asyncflow.bench._shared_inputs import model_option
 @click.option("--hidden-size", default=128, show_default=True)
 @click.option("--num-layers", default=4, show_default=True)
 @model_option(
-    "its chat-rendered add2 prompts, its eos as the one stop token; --num-stop-tokens, --hidden-size and --num-layers "
-    "are then ignored"
+    "its --task prompts (chat-rendered where it has a template), its eos as the one stop token unless "
+    "--stop-token-ids; --num-stop-tokens, --hidden-size and --num-layers are then ignored"
+)
+@click.option(
+    "--task",
+    default="add2",
+    show_default=True,
+    help="With --model: the built-in task whose prompts it draws (add2: examples/smollm2.toml's; add1: examples/gemma3.toml's).",
+)
+@click.option(
+    "--stop-token-ids",
+    default="",
+    help="With --model: comma-separated stop tokens (a config's rollout.sampling.stop_token_ids, e.g. a base model's "
+    "newlines); empty: the model's eos.",
 )
 @click.option("--repeats", default=3, show_default=True)
 @click.option("--threads", default=1, show_default=True, help="torch intra-op threads.")
@@ -75,6 +87,8 @@ def rollout(
     hidden_size,
     num_layers,
     model_path,
+    task,
+    stop_token_ids,
     repeats,
     threads,
     device,
@@ -95,7 +109,9 @@ def rollout(
 
     torch.set_num_threads(threads)
     if model_path:
-        model_dir, prompts, stops, label = _real_model_inputs(model_path, num_prompts)
+        model_dir, prompts, stops, label = _real_model_inputs(model_path, num_prompts, task)
+        if stop_token_ids:
+            stops = tuple(int(t) for t in stop_token_ids.split(","))
     else:
         model_dir = make_tiny_model(
             tempfile.mkdtemp(prefix="bench_rollout_"),
@@ -231,8 +247,10 @@ def rollout(
         )
 
 
-def _real_model_inputs(model_path: str, num_prompts: int) -> tuple[str, list[list[int]], tuple[int, ...], str]:
-    """A real model's directory, its add2 prompts (the task of examples/smollm2.toml),
+def _real_model_inputs(
+    model_path: str, num_prompts: int, task: str = "add2"
+) -> tuple[str, list[list[int]], tuple[int, ...], str]:
+    """A real model's directory, its ``task`` prompts (add2: the task of examples/smollm2.toml),
     rendered by its chat template where it has one (a base model such as Gemma 3 270M has
     none: plain text), its stop tokens, and a label naming it."""
     from pathlib import Path
@@ -244,7 +262,7 @@ def _real_model_inputs(model_path: str, num_prompts: int) -> tuple[str, list[lis
     tokenizer = load_tokenizer(model_path)
     config = load_config(model_path)
     chat = bool(getattr(tokenizer, "chat_template", None))
-    prompts = [list(prompt_ids(tokenizer, ex["prompt"], chat)) for ex in make_examples(num_prompts, seed=0, task="add2")]
+    prompts = [list(prompt_ids(tokenizer, ex["prompt"], chat)) for ex in make_examples(num_prompts, seed=0, task=task)]
     eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
     stops = tuple(eos) if isinstance(eos, list) else (int(eos),)
     label = (
