@@ -304,14 +304,14 @@ def import_gguf(
     tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
     config = loaded.config
     config.architectures = [type(loaded).__name__]  # a GGUF-loaded config names none
-    state = loaded.state_dict()
-    fixes = gguf_fixups(gguf_file, config, state)
-    for fix in fixes:
-        say(f"fixed over transformers' loader: {fix}")
     archs = tuple(config.architectures)
     reason = causal_lm_refusal(config.to_dict())
     if reason is not None:
         raise ValueError(f"{gguf_file}: {reason}")
+    state = loaded.state_dict()
+    fixes = gguf_fixups(gguf_file, config, state)
+    for fix in fixes:
+        say(f"fixed over transformers' loader: {fix}")
     for attr in ("quantization_config", "gguf_file"):
         if hasattr(config, attr):
             delattr(config, attr)
