@@ -191,7 +191,7 @@ SECTIONS: dict[str, list[str]] = {
     },
     # docs/real-model.md, "A second family": Gemma 3 270M (base), imported into models/gemma3-270m first
     "gemma3_model": [
-        *(PY, "scripts/real_model_check.py", "--config", "examples/gemma3.toml", "--seeds", "0", "--modes", "async"),
+        *(PY, "scripts/real_model_check.py", "--config", "examples/gemma3.toml", "--seeds", "0", "1", "--modes", "async"),
         *("--out", "{work}/gemma3_model"),
     ],
     "gemma3_rollout": [*_GEMMA3_ROLLOUT, "--stop-token-ids", _GEMMA3_STOPS, "--json"],
