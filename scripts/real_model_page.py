@@ -155,7 +155,7 @@ def _gemma3_learning(r: dict) -> list[str]:
         "(`examples/gemma3.toml`). The base model knows most sums but writes on past them; what it learns is to end on "
         "the answer. Its rollouts run on the native engine (`engines/families/gemma.py`).",
         "",
-        *_learning(r)[2:],
+        *(line.replace("Target (issue 26): ", "Target: ") for line in _learning(r)[2:]),
     ]
 
 
