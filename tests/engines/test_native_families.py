@@ -18,6 +18,7 @@ from asyncflow.engines.factory import build_rollout_engine
 
 sys.path.insert(0, os.path.dirname(__file__))
 from families import FAMILIES, MOE, WINDOW, WINDOWED, make_family_model  # noqa: E402
+from test_partial_stream import _logps_on_kept_kv  # noqa: E402
 
 PROMPTS = [[4, 9, 16, 10, 20, 5, 30, 31, 12, 13, 40, 41, 8, 5], [4, 12, 5], [4] + [9, 10, 11] * 5 + [5]]
 """Two of them longer than the window (8)."""
@@ -93,16 +94,6 @@ def test_sampled_logprobs_equal_the_hf_forwards_and_a_second_turn_from_the_prefi
     second = engine.generate(turns, SamplingParams(temperature=1.0, max_new_tokens=6, n=1, stop_token_ids=(), seed=2))
     assert engine.stats.prefix_cached_tokens > 0
     _assert_hf_logps(hf, turns, second)
-
-
-@torch.no_grad()
-def _logps_on_kept_kv(old, new, prompt, response, fed_before_swap):
-    """Log-probs of ``response[fed_before_swap + 1:]`` under ``new`` continuing from
-    ``old``'s KV cache of the prompt and the first ``fed_before_swap`` response tokens."""
-    cache = old(torch.tensor([prompt + response[:fed_before_swap]]), use_cache=True).past_key_values
-    rest = response[fed_before_swap:]
-    logits = new(torch.tensor([rest[:-1]]), past_key_values=cache, use_cache=True).logits[0].float()
-    return torch.log_softmax(logits, dim=-1)[torch.arange(len(rest) - 1), torch.tensor(rest[1:])]
 
 
 @pytest.mark.timeout(120)
