@@ -125,7 +125,7 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
             description="auto: native where it implements the model's family (``engines/families``, read from config.json), "
             "else hf; the run's first lines say which and why. native: PyTorch, "
             "paged KV cache + continuous batching, cpu/cuda/npu. hf: the model's own Hugging Face forward and KV cache, any "
-            "causal LM transformers builds; the slow fallback (a forward per prompt's cohort each step). vllm: vLLM on "
+            "causal LM transformers builds; the slower fallback (no paged cache, no prefix cache). vllm: vLLM on "
             "CUDA. vllm_ascend: vLLM with the vllm-ascend plugin on NPU. emulated: no model; the device time of "
             "``emulated.model`` on ``emulated.hardware`` from the planner's cost model, hashed log-probs (docs/scale.md); "
             'needs train.engine.type = "emulated".'
