@@ -60,8 +60,8 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from asyncflow.actors._batching import token_batch
-    from asyncflow.actors._run import encode_prompt
+    from asyncflow.actors.runtime.batching import token_batch
+    from asyncflow.actors.runtime.run_dir import encode_prompt
     from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
     from asyncflow.engines.hf import load_model, load_tokenizer
     from asyncflow.engines.native_rollout import NativeRolloutEngine
@@ -74,7 +74,7 @@ def main() -> int:
     responses = [rng.integers(3, 20, rng.integers(1, 7)).astype(np.int64) for _ in range(128)]
     rows_p = [prompts[i // 8] for i in range(128)]
     logps = [rng.standard_normal(len(r)).astype(np.float32) for r in responses]
-    old_batching = old_module(args.before_rev, "asyncflow/actors/_batching.py", "old_batching")
+    old_batching = old_module(args.before_rev, "asyncflow/actors/runtime/batching.py", "old_batching")
     old_rollout = old_module(args.before_rev, "asyncflow/engines/native_rollout.py", "old_native_rollout")
 
     cfg = RolloutEngineConfig(max_batch_size=128)

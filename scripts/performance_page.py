@@ -357,7 +357,7 @@ def _ab_pin(r: dict) -> list[str]:
         "Pinning is meant for a machine the run has to itself (the trainer, an async step's critical path, "
         "then never waits for a core). Where other jobs load both cores it can hurt (the trainer is held to "
         "one busy core while the other may be free), so it applies only where the cores were nearly idle as "
-        "the run started (`cluster.pin_only_when_idle`, default true, `actors/_pinning.py`); each run prints "
+        "the run started (`cluster.pin_only_when_idle`, default true, `actors/driver/_pinning.py`); each run prints "
         "its decision and records it in summary.json (`pinned_trainer_cores`).",
         "",
     ]
@@ -420,12 +420,12 @@ def _changes() -> list[str]:
         "- Reward (async): once it waited for a put, it takes every row that put made ready: one score and "
         "one put per rollout put instead of two.",
         "- Second round. Trainer: the request for step s + 1's rows goes out from a thread while step s "
-        "trains (`actors/_prefetch.py`, `workflow.prefetch_batch`): the same rows with the same metadata, only "
+        "trains (`actors/trainer/_prefetch.py`, `workflow.prefetch_batch`): the same rows with the same metadata, only "
         "asked for earlier; step s's rows are acked one request later. Rollout: the rows of the newest "
         "announced version are asked for while its weights are still being fetched, and generated only once "
         "they are swapped in (`WeightInbox.swap_to`, actors/rollout/inbox.py): the same admission rule, and a gated async replica no "
         'longer asks the queue twice per step. `reward.placement = "rollout"`: the same functions on the '
-        "same decoded rows (`actors/_scoring.py`), called in the replica; one process, one hand-off and one "
+        "same decoded rows (`actors/runtime/scoring.py`), called in the replica; one process, one hand-off and one "
         "put less per batch.",
         "- Third round. The driver closes its client sockets to a finished run's actors: a cached nng dialer "
         "to an address nobody listens on redialled it forever, about 8% of a core in an idle driver after one "

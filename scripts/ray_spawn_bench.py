@@ -29,7 +29,7 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(n) for n in args.hosts.split(",")]
 
-    from asyncflow.actors.ray_hosts import LOOPBACK_ENV
+    from asyncflow.actors.driver.ray_hosts import LOOPBACK_ENV
     from asyncflow.core.host import PARENT_ENV
 
     os.environ.update(
@@ -63,7 +63,7 @@ def main() -> None:
 def measure(counts: list[int]) -> list[tuple[int, float, float]]:
     import ray
 
-    from asyncflow.actors.ray_hosts import RayHosts
+    from asyncflow.actors.driver.ray_hosts import RayHosts
     from asyncflow.config.cluster import ClusterConfig
     from asyncflow.core.directory import DirectoryClient, start_directory
     from asyncflow.core.transport import TransportConfig

@@ -528,7 +528,7 @@ def _stream(r: dict, seed: int) -> list[str]:
         "The comparison above with async as a step streamed in parts: `workflow.stream_step = true`, "
         "`workflow.staleness = 0`, `rollout.prompts_per_call = 2`. The trainer trains each part of a step (whole prompt "
         "groups) as the rollout puts it, one optimizer step per step, so every sample is on-policy as in sync, while "
-        "generation overlaps training inside the step (`actors/_stream_step.py`). Sync runs without it, its whole batch "
+        "generation overlaps training inside the step (`actors/trainer/_stream_step.py`). Sync runs without it, its whole batch "
         "in one rollout call.",
         *body,
     ]
@@ -747,7 +747,7 @@ def _paired_stream_intro() -> list[str]:
         "`rollout.prompts_per_call = 2`. The trainer trains each part of a step (whole prompt groups) as the rollout "
         "puts it and takes one optimizer step when the step's last row is in, so every sample comes from the weights "
         "it is trained on, as in TRL and sync: no one-step lag. Generation still overlaps training inside the step "
-        "(`actors/_stream_step.py`). With staleness 0 the decoupled objective's ratio and weight see only the two "
+        "(`actors/trainer/_stream_step.py`). With staleness 0 the decoupled objective's ratio and weight see only the two "
         "engines' numerics. TRL runs as above, in the same invocation.",
         "",
     ]

@@ -69,7 +69,7 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncflow.actors._run import split_prompts
+    from asyncflow.actors.runtime.run_dir import split_prompts
     from asyncflow.algorithms.rewards import load_reward_fn
     from asyncflow.engines.prompts import prompt_ids
     from asyncflow.toy.tasks import make_examples

@@ -63,8 +63,8 @@ QUIET = ["eval.every_steps=0", "eval.at_start=false", "train.checkpoint_every=0"
 def main(config_path: str, steps: int, layouts: str, overrides: tuple[str, ...], out: str | None, as_json: bool) -> None:
     import msgspec
 
-    from asyncflow.actors.launcher import run
-    from asyncflow.bench._shared_inputs import with_shared_inputs
+    from asyncflow.actors.driver.launcher import run
+    from asyncflow.bench.shared_inputs import with_shared_inputs
     from asyncflow.config.load import load_config
 
     names = [n.strip() for n in layouts.split(",") if n.strip()]

@@ -17,8 +17,8 @@ import resource
 import tempfile
 import time
 
-from asyncflow.actors import messages
-from asyncflow.actors.collector import CollectorActor
+from asyncflow.actors.driver.collector import CollectorActor
+from asyncflow.actors.runtime import messages
 from asyncflow.core.actor import ActorContext
 from asyncflow.core.transport import TransportConfig
 

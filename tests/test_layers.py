@@ -25,8 +25,12 @@ Rules:
   (``engines.base``, ``engines.config``);
 - ``asyncflow.toy`` (the tiny model and tasks) is imported by nothing of core, config,
   engines, algorithms or the planner;
-- a role module (the actors a host runs: rollout, reward, reference, ...) imports nothing
-  of the driver (launcher, supervisor, topology, preparation, scaling, CLI);
+- ``asyncflow.actors`` is folders by process (``ACTOR_PACKAGES``): every module sits in one,
+  and each imports only the packages below it (``runtime`` at the bottom, ``driver`` on top);
+- nothing outside the driver's process (``actors/driver/``, the CLI, the benchmarks) imports it:
+  a role knows nothing of the driver that starts it;
+- a module or package named ``_x`` is private: only modules of the package that holds it
+  import it;
 - the planner's pure modules (every module of ``asyncflow.planner`` but ``io``)
   import nothing from ``actors``, ``cli``, ``engines`` or ``planner.io``, nor
   plotting or file-system modules (matplotlib, pathlib, os, ...): file reading and
@@ -53,25 +57,21 @@ PACKAGE = Path(asyncflow.__file__).resolve().parent
 ALLOWED: dict[tuple[str, str], str] = {}
 
 ENGINE_CONTRACT = ("asyncflow.engines.base", "asyncflow.engines.config")
-ROLE_MODULES = tuple(
-    f"asyncflow.actors.{m}"
-    for m in (
-        "rollout",
-        "reward",
-        "reference",
-        "reward_model",
-        "trainer",
-        "trainer_rank",
-        "prompt_loader",
-        "column_role",
-        "weight_sync",
-        "collector",
-    )
-)
-DRIVER_MODULES = tuple(
-    f"asyncflow.actors.{m}"
-    for m in ("launcher", "supervisor", "topology", "_prepare", "_preflight", "_scaling", "ray_hosts", "planner", "_restarts")
-) + ("asyncflow.cli", "asyncflow.bench")
+ACTORS = "asyncflow.actors"
+ACTOR_PACKAGES: dict[str, tuple[str, ...]] = {
+    "runtime": (),
+    "roles": ("runtime",),
+    "weights": ("runtime",),
+    "rollout": ("runtime", "weights"),
+    "trainer": ("runtime", "weights", "rollout"),
+    "driver": ("runtime", "roles", "weights", "rollout", "trainer"),
+}
+"""``asyncflow.actors`` by process: every module lives in one of these packages, and each
+imports, of the other packages, only those named here. ``runtime`` is the role runtime every
+worker shares (the loop, the wire messages, the run directory); ``roles`` the small column
+roles; ``trainer`` evaluates with the rollout's episode code; ``driver`` starts them all."""
+DRIVER_LAYER = ("asyncflow.actors.driver", "asyncflow.cli", "asyncflow.bench")
+"""What runs only in the driver's process (or the CLI's): nothing below it imports it."""
 
 TOY_BELOW = ("asyncflow.core", "asyncflow.config", "asyncflow.engines", "asyncflow.algorithms", "asyncflow.planner")
 """Layers below the toy world (``asyncflow.toy``: the tiny model and tasks), which never import it."""
@@ -245,6 +245,23 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
+def _actor_package(module: str) -> str | None:
+    """The package of ``asyncflow.actors`` a module lives in (``runtime``, ``trainer``, ...)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and module.startswith(ACTORS + ".") else None
+
+
+def _private_outside(module: str, target: str) -> bool:
+    """Whether ``module`` imports a ``_private`` module (or one of a ``_private`` package)
+    from outside the package that holds it."""
+    parts = target.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            owner = ".".join(parts[:i])
+            return not _under(module, (owner,))
+    return False
+
+
 def layer_violations(
     internal: dict[str, dict[str, int]], external: dict[str, dict[str, int]], modules: dict[str, Path], package: Path = PACKAGE
 ) -> tuple[list[str], set[tuple[str, str]]]:
@@ -290,8 +307,17 @@ def layer_violations(
                 rule = "algorithms import only the engine contract (engines/base.py, engines/config.py)"
             elif _under(module, TOY_BELOW) and _under(target, ("asyncflow.toy",)):
                 rule = "the toy world (tiny model, tasks) sits above core, config, engines, algorithms and planner"
-            elif _under(module, ROLE_MODULES) and _under(target, DRIVER_MODULES):
+            elif not _under(module, DRIVER_LAYER) and _under(target, DRIVER_LAYER):
                 rule = "a role knows nothing of the driver that starts it"
+            elif _actor_package(module) and _actor_package(target) not in (
+                None,
+                _actor_package(module),
+                *ACTOR_PACKAGES.get(_actor_package(module) or "", ()),
+            ):
+                allowed = ACTOR_PACKAGES[_actor_package(module) or ""]
+                rule = f"actors/{_actor_package(module)}/ imports only {allowed} of the other actor packages"
+            elif _private_outside(module, target):
+                rule = "a module or package named _x is private to the package that holds it"
             elif (
                 _under(module, ("asyncflow.planner",))
                 and not _under(module, ("asyncflow.planner.io",))
@@ -369,7 +395,7 @@ def test_the_checker_sees_imports_inside_functions_and_reports_a_cycle(tmp_path)
 
 def test_core_protocol_defines_no_message_only_the_rl_roles_use():
     """core/protocol.py holds the runtime's and the queue's messages: each is named by a
-    module of core. A message only the RL roles send belongs in actors/messages.py."""
+    module of core. A message only the RL roles send belongs in actors/runtime/messages.py."""
     import re
 
     protocol = (PACKAGE / "core" / "protocol.py").read_text()
@@ -377,4 +403,40 @@ def test_core_protocol_defines_no_message_only_the_rl_roles_use():
     defined = re.findall(r"^class (\w+)\(", protocol, re.M)
     assert defined
     unused = [name for name in defined if not re.search(rf"\b{name}\b", core)]
-    assert not unused, f"messages of core/protocol.py that no module of core uses (RL messages? actors/messages.py): {unused}"
+    assert not unused, (
+        f"messages of core/protocol.py that no module of core uses (RL messages? actors/runtime/messages.py): {unused}"
+    )
+
+
+def test_every_actor_module_lives_in_a_package_of_its_process():
+    """A new module of ``asyncflow.actors`` cannot slip past the rules above: it sits in one
+    of ``ACTOR_PACKAGES`` (its process decides which), never loose beside them."""
+    loose = [m for m in _module_files() if m.startswith(ACTORS + ".") and _actor_package(m) not in ACTOR_PACKAGES]
+    assert not loose, f"modules of asyncflow/actors/ outside {sorted(ACTOR_PACKAGES)}: {loose}"
+    folders = {p.name for p in (PACKAGE / "actors").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(ACTOR_PACKAGES), folders
+
+
+def test_the_actor_rules_catch_a_planted_module(tmp_path):
+    """The prefix rules on a planted package: a trainer module that reaches into the driver,
+    a role that imports the trainer, and a bench module that takes another package's _private."""
+    root = tmp_path / "asyncflow"
+    for sub in ("actors", "actors/trainer", "actors/driver", "actors/roles", "bench", "core"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        (root / sub / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "actors" / "driver" / "launcher.py").write_text("")
+    (root / "actors" / "trainer" / "_pause.py").write_text("")
+    (root / "actors" / "trainer" / "step.py").write_text("from asyncflow.actors.driver import launcher\n")
+    (root / "actors" / "roles" / "judge.py").write_text("from asyncflow.actors.trainer import step\n")
+    (root / "bench" / "b.py").write_text("from asyncflow.actors.trainer import _pause\n")
+    (root / "actors" / "trainer" / "ok.py").write_text("from asyncflow.actors.trainer import _pause\n")
+    modules = _module_files(root)
+    internal = {m: imports_of(m, p, modules)[0] for m, p in modules.items()}
+    external = {m: imports_of(m, p, modules)[1] for m, p in modules.items()}
+    found, _ = layer_violations(internal, external, modules, root)
+    joined = "\n".join(found)
+    assert len(found) == 3, joined
+    assert "trainer.step imports asyncflow.actors.driver.launcher (a role knows nothing of the driver" in joined
+    assert "roles.judge imports asyncflow.actors.trainer.step (actors/roles/ imports only ('runtime',)" in joined
+    assert "bench.b imports asyncflow.actors.trainer._pause (a module or package named _x is private" in joined

@@ -1,6 +1,6 @@
 """Where a run's time goes: per role, per activity and phase, in ms per trainer step.
 
-Read from RUN_DIR/trace.json (the roles' spans, ``actors/_spans.py``; phases of an
+Read from RUN_DIR/trace.json (the roles' spans, ``actors/runtime/spans.py``; phases of an
 activity, ``core/phases.py``, are the spans named ``<activity>/<phase>``). Pure
 functions: ``afctl bench e2e --breakdown`` prints it, ``scripts/results.py`` puts it
 in docs/performance.md, tests check it on a real run.
@@ -23,7 +23,7 @@ COMPUTE_PHASES = frozenset(
         "loss",
         "backward",
         "optimizer",
-        "prox_logp",  # trainer (engines/torch_train.py, actors/_policy.py)
+        "prox_logp",  # trainer (engines/torch_train.py, actors/trainer/policy.py)
         "prefill_model",
         "decode_model",
         "sample",  # rollout (engines/native_rollout.py)

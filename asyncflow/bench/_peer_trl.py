@@ -47,15 +47,15 @@ def run(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from asyncflow.actors._run import read_prompts
-    from asyncflow.actors._scoring import build_reward_fn
+    from asyncflow.actors.runtime.run_dir import read_prompts
+    from asyncflow.actors.runtime.scoring import build_reward_fn
     from asyncflow.algorithms.rewards import call_reward
 
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"], local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32, local_files_only=True)
     rows = read_prompts(spec["data_path"])
     if spec.get("heldout_prompts"):  # [eval]: train on asyncflow's training split only, as its loader does
-        from asyncflow.actors._run import split_prompts
+        from asyncflow.actors.runtime.run_dir import split_prompts
 
         train_idx, _ = split_prompts([str(r["prompt"]) for r in rows], spec["heldout_prompts"], spec["data_seed"])
         rows = [rows[i] for i in train_idx]
@@ -160,7 +160,7 @@ def in_asyncflows_order(rows: list[dict], spec: dict) -> list[dict]:
     (``shuffle_dataset=False``), so both systems train on the same prompts at every step
     and a seed's comparison is paired by its data; without, TRL shuffled with its own
     seed and the two saw different prompts."""
-    from asyncflow.actors._run import PromptOrder
+    from asyncflow.actors.runtime.run_dir import PromptOrder
 
     per_step = spec["samples_per_step"] // spec["group_size"]
     order = PromptOrder(len(rows), per_step, spec["shuffle"], spec["order_seed"])

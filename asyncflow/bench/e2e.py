@@ -50,8 +50,8 @@ def e2e(
     --partial-rollout: async without and with partial rollout instead."""
     import msgspec
 
-    from asyncflow.actors.launcher import run
-    from asyncflow.bench._shared_inputs import with_shared_inputs
+    from asyncflow.actors.driver.launcher import run
+    from asyncflow.bench.shared_inputs import with_shared_inputs
     from asyncflow.config.load import load_config
 
     base = load_config(config_path, list(overrides))
@@ -89,7 +89,7 @@ def e2e(
     if breakdown:
         from asyncflow.bench._breakdown import breakdown as of_trace
         from asyncflow.bench._breakdown import rounded, table
-        from asyncflow.cli._runs import load_trace
+        from asyncflow.cli.runs import load_trace
 
         by_mode = {mode: of_trace(load_trace(root / mode / "trace.json"), steps) for mode in ("sync", "async")}
         click.echo("")

@@ -23,8 +23,8 @@ from typing import Any
 
 import click
 
-from asyncflow.actors import messages
 from asyncflow.actors.rollout.inbox import WeightInbox
+from asyncflow.actors.runtime import messages
 from asyncflow.actors.weights import build_receiver
 from asyncflow.config.names import WEIGHTS
 from asyncflow.core import protocol
@@ -163,7 +163,7 @@ def fanout_run_dir(path: str, fanout: str, degree: int = 2, timeout_s: float = 3
 
     import msgspec
 
-    from asyncflow.actors._run import LaunchInfo
+    from asyncflow.actors.runtime.run_dir import LaunchInfo
     from asyncflow.config.run import RunConfig
     from asyncflow.config.workflow import WorkflowConfig
 
@@ -205,9 +205,9 @@ class Fleet:
         """``external``: replicas of the roster the caller starts itself (tests: one in a
         process of its own, to kill); ``check_bytes``: replicas record a crc32 per version.
         The run directory's ``workflow.weight_link_mb_s`` paces every sender (``fanout_run_dir``)."""
-        from asyncflow.actors._run import Run
-        from asyncflow.actors.roster import RosterActor
-        from asyncflow.actors.weight_sync import WeightSyncActor
+        from asyncflow.actors.driver.roster import RosterActor
+        from asyncflow.actors.runtime.run_dir import Run
+        from asyncflow.actors.weights.actor import WeightSyncActor
         from asyncflow.config.names import ROSTER
         from asyncflow.core.actor import serve_actor
         from asyncflow.core.host import actor_spec, spawn_host
@@ -283,7 +283,7 @@ class Fleet:
 
 
 def _publish(version: int, named: list, digest: int):
-    from asyncflow.actors.weight_sync import Publish
+    from asyncflow.actors.weights.actor import Publish
 
     return Publish(version, named, digest)
 

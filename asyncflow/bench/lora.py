@@ -27,7 +27,7 @@ def lora(model_dir: str | None, rank: int, targets: str, repeats: int, as_json: 
 
     import torch
 
-    from asyncflow.actors.weights._nng import NngSender
+    from asyncflow.actors.weights.nng import NngSender
     from asyncflow.engines.base import TokenBatch
     from asyncflow.engines.config import LoraConfig, RolloutEngineConfig, TrainEngineConfig
     from asyncflow.engines.factory import build_rollout_engine, build_train_engine

@@ -156,7 +156,7 @@ def peer(
 ) -> None:
     """Samples/s (training time only) and last-10% reward of TRL GRPOTrainer,
     asyncflow sync and asyncflow async on the same work."""
-    from asyncflow.bench._shared_inputs import with_shared_inputs
+    from asyncflow.bench.shared_inputs import with_shared_inputs
     from asyncflow.config.load import load_config
 
     if skip_trl and only_trl:
@@ -217,8 +217,8 @@ def _one_round(
     ``only_trl``), one after the other, in ``root``."""
     import msgspec
 
-    from asyncflow.actors._summary import complete_lines
-    from asyncflow.actors.launcher import run
+    from asyncflow.actors.driver.launcher import run
+    from asyncflow.actors.driver.summary import complete_lines
 
     root.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
@@ -268,7 +268,7 @@ def _one_round(
             "stream_step": cfg.workflow.stream_step,
             "prompts_per_call": cfg.rollout.prompts_per_call,
             "pipeline_efficiency": summary["pipeline_efficiency"],
-            # cluster.pin_trainer_cores as the run applied it (only where the machine was idle: actors/_pinning.py)
+            # cluster.pin_trainer_cores as the run applied it (only where the machine was idle: actors/driver/_pinning.py)
             "pinned_trainer_cores": summary.get("pinned_trainer_cores", 0),
             # the mean reward of each step's samples (with TRL's, paired step by step: the same prompts)
             "reward_by_step": [json.loads(x)["reward_mean"] for x in complete_lines(root / mode / "metrics.jsonl")],
@@ -276,7 +276,7 @@ def _one_round(
         if heldout:
             results[mode]["heldout_accuracy"] = summary["val_final_accuracy"]
     if heldout and "trl" in results:  # TRL's final weights, evaluated as asyncflow's trainer evaluates its own
-        from asyncflow.actors._eval import evaluate_saved
+        from asyncflow.actors.trainer.eval import evaluate_saved
 
         # the evaluation reads the held-out prompts and the config from an asyncflow run directory
         evaluated = evaluate_saved(root / modes[0], results["trl"]["final_model"])

@@ -109,7 +109,7 @@ def planner(
     """Samples/s in the first and last windows of an unbalanced run, and the planner's decisions."""
     import msgspec
 
-    from asyncflow.actors._prepare import prepare_new
+    from asyncflow.actors.driver.prepare import prepare_new
     from asyncflow.config.load import load_config
 
     if config_path is None:
@@ -179,7 +179,7 @@ def _run(base, mode: str, on: bool, run_dir: Path, window: int) -> dict:
     """One run of ``base`` with the online planner on or off, and its figures."""
     import msgspec
 
-    from asyncflow.actors.launcher import run
+    from asyncflow.actors.driver.launcher import run
 
     cfg = msgspec.structs.replace(base, planner=msgspec.structs.replace(base.planner, online=on))
     click.echo(f"== planner {mode} -> {run_dir} ==")

@@ -22,7 +22,7 @@ import time
 
 import click
 
-from asyncflow.bench._shared_inputs import model_option
+from asyncflow.bench.shared_inputs import model_option
 
 
 @click.command("rollout")

@@ -32,7 +32,7 @@ import time
 
 import click
 
-from asyncflow.bench._shared_inputs import model_option
+from asyncflow.bench.shared_inputs import model_option
 
 
 def _batch(num_rows: int, seq_len: int, seed: int = 0):

@@ -365,7 +365,7 @@ class CpuSampler:
 def _trace_ms_per_step(trace_path: Path, steps: int) -> dict[str, float]:
     """The trainer's weight publishing (``sync_weights``), ms per step, from trace.json."""
     from asyncflow.bench._breakdown import breakdown
-    from asyncflow.cli._runs import load_trace
+    from asyncflow.cli.runs import load_trace
 
     try:
         b = breakdown(load_trace(trace_path), steps)
@@ -418,7 +418,7 @@ def run_mode_config(
 ) -> dict:
     """Run one mode's config with the real launcher (its own output to RUN_DIR/twin.log),
     sampling the control plane's CPU at each step; its figures."""
-    from asyncflow.actors.launcher import run
+    from asyncflow.actors.driver.launcher import run
 
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

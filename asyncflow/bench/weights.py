@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from asyncflow.actors.weight_sync import Publish, WeightSyncActor
+from asyncflow.actors.weights.actor import Publish, WeightSyncActor
 
 
 class BenchWeights(WeightSyncActor):
@@ -37,7 +37,7 @@ def bench_run_dir(path: str, substep_updates: bool = False) -> str:
 
     import msgspec
 
-    from asyncflow.actors._run import LaunchInfo
+    from asyncflow.actors.runtime.run_dir import LaunchInfo
     from asyncflow.config.run import RunConfig
     from asyncflow.config.workflow import WorkflowConfig
 
@@ -62,8 +62,8 @@ def weights(mb: int, tensor_mb: float, chunk_mb: int, scheme: str, repeats: int,
     import msgspec
     import torch
 
-    from asyncflow.actors.weights._collective import CollectiveReceiver
-    from asyncflow.actors.weights._nng import NngReceiver
+    from asyncflow.actors.weights.collective import CollectiveReceiver
+    from asyncflow.actors.weights.nng import NngReceiver
     from asyncflow.config.names import WEIGHTS
     from asyncflow.core import protocol
     from asyncflow.core.directory import DirectoryClient, start_directory

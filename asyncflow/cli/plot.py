@@ -32,7 +32,7 @@ ROLE_STYLES: list[Any] = ["-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1))]  # matp
 def samples_per_s(rows: list[dict]) -> list[float]:
     """Samples of each step over the wall time since the previous step ended (the
     first step of each launch of a resumed run: over its own step time)."""
-    from asyncflow.actors._summary import launches
+    from asyncflow.actors.driver.summary import launches
 
     out = []
     for part in launches(rows):
@@ -87,7 +87,7 @@ def console_line(label: str, rows: list[dict]) -> str:
     """The line ``afctl plot`` prints per run: reward as summary.json defines it (the
     mean over the first and over the last tenth of the steps), samples/s over the
     training span of every launch."""
-    from asyncflow.actors._summary import reward_trend, train_span_s
+    from asyncflow.actors.driver.summary import reward_trend, train_span_s
 
     first, last = reward_trend(rows)
     rate = samples_per_s(rows)
@@ -118,7 +118,7 @@ def plot(run_dirs: tuple[Path, ...], png: Path, span: int) -> None:
 
     Lines break where the wall time jumps (a checkpoint or an evaluation paused the
     run); a resumed run's launches follow each other on the time axis."""
-    from asyncflow.cli._runs import read_metrics, run_label
+    from asyncflow.cli.runs import read_metrics, run_label
 
     runs = []
     for run_dir in run_dirs:
@@ -155,7 +155,7 @@ def draw(runs: list[tuple[str, list[dict]]], png: Path, span: int = 1) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from asyncflow.actors._summary import run_clock
+    from asyncflow.actors.driver.summary import run_clock
 
     has = {key for _, rows in runs for r in rows for key in r}
     panels = PANELS + [p for p in OPTIONAL_PANELS if p[1] in has] + ([VAL_PANEL] if "val/accuracy" in has else [])

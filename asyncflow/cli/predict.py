@@ -29,7 +29,7 @@ def mean_prompt_tokens(cfg, model_dir: str, limit: int = 500) -> float:
     from asyncflow.engines.prompts import prompt_ids
 
     if cfg.data.path:
-        from asyncflow.actors._run import read_prompts
+        from asyncflow.actors.runtime.run_dir import read_prompts
 
         prompts = [r["prompt"] for r in read_prompts(cfg.data.path)[:limit]]
     else:
@@ -42,19 +42,19 @@ def mean_prompt_tokens(cfg, model_dir: str, limit: int = 500) -> float:
 
 
 def reward_score_s(cfg, model_dir: str, rows: int, limit: int = 64) -> float:
-    """Seconds the reward actor spends scoring `rows` rows of this config (actors/reward.py):
+    """Seconds the reward actor spends scoring `rows` rows of this config (actors/roles/reward.py):
     decode prompts and responses, call the configured functions. Timed here on the
     config's own prompts, with their reference answers as responses."""
     import time
 
-    from asyncflow.actors._scoring import build_reward_fn
+    from asyncflow.actors.runtime.scoring import build_reward_fn
     from asyncflow.algorithms.rewards import call_reward
     from asyncflow.engines.hf import load_tokenizer
 
     if not cfg.reward.functions:
         return 0.0
     if cfg.data.path:
-        from asyncflow.actors._run import read_prompts
+        from asyncflow.actors.runtime.run_dir import read_prompts
 
         examples = read_prompts(cfg.data.path)[:limit]
     else:

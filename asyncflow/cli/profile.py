@@ -244,14 +244,14 @@ TRAINER_ROWS = (32, 128, 512)
 
 
 def _measure_trainer_rows(repeats: int) -> list:
-    """The trainer's work on a step's rows outside train_step (actors/_policy.py): token
+    """The trainer's work on a step's rows outside train_step (actors/trainer/policy.py): token
     batching of queue rows into a padded batch, rewards, GRPO advantages broadcast to
     tokens, the step's figures. Rows of 8 prompt + 1 to 6 response tokens, groups of 8."""
     import msgspec
     import numpy as np
     import torch
 
-    from asyncflow.actors._batching import token_batch
+    from asyncflow.actors.runtime.batching import token_batch
     from asyncflow.algorithms.advantages import broadcast_to_tokens, grpo_advantages
     from asyncflow.planner.calibration import Point
 
@@ -333,7 +333,7 @@ def _measure_queue(repeats: int) -> list:
     points = []
     try:
         dc = DirectoryClient(directory.address, transport)
-        # the tasks of a run (actors/launcher.py), so a put notifies as many controllers
+        # the tasks of a run (actors/driver/launcher.py), so a put notifies as many controllers
         procs = spawn_queue(dc, transport, ["rollout", "reward", "train"], num_shards=1, capacity_rows=4096)
         tq = TQClient(dc, consumer="profile")
         for rows in QUEUE_ROWS:

@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from asyncflow.actors import messages
+from asyncflow.actors.runtime import messages
 from asyncflow.config import names
 
 INFRA = ("tq.", "host.", "directory", names.COLLECTOR, names.WEIGHTS, names.PLANNER, "dist.")
@@ -36,7 +36,7 @@ def status(run_dir: Path | None, watch: bool, interval: float, as_json: bool) ->
     task, and weights in flight to rollout replicas."""
     import msgspec
 
-    from asyncflow.actors import _cluster_file
+    from asyncflow.actors.driver import cluster_file as _cluster_file
 
     try:
         info = _cluster_file.read(run_dir)
@@ -70,7 +70,7 @@ def status(run_dir: Path | None, watch: bool, interval: float, as_json: bool) ->
 
 def snapshot(info) -> dict:
     """One look at the cluster, as plain data (``--json`` prints it)."""
-    from asyncflow.actors._cluster_file import CLUSTER_FILE
+    from asyncflow.actors.driver.cluster_file import CLUSTER_FILE
     from asyncflow.core.directory import DirectoryClient
     from asyncflow.core.errors import AsyncflowError
     from asyncflow.core.tq.client import TQClient
@@ -195,7 +195,7 @@ def render(snap: dict) -> str:
 
 
 def _order(name: str) -> tuple:
-    from asyncflow.cli._runs import role_sort_key
+    from asyncflow.cli.runs import role_sort_key
 
     infra = name.startswith(INFRA)
     return (1 if infra else 0, role_sort_key(name))

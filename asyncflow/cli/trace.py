@@ -46,7 +46,7 @@ def trace(run_dirs: tuple[Path, ...], png: Path | None, from_s: float | None, to
     """Validate RUN_DIR/trace.json (Chrome trace format; open it in https://ui.perfetto.dev)
     and print every role's busy fraction; with --png, draw the timelines stacked,
     sync runs above async ones."""
-    from asyncflow.cli._runs import load_trace, run_label, run_mode, run_wall_s, sync_first, timeline, validate_trace
+    from asyncflow.cli.runs import load_trace, run_label, run_mode, run_wall_s, sync_first, timeline, validate_trace
 
     timelines, invalid = [], False
     for run_dir in sync_first(list(run_dirs)):

@@ -53,9 +53,9 @@ def twin(
         asked = tw.check_flags(model, npus, hardware, steps, time_scale, modes, prompts, group)
     except tw.TwinError as exc:
         raise click.UsageError(str(exc)) from None
-    from asyncflow.actors._preflight import mean_prompt_tokens
-    from asyncflow.actors.launcher import quiet_progress_bars
-    from asyncflow.bench._shared_inputs import with_shared_inputs
+    from asyncflow.actors.driver.launcher import quiet_progress_bars
+    from asyncflow.actors.driver.preflight import mean_prompt_tokens
+    from asyncflow.bench.shared_inputs import with_shared_inputs
     from asyncflow.config.load import load_config_text
 
     root = Path(out or tempfile.mkdtemp(prefix="af-twin-"))

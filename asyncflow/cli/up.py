@@ -33,9 +33,9 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
     that are safe to change mid-run (train.num_steps to extend a finished run,
     train.checkpoint_every, logging.*, ...); any other is refused by name.
     """
-    from asyncflow.actors._prepare import default_run_dir
-    from asyncflow.actors.launcher import run
-    from asyncflow.actors.supervisor import RunFailed
+    from asyncflow.actors.driver.launcher import run
+    from asyncflow.actors.driver.prepare import default_run_dir
+    from asyncflow.actors.driver.supervisor import RunFailed
     from asyncflow.config.load import ConfigError, load_config
 
     if bool(config) == bool(resume):

@@ -73,7 +73,7 @@ class WorkflowConfig(Section):
     prefetch_batch: Annotated[
         bool,
         Meta(
-            description="The trainer sends its request for step s + 1's batch while step s trains (``actors/_prefetch.py``), so "
+            description="The trainer sends its request for step s + 1's batch while step s trains (``actors/trainer/_prefetch.py``), so "
             "the reply is usually in when the step ends: one queue round trip less on the critical path of an async step. "
             "The same rows, only asked for earlier; step s's rows are acked one request later. false: ask when the step starts."
         ),
@@ -157,7 +157,7 @@ class WorkflowConfig(Section):
             "mode) while the rollout is not idle; set ``rollout.prompts_per_call`` below ``train.prompts_per_step`` so parts "
             "come before the step's last one. async only; one trainer rank, ``algorithm.epochs = 1``, a group-local "
             "estimator (grpo, rloo), no dynamic sampling, no adaptive KL, no gateway sessions "
-            "(``actors/_stream_step.py``)."
+            "(``actors/trainer/_stream_step.py``)."
         ),
     ] = False
 

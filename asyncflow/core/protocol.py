@@ -1,5 +1,5 @@
 """The wire messages of the actor runtime and the queue (the RL roles' are in
-``actors/messages.py``, on the same base, ``Message``: core knows no RL).
+``actors/runtime/messages.py``, on the same base, ``Message``: core knows no RL).
 
 Rules (ARCHITECTURE.md: every wire message is a Struct here or there):
 - Messages are frozen, ``kw_only``, tagged msgspec Structs. Each actor accepts one
@@ -31,7 +31,7 @@ import msgspec
 class _Msg(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Base of every tagged wire message (the tag is the class name). Each subclass
     defined moves ``generation()`` on: the decoder of any message (a reply) is rebuilt
-    when message classes of another module (the RL roles', ``actors/messages.py``) come
+    when message classes of another module (the RL roles', ``actors/runtime/messages.py``) come
     after it was first built."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -43,7 +43,7 @@ class _Msg(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 _GENERATION = 0
 
 Message = _Msg
-"""The base for the wire messages of a module above core (``actors/messages.py``)."""
+"""The base for the wire messages of a module above core (``actors/runtime/messages.py``)."""
 
 
 def generation() -> int:

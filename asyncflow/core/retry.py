@@ -7,7 +7,7 @@ wakes, so failing the caller (and with it the run) at the first timeout is wrong
 answer, until one does or ``cluster.transport.freeze_timeout_s`` has passed; then
 they raise ``PeerFrozen``. A dead peer is the driver's business: it restarts the
 process (or stops the run), and a frozen one past the freeze timeout it kills and
-restarts the same way (``actors/_freezes.py``).
+restarts the same way (``actors/driver/_freezes.py``).
 
 Every copy of one request carries the same id (the sending thread's id and its
 request number, in the frame's header), and the peer serves the request once,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pynng
 
-from asyncflow.core._private import write_private
+from asyncflow.core.private_files import write_private
 
 SERVER_NAME = "asyncflow"
 FILES = ("ca.pem", "node.pem", "node.key")

@@ -6,7 +6,7 @@ without those instructions torch emulates them, and SmolLM2-135M trained several
 times slower than in float32 (docs/real-model.md, 'Training at real size'), so
 ``"auto"`` is mixed precision where it pays and float32 where it does not. The host
 that decides is the one the engine runs on (a trainer on another machine reads its
-own /proc/cpuinfo). What the preflight says of it: ``actors/_preflight.py``.
+own /proc/cpuinfo). What the preflight says of it: ``actors/driver/preflight.py``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ context tokens), ``loss_mask`` (uint8, 1 on the model's tokens), ``token_version
 the trainer's rule is applied to), the digest of that version's weights
 (``weights_digest``: the trainer's version check) and its lengths. ``step`` is -1: a
 session is planned for no step, the trainer takes whatever sessions are ready and fresh
-enough (``actors/_sessions.py``).
+enough (``actors/trainer/_sessions.py``).
 
 Grouping:
 - a session rewarded with a group key (the ``X-Group-Id`` header of its requests or the

@@ -61,7 +61,7 @@ MODEL_STATE_BYTES_PER_PARAM = 16  # bf16 param + bf16 grad + fp32 master, Adam m
 LOGITS_BYTES_PER_VOCAB = 6  # bf16 logits + fp32 log-softmax for log-probs
 MIN_MICRO_BATCH_TOKENS = 16384  # packed micro-batch (verl's default token budget per device)
 MAX_SEQS_PER_INSTANCE = 512  # engine scheduler cap (vLLM max_num_seqs-like)
-WEIGHT_CHUNK_BYTES = 32 << 20  # the weights actor's chunk (actors/weight_sync.py CHUNK_BYTES): the relay pipeline's grain
+WEIGHT_CHUNK_BYTES = 32 << 20  # the weights actor's chunk (actors/weights/actor.py CHUNK_BYTES): the relay pipeline's grain
 
 
 class Workload(msgspec.Struct, kw_only=True, frozen=True):

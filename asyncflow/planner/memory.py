@@ -1,6 +1,6 @@
 """Memory per process, from a model's shape and a run config: the pieces each role's
 spec adds up for its own instances (``RoleSpec.memory``, ``RoleSpec.working_memory``),
-which the preflight sums and checks against the host (``actors/_preflight.py``).
+which the preflight sums and checks against the host (``actors/driver/preflight.py``).
 
 Pure functions. ``cfg`` is a run config (``config/``), read by attribute.
 

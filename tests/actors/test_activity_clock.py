@@ -1,4 +1,4 @@
-"""ActivityClock (actors/_activity.py): the time accounting loop actors and trainer
+"""ActivityClock (actors/runtime/activity.py): the time accounting loop actors and trainer
 ranks share."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from asyncflow.actors._activity import ActivityClock
+from asyncflow.actors.runtime.activity import ActivityClock
 
 
 def test_wait_activities_count_as_waiting_and_others_as_busy():

@@ -1,4 +1,4 @@
-"""BatchPrefetch (actors/_prefetch.py): the trainer's next request, sent from a thread."""
+"""BatchPrefetch (actors/trainer/_prefetch.py): the trainer's next request, sent from a thread."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from asyncflow.actors._prefetch import BatchPrefetch
+from asyncflow.actors.trainer._prefetch import BatchPrefetch
 from asyncflow.core import protocol
 
 

@@ -1,4 +1,4 @@
-"""Checkpoint directories (actors/_checkpoints.py): which are kept, and the ``latest`` link."""
+"""Checkpoint directories (actors/trainer/checkpoints.py): which are kept, and the ``latest`` link."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from asyncflow.actors._checkpoints import _link_latest, checkpoint_dir, latest_checkpoint, prune_checkpoints
+from asyncflow.actors.trainer.checkpoints import _link_latest, checkpoint_dir, latest_checkpoint, prune_checkpoints
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -1,4 +1,4 @@
-"""The freeze watch (actors/_freezes.py): a host silent for FROZEN_AFTER_S is named frozen
+"""The freeze watch (actors/driver/_freezes.py): a host silent for FROZEN_AFTER_S is named frozen
 once, with its /proc state; named again when it answers; overdue (to be killed) past the
 freeze timeout; and the driver's own stand-still blames nobody."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from asyncflow.actors._freezes import FreezeWatch, process_state
+from asyncflow.actors.driver._freezes import FreezeWatch, process_state
 from asyncflow.core.transport import TransportConfig
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncflow.actors.launcher import oversubscribed
+from asyncflow.actors.driver.launcher import oversubscribed
 from asyncflow.config.load import load_config_text
 
 pytestmark = pytest.mark.timeout(10)

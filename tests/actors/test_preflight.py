@@ -7,7 +7,7 @@ import json
 import msgspec
 import pytest
 
-from asyncflow.actors._preflight import check, estimate
+from asyncflow.actors.driver.preflight import check, estimate
 from asyncflow.config.load import ConfigError, load_config_text
 
 
@@ -53,7 +53,7 @@ def test_a_model_too_large_for_this_host_is_refused_before_launch(tmp_path):
 
 @pytest.mark.timeout(30)
 def test_the_preflight_estimates_a_steps_time_from_its_flops_and_says_what_it_assumed(tmp_path, monkeypatch):
-    from asyncflow.actors._preflight import step_estimate
+    from asyncflow.actors.driver.preflight import step_estimate
     from asyncflow.planner import io
     from asyncflow.planner.cpu_peak import parse_cpuinfo
     from asyncflow.planner.io import from_hf_config
@@ -77,7 +77,7 @@ def test_the_preflight_estimates_a_steps_time_from_its_flops_and_says_what_it_as
 
 @pytest.mark.timeout(30)
 def test_a_step_estimate_without_readable_prompts_says_so_and_leaves_the_stall_timeout_alone(tmp_path):
-    from asyncflow.actors._preflight import launch_step_estimate
+    from asyncflow.actors.driver.preflight import launch_step_estimate
 
     model = _model_dir(tmp_path, hidden=64, layers=2, vocab=100)
     est = launch_step_estimate(load_config_text(""), model, str(tmp_path / "missing.jsonl"), model)
@@ -86,7 +86,7 @@ def test_a_step_estimate_without_readable_prompts_says_so_and_leaves_the_stall_t
 
 
 def test_with_the_prompt_length_the_estimate_adds_activations_logits_runtime_and_the_eval_engine(tmp_path):
-    from asyncflow.actors._preflight import working_bytes
+    from asyncflow.actors.driver.preflight import working_bytes
     from asyncflow.planner.memory import PROCESS_BYTES
 
     model = _model_dir(tmp_path, hidden=64, layers=2, vocab=50_000)

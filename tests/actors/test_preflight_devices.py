@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from tiny_config import tiny_config_text
 
-from asyncflow.actors._prepare import prepare_new
+from asyncflow.actors.driver.prepare import prepare_new
 from asyncflow.config.load import ConfigError, load_config_text
 
 pytestmark = pytest.mark.timeout(60)

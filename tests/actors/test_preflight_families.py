@@ -24,7 +24,7 @@ from transformers import (
     T5Config,
 )
 
-from asyncflow.actors._preflight import check, check_inputs, step_estimate
+from asyncflow.actors.driver.preflight import check, check_inputs, step_estimate
 from asyncflow.config.load import ConfigError, load_config_text
 from asyncflow.toy.tiny import build_char_tokenizer
 
@@ -102,7 +102,7 @@ def encoder() -> PretrainedConfig:
     [(encoder_decoder, r"model_type 't5' is an encoder-decoder"), (encoder, r"model_type 'bert' is an encoder")],
 )
 def test_a_model_that_is_no_causal_lm_is_refused_by_model_path_before_the_run_directory_exists(make, why, tmp_path):
-    from asyncflow.actors._prepare import prepare_new
+    from asyncflow.actors.driver.prepare import prepare_new
 
     path = model_dir(make(), tmp_path / "model")
     with pytest.raises(ConfigError, match=rf"model.path = '{path}': {why}.*decoder-only causal LM") as err:

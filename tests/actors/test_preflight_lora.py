@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from asyncflow.actors._preflight import estimate
+from asyncflow.actors.driver.preflight import estimate
 from asyncflow.config.load import load_config_text
 
 H, L, V, INTER, KV_DIM = 64, 2, 100, 256, 32  # 8 heads of 8, 4 KV heads

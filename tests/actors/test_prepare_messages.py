@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tiny_config import tiny_config_text
 
-from asyncflow.actors._prepare import prepare_new
+from asyncflow.actors.driver.prepare import prepare_new
 from asyncflow.config.load import load_config_text
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,5 +1,5 @@
 """A damaged run directory is named in one line by ``afctl up --resume``, never a raw
-traceback (actors/_prepare.py): a DONE file that holds no step, a truncated
+traceback (actors/driver/prepare.py): a DONE file that holds no step, a truncated
 launch.json."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from asyncflow.actors._checkpoints import checkpoint_dir
-from asyncflow.actors._prepare import prepare_resume, write_run_config
-from asyncflow.actors._run import LaunchInfo
+from asyncflow.actors.driver.prepare import prepare_resume, write_run_config
+from asyncflow.actors.runtime.run_dir import LaunchInfo
+from asyncflow.actors.trainer.checkpoints import checkpoint_dir
 from asyncflow.config.load import load_config_text
 from asyncflow.core.schema import ConfigError
 

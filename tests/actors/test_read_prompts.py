@@ -1,11 +1,11 @@
 """A data file's mistakes are named by file and line before any process starts
-(actors/_run.py ``read_prompts``, called by the preflight)."""
+(actors/runtime/run_dir.py ``read_prompts``, called by the preflight)."""
 
 from __future__ import annotations
 
 import pytest
 
-from asyncflow.actors._run import read_prompts
+from asyncflow.actors.runtime.run_dir import read_prompts
 from asyncflow.config.load import load_config_text
 from asyncflow.core.schema import ConfigError
 
@@ -41,7 +41,7 @@ def test_bytes_that_are_not_utf8_are_named_by_line(tmp_path):
 def test_the_preflight_refuses_an_empty_prompt_naming_the_key_the_file_and_the_line(tmp_path, tiny_dir):
     path = tmp_path / "data.jsonl"
     path.write_text(GOOD * 20 + '{"prompt": "", "answer": "2"}\n')
-    from asyncflow.actors._preflight import check_inputs
+    from asyncflow.actors.driver.preflight import check_inputs
 
     cfg = load_config_text(f"[model]\npath = {str(tiny_dir)!r}\n[data]\npath = {str(path)!r}")
     with pytest.raises(ConfigError, match=r"data\.path = .*data\.jsonl.*line 21 has an empty prompt"):
@@ -50,7 +50,7 @@ def test_the_preflight_refuses_an_empty_prompt_naming_the_key_the_file_and_the_l
 
 @pytest.mark.parametrize("model", ["tiny", "dir"])
 def test_max_new_tokens_beyond_the_models_positions_is_refused_before_any_process_starts(model, tiny_dir):
-    from asyncflow.actors._preflight import check_inputs
+    from asyncflow.actors.driver.preflight import check_inputs
 
     path = f"[model]\npath = {str(tiny_dir)!r}\n" if model == "dir" else ""
     cfg = load_config_text(path + "[rollout.sampling]\nmax_new_tokens = 100000")
@@ -62,7 +62,7 @@ def test_max_new_tokens_beyond_the_models_positions_is_refused_before_any_proces
 def test_a_prompt_longer_than_its_limit_is_refused_by_its_line_before_any_process_starts(tmp_path, tiny_dir, limit):
     import json
 
-    from asyncflow.actors._preflight import check_inputs
+    from asyncflow.actors.driver.preflight import check_inputs
 
     positions = json.loads((tiny_dir / "config.json").read_text())["max_position_embeddings"]
     long = "1+" * (positions if limit == "positions" else 40) + "1"

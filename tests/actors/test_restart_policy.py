@@ -1,10 +1,10 @@
-"""The driver's restart policy (actors/_restarts.py), alone: budget, window, backoff."""
+"""The driver's restart policy (actors/driver/_restarts.py), alone: budget, window, backoff."""
 
 from __future__ import annotations
 
 import pytest
 
-from asyncflow.actors._restarts import MAX_BACKOFF_S, RestartPolicy
+from asyncflow.actors.driver._restarts import MAX_BACKOFF_S, RestartPolicy
 
 
 @pytest.mark.timeout(10)

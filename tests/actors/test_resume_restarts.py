@@ -9,8 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from asyncflow.actors import _preflight, launcher, messages
-from asyncflow.actors.supervisor import RunFailed
+from asyncflow.actors.driver import launcher
+from asyncflow.actors.driver import preflight as _preflight
+from asyncflow.actors.driver.supervisor import RunFailed
+from asyncflow.actors.runtime import messages
 from asyncflow.config.run import RunConfig
 
 

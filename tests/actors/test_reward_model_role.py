@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from asyncflow.actors import topology
-from asyncflow.actors._policy import PolicyUpdate
-from asyncflow.actors._preflight import check, estimate
-from asyncflow.actors.reward_model import RewardModelActor
-from asyncflow.actors.supervisor import num_devices, visible_devices
+from asyncflow.actors.driver import topology
+from asyncflow.actors.driver.preflight import check, estimate
+from asyncflow.actors.driver.supervisor import num_devices, visible_devices
+from asyncflow.actors.roles.reward_model import RewardModelActor
+from asyncflow.actors.trainer.policy import PolicyUpdate
 from asyncflow.config import names
 from asyncflow.config.load import load_config_text
 from asyncflow.config.roles import REWARD_MODEL_COLUMN

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tiny_config import tiny_config_text
 
-from asyncflow.actors._scoring import Scorer
+from asyncflow.actors.runtime.scoring import Scorer
 from asyncflow.config.load import load_config_text
 from asyncflow.toy.tiny import build_char_tokenizer
 

@@ -1,4 +1,4 @@
-"""RUN_DIR/samples.jsonl: what the model writes, as text (actors/_samples.py)."""
+"""RUN_DIR/samples.jsonl: what the model writes, as text (actors/trainer/_samples.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from asyncflow.actors._samples import SampleLog
+from asyncflow.actors.trainer._samples import SampleLog
 
 pytestmark = pytest.mark.timeout(20)
 

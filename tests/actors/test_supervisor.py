@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncflow.actors import messages, supervisor, topology
-from asyncflow.actors.supervisor import Supervisor
+from asyncflow.actors.driver import supervisor, topology
+from asyncflow.actors.driver.supervisor import Supervisor
+from asyncflow.actors.runtime import messages
 from asyncflow.config import names
 from asyncflow.config.load import load_config_text
 from asyncflow.core import protocol

@@ -1,11 +1,11 @@
-"""Teardown (actors/_teardown.py): the undos of what the driver's start built, unwound
+"""Teardown (actors/driver/_teardown.py): the undos of what the driver's start built, unwound
 newest first by the stop, each once, errors and interrupts contained by the runner."""
 
 from __future__ import annotations
 
 import pytest
 
-from asyncflow.actors._teardown import Teardown
+from asyncflow.actors.driver._teardown import Teardown
 
 
 def _runner(errors: list):

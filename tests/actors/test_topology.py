@@ -1,4 +1,4 @@
-"""A config -> the run's process hosts, as a pure function (actors/topology.py), and
+"""A config -> the run's process hosts, as a pure function (actors/driver/topology.py), and
 what the supervisor derives from each role's RoleSpec (devices, cores): no process."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from asyncflow.actors import topology
-from asyncflow.actors.column_role import ColumnRole
-from asyncflow.actors.supervisor import num_devices, visible_devices
-from asyncflow.actors.weight_sync import WeightSyncActor
+from asyncflow.actors.driver import topology
+from asyncflow.actors.driver.supervisor import num_devices, visible_devices
+from asyncflow.actors.roles.column_role import ColumnRole
+from asyncflow.actors.weights.actor import WeightSyncActor
 from asyncflow.config import names
 from asyncflow.config.cluster import ClusterConfig
 from asyncflow.config.load import load_config_text
@@ -157,8 +157,10 @@ def test_the_reference_role_lives_in_its_module_and_one_registry_line_only():
         r"import [\w, ]*\breference\b"
     )
     naming = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if mentions.search(p.read_text()))
-    assert naming == ["actors/reference.py", "actors/topology.py", "config/names.py"]
-    registry = [line for line in (package / "actors" / "topology.py").read_text().splitlines() if mentions.search(line)]
+    assert naming == ["actors/driver/topology.py", "actors/roles/reference.py", "config/names.py"]
+    registry = [
+        line for line in (package / "actors" / "driver" / "topology.py").read_text().splitlines() if mentions.search(line)
+    ]
     assert len(registry) == 2  # its name in the import of the role modules, and its line in BUILT_IN
 
 
@@ -166,7 +168,7 @@ def test_without_the_reference_roles_spec_no_host_task_device_memory_or_step_lin
     """Role facts come from the RoleSpec alone: with the reference's spec taken out of
     BUILT_IN, a config that asks for a reference (kl_coef > 0) plans no reference host,
     task, device, memory or step-time line, while with it each of them is there."""
-    from asyncflow.actors import _preflight
+    from asyncflow.actors.driver import preflight as _preflight
     from asyncflow.planner import io
     from asyncflow.planner.cpu_peak import parse_cpuinfo
     from asyncflow.toy.tiny import make_tiny_model
@@ -193,7 +195,7 @@ def test_finding_checkpoints_and_preparing_a_resume_import_no_torch():
     import sys
 
     code = (
-        "import sys, asyncflow.actors._checkpoints, asyncflow.actors._prepare, asyncflow.actors.roles; "
+        "import sys, asyncflow.actors.trainer.checkpoints, asyncflow.actors.driver.prepare, asyncflow.actors.runtime.spec; "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
@@ -204,7 +206,7 @@ EMULATED = '[rollout.engine]\ntype = "emulated"\n[train.engine]\ntype = "emulate
 
 
 def test_emulated_replicas_are_packed_into_shared_processes_and_each_stays_a_worker_and_a_replica():
-    from asyncflow.actors.supervisor import Supervisor
+    from asyncflow.actors.driver.supervisor import Supervisor
 
     cfg = _cfg(EMULATED + "[rollout]\nnum_replicas = 10\n[cluster]\nactors_per_process = 4\n")
     hosts = topology.plan_hosts(cfg, "/run")

@@ -14,9 +14,9 @@ import time
 import pytest
 import torch
 
-from asyncflow.actors import messages
-from asyncflow.actors.roster import RosterActor
-from asyncflow.actors.weight_sync import Publish, WeightSyncActor
+from asyncflow.actors.driver.roster import RosterActor
+from asyncflow.actors.runtime import messages
+from asyncflow.actors.weights.actor import Publish, WeightSyncActor
 from asyncflow.bench.weights import bench_run_dir
 from asyncflow.config import names
 from asyncflow.core import protocol

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncflow.actors import messages
+from asyncflow.actors.runtime import messages
 from asyncflow.actors.weights import relay_name, tree_levels, tree_sources
 from asyncflow.actors.weights._relay import MAX_SOURCES, RelayStore
 from asyncflow.bench.fanout import Fleet, fanout_run_dir, tensors_crc32, version_tensors
@@ -286,7 +286,7 @@ def test_a_relay_killed_or_frozen_mid_transfer_costs_its_subtree_no_version_and_
 
 def _publish_only(version: int):
     """Publish ``version`` without waiting for the replicas (the test drives what follows)."""
-    from asyncflow.actors.weight_sync import Publish
+    from asyncflow.actors.weights.actor import Publish
     from asyncflow.engines.digest import weights_digest
 
     named = version_tensors(version, VERSION_BYTES, TENSOR_BYTES)
@@ -327,7 +327,7 @@ def test_a_real_size_embedding_relayed_down_a_chain_reaches_every_replica_byte_e
 
 @pytest.mark.timeout(10)
 def test_tree_levels_put_every_replicas_parent_in_the_level_before_its_own():
-    """The weights actor announces a version a level at a time (weight_sync.py): a parent hears
+    """The weights actor announces a version a level at a time (weights/actor.py): a parent hears
     before its children ask it, as when the replicas were told in turn."""
     names = [f"rollout.{i}" for i in range(8)]
     assert tree_levels(names, 2) == [

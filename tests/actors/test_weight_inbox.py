@@ -10,8 +10,8 @@ import threading
 import pytest
 import torch
 
-from asyncflow.actors import messages
 from asyncflow.actors.rollout.inbox import WeightInbox
+from asyncflow.actors.runtime import messages
 from asyncflow.actors.weights import WeightReceiver
 from asyncflow.core import protocol
 from asyncflow.core.errors import ActorTimeout

@@ -9,11 +9,11 @@ import threading
 import pytest
 import torch
 
-from asyncflow.actors import messages
-from asyncflow.actors.weight_sync import Publish, WeightSyncActor
+from asyncflow.actors.runtime import messages
 from asyncflow.actors.weights import WeightReceiver, WeightSender, build_receiver, build_sender
-from asyncflow.actors.weights._collective import CollectiveReceiver, CollectiveSender
-from asyncflow.actors.weights._nng import NngReceiver, NngSender, joined
+from asyncflow.actors.weights.actor import Publish, WeightSyncActor
+from asyncflow.actors.weights.collective import CollectiveReceiver, CollectiveSender
+from asyncflow.actors.weights.nng import NngReceiver, NngSender, joined
 from asyncflow.bench.weights import bench_run_dir
 from asyncflow.config.names import WEIGHTS
 from asyncflow.core.actor import serve_actor

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 from tiny_config import tiny_config_text
 
-from asyncflow.actors._policy import PolicyUpdate
-from asyncflow.actors._run import LaunchInfo
+from asyncflow.actors.runtime.run_dir import LaunchInfo
+from asyncflow.actors.trainer.policy import PolicyUpdate
 from asyncflow.config.load import load_config_text
 
 

@@ -4,7 +4,7 @@ step's first update, so the PPO clip acts and the importance weight stays pi_old
 import torch
 from policy_helpers import columns, policy_update
 
-from asyncflow.actors._batching import token_batch
+from asyncflow.actors.runtime.batching import token_batch
 
 
 def test_several_epochs_on_one_batch_clip_the_ratio_against_the_policy_before_the_update(tiny_model_dir):

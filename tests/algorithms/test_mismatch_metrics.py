@@ -5,7 +5,7 @@ import math
 import pytest
 from policy_helpers import columns, policy_update
 
-from asyncflow.actors._batching import token_batch
+from asyncflow.actors.runtime.batching import token_batch
 
 PROMPTS = [[8, 9, 10], [8, 9, 10], [11, 12, 13], [11, 12, 13]]
 RESPONSES = [[14, 15, 16, 2], [17, 18, 19, 2], [20, 21, 22, 2], [23, 24, 25, 2]]

@@ -10,7 +10,7 @@ import torch
 from policy_helpers import columns, policy_update
 from tiny_config import tiny_config_text
 
-from asyncflow.actors._batching import token_batch
+from asyncflow.actors.runtime.batching import token_batch
 from asyncflow.algorithms.grpo import PolicyLossConfig, policy_loss_fn
 from asyncflow.algorithms.overlong import drop_rows, overlong_penalty, truncated_rows
 from asyncflow.config.load import ConfigError, load_config_text

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from asyncflow.actors._run import PromptOrder
+from asyncflow.actors.runtime.run_dir import PromptOrder
 from asyncflow.algorithms.dynamic_sampling import StepGroups, choose_groups
 from asyncflow.core.tq.ledger import Ledger
 

@@ -89,7 +89,7 @@ def test_bench_peer_runs_the_three_systems_for_a_few_steps_round_after_round(tmp
 
 @pytest.mark.timeout(30)
 def test_trl_gets_the_rows_in_the_loaders_order_step_by_step_across_epochs():
-    from asyncflow.actors._run import PromptOrder
+    from asyncflow.actors.runtime.run_dir import PromptOrder
     from asyncflow.bench._peer_trl import in_asyncflows_order
 
     rows = [{"prompt": f"p{i}"} for i in range(10)]
@@ -160,7 +160,7 @@ def test_bench_peer_skip_sync_runs_trl_and_async_and_evaluates_both(tmp_path):
     assert "deleted the runs' final weights" in done.stdout
     # both trained on the same prompts at every step: TRL's reward calls against the groups async trained
     # (group g of the queue is group g % P of step g // P in the loader's order, data.order_seed 3)
-    from asyncflow.actors._run import PromptOrder, Run, read_prompts, split_prompts
+    from asyncflow.actors.runtime.run_dir import PromptOrder, Run, read_prompts, split_prompts
 
     run = Run(str(tmp_path / "async"))
     rows = read_prompts(run.launch.data_path)

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from asyncflow.actors import messages
-from asyncflow.actors.collector import CollectorActor
+from asyncflow.actors.driver.collector import CollectorActor
+from asyncflow.actors.runtime import messages
 from asyncflow.bench._breakdown import breakdown, table
-from asyncflow.cli._runs import timeline, validate_trace
+from asyncflow.cli.runs import timeline, validate_trace
 from asyncflow.core.actor import ActorContext
 from asyncflow.core.transport import TransportConfig
 
@@ -93,8 +93,8 @@ def test_phases_go_on_their_own_lane_and_leave_flows_and_busy_time_alone(tmp_pat
 def test_a_real_run_breaks_down_into_the_phases_of_every_role(tmp_path):
     from tiny_config import write_tiny_config
 
-    from asyncflow.actors.launcher import run
-    from asyncflow.cli._runs import load_trace
+    from asyncflow.actors.driver.launcher import run
+    from asyncflow.cli.runs import load_trace
     from asyncflow.config.load import load_config
 
     path = write_tiny_config(

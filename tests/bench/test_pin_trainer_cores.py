@@ -8,8 +8,8 @@ import os
 import msgspec
 import pytest
 
-from asyncflow.actors._pinning import cores_busy, pinning
-from asyncflow.actors.supervisor import pinned_cores
+from asyncflow.actors.driver._pinning import cores_busy, pinning
+from asyncflow.actors.driver.supervisor import pinned_cores
 from asyncflow.config.load import ConfigError, load_config
 from asyncflow.core.host import CPUS_ENV
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from asyncflow.actors._batching import token_batch
+from asyncflow.actors.runtime.batching import token_batch
 
 
 def reference(prompts, responses, per_token):
@@ -69,7 +69,7 @@ def test_right_padded_batches_train_without_the_mask_and_give_the_same_logprobs(
 
 @pytest.mark.timeout(30)
 def test_the_reward_joins_two_batches_row_for_row():
-    from asyncflow.actors.reward import joined
+    from asyncflow.actors.roles.reward import joined
     from asyncflow.core import protocol
     from asyncflow.core.tq.client import Batch
 

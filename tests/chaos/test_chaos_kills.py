@@ -18,7 +18,7 @@ KINDS = ["rollout.0", "reward.0", "loader", "queue", "shard.0", "trainer"]
 
 # Found by this suite (seed 100, and every run of the rollout-during-checkpoint case): a
 # worker killed while the trainer checkpointed left the trainer blocked 600 s in Pause, asked
-# at the dead process's address. Fixed: actors/_pause.py asks the restarted process.
+# at the dead process's address. Fixed: actors/trainer/_pause.py asks the restarted process.
 
 
 @pytest.mark.timeout(300)

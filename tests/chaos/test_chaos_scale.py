@@ -23,7 +23,7 @@ import pytest
 from chaos_helpers import ChaosRun, rng_for
 from wf_helpers import read_jsonl
 
-from asyncflow.actors._summary import launches
+from asyncflow.actors.driver.summary import launches
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 

@@ -54,7 +54,7 @@ def test_bench_planner_rounds_alternate_which_mode_goes_first_and_report_each_ro
 
     monkeypatch.setattr(bench_planner, "_run", one_run)
     monkeypatch.setattr(bench_planner, "EXAMPLE", Path(__file__).resolve().parents[2] / "examples" / "unbalanced.toml")
-    monkeypatch.setattr("asyncflow.actors._prepare.prepare_new", lambda cfg, d: (cfg, d, _Launch()))
+    monkeypatch.setattr("asyncflow.actors.driver.prepare.prepare_new", lambda cfg, d: (cfg, d, _Launch()))
     result = CliRunner().invoke(main, ["bench", "planner", "--rounds", "3", "--out", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     assert ran == [
@@ -87,7 +87,7 @@ def test_bench_planner_set_changes_the_config_of_every_run(tmp_path, monkeypatch
 
     monkeypatch.setattr(bench_planner, "_run", one_run)
     monkeypatch.setattr(bench_planner, "EXAMPLE", Path(__file__).resolve().parents[2] / "examples" / "unbalanced.toml")
-    monkeypatch.setattr("asyncflow.actors._prepare.prepare_new", lambda cfg, d: (cfg, d, _Launch()))
+    monkeypatch.setattr("asyncflow.actors.driver.prepare.prepare_new", lambda cfg, d: (cfg, d, _Launch()))
     args = ["bench", "planner", "--rounds", "2", "--steps", "40", "--set", "planner.move_cost_s=3.5", "--out", str(tmp_path)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output

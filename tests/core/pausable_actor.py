@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from asyncflow.actors import messages
+from asyncflow.actors.runtime import messages
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
 

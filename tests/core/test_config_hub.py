@@ -126,7 +126,7 @@ def test_online_an_uncached_hub_id_is_downloaded_into_the_cache_once_as_the_conf
 
 @pytest.mark.timeout(60)
 def test_every_role_gets_the_resolved_directory_from_the_runs_config_and_launch_plan(offline, tmp_path):
-    from asyncflow.actors._prepare import prepare_new
+    from asyncflow.actors.driver.prepare import prepare_new
 
     snapshot = cache_model(offline)
     cfg = load_config(config_file(tmp_path, f'[model]\npath = "{REPO}"\n[data]\nchat_template = true\nnum_prompts = 20\n'))

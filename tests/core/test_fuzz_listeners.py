@@ -30,7 +30,7 @@ SECRET = b"fuzz-secret"
 @pytest.fixture
 def listeners(tmp_path):
     """name -> address of one live listener of each kind, all in this process."""
-    from asyncflow.actors.collector import CollectorActor
+    from asyncflow.actors.driver.collector import CollectorActor
 
     transport = TransportConfig(scheme="tcp", secret=SECRET.decode())
     directory = start_directory(transport)

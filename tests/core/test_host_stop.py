@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncflow.actors import messages
+from asyncflow.actors.runtime import messages
 from asyncflow.core import protocol
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.host import PARENT_ENV, TRANSPORT_ENV, HostProcess

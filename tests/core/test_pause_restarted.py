@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncflow.actors import messages
-from asyncflow.actors._pause import pause_role
+from asyncflow.actors.runtime import messages
+from asyncflow.actors.trainer._pause import pause_role
 from asyncflow.core import protocol
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.errors import ActorGone, ActorTimeout
@@ -93,7 +93,7 @@ def test_a_role_not_in_the_directory_at_the_first_lookup_is_looked_up_again_unti
     """Found by tests/chaos/test_chaos_scale.py: a checkpoint began while a killed pack of
     replicas was being restarted, the first lookup of a replica's name raised LookupError (its
     dead instance unregistered, the new one not registered yet), and the trainer failed."""
-    caplog.set_level(logging.INFO, logger="asyncflow.actors._pause")
+    caplog.set_level(logging.INFO, logger="asyncflow.actors.trainer._pause")
     looked = []
 
     def lookup(name):
@@ -137,7 +137,7 @@ def test_roles_restarting_together_are_paused_together_not_one_deadline_after_an
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from asyncflow.actors._pause import pause_roles
+    from asyncflow.actors.trainer._pause import pause_roles
 
     looked = {"rollout.0": threading.Event(), "rollout.1": threading.Event()}
 
@@ -158,7 +158,7 @@ def test_roles_restarting_together_are_paused_together_not_one_deadline_after_an
 def test_a_role_that_cannot_be_paused_fails_the_checkpoint_after_the_others_are_paused_and_listed_for_resume():
     from concurrent.futures import ThreadPoolExecutor
 
-    from asyncflow.actors._pause import pause_roles
+    from asyncflow.actors.trainer._pause import pause_roles
 
     def lookup(name):
         if name == "rollout.1":

@@ -30,7 +30,7 @@ def _config_with_secret(tmp_path):
 
 
 def test_the_run_directory_keeps_the_secret_out_of_config_json_and_in_a_file_of_mode_0600(tmp_path):
-    from asyncflow.actors._prepare import prepare_new
+    from asyncflow.actors.driver.prepare import prepare_new
 
     cfg = _config_with_secret(tmp_path)
     _, rd, _ = prepare_new(cfg, tmp_path / "run")
@@ -43,7 +43,7 @@ def test_the_run_directory_keeps_the_secret_out_of_config_json_and_in_a_file_of_
 
 
 def test_a_resumed_run_takes_its_secret_back_from_the_secret_file(tmp_path):
-    from asyncflow.actors._prepare import prepare_new, read_run_config
+    from asyncflow.actors.driver.prepare import prepare_new, read_run_config
 
     cfg = _config_with_secret(tmp_path)
     _, rd, _ = prepare_new(cfg, tmp_path / "run")
@@ -54,8 +54,8 @@ def test_a_loopback_tcp_run_without_a_secret_gets_its_own_and_its_hosts_refuse_f
     """Loopback tcp with neither secret nor TLS: any local user could stop a process host.
     The run now makes a random secret of its own (RUN_DIR/secret,
     0600), its hosts require it, and `afctl status` reads it from there."""
-    from asyncflow.actors import _cluster_file
-    from asyncflow.actors._prepare import prepare_new, read_run_config
+    from asyncflow.actors.driver import cluster_file as _cluster_file
+    from asyncflow.actors.driver.prepare import prepare_new, read_run_config
     from asyncflow.core import protocol
     from asyncflow.core.directory import DirectoryClient, start_directory
     from asyncflow.core.errors import Unauthorized
@@ -299,7 +299,7 @@ def test_afctl_status_without_a_run_dir_follows_only_a_pointer_file_of_its_own_u
 
     import msgspec
 
-    from asyncflow.actors import _cluster_file
+    from asyncflow.actors.driver import cluster_file as _cluster_file
     from asyncflow.core.transport import TransportConfig
 
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))

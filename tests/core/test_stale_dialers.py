@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncflow.actors._heartbeat import Heartbeat
+from asyncflow.actors.driver._heartbeat import Heartbeat
 from asyncflow.core import protocol, ref
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory

@@ -48,7 +48,7 @@ def test_a_reply_of_another_type_raises_naming_the_request_the_expected_and_the_
 
 
 def test_every_request_names_a_reply_type_that_resolves_to_a_message():
-    import asyncflow.actors.messages  # noqa: F401  (the RL roles' requests, defined above core)
+    import asyncflow.actors.runtime.messages  # noqa: F401  (the RL roles' requests, defined above core)
 
     requests = [
         cls for cls in frames._all_messages(protocol._Msg) if issubclass(cls, protocol.Request) and cls is not protocol.Request
@@ -89,12 +89,12 @@ def test_mypy_infers_the_reply_type_of_an_ask(tmp_path):
         timeout=280,
     ).stdout
     assert 'Revealed type is "asyncflow.core.protocol.Found"' in out, out
-    assert 'Revealed type is "asyncflow.actors.messages.WeightsReady"' in out, out
+    assert 'Revealed type is "asyncflow.actors.runtime.messages.WeightsReady"' in out, out
 
 
 def test_a_reply_of_a_message_module_imported_after_the_first_decode_is_decoded():
     """The any-message decoder of replies is built at the first reply; the RL roles'
-    messages (actors/messages.py) may be imported after it: it is built again."""
+    messages (actors/runtime/messages.py) may be imported after it: it is built again."""
     import subprocess
     import sys
 

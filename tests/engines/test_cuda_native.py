@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncflow.actors.weights._nng import NngReceiver
+from asyncflow.actors.weights.nng import NngReceiver
 from asyncflow.config.names import WEIGHTS
 from asyncflow.engines.base import TokenBatch
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams, TrainEngineConfig

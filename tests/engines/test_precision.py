@@ -95,7 +95,7 @@ def test_the_trainer_under_auto_computes_in_what_the_host_runs_natively(monkeypa
 
 
 def _estimate(tmp_path, monkeypatch, cpuinfo: str, extra: str):
-    from asyncflow.actors._preflight import step_estimate
+    from asyncflow.actors.driver.preflight import step_estimate
     from asyncflow.config.load import load_config_text
 
     on_cpu(monkeypatch, cpuinfo)

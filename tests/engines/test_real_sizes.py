@@ -21,9 +21,9 @@ import pytest
 import safetensors.torch
 import torch
 
-from asyncflow.actors.weight_sync import Publish, WeightSyncActor
-from asyncflow.actors.weights._collective import CollectiveReceiver
-from asyncflow.actors.weights._nng import NngReceiver
+from asyncflow.actors.weights.actor import Publish, WeightSyncActor
+from asyncflow.actors.weights.collective import CollectiveReceiver
+from asyncflow.actors.weights.nng import NngReceiver
 from asyncflow.bench.weights import bench_run_dir
 from asyncflow.config.names import WEIGHTS
 from asyncflow.core.actor import serve_actor
@@ -406,7 +406,7 @@ def _preflight(tmp_path: Path, kind: str, config: str = "") -> tuple[dict[str, f
     at 40-token prompts) and the parameter count of ``kind``, for the config ``config``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from asyncflow.actors._preflight import estimate, working_bytes
+    from asyncflow.actors.driver.preflight import estimate, working_bytes
     from asyncflow.config.load import load_config_text
 
     model_dir = write_real_size_config(tmp_path / kind, kind)

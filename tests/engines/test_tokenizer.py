@@ -238,7 +238,7 @@ def test_the_loader_and_reward_roles_tokenize_without_torch_or_transformers(tiny
     tokenizer, a prompt's ids through the chat template, a batch scored from its ids."""
     from tiny_config import tiny_config_text
 
-    from asyncflow.actors._run import LaunchInfo
+    from asyncflow.actors.runtime.run_dir import LaunchInfo
     from asyncflow.config.load import load_config_text
 
     cfg = load_config_text(tiny_config_text())
@@ -248,9 +248,9 @@ def test_the_loader_and_reward_roles_tokenize_without_torch_or_transformers(tiny
     code = f"""
 import sys
 import numpy as np
-import asyncflow.core.host, asyncflow.actors.prompt_loader, asyncflow.actors.reward
-from asyncflow.actors._run import Run, encode_prompt
-from asyncflow.actors._scoring import Scorer
+import asyncflow.core.host, asyncflow.actors.roles.prompt_loader, asyncflow.actors.roles.reward
+from asyncflow.actors.runtime.run_dir import Run, encode_prompt
+from asyncflow.actors.runtime.scoring import Scorer
 
 run = Run({str(tmp_path)!r})
 tok = run.tokenizer()

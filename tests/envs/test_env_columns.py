@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from asyncflow.actors._batching import token_batch
-from asyncflow.actors._policy import env_sums
-from asyncflow.actors._scoring import with_env_rewards
+from asyncflow.actors.runtime.batching import token_batch
+from asyncflow.actors.runtime.scoring import with_env_rewards
+from asyncflow.actors.trainer.policy import env_sums
 
 
 def test_the_response_mask_is_the_loss_mask_on_response_tokens():

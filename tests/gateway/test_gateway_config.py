@@ -49,7 +49,7 @@ def test_the_driver_prints_where_the_gateway_answers_and_for_how_long(tmp_path):
 
     from tiny_config import tiny_config_text
 
-    from asyncflow.actors.launcher import gateway_line
+    from asyncflow.actors.driver.launcher import gateway_line
     from asyncflow.config.load import load_config_text
 
     on = load_config_text(tiny_config_text({"rollout.gateway": {"enabled": True}, "train": {"num_steps": 300}}))

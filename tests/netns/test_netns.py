@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from asyncflow.actors._heartbeat import Heartbeat
+from asyncflow.actors.driver._heartbeat import Heartbeat
 from asyncflow.core import protocol
 from asyncflow.core.actor import serve_actor
 from asyncflow.core.echo import EchoActor

@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from asyncflow.actors import messages
-from asyncflow.actors.collector import CollectorActor
-from asyncflow.actors.loggers import build_loggers
-from asyncflow.cli._runs import timeline, validate_trace
+from asyncflow.actors.driver._loggers import build_loggers
+from asyncflow.actors.driver.collector import CollectorActor
+from asyncflow.actors.runtime import messages
+from asyncflow.cli.runs import timeline, validate_trace
 from asyncflow.config.cluster import LoggingConfig
 from asyncflow.core.actor import ActorContext
 from asyncflow.core.transport import TransportConfig

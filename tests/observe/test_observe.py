@@ -87,7 +87,7 @@ def test_status_of_an_ended_run_says_it_is_not_running(observed):
 
 @pytest.mark.timeout(400)
 def test_the_trace_is_valid_chrome_json_with_a_track_per_actor_and_no_span_longer_than_the_run(observed):
-    from asyncflow.cli._runs import run_wall_s, timeline, validate_trace
+    from asyncflow.cli.runs import run_wall_s, timeline, validate_trace
 
     assert observed.exit_code == 0, observed.output[-3000:]
     trace = json.loads((observed.run_dir / "trace.json").read_text())
@@ -113,7 +113,7 @@ def test_afctl_trace_and_plot_write_valid_pngs(observed, tmp_path):
 
 
 def test_a_corrupt_trace_is_reported_with_what_is_wrong():
-    from asyncflow.cli._runs import validate_trace
+    from asyncflow.cli.runs import validate_trace
 
     trace = {
         "traceEvents": [

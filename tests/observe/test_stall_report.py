@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from asyncflow.actors import launcher as launcher_module
-from asyncflow.actors import messages
-from asyncflow.actors._run import LaunchInfo
-from asyncflow.actors.collector import CollectorActor
-from asyncflow.actors.launcher import STALL_STEP_FACTOR, Launcher, stall_timeout_s
-from asyncflow.actors.topology import HostPlan
+from asyncflow.actors.driver import launcher as launcher_module
+from asyncflow.actors.driver.collector import CollectorActor
+from asyncflow.actors.driver.launcher import STALL_STEP_FACTOR, Launcher, stall_timeout_s
+from asyncflow.actors.driver.topology import HostPlan
+from asyncflow.actors.runtime import messages
+from asyncflow.actors.runtime.run_dir import LaunchInfo
 from asyncflow.config.load import load_config_text
 from asyncflow.core import protocol
 from asyncflow.core.actor import ActorContext
@@ -48,7 +48,7 @@ class _Clock:
 @pytest.mark.timeout(10)
 def test_the_collector_reports_the_slowest_step_and_not_the_processes_start_before_the_first(tmp_path, monkeypatch):
     clock = _Clock()
-    monkeypatch.setattr("asyncflow.actors.collector.time", clock)
+    monkeypatch.setattr("asyncflow.actors.driver.collector.time", clock)
     collector = CollectorActor(
         ActorContext("collector", TransportConfig(scheme="inproc")), run_dir=str(tmp_path), num_steps=4, progress=False
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncflow.cli._runs import Span, Timeline
+from asyncflow.cli.runs import Span, Timeline
 from asyncflow.cli.trace import draw, thin_flows
 
 FLOWS = [("trainer", float(v), "rollout.0", v + 0.5) for v in range(300)]

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from asyncflow.actors import messages
-from asyncflow.actors.collector import CollectorActor
-from asyncflow.cli._runs import load_trace, timeline, validate_trace
+from asyncflow.actors.driver.collector import CollectorActor
+from asyncflow.actors.runtime import messages
+from asyncflow.cli.runs import load_trace, timeline, validate_trace
 from asyncflow.core.actor import ActorContext
 from asyncflow.core.transport import TransportConfig
 

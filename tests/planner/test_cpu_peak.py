@@ -56,7 +56,7 @@ def test_an_unreadable_cpuinfo_gives_no_peak(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_the_step_estimate_reads_this_cpu_and_halves_training_under_bfloat16_autocast(tmp_path, monkeypatch):
-    from asyncflow.actors._preflight import step_estimate
+    from asyncflow.actors.driver.preflight import step_estimate
     from asyncflow.config.load import load_config_text
 
     model_dir = write_smollm2_config(tmp_path / "m")

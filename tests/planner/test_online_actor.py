@@ -10,8 +10,8 @@ import queue
 
 import pytest
 
-from asyncflow.actors import messages
-from asyncflow.actors.planner import PlannerActor
+from asyncflow.actors.driver.planner_actor import PlannerActor
+from asyncflow.actors.runtime import messages
 from asyncflow.config.planner import PlannerConfig
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, serve_actor
@@ -283,8 +283,8 @@ def test_a_move_that_paid_keeps_and_its_measured_cost_replaces_the_prior(make_be
 @pytest.mark.slow  # ~75 s on the shared 2 cores: the start-up plus spawning a replica mid-run (run with -m slow)
 @pytest.mark.timeout(240)
 def test_moves_during_a_tiny_run_add_and_remove_a_replica_and_every_step_still_trains_once(tmp_path):
-    from asyncflow.actors._prepare import prepare_new
-    from asyncflow.actors.launcher import Launcher
+    from asyncflow.actors.driver.launcher import Launcher
+    from asyncflow.actors.driver.prepare import prepare_new
     from asyncflow.config.load import load_config_text
     from asyncflow.planner.online import MoveDecision, Split
 

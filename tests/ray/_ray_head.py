@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from asyncflow.actors.ray_hosts import LOOPBACK_ENV
+from asyncflow.actors.driver.ray_hosts import LOOPBACK_ENV
 from asyncflow.core.host import PARENT_ENV, _die_with_parent
 
 if __name__ == "__main__":

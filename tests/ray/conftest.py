@@ -33,7 +33,7 @@ def ray_head():
     mode and its loopback switch once), so that a test may be a Ray driver itself; one
     cluster and one token per session."""
     # Ray >= 2.5x authenticates with a token: ours, in the env (never written to ~/.ray).
-    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray on loopback (actors/ray_hosts.py, LOOPBACK_ENV)
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray on loopback (actors/driver/ray_hosts.py, LOOPBACK_ENV)
     auth = {
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": secrets.token_hex(32),

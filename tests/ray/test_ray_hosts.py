@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncflow.actors.ray_hosts import RayHosts, capacity_error, loopback_error, node_transport
+from asyncflow.actors.driver.ray_hosts import RayHosts, capacity_error, loopback_error, node_transport
 from asyncflow.config.cluster import ClusterConfig
 from asyncflow.config.load import ConfigError, load_config_text
 from asyncflow.core.transport import TransportConfig

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncflow.actors.ray_hosts import RayHosts
+from asyncflow.actors.driver.ray_hosts import RayHosts
 from asyncflow.config.cluster import ClusterConfig
 from asyncflow.config.load import ConfigError
 from asyncflow.core import protocol

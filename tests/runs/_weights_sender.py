@@ -11,8 +11,8 @@ import threading
 
 import torch
 
-from asyncflow.actors.weight_sync import Publish, WeightSyncActor
 from asyncflow.actors.weights import _collective
+from asyncflow.actors.weights.actor import Publish, WeightSyncActor
 from asyncflow.bench.weights import bench_run_dir
 from asyncflow.config.names import WEIGHTS
 from asyncflow.core.actor import serve_actor

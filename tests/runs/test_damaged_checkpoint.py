@@ -37,7 +37,7 @@ def test_a_truncated_latest_checkpoint_is_named_and_resume_falls_back_to_the_pre
 
 @pytest.mark.timeout(10)
 def test_the_manifest_names_a_flipped_a_truncated_and_a_missing_file(tmp_path):
-    from asyncflow.actors._manifest import damage, write_manifest
+    from asyncflow.actors.trainer.manifest import damage, write_manifest
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "w.bin").write_bytes(b"\x00" * 100)

@@ -10,7 +10,7 @@ import os
 import pytest
 from wf_helpers import write_config
 
-from asyncflow.actors.launcher import run
+from asyncflow.actors.driver.launcher import run
 from asyncflow.config.load import load_config
 from asyncflow.core import ref
 

@@ -126,7 +126,7 @@ def test_resume_continues_with_the_next_step_and_the_same_queue_contents(tmp_pat
     _assert_stopped_by_the_signal(first, out, children, run_dir)
     assert "afctl up --resume" in out
     # wherever the interrupt landed, the resumed run trains a few steps past its last checkpoint and ends
-    from asyncflow.actors._checkpoints import done_step, latest_checkpoint
+    from asyncflow.actors.trainer.checkpoints import done_step, latest_checkpoint
 
     latest = latest_checkpoint(run_dir)
     checkpointed = done_step(latest) if latest is not None else None

@@ -13,10 +13,10 @@ import msgspec
 import pytest
 from wf_helpers import afctl, read_jsonl, write_config
 
-from asyncflow.actors._checkpoints import latest_checkpoint
-from asyncflow.actors._eval import Evaluator, read_best, save_best
-from asyncflow.actors._run import PromptOrder, Run, read_prompts, split_prompts
-from asyncflow.actors.collector import progress_line
+from asyncflow.actors.driver.collector import progress_line
+from asyncflow.actors.runtime.run_dir import PromptOrder, Run, read_prompts, split_prompts
+from asyncflow.actors.trainer.checkpoints import latest_checkpoint
+from asyncflow.actors.trainer.eval import Evaluator, read_best, save_best
 from asyncflow.config.load import ConfigError, load_config
 from asyncflow.engines.base import Completion
 from asyncflow.engines.config import TrainEngineConfig
@@ -42,7 +42,7 @@ def eval_run(tmp_path_factory):
     """A run directory as `afctl up` prepares it: untrained tiny model, add-task data, [eval] on."""
     from tiny_config import tiny_config_text
 
-    from asyncflow.actors._prepare import prepare_new
+    from asyncflow.actors.driver.prepare import prepare_new
     from asyncflow.config.load import load_config_text
 
     root = tmp_path_factory.mktemp("evalrun")
@@ -199,7 +199,7 @@ def test_a_run_evaluates_every_n_steps_keeps_the_best_weights_and_never_trains_a
     assert out.count("val acc") == 2 and "held-out accuracy: start" in out
     # eval.at_start: the starting weights' figures in the first step's record, equal to an evaluation of the base
     # model directory the same way (actors/_eval.evaluate_saved, what bench peer applies to TRL's weights)
-    from asyncflow.actors._eval import evaluate_saved
+    from asyncflow.actors.trainer.eval import evaluate_saved
 
     start = metrics[0]["val/start_accuracy"]
     assert all("val/start_accuracy" not in m for m in metrics[1:])
@@ -254,7 +254,7 @@ def calc_run(tmp_path_factory):
     environment's reward only, [eval] on."""
     from tiny_config import tiny_config_text
 
-    from asyncflow.actors._prepare import prepare_new
+    from asyncflow.actors.driver.prepare import prepare_new
     from asyncflow.config.load import load_config_text
 
     changes = {

@@ -63,7 +63,7 @@ def test_a_gpt_neox_trains_two_async_steps_through_the_hf_engine_and_its_checkpo
 
 @pytest.mark.timeout(60)
 def test_the_engine_line_says_native_for_qwen2_and_type_native_is_refused_for_gpt_neox(tmp_path):
-    from asyncflow.actors.launcher import rollout_engine_line
+    from asyncflow.actors.driver.launcher import rollout_engine_line
     from asyncflow.config.load import ConfigError, load_config
     from asyncflow.toy.tiny import make_tiny_model
 

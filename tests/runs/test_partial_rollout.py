@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from wf_helpers import afctl, assert_trained_exactly_once, read_jsonl, write_config
 
-from asyncflow.actors._versions import VersionLedger, VersionMismatch, token_staleness
+from asyncflow.actors.trainer._versions import VersionLedger, VersionMismatch, token_staleness
 from asyncflow.config.load import ConfigError, load_config_text
 from asyncflow.core import protocol
 

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 from wf_helpers import afctl, read_jsonl, write_config
 
-from asyncflow.actors._prepare import write_run_config
+from asyncflow.actors.driver.prepare import write_run_config
 from asyncflow.cli.up import up
 from asyncflow.config.load import ConfigError
 from asyncflow.config.resumable import apply_resume_overrides

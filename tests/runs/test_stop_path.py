@@ -9,10 +9,10 @@ import tempfile
 
 import pytest
 
-from asyncflow.actors._run import LaunchInfo
-from asyncflow.actors.collector import CollectorActor
-from asyncflow.actors.launcher import Launcher
-from asyncflow.actors.topology import HostPlan
+from asyncflow.actors.driver.collector import CollectorActor
+from asyncflow.actors.driver.launcher import Launcher
+from asyncflow.actors.driver.topology import HostPlan
+from asyncflow.actors.runtime.run_dir import LaunchInfo
 from asyncflow.config.load import load_config_text
 
 
@@ -51,7 +51,7 @@ def test_a_full_disk_while_writing_the_trace_still_stops_the_hosts_the_collector
     launcher.supervisor.spawn = lambda name, *args, **kwargs: fakes[name]
     for name in fakes:
         launcher.supervisor.add(HostPlan(name=name, kind="fake", role=None, specs=[]))
-    with caplog.at_level(logging.ERROR, logger="asyncflow.actors.launcher"):
+    with caplog.at_level(logging.ERROR, logger="asyncflow.actors.driver.launcher"):
         errors = launcher.stop()
     assert stuck.asked and fine.stopped
     assert not launcher.collector.pykka_ref.is_alive()
@@ -118,7 +118,7 @@ def test_a_start_that_fails_before_its_directory_removes_its_ipc_directory_and_n
     def no_port(*args, **kwargs):
         raise OSError(errno.EADDRINUSE, "Address in use")
 
-    monkeypatch.setattr("asyncflow.actors.launcher.start_directory", no_port)
+    monkeypatch.setattr("asyncflow.actors.driver.launcher.start_directory", no_port)
     with pytest.raises(OSError, match="Address in use"):
         launcher.start()
     ipc_dirs = [p for p in tmp_path.iterdir() if p.name.startswith("af-")]

@@ -1,6 +1,6 @@
 """The swap grant (AcquireSwap, ReleaseSwap: replicas swap one at a time) is asked for
 only where replicas take turns: async, and the version announced to more than one
-replica (actors/rollout/inbox.py ``swap_grant_needed``, actors/weight_sync.py)."""
+replica (actors/rollout/inbox.py ``swap_grant_needed``, actors/weights/actor.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 from wf_helpers import afctl, assert_trained_exactly_once, read_jsonl, write_config
 
-from asyncflow.actors import messages
+from asyncflow.actors.driver.roster import RosterActor
 from asyncflow.actors.rollout.inbox import swap_grant_needed
-from asyncflow.actors.roster import RosterActor
-from asyncflow.actors.weight_sync import Publish, WeightSyncActor
+from asyncflow.actors.runtime import messages
+from asyncflow.actors.weights.actor import Publish, WeightSyncActor
 from asyncflow.bench.weights import bench_run_dir
 from asyncflow.config.names import ROSTER, WEIGHTS
 from asyncflow.core import protocol

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from wf_helpers import afctl, write_config
 
-from asyncflow.actors._versions import VersionLedger, VersionMismatch
+from asyncflow.actors.trainer._versions import VersionLedger, VersionMismatch
 from asyncflow.core import protocol
 
 HERE = Path(__file__).parent

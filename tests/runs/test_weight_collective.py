@@ -13,10 +13,10 @@ import pytest
 import torch
 from wf_helpers import afctl, read_jsonl, write_config
 
-from asyncflow.actors import messages
-from asyncflow.actors.weight_sync import Publish, WeightSyncActor
+from asyncflow.actors.runtime import messages
 from asyncflow.actors.weights import build_receiver
-from asyncflow.actors.weights._collective import CollectiveReceiver
+from asyncflow.actors.weights.actor import Publish, WeightSyncActor
+from asyncflow.actors.weights.collective import CollectiveReceiver
 from asyncflow.bench.weights import bench_run_dir
 from asyncflow.config.names import WEIGHTS
 from asyncflow.core.actor import serve_actor

@@ -32,7 +32,7 @@ weights changed fails the unit. The trainer checks each row's digest against the
 version the row is tagged with.
 
 With ``reward.placement = "rollout"`` the replica scores its own rows with the
-reward functions (``actors/_scoring.py``, activity "score") and puts ``reward`` with
+reward functions (``actors/runtime/scoring.py``, activity "score") and puts ``reward`` with
 the responses: there is no reward role.
 
 Takes: LoopActor messages + WeightsReady. Sends: GetLatestWeights, AcquireSwap,
@@ -50,15 +50,16 @@ import threading
 
 import msgspec
 
-from asyncflow.actors import messages, roles
-from asyncflow.actors._acks import DeferredAcks
-from asyncflow.actors._loop import LoopActor
-from asyncflow.actors._run import Run, set_threads
-from asyncflow.actors._scoring import Scorer
 from asyncflow.actors.rollout.inbox import WeightInbox
 from asyncflow.actors.rollout.serve import ServeOnly
 from asyncflow.actors.rollout.stream import PartialRollout
 from asyncflow.actors.rollout.unit import UnitRollout
+from asyncflow.actors.runtime import messages
+from asyncflow.actors.runtime import spec as roles
+from asyncflow.actors.runtime.acks import DeferredAcks
+from asyncflow.actors.runtime.loop import LoopActor
+from asyncflow.actors.runtime.run_dir import Run, set_threads
+from asyncflow.actors.runtime.scoring import Scorer
 from asyncflow.actors.weights import build_receiver
 from asyncflow.config import names
 from asyncflow.config.names import WEIGHTS
@@ -253,7 +254,7 @@ def replica_memory(cfg, facts: memory.MemoryFacts) -> float:
     return shape.num_params * b + kv + memory.synced_params(cfg, shape) * 4 + base_copies * b + relayed
 
 
-# -- the role, as the driver sees it (actors/topology.py) ---------------------------------
+# -- the role, as the driver sees it (actors/driver/topology.py) ---------------------------------
 
 ROLE = roles.RoleSpec(
     name=names.ROLLOUT,

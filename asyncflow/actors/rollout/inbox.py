@@ -44,7 +44,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from asyncflow.actors import messages
+from asyncflow.actors.runtime import messages
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.engines.digest import weights_digest
 

@@ -9,11 +9,11 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from asyncflow.actors._acks import DeferredAcks
-    from asyncflow.actors._run import Run
-    from asyncflow.actors._scoring import Scorer
     from asyncflow.actors.rollout.inbox import WeightInbox
     from asyncflow.actors.rollout.multiturn import MultiTurnDriver
+    from asyncflow.actors.runtime.acks import DeferredAcks
+    from asyncflow.actors.runtime.run_dir import Run
+    from asyncflow.actors.runtime.scoring import Scorer
     from asyncflow.core.actor import ActorContext
     from asyncflow.core.tq.client import TQClient
     from asyncflow.engines.config import SamplingParams

@@ -10,9 +10,9 @@ rollout replicas, behind one interface.
 Each has one implementation per transport, chosen once from ``[workflow]
 weight_transport`` by ``build_sender`` / ``build_receiver``:
 
-- ``nng`` (``_nng.py``): the replica pulls chunks (``GetWeightChunk``) over the actor
+- ``nng`` (``nng.py``): the replica pulls chunks (``GetWeightChunk``) over the actor
   transport.
-- ``collective`` (``_collective.py``): the bytes are broadcast over a two-member
+- ``collective`` (``collective.py``): the bytes are broadcast over a two-member
   torch.distributed group per replica (gloo/nccl/hccl by the replica's device);
   control (``StreamWeights``) stays on nng. Its sender also serves nng chunks, and its
   receiver falls back to nng for good when the trainer's side refuses the backend.
@@ -50,8 +50,8 @@ from __future__ import annotations
 import logging
 
 from asyncflow.actors.weights._base import WeightReceiver, WeightSender
-from asyncflow.actors.weights._nng import NngReceiver, NngSender
 from asyncflow.actors.weights._relay import relay_name, tree_levels, tree_sources
+from asyncflow.actors.weights.nng import NngReceiver, NngSender
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def build_sender(transport: str, ctx, chunk_bytes: int, timeout_s: float) -> Wei
     if transport == "nng":
         return NngSender(chunk_bytes)
     if transport == "collective":
-        from asyncflow.actors.weights._collective import CollectiveSender  # torch.distributed: only where used
+        from asyncflow.actors.weights.collective import CollectiveSender  # torch.distributed: only where used
 
         return CollectiveSender(ctx.directory, ctx.transport, chunk_bytes, timeout_s)
     raise ValueError(f"unknown weight transport {transport!r}: use 'nng' or 'collective'")
@@ -99,7 +99,7 @@ def build_receiver(
         raise ValueError(f"unknown weight transport {transport!r}: use 'nng' or 'collective'")
     import torch
 
-    from asyncflow.actors.weights._collective import CollectiveReceiver
+    from asyncflow.actors.weights.collective import CollectiveReceiver
 
     on = getattr(engine, "device", None)
     if not isinstance(on, torch.device):

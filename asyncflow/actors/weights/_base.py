@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from asyncflow.actors import messages
+from asyncflow.actors.runtime import messages
 
 NamedTensors = list  # [(name, torch.Tensor)]
 

@@ -50,10 +50,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from asyncflow.actors import messages
+from asyncflow.actors.runtime import messages
 from asyncflow.actors.weights._base import NamedTensors, WeightReceiver
 from asyncflow.actors.weights._link import EmulatedLink
-from asyncflow.actors.weights._nng import joined
+from asyncflow.actors.weights.nng import joined
 from asyncflow.core import protocol
 from asyncflow.core.actor import DEFER, Actor, Pending, serve_actor
 from asyncflow.core.errors import AsyncflowError, RemoteError

@@ -49,7 +49,7 @@ if MARKS:
 
     NativeRolloutEngine.load_weights = load_weights
 
-    import asyncflow.actors.trainer as _trainer
+    import asyncflow.actors.trainer.actor as _trainer
 
     _write_manifest = _trainer.write_manifest
 

@@ -43,7 +43,7 @@ if FAULT:
     if FAULT == "slow_fetch":
         import time
 
-        from asyncflow.actors.weights._nng import NngReceiver
+        from asyncflow.actors.weights.nng import NngReceiver
 
         _fetch = NngReceiver.fetch
 
