@@ -15,7 +15,8 @@ after the move, in one run).
 ``--rounds N`` runs N rounds of both, alternating which goes first (round 1: online
 then static; round 2: static then online; ...), and prints each round's whole-run
 samples/s ratio, online / static: the planner should never make a round slower
-(issue 31 item 6; docs/planner.md, "What a move costs").
+(it moves only when what a move saves in the steps left exceeds its cost; docs/planner.md,
+"What a move costs").
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """``afctl bench queue --rows 4096,16384 --replicas 8,64,512``: the queue host's cost as
-rows per step and rollout replicas grow (issue 31, item 2).
+rows per step and rollout replicas grow, which should keep its control CPU per row flat
+(docs/scale.md).
 
 The queue runs as deployed (manager and controllers in one process host, one shard in
 another); this process emulates the roles on threads, each with its own TQClient and

@@ -1,5 +1,5 @@
-"""Chaos at scale (issue 31, item 9): 256 emulated rollout replicas packed 32 to a process
-(``rollout.pack.<k>``, 8 processes). Mid-run one pack host is killed with -9 (32 replicas
+"""Chaos at scale, where a lost process takes many replicas with it: 256 emulated rollout
+replicas packed 32 to a process (``rollout.pack.<k>``, 8 processes). Mid-run one pack host is killed with -9 (32 replicas
 at once): the driver requeues their rows and restarts the pack in place while the other
 224 replicas go on. Once it is back, the host of the queue's controllers (``queue``:
 ``tq.manager`` and every ``tq.controller.<task>``) is killed with -9: the run stops and

@@ -1,7 +1,8 @@
 """The collector's trace is streamed to RUN_DIR/trace.json in chunks: the collector
 holds at most a chunk of events, each write appends only what is new (the file's
 earlier bytes are never rewritten), and the file is a Chrome trace that
-``afctl trace`` reads at any moment (issue 31, item 3)."""
+``afctl trace`` reads at any moment: memory and the cost of a write stay constant
+however long the run."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""A move's cost against what it saves in the steps left (issue 31 item 6: an online
-move never slows a run). Pure: planner.move_cost."""
+"""A move's cost against what it saves in the steps left (an online move must never slow
+a run down). Pure: planner.move_cost."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ activity (``<activity>/<phase>``, ``core/phases.py``) are spans of cat "phase" o
 lane (tid) 1 of the role's track; a "cpu" counter holds the CPU seconds of the
 role's process, sent with each batch of spans.
 
-The trace is streamed (issue 31): the collector holds only the events not yet
+The trace is streamed, so a long run costs no more memory than a short one: the collector holds only the events not yet
 written, at most ``trace_chunk_events``, and appends them to trace.json every
 ``logging.trace_every_s``, whenever a chunk is full, and at the end. An append
 overwrites only the file's closing ``]}``, so the file is a whole Chrome trace

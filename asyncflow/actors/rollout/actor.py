@@ -82,7 +82,8 @@ waits in the queue (``QUEUE_WAIT_S``) and is woken by the next announcement."""
 QUEUE_WAIT_S = 30.0
 """How long a unit-mode replica's GetBatch waits in the queue for admissible rows; it
 comes back at once on a new version's announcement, a Pause or a Stop (``TQClient.wake``),
-so this bounds only how often an idle replica asks (issue 31)."""
+so this bounds only how often an idle replica asks (a short wait would have hundreds of
+idle replicas keep the queue host busy answering them)."""
 
 
 class RolloutActor(LoopActor):

@@ -58,8 +58,8 @@ must not hold the trainer's step: the last answer is used instead)."""
 ANNOUNCE_THREADS = 32
 """Announcements in flight at once. A replica that is gone (killed, its death not yet handled
 by the driver; restarting at a new address) costs a tell's timeout and a lookup, about 3 s:
-told in turn, the 32 replicas of a killed pack held every version 96 s (issue 31). Told
-together, the whole announcement waits about one such timeout at most."""
+told in turn, the 32 replicas of a killed pack (emulated replicas, 32 to a process) held every
+version 96 s. Told together, the whole announcement waits about one such timeout at most."""
 CHUNK_BYTES = 32 << 20
 """Bytes per chunk (nng: a larger tensor is cut into pieces) or per broadcast (collective: a larger
 tensor travels alone)."""

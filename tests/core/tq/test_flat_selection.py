@@ -1,7 +1,8 @@
 """Selection stays flat: a request that cannot be served yet costs no scan of the
 ready rows, so the trainer's waiting whole-step request is linear in rows per step,
 and a replica held back by the staleness bound costs nothing per poll, however many
-rows of later steps wait in the queue (issue 31, item 2).
+rows of later steps wait in the queue: the queue host's cost per row must not grow with
+the rows queued ahead or the replicas asking.
 
 The work is counted as the rows a selection examines (``state._passes``), not timed."""
 

@@ -2,7 +2,8 @@
 partial request with ``min_rows`` waits for that many admissible rows instead of
 being asked again and again (no idle polls), is answered by the write that makes them
 admissible, by the asker's own ``wake`` (a new version announced: its staleness bound
-moved), or with no rows at its timeout (issue 31, item 2)."""
+moved), or with no rows at its timeout. Many idle replicas then cost the queue host
+nothing between writes."""
 
 from __future__ import annotations
 
