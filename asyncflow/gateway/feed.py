@@ -5,11 +5,13 @@ A rewarded session becomes one row of the queue (docs/gateway.md, "Training on
 sessions"): ``prompt_ids`` and ``response_ids`` (int64), ``rollout_logp`` (float32, 0 on
 context tokens), ``loss_mask`` (uint8, 1 on the model's tokens), ``token_versions``
 (int32, each token's policy version), ``finish`` (uint8 [1]) and ``reward`` (float32
-[1]); its metadata carries the oldest model token's version (``version``: the staleness
-the trainer's rule is applied to), the digest of that version's weights
+[1]), built by ``config/columns.py``'s ``row()``, the table the rollout's rows use too
+(the trainer reads a column in one dtype whoever wrote it). Its metadata carries the
+oldest model token's version (``version``: the staleness the trainer's rule is applied
+to), the digest of that version's weights
 (``weights_digest``: the trainer's version check) and its lengths. ``step`` is -1: a
 session is planned for no step, the trainer takes whatever sessions are ready and fresh
-enough (``actors/trainer/_sessions.py``).
+enough (``actors/trainer/sources/sessions.py``).
 
 Grouping:
 - a session rewarded with a group key (the ``X-Group-Id`` header of its requests or the
@@ -35,19 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from asyncflow.config.columns import row
 from asyncflow.core.protocol import RowMeta
 
 GROUP_HEADER = "x-group-id"
-DTYPES: dict[str, Any] = {
-    "prompt_ids": np.int64,
-    "response_ids": np.int64,
-    "rollout_logp": np.float32,
-    "loss_mask": np.uint8,
-    "token_versions": np.int32,
-    "finish": np.uint8,
-    "reward": np.float32,
-}
-"""The columns of a session's row and their dtypes (those of ``actors/rollout/pack.py``)."""
 
 
 @dataclass
@@ -129,26 +122,26 @@ class SessionFeed:
 def unit_rows(unit: list[Rewarded], metas: list[RowMeta]) -> tuple[dict[str, list[np.ndarray]], list[RowMeta]]:
     """The queue columns of a unit's sessions and their metadata, on the rows ``metas``
     the queue allocated for them (one group: index, group id and size)."""
-    columns: dict[str, list[np.ndarray]] = {name: [] for name in DTYPES}
-    out = []
+    rows, out = [], []
     for item, meta in zip(unit, metas, strict=True):
         r = item.row
-        values = {
-            "prompt_ids": r["prompt_ids"],
-            "response_ids": r["response_ids"],
-            "rollout_logp": r["rollout_logp"],
-            "loss_mask": r["loss_mask"],
-            "token_versions": r["token_versions"],
-            "finish": [r["finish"] == "stop"],
-            "reward": [r["reward"]],
-        }
-        for name, v in values.items():
-            columns[name].append(np.asarray(v, dtype=DTYPES[name]))
+        rows.append(
+            row(
+                prompt_ids=r["prompt_ids"],
+                response_ids=r["response_ids"],
+                rollout_logp=r["rollout_logp"],
+                loss_mask=r["loss_mask"],
+                token_versions=r["token_versions"],
+                finish=r["finish"] == "stop",
+                reward=r["reward"],
+            )
+        )
         meta.version = r["version"]
         meta.prompt_len = len(r["prompt_ids"])
         meta.response_len = len(r["response_ids"])
         meta.weights_digest = item.digest
         out.append(meta)
+    columns = {name: [cells[name] for cells in rows] for name in rows[0]} if rows else {}
     return columns, out
 
 

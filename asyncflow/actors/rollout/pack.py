@@ -1,13 +1,7 @@
-"""The output columns of a rollout row, with their dtypes in one place: the unit,
-stream (partial) and multi-turn modes all pack their rows here.
-
-- ``response_ids`` int64 [T]: the tokens after the prompt;
-- ``rollout_logp`` float32 [T]: the generating policy's log-prob of each (0 on
-  environment tokens of a multi-turn row);
-- ``finish`` uint8 [1]: 1 when a stop token (or the environment) ended the row;
-- ``token_versions`` int32 [T] (partial rollout): the version that sampled each token;
-- ``loss_mask`` uint8 [T], ``env_reward`` float32 [1], ``env_error`` uint8 [1],
-  ``env_tool_calls`` int32 [1] (multi-turn, docs/environments.md).
+"""A rollout row's columns, packed in one place: the unit, stream (partial) and multi-turn
+modes all pack their rows here. The columns and their dtypes are the table of
+``config/columns.py``, which the gateway's sessions use too: ``row()`` is that table's
+builder (it refuses a column not in it).
 """
 
 from __future__ import annotations
@@ -18,28 +12,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from asyncflow.config.columns import row
 from asyncflow.core.protocol import RowMeta
-
-DTYPES: dict[str, Any] = {
-    "response_ids": np.int64,
-    "rollout_logp": np.float32,
-    "finish": np.uint8,
-    "token_versions": np.int32,
-    "loss_mask": np.uint8,
-    "env_reward": np.float32,
-    "env_error": np.uint8,
-    "env_tool_calls": np.int32,
-}
-SCALARS = ("finish", "env_reward", "env_error", "env_tool_calls")
-"""Columns of one value per row (shape [1])."""
-
-
-def row(**values: Any) -> dict[str, np.ndarray]:
-    """One row's columns, each in its dtype (a scalar column from a plain value)."""
-    unknown = values.keys() - DTYPES.keys()
-    if unknown:
-        raise KeyError(f"no rollout column {sorted(unknown)}; the columns are {sorted(DTYPES)}")
-    return {name: np.asarray([v] if name in SCALARS else v, dtype=DTYPES[name]) for name, v in values.items()}
 
 
 def completion_row(c: Any, token_versions: bool = False) -> dict[str, np.ndarray]:
