@@ -25,9 +25,9 @@ ROOT = Path(asyncflow.__file__).resolve().parent.parent
 SUFFIXES = (".py", ".md", ".toml", ".sh", ".txt")
 
 WORDED = re.compile(r"\b(?:[Ii]ssues?|ISSUES?|PRs?|[Pp]ull requests?) ?#?\d+")
-"""``issue 31``, ``Issues 40-42``, ``issue #54``, ``PR 7``."""
+"""``issue N``, ``Issues N-M``, ``issue #N``, ``PR N`` (N a number)."""
 HASHED = re.compile(r"(?<![\w&/#$\\\[^])#(\d+)\b(?![\w-])")
-"""``(#54)``, ``see #54``; not ``guess#1``, ``&#38;``, ``$#``, ``[^#0-9]``."""
+"""``(#N)``, ``see #N`` (N a number); not ``guess#1``, ``&#38;``, ``$#``, ``[^#0-9]``."""
 REPOSITORY = re.compile(r"[\w.-]+/[\w.-]+ ?(?:(?:issues? )?#?\d+(?:,| and) ?)*$")
 """What ends the text just before a citation of another project's issue: ``owner/name``, or
 ``owner/name #1813,`` before the next of a list."""
