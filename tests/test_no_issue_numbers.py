@@ -6,7 +6,8 @@ Citations of another project's issues stay allowed: they name that project's rep
 as a URL (``github.com/owner/name/issues/N``) or as ``owner/name#N`` (``owner/name #N``,
 ``owner/name issue N``). Ordinary numbers are not references: ``step 54``, ``cuda:0``,
 colour codes (``#444444``, ``#ff0000``), markdown headings (``## Title``), ``$#`` in a
-shell script, a word with a number glued to it (``guess#1``).
+shell script, a word with a number glued to it (``guess#1``). The verb followed by a count
+("the driver may issue N calls") reads as a reference too: say "send" or "make".
 """
 
 from __future__ import annotations
