@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue 15): on a fresh machine with one CUDA GPU and PyPI, in under
+# The GPU check: on a fresh machine with one CUDA GPU and PyPI, in under
 # 8 minutes, install what the vLLM path needs and check it, then print one summary
 # line per check (PASS/FAIL and its figure), whatever failed on the way.
 #   1. install: a venv with vllm (pinned: the release the adapter is written for) and

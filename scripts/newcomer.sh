@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A newcomer's first hour, as a script (issue 12): each step prints one line, and the
+# A newcomer's first hour, as a script: each step prints one line, and the
 # script stops with a non-zero exit at the first step that fails.
 #   1. the README's first command, in a clean venv (pip install torch==2.13.0 -e '.[dev]';
 #      --no-venv: reuse this environment), with train.num_steps small

@@ -1,5 +1,5 @@
 """Time to start N process hosts under Ray, one after another (each placed, started and
-registered before the next: how every host started before issue 31) and as one launch
+registered before the next: how every host started before the hosts were launched in waves) and as one launch
 wave (``RayHosts.spawn_many``: all placed, started and registered together), on a
 throwaway local Ray cluster on 127.0.0.1 (tests/ray/_ray_head.py).
 

@@ -6,7 +6,7 @@ evaluates the starting weights (``eval.at_start``) and every ``eval.every_steps`
 greedy, on its held-out prompts. Printed: one line per run, then one JSON line
 (``{"real_model": ...}``) with each run's held-out accuracy at the start, at the end and
 at its best, its wall time (start-up and evaluations included), samples/s, and whether it
-met issue 26's target: final accuracy at least ``--factor`` x the start and at least
+met the target: final accuracy at least ``--factor`` x the start and at least
 ``--floor``, within ``--minutes`` of wall time.
 
 Needs the model directory the config names: ``afctl model import-gguf smollm2

@@ -1,5 +1,4 @@
-"""The paper's table on the digital twin (issue 31, item 5; docs/results.md, "The paper's
-table on the twin"): ``afctl twin`` for each model and NPU count, one after the other,
+"""The paper's table on the digital twin (docs/results.md, "Scale"): ``afctl twin`` for each model and NPU count, one after the other,
 and the planner's figures at the paper-like workload with a reference beside them
 (scripts/paper_table.py's). Prints each twin's progress on stderr and one JSON line.
 
