@@ -8,7 +8,7 @@ task and the output column come from the config entry (``task``,
 
 from __future__ import annotations
 
-from asyncflow.actors.column_role import ColumnRole
+from asyncflow.actors.roles.column_role import ColumnRole
 
 
 class BrevityJudge(ColumnRole):

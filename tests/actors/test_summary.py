@@ -75,7 +75,7 @@ def test_with_dynamic_sampling_the_reward_trend_is_that_of_every_sampled_respons
 def test_a_custom_roles_score_column_gets_a_per_step_mean_metric():
     import numpy as np
 
-    from asyncflow.actors.trainer.actor import score_means
+    from asyncflow.actors.trainer.step_end import score_means
 
     columns = {"judge_score": [np.array([-0.1]), np.array([0.0]), np.array([-0.2])]}
     assert score_means(columns, [("judge_score", 2.0)]) == {"score/judge_score": pytest.approx(-0.1)}

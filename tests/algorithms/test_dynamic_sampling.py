@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncflow.actors.trainer._dynamic_sampling import subset
+from asyncflow.actors.trainer.sources.dynamic import subset
 from asyncflow.algorithms.dynamic_sampling import choose_groups, is_informative
 from asyncflow.config.load import load_config_text
 from asyncflow.core import protocol

@@ -73,7 +73,7 @@ def test_mypy_infers_the_reply_type_of_an_ask(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(
         textwrap.dedent("""
-        from asyncflow.actors import messages
+        from asyncflow.actors.runtime import messages
         from asyncflow.core import protocol
         from asyncflow.core.ref import ActorRef
 
@@ -102,7 +102,7 @@ def test_a_reply_of_a_message_module_imported_after_the_first_decode_is_decoded(
         "import msgspec\n"
         "from asyncflow.core import frames, protocol\n"
         "assert frames.decode_any(memoryview(msgspec.msgpack.encode(protocol.Ok()))) == protocol.Ok()\n"
-        "from asyncflow.actors import messages\n"
+        "from asyncflow.actors.runtime import messages\n"
         "msg = messages.Paused(role='reward.0', state=b'x')\n"
         "assert frames.decode_any(memoryview(msgspec.msgpack.encode(msg))) == msg\n"
         "print('ok')\n"

@@ -11,7 +11,7 @@ import threading
 
 import torch
 
-from asyncflow.actors.weights import _collective
+from asyncflow.actors.weights import collective as _collective
 from asyncflow.actors.weights.actor import Publish, WeightSyncActor
 from asyncflow.bench.weights import bench_run_dir
 from asyncflow.config.names import WEIGHTS

@@ -315,8 +315,10 @@ def check_inputs(cfg: RunConfig, roles: Sequence[RoleSpec] = ()) -> None:
     any process starts (and before the run directory is made); a ConfigError names
     the key and the fix. The built-in tiny model and task need no data or template check.
     ``roles``: the specs whose devices are checked (``topology.BUILT_IN``)."""
+    from asyncflow.actors.trainer.sources import check_step_shape
     from asyncflow.algorithms.rewards import BUILTIN_REWARDS, load_reward_fn
 
+    check_step_shape(cfg)  # a step has one shape, and its source says what it cannot do
     for i, name in enumerate(cfg.reward.functions):
         if name in BUILTIN_REWARDS:
             continue

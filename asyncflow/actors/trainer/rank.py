@@ -166,7 +166,7 @@ ROLE = roles.RoleSpec(
     device=roles.Devices.GROUP,
     memory=lambda cfg, facts: memory.training_state_bytes(cfg, facts.shape),
     working_memory=lambda cfg, facts: memory.training_step_bytes(cfg, facts),
-    device_list="train_devices",
+    section="train",
     train_group=True,
     kwargs=lambda layout, name: {"rank": roles.index_of(name)},
 )

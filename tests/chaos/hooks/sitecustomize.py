@@ -50,8 +50,9 @@ if MARKS:
     NativeRolloutEngine.load_weights = load_weights
 
     import asyncflow.actors.trainer.actor as _trainer
+    import asyncflow.actors.trainer.checkpointer as _checkpointer
 
-    _write_manifest = _trainer.write_manifest
+    _write_manifest = _checkpointer.write_manifest
 
     def write_manifest(path):
         if ENOSPC_FLAG and Path(ENOSPC_FLAG).exists():
@@ -60,7 +61,7 @@ if MARKS:
         time.sleep(HOLD_S)
         return _write_manifest(path)
 
-    _trainer.write_manifest = write_manifest
+    _checkpointer.write_manifest = write_manifest
 
     _finish = _trainer.TrainerActor._finish
 

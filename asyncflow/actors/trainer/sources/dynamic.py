@@ -1,4 +1,4 @@
-"""Dynamic sampling in the trainer's take path (``algorithm.dynamic_sampling``, DAPO).
+"""The step shape of dynamic sampling (``algorithm.dynamic_sampling``, DAPO).
 
 The loader allocates ``RunConfig.groups_per_step`` prompt groups for step s (more
 than ``train.prompts_per_step``), the rollout and the scorers process them like any
@@ -41,14 +41,69 @@ Invariants:
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from asyncflow.actors.trainer.policy import PolicyUpdate
+from asyncflow.actors.runtime import messages
+from asyncflow.actors.trainer.sources.base import Batch, StepContext
+from asyncflow.actors.trainer.sources.whole import WholeStep
 from asyncflow.algorithms.dynamic_sampling import GroupChoice, StepGroups
+from asyncflow.config import names
+from asyncflow.config.names import TASK_TRAIN
 from asyncflow.core import protocol
 from asyncflow.core.tq.balance import balanced_parts
 from asyncflow.core.tq.client import TQClient
+
+if TYPE_CHECKING:
+    from asyncflow.actors.trainer.policy import PolicyUpdate
+    from asyncflow.config.run import RunConfig
+
+
+class DynamicSampling(WholeStep):
+    key = "algorithm.dynamic_sampling"
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        self._gather: StepGather | None = None  # the step in progress while a refill round is made
+
+    @classmethod
+    def wanted(cls, cfg: RunConfig) -> bool:
+        return cfg.algorithm.dynamic_sampling
+
+    @property
+    def dp_size(self) -> int:
+        return 1  # all of the step's over-sampled rows in one part: the filter splits the kept ones
+
+    def taken(self, step: int, meta: protocol.BatchMeta, prefetched: bool, started: float) -> Batch | None:
+        """The step's informative groups, gathered over refill rounds
+        (``algorithm.dynamic_sampling_max_rounds``); None while a round is asked for."""
+        ctx = self.ctx
+        cfg = ctx.run.config
+        gather = self._gather or StepGather(step, cfg.train.prompts_per_step, ctx.ranks.num_ranks, cfg.refill_rounds)
+        with ctx.activity("read"):
+            gather.add(ctx.tq, ctx.policy, meta)
+        if gather.wants_refill:
+            self._gather = gather
+            ctx.acks.add_rows(TASK_TRAIN, gather.release())  # freed while the round is made (the loader's headroom)
+            ctx.tell(names.LOADER, messages.RefillGroups(step=step, round=gather.num_refills + 1))
+            return None  # the round's rows come through the same take
+        self._gather = None
+        kept = gather.finish()
+        return Batch(
+            meta=kept.meta,
+            integrity=ctx.check_versions(kept.meta),
+            started=started,
+            prefetched=prefetched,
+            dropped=kept.to_ack,  # acked like trained rows, audited with the step
+            figures=kept.figures,
+            audit={
+                "dropped": kept.dropped,
+                "filtered_groups": kept.choice.filtered,
+                "surplus_groups": kept.choice.surplus,
+                "padded_groups": kept.choice.padded,
+            },
+        )
 
 
 class Filtered(msgspec.Struct, kw_only=True, frozen=True):

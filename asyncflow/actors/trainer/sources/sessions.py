@@ -1,4 +1,4 @@
-"""The trainer's take of gateway sessions (``[rollout.gateway] train``): the run's rows
+"""The step shape of gateway sessions (``[rollout.gateway] train``): the run's rows
 come from outside, planned for no step (``step`` -1), so a step takes whichever
 sessions are ready instead of the rows the loader planned for it.
 
@@ -21,9 +21,77 @@ stale (in ``stale_sessions``), never both.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from asyncflow.actors.trainer.sources.base import StepContext
+from asyncflow.actors.trainer.sources.whole import POLL_S, WholeStep
 from asyncflow.config.names import TASK_TRAIN
 from asyncflow.core import protocol
 from asyncflow.core.tq.errors import BatchTimeout
+
+if TYPE_CHECKING:
+    from asyncflow.config.run import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+class GatewaySessions(WholeStep):
+    key = "rollout.gateway.train"
+
+    def __init__(self, ctx: StepContext):
+        super().__init__(ctx)
+        self._stale: list[int] = []  # discarded since the last step's batch
+        self._num_stale = 0
+
+    @classmethod
+    def wanted(cls, cfg: RunConfig) -> bool:
+        return cfg.data_from_gateway
+
+    @classmethod
+    def refusals(cls, cfg: RunConfig) -> Sequence[tuple[bool, str]]:
+        return (
+            (
+                cfg.algorithm.needs_critic,  # sessions get GRPO in groups and RLOO alone (algorithms/session_baseline.py)
+                f"algorithm.name = {cfg.algorithm.name!r} trains a critic: set algorithm.name = 'grpo'",
+            ),
+        )
+
+    def before_request(self, step: int) -> None:
+        """Sessions too old for this step are too old for any later one: acked untrained."""
+        cfg = self.ctx.run.config
+        discarded = discard_stale(self.ctx.tq, step, cfg.staleness)
+        if discarded:
+            self._stale += discarded
+            log.warning(stale_warning(step, cfg, len(discarded), self._num_stale + len(self._stale)))
+
+    def request(self, step: int, ack: list[int]) -> protocol.BatchMeta | None:
+        """One GetBatch of ``samples_per_step`` fresh session rows in whole groups (acking
+        ``ack``); None if not enough are ready within ``POLL_S``."""
+        cfg = self.ctx.run.config
+        try:
+            return self.ctx.tq.get_meta(
+                TASK_TRAIN,
+                self.ctx.columns,
+                cfg.samples_per_step,
+                policy="group",
+                dp_size=self.dp_size,
+                filters=fresh(step, cfg.staleness),
+                timeout_s=POLL_S,
+                ack=ack,
+            )
+        except BatchTimeout:
+            return None
+
+    def taken(self, step: int, meta: protocol.BatchMeta, prefetched: bool, started: float):
+        batch = super().taken(step, meta, prefetched, started)
+        assert batch is not None
+        stale, self._stale = self._stale, []
+        self._num_stale += len(stale)
+        batch.audit["stale_sessions"] = stale
+        batch.figures["sessions_stale"] = float(self._num_stale)
+        return batch
 
 
 def fresh(step: int, k: int) -> list[protocol.RowFilter]:
@@ -36,24 +104,6 @@ def discard_stale(tq, step: int, k: int) -> list[int]:
     if step - k - 1 < 0:
         return []
     return tq.discard(TASK_TRAIN, [protocol.RowFilter(field="version", hi=step - k - 1)])
-
-
-def request(tq, step: int, k: int, columns: list[str], batch_size: int, dp_size: int, ack: list[int]):
-    """One GetBatch of ``batch_size`` fresh session rows in whole groups (acking
-    ``ack``); None if not enough are ready within 1 s."""
-    try:
-        return tq.get_meta(
-            TASK_TRAIN,
-            columns,
-            batch_size,
-            policy="group",
-            dp_size=dp_size,
-            filters=fresh(step, k),
-            timeout_s=1.0,
-            ack=ack,
-        )
-    except BatchTimeout:
-        return None
 
 
 def stale_warning(step: int, cfg, discarded: int, total: int) -> str:
