@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from asyncflow.actors.trainer.checkpoints import _link_latest, checkpoint_dir, latest_checkpoint, prune_checkpoints
+from asyncflow.actors.trainer.checkpoints import checkpoint_dir, latest_checkpoint, link_latest, prune_checkpoints
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -25,7 +25,7 @@ def test_keep_checkpoints_deletes_the_older_complete_ones_never_the_latest_nor_t
     unfinished = make(tmp_path, 10, done=False)  # being written: not complete, not counted, not deleted
     best = tmp_path / "checkpoints" / "best_000003"
     best.mkdir()
-    _link_latest(checkpoint_dir(tmp_path, 8))
+    link_latest(checkpoint_dir(tmp_path, 8))
     assert prune_checkpoints(tmp_path, 0) == []  # 0: keep every one
     deleted = prune_checkpoints(tmp_path, 2)
     assert [p.name for p in deleted] == ["step_000002", "step_000004"]
@@ -37,7 +37,7 @@ def test_keep_checkpoints_deletes_the_older_complete_ones_never_the_latest_nor_t
 def test_the_checkpoint_latest_points_to_is_kept_even_when_newer_ones_exist(tmp_path):
     for step in (2, 4, 6):
         make(tmp_path, step)
-    _link_latest(checkpoint_dir(tmp_path, 2))  # e.g. a resume from step 2 that has not saved yet
+    link_latest(checkpoint_dir(tmp_path, 2))  # e.g. a resume from step 2 that has not saved yet
     assert [p.name for p in prune_checkpoints(tmp_path, 1)] == ["step_000004"]
 
 
@@ -46,7 +46,7 @@ def test_a_latest_that_is_a_copied_directory_is_moved_aside_not_lost_and_becomes
     copied = tmp_path / "checkpoints" / "latest"
     copied.mkdir()
     (copied / "model.safetensors").write_bytes(b"weights")  # cp -rL of a run directory
-    aside = _link_latest(checkpoint_dir(tmp_path, 2))
+    aside = link_latest(checkpoint_dir(tmp_path, 2))
     assert aside is not None and (aside / "model.safetensors").read_bytes() == b"weights"
     assert copied.is_symlink() and os.readlink(copied) == "step_000002/model"
-    assert _link_latest(checkpoint_dir(tmp_path, 2)) is None  # a link is simply replaced
+    assert link_latest(checkpoint_dir(tmp_path, 2)) is None  # a link is simply replaced

@@ -29,7 +29,7 @@ import msgspec
 
 from asyncflow.actors.runtime import messages
 from asyncflow.actors.trainer._pause import pause_roles
-from asyncflow.actors.trainer.checkpoints import _link_latest, checkpoint_dir, prune_checkpoints
+from asyncflow.actors.trainer.checkpoints import checkpoint_dir, link_latest, prune_checkpoints
 from asyncflow.actors.trainer.manifest import write_manifest
 from asyncflow.config import names
 from asyncflow.core.errors import ActorGone, ActorTimeout, AsyncflowError
@@ -90,7 +90,7 @@ class Checkpointer:
             self._write(step, tmp, states)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
-            aside = _link_latest(final)
+            aside = link_latest(final)
             if aside is not None:
                 log.warning("checkpoints/latest was a directory, not a link: moved to %s", aside)
         finally:

@@ -48,7 +48,7 @@ LATEST = "latest"
 Face model directory (``step_N/model``), what ``from_pretrained`` and ``model.path`` load."""
 
 
-def _link_latest(final: Path) -> Path | None:
+def link_latest(final: Path) -> Path | None:
     """Point ``checkpoints/latest`` at ``final``'s model. A ``latest`` that is a real
     directory (a run directory copied with its links followed) is moved aside to
     ``latest.copy-<time>``, never deleted; returns where, else None."""

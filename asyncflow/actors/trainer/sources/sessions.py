@@ -54,7 +54,8 @@ class GatewaySessions(WholeStep):
         return (
             (
                 cfg.algorithm.needs_critic,  # sessions get GRPO in groups and RLOO alone (algorithms/session_baseline.py)
-                f"algorithm.name = {cfg.algorithm.name!r} trains a critic: set algorithm.name = 'grpo'",
+                f"a run that trains on gateway sessions cannot do this: algorithm.name = {cfg.algorithm.name!r} trains a "
+                "critic: set algorithm.name = 'grpo'",
             ),
         )
 
