@@ -65,7 +65,7 @@ record INFO machine "$GPU; $VERS; $(nproc) cpus"
 # the example on the GPU: every role's engine on cuda 0 (the rollout keeps a fifth of the free memory
 # for its KV cache), bfloat16 generation beside the trainer's bfloat16 autocast ("auto" on a GPU)
 CUDA_SET=(--set cluster.device=cuda --set rollout.engine.device=cuda --set train.engine.device=cuda
-  --set 'cluster.rollout_devices=[0]' --set 'cluster.train_devices=[0]' --set 'cluster.reference_devices=[0]'
+  --set 'rollout.devices=[0]' --set 'train.devices=[0]' --set 'reference.devices=[0]'
   --set rollout.engine.kv_cache_fraction=0.05 --set 'rollout.engine.dtype="bfloat16"')
 
 summary_of() {  # summary_of RUN_DIR: one line from summary.json

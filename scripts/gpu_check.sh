@@ -146,7 +146,7 @@ if [ "$INSTALLED" = 1 ]; then
     --set rollout.prompts_per_call=8 --set rollout.sampling.max_new_tokens=16 \
     --set 'rollout.engine.dtype="float32"' --set rollout.engine.kv_cache_fraction=0.25 \
     --set rollout.engine.max_batch_size=64 --set rollout.engine.enforce_eager=true \
-    --set 'cluster.train_devices=[0]' --set 'cluster.reference_devices=[0]'
+    --set 'train.devices=[0]' --set 'reference.devices=[0]'
   rc=$?
   fig="$("$PY" - "$RUN/summary.json" <<'EOF' 2>/dev/null
 import json, sys

@@ -5,9 +5,12 @@
   ``[reference]``, ``[reward]``, ``[reward_model]``, ``[critic]``, ``[[roles]]``),
   ``gateway.py``, ``train.py`` (``[train]``, ``[eval]``), ``workflow.py`` (``[queue]``,
   ``[workflow]``), ``cluster.py`` (``[cluster]``, ``[logging]``), ``planner.py``, ``env.py``;
-  each section a ``Section`` (``_section.py``);
-- ``run.py``: ``RunConfig``, the whole ``cluster.toml``, and the rules that need all of it
-  (``validate``, ``check_paths``);
+  each section a ``Section`` (``_section.py``) whose ``check`` reads itself alone; a role's
+  section holds the ``devices`` its instances see;
+- ``validation.py``: the rules that read several sections, one function each, taking the
+  sections it reads;
+- ``run.py``: ``RunConfig``, the whole ``cluster.toml``, and ``validate`` (every section's
+  ``check``, then ``validation.py``'s rules) and ``check_paths``;
 - ``load.py``: TOML text or a file to a validated ``RunConfig``, ``--set`` overrides,
   relative paths, and errors that name the key and the fix;
 - ``docs.py``: docs/config.md, generated from the schema

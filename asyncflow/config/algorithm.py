@@ -3,6 +3,7 @@ registry's loss Structs) and the off-policy corrections."""
 
 from __future__ import annotations
 
+import math
 import typing
 from typing import Annotated, Literal
 
@@ -23,9 +24,6 @@ if typing.TYPE_CHECKING:  # statically the default loss's Struct; at run time th
     LossConfig = PPOClipLoss
 else:
     LossConfig = registry.LossConfig
-
-if typing.TYPE_CHECKING:
-    from asyncflow.config.run import RunConfig
 
 
 class AlgorithmConfig(Section):
@@ -220,7 +218,31 @@ class AlgorithmConfig(Section):
         """A reference policy runs: the KL term asks for its log-probs, or the estimator does."""
         return self.kl_coef > 0 or self.estimator.needs_reference
 
-    def check(self, run: RunConfig) -> None:
+    def groups_per_step(self, prompts_per_step: int) -> int:
+        """Prompt groups the loader allocates (and the rollout generates) per step of
+        ``prompts_per_step`` (``train.prompts_per_step``), over-sampled with ``dynamic_sampling``."""
+        if not self.dynamic_sampling:
+            return prompts_per_step
+        return math.ceil(prompts_per_step * self.dynamic_sampling_oversample - 1e-9)
+
+    def rows_per_step(self, prompts_per_step: int) -> int:
+        """Rows allocated per step: ``prompts_per_step x group_size`` unless dynamic sampling over-samples."""
+        return self.groups_per_step(prompts_per_step) * self.group_size
+
+    @property
+    def refill_rounds(self) -> int:
+        """Dynamic sampling's refill rounds per step at most (0: no refill)."""
+        return self.dynamic_sampling_max_rounds if self.dynamic_sampling else 0
+
+    def refill_headroom_rows(self, prompts_per_step: int) -> int:
+        """Rows the loader leaves free when it allocates a new step, so that a refill
+        round always fits: one round (``rows_per_step``) plus the informative rows a step
+        may hold back while it waits (``prompts_per_step x group_size``); 0 without refill."""
+        if not self.refill_rounds:
+            return 0
+        return self.rows_per_step(prompts_per_step) + prompts_per_step * self.group_size
+
+    def check(self, run: object) -> None:
         if self.name not in registry.ESTIMATORS:
             raise Refused("name", f"not an advantage estimator of the registry; use one of {list(registry.ESTIMATORS)}")
         grouped = [e.name for e in registry.ESTIMATORS.values() if e.grouped]
@@ -232,17 +254,7 @@ class AlgorithmConfig(Section):
             raise Refused("dynamic_sampling", "a group of one response always has equal rewards: use group_size >= 2")
         if self.estimator.grouped and self.group_size < 2:
             raise Refused("group_size", f"{self.name} compares the responses of one prompt: use at least 2")
-        metrics = ["reward", "score", *(column for column, _ in run.reward_columns)]
-        if self.dynamic_sampling_metric not in metrics:
-            raise Refused("dynamic_sampling_metric", f"use one of {metrics} (the reward columns this run has)")
         if self.kl_ctrl != FixedKL() and self.kl_coef == 0:
             raise Refused("kl_ctrl", "an adaptive coefficient starts from kl_coef: set kl_coef > 0 (verl: 0.001)", "adaptive")
         if self.is_mask_high != 0 and self.is_mask_high <= 1:
             raise Refused("is_mask_high", "use 0 (no upper bound) or a ratio above 1 such as 2.0")
-        max_new_tokens = run.rollout.sampling.max_new_tokens
-        if self.overlong_buffer >= max_new_tokens:
-            raise Refused(
-                "overlong_buffer",
-                f"the buffer is the last tokens before rollout.sampling.max_new_tokens ({max_new_tokens}): use 0 (off) "
-                f"or a value below {max_new_tokens}",
-            )

@@ -1,8 +1,8 @@
-"""``[cluster]`` and ``[logging]``: processes, devices, transport and what a run writes."""
+"""``[cluster]`` and ``[logging]``: processes, device kind, transport and what a run writes.
+(Which devices each role's instances see is its own section's ``devices``.)"""
 
 from __future__ import annotations
 
-import typing
 from typing import Annotated, Literal
 
 import msgspec
@@ -18,10 +18,6 @@ from asyncflow.engines.config import (
     PosFloat,
     Seconds,
 )
-
-if typing.TYPE_CHECKING:
-    from asyncflow.config.run import RunConfig
-
 
 RAY_RESOURCE_STEP = 0.0001
 """Ray's resolution of a resource quantity (its fixed-point unit)."""
@@ -95,21 +91,16 @@ class ClusterConfig(Section):
         ),
     ] = True
     rollout_devices: Annotated[
-        list[NonNegInt],
-        Meta(
-            description="Accelerator ids for rollout replicas, one per replica (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES of "
-            "its process). Empty: the process sees every device."
-        ),
+        list[NonNegInt], Meta(description="Deprecated: write ``[rollout] devices`` (read into it, with a warning).")
     ] = msgspec.field(default_factory=list)
     train_devices: Annotated[
-        list[NonNegInt],
-        Meta(description="Accelerator ids of the trainer: all of them for one rank, one per rank with ``train.num_ranks > 1``."),
+        list[NonNegInt], Meta(description="Deprecated: write ``[train] devices`` (read into it, with a warning).")
     ] = msgspec.field(default_factory=list)
-    reference_devices: Annotated[list[NonNegInt], Meta(description="Accelerator ids for reference workers, one per worker.")] = (
-        msgspec.field(default_factory=list)
-    )
+    reference_devices: Annotated[
+        list[NonNegInt], Meta(description="Deprecated: write ``[reference] devices`` (read into it, with a warning).")
+    ] = msgspec.field(default_factory=list)
     reward_model_devices: Annotated[
-        list[NonNegInt], Meta(description="Accelerator ids for reward-model replicas, one per replica.")
+        list[NonNegInt], Meta(description="Deprecated: write ``[reward_model] devices`` (read into it, with a warning).")
     ] = msgspec.field(default_factory=list)
     python_path: Annotated[
         list[str],
@@ -129,55 +120,27 @@ class ClusterConfig(Section):
         ),
     ] = 0.1
 
-    def check(self, run: RunConfig) -> None:
+    def check(self, run: object) -> None:
         if self.ray_cpus_per_host < RAY_RESOURCE_STEP:
             raise Refused(
                 "ray_cpus_per_host", f"Ray counts CPU in steps of {RAY_RESOURCE_STEP:g}: use {RAY_RESOURCE_STEP:g} or more"
             )
         if self.pin_trainer_cores and self.launcher != "local":
             raise Refused("pin_trainer_cores", "pins cores of this machine: use it with launcher = 'local', or set it to 0")
-        threads = run.train.engine.num_threads or self.threads_per_process
-        if self.pin_trainer_cores and run.workflow.mode == "async" and threads > self.pin_trainer_cores * run.train.num_ranks:
-            # more OpenMP threads than cores: each barrier waits for a descheduled thread
-            raise Refused(
-                "pin_trainer_cores",
-                f"the trainer would run {threads} threads per rank on {self.pin_trainer_cores} pinned core(s) for "
-                f"{run.train.num_ranks} rank(s): set train.engine.num_threads to at most the pinned cores per rank, or "
-                "pin_trainer_cores = 0 (nothing pinned: the trainer's threads share every core; docs/real-model.md, "
-                "'How the processes share the cores')",
-            )
-        ranks = run.train.num_ranks
-        if ranks > 1 and self.train_devices and len(self.train_devices) != ranks:
-            raise Refused("train_devices", f"give one device per trainer rank ({ranks} ids), or none")
-        for key, devices, count in (
-            ("rollout_devices", self.rollout_devices, run.rollout.num_replicas),
-            ("reference_devices", self.reference_devices, run.reference.num_workers),
-            ("reward_model_devices", self.reward_model_devices, run.reward_model.num_replicas),
-        ):
-            if devices and len(devices) != count:
-                raise Refused(key, f"give one device id per worker ({count})")
-        self._check_packing(run)
         try:
             self.transport.validate()
         except ValueError as exc:  # the transport names its keys already
             raise ConfigError(str(exc).replace("[cluster.transport] ", "cluster.transport.")) from None
 
-    def _check_packing(self, run: RunConfig) -> None:
-        if self.actors_per_process == 1:
-            return
-        if run.rollout.engine.type != "emulated":
-            raise Refused(
-                "actors_per_process",
-                f"packs rollout replicas, which is safe only for the emulated engine (a {run.rollout.engine.type} replica "
-                'holds a model, torch threads and device memory of its own): set rollout.engine.type = "emulated" and '
-                'train.engine.type = "emulated", or actors_per_process = 1',
-            )
-        if run.planner.online:
-            raise Refused(
-                "actors_per_process", "the online planner moves one replica process at a time: set planner.online = false"
-            )
-        if run.rollout.gateway.enabled:
-            raise Refused("actors_per_process", "a gateway serves from one replica's process: disable rollout.gateway")
+
+MOVED_DEVICES = {
+    "rollout_devices": "rollout",
+    "train_devices": "train",
+    "reference_devices": "reference",
+    "reward_model_devices": "reward_model",
+}
+"""The device lists that moved from ``[cluster]`` into their role's section (its ``devices``):
+old key -> section. The old keys are still read, with a warning (``RunConfig.__post_init__``)."""
 
 
 class LoggingConfig(Section):

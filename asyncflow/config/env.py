@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import typing
 from typing import Annotated, Literal
 
 from msgspec import Meta
@@ -14,9 +13,6 @@ from asyncflow.engines.config import (
     NonNegInt,
     Seconds,
 )
-
-if typing.TYPE_CHECKING:
-    pass
 
 
 class EnvConfig(Section):

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import typing
 from typing import Annotated
 
 from msgspec import Meta
 
 from asyncflow.config._section import Section
 from asyncflow.core.schema import Refused
-from asyncflow.core.transport import SECRET_ENV, is_loopback
 from asyncflow.engines.config import (
     Count,
     NonNegInt,
     PosFloat,
 )
-
-if typing.TYPE_CHECKING:
-    from asyncflow.config.run import RunConfig
 
 
 class GatewayConfig(Section):
@@ -134,78 +129,35 @@ class GatewayConfig(Section):
         ),
     ] = False
 
-    def check(self, run: RunConfig) -> None:
+    @property
+    def trains(self) -> bool:
+        """The run trains on the gateway's rewarded sessions: no prompt loader, no reward
+        role, no rollout task (``RunConfig.data_from_gateway``)."""
+        return self.enabled and self.train
+
+    def check(self, run: object) -> None:
         if not self.enabled:
             if self.train:
                 raise Refused("train", "sessions train only when the gateway serves: set rollout.gateway.enabled = true")
             return
         if self.host.startswith("[") or self.host.endswith("]"):
             raise Refused("host", f"give the address without brackets ({self.host.strip('[]')!r}); brackets belong in URLs")
-        if self.replica >= run.rollout.num_replicas:
-            raise Refused(
-                "replica", f"there are {run.rollout.num_replicas} rollout replicas: use 0..{run.rollout.num_replicas - 1}"
-            )
-        if (not is_loopback(self.host) or self.require_secret) and not run.cluster.transport.secret_bytes():
-            raise Refused(
-                "host" if not is_loopback(self.host) else "require_secret",
-                f"the gateway asks for the cluster secret here and none is set: set [cluster.transport] secret or the "
-                f"{SECRET_ENV} environment variable (clients send it as their api_key), or serve on host = '127.0.0.1'",
-                self.host if not is_loopback(self.host) else self.require_secret,
-            )
-        backoff = run.cluster.restart_backoff_s
-        if self.all_replicas and self.session_move_after_s <= backoff:
-            raise Refused(
-                "session_move_after_s",
-                f"the Supervisor waits cluster.restart_backoff_s = {backoff:g} s (and longer each time after) before it "
-                f"restarts a replica that died again, which would find its sessions moved: raise it above {backoff:g} "
-                "(minutes: a restart loads the model), or lower cluster.restart_backoff_s",
-            )
-        if self.train:
-            self._check_training(run)
-        elif self.num_sessions is not None or self.until_stopped:
+        if self.train and self.num_sessions is not None and self.until_stopped:
+            raise Refused("num_sessions", "give num_sessions or until_stopped = true, not both")
+        if not self.train and (self.num_sessions is not None or self.until_stopped):
             key = "num_sessions" if self.num_sessions is not None else "until_stopped"
             raise Refused(key, "ends a run whose data comes from the gateway: set rollout.gateway.train = true, or unset it")
 
-    def _check_training(self, run: RunConfig) -> None:
-        """What a run that trains on sessions cannot combine with, each named with its fix."""
-        per_step = run.samples_per_step
-        if self.num_sessions is not None and self.until_stopped:
-            raise Refused("num_sessions", "give num_sessions or until_stopped = true, not both")
-        if self.num_sessions is not None and self.num_sessions % per_step:
-            raise Refused(
-                "num_sessions",
-                f"a step trains train.prompts_per_step x algorithm.group_size = {per_step} sessions: use a multiple of "
-                f"{per_step} (e.g. {max(1, round(self.num_sessions / per_step)) * per_step})",
-            )
-        refusals = (
-            (
-                run.algorithm.needs_critic,  # sessions get GRPO in groups and RLOO alone (algorithms/session_baseline.py)
-                f"algorithm.name = {run.algorithm.name!r} trains a critic: set algorithm.name = 'grpo'",
-            ),
-            (run.algorithm.dynamic_sampling, "set algorithm.dynamic_sampling = false (sessions come as they come)"),
-            (bool(run.env.path), "unset env.path (the agent program is the environment)"),
-            (run.reward_model.enabled, "set reward_model.enabled = false (a session's reward comes by the reward route)"),
-            (
-                run.rollout.num_replicas > 1 and not self.all_replicas,
-                f"set rollout.gateway.all_replicas = true (every replica serves the gateway behind one URL, each session "
-                f"on one replica), or rollout.num_replicas = 1 (one replica serves it; the other "
-                f"{run.rollout.num_replicas - 1} would idle)",
-            ),
-        )
-        for refused, fix in refusals:
-            if refused:
-                raise Refused("train", f"a run that trains on gateway sessions cannot do this: {fix}")
-
-    def steps(self, run: RunConfig) -> int:
+    def steps(self, num_steps: int, sessions_per_step: int) -> int:
         """The run's trainer steps: ``num_sessions`` / sessions per step, a bound no run reaches
-        with ``until_stopped``, else ``train.num_steps``."""
-        if not (self.enabled and self.train):
-            return run.train.num_steps
+        with ``until_stopped``, else ``num_steps`` (``train.num_steps``)."""
+        if not self.trains:
+            return num_steps
         if self.until_stopped:
             return UNTIL_STOPPED_STEPS
         if self.num_sessions is not None:
-            return self.num_sessions // run.samples_per_step
-        return run.train.num_steps
+            return self.num_sessions // sessions_per_step
+        return num_steps
 
 
 UNTIL_STOPPED_STEPS = 1 << 40

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def _field(path: str) -> msgspec.inspect.Field | None:
     """msgspec's view of the field at a dotted key (``train.num_steps``,
-    ``cluster.rollout_devices[1]``, ``roles[0].name``), if there is one."""
+    ``rollout.devices[1]``, ``roles[0].name``), if there is one."""
     parent, _, name = re.sub(r"\[\d+\]$", "", path).rpartition(".")
     cls = schema.struct_at(RunConfig, parent) if parent else RunConfig
     if cls is None and parent:  # a union ([algorithm.loss]): the first of its Structs that has the key

@@ -2,10 +2,11 @@
 directory, queue task names, and the names of numbered replicas.
 
 Import these instead of writing the literal: a renamed role then breaks at import
-time, not in the middle of a run. (A role's other facts, its actor class, columns
-and restart rule, live in its module's ``RoleSpec``.) They sit in the config layer,
-below the roles, because the config refuses a ``[[roles]]`` entry that takes one
-(``reserved``).
+time, not in the middle of a run. (A role's other facts, its actor class, columns,
+restart rule, section and devices, live in its module's ``RoleSpec``.) They sit in the
+config layer, below the roles, because the config refuses a ``[[roles]]`` entry that takes
+one (``reserved``). A new built-in role needs no line here: the topology refuses a
+``[[roles]]`` entry named like any role of ``BUILT_IN`` (``topology.custom_role``).
 """
 
 from __future__ import annotations

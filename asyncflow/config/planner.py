@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import typing
 from typing import Annotated
 
 from msgspec import Meta
 
 from asyncflow.config._section import Section
-from asyncflow.core.schema import Refused
 from asyncflow.engines.config import (
     Count,
     NonNegFloat,
     NonNegInt,
 )
-
-if typing.TYPE_CHECKING:
-    from asyncflow.config.run import RunConfig
 
 
 class PlannerConfig(Section):
@@ -67,17 +62,3 @@ class PlannerConfig(Section):
             'CPU box").'
         ),
     ] = 0
-
-    def check(self, run: RunConfig) -> None:
-        if self.online and self.max_rollout_replicas < run.rollout.num_replicas:  # a limit of the online planner alone
-            raise Refused(
-                "max_rollout_replicas",
-                f"the online planner starts from rollout.num_replicas = {run.rollout.num_replicas} replicas: raise "
-                "it to at least that",
-            )
-        if self.online and run.train.num_ranks > 1:
-            raise Refused(
-                "online",
-                "the online planner moves threads and replicas for a one-rank trainer only: set "
-                "it to false, or train.num_ranks = 1",
-            )

@@ -1,9 +1,10 @@
 """The role sections: ``[rollout]``, ``[reference]``, ``[reward]``, ``[reward_model]``,
-``[critic]`` and ``[[roles]]`` (a custom role)."""
+``[critic]`` and ``[[roles]]`` (a custom role). A role that computes on accelerators has
+``devices`` in its own section (instance i sees device i; the trainer's are ``[train]
+devices``), which its ``RoleSpec`` reads (``actors/runtime/spec.py``)."""
 
 from __future__ import annotations
 
-import typing
 from typing import Annotated, Literal
 
 import msgspec
@@ -15,13 +16,17 @@ from asyncflow.core.schema import Refused
 from asyncflow.engines.config import (
     Count,
     NonNegFloat,
+    NonNegInt,
     RolloutEngineConfig,
     SamplingParams,
     TrainEngineConfig,
 )
 
-if typing.TYPE_CHECKING:
-    from asyncflow.config.run import RunConfig
+
+def check_one_device_each(devices: list[int], count: int) -> None:
+    """A role whose instance i sees device i of its section's ``devices``: one id per instance, or none."""
+    if devices and len(devices) != count:
+        raise Refused("devices", f"give one device id per worker ({count})")
 
 
 class RolloutConfig(Section):
@@ -38,6 +43,16 @@ class RolloutConfig(Section):
     gateway: Annotated[GatewayConfig, Meta(description="OpenAI-compatible HTTP gateway (docs/gateway.md).")] = msgspec.field(
         default_factory=GatewayConfig
     )
+    devices: Annotated[
+        list[NonNegInt],
+        Meta(
+            description="Accelerator ids for rollout replicas, one per replica (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES of "
+            "its process). Empty: the process sees every device."
+        ),
+    ] = msgspec.field(default_factory=list)
+
+    def check(self, run: object) -> None:
+        check_one_device_each(self.devices, self.num_replicas)
 
 
 class ReferenceConfig(Section):
@@ -45,6 +60,12 @@ class ReferenceConfig(Section):
 
     num_workers: Annotated[Count, Meta(description="Worker processes (used only when algorithm.kl_coef > 0).")] = 1
     micro_batch_size: Annotated[Count, Meta(description="Rows per forward pass.")] = 16
+    devices: Annotated[list[NonNegInt], Meta(description="Accelerator ids for reference workers, one per worker.")] = (
+        msgspec.field(default_factory=list)
+    )
+
+    def check(self, run: object) -> None:
+        check_one_device_each(self.devices, self.num_workers)
 
 
 class RewardConfig(Section):
@@ -89,21 +110,9 @@ class RewardConfig(Section):
         ),
     ] = 60.0
 
-    def check(self, run: RunConfig) -> None:
+    def check(self, run: object) -> None:
         if self.weights and len(self.weights) != len(self.functions):
             raise Refused("weights", f"give one weight per function ({len(self.functions)})")
-        if self.placement == "rollout" and run.env.path:
-            raise Refused("placement", "the rollout scores only single-turn rows: with [env] path set, use placement = 'role'")
-        if self.placement == "rollout" and run.workflow.partial_rollout:
-            raise Refused(
-                "placement",
-                "a partial rollout streams its rows out unscored: with workflow.partial_rollout, use placement = 'role'",
-            )
-        scored_outside = run.data_from_gateway  # sessions' rewards come by the gateway's reward route
-        if not self.functions and not run.env.path and not scored_outside and not any(r.reward_column for r in run.roles):
-            raise Refused(
-                "functions", "nothing would score the responses: name a reward function (or set [env] path, whose reward counts)"
-            )
 
 
 REWARD_MODEL_COLUMN = "rm_score"
@@ -143,7 +152,7 @@ class RewardModelConfig(Section):
     batch_size: Annotated[Count, Meta(description="Most rows scored per forward pass (or judge generate call).")] = 16
     device: Annotated[
         Literal["cpu", "cuda", "npu"],
-        Meta(description="Where the model runs (with ``cluster.reward_model_devices``, replica i sees device i alone)."),
+        Meta(description="Where the model runs (with ``devices``, replica i sees device i alone)."),
     ] = "cpu"
     dtype: Annotated[Literal["float32", "bfloat16", "float16"], Meta(description="The model's weights dtype.")] = "float32"
     template: Annotated[
@@ -155,8 +164,12 @@ class RewardModelConfig(Section):
     ] = "Score 0-9: {prompt}{response}"
     judge_max_new_tokens: Annotated[Count, Meta(description="judge: most tokens it generates per row.")] = 8
     judge_default_score: Annotated[float, Meta(description="judge: the score of a row whose judgement has no number.")] = 0.0
+    devices: Annotated[list[NonNegInt], Meta(description="Accelerator ids for reward-model replicas, one per replica.")] = (
+        msgspec.field(default_factory=list)
+    )
 
-    def check(self, run: RunConfig) -> None:
+    def check(self, run: object) -> None:
+        check_one_device_each(self.devices, self.num_replicas)
         if not self.enabled:
             return
         if self.kind == "judge" and "{response}" not in self.template:
@@ -169,12 +182,6 @@ class RewardModelConfig(Section):
                     "template",
                     f"not a format string of {{prompt}}, {{response}}, {{answer}} ({exc!r}); write braces as {{{{ }}}}",
                 ) from None
-        if not self.path and self.kind == "classifier" and run.model.path:
-            raise Refused(
-                "path",
-                "the tiny reward model reads the tiny model's tokens only: give a reward model of your own "
-                "(reward_model.path) for model.path's model",
-            )
 
 
 class CriticConfig(Section):
@@ -183,11 +190,6 @@ class CriticConfig(Section):
     engine: Annotated[TrainEngineConfig, Meta(description="Training engine of the critic.")] = msgspec.field(
         default_factory=lambda: TrainEngineConfig(critic=True, lr=1e-4)
     )
-
-    def check(self, run: RunConfig) -> None:
-        ranks = run.train.num_ranks
-        if ranks > 1 and run.train.engine.fsdp and run.algorithm.needs_critic and not self.engine.fsdp:
-            raise Refused("engine.fsdp", f"the PPO critic trains on the same {ranks} ranks: set [critic.engine] fsdp = true")
 
 
 class RoleEntry(Section):
@@ -213,3 +215,12 @@ class RoleEntry(Section):
         ),
     ] = ""
     reward_weight: Annotated[float, Meta(description="Weight of ``reward_column`` in the reward.")] = 1.0
+
+
+def reward_columns(roles: list[RoleEntry], reward_model: RewardModelConfig) -> list[tuple[str, float]]:
+    """The columns besides ``reward`` that the trainer waits for and adds to the reward,
+    each with its weight: the ``reward_column`` of ``[[roles]]``, then ``rm_score``."""
+    out = [(r.reward_column, r.reward_weight) for r in roles if r.reward_column]
+    if reward_model.enabled:
+        out.append((REWARD_MODEL_COLUMN, reward_model.weight))
+    return out

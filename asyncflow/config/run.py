@@ -1,12 +1,14 @@
 """``cluster.toml``: ``RunConfig``, the typed schema of a whole run, made of the sections
 of the modules beside it (config/__init__.py lists them), and the rules that need all of
-it: ``validate`` (every section's ``check``) and ``check_paths``.
+it: ``validate`` (every section's ``check``, then the rules across sections of
+``validation.py``) and ``check_paths``.
 
 Every section is a msgspec Struct with defaults; unknown keys are errors. Each field
 carries its rules and its documentation: ``Annotated[int, Meta(ge=1, description=...)]``
-(msgspec checks the range while decoding). Rules between fields are one ``check``
-method per section (core/schema.py); whether paths exist is checked after them, by
-``check_paths``. A wrong key or value fails at load time (config/load.py) with the key's
+(msgspec checks the range while decoding). Rules between fields of one section are its
+``check`` method (core/schema.py); rules that read several sections are the functions of
+``validation.py``, which ``RunConfig.check`` calls after them; whether paths exist is
+checked last, by ``check_paths``. A wrong key or value fails at load time (config/load.py) with the key's
 dotted name and what to change:
 
     >>> load_config_text('[train]\\nnum_steps = 0')
@@ -20,32 +22,31 @@ types, defaults, ranges) by ``python -m asyncflow.config.docs --markdown``.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from typing import Annotated
 
 import msgspec
 from msgspec import Meta
 
+from asyncflow.config import validation as rules
 from asyncflow.config._section import Section
 from asyncflow.config.algorithm import AlgorithmConfig
-from asyncflow.config.cluster import ClusterConfig, LoggingConfig
+from asyncflow.config.cluster import MOVED_DEVICES, ClusterConfig, LoggingConfig
 from asyncflow.config.env import EnvConfig
 from asyncflow.config.model import DataConfig, ModelConfig
-from asyncflow.config.names import reserved as reserved_role_name
 from asyncflow.config.planner import PlannerConfig
 from asyncflow.config.roles import (
-    REWARD_MODEL_COLUMN,
     CriticConfig,
     ReferenceConfig,
     RewardConfig,
     RewardModelConfig,
     RoleEntry,
     RolloutConfig,
+    reward_columns,
 )
 from asyncflow.config.train import EvalConfig, TrainConfig
 from asyncflow.config.workflow import QueueConfig, WorkflowConfig
-from asyncflow.core.schema import ConfigError, Refused, check_tree
+from asyncflow.core.schema import ConfigError, check_tree
 from asyncflow.engines.config import (
     NonNegInt,
 )
@@ -82,6 +83,15 @@ class RunConfig(Section):
         ),
     ] = 0
 
+    def __post_init__(self) -> None:
+        """A device list under its old ``[cluster]`` key moves into its role's section, with
+        a warning (given in both places, ``validation.check_moved_devices`` refuses it)."""
+        for old, new in MOVED_DEVICES.items():
+            devices, section = getattr(self.cluster, old), getattr(self, new)
+            if devices and not section.devices:
+                log.warning("[cluster] %s is deprecated: write [%s] devices = %s", old, new, devices)
+                section.devices, devices[:] = list(devices), []
+
     @property
     def staleness(self) -> int:
         return 0 if self.workflow.mode == "sync" else self.workflow.staleness
@@ -90,7 +100,7 @@ class RunConfig(Section):
     def data_from_gateway(self) -> bool:
         """The run trains on the gateway's rewarded sessions (``[rollout.gateway] train``):
         no prompt loader, no reward role, no rollout task."""
-        return self.rollout.gateway.enabled and self.rollout.gateway.train
+        return self.rollout.gateway.trains
 
     @property
     def samples_per_step(self) -> int:
@@ -100,54 +110,52 @@ class RunConfig(Section):
     def groups_per_step(self) -> int:
         """Prompt groups the loader allocates (and the rollout generates) per step:
         ``prompts_per_step``, over-sampled with ``algorithm.dynamic_sampling``."""
-        alg = self.algorithm
-        if not alg.dynamic_sampling:
-            return self.train.prompts_per_step
-        return math.ceil(self.train.prompts_per_step * alg.dynamic_sampling_oversample - 1e-9)
+        return self.algorithm.groups_per_step(self.train.prompts_per_step)
 
     @property
     def rows_per_step(self) -> int:
         """Rows allocated per step: ``samples_per_step`` unless dynamic sampling over-samples."""
-        return self.groups_per_step * self.algorithm.group_size
+        return self.algorithm.rows_per_step(self.train.prompts_per_step)
 
     @property
     def refill_rounds(self) -> int:
         """Dynamic sampling's refill rounds per step at most (0: no refill)."""
-        alg = self.algorithm
-        return alg.dynamic_sampling_max_rounds if alg.dynamic_sampling else 0
+        return self.algorithm.refill_rounds
 
     @property
     def refill_headroom_rows(self) -> int:
         """Rows the loader leaves free when it allocates a new step, so that a refill
-        round always fits: one round (``rows_per_step``) plus the informative rows a step
-        may hold back while it waits (``samples_per_step``); 0 without refill."""
-        return self.rows_per_step + self.samples_per_step if self.refill_rounds else 0
+        round always fits (``AlgorithmConfig.refill_headroom_rows``); 0 without refill."""
+        return self.algorithm.refill_headroom_rows(self.train.prompts_per_step)
 
     @property
     def reward_columns(self) -> list[tuple[str, float]]:
         """The columns besides ``reward`` that the trainer waits for and adds to the reward,
         each with its weight: the ``reward_column`` of ``[[roles]]``, then ``rm_score``."""
-        out = [(r.reward_column, r.reward_weight) for r in self.roles if r.reward_column]
-        if self.reward_model.enabled:
-            out.append((REWARD_MODEL_COLUMN, self.reward_model.weight))
-        return out
+        return reward_columns(self.roles, self.reward_model)
 
-    def check(self, run: RunConfig) -> None:
-        """Rules across ``[[roles]]`` entries (each section checks its own keys)."""
-        names = [r.name for r in self.roles]
-        if len(names) != len(set(names)):
-            raise Refused("roles.name", "role names must be unique", names)
-        for r in self.roles:
-            if reserved_role_name(r.name):
-                raise Refused("roles.name", "this name belongs to a built-in role; choose another", r.name)
-            if r.reward_column == REWARD_MODEL_COLUMN and self.reward_model.enabled:
-                raise Refused("roles.reward_column", "the reward-model role puts this column: choose another", r.reward_column)
-            if r.reward_column and not r.task:
-                raise Refused(
-                    "roles.reward_column",
-                    f"role {r.name!r} must also set `task` (the queue task it reads rows from)",
-                    r.reward_column,
-                )
+    def check(self, run: object) -> None:
+        """The rules across sections (``validation.py``), in the order of the sections;
+        ``check_tree`` runs this after every section's own ``check``."""
+        rules.check_moved_devices(self.cluster, self.rollout, self.train, self.reference, self.reward_model)
+        rules.check_data_task(self.data, self.model)
+        rules.check_dynamic_sampling_metric(self.algorithm, self.roles, self.reward_model)
+        rules.check_overlong_buffer(self.algorithm, self.rollout)
+        rules.check_gateway_replica(self.rollout)
+        rules.check_gateway_secret(self.rollout, self.cluster)
+        rules.check_gateway_restarts(self.rollout, self.cluster)
+        rules.check_gateway_training(self.rollout, self.train, self.algorithm, self.env, self.reward_model)
+        rules.check_reward_placement(self.reward, self.env, self.workflow)
+        rules.check_something_scores(self.reward, self.env, self.rollout, self.roles)
+        rules.check_tiny_reward_model(self.reward_model, self.model)
+        rules.check_critic_fsdp(self.critic, self.train, self.algorithm)
+        rules.check_eval(self.eval, self.train, self.rollout)
+        rules.check_queue_capacity(self.queue, self.train, self.algorithm)
+        rules.check_step_shape(self.workflow, self.algorithm, self.train, self.rollout)
+        rules.check_pinned_cores(self.cluster, self.train, self.workflow)
+        rules.check_packing(self.cluster, self.rollout, self.planner)
+        rules.check_online_planner(self.planner, self.rollout, self.train)
+        rules.check_custom_roles(self.roles, self.reward_model)
 
 
 def validate(cfg: RunConfig) -> None:
@@ -157,7 +165,7 @@ def validate(cfg: RunConfig) -> None:
     then gets its ``train.num_steps`` from ``rollout.gateway`` (``num_sessions``,
     ``until_stopped``)."""
     check_tree(cfg)
-    cfg.train.num_steps = cfg.rollout.gateway.steps(cfg)
+    cfg.train.num_steps = cfg.rollout.gateway.steps(cfg.train.num_steps, cfg.samples_per_step)
 
 
 def check_paths(cfg: RunConfig) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import typing
 from typing import Annotated, Literal
 
 import msgspec
@@ -16,9 +15,6 @@ from asyncflow.engines.config import (
     Seconds,
     TrainEngineConfig,
 )
-
-if typing.TYPE_CHECKING:
-    from asyncflow.config.run import RunConfig
 
 
 class TrainConfig(Section):
@@ -35,7 +31,7 @@ class TrainConfig(Section):
         Count,
         Meta(
             description="Trainer processes (data parallel with FSDP2: needs ``engine.fsdp = true``). Rank 0 reads the batch plan and "
-            "publishes weights; every rank reads its own rows from the queue. With ``cluster.train_devices``, give one "
+            "publishes weights; every rank reads its own rows from the queue. With ``devices``, give one "
             "device per rank."
         ),
     ] = 1
@@ -67,7 +63,12 @@ class TrainConfig(Section):
         ),
     ] = 0
 
-    def check(self, run: RunConfig) -> None:
+    devices: Annotated[
+        list[NonNegInt],
+        Meta(description="Accelerator ids of the trainer: all of them for one rank, one per rank with ``num_ranks > 1``."),
+    ] = msgspec.field(default_factory=list)
+
+    def check(self, run: object) -> None:
         ranks = self.num_ranks
         if ranks > 1 and not self.engine.fsdp:
             raise Refused(
@@ -77,6 +78,8 @@ class TrainConfig(Section):
             raise Refused(
                 "prompts_per_step", f"every rank trains whole prompt groups: use a multiple of train.num_ranks ({ranks})"
             )
+        if ranks > 1 and self.devices and len(self.devices) != ranks:
+            raise Refused("devices", f"give one device per trainer rank ({ranks} ids), or none")
 
 
 class EvalConfig(Section):
@@ -144,14 +147,6 @@ class EvalConfig(Section):
         ),
     ] = False
 
-    def check(self, run: RunConfig) -> None:
+    def check(self, run: object) -> None:
         if self.at_start and not self.every_steps:
             raise Refused("at_start", "evaluates only with every_steps > 0: set eval.every_steps too")
-        if self.at_start and run.train.num_ranks > 1:
-            raise Refused("at_start", "needs the whole starting weights in one process: not with train.num_ranks > 1")
-        if self.every_steps and self.mode == "pass_at_k" and run.rollout.sampling.temperature == 0:
-            raise Refused(
-                "mode",
-                "pass_at_k samples at rollout.sampling.temperature, which is 0 (greedy): every "
-                "sample would be the same; use mode = 'greedy' or a temperature above 0",
-            )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import typing
 from typing import Annotated, Literal
 
 from msgspec import Meta
@@ -15,9 +14,6 @@ from asyncflow.engines.config import (
     NonNegInt,
     Seconds,
 )
-
-if typing.TYPE_CHECKING:
-    from asyncflow.config.run import RunConfig
 
 
 class QueueConfig(Section):
@@ -37,17 +33,6 @@ class QueueConfig(Section):
             "in the GetBatch reply: one round trip less for small rows. 0: every read goes to the shard.",
         ),
     ] = 16384
-
-    def check(self, run: RunConfig) -> None:
-        if self.capacity_rows and self.capacity_rows < run.rows_per_step:
-            raise Refused("capacity_rows", f"must hold at least one global batch ({run.rows_per_step} rows) or be 0 (automatic)")
-        headroom = run.refill_headroom_rows
-        if self.capacity_rows and headroom and self.capacity_rows < run.rows_per_step + headroom:
-            raise Refused(
-                "capacity_rows",
-                f"with algorithm.dynamic_sampling_max_rounds > 0 the queue keeps {headroom} rows free for refill rounds: "
-                f"use at least {run.rows_per_step + headroom} or 0 (automatic)",
-            )
 
 
 class WorkflowConfig(Section):
@@ -161,7 +146,7 @@ class WorkflowConfig(Section):
         ),
     ] = False
 
-    def check(self, run: RunConfig) -> None:
+    def check(self, run: object) -> None:
         if self.weight_fanout == "tree" and self.weight_transport != "nng":
             raise Refused(
                 "weight_fanout",
@@ -169,37 +154,9 @@ class WorkflowConfig(Section):
                 'weight_fanout = "direct" (or weight_transport = "nng")',
                 self.weight_fanout,
             )
-        if self.stream_step:
-            self._check_stream_step(run)
         if self.partial_rollout and self.mode != "async":
             raise Refused(
                 "partial_rollout",
                 'partial rollout needs workflow.mode = "async" (in sync mode weights never change during generation)',
                 self.partial_rollout,
             )
-
-    def _check_stream_step(self, run: RunConfig) -> None:
-        """What a step streamed in parts cannot do (yet): each refusal names the key to change."""
-        from asyncflow.algorithms.loss_configs import FixedKL
-
-        alg = run.algorithm
-        refusals = [
-            (
-                self.mode != "async",
-                'needs workflow.mode = "async" (sync mode generates the whole batch before training): set it, or set '
-                "workflow.stream_step = false",
-            ),
-            (run.train.num_ranks > 1, "runs on one trainer rank: set train.num_ranks = 1 or workflow.stream_step = false"),
-            (alg.epochs > 1, "takes one optimizer step per batch: set algorithm.epochs = 1 or workflow.stream_step = false"),
-            (
-                not alg.estimator.group_local,
-                f"needs advantages within prompt groups (grpo, rloo); algorithm.name = {alg.name!r} normalises over the "
-                "whole batch: choose grpo or rloo, or set workflow.stream_step = false",
-            ),
-            (alg.dynamic_sampling, "cannot drop groups after training them: set algorithm.dynamic_sampling = false"),
-            (alg.kl_ctrl != FixedKL(), "measures the KL of a whole batch for the adaptive controller: use a fixed kl_coef"),
-            (run.data_from_gateway, "takes rows planned for a step; gateway sessions are not: set workflow.stream_step = false"),
-        ]
-        for refused, why in refusals:
-            if refused:
-                raise Refused("stream_step", why, self.stream_step)

@@ -6,11 +6,12 @@ Knows no RL: ``config/`` (the ``cluster.toml`` schema) and ``engines/config.py``
 - A single-field rule is a constraint on the field's type
   (``Annotated[int, Meta(ge=1, description=...)]``): msgspec checks it while decoding,
   and ``docs/config.md`` shows it beside the field's description.
-- A rule between fields is one ``check(self, run)`` method on the section Struct that
-  holds the key it blames; ``run`` is the whole config, for rules that read another
-  section. It raises ``Refused(key, fix)`` with the key relative to the section
-  (``"engine.fsdp"`` in ``[train]``); ``check_tree`` adds the section's dotted path and
-  the value, so a rule never spells a full key path.
+- A rule between fields of one section is one ``check(self, run)`` method on the section
+  Struct that holds the key it blames. It raises ``Refused(key, fix)`` with the key
+  relative to the section (``"engine.fsdp"`` in ``[train]``); ``check_tree`` adds the
+  section's dotted path and the value, so a rule never spells a full key path. ``run``
+  is the whole config; the rules that read other sections are the root's ``check``
+  (with full dotted keys), run after every section's own.
 - Nothing here reads the file system: whether paths exist is checked after the schema.
 """
 
@@ -61,9 +62,11 @@ def sections(struct: msgspec.Struct, path: str = "") -> Iterator[tuple[str, msgs
 
 def check_tree(root: msgspec.Struct) -> None:
     """Run every section's ``check(root)``, nested sections after the section that
-    holds them; the first broken rule raises ``ConfigError``: ``key = value: fix`` with
-    the full dotted key."""
-    for path, section in sections(root):
+    holds them, and the root's own ``check`` last (its rules read across the sections,
+    whose own rules have passed by then); the first broken rule raises ``ConfigError``:
+    ``key = value: fix`` with the full dotted key."""
+    below, top = list(sections(root))[1:], ("", root)
+    for path, section in [*below, top]:
         check = getattr(section, "check", None)
         if check is None:
             continue

@@ -19,12 +19,19 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from asyncflow.engines.prefix_cache import PrefixCache
+
+class BlockKeeper(Protocol):
+    """What the pool asks of the cache that keeps some of its blocks for later prompts
+    (``PrefixCache``, engines/prefix_cache.py, which imports this module)."""
+
+    @property
+    def idle_blocks(self) -> int: ...
+
+    def evict(self, num_blocks: int) -> int: ...
 
 
 class KVBlockPool:
@@ -54,7 +61,7 @@ class KVBlockPool:
         self.v = torch.zeros_like(self.k)
         self._free = list(range(self.num_blocks - 1, -1, -1))
         self.peak_used_bytes = 0
-        self.cache: PrefixCache | None = None
+        self.cache: BlockKeeper | None = None
 
     @property
     def capacity_bytes(self) -> int:

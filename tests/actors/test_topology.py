@@ -121,7 +121,7 @@ def test_a_custom_role_is_a_restartable_rolespec_started_before_the_training_gro
 def test_what_dies_alone_is_restarted_and_what_it_put_is_kept():
     built_in = {r.name: r for r in topology.BUILT_IN}
     cfg = _cfg()
-    assert all(hasattr(cfg.cluster, r.device_list) for r in built_in.values() if r.device_list)
+    assert all(r.devices(cfg) == [] for r in built_in.values())  # a role with a device reads its section's (empty) list
     assert {n for n, r in built_in.items() if r.restartable} == {names.ROLLOUT, names.REWARD, names.REFERENCE, names.REWARD_MODEL}
     assert built_in[names.ROLLOUT].outputs == ("response_ids", "rollout_logp", "finish")
     assert built_in[names.REWARD].task == names.TASK_REWARD and built_in[names.REWARD].outputs == ("reward",)
@@ -130,8 +130,12 @@ def test_what_dies_alone_is_restarted_and_what_it_put_is_kept():
 def test_devices_one_per_replica_and_the_training_group_shares_its_list_alone_or_splits_it_by_rank():
     rollout, trainer = topology.built_in(names.ROLLOUT), topology.built_in(names.TRAINER)
     rank = topology.built_in(names.TRAINER_RANK)
+    base = _cfg()
     cfg = msgspec.structs.replace(
-        _cfg(), cluster=ClusterConfig(device="cuda", rollout_devices=[4, 5], train_devices=[0, 1, 2, 3])
+        base,
+        cluster=ClusterConfig(device="cuda"),
+        rollout=msgspec.structs.replace(base.rollout, devices=[4, 5]),
+        train=msgspec.structs.replace(base.train, devices=[0, 1, 2, 3]),
     )
     assert visible_devices(rollout, "rollout.1", cfg) == "5"
     assert visible_devices(rollout, "rollout.2", cfg) is None  # added by the planner beyond the list: sees all
@@ -175,7 +179,7 @@ def test_without_the_reference_roles_spec_no_host_task_device_memory_or_step_lin
 
     monkeypatch.setattr(io, "local_cpu_peak", lambda path="": parse_cpuinfo("cpu MHz : 2450\nflags : fma avx2\n"))
     model = str(make_tiny_model(tmp_path / "tiny", arch="qwen2", seed=0))
-    cfg = _cfg("[algorithm]\nkl_coef = 0.01\n[cluster]\nreference_devices = [3]\n")
+    cfg = _cfg("[algorithm]\nkl_coef = 0.01\n[reference]\ndevices = [3]\n")
 
     def reference_facts() -> list[str]:
         found = [h.name for h in topology.plan_hosts(cfg, str(tmp_path)) if h.name.startswith("reference")]

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
             "planner.online = True: the online planner moves threads and replicas for a one-rank trainer only",
         ),
         (
-            "[train]\nnum_ranks = 2\n[train.engine]\nfsdp = true\n[cluster]\ntrain_devices = [0]",
-            "cluster.train_devices = [0]: give one device per trainer rank (2 ids), or none",
+            "[train]\nnum_ranks = 2\ndevices = [0]\n[train.engine]\nfsdp = true",
+            "train.devices = [0]: give one device per trainer rank (2 ids), or none",
         ),
         ('[[roles]]\nname = "trainer"\ncls = "m:C"', "roles.name = 'trainer': this name belongs to a built-in role"),
         # its replicas would be shard.0, ...: the queue shards' names (the planner's, a rank's, too)
@@ -72,7 +72,7 @@ def test_set_overrides_change_keys_of_the_file_and_name_a_wrong_one():
         [
             "train.num_ranks=2",
             "train.engine.fsdp=true",
-            "cluster.train_devices=[]",
+            "train.devices=[]",
             "workflow.mode=sync",
             "logging.hang_timeout_s = 30",
         ],
@@ -108,7 +108,7 @@ def test_docs_config_md_documents_every_key_as_the_code_has_it():
         ("[train]\nnum_steps = 0", "train.num_steps = 0: out of range; use a value >= 1"),
         ("[train.engine]\nlr_min_ratio = 2", "train.engine.lr_min_ratio = 2: out of range; use a value between 0 and 1"),
         ("[train.engine]\nbetas = [0.9, 1.5]", "train.engine.betas[1] = 1.5: out of range; use a value >= 0 and < 1"),
-        ("[cluster]\nrollout_devices = [0, -1]", "cluster.rollout_devices[1] = -1: out of range; use a value >= 0"),
+        ("[rollout]\ndevices = [0, -1]", "rollout.devices[1] = -1: out of range; use a value >= 0"),
         ("[algorithm]\ngamma = 1.5", "algorithm.gamma = 1.5: out of range; use a value between 0 and 1"),
     ],
 )

@@ -197,7 +197,11 @@ CROSS_FIELD = [
         "queue.capacity_rows = 200: with algorithm.dynamic_sampling_max_rounds > 0 the queue keeps 192 rows free for "
         "refill rounds: use at least 320 or 0 (automatic)",
     ),
-    ("[cluster]\nrollout_devices = [0, 1]", "cluster.rollout_devices = [0, 1]: give one device id per worker (1)"),
+    ("[rollout]\ndevices = [0, 1]", "rollout.devices = [0, 1]: give one device id per worker (1)"),
+    (
+        "[algorithm]\nkl_coef = 0.1\n[reference]\nnum_workers = 2\ndevices = [3]",
+        "reference.devices = [3]: give one device id per worker (2)",
+    ),
     ("[cluster]\nlauncher = 'ray'\npin_trainer_cores = 2", "cluster.pin_trainer_cores = 2: pins cores of this machine"),
     (
         "[workflow]\nmode = 'async'\n[cluster]\npin_trainer_cores = 1\n[train.engine]\nnum_threads = 2",
@@ -228,8 +232,8 @@ CROSS_FIELD = [
         "reward_model.template = '{response} {score}': not a format string of {prompt}, {response}, {answer}",
     ),
     (
-        "[reward_model]\nenabled = true\n[cluster]\nreward_model_devices = [0, 1]",
-        "cluster.reward_model_devices = [0, 1]: give one device id per worker (1)",
+        "[reward_model]\nenabled = true\ndevices = [0, 1]",
+        "reward_model.devices = [0, 1]: give one device id per worker (1)",
     ),
     (
         '[reward_model]\nenabled = true\n[[roles]]\nname = "judge"\ncls = "m:C"\ntask = "j"\nreward_column = "rm_score"',

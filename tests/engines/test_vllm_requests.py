@@ -138,7 +138,7 @@ def test_the_gpu_checks_run_of_examples_gpu_toml_is_a_valid_one_gpu_config_of_20
     cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "gpu.toml", overrides)
     assert cfg.train.num_steps == 20 and cfg.model.path == "" and cfg.data.path == ""
     assert cfg.rollout.engine.type == "vllm" and weight_transfer_backend(cfg.rollout.engine) == "ipc"
-    assert cfg.cluster.rollout_devices == cfg.cluster.train_devices == cfg.cluster.reference_devices == [0]
+    assert cfg.rollout.devices == cfg.train.devices == cfg.reference.devices == [0]
 
 
 def test_examples_npu_toml_takes_the_rpc_weight_path():

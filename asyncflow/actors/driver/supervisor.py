@@ -93,7 +93,7 @@ def num_devices(role: RoleSpec | None, cfg: RunConfig) -> int:
         return 0
     if role.device is Devices.ONE or cfg.train.num_ranks > 1:
         return 1
-    return max(1, len(getattr(cfg.cluster, role.device_list)))
+    return max(1, len(role.devices(cfg)))
 
 
 def visible_devices(role: RoleSpec | None, name: str, cfg: RunConfig) -> str | None:
@@ -101,7 +101,7 @@ def visible_devices(role: RoleSpec | None, name: str, cfg: RunConfig) -> str | N
     every device (no device list, or an instance the planner added beyond the list)."""
     if role is None or role.device is Devices.NONE:
         return None
-    ids = getattr(cfg.cluster, role.device_list)
+    ids = role.devices(cfg)
     if role.device is Devices.GROUP and cfg.train.num_ranks == 1:  # alone: the whole list
         return ",".join(map(str, ids)) if ids else None
     index = index_of(name)

@@ -13,8 +13,11 @@ Processes (one host per line)::
                 (emulated replicas only): replicas km .. km + m - 1, each an actor of
                 its own in one process (``HostPlan.workers``)
 
-A new built-in role is one module that ends with ``ROLE = RoleSpec(...)`` and one
-line in ``BUILT_IN``.
+A new built-in role is one module that ends with ``ROLE = RoleSpec(...)``, its config
+section (a field of ``RunConfig``; with ``devices`` when the role has a ``device``) and one
+line in ``BUILT_IN``: its hosts, its queue task, the devices each instance sees
+(``RoleSpec.devices``) and the refusal of a ``[[roles]]`` entry that takes its name all come
+from the spec (tests/actors/test_new_role.py plants one).
 """
 
 from __future__ import annotations
@@ -67,7 +70,10 @@ def computes(host: str) -> bool:
 
 def custom_role(entry: RoleEntry, python_path: list[str]) -> RoleSpec:
     """A ``[[roles]]`` entry as a RoleSpec: its class imported from the dotted path the
-    user wrote, the way its process will (``cluster.python_path`` first)."""
+    user wrote, the way its process will (``cluster.python_path`` first). Its name may
+    not be a built-in role's, nor that of one of its instances (``name.<i>``)."""
+    if any(entry.name == r.name or entry.name.startswith(f"{r.name}.") for r in BUILT_IN):
+        raise ConfigError(f"roles.name = {entry.name!r}: this name belongs to a built-in role; choose another")
     try:
         cls = importable(entry.cls, python_path)
     except ValueError as exc:

@@ -91,7 +91,6 @@ ROLE = roles.RoleSpec(
     device=roles.Devices.ONE,
     devices_used=lambda cfg: [("train.engine.device", cfg.train.engine.device)],  # the trainer's engine settings
     memory=lambda cfg, facts: facts.shape.num_params * memory.DTYPE_BYTES[cfg.train.engine.dtype],  # the base weights
-    device_list="reference_devices",
     step_work=lambda cfg, cores: roles.StepWork(
         what="reference forward",
         flops_per_param_token=2,

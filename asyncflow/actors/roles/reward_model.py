@@ -80,5 +80,4 @@ ROLE = roles.RoleSpec(
         facts.reward_model_params * memory.DTYPE_BYTES[cfg.reward_model.dtype]
         + (memory.DEFAULT_KV_BYTES if cfg.reward_model.kind == "judge" else 0)
     ),
-    device_list="reward_model_devices",
 )

@@ -270,7 +270,6 @@ ROLE = roles.RoleSpec(
     memory=replica_memory,
     # a process's runtime, shared by the replicas packed into it (cluster.actors_per_process)
     working_memory=lambda cfg, facts: float(memory.PROCESS_BYTES) / cfg.cluster.actors_per_process,
-    device_list="rollout_devices",
     step_work=lambda cfg, cores: roles.StepWork(
         what="generation",
         flops_per_param_token=2,

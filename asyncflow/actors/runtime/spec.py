@@ -28,13 +28,14 @@ from asyncflow.planner.memory import MemoryFacts
 
 
 class Devices(enum.Enum):
-    """Which accelerators a role's instance sees (``RoleSpec.device_list`` names the
-    ``[cluster]`` list they come from)."""
+    """Which accelerators a role's instance sees, of the ``devices`` of its config section
+    (``RoleSpec.section``)."""
 
     NONE = "none"
     """None: it runs on CPU threads only."""
     ONE = "one"
-    """Instance i takes device i of the list; an instance beyond the list sees them all."""
+    """Instance i takes device i of the list; an instance beyond the list (or any, with an
+    empty list) sees them all."""
     GROUP = "group"
     """The training group: alone (``train.num_ranks = 1``) it sees the whole list; with
     several ranks, rank r takes device r."""
@@ -111,12 +112,15 @@ class RoleSpec:
     """A dead instance is requeued and started again in place (``_restarts.py``);
     otherwise its death stops the run (resume from the last checkpoint)."""
     device: Devices = Devices.NONE
+    """Which of its section's ``devices`` each instance sees (``Devices.NONE``: it has none)."""
     devices_used: Callable[[RunConfig], list[tuple[str, str]]] = field(default=no_devices)
     """The config keys (dotted) that say what device its instances compute on, with their
     values: the preflight refuses a device this machine lacks by its key, before any
     process starts (a role with no instance in the config is not checked)."""
-    device_list: str = ""
-    """The ``[cluster]`` field its devices come from (``rollout_devices`` ...)."""
+    section: str = ""
+    """The config section of the role (a field of ``RunConfig``), which holds its ``devices``
+    when it has a ``device``; empty: the section named like the role (``[rollout]``,
+    ``[reference]``; the trainer's is ``[train]``)."""
     memory: Callable[[RunConfig, MemoryFacts], float] | None = None
     """Bytes of one instance's states (weights, optimizer states, KV budget, staged
     snapshots: ``planner/memory.py``); None: it holds no model. The preflight adds up
@@ -137,6 +141,13 @@ class RoleSpec:
     """Actors started in each instance's process before the role's own actor, e.g. the
     trainer's ``weights`` (which takes the trainer's weight snapshots without a copy).
     They are not workers: no StartWork, no stats; they stop with their process."""
+
+    def devices(self, cfg: RunConfig) -> list[int]:
+        """The device ids its instances share out (``Devices``): its section's ``devices``;
+        none for a role without a device."""
+        if self.device is Devices.NONE:
+            return []
+        return list(getattr(cfg, self.section or self.name).devices)
 
 
 @dataclass(frozen=True, kw_only=True)
