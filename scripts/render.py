@@ -87,8 +87,9 @@ def fmt(value: object, spec: str) -> str:
 
 @dataclass
 class Paired:
-    """Two figures measured on the same seeds, compared seed by seed: the difference a - b,
-    its mean, sd and standard error of the mean, and the verdict "mean >= at_least"."""
+    """Two figures measured on the same seeds, compared seed by seed: the difference a - b, its mean,
+    sd and standard error of the mean (sd / sqrt(n)), how many standard errors the mean is from 0,
+    and the verdict "mean >= at_least"."""
 
     seeds: list
     a: list[float]
@@ -99,35 +100,11 @@ class Paired:
     def __post_init__(self) -> None:
         assert len(self.seeds) == len(self.a) == len(self.b) >= 2, "a paired comparison needs 2 seeds or more"
         self.diff = [x - y for x, y in zip(self.a, self.b)]
-
-    @property
-    def n(self) -> int:
-        return len(self.diff)
-
-    @property
-    def mean(self) -> float:
-        return statistics.mean(self.diff)
-
-    @property
-    def sd(self) -> float:
-        return statistics.stdev(self.diff)
-
-    @property
-    def se(self) -> float:
-        return self.sd / self.n**0.5
-
-    @property
-    def z(self) -> float:
-        """How many standard errors the mean difference is from 0."""
-        return abs(self.mean) / self.se if self.se else float("inf")
-
-    @property
-    def verdict(self) -> str:
-        return "met" if self.mean >= self.at_least else "not met"
-
-    @property
-    def summary(self) -> str:
-        return f"{self.mean:+.3f} (sd {self.sd:.3f}, s.e. {self.se:.3f}, {self.n} seeds, {self.z:.1f} s.e. from 0)"
+        self.n, self.mean, self.sd = len(self.diff), statistics.mean(self.diff), statistics.stdev(self.diff)
+        self.se = self.sd / self.n**0.5
+        self.z = abs(self.mean) / self.se if self.se else float("inf")
+        self.verdict = "met" if self.mean >= self.at_least else "not met"
+        self.summary = f"{self.mean:+.3f} (sd {self.sd:.3f}, s.e. {self.se:.3f}, {self.n} seeds, {self.z:.1f} s.e. from 0)"
 
     def table(self, a_name: str, b_name: str) -> list[str]:
         """Seed by seed, then the means; the last column is a - b."""
