@@ -62,7 +62,7 @@ GEMMA3_ROLLOUT = (
 GEMMA3_STOPS = ",".join(
     str(t) for t in tomllib.loads((ROOT / "examples/gemma3.toml").read_text())["rollout"]["sampling"]["stop_token_ids"]
 )
-LEARNING = ("real_model.seeds", "real_model.config", "real_model.async.val_start_accuracy",
+LEARNING = ("real_model.seeds", "real_model.target", "real_model.async.val_start_accuracy",
             "real_model.async.val_final_accuracy", "real_model.async.val_best_accuracy", "real_model.async.wall_s",
             "real_model.async.samples_per_s", "real_model.async.met_target")  # fmt: skip
 ROLLOUT = ("tokens_per_s", "baseline_tokens_per_s", "ratio", "baseline", "threads", "dtype")

@@ -2,7 +2,9 @@
 the measurements' JSON, the paired-by-seed renderer computes its figures and verdict from the
 records alone, every record's JSON has the keys its page reads, and the pages stay short."""
 
+import copy
 import json
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -136,3 +138,45 @@ def test_the_rendered_pages_are_the_templates_filled_from_docs_data():
 @pytest.mark.parametrize("page", ["real-model.md", "results.md", "performance.md", "algorithms.md", "scale.md", "planner.md"])
 def test_each_results_page_a_reader_opens_is_short(page):
     assert len((ROOT / "docs" / page).read_text().splitlines()) <= 220
+
+
+def test_the_real_model_page_turns_its_verdict_when_the_planted_figures_do():
+    """The page's template on docs/data with the streamed set's async accuracy planted above TRL's."""
+    data = copy.deepcopy(kept())
+    for run in data["real_paired_stream"]["runs"]:
+        systems = run["result"]["systems"]
+        systems["async"]["heldout_accuracy"] = systems["trl"]["heldout_accuracy"] + 0.012 * (run["seed"] % 4)
+    runs = [r["result"]["systems"] for r in data["real_paired_stream"]["runs"]]
+    seeds = [r["seed"] for r in data["real_paired_stream"]["runs"]]
+    planted = render.Paired(seeds, [x["async"]["heldout_accuracy"] for x in runs], [x["trl"]["heldout_accuracy"] for x in runs])
+    assert round(planted.mean, 3) == 0.018
+    template = (ROOT / "scripts" / "pages" / "real-model.md").read_text()
+    text = render.render(template, data, how=lambda name: results.how(name, data))
+    assert f"| as above, streamed on-policy (staleness 0) | {len(seeds)} |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| as above, streamed on-policy"))
+    assert f"**{planted.mean:+.3f}** | {planted.sd:.3f} | {planted.se:.3f} | met |" in row
+    target = next(line for line in text.splitlines() if "(streamed on-policy) |" in line)
+    assert target.endswith(f"| {planted.summary} | met |")
+    assert text != (ROOT / "docs" / "real-model.md").read_text()
+
+
+def test_only_parity_measures_it_keeps_its_json_and_rewrites_its_page(tmp_path, monkeypatch):
+    """``results.py --only parity`` with the measurement stubbed: the JSON goes to --work and to the data
+    directory, and the results page is written again from it; the other pages are left alone."""
+    (tmp_path / "docs").mkdir()
+    shutil.copytree(ROOT / "scripts" / "pages", tmp_path / "scripts" / "pages")
+    shutil.copytree(records.DATA_DIR, tmp_path / "data")
+    record = json.loads((records.DATA_DIR / "parity.json").read_text())
+    record["result"]["parity"]["async"]["reward_last_10pct"] = [0.9, 0.9, 0.9]
+    ran: list[list[str]] = []
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    monkeypatch.setattr(results, "DATA_DIR", tmp_path / "data")
+    monkeypatch.setattr(results, "run", lambda cmd: ran.append(cmd) or copy.deepcopy(record))
+    monkeypatch.setattr(sys, "argv", ["results.py", "--only", "parity", "--work", str(tmp_path / "work")])
+    assert results.main() == 0
+    assert ran == [results.command(records.BY_NAME["parity"], str(tmp_path / "work"))]
+    assert json.loads((tmp_path / "data" / "parity.json").read_text()) == record
+    assert json.loads((tmp_path / "work" / "parity.json").read_text()) == record
+    page = (tmp_path / "docs" / "results.md").read_text()
+    assert "| 0 | 0.900 | 0.571 | +0.329 |" in page
+    assert not (tmp_path / "docs" / "real-model.md").exists()
