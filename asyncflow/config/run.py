@@ -88,9 +88,10 @@ class RunConfig(Section):
         a warning (given in both places, ``validation.check_moved_devices`` refuses it)."""
         for old, new in MOVED_DEVICES.items():
             devices, section = getattr(self.cluster, old), getattr(self, new)
-            if devices and not section.devices:
+            if devices and not section.devices:  # copies: a section may be shared with another config
                 log.warning("[cluster] %s is deprecated: write [%s] devices = %s", old, new, devices)
-                section.devices, devices[:] = list(devices), []
+                setattr(self, new, msgspec.structs.replace(section, devices=list(devices)))
+                self.cluster = msgspec.structs.replace(self.cluster, **{old: []})
 
     @property
     def staleness(self) -> int:
