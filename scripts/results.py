@@ -119,6 +119,8 @@ def main() -> int:
         help="read the runs an interrupted measurement left finished in --work instead of starting them again",
     )
     args = parser.parse_args()
+    if args.seeds and not (args.only and all(BY_NAME[n].per_seed for n in args.only)):
+        parser.error("--seeds needs --only with records measured per seed (their command has {seed})")
     work = (ROOT / args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     data = load()
