@@ -80,7 +80,8 @@ def apply_resume_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfi
     for item in overrides:
         key = item.partition("=")[0].strip()
         if not resumable(key):
-            why = _WHY.get(key.split(".")[0], "it is not a key that can change on resume")
+            section = "cluster" if key.endswith(".devices") else key.split(".")[0]  # a role's devices: where it runs
+            why = _WHY.get(section, "it is not a key that can change on resume")
             raise ConfigError(
                 f"--set {key}: cannot change when resuming ({why}). Keys that can: {', '.join(RESUMABLE_KEYS)}; "
                 f"to change {key}, start a new run: afctl up CONFIG --set {key}=..."

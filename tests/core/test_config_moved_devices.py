@@ -57,3 +57,10 @@ def test_no_example_config_uses_a_deprecated_key():
         f"{name}: [cluster] {key}" for name, raw in examples.items() for key in raw.get("cluster", {}) if key in MOVED_DEVICES
     ]
     assert moved == []
+
+
+def test_a_roles_devices_cannot_change_on_resume_because_the_processes_are_laid_out_from_them():
+    from asyncflow.config.resumable import apply_resume_overrides
+
+    with pytest.raises(ConfigError, match=r"--set train.devices: cannot change when resuming \(the run's processes"):
+        apply_resume_overrides(RunConfig(), ["train.devices=[1]"])
