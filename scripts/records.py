@@ -17,11 +17,7 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT / "docs" / "data"
-PAGES = {
-    "results": "docs/results.md",
-    "performance": "docs/performance.md",
-    "real-model": "docs/real-model.md",
-}
+PAGES = {"results": "docs/results.md", "performance": "docs/performance.md", "real-model": "docs/real-model.md"}
 """Each page's template is scripts/pages/<name>.md."""
 
 
@@ -33,8 +29,6 @@ class Record:
     command: str
     seeds: tuple[int, ...] = ()
     keys: tuple[str, ...] = ()
-    title: str = ""
-    """What it measures, in a few words (a row of a table that shows several records)."""
     when_named: bool = False
     """Measured only when ``--only`` names it (hours, or a model to import first)."""
 
@@ -173,16 +167,14 @@ RECORDS = [
        "--out {work}/{name}/seed{seed}", seeds=tuple(range(5)), when_named=True),
     _r("real_hfconv", "log", f"{PEER} {SEEDED} --set train.engine.lr_schedule_convention=huggingface --skip-trl "
        "--skip-sync --json --out {work}/{name}/seed{seed}", seeds=tuple(range(5)), when_named=True),
-    _r("real_trl_lr", "real-model", f"{PEER} {SEEDED} {TAIL}", seeds=SEEDS_10, keys=PAIRED_KEYS, when_named=True,
-       title="TRL at asyncflow's lr, prompts in its own order, behaviour clip"),
+    _r("real_trl_lr", "log", f"{PEER} {SEEDED} {TAIL}", seeds=SEEDS_10, keys=PAIRED_KEYS, when_named=True),
     # paired by data: TRL reads the prompts in asyncflow's order, and each seed draws another order for both
-    _r("real_paired", "real-model", f"{PAIRED} {TAIL}", seeds=SEEDS_10, keys=PAIRED_KEYS, when_named=True,
-       title="the example as shipped: behaviour clip, staleness 1"),
+    _r("real_paired", "real-model", f"{PAIRED} {TAIL}", seeds=SEEDS_10, keys=PAIRED_KEYS, when_named=True),
     _r("real_paired_prox", "real-model", f"{PAIRED} {DECOUPLED} {TAIL}", seeds=SEEDS_10, keys=PAIRED_KEYS,
-       when_named=True, title="decoupled objective, a prompt once per group, staleness 1"),
+       when_named=True),
     _r("real_paired_stream", "real-model", f"{PAIRED} {DECOUPLED} {STREAMED} {TAIL}", seeds=tuple(range(20)),
-       keys=PAIRED_KEYS, when_named=True, title="as above, streamed on-policy (staleness 0)"),
+       keys=PAIRED_KEYS, when_named=True),
     _r("real_paired_fp32", "real-model", f"{PAIRED} {DECOUPLED} {STREAMED} --set train.engine.autocast=off {TAIL}",
-       seeds=SEEDS_10, keys=PAIRED_KEYS, when_named=True, title="as above, both trainers in float32"),
+       seeds=SEEDS_10, keys=PAIRED_KEYS, when_named=True),
 ]  # fmt: skip
 BY_NAME = {r.name: r for r in RECORDS}

@@ -73,7 +73,6 @@ class Node:
 
 
 def wrap(value: object, name: str, path: str, reads: set[tuple[str, str]]) -> object:
-    """Dicts and lists as Nodes (lists' items share the list's path); numbers and text as they are."""
     return Node(value, name, path, reads) if isinstance(value, (dict, list)) else value
 
 

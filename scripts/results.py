@@ -32,8 +32,7 @@ from render import render  # noqa: E402
 
 
 def _cpu() -> str:
-    """What the figures ran on: a CPU with bfloat16 instructions runs the real model's mixed precision
-    several times faster than one without (engines/precision.py)."""
+    """What the figures ran on (bfloat16 instructions make the real model's mixed precision several times faster)."""
     from asyncflow.planner.io import local_cpu_peak
 
     peak = local_cpu_peak()
@@ -81,7 +80,7 @@ def measure(record: Record, work: Path, seeds: list[int] | None, keep_runs: bool
     return data
 
 
-def load() -> dict[str, dict]:
+def load() -> dict[str, dict]:  # name -> its JSON, for the records that have one
     return {r.name: json.loads(p.read_text()) for r in RECORDS if (p := DATA_DIR / f"{r.name}.json").exists()}
 
 
