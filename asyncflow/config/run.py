@@ -152,7 +152,6 @@ class RunConfig(Section):
         rules.check_critic_fsdp(self.critic, self.train, self.algorithm)
         rules.check_eval(self.eval, self.train, self.rollout)
         rules.check_queue_capacity(self.queue, self.train, self.algorithm)
-        rules.check_step_shape(self.workflow, self.algorithm, self.train, self.rollout)
         rules.check_pinned_cores(self.cluster, self.train, self.workflow)
         rules.check_packing(self.cluster, self.rollout, self.planner)
         rules.check_online_planner(self.planner, self.rollout, self.train)

@@ -10,7 +10,6 @@ run's type, and a key's refusal lives in its section's module or here.
 
 from __future__ import annotations
 
-from asyncflow.algorithms.loss_configs import FixedKL
 from asyncflow.config.algorithm import AlgorithmConfig
 from asyncflow.config.cluster import MOVED_DEVICES, ClusterConfig
 from asyncflow.config.env import EnvConfig
@@ -123,12 +122,8 @@ def check_gateway_training(
             f"a step trains train.prompts_per_step x algorithm.group_size = {per_step} sessions: use a multiple of "
             f"{per_step} (e.g. {max(1, round(gw.num_sessions / per_step)) * per_step})",
         )
+    # what the trainer's step of sessions cannot do is its source's to say (actors/trainer/sources/sessions.py)
     refusals = (
-        (
-            algorithm.needs_critic,  # sessions get GRPO in groups and RLOO alone (algorithms/session_baseline.py)
-            f"algorithm.name = {algorithm.name!r} trains a critic: set algorithm.name = 'grpo'",
-        ),
-        (algorithm.dynamic_sampling, "set algorithm.dynamic_sampling = false (sessions come as they come)"),
         (bool(env.path), "unset env.path (the agent program is the environment)"),
         (reward_model.enabled, "set reward_model.enabled = false (a session's reward comes by the reward route)"),
         (
@@ -200,38 +195,6 @@ def check_queue_capacity(queue: QueueConfig, train: TrainConfig, algorithm: Algo
             f"with algorithm.dynamic_sampling_max_rounds > 0 the queue keeps {headroom} rows free for refill rounds: "
             f"use at least {rows + headroom} or 0 (automatic)",
         )
-
-
-def check_step_shape(workflow: WorkflowConfig, algorithm: AlgorithmConfig, train: TrainConfig, rollout: RolloutConfig) -> None:
-    """What a step streamed in parts cannot do (yet): each refusal names the key to change.
-
-    Moved here unchanged from ``WorkflowConfig.check``: these combinations of
-    ``workflow.stream_step``, ``algorithm.dynamic_sampling`` and ``[rollout.gateway] train`` are
-    moving onto the trainer's step sources (each step shape saying what it supports), which
-    will then refuse them; until then they are one rule, kept as it was."""
-    if not workflow.stream_step:
-        return
-    alg = algorithm
-    refusals = [
-        (
-            workflow.mode != "async",
-            'needs workflow.mode = "async" (sync mode generates the whole batch before training): set it, or set '
-            "workflow.stream_step = false",
-        ),
-        (train.num_ranks > 1, "runs on one trainer rank: set train.num_ranks = 1 or workflow.stream_step = false"),
-        (alg.epochs > 1, "takes one optimizer step per batch: set algorithm.epochs = 1 or workflow.stream_step = false"),
-        (
-            not alg.estimator.group_local,
-            f"needs advantages within prompt groups (grpo, rloo); algorithm.name = {alg.name!r} normalises over the "
-            "whole batch: choose grpo or rloo, or set workflow.stream_step = false",
-        ),
-        (alg.dynamic_sampling, "cannot drop groups after training them: set algorithm.dynamic_sampling = false"),
-        (alg.kl_ctrl != FixedKL(), "measures the KL of a whole batch for the adaptive controller: use a fixed kl_coef"),
-        (rollout.gateway.trains, "takes rows planned for a step; gateway sessions are not: set workflow.stream_step = false"),
-    ]
-    for refused, why in refusals:
-        if refused:
-            raise Refused("workflow.stream_step", why)
 
 
 def check_pinned_cores(cluster: ClusterConfig, train: TrainConfig, workflow: WorkflowConfig) -> None:

@@ -2,6 +2,7 @@
 
 import pytest
 
+from asyncflow.actors.trainer.sources import check_step_shape
 from asyncflow.config.load import load_config_text
 from asyncflow.core.schema import ConfigError
 
@@ -33,7 +34,7 @@ def test_session_training_needs_the_gateway_and_refuses_what_it_cannot_combine_w
     with pytest.raises(ConfigError, match=r"rollout\.gateway\.num_sessions = 8: .*set rollout\.gateway\.train = true"):
         load_config_text("[rollout.gateway]\nenabled = true\nnum_sessions = 8\n")
     with pytest.raises(ConfigError, match=r"rollout\.gateway\.train = True: .*set algorithm\.name = 'grpo'"):
-        load_config_text(ON + '[algorithm]\nname = "ppo"\n')
+        check_step_shape(load_config_text(ON + '[algorithm]\nname = "ppo"\n'))  # the sessions' step source refuses
     with pytest.raises(
         ConfigError,
         match=r"rollout\.gateway\.train = True: .*set rollout\.gateway\.all_replicas = true .*or rollout\.num_replicas = 1",

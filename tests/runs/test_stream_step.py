@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from wf_helpers import afctl, assert_trained_exactly_once, read_jsonl, write_config
 
+from asyncflow.actors.trainer.sources import check_step_shape
 from asyncflow.config.load import ConfigError, load_config_text
 
 BASE = '[model]\ntiny = "qwen2"\n'
@@ -25,7 +26,7 @@ BASE = '[model]\ntiny = "qwen2"\n'
 @pytest.mark.timeout(30)
 def test_stream_step_where_it_cannot_give_the_whole_batch_update_is_refused_naming_the_fix(toml, fix):
     with pytest.raises(ConfigError, match="workflow.stream_step") as err:
-        load_config_text(BASE + toml)
+        check_step_shape(load_config_text(BASE + toml))  # the step source's refusals, checked before launch
     assert fix in str(err.value)
 
 
