@@ -87,7 +87,7 @@ class WorkflowConfig(Section):
             "trainer side has no such collective falls back to nng (logged)."
         ),
     ] = "nng"
-    # -- weight fan-out (issue 31): how a version reaches many replicas ----------------------
+    # -- weight fan-out: how a version reaches many replicas ----------------------------------
     weight_fanout: Annotated[
         Literal["direct", "tree"],
         Meta(
@@ -142,7 +142,7 @@ class WorkflowConfig(Section):
             "mode) while the rollout is not idle; set ``rollout.prompts_per_call`` below ``train.prompts_per_step`` so parts "
             "come before the step's last one. async only; one trainer rank, ``algorithm.epochs = 1``, a group-local "
             "estimator (grpo, rloo), no dynamic sampling, no adaptive KL, no gateway sessions "
-            "(``actors/trainer/_stream_step.py``)."
+            "(``actors/trainer/sources/streamed.py``)."
         ),
     ] = False
 

@@ -4,7 +4,7 @@ Each unit allocates ``prompts_per_step`` groups of ``group_size`` rows for step 
 (waiting while the queue is full: backpressure) and puts ``prompt_ids`` (int64)
 and ``answer`` (utf-8 bytes as uint8) into every row of a group. With
 ``algorithm.dynamic_sampling`` it over-samples: ``RunConfig.groups_per_step`` groups
-per step, of which the trainer keeps the informative ones (actors/trainer/_dynamic_sampling.py).
+per step, of which the trainer keeps the informative ones (actors/trainer/sources/dynamic.py).
 With ``algorithm.dynamic_sampling_max_rounds > 0`` (refill) the trainer may tell it
 ``RefillGroups(step, round)``: another ``groups_per_step`` groups for that (past) step,
 served before any new step. A new step is then allocated only while

@@ -10,7 +10,7 @@ serves the gateway's requests and swaps weights between its decode steps.
 
 Invariant: the gateway's replies are generated with the newest weights this replica
 has swapped in; the staleness of what they become is the trainer's to check (it drops
-sessions older than its bound, ``actors/trainer/_sessions.py``).
+sessions older than its bound, ``actors/trainer/sources/sessions.py``).
 """
 
 from __future__ import annotations

@@ -303,7 +303,7 @@ class RefillGroups(Request["Ok"]):
     """Tell (trainer rank 0 -> loader): dynamic sampling's step ``step`` has fewer
     informative prompt groups than it trains; load refill round ``round`` (1, 2, ...) of
     that step: another ``RunConfig.groups_per_step`` groups tagged with step ``step``, at
-    the prompt positions of (step, round) (``actors/trainer/_dynamic_sampling.py``)."""
+    the prompt positions of (step, round) (``actors/trainer/sources/dynamic.py``)."""
 
     step: int
     round: int
