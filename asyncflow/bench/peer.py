@@ -200,7 +200,7 @@ def peer(
     click.echo(f"(runs in {root})")
     if as_json:
         line: dict = {"steps": steps, "samples_per_step": base.samples_per_step, "rounds": rounds, "systems": results}
-        # torch's huge pages for every process, TRL's too: they all inherit this environment (scripts/huge_pages_ab.py)
+        # torch's huge pages for every process, TRL's too: they all inherit this environment (docs/log/real-model.md, huge pages)
         line["huge_pages"] = os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
         if "trl" in results:
             for mode in [m for m in ("sync", "async") if m in results]:

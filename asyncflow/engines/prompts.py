@@ -1,7 +1,7 @@
 """Prompt encoding: a prompt's token ids, as the loader puts them into the queue.
 
 ``prompt_ids`` is what every path that tokenizes a run's prompts uses (the loader
-through ``actors/_run.encode_prompt``, held-out evaluation, ``afctl plan --config``):
+through ``actors/runtime/run_dir.encode_prompt``, held-out evaluation, ``afctl plan --config``):
 through the model's chat template when ``data.chat_template``, else the raw text (after
 the tokenizer's BOS token where it adds one: ``plain_prompt_ids``).
 ``encode_chat_prompt`` renders a one-turn user prompt ending in the assistant marker.

@@ -55,8 +55,8 @@ def test_the_reward_model_role_runs_its_replicas_on_a_queue_task_of_its_own_only
     assert kinds.index(names.REWARD_MODEL) < kinds.index(names.TRAINER)
 
 
-def test_each_replica_sees_its_own_device_of_cluster_reward_model_devices():
-    cfg = load_config_text(ON + "num_replicas = 2\n[cluster]\nreward_model_devices = [3, 5]\n")
+def test_each_replica_sees_its_own_device_of_reward_model_devices():
+    cfg = load_config_text(ON + "num_replicas = 2\ndevices = [3, 5]\n")
     role = topology.built_in(names.REWARD_MODEL)
     assert num_devices(role, cfg) == 1
     assert [visible_devices(role, f"reward_model.{i}", cfg) for i in range(2)] == ["3", "5"]

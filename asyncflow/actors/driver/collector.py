@@ -23,7 +23,7 @@ written, at most ``trace_chunk_events``, and appends them to trace.json every
 overwrites only the file's closing ``]}``, so the file is a whole Chrome trace
 between appends, memory and the cost of a write stay constant however long the
 run, and a run killed mid-way keeps its trace up to its last append. A reader that
-meets an append half done reads up to the last whole event (``cli/_runs.load_trace``).
+meets an append half done reads up to the last whole event (``cli/runs.load_trace``).
 Events are in arrival order (Perfetto sorts them); process names come when a role's
 first spans do, flows when the replica's swap does.
 """

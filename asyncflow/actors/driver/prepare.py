@@ -191,6 +191,10 @@ def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConf
     writable(rd)
     saved = read_run_config(rd)
     cfg = apply_resume_overrides(saved, overrides)
+    if cfg is not saved:  # an override may ask for a step shape the run's others refuse
+        from asyncflow.actors.trainer.sources import check_step_shape
+
+        check_step_shape(cfg)
     ckpt, damaged = latest_good_checkpoint(rd)
     for path, wrong in damaged:
         click.echo(f"!! checkpoint {path.name} is damaged: {wrong}; skipping it", err=True)

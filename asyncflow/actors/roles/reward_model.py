@@ -7,7 +7,7 @@ the policy's tokenizer, score them with the configured ``RewardScorer`` (a seque
 classifier's head, or a judge's parsed verdict) and put ``rm_score`` (float32 [1])
 per row; the rows are acked with the next request (``runtime/acks.py``, via ``ColumnRole``).
 The trainer waits for ``rm_score`` and adds ``reward_model.weight`` times it to the
-reward functions' ``reward`` (``_policy.PolicyUpdate.rewards``).
+reward functions' ``reward`` (``trainer/policy.PolicyUpdate.rewards``).
 
 Takes: LoopActor messages. Sends: TQ reads and writes.
 Invariant: every row gets exactly one score. The role has its own queue task, so a

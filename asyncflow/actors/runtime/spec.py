@@ -61,7 +61,7 @@ class Layout:
 @dataclass(frozen=True, kw_only=True)
 class StepWork:
     """What one trainer step asks of a role's instances, for the preflight's estimate of a
-    step's time (``_preflight.step_estimate``): FLOPs per parameter and token of the step,
+    step's time (``driver/preflight.step_estimate``): FLOPs per parameter and token of the step,
     spread over ``units`` (cores on a cpu, devices otherwise), at one of the planner's
     efficiencies (``planner.calibration.Efficiency``)."""
 

@@ -11,7 +11,7 @@ With an environment (``[env] path``) each response is an episode instead, run as
 training runs them: ``rollout/multiturn.py``'s ``MultiTurnDriver`` drives it with
 the private engine (the model's turns, the environment's steps and tool calls, the
 turn and context limits), and it is scored as the reward role scores a training
-row (``_scoring.Scorer``: the reward functions on the decoded transcript combined
+row (``runtime/scoring.Scorer``: the reward functions on the decoded transcript combined
 with the environment's reward by ``env.reward``; 0 after an environment error).
 
 Figures (``val/*`` in metrics.jsonl): a response is correct when its reward is at
@@ -19,7 +19,7 @@ least ``eval.correct_reward``. ``val/accuracy``: fraction of correct responses (
 greedy mode: of prompts answered correctly). ``val/reward_mean``: mean reward.
 ``val/pass_at_k`` (pass_at_k mode): fraction of prompts with a correct response
 among their k. With an environment also ``val/env/*``: training's ``env/*``
-figures (``_policy.env_sums``) over the held-out episodes.
+figures (``policy.env_sums``) over the held-out episodes.
 
 Best weights: ``save_best`` writes the snapshot as a Hugging Face directory
 ``checkpoints/best_<version>`` (weights, config and tokenizer: no optimizer, so it
@@ -166,7 +166,7 @@ class Evaluator:
 
 def env_figures(columns: dict[str, list]) -> dict[str, float]:
     """``val/env/*`` of held-out episodes (their packed columns): training's ``env/*``
-    (docs/metrics.md) computed the same way, from the same sums (``_policy.env_sums``)."""
+    (docs/metrics.md) computed the same way, from the same sums (``policy.env_sums``)."""
     from asyncflow.actors.trainer.policy import env_sums
 
     with_calls, calls, errors, env_reward, model_tokens = env_sums(columns)
