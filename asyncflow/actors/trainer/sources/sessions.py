@@ -26,10 +26,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from asyncflow.actors.trainer.sources.base import StepContext
-from asyncflow.actors.trainer.sources.whole import POLL_S, WholeStep
+from asyncflow.actors.trainer.sources.whole import WholeStep
 from asyncflow.config.names import TASK_TRAIN
 from asyncflow.core import protocol
-from asyncflow.core.tq.errors import BatchTimeout
 
 if TYPE_CHECKING:
     from asyncflow.config.run import RunConfig
@@ -67,23 +66,13 @@ class GatewaySessions(WholeStep):
             self._stale += discarded
             log.warning(stale_warning(step, cfg, len(discarded), self._num_stale + len(self._stale)))
 
-    def request(self, step: int, ack: list[int]) -> protocol.BatchMeta | None:
-        """One GetBatch of ``samples_per_step`` fresh session rows in whole groups (acking
-        ``ack``); None if not enough are ready within ``POLL_S``."""
-        cfg = self.ctx.run.config
-        try:
-            return self.ctx.tq.get_meta(
-                TASK_TRAIN,
-                self.ctx.columns,
-                cfg.samples_per_step,
-                policy="group",
-                dp_size=self.dp_size,
-                filters=fresh(step, cfg.staleness),
-                timeout_s=POLL_S,
-                ack=ack,
-            )
-        except BatchTimeout:
-            return None
+    @property
+    def rows_per_step(self) -> int:
+        return self.ctx.run.config.samples_per_step
+
+    def rows_of(self, step: int) -> dict:
+        """Sessions are planned for no step: a step's are those fresh enough for it."""
+        return {"filters": fresh(step, self.ctx.run.config.staleness)}
 
     def taken(self, step: int, meta: protocol.BatchMeta, prefetched: bool, started: float):
         batch = super().taken(step, meta, prefetched, started)

@@ -52,23 +52,30 @@ class WholeStep(StepSource):
         """Called before each take of step ``step`` (a subclass discards rows here)."""
 
     def request(self, step: int, ack: list[int]) -> protocol.BatchMeta | None:
-        """One GetBatch of ``step``'s rows (acking ``ack``); None if not all in within
-        ``POLL_S``. Runs in the trainer's thread or in the prefetch's."""
-        cfg = self.ctx.run.config
+        """One GetBatch of ``step``'s rows in whole groups (acking ``ack``); None if not
+        all in within ``POLL_S``. Runs in the trainer's thread or in the prefetch's."""
         try:
             return self.ctx.tq.get_meta(
                 TASK_TRAIN,
                 self.ctx.columns,
-                cfg.rows_per_step,
+                self.rows_per_step,
                 policy="group",
                 dp_size=self.dp_size,
-                min_step=step,
-                max_step=step,
                 timeout_s=POLL_S,
                 ack=ack,
+                **self.rows_of(step),
             )
         except BatchTimeout:
             return None
+
+    @property
+    def rows_per_step(self) -> int:
+        """Rows a step takes: those planned for it (over-sampled with dynamic sampling)."""
+        return self.ctx.run.config.rows_per_step
+
+    def rows_of(self, step: int) -> dict:
+        """Which rows are ``step``'s, as ``get_meta`` arguments: those planned for it."""
+        return {"min_step": step, "max_step": step}
 
     @property
     def dp_size(self) -> int:
