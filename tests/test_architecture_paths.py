@@ -66,7 +66,9 @@ def test_every_path_architecture_md_names_exists():
     paths = named_paths(text)
     assert paths, "ARCHITECTURE.md names no path: the extraction is broken"
     gone = missing(paths)
-    assert not gone, f"ARCHITECTURE.md names {len(gone)} path(s) that exist under neither asyncflow/ nor the repository root: {gone}"
+    assert not gone, (
+        f"ARCHITECTURE.md names {len(gone)} path(s) that exist under neither asyncflow/ nor the repository root: {gone}"
+    )
 
 
 def test_every_docs_page_architecture_md_names_exists():
