@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -99,6 +100,12 @@ def how(name: str, data: dict[str, dict]) -> str:
     return f"`{shown}` for S = {runs[0]['seed']} to {runs[-1]['seed']} ({dates[0]} to {dates[-1]})"
 
 
+def reads_any(page: str, names: list[str]) -> bool:
+    """Whether ``page``'s template reads any of the records ``names`` (a page may show another's figures)."""
+    template = (ROOT / "scripts" / "pages" / f"{page}.md").read_text()
+    return any(re.search(rf"\b{re.escape(name)}\b", template) for name in names)
+
+
 def write_pages(pages: list[str], data: dict[str, dict], reads: set[tuple[str, str]] | None = None) -> None:
     for page in pages:
         template = (ROOT / "scripts" / "pages" / f"{page}.md").read_text()
@@ -131,8 +138,7 @@ def main() -> int:
         names = [r.name for r in RECORDS if r.name not in data and not r.when_named]
     for name in names:
         data[name] = measure(BY_NAME[name], work, args.seeds, args.keep_runs)
-    touched = {BY_NAME[n].page for n in names}
-    write_pages([p for p in PAGES if args.render or args.only is None or p in touched], data)
+    write_pages([p for p in PAGES if args.render or args.only is None or reads_any(p, names)], data)
     return 0
 
 

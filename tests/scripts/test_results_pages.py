@@ -162,7 +162,7 @@ def test_the_real_model_page_turns_its_verdict_when_the_planted_figures_do():
 
 def test_only_parity_measures_it_keeps_its_json_and_rewrites_its_page(tmp_path, monkeypatch):
     """``results.py --only parity`` with the measurement stubbed: the JSON goes to --work and to the data
-    directory, and the results page is written again from it; the other pages are left alone."""
+    directory, and the pages that read it (results, performance) are written again; the others are left alone."""
     (tmp_path / "docs").mkdir()
     shutil.copytree(ROOT / "scripts" / "pages", tmp_path / "scripts" / "pages")
     shutil.copytree(records.DATA_DIR, tmp_path / "data")
@@ -179,4 +179,5 @@ def test_only_parity_measures_it_keeps_its_json_and_rewrites_its_page(tmp_path, 
     assert json.loads((tmp_path / "work" / "parity.json").read_text()) == record
     page = (tmp_path / "docs" / "results.md").read_text()
     assert "| 0 | 0.900 | 0.571 | +0.329 |" in page
+    assert (tmp_path / "docs" / "performance.md").exists()  # it cites the parity record's figures too
     assert not (tmp_path / "docs" / "real-model.md").exists()
