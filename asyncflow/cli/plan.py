@@ -80,6 +80,26 @@ def _boundary(infeasible) -> list:
     return list(by_role.values())
 
 
+def _why_larger_tp(model, hw, eff, wl, best) -> str:
+    """Why the best plan's rollout runs at a larger tensor-parallel degree than the smallest that
+    fits in memory (a line), or "" when it does not."""
+    from asyncflow.planner.search import async_rollout_score, smallest_fitting_rollout
+
+    smallest = smallest_fitting_rollout(model, hw, eff, wl, best.rollout_devices)
+    if smallest is None or smallest.tp >= best.rollout_tp:
+        return ""
+    from asyncflow.planner.cost import rollout_cost
+
+    chosen = rollout_cost(model, hw, eff, wl, best.rollout_devices, best.rollout_tp)
+    return (
+        f"rollout at tp{best.rollout_tp} although tp{smallest.tp} fits in memory: on {best.rollout_devices} devices its "
+        f"generation bounds a step at {async_rollout_score(model, hw, wl, chosen):.1f} s against "
+        f"{async_rollout_score(model, hw, wl, smallest):.1f} s at tp{smallest.tp} (a larger tp holds a larger batch's KV "
+        f"cache per device and shortens each decode iteration, and the long tail up to max {wl.max_response_len_tokens} "
+        f"tokens is latency-bound; staleness {wl.staleness} spreads it over {wl.staleness + 1} steps)"
+    )
+
+
 @click.command()
 @click.option(
     "--model",
@@ -322,8 +342,12 @@ def plan(
             "(grads, optimizer state and weight sync for the trainable ones only)"
         )
     if not result.plans:
-        click.echo("no plan fits in memory:")
-        for item in _boundary(result.infeasible):
+        misses = _boundary(result.infeasible)
+        if misses:
+            click.echo("no plan fits in memory:")
+        else:  # every role fits somewhere: the prompt groups' shares ruled every split out
+            click.echo(f"no split gives the training ranks equal shares of the {wl.prompts_per_step} prompt groups")
+        for item in misses:
             click.echo(f"  {item.reason}")
         node_share = model.num_params * 2 / hw.devices_per_node  # bf16 weights over one node's devices
         if node_share > hw.memory_bytes * hw.usable_memory_fraction:
@@ -336,6 +360,9 @@ def plan(
         raise click.ClickException("use more devices, a smaller model, or a shorter --max-response-len")
     for line in _table(result.plans):
         click.echo(line)
+    why_tp = _why_larger_tp(model, hw, eff, wl, result.plans[0])
+    if why_tp:
+        click.echo(why_tp)
     if reward_model is not None:
         best = result.plans[0]
         click.echo(
@@ -366,11 +393,18 @@ def plan(
     else:
         click.echo("sync alternative: none fits in memory")
     if result.num_infeasible_splits:
-        click.echo(
-            f"{result.num_infeasible_splits} of {result.num_splits} splits do not fit, or would give the training ranks "
-            f"unequal shares of the {wl.prompts_per_step} prompt groups; each role's closest miss in memory:"
-        )
-        for item in _boundary(result.infeasible):
+        misses = _boundary(result.infeasible)
+        if misses:
+            click.echo(
+                f"{result.num_infeasible_splits} of {result.num_splits} splits do not fit, or would give the training ranks "
+                f"unequal shares of the {wl.prompts_per_step} prompt groups; each role's closest miss in memory:"
+            )
+        else:  # every role fits somewhere: only the prompt groups' shares ruled splits out
+            click.echo(
+                f"{result.num_infeasible_splits} of {result.num_splits} splits would give the training ranks unequal "
+                f"shares of the {wl.prompts_per_step} prompt groups (every role fits in memory)"
+            )
+        for item in misses:
             click.echo(f"  {item.reason}")
     if sim is not None:
         click.echo(

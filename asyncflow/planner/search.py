@@ -170,6 +170,24 @@ def _plan(
     )
 
 
+def async_rollout_score(model: ModelShape, hw: Hardware, wl: Workload, rollout: RoleCost) -> float:
+    """What a rollout bounds an asynchronous step at (what the search picks its tensor-parallel
+    degree by): its generation and weight swap, or generation plus the long tail spread over the
+    staleness + 1 steps a sample may take. A larger degree holds a larger batch's KV cache per
+    device and shortens each decode iteration (the tail is latency-bound), so with many devices
+    per sample it can win although a smaller one fits."""
+    swap_s = weight_swap_s(model, hw, rollout.tp, wl.lora)
+    return max(rollout.time_s + swap_s, (rollout.time_s + rollout.tail_s) / (wl.staleness + 1))
+
+
+def smallest_fitting_rollout(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, devices: int) -> RoleCost | None:
+    """The rollout on ``devices`` at the smallest tensor-parallel degree that fits in memory."""
+    for tp in _tp_options(model, hw):
+        if devices % tp == 0 and (cost := rollout_cost(model, hw, eff, wl, devices, tp)).feasible:
+            return cost
+    return None
+
+
 class _Roles:
     """Best degrees per role and device count, computed once each."""
 
@@ -185,12 +203,11 @@ class _Roles:
     def rollout(self, devices: int, mode: str) -> RoleCost | None:
         key = (devices, mode)
         if key not in self._rollout:
-            k = self.wl.staleness
             cands = [rollout_cost(self.model, self.hw, self.eff, self.wl, devices, tp) for tp in self.tps if devices % tp == 0]
 
             def score(c: RoleCost) -> float:
                 if mode == "async":
-                    return max(c.time_s + weight_swap_s(self.model, self.hw, c.tp, self.wl.lora), (c.time_s + c.tail_s) / (k + 1))
+                    return async_rollout_score(self.model, self.hw, self.wl, c)
                 return (
                     c.time_s
                     + c.tail_s
