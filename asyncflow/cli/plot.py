@@ -2,9 +2,9 @@
 overlaid (one colour per run): reward, response length, samples/s, staleness and
 busy fractions (one colour per role), each over trainer steps (left) and over wall
 time (right), and the held-out evaluations (``val/accuracy``, ``val/pass_at_k``)
-when a run has them.
+when a run has them (``val/accuracy`` from the start accuracy, ``eval.at_start``).
 
-The data functions (``ema``, ``gap_starts``, ``broken``, ``samples_per_s``,
+The data functions (``ema``, ``gap_starts``, ``broken``, ``samples_per_s``, ``val_points``,
 ``console_line``) are pure and tested without drawing."""
 
 from __future__ import annotations
@@ -81,6 +81,16 @@ def broken(xs: list[float], ys: list[float], starts: list[int]) -> tuple[list[fl
         out_x.append(x)
         out_y.append(y)
     return out_x, out_y
+
+
+def val_points(rows: list[dict], xs: list, name: str, x_start: float) -> list[tuple[float, float]]:
+    """The held-out panel's points of ``name`` over ``xs`` (each row's x). ``val/accuracy``
+    starts at the start accuracy (``eval.at_start``: ``val/start_accuracy`` in step 0's
+    record), drawn at ``x_start``, where the axis has the model before the first step."""
+    points = [(x, r[name]) for x, r in zip(xs, rows) if name in r]
+    if name == "val/accuracy" and rows and "val/start_accuracy" in rows[0]:
+        points.insert(0, (x_start, rows[0]["val/start_accuracy"]))
+    return points
 
 
 def console_line(label: str, rows: list[dict]) -> str:
@@ -175,7 +185,8 @@ def draw(runs: list[tuple[str, list[dict]]], png: Path, span: int = 1) -> None:
                 ax = axes[row, col]
                 if key == "val":  # sparse points: the steps that evaluated, not smoothed
                     for name, style in VAL_KEYS:
-                        points = [(x, r[name]) for x, r in zip(xs, rows) if name in r]
+                        # the start: one step before the first on the step axis, 0 s on the clock
+                        points = val_points(rows, xs, name, xs[0] - 1 if col == 0 else 0.0)
                         if points:
                             ax.plot(
                                 *zip(*points),
