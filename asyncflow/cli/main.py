@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from asyncflow import __version__
 from asyncflow.cli._lazy import LazyGroup
 
 COMMANDS = {
@@ -27,7 +28,7 @@ COMMANDS = {
 
 
 @click.group(cls=LazyGroup, lazy_commands=COMMANDS)
-@click.version_option(package_name="asyncflow")
+@click.version_option(__version__)  # not looked up by distribution: asyncflow-rl installs `import asyncflow`
 def main() -> None:
     """asyncflow: asynchronous streaming RL post-training for LLMs."""
 
