@@ -7,9 +7,10 @@ everything queued before it is delivered (before a save).
 
 Notices queued for the same target while the sender was busy are merged into one
 message (``merge``): a burst of small writes costs one round trip per controller, not
-one per write. With ``linger_s`` the sender also waits that long after a first notice
-for more to merge (for bookkeeping off the critical path: acks, frees), trading a few
-milliseconds of delay for far fewer messages.
+one per write. A merge never drops a notice's inline cells (``tq/inline.py``): notices
+with and without them stay apart. With ``linger_s`` the sender also waits that long
+after a first notice for more to merge (for bookkeeping off the critical path: acks,
+frees), trading a few milliseconds of delay for far fewer messages.
 
 A notice that gets no receipt is sent again, with the same request id, until it gets
 one or ``cluster.transport.freeze_timeout_s`` has passed (``core/retry.py``): a frozen
@@ -39,8 +40,12 @@ def merge(a: Any, b: Any) -> Any | None:
     if isinstance(a, protocol.RowsWritten):
         if a.shard != b.shard or a.columns != b.columns or bool(a.metas) != bool(b.metas):
             return None
-        # cells sent inline stay only if both notices carry them (else those rows are read from the shard)
-        inline = {name: a.inline[name] + b.inline[name] for name in a.inline} if a.inline.keys() == b.inline.keys() else {}
+        # a notice's inline cells are one list per column, a cell per row: a notice that carries
+        # them and one that does not (a big put) cannot be one message without dropping cells, so
+        # they go as two (the controller keeps the small put's rows and reads the big one's)
+        if a.inline.keys() != b.inline.keys():
+            return None
+        inline = {name: a.inline[name] + b.inline[name] for name in a.inline}
         return protocol.RowsWritten(
             shard=a.shard, indices=a.indices + b.indices, columns=a.columns, metas=a.metas + b.metas, inline=inline
         )
