@@ -24,6 +24,7 @@ COMMANDS = {
     "status": ("asyncflow.cli.status:status", "Show the actors of a running cluster."),
     "trace": ("asyncflow.cli.trace:trace", "Draw the timeline of a run directory."),
     "plot": ("asyncflow.cli.plot:plot", "Plot metrics of one or more run directories."),
+    "samples": ("asyncflow.cli.samples:samples", "Print what the model wrote in a run directory, as a table."),
 }
 
 

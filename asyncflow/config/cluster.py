@@ -171,8 +171,15 @@ class LoggingConfig(Section):
         NonNegInt,
         Meta(
             description="Every N trainer steps (from step 0), write ``samples_per_step`` of the step's rows as text to "
-            "RUN_DIR/samples.jsonl: prompt, response, reward, how it ended (docs/metrics.md, 'What the model writes'); "
-            "0: never."
+            "RUN_DIR/samples.jsonl: prompt, response, reward, how it ended, policy version (docs/metrics.md, 'What the "
+            "model writes'; ``afctl samples RUN_DIR`` prints them as a table); 0: never. Every evaluation's completions "
+            "(``[eval]``) go to RUN_DIR/eval_samples.jsonl whatever this says."
         ),
-    ] = 10
-    samples_per_step: Annotated[Count, Meta(description="Rows written to RUN_DIR/samples.jsonl at each ``samples_every``.")] = 2
+    ] = 1
+    samples_per_step: Annotated[
+        Count,
+        Meta(
+            description="Rows written to RUN_DIR/samples.jsonl at each ``samples_every`` (a few hundred bytes each: "
+            "2 rows a step keep the file small over thousands of steps)."
+        ),
+    ] = 2

@@ -1,8 +1,10 @@
 """A damaged run directory is named in one line by ``afctl up --resume``, never a raw
 traceback (actors/driver/prepare.py): a DONE file that holds no step, a truncated
-launch.json."""
+launch.json; and a resume cuts the run's logs back to its checkpoint, so each step appears once."""
 
 from __future__ import annotations
+
+import json
 
 import msgspec
 import pytest
@@ -53,3 +55,14 @@ def test_extending_a_run_says_how_its_cosine_lr_schedule_is_stretched(run_dir, c
     # over steps 0..15, 1e-4 * (1 + cos(pi * 4/15)) / 2 = 8.35e-05
     assert "!! train.num_steps 8 -> 16: the cosine learning-rate schedule is stretched over 16 steps, so at step 4 the lr" in err
     assert "is 8.35e-05 (it was 3.89e-05 there)" in err, err
+
+
+def test_a_resume_drops_the_samples_of_the_steps_it_trains_again(run_dir):
+    for name in ("samples.jsonl", "eval_samples.jsonl"):
+        rows = [{"step": s, "version": s, "prompt": "p", "response": "r", "reward": 0.0} for s in range(7)]
+        (run_dir / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, _, launch = prepare_resume(str(run_dir))
+    assert launch.start_step == 4
+    for name in ("samples.jsonl", "eval_samples.jsonl"):
+        steps = [json.loads(line)["step"] for line in (run_dir / name).read_text().splitlines()]
+        assert steps == [0, 1, 2, 3], name  # steps 4 to 6 are trained (and sampled) again

@@ -1,7 +1,7 @@
 """Preparing a run directory: a new one (the data and the tiny model built when the
 config names none, config.json, launch.json, the run's secret) or a resumed one (its
-newest good checkpoint; metrics.jsonl and trained.jsonl cut back to it, so each step
-appears once).
+newest good checkpoint; metrics.jsonl, trained.jsonl and the sample logs cut back to
+it, so each step appears once).
 """
 
 from __future__ import annotations
@@ -236,7 +236,8 @@ def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConf
     )
     (rd / "launch.json").write_bytes(msgspec.json.format(msgspec.json.encode(launch)))
     # steps after the checkpoint will be trained again: drop their records so each step appears once
-    for name in ("metrics.jsonl", "trained.jsonl"):
+    # (the sample logs of actors/trainer/_samples.py too: the steps write their samples again)
+    for name in ("metrics.jsonl", "trained.jsonl", "samples.jsonl", "eval_samples.jsonl"):
         path = rd / name
         if path.exists():
             kept = [line for line in complete_lines(path) if json.loads(line)["step"] < step]
