@@ -1,12 +1,13 @@
 """``afctl samples RUN_DIR [--step N] [--worst | --best] [--eval] [--limit N]``: what the
 model wrote, as a table of step, version, reward, prompt and completion (and the
 reference answer with ``--eval``), one line per row, shortened to the terminal's width.
+Steps are numbered as the progress lines number them (``shown_step``).
 
 It reads RUN_DIR/samples.jsonl (training: ``logging.samples_every``,
 ``logging.samples_per_step``) or, with ``--eval``, RUN_DIR/eval_samples.jsonl (every
 completion of every evaluation, ``[eval]``); both are written by the trainer
 (``actors/trainer/_samples.py``; docs/metrics.md, 'What the model writes'). The data
-functions (``read_samples``, ``choose``, ``table``) are pure and tested on planted files."""
+functions (``read_samples``, ``shown_step``, ``choose``, ``table``) are pure and tested on planted files."""
 
 from __future__ import annotations
 
@@ -25,6 +26,14 @@ NUMBERS = ("step", "version", "reward")
 GAP = " | "
 
 
+def shown_step(row: dict, evaluation: bool = False) -> int:
+    """The step number a user reads, as the progress lines number steps (1-based; the
+    files' ``step`` is the step's 0-based index, docs/metrics.md): a training row's
+    step is the step that trained on it; an evaluation's is the number of steps trained
+    before it, its policy ``version`` (0: the start evaluation, ``eval.at_start``)."""
+    return int(row["version"]) if evaluation else int(row["step"]) + 1
+
+
 def read_samples(run_dir: Path, evaluation: bool = False) -> list[dict]:
     """The rows of RUN_DIR's sample log (the evaluation's with ``evaluation``), in the
     order written; a torn last line (the run is writing it) is left out."""
@@ -36,11 +45,11 @@ def read_samples(run_dir: Path, evaluation: bool = False) -> list[dict]:
     return [json.loads(line) for line in complete_lines(path)]
 
 
-def choose(rows: list[dict], step: int | None = None, order: str = "", limit: int = 0) -> list[dict]:
-    """The rows of ``step`` (all without it), ordered by reward (``order``: ``worst``
-    first or ``best`` first; ties keep the file's order) or as written; the first
-    ``limit`` of them (0: all)."""
-    chosen = [r for r in rows if step is None or r["step"] == step]
+def choose(rows: list[dict], step: int | None = None, order: str = "", limit: int = 0, evaluation: bool = False) -> list[dict]:
+    """The rows of ``step`` (``shown_step``; all without it), ordered by reward
+    (``order``: ``worst`` first or ``best`` first; ties keep the file's order) or as
+    written; the first ``limit`` of them (0: all)."""
+    chosen = [r for r in rows if step is None or shown_step(r, evaluation) == step]
     if order:
         chosen.sort(key=lambda r: r["reward"], reverse=order == "best")
     return chosen[:limit] if limit else chosen
@@ -62,8 +71,8 @@ def table(rows: list[dict], width: int, evaluation: bool = False) -> list[str]:
     """A header, its rule and one line per row, each at most ``width`` characters: the
     numbers whole, the text columns sharing the rest (the completion the most)."""
     texts = ["prompt", "response"] + (["answer"] if evaluation else [])
-    names = {"response": "completion"}
-    cells = [{c: _cell(r.get(c), c) for c in (*NUMBERS, *texts)} for r in rows]
+    names = {"response": "completion", "step": "after step" if evaluation else "step"}
+    cells = [{**{c: _cell(r.get(c), c) for c in (*NUMBERS, *texts)}, "step": str(shown_step(r, evaluation))} for r in rows]
     widths = {c: max([len(names.get(c, c))] + [len(row[c]) for row in cells]) for c in (*NUMBERS, *texts)}
     room = width - sum(widths[c] for c in NUMBERS) - len(GAP) * (len(NUMBERS) + len(texts) - 1)
     shares = {"prompt": 0.4, "response": 0.6} if not evaluation else {"prompt": 0.35, "response": 0.45, "answer": 0.2}
@@ -92,7 +101,13 @@ def table(rows: list[dict], width: int, evaluation: bool = False) -> list[str]:
 
 @click.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--step", type=int, default=None, help="Only the rows of this step (the `step` of the file's rows).")
+@click.option(
+    "--step",
+    type=int,
+    default=None,
+    help="Only the rows of step N, numbered as the progress lines number steps (1: the first); with --eval, "
+    "the evaluation after step N (0: the start evaluation).",
+)
 @click.option("--worst", is_flag=True, help="Lowest reward first.")
 @click.option("--best", is_flag=True, help="Highest reward first.")
 @click.option(
@@ -103,16 +118,17 @@ def table(rows: list[dict], width: int, evaluation: bool = False) -> list[str]:
 )
 @click.option("--limit", type=click.IntRange(min=0), default=0, help="Print at most this many rows (0: all).")
 def samples(run_dir: Path, step: int | None, worst: bool, best: bool, evaluation: bool, limit: int) -> None:
-    """What the model wrote in RUN_DIR, as a table: step, policy version, reward, prompt
-    and completion, one line each, shortened to the terminal's width. Training's rows
-    come from RUN_DIR/samples.jsonl (logging.samples_every, logging.samples_per_step),
-    the evaluation's, with --eval, from RUN_DIR/eval_samples.jsonl."""
+    """What the model wrote in RUN_DIR, as a table: step (1-based, as the progress lines
+    number steps), policy version, reward, prompt and completion, one line each,
+    shortened to the terminal's width. Training's rows come from RUN_DIR/samples.jsonl
+    (logging.samples_every, logging.samples_per_step), the evaluation's, with --eval,
+    from RUN_DIR/eval_samples.jsonl."""
     if worst and best:
         raise click.UsageError("--worst or --best, not both")
     written = read_samples(run_dir, evaluation)
-    rows = choose(written, step, "worst" if worst else "best" if best else "", limit)
+    rows = choose(written, step, "worst" if worst else "best" if best else "", limit, evaluation)
     if not rows:
-        steps = sorted({r["step"] for r in written})
+        steps = sorted({shown_step(r, evaluation) for r in written})
         has = f"rows of steps {steps[0]} to {steps[-1]} ({len(steps)} steps)" if steps else "no rows yet"
         raise click.ClickException(f"{run_dir / FILES[evaluation]} has {has}" + (f", none of step {step}" if steps else ""))
     for text in table(rows, shutil.get_terminal_size().columns, evaluation):

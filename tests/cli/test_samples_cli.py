@@ -46,25 +46,27 @@ def test_the_table_lists_step_version_reward_prompt_and_completion_in_file_order
     lines = table(str(run_dir))
     assert [c.strip() for c in lines[0].split(" | ")] == ["step", "version", "reward", "prompt", "completion"]
     assert set(lines[1]) <= {"-", "+"}
-    assert cells(lines) == [
-        ["0", "0", "0.000", "What is 1 + 1?", "3"],
-        ["0", "0", "1.000", "What is 1 + 1?", "2"],
-        ["1", "0", "0.500", "What is 2 + 5?", "7⏎because"],  # one line per row: a newline is shown, not printed
-        ["1", "1", "0.250", "What is 2 + 5?", "8"],
+    assert cells(lines) == [  # steps numbered as the progress lines number them: the file's index + 1
+        ["1", "0", "0.000", "What is 1 + 1?", "3"],
+        ["1", "0", "1.000", "What is 1 + 1?", "2"],
+        ["2", "0", "0.500", "What is 2 + 5?", "7⏎because"],  # one line per row: a newline is shown, not printed
+        ["2", "1", "0.250", "What is 2 + 5?", "8"],
     ]
 
 
 def test_worst_and_best_order_by_reward_and_step_keeps_one_step(run_dir):
     assert [row[2] for row in cells(table(str(run_dir), "--worst"))] == ["0.000", "0.250", "0.500", "1.000"]
     assert [row[2] for row in cells(table(str(run_dir), "--best"))] == ["1.000", "0.500", "0.250", "0.000"]
-    assert [(row[0], row[4]) for row in cells(table(str(run_dir), "--step", "1", "--worst"))] == [("1", "8"), ("1", "7⏎because")]
+    assert [(row[0], row[4]) for row in cells(table(str(run_dir), "--step", "2", "--worst"))] == [("2", "8"), ("2", "7⏎because")]
     assert [row[4] for row in cells(table(str(run_dir), "--best", "--limit", "1"))] == ["2"]
 
 
-def test_eval_shows_the_evaluations_completions_with_their_answers(run_dir):
+def test_eval_shows_the_evaluations_completions_with_their_answers_after_the_steps_trained_before_them(run_dir):
     lines = table(str(run_dir), "--eval", "--worst")
-    assert [c.strip() for c in lines[0].split(" | ")] == ["step", "version", "reward", "prompt", "completion", "answer"]
-    assert cells(lines) == [["0", "0", "0.000", "What is 3 + 3?", "9", "6"], ["1", "2", "1.000", "What is 3 + 3?", "6", "6"]]
+    assert [c.strip() for c in lines[0].split(" | ")] == ["after step", "version", "reward", "prompt", "completion", "answer"]
+    # the start evaluation (after step 0), then the one after the file's step index 1, the progress line's step 2
+    assert cells(lines) == [["0", "0", "0.000", "What is 3 + 3?", "9", "6"], ["2", "2", "1.000", "What is 3 + 3?", "6", "6"]]
+    assert [row[4] for row in cells(table(str(run_dir), "--eval", "--step", "0"))] == ["9"]
 
 
 def test_every_line_fits_the_terminal_and_a_long_text_is_shortened_with_an_ellipsis(run_dir):
