@@ -287,10 +287,26 @@ def _check_length(cfg: RunConfig) -> None:
         )
 
 
+@functools.lru_cache(maxsize=1)
+def _tiny_tokenizer():
+    """The built-in tiny model's tokenizer as its loader will read it (saved, then loaded
+    as from the model directory), before the model is built."""
+    import tempfile
+
+    from asyncflow.engines.tokenizer import load_tokenizer
+    from asyncflow.toy.tiny import build_char_tokenizer
+
+    with tempfile.TemporaryDirectory(prefix="af-tiny-tokenizer-") as folder:
+        build_char_tokenizer().save_pretrained(folder)
+        return load_tokenizer(folder)
+
+
 def _check_prompt_lengths(cfg: RunConfig, prompts: list[str], where: list[str], model_dir: str) -> None:
     """Every prompt, encoded as the loader does, leaves ``max_new_tokens`` within the
     model's positions (and is at most ``data.max_prompt_tokens`` when set): a longer one
-    would fail its rollout replica at every try, a minute into the run."""
+    would fail its rollout replica at every try, a minute into the run. ``model_dir``
+    empty: the built-in tiny model's, checked before it is built (and before the memory
+    estimate, which an over-long prompt would otherwise make refuse the run for memory)."""
     from asyncflow.engines.prompts import prompt_ids
 
     positions, new = _positions(cfg), cfg.rollout.sampling.max_new_tokens
@@ -300,7 +316,7 @@ def _check_prompt_lengths(cfg: RunConfig, prompts: list[str], where: list[str], 
     if not limits:
         return
     limit, why = min(limits)
-    tok = _tokenizer(model_dir)
+    tok = _tokenizer(model_dir) if model_dir else _tiny_tokenizer()
     long = [(at, n) for at, p in zip(where, prompts) if (n := len(prompt_ids(tok, p, cfg.data.chat_template))) > limit]
     if long:
         shown = ", ".join(f"{at} ({n} tokens)" for at, n in long[:3]) + (f" and {len(long) - 3} more" if len(long) > 3 else "")
@@ -376,7 +392,7 @@ def check_inputs(cfg: RunConfig, roles: Sequence[RoleSpec] = ()) -> None:
                 "data.chat_template = false (prompts go to the model as plain text), or give the tokenizer a "
                 "template (tokenizer.chat_template = '...'; tokenizer.save_pretrained(model_dir))"
             )
-    if data_path and model_dir:  # encoded as the loader will, chat template included (checked above)
+    if data_path:  # encoded as the loader will, chat template included (checked above); no model.path: the tiny one's
         _check_prompt_lengths(cfg, [str(r["prompt"]) for r in rows], where, model_dir)
 
 
