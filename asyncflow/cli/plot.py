@@ -5,7 +5,7 @@ time (right), and the held-out evaluations (``val/accuracy``, ``val/pass_at_k``)
 when a run has them (``val/accuracy`` from the start accuracy, ``eval.at_start``).
 
 The data functions (``ema``, ``gap_starts``, ``broken``, ``samples_per_s``, ``val_points``,
-``console_line``) are pure and tested without drawing."""
+``console_line``, ``step_axis``) are pure and tested without drawing."""
 
 from __future__ import annotations
 
@@ -128,6 +128,7 @@ def plot(run_dirs: tuple[Path, ...], png: Path, span: int) -> None:
 
     Lines break where the wall time jumps (a checkpoint or an evaluation paused the
     run); a resumed run's launches follow each other on the time axis."""
+    from asyncflow.actors.driver.summary import console_step
     from asyncflow.cli.runs import read_metrics, run_label
 
     runs = []
@@ -146,10 +147,17 @@ def plot(run_dirs: tuple[Path, ...], png: Path, span: int) -> None:
         if evals:
             top = max(evals, key=lambda r: r["val/accuracy"])
             click.echo(
-                f"{label}: held-out accuracy best {top['val/accuracy']:.3f} after step {int(top['step']) + 1}, "
+                f"{label}: held-out accuracy best {top['val/accuracy']:.3f} after step {console_step(top)}, "
                 f"last {evals[-1]['val/accuracy']:.3f}"
             )
     click.echo(f"wrote {png}")
+
+
+def step_axis(rows: list[dict]) -> list[int]:
+    """The x values over steps: each row's step as the progress line printed it (1-based)."""
+    from asyncflow.actors.driver.summary import console_step
+
+    return [console_step(r) for r in rows]
 
 
 def busy_roles(rows: list[dict]) -> list[str]:
@@ -176,7 +184,7 @@ def draw(runs: list[tuple[str, list[dict]]], png: Path, span: int = 1) -> None:
     role_colour = {role: plt.get_cmap("tab10" if len(all_roles) <= 10 else "tab20")(j) for j, role in enumerate(all_roles)}
     for k, (label, rows) in enumerate(runs):
         colour = colours[k % len(colours)]
-        steps = [r["step"] for r in rows]
+        steps = [float(s) for s in step_axis(rows)]
         times = run_clock(rows)
         gaps = {0: [], 1: gap_starts(times)}  # lines break at pauses on the time axis only
         series = {"samples_per_s": samples_per_s(rows)}
@@ -223,7 +231,7 @@ def draw(runs: list[tuple[str, list[dict]]], png: Path, span: int = 1) -> None:
                 smoothed = span > 1 and key not in ("staleness_max", "val")
                 ax.set_title(title + (f", EMA over ~{span} steps" if smoothed else ""), fontsize=9, loc="left")
                 ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("trainer step")
+    axes[-1, 0].set_xlabel("trainer step (1-based, as the progress lines number them)")
     axes[-1, 1].set_xlabel("training wall time (s; pauses between launches left out)")
     axes[0, 0].legend(fontsize=8)
     keys = [key for _, key in panels]

@@ -91,6 +91,16 @@ def load_trace(path: Path) -> dict:
         return {"displayTimeUnit": "ms", "traceEvents": events}
 
 
+def launch_traces(run_dir: Path) -> list[Path]:
+    """The traces of every launch of a run, in order: trace.launch-1.json, ... (earlier
+    launches of a resumed run, kept by each new launch's collector), then trace.json
+    (the last). Absent files are left out; only trace.json when the run never resumed."""
+    earlier = [p for p in run_dir.glob("trace.launch-*.json") if p.stem.removeprefix("trace.launch-").isdigit()]
+    earlier.sort(key=lambda p: int(p.stem.removeprefix("trace.launch-")))
+    last = run_dir / "trace.json"
+    return earlier + ([last] if last.exists() or not earlier else [])
+
+
 def validate_trace(trace: dict, max_run_s: float | None = None) -> list[str]:
     """Problems of a Chrome trace (an empty list when valid): the JSON object form with
     ``traceEvents``, every event with a known phase and its required fields, a named

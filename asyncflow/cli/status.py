@@ -21,8 +21,11 @@ import click
 from asyncflow.actors.runtime import messages
 from asyncflow.config import names
 
-INFRA = ("tq.", "host.", "directory", names.COLLECTOR, names.WEIGHTS, names.PLANNER, "dist.")
-"""Prefixes of the actors that are not roles (the queue, hosts, the driver's own, rendezvous)."""
+INFRA = ("tq.", "host.", "directory", names.COLLECTOR, names.WEIGHTS, names.PLANNER, names.ROSTER, "dist.", "relay.")
+"""Prefixes of the actors that are not roles (the queue, hosts, the driver's own, rendezvous,
+weight relays): status never asks them for RoleStats, which they do not take (an actor
+logs a warning for every message it cannot decode: a look must not leave a mark on the
+run). The roster is asked what it does take, the rollout replicas it lists now."""
 
 
 @click.command()
@@ -112,6 +115,13 @@ def snapshot(info) -> dict:
                     wait_s=dict(s.wait_s),
                 )
         actors.append(row)
+    roster = next((a for a in actors if a["name"] == names.ROSTER), None)
+    if roster is not None:
+        try:
+            replicas = dc.ref(names.ROSTER, wait_s=0.0).ask(messages.GetReplicas(), timeout_s=3).names
+            roster.update(state="replicas: " + (", ".join(replicas) or "none"), replicas=list(replicas))
+        except (AsyncflowError, LookupError):
+            roster.update(state="NO ANSWER")
     snap: dict = {
         "run_dir": info.run_dir,
         "driver_pid": info.driver_pid,
@@ -159,7 +169,7 @@ def snapshot(info) -> dict:
 def render(snap: dict) -> str:
     lines = [
         f"run {snap['run_dir']}  driver pid {snap['driver_pid']}, up {snap['up_s']:.0f} s"
-        + (f", last trainer step {snap['last_step']}" if snap["last_step"] is not None else ", no step yet")
+        + (f", last trainer step {snap['last_step']}" if snap["last_step"] is not None else ", no step yet")  # 1-based
     ]
     lines.append(
         f"{'ACTOR':<22}{'HOST':<12}{'PID':>8}  {'STATE':<18}{'BUSY':>6}  {'MOSTLY WAITS ON':<20}{'VERSION':>8}{'ITEMS':>8}"
@@ -172,6 +182,9 @@ def render(snap: dict) -> str:
         total = sum(waits.values())
         top = max(waits, key=waits.__getitem__) if total > 0 else ""
         waits_on = f"{top} ({waits[top] / total:.0%})" if top else ""
+        if "replicas" in a:  # the roster: its list in full, in the columns a role's figures take
+            lines.append(f"{a['name']:<22}{a['host'][:11]:<12}{a['pid']:>8}  {state}")
+            continue
         lines.append(
             f"{a['name']:<22}{a['host'][:11]:<12}{a['pid']:>8}  {state[:17]:<18}{busy:>6}  {waits_on:<20}"
             f"{version:>8}{a.get('items', ''):>8}"
@@ -202,10 +215,13 @@ def _order(name: str) -> tuple:
 
 
 def _last_step(run_dir: str) -> int | None:
+    """The last step in metrics.jsonl, numbered as the progress line numbers it (1-based)."""
+    from asyncflow.actors.driver.summary import console_step
+
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return None
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     import json
 
-    return int(json.loads(lines[-1])["step"]) if lines else None
+    return console_step(json.loads(lines[-1])) if lines else None

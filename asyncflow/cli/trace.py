@@ -3,7 +3,11 @@ draw the timeline: one row per role, busy activities in colour, waits in light
 grey, weight-sync transfers as arrows from the trainer to the replica that loads them
 (at most ``--arrows`` of them, spread over the drawn time); several runs stacked (sync
 above async) on one time axis, so a bubble (a row that is grey while another works) is
-visible at a glance. The legend sits above the rows, the axis label below."""
+visible at a glance. The legend sits above the rows, the axis label below.
+
+A resumed run has a trace per launch (trace.launch-1.json, ..., then trace.json: the
+collector keeps each earlier one): every launch is checked, printed and drawn, each
+labelled "launch k of n", on its own time axis."""
 
 from __future__ import annotations
 
@@ -45,17 +49,32 @@ CYCLE = ["#ff7f0e", "#7f7f7f", "#aec7e8", "#98df8a", "#ff9896", "#c5b0d5", "#c49
 def trace(run_dirs: tuple[Path, ...], png: Path | None, from_s: float | None, to_s: float | None, max_arrows: int) -> None:
     """Validate RUN_DIR/trace.json (Chrome trace format; open it in https://ui.perfetto.dev)
     and print every role's busy fraction; with --png, draw the timelines stacked,
-    sync runs above async ones."""
-    from asyncflow.cli.runs import load_trace, run_label, run_mode, run_wall_s, sync_first, timeline, validate_trace
+    sync runs above async ones. A resumed run shows every launch, each labelled."""
+    from asyncflow.cli.runs import (
+        launch_traces,
+        load_trace,
+        run_label,
+        run_mode,
+        run_wall_s,
+        sync_first,
+        timeline,
+        validate_trace,
+    )
 
-    timelines, invalid = [], False
+    launches = []  # (run directory, trace file, launch k, of n)
     for run_dir in sync_first(list(run_dirs)):
+        paths = launch_traces(run_dir)
+        launches += [(run_dir, path, k, len(paths)) for k, path in enumerate(paths, start=1)]
+    timelines, invalid = [], False
+    for run_dir, path, k, n in launches:
         try:
-            data = load_trace(run_dir / "trace.json")
+            data = load_trace(path)
         except (FileNotFoundError, ValueError) as exc:
             raise click.ClickException(str(exc)) from None
-        problems = validate_trace(data, max_run_s=run_wall_s(run_dir))
-        tl = timeline(data, label=run_label(run_dir), mode=run_mode(run_dir))
+        last = k == n and path.name == "trace.json"
+        problems = validate_trace(data, max_run_s=run_wall_s(run_dir) if last else None)  # summary.json: the last launch's wall
+        label = run_label(run_dir) + (f" launch {k} of {n}" if n > 1 else "")
+        tl = timeline(data, label=label, mode=run_mode(run_dir))
         click.echo(
             f"{tl.label}: {sum(len(s) for s in tl.tracks.values())} spans over {tl.end_s:.1f} s, "
             f"{len(tl.tracks)} tracks, {tl.num_flows} weight-sync flows, "

@@ -69,7 +69,7 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
         start = summary.get("val_start_accuracy")
         click.echo(
             (f"held-out accuracy: start {start:.3f}, " if start is not None else "held-out accuracy: ")
-            + f"best {summary['val_best_accuracy']:.3f} after step {summary['val_best_step'] + 1}, "
+            + f"best {summary['val_best_accuracy']:.3f} after step {summary['val_best_step']}, "
             f"last {summary['val_final_accuracy']:.3f}"
         )
 

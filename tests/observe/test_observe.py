@@ -6,6 +6,7 @@ drawn."""
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import pytest
@@ -78,6 +79,23 @@ def test_status_lists_every_actor_of_the_running_cluster(observed):
     assert names["trainer"]["version"] == 0 and 0.0 <= names["trainer"]["busy"] <= 1.0
     assert set(observed.status_json["tasks"]) == {"rollout", "reward", "train"}
     assert text.startswith(f"run {observed.run_dir}")
+
+
+@pytest.mark.timeout(400)
+def test_status_leaves_the_run_alone_and_shows_the_rosters_own_facts(observed):
+    roster_line = observed.status_out.split("\nroster ")[1].splitlines()[0]
+    assert "NO ANSWER" not in roster_line and "replicas: rollout.0" in roster_line, observed.status_out
+    names = {a["name"]: a for a in observed.status_json["actors"]}
+    assert names["roster"]["replicas"] == ["rollout.0"]
+    # the run's own output: no warning from the two status calls made while it ran
+    assert "rejected a frame" not in observed.output and "GetRoleStats" not in observed.output, observed.output[-3000:]
+
+
+@pytest.mark.timeout(400)
+def test_the_run_names_its_steps_as_the_progress_lines_do(observed):
+    assert "steps 1..3)" in observed.output  # the start line: the three steps are 1, 2 and 3
+    progress = [line.split("|")[0].split()[1] for line in observed.output.splitlines() if re.match(r"step +\d+/", line)]
+    assert progress == ["1/3", "2/3", "3/3"]
 
 
 @pytest.mark.timeout(400)

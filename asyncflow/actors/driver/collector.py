@@ -25,7 +25,9 @@ between appends, memory and the cost of a write stay constant however long the
 run, and a run killed mid-way keeps its trace up to its last append. A reader that
 meets an append half done reads up to the last whole event (``cli/runs.load_trace``).
 Events are in arrival order (Perfetto sorts them); process names come when a role's
-first spans do, flows when the replica's swap does.
+first spans do, flows when the replica's swap does. A resumed run's collector (one per
+launch) first renames the earlier launch's trace.json to trace.launch-<k>.json, so each
+launch keeps its own trace (``afctl trace`` shows them all, ``cli/runs.launch_traces``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pathlib import Path
 
 import click
 
+from asyncflow.actors.driver.summary import console_step
 from asyncflow.actors.runtime import messages
 from asyncflow.config import names
 from asyncflow.core import protocol
@@ -52,6 +55,16 @@ TRACE_HEAD = '{"displayTimeUnit": "ms", "traceEvents": [\n'
 TRACE_TAIL = "\n]}\n"
 KEEP_VERSIONS = 64
 """Publish times kept to link a replica's swap to (a swap comes a few versions late at most)."""
+
+
+def keep_earlier_launch(trace_path: Path) -> None:
+    """Rename an earlier launch's trace.json to trace.launch-<k>.json, k the next free number."""
+    if not trace_path.exists():
+        return
+    k = 1
+    while (kept := trace_path.with_name(f"trace.launch-{k}.json")).exists():
+        k += 1
+    os.replace(trace_path, kept)
 
 
 class Subscribe:
@@ -83,6 +96,7 @@ class CollectorActor(Actor):
         super().__init__(ctx)
         self.metrics_path = Path(run_dir) / "metrics.jsonl"
         self.trace_path = Path(run_dir) / "trace.json"
+        keep_earlier_launch(self.trace_path)
         self.trace_every_s = trace_every_s
         self.on_trace_written = on_trace_written
         self._traced = 0  # events written to trace.json so far
@@ -312,7 +326,7 @@ def progress_line(v: dict[str, float], num_steps: int, busy: dict[str, float]) -
     if "env/tool_call_rate" in v:  # with an environment (docs/environments.md)
         val += f" | tool calls {v['env/tool_call_rate']:.2f}"
     return (
-        f"step {int(v['step']) + 1:>4}/{num_steps} | reward {v['reward_mean']:.3f}{val} | "
+        f"step {console_step(v):>4}/{num_steps} | reward {v['reward_mean']:.3f}{val} | "
         f"{v['total_samples'] / t:7.1f} samples/s | {v['total_tokens'] / t:8.0f} tok/s | "
         f"stale<={int(v['staleness_max'])} | resp {v['response_len_mean']:.1f} tok | busy {roles}"
     )

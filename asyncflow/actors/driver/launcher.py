@@ -690,7 +690,7 @@ def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo, prepare_s: float = 0
     t0 = time.monotonic()
     click.echo(
         f"run directory: {rd}  ({cfg.workflow.mode}, staleness {cfg.staleness}, "
-        f"{len(launcher.supervisor.names())} processes, steps {launch.start_step}..{cfg.train.num_steps - 1})"
+        f"{len(launcher.supervisor.names())} processes, steps {launch.start_step + 1}..{cfg.train.num_steps})"
     )
     interrupted = False
     try:

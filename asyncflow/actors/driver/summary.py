@@ -20,6 +20,14 @@ from asyncflow.actors.runtime import messages
 from asyncflow.config.run import RunConfig
 
 
+def console_step(row: dict) -> int:
+    """The step of a metrics.jsonl object (or best.json) as the progress line numbers it:
+    1-based. The files' ``step`` is the step's 0-based index (docs/metrics.md); every
+    number a user reads as "step N" (progress lines, summary.json, ``afctl status``,
+    ``afctl plot``) goes through here."""
+    return int(row["step"]) + 1
+
+
 def launches(rows: list[dict]) -> list[list[dict]]:
     """The rows split by launch, in order (one list for a run never resumed)."""
     out: list[list[dict]] = []
@@ -134,7 +142,9 @@ def summarize(
 
 
 def val_summary(rd: Path, rows: list[dict]) -> dict:
-    """The evaluations' figures: the best (that of checkpoints/best when saved) and the last."""
+    """The evaluations' figures: the best (that of checkpoints/best when saved) and the last.
+    ``val_best_step`` is numbered as the progress line numbers steps (1-based); best.json
+    and metrics.jsonl hold the 0-based index."""
     from asyncflow.actors.trainer.eval import read_best
 
     evals = [r for r in rows if "val/accuracy" in r]
@@ -146,6 +156,6 @@ def val_summary(rd: Path, rows: list[dict]) -> dict:
     return {
         "val_start_accuracy": start,
         "val_best_accuracy": best["value"] if best else None,
-        "val_best_step": int(best["step"]) if best else None,
+        "val_best_step": console_step(best) if best else None,
         "val_final_accuracy": evals[-1]["val/accuracy"] if evals else None,
     }
