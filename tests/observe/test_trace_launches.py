@@ -61,3 +61,24 @@ def test_afctl_trace_of_a_resumed_run_shows_every_launch_labelled(tmp_path):
     for k, (head, n) in enumerate(zip(heads, (3, 5, 7)), start=1):
         assert f"launch {k} of 3" in head and f": {n} spans over" in head, result.output
     assert (tmp_path / "trace.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # two tiny launches, about 40 s; the planted tests above cover the default suite
+@pytest.mark.timeout(300)
+def test_a_real_resumed_run_is_traced_launch_by_launch(tmp_path):
+    from obs_helpers import afctl, write_config
+
+    from asyncflow.cli.trace import trace
+
+    run_dir = tmp_path / "run"
+    first = afctl("up", str(write_config(tmp_path / "tiny.toml", num_steps=2)), "--run-dir", str(run_dir))
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = afctl("up", "--resume", str(run_dir), "--set", "train.num_steps=3")
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out
+    assert "steps 3..3)" in out  # the resumed launch trains the third step, numbered as its progress line
+    assert sorted(p.name for p in run_dir.glob("trace*.json")) == ["trace.json", "trace.launch-1.json"]
+    result = CliRunner().invoke(trace, [str(run_dir)])
+    assert result.exit_code == 0, result.output
+    heads = [line for line in result.output.splitlines() if " spans over " in line]
+    assert [h.split(":")[0].rsplit(" ", 4)[-4:] for h in heads] == [["launch", "1", "of", "2"], ["launch", "2", "of", "2"]]
