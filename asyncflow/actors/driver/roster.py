@@ -4,6 +4,8 @@ run has now, read from the Supervisor's record (the one list of the run's proces
 The weight sync asks it whom to announce each new version to, and the trainer whom to
 pause for a checkpoint: a replica the online planner adds or removes (``_scaling.py``
 asks the Supervisor) is in or out of their next answer, with nothing else to update.
+``afctl status`` asks it the same for its row, never GetRoleStats, which it does not
+take (a message an actor cannot decode logs a warning in the run).
 
 Constructed by the launcher with ``replicas``, a function of no argument returning the
 names (``Supervisor.replicas``: a copy taken under its lock, so the driver's thread may
