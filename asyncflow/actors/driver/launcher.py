@@ -31,6 +31,7 @@ a trainer rank stops the run the same way (or resume with ``afctl up --resume RU
 from __future__ import annotations
 
 import faulthandler
+import functools
 import json
 import logging
 import os
@@ -50,6 +51,7 @@ import msgspec
 from asyncflow.actors.driver import cluster_file as _cluster_file
 from asyncflow.actors.driver import topology
 from asyncflow.actors.driver._freezes import FreezeWatch
+from asyncflow.actors.driver._oom import OomCount, run_memory_estimates
 from asyncflow.actors.driver._pinning import pinning
 from asyncflow.actors.driver._teardown import StageRunner, Teardown
 from asyncflow.actors.driver.collector import CollectorActor, Subscribe
@@ -228,6 +230,7 @@ class Launcher:
         if cfg.cluster.launcher == "local":  # a frozen host is named, and killed once frozen too long (_freezes.py)
             sup.freezes = FreezeWatch(self.transport).start()
             undo.push("stop the freeze watch", sup.freezes.stop)
+            sup.oom = OomCount.of_this_process()  # a SIGKILL the kernel counted is named an out-of-memory kill
         click.echo(f"starting {len(sup.names())} processes: {', '.join(sup.names())}")
         crowded = oversubscribed(cfg, sup.names())
         if crowded:
@@ -546,9 +549,12 @@ class Launcher:
         while time.monotonic() < deadline and all(p.alive() for p in self.supervisor.procs().values()):
             time.sleep(0.1)
         self.check_hosts()
+        # the resume hint is added once every process has stopped (``_run_once``): the trainer may
+        # finish a checkpoint in its stop, and the hint names the newest one then on disk
         raise RunFailed(
             f"role {failure.role} failed: {failure.error.splitlines()[0]} (traceback in "
-            f"{self.supervisor.log_file(failure.role)})\n{resume_advice(self.run_dir)}"
+            f"{self.supervisor.log_file(failure.role)})",
+            advice_after_stop=True,
         )
 
 
@@ -686,6 +692,9 @@ def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo, prepare_s: float = 0
         f"{STALL_STEP_FACTOR:g} x the slowest step: docs/faults.md, 'Stalls')"
     )
     launcher = Launcher(cfg, rd, launch, estimate.seconds or None)
+    launcher.supervisor.memory_estimates = functools.partial(
+        run_memory_estimates, cfg, launch.model_dir, launch.reward_model_dir, prompt_tokens
+    )  # named beside a host's out-of-memory kill
     launcher.plan()
     t0 = time.monotonic()
     click.echo(
@@ -693,20 +702,30 @@ def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo, prepare_s: float = 0
         f"{len(launcher.supervisor.names())} processes, steps {launch.start_step + 1}..{cfg.train.num_steps})"
     )
     interrupted = False
+    failed: RunFailed | None = None
     try:
         launcher.start()
         result = launcher.wait()
         stats = launcher.role_stats()
     except KeyboardInterrupt:
-        click.echo(f"\ninterrupted: stopping every process. {resume_advice(rd)}", err=True)
+        click.echo("\ninterrupted: stopping every process (a checkpoint being written is finished first)", err=True)
         interrupted = True
         raise
+    except RunFailed as exc:
+        failed = exc
+        raise
     finally:
-        launcher.stop()
-        restarts.extend(launcher.supervisor.restarts)  # a lost launch's too: the next launch's summary keeps them
-        if interrupted:  # what ran until Ctrl-C / SIGTERM, marked as such (no role stats: the roles are gone)
-            summary = summarize(rd, cfg, {}, time.monotonic() - t0, restarts, None, interrupted=True)
-            (rd / "summary.json").write_text(json.dumps(summary, indent=2))
+        try:
+            launcher.stop()
+        finally:
+            restarts.extend(launcher.supervisor.restarts)  # a lost launch's too: the next launch's summary keeps them
+            # the resume hint only now: the stop may have finished a checkpoint, which the resume uses
+            if interrupted:  # what ran until Ctrl-C / SIGTERM, marked as such (no role stats: the roles are gone)
+                click.echo(f"stopped. {resume_advice(rd)}", err=True)
+                summary = summarize(rd, cfg, {}, time.monotonic() - t0, restarts, None, interrupted=True)
+                (rd / "summary.json").write_text(json.dumps(summary, indent=2))
+            if failed is not None and failed.advice_after_stop:
+                failed.add_advice(resume_advice(rd))
     wall_s = time.monotonic() - t0
     summary = summarize(rd, cfg, stats, wall_s, restarts, result)
     summary["pinned_trainer_cores"] = launcher.supervisor.pin_cores or 0  # the run's decision (actors/driver/_pinning.py)

@@ -19,7 +19,7 @@ import msgspec
 
 from asyncflow.actors.driver.summary import complete_lines
 from asyncflow.actors.runtime.run_dir import LaunchInfo
-from asyncflow.actors.trainer.checkpoints import done_step, latest_checkpoint, latest_good_checkpoint
+from asyncflow.actors.trainer.checkpoints import done_step, latest_good_checkpoint
 from asyncflow.actors.trainer.manifest import MANIFEST
 from asyncflow.config.load import ConfigError, dump_config
 from asyncflow.config.run import RunConfig
@@ -246,8 +246,9 @@ def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConf
 
 
 def resume_advice(rd: Path) -> str:
-    """The resume command when the run has a complete checkpoint; otherwise why there is none."""
-    ckpt = latest_checkpoint(rd)
+    """The resume command when the run has a complete checkpoint (the one a resume takes:
+    the newest that verifies); otherwise why there is none."""
+    ckpt, _ = latest_good_checkpoint(rd)
     if ckpt is not None:
         return f"Resume from its last checkpoint ({ckpt.name}): afctl up --resume {rd}"
     cfg_every = read_run_config(rd).train.checkpoint_every if (rd / "config.json").exists() else 0

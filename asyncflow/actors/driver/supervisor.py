@@ -20,7 +20,10 @@ Invariants:
 - a death that cannot be healed in place (a host of no restartable role, a queue that
   does not answer the requeue, a spent restart budget) raises ``RunFailed(process_lost=True)``;
 - a host frozen past ``cluster.transport.freeze_timeout_s`` (``_freezes.py``, local
-  launcher) is killed in ``check`` and handled as a death from there, named as frozen.
+  launcher) is killed in ``check`` and handled as a death from there, named as frozen;
+- a death is named by how it ended (``_oom.py``): a SIGKILL while the cgroup's
+  out-of-memory count grew (local launcher) is named an out-of-memory kill, with the
+  run's memory estimate for the host and what to change.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pathlib import Path
 import click
 
 from asyncflow.actors.driver._freezes import FreezeWatch
+from asyncflow.actors.driver._oom import OomCount, death_words, host_estimate
 from asyncflow.actors.driver._restarts import RestartPolicy
 from asyncflow.actors.driver.topology import HostPlan
 from asyncflow.actors.runtime import messages
@@ -58,9 +62,16 @@ class RunFailed(AsyncflowError):
     cannot be restarted alone is gone, which a resume from the last checkpoint heals
     (``cluster.max_resumes``); otherwise a role raised, which resuming would repeat."""
 
-    def __init__(self, message: str, process_lost: bool = False):
+    def __init__(self, message: str, process_lost: bool = False, advice_after_stop: bool = False):
         super().__init__(message)
         self.process_lost = process_lost
+        self.advice_after_stop = advice_after_stop
+        """The resume hint is still to come: the launcher adds it once every process has stopped."""
+
+    def add_advice(self, advice: str) -> None:
+        """Append the resume hint (a line of its own), once."""
+        self.args = (f"{self.args[0]}\n{advice}", *self.args[1:])
+        self.advice_after_stop = False
 
 
 @dataclass
@@ -145,6 +156,9 @@ class Supervisor:
         self.pin_cores: int | None = None  # the run's pinning decision (actors/driver/_pinning.py); None: the config's
         self.on_restart: Callable[[], None] = lambda: None  # the launcher rewrites cluster.json (the new pid)
         self.freezes: FreezeWatch | None = None  # the local launcher's watch of frozen hosts (Launcher.start)
+        self.oom: OomCount | None = None  # the local launcher's cgroup out-of-memory count (_oom.py); None: cannot tell
+        # the preflight's memory estimate per role instance (bytes), asked only when a death is named an OOM kill
+        self.memory_estimates: Callable[[], Mapping[str, float]] = dict
 
     # -- reading --------------------------------------------------------------------------
     def names(self, kind: str | None = None) -> list[str]:
@@ -276,25 +290,43 @@ class Supervisor:
         the processes that died since the last look, and start again those whose
         restart is due. Raises RunFailed (never anything else for a death)."""
         self._watch_freezes()
+        oom = self.oom
+        oom_now = oom.read() if oom is not None else None  # before this look: what its deaths after it are compared with
         dead = [r for r in self._hosts.values() if r.restart_at is None and not r.alive()]
+        oom_after = oom.read() if oom is not None and dead else None
+        why = {r.name: self._death(r, oom.last if oom is not None else None, oom_after) for r in dead}
+        if oom is not None:
+            oom.advance(oom_now)
         for record in dead:  # a process that cannot be restarted names the failure, before any requeue
             assert record.proc is not None  # dead, so started: alive() is True before the first start
             if record.role is None or not record.role.restartable:
                 raise RunFailed(
-                    f"process {record.name!r} ({record.plan.kind}) {self._death(record)}; the run cannot go on. "
+                    f"process {record.name!r} ({record.plan.kind}) {why[record.name]}; the run cannot go on. "
                     f"Resume from the last checkpoint: afctl up --resume {self.run_dir}",
                     process_lost=True,
                 )
         for record in dead:
-            self._on_death(record, self._death(record))
+            self._on_death(record, why[record.name])
         now = time.monotonic()
         for record in [r for r in self._hosts.values() if r.restart_at is not None and r.restart_at <= now]:
             self._restart(record)
 
-    @staticmethod
-    def _death(record: HostRecord) -> str:
+    def _death(self, record: HostRecord, oom_before: int | None, oom_after: int | None) -> str:
+        """How a dead host ended: frozen and killed by the driver, an exit code, a signal, or
+        the kernel's out-of-memory killer (the cgroup's count grew from ``oom_before``, a look
+        while it was alive, to ``oom_after``), with the preflight's estimate for it."""
         assert record.proc is not None  # dead, so started
-        return record.killed_frozen or f"exited with code {record.proc.returncode}"
+        if record.killed_frozen:
+            return record.killed_frozen
+        returncode = record.proc.returncode
+        estimate = None
+        if returncode == -9 and oom_before is not None and oom_after is not None and oom_after > oom_before:
+            try:
+                estimate = host_estimate(self.memory_estimates(), record.name, record.plan.workers)
+            except (OSError, ValueError, KeyError) as exc:  # the model's config.json unreadable now: named without
+                click.echo(f"!! no memory estimate for {record.name}: {exc}", err=True)
+        role = record.role.name if record.role is not None else record.plan.kind
+        return death_words(returncode, oom_before, oom_after, role, estimate)
 
     def _watch_freezes(self) -> None:
         """Follow every live host with the freeze watch (from when it is registered), print

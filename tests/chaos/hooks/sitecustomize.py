@@ -19,9 +19,17 @@ Without ``AF_CHAOS_MARKS`` nothing is patched. With it (a directory):
 
 import importlib.util
 import os
+import sys
+
+# This file runs before ``python -m`` puts the working directory on sys.path: the asyncflow it
+# patches must be this checkout's, not whichever one the installed (editable) package points to
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+_SPEC = importlib.util.find_spec("asyncflow")
+if _SPEC is not None and _SPEC.origin and not _SPEC.origin.startswith(_CHECKOUT + os.sep):
+    sys.path.insert(0, _CHECKOUT)
 
 # a Python of the test that cannot import asyncflow (a tool it runs) is left alone
-MARKS = os.environ.get("AF_CHAOS_MARKS", "") if importlib.util.find_spec("asyncflow") else ""
+MARKS = os.environ.get("AF_CHAOS_MARKS", "") if _SPEC is not None else ""
 
 if MARKS:
     import errno
