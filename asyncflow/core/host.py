@@ -40,7 +40,7 @@ from asyncflow.core.actor import Actor, ActorContext, ServedActor, serve_actor
 from asyncflow.core.directory import DirectoryClient
 from asyncflow.core.errors import ActorGone, ActorTimeout, AsyncflowError, HostExited
 from asyncflow.core.ref import close_all_sockets
-from asyncflow.core.transport import TRANSPORT_ENV, TransportConfig
+from asyncflow.core.transport import TRANSPORT_ENV, TransportConfig, sweep_ipc_dir
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,12 @@ STOP_GRACE_S = 30.0
 """A host asked to stop exits within this long, even if an actor hangs in its unit
 of work or in on_stop (its stacks are printed first, so the hang can be found)."""
 ORPHAN_GRACE_S = 10.0
-"""The same for a host whose driver died (kill -9): no peer is left to finish with."""
+"""The same for a host whose driver died (kill -9): no peer is left to finish with. Counted
+from the signal that told it (the kernel's SIGTERM, or the look that saw the driver gone),
+the settling look (``ORPHAN_SETTLE_S``) and the exit itself (``ORPHAN_EXIT_S``) included."""
+ORPHAN_EXIT_S = 0.5
+"""What an orphan keeps of ``ORPHAN_GRACE_S`` for the exit itself after its exit timer
+fires: its stacks printed, its run's ipc directory swept (``transport.sweep_ipc_dir``)."""
 ACTOR_STOP_S, ORPHAN_ACTOR_STOP_S = 10.0, 3.0
 """How long the stop of one actor waits for it (its unit of work in progress to end)."""
 
@@ -327,21 +332,38 @@ def _orphaned(parent_pid: int, settle_s: float = ORPHAN_SETTLE_S) -> bool:
     return True
 
 
-def _exit_after(seconds: float, name: str, parent_pid: int = 0) -> None:
-    """Exit (stacks printed first) ``seconds`` from now, or ``ORPHAN_GRACE_S`` after the
-    driver ``parent_pid`` is seen gone, whichever comes first."""
+def _exit_by(end: float, name: str, parent_pid: int = 0, orphan_of: int = 0, transport: TransportConfig | None = None) -> None:
+    """Exit (stacks printed first) at monotonic time ``end``, or ``ORPHAN_GRACE_S`` (less
+    ``ORPHAN_EXIT_S``) after the driver ``parent_pid`` is seen gone, whichever comes first.
+    An orphan (``orphan_of``: its dead driver's pid, or found so while waiting) sweeps its
+    run's ipc directory before it exits (``transport.sweep_ipc_dir``)."""
+
+    started = time.monotonic()
 
     def expire() -> None:
-        watching, end = parent_pid, time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
+        deadline, watching, dead = end, parent_pid, orphan_of
+        while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, 0.25))
             if watching and os.getppid() != watching:  # the driver died while this host stopped
-                end, watching = min(end, time.monotonic() + ORPHAN_GRACE_S), 0
-        print(f"[{name}] did not stop within {seconds:g} s; stacks follow, then exit", file=sys.stderr, flush=True)
+                deadline = min(deadline, time.monotonic() + ORPHAN_GRACE_S - ORPHAN_EXIT_S)
+                watching, dead = 0, watching
+        print(f"[{name}] did not stop within {deadline - started:.1f} s; stacks follow, then exit", file=sys.stderr, flush=True)
         faulthandler.dump_traceback(all_threads=True)
+        if dead and transport is not None:
+            _sweep(transport, dead)
         os._exit(1)
 
     threading.Thread(target=expire, name=f"{name}-exit-timer", daemon=True).start()
+
+
+def _sweep(transport: TransportConfig, driver_pid: int) -> None:
+    """An orphan's last act: its dead driver's sockets and its own (it is exiting) out of the
+    run's ipc directory, and the directory with them when this host is the last one out (the
+    driver, killed, never removed it)."""
+    try:
+        sweep_ipc_dir(transport, gone={driver_pid, os.getpid()})
+    except OSError as exc:  # a directory that cannot be swept must not keep the exit from happening
+        log.warning("could not sweep the ipc directory %s: %s", transport.ipc_dir, exc)
 
 
 LOG_DIR_ENV = "ASYNCFLOW_LOG_DIR"
@@ -477,14 +499,15 @@ def main(argv: list[str] | None = None) -> int:
     # A signal handler takes no lock: it only records the signal, and the loop below looks.
     # (It used to call stopped.set(): a second SIGTERM arriving inside the first one's
     # Event.set, as a dying driver's threads each send one, deadlocked the host for good.)
-    signals: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _frame: signals.append(signum))
+    # Each signal is recorded with its time: an orphan's grace counts from it.
+    signals: list[tuple[int, float]] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: signals.append((signum, time.monotonic())))
     if os.environ.get(PARENT_ENV):
         # Ctrl-C in a terminal reaches every process of the foreground group: a host started
         # by a driver leaves it to the driver, which stops the roles in order, then the hosts
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     else:
-        signal.signal(signal.SIGINT, lambda signum, _frame: signals.append(signum))
+        signal.signal(signal.SIGINT, lambda signum, _frame: signals.append((signum, time.monotonic())))
     stacks_file = _stacks_file(args.name)  # kept open for the process's life: faulthandler writes to its fd
     faulthandler.register(signal.SIGUSR1, file=stacks_file, all_threads=True)  # the driver's stall report asks for stacks
     directory = DirectoryClient(args.directory, transport)
@@ -498,11 +521,25 @@ def main(argv: list[str] | None = None) -> int:
         if parent_pid and time.monotonic() - looked > PARENT_POLL_S:
             looked = time.monotonic()
             if os.getppid() != parent_pid:
-                signals.append(signal.SIGTERM)
+                signals.append((signal.SIGTERM, time.monotonic()))
     # only a SIGTERM can come from a dying driver; a Stop comes from a live one (no settling look)
     orphaned = _orphaned(parent_pid, ORPHAN_SETTLE_S if signals else 0.0)
-    # an orphan's driver is gone, and with it every peer its actors would wait for: exit sooner
-    _exit_after(ORPHAN_GRACE_S if orphaned else STOP_GRACE_S, args.name, 0 if orphaned else parent_pid)
+    if orphaned:
+        # the driver is gone, and with it every peer the actors would wait for: exit sooner, within
+        # ORPHAN_GRACE_S of the signal that said so (the settling look above is inside it)
+        signalled_at = signals[0][1] if signals else time.monotonic()
+        exit_by = signalled_at + ORPHAN_GRACE_S - ORPHAN_EXIT_S
+        log.warning(
+            "the driver (pid %d) is gone, signalled at monotonic %.6f: stopping this host, which exits by monotonic "
+            "%.6f at the latest (ORPHAN_GRACE_S = %g s after the signal)",
+            parent_pid,
+            signalled_at,
+            exit_by,
+            ORPHAN_GRACE_S,
+        )
+        _exit_by(exit_by, args.name, orphan_of=parent_pid, transport=transport)
+    else:
+        _exit_by(time.monotonic() + STOP_GRACE_S, args.name, parent_pid=parent_pid, transport=transport)
     leftovers: tuple[list[str], list[ServedActor]] = host.pykka_ref.ask(_Leftovers(), block=True)
     could_not_stop, running = leftovers
     stuck = could_not_stop + [  # those a Stop from the driver could not stop, and the rest
@@ -515,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
             pass
     _stop_contained(host, ACTOR_STOP_S)
     close_all_sockets()
+    if orphaned or (parent_pid and os.getppid() != parent_pid):  # (or it died during this stop)
+        _sweep(transport, parent_pid)  # a killed driver never removes its run's ipc directory: the last host out does
     if stuck:  # their threads never end: exit now rather than at the exit timer
         log.warning("exiting with %s still running", ", ".join(stuck))
         logging.shutdown()

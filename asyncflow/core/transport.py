@@ -18,10 +18,12 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import re
 import stat
 import tempfile
 import threading
 import uuid
+from collections.abc import Collection
 from typing import Annotated
 
 import msgspec
@@ -242,6 +244,60 @@ def _ipc_path(folder: str, name: str) -> str:
         f"{IPC_PATH_MAX} bytes and {len(path.encode())} are needed: set ipc_dir to a shorter directory (or TMPDIR, "
         f"where afctl makes one), or use scheme = 'tcp'"
     )
+
+
+_SOCKET_PID = re.compile(r"(?:^|-)(\d+)-\d+\.sock$")
+"""The pid in a socket's name (``_ipc_path``): the process that listens on it."""
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie has exited: an orphan may never be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc here: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+
+def sweep_ipc_dir(config: TransportConfig, gone: Collection[int] = ()) -> bool:
+    """Remove the sockets of ``config.ipc_dir`` whose process is gone (no longer running, or
+    in ``gone``), then the directory if that left it empty; True if it is removed. What a
+    process host whose driver was killed (kill -9: the driver's own cleanup never ran) does
+    as it exits: each one out removes the dead ones' sockets, so the last one out removes
+    the directory. A socket of a running process (or a file that is no socket of ours) keeps
+    it; only a directory named in the config is swept, never the shared default one."""
+    folder = config.ipc_dir
+    if config.scheme != "ipc" or not folder:
+        return False
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return True
+    for entry in entries:
+        found = _SOCKET_PID.search(entry.name)
+        try:
+            if found is None or not stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                continue
+            pid = int(found[1])
+            if pid in gone or not _running(pid):
+                os.unlink(entry.path)
+        except FileNotFoundError:  # closed meanwhile, or another host's sweep took it
+            pass
+    try:
+        os.rmdir(folder)
+    except FileNotFoundError:
+        return True
+    except OSError:  # not empty: a process still listens here, and removes it as it goes
+        return False
+    return True
 
 
 def _tcp_scheme(config: TransportConfig) -> str:
