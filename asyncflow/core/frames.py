@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import struct
+import time
 from typing import Any, Union
 
 import msgspec
@@ -138,11 +139,30 @@ def _any_message_decoder(generation: int) -> msgspec.msgpack.Decoder:
     return msgspec.msgpack.Decoder(Union[tuple(_all_messages(protocol._Msg))] | None)  # noqa: UP007  (a union of a run-time tuple)
 
 
+HALF_DEFINED_WAIT_S = 10.0
+"""How long a decode waits for a message class another thread is defining right now."""
+
+
+def _any_decoder() -> msgspec.msgpack.Decoder:
+    """``_any_message_decoder`` of the classes defined so far. A class another thread is
+    defining right now (its module being imported) is already a subclass but not yet usable
+    in a decoder: msgspec refuses it ("isn't fully defined"); the class is finished in
+    moments, so the decoder is built again until it is."""
+    deadline = time.monotonic() + HALF_DEFINED_WAIT_S
+    while True:
+        try:
+            return _any_message_decoder(protocol.generation())
+        except ValueError as exc:
+            if "fully defined" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.001)  # let the defining thread finish the class
+
+
 def decode_any(view: memoryview) -> Any:
     """Decode a reply body: any message class defined so far (core's, and those of the
     modules imported since, the RL roles'), or None."""
     try:
-        return _any_message_decoder(protocol.generation()).decode(view)
+        return _any_decoder().decode(view)
     except _MALFORMED as exc:
         raise FrameError(f"bad reply body: {exc}") from None
 

@@ -209,6 +209,13 @@ def test_a_run_evaluates_every_n_steps_keeps_the_best_weights_and_never_trains_a
     summary = json.loads((run_dir / "summary.json").read_text())
     evals = {int(m["step"]): m["val/accuracy"] for m in metrics if "val/accuracy" in m}
     assert summary["val_final_accuracy"] == evals[2]
+    # each record says which version it evaluated, and what the model wrote is in eval_samples.jsonl
+    assert [m["val/version"] for m in metrics if "val/accuracy" in m] == [2, 3]
+    written = read_jsonl(run_dir / "eval_samples.jsonl")
+    assert sorted({(r["step"], r["version"]) for r in written}) == [(0, 0), (1, 2), (2, 3)]
+    assert all(len([r for r in written if r["version"] == v]) == 8 for v in (0, 2, 3))  # every held-out prompt
+    accuracy = {v: sum(r["reward"] >= 0.999 for r in written if r["version"] == v) / 8 for v in (2, 3)}
+    assert accuracy == {2: evals[1], 3: evals[2]}
     assert summary["val_best_accuracy"] == max(evals.values()) == evals[summary["val_best_step"] - 1]
     best = run_dir / "checkpoints" / "best"
     assert best.is_symlink() and not os.path.isabs(os.readlink(best))

@@ -35,7 +35,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 import numpy as np
@@ -45,10 +45,20 @@ from asyncflow.actors.runtime.run_dir import Run, encode_prompt, read_prompts, s
 
 if TYPE_CHECKING:
     from asyncflow.actors.rollout.multiturn import MultiTurnDriver
+    from asyncflow.actors.trainer._samples import SampleLog
     from asyncflow.engines.base import RolloutEngine
     from asyncflow.engines.config import SamplingParams
 
 BEST = "best"
+
+
+class Completions(NamedTuple):
+    """An evaluation's responses, in order: each one's held-out prompt, text, reward, finish."""
+
+    prompt_index: list[int]
+    texts: list[str]
+    rewards: list[float]
+    finish: list[str] | None
 
 
 class Evaluator:
@@ -92,6 +102,15 @@ class Evaluator:
         self.env_cfg = cfg.env
         self.driver: MultiTurnDriver | None = None  # built at the first evaluation (its pool of environment threads)
         self.scorer = Scorer(cfg, self.tokenizer) if cfg.env.path else None
+        self.completions: Completions | None = None  # the last evaluation's, for the sample log
+
+    def write_samples(self, log: SampleLog, step: int, version: int) -> None:
+        """The last evaluation's completions into the run's eval_samples.jsonl (``_samples.py``)."""
+        c = self.completions
+        if c is None:
+            return
+        prompts, answers = [self.prompts[p] for p in c.prompt_index], [self.answers[p] for p in c.prompt_index]
+        log.write_eval(step, version, prompts, c.texts, c.rewards, answers, c.finish)
 
     def evaluate(self, snapshot: list[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
         """The ``val/*`` figures of the policy with these weights (HF names, any device)."""
@@ -114,14 +133,12 @@ class Evaluator:
         from asyncflow.algorithms.rewards import call_reward
 
         outs = engine.generate(self.prompt_ids, params)  # ordered by (prompt, sample)
-        rewards = call_reward(
-            self.reward_fn,
-            [self.prompts[c.prompt_index] for c in outs],
-            [self.tokenizer.decode(c.response_ids, skip_special_tokens=True) for c in outs],
-            [self.answers[c.prompt_index] for c in outs],
-            [c.finish_reason for c in outs],
-        )
-        return rewards, [c.prompt_index for c in outs]
+        texts = [self.tokenizer.decode(c.response_ids, skip_special_tokens=True) for c in outs]
+        finish: list[str] = [c.finish_reason for c in outs]
+        index = [c.prompt_index for c in outs]
+        rewards = call_reward(self.reward_fn, [self.prompts[p] for p in index], texts, [self.answers[p] for p in index], finish)
+        self.completions = Completions(index, texts, list(rewards), finish)
+        return rewards, index
 
     def _episodes(self, engine: RolloutEngine, params: SamplingParams) -> tuple[list[float], list[int], dict[str, float]]:
         """With an environment: ``params.n`` episodes per held-out prompt, driven by the
@@ -141,7 +158,10 @@ class Evaluator:
         columns = pack.columns([e.columns() for e in episodes])
         columns["prompt_ids"] = [np.asarray(self.prompt_ids[p], dtype=np.int64) for p in index]
         columns["answer"] = [np.frombuffer(self.answers[p].encode(), dtype=np.uint8) for p in index]
-        return self.scorer.score(columns, index), index, env_figures(columns)
+        rewards = self.scorer.score(columns, index)
+        texts = [self.tokenizer.decode(r, skip_special_tokens=True) for r in columns["response_ids"]]
+        self.completions = Completions(index, texts, list(rewards), None)
+        return rewards, index, env_figures(columns)
 
     def _scores(self, rewards: list[float], prompt_index: list[int]) -> dict[str, float]:
         """``val/accuracy``, ``val/reward_mean`` (and ``val/pass_at_k``) of these rewards,

@@ -199,6 +199,7 @@ class StepEnd:
         with self._activity("eval"):
             assert self._evaluator is not None  # the step evaluates only with eval.every_steps, which made it
             values = self._evaluator.evaluate(snapshot, version)
+            self._evaluator.write_samples(self.samples, step, version)  # what it wrote: eval_samples.jsonl
             if save and self.run.config.eval.save_best and values["val/accuracy"] > self._best:
                 from asyncflow.actors.trainer.eval import save_best
 
@@ -206,6 +207,7 @@ class StepEnd:
                 self._best = values["val/accuracy"]
                 log.info("step %d: val/accuracy %.3f, a new best: %s", step, self._best, path)
         values["val/time_s"] = time.monotonic() - t0
+        values["val/version"] = float(version)  # the policy version evaluated (0: the start weights)
         return values
 
     def _audit(self, step: int, batch: Batch, parts: list[list[int]]) -> None:
