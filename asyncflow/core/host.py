@@ -38,6 +38,7 @@ import msgspec
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor, ActorContext, ServedActor, serve_actor
 from asyncflow.core.directory import DirectoryClient
+from asyncflow.core.disk_space import no_space_left
 from asyncflow.core.errors import ActorGone, ActorTimeout, AsyncflowError, HostExited
 from asyncflow.core.ref import close_all_sockets
 from asyncflow.core.transport import TRANSPORT_ENV, TransportConfig, sweep_ipc_dir
@@ -467,6 +468,40 @@ class _FirstLine(logging.Filter):
         return True
 
 
+class _LogFile(logging.FileHandler):
+    """This process's log file (RUN_DIR/logs/<name>.log). A write that fails (a full disk)
+    is said once, in one line on stderr, instead of logging's ``--- Logging error ---``
+    block of tracebacks for every record: the console handler still shows each record,
+    and once a write succeeds again a later failure is said again."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.failing = False  # the last write failed, and that was said
+        self._failed_now = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._failed_now = False
+        super().emit(record)  # a failure comes to handleError
+        if self.failing and not self._failed_now:
+            self.failing = False
+            sys.stderr.write(f"log file {self.baseFilename}: written again\n")
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self._failed_now = True
+        if self.failing:
+            return
+        self.failing = True
+        exc = sys.exc_info()[1]
+        why = (no_space_left(exc, self.baseFilename) or f"{type(exc).__name__}: {exc}") if exc is not None else "unknown"
+        sys.stderr.write(f"log file {self.baseFilename}: a record could not be written ({why}); the console still has them\n")
+
+    def close(self) -> None:
+        try:
+            super().close()  # closes the file whatever its last flush raises
+        except OSError:  # the records it could not flush were said as they failed
+            pass
+
+
 def _setup_logging(name: str) -> None:
     fmt = logging.Formatter(f"[{name}] %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
@@ -475,7 +510,7 @@ def _setup_logging(name: str) -> None:
     if log_dir:  # the file first: it gets the record before the console's filter shortens it
         os.makedirs(log_dir, exist_ok=True)
         path = os.path.join(log_dir, f"{name}.log")
-        to_file = logging.FileHandler(path)
+        to_file = _LogFile(path)
         to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(to_file)
     console = logging.StreamHandler()

@@ -67,6 +67,7 @@ from asyncflow.config.run import RunConfig
 from asyncflow.core import protocol
 from asyncflow.core.actor import ServedActor, serve_actor
 from asyncflow.core.directory import DirectoryClient, start_directory
+from asyncflow.core.disk_space import no_space_left
 from asyncflow.core.errors import AsyncflowError
 from asyncflow.core.host import STACKS_WAIT_S, collect_stacks, stacks_path
 from asyncflow.core.ref import close_sockets
@@ -343,8 +344,9 @@ class Launcher:
             self.teardown.unwind(stage)
         except KeyboardInterrupt as between:  # between two stages (each undo has run)
             interrupts.append(between)
-        for name, exc in errors:
-            click.echo(f"!! while stopping: {name} failed: {type(exc).__name__}: {exc}", err=True)
+        for name, exc in errors:  # a full disk named as such, with the free space (what to fix first)
+            why = no_space_left(exc, self.run_dir) or f"{type(exc).__name__}: {exc}"
+            click.echo(f"!! while stopping: {name} failed: {why}", err=True)
         if interrupts:
             raise interrupts[0]
         return errors

@@ -32,6 +32,7 @@ from asyncflow.actors.trainer._pause import pause_roles
 from asyncflow.actors.trainer.checkpoints import checkpoint_dir, link_latest, prune_checkpoints
 from asyncflow.actors.trainer.manifest import write_manifest
 from asyncflow.config import names
+from asyncflow.core.disk_space import DiskFull, no_space_left
 from asyncflow.core.errors import ActorGone, ActorTimeout, AsyncflowError
 
 if TYPE_CHECKING:
@@ -87,10 +88,19 @@ class Checkpointer:
         paused: list = []  # the references that answered Pause: a role restarted meanwhile is asked at its new address
         try:
             states = self._pause_roles(step, paused)
-            self._write(step, tmp, states)
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
-            aside = link_latest(final)
+            try:
+                self._write(step, tmp, states)
+                shutil.rmtree(final, ignore_errors=True)
+                os.replace(tmp, final)
+                aside = link_latest(final)
+            except (OSError, RuntimeError) as exc:  # torch's writer says "unexpected pos" for a full disk
+                full = no_space_left(exc, tmp)
+                if full is None:
+                    raise
+                raise DiskFull(
+                    f"{full}: the checkpoint after step {step} could not be saved. Free space there (fewer "
+                    f"checkpoints kept: train.keep_checkpoints; or a run directory on a larger disk), then resume"
+                ) from exc
             if aside is not None:
                 log.warning("checkpoints/latest was a directory, not a link: moved to %s", aside)
         finally:
