@@ -12,9 +12,9 @@ Without ``AF_CHAOS_MARKS`` nothing is patched. With it (a directory):
   manifest, so a test can kill a process while a checkpoint is being written;
 - the trainer's last checkpoint (complete, ``DONE`` written) writes ``MARKS/finished``
   and waits ``AF_CHAOS_HOLD_S`` before it tells the collector ``RunFinished``, so a
-  test can kill a process while the run winds down, its work all done;
-- while the file ``AF_CHAOS_ENOSPC`` exists, the checkpoint's manifest write raises
-  ``OSError(ENOSPC)``: a disk that is full during a checkpoint.
+  test can kill a process while the run winds down, its work all done.
+
+(A full disk is a real one: test_chaos_disk_full.py fills a tmpfs run directory.)
 """
 
 import importlib.util
@@ -32,13 +32,11 @@ if _SPEC is not None and _SPEC.origin and not _SPEC.origin.startswith(_CHECKOUT 
 MARKS = os.environ.get("AF_CHAOS_MARKS", "") if _SPEC is not None else ""
 
 if MARKS:
-    import errno
     import itertools
     import time
     from pathlib import Path
 
     HOLD_S = float(os.environ.get("AF_CHAOS_HOLD_S", "0.5"))
-    ENOSPC_FLAG = os.environ.get("AF_CHAOS_ENOSPC", "")
     _syncs = itertools.count()
 
     def _mark(name: str) -> None:
@@ -63,8 +61,6 @@ if MARKS:
     _write_manifest = _checkpointer.write_manifest
 
     def write_manifest(path):
-        if ENOSPC_FLAG and Path(ENOSPC_FLAG).exists():
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(Path(path) / "MANIFEST.json"))
         _mark(f"checkpoint.{Path(path).name}")
         time.sleep(HOLD_S)
         return _write_manifest(path)
