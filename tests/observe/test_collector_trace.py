@@ -165,3 +165,19 @@ def test_roles_sort_in_pipeline_order_with_ranks_and_infrastructure_last():
     ordered = sorted(names, key=_order)
     assert ordered[:5] == ["loader", "rollout.2", "rollout.10", "trainer", "trainer.1"]
     assert set(ordered[5:]) == {"dist.trainer", "tq.manager", "weights"}
+
+
+@pytest.mark.timeout(30)
+def test_a_live_trace_write_that_fails_is_said_once_and_the_collector_goes_on(tmp_path, capsys):
+    """A full disk (here: trace.json unwritable) must not end the collector: the periodic
+    write says so once and is tried again at its next turn."""
+    c = _collector(tmp_path)
+    scheduled: list = []
+    c.call_later = lambda delay, fn: scheduled.append(fn)  # type: ignore[method-assign]
+    c.handle(_step(0, 0), None)  # a trace event to write
+    c.trace_path.unlink(missing_ok=True)
+    c.trace_path.mkdir()  # every write of trace.json fails
+    c._write_live()
+    c._write_live()
+    assert len(scheduled) == 2  # the next write is still scheduled each time
+    assert capsys.readouterr().err.count("could not write") == 1

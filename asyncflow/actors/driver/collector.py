@@ -47,6 +47,7 @@ from asyncflow.actors.runtime import messages
 from asyncflow.config import names
 from asyncflow.core import protocol
 from asyncflow.core.actor import Actor
+from asyncflow.core.disk_space import no_space_left
 
 TRACE_CHUNK_EVENTS = 20_000
 """Events the collector holds before it appends them to trace.json (also appended every
@@ -98,6 +99,7 @@ class CollectorActor(Actor):
         self.trace_path = Path(run_dir) / "trace.json"
         keep_earlier_launch(self.trace_path)
         self.trace_every_s = trace_every_s
+        self._trace_failed = False  # the last periodic write failed (said once, until one succeeds)
         self.on_trace_written = on_trace_written
         self._traced = 0  # events written to trace.json so far
         self.trace_chunk_events = trace_chunk_events
@@ -127,11 +129,19 @@ class CollectorActor(Actor):
             self.call_later(self.trace_every_s, self._write_live)
 
     def _write_live(self) -> None:
-        if self.trace_events:  # nothing new: leave the file as it is
-            written = self.write_trace(str(self.trace_path))
-            if self.on_trace_written is not None:
-                self.on_trace_written(written)
-        self.call_later(self.trace_every_s, self._write_live)
+        try:
+            if self.trace_events:  # nothing new: leave the file as it is
+                written = self.write_trace(str(self.trace_path))
+                self._trace_failed = False
+                if self.on_trace_written is not None:
+                    self.on_trace_written(written)
+        except OSError as exc:  # a full disk, say: the run goes on; its trace is written when it can be
+            if not self._trace_failed:
+                why = no_space_left(exc, self.trace_path) or f"{type(exc).__name__}: {exc}"
+                click.echo(f"!! could not write {self.trace_path} ({why}); it is tried again as the run goes on", err=True)
+            self._trace_failed = True
+        finally:
+            self.call_later(self.trace_every_s, self._write_live)
 
     def handle(self, msg, pending):
         match msg:
