@@ -12,6 +12,7 @@ from asyncflow.actors.trainer.checkpointer import Checkpointer
 from asyncflow.actors.trainer.checkpoints import LATEST, checkpoint_dir, latest_good_checkpoint
 from asyncflow.config.load import load_config_text
 from asyncflow.config.names import TASK_TRAIN
+from asyncflow.core.disk_space import DiskFull
 from asyncflow.core.directory import DirectoryClient, start_directory
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.launch import spawn_queue
@@ -75,8 +76,8 @@ def test_a_save_that_fails_leaves_the_last_good_checkpoint_linked(checkpointer):
     saver, _ = checkpointer
     good = saver.save(2)
     saver.policy.fail = True
-    with pytest.raises(OSError):
-        saver.save(4)
+    with pytest.raises(DiskFull, match=r"no space left on device: .*step_000004\.tmp .*the checkpoint after step 4"):
+        saver.save(4)  # ENOSPC: named as a full disk, with the path and the fix
     assert not checkpoint_dir(saver.run.dir, 4).exists()  # only its .tmp: never taken for complete
     assert latest_good_checkpoint(saver.run.dir) == (good, [])
     assert (saver.run.dir / "checkpoints" / LATEST).resolve() == (good / "model").resolve()
