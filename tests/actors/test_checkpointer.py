@@ -12,8 +12,8 @@ from asyncflow.actors.trainer.checkpointer import Checkpointer
 from asyncflow.actors.trainer.checkpoints import LATEST, checkpoint_dir, latest_good_checkpoint
 from asyncflow.config.load import load_config_text
 from asyncflow.config.names import TASK_TRAIN
-from asyncflow.core.disk_space import DiskFull
 from asyncflow.core.directory import DirectoryClient, start_directory
+from asyncflow.core.disk_space import DiskFull
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.launch import spawn_queue
 from asyncflow.core.transport import TransportConfig
