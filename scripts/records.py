@@ -146,7 +146,9 @@ RECORDS = [
     _r("real_model_here", "log", f"{ONE_ASYNC} --out {{work}}/{{name}}", seeds=(0,), when_named=True),
     _r("real_train", "real-model", f"{AF} bench train --model models/smollm2-135m --num-rows 16 --seq-len 64 "
        "--micro-batch-size 8 --steps 2 --autocast --json", when_named=True,
-       keys=("tokens_per_s", "autocast_tokens_per_s", "ratio_autocast_to_float32", "fsdp2_tokens_per_s")),
+       keys=("tokens_per_s", "autocast_tokens_per_s", "ratio_autocast_to_float32", "fsdp2_tokens_per_s",
+             "one_process_threads", "train_tflops", "float32_peak_tflops", "of_float32_peak", "autocast_tflops",
+             "bfloat16_peak_tflops", "of_bfloat16_peak")),
     _r("real_share_prompts", "real-model", f"{AF} bench train --model models/smollm2-135m --share-prompts "
        "--num-rows 64 --group-size 8 --prompt-len 46 --seq-len 62 --micro-batch-size 16 --autocast --threads 2 "
        "--steps 3 --json", keys=("ratio_shared_to_whole", "max_loss_diff"), when_named=True),

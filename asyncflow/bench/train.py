@@ -6,7 +6,9 @@ against off (``train.engine.packing``) on a batch with long-tailed lengths; with
 ``--share-prompts``, one process with ``train.engine.share_prompts`` off against on,
 on groups of rows that share a prompt (``bench/_train_shared.py``); with
 ``--autocast``, one process in float32 against bfloat16 autocast
-(``train.engine.autocast``).
+(``train.engine.autocast``). Each one-process figure also says how close it comes to the
+machine's arithmetic peak (``bench/flops.py``): 6 x parameters x tokens per second against
+a square matmul of its dtype, timed on the spot with the same threads.
 
 Each configuration runs a warm-up step then ``--steps`` timed optimizer steps of a
 GRPO-shaped loss over the same global batch (FSDP: each rank takes half the rows).
@@ -32,6 +34,7 @@ import time
 
 import click
 
+from asyncflow.bench import flops
 from asyncflow.bench.shared_inputs import model_option
 
 
@@ -233,17 +236,28 @@ def train(
     tokens = int(batch.attention_mask.sum()) * steps
     figures = {}
     engine = build_train_engine(TrainEngineConfig(lr=1e-4, micro_batch_size=micro_batch_size), model_dir)
+    num_params = sum(p.numel() for p in engine.net.lm.parameters())  # tied weights once: the head's matmul
     seconds = _time_steps(engine, batch, steps)
     figures["one_process_tokens_per_s"] = tokens / seconds
-    click.echo(f"one process, {threads} thread(s): {tokens / seconds:.0f} tokens/s ({seconds / steps * 1000:.0f} ms/step)")
+    peak = {"float32": flops.matmul_peak("float32")}  # measured now, with the training's threads
+    figures["train_flops"], figures["of_float32_peak"] = flops.of_peak(num_params, tokens, seconds, peak["float32"])
+    click.echo(
+        f"one process, {threads} thread(s): {tokens / seconds:.0f} tokens/s ({seconds / steps * 1000:.0f} ms/step), "
+        f"{figures['train_flops'] / 1e12:.3f} TFLOP/s = {figures['of_float32_peak']:.0%} of a float32 matmul's "
+        f"{peak['float32'] / 1e12:.3f} (6 x {num_params / 1e6:.1f} M parameters x tokens)"
+    )
     if autocast:
         del engine
         mixed = TrainEngineConfig(lr=1e-4, micro_batch_size=micro_batch_size, autocast="bfloat16")
         seconds = _time_steps(build_train_engine(mixed, model_dir), batch, steps)
         figures["autocast_tokens_per_s"] = tokens / seconds
+        peak["bfloat16"] = flops.matmul_peak("bfloat16")
+        figures["autocast_flops"], figures["of_bfloat16_peak"] = flops.of_peak(num_params, tokens, seconds, peak["bfloat16"])
         click.echo(
             f"one process, bfloat16 autocast: {tokens / seconds:.0f} tokens/s ({seconds / steps * 1000:.0f} ms/step), "
-            f"{figures['autocast_tokens_per_s'] / figures['one_process_tokens_per_s']:.2f}x float32"
+            f"{figures['autocast_tokens_per_s'] / figures['one_process_tokens_per_s']:.2f}x float32; "
+            f"{figures['autocast_flops'] / 1e12:.3f} TFLOP/s = {figures['of_bfloat16_peak']:.0%} of a bfloat16 matmul's "
+            f"{peak['bfloat16'] / 1e12:.3f}"
         )
 
     out_path = os.path.join(tempfile.mkdtemp(prefix="bench_train_fsdp_"), "fsdp.json")
@@ -266,6 +280,10 @@ def train(
                 {
                     "tokens_per_s": round(figures["one_process_tokens_per_s"], 1),
                     "one_process_threads": threads,
+                    "num_params": num_params,
+                    "train_tflops": round(figures["train_flops"] / 1e12, 4),
+                    "float32_peak_tflops": round(peak["float32"] / 1e12, 4),
+                    "of_float32_peak": round(figures["of_float32_peak"], 4),
                     "fsdp2_tokens_per_s": round(figures["fsdp2_tokens_per_s"], 1),
                     "fsdp2_processes": world,
                     "ratio_fsdp2_to_one_process": round(ratio, 3),
@@ -276,6 +294,9 @@ def train(
                             "ratio_autocast_to_float32": round(
                                 figures["autocast_tokens_per_s"] / figures["one_process_tokens_per_s"], 3
                             ),
+                            "autocast_tflops": round(figures["autocast_flops"] / 1e12, 4),
+                            "bfloat16_peak_tflops": round(peak["bfloat16"] / 1e12, 4),
+                            "of_bfloat16_peak": round(figures["of_bfloat16_peak"], 4),
                         }
                         if autocast
                         else {}
