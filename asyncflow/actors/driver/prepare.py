@@ -41,7 +41,7 @@ def lr_change(saved: RunConfig, cfg: RunConfig, step: int) -> str:
     was, now = lr_at(eng, step * epochs, before * epochs), lr_at(eng, step * epochs, after * epochs)
     return (
         f"!! train.num_steps {before} -> {after}: the {eng.lr_schedule} learning-rate schedule is stretched over "
-        f"{after} steps, so at step {step} the lr is {now:.3g} (it was {was:.3g} there) and decays from there; "
+        f"{after} steps, so at step {step + 1} the lr is {now:.3g} (it was {was:.3g} there) and decays from there; "
         "for a schedule of its own, start a new run from this checkpoint's weights (model.path)"
     )
 

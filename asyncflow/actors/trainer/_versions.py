@@ -49,7 +49,7 @@ class VersionLedger:
             assert first is not None  # set at the first mismatch
             index, m, expected = first
             raise VersionMismatch(
-                f"step {step}: {mismatched} of {len(indices)} rows were not generated with the weights of the version "
+                f"step {step + 1}: {mismatched} of {len(indices)} rows were not generated with the weights of the version "
                 f"they are tagged with (row {index}: tagged v{m.version}, whose digest is {expected:x}, generated with "
                 f"{m.weights_digest:x}); a rollout replica mislabels its version or the published weights changed "
                 'after their digest was taken. workflow.verify_weights = "count" counts such rows instead'
@@ -75,7 +75,7 @@ def token_staleness(
         oldest, newest = int(min(tv)), int(max(tv))
         if oldest != m.version or step - oldest > k:
             raise VersionMismatch(
-                f"step {step}: row {index} is tagged v{m.version} but its tokens come from versions {oldest}..{newest}: "
+                f"step {step + 1}: row {index} is tagged v{m.version} but its tokens come from versions {oldest}..{newest}: "
                 f"its oldest token is {step - oldest} versions old (bound {k}); a partial rollout must tag a row "
                 "with its oldest token's version and admit it only within the staleness bound"
             )

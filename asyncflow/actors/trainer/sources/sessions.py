@@ -101,7 +101,7 @@ def stale_warning(step: int, cfg, discarded: int, total: int) -> str:
     ``num_sessions``, so a client that sent all its sessions at once waits forever."""
     k = cfg.staleness
     return (
-        f"step {step} discarded {discarded} gateway sessions older than version {step - k} ({total} so far): "
+        f"step {step + 1} discarded {discarded} gateway sessions older than version {step - k} ({total} so far): "
         f"a session trains only within workflow.staleness = {k} steps of the version it was sampled with, and a "
         "discarded one does not count toward [rollout.gateway] num_sessions. The run now waits for newer sessions: "
         "keep the agent sending, send sessions no faster than the run trains, or raise workflow.staleness"
