@@ -116,7 +116,6 @@ class Filtered(msgspec.Struct, kw_only=True, frozen=True):
     dropped: list[int]
     to_ack: list[int]
     figures: dict[str, float]
-    refill_rounds: int = 0
 
 
 class StepGather:
@@ -188,16 +187,7 @@ class StepGather:
             dropped=dropped,
             to_ack=[i for i in dropped if i not in released],
             figures=figures,
-            refill_rounds=self.num_refills,
         )
-
-
-def filter_groups(tq: TQClient, policy: PolicyUpdate, meta: protocol.BatchMeta, num_groups: int, num_ranks: int) -> Filtered:
-    """Keep up to ``num_groups`` informative groups of the step's rows ``meta`` (all of
-    the step's groups, whole), as a batch split into ``num_ranks`` parts (no refill)."""
-    gather = StepGather(meta.metas[0].step if meta.metas else -1, num_groups, num_ranks, max_rounds=0)
-    gather.add(tq, policy, meta)
-    return gather.finish()
 
 
 def merged(metas: list[protocol.BatchMeta]) -> protocol.BatchMeta:
