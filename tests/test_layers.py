@@ -63,13 +63,15 @@ ACTOR_PACKAGES: dict[str, tuple[str, ...]] = {
     "roles": ("runtime",),
     "weights": ("runtime",),
     "rollout": ("runtime", "weights"),
-    "trainer": ("runtime", "weights", "rollout"),
-    "driver": ("runtime", "roles", "weights", "rollout", "trainer"),
+    "evaluation": ("runtime", "weights", "rollout"),
+    "trainer": ("runtime", "weights", "rollout", "evaluation"),
+    "driver": ("runtime", "roles", "weights", "rollout", "evaluation", "trainer"),
 }
 """``asyncflow.actors`` by process: every module lives in one of these packages, and each
 imports, of the other packages, only those named here. ``runtime`` is the role runtime every
 worker shares (the loop, the wire messages, the run directory); ``roles`` the small column
-roles; ``trainer`` evaluates with the rollout's episode code; ``driver`` starts them all."""
+roles; ``evaluation`` runs the rollout's episode code on held-out prompts, in the trainer's
+process or its own; ``driver`` starts them all."""
 DRIVER_LAYER = ("asyncflow.actors.driver", "asyncflow.cli", "asyncflow.bench")
 """What runs only in the driver's process (or the CLI's): nothing below it imports it."""
 

@@ -17,7 +17,7 @@ then sync runs without it, its whole batch in one rollout call). A config with `
 (examples/smollm2.toml) also gets each system's greedy held-out accuracy after its last
 step: every system trains on the same training split, asyncflow's trainer evaluates its
 last version in the run (counted in its time), and TRL's saved final weights go through
-the same evaluation (``actors/_eval.evaluate_saved``) after its timing. ``--skip-sync`` runs
+the same evaluation (``actors/evaluation/evaluator.evaluate_saved``) after its timing. ``--skip-sync`` runs
 TRL and async only (more seeds of the accuracy comparison in less time; TRL's weights are
 then evaluated from the async run's directory). The weights the runs leave behind (the
 trainer's end-of-run checkpoint, with its optimizer state, and TRL's final model: 2 GB
@@ -276,7 +276,7 @@ def _one_round(
         if heldout:
             results[mode]["heldout_accuracy"] = summary["val_final_accuracy"]
     if heldout and "trl" in results:  # TRL's final weights, evaluated as asyncflow's trainer evaluates its own
-        from asyncflow.actors.trainer.eval import evaluate_saved
+        from asyncflow.actors.evaluation.evaluator import evaluate_saved
 
         # the evaluation reads the held-out prompts and the config from an asyncflow run directory
         evaluated = evaluate_saved(root / modes[0], results["trl"]["final_model"])

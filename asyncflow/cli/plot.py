@@ -85,11 +85,16 @@ def broken(xs: list[float], ys: list[float], starts: list[int]) -> tuple[list[fl
 
 def val_points(rows: list[dict], xs: list, name: str, x_start: float) -> list[tuple[float, float]]:
     """The held-out panel's points of ``name`` over ``xs`` (each row's x). ``val/accuracy``
-    starts at the start accuracy (``eval.at_start``: ``val/start_accuracy`` in step 0's
-    record), drawn at ``x_start``, where the axis has the model before the first step."""
-    points = [(x, r[name]) for x, r in zip(xs, rows) if name in r]
-    if name == "val/accuracy" and rows and "val/start_accuracy" in rows[0]:
-        points.insert(0, (x_start, rows[0]["val/start_accuracy"]))
+    starts at the start accuracy (``eval.at_start``: ``val/start_accuracy`` in an early
+    step's record), drawn at ``x_start``, where the axis has the model before the first step."""
+    from asyncflow.actors.driver.summary import evaluated_step
+
+    x_of = {int(r["step"]): x for x, r in zip(xs, rows)}
+    # at the x of the step that published the version evaluated (its figures may reach a later record: eval.where)
+    points = [(x_of.get(evaluated_step(r) - 1, x), r[name]) for x, r in zip(xs, rows) if name in r]
+    start = next((r["val/start_accuracy"] for r in rows if "val/start_accuracy" in r), None)
+    if name == "val/accuracy" and start is not None:
+        points.insert(0, (x_start, start))
     return points
 
 
@@ -128,7 +133,7 @@ def plot(run_dirs: tuple[Path, ...], png: Path, span: int) -> None:
 
     Lines break where the wall time jumps (a checkpoint or an evaluation paused the
     run); a resumed run's launches follow each other on the time axis."""
-    from asyncflow.actors.driver.summary import console_step
+    from asyncflow.actors.driver.summary import evaluated_step
     from asyncflow.cli.runs import read_metrics, run_label
 
     runs = []
@@ -147,7 +152,7 @@ def plot(run_dirs: tuple[Path, ...], png: Path, span: int) -> None:
         if evals:
             top = max(evals, key=lambda r: r["val/accuracy"])
             click.echo(
-                f"{label}: held-out accuracy best {top['val/accuracy']:.3f} after step {console_step(top)}, "
+                f"{label}: held-out accuracy best {top['val/accuracy']:.3f} after step {evaluated_step(top)}, "
                 f"last {evals[-1]['val/accuracy']:.3f}"
             )
     click.echo(f"wrote {png}")

@@ -19,12 +19,13 @@ REFERENCE = "reference"  # reference.0, ...
 REWARD_MODEL = "reward_model"  # reward_model.0, ... ([reward_model])
 TRAINER = "trainer"  # rank 0; ranks 1.. are trainer.1, ...
 TRAINER_RANK = "trainer_rank"  # the role of ranks 1.. (named trainer.<r>)
+EVALUATOR = "evaluator"  # held-out evaluation in a process of its own ([eval] where)
 WEIGHTS = "weights"  # the weight sync, in the trainer's process
 COLLECTOR = "collector"  # in the driver
 PLANNER = "planner"  # in the driver, with [planner] online = true
 ROSTER = "roster"  # in the driver: the rollout replicas now, from the Supervisor
 
-DISPLAY_ORDER = (LOADER, ROLLOUT, REWARD, REFERENCE, TRAINER)
+DISPLAY_ORDER = (LOADER, ROLLOUT, REWARD, REFERENCE, TRAINER, EVALUATOR)
 """The order tables and plots list roles in (``afctl`` views of a run; any other after them)."""
 
 # -- queue tasks (a controller each: tq.controller.<task>) -------------------------------------

@@ -98,6 +98,15 @@ class RunConfig(Section):
         return 0 if self.workflow.mode == "sync" else self.workflow.staleness
 
     @property
+    def eval_in_process(self) -> bool:
+        """Evaluations run in the ``evaluator`` role's process (``eval.where``), not the trainer's."""
+        if not self.eval.every_steps:
+            return False
+        if self.eval.where == "auto":
+            return self.workflow.mode == "async" and self.workflow.weight_transport == "nng"
+        return self.eval.where == "process"
+
+    @property
     def data_from_gateway(self) -> bool:
         """The run trains on the gateway's rewarded sessions (``[rollout.gateway] train``):
         no prompt loader, no reward role, no rollout task."""
@@ -150,7 +159,7 @@ class RunConfig(Section):
         rules.check_something_scores(self.reward, self.env, self.rollout, self.roles)
         rules.check_tiny_reward_model(self.reward_model, self.model)
         rules.check_critic_fsdp(self.critic, self.train, self.algorithm)
-        rules.check_eval(self.eval, self.train, self.rollout)
+        rules.check_eval(self.eval, self.train, self.rollout, self.workflow)
         rules.check_queue_capacity(self.queue, self.train, self.algorithm)
         rules.check_pinned_cores(self.cluster, self.train, self.workflow)
         rules.check_packing(self.cluster, self.rollout, self.planner)

@@ -84,11 +84,13 @@ class TrainConfig(Section):
 
 class EvalConfig(Section):
     """Evaluation of the policy on held-out prompts during the run (docs/metrics.md,
-    ``val/*``). The trainer evaluates in its own process, with a private rollout engine
-    on its device holding the weights it has just published (native, or hf for a model
-    the native engine does not implement or with ``rollout.engine.type = "hf"``; never
-    vLLM; its KV cache: ``rollout.engine.kv_cache_bytes``, or 64 MiB);
-    only trainer rank 0 evaluates, the other ranks wait for it. With ``[env] path`` each
+    ``val/*``), with a private rollout engine holding the weights just published (native,
+    or hf for a model the native engine does not implement or with ``rollout.engine.type =
+    "hf"``; never vLLM; its KV cache: ``rollout.engine.kv_cache_bytes``, or 64 MiB). Where
+    it runs is ``where``: in the trainer's process (the trainer waits for it), or in a
+    process of its own, the ``evaluator`` role, while the trainer goes on (the figures reach
+    metrics.jsonl a step or more later; ``val/version`` says which version they are of).
+    Only trainer rank 0 evaluates or asks for evaluations; the other ranks wait for it. With ``[env] path`` each
     response is a multi-turn episode through the environment, as in training
     (docs/environments.md, "Held-out evaluation"), and ``val/env/*`` are reported too."""
 
@@ -146,6 +148,18 @@ class EvalConfig(Section):
             "line says start -> last. Needs ``every_steps`` > 0 and one trainer rank."
         ),
     ] = False
+
+    where: Annotated[
+        Literal["auto", "trainer", "process"],
+        Meta(
+            description="Where evaluations run. ``trainer``: in the trainer's process, which waits for each (the "
+            "figures go into the record of the step just trained). ``process``: in the ``evaluator`` role, a process of "
+            'its own that fetches each version from the ``weights`` actor (``workflow.weight_transport = "nng"``) '
+            "while the trainer goes on; its threads are ``cluster.threads_per_process``, and for the run's last "
+            "evaluation, which the trainer waits for, the trainer's. ``auto``: ``process`` in async mode with the nng "
+            "transport, else ``trainer``."
+        ),
+    ] = "auto"
 
     def check(self, run: object) -> None:
         if self.at_start and not self.every_steps:

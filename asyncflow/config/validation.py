@@ -173,7 +173,13 @@ def check_critic_fsdp(critic: CriticConfig, train: TrainConfig, algorithm: Algor
         raise Refused("critic.engine.fsdp", f"the PPO critic trains on the same {ranks} ranks: set [critic.engine] fsdp = true")
 
 
-def check_eval(eval: EvalConfig, train: TrainConfig, rollout: RolloutConfig) -> None:
+def check_eval(eval: EvalConfig, train: TrainConfig, rollout: RolloutConfig, workflow: WorkflowConfig) -> None:
+    if eval.where == "process" and workflow.weight_transport != "nng":
+        raise Refused(
+            "eval.where",
+            f"the evaluator fetches each version over nng; with workflow.weight_transport = {workflow.weight_transport!r} "
+            "use where = 'trainer' (or 'auto')",
+        )
     if eval.at_start and train.num_ranks > 1:
         raise Refused("eval.at_start", "needs the whole starting weights in one process: not with train.num_ranks > 1")
     if eval.every_steps and eval.mode == "pass_at_k" and rollout.sampling.temperature == 0:

@@ -95,8 +95,12 @@ def test_with_the_prompt_length_the_estimate_adds_activations_logits_runtime_and
     longer = working_bytes(load_config_text("[train.engine]\nmicro_batch_size = 4"), model, prompt_tokens=80.0)
     assert PROCESS_BYTES < small["trainer"] < big["trainer"] and small["trainer"] < longer["trainer"]
     assert small["rollout.0"] == PROCESS_BYTES
-    with_eval = working_bytes(load_config_text("[train.engine]\nmicro_batch_size = 4\n[eval]\nevery_steps = 5"), model, 40.0)
+    in_trainer = "[train.engine]\nmicro_batch_size = 4\n[eval]\nevery_steps = 5\nwhere = 'trainer'"
+    with_eval = working_bytes(load_config_text(in_trainer), model, 40.0)
     assert with_eval["trainer"] > small["trainer"]  # the evaluation engine's weights and KV cache
+    # in a process of its own (async mode's default), the trainer holds no evaluation engine: the evaluator does
+    own = working_bytes(load_config_text("[train.engine]\nmicro_batch_size = 4\n[eval]\nevery_steps = 5"), model, 40.0)
+    assert own["trainer"] == small["trainer"] and own["evaluator"] == PROCESS_BYTES
     cfg = load_config_text("")
     assert check(cfg, model, prompt_tokens=40.0).startswith("memory: about")
     assert check(cfg, model).startswith("memory: at least")

@@ -47,9 +47,10 @@ def test_by_default_two_rows_of_every_step_are_written_so_a_short_run_shows_the_
 
 
 def test_an_evaluations_completions_go_to_eval_samples_jsonl_one_row_each_with_its_answer(tmp_path):
-    log = SampleLog(tmp_path, lambda: pytest.fail("an evaluation's rows are text already: no tokenizer"), every=0, count=2)
-    log.write_eval(0, 0, ["1+1=", "2+2="], ["2", "5"], [1.0, 0.0], ["2", "4"])  # eval.at_start
-    log.write_eval(3, 4, ["1+1="], ["2"], [1.0], ["2"], finish=["length"])
+    from asyncflow.actors.evaluation.evaluator import append_eval_samples
+
+    append_eval_samples(tmp_path, 0, 0, ["1+1=", "2+2="], ["2", "5"], [1.0, 0.0], ["2", "4"])  # eval.at_start
+    append_eval_samples(tmp_path, 3, 4, ["1+1="], ["2"], [1.0], ["2"], finish=["length"])
     rows = [json.loads(line) for line in (tmp_path / "eval_samples.jsonl").read_text().splitlines()]
     assert rows == [
         {"step": 0, "version": 0, "prompt": "1+1=", "response": "2", "reward": 1.0, "answer": "2", "finish": None},
@@ -58,4 +59,4 @@ def test_an_evaluations_completions_go_to_eval_samples_jsonl_one_row_each_with_i
     ]
     assert not (tmp_path / "samples.jsonl").exists()  # the training samples stay a file of their own
     with pytest.raises(ValueError, match="one prompt, completion, reward and answer per row"):
-        log.write_eval(4, 5, ["1+1="], ["2", "3"], [1.0], ["2"])
+        append_eval_samples(tmp_path, 4, 5, ["1+1="], ["2", "3"], [1.0], ["2"])

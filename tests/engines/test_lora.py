@@ -158,7 +158,7 @@ def test_lora_off_keeps_the_full_weight_export_and_every_weight_training(qwen2_d
 
 
 def test_the_best_checkpoint_of_a_lora_run_holds_base_and_adapter_and_loads_as_the_policy(qwen2_dir, tmp_path):
-    from asyncflow.actors.trainer.eval import save_best
+    from asyncflow.actors.evaluation.evaluator import save_best
 
     engine = trained(qwen2_dir)
     snapshot = list(engine.export_weights())

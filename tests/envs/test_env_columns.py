@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from asyncflow.actors.runtime.batching import token_batch
-from asyncflow.actors.runtime.scoring import with_env_rewards
-from asyncflow.actors.trainer.policy import env_sums
+from asyncflow.actors.runtime.scoring import env_sums, with_env_rewards
 
 
 def test_the_response_mask_is_the_loss_mask_on_response_tokens():

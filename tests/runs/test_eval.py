@@ -14,9 +14,9 @@ import pytest
 from wf_helpers import afctl, read_jsonl, write_config
 
 from asyncflow.actors.driver.collector import progress_line
+from asyncflow.actors.evaluation.evaluator import Evaluator, read_best, save_best
 from asyncflow.actors.runtime.run_dir import PromptOrder, Run, read_prompts, split_prompts
 from asyncflow.actors.trainer.checkpoints import latest_checkpoint
-from asyncflow.actors.trainer.eval import Evaluator, read_best, save_best
 from asyncflow.config.load import ConfigError, load_config
 from asyncflow.engines.base import Completion
 from asyncflow.engines.config import TrainEngineConfig
@@ -185,7 +185,7 @@ def test_a_run_evaluates_every_n_steps_keeps_the_best_weights_and_never_trains_a
         tmp_path,
         num_steps=3,
         changes={
-            "eval": {"every_steps": 2, "num_prompts": 8, "at_start": True},
+            "eval": {"every_steps": 2, "num_prompts": 8, "at_start": True, "where": "trainer"},
             "train.engine": schedule,
             "data": {"num_prompts": 24},
         },
@@ -198,8 +198,8 @@ def test_a_run_evaluates_every_n_steps_keeps_the_best_weights_and_never_trains_a
     assert [int(m["step"]) for m in metrics if "val/accuracy" in m] == [1, 2]
     assert out.count("val acc") == 2 and "held-out accuracy: start" in out
     # eval.at_start: the starting weights' figures in the first step's record, equal to an evaluation of the base
-    # model directory the same way (actors/_eval.evaluate_saved, what bench peer applies to TRL's weights)
-    from asyncflow.actors.trainer.eval import evaluate_saved
+    # model directory the same way (actors/evaluation/evaluator.evaluate_saved, what bench peer applies to TRL's weights)
+    from asyncflow.actors.evaluation.evaluator import evaluate_saved
 
     start = metrics[0]["val/start_accuracy"]
     assert all("val/start_accuracy" not in m for m in metrics[1:])
@@ -232,6 +232,52 @@ def test_a_run_evaluates_every_n_steps_keeps_the_best_weights_and_never_trains_a
         for g in line["groups"]
     }
     assert len(trained) >= 3 and not trained & {rows[i]["prompt"] for i in heldout}
+
+
+@pytest.mark.timeout(150)
+def test_in_async_mode_an_evaluator_process_evaluates_while_the_trainer_goes_on(tmp_path):
+    """eval.where = "auto" in async mode: the evaluator role evaluates each version it is
+    asked for, fetched from the weights actor; the trainer never evaluates, and each
+    record's val/version says which version its figures are of."""
+    run_dir = tmp_path / "run"
+    config = write_config(
+        tmp_path,
+        num_steps=3,
+        changes={"eval": {"every_steps": 2, "num_prompts": 8, "at_start": True}, "data": {"num_prompts": 24}},
+    )
+    assert load_config(config).eval_in_process  # the tiny example is async
+    proc = afctl("up", str(config), "--run-dir", str(run_dir))
+    out, _ = proc.communicate(timeout=140)
+    assert proc.returncode == 0, out
+    assert "evaluator" in out  # started as a process of its own
+    evals = read_jsonl(run_dir / "eval.jsonl")
+    versions = [int(e["version"]) for e in evals]
+    # the start weights and the last version; version 2 too unless it was no longer staged when the evaluator
+    # got to it (it evaluates the newest then, and skips a request for a version it has evaluated already)
+    assert versions in ([0, 2, 3], [0, 3]), versions
+    by_version = {int(e["version"]): e for e in evals}
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    # the last record waits for the last evaluation; an earlier one reaches the first record after it is done
+    assert metrics[-1]["val/version"] == 3 and metrics[-1]["val/accuracy"] == by_version[3]["val/accuracy"]
+    assert all(by_version[int(m["val/version"])]["val/accuracy"] == m["val/accuracy"] for m in metrics if "val/accuracy" in m)
+    starts = [m["val/start_accuracy"] for m in metrics if "val/start_accuracy" in m]
+    assert starts == [by_version[0]["val/accuracy"]]
+    # the start weights are the model directory's, evaluated as the trainer would
+    from asyncflow.actors.evaluation.evaluator import evaluate_saved
+
+    assert evaluate_saved(run_dir, run_dir / "model")["val/accuracy"] == starts[0]
+    written = read_jsonl(run_dir / "eval_samples.jsonl")
+    assert sorted({(r["step"], r["version"]) for r in written}) == [(v - 1 if v else 0, v) for v in versions]
+    best = read_best(run_dir)
+    assert best["value"] == max(by_version[v]["val/accuracy"] for v in versions if v)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["val_final_accuracy"] == by_version[3]["val/accuracy"] and summary["val_start_accuracy"] == starts[0]
+    # the trainer's time has no evaluation in it: the evaluator's has all of it
+    spans = read_jsonl(run_dir / "trace" / "spans.jsonl") if (run_dir / "trace" / "spans.jsonl").exists() else None
+    busy = summary["busy_fraction"]
+    assert "evaluator" in busy, busy
+    if spans is not None:
+        assert not [s for s in spans if s.get("role") == "trainer" and s.get("name") == "eval"]
 
 
 @pytest.mark.timeout(30)
@@ -356,7 +402,7 @@ def test_a_run_with_an_environment_evaluates_multi_turn_episodes_into_metrics(tm
         changes={
             "env": {"path": "wf_envs:TwoTurnEnv", "max_turns": 3, "reward": "replace"},
             "reward": {"functions": []},
-            "eval": {"every_steps": 1, "num_prompts": 4},
+            "eval": {"every_steps": 1, "num_prompts": 4, "where": "trainer"},  # each step's record has its own figures
         },
         extra=f'\n[cluster]\npython_path = ["{here}"]\n',
     )

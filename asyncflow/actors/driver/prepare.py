@@ -236,8 +236,8 @@ def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConf
     )
     (rd / "launch.json").write_bytes(msgspec.json.format(msgspec.json.encode(launch)))
     # steps after the checkpoint will be trained again: drop their records so each step appears once
-    # (the sample logs of actors/trainer/_samples.py too: the steps write their samples again)
-    for name in ("metrics.jsonl", "trained.jsonl", "samples.jsonl", "eval_samples.jsonl"):
+    # (the sample logs of actors/trainer/_samples.py and the evaluations' records too: the steps write them again)
+    for name in ("metrics.jsonl", "trained.jsonl", "samples.jsonl", "eval_samples.jsonl", "eval.jsonl"):
         path = rd / name
         if path.exists():
             kept = [line for line in complete_lines(path) if json.loads(line)["step"] < step]

@@ -28,6 +28,13 @@ def console_step(row: dict) -> int:
     return int(row["step"]) + 1
 
 
+def evaluated_step(row: dict) -> int:
+    """The step after which the policy of a record's ``val/*`` was published, as the
+    progress line numbers it: its ``val/version`` (an evaluation in the evaluator's process
+    reaches a later step's record, ``eval.where``); the record's own step without one."""
+    return int(row["val/version"]) if "val/version" in row else console_step(row)
+
+
 def launches(rows: list[dict]) -> list[list[dict]]:
     """The rows split by launch, in order (one list for a run never resumed)."""
     out: list[list[dict]] = []
@@ -145,13 +152,13 @@ def val_summary(rd: Path, rows: list[dict]) -> dict:
     """The evaluations' figures: the best (that of checkpoints/best when saved) and the last.
     ``val_best_step`` is numbered as the progress line numbers steps (1-based); best.json
     and metrics.jsonl hold the 0-based index."""
-    from asyncflow.actors.trainer.eval import read_best
+    from asyncflow.actors.evaluation.evaluator import read_best
 
     evals = [r for r in rows if "val/accuracy" in r]
     best = read_best(rd)
     if best is None and evals:
         top = max(evals, key=lambda r: r["val/accuracy"])  # the first of equals, as the trainer keeps it
-        best = {"value": top["val/accuracy"], "step": top["step"]}
+        best = {"value": top["val/accuracy"], "step": evaluated_step(top) - 1}
     start = next((r["val/start_accuracy"] for r in rows if "val/start_accuracy" in r), None)
     return {
         "val_start_accuracy": start,

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from asyncflow.actors import rollout
+from asyncflow.actors.evaluation import actor as evaluator
 from asyncflow.actors.roles import prompt_loader, reference, reward, reward_model
 from asyncflow.actors.runtime.spec import Devices, Layout, RoleSpec, one, task_of
 from asyncflow.actors.runtime.user_imports import importable
@@ -44,6 +45,7 @@ BUILT_IN: list[RoleSpec] = [
     reward.ROLE,
     reference.ROLE,
     reward_model.ROLE,
+    evaluator.ROLE,
     trainer.ROLE,
     trainer_rank.ROLE,
 ]

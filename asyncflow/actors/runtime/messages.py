@@ -309,7 +309,38 @@ class RefillGroups(Request["Ok"]):
     round: int
 
 
+# -- evaluation in a process of its own: trainer <-> evaluator (actors/evaluation/) -------
+
+
+class Evaluate(Request["Ok"]):
+    """Tell (trainer -> evaluator): evaluate the policy version ``version`` (0 with
+    ``start``: the weights the run starts from, which the evaluator's engine is built
+    with), or the newest staged after it; its figures belong to metrics record ``step``.
+    ``last``: the run's last evaluation, which the trainer waits for (the evaluator takes
+    the trainer's threads for it: training is over)."""
+
+    step: int
+    version: int
+    start: bool = False
+    last: bool = False
+
+
+class Evaluated(Request["Ok"]):
+    """Tell (evaluator -> trainer): the figures (``val/*``) of one ``Evaluate``: of
+    ``version``, the version it evaluated (the one asked for, or newer when the weights
+    actor had moved on), for metrics record ``step``; ``error``: why there are none. No
+    values and no error: skipped, a newer version had been evaluated already."""
+
+    step: int
+    version: int
+    start: bool = False
+    values: dict[str, float] = {}
+    error: str = ""
+
+
 LoopIn = Union[StartWork, Pause, Resume, GetRoleStats, WeightsReady, SetThreads, Ping, Stop]
+TrainerIn = Union[StartWork, Pause, Resume, GetRoleStats, SetThreads, Evaluated, Ping, Stop]
+EvaluatorIn = Union[StartWork, Pause, Resume, GetRoleStats, SetThreads, Evaluate, Ping, Stop]
 LoaderIn = Union[StartWork, Pause, Resume, GetRoleStats, SetThreads, RefillGroups, Ping, Stop]
 TrainerRankIn = Union[StartWork, GetRoleStats, TrainPart, SaveRankCheckpoint, Ping, Stop]
 WeightSyncIn = Union[

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from asyncflow.core.phases import phase
 
 log = logging.getLogger(__name__)
@@ -106,3 +108,16 @@ class Scorer:
         if self.env_reward:
             rewards = with_env_rewards(rewards, list(columns["env_reward"]), list(columns["env_error"]))
         return rewards
+
+
+def env_sums(columns: dict[str, list]) -> list[float]:
+    """This rank's sums of the environment figures: rows with a tool call, tool
+    calls, rows whose environment failed, env reward, model (loss) tokens."""
+    calls = [int(c[0]) for c in columns["env_tool_calls"]]
+    return [
+        float(sum(c > 0 for c in calls)),
+        float(sum(calls)),
+        float(sum(int(e[0]) for e in columns["env_error"])),
+        float(sum(float(r[0]) for r in columns["env_reward"])),
+        float(sum(int(np.asarray(m).sum()) for m in columns["loss_mask"])),
+    ]

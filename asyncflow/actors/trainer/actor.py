@@ -23,7 +23,7 @@ only admits prompts with s <= v + k), so every trained sample has s - v <= k; th
 trainer records the max in ``staleness_max``. The policy ratio is clipped against
 the behaviour policy that generated each sample (``algorithm.clip_against``).
 
-Takes: LoopActor messages. Sends: StepMetrics, RunFinished (collector); RefillGroups (loader);
+Takes: LoopActor messages, Evaluated (urgent). Sends: StepMetrics, RunFinished (collector); Evaluate (evaluator); RefillGroups (loader);
 Pause, Resume (roles); Publish (in-process), GetReplicas (the driver's roster); TrainPart,
 SaveRankCheckpoint (the other trainer ranks, a ``RankGroup``); TQ reads, acks, save.
 """
@@ -50,6 +50,7 @@ from asyncflow.actors.trainer.step_end import StepEnd
 from asyncflow.actors.weights.actor import WeightSyncActor
 from asyncflow.config import names
 from asyncflow.config.names import COLLECTOR
+from asyncflow.core import protocol
 from asyncflow.core.tq.client import TQClient
 from asyncflow.core.tq.notify import Notifier
 from asyncflow.engines.precision import resolve_autocast
@@ -62,6 +63,8 @@ log = logging.getLogger(__name__)
 
 
 class TrainerActor(LoopActor):
+    Inbox = messages.TrainerIn
+    Urgent = LoopActor.Urgent + (messages.Evaluated,)  # an evaluator's figures are kept at once, even mid-step
     acks: DeferredAcks  # not None: set in __init__ (this role acks with its next request)
 
     def __init__(self, ctx, run_dir: str, other_roles: list[str], rollout_replicas: list[str], ranks: Sequence[str] = ()):
@@ -80,7 +83,15 @@ class TrainerActor(LoopActor):
         # each step's metrics go out from a sender thread: the step never waits on the driver's receipt
         self._reports = Notifier(f"{ctx.name}-metrics", resolve=lambda _name: collector, transport=ctx.transport)
         self.end = StepEnd(
-            self.run, self.policy, self.acks, self._weights_actor(), self._reports, self.activity, self.ranks.num_ranks, self.step
+            self.run,
+            self.policy,
+            self.acks,
+            self._weights_actor(),
+            self._reports,
+            self.activity,
+            self.ranks.num_ranks,
+            self.step,
+            tell=lambda name, msg: ctx.ref(name).tell(msg),
         )
         source = source_for(cfg)  # the step's shape (sources/): the driver refused a config it cannot serve
         self.source = source(
@@ -117,6 +128,12 @@ class TrainerActor(LoopActor):
     @property
     def version(self) -> int:
         return self.step
+
+    def handle_urgent(self, msg):
+        if isinstance(msg, messages.Evaluated):  # on the listener thread: the step's report picks it up
+            self.end.evaluated(msg)
+            return protocol.Ok()
+        return super().handle_urgent(msg)
 
     def on_stop(self) -> None:
         self.source.close()
@@ -170,9 +187,9 @@ class TrainerActor(LoopActor):
 def trainer_working_bytes(cfg, facts: memory.MemoryFacts) -> float:
     """Rank 0's step (``memory.training_step_bytes``), the version before still staged
     (the weights actor keeps the two newest in either mode: weights/nng.NUM_KEPT) and
-    the evaluation engine's weights and KV cache (``[eval]``)."""
+    the evaluation engine's weights and KV cache (``[eval]``, when it evaluates in this process)."""
     out = memory.training_step_bytes(cfg, facts) + memory.synced_params(cfg, facts.shape) * 4
-    if cfg.eval.every_steps:
+    if cfg.eval.every_steps and not cfg.eval_in_process:
         kv = cfg.rollout.engine.kv_cache_bytes or memory.DEFAULT_KV_BYTES
         out += facts.shape.num_params * memory.DTYPE_BYTES[cfg.rollout.engine.dtype] + kv
     return out
@@ -211,7 +228,8 @@ ROLE = roles.RoleSpec(
     ),
     train_group=True,
     kwargs=lambda layout, name: {
-        "other_roles": layout.workers_outside_training(),
+        # paused at checkpoints; not the evaluator: it holds no rows, and a checkpoint need not wait for an evaluation
+        "other_roles": [n for n in layout.workers_outside_training() if n != names.EVALUATOR],
         "rollout_replicas": layout.of(names.ROLLOUT),
         "ranks": layout.of(names.TRAINER_RANK),
     },

@@ -28,6 +28,7 @@ import torch
 
 from asyncflow.actors.runtime.batching import token_batch
 from asyncflow.actors.runtime.run_dir import Run
+from asyncflow.actors.runtime.scoring import env_sums
 from asyncflow.algorithms import registry
 from asyncflow.algorithms.decoupled import STALENESS
 from asyncflow.algorithms.off_policy import ratio_quantiles
@@ -391,19 +392,6 @@ class PolicyUpdate:
             (path / KL_CTRL_FILE).write_text(json.dumps({"kl_coef": self.kl_ctrl.value}))
         if self.critic is not None:
             self.critic.save_checkpoint(str(path / "critic"), with_optimizer=True)
-
-
-def env_sums(columns: dict[str, list]) -> list[float]:
-    """This rank's sums of the environment figures: rows with a tool call, tool
-    calls, rows whose environment failed, env reward, model (loss) tokens."""
-    calls = [int(c[0]) for c in columns["env_tool_calls"]]
-    return [
-        float(sum(c > 0 for c in calls)),
-        float(sum(calls)),
-        float(sum(int(e[0]) for e in columns["env_error"])),
-        float(sum(float(r[0]) for r in columns["env_reward"])),
-        float(sum(int(np.asarray(m).sum()) for m in columns["loss_mask"])),
-    ]
 
 
 def staleness(tb: TokenBatch, columns: dict[str, list], versions: list[int] | None, step: int) -> torch.Tensor:

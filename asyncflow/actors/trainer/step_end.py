@@ -9,13 +9,15 @@
 4. defer the acks of the step's rows (trained and dropped) to the next request;
 5. audit: the step's line of RUN_DIR/trained.jsonl, the exactly-once record;
 6. report StepMetrics from a sender thread (the step never waits on the driver's
-   receipt), with ``val/*`` when evaluation is due (``eval.every_steps``: the snapshot
-   just published is evaluated in this process; a new best ``val/accuracy`` is saved as
-   ``checkpoints/best``).
+   receipt), with ``val/*`` when evaluation is due (``eval.every_steps``): the snapshot
+   just published is evaluated in this process (a new best ``val/accuracy`` is saved as
+   ``checkpoints/best``), or the ``evaluator`` process is asked to evaluate it
+   (``eval.where``), and the figures of its answers so far go into this step's record
+   (``_evals.py``; the run's last step waits for them).
 
 It also owns what those steps keep across the run: the version ledger (whose digest
 check the step sources run on the rows they take), the publish in flight, the totals,
-the evaluator and the best accuracy so far.
+the evaluator (or the evaluator process's answers).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import msgspec
 import numpy as np
 
 from asyncflow.actors.runtime import messages
+from asyncflow.actors.trainer._evals import RemoteEvals
 from asyncflow.actors.trainer._samples import SampleLog
 from asyncflow.actors.trainer._versions import VersionLedger, token_staleness
 from asyncflow.actors.trainer.sources.base import Batch, Trained
@@ -41,9 +44,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from contextlib import AbstractContextManager
 
+    from asyncflow.actors.evaluation.evaluator import Evaluator
     from asyncflow.actors.runtime.acks import DeferredAcks
     from asyncflow.actors.runtime.run_dir import Run
-    from asyncflow.actors.trainer.eval import Evaluator
     from asyncflow.actors.trainer.policy import PolicyUpdate
     from asyncflow.core.tq.notify import Notifier
 
@@ -61,9 +64,11 @@ class StepEnd:
         activity: Callable[[str], AbstractContextManager],
         num_ranks: int,
         start_step: int,
+        tell: Callable[[str, object], None] | None = None,
     ):
         """``weights``: the in-process reference of this process's ``weights`` actor;
-        ``reports``: the sender of StepMetrics to the collector."""
+        ``reports``: the sender of StepMetrics to the collector; ``tell(name, message)``:
+        a tell to another actor (the evaluator)."""
         cfg = run.config
         self.run, self.policy, self.acks = run, policy, acks
         self._weights, self._reports, self._activity = weights, reports, activity
@@ -80,18 +85,22 @@ class StepEnd:
             digest = policy.engine.published_digest(policy.export_weights(), self._rollout_dtype)
             self._versions.record(start_step, digest)
         self.samples = SampleLog(run.dir, run.hf_tokenizer, cfg.logging.samples_every, cfg.logging.samples_per_step)
-        self._evaluator: Evaluator | None = None  # with eval.every_steps
-        self._best = float("-inf")  # best val/accuracy so far (kept across a resume by best.json)
-        if cfg.eval.every_steps:
-            from asyncflow.actors.trainer.eval import Evaluator, read_best
+        self._evaluator: Evaluator | None = None  # with eval.every_steps, evaluating in this process
+        self._remote: RemoteEvals | None = None  # with eval.every_steps, evaluating in the evaluator's
+        if cfg.eval.every_steps and cfg.eval_in_process:
+            assert tell is not None, "evaluations in the evaluator's process need tell"
+            self._remote = RemoteEvals(tell)
+        elif cfg.eval.every_steps:
+            from asyncflow.actors.evaluation.evaluator import Evaluator
 
             self._evaluator = Evaluator(run)
-            best = read_best(run.dir)
-            self._best = best["value"] if best else float("-inf")
-        # eval.at_start: a copy of the starting weights, evaluated with the first step's report (step 0 of a new run)
+        # eval.at_start: the starting weights, evaluated by the first step's report (step 0 of a new run)
         self._start_snapshot = None
         if cfg.eval.at_start and start_step == 0:  # one rank: the config refuses at_start with train.num_ranks > 1
-            self._start_snapshot = [(n, t.detach().clone()) for n, t in policy.export_weights()]
+            if self._remote is not None:  # the evaluator's engine is built with them: it starts now, beside the first rollouts
+                self._remote.ask(messages.Evaluate(step=0, version=0, start=True))
+            else:
+                self._start_snapshot = [(n, t.detach().clone()) for n, t in policy.export_weights()]
 
     def check_versions(self, meta: protocol.BatchMeta, step: int) -> dict[str, float]:
         """Each row's weights digest against the digest of the version it is tagged with."""
@@ -185,30 +194,34 @@ class StepEnd:
             **{k: v for k, v in figures.items() if k.startswith("env/")},  # with an environment (docs/environments.md)
         )
         eval_every = cfg.eval.every_steps
-        if self._start_snapshot is not None:  # eval.at_start, the first step of a new run
-            start = self._evaluate(step, self._start_snapshot, 0, save=False)  # the weights the run started from
-            self._start_snapshot = None
-            values.update({"val/start_accuracy": start["val/accuracy"], "val/start_reward_mean": start["val/reward_mean"]})
-        if eval_every and (version % eval_every == 0 or version == cfg.train.num_steps):
-            values.update(self._evaluate(step, snapshot, version))
+        due = bool(eval_every) and (version % eval_every == 0 or version == cfg.train.num_steps)
+        if self._remote is not None:
+            if due:
+                last = version == cfg.train.num_steps
+                self._remote.ask(messages.Evaluate(step=step, version=version, last=last))
+                if last:  # the run's last figures go into its last record
+                    with self._activity("wait_eval"):
+                        self._remote.wait()
+            values.update(self._remote.figures())
+        else:
+            if self._start_snapshot is not None:  # eval.at_start, the first step of a new run
+                start = self._evaluate(0, self._start_snapshot, 0, save=False)  # the weights the run started from
+                self._start_snapshot = None
+                values.update({"val/start_accuracy": start["val/accuracy"], "val/start_reward_mean": start["val/reward_mean"]})
+            if due:
+                values.update(self._evaluate(step, snapshot, version))
         self._reports.tell(COLLECTOR, messages.StepMetrics(step=step, values={k: float(v) for k, v in values.items()}))
 
+    def evaluated(self, answer: messages.Evaluated) -> None:
+        """The evaluator's answer (the trainer's listener thread): into the next report."""
+        if self._remote is not None:
+            self._remote.evaluated(answer)
+
     def _evaluate(self, step: int, snapshot, version: int, save: bool = True) -> dict[str, float]:
-        """``val/*`` of the policy just published (version ``step + 1``); a new best is saved."""
-        t0 = time.monotonic()
+        """``val/*`` of version ``version`` (``snapshot``), evaluated in this process."""
         with self._activity("eval"):
             assert self._evaluator is not None  # the step evaluates only with eval.every_steps, which made it
-            values = self._evaluator.evaluate(snapshot, version)
-            self._evaluator.write_samples(self.samples, step, version)  # what it wrote: eval_samples.jsonl
-            if save and self.run.config.eval.save_best and values["val/accuracy"] > self._best:
-                from asyncflow.actors.trainer.eval import save_best
-
-                path = save_best(self.run.dir, snapshot, self.run.launch.model_dir, step, values)
-                self._best = values["val/accuracy"]
-                log.info("step %d: val/accuracy %.3f, a new best: %s", step, self._best, path)
-        values["val/time_s"] = time.monotonic() - t0
-        values["val/version"] = float(version)  # the policy version evaluated (0: the start weights)
-        return values
+            return self._evaluator.run_one(step, snapshot, version, save=save)
 
     def _audit(self, step: int, batch: Batch, parts: list[list[int]]) -> None:
         """RUN_DIR/trained.jsonl: which rows (and prompt groups) each step trained on,

@@ -1,11 +1,13 @@
-"""Evaluation of the policy on the held-out prompts, in the trainer's process
-(``[eval]``), and the ``checkpoints/best`` weights it keeps.
+"""Evaluation of the policy on the held-out prompts (``[eval]``), and the records it
+keeps: eval.jsonl, eval_samples.jsonl and the ``checkpoints/best`` weights.
 
-The trainer (rank 0 only) calls ``Evaluator.evaluate`` after publishing version v,
-with the snapshot it published: a private rollout engine on the trainer's device
-(``type = "auto"``: native, or hf for a model the native engine does not run) loads it
-and generates for every held-out prompt (``split_prompts``: never trained on), greedy
-or k samples; the run's reward functions score the responses.
+After publishing version v, the trainer (rank 0 only) either calls ``Evaluator.run_one``
+itself with the snapshot it published, or asks the ``evaluator`` process to
+(``actor.py``, ``eval.where``), which fetches the version from the ``weights`` actor. A
+private rollout engine (``type = "auto"``: native, or hf for a model the native engine
+does not run) loads the weights and generates for every held-out prompt
+(``split_prompts``: never trained on), greedy or k samples; the run's reward functions
+score the responses.
 
 With an environment (``[env] path``) each response is an episode instead, run as
 training runs them: ``rollout/multiturn.py``'s ``MultiTurnDriver`` drives it with
@@ -14,12 +16,12 @@ turn and context limits), and it is scored as the reward role scores a training
 row (``runtime/scoring.Scorer``: the reward functions on the decoded transcript combined
 with the environment's reward by ``env.reward``; 0 after an environment error).
 
-Figures (``val/*`` in metrics.jsonl): a response is correct when its reward is at
+Figures (``val/*``, in eval.jsonl and metrics.jsonl): a response is correct when its reward is at
 least ``eval.correct_reward``. ``val/accuracy``: fraction of correct responses (in
 greedy mode: of prompts answered correctly). ``val/reward_mean``: mean reward.
 ``val/pass_at_k`` (pass_at_k mode): fraction of prompts with a correct response
 among their k. With an environment also ``val/env/*``: training's ``env/*``
-figures (``policy.env_sums``) over the held-out episodes.
+figures (``runtime/scoring.env_sums``) over the held-out episodes.
 
 Best weights: ``save_best`` writes the snapshot as a Hugging Face directory
 ``checkpoints/best_<version>`` (weights, config and tokenizer: no optimizer, so it
@@ -32,8 +34,11 @@ run starts from the best in best.json (possibly from steps it trains again).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -45,11 +50,17 @@ from asyncflow.actors.runtime.run_dir import Run, encode_prompt, read_prompts, s
 
 if TYPE_CHECKING:
     from asyncflow.actors.rollout.multiturn import MultiTurnDriver
-    from asyncflow.actors.trainer._samples import SampleLog
     from asyncflow.engines.base import RolloutEngine
     from asyncflow.engines.config import SamplingParams
 
+log = logging.getLogger(__name__)
+
 BEST = "best"
+EVAL_FILE = "eval.jsonl"
+"""RUN_DIR/eval.jsonl: one line per evaluation (step, version, its ``val/*``), whichever
+process ran it; metrics.jsonl carries the same figures in the record of the step they
+reached the trainer by."""
+EVAL_SAMPLES_FILE = "eval_samples.jsonl"
 
 
 class Completions(NamedTuple):
@@ -62,7 +73,9 @@ class Completions(NamedTuple):
 
 
 class Evaluator:
-    def __init__(self, run: Run):
+    def __init__(self, run: Run, device: str | None = None):
+        """``device``: where its engine runs (``cpu``, ``cuda``, ``npu``; the current device
+        of that kind); the trainer's (``train.engine.device``) by default."""
         from asyncflow.actors.runtime.scoring import Scorer, build_reward_fn
 
         cfg = run.config
@@ -85,9 +98,9 @@ class Evaluator:
             max_new_tokens=cfg.eval.max_new_tokens or sampling.max_new_tokens,
             stop_token_ids=tuple(sampling.stop_token_ids or (self.tokenizer.eos_token_id,)),
         )
-        device = cfg.train.engine.device
+        device = device or cfg.train.engine.device
         index = {"cuda": lambda: torch.cuda.current_device(), "npu": lambda: torch.npu.current_device()}  # type: ignore[attr-defined]
-        # the trainer's device; a KV cache of a fixed size there (never a fraction of what training left free)
+        # a KV cache of a fixed size (never a fraction of what training left free on a shared device)
         self.engine_cfg = msgspec.structs.replace(
             cfg.rollout.engine,
             type="hf" if cfg.rollout.engine.type == "hf" else "auto",  # the local engines: native where it runs the model
@@ -104,21 +117,47 @@ class Evaluator:
         self.scorer = Scorer(cfg, self.tokenizer) if cfg.env.path else None
         self.completions: Completions | None = None  # the last evaluation's, for the sample log
 
-    def write_samples(self, log: SampleLog, step: int, version: int) -> None:
-        """The last evaluation's completions into the run's eval_samples.jsonl (``_samples.py``)."""
+        best = read_best(run.dir)
+        self.best = best["value"] if best else float("-inf")  # best val/accuracy so far (kept across a resume by best.json)
+
+    def run_one(
+        self, step: int, snapshot: list[tuple[str, torch.Tensor]] | None, version: int, save: bool = True
+    ) -> dict[str, float]:
+        """Evaluate version ``version`` (``snapshot``: its weights; None: the weights the engine
+        was built with, the model directory's), record it (eval_samples.jsonl, eval.jsonl) and,
+        with ``save`` and ``eval.save_best``, save it as ``checkpoints/best`` when its
+        ``val/accuracy`` beats every earlier one. ``step``: the metrics.jsonl record the
+        figures belong to (``version - 1``; 0 for the start weights). Returns ``val/*`` with
+        ``val/time_s`` and ``val/version``."""
+        t0 = time.monotonic()
+        values = self.evaluate(snapshot, version)
+        self.write_samples(step, version)  # what it wrote: eval_samples.jsonl
+        if save and snapshot is not None and self.cfg.save_best and values["val/accuracy"] > self.best:
+            path = save_best(self.run.dir, snapshot, self.run.launch.model_dir, step, values)
+            self.best = values["val/accuracy"]
+            log.info("step %d: val/accuracy %.3f, a new best: %s", step + 1, self.best, path)
+        values["val/time_s"] = time.monotonic() - t0
+        values["val/version"] = float(version)  # the policy version evaluated (0: the start weights)
+        _append(Path(self.run.dir) / EVAL_FILE, [{"step": step, "version": version, **values}])
+        return values
+
+    def write_samples(self, step: int, version: int) -> None:
+        """The last evaluation's completions into the run's eval_samples.jsonl."""
         c = self.completions
         if c is None:
             return
         prompts, answers = [self.prompts[p] for p in c.prompt_index], [self.answers[p] for p in c.prompt_index]
-        log.write_eval(step, version, prompts, c.texts, c.rewards, answers, c.finish)
+        append_eval_samples(self.run.dir, step, version, prompts, c.texts, c.rewards, answers, c.finish)
 
-    def evaluate(self, snapshot: list[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
-        """The ``val/*`` figures of the policy with these weights (HF names, any device)."""
+    def evaluate(self, snapshot: list[tuple[str, torch.Tensor]] | None, version: int) -> dict[str, float]:
+        """The ``val/*`` figures of the policy with these weights (HF names, any device;
+        None: the model directory's, which the engine is built with)."""
         from asyncflow.engines.factory import build_rollout_engine
 
         if self.engine is None:
             self.engine = build_rollout_engine(self.engine_cfg, self.run.launch.model_dir, version=version)
-        self.engine.load_weights(snapshot, version)
+        if snapshot is not None:
+            self.engine.load_weights(snapshot, version)
         params = self.params if self.params.temperature == 0 else msgspec.structs.replace(self.params, seed=version)
         if self.env_cfg.path:
             rewards, prompt_index, figures = self._episodes(self.engine, params)
@@ -187,7 +226,7 @@ class Evaluator:
 def env_figures(columns: dict[str, list]) -> dict[str, float]:
     """``val/env/*`` of held-out episodes (their packed columns): training's ``env/*``
     (docs/metrics.md) computed the same way, from the same sums (``policy.env_sums``)."""
-    from asyncflow.actors.trainer.policy import env_sums
+    from asyncflow.actors.runtime.scoring import env_sums
 
     with_calls, calls, errors, env_reward, model_tokens = env_sums(columns)
     n = max(len(columns["response_ids"]), 1)
@@ -213,6 +252,50 @@ def evaluate_saved(run_dir: str | Path, model_dir: str | Path) -> dict[str, floa
         return evaluator.evaluate(weights, version=0)
     finally:
         evaluator.close()
+
+
+def append_eval_samples(
+    run_dir: str | Path,
+    step: int,
+    version: int,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    rewards: Sequence[float],
+    answers: Sequence[str],
+    finish: Sequence[str] | None = None,
+) -> None:
+    """Append one evaluation's completions to RUN_DIR/eval_samples.jsonl, one row each, in
+    the order given: ``step``, the metrics.jsonl record its ``val/*`` figures belong to (0
+    for the start evaluation); ``version``, the policy version evaluated (0 at the start,
+    ``step + 1`` after a step); the i-th prompt, its completion (decoded text), reward and
+    reference answer; ``finish`` (optional): each one's finish reason (``stop``,
+    ``length``), else null. ``afctl samples --eval RUN_DIR`` prints them."""
+    num = len(completions)
+    if not (len(prompts) == len(rewards) == len(answers) == num and (finish is None or len(finish) == num)):
+        raise ValueError(
+            "append_eval_samples takes one prompt, completion, reward and answer per row (and one finish reason, when given): "
+            f"got {len(prompts)} prompts, {num} completions, {len(rewards)} rewards, {len(answers)} answers"
+            + (f", {len(finish)} finish reasons" if finish is not None else "")
+        )
+    rows = [
+        {
+            "step": step,
+            "version": version,
+            "prompt": prompts[i],
+            "response": completions[i],
+            "reward": float(rewards[i]),
+            "answer": answers[i],
+            "finish": finish[i] if finish is not None else None,
+        }
+        for i in range(num)
+    ]
+    _append(Path(run_dir) / EVAL_SAMPLES_FILE, rows)
+
+
+def _append(path: Path, rows: list[dict]) -> None:
+    """One write per call: a reader (``tail -f``, ``afctl samples``) sees whole lines."""
+    with path.open("a") as f:
+        f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 def read_best(run_dir: str | Path) -> dict | None:
