@@ -56,6 +56,16 @@ class Run:
 
         return load_tokenizer(self.launch.base_model_dir)
 
+    def context_tokens(self) -> int:
+        """The policy's context: its ``max_position_embeddings`` (0 when its config does
+        not say). Trajectories, gateway requests and the rows the trainer takes stay within it."""
+        from asyncflow.planner.io import read_hf_config
+
+        if not (Path(self.launch.model_dir) / "config.json").is_file():  # an emulated model's
+            return 0
+        positions = read_hf_config(self.launch.model_dir).get("max_position_embeddings")
+        return positions if isinstance(positions, int) and positions > 0 else 0
+
     def hf_tokenizer(self):
         """transformers' own tokenizer (``AutoTokenizer``), for the roles that import
         transformers for their model anyway and hand the tokenizer to others' code (an
