@@ -69,6 +69,7 @@ from asyncflow.actors.rollout import pack
 from asyncflow.engines.base import Completion, RolloutEngine, RolloutStream
 from asyncflow.engines.config import SamplingParams
 from asyncflow.envs.base import Action, Environment, Observation, Sample, Step, load_env_factory
+from asyncflow.engines.tokenizer import longest_token_chars
 from asyncflow.envs.render import observation_ids
 
 log = logging.getLogger(__name__)
@@ -433,14 +434,6 @@ def context_limit(max_context_tokens: int, context_tokens: int) -> tuple[int, st
     if context_tokens:
         return context_tokens, f"the model's context of {context_tokens} tokens, max_position_embeddings"
     return 0, ""
-
-
-def longest_token_chars(tokenizer) -> int:
-    """The most characters one token of ``tokenizer`` spells (its vocabulary's longest
-    entry; a byte-level entry has one character per byte, at least as many as it decodes
-    to): a text of ``n * this`` characters or more is at least ``n`` tokens."""
-    vocab = tokenizer.get_vocab()
-    return max((len(k) for k in vocab), default=1) or 1
 
 
 class TurnStream:
