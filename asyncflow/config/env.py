@@ -63,7 +63,7 @@ class EnvConfig(Section):
         Meta(
             description="Longest trajectory (prompt + every turn + observations): a turn that could pass it is not started "
             "and the trajectory ends unfinished; an observation is cut in tokens to what it leaves for one more turn, "
-            "with a marker the model reads (docs/environments.md, \"Sizes\"). 0: the model's context "
+            'with a marker the model reads (docs/environments.md, "Sizes"). 0: the model\'s context '
             "(max_position_embeddings), which bounds it anyway."
         ),
     ] = 0

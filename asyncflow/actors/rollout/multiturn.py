@@ -68,8 +68,8 @@ import numpy as np
 from asyncflow.actors.rollout import pack
 from asyncflow.engines.base import Completion, RolloutEngine, RolloutStream
 from asyncflow.engines.config import SamplingParams
-from asyncflow.envs.base import Action, Environment, Observation, Sample, Step, load_env_factory
 from asyncflow.engines.tokenizer import longest_token_chars
+from asyncflow.envs.base import Action, Environment, Observation, Sample, Step, load_env_factory
 from asyncflow.envs.render import observation_ids
 
 log = logging.getLogger(__name__)

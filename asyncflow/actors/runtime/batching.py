@@ -24,7 +24,6 @@ import torch
 
 from asyncflow.engines.base import TokenBatch
 
-
 RESPONSE_COLUMNS = ("response_ids", "rollout_logp", "ref_logp", "loss_mask", "token_versions")
 """The columns of one value per response token: cut with ``response_ids``."""
 

@@ -77,7 +77,7 @@ def context_tokens(model_dir: str | os.PathLike) -> int:
 
     if not (Path(model_dir) / "config.json").is_file():
         return 0
-    positions = read_hf_config(model_dir).get("max_position_embeddings")
+    positions = read_hf_config(Path(model_dir)).get("max_position_embeddings")
     return positions if isinstance(positions, int) and positions > 0 else 0
 
 

@@ -27,8 +27,7 @@ import numpy as np
 import torch
 
 from asyncflow.actors.runtime.batching import fit_to_budget, token_batch
-from asyncflow.actors.runtime.run_dir import context_tokens
-from asyncflow.actors.runtime.run_dir import Run
+from asyncflow.actors.runtime.run_dir import Run, context_tokens
 from asyncflow.algorithms import registry
 from asyncflow.algorithms.decoupled import STALENESS
 from asyncflow.algorithms.off_policy import ratio_quantiles
