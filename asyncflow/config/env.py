@@ -62,7 +62,9 @@ class EnvConfig(Section):
         NonNegInt,
         Meta(
             description="Longest trajectory (prompt + every turn + observations): a turn that could pass it is not started "
-            "and the trajectory ends unfinished. 0: no limit (keep turns within the model's context yourself)."
+            "and the trajectory ends unfinished; an observation is cut in tokens to what it leaves for one more turn, "
+            'with a marker the model reads (docs/environments.md, "Sizes"). 0: the model\'s context '
+            "(max_position_embeddings), which bounds it anyway."
         ),
     ] = 0
     max_observation_chars: Annotated[
@@ -71,6 +73,7 @@ class EnvConfig(Section):
             description="Longest observation (a tool's result) put into a trajectory: a text one is cut to this many "
             "characters before it is tokenised, with a marker saying so (``[observation cut: N chars, ...]``); one given "
             "as token ids, to this many ids. Counted (``observations_cut`` in the rollout's log). A 50 MB tool result "
-            "once grew a rollout process to 19 GB. 0: no limit."
+            "once grew a rollout process to 19 GB. Then cut in tokens to what the context has left "
+            "(``max_context_tokens``). 0: no limit in characters."
         ),
     ] = 16384

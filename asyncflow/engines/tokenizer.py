@@ -333,3 +333,11 @@ def _compiled(template: str) -> jinja2.Template:
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_TemplateDict(), namespace=_Namespace)
     return env.from_string(template)
+
+
+def longest_token_chars(tokenizer) -> int:
+    """The most characters one token of ``tokenizer`` (a transformers tokenizer)
+    spells: its vocabulary's longest entry (a byte-level entry has one character per byte,
+    at least as many as it decodes to). A text of more than ``n`` times this many
+    characters is more than ``n`` tokens: known without tokenising it (a cheap bound)."""
+    return max((len(k) for k in tokenizer.get_vocab()), default=1) or 1

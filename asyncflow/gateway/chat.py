@@ -17,9 +17,11 @@ A tokenizer without a chat template gets ``FALLBACK_TEMPLATE``: one line per mes
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from asyncflow.engines.prompts import CHARS, CHAT_TEMPLATE
+from asyncflow.engines.tokenizer import longest_token_chars
 
 FALLBACK_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
@@ -40,6 +42,11 @@ class ChatFormat:
         self.template: str = getattr(tokenizer, "chat_template", None) or FALLBACK_TEMPLATE
         # the tiny character-level tokenizer knows only CHARS (anything else would become <unk>)
         self.alphabet = frozenset(CHARS) if self.template == CHAT_TEMPLATE else None
+
+    @functools.cached_property
+    def token_chars(self) -> int:
+        """``longest_token_chars`` of the tokenizer (read at the first request)."""
+        return longest_token_chars(self.tokenizer)
 
     def render(self, messages: Sequence[Message], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(

@@ -55,13 +55,15 @@ def serve_for_replica(
     queue=None,
     group_size: int = 1,
     streamed: bool = False,
+    context_tokens: int = 0,
 ):
     """The started Gateway when ``cfg`` (a GatewayConfig) puts it on this replica, else None.
     Its sessions are journaled in RUN_DIR (a restarted replica serves them again);
     ``digest``: the engine's weights digest (read under ``engine_lock``); with
     ``cfg.train``, ``queue`` (a TQClient) is where rewarded sessions go, in groups of
     ``group_size`` by key; ``streamed`` (partial rollout): its requests join the replica's
-    generation stream (``batcher.StreamedRequests``)."""
+    generation stream (``batcher.StreamedRequests``); ``context_tokens``: the model's
+    context, which bounds every request (0: unknown)."""
     if not cfg.enabled or (replica != cfg.replica and not cfg.all_replicas):
         return None
     try:
@@ -100,6 +102,7 @@ def serve_for_replica(
         queue=queue if cfg.train else None,
         streamed=streamed,
         replica=replica,
+        context_tokens=context_tokens,
     )
     gateway.start_expiry(cfg.reward_timeout_s if cfg.train else None, own / Path(STATS_FILE).name)
     url = gateway.start(cfg.host, 0 if cfg.all_replicas else cfg.port)

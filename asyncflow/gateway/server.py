@@ -26,6 +26,11 @@ Invariants:
   answered, and a gateway started on the same journal (the replica restarted) serves
   the sessions as they were; a request whose answer was lost (sent again) gets the
   recorded answer again, never a second reply.
+- A request is bounded by the model's context (``context_tokens``) twice: before its new
+  messages are rendered or tokenised, text longer than the room left times the longest
+  token of the vocabulary is refused (413: it surely does not fit, and a body near
+  ``max_request_bytes`` is never tokenised whole); once tokenised, a conversation whose
+  tokens and ``max_tokens`` pass the context is refused (400) before the engine sees it.
 - With a feed (``[rollout.gateway] train``) a reward is answered 200 once its session
   is in the queue (or waits for its group); a queue that stays full answers 503 with
   ``Retry-After`` and the session stays open for the same reward again.
@@ -98,6 +103,7 @@ class Gateway:
         streamed: bool = False,
         replica: int | None = None,
         sessions: SessionStore | None = None,
+        context_tokens: int = 0,
     ):
         """``params``: the run's sampling (temperature, top-p/k, stop tokens; its
         ``max_new_tokens`` caps a request's ``max_tokens``); ``max_batch``: most
@@ -111,10 +117,13 @@ class Gateway:
         which the replica feeds) instead of generate calls of their own. ``replica``: the
         index of the rollout replica serving it (named in each reply's ``asyncflow`` field);
         ``sessions``: a session store shared with other gateways of this process (the
-        routing benchmark, ``scripts/bench_sticky.py``), else one of its own."""
+        routing benchmark, ``scripts/bench_sticky.py``), else one of its own. ``context_tokens``:
+        the model's context (its ``max_position_embeddings``), which bounds every request
+        (module docstring); 0: unknown, the engine's own check only."""
         self.max_request_bytes = max_request_bytes
         self.engine, self.params, self.engine_lock = engine, msgspec.structs.replace(params, n=1, seed=None), engine_lock
         self.chat = ChatFormat(tokenizer)
+        self.context_tokens = context_tokens
         self.model_name = model_name
         self.secret = secret or None
         self.sessions = sessions if sessions is not None else SessionStore(max_sessions)
@@ -399,6 +408,7 @@ class Gateway:
         if t is None and session in self._closed:
             self._known(session)  # 409: finished for good
         if t is None:
+            self._check_size(messages, 0, limit)
             self.sessions.reserve(session, anonymous)
             try:
                 t = Trajectory(session=session, prompt_ids=self._encode(lambda: self.chat.prompt(messages)), group=group)
@@ -418,8 +428,32 @@ class Gateway:
                 return self._body_of(t, req)
             t.group = group or t.group
             new = t.new_messages(messages)
+            self._check_size(new, len(t.context_ids()), limit)
             context = self._encode(lambda: self.chat.continuation(t.messages, t.last_reply_ids, new))
             return self._turn(t, messages, context, params, req)
+
+    def _context_error(self, status: int, what: str, max_tokens: int) -> RequestError:
+        return RequestError(
+            status,
+            f"{what} and a reply of max_tokens = {max_tokens} (at most [rollout.gateway] max_new_tokens) pass the model's "
+            f"context of {self.context_tokens} tokens (its max_position_embeddings): send a shorter conversation (cut long "
+            "tool results), ask for fewer max_tokens, or start a new session",
+            "context_length_exceeded",
+        )
+
+    def _check_size(self, new: list[dict[str, str]], held: int, max_tokens: int) -> None:
+        """Refuse ``new`` messages (after ``held`` tokens of the session) whose text surely
+        passes the context: more characters than the room left times the most characters
+        one token spells. Cheap: nothing is rendered or tokenised."""
+        if not self.context_tokens:
+            return
+        chars = sum(len(m["content"]) for m in new)
+        room = self.context_tokens - held - max_tokens
+        if chars > max(room, 0) * self.chat.token_chars:
+            what = f"the new messages are {chars} characters (at least {-(-chars // self.chat.token_chars)} tokens)"
+            if held:
+                what += f" after the {held} tokens the session holds"
+            raise self._context_error(413, what, max_tokens)
 
     @staticmethod
     def _encode(fn) -> list[int]:
@@ -430,6 +464,8 @@ class Gateway:
 
     def _turn(self, t: Trajectory, messages, context: list[int], params: SamplingParams, req) -> dict[str, Any]:
         ids = t.context_ids() + context
+        if self.context_tokens and len(ids) + params.max_new_tokens > self.context_tokens:
+            raise self._context_error(400, f"the conversation is {len(ids)} tokens", params.max_new_tokens)
         try:
             c, version = self.batcher.generate(ids, params)  # with other sessions' requests, under the engine lock
         except ValueError as exc:  # too long for the model or its KV cache

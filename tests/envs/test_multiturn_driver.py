@@ -43,7 +43,9 @@ class Scripted(Environment):
             FAST_DONE.set()
         if self.n >= 3:
             return Step(reward=1.0, done=True)
-        if self.kind == "big":  # a tool that returns 2 MB of text, then as many ids
+        if self.kind == "huge" and self.n == 2:  # after a cut that filled the context: no room left at all
+            return Step(observation="y" * 2_000_000, reward=0.5)
+        if self.kind in ("big", "huge"):  # a tool that returns 2 MB of text, then as many ids
             return Step(observation="x" * 2_000_000 if self.n == 1 else [7] * 2_000_000, reward=0.5)
         return Step(observation=OBS_IDS if self.kind == "ids" else f"ok{self.n}", reward=0.5, info={"tool_calls": 1})
 
@@ -116,6 +118,37 @@ def test_an_observation_over_its_limit_is_cut_with_a_marker_before_it_is_tokenis
     assert text.split("[")[0].count("x") == 200 and "[observation cut: 2000000 chars, env.max_observation_chars = 200]" in text
     assert observed[-200:] == [7] * 200 and len(observed) < 500  # 2 MB each, kept to the limit (+ the marker)
     assert t.finished and driver.stats.observations_cut == 2
+
+
+def test_an_observation_is_cut_in_tokens_to_what_the_context_has_left_with_a_marker_the_model_sees(engine, tokenizer):
+    limit, new = 300, 4  # env.max_context_tokens, and the run's max_new_tokens (run() above)
+    driver, (t,) = run(engine, tokenizer, ["big"], max_context_tokens=limit)
+    assert len(t.prompt_ids) + len(t.ids) <= limit
+    first = t.mask.index(0)  # the first observation follows the first turn
+    end = t.mask.index(1, first)
+    text = tokenizer.decode(t.ids[first:end])
+    assert "[observation cut to fit the context" in text and "env.max_context_tokens = 300" in text, text
+    assert text.count("x") > 100  # as much of the result as fits, not a fixed few characters
+    assert len(t.prompt_ids) + end + new <= limit  # the next turn fits after it
+    assert driver.stats.observations_cut >= 1 and not t.finished
+
+
+def test_an_observation_with_no_room_left_ends_the_trajectory_instead_of_the_run(engine, tokenizer):
+    driver, (t,) = run(engine, tokenizer, ["huge"], max_context_tokens=300)
+    assert len(t.prompt_ids) + len(t.ids) <= 300 and not t.error and not t.finished
+    assert t.mask[-1] == 1 or "[observation cut" in tokenizer.decode(t.ids[-80:])
+
+
+def test_the_model_context_bounds_a_trajectory_without_max_context_tokens(engine, tokenizer):
+    cfg = EnvConfig(path="x:y")
+    driver = MultiTurnDriver(cfg, tokenizer, factory=Scripted, context_tokens=512)  # the model's positions
+    samples = [Sample(prompt="1+1=", prompt_ids=encode_chat_prompt(tokenizer, "1+1="), answer="big")]
+    params = SamplingParams(max_new_tokens=4, stop_token_ids=(tokenizer.eos_token_id,))
+    try:
+        (t,) = driver.run(engine, params, samples)  # no "exceeds max_position_embeddings" error from the engine
+    finally:
+        driver.close()
+    assert len(t.prompt_ids) + len(t.ids) <= 512 and "context of 512 tokens" in tokenizer.decode(t.ids)
 
 
 def test_the_turn_limit_ends_a_trajectory_unfinished(engine, tokenizer):

@@ -36,7 +36,7 @@ def make_gateway(tiny_dir, tokenizer, tmp_path):
 
     started = []
 
-    def make(**kw):
+    def make(tokenizer=tokenizer, **kw):
         lock = threading.Lock()
         engine = SpyEngine(build_rollout_engine(RolloutEngineConfig(max_batch_size=4, kv_cache_bytes=1 << 20), tiny_dir), lock)
         params = SamplingParams(max_new_tokens=16, stop_token_ids=(tokenizer.eos_token_id,))

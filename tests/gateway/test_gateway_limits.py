@@ -115,3 +115,51 @@ def test_a_request_body_over_the_limit_is_a_413_by_its_length_or_as_it_streams(m
     assert reply == b"" or reply.split(b" ", 2)[1] == b"413", reply[:200]
     assert gw.engine.prompts == [] and call(gw.url, "/v1/asyncflow/sessions")[1]["sessions"] == []
     assert chat(gw, HELLO)[0] == 200  # and the next request is served
+
+
+class Tokenised:
+    """The real tokenizer, recording the length of every text it is asked to tokenise."""
+
+    def __init__(self, inner):
+        self.inner, self.lengths = inner, []
+
+    def __call__(self, text, **kw):
+        self.lengths.append(len(text))
+        return self.inner(text, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+TINY_CONTEXT = 512  # the tiny model's max_position_embeddings
+
+
+def test_a_request_surely_longer_than_the_context_is_a_413_before_it_is_tokenised(make_gateway, tokenizer):
+    spy = Tokenised(tokenizer)
+    gw = make_gateway(tokenizer=spy, context_tokens=TINY_CONTEXT)
+    huge = {"model": "m", "messages": [{"role": "user", "content": "1" * 500_000}]}  # under max_request_bytes
+    status, body = chat(gw, huge)
+    message = body["error"]["message"]
+    assert status == 413 and f"context of {TINY_CONTEXT} tokens" in message and "max_position_embeddings" in message, body
+    assert max(spy.lengths, default=0) < 10_000 and gw.engine.prompts == []  # never tokenised, never generated
+    # a later turn of a session is bounded the same way
+    first = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    status, body = chat(gw, first, session="agent-a")
+    assert status == 200, body
+    reply = body["choices"][0]["message"]["content"]
+    later = {**first, "messages": [*first["messages"], {"role": "assistant", "content": reply}, huge["messages"][0]]}
+    spy.lengths.clear()
+    status, body = chat(gw, later, session="agent-a")
+    assert status == 413 and "max_position_embeddings" in body["error"]["message"], body
+    assert max(spy.lengths, default=0) < 10_000
+
+
+def test_a_request_past_the_context_once_tokenised_is_a_400_naming_the_context_and_max_tokens(make_gateway):
+    gw = make_gateway(context_tokens=TINY_CONTEXT)
+    long = {"model": "m", "messages": [{"role": "user", "content": "1" * 600}]}  # passes the bound, not the context
+    status, body = chat(gw, long)
+    message = body["error"]["message"]
+    assert status == 400 and f"context of {TINY_CONTEXT} tokens" in message and "max_tokens" in message, body
+    assert gw.engine.prompts == []  # refused before the engine
+    fits = {"model": "m", "messages": [{"role": "user", "content": "1" * 400}], "max_tokens": 4}
+    assert chat(gw, fits)[0] == 200

@@ -190,7 +190,7 @@ class Evaluator:
 
         assert self.scorer is not None  # made with [env] path
         if self.driver is None:
-            self.driver = MultiTurnDriver(self.env_cfg, self.tokenizer)
+            self.driver = MultiTurnDriver(self.env_cfg, self.tokenizer, context_tokens=self.run.context_tokens())
         index = [p for p in range(len(self.prompt_ids)) for _ in range(params.n)]  # the driver takes one sample per episode
         samples = [Sample(prompt=self.prompts[p], prompt_ids=self.prompt_ids[p], answer=self.answers[p]) for p in index]
         episodes = self.driver.run(engine, params, samples)

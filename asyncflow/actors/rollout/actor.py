@@ -145,6 +145,7 @@ class RolloutActor(LoopActor):
             queue=TQClient(ctx.directory, consumer=f"{ctx.name}.gateway", reserve_rows=0) if cfg.rollout.gateway.train else None,
             group_size=cfg.algorithm.group_size,
             streamed=cfg.workflow.partial_rollout,  # its requests join the partial-rollout stream (stream.py)
+            context_tokens=self.run.context_tokens(),
         )
         self._decode_steps = self._decode_rows = 0  # counters(): decode forwards, sequences decoded
         # reward.placement = "rollout": the reward functions score each unit's rows here, put with the responses
@@ -153,7 +154,7 @@ class RolloutActor(LoopActor):
         if cfg.env.path:
             from asyncflow.actors.rollout.multiturn import MultiTurnDriver
 
-            self.multiturn = MultiTurnDriver(cfg.env, tokenizer)
+            self.multiturn = MultiTurnDriver(cfg.env, tokenizer, context_tokens=self.run.context_tokens())
         # how units are generated: one call per unit (unit.py), or one continuous stream whose
         # weights swap between decode steps ([workflow] partial_rollout: stream.py)
         self.mode: UnitRollout | PartialRollout | ServeOnly = (

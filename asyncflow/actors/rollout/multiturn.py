@@ -34,6 +34,16 @@ per round of ready turns: a turn joins the stream as soon as its environment ste
 back, and weights may swap between any two decode steps, so one trajectory's turns
 (and one turn's tokens) can come from several versions.
 
+Sizes: a trajectory never passes its context: the model's (``context_tokens``, its
+``max_position_embeddings``) or ``env.max_context_tokens`` if smaller. A turn that could
+pass it is not started; an observation is cut in tokens to what the context has left
+after it for one more turn (``max_new_tokens``), and ends with a marker the model reads
+(``[observation cut to fit the context ...]``). Before it is tokenised, a text longer
+than the room times the longest token of the vocabulary (in characters) is cut to that:
+what it loses could not have fitted anyway, and a 50 MB result is never tokenised whole.
+An observation with no room even for the marker ends its trajectory (finish 0). Each cut
+is counted (``observations_cut``) and logged.
+
 Invariant: ``run`` returns one result per trajectory, in the order given, whatever
 happened to each; an engine error fails the whole call (the unit), as single-turn.
 ``TurnStream.step`` returns each trajectory once, when it ends.
@@ -41,6 +51,7 @@ happened to each; an engine error fails the whole call (the unit), as single-tur
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -57,6 +68,7 @@ import numpy as np
 from asyncflow.actors.rollout import pack
 from asyncflow.engines.base import Completion, RolloutEngine, RolloutStream
 from asyncflow.engines.config import SamplingParams
+from asyncflow.engines.tokenizer import longest_token_chars
 from asyncflow.envs.base import Action, Environment, Observation, Sample, Step, load_env_factory
 from asyncflow.envs.render import observation_ids
 
@@ -88,6 +100,8 @@ class Trajectory:
     future: Future | None = None
     deadline: float = 0.0
     hung: bool = False  # a call timed out: the environment may still be inside it (never closed)
+    max_new_tokens: int = 0
+    """The longest turn (the run's ``max_new_tokens``): an observation leaves room for one."""
 
     def columns(self, token_versions: bool = False) -> dict[str, np.ndarray]:
         """The row's outputs (the shared trajectory format, docs/environments.md), with
@@ -122,7 +136,7 @@ class DriverStats:
     max_pending: int = 0
     """Most environment calls in flight while the engine generated."""
     observations_cut: int = 0
-    """Observations cut to ``env.max_observation_chars``."""
+    """Observations cut to ``env.max_observation_chars`` or to the context left."""
     close_errors: int = 0
     """``Environment.close`` calls that raised (each logged: the first, then every 100th)."""
 
@@ -162,12 +176,19 @@ class DaemonPool:
 class MultiTurnDriver:
     """Drives trajectories for one replica (``run``); owns the environment pool."""
 
-    def __init__(self, env_cfg, tokenizer, factory=None):
+    def __init__(self, env_cfg, tokenizer, factory=None, context_tokens: int = 0):
+        """``context_tokens``: the model's context (``max_position_embeddings``); 0: unknown."""
         self.cfg = env_cfg
         self.tokenizer = tokenizer
         self.factory = factory or load_env_factory(env_cfg.path)
         self.pool = DaemonPool(env_cfg.num_threads, "env")
         self.stats = DriverStats()
+        self.limit, self.limit_name = context_limit(env_cfg.max_context_tokens, context_tokens)
+
+    @functools.cached_property
+    def token_chars(self) -> int:
+        """``longest_token_chars`` of the tokenizer (read at the first cut)."""
+        return longest_token_chars(self.tokenizer)
 
     def close(self) -> None:
         self.pool.shutdown()
@@ -187,7 +208,7 @@ class MultiTurnDriver:
         engine), never while environments step. ``count(engine.stats)`` after each
         generate call (the replica's decode counters)."""
         params = msgspec.structs.replace(params, n=1)
-        trajs = [self.start(sample) for sample in samples]
+        trajs = [self.start(sample, params.max_new_tokens) for sample in samples]
         while not all(t.done for t in trajs):
             ready = [t for t in trajs if not t.done and t.future is None]
             if ready:
@@ -201,16 +222,18 @@ class MultiTurnDriver:
         return trajs
 
     # -- one trajectory's steps (``run`` above, ``TurnStream`` below) -------------------
-    def start(self, sample: Sample) -> Trajectory:
-        """A new trajectory for ``sample``; its ``env.reset`` runs on the pool."""
-        traj = Trajectory(prompt_ids=list(sample.prompt_ids), env=self.factory())
+    def start(self, sample: Sample, max_new_tokens: int) -> Trajectory:
+        """A new trajectory for ``sample`` whose turns are at most ``max_new_tokens``; its
+        ``env.reset`` runs on the pool."""
+        traj = Trajectory(prompt_ids=list(sample.prompt_ids), env=self.factory(), max_new_tokens=max_new_tokens)
         self._submit(traj, self._reset, traj.env, sample)
         return traj
 
     def next_context(self, t: Trajectory, max_new_tokens: int) -> list[int] | None:
-        """The next turn's prompt (every id so far), or None when the turn could pass
-        ``env.max_context_tokens``: the trajectory then ends unfinished (finish 0)."""
-        limit = self.cfg.max_context_tokens
+        """The next turn's prompt (every id so far), or None when the turn could pass the
+        context (``env.max_context_tokens``, the model's): the trajectory then ends
+        unfinished (finish 0)."""
+        limit = self.limit
         if limit and len(t.prompt_ids) + len(t.ids) + max_new_tokens > limit:
             t.done = True
             return None
@@ -327,38 +350,90 @@ class MultiTurnDriver:
             if t.turns >= self.cfg.max_turns:
                 t.done = True  # the turn limit: ends unfinished (finish 0)
                 return
-        ids = self._observation(step.observation)
+        ids = self._observation(step.observation, self._room(t))
+        if ids is None:  # not even the marker fits: the trajectory ends here (finish 0)
+            t.done = True
+            return
         t.ids += ids
         t.logp += [0.0] * len(ids)
         t.mask += [0] * len(ids)
         t.versions += [t.versions[-1] if t.versions else -1] * len(ids)  # -1: dated by the first turn (took_turn)
 
-    def _observation(self, obs: Observation) -> list[int]:
+    def _room(self, t: Trajectory) -> int | None:
+        """Tokens an observation may take in ``t``: the context less what it holds and one
+        more turn; None without a context limit."""
+        if not self.limit:
+            return None
+        return self.limit - len(t.prompt_ids) - len(t.ids) - t.max_new_tokens
+
+    def _observation(self, obs: Observation, room: int | None = None) -> list[int] | None:
+        """The ids of ``obs``, at most ``room`` of them (None: no limit); None when not
+        even the marker fits."""
         if obs is None or obs == "":
             return []
         limit = self.cfg.max_observation_chars
         if limit and len(obs) > limit:  # cut before the tokenizer or a list of ints sees it all
-            self.stats.observations_cut += 1
-            if self.stats.observations_cut == 1 or self.stats.observations_cut % 100 == 0:
-                log.warning(
-                    "an observation of %d %s was cut to env.max_observation_chars = %d (%d cut so far)",
-                    len(obs),
-                    "chars" if isinstance(obs, str) else "ids",
-                    limit,
-                    self.stats.observations_cut,
-                )
+            self._count_cut(f"an observation of {len(obs)} {'chars' if isinstance(obs, str) else 'ids'} was cut to "
+                            f"env.max_observation_chars = {limit}")  # fmt: skip
             if isinstance(obs, str):
                 obs = f"{obs[:limit]}[observation cut: {len(obs)} chars, env.max_observation_chars = {limit}]"
             else:
                 obs = obs[:limit]
+        if room is None:
+            return observation_ids(self.tokenizer, obs) if isinstance(obs, str) else [int(i) for i in obs]
+        ids = self._fit(obs, room)
+        if ids is None:
+            self._count_cut(f"an observation found no room in its trajectory ({self.limit_name}): the trajectory ends")
+        return ids
+
+    def _fit(self, obs: str | list[int], room: int) -> list[int] | None:
+        """``obs`` as at most ``room`` ids: whole if it fits, else as much of it as fits
+        followed by the marker (module docstring); None if the marker alone does not fit."""
+        size = len(obs)
         if isinstance(obs, str):
-            return observation_ids(self.tokenizer, obs)
-        return [int(i) for i in obs]
+            head = obs[: max(room, 0) * self.token_chars]  # a longer text surely passes the room: never tokenised whole
+            ids = observation_ids(self.tokenizer, head)
+        else:
+            ids = [int(i) for i in obs[: max(room, 0) + 1]]
+        if len(head if isinstance(obs, str) else obs) == size and len(ids) <= room:
+            return ids
+        marker = f"[observation cut to fit the context: {size} {'chars' if isinstance(obs, str) else 'ids'}, {self.limit_name}]"
+        if isinstance(obs, str):
+            content = self.tokenizer(head, add_special_tokens=False)["input_ids"]
+            keep = room - (len(observation_ids(self.tokenizer, marker)))
+            while keep > 0:  # the joins may tokenise a little differently: shrink until it fits
+                ids = observation_ids(self.tokenizer, self.tokenizer.decode(content[:keep]) + marker)
+                if len(ids) <= room:
+                    break
+                keep -= len(ids) - room
+        else:
+            marker_ids = self.tokenizer(marker, add_special_tokens=False)["input_ids"]
+            keep = room - len(marker_ids)
+            ids = ids[: max(keep, 0)] + list(marker_ids)
+        if keep <= 0:
+            return None
+        self._count_cut(f"an observation of {size} {'chars' if isinstance(obs, str) else 'ids'} was cut to {len(ids)} "
+                        f"tokens to fit the context ({self.limit_name})")  # fmt: skip
+        return ids
+
+    def _count_cut(self, what: str) -> None:
+        self.stats.observations_cut += 1
+        if self.stats.observations_cut == 1 or self.stats.observations_cut % 100 == 0:
+            log.warning("%s (%d cut so far)", what, self.stats.observations_cut)
 
     def _fail(self, t: Trajectory, why: str) -> None:
         self.stats.errors += 1
         t.error, t.done = why, True
         log.warning("trajectory ended by an environment error after %d turns: %s", t.turns, why)
+
+
+def context_limit(max_context_tokens: int, context_tokens: int) -> tuple[int, str]:
+    """The tokens a trajectory may hold (0: no limit) and how a message names that limit."""
+    if max_context_tokens and (not context_tokens or max_context_tokens <= context_tokens):
+        return max_context_tokens, f"env.max_context_tokens = {max_context_tokens}"
+    if context_tokens:
+        return context_tokens, f"the model's context of {context_tokens} tokens, max_position_embeddings"
+    return 0, ""
 
 
 class TurnStream:
@@ -395,7 +470,7 @@ class TurnStream:
 
     def add(self, samples: list[Sample]) -> list[Trajectory]:
         """Start one trajectory per sample (``env.reset`` on the pool)."""
-        trajs = [self.driver.start(sample) for sample in samples]
+        trajs = [self.driver.start(sample, self.max_new_tokens) for sample in samples]
         self.live += trajs
         return trajs
 

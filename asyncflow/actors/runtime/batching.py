@@ -8,6 +8,11 @@ engines' convention that ``logp_BT[b, t]`` is the log-prob of token t.
 Multi-turn rows (``loss_mask``, docs/environments.md): ``response_mask`` is the loss
 mask on the response positions, so observation tokens inserted between turns are
 context only; without it every response token counts (single-turn, as before).
+
+The trainer's token budget is the model's context: ``fit_to_budget`` cuts a longer row
+to it before batching (its tokens past the budget are not trained, it counts as not
+finished), so one over-long trajectory costs a counted, logged cut rather than the
+trainer's memory.
 """
 
 from __future__ import annotations
@@ -18,6 +23,29 @@ import numpy as np
 import torch
 
 from asyncflow.engines.base import TokenBatch
+
+RESPONSE_COLUMNS = ("response_ids", "rollout_logp", "ref_logp", "loss_mask", "token_versions")
+"""The columns of one value per response token: cut with ``response_ids``."""
+
+
+def fit_to_budget(columns: Mapping[str, Sequence], budget: int) -> tuple[dict[str, list], list[int]]:
+    """``columns`` with every row longer than ``budget`` tokens (prompt + response) cut
+    to it: its response columns end at the budget (a prompt past it too: no response
+    left) and its ``finish`` is 0. Returns the columns (the other rows' arrays as they
+    were) and the positions of the rows cut. ``budget`` 0: no limit."""
+    out = {name: list(col) for name, col in columns.items()}
+    if not budget:
+        return out, []
+    cut = [b for b, (p, r) in enumerate(zip(columns["prompt_ids"], columns["response_ids"])) if len(p) + len(r) > budget]
+    for b in cut:
+        keep = max(budget - len(out["prompt_ids"][b]), 0)
+        out["prompt_ids"][b] = out["prompt_ids"][b][:budget]
+        for name in RESPONSE_COLUMNS:
+            if name in out:
+                out[name][b] = out[name][b][:keep]
+        if "finish" in out:
+            out["finish"][b] = np.zeros_like(out["finish"][b])
+    return out, cut
 
 
 def token_batch(

@@ -56,6 +56,10 @@ class Run:
 
         return load_tokenizer(self.launch.base_model_dir)
 
+    def context_tokens(self) -> int:
+        """``context_tokens`` of the policy the run starts from."""
+        return context_tokens(self.launch.model_dir)
+
     def hf_tokenizer(self):
         """transformers' own tokenizer (``AutoTokenizer``), for the roles that import
         transformers for their model anyway and hand the tokenizer to others' code (an
@@ -63,6 +67,18 @@ class Run:
         from asyncflow.engines.hf import load_tokenizer
 
         return load_tokenizer(self.launch.base_model_dir)
+
+
+def context_tokens(model_dir: str | os.PathLike) -> int:
+    """A model's context: its ``max_position_embeddings`` (0 when its config does not say,
+    or it has none: an emulated model). Trajectories, gateway requests and the rows the
+    trainer takes stay within it."""
+    from asyncflow.planner.io import read_hf_config
+
+    if not (Path(model_dir) / "config.json").is_file():
+        return 0
+    positions = read_hf_config(Path(model_dir)).get("max_position_embeddings")
+    return positions if isinstance(positions, int) and positions > 0 else 0
 
 
 def set_threads(config: RunConfig) -> None:

@@ -26,8 +26,8 @@ import msgspec
 import numpy as np
 import torch
 
-from asyncflow.actors.runtime.batching import token_batch
-from asyncflow.actors.runtime.run_dir import Run
+from asyncflow.actors.runtime.batching import fit_to_budget, token_batch
+from asyncflow.actors.runtime.run_dir import Run, context_tokens
 from asyncflow.actors.runtime.scoring import env_sums
 from asyncflow.algorithms import registry
 from asyncflow.algorithms.decoupled import STALENESS
@@ -128,6 +128,7 @@ class PolicyUpdate:
         if cfg.data_from_gateway:  # sessions: their turns' mask and each token's version (gateway/feed.py)
             self.columns += [c for c in ("loss_mask", "token_versions") if c not in self.columns]
         self.distributed = cfg.train.num_ranks > 1
+        self.budget = context_tokens(launch.model_dir)  # the longest row trained: the model's context
         self._parts: _Parts | None = None  # a step streamed in parts, between begin_parts and finish_parts
 
     def rewards(self, columns: dict[str, list]) -> torch.Tensor:
@@ -199,6 +200,14 @@ class PolicyUpdate:
         self, columns: dict[str, list], versions: list[int] | None, step: int
     ) -> tuple[TokenBatch, torch.Tensor, torch.Tensor]:
         """The rows as a TokenBatch, each row's shaped reward, and the rows dropped from the loss."""
+        columns, cut = fit_to_budget(columns, self.budget)
+        if cut:
+            log.warning(
+                "step %d: %d row(s) longer than the model's context of %d tokens (max_position_embeddings) were cut to it "
+                "and count as unfinished; their tokens past it are not trained. Bound them where they are made: "
+                "env.max_context_tokens, rollout.sampling.max_new_tokens",
+                step + 1, len(cut), self.budget,
+            )  # fmt: skip
         per_token = {"rollout_logp": columns["rollout_logp"]}
         if "ref_logp" in columns:
             per_token["ref_logp"] = columns["ref_logp"]
@@ -332,6 +341,7 @@ class PolicyUpdate:
         penalty_B, truncated_B, drop_B = self.overlong(columns)
         response = float(sum(len(r) for r in columns["response_ids"]))
         prompt = float(sum(len(p) for p in columns["prompt_ids"]))
+        over = float(len(fit_to_budget({k: columns[k] for k in ("prompt_ids", "response_ids")}, self.budget)[1]))
         sums = torch.tensor(
             [
                 float(len(rewards)),
@@ -341,6 +351,7 @@ class PolicyUpdate:
                 float(truncated_B.sum()),
                 float(penalty_B.abs().sum()),  # penalties are <= 0
                 float(drop_B.sum()),
+                over,
             ],
             dtype=torch.float64,
         )
@@ -352,10 +363,10 @@ class PolicyUpdate:
 
             dist.all_reduce(sums)
             dist.all_reduce(top, op=dist.ReduceOp.MAX)
-        n, reward_sum, response, prompt, truncated, penalty, dropped = sums.tolist()[:7]
+        n, reward_sum, response, prompt, truncated, penalty, dropped, over = sums.tolist()[:8]
         env: dict[str, float] = {}
         if self.multiturn:
-            with_calls, calls, errors, env_reward, model_tokens = sums.tolist()[7:]
+            with_calls, calls, errors, env_reward, model_tokens = sums.tolist()[8:]
             env = {
                 "env/tool_call_rate": with_calls / max(n, 1.0),
                 "env/tool_calls_mean": calls / max(n, 1.0),
@@ -373,6 +384,7 @@ class PolicyUpdate:
             "truncated_frac": truncated / max(n, 1.0),
             "overlong_penalty_mean": penalty / max(n, 1.0),
             "truncated_masked_frac": dropped / max(n, 1.0),
+            "rows_cut_to_context": over,
         }
 
     def export_weights(self, keep: bool = True) -> list[tuple[str, torch.Tensor]]:
