@@ -13,7 +13,7 @@ from asyncflow.core.schema import ConfigError, Refused
 from asyncflow.core.transport import TransportConfig
 from asyncflow.engines.config import (
     Count,
-    NonNegFloat,
+    Delay,
     NonNegInt,
     PosFloat,
     Seconds,
@@ -50,7 +50,7 @@ class ClusterConfig(Section):
         PosFloat, Meta(description="The window of ``max_restarts_per_role``, in seconds: older restarts no longer count.")
     ] = 300.0
     restart_backoff_s: Annotated[
-        NonNegFloat,
+        Delay,
         Meta(
             description="A role's first restart in the window is immediate; the next waits this long, and each one after twice as long "
             "as the one before (at most 60 s)."
@@ -161,7 +161,7 @@ class LoggingConfig(Section):
         True
     )
     trace_every_s: Annotated[
-        NonNegFloat,
+        Delay,
         Meta(
             description="Append the roles' new spans to RUN_DIR/trace.json this often during the run (afctl trace on a "
             "live run; also whenever 20,000 are held); 0: only then and at the end."

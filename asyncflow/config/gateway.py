@@ -12,6 +12,7 @@ from asyncflow.engines.config import (
     Count,
     NonNegInt,
     PosFloat,
+    Seconds,
 )
 
 
@@ -69,9 +70,8 @@ class GatewayConfig(Section):
         ),
     ] = 64
     request_timeout_s: Annotated[
-        float,
+        Seconds,
         Meta(
-            gt=0,
             description="With ``all_replicas``: how long the front waits for a replica's answer to one request "
             "(generation included) before it answers 504 (a frozen or stuck replica); the replica keeps its sessions.",
         ),
@@ -105,9 +105,8 @@ class GatewayConfig(Section):
         ),
     ] = False
     reward_timeout_s: Annotated[
-        float,
+        Seconds,
         Meta(
-            gt=0,
             description="With ``train``: a session not rewarded within this many seconds of its last turn, or a keyed "
             "group not complete within it of its first reward, is dropped and counted (``gateway/sessions_unrewarded``, "
             "``gateway/sessions_group_incomplete`` in RUN_DIR/gateway/stats.json and the replica's metrics).",

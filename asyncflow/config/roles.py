@@ -15,7 +15,7 @@ from asyncflow.config.gateway import GatewayConfig
 from asyncflow.core.schema import Refused
 from asyncflow.engines.config import (
     Count,
-    NonNegFloat,
+    Delay,
     NonNegInt,
     RolloutEngineConfig,
     SamplingParams,
@@ -101,7 +101,7 @@ class RewardConfig(Section):
         ),
     ] = 256
     timeout_s: Annotated[
-        NonNegFloat,
+        Delay,
         Meta(
             description="Most seconds one call of the reward functions (one batch) may take. A call past it is left behind "
             "(its thread runs on, never holding the process's exit), its rows get reward 0, as a failed environment's do, "

@@ -121,7 +121,11 @@ class _Call:
 
 
 class _Scheduler:
-    """One thread per process that runs timers (``Actor.call_later``)."""
+    """One thread per process that runs timers (``Actor.call_later``). It never ends: it
+    naps at most ``NAP_S`` at a time (a far deadline cannot overflow a wait), and a timer
+    that raises is logged and the next one runs."""
+
+    NAP_S = 3600.0
 
     def __init__(self):
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
@@ -142,12 +146,14 @@ class _Scheduler:
         while True:
             with self._cond:
                 while not self._heap or self._heap[0][0] > time.monotonic():
-                    self._cond.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
+                    self._cond.wait(None if not self._heap else min(self._heap[0][0] - time.monotonic(), self.NAP_S))
                 _, _, fn = heapq.heappop(self._heap)
             try:
                 fn()
             except pykka.ActorDeadError:
                 pass  # the actor stopped before its timer fired
+            except Exception:  # the thread serves every actor of the process: one timer never ends it
+                log.exception("a timer failed")
 
 
 _scheduler = _Scheduler()
@@ -212,7 +218,11 @@ class Actor(pykka.ThreadingActor):
 
     # -- helpers -----------------------------------------------------------------
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
-        """Run ``fn`` in this actor's thread after ``delay_s`` seconds."""
+        """Run ``fn`` in this actor's thread after ``delay_s`` seconds (at most
+        ``protocol.MAX_WAIT_S``: a message's waits are bounded by its schema, a config's by
+        its keys' ranges; anything else is a ValueError here, not a stopped timer)."""
+        if not 0 <= delay_s <= protocol.MAX_WAIT_S:  # NaN too
+            raise ValueError(f"{self.ctx.name}: a timer of {delay_s} s: use 0 to {protocol.MAX_WAIT_S:g} s")
         ref = self.actor_ref
         _scheduler.call_at(time.monotonic() + delay_s, lambda: ref.tell(_Call(fn)))
 

@@ -8,6 +8,10 @@ Rules (ARCHITECTURE.md: every wire message is a Struct here or there):
 - Tensors travel as :class:`Tensor` (dtype + shape + raw bytes), never as lists. A
   received ``Tensor.data`` is a ``memoryview`` into the received frame: no copy is
   made when decoding.
+- A field that sets a wait, timeout or delay (a timer in the receiving process) is a
+  ``Wait``: 0 to ``MAX_WAIT_S``, checked as it is decoded, so a message carrying any
+  other value is refused (``rejected``, naming the field and the range) before it
+  reaches a timer.
 
 Frame layout on every nng socket (see ``core/frames.py``)::
 
@@ -23,9 +27,19 @@ from __future__ import annotations
 import sys
 import types
 import typing
-from typing import Any, ClassVar, Generic, TypeVar, Union
+from typing import Annotated, Any, ClassVar, Generic, TypeVar, Union
 
 import msgspec
+
+MAX_WAIT_S = 1e6
+"""The longest wait, timeout or delay a message or a config key may set: about 11.6 days,
+longer than any wait of a run. Every timer of a process runs on one thread
+(``core/actor.py``), which cannot be told to wait past ``threading.TIMEOUT_MAX`` (about
+9.2e9 s), and nng takes a timeout of at most 2**31 ms (about 2.1e6 s): a value past this
+bound would stop them, so the schema refuses it."""
+
+Wait = Annotated[float, msgspec.Meta(ge=0, le=MAX_WAIT_S)]
+"""Seconds that start a timer where the message is received: 0 to ``MAX_WAIT_S``."""
 
 
 class _Msg(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -103,7 +117,8 @@ class Header(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     target: str  # the actor's name
     kind: int  # ASK or TELL
     secret: bytes = b""  # the cluster secret; required on tcp listeners
-    timeout_s: float = 0.0  # the caller's deadline, for the server's logs
+    # the caller's deadline, for the server's logs: a message's own wait plus one attempt's (core/retry.py)
+    timeout_s: Annotated[float, msgspec.Meta(ge=0, le=2 * MAX_WAIT_S)] = 0.0
     # a resendable request's id (core/retry.py): the sending thread's id and its request number;
     # every attempt of one request carries the same, and the actor serves it once (core/replay.py)
     sender: str = ""
@@ -184,7 +199,7 @@ class Lookup(Request["Found"]):
     """Resolve a name; waits up to ``wait_s`` for it to be registered."""
 
     name: str
-    wait_s: float = 0.0
+    wait_s: Wait = 0.0
 
 
 class Found(_Msg):
@@ -230,7 +245,7 @@ class Echo(Request["Echo"]):
 
     payload: memoryview = b""  # type: ignore[assignment]  # bytes-like
     fail: str = ""  # when set, the echo actor raises ValueError(fail) instead
-    delay_s: float = 0.0  # when > 0, the echo actor answers after this delay (deferred)
+    delay_s: Wait = 0.0  # when > 0, the echo actor answers after this delay (deferred)
 
 
 DirectoryIn = Union[Register, Unregister, Lookup, ListActors, Ping, Stop]
@@ -398,7 +413,7 @@ class GetBatch(Request["BatchMeta"]):
     columns: list[str]
     batch_size: int
     policy: str = "fifo"  # "fifo" or "group" (whole prompt groups, never split)
-    timeout_s: float = 30.0
+    timeout_s: Wait = 30.0
     partial: bool = False
     filters: list[RowFilter] = []
     dp_size: int = 1  # > 1: split into dp_size parts of balanced total length
@@ -528,7 +543,7 @@ class Allocate(Request["Allocated"]):
     num_groups: int
     group_size: int = 1
     step: int = -1
-    timeout_s: float = 60.0
+    timeout_s: Wait = 60.0
     extra_groups: int = 0  # also reserve up to this many more groups if they fit now (never waits for them)
     headroom_rows: int = 0  # fit only while this many rows stay free after it (room kept for other allocations)
 

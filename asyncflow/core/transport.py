@@ -30,6 +30,8 @@ import msgspec
 import pynng
 from msgspec import Meta
 
+from asyncflow.core.protocol import MAX_WAIT_S
+
 SECRET_ENV = "ASYNCFLOW_SECRET"
 TRANSPORT_ENV = "ASYNCFLOW_TRANSPORT"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
@@ -87,6 +89,7 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         float,
         Meta(
             gt=0,
+            le=MAX_WAIT_S,
             description="Seconds to wait when dialing a peer and for the directory's answers (register, look up) before failing.",
         ),
     ] = 10.0
@@ -94,6 +97,7 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         float,
         Meta(
             gt=0,
+            le=MAX_WAIT_S,
             description="How long one attempt of a request waits for its answer (on top of the time the peer may hold it on "
             "purpose, such as a queue get's poll) before it is sent again. A peer that does not answer is frozen or dead; "
             "the queue's requests and notices are resent, with the same request id, so the peer serves each once when it "
@@ -104,6 +108,7 @@ class TransportConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         float,
         Meta(
             gt=0,
+            le=MAX_WAIT_S,
             description="How long a request is resent to a peer that does not answer before it fails with ``PeerFrozen``; and "
             "how long a process of the run may stay frozen (stopped, in a debugger, swapped out) before the driver kills it "
             "and restarts it in place like a dead one (a process that cannot be restarted alone stops the run, which "

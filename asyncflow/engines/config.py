@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from asyncflow.core.protocol import MAX_WAIT_S
 from asyncflow.core.schema import Refused
 
 Device = Literal["cpu", "cuda", "npu"]
@@ -28,8 +29,11 @@ Count = Annotated[int, Meta(ge=1)]
 """1 or more."""
 NonNegInt = Annotated[int, Meta(ge=0)]
 """0 or more (0 usually: off, or automatic)."""
-Seconds = Annotated[float, Meta(gt=0)]
-"""A positive duration."""
+Seconds = Annotated[float, Meta(gt=0, le=MAX_WAIT_S)]
+"""A positive duration that sets a timer: at most ``MAX_WAIT_S`` (core/protocol.py: a longer
+one would stop the process's timers)."""
+Delay = Annotated[float, Meta(ge=0, le=MAX_WAIT_S)]
+"""A duration that sets a timer, 0 allowed (usually: off)."""
 PosFloat = Annotated[float, Meta(gt=0)]
 NonNegFloat = Annotated[float, Meta(ge=0)]
 Fraction = Annotated[float, Meta(ge=0, le=1)]

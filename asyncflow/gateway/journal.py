@@ -7,11 +7,14 @@ caused it is answered:
 
 - ``turn``: a session's turn: the new context ids, the reply's ids, log-probs, text,
   finish, version and weights digest, the request's messages (the first turn also
-  ``prompt_ids``), the session's group key;
+  ``prompt_ids``, and ``anon`` when the request named no session), the session's group key;
 - ``reward``: its reward (and group key);
 - ``writing``: sessions about to be put into the queue; ``unwritten``: that write
   failed before any row was put (they wait again);
 - ``dropped``: a session given up (no reward in time, its group incomplete);
+- ``evicted``: sessions the store dropped to make room for a new one (``sessions.py``:
+  finished ones, then anonymous ones): no longer served, and a rewarded one still waits
+  for its group;
 - ``moved``: sessions handed over to another replica (written by the front, ``front.py``,
   on the journal of a replica that did not come back); ``closed``: sessions finished for
   good on the replica they were handed over from (the one that takes them over writes it).
@@ -21,7 +24,10 @@ Invariants:
   kill -9 of the process (the OS has the bytes; a machine crash is not covered).
 - Replay gives back every open session as it was recorded, the rewarded sessions
   that still wait for their group, and the ids of sessions finished for good (a later
-  turn of one is refused, never started afresh).
+  turn of one is refused, never started afresh). What it gives back to be served is what
+  the store held: an evicted session is not served again, an anonymous one stays
+  anonymous (so it can make room again). An evicted id that a later turn starts again is
+  a new session.
 - Queue writes are at most once: ``writing`` is journaled before the rows are put, so
   a replica killed between the two loses those sessions rather than writing them twice.
 - A journal is held (an exclusive ``flock``) by the one process that writes it: a gateway
@@ -53,6 +59,9 @@ class Replayed:
     """Rewarded sessions not yet (known to be) written: their reward events."""
     closed: set[str] = field(default_factory=set)
     """Sessions written to the queue or dropped: finished for good."""
+    evicted: set[str] = field(default_factory=set)
+    """Rewarded sessions of ``turns`` that the store dropped to make room: they wait for their
+    group, but are not served."""
 
 
 class JournalHeld(RuntimeError):
@@ -117,6 +126,10 @@ def replay(path: str | Path) -> Replayed:
             continue
         kind = ev["e"]
         if kind == "turn":
+            if ev["s"] in out.evicted:  # an evicted id started again: a new session
+                out.evicted.discard(ev["s"])
+                out.rewards.pop(ev["s"], None)
+                out.turns.pop(ev["s"], None)
             out.turns.setdefault(ev["s"], []).append(ev)
         elif kind == "reward":
             out.rewards[ev["s"]] = ev
@@ -124,6 +137,12 @@ def replay(path: str | Path) -> Replayed:
             writing.update(ev["s"])
         elif kind == "unwritten":  # the write failed before any row was put: they wait again
             writing.difference_update(ev["s"])
+        elif kind == "evicted":  # a rewarded one still waits for its group; an open one is gone
+            for s in ev["s"]:
+                if s in out.rewards:
+                    out.evicted.add(s)
+                else:
+                    out.turns.pop(s, None)
         elif kind == "dropped":
             out.closed.add(ev["s"])
         elif kind in ("moved", "closed"):  # handed over to another replica, or finished for good on the one before
@@ -132,4 +151,5 @@ def replay(path: str | Path) -> Replayed:
     for s in out.closed:
         out.rewards.pop(s, None)
         out.turns.pop(s, None)
+    out.evicted -= out.closed
     return out

@@ -187,8 +187,10 @@ class Gateway:
         return sorted(new)
 
     def _load(self, state: Replayed, write: bool = False) -> None:
-        """Serve the sessions of ``state``; a rewarded one waits for its group in the feed
-        (``write``: a group it completes is written now, else the journal says none can be)."""
+        """Serve the sessions of ``state`` as the store held them (an anonymous one stays
+        anonymous, an evicted one is not served, none is refused); a rewarded one waits for
+        its group in the feed (``write``: a group it completes is written now, else the
+        journal says none can be)."""
         for session, turns in state.turns.items():
             first = turns[0]
             t = Trajectory(session=session, prompt_ids=first["prompt_ids"], group=first.get("group"))
@@ -207,8 +209,8 @@ class Gateway:
                         self._offer_adopted(item, t.group)
                     else:
                         self.feed.offer(item, t.group)
-            self.sessions.reserve(session)
-            self.sessions.add(t)
+            if session not in state.evicted:
+                self.sessions.restore(t, anonymous=bool(first.get("anon")))
 
     def _offer_adopted(self, item: Rewarded, group: str | None) -> None:
         try:
@@ -409,7 +411,9 @@ class Gateway:
             self._known(session)  # 409: finished for good
         if t is None:
             self._check_size(messages, 0, limit)
-            self.sessions.reserve(session, anonymous)
+            evicted = self.sessions.reserve(session, anonymous)
+            if evicted and self.journal is not None:  # a restarted replica serves what the store holds
+                self.journal.append("evicted", s=evicted)
             try:
                 t = Trajectory(session=session, prompt_ids=self._encode(lambda: self.chat.prompt(messages)), group=group)
                 with t.lock:
@@ -486,7 +490,9 @@ class Gateway:
         t.add_turn(messages, context, reply_ids, logprobs, text, finish, c.version, digest, reply_versions=tv, digests=ds)
         t.last_turn.update(ids=reply_ids, prompt_tokens=len(ids))
         if self.journal is not None:  # before the answer: the turn survives the replica (journal.py)
-            extra = {"prompt_ids": t.prompt_ids} if first else {}
+            extra: dict[str, Any] = {"prompt_ids": t.prompt_ids} if first else {}
+            if first and self.sessions.is_anonymous(t.session):
+                extra["anon"] = True
             self.journal.append(
                 "turn", s=t.session, request=messages, context=context, reply=reply_ids, logp=[float(x) for x in logprobs],
                 text=text, finish=finish, v=c.version, d=digest, group=t.group, **extra,

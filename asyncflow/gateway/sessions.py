@@ -24,6 +24,8 @@ Invariants:
   named no session: its agent can only continue it by the id it was sent back) that
   is not taking a turn; when every kept session is a named open one, a new one is
   refused (HTTP 429). Anonymous requests alone can never fill the store for good.
+- A restored session (``restore``: a restarted replica's journal) keeps whether it was
+  anonymous, and is kept whatever the room: a restart never refuses what the store held.
 - A session id is 1 to ``MAX_SESSION_ID`` printable ASCII characters, no ``/`` and no
   space at either end (``check_session_id``): it travels back in an HTTP header and
   names a URL path segment.
@@ -205,30 +207,50 @@ class SessionStore:
         with self._lock:
             return self._sessions.get(session)
 
-    def reserve(self, session: str, anonymous: bool = False) -> None:
+    def reserve(self, session: str, anonymous: bool = False) -> list[str]:
         """Claim a new session id (its first turn is being generated), making room if
         needed (the module's rule); refused while the id is taken or every kept
-        session is a named open one. ``anonymous``: the gateway made the id up."""
+        session is a named open one. ``anonymous``: the gateway made the id up.
+        Returns the sessions dropped to make room (more than one only in a store that a
+        restore left over ``max_sessions``)."""
         with self._lock:
             if session in self._sessions:
                 raise RequestError(409, f"session {session!r} is already taking its first turn", "session_busy")
-            if len(self._sessions) >= self.max_sessions:
-                victim = next((k for k, v in self._sessions.items() if v is not None and v.finished), None)
-                if victim is None:
-                    victim = next((k for k in self._sessions if k in self._anonymous and self._idle(self._sessions[k])), None)
-                if victim is None:
+            needed = len(self._sessions) - self.max_sessions + 1
+            victims: list[str] = []
+            if needed > 0:
+                finished = [k for k, v in self._sessions.items() if v is not None and v.finished]
+                idle = [k for k in self._sessions if k in self._anonymous and self._idle(self._sessions[k])]
+                victims = (finished + [k for k in idle if k not in finished])[:needed]
+                if len(victims) < needed:
                     raise RequestError(
                         429,
                         f"{len(self._sessions)} named sessions are open (max_sessions): finish some with a reward, "
                         "or raise [rollout.gateway] max_sessions",
                         "too_many_sessions",
                     )
-                del self._sessions[victim]
-                self._anonymous.discard(victim)
-                self.dropped += 1
+                for victim in victims:
+                    del self._sessions[victim]
+                    self._anonymous.discard(victim)
+                self.dropped += len(victims)
             self._sessions[session] = None
             if anonymous:
                 self._anonymous.add(session)
+            return victims
+
+    def restore(self, t: Trajectory, anonymous: bool = False) -> None:
+        """Keep ``t`` as a replica before this one kept it (its journal), whatever the room:
+        a restart never drops nor refuses a session. A store left over ``max_sessions`` (a
+        lower one since) makes room again as sessions finish or are dropped."""
+        with self._lock:
+            self._sessions[t.session] = t
+            if anonymous:
+                self._anonymous.add(t.session)
+
+    def is_anonymous(self, session: str) -> bool:
+        """The gateway made ``session`` up (the request named none)."""
+        with self._lock:
+            return session in self._anonymous
 
     @staticmethod
     def _idle(t: Trajectory | None) -> bool:

@@ -132,3 +132,93 @@ def test_the_journal_of_a_replica_process_is_claimed_only_once_that_process_is_k
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def anonymous_turn(gw) -> str:
+    """One request that names no session; the id the gateway made up for it."""
+    raw = api(gw).chat.completions.with_raw_response.create(model="m", messages=[{"role": "user", "content": "2+2="}])
+    return raw.headers["x-session-id"]
+
+
+@pytest.mark.timeout(120)
+def test_a_replica_restarted_after_more_anonymous_requests_than_max_sessions_serves_what_its_store_held(make_gateway, tmp_path):
+    """Anonymous sessions dropped to make room stay dropped across a restart, and the ones
+    kept stay anonymous: the restarted replica starts, holds the sessions the dead one held,
+    and still drops an anonymous one to make room for a named one."""
+    journal = tmp_path / "journal.jsonl"
+    first = make_gateway(journal_path=journal, max_sessions=3)
+    api(first).chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}], user="agent-a")
+    anonymous = [anonymous_turn(first) for _ in range(6)]  # twice what the store holds
+    held = first.sessions.ids()
+    assert held == ["agent-a", *anonymous[-2:]]
+    first.close()  # the replica died
+    second = make_gateway(journal_path=journal, max_sessions=3)
+    assert second.sessions.ids() == held
+    api(second).chat.completions.create(model="m", messages=[{"role": "user", "content": "3+3="}], user="agent-b")
+    assert second.sessions.ids() == ["agent-a", anonymous[-1], "agent-b"]  # an anonymous one made room
+    newest = anonymous_turn(second)
+    assert second.sessions.ids() == ["agent-a", "agent-b", newest]
+    second.close()
+    third = make_gateway(journal_path=journal, max_sessions=3)  # and again, after the second replica's evictions
+    assert third.sessions.ids() == ["agent-a", "agent-b", newest]
+
+
+@pytest.mark.timeout(120)
+def test_a_rewarded_session_dropped_from_the_store_still_waits_for_its_group_after_a_restart(make_gateway, tmp_path):
+    """A finished session the store dropped to make room is no longer served, but its reward,
+    answered as waiting for its group, still completes the group after a restart."""
+    journal, queue = tmp_path / "journal.jsonl", FakeQueue()
+    first = make_gateway(journal_path=journal, max_sessions=2, feed=SessionFeed(2, 60), queue=queue)
+    c = api(first)
+    c.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "1+1="}], user="a", extra_headers={"X-Group-Id": "g"}
+    )
+    assert c.post("/asyncflow/sessions/a/reward", body={"reward": 1.0}, cast_to=object)["queue"]["waiting"] == 1
+    anonymous_turn(first)
+    anonymous_turn(first)  # the finished "a" made room
+    assert "a" not in first.sessions.ids()
+    first.close()
+    second = make_gateway(journal_path=journal, max_sessions=2, feed=SessionFeed(2, 60), queue=queue)
+    assert "a" not in second.sessions.ids()
+    c = api(second)
+    c.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "1+1="}], user="b", extra_headers={"X-Group-Id": "g"}
+    )
+    done = c.post("/asyncflow/sessions/b/reward", body={"reward": 0.0}, cast_to=object)["queue"]
+    assert done["sessions"] == ["a", "b"]
+
+
+@pytest.mark.timeout(120)
+def test_a_replica_restarts_on_a_journal_holding_more_named_sessions_than_max_sessions(make_gateway, tmp_path):
+    """A replica restarts whatever its journal holds (``max_sessions`` lowered on a resume):
+    every open session is served; new ones are refused with the 429 that says what to do."""
+    journal = tmp_path / "journal.jsonl"
+    first = make_gateway(journal_path=journal, max_sessions=3)
+    for s in ("a", "b", "c"):
+        api(first).chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}], user=s)
+    first.close()
+    second = make_gateway(journal_path=journal, max_sessions=2)
+    assert second.sessions.ids() == ["a", "b", "c"]
+    with pytest.raises(openai.APIStatusError) as refused:
+        api(second).chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}], user="d")
+    assert refused.value.status_code == 429
+
+
+@pytest.mark.timeout(120)
+def test_anonymous_sessions_handed_over_to_a_full_replica_are_taken_and_stay_anonymous(make_gateway, tmp_path):
+    """A replica that takes over another's sessions takes them all, even past its
+    ``max_sessions``, and the anonymous ones among them still make room for new sessions."""
+    from asyncflow.gateway.handover import take_over
+
+    gone_journal = tmp_path / "gone.jsonl"
+    gone = make_gateway(journal_path=gone_journal, max_sessions=4)
+    moved = [anonymous_turn(gone) for _ in range(2)]
+    gone.close()  # its process is gone, and it does not come back
+    live = make_gateway(journal_path=tmp_path / "live.jsonl", max_sessions=2)
+    api(live).chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}], user="agent-a")
+    handovers = take_over(gone_journal, 0, lambda groups, done: dict.fromkeys(groups, 1))
+    assert handovers is not None
+    assert live.adopt(handovers[1]) == sorted(moved)
+    assert live.sessions.ids() == ["agent-a", *moved]  # over max_sessions: none refused
+    api(live).chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}], user="agent-b")
+    assert live.sessions.ids() == ["agent-a", "agent-b"]  # both anonymous ones made room

@@ -62,6 +62,21 @@ def test_the_store_drops_an_anonymous_session_only_while_it_takes_no_turn():
     assert store.lookup("anon-1") is None
 
 
+def test_a_store_restored_over_max_sessions_makes_room_only_when_it_can_get_below_it():
+    """A restore keeps every session (``max_sessions`` lowered since); a new one then needs the
+    store back below ``max_sessions``: an anonymous session is dropped for nothing only if that
+    is enough, and each one dropped is named so the journal can record it."""
+    store = SessionStore(max_sessions=2)
+    for session, anonymous in (("anon-1", True), ("named", False), ("anon-2", True), ("anon-3", True)):
+        store.restore(Trajectory(session=session, prompt_ids=[1]), anonymous=anonymous)
+    assert store.reserve("anon-4", anonymous=True) == ["anon-1", "anon-2", "anon-3"]
+    store.add(Trajectory(session="anon-4", prompt_ids=[1]))
+    store.restore(Trajectory(session="named-2", prompt_ids=[1]))  # now "named", "anon-4", "named-2"
+    with pytest.raises(RequestError) as info:
+        store.reserve("named-3")
+    assert info.value.status == 429 and store.ids() == ["named", "anon-4", "named-2"]  # nothing dropped in vain
+
+
 @pytest.mark.parametrize(
     "session", ["agent-€", "agent-😀", "a" * 129, "agent\t1", " agent", "agent/1", "agent\r\nX-Evil: 1", "agent\x00"]
 )

@@ -14,14 +14,15 @@ import pytest
 from wf_helpers import afctl, child_hosts, read_jsonl, write_config
 
 
-def sessions_config(tmp_path, num_sessions: int, partial: bool = False):
+def sessions_config(tmp_path, num_sessions: int, partial: bool = False, **gateway):
+    """``gateway``: more ``[rollout.gateway]`` keys."""
     return write_config(
         tmp_path,
         num_steps=1,
         changes={
             "algorithm": {"group_size": 2},
             "train": {"prompts_per_step": 2},  # 4 sessions a step
-            "rollout.gateway": {"enabled": True, "port": 0, "train": True, "num_sessions": num_sessions},
+            "rollout.gateway": {"enabled": True, "port": 0, "train": True, "num_sessions": num_sessions, **gateway},
             "reward": {"functions": []},
             "workflow": {"partial_rollout": partial},  # the gateway's requests join the replica's stream
         },
@@ -167,3 +168,39 @@ def test_sessions_sent_all_at_once_that_go_stale_are_named_in_a_warning_with_the
         proc.communicate(timeout=60)
     warning = lines[-1]
     assert "4 gateway sessions" in warning and "workflow.staleness" in warning and "num_sessions" in warning, warning
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_replica_killed_after_more_anonymous_requests_than_max_sessions_restarts_and_serves_what_it_held(tmp_path):
+    """Anonymous requests fill the store (and make room for each other); a kill -9 of the
+    serving replica then restarts it with the sessions its store held, the anonymous ones
+    still anonymous: they make room for new named sessions, and the run trains to its end."""
+    run_dir = tmp_path / "run"
+    proc = afctl("up", str(sessions_config(tmp_path, num_sessions=4, max_sessions=3)), "--run-dir", str(run_dir))
+    try:
+        url = wait_for_gateway(run_dir, proc)
+        wait_for_line(proc, "every process is up")  # every role started its work: a death now is a restart
+        born = (run_dir / "gateway.json").stat().st_mtime_ns
+        chat = [{"role": "user", "content": "12+7="}]
+        r1 = client(url).chat.completions.create(model="m", messages=chat, user="named")
+        for _ in range(6):  # twice what the store holds: anonymous ones make room for each other
+            client(url).chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}])
+        os.kill(child_hosts(proc.pid)["rollout.0"], signal.SIGKILL)
+        api = client(wait_for_gateway(run_dir, proc, newer_than_ns=born))  # the restarted replica serves again
+        chat += [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "7+1="}]
+        assert api.chat.completions.create(model="m", messages=chat, user="named").model_extra["asyncflow"]["turn"] == 2
+        one_turn(api, "new-0")  # room made by the restored anonymous sessions
+        one_turn(api, "new-1")
+        written = [reward(api, s, 1.0)["queue"]["written"] for s in ("named", "new-0", "new-1")]
+        one_turn(api, "new-2")  # room made by a rewarded one
+        written.append(reward(api, "new-2", 0.0)["queue"]["written"])
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    indices = [i for w in written for i in w]
+    trained = [i for line in read_jsonl(run_dir / "trained.jsonl") for i in line["indices"]]
+    assert sorted(trained) == sorted(indices) and len(indices) == 4
