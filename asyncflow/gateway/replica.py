@@ -55,13 +55,18 @@ def serve_for_replica(
     queue=None,
     group_size: int = 1,
     streamed: bool = False,
+    per_step: int = 0,
+    staleness: int = 0,
+    num_replicas: int = 1,
 ):
     """The started Gateway when ``cfg`` (a GatewayConfig) puts it on this replica, else None.
     Its sessions are journaled in RUN_DIR (a restarted replica serves them again);
     ``digest``: the engine's weights digest (read under ``engine_lock``); with
     ``cfg.train``, ``queue`` (a TQClient) is where rewarded sessions go, in groups of
     ``group_size`` by key; ``streamed`` (partial rollout): its requests join the replica's
-    generation stream (``batcher.StreamedRequests``)."""
+    generation stream (``batcher.StreamedRequests``). With ``cfg.train`` and ``cfg.pace``, new
+    sessions are paced (``pacing.py``) to ``per_step`` sessions a step (this replica's share of
+    ``num_replicas`` with ``all_replicas``) and the run's ``staleness``."""
     if not cfg.enabled or (replica != cfg.replica and not cfg.all_replicas):
         return None
     try:
@@ -101,6 +106,9 @@ def serve_for_replica(
         streamed=streamed,
         replica=replica,
     )
+    if cfg.train and cfg.pace:
+        share = 1 / num_replicas if cfg.all_replicas else 1.0
+        gateway.start_pacing(per_step * share, staleness, cfg.pace_wait_s, share=share)
     gateway.start_expiry(cfg.reward_timeout_s if cfg.train else None, own / Path(STATS_FILE).name)
     url = gateway.start(cfg.host, 0 if cfg.all_replicas else cfg.port)
     if cfg.all_replicas:  # the front (driver) routes to it: read again by the front when it restarts

@@ -145,6 +145,9 @@ class RolloutActor(LoopActor):
             queue=TQClient(ctx.directory, consumer=f"{ctx.name}.gateway", reserve_rows=0) if cfg.rollout.gateway.train else None,
             group_size=cfg.algorithm.group_size,
             streamed=cfg.workflow.partial_rollout,  # its requests join the partial-rollout stream (stream.py)
+            per_step=cfg.samples_per_step,  # new sessions paced to what the trainer takes (gateway/pacing.py)
+            staleness=cfg.staleness,
+            num_replicas=cfg.rollout.num_replicas,
         )
         self._decode_steps = self._decode_rows = 0  # counters(): decode forwards, sequences decoded
         # reward.placement = "rollout": the reward functions score each unit's rows here, put with the responses
