@@ -384,8 +384,8 @@ class Gateway:
             try:
                 body = await run_in_threadpool(self.complete, session, req, not named, group, admitted)
             except BaseException:
-                if admitted and self.sessions.lookup(session) is None:  # it did not start
-                    self.pacer.release()  # type: ignore[union-attr]
+                if admitted and self.pacer is not None and self.sessions.lookup(session) is None:
+                    self.pacer.release()  # it did not start
                 raise
             if req.stream:  # server-sent events: the whole reply in one chunk, then the finish
                 return StreamingResponse(

@@ -105,4 +105,4 @@ def test_a_run_whose_agent_stopped_sending_saves_says_so_and_ends(tmp_path):
     assert proc.returncode == 0, out
     assert "ended early: no rewarded session reached the queue for 8 s ([rollout.gateway] idle_end_s)" in out, out
     assert len(read_jsonl(run_dir / "trained.jsonl")) == 2
-    assert (run_dir / "checkpoints" / "step_2").is_dir(), sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert (run_dir / "checkpoints" / "step_000002").is_dir(), sorted(p.name for p in (run_dir / "checkpoints").iterdir())
