@@ -38,7 +38,12 @@ Invariants:
   goes at once;
 - every admitted session leaves the count exactly once: trained (the version moves),
   dropped by the gateway (``dropped``), discarded by the trainer (``discarded``), or
-  never started (``release``).
+  never started (``release``);
+- the count is never below 0: a replica restarted mid-run starts with the launch's
+  weights and swaps in the trainer's newest, so its anchor version is behind; the
+  version's first move then makes the count negative, which is taken as "nothing
+  ahead" (the sessions restored or waiting in the queue then are counted as trained: at
+  most one bound of sessions too many start once).
 """
 
 from __future__ import annotations
@@ -107,6 +112,9 @@ class Pacer:
         it (its whole group of ``group_size``) fits under the bound, and counts as ahead."""
         with self._lock:
             ahead = self.ahead(version)
+            if ahead < 0:  # the trainer took more than counted: the anchor was behind (below); count from here
+                self._admitted -= ahead
+                ahead = 0
             self.counts.ahead = ahead
             if group is not None and self._groups.get(group, 0) > 0:  # its group's place is kept
                 self._groups[group] -= 1

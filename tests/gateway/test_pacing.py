@@ -80,3 +80,8 @@ def test_a_settled_group_gives_back_the_places_its_sessions_did_not_take():
     assert not start(pacer, 0)
     pacer.settle("g")  # written (or dropped) with 2: two places free
     assert start(pacer, 0) and start(pacer, 0) and not start(pacer, 0)
+
+
+def test_a_replica_restarted_behind_the_trainer_counts_from_the_version_it_swaps_in():
+    pacer = Pacer(per_step=4, staleness=0, version=0)  # started with the launch's weights; the trainer is at 9
+    assert [start(pacer, 9) for _ in range(5)] == [True] * 4 + [False]  # one step's sessions, not nine steps' more
