@@ -78,7 +78,7 @@ class Pacer:
         sessions restored from the journal); ``discarded``: the trainer's discards so far."""
         self.per_step, self.staleness = per_step, staleness
         self._v0, self._d0 = version, discarded
-        self._admitted = ahead
+        self._admitted: float = ahead
         self._dropped = 0
         self._discarded = discarded
         self._tickets: deque[int] = deque()
