@@ -67,7 +67,7 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
         click.echo(
             f"sessions: {summary['sessions_trained']} trained, {summary['sessions_stale']} discarded as stale "
             f"({summary['sessions_stale_frac']:.1%}); staleness mean {summary['staleness_mean']:.2f}, "
-            f"max {summary['staleness_max']}"
+            f"max {int(summary['staleness_max'])}"
         )
     if summary.get("ended"):  # ended before its last step: why (the agents stopped sending)
         click.echo(f"ended early: {summary['ended']}")
