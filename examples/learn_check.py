@@ -70,8 +70,11 @@ def main() -> int:
     rng = random.Random(args.seed)
     t0 = time.perf_counter()
     model_dir = make_task_model(
-        tempfile.mkdtemp(prefix="learn_check_"), seed=args.seed, task=args.task,
-        warm_start=args.warm_start, warm_start_steps=args.warm_steps,
+        tempfile.mkdtemp(prefix="learn_check_"),
+        seed=args.seed,
+        task=args.task,
+        warm_start=args.warm_start,
+        warm_start_steps=args.warm_steps,
     )
     tokenizer = load_tokenizer(model_dir)
     rollout = build_rollout_engine(RolloutEngineConfig(max_batch_size=256, seed=args.seed), model_dir)
@@ -84,7 +87,9 @@ def main() -> int:
     n = args.group_size
     params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=(tokenizer.eos_token_id,), n=n)
     train_set = make_examples(1000, seed=args.seed + 1, task=args.task)
-    eval_set = sorted({ex["prompt"]: ex for ex in make_examples(2000, seed=args.seed + 2, task=args.task)}.values(), key=str)[:100]
+    eval_set = sorted({ex["prompt"]: ex for ex in make_examples(2000, seed=args.seed + 2, task=args.task)}.values(), key=str)[
+        :100
+    ]
     print(f"setup {time.perf_counter() - t0:.1f}s; greedy accuracy before: {greedy_accuracy(rollout, tokenizer, eval_set):.2f}")
 
     mean_rewards = []
@@ -111,7 +116,9 @@ def main() -> int:
         )
         if args.algo == "ppo":  # token advantages from the critic's values instead
             values_BT = critic.forward(token_batch).values
-            token_batch.advantages, token_batch.returns = ppo_advantages(ppo, torch.tensor(rewards), values_BT, token_batch.response_mask)
+            token_batch.advantages, token_batch.returns = ppo_advantages(
+                ppo, torch.tensor(rewards), values_BT, token_batch.response_mask
+            )
             token_batch.old_values = values_BT
             critic.train_step(token_batch, critic_loss_fn(ppo))
         in_flight.append(token_batch)

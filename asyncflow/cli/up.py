@@ -63,6 +63,14 @@ def up(config: str | None, run_dir: str | None, resume: str | None, overrides: t
         f"reward {summary['reward_first_10pct']:.3f} (first 10%) -> {summary['reward_last_10pct']:.3f} (last 10%), "
         f"staleness <= {summary['staleness_max']}"
     )
+    if "sessions_trained" in summary:  # [rollout.gateway] train: what became of the agents' sessions
+        click.echo(
+            f"sessions: {summary['sessions_trained']} trained, {summary['sessions_stale']} discarded as stale "
+            f"({summary['sessions_stale_frac']:.1%}); staleness mean {summary['staleness_mean']:.2f}, "
+            f"max {int(summary['staleness_max'])}"
+        )
+    if summary.get("ended"):  # ended before its last step: why (the agents stopped sending)
+        click.echo(f"ended early: {summary['ended']}")
     if summary.get("checkpoint"):  # the Hugging Face directory, what from_pretrained and model.path load
         click.echo(model_line(summary["checkpoint"]))
     if summary.get("val_best_accuracy") is not None:  # [eval]: steps counted as in the progress lines

@@ -127,6 +127,32 @@ class GatewayConfig(Section):
             "``train.num_steps`` is then ignored (set to a bound no run reaches)."
         ),
     ] = False
+    pace: Annotated[
+        bool,
+        Meta(
+            description="With ``train``: hold back new sessions while the sessions started and not yet trained would "
+            "make them older than ``workflow.staleness`` by the time they are trained: a new session's first request "
+            "waits (at most ``pace_wait_s``) instead of being generated and then discarded as stale. Sessions under way "
+            "are never held. False: every session starts at once, and the trainer discards the stale ones "
+            "(docs/gateway.md, Pacing)."
+        ),
+    ] = True
+    pace_wait_s: Annotated[
+        PosFloat,
+        Meta(
+            description="With ``pace``: the longest a new session's first request is held; then it gets HTTP 503 with "
+            "``Retry-After`` (the openai client sends it again by itself). Shorter than the agent's client timeout."
+        ),
+    ] = 60.0
+    idle_end_s: Annotated[
+        PosFloat | None,
+        Meta(
+            description="With ``train``: a run whose trainer has waited this many seconds without a rewarded session "
+            "reaching the queue (the agents stopped sending) saves a checkpoint, says so and ends, before "
+            "``num_sessions``. Longer than an agent's slowest episode; None: wait for sessions however long. Not with "
+            "``until_stopped``, which waits by design."
+        ),
+    ] = 600.0
 
     @property
     def trains(self) -> bool:

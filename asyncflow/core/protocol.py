@@ -520,6 +520,7 @@ class TaskStatus(_Msg):
     num_acked: int
     num_waiting: int  # GetBatch requests waiting
     acked: list[int] = []
+    num_discarded: int = 0  # rows ever acked untrained by a Discard (since the controller started)
 
 
 # -- manager --------------------------------------------------------------------------

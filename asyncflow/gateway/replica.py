@@ -56,6 +56,9 @@ def serve_for_replica(
     group_size: int = 1,
     streamed: bool = False,
     context_tokens: int = 0,
+    per_step: int = 0,
+    staleness: int = 0,
+    num_replicas: int = 1,
 ):
     """The started Gateway when ``cfg`` (a GatewayConfig) puts it on this replica, else None.
     Its sessions are journaled in RUN_DIR (a restarted replica serves them again);
@@ -63,7 +66,9 @@ def serve_for_replica(
     ``cfg.train``, ``queue`` (a TQClient) is where rewarded sessions go, in groups of
     ``group_size`` by key; ``streamed`` (partial rollout): its requests join the replica's
     generation stream (``batcher.StreamedRequests``); ``context_tokens``: the model's
-    context, which bounds every request (0: unknown)."""
+    context, which bounds every request (0: unknown). With ``cfg.train`` and ``cfg.pace``, new
+    sessions are paced (``pacing.py``) to ``per_step`` sessions a step (this replica's share of
+    ``num_replicas`` with ``all_replicas``) and the run's ``staleness``."""
     if not cfg.enabled or (replica != cfg.replica and not cfg.all_replicas):
         return None
     try:
@@ -104,6 +109,9 @@ def serve_for_replica(
         replica=replica,
         context_tokens=context_tokens,
     )
+    if cfg.train and cfg.pace:
+        share = 1 / num_replicas if cfg.all_replicas else 1.0
+        gateway.start_pacing(per_step * share, staleness, cfg.pace_wait_s, share=share)
     gateway.start_expiry(cfg.reward_timeout_s if cfg.train else None, own / Path(STATS_FILE).name)
     url = gateway.start(cfg.host, 0 if cfg.all_replicas else cfg.port)
     if cfg.all_replicas:  # the front (driver) routes to it: read again by the front when it restarts

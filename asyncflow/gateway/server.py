@@ -34,10 +34,15 @@ Invariants:
 - With a feed (``[rollout.gateway] train``) a reward is answered 200 once its session
   is in the queue (or waits for its group); a queue that stays full answers 503 with
   ``Retry-After`` and the session stays open for the same reward again.
+- With pacing (``start_pacing``) a new session's first request waits, without a thread,
+  until the pacer admits it (``pacing.py``: it would otherwise be too old to train by
+  the time it is), at most ``pace_wait_s``, then a 503 with ``Retry-After``; a client
+  that goes away gives up its place. A session under way is never held.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -65,6 +70,7 @@ from asyncflow.gateway.feed import GROUP_HEADER, Rewarded, SessionFeed, write_un
 from asyncflow.gateway.handover import ADOPT_ROUTE, Handover
 from asyncflow.gateway.http import HttpServer
 from asyncflow.gateway.journal import Journal, Replayed, replay
+from asyncflow.gateway.pacing import Pacer
 from asyncflow.gateway.prefix import PrefixLedger
 from asyncflow.gateway.sessions import RequestError, SessionStore, Trajectory, check_session_id
 
@@ -74,7 +80,10 @@ SESSION_HEADER = "x-session-id"
 
 
 RETRY_AFTER_S = 5
-"""The ``Retry-After`` of a 503 (a reward refused while the queue is full)."""
+"""The ``Retry-After`` of a 503 (a reward refused while the queue is full, a first request held too long)."""
+
+PACE_POLL_S = 0.05
+"""How often a held first request looks whether the pacer admits it (on the event loop, no thread held)."""
 
 
 def _error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -139,6 +148,8 @@ class Gateway:
         self._feed_lock = threading.Lock()  # the feed's state and the queue writes of its units
         self._closed: set[str] = set()  # sessions written to the queue or dropped: finished for good
         self._stopping = threading.Event()
+        self.pacer: Pacer | None = None  # start_pacing
+        self.pace_wait_s = 0.0
         self.journal: Journal | None = None
         if journal_path is not None:
             self.journal = Journal(journal_path)  # held first: a handover of its sessions is over, or waits (journal.py)
@@ -183,6 +194,8 @@ class Gateway:
                 self.journal.append("closed", s=closed)
         self._closed.update(closed)
         self._load(Replayed(turns=new, rewards={s: r for s, r in handover.rewards.items() if s in new}), write=True)
+        if self.pacer is not None:  # ahead here now (written ones left the count as rows of the queue)
+            self.pacer.started(sum(1 for s in new if s not in self._closed))
         log.info("gateway: took over %d sessions of rollout.%s (%d finished)", len(new), handover.source, len(closed))
         return sorted(new)
 
@@ -222,16 +235,45 @@ class Gateway:
     def _digest_of(t: Trajectory) -> int:
         return t.digests.get(t.version, 0)
 
+    def start_pacing(self, per_step: float, staleness: int, wait_s: float, share: float = 1.0) -> Pacer:
+        """Hold new sessions while they would be too stale to train (``pacing.py``):
+        ``per_step`` sessions a step (this replica's share of them), ``staleness`` the
+        run's bound, a first request held at most ``wait_s``. Counted as ahead from the
+        start: the rows waiting in the queue (``share`` of them) and the sessions
+        restored from the journal that are not yet written."""
+        from asyncflow.config.names import TASK_TRAIN
+
+        assert self.feed is not None and self.queue is not None, "pacing needs the feed and the queue (train = true)"
+        status = self.queue.task_status(TASK_TRAIN)
+        ready = status.num_rows - sum(status.num_pending.values()) - status.num_acked
+        restored = sum(1 for s in self.sessions.ids() if s not in self._closed)
+        self.pacer = Pacer(
+            per_step, staleness, self.engine.version, ahead=round(ready * share) + restored,
+            discarded=round(status.num_discarded * share),
+        )  # fmt: skip
+        self._pace_share = share
+        self.pace_wait_s = wait_s
+        return self.pacer
+
+    def _refresh_discards(self) -> None:
+        """The trainer's stale discards so far (this replica's share), for the pacer."""
+        from asyncflow.config.names import TASK_TRAIN
+
+        if self.pacer is not None and self.queue is not None:
+            self.pacer.discarded(round(self.queue.task_status(TASK_TRAIN).num_discarded * self._pace_share))
+
     def start_expiry(self, timeout_s: float | None, stats_path: str | Path | None = None) -> None:
         """Drop unrewarded sessions and incomplete groups (``expire``) from a daemon thread,
         every tenth of ``timeout_s`` (at most 5 s), writing the counts to ``stats_path``;
         ``timeout_s`` None: drop nothing, write the counts every second."""
-        period = min(timeout_s / 10, 5.0) if timeout_s is not None else 1.0
+        period = min(timeout_s / 10, 1.0) if timeout_s is not None else 1.0
 
         def sweep() -> None:
             while not self._stopping.wait(period):
                 if timeout_s is not None:
                     self.expire(timeout_s)
+                if self.pacer is not None:
+                    self._refresh_discards()
                 if stats_path is not None:
                     Path(stats_path).write_text(json.dumps(self.counters()))
 
@@ -249,19 +291,28 @@ class Gateway:
         if self.feed is not None:
             with self._feed_lock:
                 out.update(self.feed.counts.as_metrics())
+        if self.pacer is not None:
+            out.update(self.pacer.counts.as_metrics())
         return out
 
     def expire(self, timeout_s: float, now_s: float | None = None) -> int:
         """Drop the sessions not rewarded within ``timeout_s`` of their last turn and the
         groups not complete within it (counted, journaled); returns how many."""
         now_s = time.time() if now_s is None else now_s
-        dropped = [t.session for t in self.sessions.expire(now_s, timeout_s)]
+        dropped_t = self.sessions.expire(now_s, timeout_s)
+        dropped = [t.session for t in dropped_t]
         with self._feed_lock:
+            waiting = self.feed.waiting_groups() if self.feed is not None else {}
             if self.feed is not None:
                 self.feed.counts.unrewarded += len(dropped)
                 groups = [d.session for d in self.feed.expire(now_s)]
             else:
                 groups = []
+        expired = {key for key, members in waiting.items() if set(members) & set(groups)}
+        if self.pacer is not None:
+            self.pacer.dropped(len(dropped) + len(groups))
+            for key in {t.group for t in dropped_t} | expired:
+                self.pacer.settle(key)
         for session in dropped + groups:
             self._closed.add(session)
             if self.journal is not None:
@@ -340,7 +391,13 @@ class Gateway:
             named = request.headers.get(SESSION_HEADER) or req.user
             session = check_session_id(named) if named else f"anon-{uuid.uuid4().hex}"
             group = request.headers.get(GROUP_HEADER)
-            body = await run_in_threadpool(self.complete, session, req, not named, group)
+            admitted = await self._paced(request, session, group)
+            try:
+                body = await run_in_threadpool(self.complete, session, req, not named, group, admitted)
+            except BaseException:
+                if admitted and self.pacer is not None and self.sessions.lookup(session) is None:
+                    self.pacer.release()  # it did not start
+                raise
             if req.stream:  # server-sent events: the whole reply in one chunk, then the finish
                 return StreamingResponse(
                     iter(sse_events(body)), media_type="text/event-stream", headers={"X-Session-Id": session}
@@ -348,6 +405,39 @@ class Gateway:
             return JSONResponse(body, headers={"X-Session-Id": session})
 
         return await self._guard(request, handle)
+
+    async def _paced(self, request: Request, session: str, group: str | None) -> bool:
+        """Hold a new session's first request until the pacer admits it (True; a session of
+        ``group``, the whole group); False for a session under way (or no pacing). Waits on
+        the event loop, holding no thread: the requests of sessions under way and the
+        rewards go on meanwhile."""
+        pacer = self.pacer
+        if pacer is None or self.sessions.lookup(session) is not None or session in self._closed:
+            return False
+        assert self.feed is not None  # start_pacing checked
+        ticket = pacer.ticket()
+        deadline = time.monotonic() + self.pace_wait_s
+        try:
+            while not pacer.admit(ticket, self.engine.version, group, self.feed.group_size):
+                if self._stopping.is_set():
+                    raise RequestError(503, "the gateway is stopping (the run ends)", "stopping")
+                if time.monotonic() > deadline:
+                    pacer.cancel(ticket, refused=True)
+                    raise RequestError(
+                        503,
+                        f"training is behind: a new session now would be older than workflow.staleness = "
+                        f"{pacer.staleness} by the time it is trained; held {self.pace_wait_s:g} s "
+                        f"(rollout.gateway.pace_wait_s): send this request again after Retry-After",
+                        "paced",
+                        headers={"Retry-After": str(RETRY_AFTER_S)},
+                    )
+                if await request.is_disconnected():  # nobody to answer: its place goes to the next one
+                    raise RequestError(400, "the client went away while its first request was held", "client_disconnected")
+                await asyncio.sleep(PACE_POLL_S)
+        except BaseException:
+            pacer.cancel(ticket)
+            raise
+        return True
 
     async def _list(self, request: Request) -> Response:
         async def handle(_: Request) -> JSONResponse:
@@ -397,16 +487,21 @@ class Gateway:
         return await self._guard(request, handle)
 
     # -- work (in starlette's thread pool) -----------------------------------------------
-    def complete(self, session: str, req, anonymous: bool = False, group: str | None = None) -> dict[str, Any]:
+    def complete(
+        self, session: str, req, anonymous: bool = False, group: str | None = None, admitted: bool = False
+    ) -> dict[str, Any]:
         """Generate the reply to ``req`` in ``session`` and record it; the OpenAI response body.
         ``anonymous``: the request named no session (the gateway made ``session`` up);
-        ``group``: its group key (``X-Group-Id``)."""
+        ``group``: its group key (``X-Group-Id``); ``admitted``: the pacer admitted it as a
+        new session (given back if another request started the session meanwhile)."""
         messages = [m.plain(i) for i, m in enumerate(req.messages)]
         if messages[-1]["role"] == "assistant":
             raise RequestError(400, "the last message is an assistant message: the gateway generates the assistant's turn")
         limit = min(x for x in (req.max_completion_tokens, req.max_tokens, self.params.max_new_tokens) if x is not None)
         params = msgspec.structs.replace(self.params, max_new_tokens=limit)
         t = self.sessions.lookup(session)
+        if admitted and t is not None and self.pacer is not None:
+            self.pacer.release()  # two first requests of one session at once: the other one started it
         if t is None and session in self._closed:
             self._known(session)  # 409: finished for good
         if t is None:
@@ -607,6 +702,8 @@ class Gateway:
                 ) from None
             self.feed.written(unit)
             self._closed.update(sessions)
+            if self.pacer is not None:  # the group's places that no session took are free again
+                self.pacer.settle(group)
         return {"group": group, "written": indices, "sessions": sessions}
 
 

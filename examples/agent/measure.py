@@ -68,6 +68,7 @@ def main() -> int:
     steps = [s for s in steps if "reward_mean" in s]
     t_first, t_last = tenth_means([s["reward_mean"] for s in steps])
     trained = [json.loads(line) for line in (run_dir / "trained.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
     result = {
         "agent": {
             "episodes": len(rewards),
@@ -84,6 +85,8 @@ def main() -> int:
             "reward_last_10pct_steps": round(t_last, 4),
             "staleness_max": max(s.get("staleness_max", 0) for s in steps),
         },
+        # the run's own account (summary.json): discarded fraction, staleness mean, an early end's reason
+        "run": {k: summary.get(k) for k in ("sessions_stale_frac", "staleness_mean", "ended")},
         "wall_s": round(time.monotonic() - started),
     }
     print(json.dumps(result))

@@ -144,7 +144,23 @@ def summarize(
         "pipeline_efficiency": min(1.0, max(busy.values(), default=0.0) / max(launch_span, 1e-9)),
         "restarts": restarts,
         "checkpoint": result.checkpoint if result else "",
+        "ended": result.ended if result else "",
         **val_summary(rd, rows),
+        **(session_summary(rows) if cfg.data_from_gateway else {}),
+    }
+
+
+def session_summary(rows: list[dict]) -> dict:
+    """A run on gateway sessions: sessions trained and discarded as stale (every launch),
+    the staleness they were trained at (mean over sessions, max)."""
+    trained = sum(r["samples"] for r in rows)
+    stale = sum(max((r.get("sessions_stale", 0) for r in part), default=0) for part in launches(rows))
+    mean = sum(r.get("staleness_mean", 0.0) * r["samples"] for r in rows) / max(trained, 1)
+    return {
+        "sessions_trained": int(trained),
+        "sessions_stale": int(stale),
+        "sessions_stale_frac": stale / max(trained + stale, 1),
+        "staleness_mean": mean,
     }
 
 

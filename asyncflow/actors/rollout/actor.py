@@ -146,6 +146,9 @@ class RolloutActor(LoopActor):
             group_size=cfg.algorithm.group_size,
             streamed=cfg.workflow.partial_rollout,  # its requests join the partial-rollout stream (stream.py)
             context_tokens=self.run.context_tokens(),
+            per_step=cfg.samples_per_step,  # new sessions paced to what the trainer takes (gateway/pacing.py)
+            staleness=cfg.staleness,
+            num_replicas=cfg.rollout.num_replicas,
         )
         self._decode_steps = self._decode_rows = 0  # counters(): decode forwards, sequences decoded
         # reward.placement = "rollout": the reward functions score each unit's rows here, put with the responses

@@ -237,6 +237,7 @@ class RunFinished(Request["Ok"]):
 
     last_step: int
     checkpoint: str
+    ended: str = ""  # why the run ended before its last step (the agents stopped sending); "" at the last step
 
 
 class RoleFailed(Request["Ok"]):

@@ -149,7 +149,7 @@ class TrainerActor(LoopActor):
         version s + 1, audit, report), and checkpoint when the schedule says so. A take
         that has no whole step yet (rows not all in, a part or a refill round on its
         way) ends the unit, so Pause and Stop are handled between waits."""
-        if self.step >= self.run.config.train.num_steps:
+        if self.step >= self.run.config.train.num_steps or self.source.ended:
             self._finish()
             return False
         batch = self.source.take(self.step)
@@ -180,8 +180,11 @@ class TrainerActor(LoopActor):
         return self.ctx.directory.ref(name, wait_s=1.0, refresh=True)
 
     def _finish(self) -> None:
+        ended = self.source.ended or ""
+        if ended:
+            log.warning("the run ends: %s", ended)
         path = self.checkpoint()  # every step's metrics delivered first, so RunFinished comes last
-        self._collector.tell(messages.RunFinished(last_step=self.step - 1, checkpoint=str(path)))
+        self._collector.tell(messages.RunFinished(last_step=self.step - 1, checkpoint=str(path), ended=ended))
 
 
 def trainer_working_bytes(cfg, facts: memory.MemoryFacts) -> float:

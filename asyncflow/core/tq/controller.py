@@ -333,6 +333,7 @@ class ControllerActor(Actor):
                     num_acked=self.state.num_acked,
                     num_waiting=self._num_waiting,
                     acked=self.state.acked_indices(),
+                    num_discarded=self.state.num_discarded,
                 )
             case protocol.Stop():
                 return protocol.Ok()

@@ -152,6 +152,7 @@ class TaskState:
         self._incarnations: dict[str, set[str]] = {}  # consumer -> incarnations seen since its last requeue
         self._retired: set[str] = set()  # incarnations of requeued consumers
         self.num_acked = 0
+        self.num_discarded = 0  # rows ever acked by ``discard`` (untrained), since this state was made
 
     # -- writes ------------------------------------------------------------------
 
@@ -526,6 +527,7 @@ class TaskState:
                 self._remove_ready(row)
                 self._set_acked(row)
                 done.append(row.meta.index)
+        self.num_discarded += len(done)
         return done
 
     def forget(self, indices: Iterable[int]) -> None:

@@ -121,6 +121,7 @@ def test_filters_gate_rows_by_step():
     sel = s.select("c", ["a"], 2, filters=[RowFilter(field="step", lo=1, hi=1)])
     assert sel.indices == [2, 3]
     assert s.discard([RowFilter(field="step", hi=0)]) == [0, 1]
+    assert s.num_discarded == 2  # what the gateway's pacing counts as never to be trained
     assert s.select("c", ["a"], 1, partial=True).indices == []
 
 

@@ -96,6 +96,9 @@ class StepSource:
 
     key: ClassVar[str] = ""
     """The config key that asks for this shape (empty: the default shape)."""
+    ended: str | None = None
+    """Set by a source that will have no more data (gateway sessions whose agents stopped
+    sending): why. The trainer then saves and ends the run before its last step."""
 
     def __init__(self, ctx: StepContext):
         self.ctx = ctx

@@ -14,6 +14,10 @@ step discards (acks without training) the ready sessions with ``version < s - k`
 (``stale``); they are audited in trained.jsonl (``stale_sessions``) and counted
 (``sessions_stale``).
 
+A run whose agents stopped sending ends (``[rollout.gateway] idle_end_s``): once the
+trainer has waited that long with no row arriving in the train task and no step taken,
+it sets ``ended`` and the trainer saves and ends the run before its last step, saying why.
+
 Invariant: a session's row is handed to the trainer at most once (the controller's
 consumed bit), and is either trained (its index in a step's ``indices``) or dropped as
 stale (in ``stale_sessions``), never both.
@@ -22,6 +26,7 @@ stale (in ``stale_sessions``), never both.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -43,6 +48,9 @@ class GatewaySessions(WholeStep):
         super().__init__(ctx)
         self._stale: list[int] = []  # discarded since the last step's batch
         self._num_stale = 0
+        self._num_trained = 0
+        self._idle_since: float | None = None  # the trainer waits for sessions since (monotonic)
+        self._seen: tuple[int, int] | None = None  # the train task's rows then (known, acked)
 
     @classmethod
     def wanted(cls, cfg: RunConfig) -> bool:
@@ -57,6 +65,35 @@ class GatewaySessions(WholeStep):
                 "critic: set algorithm.name = 'grpo'",
             ),
         )
+
+    def take(self, step: int):
+        batch = super().take(step)
+        if batch is None:
+            self._check_idle(step)
+        else:
+            self._idle_since = None
+        return batch
+
+    def _check_idle(self, step: int) -> None:
+        """End the run (``ended``) once no row arrived and no step was taken for
+        ``idle_end_s`` (not with ``until_stopped``, which waits by design)."""
+        cfg = self.ctx.run.config
+        gw = cfg.rollout.gateway
+        if gw.idle_end_s is None or gw.until_stopped:
+            return
+        status = self.ctx.tq.task_status(TASK_TRAIN)
+        seen, now = (status.num_rows, status.num_acked), time.monotonic()
+        if self._idle_since is None or seen != self._seen:  # rows arrived (or were freed): not idle
+            self._idle_since, self._seen = now, seen
+            return
+        if now - self._idle_since >= gw.idle_end_s:
+            left = status.num_rows - sum(status.num_pending.values()) - status.num_acked
+            self.ended = (
+                f"no rewarded session reached the queue for {gw.idle_end_s:g} s ([rollout.gateway] idle_end_s): the "
+                f"agents stopped sending. Saved after step {step} of {cfg.train.num_steps} ({self._num_trained} "
+                f"sessions trained, {self._num_stale} discarded as stale, {left} left in the queue, fewer than a "
+                f"step's {self.rows_per_step}); `afctl up --resume` goes on from here once agents send again"
+            )
 
     def before_request(self, step: int) -> None:
         """Sessions too old for this step are too old for any later one: acked untrained."""
@@ -79,8 +116,11 @@ class GatewaySessions(WholeStep):
         assert batch is not None
         stale, self._stale = self._stale, []
         self._num_stale += len(stale)
+        self._num_trained += len(meta.indices)
         batch.audit["stale_sessions"] = stale
         batch.figures["sessions_stale"] = float(self._num_stale)
+        batch.figures["sessions_trained"] = float(self._num_trained)
+        batch.figures["sessions_stale_frac"] = self._num_stale / (self._num_stale + self._num_trained)
         return batch
 
 
