@@ -138,14 +138,14 @@ class GatewayConfig(Section):
         ),
     ] = True
     pace_wait_s: Annotated[
-        PosFloat,
+        Seconds,
         Meta(
             description="With ``pace``: the longest a new session's first request is held; then it gets HTTP 503 with "
             "``Retry-After`` (the openai client sends it again by itself). Shorter than the agent's client timeout."
         ),
     ] = 60.0
     idle_end_s: Annotated[
-        PosFloat | None,
+        Seconds | None,
         Meta(
             description="With ``train``: a run whose trainer has waited this many seconds without a rewarded session "
             "reaching the queue (the agents stopped sending) saves a checkpoint, says so and ends, before "
