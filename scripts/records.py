@@ -144,6 +144,9 @@ RECORDS = [
     _r("real_fp32_learning", "log", f"{ONE_ASYNC} --set train.engine.autocast=off --out {{work}}/{{name}}",
        seeds=(0,), when_named=True),
     _r("real_model_here", "log", f"{ONE_ASYNC} --out {{work}}/{{name}}", seeds=(0,), when_named=True),
+    _r("real_eval_placement", "real-model", "python scripts/eval_placement.py --config examples/smollm2.toml --reps 2 "
+       "--out {work}/{name}", keys=("eval_placement.trainer.wall_mean_s", "eval_placement.process.wall_mean_s",
+       "eval_placement.saving", "eval_placement.same_accuracy"), when_named=True),
     _r("real_train", "real-model", f"{AF} bench train --model models/smollm2-135m --num-rows 16 --seq-len 64 "
        "--micro-batch-size 8 --steps 2 --autocast --json", when_named=True,
        keys=("tokens_per_s", "autocast_tokens_per_s", "ratio_autocast_to_float32", "fsdp2_tokens_per_s",
