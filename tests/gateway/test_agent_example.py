@@ -1,0 +1,69 @@
+"""examples/agent's SmolLM2 variant: its config (examples/agent/smollm2.toml) is a paced run on
+gateway sessions, and its agent program (examples/agent/agent.py --task add2, the openai
+client only) runs two-turn episodes through a real gateway whose rewarded sessions are what
+the agent saw: here over the tests' tiny model, not SmolLM2 (its run: measure.py --example smollm2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from real_configs import write_smollm2_config
+
+from asyncflow.config.load import load_config
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent"
+RETRY = "That is not right. Answer with the number only."
+
+
+@pytest.mark.timeout(30)
+def test_the_smollm2_agent_config_is_a_paced_run_on_the_agents_sessions(tmp_path):
+    # SmolLM2's config.json only: the config's model directory need not be imported for it to load
+    model = write_smollm2_config(tmp_path / "smollm2")
+    cfg = load_config(EXAMPLE / "smollm2.toml", [f"model.path={model}"])
+    gw = cfg.rollout.gateway
+    assert gw.enabled and gw.train and gw.pace
+    assert cfg.algorithm.group_size == 8 and cfg.train.prompts_per_step == 4 and cfg.workflow.staleness == 1
+    assert gw.num_sessions == cfg.train.num_steps * 4 * 8
+    assert cfg.reward.functions == []  # the agent posts the rewards
+
+
+@pytest.mark.timeout(60)
+def test_the_add2_agent_runs_its_episodes_through_the_gateway_and_each_rewarded_session_is_what_it_saw(
+    make_gateway, tokenizer, tmp_path
+):
+    gw = make_gateway()
+    log = tmp_path / "agent.jsonl"
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE / "agent.py"), "--task", "add2", "--base-url", gw.url + "/v1"]
+        + ["--problems", "1", "--attempts", "2", "--concurrency", "1", "--log", str(log)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},  # nothing of asyncflow in its process
+    )
+    assert done.returncode == 0, done.stderr
+    episodes = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["attempt"] for e in episodes] == [0, 1]
+    rows = {}
+    for line in (tmp_path / "trajectories.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows[row["session"]] = row
+    assert sorted(rows) == ["p0-0-0", "p0-0-1"]
+    for e in episodes:
+        row = rows[f"p0-0-{e['attempt']}"]
+        assert row["reward"] == e["reward"] and row["num_turns"] == e["turns"]
+        assert e["reward"] in (1.0, 0.5, 0.0) and e["turns"] in (1, 2)
+        # a wrong first answer (the tiny model's usual one): a second turn after the retry message, else right at once
+        assert (e["turns"] == 2) == (e["reward"] != 1.0)
+        asked = [m["content"] for m in row["messages"] if m["role"] == "user"]
+        assert asked[0].startswith("What is ") and asked[0].endswith("? Answer with the number only.")
+        assert asked[1:] == [RETRY] * (e["turns"] - 1)
+        assert [m["role"] for m in row["messages"]] == ["user", "assistant"] * e["turns"]
+        # the retry message is context in the trained row (the gateway's chat template around it), not the prompt
+        assert "What is" in tokenizer.decode(row["prompt_ids"])
+        assert (RETRY in tokenizer.decode(row["response_ids"])) == (e["turns"] == 2)
