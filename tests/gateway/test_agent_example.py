@@ -67,3 +67,30 @@ def test_the_add2_agent_runs_its_episodes_through_the_gateway_and_each_rewarded_
         # the retry message is context in the trained row (the gateway's chat template around it), not the prompt
         assert "What is" in tokenizer.decode(row["prompt_ids"])
         assert (RETRY in tokenizer.decode(row["response_ids"])) == (e["turns"] == 2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_measure_runs_the_smollm2_example_and_reports_the_reward_and_the_discarded_fraction(tiny_dir, tmp_path):
+    """``measure.py --example smollm2`` as scripts/results.py runs it (record ``agent_smollm2``), with the
+    tests' tiny model for SmolLM2 and one step: its JSON line has every key the record declares."""
+    sys.path.insert(0, str(EXAMPLE.parents[1] / "scripts"))
+    from records import BY_NAME
+
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE / "measure.py"), "--example", "smollm2", "--out", str(tmp_path / "m")]
+        + ["--set", f"model.path={tiny_dir}", "--set", "rollout.gateway.num_sessions=32"],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    for key in BY_NAME["agent_smollm2"].keys:
+        value = result
+        for part in key.split("."):
+            value = value[part]
+        assert value is not None, key
+    assert result["run"]["sessions_trained"] == 32 and result["trainer"]["steps"] == 1
+    assert result["run"]["sessions_stale_frac"] == result["run"]["sessions_stale"] / (32 + result["run"]["sessions_stale"])
+    assert 32 <= result["agent"]["episodes"] and result["agent"]["agent_exit"] == 0
