@@ -67,10 +67,11 @@ async def calc_episode(
     chat: list[dict] = [{"role": "user", "content": f"{a}*{b}="}]
     answer = ""
     turns = 0
-    for turns in range(1, max_turns + 1):
+    while turns < max_turns:
         r = await api.chat.completions.create(
             model="policy", messages=chat, user=session, max_tokens=max_tokens, extra_headers={"X-Group-Id": group}
         )
+        turns += 1
         answer = r.choices[0].message.content or ""
         chat.append({"role": "assistant", "content": answer})
         call = CALL.search(answer)
@@ -151,10 +152,7 @@ async def main() -> int:
             group = f"p{args.seed}-{k}"
             try:
                 done = await asyncio.gather(
-                    *(
-                        episode(api, args.task, f"{group}-{j}", group, a, b, max_turns, max_tokens)
-                        for j in range(args.attempts)
-                    )
+                    *(episode(api, args.task, f"{group}-{j}", group, a, b, max_turns, max_tokens) for j in range(args.attempts))
                 )
             except (openai.APIConnectionError, openai.APIStatusError) as exc:  # the run ended (or refused): stop
                 stopped.set()

@@ -112,8 +112,7 @@ def main() -> int:
         },
         # the run's own account (summary.json): discarded fraction, staleness mean, an early end's reason
         "run": {
-            k: summary.get(k)
-            for k in ("sessions_trained", "sessions_stale", "sessions_stale_frac", "staleness_mean", "ended")
+            k: summary.get(k) for k in ("sessions_trained", "sessions_stale", "sessions_stale_frac", "staleness_mean", "ended")
         },
         "wall_s": round(time.monotonic() - started),
         "load_avg_1m": round(os.getloadavg()[0], 1),

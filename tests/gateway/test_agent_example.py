@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,27 +33,34 @@ def test_the_smollm2_agent_config_is_a_paced_run_on_the_agents_sessions(tmp_path
     assert cfg.reward.functions == []  # the agent posts the rewards
 
 
-@pytest.mark.timeout(60)
-def test_the_add2_agent_runs_its_episodes_through_the_gateway_and_each_rewarded_session_is_what_it_saw(
-    make_gateway, tokenizer, tmp_path
-):
-    gw = make_gateway()
+def run_agent(gw, tmp_path: Path, *args: str) -> list[dict]:
+    """examples/agent/agent.py against ``gw`` in its own process; its episodes (the JSON lines of its log)."""
     log = tmp_path / "agent.jsonl"
     done = subprocess.run(
-        [sys.executable, str(EXAMPLE / "agent.py"), "--task", "add2", "--base-url", gw.url + "/v1"]
-        + ["--problems", "1", "--attempts", "2", "--concurrency", "1", "--log", str(log)],
+        [sys.executable, str(EXAMPLE / "agent.py"), "--base-url", gw.url + "/v1", *args, "--log", str(log)],
         capture_output=True,
         text=True,
         timeout=50,
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},  # nothing of asyncflow in its process
     )
     assert done.returncode == 0, done.stderr
-    episodes = [json.loads(line) for line in log.read_text().splitlines()]
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def rewarded(tmp_path: Path) -> dict[str, dict]:
+    """The gateway's rewarded sessions (its trajectories file), by session id."""
+    rows = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    return {row["session"]: row for row in rows}
+
+
+@pytest.mark.timeout(60)
+def test_the_add2_agent_runs_its_episodes_through_the_gateway_and_each_rewarded_session_is_what_it_saw(
+    make_gateway, tokenizer, tmp_path
+):
+    gw = make_gateway()
+    episodes = run_agent(gw, tmp_path, "--task", "add2", "--problems", "1", "--attempts", "2", "--concurrency", "1")
     assert [e["attempt"] for e in episodes] == [0, 1]
-    rows = {}
-    for line in (tmp_path / "trajectories.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        rows[row["session"]] = row
+    rows = rewarded(tmp_path)
     assert sorted(rows) == ["p0-0-0", "p0-0-1"]
     for e in episodes:
         row = rows[f"p0-0-{e['attempt']}"]
@@ -67,6 +75,18 @@ def test_the_add2_agent_runs_its_episodes_through_the_gateway_and_each_rewarded_
         # the retry message is context in the trained row (the gateway's chat template around it), not the prompt
         assert "What is" in tokenizer.decode(row["prompt_ids"])
         assert (RETRY in tokenizer.decode(row["response_ids"])) == (e["turns"] == 2)
+
+
+@pytest.mark.timeout(60)
+def test_the_calc_agent_the_default_task_still_runs_its_tool_episodes_through_the_gateway(make_gateway, tmp_path):
+    gw = make_gateway()
+    (episode,) = run_agent(gw, tmp_path, "--problems", "1", "--attempts", "1")
+    (row,) = rewarded(tmp_path).values()
+    assert row["session"] == "p0-0-0" and row["reward"] == episode["reward"] in (0.0, 1.0)
+    assert row["num_turns"] == episode["turns"] and 1 <= episode["turns"] <= 3
+    first = row["messages"][0]
+    assert first["role"] == "user" and re.fullmatch(r"\d\d\*\d\d=", first["content"]), first
+    assert [m["role"] for m in row["messages"] if m["role"] != "tool"] == ["user"] + ["assistant"] * episode["turns"]
 
 
 @pytest.mark.slow
