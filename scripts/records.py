@@ -98,6 +98,11 @@ RECORDS = [
     ),
     _r("agent", "results", "python examples/agent/measure.py --out {work}/agent",
        keys=("agent.reward_first_10pct", "agent.reward_last_10pct", "agent.episodes", "trainer.sessions_trained")),
+    # the same agent program on SmolLM2 (models/smollm2-135m): two-turn addition, paced, its discarded fraction
+    _r("agent_smollm2", "results", "python examples/agent/measure.py --example smollm2 --out {work}/agent_smollm2",
+       keys=("agent.reward_first_10pct", "agent.reward_last_10pct", "agent.episodes",
+             "agent.first_turn_right_first_10pct", "agent.first_turn_right_last_10pct", "run.sessions_trained",
+             "run.sessions_stale", "run.sessions_stale_frac", "run.staleness_mean"), when_named=True),
     _r("hub", "results", "python examples/hub/measure.py --out {work}/hub",
        keys=("reward_first_10pct", "reward_last_10pct", "steps")),
     _r("sticky", "results", "python scripts/bench_sticky.py --replicas 2,4 --json",
