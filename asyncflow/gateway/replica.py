@@ -56,6 +56,8 @@ def serve_for_replica(
     group_size: int = 1,
     streamed: bool = False,
     context_tokens: int = 0,
+    launch=None,
+    saved: bytes = b"",
 ):
     """The started Gateway when ``cfg`` (a GatewayConfig) puts it on this replica, else None.
     Its sessions are journaled in RUN_DIR (a restarted replica serves them again);
@@ -63,7 +65,9 @@ def serve_for_replica(
     ``cfg.train``, ``queue`` (a TQClient) is where rewarded sessions go, in groups of
     ``group_size`` by key; ``streamed`` (partial rollout): its requests join the replica's
     generation stream (``batcher.StreamedRequests``); ``context_tokens``: the model's
-    context, which bounds every request (0: unknown)."""
+    context, which bounds every request (0: unknown). ``launch``: the run's LaunchInfo
+    (its number and start step; a resume's checkpoint), ``saved``: the replica's state in
+    that checkpoint (``resume.py``): a resume writes again the sessions it does not cover."""
     if not cfg.enabled or (replica != cfg.replica and not cfg.all_replicas):
         return None
     try:
@@ -82,10 +86,19 @@ def serve_for_replica(
     run = Path(run_dir)
     own = replica_dir(run, replica) if cfg.all_replicas else run / "gateway"
     feed = None
+    covered = None
     if cfg.train:
         from asyncflow.gateway.feed import SessionFeed
+        from asyncflow.gateway.resume import decode_state
 
         feed = SessionFeed(group_size, cfg.reward_timeout_s)
+        covered = decode_state(saved)
+        if launch is not None and launch.resume_from and covered is None:
+            log.warning(
+                "gateway: the checkpoint %s does not say which sessions its queue holds (saved before gateway "
+                "replicas kept it): sessions written after it are not written again",
+                launch.resume_from,
+            )
     gateway = Gateway(
         engine,
         tokenizer,
@@ -103,6 +116,9 @@ def serve_for_replica(
         streamed=streamed,
         replica=replica,
         context_tokens=context_tokens,
+        launch=launch.launch if launch is not None else 0,
+        start_step=launch.start_step if launch is not None else 0,
+        covered=covered,
     )
     gateway.start_expiry(cfg.reward_timeout_s if cfg.train else None, own / Path(STATS_FILE).name)
     url = gateway.start(cfg.host, 0 if cfg.all_replicas else cfg.port)
