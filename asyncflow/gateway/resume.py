@@ -64,16 +64,27 @@ def to_replay(state: Replayed, covered: set[str], launch: int) -> list[Written]:
 
 class WriteHold:
     """Queue writes held while a checkpoint saves. Every method is called with ``lock``
-    held (the gateway's feed lock, which each queue write holds)."""
+    held: the gateway's feed lock, which a reward's write holds throughout; a resume's
+    write puts without it, between ``started`` and ``finished``."""
 
     def __init__(self, lock: threading.Lock):
         self._open = threading.Condition(lock)
         self.held = False
         self.num_waiting = 0
         """Writes waiting for the checkpoint now."""
+        self._num_putting = 0
 
     def hold(self) -> None:
+        """Hold the writes, once the puts under way are done."""
         self.held = True
+        self._open.wait_for(lambda: self._num_putting == 0)
+
+    def started(self) -> None:
+        self._num_putting += 1
+
+    def finished(self) -> None:
+        self._num_putting -= 1
+        self._open.notify_all()
 
     def release(self) -> None:
         self.held = False

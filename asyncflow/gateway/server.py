@@ -64,7 +64,7 @@ from asyncflow.engines.config import SamplingParams
 from asyncflow.gateway.api import decode_request, decode_reward
 from asyncflow.gateway.batcher import Batcher, StreamedRequests
 from asyncflow.gateway.chat import ChatFormat, TemplateError
-from asyncflow.gateway.feed import GROUP_HEADER, Rewarded, SessionFeed, write_unit
+from asyncflow.gateway.feed import GROUP_HEADER, Rewarded, SessionFeed, unit_rows, write_unit
 from asyncflow.gateway.handover import ADOPT_ROUTE, Handover
 from asyncflow.gateway.http import HttpServer
 from asyncflow.gateway.journal import Journal, Replayed, Written, replay
@@ -79,6 +79,8 @@ SESSION_HEADER = "x-session-id"
 
 RETRY_AFTER_S = 5
 """The ``Retry-After`` of a 503 (a reward refused while the queue is full)."""
+REPLAY_ALLOCATE_S = 1.0
+"""How long one allocation of a resume's sessions waits for room before it asks again."""
 
 
 def _error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -249,26 +251,39 @@ class Gateway:
         return Rewarded(session, {**t.to_json(), "reward": reward}, self._digest_of(t), time.time())
 
     def _write_replayed(self) -> None:
-        """Write the units of ``_replay`` into the queue, each once (journaled ``writing``
-        first), waiting however long for room and for a checkpoint's hold."""
+        """Write the units of ``_replay`` into the queue, each once, waiting however long for
+        room (rows allocated first, so a full queue journals nothing) and never putting
+        while a checkpoint holds the writes (``resume.py``)."""
         from asyncflow.core.tq.errors import QueueFull
 
         for unit, items in self._replay:
-            while not self._stopping.is_set():
-                with self._feed_lock:
-                    if not self._hold.wait(1.0) or self._stopping.is_set():
-                        continue
-                    if self.journal is not None:
-                        self.journal.append("writing", s=unit.sessions, g=unit.group, r=unit.rewards)
-                    try:
-                        write_unit(self.queue, items, self.write_timeout_s)
-                    except QueueFull:
-                        if self.journal is not None:
-                            self.journal.append("unwritten", s=unit.sessions)
-                        continue
-                    self._written.update(unit.sessions)
-                    self._num_replayed += len(unit.sessions)
+            metas = None
+            while metas is None and not self._stopping.is_set():
+                try:
+                    metas = self.queue.allocate(1, len(items), step=-1, timeout_s=REPLAY_ALLOCATE_S)
+                except QueueFull:
+                    continue
+            if metas is None:
+                break
+            with self._feed_lock:
+                while not self._hold.wait(1.0) and not self._stopping.is_set():
+                    pass
+                if self._stopping.is_set():
                     break
+                if self.journal is not None:
+                    self.journal.append("writing", s=unit.sessions, g=unit.group, r=unit.rewards)
+                self._hold.started()
+            try:
+                columns, metas = unit_rows(items, metas)
+                self.queue.put([m.index for m in metas], columns, metas)
+            except Exception:  # at most once, as any write: they are lost, and said so
+                log.exception("gateway: sessions %s, written again, could not be put into the queue", unit.sessions)
+            else:
+                self._num_replayed += len(unit.sessions)
+            finally:
+                with self._feed_lock:
+                    self._written.update(unit.sessions)
+                    self._hold.finished()
         self._replay = []
         self._replayed.set()
 
@@ -282,8 +297,9 @@ class Gateway:
         """A checkpoint's pause: the write in flight finishes, later ones wait for
         ``release_writes``; returns the sessions written so far (what the queue about to be
         saved accounts for, ``resume.py``)."""
+        self._hold.held = True  # first: a write that has the lock may wait for room, the next ones wait for the release
         with self._feed_lock:
-            self._hold.hold()
+            self._hold.hold()  # and waits for a put under way
             return sorted(self._written)
 
     def release_writes(self) -> None:
@@ -324,12 +340,11 @@ class Gateway:
         cache = getattr(self.engine, "prefix", None)
         if cache is not None:
             out["gateway/prefix_cached_tokens"] = float(cache.hit_tokens)
-        if self.feed is not None:
-            with self._feed_lock:
-                out.update(self.feed.counts.as_metrics())
-                out["gateway/sessions_replayed"] = float(self._num_replayed)
-                out["gateway/sessions_rolled_back"] = float(self._num_rolled_back)
-                out["gateway/writes_held"] = float(self._hold.num_waiting)
+        if self.feed is not None:  # read without the feed lock, which a write holds while the queue is full
+            out.update(self.feed.counts.as_metrics())
+            out["gateway/sessions_replayed"] = float(self._num_replayed)
+            out["gateway/sessions_rolled_back"] = float(self._num_rolled_back)
+            out["gateway/writes_held"] = float(self._hold.num_waiting)
         return out
 
     def expire(self, timeout_s: float, now_s: float | None = None) -> int:
