@@ -239,6 +239,7 @@ def _launches(events: list[dict[str, Any]]) -> tuple[list[int], list[int | None]
 def _roll_back(ev: dict[str, Any], cap: int) -> bool:
     """Give a turn event's versions above ``cap`` back as ``2 * cap - v`` (module
     docstring), their digests unknown; whether it had any."""
+
     def older(v: int) -> int:
         return 2 * cap - v if v > cap else v
 

@@ -130,6 +130,14 @@ def left_for_later(run_dir: Path) -> tuple[set[str], set[str]]:
     return queued, decode_state(roles["rollout.0"]) or set()
 
 
+def launch_of(run_dir: Path) -> int:
+    """The run's launch now (-1 while launch.json is being written)."""
+    try:
+        return json.loads((run_dir / "launch.json").read_text())["launch"]
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
 def drain(proc, into: list[str]) -> threading.Thread:
     """Read the driver's output as it comes (a full pipe would block it)."""
     t = threading.Thread(target=lambda: into.extend(proc.stdout), daemon=True)
@@ -139,9 +147,7 @@ def drain(proc, into: list[str]) -> threading.Thread:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("seed", [700, 701, 702], ids=lambda v: str(v))
-def test_every_session_answered_written_is_trained_once_or_dropped_across_kills_of_trainer_replica_and_driver(
-    tmp_path, seed
-):
+def test_every_session_answered_written_is_trained_once_or_dropped_across_kills_of_trainer_replica_and_driver(tmp_path, seed):
     rng = rng_for(seed)
     run = ChaosRun(
         tmp_path,
@@ -172,8 +178,7 @@ def test_every_session_answered_written_is_trained_once_or_dropped_across_kills_
         run.wait_for_step(at)
         time.sleep(rng.uniform(0.0, 1.0))  # the random moment within the step
         run.kill("trainer")  # the run stops; cluster.max_resumes resumes it from its last checkpoint
-        launch = run.run_dir / "launch.json"
-        run.wait_until("the automatic resume", lambda: json.loads(launch.read_text()).get("launch") == 1, timeout_s=240)
+        run.wait_until("the automatic resume", lambda: launch_of(run.run_dir) == 1, timeout_s=240)
         run.wait_for_step(at + 2)
         time.sleep(rng.uniform(0.0, 1.0))
         run.kill("rollout.0")  # the serving replica, restarted in place: it serves its journal
