@@ -123,7 +123,7 @@ def left_for_later(run_dir: Path) -> tuple[set[str], set[str]]:
     from asyncflow.core.tq.state import TaskSnapshot
     from asyncflow.gateway.resume import decode_state
 
-    ckpt = (run_dir / "checkpoints" / "latest").resolve()
+    ckpt = max((p for p in (run_dir / "checkpoints").glob("step_*") if (p / "DONE").exists()), key=lambda p: p.name)
     snap = msgspec.msgpack.decode((ckpt / "queue" / "controller-train.msgpack").read_bytes(), type=TaskSnapshot)
     queued = {m.key for m, acked in zip(snap.metas, snap.acked) if not acked}
     roles = msgspec.msgpack.decode((ckpt / "roles.msgpack").read_bytes())
