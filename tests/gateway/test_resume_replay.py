@@ -147,3 +147,15 @@ def test_a_checkpoint_holds_the_gateways_writes_until_it_resumes_them(make_gatew
     gw.release_writes()
     rewarding.join(timeout=30)
     assert answers and answers[0]["sessions"] == ["x"] and held(tq, 1) == {"x": 0}
+
+
+def test_an_event_appended_after_a_torn_line_is_replayed(tmp_path):
+    """A process killed mid-append leaves a line without its end: the next one starts afresh."""
+    from asyncflow.gateway.journal import Journal
+
+    path = tmp_path / "j.jsonl"
+    path.write_text('{"e":"launch","n":0,"step":0}\n{"e":"dropped","s":"a"}\n{"e":"dropp')
+    journal = Journal(path)
+    journal.append("dropped", s="b")
+    journal.close()
+    assert replay(path).closed == {"a", "b"}
