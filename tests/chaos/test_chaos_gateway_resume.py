@@ -190,6 +190,8 @@ def test_every_session_answered_written_is_trained_once_or_dropped_across_kills_
         reader = drain(run.proc, outputs[-1])
         run.proc.wait(timeout=600)
         reader.join(timeout=30)
+    except AssertionError as exc:  # the driver's output was drained here: say what it printed
+        raise AssertionError(f"{exc}\n" + "\n====\n".join("".join(o) for o in outputs)) from exc
     finally:
         agents.close()
     out = "\n====\n".join("".join(o) for o in outputs)
