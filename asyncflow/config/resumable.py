@@ -14,8 +14,8 @@ key is refused by name, with the reason. The allow-list is deliberately small:
   ``cluster.threads_per_process``, ``cluster.pin_trainer_cores``,
   ``cluster.transport.ask_timeout_s``, ``cluster.transport.freeze_timeout_s``: how
   often, how long, what is written, where processes run.
-- ``rollout.gateway.*``: the HTTP gateway (docs/gateway.md) generates no queued row and
-  its sessions are not checkpointed.
+- ``rollout.gateway.*``: the HTTP gateway (docs/gateway.md); with ``train`` its sessions
+  come back from its journal, whatever these keys (docs/gateway.md, "Across a resume").
 - ``eval.every_steps``: between two non-zero values only (turning evaluation on or
   off changes which prompts the loader trains on, and the loader resumes at a place
   in that order).

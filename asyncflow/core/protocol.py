@@ -265,7 +265,9 @@ HostIn = Union[StartActors, StopActor, Ping, Stop]
 class RowMeta(msgspec.Struct, kw_only=True, array_like=True):
     """Metadata of one row (sample): its global index, the prompt group it belongs
     to (all ``group_size`` responses of one prompt), the train step it was planned
-    for, the policy version that produced it, and its lengths in tokens."""
+    for, the policy version that produced it, its lengths in tokens, and the name its
+    producer gave it (``key``: a gateway session's id; "": none), which its consumers
+    see and a saved queue keeps (row indices are reused, names are not)."""
 
     index: int
     group_id: int = -1
@@ -275,6 +277,7 @@ class RowMeta(msgspec.Struct, kw_only=True, array_like=True):
     prompt_len: int = -1
     response_len: int = -1
     weights_digest: int = 0  # of the weights that generated the row (engines/digest.py); 0: unknown
+    key: str = ""  # the producer's name for the row; "": none (never a filter field)
 
 
 class RowFilter(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -485,6 +488,7 @@ class Discard(Request["Discarded"]):
 
 class Discarded(_Msg):
     indices: list[int]
+    keys: list[str] = []  # the rows' ``RowMeta.key``, in ``indices``' order
 
 
 class ForgetRows(Request["Ok"]):

@@ -9,7 +9,8 @@ context tokens), ``loss_mask`` (uint8, 1 on the model's tokens), ``token_version
 (the trainer reads a column in one dtype whoever wrote it). Its metadata carries the
 oldest model token's version (``version``: the staleness the trainer's rule is applied
 to), the digest of that version's weights
-(``weights_digest``: the trainer's version check) and its lengths. ``step`` is -1: a
+(``weights_digest``: the trainer's version check), its lengths and the session's id
+(``key``: what trained.jsonl names it by). ``step`` is -1: a
 session is planned for no step, the trainer takes whatever sessions are ready and fresh
 enough (``actors/trainer/sources/sessions.py``).
 
@@ -140,6 +141,7 @@ def unit_rows(unit: list[Rewarded], metas: list[RowMeta]) -> tuple[dict[str, lis
         meta.prompt_len = len(r["prompt_ids"])
         meta.response_len = len(r["response_ids"])
         meta.weights_digest = item.digest
+        meta.key = item.session  # the row's name in trained.jsonl and in a checkpoint's queue: indices are reused
         out.append(meta)
     columns = {name: [cells[name] for cells in rows] for name in rows[0]} if rows else {}
     return columns, out

@@ -59,6 +59,8 @@ def serve_for_replica(
     per_step: int = 0,
     staleness: int = 0,
     num_replicas: int = 1,
+    launch=None,
+    saved: bytes = b"",
 ):
     """The started Gateway when ``cfg`` (a GatewayConfig) puts it on this replica, else None.
     Its sessions are journaled in RUN_DIR (a restarted replica serves them again);
@@ -68,7 +70,9 @@ def serve_for_replica(
     generation stream (``batcher.StreamedRequests``); ``context_tokens``: the model's
     context, which bounds every request (0: unknown). With ``cfg.train`` and ``cfg.pace``, new
     sessions are paced (``pacing.py``) to ``per_step`` sessions a step (this replica's share of
-    ``num_replicas`` with ``all_replicas``) and the run's ``staleness``."""
+    ``num_replicas`` with ``all_replicas``) and the run's ``staleness``. ``launch``: the run's LaunchInfo
+    (its number and start step; a resume's checkpoint), ``saved``: the replica's state in
+    that checkpoint (``resume.py``): a resume writes again the sessions it does not cover."""
     if not cfg.enabled or (replica != cfg.replica and not cfg.all_replicas):
         return None
     try:
@@ -87,10 +91,19 @@ def serve_for_replica(
     run = Path(run_dir)
     own = replica_dir(run, replica) if cfg.all_replicas else run / "gateway"
     feed = None
+    covered = None
     if cfg.train:
         from asyncflow.gateway.feed import SessionFeed
+        from asyncflow.gateway.resume import decode_state
 
         feed = SessionFeed(group_size, cfg.reward_timeout_s)
+        covered = decode_state(saved)
+        if launch is not None and launch.resume_from and covered is None:
+            log.warning(
+                "gateway: the checkpoint %s does not say which sessions its queue holds (saved before gateway "
+                "replicas kept it): sessions written after it are not written again",
+                launch.resume_from,
+            )
     gateway = Gateway(
         engine,
         tokenizer,
@@ -108,6 +121,9 @@ def serve_for_replica(
         streamed=streamed,
         replica=replica,
         context_tokens=context_tokens,
+        launch=launch.launch if launch is not None else 0,
+        start_step=launch.start_step if launch is not None else 0,
+        covered=covered,
     )
     if cfg.train and cfg.pace:
         share = 1 / num_replicas if cfg.all_replicas else 1.0

@@ -38,6 +38,9 @@ Invariants:
   until the pacer admits it (``pacing.py``: it would otherwise be too old to train by
   the time it is), at most ``pace_wait_s``, then a 503 with ``Retry-After``; a client
   that goes away gives up its place. A session under way is never held.
+- Queue writes wait while a checkpoint saves (``hold_writes``, ``resume.py``); on a resume
+  (``covered``) the sessions written after the checkpoint are written again from the
+  journal, once each, from a thread of their own (``resume.py``).
 """
 
 from __future__ import annotations
@@ -66,12 +69,13 @@ from asyncflow.engines.config import SamplingParams
 from asyncflow.gateway.api import decode_request, decode_reward
 from asyncflow.gateway.batcher import Batcher, StreamedRequests
 from asyncflow.gateway.chat import ChatFormat, TemplateError
-from asyncflow.gateway.feed import GROUP_HEADER, Rewarded, SessionFeed, write_unit
+from asyncflow.gateway.feed import GROUP_HEADER, Rewarded, SessionFeed, unit_rows, write_unit
 from asyncflow.gateway.handover import ADOPT_ROUTE, Handover
 from asyncflow.gateway.http import HttpServer
-from asyncflow.gateway.journal import Journal, Replayed, replay
+from asyncflow.gateway.journal import Journal, Replayed, Written, replay
 from asyncflow.gateway.pacing import Pacer
 from asyncflow.gateway.prefix import PrefixLedger
+from asyncflow.gateway.resume import WriteHold, to_replay
 from asyncflow.gateway.sessions import RequestError, SessionStore, Trajectory, check_session_id
 
 log = logging.getLogger(__name__)
@@ -84,6 +88,8 @@ RETRY_AFTER_S = 5
 
 PACE_POLL_S = 0.05
 """How often a held first request looks whether the pacer admits it (on the event loop, no thread held)."""
+REPLAY_ALLOCATE_S = 1.0
+"""How long one allocation of a resume's sessions waits for room before it asks again."""
 
 
 def _error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -113,6 +119,9 @@ class Gateway:
         replica: int | None = None,
         sessions: SessionStore | None = None,
         context_tokens: int = 0,
+        launch: int = 0,
+        start_step: int = 0,
+        covered: set[str] | None = None,
     ):
         """``params``: the run's sampling (temperature, top-p/k, stop tokens; its
         ``max_new_tokens`` caps a request's ``max_tokens``); ``max_batch``: most
@@ -128,7 +137,11 @@ class Gateway:
         ``sessions``: a session store shared with other gateways of this process (the
         routing benchmark, ``scripts/bench_sticky.py``), else one of its own. ``context_tokens``:
         the model's context (its ``max_position_embeddings``), which bounds every request
-        (module docstring); 0: unknown, the engine's own check only."""
+        (module docstring); 0: unknown, the engine's own check only. ``launch``: the run's
+        launch (0, then one more at each resume), which started from version ``start_step``
+        (journaled: turns of versions a resume rolled back are told apart, ``journal.py``);
+        ``covered`` (a resume): the sessions the checkpoint's queue accounts for, the replica's
+        saved state; the others the journal says were written are written again (``resume.py``)."""
         self.max_request_bytes = max_request_bytes
         self.engine, self.params, self.engine_lock = engine, msgspec.structs.replace(params, n=1, seed=None), engine_lock
         self.chat = ChatFormat(tokenizer)
@@ -146,14 +159,22 @@ class Gateway:
         self._write_lock = threading.Lock()
         self.feed, self.queue, self.write_timeout_s = feed, queue, write_timeout_s
         self._feed_lock = threading.Lock()  # the feed's state and the queue writes of its units
+        self._hold = WriteHold(self._feed_lock)  # writes wait while a checkpoint saves the queue
+        self._written: set[str] = set()  # sessions written to the queue (and not to be written again): a checkpoint's
         self._closed: set[str] = set()  # sessions written to the queue or dropped: finished for good
         self._stopping = threading.Event()
         self.pacer: Pacer | None = None  # start_pacing
         self.pace_wait_s = 0.0
+        self._replay: list[tuple[Written, list[Rewarded]]] = []  # units to write again (a resume): the replay thread's
+        self._replayed = threading.Event()
+        self._num_replayed = self._num_rolled_back = 0
         self.journal: Journal | None = None
         if journal_path is not None:
             self.journal = Journal(journal_path)  # held first: a handover of its sessions is over, or waits (journal.py)
-            self._restore(Path(journal_path))
+            self.journal.append("launch", n=launch, step=start_step)  # before the replay: earlier launches' turns told apart
+            self._restore(Path(journal_path), launch, covered)
+        self._replay_thread = threading.Thread(target=self._write_replayed, name="gateway-replay", daemon=True)
+        self._replay_thread.start()
         self.app = Starlette(
             routes=[
                 Route("/v1/models", self._models, methods=["GET"]),
@@ -168,13 +189,30 @@ class Gateway:
         self._http = HttpServer(self.app, "gateway")
         self.url = ""
 
-    def _restore(self, path: Path) -> None:
-        """The sessions of a replica that ran before this one (its journal)."""
+    def _restore(self, path: Path, launch: int, covered: set[str] | None) -> None:
+        """The sessions of a replica that ran before this one (its journal); on a resume
+        (``covered``), the units to write again."""
         state = replay(path)
         self._closed = set(state.closed)
         self._load(state)
         if state.turns or self._closed:
             log.info("gateway: %d sessions restored from %s (%d finished for good)", len(state.turns), path, len(self._closed))
+        self._num_rolled_back = len(state.rolled_back)
+        if state.rolled_back:
+            log.warning(
+                "gateway: %d sessions have turns generated by weights the resume rolled back: their tokens count as "
+                "older versions (trained within workflow.staleness with the off-policy correction, else discarded "
+                "as stale and counted)",
+                len(state.rolled_back),
+            )
+        if covered is not None and self.feed is not None:
+            for unit in to_replay(state, covered, launch):
+                items = [self._rewarded(s, state.rows[s], r, unit.group) for s, r in zip(unit.sessions, unit.rewards)]
+                self._replay.append((unit, items))
+        again = {s for unit, _ in self._replay for s in unit.sessions}
+        self._written = {s for unit in state.written for s in unit.sessions} - again
+        if again:
+            log.info("gateway: %d sessions written after the checkpoint are written to the queue again", len(again))
 
     def adopt(self, handover: Handover) -> list[str]:
         """Take over sessions of a replica that did not come back (the front's handover,
@@ -206,13 +244,7 @@ class Gateway:
         journal says none can be)."""
         for session, turns in state.turns.items():
             first = turns[0]
-            t = Trajectory(session=session, prompt_ids=first["prompt_ids"], group=first.get("group"))
-            for ev in turns:
-                t.add_turn(
-                    ev["request"], ev["context"], ev["reply"], ev["logp"], ev["text"], ev["finish"], ev["v"], ev["d"],
-                    reply_versions=ev.get("tv"), digests=ev.get("ds"),
-                )  # fmt: skip
-                t.group = ev.get("group") or t.group
+            t = _trajectory(session, turns)
             reward = state.rewards.get(session)
             if reward is not None:
                 t.reward, t.group = reward["reward"], reward.get("group") or t.group
@@ -224,6 +256,68 @@ class Gateway:
                         self.feed.offer(item, t.group)
             if session not in state.evicted:
                 self.sessions.restore(t, anonymous=bool(first.get("anon")))
+
+    def _rewarded(self, session: str, turns: list[dict[str, Any]], reward: float, group: str | None) -> Rewarded:
+        """A written session as the journal recorded it, to be written again."""
+        t = _trajectory(session, turns)
+        t.reward, t.group = reward, group or t.group
+        return Rewarded(session, {**t.to_json(), "reward": reward}, self._digest_of(t), time.time())
+
+    def _write_replayed(self) -> None:
+        """Write the units of ``_replay`` into the queue, each once, waiting however long for
+        room (rows allocated first, so a full queue journals nothing) and never putting
+        while a checkpoint holds the writes (``resume.py``)."""
+        from asyncflow.core.tq.errors import QueueFull
+
+        for unit, items in self._replay:
+            metas = None
+            while metas is None and not self._stopping.is_set():
+                try:
+                    metas = self.queue.allocate(1, len(items), step=-1, timeout_s=REPLAY_ALLOCATE_S)
+                except QueueFull:
+                    continue
+            if metas is None:
+                break
+            with self._feed_lock:
+                while not self._hold.wait(1.0) and not self._stopping.is_set():
+                    pass
+                if self._stopping.is_set():
+                    break
+                if self.journal is not None:
+                    self.journal.append("writing", s=unit.sessions, g=unit.group, r=unit.rewards)
+                self._hold.started()
+            try:
+                columns, metas = unit_rows(items, metas)
+                self.queue.put([m.index for m in metas], columns, metas)
+            except Exception:  # at most once, as any write: they are lost, and said so
+                log.exception("gateway: sessions %s, written again, could not be put into the queue", unit.sessions)
+            else:
+                self._num_replayed += len(unit.sessions)
+            finally:
+                with self._feed_lock:
+                    self._written.update(unit.sessions)
+                    self._hold.finished()
+        self._replay = []
+        self._replayed.set()
+
+    def wait_replayed(self, timeout_s: float) -> int:
+        """Wait until the sessions to write again (a resume) are in the queue; how many were."""
+        if not self._replayed.wait(timeout_s):
+            raise TimeoutError(f"the gateway's sessions to write again were not written within {timeout_s:g} s")
+        return self._num_replayed
+
+    def hold_writes(self) -> list[str]:
+        """A checkpoint's pause: the write in flight finishes, later ones wait for
+        ``release_writes``; returns the sessions written so far (what the queue about to be
+        saved accounts for, ``resume.py``)."""
+        self._hold.held = True  # first: a write that has the lock may wait for room, the next ones wait for the release
+        with self._feed_lock:
+            self._hold.hold()  # and waits for a put under way
+            return sorted(self._written)
+
+    def release_writes(self) -> None:
+        with self._feed_lock:
+            self._hold.release()
 
     def _offer_adopted(self, item: Rewarded, group: str | None) -> None:
         try:
@@ -288,9 +382,11 @@ class Gateway:
         cache = getattr(self.engine, "prefix", None)
         if cache is not None:
             out["gateway/prefix_cached_tokens"] = float(cache.hit_tokens)
-        if self.feed is not None:
-            with self._feed_lock:
-                out.update(self.feed.counts.as_metrics())
+        if self.feed is not None:  # read without the feed lock, which a write holds while the queue is full
+            out.update(self.feed.counts.as_metrics())
+            out["gateway/sessions_replayed"] = float(self._num_replayed)
+            out["gateway/sessions_rolled_back"] = float(self._num_rolled_back)
+            out["gateway/writes_held"] = float(self._hold.num_waiting)
         if self.pacer is not None:
             out.update(self.pacer.counts.as_metrics())
         return out
@@ -332,6 +428,7 @@ class Gateway:
         self._http.stop()
         self.batcher.close()  # queued requests fail (500), so the server's threads can finish
         self._http.join()
+        self._replay_thread.join(timeout=self.write_timeout_s + 5)  # a write under way ends, then it stops
         if self.journal is not None:
             self.journal.close()
 
@@ -682,12 +779,19 @@ class Gateway:
 
         with self._feed_lock:
             assert self.feed is not None  # the caller checked
+            if not self._hold.wait(self.write_timeout_s):
+                raise RequestError(
+                    503,
+                    "a checkpoint is being saved and holds the queue's writes: send this reward again in a few seconds",
+                    "checkpoint_in_progress",
+                    headers={"Retry-After": str(RETRY_AFTER_S)},
+                )
             unit = self.feed.offer(item, group)
             if not unit:
                 return {"group": group, "waiting": self.feed.group_size - len(self.feed.waiting_groups().get(group or "", []))}
             sessions = [u.session for u in unit]
-            if self.journal is not None:
-                self.journal.append("writing", s=sessions)
+            if self.journal is not None:  # with what a resume needs to write them again (resume.py)
+                self.journal.append("writing", s=sessions, g=group, r=[u.row["reward"] for u in unit])
             try:
                 indices = write_unit(self.queue, unit, self.write_timeout_s)
             except QueueFull as exc:
@@ -701,10 +805,24 @@ class Gateway:
                     headers={"Retry-After": str(RETRY_AFTER_S)},
                 ) from None
             self.feed.written(unit)
+            self._written.update(sessions)
             self._closed.update(sessions)
             if self.pacer is not None:  # the group's places that no session took are free again
                 self.pacer.settle(group)
         return {"group": group, "written": indices, "sessions": sessions}
+
+
+def _trajectory(session: str, turns: list[dict[str, Any]]) -> Trajectory:
+    """A session as its journaled turns recorded it."""
+    first = turns[0]
+    t = Trajectory(session=session, prompt_ids=first["prompt_ids"], group=first.get("group"))
+    for ev in turns:
+        t.add_turn(
+            ev["request"], ev["context"], ev["reply"], ev["logp"], ev["text"], ev["finish"], ev["v"], ev["d"],
+            reply_versions=ev.get("tv"), digests=ev.get("ds"),
+        )  # fmt: skip
+        t.group = ev.get("group") or t.group
+    return t
 
 
 def append_line(path: Path, line: str) -> None:

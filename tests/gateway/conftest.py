@@ -36,9 +36,11 @@ def make_gateway(tiny_dir, tokenizer, tmp_path):
 
     started = []
 
-    def make(tokenizer=tokenizer, **kw):
+    def make(tokenizer=tokenizer, version: int = 0, **kw):
+        """``version``: the policy version the engine's weights are."""
         lock = threading.Lock()
-        engine = SpyEngine(build_rollout_engine(RolloutEngineConfig(max_batch_size=4, kv_cache_bytes=1 << 20), tiny_dir), lock)
+        cfg = RolloutEngineConfig(max_batch_size=4, kv_cache_bytes=1 << 20)
+        engine = SpyEngine(build_rollout_engine(cfg, tiny_dir, version=version), lock)
         params = SamplingParams(max_new_tokens=16, stop_token_ids=(tokenizer.eos_token_id,))
         kw.setdefault("trajectories_path", tmp_path / "trajectories.jsonl")
         gw = Gateway(engine, tokenizer, params, engine_lock=lock, **kw)

@@ -102,7 +102,9 @@ def test_rewarded_sessions_are_trained_exactly_once_keyed_ones_as_one_group_and_
     lines = read_jsonl(run_dir / "trained.jsonl")
     trained = [i for line in lines for i in line["indices"]]
     assert sorted(trained) == sorted(written.values()) and len(set(trained)) == len(trained)  # each once
-    assert all(line["stale_sessions"] == [] for line in lines)
+    assert all(line["stale_sessions"] == [] == line["stale_session_ids"] for line in lines)
+    by_id = {s: i for line in lines for s, i in zip(line["sessions"], line["indices"])}  # what an audit joins on
+    assert by_id == written
     group_of = {i: g for line in lines for i, g in zip(line["indices"], line["groups"])}
     assert group_of[written["a-0"]] == group_of[written["a-1"]] != group_of[written["b-0"]] == group_of[written["b-1"]]
     lone = [group_of[written[f"l-{j}"]] for j in range(4)]

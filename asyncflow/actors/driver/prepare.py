@@ -233,6 +233,7 @@ def prepare_resume(run_dir: str, overrides: Sequence[str] = ()) -> tuple[RunConf
         resume_from=str(ckpt),
         role_states=msgspec.msgpack.decode((ckpt / "roles.msgpack").read_bytes()),
         reward_model_dir=previous.reward_model_dir,
+        launch=previous.launch + 1,
     )
     (rd / "launch.json").write_bytes(msgspec.json.format(msgspec.json.encode(launch)))
     # steps after the checkpoint will be trained again: drop their records so each step appears once

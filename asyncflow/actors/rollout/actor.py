@@ -149,6 +149,8 @@ class RolloutActor(LoopActor):
             per_step=cfg.samples_per_step,  # new sessions paced to what the trainer takes (gateway/pacing.py)
             staleness=cfg.staleness,
             num_replicas=cfg.rollout.num_replicas,
+            launch=self.run.launch,  # a resume writes again what the checkpoint's queue lacks (gateway/resume.py)
+            saved=self.run.role_state(ctx.name),
         )
         self._decode_steps = self._decode_rows = 0  # counters(): decode forwards, sequences decoded
         # reward.placement = "rollout": the reward functions score each unit's rows here, put with the responses
@@ -180,6 +182,19 @@ class RolloutActor(LoopActor):
         self.inbox.announce(msg)
         self._wake_get_batch()  # a GetBatch waiting under the old staleness bound asks again
         return protocol.Ok()
+
+    def resumable_state(self) -> bytes:
+        """With ``[rollout.gateway] train``: the sessions the gateway wrote to the queue,
+        its writes held until ``on_resume`` (the checkpoint saves the queue meanwhile)."""
+        if self.gateway is None or self.gateway.feed is None:
+            return b""
+        from asyncflow.gateway.resume import encode_state
+
+        return encode_state(self.gateway.hold_writes())
+
+    def on_resume(self) -> None:
+        if self.gateway is not None and self.gateway.feed is not None:
+            self.gateway.release_writes()
 
     def on_arrival(self, msg) -> None:
         """Pause or Stop: a GetBatch waiting in the queue comes back now, so the unit ends."""

@@ -70,6 +70,9 @@ class LoopActor(Actor):
         """State to save at a checkpoint (returned in Paused)."""
         return b""
 
+    def on_resume(self) -> None:
+        """The checkpoint that paused this role is saved (or failed): before its units go on."""
+
     @property
     def version(self) -> int:
         return -1
@@ -141,6 +144,7 @@ class LoopActor(Actor):
                     self.acks.flush()  # every finished row acked before the checkpoint looks
                 return messages.Paused(role=self.ctx.name, state=self.resumable_state())
             case messages.Resume():
+                self.on_resume()
                 self._paused = False
                 self._schedule()
                 return protocol.Ok()

@@ -36,6 +36,7 @@ class LaunchInfo(msgspec.Struct, kw_only=True):
     resume_from: str = ""  # checkpoint directory, when resuming
     role_states: dict[str, bytes] = {}  # resumable state per role (from the checkpoint)
     reward_model_dir: str = ""  # the reward-model role's model ([reward_model]; empty: none, or a judge on base_model_dir)
+    launch: int = 0  # this launch of the run: 0 a new run, one more at each resume
 
 
 class Run:

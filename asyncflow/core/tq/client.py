@@ -481,9 +481,10 @@ class TQClient:
         msg = protocol.Requeue(consumer=consumer, done_columns=list(done_columns))
         return self._ask(self._controller(task), msg).num_rows
 
-    def discard(self, task: str, filters: Sequence[protocol.RowFilter]) -> list[int]:
-        """Ack for ``task``, without reading, every waiting row matching ``filters``."""
-        return self._ask(self._controller(task), protocol.Discard(filters=list(filters))).indices
+    def discard(self, task: str, filters: Sequence[protocol.RowFilter]) -> protocol.Discarded:
+        """Ack for ``task``, without reading, every waiting row matching ``filters``: their
+        indices and names (``RowMeta.key``)."""
+        return self._ask(self._controller(task), protocol.Discard(filters=list(filters)))
 
     # -- whole queue --------------------------------------------------------------------
 

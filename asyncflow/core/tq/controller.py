@@ -300,8 +300,9 @@ class ControllerActor(Actor):
                 return protocol.Requeued(num_rows=len(indices), num_done=len(done))
             case protocol.Discard(filters=filters):
                 indices = self.state.discard(filters)
+                keys = [self.state.meta(i).key for i in indices]
                 self._tell_acked(indices)
-                return protocol.Discarded(indices=indices)
+                return protocol.Discarded(indices=indices, keys=keys)
             case protocol.ForgetRows(indices=indices):
                 self.state.forget(indices)
                 self.inline.drop(indices)

@@ -56,7 +56,7 @@ from asyncflow.core.tq.balance import balanced_parts
 FREE, HANDED, ACKED = 0, 1, 2
 POLICIES = ("fifo", "group")
 _META_FIELDS = tuple(f for f in RowMeta.__struct_fields__ if f != "index")
-_FILTER_FIELDS = RowMeta.__struct_fields__
+_FILTER_FIELDS = tuple(f for f in RowMeta.__struct_fields__ if f != "key")  # the integer fields
 
 
 class Selection(msgspec.Struct, kw_only=True):
@@ -184,7 +184,7 @@ class TaskState:
         old_key = _group_key(meta)
         for field in _META_FIELDS:
             value = getattr(update, field)
-            if value != -1:
+            if value != -1 and value != "":  # -1, "": not known to this writer
                 setattr(meta, field, value)
         if _group_key(meta) != old_key or meta.step != row.step:
             # a row's group and step are normally set with its first write; be exact anyway

@@ -157,7 +157,7 @@ class ShardStore:
                 continue
             for field in _META_FIELDS:
                 value = getattr(update, field)
-                if value != -1:
+                if value != -1 and value != "":  # -1, "": not known to this writer
                     setattr(meta, field, value)
 
     def free(self, indices: Iterable[int]) -> int:

@@ -11,8 +11,10 @@ trainer's per-token check (``_versions.token_staleness``) and digest check
 
 A session too old for step s is too old for every later step: before each request the
 step discards (acks without training) the ready sessions with ``version < s - k``
-(``stale``); they are audited in trained.jsonl (``stale_sessions``) and counted
-(``sessions_stale``).
+(``stale``); they are audited in trained.jsonl (``stale_sessions``, their ids in
+``stale_session_ids``) and counted (``sessions_stale``). A step's line of trained.jsonl
+names the session of each row it trained (``sessions``, in ``indices``' order): row
+indices are reused (after a resume too), session ids are what a client was told.
 
 A run whose agents stopped sending ends (``[rollout.gateway] idle_end_s``): once the
 trainer has waited that long with no row arriving in the train task and no step taken,
@@ -47,6 +49,7 @@ class GatewaySessions(WholeStep):
     def __init__(self, ctx: StepContext):
         super().__init__(ctx)
         self._stale: list[int] = []  # discarded since the last step's batch
+        self._stale_ids: list[str] = []  # their session ids
         self._num_stale = 0
         self._num_trained = 0
         self._idle_since: float | None = None  # the trainer waits for sessions since (monotonic)
@@ -99,9 +102,10 @@ class GatewaySessions(WholeStep):
         """Sessions too old for this step are too old for any later one: acked untrained."""
         cfg = self.ctx.run.config
         discarded = discard_stale(self.ctx.tq, step, cfg.staleness)
-        if discarded:
-            self._stale += discarded
-            log.warning(stale_warning(step, cfg, len(discarded), self._num_stale + len(self._stale)))
+        if discarded.indices:
+            self._stale += discarded.indices
+            self._stale_ids += discarded.keys
+            log.warning(stale_warning(step, cfg, len(discarded.indices), self._num_stale + len(self._stale)))
 
     @property
     def rows_per_step(self) -> int:
@@ -117,7 +121,9 @@ class GatewaySessions(WholeStep):
         stale, self._stale = self._stale, []
         self._num_stale += len(stale)
         self._num_trained += len(meta.indices)
+        batch.audit["sessions"] = [m.key for m in meta.metas]
         batch.audit["stale_sessions"] = stale
+        batch.audit["stale_session_ids"], self._stale_ids = self._stale_ids, []
         batch.figures["sessions_stale"] = float(self._num_stale)
         batch.figures["sessions_trained"] = float(self._num_trained)
         batch.figures["sessions_stale_frac"] = self._num_stale / (self._num_stale + self._num_trained)
@@ -129,10 +135,10 @@ def fresh(step: int, k: int) -> list[protocol.RowFilter]:
     return [protocol.RowFilter(field="version", lo=step - k)]
 
 
-def discard_stale(tq, step: int, k: int) -> list[int]:
+def discard_stale(tq, step: int, k: int) -> protocol.Discarded:
     """Ack, untrained, the ready sessions older than step ``step`` may train on."""
     if step - k - 1 < 0:
-        return []
+        return protocol.Discarded(indices=[])
     return tq.discard(TASK_TRAIN, [protocol.RowFilter(field="version", hi=step - k - 1)])
 
 
