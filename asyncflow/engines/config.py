@@ -163,6 +163,18 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
         ),
     ] = True
     max_batch_size: Annotated[Count, Meta(description="Most sequences decoded together in one step.")] = 64
+    compile: Annotated[
+        Literal["auto", "on", "off"],
+        Meta(
+            description="Native engine: compile the decode step with torch.compile (on cuda with mode reduce-overhead, "
+            "which captures CUDA graphs). Its rows are padded to powers of two from 8 up to max_batch_size and its key "
+            "positions to powers of two from 64, one graph per pair, each compiled on first use (on this 2-core CPU "
+            "minutes per graph for SmolLM2-135M); weight syncs copy into the same parameters, so graphs are kept. "
+            "Prefill stays eager. auto: on for cuda, off on cpu (compiled measured no faster per decode step there and "
+            "its compile is not repaid: docs/performance.md) and npu, and off for mixture-of-experts models, which "
+            "cannot be one graph (on: an error). engines/compiled_decode.py."
+        ),
+    ] = "auto"
     seed: Annotated[NonNegInt, Meta(description="Seed of the sampling generator.")] = 0
     num_threads: Annotated[
         Count | None, Meta(description="torch intra-op threads on cpu; None leaves torch's setting alone.")
@@ -228,7 +240,11 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
                 raise Refused("weight_transfer", 'only the vLLM engines take it: remove it, or set type = "vllm"')
             if self.partial_kv != "keep":
                 raise Refused("partial_kv", 'only the vLLM engines take it: remove it, or set type = "vllm"')
+            if self.type == "hf" and self.compile == "on":
+                raise Refused("compile", 'only the native engine compiles its decode step: remove it, or set type = "native"')
             return
+        if self.compile == "on":
+            raise Refused("compile", "vLLM compiles its own graphs (enforce_eager = false): remove compile")
         if self.type == "vllm_ascend" and self.weight_transfer == "ipc":
             raise Refused("weight_transfer", "CUDA IPC needs CUDA: use 'rpc' (or 'auto') with vllm_ascend")
         if self.weight_transfer == "ipc" and self.tensor_parallel_size > 1:

@@ -198,6 +198,19 @@ class NativeDecoder:
         ``pos_BQ``: absolute positions of the new tokens. ``valid_BQ``: which are real
         (None: all). ``slot_table_BK``: cache slot of key position k for each
         sequence, K >= max position + 1."""
+        return self.forward(pool, ids_BQ, pos_BQ, valid_BQ, slot_table_BK, last_B)
+
+    def forward(
+        self,
+        pool: KVBlockPool,
+        ids_BQ: torch.Tensor,
+        pos_BQ: torch.Tensor,
+        valid_BQ: torch.Tensor | None,
+        slot_table_BK: torch.Tensor,
+        last_B: torch.Tensor,
+    ) -> torch.Tensor:
+        """``step`` without its inference mode: what a compiled decode step traces
+        (engines/compiled_decode.py), under the caller's mode."""
         m = self.model.model
         block = self.block
         B, Q = ids_BQ.shape
