@@ -11,16 +11,21 @@ the rotary tables are the same tensors at every call (their addresses are static
 CUDA graphs read them in place), and the ids, positions and slot table are fresh
 tensors of the key's shapes. ``GraphKey(P, K)`` is therefore the whole graph key.
 
+The graph reads the KV pool and writes nothing: it returns each layer's new keys and
+values, which one scatter per pool puts in their slots after it (``NativeDecoder.forward``
+with ``new_kv``). A graph that wrote into the pool would copy the whole pool at every
+call (a mutated graph input is functionalised: measured 1 s a step on a small model), and
+CUDA graphs would not capture it.
+
 Invariants:
 - A key compiles once, on its first call: ``recompiles`` counts the graphs dynamo built
   during a later call of a key (a guard other than the key failed), and stays 0, which
   the tests check. (A key's first call may build none: dynamo keeps graphs per function,
   so a second engine of the same shapes in one process reuses the first one's.)
-- Padded rows feed token 0 at position 0 with every key position in the pool's sink
-  slot (``KVBlockPool(sink=True)``), which no sequence owns: they write and attend only
-  there, and a real row attends only its own keys 0..pos, so the real rows' logits are
-  the eager step's (to float32 rounding: float32 log-probs within 1e-5, the same greedy
-  tokens on the tests' models).
+- Padded rows feed token 0 at position 0 and read slot 0; their keys and values are
+  not written. A real row attends only its own keys 0..pos (its padded key positions are
+  masked), so the real rows' logits are the eager step's (to float32 rounding: float32
+  log-probs within 1e-5, the same greedy tokens, on the tests' models).
 - New weights are copied into the same parameters (engines/inplace_weights.py), so a
   graph computes with the weights of the last sync: no recompile, no re-capture.
 - Prefill stays eager (its shapes vary with the prompts); so does sampling.
@@ -97,8 +102,6 @@ class CompiledDecode:
     """``decoder``'s decode step (one new token per row) compiled per ``GraphKey``."""
 
     def __init__(self, decoder: NativeDecoder, pool: KVBlockPool, max_rows: int):
-        if pool.sink_slot is None:
-            raise ValueError("a compiled decode step needs a KV pool with a sink slot: KVBlockPool(sink=True)")
         self.decoder, self.pool = decoder, pool
         self.device = decoder.device
         self.row_sizes = buckets(max_rows, MIN_ROWS)
@@ -120,9 +123,14 @@ class CompiledDecode:
     def key(self, num_rows: int, num_keys: int) -> GraphKey:
         return GraphKey(bucket_of(num_rows, self.row_sizes), bucket_of(num_keys, self.key_sizes))
 
-    def _forward(self, ids_P1: torch.Tensor, pos_P1: torch.Tensor, slot_table_PK: torch.Tensor) -> torch.Tensor:
+    def _forward(
+        self, ids_P1: torch.Tensor, pos_P1: torch.Tensor, slot_table_PK: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits [P, V] and every layer's new keys and values [L, P, Hkv, D]."""
         last_P = torch.zeros(ids_P1.shape[0], dtype=torch.long, device=ids_P1.device)
-        return self.decoder.forward(self.pool, ids_P1, pos_P1, None, slot_table_PK, last_P)
+        new_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        logits_PV = self.decoder.forward(self.pool, ids_P1, pos_P1, None, slot_table_PK, last_P, new_kv)
+        return logits_PV, torch.stack([k[:, 0] for k, _ in new_kv]), torch.stack([v[:, 0] for _, v in new_kv])
 
     @torch.inference_mode()
     def step(self, ids_B1: torch.Tensor, pos_B1: torch.Tensor, slot_table_BK: torch.Tensor) -> torch.Tensor:
@@ -136,7 +144,7 @@ class CompiledDecode:
         width = min(K, slot_table_BK.shape[1])
         ids_P1 = torch.zeros((P, 1), dtype=torch.long, device=self.device)
         pos_P1 = torch.zeros((P, 1), dtype=torch.long, device=self.device)
-        slot_table_PK = torch.full((P, K), self.pool.sink_slot, dtype=torch.long, device=self.device)
+        slot_table_PK = torch.zeros((P, K), dtype=torch.long, device=self.device)
         ids_P1[:B], pos_P1[:B] = ids_B1, pos_B1
         slot_table_PK[:B, :width] = slot_table_BK[:, :width]
         first = key not in self.compile_s
@@ -144,7 +152,10 @@ class CompiledDecode:
         start = time.perf_counter()
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
-        logits_PV = self._fn(ids_P1, pos_P1, slot_table_PK)
+        logits_PV, k_LPHD, v_LPHD = self._fn(ids_P1, pos_P1, slot_table_PK)
+        slot_B = torch.gather(slot_table_BK, 1, pos_B1).squeeze(1)
+        self.pool.k[:, slot_B] = k_LPHD[:, :B]
+        self.pool.v[:, slot_B] = v_LPHD[:, :B]
         built = counters["stats"]["unique_graphs"] - graphs
         self.num_graphs += built
         self.recompiles += 0 if first else built

@@ -15,9 +15,6 @@ Invariants:
   maximum, always ``<= capacity_bytes``. Blocks a ``PrefixCache`` keeps for later
   prompts (``cache``, engines/prefix_cache.py) are not counted: ``allocate`` takes them
   back when the free ones do not suffice.
-- With ``sink``, one more token slot (``sink_slot``, after the blocks' slots) is never
-  allocated: a padded row of a compiled decode step writes and reads only there
-  (engines/compiled_decode.py). The blocks and the sink together fit the budget.
 """
 
 from __future__ import annotations
@@ -47,12 +44,11 @@ class KVBlockPool:
         block_tokens: int = 16,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
-        sink: bool = False,
     ):
         self.block_tokens = block_tokens
         self.bytes_per_token = 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
         self.block_bytes = self.bytes_per_token * block_tokens
-        self.num_blocks = (budget_bytes - (self.bytes_per_token if sink else 0)) // self.block_bytes
+        self.num_blocks = budget_bytes // self.block_bytes
         if self.num_blocks < 1:
             raise ValueError(
                 f"kv_cache_bytes={budget_bytes} holds no block of {self.block_bytes} bytes "
@@ -60,9 +56,8 @@ class KVBlockPool:
             )
         self.budget_bytes = budget_bytes
         num_slots = self.num_blocks * block_tokens
-        self.sink_slot: int | None = num_slots if sink else None
-        # k[layer]: [S, Hkv, D] with S = num_blocks * block_tokens token slots (+ the sink).
-        self.k = torch.zeros((num_layers, num_slots + sink, num_kv_heads, head_dim), dtype=dtype, device=device)
+        # k[layer]: [S, Hkv, D] with S = num_blocks * block_tokens token slots.
+        self.k = torch.zeros((num_layers, num_slots, num_kv_heads, head_dim), dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self._free = list(range(self.num_blocks - 1, -1, -1))
         self.peak_used_bytes = 0

@@ -123,7 +123,6 @@ class NativeRolloutEngine(RolloutEngine):
             block_tokens=cfg.kv_block_tokens,
             dtype=torch_dtype(cfg.dtype),
             device=self.device,
-            sink=compiled,
         )
         self.compiled = CompiledDecode(self.decoder, self.pool, cfg.max_batch_size) if compiled else None
         self.prefix = PrefixCache(self.pool) if cfg.prefix_cache else None

@@ -18,7 +18,6 @@ from asyncflow.core.schema import Refused
 from asyncflow.engines.compiled_decode import GraphKey, bucket_of, buckets, resolve_compile
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
 from asyncflow.engines.factory import build_rollout_engine
-from asyncflow.engines.kv_cache import KVBlockPool
 from asyncflow.engines.native_model import NativeDecoder
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -64,17 +63,6 @@ def test_buckets_cover_every_size_up_to_the_limit_in_powers_of_two():
     assert [bucket_of(n, sizes) for n in (1, 8, 9, 33, 64, 65, 100)] == [8, 8, 16, 64, 64, 100, 100]
     with pytest.raises(ValueError, match="past the largest bucket"):
         bucket_of(101, sizes)
-
-
-def test_a_pool_with_a_sink_keeps_blocks_and_sink_within_its_budget():
-    kw = dict(num_layers=2, num_kv_heads=2, head_dim=8, block_tokens=4)
-    plain = KVBlockPool(budget_bytes=4 * 2 * 2 * 2 * 8 * 4 * 4, **kw)  # exactly 4 blocks
-    sunk = KVBlockPool(budget_bytes=plain.budget_bytes, sink=True, **kw)
-    assert plain.num_blocks == 4 and plain.sink_slot is None
-    assert sunk.num_blocks == 3 and sunk.sink_slot == 3 * 4
-    assert sunk.k.shape[1] == sunk.sink_slot + 1
-    assert sunk.capacity_bytes + sunk.bytes_per_token <= sunk.budget_bytes
-    assert sunk.allocate(3 * 4) == [0, 1, 2] and sunk.allocate(1) is None  # the sink is never handed out
 
 
 def test_compile_auto_is_off_on_a_cpu_and_on_is_refused_for_a_mixture_of_experts(tmp_path, llama_dir):
