@@ -13,6 +13,7 @@ whether every row's greedy token is the same.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import tempfile
@@ -63,13 +64,13 @@ def decode(rows, context, steps, threads, device, dtype, hidden_size, num_layers
         label = f"model hidden {hidden_size} x {num_layers} layers"
     cfg = RolloutEngineConfig(type="native", device=device, dtype=dtype, compile="on", max_batch_size=max(sizes))
     probe = build_rollout_engine(msgspec_replace(cfg, kv_cache_bytes=1 << 20, compile="off"), model_dir)
-    per_token = probe.pool.bytes_per_token  # type: ignore[attr-defined]
-    block_tokens = probe.pool.block_tokens  # type: ignore[attr-defined]
+    per_token = probe.pool.bytes_per_token
+    block_tokens = probe.pool.block_tokens
     probe.close()
     blocks_per_row = -(-context // block_tokens) + 1  # the step's new token may open a block
     kv_bytes = max(sizes) * blocks_per_row * block_tokens * per_token
     engine = build_rollout_engine(msgspec_replace(cfg, kv_cache_bytes=kv_bytes), model_dir)
-    decoder, pool, compiled = engine.decoder, engine.pool, engine.compiled  # type: ignore[attr-defined]
+    decoder, pool, compiled = engine.decoder, engine.pool, engine.compiled
     assert isinstance(pool, KVBlockPool) and compiled is not None
     dev = pool.k.device
     g = torch.Generator().manual_seed(0)
@@ -90,11 +91,8 @@ def decode(rows, context, steps, threads, device, dtype, hidden_size, num_layers
         table_BK = slot_table_RK[:B, : context + 1]
         last_B = torch.zeros(B, dtype=torch.long, device=dev)
 
-        def eager():
-            return decoder.step(pool, ids_B1, pos_B1, None, table_BK, last_B)
-
-        def graph():
-            return compiled.step(ids_B1, pos_B1, table_BK)
+        eager = functools.partial(decoder.step, pool, ids_B1, pos_B1, None, table_BK, last_B)
+        graph = functools.partial(compiled.step, ids_B1, pos_B1, table_BK)
 
         def timed(fn) -> tuple[float, torch.Tensor]:
             start = time.perf_counter()
@@ -129,9 +127,7 @@ def decode(rows, context, steps, threads, device, dtype, hidden_size, num_layers
             f"rows {B}: eager {e:.1f} ms/step, compiled {c:.1f} ms/step ({e / c:.2f}x; graph {key.rows} rows x "
             f"{key.keys} keys, compiled in {compile_s:.1f} s); log-prob gap {float(gap):.2g}, same greedy {same_greedy}"
         )
-    click.echo(
-        f"{label}, context {context}, device {device}, dtype {dtype}, threads {threads}; recompiles {compiled.recompiles}"
-    )
+    click.echo(f"{label}, context {context}, device {device}, dtype {dtype}, threads {threads}; recompiles {compiled.recompiles}")
     if as_json:
         click.echo(
             json.dumps(

@@ -145,9 +145,7 @@ def rollout(
     if against != "hf" and device == "cpu":
         raise click.UsageError(f"--against {against} needs --device cuda (vllm) or npu (vllm_ascend)")
     native = build_rollout_engine(
-        RolloutEngineConfig(
-            device=device, dtype=dtype, max_batch_size=batch_size, kv_cache_bytes=256 * 2**20, compile=compile_
-        ),
+        RolloutEngineConfig(device=device, dtype=dtype, max_batch_size=batch_size, kv_cache_bytes=256 * 2**20, compile=compile_),
         model_dir,
     )
     vllm_engine = None

@@ -71,7 +71,9 @@ def test_compile_auto_is_off_on_a_cpu_and_on_is_refused_for_a_mixture_of_experts
     dense = NativeDecoder(load_model(llama_dir, dtype=torch.float32, device=torch.device("cpu")))
     assert resolve_compile("auto", torch.device("cpu"), dense) is False
     assert resolve_compile("on", torch.device("cpu"), dense) is True
-    moe = NativeDecoder(load_model(make_family_model(tmp_path / "moe", "qwen3_moe"), dtype=torch.float32, device=torch.device("cpu")))
+    moe = NativeDecoder(
+        load_model(make_family_model(tmp_path / "moe", "qwen3_moe"), dtype=torch.float32, device=torch.device("cpu"))
+    )
     assert resolve_compile("auto", torch.device("cpu"), moe) is False
     with pytest.raises(ValueError, match="rollout.engine.compile = 'on'.*set it to 'off'"):
         resolve_compile("on", torch.device("cpu"), moe)
