@@ -2,8 +2,9 @@
 (``rollout.engine.compile``, engines/compiled_decode.py), milliseconds per step at each
 ``--rows``, side by side in one process on one engine (one model, one KV pool).
 
-Each row holds ``--context`` tokens of KV (its own blocks) and feeds one token at the
-next position, as a decode step of a batch that far into its responses does; the
+Each row holds ``--context`` tokens of KV (its own blocks, a copy of one prefill of random
+tokens) and feeds a random token at the next position, as a decode step of a batch that
+far into its sequences does; the
 compiled step pads the rows and key positions to its buckets, the eager one runs them
 as they are. Per rows: one eager step and the compiled step's first call (its compile,
 timed once: ``compile_s``), then ``--steps`` of each alternating, medians reported. The
@@ -75,10 +76,21 @@ def decode(rows, context, steps, threads, device, dtype, hidden_size, num_layers
     dev = pool.k.device
     g = torch.Generator().manual_seed(0)
     vocab = decoder.config.vocab_size
-    # every row's blocks; their KV filled with random numbers (a step only reads them)
+    # every row's blocks, holding the KV of one prefill of --context random tokens (a real cache's magnitudes)
     slot_table_RK = torch.stack([pool.slots(pool.allocate(blocks_per_row * block_tokens)) for _ in range(max(sizes))])
-    pool.k.normal_(generator=None), pool.v.normal_(generator=None)
     slot_table_RK = slot_table_RK.to(dev)
+    context_1C = torch.randint(0, vocab, (1, context), generator=g).to(dev)
+    decoder.step(
+        pool,
+        context_1C,
+        torch.arange(context, device=dev).unsqueeze(0),
+        None,
+        slot_table_RK[:1],
+        last_B=torch.zeros(1, dtype=torch.long, device=dev),
+    )
+    src, dst = slot_table_RK[:1, :context].repeat(len(slot_table_RK) - 1, 1), slot_table_RK[1:, :context]
+    pool.k[:, dst.reshape(-1)] = pool.k[:, src.reshape(-1)]
+    pool.v[:, dst.reshape(-1)] = pool.v[:, src.reshape(-1)]
 
     def sync() -> None:
         if dev.type == "cuda":
