@@ -314,6 +314,7 @@ class NativeRolloutEngine(RolloutEngine):
         self._append(seqs, logits_BV, params)
 
     def close(self) -> None:
+        self.compiled = None  # it holds the decoder and the pool too
         del self.decoder, self.model, self.pool
 
 
