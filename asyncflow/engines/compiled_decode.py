@@ -81,16 +81,21 @@ def why_not_compiled(decoder: NativeDecoder) -> str:
     return ""
 
 
+AUTO_DEVICES: frozenset[str] = frozenset()
+"""Device types where ``compile = "auto"`` compiles: where the compiled step measured
+faster than eager by enough to repay its compiles (docs/performance.md). None yet: on the
+CPU it measured 0.87x to 1.13x for a minute or two of compiling per graph; cuda is not
+measured yet (``scripts/cuda_check.sh unit`` measures it: add "cuda" here if it pays)."""
+
+
 def resolve_compile(setting: Compile, device: torch.device, decoder: NativeDecoder) -> bool:
-    """Whether the decode step is compiled. auto: on cuda (where eager decode is bound by
-    kernel launches, which a CUDA graph removes), off on cpu (measured slower to pay for:
-    docs/performance.md) and npu (not measured); off wherever the model cannot be one
-    graph. on: compiled, or an error saying why not."""
+    """Whether the decode step is compiled. auto: on the ``AUTO_DEVICES`` only, and off
+    wherever the model cannot be one graph. on: compiled, or an error saying why not."""
     reason = why_not_compiled(decoder)
     if setting == "on" and reason:
         raise ValueError(f"rollout.engine.compile = 'on': this model's decode step cannot be compiled: {reason}; set it to 'off'")
     if setting == "auto":
-        return device.type == "cuda" and not reason
+        return device.type in AUTO_DEVICES and not reason
     return setting == "on"
 
 

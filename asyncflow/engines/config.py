@@ -170,10 +170,11 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
             "which captures CUDA graphs). Its rows are padded to powers of two from 8 up to max_batch_size and its key "
             "positions to powers of two from 64, one graph per pair, each compiled on first use (SmolLM2-135M on the "
             "2-core CPU: about 1 to 2 minutes a graph); weight syncs copy into the same parameters, so graphs are kept. "
-            "Prefill and sampling stay eager. auto: on for cuda (not measured there yet: scripts/cuda_check.sh), off on "
-            "cpu (measured 0.87x to 1.13x eager per step at 8 to 256 rows, which never repays the compile: "
-            "docs/performance.md) and npu, and off for mixture-of-experts models, which cannot be one graph (on: an "
-            "error). engines/compiled_decode.py."
+            "Prefill and sampling stay eager. auto: on only on a device where it measured faster by enough to repay its "
+            "compiles, which is none yet: off on cpu (SmolLM2-135M, 0.87x to 1.13x eager per step at 8 to 256 rows: "
+            "docs/performance.md), and on cuda and npu until measured there (scripts/cuda_check.sh unit measures cuda; "
+            "set on to use it now). Mixture-of-experts models cannot be one graph (on: an error). "
+            "engines/compiled_decode.py."
         ),
     ] = "auto"
     seed: Annotated[NonNegInt, Meta(description="Seed of the sampling generator.")] = 0
