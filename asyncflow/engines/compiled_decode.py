@@ -13,9 +13,9 @@ tensors of the key's shapes. ``GraphKey(P, K)`` is therefore the whole graph key
 
 The graph reads the KV pool and writes nothing: it returns each layer's new keys and
 values, which one scatter per pool puts in their slots after it (``NativeDecoder.forward``
-with ``new_kv``). A graph that wrote into the pool would copy the whole pool at every
-call (a mutated graph input is functionalised: measured 1 s a step on a small model), and
-CUDA graphs would not capture it.
+with ``new_kv``). A graph that wrote into the pool copied the whole pool at every call on
+the CPU (a mutated graph input is functionalised: 1 s a step on a 4-layer model, against
+8 ms reading only; docs/log/performance.md).
 
 Invariants:
 - A key compiles once, on its first call: ``recompiles`` counts the graphs dynamo built
@@ -26,10 +26,10 @@ Invariants:
   not written. A real row attends only its own keys 0..pos (its padded key positions are
   masked), so the real rows' logits are the eager step's to float32 rounding: within
   1e-5 in log-probs with the same greedy tokens on the tests' 2-layer models. Over
-  SmolLM2-135M's 30 layers the gap reached 1.9e-5 (8 prompts, greedy, same tokens), all
-  of it from the padded key positions: the CPU attention kernel sums a longer masked row
-  in another order, and the eager step run at the padded length differs from eager by
-  the same 1.9e-5, while padding rows changes nothing.
+  SmolLM2-135M's 30 layers the gap reached 2.1e-5 (8 prompts, greedy, same tokens),
+  nearly all of it from the padded key positions: the CPU attention kernel sums a longer
+  masked row in another order, and the eager step run at the padded length differs from
+  eager by 1.9e-5, while padding rows changes nothing.
 - New weights are copied into the same parameters (engines/inplace_weights.py), so a
   graph computes with the weights of the last sync: no recompile, no re-capture.
 - Prefill stays eager (its shapes vary with the prompts); so does sampling.
