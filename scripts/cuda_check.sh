@@ -3,9 +3,10 @@
 # is the check of the vLLM path, on a machine that can install it). Each step has its own
 # time limit; one summary line per step (PASS/FAIL and its figures), whatever failed.
 #
-#   scripts/cuda_check.sh unit [OUT]    ~4 min: the gpu tests of the native engines at real size
-#                                       (tests/engines/test_cuda_native.py), native vs HF generate
-#                                       on SmolLM2-135M's shapes (random weights), a 3-step run
+#   scripts/cuda_check.sh unit [OUT]    ~6 min: the gpu tests of the native engines at real size
+#                                       (tests/engines/test_cuda_native.py), the decode step eager vs
+#                                       compiled at 8, 64 and 256 rows (bench decode), native vs HF
+#                                       generate on SmolLM2-135M's shapes (random weights), a 3-step run
 #   scripts/cuda_check.sh real [OUT]    ~7 min: SmolLM2-135M-Instruct itself (the GGUF file put
 #                                       together from .gpu/smollm2.gguf.part*), examples/smollm2.toml
 #                                       on the GPU: TRL, sync and async side by side (one quiet
@@ -92,6 +93,17 @@ if [ "$PHASE" = unit ]; then
     record PASS random-model "$(tailof random-model)"
   else
     record FAIL random-model "$(tailof random-model)"
+  fi
+  # the decode step eager vs compiled (torch.compile, reduce-overhead: CUDA graphs), one graph per rows bucket
+  step decode-compile 150 "${AF[@]}" bench decode --device cuda --model "$WORK/smol-random" --dtype bfloat16 \
+    --rows 8,64,256 --context 80 --steps 20 --json
+  rc=$?
+  fig="$(tail -n 1 "$WORK/decode-compile.log")"
+  if [ $rc = 0 ] && [ "${fig:0:1}" = "{" ]; then
+    echo "{\"bench_decode_bfloat16\": $fig}" >>"$FIG"
+    record PASS decode-compile "$(grep -E '^rows [0-9]+:' "$WORK/decode-compile.log" | cut -c1-110 | tr '\n' ';')"
+  else
+    record FAIL decode-compile "rc $rc: $(tailof decode-compile)"
   fi
   for dtype in bfloat16; do
     step "bench-rollout-$dtype" 60 "${AF[@]}" bench rollout --device cuda --model "$WORK/smol-random" --dtype "$dtype" \

@@ -124,6 +124,10 @@ RECORDS = [
     _r("real_breakdown", "performance", f"{AF} bench e2e --config examples/smollm2.toml --steps 6 "
        "--set eval.every_steps=0 --set eval.at_start=false --breakdown --json --out {work}/real_breakdown",
        keys=("breakdown", "sync_ms_per_step", "async_ms_per_step", "ratio"), when_named=True),
+    _r("real_decode", "performance", f"{AF} bench decode --model models/smollm2-135m --rows 8,64,256 --context 80 "
+       "--steps 10 --threads 1 --json", when_named=True,
+       keys=("rows.rows", "rows.eager_ms", "rows.compiled_ms", "rows.speedup", "rows.compile_s", "rows.graph_rows",
+             "rows.graph_keys", "rows.max_logp_gap", "rows.same_greedy", "recompiles", "context", "threads")),
     # docs/real-model.md: SmolLM2-135M (models/smollm2-135m) and Gemma 3 270M (models/gemma3-270m), imported first
     _r("real_model", "real-model", "python scripts/real_model_check.py --seeds {seeds} --modes async sync "
        "--out {work}/real_model", seeds=(0, 1), keys=(*LEARNING, *(k.replace(".async.", ".sync.") for k in LEARNING[2:])),

@@ -67,6 +67,15 @@ from asyncflow.bench.shared_inputs import model_option
 )
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
 @click.option(
+    "--compile",
+    "compile_",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="The native engine's rollout.engine.compile (its decode step compiled; the warm-up run pays the compile of "
+    "the graphs it meets). `afctl bench decode` times one decode step each way.",
+)
+@click.option(
     "--vllm-eager",
     is_flag=True,
     help="vLLM without torch.compile and CUDA graphs (starts in seconds; eager like the native engine).",
@@ -94,6 +103,7 @@ def rollout(
     device,
     against,
     dtype,
+    compile_,
     vllm_eager,
     profile,
     as_json,
@@ -135,7 +145,8 @@ def rollout(
     if against != "hf" and device == "cpu":
         raise click.UsageError(f"--against {against} needs --device cuda (vllm) or npu (vllm_ascend)")
     native = build_rollout_engine(
-        RolloutEngineConfig(device=device, dtype=dtype, max_batch_size=batch_size, kv_cache_bytes=256 * 2**20), model_dir
+        RolloutEngineConfig(device=device, dtype=dtype, max_batch_size=batch_size, kv_cache_bytes=256 * 2**20, compile=compile_),
+        model_dir,
     )
     vllm_engine = None
     if against != "hf":
@@ -243,6 +254,8 @@ def rollout(
                     "baseline": base_name,
                     "model": label,
                     "dtype": dtype,
+                    "compile": compile_,
+                    "native_compiled": getattr(native, "compiled", None) is not None,
                     "task": task,
                     "num_stop_tokens": len(stops),
                     "chat_template": chat_template,

@@ -10,6 +10,10 @@ BENCHES = {
     "transport": ("asyncflow.bench.transport:transport", "nng request/reply round trip and bandwidth."),
     "queue": ("asyncflow.bench.queue:queue", "TransferQueue put/get across processes."),
     "rollout": ("asyncflow.bench.rollout:rollout", "Native rollout engine vs Hugging Face generate."),
+    "decode": (
+        "asyncflow.bench.decode:decode",
+        "The native engine's decode step, eager vs compiled (rollout.engine.compile): ms/step per rows, compile time.",
+    ),
     "prefix": (
         "asyncflow.bench.prefix:prefix",
         "Multi-turn conversations on the native engine, its prefix cache on vs off: time and prompt tokens run.",

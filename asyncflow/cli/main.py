@@ -13,7 +13,7 @@ COMMANDS = {
     "profile": ("asyncflow.cli.profile:profile", "Calibrate the planner's cost model on this hardware."),
     "bench": (
         "asyncflow.cli.bench:bench",
-        "Benchmarks: transport, queue, rollout, prefix, train, e2e, weights, planner, peer, lora, fanout.",
+        "Benchmarks: transport, queue, rollout, decode, prefix, train, e2e, weights, planner, peer, lora, fanout.",
     ),
     "twin": (
         "asyncflow.cli.twin:twin",

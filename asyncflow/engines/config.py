@@ -167,6 +167,20 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
         ),
     ] = True
     max_batch_size: Annotated[Count, Meta(description="Most sequences decoded together in one step.")] = 64
+    compile: Annotated[
+        Literal["auto", "on", "off"],
+        Meta(
+            description="Native engine: compile the decode step with torch.compile (on cuda with mode reduce-overhead, "
+            "which captures CUDA graphs). Its rows are padded to powers of two from 8 up to max_batch_size and its key "
+            "positions to powers of two from 64, one graph per pair, each compiled on first use (SmolLM2-135M on the "
+            "2-core CPU: about 1 to 2 minutes a graph); weight syncs copy into the same parameters, so graphs are kept. "
+            "Prefill and sampling stay eager. auto: on only on a device where it measured faster by enough to repay its "
+            "compiles, which is none yet: off on cpu (SmolLM2-135M, 0.87x to 1.13x eager per step at 8 to 256 rows: "
+            "docs/performance.md), and on cuda and npu until measured there (scripts/cuda_check.sh unit measures cuda; "
+            "set on to use it now). Mixture-of-experts models cannot be one graph (on: an error). "
+            "engines/compiled_decode.py."
+        ),
+    ] = "auto"
     seed: Annotated[NonNegInt, Meta(description="Seed of the sampling generator.")] = 0
     num_threads: Annotated[
         Count | None, Meta(description="torch intra-op threads on cpu; None leaves torch's setting alone.")
@@ -232,7 +246,11 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
                 raise Refused("weight_transfer", 'only the vLLM engines take it: remove it, or set type = "vllm"')
             if self.partial_kv != "keep":
                 raise Refused("partial_kv", 'only the vLLM engines take it: remove it, or set type = "vllm"')
+            if self.type == "hf" and self.compile == "on":
+                raise Refused("compile", 'only the native engine compiles its decode step: remove it, or set type = "native"')
             return
+        if self.compile == "on":
+            raise Refused("compile", "vLLM compiles its own graphs (enforce_eager = false): remove compile")
         if self.type == "vllm_ascend" and self.weight_transfer == "ipc":
             raise Refused("weight_transfer", "CUDA IPC needs CUDA: use 'rpc' (or 'auto') with vllm_ascend")
         if self.weight_transfer == "ipc" and self.tensor_parallel_size > 1:

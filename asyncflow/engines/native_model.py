@@ -198,6 +198,25 @@ class NativeDecoder:
         ``pos_BQ``: absolute positions of the new tokens. ``valid_BQ``: which are real
         (None: all). ``slot_table_BK``: cache slot of key position k for each
         sequence, K >= max position + 1."""
+        return self.forward(pool, ids_BQ, pos_BQ, valid_BQ, slot_table_BK, last_B)
+
+    def forward(
+        self,
+        pool: KVBlockPool,
+        ids_BQ: torch.Tensor,
+        pos_BQ: torch.Tensor,
+        valid_BQ: torch.Tensor | None,
+        slot_table_BK: torch.Tensor,
+        last_B: torch.Tensor,
+        new_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> torch.Tensor:
+        """``step`` without its inference mode: what a compiled decode step traces
+        (engines/compiled_decode.py), under the caller's mode.
+
+        ``new_kv`` (one new token per sequence, all valid): the pool is only read; each
+        layer's new keys and values ``[B, 1, Hkv, D]`` are appended to it for the caller
+        to write, and attention sees them in their slots' place, so the logits are the
+        ones the writes would give. A graph that mutates nothing copies nothing."""
         m = self.model.model
         block = self.block
         B, Q = ids_BQ.shape
@@ -211,6 +230,7 @@ class NativeDecoder:
         k_11K = torch.arange(K, device=ids_BQ.device).view(1, 1, K)
         pos_BQ1 = pos_BQ.unsqueeze(-1)
         causal_BQK = k_11K <= pos_BQ1
+        fresh_BK11 = None if new_kv is None else (k_11K == pos_BQ1).view(B, K, 1, 1)  # Q == 1
         masks: dict[int | None, torch.Tensor] = {None: causal_BQK.unsqueeze(1)}
         # index_select on the flat slot list: 5x faster than advanced indexing on a CPU
         # (the gather of every layer's keys and values was 7% of a real-size rollout)
@@ -226,10 +246,15 @@ class NativeDecoder:
             q, k, v = self._qkv(attn, h, B, Q)
             if L.rope:
                 q, k = self._rope(q, cos[L.rope], sin[L.rope]), self._rope(k, cos[L.rope], sin[L.rope])
-            pool.k[i, write_slots] = k.reshape(-1, Hkv, D) if valid_BQ is None else k[valid_BQ]
-            pool.v[i, write_slots] = v.reshape(-1, Hkv, D) if valid_BQ is None else v[valid_BQ]
-            keys = pool.k[i].index_select(0, read_slots).view(B, K, Hkv, D).transpose(1, 2)
-            values = pool.v[i].index_select(0, read_slots).view(B, K, Hkv, D).transpose(1, 2)
+            if fresh_BK11 is None:
+                pool.k[i, write_slots] = k.reshape(-1, Hkv, D) if valid_BQ is None else k[valid_BQ]
+                pool.v[i, write_slots] = v.reshape(-1, Hkv, D) if valid_BQ is None else v[valid_BQ]
+            keys = pool.k[i].index_select(0, read_slots).view(B, K, Hkv, D)
+            values = pool.v[i].index_select(0, read_slots).view(B, K, Hkv, D)
+            if fresh_BK11 is not None and new_kv is not None:
+                keys, values = torch.where(fresh_BK11, k, keys), torch.where(fresh_BK11, v, values)
+                new_kv.append((k, v))
+            keys, values = keys.transpose(1, 2), values.transpose(1, 2)
             if L.window is not None and L.window not in masks:
                 masks[L.window] = (causal_BQK & (k_11K > pos_BQ1 - L.window)).unsqueeze(1)
             out = self._attend(L, q.transpose(1, 2), keys, values, masks[L.window])  # [B, H, Q, D]

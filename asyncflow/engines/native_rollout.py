@@ -9,7 +9,8 @@ Each sample of each prompt is a sequence. The scheduler loop:
    (each distinct prompt runs once; its other samples get a copy of its prompt KV;
    a token prefix common to all the distinct prompts, such as a chat template's system
    prompt, runs once too, and the others get a copy of its KV: ``_prefill``);
-3. decode one token for every running sequence in one forward;
+3. decode one token for every running sequence in one forward (with ``compile``, a
+   graph per bucket of rows and key positions: ``engines/compiled_decode.py``);
 4. sequences that sampled a stop token or reached ``max_new_tokens`` leave: their
    blocks and row are freed at once, so waiting sequences join on the next iteration.
    With ``prefix_cache`` (the default) their full blocks stay in the pool, idle, for a
@@ -47,6 +48,7 @@ import torch
 
 from asyncflow.core.phases import phase
 from asyncflow.engines.base import Completion, RolloutEngine, RolloutStream, run_stream
+from asyncflow.engines.compiled_decode import CompiledDecode, resolve_compile
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
 from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
 from asyncflow.engines.hf import load_model
@@ -112,6 +114,7 @@ class NativeRolloutEngine(RolloutEngine):
         self.model = load_model(model_dir, dtype=torch_dtype(cfg.dtype), device=self.device)
         self.decoder = NativeDecoder(self.model)
         self.weights = InPlaceWeights(self.model, model_dir)
+        compiled = resolve_compile(cfg.compile, self.device, self.decoder)
         self.pool = KVBlockPool(
             num_layers=self.decoder.num_layers,
             num_kv_heads=self.decoder.num_kv_heads,
@@ -121,6 +124,7 @@ class NativeRolloutEngine(RolloutEngine):
             dtype=torch_dtype(cfg.dtype),
             device=self.device,
         )
+        self.compiled = CompiledDecode(self.decoder, self.pool, cfg.max_batch_size) if compiled else None
         self.prefix = PrefixCache(self.pool) if cfg.prefix_cache else None
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self._version = version
@@ -301,12 +305,16 @@ class NativeRolloutEngine(RolloutEngine):
         ids_B1 = torch.tensor([[q.out_ids[-1]] for q in seqs], device=self.device)
         pos_B1 = torch.tensor(pos, device=self.device).unsqueeze(1)
         rows = torch.tensor([q.row for q in seqs], device=self.device)
-        last_B = torch.zeros(len(seqs), dtype=torch.long, device=self.device)
         with phase("decode_model"):
-            logits_BV = self.decoder.step(self.pool, ids_B1, pos_B1, None, slot_table_RK[rows, :K], last_B)
+            if self.compiled is not None:
+                logits_BV = self.compiled.step(ids_B1, pos_B1, slot_table_RK[rows, :K])
+            else:
+                last_B = torch.zeros(len(seqs), dtype=torch.long, device=self.device)
+                logits_BV = self.decoder.step(self.pool, ids_B1, pos_B1, None, slot_table_RK[rows, :K], last_B)
         self._append(seqs, logits_BV, params)
 
     def close(self) -> None:
+        self.compiled = None  # it holds the decoder and the pool too
         del self.decoder, self.model, self.pool
 
 
