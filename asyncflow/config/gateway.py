@@ -141,9 +141,11 @@ class GatewayConfig(Section):
         Seconds,
         Meta(
             description="With ``pace``: the longest a new session's first request is held; then it gets HTTP 503 with "
-            "``Retry-After`` (the openai client sends it again by itself). Shorter than the agent's client timeout."
+            "``Retry-After`` (the openai client sends it again by itself, but only ``max_retries`` times: 2 by default). "
+            "Shorter than the agent's client timeout (the openai client's: 600 s) and longer than a few trainer steps "
+            "(a SmolLM2 step on 2 cores takes about a minute)."
         ),
-    ] = 60.0
+    ] = 300.0
     idle_end_s: Annotated[
         Seconds | None,
         Meta(
