@@ -47,7 +47,7 @@ def run(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from asyncflow.actors.runtime.run_dir import read_prompts
+    from asyncflow.actors.runtime.run_dir import encode_prompt, read_prompts
     from asyncflow.actors.runtime.scoring import build_reward_fn
     from asyncflow.algorithms.rewards import call_reward
 
@@ -79,6 +79,8 @@ def run(spec: dict) -> dict:
         return call_reward(fn, shown, texts, answer, finish)
 
     reward.__name__ = "asyncflow_reward"
+    longest = max(len(encode_prompt(tokenizer, str(r["prompt"]), spec["chat_template"])) for r in rows)
+    generation = spec.get("trl_args") or path_args(spec.get("trl_path", "default"), spec, longest, spec.get("device", "cpu"))
     factor = lr_factor(spec)
     lrs: list[float] = []
 
@@ -123,6 +125,7 @@ def run(spec: dict) -> dict:
         disable_tqdm=True,
         dataloader_num_workers=0,
         gradient_checkpointing=False,  # TRL's default recomputes the forward to save memory; nothing to save here
+        **generation,
     )
     trainer = Trainer(
         model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer, callbacks=[RecordLr()]
@@ -144,6 +147,9 @@ def run(spec: dict) -> dict:
         "reward_last_10pct": sum(tail) / len(tail),
         "reward_first": rewards[0] if rewards else None,
         "steps": len(rewards),
+        "trl_path": spec.get("trl_path", "default"),
+        # the generation keys as TRL's config holds them after its own checks: what this path ran with
+        "generation": {k: _plain(getattr(trainer.args, k)) for k in generation},
         "threads": spec["threads"],
         "bf16": bool(spec.get("bf16", False)),
         "final_model": final_model,
@@ -151,6 +157,29 @@ def run(spec: dict) -> dict:
         "prompts_by_step": prompts_by_step,
         "reward_by_step": rewards,
     }
+
+
+PATHS = ("default", "fast")
+"""TRL's generation paths that ``bench peer`` runs: ``default``, GRPOConfig as it ships
+(``model.generate`` with a dynamic cache, no compile); ``fast``, its fastest without vLLM
+on the trainer's device (``path_args``)."""
+
+
+def path_args(path: str, spec: dict, longest_prompt: int, device: str) -> dict[str, Any]:
+    """GRPOConfig's generation keys of TRL's ``path`` (``PATHS``), for prompts of at
+    most ``longest_prompt`` tokens."""
+    if path == "default":
+        return {}
+    if path != "fast":
+        raise ValueError(f"trl_path = {path!r}: give one of {', '.join(PATHS)}")
+    return FAST_PLACEHOLDER
+
+
+def _plain(value: Any) -> Any:
+    """A GRPOConfig value as JSON (its continuous batching config may be a dataclass)."""
+    import dataclasses
+
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
 def in_asyncflows_order(rows: list[dict], spec: dict) -> list[dict]:

@@ -203,3 +203,70 @@ def test_trl_trains_at_asyncflows_lr_at_every_step(tmp_path):
     eng = msgspec.structs.replace(eng, lr_warmup_steps=2, lr_schedule="cosine")
     assert line["systems"]["trl"]["lrs"] == pytest.approx([lr_at(eng, k, 4) for k in range(4)], rel=1e-6)
     assert line["systems"]["trl"]["lrs"][0] > 0
+
+
+@pytest.mark.timeout(30)
+def test_asyncflow_is_reported_against_each_trl_path_and_the_faster_is_the_comparison():
+    from asyncflow.bench.peer import _medians, ratios
+
+    def round_(trl: float, trl_fast: float, sync: float, async_: float) -> dict[str, dict]:
+        figures = {"trl": trl, "trl_fast": trl_fast, "sync": sync, "async": async_}
+        return {name: {"samples_per_s": x} for name, x in figures.items()}
+
+    each = [round_(1.0, 2.0, 3.0, 4.0), round_(1.0, 4.0, 3.0, 6.0), round_(2.0, 3.0, 3.0, 6.0)]
+    got = ratios(each, _medians(each))
+    assert got["trl_comparison"] == "trl_fast"  # median samples/s 3.0 against TRL default's 1.0
+    assert got["async_over_trl_rounds"] == [4.0, 6.0, 3.0] and got["async_over_trl"] == 4.0
+    assert got["async_over_trl_fast_rounds"] == [2.0, 1.5, 2.0] and got["async_over_trl_fast"] == 2.0
+    assert got["sync_over_trl_fast"] == 1.0 and got["sync_over_trl"] == 3.0
+    assert (got["async_over_faster_trl"], got["sync_over_faster_trl"]) == (2.0, 1.0)
+    # where TRL's default path was the faster one, it is the comparison
+    slow_fast = [round_(2.0, 1.0, 3.0, 4.0)]
+    assert ratios(slow_fast, _medians(slow_fast))["async_over_faster_trl"] == 2.0
+    # one path only (--trl-path), or none (--skip-trl)
+    one = [{k: v for k, v in round_(1.0, 2.0, 3.0, 4.0).items() if k != "trl_fast"}]
+    assert ratios(one, _medians(one))["trl_comparison"] == "trl" and "async_over_trl_fast" not in ratios(one, _medians(one))
+    none = [{k: v for k, v in round_(1.0, 2.0, 3.0, 4.0).items() if not k.startswith("trl")}]
+    assert ratios(none, _medians(none)) == {}
+
+
+@pytest.mark.timeout(30)
+def test_each_trl_path_gets_its_name_in_the_spec(tmp_path):
+    from asyncflow.config.load import load_config
+
+    cfg = load_config(str(DEFAULT_CONFIG))
+    assert trl_spec(cfg, steps=1, threads=1, out_dir=tmp_path)["trl_path"] == "default"
+    assert trl_spec(cfg, steps=1, threads=1, out_dir=tmp_path, path="fast")["trl_path"] == "fast"
+
+
+@pytest.mark.timeout(180)
+def test_trls_fast_path_is_built_accepted_by_trl_and_trains_a_step(tmp_path):
+    """The fast path's GRPOConfig keys (bench/_peer_trl.py path_args) pass TRL's own checks,
+    its trainer generates and trains a step with them on the tiny model, and TRL's config
+    holds them as given."""
+    pytest.importorskip("trl", reason="the bench extra: pip install -e '.[bench]'")
+    from asyncflow.actors.runtime.run_dir import encode_prompt, read_prompts
+    from asyncflow.bench._peer_trl import path_args
+    from asyncflow.bench.shared_inputs import with_shared_inputs
+    from asyncflow.config.load import load_config
+    from asyncflow.engines.hf import load_tokenizer
+
+    cfg = with_shared_inputs(load_config(str(DEFAULT_CONFIG), ["eval.every_steps=0"]), tmp_path)
+    spec = trl_spec(cfg, steps=1, threads=1, out_dir=tmp_path / "trl_fast", path="fast")
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncflow.bench._peer_trl", str(tmp_path / "spec.json")],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=170,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    got = json.loads([x for x in done.stdout.splitlines() if x.startswith('{"trl"')][-1])["trl"]
+    assert got["trl_path"] == "fast" and got["steps"] == 1 and got["samples_per_s"] > 0
+    tokenizer = load_tokenizer(cfg.model.path)
+    longest = max(len(encode_prompt(tokenizer, str(r["prompt"]), cfg.data.chat_template)) for r in read_prompts(cfg.data.path))
+    asked = path_args("fast", spec, longest, "cpu")
+    assert asked and got["generation"] == asked
+    assert path_args("default", spec, longest, "cpu") == {}
