@@ -28,6 +28,10 @@ prompts of each step are those asyncflow's loader gives that step (``in_asyncflo
 ``prompts_by_step``: what TRL's reward function was given, step by step). With
 ``heldout_prompts`` (the config has ``[eval]``) TRL trains on asyncflow's training split
 only and saves its final weights (after the timing) for bench peer's held-out evaluation.
+
+``trl_path`` picks TRL's generation path (``PATHS``): ``default``, GRPOConfig as it ships,
+or ``fast``, its fastest without vLLM (``path_args``: the keys, and the figures that chose
+them). Both train the same way; ``generation`` in the output is what TRL's config held.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ def run(spec: dict) -> dict:
 
     reward.__name__ = "asyncflow_reward"
     longest = max(len(encode_prompt(tokenizer, str(r["prompt"]), spec["chat_template"])) for r in rows)
-    generation = spec.get("trl_args") or path_args(spec.get("trl_path", "default"), spec, longest, spec.get("device", "cpu"))
+    generation = path_args(spec.get("trl_path", "default"), spec, longest)
     factor = lr_factor(spec)
     lrs: list[float] = []
 
@@ -96,7 +100,7 @@ def run(spec: dict) -> dict:
             if optimizer is not None:
                 lrs.append(float(optimizer.param_groups[0]["lr"]))
 
-    args = GRPOConfig(
+    base = dict(
         output_dir=spec["out_dir"],
         max_steps=spec["steps"],
         per_device_train_batch_size=spec["samples_per_step"],
@@ -125,8 +129,8 @@ def run(spec: dict) -> dict:
         disable_tqdm=True,
         dataloader_num_workers=0,
         gradient_checkpointing=False,  # TRL's default recomputes the forward to save memory; nothing to save here
-        **generation,
     )
+    args = GRPOConfig(**{**base, **generation})
     trainer = Trainer(
         model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer, callbacks=[RecordLr()]
     )
@@ -151,7 +155,7 @@ def run(spec: dict) -> dict:
         # the generation keys as TRL's config holds them after its own checks: what this path ran with
         "generation": {k: _plain(getattr(trainer.args, k)) for k in generation},
         "threads": spec["threads"],
-        "bf16": bool(spec.get("bf16", False)),
+        "bf16": bool(trainer.args.bf16),  # the path's (the fast path trains in float32)
         "final_model": final_model,
         "lrs": lrs,
         "prompts_by_step": prompts_by_step,
@@ -165,14 +169,32 @@ PATHS = ("default", "fast")
 on the trainer's device (``path_args``)."""
 
 
-def path_args(path: str, spec: dict, longest_prompt: int, device: str) -> dict[str, Any]:
+def path_args(path: str, spec: dict, longest_prompt: int) -> dict[str, Any]:
     """GRPOConfig's generation keys of TRL's ``path`` (``PATHS``), for prompts of at
     most ``longest_prompt`` tokens."""
     if path == "default":
         return {}
     if path != "fast":
         raise ValueError(f"trl_path = {path!r}: give one of {', '.join(PATHS)}")
-    return FAST_PLACEHOLDER
+    # Measured on SmolLM2 (examples/smollm2.toml: 8 prompts x 8 samples, 16 new tokens), 2 threads, 2 shared cores
+    # (load 10 to 30: the figures move with it), TRL 1.16, transformers 5.25, torch 2.13:
+    # - whole TRL steps, 2 steps (1 for static): default 0.40 samples/s (load 5-7); cache_implementation="static"
+    #   0.20 (load 24-30; GRPOConfig sets disable_compile, so the static cache runs eager); continuous batching
+    #   with bf16 mixed precision fails in its first generation (accelerate's fp32 output wrapper calls .float()
+    #   on the PagedAttentionCache), with its cache sized from memory by default ran 35x slower than generate
+    #   on the tiny model (a cache of gigabytes allocated each step), sized to the step 7x slower there;
+    # - generation alone, 16 rows x 16 tokens, the candidates in turn in one process (the load moves them alike):
+    #   generate under bf16 autocast (TRL's default here: autocast casts every weight at every decode step)
+    #   34-89 s, static cache 25-68 s, continuous batching in float32 10-13 s.
+    # So: continuous batching, its paged cache sized to one step's requests (blocks of 32 tokens, one prefill
+    # for every prompt), in float32 (bf16=False: the only precision TRL's continuous batching runs with here;
+    # float32 training costs 1.85x bf16's on this CPU, docs/real-model.md real_train). Not measured on a GPU:
+    # bench peer's comparison is the faster of the two paths as measured, whichever that is.
+    page = 32
+    blocks = -(-(longest_prompt + spec["max_new_tokens"]) // page)
+    cache = {"page_size": page, "num_blocks": spec["samples_per_step"] * blocks}
+    cache["max_batch_tokens"] = spec["samples_per_step"] * longest_prompt
+    return {"use_transformers_continuous_batching": True, "transformers_continuous_batching_config": cache, "bf16": False}
 
 
 def _plain(value: Any) -> Any:

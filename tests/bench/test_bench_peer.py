@@ -276,8 +276,9 @@ def test_trls_fast_path_is_built_accepted_by_trl_and_trains_a_step(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:]
     got = json.loads([x for x in done.stdout.splitlines() if x.startswith('{"trl"')][-1])["trl"]
     assert got["trl_path"] == "fast" and got["steps"] == 1 and got["samples_per_s"] > 0
+    assert got["bf16"] is False  # TRL's continuous batching runs in float32 here (bench/_peer_trl.py path_args)
     tokenizer = load_tokenizer(cfg.model.path)
     longest = max(len(encode_prompt(tokenizer, str(r["prompt"]), cfg.data.chat_template)) for r in read_prompts(cfg.data.path))
-    asked = path_args("fast", spec, longest, "cpu")
+    asked = path_args("fast", spec, longest)
     assert asked and got["generation"] == asked
-    assert path_args("default", spec, longest, "cpu") == {}
+    assert path_args("default", spec, longest) == {}
