@@ -153,7 +153,7 @@ def run(spec: dict) -> dict:
         "steps": len(rewards),
         "trl_path": spec.get("trl_path", "default"),
         # the generation keys as TRL's config holds them after its own checks: what this path ran with
-        "generation": {k: _plain(getattr(trainer.args, k)) for k in generation},
+        "generation": {k: getattr(trainer.args, k) for k in generation},
         "threads": spec["threads"],
         "bf16": bool(trainer.args.bf16),  # the path's (the fast path trains in float32)
         "final_model": final_model,
@@ -195,13 +195,6 @@ def path_args(path: str, spec: dict, longest_prompt: int) -> dict[str, Any]:
     cache = {"page_size": page, "num_blocks": spec["samples_per_step"] * blocks}
     cache["max_batch_tokens"] = spec["samples_per_step"] * longest_prompt
     return {"use_transformers_continuous_batching": True, "transformers_continuous_batching_config": cache, "bf16": False}
-
-
-def _plain(value: Any) -> Any:
-    """A GRPOConfig value as JSON (its continuous batching config may be a dataclass)."""
-    import dataclasses
-
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
 def in_asyncflows_order(rows: list[dict], spec: dict) -> list[dict]:
