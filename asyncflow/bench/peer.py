@@ -3,7 +3,7 @@ same task, one after the other in one invocation.
 
 TRL runs twice, on the same work: its default path (``trl``: ``model.generate`` with a
 dynamic cache, as GRPOConfig ships) and its fastest path without vLLM on this device
-(``trl_fast``: ``bench/_peer_trl.py``'s ``FAST``, chosen by measuring TRL's options).
+(``trl_fast``: ``bench/_peer_trl.py``'s ``path_args``, chosen by measuring TRL's options).
 asyncflow is reported against each (``sync_over_trl``, ``async_over_trl_fast``, ...) and
 against the faster of the two as measured in the run (``trl_comparison`` names it;
 ``async_over_faster_trl``): that one is the comparison. ``--trl-path`` runs one of them.
@@ -126,7 +126,7 @@ def unsupported(cfg) -> str | None:
     default=tuple(TRL_SYSTEMS),
     show_default=True,
     help="TRL's paths to run (repeatable): default (model.generate, as GRPOConfig ships) and fast (its fastest without "
-    "vLLM on this device: bench/_peer_trl.py FAST).",
+    "vLLM: bench/_peer_trl.py path_args).",
 )
 @click.option("--skip-trl", is_flag=True, help="Run only asyncflow sync and async (no bench extra needed).")
 @click.option(
