@@ -176,20 +176,21 @@ def path_args(path: str, spec: dict, longest_prompt: int) -> dict[str, Any]:
         return {}
     if path != "fast":
         raise ValueError(f"trl_path = {path!r}: give one of {', '.join(PATHS)}")
-    # Measured on SmolLM2 (examples/smollm2.toml: 8 prompts x 8 samples, 16 new tokens), 2 threads, 2 shared cores
-    # (load 10 to 30: the figures move with it), TRL 1.16, transformers 5.25, torch 2.13:
-    # - whole TRL steps, 2 steps (1 for static): default 0.40 samples/s (load 5-7); cache_implementation="static"
-    #   0.20 (load 24-30; GRPOConfig sets disable_compile, so the static cache runs eager); continuous batching
-    #   with bf16 mixed precision fails in its first generation (accelerate's fp32 output wrapper calls .float()
-    #   on the PagedAttentionCache), with its cache sized from memory by default ran 35x slower than generate
-    #   on the tiny model (a cache of gigabytes allocated each step), sized to the step 7x slower there;
-    # - generation alone, 16 rows x 16 tokens, the candidates in turn in one process (the load moves them alike):
-    #   generate under bf16 autocast (TRL's default here: autocast casts every weight at every decode step)
-    #   34-89 s, static cache 25-68 s, continuous batching in float32 10-13 s.
-    # So: continuous batching, its paged cache sized to one step's requests (blocks of 32 tokens, one prefill
-    # for every prompt), in float32 (bf16=False: the only precision TRL's continuous batching runs with here;
-    # float32 training costs 1.85x bf16's on this CPU, docs/real-model.md real_train). Not measured on a GPU:
-    # bench peer's comparison is the faster of the two paths as measured, whichever that is.
+    # Measured on SmolLM2 (examples/smollm2.toml: 8 prompts x 8 samples, 16 new tokens), TRL on 2 threads, 2 shared
+    # cores, TRL 1.16, transformers 5.25, torch 2.13 (avx512_bf16, bf16 autocast on):
+    # - continuous batching with bf16 mixed precision fails in its first generation (accelerate's fp32 output wrapper
+    #   calls .float() on the PagedAttentionCache): it runs only with bf16=False, and TRL then trains in float32;
+    #   with its cache sized from memory by default, it ran 35x slower than generate on the tiny model (a cache of
+    #   gigabytes allocated every step), so it is sized here to one step's requests;
+    # - generation alone, 16 rows x 16 tokens, in turn in one process at a load of 10 to 30: generate under bf16
+    #   autocast 34-89 s, static cache 25-68 s (GRPOConfig sets disable_compile: it runs eager), continuous
+    #   batching in float32 10-13 s; a whole 1-step TRL run with the static cache: 0.20 samples/s (load 24-30);
+    # - whole 10-step runs, one after the other at a load of about 2: default 3.52 samples/s, this path 1.82
+    #   (0.52x: float32 training costs 1.85x bf16's here, docs/real-model.md real_train). Under a heavy load
+    #   (10 to 30) this path ran at 1.13 and default at 0.40 (2 steps): which wins moves with the load.
+    # So this path is TRL's continuous batching, the option TRL offers without vLLM to speed up generation; on an
+    # idle 2-core CPU its default is faster, and bench peer compares asyncflow with whichever of the two measured
+    # faster in the run (trl_comparison). Not measured on a GPU.
     page = 32
     blocks = -(-(longest_prompt + spec["max_new_tokens"]) // page)
     cache = {"page_size": page, "num_blocks": spec["samples_per_step"] * blocks}
