@@ -65,6 +65,9 @@ PAIRED_KEYS = ("systems.trl.heldout_accuracy", "systems.async.heldout_accuracy",
 PEER_KEYS = ("systems.trl.samples_per_s", "systems.sync.samples_per_s", "systems.async.samples_per_s",
              "systems.trl.heldout_accuracy", "systems.sync.heldout_accuracy", "systems.async.heldout_accuracy",
              "systems.trl.threads")  # fmt: skip
+PATHS_KEYS = ("systems.trl.samples_per_s", "systems.trl_fast.samples_per_s", "systems.async.samples_per_s",
+              "systems.trl.heldout_accuracy", "systems.trl_fast.heldout_accuracy", "systems.async.heldout_accuracy",
+              "systems.trl_fast.generation", "trl_comparison", "async_over_faster_trl")  # fmt: skip
 SEEDS_10 = tuple(range(10))
 
 
@@ -170,6 +173,9 @@ RECORDS = [
        keys=PEER_KEYS, when_named=True),
     _r("real_peer_prox", "real-model", f"{PEER} {DECOUPLED} --trl-threads 2 --json --out {{work}}/real_peer_prox",
        keys=PEER_KEYS, when_named=True),
+    # TRL's default path and its fastest without vLLM (bench/_peer_trl.py path_args), async against each
+    _r("real_peer_paths", "real-model", f"{PEER} --skip-sync --trl-threads 2 --json --out {{work}}/real_peer_paths",
+       keys=PATHS_KEYS, when_named=True),
     _r("real_peer_trl2", "log", f"{PEER} --trl-threads 2 --only-trl --json --out {{work}}/real_peer_trl2",
        when_named=True),
     # per seed: TRL and the example's async (and sync where the entry has it), held-out accuracy

@@ -28,6 +28,10 @@ prompts of each step are those asyncflow's loader gives that step (``in_asyncflo
 ``prompts_by_step``: what TRL's reward function was given, step by step). With
 ``heldout_prompts`` (the config has ``[eval]``) TRL trains on asyncflow's training split
 only and saves its final weights (after the timing) for bench peer's held-out evaluation.
+
+``trl_path`` picks TRL's generation path (``PATHS``): ``default``, GRPOConfig as it ships,
+or ``fast``, its fastest without vLLM (``path_args``: the keys, and the figures that chose
+them). Both train the same way; ``generation`` in the output is what TRL's config held.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ def run(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from asyncflow.actors.runtime.run_dir import read_prompts
+    from asyncflow.actors.runtime.run_dir import encode_prompt, read_prompts
     from asyncflow.actors.runtime.scoring import build_reward_fn
     from asyncflow.algorithms.rewards import call_reward
 
@@ -79,6 +83,8 @@ def run(spec: dict) -> dict:
         return call_reward(fn, shown, texts, answer, finish)
 
     reward.__name__ = "asyncflow_reward"
+    longest = max(len(encode_prompt(tokenizer, str(r["prompt"]), spec["chat_template"])) for r in rows)
+    generation = path_args(spec.get("trl_path", "default"), spec, longest)
     factor = lr_factor(spec)
     lrs: list[float] = []
 
@@ -94,7 +100,7 @@ def run(spec: dict) -> dict:
             if optimizer is not None:
                 lrs.append(float(optimizer.param_groups[0]["lr"]))
 
-    args = GRPOConfig(
+    base = dict(
         output_dir=spec["out_dir"],
         max_steps=spec["steps"],
         per_device_train_batch_size=spec["samples_per_step"],
@@ -124,6 +130,7 @@ def run(spec: dict) -> dict:
         dataloader_num_workers=0,
         gradient_checkpointing=False,  # TRL's default recomputes the forward to save memory; nothing to save here
     )
+    args = GRPOConfig(**{**base, **generation})
     trainer = Trainer(
         model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer, callbacks=[RecordLr()]
     )
@@ -144,13 +151,51 @@ def run(spec: dict) -> dict:
         "reward_last_10pct": sum(tail) / len(tail),
         "reward_first": rewards[0] if rewards else None,
         "steps": len(rewards),
+        "trl_path": spec.get("trl_path", "default"),
+        # the generation keys as TRL's config holds them after its own checks: what this path ran with
+        "generation": {k: getattr(trainer.args, k) for k in generation},
         "threads": spec["threads"],
-        "bf16": bool(spec.get("bf16", False)),
+        "bf16": bool(trainer.args.bf16),  # the path's (the fast path trains in float32)
         "final_model": final_model,
         "lrs": lrs,
         "prompts_by_step": prompts_by_step,
         "reward_by_step": rewards,
     }
+
+
+PATHS = ("default", "fast")
+"""TRL's generation paths that ``bench peer`` runs: ``default``, GRPOConfig as it ships
+(``model.generate`` with a dynamic cache, no compile); ``fast``, its fastest without vLLM
+on the trainer's device (``path_args``)."""
+
+
+def path_args(path: str, spec: dict, longest_prompt: int) -> dict[str, Any]:
+    """GRPOConfig's generation keys of TRL's ``path`` (``PATHS``), for prompts of at
+    most ``longest_prompt`` tokens."""
+    if path == "default":
+        return {}
+    if path != "fast":
+        raise ValueError(f"trl_path = {path!r}: give one of {', '.join(PATHS)}")
+    # Measured on SmolLM2 (examples/smollm2.toml: 8 prompts x 8 samples, 16 new tokens), TRL on 2 threads, 2 shared
+    # cores, TRL 1.16, transformers 5.25, torch 2.13 (avx512_bf16, bf16 autocast on):
+    # - continuous batching with bf16 mixed precision fails in its first generation (accelerate's fp32 output wrapper
+    #   calls .float() on the PagedAttentionCache): it runs only with bf16=False, and TRL then trains in float32;
+    #   with its cache sized from memory by default, it ran 35x slower than generate on the tiny model (a cache of
+    #   gigabytes allocated every step), so it is sized here to one step's requests;
+    # - generation alone, 16 rows x 16 tokens, in turn in one process at a load of 10 to 30: generate under bf16
+    #   autocast 34-89 s, static cache 25-68 s (GRPOConfig sets disable_compile: it runs eager), continuous
+    #   batching in float32 10-13 s; a whole 1-step TRL run with the static cache: 0.20 samples/s (load 24-30);
+    # - whole 10-step runs, one after the other at a load of about 2: default 3.52 samples/s, this path 1.82
+    #   (0.52x: float32 training costs 1.85x bf16's here, docs/real-model.md real_train). Under a heavy load
+    #   (10 to 30) this path ran at 1.13 and default at 0.40 (2 steps): which wins moves with the load.
+    # So this path is TRL's continuous batching, the option TRL offers without vLLM to speed up generation; on an
+    # idle 2-core CPU its default is faster, and bench peer compares asyncflow with whichever of the two measured
+    # faster in the run (trl_comparison). Not measured on a GPU.
+    page = 32
+    blocks = -(-(longest_prompt + spec["max_new_tokens"]) // page)
+    cache = {"page_size": page, "num_blocks": spec["samples_per_step"] * blocks}
+    cache["max_batch_tokens"] = spec["samples_per_step"] * longest_prompt
+    return {"use_transformers_continuous_batching": True, "transformers_continuous_batching_config": cache, "bf16": False}
 
 
 def in_asyncflows_order(rows: list[dict], spec: dict) -> list[dict]:

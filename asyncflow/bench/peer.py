@@ -1,6 +1,13 @@
 """``afctl bench peer``: TRL's GRPOTrainer, asyncflow sync and asyncflow async on the
 same task, one after the other in one invocation.
 
+TRL runs twice, on the same work: its default path (``trl``: ``model.generate`` with a
+dynamic cache, as GRPOConfig ships) and its fastest path without vLLM on this device
+(``trl_fast``: ``bench/_peer_trl.py``'s ``path_args``, chosen by measuring TRL's options).
+asyncflow is reported against each (``sync_over_trl``, ``async_over_trl_fast``, ...) and
+against the faster of the two as measured in the run (``trl_comparison`` names it;
+``async_over_faster_trl``): that one is the comparison. ``--trl-path`` runs one of them.
+
 The same model directory (the config's, or the tiny warm-started model it builds,
 once), the same data file and the same prompts at every step (TRL reads the training
 prompts in the order asyncflow's loader gives them: ``data.shuffle`` with
@@ -40,14 +47,18 @@ import click
 from asyncflow.algorithms import registry
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "local.toml"
+TRL_SYSTEMS = {"default": "trl", "fast": "trl_fast"}
+"""TRL's paths (``_peer_trl.PATHS``) and the name each one's figures go under."""
 
 
-def trl_spec(cfg, steps: int, threads: int, out_dir: Path) -> dict:
-    """What ``_peer_trl`` needs, from the run config (model and data already built)."""
+def trl_spec(cfg, steps: int, threads: int, out_dir: Path, path: str = "default") -> dict:
+    """What ``_peer_trl`` needs, from the run config (model and data already built);
+    ``path``: TRL's generation path (``_peer_trl.PATHS``)."""
     from asyncflow.engines.precision import resolve_autocast
 
     eng = cfg.train.engine
     return {
+        "trl_path": path,
         "model_dir": cfg.model.path,
         "data_path": cfg.data.path,
         "chat_template": cfg.data.chat_template,
@@ -107,6 +118,16 @@ def unsupported(cfg) -> str | None:
     show_default=True,
     help="Torch threads of the TRL process; 0: every core (fastest on an idle machine, very slow on a shared one).",
 )
+@click.option(
+    "--trl-path",
+    "trl_paths",
+    multiple=True,
+    type=click.Choice(list(TRL_SYSTEMS)),
+    default=tuple(TRL_SYSTEMS),
+    show_default=True,
+    help="TRL's paths to run (repeatable): default (model.generate, as GRPOConfig ships) and fast (its fastest without "
+    "vLLM: bench/_peer_trl.py path_args).",
+)
 @click.option("--skip-trl", is_flag=True, help="Run only asyncflow sync and async (no bench extra needed).")
 @click.option(
     "--skip-sync",
@@ -145,6 +166,7 @@ def peer(
     config_path: str,
     steps: int,
     trl_threads: int,
+    trl_paths: tuple[str, ...],
     skip_trl: bool,
     skip_sync: bool,
     only_trl: bool,
@@ -154,8 +176,8 @@ def peer(
     keep_weights: bool,
     as_json: bool,
 ) -> None:
-    """Samples/s (training time only) and last-10% reward of TRL GRPOTrainer,
-    asyncflow sync and asyncflow async on the same work."""
+    """Samples/s (training time only) and last-10% reward of TRL GRPOTrainer (its
+    default path and its fastest), asyncflow sync and asyncflow async on the same work."""
     from asyncflow.bench.shared_inputs import with_shared_inputs
     from asyncflow.config.load import load_config
 
@@ -182,39 +204,69 @@ def peer(
         if rounds > 1:
             click.echo(f"== round {r + 1} of {rounds} ==")
         where = root / f"round-{r}" if rounds > 1 else root
-        each.append(_one_round(base, steps, trl_threads, skip_trl, where, only_trl, skip_sync))
+        paths = () if skip_trl else tuple(p for p in TRL_SYSTEMS if p in trl_paths)
+        each.append(_one_round(base, steps, trl_threads, paths, where, only_trl, skip_sync))
         if not keep_weights:
             freed = drop_weights(where)
             if freed:
                 click.echo(f"deleted the runs' final weights, {freed / 2**30:.2f} GiB (--keep-weights keeps them)")
     results = _medians(each)
+    against = ratios(each, results)
+    trls = [t for t in TRL_SYSTEMS.values() if t in results]
     heldout = all("heldout_accuracy" in fig for fig in results.values())
     acc_head = f"{'held-out acc':>14}" if heldout else ""
-    click.echo(f"\n{'':<16}{'samples/s':>12}{'last-10% reward':>18}{acc_head}{'vs trl':>10}")
+    vs_head = "".join(f"{'vs ' + t:>14}" for t in trls)
+    click.echo(f"\n{'':<16}{'samples/s':>12}{'last-10% reward':>18}{acc_head}{vs_head}")
     for name, fig in results.items():
-        ratio = "-"
-        if "trl" in results:  # the median of the rounds' ratios (each round's systems ran side by side)
-            ratio = f"{statistics.median(e[name]['samples_per_s'] / e['trl']['samples_per_s'] for e in each):.2f}x"
+        # the median of the rounds' ratios (each round's systems ran side by side)
+        vs = "".join(f"{_ratio(each, name, t):>13.2f}x" for t in trls)
         acc = f"{fig['heldout_accuracy']:>14.3f}" if heldout else ""
-        click.echo(f"{name:<16}{fig['samples_per_s']:>12.1f}{fig['reward_last_10pct']:>18.3f}{acc}{ratio:>10}")
+        click.echo(f"{name:<16}{fig['samples_per_s']:>12.1f}{fig['reward_last_10pct']:>18.3f}{acc}{vs}")
+    if len(trls) > 1:
+        click.echo(f"the comparison: {against['trl_comparison']}, the faster TRL path here")
     click.echo(f"(runs in {root})")
     if as_json:
         line: dict = {"steps": steps, "samples_per_step": base.samples_per_step, "rounds": rounds, "systems": results}
         # torch's huge pages for every process, TRL's too: they all inherit this environment (docs/log/real-model.md, huge pages)
         line["huge_pages"] = os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
-        if "trl" in results:
-            for mode in [m for m in ("sync", "async") if m in results]:
-                ratios = [e[mode]["samples_per_s"] / e["trl"]["samples_per_s"] for e in each]
-                line[f"{mode}_over_trl"] = statistics.median(ratios)
-                line[f"{mode}_over_trl_rounds"] = ratios
-        click.echo(json.dumps(line))
+        click.echo(json.dumps({**line, **against}))
+
+
+def ratios(each: list[dict[str, dict]], results: dict[str, dict]) -> dict:
+    """asyncflow against TRL: for sync and async, the median over the rounds of its
+    samples/s over each TRL path's (``async_over_trl_fast``, and each round's in
+    ``..._rounds``); ``trl_comparison``, the TRL path with the higher median samples/s
+    (``results``: ``_medians(each)``), and each mode against it (``async_over_faster_trl``).
+    Empty without TRL."""
+    trls = [t for t in TRL_SYSTEMS.values() if t in results]
+    if not trls:
+        return {}
+    faster = max(trls, key=lambda t: results[t]["samples_per_s"])
+    out: dict = {"trl_comparison": faster}
+    for mode in [m for m in ("sync", "async") if m in results]:
+        for t in trls:
+            out[f"{mode}_over_{t}"] = _ratio(each, mode, t)
+            out[f"{mode}_over_{t}_rounds"] = [e[mode]["samples_per_s"] / e[t]["samples_per_s"] for e in each]
+        out[f"{mode}_over_faster_trl"] = out[f"{mode}_over_{faster}"]
+    return out
+
+
+def _ratio(each: list[dict[str, dict]], name: str, trl: str) -> float:
+    """``name``'s samples/s over TRL system ``trl``'s: the median of the rounds' ratios."""
+    return statistics.median(e[name]["samples_per_s"] / e[trl]["samples_per_s"] for e in each)
 
 
 def _one_round(
-    base, steps: int, trl_threads: int, skip_trl: bool, root: Path, only_trl: bool = False, skip_sync: bool = False
+    base,
+    steps: int,
+    trl_threads: int,
+    trl_paths: tuple[str, ...],
+    root: Path,
+    only_trl: bool = False,
+    skip_sync: bool = False,
 ) -> dict[str, dict]:
-    """TRL (unless skipped), then asyncflow sync (unless skipped), then async (unless
-    ``only_trl``), one after the other, in ``root``."""
+    """TRL on each of ``trl_paths`` (none: skipped), then asyncflow sync (unless skipped),
+    then async (unless ``only_trl``), one after the other, in ``root``."""
     import msgspec
 
     from asyncflow.actors.driver.launcher import run
@@ -222,23 +274,10 @@ def _one_round(
 
     root.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
-    if not skip_trl:
-        click.echo("== trl ==")
-        spec_path = root / "trl_spec.json"
-        spec_path.write_text(json.dumps(trl_spec(base, steps, trl_threads or os.cpu_count() or 1, root / "trl")))
-        done = subprocess.run(
-            [sys.executable, "-m", "asyncflow.bench._peer_trl", str(spec_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        (root / "trl.log").write_text(done.stdout)
-        lines = [line for line in done.stdout.splitlines() if line.startswith('{"trl"')]
-        if done.returncode != 0 or not lines:
-            raise click.ClickException(
-                f"TRL failed ({done.returncode}); its output is in {root / 'trl.log'}:\n{done.stdout[-2000:]}"
-            )
-        results["trl"] = json.loads(lines[-1])["trl"]
+    for path in trl_paths:
+        name = TRL_SYSTEMS[path]
+        click.echo(f"== {name} ==")
+        results[name] = _run_trl(trl_spec(base, steps, trl_threads or os.cpu_count() or 1, root / name, path), root, name)
     if only_trl:
         return results
     heldout = base.eval.every_steps > 0
@@ -275,16 +314,36 @@ def _one_round(
         }
         if heldout:
             results[mode]["heldout_accuracy"] = summary["val_final_accuracy"]
-    if heldout and "trl" in results:  # TRL's final weights, evaluated as asyncflow's trainer evaluates its own
+    if heldout:  # TRL's final weights, evaluated as asyncflow's trainer evaluates its own
         from asyncflow.actors.evaluation.evaluator import evaluate_saved
 
-        # the evaluation reads the held-out prompts and the config from an asyncflow run directory
-        evaluated = evaluate_saved(root / modes[0], results["trl"]["final_model"])
-        results["trl"]["heldout_accuracy"] = evaluated["val/accuracy"]
+        for name in [TRL_SYSTEMS[p] for p in trl_paths]:
+            # the evaluation reads the held-out prompts and the config from an asyncflow run directory
+            evaluated = evaluate_saved(root / modes[0], results[name]["final_model"])
+            results[name]["heldout_accuracy"] = evaluated["val/accuracy"]
     return results
 
 
-WEIGHTS = ("trl/final", "sync/checkpoints", "async/checkpoints")
+def _run_trl(spec: dict, root: Path, name: str) -> dict:
+    """One TRL run (``_peer_trl``, a process of its own); its output in ``root/<name>.log``."""
+    spec_path = root / f"{name}_spec.json"
+    spec_path.write_text(json.dumps(spec))
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncflow.bench._peer_trl", str(spec_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    (root / f"{name}.log").write_text(done.stdout)
+    lines = [line for line in done.stdout.splitlines() if line.startswith('{"trl"')]
+    if done.returncode != 0 or not lines:
+        raise click.ClickException(
+            f"TRL ({name}) failed ({done.returncode}); its output is in {root / f'{name}.log'}:\n{done.stdout[-2000:]}"
+        )
+    return json.loads(lines[-1])["trl"]
+
+
+WEIGHTS = ("trl/final", "trl_fast/final", "sync/checkpoints", "async/checkpoints")
 """What one round leaves that only its evaluation reads, under the round's directory."""
 
 
