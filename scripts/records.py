@@ -157,7 +157,7 @@ RECORDS = [
        seeds=(0,), when_named=True),
     _r("real_model_here", "log", f"{ONE_ASYNC} --out {{work}}/{{name}}", seeds=(0,), when_named=True),
     _r("real_eval_placement", "real-model", "python scripts/eval_placement.py --config examples/smollm2.toml --reps 2 "
-       "--out {work}/{name}", keys=("eval_placement.trainer.wall_mean_s", "eval_placement.process.wall_mean_s",
+       "--out {work}/{name}", keys=("eval_placement.reps", "eval_placement.trainer.wall_mean_s", "eval_placement.process.wall_mean_s",
        "eval_placement.saving", "eval_placement.same_accuracy"), when_named=True),
     _r("real_train", "real-model", f"{AF} bench train --model models/smollm2-135m --num-rows 16 --seq-len 64 "
        "--micro-batch-size 8 --steps 2 --autocast --json", when_named=True,

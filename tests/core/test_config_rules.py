@@ -129,7 +129,11 @@ OUT_OF_RANGE = [
         "cluster.transport.max_message_bytes = 0: out of range; use a value > 0",
         "[cluster.transport] max_message_bytes",
     ),
-    ("[logging]\ntrace_every_s = -1", "logging.trace_every_s = -1: out of range; use a value >= 0", "[logging] trace_every_s"),
+    (
+        "[logging]\ntrace_every_s = -1",
+        "logging.trace_every_s = -1: out of range; use a value between 0 and 1000000.0",
+        "[logging] trace_every_s",
+    ),
     ("[planner]\npatience_steps = 0", "planner.patience_steps = 0: out of range; use a value >= 1", "[planner] patience_steps"),
     (
         "[reward_model]\nnum_replicas = 0",
