@@ -17,12 +17,11 @@ from __future__ import annotations
 import functools
 import json
 import statistics
-import tempfile
 import time
 
 import click
 
-from asyncflow.bench.shared_inputs import model_option
+from asyncflow.bench.shared_inputs import bench_tiny_model, model_option
 
 
 @click.command("decode")
@@ -50,17 +49,7 @@ def decode(rows, context, steps, threads, device, dtype, hidden_size, num_layers
 
         model_dir, label = model_path, f"model {Path(model_path).name}"
     else:
-        from asyncflow.toy.tiny import make_tiny_model
-
-        model_dir = make_tiny_model(
-            tempfile.mkdtemp(prefix="bench_decode_"),
-            seed=0,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            num_heads=4,
-            num_kv_heads=2,
-            intermediate_size=3 * hidden_size,
-        )
+        model_dir = bench_tiny_model("bench_decode_", hidden_size, num_layers)
         label = f"model hidden {hidden_size} x {num_layers} layers"
     cfg = RolloutEngineConfig(type="native", device=device, dtype=dtype, compile="on", max_batch_size=max(sizes))
     probe = build_rollout_engine(msgspec_replace(cfg, kv_cache_bytes=1 << 20, compile="off"), model_dir)

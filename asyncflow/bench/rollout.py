@@ -17,12 +17,11 @@ from __future__ import annotations
 import json
 import random
 import statistics
-import tempfile
 import time
 
 import click
 
-from asyncflow.bench.shared_inputs import model_option
+from asyncflow.bench.shared_inputs import bench_tiny_model, model_option
 
 
 @click.command("rollout")
@@ -115,7 +114,6 @@ def rollout(
     from asyncflow.engines.device import torch_dtype
     from asyncflow.engines.factory import build_rollout_engine
     from asyncflow.engines.hf import load_model
-    from asyncflow.toy.tiny import make_tiny_model
 
     torch.set_num_threads(threads)
     if model_path:
@@ -123,15 +121,7 @@ def rollout(
         if stop_token_ids:
             stops = tuple(int(t) for t in stop_token_ids.split(","))
     else:
-        model_dir = make_tiny_model(
-            tempfile.mkdtemp(prefix="bench_rollout_"),
-            seed=0,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            num_heads=4,
-            num_kv_heads=2,
-            intermediate_size=3 * hidden_size,
-        )
+        model_dir = bench_tiny_model("bench_rollout_", hidden_size, num_layers)
         rng = random.Random(0)
         prompts = [[rng.randrange(6, 90) for _ in range(rng.randint(4, 24))] for _ in range(num_prompts)]
         stops = tuple([2] + list(range(60, 60 + num_stop_tokens - 1)))

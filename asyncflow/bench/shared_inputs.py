@@ -1,6 +1,7 @@
 """Benchmarks that compare several runs (``bench e2e``, ``bench peer``) start them all
 from the same weights and data: the tiny model and data set are built once. And the
-``--model DIR`` option of the engine benchmarks (``bench rollout``, ``bench train``)."""
+``--model DIR`` option of the engine benchmarks (``bench rollout``, ``bench train``,
+``bench decode``) and the tiny model they build without one."""
 
 from __future__ import annotations
 
@@ -36,4 +37,24 @@ def model_option(ignored: str):
         type=click.Path(exists=True, file_okay=False),
         default=None,
         help=f"A Hugging Face model directory (e.g. afctl model import-gguf smollm2 DIR) instead of the tiny one ({ignored}).",
+    )
+
+
+def bench_tiny_model(prefix: str, hidden_size: int, num_layers: int) -> str:
+    """The engine benchmarks' tiny model (without ``--model``): ``hidden_size`` x
+    ``num_layers``, 4 heads of which 2 key-value, built into a fresh temporary directory."""
+    import tempfile
+
+    from asyncflow.toy.tiny import make_tiny_model
+
+    return str(
+        make_tiny_model(
+            tempfile.mkdtemp(prefix=prefix),
+            seed=0,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=3 * hidden_size,
+        )
     )

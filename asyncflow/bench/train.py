@@ -35,7 +35,7 @@ import time
 import click
 
 from asyncflow.bench import flops
-from asyncflow.bench.shared_inputs import model_option
+from asyncflow.bench.shared_inputs import bench_tiny_model, model_option
 
 
 def _batch(num_rows: int, seq_len: int, seed: int = 0):
@@ -197,21 +197,10 @@ def train(
 
     from asyncflow.engines.config import TrainEngineConfig
     from asyncflow.engines.factory import build_train_engine
-    from asyncflow.toy.tiny import make_tiny_model
 
     world = 2
     label = f"hidden {hidden_size} x {num_layers} layers"
-    model_dir = model_path or str(
-        make_tiny_model(
-            tempfile.mkdtemp(prefix="bench_train_"),
-            seed=0,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            num_heads=4,
-            num_kv_heads=2,
-            intermediate_size=3 * hidden_size,
-        )
-    )
+    model_dir = model_path or str(bench_tiny_model("bench_train_", hidden_size, num_layers))
     torch.set_num_threads(threads)
     if share_prompts:
         from asyncflow.bench import _train_shared
