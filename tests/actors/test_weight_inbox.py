@@ -298,3 +298,46 @@ def test_the_catch_up_stops_asking_once_an_announcement_brings_the_newest_versio
     threading.Event().wait(0.5)
     assert latest.asked <= asked + 1 and inbox.wanted == 4
     inbox.close()
+
+
+class WatchedLock:
+    """The engine lock, calling ``on_release`` just before each release: what a generate
+    that takes the lock next sees."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.on_release = lambda: None
+
+    def __enter__(self):
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.on_release()
+        self._lock.release()
+
+
+def test_a_swap_moves_the_engines_version_and_the_digest_a_generate_stamps_together(setup):
+    _, engine, receiver, log, _ = setup
+    lock = WatchedLock()
+    inbox = WeightInbox(
+        "rollout.0",
+        engine,
+        lock,
+        receiver,
+        lambda: GrantRecorder(log),
+        staleness=0,
+        verify=True,
+        dtype=torch.float32,
+        timeout_s=20.0,
+        activity=lambda name: contextlib.nullcontext(),
+    )
+    seen: list[tuple[int, int, int]] = []
+    lock.on_release = lambda: seen.append((engine.version, inbox.digest, engine.weights_digest()))
+    inbox.announce(ready(1))
+    assert receiver.started.acquire(timeout=10)
+    receiver.release[0].set()
+    inbox.swap_to(1)
+    # when the swap lets go of the lock, a generate (the gateway's) reads version 1 and must read v1's digest with it
+    version, digest, held = seen[-1]
+    assert version == 1 and digest == held, (version, hex(digest), hex(held))

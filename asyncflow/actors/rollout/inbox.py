@@ -262,6 +262,8 @@ class WeightInbox:
             with self.activity("swap_weights"), self.engine_lock:
                 self.engine.load_weights(tensors, version)
                 held = self.engine.weights_digest() if self.verify else None
+                # with the version, under the lock: a generate (the gateway's) never stamps the new version with the old digest
+                self.digest = held if held is not None else digest
         finally:
             if weights is not None:
                 weights.ask(messages.ReleaseSwap(replica=self.name, version=version), timeout_s=30)
@@ -271,7 +273,6 @@ class WeightInbox:
                 f"{held:x}, not the {digest:x} of the weights it was sent: its load_weights did not copy "
                 "every tensor (a name it skips, a dtype it mangles?), or they changed on the way"
             )
-        self.digest = held if held is not None else digest
         return True
 
     def swap_to(self, target: int) -> None:
