@@ -52,7 +52,9 @@ def e2e(
 
     from asyncflow.actors.driver.launcher import run
     from asyncflow.bench.shared_inputs import with_shared_inputs
+    from asyncflow.core.schema import ConfigError
     from asyncflow.config.load import load_config
+    from asyncflow.config.run import validate
 
     base = load_config(config_path, list(overrides))
     root = Path(out or tempfile.mkdtemp(prefix="af-e2e-"))
@@ -71,6 +73,10 @@ def e2e(
             workflow=msgspec.structs.replace(base.workflow, mode=mode, staleness=staleness, partial_rollout=partial),
             train=msgspec.structs.replace(base.train, num_steps=steps, checkpoint_every=0),
         )
+        try:  # the rules hold for the changed config too (a combination the file never had)
+            validate(cfg)
+        except ConfigError as exc:
+            raise click.UsageError(f"the {label} run's config: {exc}") from None
         click.echo(f"== {label} ==")
         results[label] = run(cfg, root / label)
     (first, _, _), (second, _, _) = runs

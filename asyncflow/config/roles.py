@@ -88,8 +88,9 @@ class RewardConfig(Section):
             description="Where the functions run. role: in the reward role's own processes (``reward.<i>``, ``num_workers`` of "
             "them), which take the generated rows from the queue and put ``reward``. rollout: in each rollout replica, on "
             "the rows it just generated, put with the responses: no reward process, one queue hand-off and one put less "
-            "per batch; for cheap rule-based functions (a slow one holds generation back). Not with ``[env] path`` or "
-            "``workflow.partial_rollout``. See docs/performance.md."
+            "per batch; for cheap rule-based functions (a slow one holds generation back); with "
+            "``workflow.partial_rollout`` each group is scored as its last sample finishes. Not with ``[env] path``. See "
+            "docs/performance.md."
         ),
     ] = "role"
     num_workers: Annotated[Count, Meta(description="Worker processes (``placement = 'role'``).")] = 1

@@ -155,7 +155,7 @@ class RunConfig(Section):
         rules.check_gateway_secret(self.rollout, self.cluster)
         rules.check_gateway_restarts(self.rollout, self.cluster)
         rules.check_gateway_training(self.rollout, self.train, self.algorithm, self.env, self.reward_model)
-        rules.check_reward_placement(self.reward, self.env, self.workflow)
+        rules.check_reward_placement(self.reward, self.env)
         rules.check_something_scores(self.reward, self.env, self.rollout, self.roles)
         rules.check_tiny_reward_model(self.reward_model, self.model)
         rules.check_critic_fsdp(self.critic, self.train, self.algorithm)

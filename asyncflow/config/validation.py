@@ -138,14 +138,9 @@ def check_gateway_training(
             raise Refused("rollout.gateway.train", f"a run that trains on gateway sessions cannot do this: {fix}")
 
 
-def check_reward_placement(reward: RewardConfig, env: EnvConfig, workflow: WorkflowConfig) -> None:
+def check_reward_placement(reward: RewardConfig, env: EnvConfig) -> None:
     if reward.placement == "rollout" and env.path:
         raise Refused("reward.placement", "the rollout scores only single-turn rows: with [env] path set, use placement = 'role'")
-    if reward.placement == "rollout" and workflow.partial_rollout:
-        raise Refused(
-            "reward.placement",
-            "a partial rollout streams its rows out unscored: with workflow.partial_rollout, use placement = 'role'",
-        )
 
 
 def check_something_scores(reward: RewardConfig, env: EnvConfig, rollout: RolloutConfig, roles: list[RoleEntry]) -> None:

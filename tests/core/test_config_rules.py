@@ -179,10 +179,6 @@ CROSS_FIELD = [
     ("[reward]\nweights = [1.0, 2.0]", "reward.weights = [1.0, 2.0]: give one weight per function (1)"),
     ("[reward]\nfunctions = []", "reward.functions = []: nothing would score the responses"),
     (
-        "[reward]\nplacement = 'rollout'\n[workflow]\npartial_rollout = true",
-        "reward.placement = 'rollout': a partial rollout streams its rows out unscored",
-    ),
-    (
         "[reward]\nplacement = 'rollout'\n[env]\npath = 'asyncflow.envs.calc:CalcEnv'",
         "reward.placement = 'rollout': the rollout scores only single-turn rows",
     ),

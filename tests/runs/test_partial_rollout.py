@@ -99,6 +99,31 @@ def test_a_partial_rollout_run_trains_rows_of_several_versions_each_once(tmp_pat
     assert_trained_exactly_once(tmp_path / "run", num_steps, prompts_per_step=2, group_size=2)
 
 
+@pytest.mark.timeout(300)
+def test_a_partial_rollout_run_scores_its_rows_in_the_rollout_with_placement_rollout(tmp_path):
+    """reward.placement = "rollout" with partial rollout: each finished group is scored in the
+    replica and put with its reward (no reward process); the run trains every group once,
+    and its rewards are the reward function's (wf_rewards:length, > 0 for any response)."""
+    num_steps = 4
+    config = write_config(
+        tmp_path,
+        num_steps=num_steps,
+        changes={
+            "reward": {"functions": ["wf_rewards:length"], "placement": "rollout"},
+            "rollout.sampling": {"max_new_tokens": 12},
+            "workflow": {"partial_rollout": True},
+        },
+        extra=f'[cluster]\npython_path = ["{HERE}"]\n',
+    )
+    proc = afctl("up", str(config), "--run-dir", str(tmp_path / "run"))
+    out, _ = proc.communicate(timeout=280)
+    assert proc.returncode == 0, out
+    assert "reward.0" not in out  # scored in the replica: no reward process started
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert len(rows) == num_steps and all(r["reward_mean"] > 0 for r in rows), rows
+    assert_trained_exactly_once(tmp_path / "run", num_steps, prompts_per_step=2, group_size=2)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_partial_rollout_run_with_an_environment_trains_multi_turn_rows_of_several_versions_each_once(tmp_path):

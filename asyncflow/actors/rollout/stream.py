@@ -12,8 +12,9 @@ Each ``work_once`` is one decode step of the stream (``RolloutStream``,
    newer one);
 3. one step: admitted prompts are prefilled, every running sequence gets a token;
 4. each group whose ``group_size`` samples have all finished is put
-   (``response_ids``, ``rollout_logp``, ``finish``, ``token_versions``) and acked
-   with the next request.
+   (``response_ids``, ``rollout_logp``, ``finish``, ``token_versions``, and ``reward``
+   when ``reward.placement = "rollout"``: scored here first) and acked with the next
+   request.
 
 With the gateway on this replica (``[rollout.gateway]``) its requests join the same
 stream (``gateway/batcher.StreamedRequests``): taken at every step, one sequence each
@@ -60,6 +61,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import numpy as np
 
 from asyncflow.actors.rollout import pack
 from asyncflow.config.names import TASK_ROLLOUT
@@ -80,6 +82,7 @@ class _Group:
     version: int  # the version it was admitted under (its rows' first tokens' or older)
     done: dict[int, Completion]  # sample index -> completion
     trajs: list[Trajectory] | None = None  # with an environment: one trajectory per row, by sample index
+    scored: tuple[Any, list[Any]] | None = None  # reward.placement = "rollout": its prompt_ids and each row's answer
 
 
 class PartialRollout:
@@ -169,7 +172,7 @@ class PartialRollout:
         with a.activity("get"):
             batch = a.tq.get_batch(
                 TASK_ROLLOUT,
-                ["prompt_ids"] if self.turns is None else ["prompt_ids", "answer"],
+                ["prompt_ids", "answer"] if self.turns is not None or a.scorer is not None else ["prompt_ids"],
                 room * G,
                 policy="group",
                 partial=True,
@@ -191,7 +194,13 @@ class PartialRollout:
         prompts = [batch.columns["prompt_ids"][p[0]].tolist() for p in positions]
         for prompt_index, group in zip(self.stream.add(prompts), positions):
             self.groups[prompt_index] = _Group(
-                indices=[batch.indices[i] for i in group], metas=[batch.metas[i] for i in group], version=version, done={}
+                indices=[batch.indices[i] for i in group],
+                metas=[batch.metas[i] for i in group],
+                version=version,
+                done={},
+                scored=(batch.columns["prompt_ids"][group[0]], [batch.columns["answer"][i] for i in group])
+                if a.scorer is not None
+                else None,
             )
 
     def _start_trajectories(self, batch: Batch, positions: list[list[int]], version: int) -> None:
@@ -293,20 +302,49 @@ class PartialRollout:
                 version,
             )
             rows, metas, indices = [], [], []
-            for prompt_index in ready:
-                g = self.groups.pop(prompt_index)
+            groups = [self.groups.pop(prompt_index) for prompt_index in ready]
+            for g in groups:
                 for j, (index, meta) in enumerate(zip(g.indices, g.metas)):
                     c = g.done[j]
                     rows.append(pack.completion_row(c, token_versions=True))
                     metas.append(pack.stamped(meta, c.version, len(c.response_ids), self.digests[c.version]))
                     indices.append(index)
-        self._put(indices, rows, metas)
+            columns = pack.columns(rows)
+        if a.scorer is not None:
+            self._score(groups, columns, indices)
+        self._put_columns(indices, columns, metas)
+
+    def _score(self, groups: list[_Group], columns: dict[str, Any], indices: list[int]) -> None:
+        """reward.placement = "rollout": the reward functions score the finished groups' rows
+        here, and ``reward`` is put with their responses (as a unit does: ``unit.py``)."""
+        a = self.actor
+        assert a.scorer is not None  # called with reward.placement = "rollout"
+        prompts, answers = [], []
+        for g in groups:
+            assert g.scored is not None  # kept at admission when this replica scores
+            prompt_ids, group_answers = g.scored
+            prompts += [prompt_ids] * len(g.indices)
+            answers += group_answers
+        with a.activity("score"):
+            rewards = a.scorer.score(
+                {
+                    "prompt_ids": prompts,
+                    "answer": answers,
+                    "response_ids": columns["response_ids"],
+                    "finish": columns["finish"],
+                },
+                indices,
+            )
+        columns["reward"] = [np.asarray([r], dtype=np.float32) for r in rewards]
 
     def _put(self, indices: list[int], rows: list, metas: list[RowMeta]) -> None:
         """Put finished groups' rows (acked inside the next request)."""
+        self._put_columns(indices, pack.columns(rows), metas)
+
+    def _put_columns(self, indices: list[int], columns: dict[str, Any], metas: list[RowMeta]) -> None:
         a = self.actor
         with a.activity("put"):
-            a.tq.put(indices, pack.columns(rows), metas)
+            a.tq.put(indices, columns, metas)
         a.acks.add_rows(TASK_ROLLOUT, indices)  # acked inside the next request
         a.num_items += len(indices)
         self._quiet_until = 0.0  # room for a group: ask the queue at the next step
