@@ -107,6 +107,28 @@ class RunConfig(Section):
         return self.eval.where == "process"
 
     @property
+    def rollout_streams(self) -> bool:
+        """The rollout replicas generate as one continuous stream (partial rollout,
+        ``actors/rollout/stream.py``) rather than unit by unit (``unit.py``):
+        ``workflow.partial_rollout``, with ``auto`` resolved (``rollout_mode_why``)."""
+        return self.rollout_mode_why()[0]
+
+    def rollout_mode_why(self) -> tuple[bool, str]:
+        """(streams, why): ``workflow.partial_rollout`` resolved, and the reason in a user's terms."""
+        setting, engine = self.workflow.partial_rollout, self.rollout.engine
+        if isinstance(setting, bool):
+            return setting, f"workflow.partial_rollout = {str(setting).lower()}"
+        if self.workflow.mode != "async":
+            return False, f"{self.workflow.mode} mode: weights never change during generation"
+        if engine.type in ("vllm", "vllm_ascend"):
+            return False, "vLLM swaps weights inside its own generate calls"
+        if engine.type == "emulated":
+            return False, "the emulated engine generates whole calls"
+        if engine.device != "cpu":
+            return True, f"async on {engine.device}: the stream keeps the engine full while long responses finish"
+        return False, "async on cpu: the trainer is the long pole and the stream measured slower here"
+
+    @property
     def data_from_gateway(self) -> bool:
         """The run trains on the gateway's rewarded sessions (``[rollout.gateway] train``):
         no prompt loader, no reward role, no rollout task."""

@@ -119,9 +119,9 @@ class WorkflowConfig(Section):
         ),
     ] = 0.0
     partial_rollout: Annotated[
-        bool,
+        bool | Literal["auto"],
         Meta(
-            description="Partial rollout (async only; the native and hf engines): a replica generates as one continuous stream that "
+            description="Partial rollout, the streamed rollout (async only; the native, hf and emulated engines): a replica generates as one continuous stream that "
             "admits prompt groups whenever a row frees up (at most prompts_per_call x group_size sequences decode at once), "
             "and swaps in new weights between two decode steps instead "
             "of between generate calls. In-flight sequences keep their tokens and KV cache and go on with the new weights; "
@@ -129,9 +129,14 @@ class WorkflowConfig(Section):
             "oldest token's version, so the staleness bound holds for every token. With ``[env] path`` each turn of a "
             "trajectory joins the stream when its observation is back, and a trajectory's turns may span swaps; the "
             "gateway's requests (``[rollout.gateway]``) join it too, and a reply may span a swap. Pays on "
-            "long-tailed response lengths (or turn counts)."
+            "long-tailed response lengths (or turn counts). false: unit by unit, one generate call of "
+            "``rollout.prompts_per_call`` groups at a time, weights swapped between calls. auto: the stream in async mode "
+            "on an accelerator (``rollout.engine.device`` cuda or npu) or with the emulated engine, where generation is "
+            "the long pole and each call's tail would idle the device; unit by unit on a CPU, where the trainer is the "
+            "long pole and the stream measured slower (docs/algorithms.md, 'Partial rollout'); unit by unit with vLLM, "
+            "which swaps inside its own generate calls. The run's first lines say which it took and why."
         ),
-    ] = False
+    ] = "auto"
     stream_step: Annotated[
         bool,
         Meta(
@@ -154,7 +159,7 @@ class WorkflowConfig(Section):
                 'weight_fanout = "direct" (or weight_transport = "nng")',
                 self.weight_fanout,
             )
-        if self.partial_rollout and self.mode != "async":
+        if self.partial_rollout is True and self.mode != "async":
             raise Refused(
                 "partial_rollout",
                 'partial rollout needs workflow.mode = "async" (in sync mode weights never change during generation)',

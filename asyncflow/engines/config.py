@@ -226,7 +226,7 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
             )
         if self.type == "emulated":
             workflow = getattr(run, "workflow", None)
-            if workflow is not None and workflow.partial_rollout:
+            if workflow is not None and workflow.partial_rollout is True:
                 raise Refused(
                     "type", "the emulated engine generates whole calls, not a stream: set workflow.partial_rollout = false"
                 )

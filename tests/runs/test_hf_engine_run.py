@@ -68,9 +68,9 @@ def test_the_engine_line_says_native_for_qwen2_and_type_native_is_refused_for_gp
     from asyncflow.toy.tiny import make_tiny_model
 
     qwen2, neox = make_tiny_model(tmp_path / "qwen2", num_layers=1), make_tiny_neox(tmp_path / "neox", num_layers=1)
-    assert rollout_engine_line(load_config(TINY), str(qwen2)) == "rollout engine: native (model_type 'qwen2')"
+    assert rollout_engine_line(load_config(TINY), str(qwen2)).startswith("rollout engine: native (model_type 'qwen2'); ")
     hf = load_config(TINY, ["rollout.engine.type=hf"])
-    assert rollout_engine_line(hf, str(qwen2)) == 'rollout engine: hf (rollout.engine.type = "hf")'
+    assert rollout_engine_line(hf, str(qwen2)).startswith('rollout engine: hf (rollout.engine.type = "hf"); ')
     native = load_config(TINY, ["rollout.engine.type=native"])
     with pytest.raises(ConfigError, match="rollout.engine.type = \"native\": model_type 'gpt_neox' is not one"):
         rollout_engine_line(native, str(neox))

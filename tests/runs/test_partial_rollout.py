@@ -53,6 +53,25 @@ def test_partial_rollout_in_sync_mode_is_refused_naming_the_key():
         load_config_text('[model]\ntiny = "qwen2"\n[workflow]\nmode = "sync"\npartial_rollout = true\n')
 
 
+@pytest.mark.parametrize(
+    "settings, streams, why",
+    [
+        ("", False, "async on cpu: the trainer is the long pole"),
+        ('[rollout.engine]\ndevice = "cuda"\n', True, "async on cuda: the stream keeps the engine full"),
+        ('[rollout.engine]\ndevice = "npu"\n', True, "async on npu"),
+        ('[rollout.engine]\ndevice = "cuda"\ntype = "vllm"\n', False, "vLLM swaps weights inside its own generate calls"),
+        ('[rollout.engine]\ndevice = "cuda"\n[workflow]\nmode = "sync"\n', False, "sync mode"),
+        ("[workflow]\npartial_rollout = true\n", True, "workflow.partial_rollout = true"),
+        ('[rollout.engine]\ndevice = "cuda"\n[workflow]\npartial_rollout = false\n', False, "partial_rollout = false"),
+    ],
+)
+def test_partial_rollout_auto_streams_on_an_accelerator_and_goes_unit_by_unit_on_a_cpu(settings, streams, why):
+    cfg = load_config_text('[model]\ntiny = "qwen2"\n' + settings)
+    assert cfg.workflow.partial_rollout == ("auto" if "partial_rollout" not in settings else streams)
+    assert cfg.rollout_streams is streams
+    assert why in cfg.rollout_mode_why()[1]
+
+
 def test_partial_rollout_with_an_environment_is_accepted():
     cfg = load_config_text(
         '[model]\ntiny = "qwen2"\n[workflow]\nmode = "async"\npartial_rollout = true\n'

@@ -670,7 +670,8 @@ def rollout_engine_line(cfg: RunConfig, model_dir: str) -> str:
             raise ConfigError(
                 f'rollout.engine.type = "native": {reason}; set it to "auto" (or "hf": the model\'s own forward, slower)'
             )
-    return f"rollout engine: {taken} ({why})"
+    streams, mode_why = cfg.rollout_mode_why()
+    return f"rollout engine: {taken} ({why}); {'streamed' if streams else 'unit by unit'} ({mode_why})"
 
 
 def _run_once(cfg: RunConfig, rd: Path, launch: LaunchInfo, prepare_s: float = 0.0, restarts: list[dict] | None = None) -> dict:

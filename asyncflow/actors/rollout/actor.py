@@ -144,7 +144,7 @@ class RolloutActor(LoopActor):
             # its own client, with no spare rows: a killed replica leaves no allocated row unwritten
             queue=TQClient(ctx.directory, consumer=f"{ctx.name}.gateway", reserve_rows=0) if cfg.rollout.gateway.train else None,
             group_size=cfg.algorithm.group_size,
-            streamed=cfg.workflow.partial_rollout,  # its requests join the partial-rollout stream (stream.py)
+            streamed=cfg.rollout_streams,  # its requests join the partial-rollout stream (stream.py)
             context_tokens=self.run.context_tokens(),
             per_step=cfg.samples_per_step,  # new sessions paced to what the trainer takes (gateway/pacing.py)
             staleness=cfg.staleness,
@@ -164,7 +164,7 @@ class RolloutActor(LoopActor):
         # weights swap between decode steps ([workflow] partial_rollout: stream.py)
         self.mode: UnitRollout | PartialRollout | ServeOnly = (
             PartialRollout(self)  # with [rollout.gateway] train, a stream of the gateway's requests alone
-            if cfg.workflow.partial_rollout
+            if cfg.rollout_streams
             else ServeOnly(self)  # [rollout.gateway] train: the gateway's sessions are the data (serve.py)
             if cfg.rollout.gateway.train and cfg.rollout.gateway.enabled
             else UnitRollout(self)

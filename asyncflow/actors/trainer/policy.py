@@ -123,7 +123,7 @@ class PolicyUpdate:
             self.columns += ["loss_mask", "env_reward", "env_error", "env_tool_calls"]
         self.extra_rewards = cfg.reward_columns  # custom roles' columns, the reward model's rm_score
         self.columns += [column for column, _ in self.extra_rewards]
-        if cfg.workflow.partial_rollout:  # each token's policy version (actors/rollout/stream.py)
+        if cfg.rollout_streams:  # each token's policy version (actors/rollout/stream.py)
             self.columns.append("token_versions")
         if cfg.data_from_gateway:  # sessions: their turns' mask and each token's version (gateway/feed.py)
             self.columns += [c for c in ("loss_mask", "token_versions") if c not in self.columns]
