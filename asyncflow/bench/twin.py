@@ -41,6 +41,12 @@ from asyncflow.planner.models import PRESETS
 from asyncflow.planner.search import Plan, search
 
 MODES = ("sync", "async", "colocated")
+ROLLOUTS = ("unit", "stream")
+DEFAULT_ROLLOUT = "unit"
+"""``--rollout``: how async replicas generate. unit: one generate call per unit of
+``prompts_per_call`` groups (``workflow.partial_rollout = false``); stream: one continuous
+stream per replica (partial rollout, ``workflow.partial_rollout = true``). Sync and
+colocated always run unit. The default is the run config's async default."""
 MODELS = ("7b", "32b")
 HARDWARE = ("910b", "h100", "a100", "h200")
 MAX_NEW_TOKENS = 64
@@ -63,6 +69,7 @@ class TwinError(ValueError):
 
 class ModePlan(msgspec.Struct, kw_only=True):
     mode: str  # "sync", "async" or "colocated"
+    rollout: str = DEFAULT_ROLLOUT  # "unit" or "stream" (async only: partial rollout)
     workflow_mode: str  # the run config's workflow.mode ("colocated" runs in sync)
     replicas: int
     rollout_tp: int
@@ -76,6 +83,7 @@ class ModePlan(msgspec.Struct, kw_only=True):
     predicted_samples_per_s: float  # modelled
     predicted_stage_s: dict[str, float]
     bottleneck: str
+    predicted_weight_s: float = math.nan  # modelled: the planner's transfer of a version to every replica
 
 
 def emulated_mean_response(seed: int = 0, draws: int = 20000) -> float:
@@ -105,7 +113,15 @@ def workload(prompts: int, group: int, prompt_tokens: float, response_tokens: fl
 
 
 def check_flags(
-    model: str, npus: int, hardware: str, steps: int, time_scale: str, modes: str, prompts: int, group: int
+    model: str,
+    npus: int,
+    hardware: str,
+    steps: int,
+    time_scale: str,
+    modes: str,
+    prompts: int,
+    group: int,
+    rollout: str = DEFAULT_ROLLOUT,
 ) -> list[str]:
     """The modes asked for; a ``TwinError`` naming the flag and the fix for a value the twin cannot run."""
     if model not in MODELS:
@@ -133,13 +149,16 @@ def check_flags(
         )
     if prompts < 1 or group < 1:
         raise TwinError(f"--prompts {prompts} --group {group}: both must be 1 or more")
+    if rollout not in ROLLOUTS:
+        raise TwinError(f"--rollout {rollout!r}: use unit or stream (how async replicas generate)")
     return list(dict.fromkeys(asked))
 
 
-def _mode_plan(mode: str, plan: Plan, prompts: int) -> ModePlan:
+def _mode_plan(mode: str, plan: Plan, prompts: int, rollout: str = DEFAULT_ROLLOUT) -> ModePlan:
     replicas = plan.rollout_instances
     return ModePlan(
         mode=mode,
+        rollout=rollout if mode == "async" else "unit",
         workflow_mode="async" if mode == "async" else "sync",
         replicas=replicas,
         rollout_tp=plan.rollout_tp,
@@ -157,9 +176,12 @@ def _mode_plan(mode: str, plan: Plan, prompts: int) -> ModePlan:
     )
 
 
-def plan_modes(model: str, hardware: str, npus: int, wl: Workload, modes: list[str]) -> dict[str, ModePlan]:
+def plan_modes(
+    model: str, hardware: str, npus: int, wl: Workload, modes: list[str], rollout: str = DEFAULT_ROLLOUT
+) -> dict[str, ModePlan]:
     """Each mode's split, as the planner makes it: async its best plan, sync its best
-    task-separated sync plan, colocated every role on all ``npus`` in turn."""
+    task-separated sync plan, colocated every role on all ``npus`` in turn. Async runs
+    ``rollout`` (unit or stream), the others unit."""
     result = search(PRESETS[model], get_hardware(hardware), wl, npus)
     found = {"async": result.plans[0] if result.plans else None, "sync": result.sync, "colocated": result.colocated}
     out = {}
@@ -168,7 +190,8 @@ def plan_modes(model: str, hardware: str, npus: int, wl: Workload, modes: list[s
         if plan is None:
             short = "; ".join(i.reason for i in result.infeasible[:2]) or "no split fits"
             raise TwinError(f"--npus {npus}: no {mode} plan of {model} on {hardware} fits ({short}); raise --npus")
-        out[mode] = _mode_plan(mode, plan, wl.prompts_per_step)
+        out[mode] = mp = _mode_plan(mode, plan, wl.prompts_per_step, rollout)
+        mp.predicted_weight_s = planner_weight_s(mp, model, hardware)
     return out
 
 
@@ -177,15 +200,40 @@ EMULATED_WEIGHT_BYTES = 64 * 4
 ``WEIGHT_ELEMENTS``, which this side of the engine boundary may not import; tests/bench/test_twin.py checks they agree)."""
 
 
-def weight_link_mb_s(mp: ModePlan, model: str, hardware: str, time_scale: float) -> float:
-    """``workflow.weight_link_mb_s`` for a mode: the rate at which the emulated version's copies, one per replica
-    over the trainer's emulated link, take the planner's weight transfer for that split (``weight_transfer_s``:
-    direct, a shard per replica over the inter-node link; colocated, one local reshard) times ``time_scale``."""
+def planner_weight_s(mp: ModePlan, model: str, hardware: str) -> float:
+    """The planner's weight transfer of a mode's split, modelled seconds (``weight_transfer_s``: direct, each
+    replica's shard of the real model's bf16 parameters over the inter-node link; colocated, one local reshard)."""
     hw = get_hardware(hardware)
     colocated = mp.mode == "colocated"
-    transfer_s = weight_transfer_s(PRESETS[model], hw, Efficiency(), mp.rollout_tp, colocated=colocated, replicas=mp.replicas)
-    link_s = max(1e-9, transfer_s - hw.collective_latency_s) * time_scale  # the latency is not a link's
+    return weight_transfer_s(PRESETS[model], hw, Efficiency(), mp.rollout_tp, colocated=colocated, replicas=mp.replicas)
+
+
+def weight_link_mb_s(mp: ModePlan, model: str, hardware: str, time_scale: float) -> float:
+    """``workflow.weight_link_mb_s`` for a mode: the rate at which the emulated version's copies, one per replica
+    over the trainer's emulated link, take the planner's weight transfer for that split (``planner_weight_s``)
+    times ``time_scale``. Every emulated copy of 256 bytes so stands for a replica's real bytes at the hardware's
+    link rate (direct fan-out, the twin's; the tree's chunk pipeline would need the real chunk count)."""
+    hw = get_hardware(hardware)
+    link_s = max(1e-9, planner_weight_s(mp, model, hardware) - hw.collective_latency_s) * time_scale  # the latency is not a link's
     return mp.replicas * EMULATED_WEIGHT_BYTES / link_s / 1e6
+
+
+def weight_time_s(trace: dict) -> list[float]:
+    """Seconds from each version's publish (the trainer's ``sync_weights`` span's start) to the last replica
+    holding it (the end of the replicas' fetch spans, ``rollout/inbox.FETCH_SPAN``, begun before the next
+    publish), in order; a version no replica fetched is left out. The weight time the planner's transfer is."""
+    from asyncflow.actors.rollout.inbox import FETCH_SPAN
+
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    publishes = sorted(e["ts"] / 1e6 for e in events if e["name"] == "sync_weights")
+    fetches = sorted((e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in events if e["name"] == FETCH_SPAN)
+    out = []
+    for i, t in enumerate(publishes):
+        until = publishes[i + 1] if i + 1 < len(publishes) else math.inf
+        ends = [end for start, end in fetches if t <= start < until]
+        if ends:
+            out.append(max(ends) - t)
+    return out
 
 
 def config_text(
@@ -204,7 +252,7 @@ def config_text(
     model_line = f"path = {json.dumps(model_path)}\n" if model_path else ""
     data_line = f"path = {json.dumps(data_path)}\n" if data_path else ""
     emulated = f'model = "{model}"\nhardware = "{hardware}"\ntime_scale = {time_scale!r}\ntoken_scale = {TOKEN_SCALE}\n'
-    return f"""# afctl twin: {mp.mode} ({mp.replicas} rollout replicas of {mp.rollout_tp} devices, trainer on {mp.train_devices})
+    return f"""# afctl twin: {mp.mode}, rollout {mp.rollout} ({mp.replicas} rollout replicas of {mp.rollout_tp} devices, trainer on {mp.train_devices})
 seed = 0
 
 [model]
@@ -230,7 +278,7 @@ response_median_fraction = {RESPONSE_MEDIAN_FRACTION}
 response_sigma = {RESPONSE_SIGMA}
 
 [reward]
-placement = "rollout"
+placement = "{"role" if mp.rollout == "stream" else "rollout"}"  # a stream puts its rows unscored: the reward role scores them
 functions = ["asyncflow.toy.tasks:reward"]
 
 [train]
@@ -247,6 +295,7 @@ train_pp = {mp.train_pp}
 [workflow]
 mode = "{mp.workflow_mode}"
 staleness = {1 if mp.workflow_mode == "async" else 0}
+partial_rollout = {"true" if mp.rollout == "stream" else "false"}
 verify_weights = "error"
 weight_link_mb_s = {weight_link_mb_s(mp, model, hardware, time_scale)!r}  # the real model's transfer, times time_scale
 
@@ -375,8 +424,16 @@ def _trace_ms_per_step(trace_path: Path, steps: int) -> dict[str, float]:
     return {"weights_ms": trainer.get("activities", {}).get("sync_weights", 0.0)}
 
 
-def figures(metrics: list[dict], marks: list[dict[str, float]], time_scale: float, weights_ms: float, mp: ModePlan) -> dict:
-    """A mode's figures from its metrics lines and CPU marks, the first WARMUP_STEPS left out."""
+def figures(
+    metrics: list[dict],
+    marks: list[dict[str, float]],
+    time_scale: float,
+    weights_ms: float,
+    mp: ModePlan,
+    weight_s: list[float] | None = None,
+) -> dict:
+    """A mode's figures from its metrics lines and CPU marks, the first WARMUP_STEPS left out; ``weight_s``:
+    each version's weight time (``weight_time_s``), its first WARMUP_STEPS left out too."""
     w = min(WARMUP_STEPS, len(metrics) - 2)
     span = metrics[-1]["time_s"] - metrics[w]["time_s"]
     steps = len(metrics) - 1 - w
@@ -393,7 +450,11 @@ def figures(metrics: list[dict], marks: list[dict[str, float]], time_scale: floa
         overhead = {part: math.nan for part in ("queue", "directory", "driver")}
     overhead["weights"] = weights_ms
     fds = [m.get("driver_fds", math.nan) for m in marks]
+    kept = (weight_s or [])[WARMUP_STEPS:]
     return {
+        "rollout": mp.rollout,
+        "weight_ms": 1e3 * sum(kept) / len(kept) if kept else math.nan,
+        "predicted_weight_ms": 1e3 * time_scale * mp.predicted_weight_s,
         "driver_fds_max": max(fds) if fds else math.nan,
         "mode": mp.mode,
         "replicas": mp.replicas,
@@ -439,7 +500,14 @@ def run_mode_config(
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     if len(metrics) < WARMUP_STEPS + 2:
         raise RuntimeError(f"{mp.mode}: {len(metrics)} steps in {run_dir / 'metrics.jsonl'} (see {log})")
-    out = figures(metrics, sampler.marks, time_scale, _trace_ms_per_step(run_dir / "trace.json", len(metrics))["weights_ms"], mp)
+    from asyncflow.cli.runs import load_trace
+
+    try:
+        weight_s = weight_time_s(load_trace(run_dir / "trace.json"))
+    except (OSError, ValueError, KeyError):
+        weight_s = []
+    weights_ms = _trace_ms_per_step(run_dir / "trace.json", len(metrics))["weights_ms"]
+    out = figures(metrics, sampler.marks, time_scale, weights_ms, mp, weight_s)
     out["wall_s"] = round(time.monotonic() - started, 1)
     out["processes"] = _processes(log)
     return out
@@ -537,6 +605,7 @@ def table(rep: dict) -> list[str]:
     def row(label: str, cell) -> None:
         lines.append(f"{label:<34}" + "".join(f"{cell(res[m]):>14}" for m in modes))
 
+    row("rollout", lambda r: r.get("rollout", "unit"))
     row("rollout replicas x tp", lambda r: f"{r['replicas']} x {r['rollout_tp']}")
     row("train devices", lambda r: str(r["train_devices"]))
     row("emulated step, ms (planner)", lambda r: f"{r['emulated_step_ms']:.0f}")
@@ -545,6 +614,8 @@ def table(rep: dict) -> list[str]:
         row(f"overhead {part}, ms/step", lambda r, p=part: f"{r['overhead_ms'][p]:.1f}")
         row("  of the emulated step", lambda r, p=part: f"{100 * r['overhead_frac'][p]:.2f}%")
     row("driver's open fds (max)", lambda r: f"{r.get('driver_fds_max', math.nan):.0f}")
+    row("weight time, ms/version (planner)", lambda r: f"{r.get('predicted_weight_ms', math.nan):.0f}")
+    row("weight time, ms/version (measured)", lambda r: f"{r.get('weight_ms', math.nan):.0f}")
     row("predicted samples/s (modelled)", lambda r: f"{r['predicted_samples_per_s']:.2f}")
     row("measured samples/s (modelled)", lambda r: f"{r['measured_samples_per_s']:.2f}")
     row("error", lambda r: f"{100 * r['error']:+.1f}%")

@@ -25,6 +25,12 @@ import click
     help="Seconds here per modelled second; auto: the predicted async step sleeps about 2 s.",
 )
 @click.option("--modes", default="sync,async,colocated", show_default=True, help="Comma list of sync, async, colocated.")
+@click.option(
+    "--rollout",
+    default=None,
+    help="How async replicas generate: unit (a generate call per unit) or stream (partial rollout: one continuous "
+    "stream per replica). Sync and colocated run unit. Default: the run config's async default.",
+)
 @click.option("--prompts", default=256, show_default=True, help="Prompts per step (the batch).")
 @click.option("--group", default=8, show_default=True, help="Samples per prompt (the GRPO group).")
 @click.option("--out", type=click.Path(file_okay=False), help="Keep each mode's config and run directory here.")
@@ -36,6 +42,7 @@ def twin(
     steps: int,
     time_scale: str,
     modes: str,
+    rollout: str | None,
     prompts: int,
     group: int,
     out: str | None,
@@ -49,8 +56,9 @@ def twin(
     prediction (modelled samples/s) and the async/sync and async/colocated speedups."""
     from asyncflow.bench import twin as tw
 
+    rollout = rollout or tw.DEFAULT_ROLLOUT
     try:
-        asked = tw.check_flags(model, npus, hardware, steps, time_scale, modes, prompts, group)
+        asked = tw.check_flags(model, npus, hardware, steps, time_scale, modes, prompts, group, rollout)
     except tw.TwinError as exc:
         raise click.UsageError(str(exc)) from None
     from asyncflow.actors.driver.launcher import quiet_progress_bars
@@ -86,7 +94,7 @@ def twin(
     prompt_tokens = mean_prompt_tokens(base, base.data.path, base.model.path)
     wl = tw.workload(prompts, group, prompt_tokens, tw.emulated_mean_response())
     try:
-        plans = tw.plan_modes(model, hardware, npus, wl, asked)
+        plans = tw.plan_modes(model, hardware, npus, wl, asked, rollout)
     except tw.TwinError as exc:
         raise click.UsageError(str(exc)) from None
     except ValueError as exc:
@@ -104,7 +112,7 @@ def twin(
         cfg_path.write_text(tw.config_text(mp, model, hardware, scale, steps, prompts, group, base.model.path, base.data.path))
         load_config_text(cfg_path.read_text(), str(cfg_path))  # a config the loader refuses is this process's error
         tw.say_stderr(
-            f"[{i}/{len(asked)}] {mode}: {mp.replicas} rollout replicas (tp {mp.rollout_tp}, {mp.per_process} per process), "
+            f"[{i}/{len(asked)}] {mode} ({mp.rollout}): {mp.replicas} rollout replicas (tp {mp.rollout_tp}, {mp.per_process} per process), "
             f"trainer on {mp.train_devices} devices; predicted {mp.predicted_step_s:.1f} s/step "
             f"(here {mp.predicted_step_s * scale:.2f} s), config {cfg_path}"
         )

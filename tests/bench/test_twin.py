@@ -141,5 +141,62 @@ def test_the_mean_response_the_planner_is_given_is_the_emulated_rollouts():
 def test_afctl_lists_twin_and_its_help_names_every_flag():
     assert "  twin " in CliRunner().invoke(main, ["--help"]).output
     text = CliRunner().invoke(main, ["twin", "--help"]).output
-    for flag in ("--model", "--npus", "--hardware", "--steps", "--time-scale", "--modes", "--json"):
+    for flag in ("--model", "--npus", "--hardware", "--steps", "--time-scale", "--modes", "--rollout", "--json"):
         assert flag in text, text
+
+
+def test_a_bad_rollout_flag_is_refused_naming_the_flag_and_the_fix():
+    with pytest.raises(tw.TwinError, match=r"--rollout 'partial'.*unit or stream"):
+        tw.check_flags("7b", 32, "910b", 6, "auto", "async", 256, 8, rollout="partial")
+    assert tw.check_flags("7b", 32, "910b", 6, "auto", "async", 256, 8, rollout="stream") == ["async"]
+
+
+@pytest.mark.parametrize("rollout", ["unit", "stream"])
+def test_async_runs_the_rollout_asked_for_and_sync_and_colocated_stay_unit(rollout):
+    plans = tw.plan_modes("32b", "910b", 512, WL, ["sync", "async", "colocated"], rollout=rollout)
+    assert plans["async"].rollout == rollout and plans["sync"].rollout == plans["colocated"].rollout == "unit"
+    for mode, mp in plans.items():
+        text = tw.config_text(mp, "32b", "910b", 1e-2, 6, 256, 8)
+        assert f"rollout {mp.rollout}" in text.splitlines()[0]  # the config says which it runs
+        cfg = load_config_text(text, "twin")
+        assert cfg.workflow.partial_rollout == (mode == "async" and rollout == "stream")
+    assert tw.DEFAULT_ROLLOUT in ("unit", "stream")
+
+
+def _trace(publish_starts, fetches):
+    """A trace.json of a trainer's sync_weights spans and replicas' fetch spans (start, seconds)."""
+    from asyncflow.actors.rollout.inbox import FETCH_SPAN
+
+    events = [{"ph": "X", "name": "sync_weights", "cat": "busy", "ts": t * 1e6, "dur": 1e3, "pid": 1, "tid": 0} for t in publish_starts]
+    events += [
+        {"ph": "X", "name": FETCH_SPAN, "cat": "phase", "ts": t * 1e6, "dur": d * 1e6, "pid": 2 + i % 3, "tid": 1}
+        for i, (t, d) in enumerate(fetches)
+    ]
+    return {"traceEvents": events}
+
+
+def test_the_weight_time_of_a_version_is_from_its_publish_to_the_last_replica_holding_it():
+    # versions published at 10, 20, 30, 40; the first WARMUP_STEPS left out; the last replica has v3 at 30 + 0.9
+    fetches = [(10.1, 0.2), (10.2, 0.5), (20.05, 0.3), (20.1, 0.6), (30.2, 0.4), (30.3, 0.6), (40.1, 0.1), (40.1, 0.3)]
+    got = tw.weight_time_s(_trace([10.0, 20.0, 30.0, 40.0], fetches))
+    assert got == pytest.approx([0.7, 0.7, 0.9, 0.4])
+    assert tw.weight_time_s(_trace([10.0], [])) == []  # no replica fetched: nothing to report
+    mp = tw.plan_modes("32b", "910b", 512, WL, ["async"])["async"]
+    f = tw.figures([{"time_s": t, "samples": 1.0} for t in (1.0, 2.0, 3.0, 4.0, 5.0)], [], 0.01, 4.0, mp, weight_s=got)
+    assert f["weight_ms"] == pytest.approx(1e3 * (0.9 + 0.4) / 2)  # the versions after the warm-up
+    assert f["predicted_weight_ms"] == pytest.approx(1e3 * 0.01 * tw.planner_weight_s(mp, "32b", "910b"))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "colocated"])
+def test_the_emulated_links_time_for_every_replicas_copy_is_the_planners_transfer_within_15_percent(mode):
+    from asyncflow.actors.weights._link import EmulatedLink
+
+    mp = tw.plan_modes("32b", "910b", 512, WL, [mode])[mode]
+    scale = 1e-2
+    cfg = load_config_text(tw.config_text(mp, "32b", "910b", scale, 6, 256, 8), "twin")
+    now = [0.0]
+    link = EmulatedLink(cfg.workflow.weight_link_mb_s, clock=lambda: now[0])
+    # every replica asks for its copy at the publish: the last leaves after all of them
+    last_s = max(link.delay_s(tw.EMULATED_WEIGHT_BYTES) for _ in range(mp.replicas))
+    planner_s = tw.planner_weight_s(mp, "32b", "910b") * scale
+    assert last_s == pytest.approx(planner_s, rel=0.15)

@@ -50,7 +50,7 @@ import threading
 
 import msgspec
 
-from asyncflow.actors.rollout.inbox import WeightInbox
+from asyncflow.actors.rollout.inbox import FETCH_SPAN, WeightInbox
 from asyncflow.actors.rollout.serve import ServeOnly
 from asyncflow.actors.rollout.stream import PartialRollout
 from asyncflow.actors.rollout.unit import UnitRollout
@@ -131,6 +131,7 @@ class RolloutActor(LoopActor):
             timeout_s=cfg.workflow.weight_timeout_s,
             activity=self.activity,
         )
+        self.inbox.on_fetched = self._fetched_span
         self.gateway = serve_for_replica(
             cfg.rollout.gateway,
             roles.index_of(ctx.name),
@@ -205,6 +206,12 @@ class RolloutActor(LoopActor):
         the gateway's sessions ([rollout.gateway] train) has no such task and nothing waits."""
         if not self.run.config.data_from_gateway:
             self.tq.wake(names.TASK_ROLLOUT)
+
+    def _fetched_span(self, start: float, seconds: float) -> None:
+        """A weight fetch staged (the fetch thread): a span of the trace (inbox.FETCH_SPAN)."""
+        tracer = self.clock.tracer
+        if tracer is not None:
+            tracer.span(self.ctx.name, FETCH_SPAN, start, seconds)
 
     def count_decode(self, stats) -> None:
         """Add a native engine's decode figures (``SchedulerStats``) of one generate call."""
