@@ -214,7 +214,9 @@ def weight_link_mb_s(mp: ModePlan, model: str, hardware: str, time_scale: float)
     times ``time_scale``. Every emulated copy of 256 bytes so stands for a replica's real bytes at the hardware's
     link rate (direct fan-out, the twin's; the tree's chunk pipeline would need the real chunk count)."""
     hw = get_hardware(hardware)
-    link_s = max(1e-9, planner_weight_s(mp, model, hardware) - hw.collective_latency_s) * time_scale  # the latency is not a link's
+    link_s = (
+        max(1e-9, planner_weight_s(mp, model, hardware) - hw.collective_latency_s) * time_scale
+    )  # the latency is not a link's
     return mp.replicas * EMULATED_WEIGHT_BYTES / link_s / 1e6
 
 
@@ -252,7 +254,8 @@ def config_text(
     model_line = f"path = {json.dumps(model_path)}\n" if model_path else ""
     data_line = f"path = {json.dumps(data_path)}\n" if data_path else ""
     emulated = f'model = "{model}"\nhardware = "{hardware}"\ntime_scale = {time_scale!r}\ntoken_scale = {TOKEN_SCALE}\n'
-    return f"""# afctl twin: {mp.mode}, rollout {mp.rollout} ({mp.replicas} rollout replicas of {mp.rollout_tp} devices, trainer on {mp.train_devices})
+    head = f"{mp.mode}, rollout {mp.rollout} ({mp.replicas} rollout replicas of {mp.rollout_tp} devices, trainer on {mp.train_devices})"
+    return f"""# afctl twin: {head}
 seed = 0
 
 [model]

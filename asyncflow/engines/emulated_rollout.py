@@ -236,7 +236,7 @@ class EmulatedStream(RolloutStream):
 
     @staticmethod
     def _finish_check(seqs: list[_Seq], done: list[_Seq]) -> list[_Seq]:
-        still = []
+        still: list[_Seq] = []
         for q in seqs:
             (done if len(q.out_logps) >= len(q.ids) else still).append(q)
         return still

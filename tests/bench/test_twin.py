@@ -167,7 +167,9 @@ def _trace(publish_starts, fetches):
     """A trace.json of a trainer's sync_weights spans and replicas' fetch spans (start, seconds)."""
     from asyncflow.actors.rollout.inbox import FETCH_SPAN
 
-    events = [{"ph": "X", "name": "sync_weights", "cat": "busy", "ts": t * 1e6, "dur": 1e3, "pid": 1, "tid": 0} for t in publish_starts]
+    events = [
+        {"ph": "X", "name": "sync_weights", "cat": "busy", "ts": t * 1e6, "dur": 1e3, "pid": 1, "tid": 0} for t in publish_starts
+    ]
     events += [
         {"ph": "X", "name": FETCH_SPAN, "cat": "phase", "ts": t * 1e6, "dur": d * 1e6, "pid": 2 + i % 3, "tid": 1}
         for i, (t, d) in enumerate(fetches)
