@@ -39,6 +39,7 @@ def _config(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_emulated_streams_train_rows_of_several_versions_each_once_and_trace_their_weight_fetches(tmp_path):
     run_dir = tmp_path / "run"
