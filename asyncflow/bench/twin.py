@@ -33,6 +33,7 @@ from pathlib import Path
 
 import msgspec
 
+from asyncflow.config.load import load_config_text
 from asyncflow.config.run import RunConfig
 from asyncflow.planner.calibration import Efficiency
 from asyncflow.planner.cost import Workload, weight_transfer_s
@@ -41,12 +42,13 @@ from asyncflow.planner.models import PRESETS
 from asyncflow.planner.search import Plan, search
 
 MODES = ("sync", "async", "colocated")
-ROLLOUTS = ("unit", "stream")
-DEFAULT_ROLLOUT = "unit"
+ROLLOUTS = ("auto", "unit", "stream")
+DEFAULT_ROLLOUT = "auto"
 """``--rollout``: how async replicas generate. unit: one generate call per unit of
 ``prompts_per_call`` groups (``workflow.partial_rollout = false``); stream: one continuous
-stream per replica (partial rollout, ``workflow.partial_rollout = true``). Sync and
-colocated always run unit. The default is the run config's async default."""
+stream per replica (partial rollout, ``workflow.partial_rollout = true``); auto: what the
+run config's ``workflow.partial_rollout = "auto"`` takes for the twin's run
+(``RunConfig.rollout_mode_why``). Sync and colocated always run unit."""
 MODELS = ("7b", "32b")
 HARDWARE = ("910b", "h100", "a100", "h200")
 MAX_NEW_TOKENS = 64
@@ -69,7 +71,7 @@ class TwinError(ValueError):
 
 class ModePlan(msgspec.Struct, kw_only=True):
     mode: str  # "sync", "async" or "colocated"
-    rollout: str = DEFAULT_ROLLOUT  # "unit" or "stream" (async only: partial rollout)
+    rollout: str = "unit"  # "unit" or "stream" (async only: partial rollout); "auto" until plan_modes resolves it
     workflow_mode: str  # the run config's workflow.mode ("colocated" runs in sync)
     replicas: int
     rollout_tp: int
@@ -150,7 +152,7 @@ def check_flags(
     if prompts < 1 or group < 1:
         raise TwinError(f"--prompts {prompts} --group {group}: both must be 1 or more")
     if rollout not in ROLLOUTS:
-        raise TwinError(f"--rollout {rollout!r}: use unit or stream (how async replicas generate)")
+        raise TwinError(f"--rollout {rollout!r}: use auto, unit or stream (how async replicas generate)")
     return list(dict.fromkeys(asked))
 
 
@@ -181,7 +183,8 @@ def plan_modes(
 ) -> dict[str, ModePlan]:
     """Each mode's split, as the planner makes it: async its best plan, sync its best
     task-separated sync plan, colocated every role on all ``npus`` in turn. Async runs
-    ``rollout`` (unit or stream), the others unit."""
+    ``rollout`` (unit or stream; auto: what the run config's ``partial_rollout = "auto"``
+    takes for it), the others unit."""
     result = search(PRESETS[model], get_hardware(hardware), wl, npus)
     found = {"async": result.plans[0] if result.plans else None, "sync": result.sync, "colocated": result.colocated}
     out = {}
@@ -192,8 +195,13 @@ def plan_modes(
             raise TwinError(f"--npus {npus}: no {mode} plan of {model} on {hardware} fits ({short}); raise --npus")
         out[mode] = mp = _mode_plan(mode, plan, wl.prompts_per_step, rollout)
         mp.predicted_weight_s = planner_weight_s(mp, model, hardware)
+        if mp.rollout == "auto":  # the run config's one decision point says which the run takes
+            text = config_text(mp, model, hardware, 1.0, WARMUP_STEPS + 2, wl.prompts_per_step, wl.samples_per_prompt)
+            mp.rollout = "stream" if load_config_text(text, "twin").rollout_streams else "unit"
     return out
 
+
+_PARTIAL = {"auto": '"auto"', "unit": "false", "stream": "true"}  # workflow.partial_rollout of each --rollout
 
 EMULATED_WEIGHT_BYTES = 64 * 4
 """What one emulated version sends: the emulated engines' one 64-float tensor (``engines/emulated_model.py``,
@@ -281,7 +289,7 @@ response_median_fraction = {RESPONSE_MEDIAN_FRACTION}
 response_sigma = {RESPONSE_SIGMA}
 
 [reward]
-placement = "{"role" if mp.rollout == "stream" else "rollout"}"  # a stream puts its rows unscored: the reward role scores them
+placement = "rollout"
 functions = ["asyncflow.toy.tasks:reward"]
 
 [train]
@@ -298,7 +306,7 @@ train_pp = {mp.train_pp}
 [workflow]
 mode = "{mp.workflow_mode}"
 staleness = {1 if mp.workflow_mode == "async" else 0}
-partial_rollout = {"true" if mp.rollout == "stream" else "false"}
+partial_rollout = {_PARTIAL[mp.rollout]}
 verify_weights = "error"
 weight_link_mb_s = {weight_link_mb_s(mp, model, hardware, time_scale)!r}  # the real model's transfer, times time_scale
 

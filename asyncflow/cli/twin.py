@@ -27,9 +27,11 @@ import click
 @click.option("--modes", default="sync,async,colocated", show_default=True, help="Comma list of sync, async, colocated.")
 @click.option(
     "--rollout",
-    default=None,
-    help="How async replicas generate: unit (a generate call per unit) or stream (partial rollout: one continuous "
-    "stream per replica). Sync and colocated run unit. Default: the run config's async default.",
+    default="auto",
+    show_default=True,
+    help="How async replicas generate: unit (a generate call per unit), stream (partial rollout: one continuous "
+    "stream per replica) or auto (what the run config's workflow.partial_rollout = auto takes). Sync and colocated "
+    "run unit.",
 )
 @click.option("--prompts", default=256, show_default=True, help="Prompts per step (the batch).")
 @click.option("--group", default=8, show_default=True, help="Samples per prompt (the GRPO group).")
@@ -42,7 +44,7 @@ def twin(
     steps: int,
     time_scale: str,
     modes: str,
-    rollout: str | None,
+    rollout: str,
     prompts: int,
     group: int,
     out: str | None,
@@ -56,7 +58,6 @@ def twin(
     prediction (modelled samples/s) and the async/sync and async/colocated speedups."""
     from asyncflow.bench import twin as tw
 
-    rollout = rollout or tw.DEFAULT_ROLLOUT
     try:
         asked = tw.check_flags(model, npus, hardware, steps, time_scale, modes, prompts, group, rollout)
     except tw.TwinError as exc:

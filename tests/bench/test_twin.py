@@ -151,16 +151,17 @@ def test_a_bad_rollout_flag_is_refused_naming_the_flag_and_the_fix():
     assert tw.check_flags("7b", 32, "910b", 6, "auto", "async", 256, 8, rollout="stream") == ["async"]
 
 
-@pytest.mark.parametrize("rollout", ["unit", "stream"])
-def test_async_runs_the_rollout_asked_for_and_sync_and_colocated_stay_unit(rollout):
+@pytest.mark.parametrize("rollout, runs", [("unit", "unit"), ("stream", "stream"), ("auto", "stream")])
+def test_async_runs_the_rollout_asked_for_and_sync_and_colocated_stay_unit(rollout, runs):
+    # auto: what the run config's partial_rollout = "auto" takes for emulated async replicas (they stream)
     plans = tw.plan_modes("32b", "910b", 512, WL, ["sync", "async", "colocated"], rollout=rollout)
-    assert plans["async"].rollout == rollout and plans["sync"].rollout == plans["colocated"].rollout == "unit"
+    assert plans["async"].rollout == runs and plans["sync"].rollout == plans["colocated"].rollout == "unit"
     for mode, mp in plans.items():
         text = tw.config_text(mp, "32b", "910b", 1e-2, 6, 256, 8)
         assert f"rollout {mp.rollout}" in text.splitlines()[0]  # the config says which it runs
         cfg = load_config_text(text, "twin")
-        assert cfg.workflow.partial_rollout == (mode == "async" and rollout == "stream")
-    assert tw.DEFAULT_ROLLOUT in ("unit", "stream")
+        assert cfg.rollout_streams == (mode == "async" and runs == "stream")
+    assert tw.DEFAULT_ROLLOUT == "auto"
 
 
 def _trace(publish_starts, fetches):

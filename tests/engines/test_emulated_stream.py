@@ -159,3 +159,12 @@ def test_partial_rollout_with_the_emulated_engines_is_a_valid_config():
     text = '[rollout.engine]\ntype = "emulated"\n[train.engine]\ntype = "emulated"\n'
     cfg = load_config_text(text + '[workflow]\nmode = "async"\nstaleness = 1\npartial_rollout = true\n')
     assert cfg.workflow.partial_rollout and cfg.rollout.engine.type == "emulated"
+
+
+def test_auto_streams_an_async_run_of_the_emulated_engines_as_on_the_accelerator_they_stand_for():
+    text = '[rollout.engine]\ntype = "emulated"\n[train.engine]\ntype = "emulated"\n[workflow]\nmode = "async"\n'
+    cfg = load_config_text(text)
+    assert cfg.workflow.partial_rollout == "auto" and cfg.rollout_streams
+    assert "emulated" in cfg.rollout_mode_why()[1]
+    assert not load_config_text(text.replace('"async"', '"sync"')).rollout_streams
+    assert not load_config_text(text + "partial_rollout = false\n").rollout_streams

@@ -28,7 +28,6 @@ def _config(tmp_path: Path) -> Path:
         ("prompts_per_step = 64", "prompts_per_step = 16"),
         ("num_steps = 3", f"num_steps = {STEPS}"),
         ("max_new_tokens = 16", "max_new_tokens = 32"),
-        ('placement = "rollout"', 'placement = "role"'),  # a stream puts its rows unscored
         ("staleness = 1\n", "staleness = 1\npartial_rollout = true\n"),
         ("progress = true", "progress = false"),
     ):
