@@ -30,19 +30,24 @@ class BenchWeights(WeightSyncActor):
         self.handle(Publish(1, named), None)
 
 
-def bench_run_dir(path: str, substep_updates: bool = False) -> str:
-    """A run directory that holds only what the weights actor reads: a config with the
-    collective transport (whose sender also serves nng), and an empty launch."""
+def bench_run_dir(path: str, substep_updates: bool = False, transport: str = "collective", device: str = "cpu") -> str:
+    """A run directory that holds only what the weights actor reads: a config with
+    ``transport`` (the collective's and the local sender also serve nng) on ``device``,
+    and an empty launch."""
     from pathlib import Path
 
     import msgspec
 
     from asyncflow.actors.runtime.run_dir import LaunchInfo
+    from asyncflow.config.cluster import ClusterConfig
     from asyncflow.config.run import RunConfig
     from asyncflow.config.workflow import WorkflowConfig
 
     run = Path(path)
-    config = RunConfig(workflow=WorkflowConfig(weight_transport="collective", substep_updates=substep_updates))
+    config = RunConfig(
+        workflow=WorkflowConfig(weight_transport=transport, substep_updates=substep_updates),  # type: ignore[arg-type]
+        cluster=ClusterConfig(device=device),  # type: ignore[arg-type]
+    )
     (run / "config.json").write_bytes(msgspec.json.encode(config))
     (run / "launch.json").write_bytes(msgspec.json.encode(LaunchInfo(model_dir="", base_model_dir="", data_path="")))
     return str(run)
