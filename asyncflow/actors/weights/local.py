@@ -6,8 +6,8 @@ The sender writes each version once into a file in shared memory (``/dev/shm``):
 directory's hash, the trainer's pid). The file holds a header (msgpack: the version,
 the digest of its tensors, each tensor's name, dtype, shape and offset) and then the
 tensor bytes, each at a 64-byte aligned offset. A replica opens it read-only, maps it
-(``MAP_PRIVATE``: the file cannot change under it, and nothing it does reaches the
-file) and returns views of the mapping: the engine's ``load_weights`` is the one copy,
+read-only (``MAP_SHARED | MAP_POPULATE``, ``PROT_READ``: the file's own pages, mapped
+in the fetch thread, so the swap takes no page fault) and returns views of the mapping: the engine's ``load_weights`` is the one copy,
 from the trainer's bytes into the replica's parameters.
 
 On CUDA (``cluster.device = "cuda"`` and a trainer with a GPU) the file holds the
@@ -48,6 +48,7 @@ import os
 import pickle
 import struct
 import subprocess
+import warnings
 from collections.abc import Callable
 
 import msgspec
@@ -145,7 +146,7 @@ def sweep_orphans(shm_dir: str = SHM_DIR) -> list[str]:
             try:
                 os.unlink(path)
                 removed.append(path)
-            except FileNotFoundError:
+            except (FileNotFoundError, PermissionError):  # gone meanwhile; another user's
                 pass
     return removed
 
@@ -340,7 +341,9 @@ class LocalReceiver(WeightReceiver):
             size = os.fstat(fd).st_size
             if size < _HEAD.size:
                 raise ValueError(f"{path} is short ({size} bytes, not even a header)")
-            mm = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+            # shared and read-only: the file's own pages (no copy), all mapped now, in the fetch thread, so
+            # the swap's copy into the parameters takes no page fault
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
         finally:
             os.close(fd)
         magic, head_len = _HEAD.unpack(mm[: _HEAD.size])
@@ -362,7 +365,11 @@ class LocalReceiver(WeightReceiver):
             start = -(-(_HEAD.size + head_len) // ALIGN) * ALIGN
             if start + header.num_bytes > size:
                 raise ValueError(f"{path} is short: {size - start} of its {header.num_bytes} bytes of tensors")
-            flat = torch.frombuffer(mm, dtype=torch.uint8, count=header.num_bytes, offset=start) if header.num_bytes else torch.empty(0, dtype=torch.uint8)
+            flat = torch.empty(0, dtype=torch.uint8)
+            if header.num_bytes:
+                with warnings.catch_warnings():  # read-only on purpose: the engine copies from it, never into it
+                    warnings.filterwarnings("ignore", message="The given buffer is not writable")
+                    flat = torch.frombuffer(mm, dtype=torch.uint8, count=header.num_bytes, offset=start)
             tensors = _views(flat, header)
         got = weights_digest(tensors)
         if got != header.digest:
