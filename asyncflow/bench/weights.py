@@ -184,9 +184,7 @@ def weights(
                 host.stop()
     finally:
         directory.stop()
-    click.echo(
-        f"{'transport':<20} {'nng':<5} {'MB':>7} {'tensors':>8} {'fetch s':>8} {'GB/s':>7} {'+load s':>8} {'GB/s':>7}"
-    )
+    click.echo(f"{'transport':<20} {'nng':<5} {'MB':>7} {'tensors':>8} {'fetch s':>8} {'GB/s':>7} {'+load s':>8} {'GB/s':>7}")
     for r in rows:
         click.echo(
             f"{r['transport']:<20} {r['scheme']:<5} {r['bytes'] / 1e6:>7.1f} {r['tensors']:>8} "

@@ -202,7 +202,7 @@ def _sender(tmp_path: Path, directory, device: str = "cpu") -> subprocess.Popen:
 
 
 @pytest.mark.timeout(90)
-def test_a_killed_trainer_leaves_no_file_behind(tmp_path):
+def test_a_killed_trainer_leaves_no_file_behind_and_its_restart_is_mapped_again(tmp_path):
     transport = TransportConfig(scheme="ipc", ipc_dir=str(tmp_path))
     directory = start_directory(transport)
     dc = DirectoryClient(directory.address, transport)
@@ -221,10 +221,19 @@ def test_a_killed_trainer_leaves_no_file_behind(tmp_path):
         proc.wait()
         _wait_until(lambda: not glob.glob(prefix + "*"), 30, f"the watchdog removes {prefix}-*")
         _assert_same(tensors(), got)  # a mapping outlives its file
+
+        # the restarted trainer (a new process: a new prefix) is mapped again, not fetched over nng
+        dc.unregister(WEIGHTS)
+        proc = _sender(tmp_path, directory)
+        version, got = receiver.fetch(dc.ref(WEIGHTS, wait_s=10, refresh=True))
+        assert version == 1 and receiver.num_mapped == 2 and receiver.fallback_why == ""
+        _assert_same(tensors(), got)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.stdin.close()
+            proc.wait(timeout=30)
         directory.stop()
+    assert not glob.glob(prefix.rsplit("-", 1)[0] + "-*")  # the second one's files too, at its stop
 
 
 @pytest.mark.gpu

@@ -61,9 +61,7 @@ log = logging.getLogger(__name__)
 __all__ = ["WeightReceiver", "WeightSender", "build_receiver", "build_sender", "relay_name", "tree_levels", "tree_sources"]
 
 
-def build_sender(
-    transport: str, ctx, chunk_bytes: int, timeout_s: float, run_dir: str = "", device: str = "cpu"
-) -> WeightSender:
+def build_sender(transport: str, ctx, chunk_bytes: int, timeout_s: float, run_dir: str = "", device: str = "cpu") -> WeightSender:
     """The trainer's side of ``transport`` (``[workflow] weight_transport``) for the
     actor of ``ctx``; ``timeout_s`` bounds each transfer step. ``local``: ``run_dir``
     names its files, ``device`` (``cluster.device``) says where it publishes (cuda:

@@ -56,7 +56,7 @@ import torch
 
 from asyncflow.actors.runtime import messages
 from asyncflow.actors.weights._base import NamedTensors, WeightReceiver
-from asyncflow.actors.weights.nng import NUM_KEPT, NngReceiver, NngSender
+from asyncflow.actors.weights.nng import NngReceiver, NngSender
 from asyncflow.core import protocol
 from asyncflow.core.errors import RemoteError
 from asyncflow.engines.digest import weights_digest
@@ -312,7 +312,9 @@ class LocalReceiver(WeightReceiver):
         version = announced.version
         try:
             tensors = self._map(f"{prefix}-v{version}", version)
-        except FileNotFoundError:  # superseded twice since announced: take the newest
+        except FileNotFoundError:  # superseded twice since announced, or the trainer restarted: the newest, afresh
+            self._prefix = ""
+            prefix = self._locate()
             latest = weights.ask(messages.GetLatestWeights(), timeout_s=30)
             version = latest.version
             try:
