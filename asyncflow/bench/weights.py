@@ -137,6 +137,11 @@ def weights(
     unknown = sorted(set(wanted) - {"nng", "local", "collective"})
     if unknown:
         raise click.BadParameter(f"unknown {unknown}: use nng, local and/or collective", param_hint="--transports")
+    if device == "cuda" and "collective" in wanted:
+        # the weights actor and this replica would be two NCCL ranks on one GPU, which NCCL refuses
+        # (tests/runs/test_weight_collective.py measures the collective across two GPUs)
+        click.echo("collective: left out with --device cuda (NCCL refuses two ranks on one GPU)")
+        wanted.remove("collective")
     on = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
     num_tensors, tensor_bytes = max(1, (mb << 20) // int(tensor_mb * (1 << 20))), int(tensor_mb * (1 << 20))
     params = [torch.empty(tensor_bytes // 4, device=on) for _ in range(num_tensors)]  # the replica's parameters
