@@ -181,6 +181,26 @@ def test_a_replica_on_another_host_fetches_over_nng_and_says_why(tmp_path, caplo
 
 
 @pytest.mark.timeout(60)
+def test_a_trainer_that_cannot_write_its_versions_says_how_to_fix_it_and_replicas_fetch_over_nng(tmp_path, monkeypatch, caplog):
+    from asyncflow.actors.weights import local
+
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setattr(local, "SHM_DIR", str(tmp_path / "no-such-shm"))  # what a full or missing /dev/shm does
+    side = InProcess(tmp_path)
+    try:
+        receiver = side.receiver()
+        sent = _tensor_set(0)
+        side.publish(1, sent)
+        assert "could not write weights v1" in caplog.text and "--shm-size" in caplog.text
+        version, got = receiver.fetch(side.ref())
+        assert version == 1
+        _assert_same(sent, got)
+        assert "the trainer could not write it" in receiver.fallback_why and "using nng" in caplog.text
+    finally:
+        side.close()
+
+
+@pytest.mark.timeout(60)
 def test_the_config_builds_the_local_receiver():
     class Ctx:
         directory = None

@@ -137,7 +137,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def sweep_orphans(shm_dir: str = SHM_DIR) -> list[str]:
+def sweep_orphans(shm_dir: str) -> list[str]:
     """Remove the files of senders whose process is gone; the paths removed."""
     removed = []
     for path in glob.glob(os.path.join(shm_dir, FILE_PREFIX + "*")):
@@ -155,8 +155,9 @@ class LocalSender(NngSender):
     """Writes each version to ``<prefix>-v<version>`` (and serves nng chunks to the
     replicas that cannot map it)."""
 
-    def __init__(self, directory, chunk_bytes: int, run_dir: str, device: torch.device | None = None, shm_dir: str = SHM_DIR):
+    def __init__(self, directory, chunk_bytes: int, run_dir: str, device: torch.device | None = None, shm_dir: str | None = None):
         super().__init__(chunk_bytes)
+        shm_dir = shm_dir or SHM_DIR
         self.directory = directory
         self.device = device or torch.device("cpu")
         self.prefix = os.path.join(shm_dir, f"{FILE_PREFIX}{run_tag(run_dir)}-{os.getpid()}")
@@ -171,6 +172,7 @@ class LocalSender(NngSender):
             start_new_session=True,
         )
         self._closed = False
+        self._write_failed = False  # warned once that a version could not be written
         self.address = f"shm://{self.prefix}|{self.device.type}|{self._uuid}"
         if directory is not None:
             directory.register(
@@ -208,9 +210,22 @@ class LocalSender(NngSender):
             self._buffers[version] = buf
             header.device, header.device_uuid = "cuda", self._uuid
             header.cuda_handle = pickle.dumps(reduce_tensor(buf))
-            self._write(version, msgspec.msgpack.encode(header), None)
+            data = None
         else:
-            self._write(version, msgspec.msgpack.encode(header), (named_tensors, offsets, num_bytes))
+            data = (named_tensors, offsets, num_bytes)
+        try:
+            self._write(version, msgspec.msgpack.encode(header), data)
+        except OSError as exc:  # e.g. /dev/shm full (a container's default is 64 MB): the replicas use nng
+            if not self._write_failed:
+                log.warning(
+                    "could not write weights v%d (%d bytes) to %s (%s): replicas fetch it over nng. Give /dev/shm room "
+                    "for two versions (docker: --shm-size) or set workflow.weight_transport = 'nng'",
+                    version,
+                    num_bytes,
+                    os.path.dirname(self.prefix),
+                    exc,
+                )
+            self._write_failed = True
         return ready
 
     def _write(self, version: int, head: bytes, data: tuple | None) -> None:
@@ -219,12 +234,15 @@ class LocalSender(NngSender):
         tmp = self.path(version) + ".tmp"
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, max(total, 1))
+            os.posix_fallocate(fd, 0, max(total, 1))  # ENOSPC here, not SIGBUS when the mapping is written
             with mmap.mmap(fd, max(total, 1)) as mm:
                 mm[: _HEAD.size + len(head)] = _HEAD.pack(MAGIC, len(head)) + head
                 if data is not None and data[2]:
                     named, offsets, num_bytes = data
                     _pack(named, offsets, torch.frombuffer(mm, dtype=torch.uint8, count=num_bytes, offset=start))
+        except BaseException:
+            os.unlink(tmp)
+            raise
         finally:
             os.close(fd)
         os.rename(tmp, self.path(version))
@@ -322,7 +340,7 @@ class LocalReceiver(WeightReceiver):
             except FileNotFoundError:
                 raise Unreachable(
                     f"{prefix}-v{version}, the newest version, is not in this replica's {SHM_DIR} "
-                    "(not the trainer's /dev/shm: another container?)"
+                    "(not the trainer's /dev/shm: another container? Or the trainer could not write it: its log says why)"
                 ) from None
         except ValueError as exc:  # short, overwritten or not ours: this version over nng
             log.warning("%s: %s; fetching v%d over nng instead", self.replica, exc, version)
