@@ -79,9 +79,12 @@ class WorkflowConfig(Section):
         ),
     ] = "error"
     weight_transport: Annotated[
-        Literal["nng", "collective"],
+        Literal["nng", "local", "collective"],
         Meta(
             description="How the weight bytes reach rollout replicas. nng: chunks pulled over the actor transport (host-staged). "
+            "local: the trainer writes each version once into shared memory (/dev/shm; on cuda, a buffer on its GPU shared "
+            "by a CUDA IPC handle) and a replica on its host (on cuda: its GPU) maps it and copies it into its parameters, "
+            "no chunks; a replica elsewhere fetches over nng (logged). "
             "collective: broadcast over a two-member torch.distributed group per replica (gloo on cpu, nccl on cuda, hccl "
             "on npu) into buffers on the replica's device; announcements and swap grants stay on nng. A replica whose "
             "trainer side has no such collective falls back to nng (logged)."
