@@ -103,7 +103,7 @@ class RunConfig(Section):
         if not self.eval.every_steps:
             return False
         if self.eval.where == "auto":
-            return self.workflow.mode == "async" and self.workflow.weight_transport == "nng"
+            return self.workflow.mode == "async" and self.workflow.weight_transport in ("nng", "local")
         return self.eval.where == "process"
 
     @property

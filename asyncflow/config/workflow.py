@@ -124,7 +124,8 @@ class WorkflowConfig(Section):
     partial_rollout: Annotated[
         bool | Literal["auto"],
         Meta(
-            description="Partial rollout, the streamed rollout (async only; the native, hf and emulated engines): a replica generates as one continuous stream that "
+            description="Partial rollout, the streamed rollout (async only; the native, hf and emulated engines): a replica "
+            "generates as one continuous stream that "
             "admits prompt groups whenever a row frees up (at most prompts_per_call x group_size sequences decode at once), "
             "and swaps in new weights between two decode steps instead "
             "of between generate calls. In-flight sequences keep their tokens and KV cache and go on with the new weights; "

@@ -21,7 +21,8 @@ background fetch of the new weights into a host buffer while generation goes on 
 the old ones; the swap onto the device happens between units (``AcquireSwap`` first:
 with sub-step updates, replicas swap one at a time). How the bytes travel is the
 business of a ``WeightReceiver`` (``actors/weights/``), chosen once from
-``[workflow] weight_transport``: nng chunks, or a per-replica torch.distributed group.
+``[workflow] weight_transport``: nng chunks, a per-replica torch.distributed group, or the
+trainer's version mapped from shared memory (or a CUDA IPC handle) on its host.
 
 Version integrity (``workflow.verify_weights``): every row is stamped with the
 weights digest (``engines/digest.py``) of the weights that generated it: the
