@@ -76,6 +76,7 @@ class ModePlan(msgspec.Struct, kw_only=True):
     predicted_samples_per_s: float  # modelled
     predicted_stage_s: dict[str, float]
     bottleneck: str
+    rollout_mode: str = ""  # the planner's model of the rollout: "unit", "stream", or "step" (sync, colocated)
 
 
 def emulated_mean_response(seed: int = 0, draws: int = 20000) -> float:
@@ -90,10 +91,14 @@ def emulated_mean_response(seed: int = 0, draws: int = 20000) -> float:
     return total / draws
 
 
-def workload(prompts: int, group: int, prompt_tokens: float, response_tokens: float) -> Workload:
+def workload(prompts: int, group: int, prompt_tokens: float, response_tokens: float, rollout_mode: str = "unit") -> Workload:
     """The planner's workload of the twin: its batch and group, and its emulated lengths in
-    modelled tokens (x TOKEN_SCALE). No reference (the emulated run has none) and staleness 1."""
+    modelled tokens (x TOKEN_SCALE, of spread RESPONSE_SIGMA). No reference (the emulated run has
+    none) and staleness 1. ``rollout_mode``: the async run config's (``WorkflowConfig.rollout_streams``),
+    its calls a replica's share of the step (``prompts_per_call`` of ``_mode_plan``)."""
     return Workload(
+        rollout_mode=rollout_mode,
+        response_len_sigma=RESPONSE_SIGMA,
         prompt_len_tokens=max(1, round(prompt_tokens * TOKEN_SCALE)),
         response_len_tokens=max(1, round(response_tokens * TOKEN_SCALE)),
         max_response_len_tokens=MAX_NEW_TOKENS * TOKEN_SCALE,
@@ -154,6 +159,7 @@ def _mode_plan(mode: str, plan: Plan, prompts: int) -> ModePlan:
         predicted_samples_per_s=plan.predicted_samples_per_s,
         predicted_stage_s=dict(plan.stage_s),
         bottleneck=plan.bottleneck,
+        rollout_mode=plan.rollout_mode,
     )
 
 
@@ -405,6 +411,12 @@ def figures(metrics: list[dict], marks: list[dict[str, float]], time_scale: floa
         "measured_step_ms": step_s * 1e3,
         "overhead_ms": overhead,
         "overhead_frac": {k: v / emulated_ms for k, v in overhead.items()},
+        # the same CPU against the real, uncompressed step the plan stands for (its predicted modelled seconds):
+        # the framework's share at full scale, where the devices' work is not compressed by time_scale
+        "real_step_ms": mp.predicted_step_s * 1e3,
+        "overhead_frac_real": {k: v / (mp.predicted_step_s * 1e3) for k, v in overhead.items()},
+        "overhead_frac_real_total": sum(v for v in overhead.values() if not math.isnan(v)) / (mp.predicted_step_s * 1e3),
+        "rollout_mode": mp.rollout_mode,
         "predicted_samples_per_s": mp.predicted_samples_per_s,
         "measured_samples_per_s": measured,
         "error": measured / mp.predicted_samples_per_s - 1,
@@ -539,11 +551,14 @@ def table(rep: dict) -> list[str]:
 
     row("rollout replicas x tp", lambda r: f"{r['replicas']} x {r['rollout_tp']}")
     row("train devices", lambda r: str(r["train_devices"]))
+    row("planner's rollout model", lambda r: r.get("rollout_mode", ""))
     row("emulated step, ms (planner)", lambda r: f"{r['emulated_step_ms']:.0f}")
     row("measured step, ms", lambda r: f"{r['measured_step_ms']:.0f}")
     for part in ("queue", "weights", "directory", "driver"):
         row(f"overhead {part}, ms/step", lambda r, p=part: f"{r['overhead_ms'][p]:.1f}")
         row("  of the emulated step", lambda r, p=part: f"{100 * r['overhead_frac'][p]:.2f}%")
+        row("  of the real step", lambda r, p=part: f"{100 * r['overhead_frac_real'][p]:.3f}%")
+    row("overhead, of the real step", lambda r: f"{100 * r['overhead_frac_real_total']:.3f}%")
     row("driver's open fds (max)", lambda r: f"{r.get('driver_fds_max', math.nan):.0f}")
     row("predicted samples/s (modelled)", lambda r: f"{r['predicted_samples_per_s']:.2f}")
     row("measured samples/s (modelled)", lambda r: f"{r['measured_samples_per_s']:.2f}")
@@ -556,6 +571,7 @@ def table(rep: dict) -> list[str]:
             )
     lines.append(
         "overheads: queue = CPU of the queue host and shards; weights = the trainer's sync_weights (export, digest, "
-        "publish); directory = its threads' CPU; driver = the rest of the driver process's CPU"
+        "publish); directory = its threads' CPU; driver = the rest of the driver process's CPU. Of the real step: "
+        "the same CPU ms against the planner's uncompressed step (modelled seconds), the share at full scale"
     )
     return lines

@@ -100,6 +100,39 @@ def _why_larger_tp(model, hw, eff, wl, best) -> str:
     )
 
 
+def _default_rollout_mode() -> str:
+    """The rollout mode an async run config gets by default (``WorkflowConfig.rollout_streams``)."""
+    from asyncflow.config.workflow import WorkflowConfig
+
+    return "stream" if WorkflowConfig(mode="async").rollout_streams else "unit"
+
+
+def _default_prompts_per_call() -> int:
+    from asyncflow.config.roles import RolloutConfig
+
+    return RolloutConfig().prompts_per_call
+
+
+def _mode_line(wl, best, other) -> str:
+    """Which rollout mode the async plans assume, and what the other would give."""
+    n = wl.prompts_per_call
+    calls = f"generate calls of {n} prompt group{'s' if n != 1 else ''}" if n else "one generate call of a replica's share"
+    what = (
+        f"{calls}, each running to its longest response ([workflow] partial_rollout = false)"
+        if wl.rollout_mode == "unit"
+        else "one continuous stream per replica, new groups joining as rows free ([workflow] partial_rollout = true)"
+    )
+    line = f"rollout: {wl.rollout_mode}, {what}"
+    if other is not None:
+        name = "a stream" if other.rollout_mode == "stream" else "unit calls"
+        line += (
+            f"; {name} would give {_sig(other.predicted_samples_per_s)} samples/s "
+            f"({other.predicted_samples_per_s / best.predicted_samples_per_s:.2f}x) on its best split "
+            f"(--rollout {other.rollout_mode})"
+        )
+    return line
+
+
 @click.command()
 @click.option(
     "--model",
@@ -173,6 +206,21 @@ def _why_larger_tp(model, hw, eff, wl, best) -> str:
 @click.option(
     "--weight-fanout-degree", type=click.IntRange(1, 64), default=2, show_default=True, help="Children per node of the tree."
 )
+@click.option(
+    "--rollout",
+    "rollout_mode",
+    type=click.Choice(["unit", "stream"]),
+    help="How an async replica generates: unit, generate calls of --prompts-per-call groups that each run to their "
+    "longest response ([workflow] partial_rollout = false); stream, one continuous batch that new groups join as rows "
+    "free ([workflow] partial_rollout = true). Default: what a run config gets by default. The other mode's "
+    "prediction is printed too.",
+)
+@click.option(
+    "--prompts-per-call",
+    type=click.IntRange(min=0),
+    help="[rollout] prompts_per_call: prompt groups per generate call (a stream admits this many at once); 0: a "
+    "replica's share of the step. Default: the run config's default.",
+)
 @click.option("--top", type=int, default=5, show_default=True, help="Plans to show.")
 @click.option(
     "--profile", "profile_path", type=click.Path(dir_okay=False), help="Calibrated efficiency factors from `afctl profile`."
@@ -216,6 +264,8 @@ def plan(
     lora_train_norms,
     weight_fanout,
     weight_fanout_degree,
+    rollout_mode,
+    prompts_per_call,
     top,
     profile_path,
     as_json,
@@ -295,12 +345,26 @@ def plan(
             lora=lora,
             weight_fanout=weight_fanout,
             weight_fanout_degree=weight_fanout_degree,
+            rollout_mode=rollout_mode or _default_rollout_mode(),
+            prompts_per_call=_default_prompts_per_call() if prompts_per_call is None else prompts_per_call,
         )
         result = search(
             model, hw, wl, num_devices, eff, top_k=top, reward_model=reward_model, reward_model_devices=reward_model_devices
         )
+        other_mode = "unit" if wl.rollout_mode == "stream" else "stream"
+        other = search(
+            model,
+            hw,
+            msgspec.structs.replace(wl, rollout_mode=other_mode),
+            num_devices,
+            eff,
+            top_k=1,
+            reward_model=reward_model,
+            reward_model_devices=reward_model_devices,
+        )
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
+    other_best = other.plans[0] if other.plans else None
 
     sync = best_sync(result)
     gain = speedup(result)
@@ -321,6 +385,17 @@ def plan(
             "sync": result.sync,
             "colocated": result.colocated,
             "predicted_async_speedup": gain,
+            "rollout_mode": wl.rollout_mode,
+            "other_rollout_mode": (
+                {
+                    "rollout_mode": other_mode,
+                    "predicted_step_s": other_best.predicted_step_s,
+                    "predicted_samples_per_s": other_best.predicted_samples_per_s,
+                    "predicted_async_speedup": speedup(other),
+                }
+                if other_best is not None
+                else None
+            ),
             "infeasible": result.infeasible,
             "num_splits": result.num_splits,
             "num_infeasible_splits": result.num_infeasible_splits,
@@ -360,6 +435,7 @@ def plan(
         raise click.ClickException("use more devices, a smaller model, or a shorter --max-response-len")
     for line in _table(result.plans):
         click.echo(line)
+    click.echo(_mode_line(wl, result.plans[0], other_best))
     why_tp = _why_larger_tp(model, hw, eff, wl, result.plans[0])
     if why_tp:
         click.echo(why_tp)

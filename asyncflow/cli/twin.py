@@ -84,7 +84,9 @@ def twin(
     quiet_progress_bars()  # before the tiny tokenizer is saved
     base = with_shared_inputs(base, root)
     prompt_tokens = mean_prompt_tokens(base, base.data.path, base.model.path)
-    wl = tw.workload(prompts, group, prompt_tokens, tw.emulated_mean_response())
+    # the planner models the rollout mode the async config runs (unit calls or a stream)
+    mode = "stream" if base.workflow.rollout_streams else "unit"
+    wl = tw.workload(prompts, group, prompt_tokens, tw.emulated_mean_response(), rollout_mode=mode)
     try:
         plans = tw.plan_modes(model, hardware, npus, wl, asked)
     except tw.TwinError as exc:

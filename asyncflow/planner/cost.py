@@ -243,8 +243,11 @@ def rollout_cost(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload,
     available = usable_memory(hw)
     kv_free = available - weights - workspace
     seqs_per_instance = math.ceil(wl.num_samples / instances)
-    groups_per_call = min(wl.prompts_per_call or math.ceil(wl.prompts_per_step / instances), wl.prompts_per_step)
-    call_seqs = groups_per_call * wl.samples_per_prompt  # at most this many decode at once, in either mode
+    groups_per_call = unit_groups_per_call(wl, instances)
+    # at most a call's sequences decode at once, in either mode (a stream admits prompts_per_call groups)
+    call_seqs = wl.prompts_per_call * wl.samples_per_prompt if wl.prompts_per_call else seqs_per_instance
+    if wl.rollout_mode == "unit":
+        call_seqs = groups_per_call * wl.samples_per_prompt
     # Mean KV held by a live sequence: prompt + mean response (a long one holds more for longer).
     batch_cap = int(max(kv_free, 0) // kv_mean_seq)
     batch = max(1, min(batch_cap, seqs_per_instance, call_seqs, MAX_SEQS_PER_INSTANCE))
@@ -291,6 +294,11 @@ def rollout_cost(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload,
         role.reason = f"batch {batch} per instance ({limit} limited)"
     role.latency_s = role.tail_s  # the last sample ends this long after the throughput-bound part
     return role
+
+
+def unit_groups_per_call(wl: Workload, instances: int) -> int:
+    """Prompt groups per generate call: ``prompts_per_call``, or (0) each instance's whole share, rounded down."""
+    return min(wl.prompts_per_call or max(1, wl.prompts_per_step // instances), wl.prompts_per_step)
 
 
 def _generation_s(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, tp: int, seqs: int, batch: int) -> float:

@@ -36,6 +36,7 @@ from asyncflow.planner.cost import (
     forward_cost,
     rollout_cost,
     train_cost,
+    unit_groups_per_call,
     weight_swap_s,
     workload_transfer_s,
 )
@@ -246,7 +247,7 @@ def _unit_calls(
     opens (after a swap when a newer version is there) and holds the instance until its
     longest sample ends; inside it, samples take the call's ``batch`` slots as they free up.
     (instance, start, duration) per sample; ``version_on`` and ``call_free`` are updated."""
-    groups = wl.prompts_per_call or math.ceil(wl.prompts_per_step / c.instances)
+    groups = unit_groups_per_call(wl, c.instances)
     call_seqs = groups * wl.samples_per_prompt
     placed: list[tuple[int, float, float]] = []
     for first in range(0, len(lengths), call_seqs):

@@ -143,3 +143,30 @@ def test_afctl_lists_twin_and_its_help_names_every_flag():
     text = CliRunner().invoke(main, ["twin", "--help"]).output
     for flag in ("--model", "--npus", "--hardware", "--steps", "--time-scale", "--modes", "--json"):
         assert flag in text, text
+
+
+def test_figures_state_the_overhead_against_the_real_uncompressed_step():
+    mp = tw.plan_modes("7b", "910b", 32, WL, ["async"])["async"]
+    metrics = [{"time_s": t, "samples": 100.0} for t in (5.0, 5.1, 6.0, 7.0, 8.0)]
+    marks = [{"time": 0.0, "queue": q, "directory": 0.0, "driver": 0.1 * i} for i, q in enumerate((1, 2, 3, 3.3, 3.6))]
+    f = tw.figures(metrics, marks, 0.01, 4.0, mp)
+    real_ms = mp.predicted_step_s * 1e3  # the planner's step in modelled seconds: no time_scale
+    assert f["real_step_ms"] == pytest.approx(real_ms)
+    assert f["overhead_frac_real"]["queue"] == pytest.approx(300.0 / real_ms)
+    assert f["overhead_frac_real_total"] == pytest.approx((300.0 + 0.0 + 100.0 + 4.0) / real_ms)
+    lines = "\n".join(tw.table(tw.report("7b", "910b", 32, WL, 0.01, {"async": f})))
+    assert "of the real step" in lines
+
+
+def test_the_twins_async_prediction_models_the_rollout_mode_its_config_runs():
+    probe = tw.plan_modes("7b", "910b", 256, WL, ["async"])["async"]
+    cfg = load_config_text(tw.config_text(probe, "7b", "910b", 0.01, 6, 256, 8), "twin")
+    mode = "stream" if cfg.workflow.rollout_streams else "unit"
+    wl = tw.workload(256, 8, 6.0, 16.0, rollout_mode=mode)
+    assert wl.response_len_sigma == tw.RESPONSE_SIGMA  # the emulated lengths' spread: a call's longest
+    a = tw.plan_modes("7b", "910b", 256, wl, ["async"])["async"]
+    assert a.rollout_mode == mode
+    unit = tw.plan_modes("7b", "910b", 256, tw.workload(256, 8, 6.0, 16.0, rollout_mode="unit"), ["async"])["async"]
+    stream = tw.plan_modes("7b", "910b", 256, tw.workload(256, 8, 6.0, 16.0, rollout_mode="stream"), ["async"])["async"]
+    # each replica's call waits for its longest response: slower than a stream on the same workload
+    assert unit.predicted_samples_per_s < stream.predicted_samples_per_s
