@@ -352,7 +352,7 @@ def plan(
             model, hw, wl, num_devices, eff, top_k=top, reward_model=reward_model, reward_model_devices=reward_model_devices
         )
         other_mode = "unit" if wl.rollout_mode == "stream" else "stream"
-        other = search(
+        other_result = search(
             model,
             hw,
             msgspec.structs.replace(wl, rollout_mode=other_mode),
@@ -364,7 +364,7 @@ def plan(
         )
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
-    other_best = other.plans[0] if other.plans else None
+    other_best = other_result.plans[0] if other_result.plans else None
 
     sync = best_sync(result)
     gain = speedup(result)
@@ -391,7 +391,7 @@ def plan(
                     "rollout_mode": other_mode,
                     "predicted_step_s": other_best.predicted_step_s,
                     "predicted_samples_per_s": other_best.predicted_samples_per_s,
-                    "predicted_async_speedup": speedup(other),
+                    "predicted_async_speedup": speedup(other_result),
                 }
                 if other_best is not None
                 else None

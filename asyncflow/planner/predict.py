@@ -129,6 +129,7 @@ def predict(
         "framework": framework_s,
         "modes": {},
     }
+
     def play(mode: str, k: int, call: framework.CallCost) -> dict:
         """The workflow played out for one mode, its generate calls taking `call` each."""
         # processes share the cores: in sync the phases take turns (stretched only beyond the cores); in

@@ -89,7 +89,9 @@ class _Costs(msgspec.Struct, kw_only=True):
 
 def _costs(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, plan) -> _Costs:
     # per sample: the throughput-bound costs (a unit call's tail is what the simulation plays out)
-    rollout = rollout_cost(model, hw, eff, msgspec.structs.replace(wl, rollout_mode="stream"), plan.rollout_devices, plan.rollout_tp)
+    rollout = rollout_cost(
+        model, hw, eff, msgspec.structs.replace(wl, rollout_mode="stream"), plan.rollout_devices, plan.rollout_tp
+    )
     instances = plan.rollout_devices // plan.rollout_tp
     context = wl.prompt_len_tokens + wl.response_len_tokens / 2
     t_iter = decode_iteration_s(model, hw, eff, plan.rollout_tp, rollout.batch_per_instance, context)
