@@ -94,7 +94,7 @@ def emulated_mean_response(seed: int = 0, draws: int = 20000) -> float:
 def workload(prompts: int, group: int, prompt_tokens: float, response_tokens: float, rollout_mode: str = "unit") -> Workload:
     """The planner's workload of the twin: its batch and group, and its emulated lengths in
     modelled tokens (x TOKEN_SCALE, of spread RESPONSE_SIGMA). No reference (the emulated run has
-    none) and staleness 1. ``rollout_mode``: the async run config's (``WorkflowConfig.rollout_streams``),
+    none) and staleness 1. ``rollout_mode``: the async run config's (``RunConfig.rollout_streams``),
     its calls a replica's share of the step (``prompts_per_call`` of ``_mode_plan``)."""
     return Workload(
         rollout_mode=rollout_mode,

@@ -100,11 +100,18 @@ def _why_larger_tp(model, hw, eff, wl, best) -> str:
     )
 
 
-def _default_rollout_mode() -> str:
-    """The rollout mode an async run config gets by default (``WorkflowConfig.rollout_streams``)."""
-    from asyncflow.config.workflow import WorkflowConfig
+def _default_rollout_mode(hardware: str) -> str:
+    """The rollout mode an async run config gets by default on ``hardware``'s devices
+    (``RunConfig.rollout_streams``, its ``workflow.partial_rollout`` default resolved)."""
+    import msgspec
 
-    return "stream" if WorkflowConfig(mode="async").rollout_streams else "unit"
+    from asyncflow.config.run import RunConfig
+
+    cfg = RunConfig()
+    device = "cpu" if hardware == "cpu" else "npu" if hardware == "910b" else "cuda"
+    engine = msgspec.structs.replace(cfg.rollout.engine, device=device)
+    cfg = msgspec.structs.replace(cfg, rollout=msgspec.structs.replace(cfg.rollout, engine=engine))
+    return "stream" if cfg.rollout_streams else "unit"
 
 
 def _default_prompts_per_call() -> int:
@@ -212,7 +219,8 @@ def _mode_line(wl, best, other) -> str:
     type=click.Choice(["unit", "stream"]),
     help="How an async replica generates: unit, generate calls of --prompts-per-call groups that each run to their "
     "longest response ([workflow] partial_rollout = false); stream, one continuous batch that new groups join as rows "
-    "free ([workflow] partial_rollout = true). Default: what a run config gets by default. The other mode's "
+    "free ([workflow] partial_rollout = true). Default: what a run config's partial_rollout = auto picks on "
+    "--hardware (a stream on an accelerator, unit calls on a cpu). The other mode's "
     "prediction is printed too.",
 )
 @click.option(
@@ -345,7 +353,7 @@ def plan(
             lora=lora,
             weight_fanout=weight_fanout,
             weight_fanout_degree=weight_fanout_degree,
-            rollout_mode=rollout_mode or _default_rollout_mode(),
+            rollout_mode=rollout_mode or _default_rollout_mode(hw.name),
             prompts_per_call=_default_prompts_per_call() if prompts_per_call is None else prompts_per_call,
         )
         result = search(

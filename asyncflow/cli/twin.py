@@ -85,7 +85,7 @@ def twin(
     base = with_shared_inputs(base, root)
     prompt_tokens = mean_prompt_tokens(base, base.data.path, base.model.path)
     # the planner models the rollout mode the async config runs (unit calls or a stream)
-    mode = "stream" if base.workflow.rollout_streams else "unit"
+    mode = "stream" if base.rollout_streams else "unit"
     wl = tw.workload(prompts, group, prompt_tokens, tw.emulated_mean_response(), rollout_mode=mode)
     try:
         plans = tw.plan_modes(model, hardware, npus, wl, asked)

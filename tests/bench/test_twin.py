@@ -161,7 +161,7 @@ def test_figures_state_the_overhead_against_the_real_uncompressed_step():
 def test_the_twins_async_prediction_models_the_rollout_mode_its_config_runs():
     probe = tw.plan_modes("7b", "910b", 256, WL, ["async"])["async"]
     cfg = load_config_text(tw.config_text(probe, "7b", "910b", 0.01, 6, 256, 8), "twin")
-    mode = "stream" if cfg.workflow.rollout_streams else "unit"
+    mode = "stream" if cfg.rollout_streams else "unit"
     wl = tw.workload(256, 8, 6.0, 16.0, rollout_mode=mode)
     assert wl.response_len_sigma == tw.RESPONSE_SIGMA  # the emulated lengths' spread: a call's longest
     a = tw.plan_modes("7b", "910b", 256, wl, ["async"])["async"]

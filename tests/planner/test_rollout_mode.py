@@ -123,11 +123,14 @@ def test_afctl_plan_says_which_rollout_mode_it_assumed_and_what_the_other_gives(
     assert payload["other_rollout_mode"]["predicted_samples_per_s"] < payload["plans"][0]["predicted_samples_per_s"]
 
 
-def test_afctl_plan_assumes_the_rollout_mode_a_run_config_gets_by_default():
+@pytest.mark.parametrize("devices, hardware", [("--gpus", "h100"), ("--npus", "910b"), ("--devices", "cpu")])
+def test_afctl_plan_assumes_the_rollout_mode_a_run_config_gets_by_default_on_that_hardware(devices, hardware):
     from asyncflow.cli.main import main
-    from asyncflow.config.workflow import WorkflowConfig
+    from asyncflow.config.load import load_config_text
 
-    out = CliRunner().invoke(main, ["plan", "--model", "7b", "--gpus", "16", "--json"])
+    out = CliRunner().invoke(main, ["plan", "--model", "0.5b", devices, "16", "--hardware", hardware, "--json"])
     assert out.exit_code == 0, out.output
-    default = "stream" if WorkflowConfig(mode="async").rollout_streams else "unit"
+    device = {"h100": "cuda", "910b": "npu", "cpu": "cpu"}[hardware]
+    cfg = load_config_text(f'[rollout.engine]\ndevice = "{device}"\n[train.engine]\ndevice = "{device}"\n')
+    default = "stream" if cfg.rollout_streams else "unit"
     assert json.loads(out.output.strip().splitlines()[-1])["rollout_mode"] == default
