@@ -125,9 +125,9 @@ def _mode_line(wl, best, other) -> str:
     n = wl.prompts_per_call
     calls = f"generate calls of {n} prompt group{'s' if n != 1 else ''}" if n else "one generate call of a replica's share"
     what = (
-        f"{calls}, each running to its longest response ([workflow] partial_rollout = false)"
+        f"{calls}, each running to its longest response ([workflow] partial_rollout = false, or auto on a cpu)"
         if wl.rollout_mode == "unit"
-        else "one continuous stream per replica, new groups joining as rows free ([workflow] partial_rollout = true)"
+        else "one continuous stream per replica, new groups joining as rows free ([workflow] partial_rollout = true, or auto on an accelerator)"
     )
     line = f"rollout: {wl.rollout_mode}, {what}"
     if other is not None:
