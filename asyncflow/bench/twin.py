@@ -412,7 +412,9 @@ def figures(metrics: list[dict], marks: list[dict[str, float]], time_scale: floa
         "overhead_ms": overhead,
         "overhead_frac": {k: v / emulated_ms for k, v in overhead.items()},
         # the same CPU against the real, uncompressed step the plan stands for (its predicted modelled seconds):
-        # the framework's share at full scale, where the devices' work is not compressed by time_scale
+        # the framework's share at full scale of its work done once per step. Work driven by the clock (polls,
+        # heartbeats) costs per second, so at full scale it is paid over the whole real step: two runs at two
+        # time_scales separate the two (docs/scale.md, "Overhead at full scale")
         "real_step_ms": mp.predicted_step_s * 1e3,
         "overhead_frac_real": {k: v / (mp.predicted_step_s * 1e3) for k, v in overhead.items()},
         "overhead_frac_real_total": sum(v for v in overhead.values() if not math.isnan(v)) / (mp.predicted_step_s * 1e3),
@@ -557,8 +559,8 @@ def table(rep: dict) -> list[str]:
     for part in ("queue", "weights", "directory", "driver"):
         row(f"overhead {part}, ms/step", lambda r, p=part: f"{r['overhead_ms'][p]:.1f}")
         row("  of the emulated step", lambda r, p=part: f"{100 * r['overhead_frac'][p]:.2f}%")
-        row("  of the real step", lambda r, p=part: f"{100 * r['overhead_frac_real'][p]:.3f}%")
-    row("overhead, of the real step", lambda r: f"{100 * r['overhead_frac_real_total']:.3f}%")
+        row("  of the real step (per-step work)", lambda r, p=part: f"{100 * r['overhead_frac_real'][p]:.3f}%")
+    row("overhead, of the real step (per-step)", lambda r: f"{100 * r['overhead_frac_real_total']:.3f}%")
     row("driver's open fds (max)", lambda r: f"{r.get('driver_fds_max', math.nan):.0f}")
     row("predicted samples/s (modelled)", lambda r: f"{r['predicted_samples_per_s']:.2f}")
     row("measured samples/s (modelled)", lambda r: f"{r['measured_samples_per_s']:.2f}")
@@ -572,6 +574,8 @@ def table(rep: dict) -> list[str]:
     lines.append(
         "overheads: queue = CPU of the queue host and shards; weights = the trainer's sync_weights (export, digest, "
         "publish); directory = its threads' CPU; driver = the rest of the driver process's CPU. Of the real step: "
-        "the same CPU ms against the planner's uncompressed step (modelled seconds), the share at full scale"
+        "the same CPU ms against the planner's uncompressed step (modelled seconds), right for work done once per "
+        "step; work driven by the clock (polls, heartbeats) is paid per second at full scale: rerun at another "
+        "--time-scale to separate the two (docs/scale.md, 'Overhead at full scale')"
     )
     return lines
