@@ -114,20 +114,18 @@ def _default_rollout_mode(hardware: str) -> str:
     return "stream" if cfg.rollout_streams else "unit"
 
 
-def _default_prompts_per_call() -> int:
-    from asyncflow.config.roles import RolloutConfig
-
-    return RolloutConfig().prompts_per_call
-
-
 def _mode_line(wl, best, other) -> str:
-    """Which rollout mode the async plans assume, and what the other would give."""
-    n = wl.prompts_per_call
-    calls = f"generate calls of {n} prompt group{'s' if n != 1 else ''}" if n else "one generate call of a replica's share"
+    """Which rollout mode the async plans assume (and the prompts_per_call that gives the best
+    plan's calls), and what the other mode would give."""
+    n = wl.prompts_per_call or max(1, wl.prompts_per_step // best.rollout_instances)
+    groups = f"{n} prompt group{'s' if n != 1 else ''}"
+    share = "" if wl.prompts_per_call else f", each replica's share: rollout.prompts_per_call = {n}"
     what = (
-        f"{calls}, each running to its longest response ([workflow] partial_rollout = false, or auto on a cpu)"
+        f"generate calls of {groups}{share}, each running to its longest response "
+        "([workflow] partial_rollout = false, or auto on a cpu)"
         if wl.rollout_mode == "unit"
-        else "one continuous stream per replica, new groups joining as rows free ([workflow] partial_rollout = true, or auto on an accelerator)"
+        else f"one continuous stream per replica admitting {groups} at once{share} "
+        "([workflow] partial_rollout = true, or auto on an accelerator)"
     )
     line = f"rollout: {wl.rollout_mode}, {what}"
     if other is not None:
@@ -226,8 +224,11 @@ def _mode_line(wl, best, other) -> str:
 @click.option(
     "--prompts-per-call",
     type=click.IntRange(min=0),
-    help="[rollout] prompts_per_call: prompt groups per generate call (a stream admits this many at once); 0: a "
-    "replica's share of the step. Default: the run config's default.",
+    default=0,
+    show_default=True,
+    help="[rollout] prompts_per_call: prompt groups per generate call (a stream admits this many groups' sequences "
+    "at once); 0: each replica's share of the step, the most a replica can use (set prompts_per_call to the plan's "
+    "prompts over its rollout instances).",
 )
 @click.option("--top", type=int, default=5, show_default=True, help="Plans to show.")
 @click.option(
@@ -354,7 +355,7 @@ def plan(
             weight_fanout=weight_fanout,
             weight_fanout_degree=weight_fanout_degree,
             rollout_mode=rollout_mode or _default_rollout_mode(hw.name),
-            prompts_per_call=_default_prompts_per_call() if prompts_per_call is None else prompts_per_call,
+            prompts_per_call=prompts_per_call,
         )
         result = search(
             model, hw, wl, num_devices, eff, top_k=top, reward_model=reward_model, reward_model_devices=reward_model_devices
