@@ -52,9 +52,9 @@ def e2e(
 
     from asyncflow.actors.driver.launcher import run
     from asyncflow.bench.shared_inputs import with_shared_inputs
-    from asyncflow.core.schema import ConfigError
     from asyncflow.config.load import load_config
     from asyncflow.config.run import validate
+    from asyncflow.core.schema import ConfigError
 
     base = load_config(config_path, list(overrides))
     root = Path(out or tempfile.mkdtemp(prefix="af-e2e-"))

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import msgspec
 
+from asyncflow.config.load import load_config_text
 from asyncflow.config.run import RunConfig
 from asyncflow.planner.calibration import Efficiency
 from asyncflow.planner.cost import Workload, weight_transfer_s
@@ -41,6 +42,13 @@ from asyncflow.planner.models import PRESETS
 from asyncflow.planner.search import Plan, search
 
 MODES = ("sync", "async", "colocated")
+ROLLOUTS = ("auto", "unit", "stream")
+DEFAULT_ROLLOUT = "auto"
+"""``--rollout``: how async replicas generate. unit: one generate call per unit of
+``prompts_per_call`` groups (``workflow.partial_rollout = false``); stream: one continuous
+stream per replica (partial rollout, ``workflow.partial_rollout = true``); auto: what the
+run config's ``workflow.partial_rollout = "auto"`` takes for the twin's run
+(``RunConfig.rollout_mode_why``). Sync and colocated always run unit."""
 MODELS = ("7b", "32b")
 HARDWARE = ("910b", "h100", "a100", "h200")
 MAX_NEW_TOKENS = 64
@@ -63,6 +71,7 @@ class TwinError(ValueError):
 
 class ModePlan(msgspec.Struct, kw_only=True):
     mode: str  # "sync", "async" or "colocated"
+    rollout: str = "unit"  # "unit" or "stream" (async only: partial rollout); "auto" until plan_modes resolves it
     workflow_mode: str  # the run config's workflow.mode ("colocated" runs in sync)
     replicas: int
     rollout_tp: int
@@ -76,6 +85,7 @@ class ModePlan(msgspec.Struct, kw_only=True):
     predicted_samples_per_s: float  # modelled
     predicted_stage_s: dict[str, float]
     bottleneck: str
+    predicted_weight_s: float = math.nan  # modelled: the planner's transfer of a version to every replica
     rollout_mode: str = ""  # the planner's model of the rollout: "unit", "stream", or "step" (sync, colocated)
 
 
@@ -91,13 +101,12 @@ def emulated_mean_response(seed: int = 0, draws: int = 20000) -> float:
     return total / draws
 
 
-def workload(prompts: int, group: int, prompt_tokens: float, response_tokens: float, rollout_mode: str = "unit") -> Workload:
+def workload(prompts: int, group: int, prompt_tokens: float, response_tokens: float) -> Workload:
     """The planner's workload of the twin: its batch and group, and its emulated lengths in
-    modelled tokens (x TOKEN_SCALE, of spread RESPONSE_SIGMA). No reference (the emulated run has
-    none) and staleness 1. ``rollout_mode``: the async run config's (``RunConfig.rollout_streams``),
-    its calls a replica's share of the step (``prompts_per_call`` of ``_mode_plan``)."""
+    modelled tokens (x TOKEN_SCALE, of spread RESPONSE_SIGMA: a unit call's longest). No reference
+    (the emulated run has none) and staleness 1. Its calls are a replica's share of the step
+    (``prompts_per_call`` 0, as ``_mode_plan`` configures); ``plan_modes`` sets the rollout mode."""
     return Workload(
-        rollout_mode=rollout_mode,
         response_len_sigma=RESPONSE_SIGMA,
         prompt_len_tokens=max(1, round(prompt_tokens * TOKEN_SCALE)),
         response_len_tokens=max(1, round(response_tokens * TOKEN_SCALE)),
@@ -110,7 +119,15 @@ def workload(prompts: int, group: int, prompt_tokens: float, response_tokens: fl
 
 
 def check_flags(
-    model: str, npus: int, hardware: str, steps: int, time_scale: str, modes: str, prompts: int, group: int
+    model: str,
+    npus: int,
+    hardware: str,
+    steps: int,
+    time_scale: str,
+    modes: str,
+    prompts: int,
+    group: int,
+    rollout: str = DEFAULT_ROLLOUT,
 ) -> list[str]:
     """The modes asked for; a ``TwinError`` naming the flag and the fix for a value the twin cannot run."""
     if model not in MODELS:
@@ -138,13 +155,16 @@ def check_flags(
         )
     if prompts < 1 or group < 1:
         raise TwinError(f"--prompts {prompts} --group {group}: both must be 1 or more")
+    if rollout not in ROLLOUTS:
+        raise TwinError(f"--rollout {rollout!r}: use auto, unit or stream (how async replicas generate)")
     return list(dict.fromkeys(asked))
 
 
-def _mode_plan(mode: str, plan: Plan, prompts: int) -> ModePlan:
+def _mode_plan(mode: str, plan: Plan, prompts: int, rollout: str = DEFAULT_ROLLOUT) -> ModePlan:
     replicas = plan.rollout_instances
     return ModePlan(
         mode=mode,
+        rollout=rollout if mode == "async" else "unit",
         workflow_mode="async" if mode == "async" else "sync",
         replicas=replicas,
         rollout_tp=plan.rollout_tp,
@@ -163,10 +183,15 @@ def _mode_plan(mode: str, plan: Plan, prompts: int) -> ModePlan:
     )
 
 
-def plan_modes(model: str, hardware: str, npus: int, wl: Workload, modes: list[str]) -> dict[str, ModePlan]:
+def plan_modes(
+    model: str, hardware: str, npus: int, wl: Workload, modes: list[str], rollout: str = DEFAULT_ROLLOUT
+) -> dict[str, ModePlan]:
     """Each mode's split, as the planner makes it: async its best plan, sync its best
-    task-separated sync plan, colocated every role on all ``npus`` in turn."""
-    result = search(PRESETS[model], get_hardware(hardware), wl, npus)
+    task-separated sync plan, colocated every role on all ``npus`` in turn. Async runs
+    ``rollout`` (unit or stream; auto: what the run config's ``partial_rollout = "auto"``
+    takes for it), the others unit."""
+    hw = get_hardware(hardware)
+    result = search(PRESETS[model], hw, wl, npus)
     found = {"async": result.plans[0] if result.plans else None, "sync": result.sync, "colocated": result.colocated}
     out = {}
     for mode in modes:
@@ -174,24 +199,66 @@ def plan_modes(model: str, hardware: str, npus: int, wl: Workload, modes: list[s
         if plan is None:
             short = "; ".join(i.reason for i in result.infeasible[:2]) or "no split fits"
             raise TwinError(f"--npus {npus}: no {mode} plan of {model} on {hardware} fits ({short}); raise --npus")
-        out[mode] = _mode_plan(mode, plan, wl.prompts_per_step)
+        out[mode] = mp = _mode_plan(mode, plan, wl.prompts_per_step, rollout)
+        mp.predicted_weight_s = planner_weight_s(mp, model, hardware)
+        if mp.rollout == "auto":  # the run config's one decision point says which the run takes
+            text = config_text(mp, model, hardware, 1.0, WARMUP_STEPS + 2, wl.prompts_per_step, wl.samples_per_prompt)
+            mp.rollout = "stream" if load_config_text(text, "twin").rollout_streams else "unit"
+        if mode == "async" and mp.rollout != plan.rollout_mode:
+            # the planner models the rollout the run takes (unit calls each pay their tail): its best split for it
+            runs = search(PRESETS[model], hw, msgspec.structs.replace(wl, rollout_mode=mp.rollout), npus).plans
+            if not runs:
+                raise TwinError(
+                    f"--npus {npus}: no async plan of {model} on {hardware} fits a {mp.rollout} rollout; raise --npus"
+                )
+            out[mode] = mp = _mode_plan(mode, runs[0], wl.prompts_per_step, mp.rollout)
+            mp.predicted_weight_s = planner_weight_s(mp, model, hardware)
     return out
 
+
+_PARTIAL = {"auto": '"auto"', "unit": "false", "stream": "true"}  # workflow.partial_rollout of each --rollout
 
 EMULATED_WEIGHT_BYTES = 64 * 4
 """What one emulated version sends: the emulated engines' one 64-float tensor (``engines/emulated_model.py``,
 ``WEIGHT_ELEMENTS``, which this side of the engine boundary may not import; tests/bench/test_twin.py checks they agree)."""
 
 
-def weight_link_mb_s(mp: ModePlan, model: str, hardware: str, time_scale: float) -> float:
-    """``workflow.weight_link_mb_s`` for a mode: the rate at which the emulated version's copies, one per replica
-    over the trainer's emulated link, take the planner's weight transfer for that split (``weight_transfer_s``:
-    direct, a shard per replica over the inter-node link; colocated, one local reshard) times ``time_scale``."""
+def planner_weight_s(mp: ModePlan, model: str, hardware: str) -> float:
+    """The planner's weight transfer of a mode's split, modelled seconds (``weight_transfer_s``: direct, each
+    replica's shard of the real model's bf16 parameters over the inter-node link; colocated, one local reshard)."""
     hw = get_hardware(hardware)
     colocated = mp.mode == "colocated"
-    transfer_s = weight_transfer_s(PRESETS[model], hw, Efficiency(), mp.rollout_tp, colocated=colocated, replicas=mp.replicas)
-    link_s = max(1e-9, transfer_s - hw.collective_latency_s) * time_scale  # the latency is not a link's
+    return weight_transfer_s(PRESETS[model], hw, Efficiency(), mp.rollout_tp, colocated=colocated, replicas=mp.replicas)
+
+
+def weight_link_mb_s(mp: ModePlan, model: str, hardware: str, time_scale: float) -> float:
+    """``workflow.weight_link_mb_s`` for a mode: the rate at which the emulated version's copies, one per replica
+    over the trainer's emulated link, take the planner's weight transfer for that split (``planner_weight_s``)
+    times ``time_scale``. Every emulated copy of 256 bytes so stands for a replica's real bytes at the hardware's
+    link rate (direct fan-out, the twin's; the tree's chunk pipeline would need the real chunk count)."""
+    hw = get_hardware(hardware)
+    link_s = (
+        max(1e-9, planner_weight_s(mp, model, hardware) - hw.collective_latency_s) * time_scale
+    )  # the latency is not a link's
     return mp.replicas * EMULATED_WEIGHT_BYTES / link_s / 1e6
+
+
+def weight_time_s(trace: dict) -> list[float]:
+    """Seconds from each version's publish (the trainer's ``sync_weights`` span's start) to the last replica
+    holding it (the end of the replicas' fetch spans, ``rollout/inbox.FETCH_SPAN``, begun before the next
+    publish), in order; a version no replica fetched is left out. The weight time the planner's transfer is."""
+    from asyncflow.actors.rollout.inbox import FETCH_SPAN
+
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    publishes = sorted(e["ts"] / 1e6 for e in events if e["name"] == "sync_weights")
+    fetches = sorted((e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in events if e["name"] == FETCH_SPAN)
+    out = []
+    for i, t in enumerate(publishes):
+        until = publishes[i + 1] if i + 1 < len(publishes) else math.inf
+        ends = [end for start, end in fetches if t <= start < until]
+        if ends:
+            out.append(max(ends) - t)
+    return out
 
 
 def config_text(
@@ -210,7 +277,8 @@ def config_text(
     model_line = f"path = {json.dumps(model_path)}\n" if model_path else ""
     data_line = f"path = {json.dumps(data_path)}\n" if data_path else ""
     emulated = f'model = "{model}"\nhardware = "{hardware}"\ntime_scale = {time_scale!r}\ntoken_scale = {TOKEN_SCALE}\n'
-    return f"""# afctl twin: {mp.mode} ({mp.replicas} rollout replicas of {mp.rollout_tp} devices, trainer on {mp.train_devices})
+    head = f"{mp.mode}, rollout {mp.rollout} ({mp.replicas} rollout replicas of {mp.rollout_tp} devices, trainer on {mp.train_devices})"
+    return f"""# afctl twin: {head}
 seed = 0
 
 [model]
@@ -253,6 +321,7 @@ train_pp = {mp.train_pp}
 [workflow]
 mode = "{mp.workflow_mode}"
 staleness = {1 if mp.workflow_mode == "async" else 0}
+partial_rollout = {_PARTIAL[mp.rollout]}
 verify_weights = "error"
 weight_link_mb_s = {weight_link_mb_s(mp, model, hardware, time_scale)!r}  # the real model's transfer, times time_scale
 
@@ -381,8 +450,16 @@ def _trace_ms_per_step(trace_path: Path, steps: int) -> dict[str, float]:
     return {"weights_ms": trainer.get("activities", {}).get("sync_weights", 0.0)}
 
 
-def figures(metrics: list[dict], marks: list[dict[str, float]], time_scale: float, weights_ms: float, mp: ModePlan) -> dict:
-    """A mode's figures from its metrics lines and CPU marks, the first WARMUP_STEPS left out."""
+def figures(
+    metrics: list[dict],
+    marks: list[dict[str, float]],
+    time_scale: float,
+    weights_ms: float,
+    mp: ModePlan,
+    weight_s: list[float] | None = None,
+) -> dict:
+    """A mode's figures from its metrics lines and CPU marks, the first WARMUP_STEPS left out; ``weight_s``:
+    each version's weight time (``weight_time_s``), its first WARMUP_STEPS left out too."""
     w = min(WARMUP_STEPS, len(metrics) - 2)
     span = metrics[-1]["time_s"] - metrics[w]["time_s"]
     steps = len(metrics) - 1 - w
@@ -399,7 +476,11 @@ def figures(metrics: list[dict], marks: list[dict[str, float]], time_scale: floa
         overhead = {part: math.nan for part in ("queue", "directory", "driver")}
     overhead["weights"] = weights_ms
     fds = [m.get("driver_fds", math.nan) for m in marks]
+    kept = (weight_s or [])[WARMUP_STEPS:]
     return {
+        "rollout": mp.rollout,
+        "weight_ms": 1e3 * sum(kept) / len(kept) if kept else math.nan,
+        "predicted_weight_ms": 1e3 * time_scale * mp.predicted_weight_s,
         "driver_fds_max": max(fds) if fds else math.nan,
         "mode": mp.mode,
         "replicas": mp.replicas,
@@ -453,7 +534,14 @@ def run_mode_config(
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     if len(metrics) < WARMUP_STEPS + 2:
         raise RuntimeError(f"{mp.mode}: {len(metrics)} steps in {run_dir / 'metrics.jsonl'} (see {log})")
-    out = figures(metrics, sampler.marks, time_scale, _trace_ms_per_step(run_dir / "trace.json", len(metrics))["weights_ms"], mp)
+    from asyncflow.cli.runs import load_trace
+
+    try:
+        weight_s = weight_time_s(load_trace(run_dir / "trace.json"))
+    except (OSError, ValueError, KeyError):
+        weight_s = []
+    weights_ms = _trace_ms_per_step(run_dir / "trace.json", len(metrics))["weights_ms"]
+    out = figures(metrics, sampler.marks, time_scale, weights_ms, mp, weight_s)
     out["wall_s"] = round(time.monotonic() - started, 1)
     out["processes"] = _processes(log)
     return out
@@ -551,6 +639,7 @@ def table(rep: dict) -> list[str]:
     def row(label: str, cell) -> None:
         lines.append(f"{label:<34}" + "".join(f"{cell(res[m]):>14}" for m in modes))
 
+    row("rollout", lambda r: r.get("rollout", "unit"))
     row("rollout replicas x tp", lambda r: f"{r['replicas']} x {r['rollout_tp']}")
     row("train devices", lambda r: str(r["train_devices"]))
     row("planner's rollout model", lambda r: r.get("rollout_mode", ""))
@@ -562,6 +651,8 @@ def table(rep: dict) -> list[str]:
         row("  of the real step (per-step work)", lambda r, p=part: f"{100 * r['overhead_frac_real'][p]:.3f}%")
     row("overhead, of the real step (per-step)", lambda r: f"{100 * r['overhead_frac_real_total']:.3f}%")
     row("driver's open fds (max)", lambda r: f"{r.get('driver_fds_max', math.nan):.0f}")
+    row("weight time, ms/version (planner)", lambda r: f"{r.get('predicted_weight_ms', math.nan):.0f}")
+    row("weight time, ms/version (measured)", lambda r: f"{r.get('weight_ms', math.nan):.0f}")
     row("predicted samples/s (modelled)", lambda r: f"{r['predicted_samples_per_s']:.2f}")
     row("measured samples/s (modelled)", lambda r: f"{r['measured_samples_per_s']:.2f}")
     row("error", lambda r: f"{100 * r['error']:+.1f}%")

@@ -23,7 +23,10 @@ BENCHES = {
         "Training tokens/s, one process and two-process FSDP2; --packing: packing on vs off.",
     ),
     "e2e": ("asyncflow.bench.e2e:e2e", "A config end to end, sync vs async, side by side."),
-    "weights": ("asyncflow.bench.weights:weights", "Weight fetch bytes/s: nng chunks vs the gloo collective, side by side."),
+    "weights": (
+        "asyncflow.bench.weights:weights",
+        "Weight fetch bytes/s: nng chunks, local (/dev/shm, CUDA IPC) and the collective, side by side.",
+    ),
     "fanout": (
         "asyncflow.bench.fanout:fanout",
         "Weight fan-out to n replicas: trainer bytes and time to the last replica, direct vs relay tree.",

@@ -25,6 +25,14 @@ import click
     help="Seconds here per modelled second; auto: the predicted async step sleeps about 2 s.",
 )
 @click.option("--modes", default="sync,async,colocated", show_default=True, help="Comma list of sync, async, colocated.")
+@click.option(
+    "--rollout",
+    default="auto",
+    show_default=True,
+    help="How async replicas generate: unit (a generate call per unit), stream (partial rollout: one continuous "
+    "stream per replica) or auto (what the run config's workflow.partial_rollout = auto takes). Sync and colocated "
+    "run unit.",
+)
 @click.option("--prompts", default=256, show_default=True, help="Prompts per step (the batch).")
 @click.option("--group", default=8, show_default=True, help="Samples per prompt (the GRPO group).")
 @click.option("--out", type=click.Path(file_okay=False), help="Keep each mode's config and run directory here.")
@@ -36,6 +44,7 @@ def twin(
     steps: int,
     time_scale: str,
     modes: str,
+    rollout: str,
     prompts: int,
     group: int,
     out: str | None,
@@ -50,7 +59,7 @@ def twin(
     from asyncflow.bench import twin as tw
 
     try:
-        asked = tw.check_flags(model, npus, hardware, steps, time_scale, modes, prompts, group)
+        asked = tw.check_flags(model, npus, hardware, steps, time_scale, modes, prompts, group, rollout)
     except tw.TwinError as exc:
         raise click.UsageError(str(exc)) from None
     from asyncflow.actors.driver.launcher import quiet_progress_bars
@@ -84,11 +93,9 @@ def twin(
     quiet_progress_bars()  # before the tiny tokenizer is saved
     base = with_shared_inputs(base, root)
     prompt_tokens = mean_prompt_tokens(base, base.data.path, base.model.path)
-    # the planner models the rollout mode the async config runs (unit calls or a stream)
-    mode = "stream" if base.rollout_streams else "unit"
-    wl = tw.workload(prompts, group, prompt_tokens, tw.emulated_mean_response(), rollout_mode=mode)
+    wl = tw.workload(prompts, group, prompt_tokens, tw.emulated_mean_response())
     try:
-        plans = tw.plan_modes(model, hardware, npus, wl, asked)
+        plans = tw.plan_modes(model, hardware, npus, wl, asked, rollout)
     except tw.TwinError as exc:
         raise click.UsageError(str(exc)) from None
     except ValueError as exc:
@@ -106,7 +113,7 @@ def twin(
         cfg_path.write_text(tw.config_text(mp, model, hardware, scale, steps, prompts, group, base.model.path, base.data.path))
         load_config_text(cfg_path.read_text(), str(cfg_path))  # a config the loader refuses is this process's error
         tw.say_stderr(
-            f"[{i}/{len(asked)}] {mode}: {mp.replicas} rollout replicas (tp {mp.rollout_tp}, {mp.per_process} per process), "
+            f"[{i}/{len(asked)}] {mode} ({mp.rollout}): {mp.replicas} rollout replicas (tp {mp.rollout_tp}, {mp.per_process} per process), "
             f"trainer on {mp.train_devices} devices; predicted {mp.predicted_step_s:.1f} s/step "
             f"(here {mp.predicted_step_s * scale:.2f} s), config {cfg_path}"
         )

@@ -103,7 +103,7 @@ class RunConfig(Section):
         if not self.eval.every_steps:
             return False
         if self.eval.where == "auto":
-            return self.workflow.mode == "async" and self.workflow.weight_transport == "nng"
+            return self.workflow.mode == "async" and self.workflow.weight_transport in ("nng", "local")
         return self.eval.where == "process"
 
     @property
@@ -123,7 +123,7 @@ class RunConfig(Section):
         if engine.type in ("vllm", "vllm_ascend"):
             return False, "vLLM swaps weights inside its own generate calls"
         if engine.type == "emulated":
-            return False, "the emulated engine generates whole calls"
+            return True, "async on emulated accelerators: the stream keeps each replica full while long responses finish"
         if engine.device != "cpu":
             return True, f"async on {engine.device}: the stream keeps the engine full while long responses finish"
         return False, "async on cpu: the trainer is the long pole and the stream measured slower here"

@@ -169,7 +169,7 @@ def check_critic_fsdp(critic: CriticConfig, train: TrainConfig, algorithm: Algor
 
 
 def check_eval(eval: EvalConfig, train: TrainConfig, rollout: RolloutConfig, workflow: WorkflowConfig) -> None:
-    if eval.where == "process" and workflow.weight_transport != "nng":
+    if eval.where == "process" and workflow.weight_transport not in ("nng", "local"):  # the local sender serves nng too
         raise Refused(
             "eval.where",
             f"the evaluator fetches each version over nng; with workflow.weight_transport = {workflow.weight_transport!r} "

@@ -79,9 +79,12 @@ class WorkflowConfig(Section):
         ),
     ] = "error"
     weight_transport: Annotated[
-        Literal["nng", "collective"],
+        Literal["nng", "local", "collective"],
         Meta(
             description="How the weight bytes reach rollout replicas. nng: chunks pulled over the actor transport (host-staged). "
+            "local: the trainer writes each version once into shared memory (/dev/shm; on cuda, a buffer on its GPU shared "
+            "by a CUDA IPC handle) and a replica on its host (on cuda: its GPU) maps it and copies it into its parameters, "
+            "no chunks; a replica elsewhere fetches over nng (logged). "
             "collective: broadcast over a two-member torch.distributed group per replica (gloo on cpu, nccl on cuda, hccl "
             "on npu) into buffers on the replica's device; announcements and swap grants stay on nng. A replica whose "
             "trainer side has no such collective falls back to nng (logged)."
@@ -121,7 +124,8 @@ class WorkflowConfig(Section):
     partial_rollout: Annotated[
         bool | Literal["auto"],
         Meta(
-            description="Partial rollout, the streamed rollout (async only; the native, hf and emulated engines): a replica generates as one continuous stream that "
+            description="Partial rollout, the streamed rollout (async only; the native, hf and emulated engines): a replica "
+            "generates as one continuous stream that "
             "admits prompt groups whenever a row frees up (at most prompts_per_call x group_size sequences decode at once), "
             "and swaps in new weights between two decode steps instead "
             "of between generate calls. In-flight sequences keep their tokens and KV cache and go on with the new weights; "

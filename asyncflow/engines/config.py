@@ -225,11 +225,6 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
                 'hash the log-probs and weights a real engine computes, so set both to "emulated" or neither',
             )
         if self.type == "emulated":
-            workflow = getattr(run, "workflow", None)
-            if workflow is not None and workflow.partial_rollout is True:
-                raise Refused(
-                    "type", "the emulated engine generates whole calls, not a stream: set workflow.partial_rollout = false"
-                )
             return
         if self.kv_cache_bytes is not None and self.kv_cache_fraction is not None:
             raise Refused("kv_cache_fraction", "set kv_cache_bytes or kv_cache_fraction, not both")

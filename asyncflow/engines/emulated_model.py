@@ -29,12 +29,21 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from asyncflow.engines.base import TokenBatch
 from asyncflow.engines.config import EmulatedConfig
 from asyncflow.planner.calibration import Efficiency
-from asyncflow.planner.cost import DTYPE_BYTES, Workload, rollout_cost, train_cost, weight_swap_s
+from asyncflow.planner.cost import (
+    DTYPE_BYTES,
+    MAX_SEQS_PER_INSTANCE,
+    Workload,
+    decode_iteration_s,
+    rollout_cost,
+    train_cost,
+    weight_swap_s,
+)
 from asyncflow.planner.hardware import get_hardware
 from asyncflow.planner.models import PRESETS
 
@@ -59,6 +68,24 @@ def logp_BT(ids_BT: torch.Tensor, version: int) -> torch.Tensor:
         mix = (mix * _D) % _M
         out[:, t] = -(0.02 + 4.0 * mix.to(torch.float64) / _M)
     return out.to(torch.float32)
+
+
+def context_hash(ids: Sequence[int]) -> int:
+    """``logp_BT``'s running hash of a context: the state after feeding ``ids`` (the value
+    ``h`` has at the position after them), for ``next_logp``."""
+    h = 1
+    for t in ids:
+        h = (h * _P + t + 1) % _M
+    return h
+
+
+def next_logp(h: int, token: int, version: int) -> tuple[float, int]:
+    """``logp_BT``'s value for ``token`` after the context whose ``context_hash`` is ``h``, under
+    ``version`` (the same float32), and the hash with ``token`` fed: a stream's log-probs one
+    token at a time, each under its own version, in plain integer arithmetic."""
+    mix = (h * _A + token * _B + (version + 1) * _C) % _M
+    mix = (mix * _D) % _M
+    return float(np.float32(-(0.02 + 4.0 * mix / _M))), (h * _P + token + 1) % _M
 
 
 def version_weights(version: int) -> list[tuple[str, torch.Tensor]]:
@@ -123,6 +150,53 @@ class Timing:
         if not cost.feasible:
             raise ValueError(f"emulated rollout: {cost.reason}; raise rollout.engine.emulated.rollout_tp")
         return (cost.time_s + cost.tail_s) * self.cfg.time_scale
+
+    def prefill_s(self, prompt_lens: Sequence[int]) -> float:
+        """A stream's admission of these sequences (one per sample, each its prompt's length):
+        the planner's prefill (``rollout_cost``: 2P FLOPs per prompt token over ``rollout_tp``
+        devices, the per-layer and per-call overheads of one prefill, the per-sequence one)."""
+        if not prompt_lens:
+            return 0.0
+        eff, hw, tp = self.efficiency, self.hardware, self.cfg.rollout_tp
+        flops = sum(self.model.prefill_flops(self._tokens(n)) for n in prompt_lens) / tp
+        seconds = flops / (hw.peak_bf16_flops * eff.prefill_flops)
+        seconds += self.model.num_layers * eff.prefill_overhead_s_per_layer + eff.generate_overhead_s
+        seconds += len(prompt_lens) * eff.generate_overhead_s_per_seq
+        return seconds * self.cfg.time_scale
+
+    def decode_s(self, batch: int, mean_context: float) -> float:
+        """A stream's decode step of ``batch`` sequences at a mean context of ``mean_context``
+        emulated tokens: an emulated token stands for ``token_scale`` modelled ones, so the
+        step is that many of the planner's decode iterations (``decode_iteration_s``)."""
+        if batch < 1:
+            return 0.0
+        tp, context = self.cfg.rollout_tp, mean_context * self.cfg.token_scale
+        iteration = decode_iteration_s(self.model, self.hardware, self.efficiency, tp, batch, context)
+        return self.cfg.token_scale * iteration * self.cfg.time_scale
+
+    def mean_response(self, max_new_tokens: int) -> float:
+        """The mean of ``response_length``'s log-normal (the cap ignored), at most ``max_new_tokens``."""
+        median = max(1.0, self.cfg.response_median_fraction * max_new_tokens)
+        return min(float(max_new_tokens), median * math.exp(self.cfg.response_sigma**2 / 2))
+
+    def max_running(self, prompt_len: int, max_new_tokens: int) -> int:
+        """Sequences one replica decodes at once: the planner's batch (``rollout_cost``): what
+        the KV cache beside the weights holds of sequences of the mean length, at most
+        ``MAX_SEQS_PER_INSTANCE``."""
+        response = self.mean_response(max_new_tokens)
+        wl = Workload(
+            prompt_len_tokens=self._tokens(prompt_len),
+            response_len_tokens=self._tokens(response),
+            max_response_len_tokens=self._tokens(max_new_tokens),
+            prompts_per_step=MAX_SEQS_PER_INSTANCE,
+            samples_per_prompt=1,
+            use_reference=False,
+        )
+        tp = self.cfg.rollout_tp
+        cost = rollout_cost(self.model, self.hardware, self.efficiency, wl, devices=tp, tp=tp)
+        if not cost.feasible:
+            raise ValueError(f"emulated rollout: {cost.reason}; raise rollout.engine.emulated.rollout_tp")
+        return cost.batch_per_instance
 
     def lengths(self, batch: TokenBatch) -> tuple[int, int]:
         """(mean prompt, mean response) tokens of a training batch's rows, as modelled."""

@@ -341,3 +341,18 @@ def test_a_swap_moves_the_engines_version_and_the_digest_a_generate_stamps_toget
     # when the swap lets go of the lock, a generate (the gateway's) reads version 1 and must read v1's digest with it
     version, digest, held = seen[-1]
     assert version == 1 and digest == held, (version, hex(digest), hex(held))
+
+
+def test_each_staged_fetch_is_reported_with_its_start_and_duration_before_anyone_is_woken(setup):
+    make, engine, receiver, _, _ = setup
+    inbox = make()
+    reported: list[tuple[float, float, int]] = []
+    inbox.on_fetched = lambda start, seconds: reported.append((start, seconds, inbox.wanted))
+    inbox.announce(ready(1))
+    assert receiver.started.acquire(timeout=10)
+    assert reported == []  # not while the weights travel
+    receiver.release[0].set()
+    assert inbox.wait_fetched(10)
+    assert len(reported) == 1 and reported[0][1] >= 0 and reported[0][2] == 1  # reported by the time it is staged
+    inbox.swap_to(1)
+    assert engine.version == 1 and len(reported) == 1  # a swap is not a fetch

@@ -141,8 +141,68 @@ def test_the_mean_response_the_planner_is_given_is_the_emulated_rollouts():
 def test_afctl_lists_twin_and_its_help_names_every_flag():
     assert "  twin " in CliRunner().invoke(main, ["--help"]).output
     text = CliRunner().invoke(main, ["twin", "--help"]).output
-    for flag in ("--model", "--npus", "--hardware", "--steps", "--time-scale", "--modes", "--json"):
+    for flag in ("--model", "--npus", "--hardware", "--steps", "--time-scale", "--modes", "--rollout", "--json"):
         assert flag in text, text
+
+
+def test_a_bad_rollout_flag_is_refused_naming_the_flag_and_the_fix():
+    with pytest.raises(tw.TwinError, match=r"--rollout 'partial'.*unit or stream"):
+        tw.check_flags("7b", 32, "910b", 6, "auto", "async", 256, 8, rollout="partial")
+    assert tw.check_flags("7b", 32, "910b", 6, "auto", "async", 256, 8, rollout="stream") == ["async"]
+
+
+@pytest.mark.parametrize("rollout, runs", [("unit", "unit"), ("stream", "stream"), ("auto", "stream")])
+def test_async_runs_the_rollout_asked_for_and_sync_and_colocated_stay_unit(rollout, runs):
+    # auto: what the run config's partial_rollout = "auto" takes for emulated async replicas (they stream)
+    plans = tw.plan_modes("32b", "910b", 512, WL, ["sync", "async", "colocated"], rollout=rollout)
+    assert plans["async"].rollout == runs and plans["sync"].rollout == plans["colocated"].rollout == "unit"
+    for mode, mp in plans.items():
+        text = tw.config_text(mp, "32b", "910b", 1e-2, 6, 256, 8)
+        assert f"rollout {mp.rollout}" in text.splitlines()[0]  # the config says which it runs
+        cfg = load_config_text(text, "twin")
+        assert cfg.rollout_streams == (mode == "async" and runs == "stream")
+    assert tw.DEFAULT_ROLLOUT == "auto"
+
+
+def _trace(publish_starts, fetches):
+    """A trace.json of a trainer's sync_weights spans and replicas' fetch spans (start, seconds)."""
+    from asyncflow.actors.rollout.inbox import FETCH_SPAN
+
+    events = [
+        {"ph": "X", "name": "sync_weights", "cat": "busy", "ts": t * 1e6, "dur": 1e3, "pid": 1, "tid": 0} for t in publish_starts
+    ]
+    events += [
+        {"ph": "X", "name": FETCH_SPAN, "cat": "phase", "ts": t * 1e6, "dur": d * 1e6, "pid": 2 + i % 3, "tid": 1}
+        for i, (t, d) in enumerate(fetches)
+    ]
+    return {"traceEvents": events}
+
+
+def test_the_weight_time_of_a_version_is_from_its_publish_to_the_last_replica_holding_it():
+    # versions published at 10, 20, 30, 40; the first WARMUP_STEPS left out; the last replica has v3 at 30 + 0.9
+    fetches = [(10.1, 0.2), (10.2, 0.5), (20.05, 0.3), (20.1, 0.6), (30.2, 0.4), (30.3, 0.6), (40.1, 0.1), (40.1, 0.3)]
+    got = tw.weight_time_s(_trace([10.0, 20.0, 30.0, 40.0], fetches))
+    assert got == pytest.approx([0.7, 0.7, 0.9, 0.4])
+    assert tw.weight_time_s(_trace([10.0], [])) == []  # no replica fetched: nothing to report
+    mp = tw.plan_modes("32b", "910b", 512, WL, ["async"])["async"]
+    f = tw.figures([{"time_s": t, "samples": 1.0} for t in (1.0, 2.0, 3.0, 4.0, 5.0)], [], 0.01, 4.0, mp, weight_s=got)
+    assert f["weight_ms"] == pytest.approx(1e3 * (0.9 + 0.4) / 2)  # the versions after the warm-up
+    assert f["predicted_weight_ms"] == pytest.approx(1e3 * 0.01 * tw.planner_weight_s(mp, "32b", "910b"))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "colocated"])
+def test_the_emulated_links_time_for_every_replicas_copy_is_the_planners_transfer_within_15_percent(mode):
+    from asyncflow.actors.weights._link import EmulatedLink
+
+    mp = tw.plan_modes("32b", "910b", 512, WL, [mode])[mode]
+    scale = 1e-2
+    cfg = load_config_text(tw.config_text(mp, "32b", "910b", scale, 6, 256, 8), "twin")
+    now = [0.0]
+    link = EmulatedLink(cfg.workflow.weight_link_mb_s, clock=lambda: now[0])
+    # every replica asks for its copy at the publish: the last leaves after all of them
+    last_s = max(link.delay_s(tw.EMULATED_WEIGHT_BYTES) for _ in range(mp.replicas))
+    planner_s = tw.planner_weight_s(mp, "32b", "910b") * scale
+    assert last_s == pytest.approx(planner_s, rel=0.15)
 
 
 def test_figures_state_the_overhead_against_the_real_uncompressed_step():
@@ -158,15 +218,16 @@ def test_figures_state_the_overhead_against_the_real_uncompressed_step():
     assert "of the real step" in lines
 
 
-def test_the_twins_async_prediction_models_the_rollout_mode_its_config_runs():
-    probe = tw.plan_modes("7b", "910b", 256, WL, ["async"])["async"]
-    cfg = load_config_text(tw.config_text(probe, "7b", "910b", 0.01, 6, 256, 8), "twin")
-    mode = "stream" if cfg.rollout_streams else "unit"
-    wl = tw.workload(256, 8, 6.0, 16.0, rollout_mode=mode)
-    assert wl.response_len_sigma == tw.RESPONSE_SIGMA  # the emulated lengths' spread: a call's longest
-    a = tw.plan_modes("7b", "910b", 256, wl, ["async"])["async"]
-    assert a.rollout_mode == mode
-    unit = tw.plan_modes("7b", "910b", 256, tw.workload(256, 8, 6.0, 16.0, rollout_mode="unit"), ["async"])["async"]
-    stream = tw.plan_modes("7b", "910b", 256, tw.workload(256, 8, 6.0, 16.0, rollout_mode="stream"), ["async"])["async"]
-    # each replica's call waits for its longest response: slower than a stream on the same workload
-    assert unit.predicted_samples_per_s < stream.predicted_samples_per_s
+@pytest.mark.parametrize("rollout", ["unit", "stream", "auto"])
+def test_the_twins_async_prediction_models_the_rollout_its_config_runs(rollout):
+    assert WL.response_len_sigma == tw.RESPONSE_SIGMA  # the emulated lengths' spread: a unit call's longest
+    a = tw.plan_modes("32b", "910b", 512, WL, ["async"], rollout=rollout)["async"]
+    cfg = load_config_text(tw.config_text(a, "32b", "910b", 0.01, 6, 256, 8), "twin")
+    assert a.rollout_mode == ("stream" if cfg.rollout_streams else "unit") == a.rollout
+
+
+def test_a_unit_rollout_is_predicted_slower_than_a_stream_on_the_same_workload():
+    unit = tw.plan_modes("32b", "910b", 512, WL, ["async"], rollout="unit")["async"]
+    stream = tw.plan_modes("32b", "910b", 512, WL, ["async"], rollout="stream")["async"]
+    # each replica's call waits for its longest response
+    assert unit.predicted_samples_per_s < 0.8 * stream.predicted_samples_per_s

@@ -181,7 +181,6 @@ BOTH = '[rollout.engine]\ntype = "emulated"\n[train.engine]\ntype = "emulated"\n
 @pytest.mark.parametrize(
     ("extra", "key"),
     [
-        ("[workflow]\npartial_rollout = true\n", r"rollout\.engine\.type.*partial_rollout = false"),
         ("[workflow]\nstream_step = true\n", r"train\.engine\.type.*stream_step = false"),
         ("[train.engine.emulated]\nhardware = 'h100'\n", r"train\.engine\.emulated\.hardware"),
         ("[cluster]\nactors_per_process = 4\n[planner]\nonline = true\n", r"cluster\.actors_per_process.*planner\.online"),

@@ -274,7 +274,7 @@ def test_nccl_moves_the_tensor_set_into_the_replicas_gpu_memory(tmp_path):
 
 
 @pytest.mark.timeout(90)
-def test_afctl_bench_weights_prints_both_transports_side_by_side():
+def test_afctl_bench_weights_prints_the_transports_side_by_side():
     from click.testing import CliRunner
 
     from asyncflow.cli.main import main
@@ -284,5 +284,5 @@ def test_afctl_bench_weights_prints_both_transports_side_by_side():
     )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output.strip().splitlines()[-1])["rows"]
-    assert [r["transport"] for r in rows] == ["nng", "collective (gloo)"]
-    assert all(r["bytes"] == 2 << 20 and r["tensors"] == 4 and r["gb_per_s"] > 0 for r in rows)
+    assert [r["transport"] for r in rows] == ["nng", "local (shm)", "collective (gloo)"]
+    assert all(r["bytes"] == 2 << 20 and r["tensors"] == 4 and r["gb_per_s"] > 0 and r["loaded_gb_per_s"] > 0 for r in rows)

@@ -21,7 +21,8 @@ background fetch of the new weights into a host buffer while generation goes on 
 the old ones; the swap onto the device happens between units (``AcquireSwap`` first:
 with sub-step updates, replicas swap one at a time). How the bytes travel is the
 business of a ``WeightReceiver`` (``actors/weights/``), chosen once from
-``[workflow] weight_transport``: nng chunks, or a per-replica torch.distributed group.
+``[workflow] weight_transport``: nng chunks, a per-replica torch.distributed group, or the
+trainer's version mapped from shared memory (or a CUDA IPC handle) on its host.
 
 Version integrity (``workflow.verify_weights``): every row is stamped with the
 weights digest (``engines/digest.py``) of the weights that generated it: the
@@ -50,7 +51,7 @@ import threading
 
 import msgspec
 
-from asyncflow.actors.rollout.inbox import WeightInbox
+from asyncflow.actors.rollout.inbox import FETCH_SPAN, WeightInbox
 from asyncflow.actors.rollout.serve import ServeOnly
 from asyncflow.actors.rollout.stream import PartialRollout
 from asyncflow.actors.rollout.unit import UnitRollout
@@ -131,6 +132,7 @@ class RolloutActor(LoopActor):
             timeout_s=cfg.workflow.weight_timeout_s,
             activity=self.activity,
         )
+        self.inbox.on_fetched = self._fetched_span
         self.gateway = serve_for_replica(
             cfg.rollout.gateway,
             roles.index_of(ctx.name),
@@ -205,6 +207,12 @@ class RolloutActor(LoopActor):
         the gateway's sessions ([rollout.gateway] train) has no such task and nothing waits."""
         if not self.run.config.data_from_gateway:
             self.tq.wake(names.TASK_ROLLOUT)
+
+    def _fetched_span(self, start: float, seconds: float) -> None:
+        """A weight fetch staged (the fetch thread): a span of the trace (inbox.FETCH_SPAN)."""
+        tracer = self.clock.tracer
+        if tracer is not None:
+            tracer.span(self.ctx.name, FETCH_SPAN, start, seconds)
 
     def count_decode(self, stats) -> None:
         """Add a native engine's decode figures (``SchedulerStats``) of one generate call."""

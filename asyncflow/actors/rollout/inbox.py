@@ -50,6 +50,10 @@ from asyncflow.engines.digest import weights_digest
 
 log = logging.getLogger(__name__)
 
+FETCH_SPAN = "background/fetch_weights"
+"""The trace's span of a replica's weight fetch, from the fetch's start to its weights staged: a
+phase-like span (``activity/phase``), so it is drawn and read (``afctl twin``'s weight time)
+but counted neither busy nor waiting."""
 CATCH_UP_RETRY_S = 2.0
 """How often a (re)started replica asks the ``weights`` actor again for the newest version
 when its first ask got no answer (``WeightInbox.catch_up``)."""
@@ -109,6 +113,9 @@ class WeightInbox:
         self._closed = threading.Event()  # ends a catch-up still asking in the background
         self.digest = (engine.weights_digest() or 0) if verify else 0
         """Digest of the weights the engine holds (0: not verified)."""
+        self.on_fetched: Callable[[float, float], None] | None = None
+        """Called (fetch thread) with each staged fetch's start (monotonic) and seconds: the replica
+        traces it as the span ``FETCH_SPAN``, outside its time accounting (the fetch overlaps generation)."""
 
     @property
     def version(self) -> int:
@@ -151,6 +158,7 @@ class WeightInbox:
                     self._fetching = False
                     return
                 announced = self._announcement if self._announcement and self._announcement.version == target else None
+            start = time.monotonic()
             try:
                 version, tensors = self.receiver.fetch(self.weights_ref(), announced=announced)
             except Exception as exc:  # a failed fetch is retried at the next want
@@ -166,6 +174,8 @@ class WeightInbox:
                 digest = weights_digest(tensors, self.dtype) if self.verify else 0
             with self._lock:
                 self._staged = (version, tensors, digest)
+            if self.on_fetched is not None:
+                self.on_fetched(start, time.monotonic() - start)
             self._fetched.set()
 
     def catch_up(

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class Replica(Protocol):
     ctx: ActorContext
     run: Run
-    engine: Any  # a RolloutEngine (the stream needs one with open_stream: the native engine)
+    engine: Any  # a RolloutEngine (the stream needs one with open_stream: native, hf or emulated)
     engine_lock: threading.Lock  # held around every generate call and swap (the gateway shares the engine)
     params: SamplingParams
     tq: TQClient

@@ -12,6 +12,10 @@ weight_transport`` by ``build_sender`` / ``build_receiver``:
 
 - ``nng`` (``nng.py``): the replica pulls chunks (``GetWeightChunk``) over the actor
   transport.
+- ``local`` (``local.py``): a replica on the trainer's host maps the version the
+  sender wrote once into shared memory (/dev/shm; on CUDA, a CUDA IPC handle of a
+  buffer on the trainer's GPU) and loads it from there; a replica elsewhere fetches
+  over nng (logged), the local sender being an nng sender too.
 - ``collective`` (``collective.py``): the bytes are broadcast over a two-member
   torch.distributed group per replica (gloo/nccl/hccl by the replica's device);
   control (``StreamWeights``) stays on nng. Its sender also serves nng chunks, and its
@@ -29,8 +33,7 @@ actor beside it; the ``weights`` actor names each replica's sources in its
 announcement).
 
 Future transports plug in here, as one sender and one receiver each plus a line in
-the two factories: CUDA IPC (same-node replicas map the trainer's device buffers),
-vLLM's NCCL weight-transfer engine (the weights actor as rank 0 of vLLM's group with
+the two factories: vLLM's NCCL weight-transfer engine (the weights actor as rank 0 of vLLM's group with
 the replica's workers: the engine receives into its own parameters, so receiving is
 loading, which suits partial rollout only), delta sync (only the tensors, or the
 bytes, that changed since the replica's version). The vLLM engine's hop from the
@@ -58,16 +61,25 @@ log = logging.getLogger(__name__)
 __all__ = ["WeightReceiver", "WeightSender", "build_receiver", "build_sender", "relay_name", "tree_levels", "tree_sources"]
 
 
-def build_sender(transport: str, ctx, chunk_bytes: int, timeout_s: float) -> WeightSender:
+def build_sender(transport: str, ctx, chunk_bytes: int, timeout_s: float, run_dir: str = "", device: str = "cpu") -> WeightSender:
     """The trainer's side of ``transport`` (``[workflow] weight_transport``) for the
-    actor of ``ctx``; ``timeout_s`` bounds each transfer step."""
+    actor of ``ctx``; ``timeout_s`` bounds each transfer step. ``local``: ``run_dir``
+    names its files, ``device`` (``cluster.device``) says where it publishes (cuda:
+    this process's current GPU, where it has one)."""
     if transport == "nng":
         return NngSender(chunk_bytes)
+    if transport == "local":
+        import torch
+
+        from asyncflow.actors.weights.local import LocalSender
+
+        on = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" and torch.cuda.is_available() else None
+        return LocalSender(ctx.directory, chunk_bytes, run_dir or ctx.name, device=on)
     if transport == "collective":
         from asyncflow.actors.weights.collective import CollectiveSender  # torch.distributed: only where used
 
         return CollectiveSender(ctx.directory, ctx.transport, chunk_bytes, timeout_s)
-    raise ValueError(f"unknown weight transport {transport!r}: use 'nng' or 'collective'")
+    raise ValueError(f"unknown weight transport {transport!r}: use 'nng', 'local' or 'collective'")
 
 
 def build_receiver(
@@ -95,8 +107,8 @@ def build_receiver(
         return TreeReceiver(ctx, timeout_s, link_mb_s=link_mb_s)
     if transport == "nng":
         return NngReceiver(timeout_s)
-    if transport != "collective":
-        raise ValueError(f"unknown weight transport {transport!r}: use 'nng' or 'collective'")
+    if transport not in ("local", "collective"):
+        raise ValueError(f"unknown weight transport {transport!r}: use 'nng', 'local' or 'collective'")
     import torch
 
     from asyncflow.actors.weights.collective import CollectiveReceiver
@@ -104,6 +116,10 @@ def build_receiver(
     on = getattr(engine, "device", None)
     if not isinstance(on, torch.device):
         on = torch.device(device or "cpu")
+    if transport == "local":
+        from asyncflow.actors.weights.local import LocalReceiver
+
+        return LocalReceiver(ctx.directory, ctx.name, on, timeout_s=timeout_s)
     try:
         return CollectiveReceiver(ctx.directory, ctx.transport, ctx.name, on, timeout_s=timeout_s)
     except (RuntimeError, ValueError) as exc:  # e.g. npu without torch_npu

@@ -81,13 +81,21 @@ class WeightSyncActor(Actor):
 
     def __init__(self, ctx, run_dir: str, replicas: list[str], chunk_bytes: int = CHUNK_BYTES):
         super().__init__(ctx)
-        workflow = Run(run_dir).config.workflow
+        config = Run(run_dir).config
+        workflow = config.workflow
         self.link = EmulatedLink.of(workflow.weight_link_mb_s)  # emulation only (weights/_link.py); None: no link
         self.replicas = list(replicas)  # the roster's last answer (the replicas at start until the first)
         self._roster_failed = False  # warned once that the roster does not answer
         self.substep = workflow.substep_updates
         self.fanout, self.fanout_degree = workflow.weight_fanout, workflow.weight_fanout_degree
-        self.sender = build_sender(workflow.weight_transport, ctx, chunk_bytes, workflow.weight_timeout_s)
+        self.sender = build_sender(
+            workflow.weight_transport,
+            ctx,
+            chunk_bytes,
+            workflow.weight_timeout_s,
+            run_dir=run_dir,
+            device=config.cluster.device,
+        )
         self._holder: str | None = None
         self._swap_queue: deque = deque()
         self._announcers: ThreadPoolExecutor | None = None  # made at the first announcement to several replicas
