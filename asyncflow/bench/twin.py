@@ -86,6 +86,7 @@ class ModePlan(msgspec.Struct, kw_only=True):
     predicted_stage_s: dict[str, float]
     bottleneck: str
     predicted_weight_s: float = math.nan  # modelled: the planner's transfer of a version to every replica
+    rollout_mode: str = ""  # the planner's model of the rollout: "unit", "stream", or "step" (sync, colocated)
 
 
 def emulated_mean_response(seed: int = 0, draws: int = 20000) -> float:
@@ -102,8 +103,11 @@ def emulated_mean_response(seed: int = 0, draws: int = 20000) -> float:
 
 def workload(prompts: int, group: int, prompt_tokens: float, response_tokens: float) -> Workload:
     """The planner's workload of the twin: its batch and group, and its emulated lengths in
-    modelled tokens (x TOKEN_SCALE). No reference (the emulated run has none) and staleness 1."""
+    modelled tokens (x TOKEN_SCALE, of spread RESPONSE_SIGMA: a unit call's longest). No reference
+    (the emulated run has none) and staleness 1. Its calls are a replica's share of the step
+    (``prompts_per_call`` 0, as ``_mode_plan`` configures); ``plan_modes`` sets the rollout mode."""
     return Workload(
+        response_len_sigma=RESPONSE_SIGMA,
         prompt_len_tokens=max(1, round(prompt_tokens * TOKEN_SCALE)),
         response_len_tokens=max(1, round(response_tokens * TOKEN_SCALE)),
         max_response_len_tokens=MAX_NEW_TOKENS * TOKEN_SCALE,
@@ -175,6 +179,7 @@ def _mode_plan(mode: str, plan: Plan, prompts: int, rollout: str = DEFAULT_ROLLO
         predicted_samples_per_s=plan.predicted_samples_per_s,
         predicted_stage_s=dict(plan.stage_s),
         bottleneck=plan.bottleneck,
+        rollout_mode=plan.rollout_mode,
     )
 
 
@@ -185,7 +190,8 @@ def plan_modes(
     task-separated sync plan, colocated every role on all ``npus`` in turn. Async runs
     ``rollout`` (unit or stream; auto: what the run config's ``partial_rollout = "auto"``
     takes for it), the others unit."""
-    result = search(PRESETS[model], get_hardware(hardware), wl, npus)
+    hw = get_hardware(hardware)
+    result = search(PRESETS[model], hw, wl, npus)
     found = {"async": result.plans[0] if result.plans else None, "sync": result.sync, "colocated": result.colocated}
     out = {}
     for mode in modes:
@@ -198,6 +204,15 @@ def plan_modes(
         if mp.rollout == "auto":  # the run config's one decision point says which the run takes
             text = config_text(mp, model, hardware, 1.0, WARMUP_STEPS + 2, wl.prompts_per_step, wl.samples_per_prompt)
             mp.rollout = "stream" if load_config_text(text, "twin").rollout_streams else "unit"
+        if mode == "async" and mp.rollout != plan.rollout_mode:
+            # the planner models the rollout the run takes (unit calls each pay their tail): its best split for it
+            runs = search(PRESETS[model], hw, msgspec.structs.replace(wl, rollout_mode=mp.rollout), npus).plans
+            if not runs:
+                raise TwinError(
+                    f"--npus {npus}: no async plan of {model} on {hardware} fits a {mp.rollout} rollout; raise --npus"
+                )
+            out[mode] = mp = _mode_plan(mode, runs[0], wl.prompts_per_step, mp.rollout)
+            mp.predicted_weight_s = planner_weight_s(mp, model, hardware)
     return out
 
 
@@ -477,6 +492,14 @@ def figures(
         "measured_step_ms": step_s * 1e3,
         "overhead_ms": overhead,
         "overhead_frac": {k: v / emulated_ms for k, v in overhead.items()},
+        # the same CPU against the real, uncompressed step the plan stands for (its predicted modelled seconds):
+        # the framework's share at full scale of its work done once per step. Work driven by the clock (polls,
+        # heartbeats) costs per second, so at full scale it is paid over the whole real step: two runs at two
+        # time_scales separate the two (docs/scale.md, "Overhead at full scale")
+        "real_step_ms": mp.predicted_step_s * 1e3,
+        "overhead_frac_real": {k: v / (mp.predicted_step_s * 1e3) for k, v in overhead.items()},
+        "overhead_frac_real_total": sum(v for v in overhead.values() if not math.isnan(v)) / (mp.predicted_step_s * 1e3),
+        "rollout_mode": mp.rollout_mode,
         "predicted_samples_per_s": mp.predicted_samples_per_s,
         "measured_samples_per_s": measured,
         "error": measured / mp.predicted_samples_per_s - 1,
@@ -619,11 +642,14 @@ def table(rep: dict) -> list[str]:
     row("rollout", lambda r: r.get("rollout", "unit"))
     row("rollout replicas x tp", lambda r: f"{r['replicas']} x {r['rollout_tp']}")
     row("train devices", lambda r: str(r["train_devices"]))
+    row("planner's rollout model", lambda r: r.get("rollout_mode", ""))
     row("emulated step, ms (planner)", lambda r: f"{r['emulated_step_ms']:.0f}")
     row("measured step, ms", lambda r: f"{r['measured_step_ms']:.0f}")
     for part in ("queue", "weights", "directory", "driver"):
         row(f"overhead {part}, ms/step", lambda r, p=part: f"{r['overhead_ms'][p]:.1f}")
         row("  of the emulated step", lambda r, p=part: f"{100 * r['overhead_frac'][p]:.2f}%")
+        row("  of the real step (per-step work)", lambda r, p=part: f"{100 * r['overhead_frac_real'][p]:.3f}%")
+    row("overhead, of the real step (per-step)", lambda r: f"{100 * r['overhead_frac_real_total']:.3f}%")
     row("driver's open fds (max)", lambda r: f"{r.get('driver_fds_max', math.nan):.0f}")
     row("weight time, ms/version (planner)", lambda r: f"{r.get('predicted_weight_ms', math.nan):.0f}")
     row("weight time, ms/version (measured)", lambda r: f"{r.get('weight_ms', math.nan):.0f}")
@@ -638,6 +664,9 @@ def table(rep: dict) -> list[str]:
             )
     lines.append(
         "overheads: queue = CPU of the queue host and shards; weights = the trainer's sync_weights (export, digest, "
-        "publish); directory = its threads' CPU; driver = the rest of the driver process's CPU"
+        "publish); directory = its threads' CPU; driver = the rest of the driver process's CPU. Of the real step: "
+        "the same CPU ms against the planner's uncompressed step (modelled seconds), right for work done once per "
+        "step; work driven by the clock (polls, heartbeats) is paid per second at full scale: rerun at another "
+        "--time-scale to separate the two (docs/scale.md, 'Overhead at full scale')"
     )
     return lines

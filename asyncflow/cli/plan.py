@@ -100,6 +100,44 @@ def _why_larger_tp(model, hw, eff, wl, best) -> str:
     )
 
 
+def _default_rollout_mode(hardware: str) -> str:
+    """The rollout mode an async run config gets by default on ``hardware``'s devices
+    (``RunConfig.rollout_streams``, its ``workflow.partial_rollout`` default resolved)."""
+    import msgspec
+
+    from asyncflow.config.run import RunConfig
+
+    cfg = RunConfig()
+    device = "cpu" if hardware == "cpu" else "npu" if hardware == "910b" else "cuda"
+    engine = msgspec.structs.replace(cfg.rollout.engine, device=device)
+    cfg = msgspec.structs.replace(cfg, rollout=msgspec.structs.replace(cfg.rollout, engine=engine))
+    return "stream" if cfg.rollout_streams else "unit"
+
+
+def _mode_line(wl, best, other) -> str:
+    """Which rollout mode the async plans assume (and the prompts_per_call that gives the best
+    plan's calls), and what the other mode would give."""
+    n = wl.prompts_per_call or max(1, wl.prompts_per_step // best.rollout_instances)
+    groups = f"{n} prompt group{'s' if n != 1 else ''}"
+    share = "" if wl.prompts_per_call else f", each replica's share: rollout.prompts_per_call = {n}"
+    what = (
+        f"generate calls of {groups}{share}, each running to its longest response "
+        "([workflow] partial_rollout = false, or auto on a cpu)"
+        if wl.rollout_mode == "unit"
+        else f"one continuous stream per replica admitting {groups} at once{share} "
+        "([workflow] partial_rollout = true, or auto on an accelerator)"
+    )
+    line = f"rollout: {wl.rollout_mode}, {what}"
+    if other is not None:
+        name = "a stream" if other.rollout_mode == "stream" else "unit calls"
+        line += (
+            f"; {name} would give {_sig(other.predicted_samples_per_s)} samples/s "
+            f"({other.predicted_samples_per_s / best.predicted_samples_per_s:.2f}x) on its best split "
+            f"(--rollout {other.rollout_mode})"
+        )
+    return line
+
+
 @click.command()
 @click.option(
     "--model",
@@ -173,6 +211,25 @@ def _why_larger_tp(model, hw, eff, wl, best) -> str:
 @click.option(
     "--weight-fanout-degree", type=click.IntRange(1, 64), default=2, show_default=True, help="Children per node of the tree."
 )
+@click.option(
+    "--rollout",
+    "rollout_mode",
+    type=click.Choice(["unit", "stream"]),
+    help="How an async replica generates: unit, generate calls of --prompts-per-call groups that each run to their "
+    "longest response ([workflow] partial_rollout = false); stream, one continuous batch that new groups join as rows "
+    "free ([workflow] partial_rollout = true). Default: what a run config's partial_rollout = auto picks on "
+    "--hardware (a stream on an accelerator, unit calls on a cpu). The other mode's "
+    "prediction is printed too.",
+)
+@click.option(
+    "--prompts-per-call",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="[rollout] prompts_per_call: prompt groups per generate call (a stream admits this many groups' sequences "
+    "at once); 0: each replica's share of the step, the most a replica can use (set prompts_per_call to the plan's "
+    "prompts over its rollout instances).",
+)
 @click.option("--top", type=int, default=5, show_default=True, help="Plans to show.")
 @click.option(
     "--profile", "profile_path", type=click.Path(dir_okay=False), help="Calibrated efficiency factors from `afctl profile`."
@@ -216,6 +273,8 @@ def plan(
     lora_train_norms,
     weight_fanout,
     weight_fanout_degree,
+    rollout_mode,
+    prompts_per_call,
     top,
     profile_path,
     as_json,
@@ -295,12 +354,26 @@ def plan(
             lora=lora,
             weight_fanout=weight_fanout,
             weight_fanout_degree=weight_fanout_degree,
+            rollout_mode=rollout_mode or _default_rollout_mode(hw.name),
+            prompts_per_call=prompts_per_call,
         )
         result = search(
             model, hw, wl, num_devices, eff, top_k=top, reward_model=reward_model, reward_model_devices=reward_model_devices
         )
+        other_mode = "unit" if wl.rollout_mode == "stream" else "stream"
+        other_result = search(
+            model,
+            hw,
+            msgspec.structs.replace(wl, rollout_mode=other_mode),
+            num_devices,
+            eff,
+            top_k=1,
+            reward_model=reward_model,
+            reward_model_devices=reward_model_devices,
+        )
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
+    other_best = other_result.plans[0] if other_result.plans else None
 
     sync = best_sync(result)
     gain = speedup(result)
@@ -321,6 +394,17 @@ def plan(
             "sync": result.sync,
             "colocated": result.colocated,
             "predicted_async_speedup": gain,
+            "rollout_mode": wl.rollout_mode,
+            "other_rollout_mode": (
+                {
+                    "rollout_mode": other_mode,
+                    "predicted_step_s": other_best.predicted_step_s,
+                    "predicted_samples_per_s": other_best.predicted_samples_per_s,
+                    "predicted_async_speedup": speedup(other_result),
+                }
+                if other_best is not None
+                else None
+            ),
             "infeasible": result.infeasible,
             "num_splits": result.num_splits,
             "num_infeasible_splits": result.num_infeasible_splits,
@@ -360,6 +444,7 @@ def plan(
         raise click.ClickException("use more devices, a smaller model, or a shorter --max-response-len")
     for line in _table(result.plans):
         click.echo(line)
+    click.echo(_mode_line(wl, result.plans[0], other_best))
     why_tp = _why_larger_tp(model, hw, eff, wl, result.plans[0])
     if why_tp:
         click.echo(why_tp)

@@ -223,6 +223,16 @@ def run_predict(
             f"contention x{p['contention']['rollout']:.2f}/x{p['contention']['train']:.2f}; "
             f"without the workflow's mechanics {p['analytical_step_s']:.3f} s]"
         )
+    o = pred["other_rollout_mode"]
+    how = (
+        "workflow.partial_rollout: one stream, rows refilled as they free"
+        if pred["rollout_mode"] == "stream"
+        else "generate calls, each waiting for its longest response"
+    )
+    click.echo(
+        f"  async assumes the config's rollout mode, {pred['rollout_mode']} ({how}); {o['rollout_mode']} would give "
+        f"{o['predicted_step_s']:.3f} s/step, {o['predicted_samples_per_s']:.1f} samples/s"
+    )
     if measured:
         for mode, m in measured.items():
             resp = f" (its responses: {m['measured_response_len']:.1f} tokens on average)" if "measured_response_len" in m else ""

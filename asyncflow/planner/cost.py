@@ -20,6 +20,14 @@ per sequence, a sliding-window layer holding at most the window
   weights: b = (usable memory - 2P/tp - workspace) / (KV bytes per sequence / tp).
   Streaming (async) rollout is throughput-bound: S x mean response / b iterations.
   A synchronous step also waits for its longest response: the tail.
+  The rollout mode (`Workload.rollout_mode`) says how a replica takes its rows:
+  "stream" (``[workflow] partial_rollout``: one continuous batch, new prompt groups
+  join as rows free, weights swap between decode steps) is the throughput-bound
+  model above; "unit" (the default generate calls of ``prompts_per_call`` groups, weights
+  swapped between calls) drains each call to its longest response before the next
+  starts, so every call pays its own tail: the expected longest of the call's n
+  long-tailed lengths (`expected_longest_response`, log-normal of
+  `Workload.response_len_sigma`, capped). Both admit at most a call's sequences at once.
 - Training: 6P FLOPs per token (forward + backward) at a model-FLOPs efficiency,
   plus the pipeline bubble (pp-1)/m, tensor-parallel all-reduces, and the FSDP
   all-gathers / reduce-scatters that do not hide behind compute. Memory: 16 bytes
@@ -48,6 +56,7 @@ per sequence, a sliding-window layer holding at most the window
 
 from __future__ import annotations
 
+import functools
 import math
 
 import msgspec
@@ -61,6 +70,7 @@ MODEL_STATE_BYTES_PER_PARAM = 16  # bf16 param + bf16 grad + fp32 master, Adam m
 LOGITS_BYTES_PER_VOCAB = 6  # bf16 logits + fp32 log-softmax for log-probs
 MIN_MICRO_BATCH_TOKENS = 16384  # packed micro-batch (verl's default token budget per device)
 MAX_SEQS_PER_INSTANCE = 512  # engine scheduler cap (vLLM max_num_seqs-like)
+ROLLOUT_MODES = ("unit", "stream")
 WEIGHT_CHUNK_BYTES = 32 << 20  # the weights actor's chunk (actors/weights/actor.py CHUNK_BYTES): the relay pipeline's grain
 
 
@@ -78,6 +88,9 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True):
     lora: Lora = msgspec.field(default_factory=Lora)  # rank 0: full fine-tuning
     weight_fanout: str = "direct"  # [workflow] weight_fanout: "direct" (the trainer sends every copy) or "tree"
     weight_fanout_degree: int = 2  # [workflow] weight_fanout_degree: children per node of the tree
+    rollout_mode: str = "stream"  # how an async replica generates: "stream" (continuous) or "unit" (calls that drain)
+    prompts_per_call: int = 0  # [rollout] prompts_per_call: groups per call (stream: admitted at once); 0: a replica's share
+    response_len_sigma: float = 0.8  # spread of the log-normal response lengths (a unit call's longest)
 
     @property
     def num_samples(self) -> int:
@@ -110,6 +123,13 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True):
                 f"weight fan-out {self.weight_fanout!r} of degree {self.weight_fanout_degree}: use 'direct' or 'tree' "
                 "with a degree of 1 or more"
             )
+        if self.rollout_mode not in ROLLOUT_MODES:
+            raise ValueError(
+                f"rollout mode {self.rollout_mode!r}: use 'unit' (generate calls, [workflow] partial_rollout = false) or "
+                "'stream' (partial_rollout = true)"
+            )
+        if self.prompts_per_call < 0 or self.response_len_sigma < 0:
+            raise ValueError("prompts per call (0: a replica's share) and the response-length spread must be 0 or more")
 
 
 class RoleCost(msgspec.Struct, kw_only=True):
@@ -223,9 +243,14 @@ def rollout_cost(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload,
     available = usable_memory(hw)
     kv_free = available - weights - workspace
     seqs_per_instance = math.ceil(wl.num_samples / instances)
+    groups_per_call = unit_groups_per_call(wl, instances)
+    # at most a call's sequences decode at once, in either mode (a stream admits prompts_per_call groups)
+    call_seqs = wl.prompts_per_call * wl.samples_per_prompt if wl.prompts_per_call else seqs_per_instance
+    if wl.rollout_mode == "unit":
+        call_seqs = groups_per_call * wl.samples_per_prompt
     # Mean KV held by a live sequence: prompt + mean response (a long one holds more for longer).
     batch_cap = int(max(kv_free, 0) // kv_mean_seq)
-    batch = max(1, min(batch_cap, seqs_per_instance, MAX_SEQS_PER_INSTANCE))
+    batch = max(1, min(batch_cap, seqs_per_instance, call_seqs, MAX_SEQS_PER_INSTANCE))
     role = RoleCost(
         role="rollout",
         devices=devices,
@@ -242,26 +267,85 @@ def rollout_cost(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload,
         role.reason += " (KV cache of one max-length sequence)"
         role.feasible = False
         return role
+    limit = (
+        "KV cache"
+        if batch == batch_cap
+        else "samples"
+        if batch == seqs_per_instance
+        else "call size"
+        if batch == call_seqs
+        else "scheduler cap"
+    )
+    if wl.rollout_mode == "unit":
+        calls = math.ceil(wl.prompts_per_step / groups_per_call)
+        call_s = _generation_s(model, hw, eff, wl, tp, call_seqs, batch) + _tail_s(
+            model, hw, eff, wl, tp, batch, expected_longest_response(wl, call_seqs)
+        )
+        # replicas take whole calls as they free up, and the calls of k + 1 steps may be out at once
+        # (staleness k): per k + 1 steps the busiest instance serves ceil((k + 1) calls / instances) of them.
+        # A synchronous step waits for its busiest instance's ceil(calls / instances) calls.
+        waves = max(1, wl.staleness + 1)
+        role.time_s = math.ceil(waves * calls / instances) / waves * call_s
+        role.tail_s = max(0.0, math.ceil(calls / instances) * call_s - role.time_s)
+        role.reason = f"batch {batch} per instance ({limit} limited), {calls} calls of {call_seqs} sequences per step"
+    else:
+        role.time_s = _generation_s(model, hw, eff, wl, tp, seqs_per_instance, batch)
+        role.tail_s = _tail_s(model, hw, eff, wl, tp, batch, wl.max_response_len_tokens)
+        role.reason = f"batch {batch} per instance ({limit} limited)"
+    role.latency_s = role.tail_s  # the last sample ends this long after the throughput-bound part
+    return role
+
+
+def unit_groups_per_call(wl: Workload, instances: int) -> int:
+    """Prompt groups per generate call: ``prompts_per_call``, or (0) each instance's whole share, rounded down."""
+    return min(wl.prompts_per_call or max(1, wl.prompts_per_step // instances), wl.prompts_per_step)
+
+
+def _generation_s(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, tp: int, seqs: int, batch: int) -> float:
+    """Throughput-bound generation of ``seqs`` sequences at ``batch`` at once on one instance: their
+    prefill, and mean-length decoding, new sequences taking the rows of finished ones."""
     context = wl.prompt_len_tokens + wl.response_len_tokens / 2
     t_iter = decode_iteration_s(model, hw, eff, tp, batch, context)
-    decode_s = seqs_per_instance * wl.response_len_tokens / batch * t_iter
-    prefill_flops = seqs_per_instance * model.prefill_flops(wl.prompt_len_tokens) / tp
-    prefill_calls = math.ceil(seqs_per_instance / batch)  # admissions of up to `batch` new sequences
+    decode_s = seqs * wl.response_len_tokens / batch * t_iter
+    prefill_flops = seqs * model.prefill_flops(wl.prompt_len_tokens) / tp
+    prefill_calls = math.ceil(seqs / batch)  # admissions of up to `batch` new sequences
     prefill_s = prefill_flops / (hw.peak_bf16_flops * eff.prefill_flops)
     prefill_s += prefill_calls * model.num_layers * eff.prefill_overhead_s_per_layer
     # the engine's own per-call and per-sequence work (scheduling, completions; afctl profile)
-    prefill_s += prefill_calls * eff.generate_overhead_s + seqs_per_instance * eff.generate_overhead_s_per_seq
-    # The tail: the last sequences run on at a shrinking batch until the longest ends.
+    prefill_s += prefill_calls * eff.generate_overhead_s + seqs * eff.generate_overhead_s_per_seq
+    return prefill_s + decode_s
+
+
+def _tail_s(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, tp: int, batch: int, longest: float) -> float:
+    """The tail: the last sequences run on at a shrinking batch until the longest (``longest`` tokens) ends."""
     tail_batch = max(1, batch // 4)
-    tail_s = (wl.max_response_len_tokens - wl.response_len_tokens) * decode_iteration_s(
-        model, hw, eff, tp, tail_batch, wl.prompt_len_tokens + wl.max_response_len_tokens / 2
+    return max(0.0, longest - wl.response_len_tokens) * decode_iteration_s(
+        model, hw, eff, tp, tail_batch, wl.prompt_len_tokens + longest / 2
     )
-    role.time_s = prefill_s + decode_s
-    role.tail_s = tail_s
-    role.latency_s = tail_s  # the last sample ends this long after the throughput-bound part
-    limit = "KV cache" if batch == batch_cap else "samples" if batch == seqs_per_instance else "scheduler cap"
-    role.reason = f"batch {batch} per instance ({limit} limited)"
-    return role
+
+
+def expected_longest_response(wl: Workload, n: int) -> float:
+    """The expected longest of ``n`` response lengths, log-normal with the workload's mean and
+    ``response_len_sigma`` and capped at its maximum (``planner.simulate.response_lengths`` draws
+    them so): what a generate call of ``n`` sequences decodes for before it returns."""
+    return _expected_longest(float(wl.response_len_tokens), wl.response_len_sigma, float(wl.max_response_len_tokens), n)
+
+
+@functools.lru_cache(maxsize=4096)
+def _expected_longest(mean: float, sigma: float, cap: float, n: int) -> float:
+    if sigma == 0 or n <= 0:
+        return min(mean, cap)
+    mu = math.log(mean) - sigma**2 / 2
+    # E[min(max of n, cap)] = integral of min(exp(mu + sigma z), cap) d(Phi(z)^n), midpoint rule over z
+    lo, hi, steps = -8.0, 8.0, 800
+    dz = (hi - lo) / steps
+    total = 0.0
+    for i in range(steps):
+        z = lo + (i + 0.5) * dz
+        phi = math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+        cdf = 0.5 * (1 + math.erf(z / math.sqrt(2)))
+        total += min(math.exp(mu + sigma * z), cap) * n * cdf ** (n - 1) * phi * dz
+    return total
 
 
 def micro_batch_tokens(wl: Workload, ranks: int) -> int:

@@ -2,7 +2,11 @@
 calibrated profile (`afctl plan --config RUN.toml --profile P`).
 
 Maps the config onto the planner: one generate call of ``prompts_per_call x
-group_size`` sequences per unit (`framework.generate_call`), the trainer's threads as
+group_size`` sequences per unit (`framework.generate_call`), run to its longest
+response; in async mode with a streamed rollout (``RunConfig.rollout_streams``: partial
+rollout) the same sequences at mean length, since rows refill as they free and no call
+waits for its tail. The async prediction is the config's rollout mode's, and
+``other_rollout_mode`` what the other mode would give. The trainer's threads as
 its devices, the framework's own work per unit (queue asks, the trainer's rows, the
 weight snapshot), stage times from the cost model (`planner.cost`), the step from
 playing out the workflow (`planner.workflow`: units, the staleness gate, the
@@ -77,6 +81,10 @@ def predict(
     )
     # one call: a static batch, prefilled once, decoded until its longest sample ends; finished samples leave the batch
     call = framework.generate_call(model, hw, eff, batch, prompt, resp, longest)
+    # a stream (cfg.rollout_streams): a call's worth of sequences at a full batch, rows refilled as they free,
+    # so no call waits for its longest: throughput-bound, mean-length decoding
+    stream_call = framework.generate_call(model, hw, eff, batch, prompt, resp, resp)
+    rollout_mode = "stream" if cfg.rollout_streams else "unit"
     threads = cfg.cluster.threads_per_process
     train_threads = (cfg.planner.train_threads or threads) if cfg.planner.online else threads
     # the engine trains the right-padded batch: every row as long as prompt + the longest response
@@ -115,12 +123,15 @@ def predict(
         "call_batch": batch,
         "cores": cores,
         "call": {**msgspec.to_builtins(call), "time_s": call.time_s},
+        "rollout_mode": rollout_mode,  # the async mode's: sync always runs calls
         "engine_train_s": train.time_s,
         "reward_model_s": rm.time_s if rm else 0.0,
         "framework": framework_s,
         "modes": {},
     }
-    for mode, k in (("sync", 0), ("async", cfg.workflow.staleness)):
+
+    def play(mode: str, k: int, call: framework.CallCost) -> dict:
+        """The workflow played out for one mode, its generate calls taking `call` each."""
         # processes share the cores: in sync the phases take turns (stretched only beyond the cores); in
         # async a stage shares the cores with the other side and the reward and queue processes as far as
         # they are runnable (time slices), and runs slower while the other core computes (corun_slowdown,
@@ -154,7 +165,7 @@ def predict(
                 s_train = framework.corun_stretch(eff, sim.rollout_busy) * framework.shared_core_stretch(
                     [sim.rollout_busy] * rollout_workers + [sim.train_busy] * (train_threads - 1) + aux, cores
                 )
-        out["modes"][mode] = {
+        return {
             "predicted_step_s": sim.step_s,
             "predicted_samples_per_s": wl.num_samples / sim.step_s,
             "stages": msgspec.to_builtins(st),
@@ -170,6 +181,14 @@ def predict(
                 )
             ).step_s,
         }
+
+    out["modes"]["sync"] = play("sync", 0, call)  # sync runs generate calls whatever the mode
+    k = cfg.workflow.staleness
+    calls = {"unit": call, "stream": stream_call}
+    out["modes"]["async"] = {**play("async", k, calls[rollout_mode]), "rollout_mode": rollout_mode}
+    other = "unit" if rollout_mode == "stream" else "stream"
+    # what the other rollout mode would give ([workflow] partial_rollout the other way)
+    out["other_rollout_mode"] = {**play("async", k, calls[other]), "rollout_mode": other}
     return out
 
 

@@ -16,6 +16,12 @@ A reward model (``search(reward_model=...)``) takes its own ``reward_model_devic
 first, at its best tensor-parallel degree; the rest are split as above, and its
 stage counts in every step (``cost.async_step`` / ``cost.sync_step``). The
 colocated plan runs it on every device in turn, like the other roles.
+
+The async plans' rollout runs in the workload's rollout mode (``Workload.rollout_mode``:
+generate calls that each drain to their longest response, or one continuous stream;
+``cost.rollout_cost``), and each plan says which (``Plan.rollout_mode``). The sync and
+colocated alternatives keep the step-wide model (every sample of the step batched on its
+instance, the step waiting for its longest), whatever the async mode.
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ class Plan(msgspec.Struct, kw_only=True):
     memory_bytes: dict[str, float]  # peak per device, by role
     reward_model_devices: int = 0  # the reward-model role's own devices (0: none)
     reward_model_tp: int = 0
+    rollout_mode: str = "stream"  # async: the workload's rollout mode; sync and colocated: "step" (one batch, one tail)
 
 
 class Infeasible(msgspec.Struct, kw_only=True):
@@ -167,6 +174,7 @@ def _plan(
         memory_bytes=memory,
         reward_model_devices=reward_model.devices if reward_model is not None and mode != "colocated" else 0,
         reward_model_tp=reward_model.tp if reward_model is not None else 0,
+        rollout_mode=wl.rollout_mode if mode == "async" else "step",
     )
 
 
@@ -193,6 +201,8 @@ class _Roles:
 
     def __init__(self, model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload):
         self.model, self.hw, self.eff, self.wl = model, hw, eff, wl
+        # sync and colocated: the step-wide model, whatever the async rollout's mode
+        self.step_wl = msgspec.structs.replace(wl, rollout_mode="stream", prompts_per_call=0)
         self.tps = _tp_options(model, hw)
         self.pps = _pp_options(model)
         self.infeasible: list[Infeasible] = []
@@ -203,7 +213,8 @@ class _Roles:
     def rollout(self, devices: int, mode: str) -> RoleCost | None:
         key = (devices, mode)
         if key not in self._rollout:
-            cands = [rollout_cost(self.model, self.hw, self.eff, self.wl, devices, tp) for tp in self.tps if devices % tp == 0]
+            wl = self.wl if mode == "async" else self.step_wl
+            cands = [rollout_cost(self.model, self.hw, self.eff, wl, devices, tp) for tp in self.tps if devices % tp == 0]
 
             def score(c: RoleCost) -> float:
                 if mode == "async":

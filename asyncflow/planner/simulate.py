@@ -7,6 +7,10 @@ response, clipped at its cap): the long tail that makes synchronous steps wait.
   holds a slot for prefill + length x the decode-iteration time. In async mode a
   sample of step s starts only once weights of version >= s - k are on the instance;
   a new version costs the instance one host-to-device swap (delayed update).
+  In the workload's "unit" rollout mode (``Workload.rollout_mode``) the async run
+  generates in calls of ``prompts_per_call`` groups: an instance takes the next call
+  when its last one has drained (every sample done), so each call waits for its
+  longest sample; in "stream" mode samples take slots as they free up.
 - Reference and training are single FIFO servers whose rate (tokens/s) comes from the
   cost model; training of step s ends after its last sample, then the new weights
   travel to rollout (weight transfer). Sync mode runs the phases one after another.
@@ -32,13 +36,13 @@ from asyncflow.planner.cost import (
     forward_cost,
     rollout_cost,
     train_cost,
+    unit_groups_per_call,
     weight_swap_s,
     workload_transfer_s,
 )
 from asyncflow.planner.hardware import Hardware
 from asyncflow.planner.models import ModelShape
 
-LOGNORMAL_SIGMA = 0.8
 MAX_TRACE_INSTANCES = 4
 
 
@@ -84,7 +88,10 @@ class _Costs(msgspec.Struct, kw_only=True):
 
 
 def _costs(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, plan) -> _Costs:
-    rollout = rollout_cost(model, hw, eff, wl, plan.rollout_devices, plan.rollout_tp)
+    # per sample: the throughput-bound costs (a unit call's tail is what the simulation plays out)
+    rollout = rollout_cost(
+        model, hw, eff, msgspec.structs.replace(wl, rollout_mode="stream"), plan.rollout_devices, plan.rollout_tp
+    )
     instances = plan.rollout_devices // plan.rollout_tp
     context = wl.prompt_len_tokens + wl.response_len_tokens / 2
     t_iter = decode_iteration_s(model, hw, eff, plan.rollout_tp, rollout.batch_per_instance, context)
@@ -110,10 +117,12 @@ def _costs(model: ModelShape, hw: Hardware, eff: Efficiency, wl: Workload, plan)
 
 
 def response_lengths(wl: Workload, num_steps: int, seed: int = 0) -> np.ndarray:
-    """[steps, samples] long-tailed lengths with the workload's mean before clipping."""
+    """[steps, samples] long-tailed lengths with the workload's mean before clipping
+    (log-normal of ``Workload.response_len_sigma``)."""
     rng = np.random.default_rng(seed)
-    mu = math.log(wl.response_len_tokens) - LOGNORMAL_SIGMA**2 / 2
-    lengths = rng.lognormal(mu, LOGNORMAL_SIGMA, size=(num_steps, wl.num_samples))
+    sigma = wl.response_len_sigma
+    mu = math.log(wl.response_len_tokens) - sigma**2 / 2
+    lengths = rng.lognormal(mu, sigma, size=(num_steps, wl.num_samples))
     return np.clip(np.rint(lengths), 1, wl.max_response_len_tokens)
 
 
@@ -134,6 +143,7 @@ def _run(c: _Costs, wl: Workload, lengths: np.ndarray, staleness: int | None) ->
     group = wl.samples_per_prompt
     slots = [[0.0] * c.batch for _ in range(c.instances)]  # heaps of slot free times
     version_on = [0] * c.instances
+    call_free = [0.0] * c.instances  # unit mode: when each instance's last call has drained
     available = [0.0]  # available[v]: time weights v reach the rollout devices
     ref_free = train_free = 0.0
     spans: list[Span] = []
@@ -150,25 +160,33 @@ def _run(c: _Costs, wl: Workload, lengths: np.ndarray, staleness: int | None) ->
         done: list[tuple[float, int]] = []  # (finish time, tokens)
         first_start = [math.inf] * c.instances
         last_end = [0.0] * c.instances
-        for i in range(num_samples):
-            inst = (i // group) % c.instances  # a GRPO group stays on one instance
-            heap = slots[inst]
-            start = max(heap[0], gate)
-            if staleness is not None:
-                newest = max(v for v in range(len(available)) if available[v] <= start)
-                if newest > version_on[inst]:  # delayed update: one swap per new version
-                    version_on[inst] = newest
-                    heap[:] = [max(t, start) + c.swap_s for t in heap]
-                    heapq.heapify(heap)
-                    start = max(heap[0], gate)
-            dur = c.prefill_per_sample_s + lengths[step, i] * c.t_iter_s
-            heapq.heapreplace(heap, start + dur)
+        if staleness is not None and wl.rollout_mode == "unit":
+            placed = _unit_calls(c, wl, lengths[step], gate, available, version_on, call_free)
+        else:
+            placed = []
+            for i in range(num_samples):
+                inst = (i // group) % c.instances  # a GRPO group stays on one instance
+                heap = slots[inst]
+                start = max(heap[0], gate)
+                if staleness is not None:
+                    newest = max(v for v in range(len(available)) if available[v] <= start)
+                    if newest > version_on[inst]:  # delayed update: one swap per new version
+                        version_on[inst] = newest
+                        heap[:] = [max(t, start) + c.swap_s for t in heap]
+                        heapq.heapify(heap)
+                        start = max(heap[0], gate)
+                dur = c.prefill_per_sample_s + lengths[step, i] * c.t_iter_s
+                heapq.heapreplace(heap, start + dur)
+                placed.append((inst, start, dur))
+        for i, (inst, start, dur) in enumerate(placed):
             busy_slot_s += dur
             intervals.append((start, start + dur))
             first_start[inst] = min(first_start[inst], start)
             last_end[inst] = max(last_end[inst], start + dur)
             done.append((start + dur, wl.prompt_len_tokens + int(lengths[step, i])))
         for inst in range(min(c.instances, MAX_TRACE_INSTANCES)):
+            if first_start[inst] == math.inf:  # unit mode: no call of this step on this instance
+                continue
             spans.append(
                 Span(
                     lane=f"rollout {inst}",
@@ -215,6 +233,42 @@ def _run(c: _Costs, wl: Workload, lengths: np.ndarray, staleness: int | None) ->
         spans=_merge(spans),
         rollout_busy_series=_occupancy(intervals, c.instances * c.batch, total),
     )
+
+
+def _unit_calls(
+    c: _Costs,
+    wl: Workload,
+    lengths: np.ndarray,
+    gate: float,
+    available: list[float],
+    version_on: list[int],
+    call_free: list[float],
+) -> list[tuple[int, float, float]]:
+    """One step's samples in generate calls of ``prompts_per_call`` groups (a replica's share
+    without it): each call goes to the instance that is free first, starts once the gate
+    opens (after a swap when a newer version is there) and holds the instance until its
+    longest sample ends; inside it, samples take the call's ``batch`` slots as they free up.
+    (instance, start, duration) per sample; ``version_on`` and ``call_free`` are updated."""
+    groups = unit_groups_per_call(wl, c.instances)
+    call_seqs = groups * wl.samples_per_prompt
+    placed: list[tuple[int, float, float]] = []
+    for first in range(0, len(lengths), call_seqs):
+        inst = min(range(c.instances), key=lambda j: call_free[j])
+        start = max(call_free[inst], gate)
+        newest = max(v for v in range(len(available)) if available[v] <= start)
+        if newest > version_on[inst]:  # the swap between two calls
+            version_on[inst] = newest
+            start += c.swap_s
+        slots = [start] * c.batch
+        end = start
+        for length in lengths[first : first + call_seqs]:
+            begin = heapq.heappop(slots)
+            dur = c.prefill_per_sample_s + length * c.t_iter_s
+            heapq.heappush(slots, begin + dur)
+            placed.append((inst, begin, dur))
+            end = max(end, begin + dur)
+        call_free[inst] = end
+    return placed
 
 
 def _occupancy(intervals: list[tuple[float, float]], num_slots: int, horizon_s: float, points: int = 400):

@@ -203,3 +203,31 @@ def test_the_emulated_links_time_for_every_replicas_copy_is_the_planners_transfe
     last_s = max(link.delay_s(tw.EMULATED_WEIGHT_BYTES) for _ in range(mp.replicas))
     planner_s = tw.planner_weight_s(mp, "32b", "910b") * scale
     assert last_s == pytest.approx(planner_s, rel=0.15)
+
+
+def test_figures_state_the_overhead_against_the_real_uncompressed_step():
+    mp = tw.plan_modes("7b", "910b", 32, WL, ["async"])["async"]
+    metrics = [{"time_s": t, "samples": 100.0} for t in (5.0, 5.1, 6.0, 7.0, 8.0)]
+    marks = [{"time": 0.0, "queue": q, "directory": 0.0, "driver": 0.1 * i} for i, q in enumerate((1, 2, 3, 3.3, 3.6))]
+    f = tw.figures(metrics, marks, 0.01, 4.0, mp)
+    real_ms = mp.predicted_step_s * 1e3  # the planner's step in modelled seconds: no time_scale
+    assert f["real_step_ms"] == pytest.approx(real_ms)
+    assert f["overhead_frac_real"]["queue"] == pytest.approx(300.0 / real_ms)
+    assert f["overhead_frac_real_total"] == pytest.approx((300.0 + 0.0 + 100.0 + 4.0) / real_ms)
+    lines = "\n".join(tw.table(tw.report("7b", "910b", 32, WL, 0.01, {"async": f})))
+    assert "of the real step" in lines
+
+
+@pytest.mark.parametrize("rollout", ["unit", "stream", "auto"])
+def test_the_twins_async_prediction_models_the_rollout_its_config_runs(rollout):
+    assert WL.response_len_sigma == tw.RESPONSE_SIGMA  # the emulated lengths' spread: a unit call's longest
+    a = tw.plan_modes("32b", "910b", 512, WL, ["async"], rollout=rollout)["async"]
+    cfg = load_config_text(tw.config_text(a, "32b", "910b", 0.01, 6, 256, 8), "twin")
+    assert a.rollout_mode == ("stream" if cfg.rollout_streams else "unit") == a.rollout
+
+
+def test_a_unit_rollout_is_predicted_slower_than_a_stream_on_the_same_workload():
+    unit = tw.plan_modes("32b", "910b", 512, WL, ["async"], rollout="unit")["async"]
+    stream = tw.plan_modes("32b", "910b", 512, WL, ["async"], rollout="stream")["async"]
+    # each replica's call waits for its longest response
+    assert unit.predicted_samples_per_s < 0.8 * stream.predicted_samples_per_s

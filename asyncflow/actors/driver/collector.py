@@ -195,6 +195,7 @@ class CollectorActor(Actor):
                     since_step_s=time.monotonic() - self.last_step_at,
                     last_spans=dict(self.last_span),
                     slowest_step_s=self.slowest_step_s,
+                    num_steps=self.num_steps_seen,
                 )
             case messages.WriteTrace(path=path):
                 self.write_trace(path)

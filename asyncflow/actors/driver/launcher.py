@@ -134,6 +134,28 @@ def stall_timeout_s(hang_timeout_s: float, slowest_step_s: float, estimate_s: fl
     return max(hang_timeout_s, STALL_STEP_FACTOR * expected)
 
 
+class BusyPoll:
+    """When the driver asks every worker for its busy time (``GetRoleStats``, one ask each)
+    for the busy fractions the collector adds to each step's metrics line: every
+    ``interval_s`` until the first step (so the first line has them), then only when a new
+    step has come and ``interval_s`` has passed since the last round. A step of minutes (a
+    real model at scale) costs one round of asks, not one per interval; each line still
+    takes the latest figures."""
+
+    def __init__(self, interval_s: float = 2.0):
+        self.interval_s = interval_s
+        self._last_s: float | None = None  # when the last round was
+        self._steps_then = 0  # the collector's step count at the last round
+
+    def due(self, now: float, num_steps: int) -> bool:
+        if self._last_s is not None and (
+            now - self._last_s < self.interval_s or (num_steps > 0 and num_steps <= self._steps_then)
+        ):
+            return False
+        self._last_s, self._steps_then = now, num_steps
+        return True
+
+
 class Launcher:
     def __init__(self, cfg: RunConfig, run_dir: Path, launch: LaunchInfo, step_estimate_s: float | None = None):
         self.cfg = cfg
@@ -522,18 +544,18 @@ class Launcher:
     def wait(self) -> messages.RunFinished:
         """Until the trainer's RunFinished (returned) or a role's RoleFailed (RunFailed);
         meanwhile, every half second: dead processes, the planner's moves, the busy
-        fractions (every 2 s) and, when no step came for ``stall_timeout_s``, the stall report."""
-        last_poll = 0.0
+        fractions (``BusyPoll``: once per new step, at most every 2 s) and, when no step came
+        for ``stall_timeout_s``, the stall report."""
+        busy_poll = BusyPoll()
         last_hang = time.monotonic()
         while not self.ended.wait(0.5):
             self.check_hosts()
             if self.scaler is not None:
                 self.scaler.apply_pending()  # moves of the online planner, between steps
             now = time.monotonic()
-            if now - last_poll > 2.0:
-                self._collector().pykka_ref.tell(messages.SetBusy(fractions=self.busy_fractions(self.role_stats())))
-                last_poll = now
             state = self.run_state()
+            if busy_poll.due(now, state.num_steps):
+                self._collector().pykka_ref.tell(messages.SetBusy(fractions=self.busy_fractions(self.role_stats())))
             since = min(state.since_step_s, now - last_hang)
             timeout_s = stall_timeout_s(self.cfg.logging.hang_timeout_s, state.slowest_step_s, self.step_estimate_s)
             if since > timeout_s:

@@ -396,6 +396,8 @@ class RunState(Message):
     slowest_step_s: float = 0.0
     """The longest step so far: the time between two StepMetrics (for the first step,
     its own ``step_time_s``); 0 before the first. The driver's stall timeout scales with it."""
+    num_steps: int = 0
+    """StepMetrics taken so far (the driver polls the roles' busy time once per new step)."""
 
 
 CollectorIn = Union[StepMetrics, Spans, RunFinished, RoleFailed, SetBusy, WriteTrace, GetRunState, Ping, Stop]
