@@ -74,6 +74,21 @@ def bucket_of(n: int, sizes: tuple[int, ...]) -> int:
     raise ValueError(f"{n} is past the largest bucket {sizes[-1]}")
 
 
+def key_buckets(decoder: NativeDecoder, pool: KVBlockPool) -> tuple[int, ...]:
+    """The keys buckets of a decode step: eager and compiled alike attend over a bucket's
+    key positions (module docstring)."""
+    return buckets(min(decoder.max_positions, pool.capacity_tokens), MIN_KEYS)
+
+
+def pad_keys(slot_table_BK: torch.Tensor, num_keys: int, sizes: tuple[int, ...]) -> torch.Tensor:
+    """The first ``num_keys`` columns of ``slot_table_BK`` padded or cut to their bucket
+    (padding: slot 0, beyond every row's position, so masked)."""
+    K = bucket_of(num_keys, sizes)
+    if slot_table_BK.shape[1] >= K:
+        return slot_table_BK[:, :K]
+    return torch.nn.functional.pad(slot_table_BK, (0, K - slot_table_BK.shape[1]))
+
+
 def why_not_compiled(decoder: NativeDecoder) -> str:
     """Why this model's decode step cannot be one graph ("" when it can)."""
     if any(layer.moe for layer in decoder.layers):
@@ -114,7 +129,7 @@ class CompiledDecode:
         self.decoder, self.pool = decoder, pool
         self.device = decoder.device
         self.row_sizes = buckets(max_rows, MIN_ROWS)
-        self.key_sizes = buckets(min(decoder.max_positions, pool.capacity_tokens), MIN_KEYS)
+        self.key_sizes = key_buckets(decoder, pool)
         self.compile_s: dict[GraphKey, float] = {}
         """Seconds of each key's first call (its compile, and on cuda its capture)."""
         self.num_graphs = 0
@@ -144,11 +159,13 @@ class CompiledDecode:
     @torch.inference_mode()
     def step(self, ids_B1: torch.Tensor, pos_B1: torch.Tensor, slot_table_BK: torch.Tensor) -> torch.Tensor:
         """Float32 logits [B, V] of each row's next token, as ``decoder.step`` gives them
-        for the same arguments (``slot_table_BK`` at least max position + 1 wide)."""
+        for the same arguments padded to the same keys bucket (``slot_table_BK`` at least
+        max position + 1 wide; its width picks the keys bucket, so no value is read back
+        from the device)."""
         from torch._dynamo.utils import counters
 
         B = ids_B1.shape[0]
-        key = self.key(B, int(pos_B1.max()) + 1)
+        key = self.key(B, slot_table_BK.shape[1])
         P, K = key.rows, key.keys
         width = min(K, slot_table_BK.shape[1])
         ids_P1 = torch.zeros((P, 1), dtype=torch.long, device=self.device)
