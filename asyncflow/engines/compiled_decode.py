@@ -24,12 +24,15 @@ Invariants:
   so a second engine of the same shapes in one process reuses the first one's.)
 - Padded rows feed token 0 at position 0 and read slot 0; their keys and values are
   not written. A real row attends only its own keys 0..pos (its padded key positions are
-  masked), so the real rows' logits are the eager step's to float32 rounding: within
-  1e-5 in log-probs with the same greedy tokens on the tests' 2-layer models. Over
-  SmolLM2-135M's 30 layers the gap reached 2.1e-5 (8 prompts, greedy, same tokens),
-  nearly all of it from the padded key positions: the CPU attention kernel sums a longer
-  masked row in another order, and the eager step run at the padded length differs from
-  eager by 1.9e-5, while padding rows changes nothing.
+  masked).
+- Compiled and eager compute the same numbers (the tests hold them to 1e-5 in float32
+  log-probs with the same greedy tokens, SmolLM2-135M's 30 layers included; measured on
+  its real weights: equal to the bit). Two things made them differ, 3e-5 over 30 layers,
+  each alone most of it: the CPU attention kernel sums a longer masked row in another
+  order, so the eager step too attends over the keys bucket (``key_buckets``, ``pad_keys``:
+  the engine's eager decode pads its slot table as the graph does); and inductor fuses
+  RMSNorm's sum of squares into a loop of its own order, so the graph calls eager's
+  kernel (``native_model._eager_rms_norm``, a custom op). Padding rows changes nothing.
 - New weights are copied into the same parameters (engines/inplace_weights.py), so a
   graph computes with the weights of the last sync: no recompile, no re-capture.
 - Prefill stays eager (its shapes vary with the prompts); so does sampling.

@@ -297,7 +297,10 @@ def test_a_decode_step_reads_the_device_back_once(compile_, llama_dir):
             return func(*args, **(kwargs or {}))
 
     rollout = engine(llama_dir, max_batch_size=8, compile=compile_)
-    for params in (SamplingParams(temperature=1.0, max_new_tokens=5, n=2, seed=0), SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=5)):
+    for params in (
+        SamplingParams(temperature=1.0, max_new_tokens=5, n=2, seed=0),
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=5),
+    ):
         stream = rollout.open_stream(params)
         stream.add(PROMPTS)
         stream.step()  # admission and prefill
