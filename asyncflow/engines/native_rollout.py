@@ -10,7 +10,9 @@ Each sample of each prompt is a sequence. The scheduler loop:
 2. prefill the admitted prompts in one padded forward and sample their first token
    (each distinct prompt runs once; its other samples get a copy of its prompt KV;
    a token prefix common to all the distinct prompts, such as a chat template's system
-   prompt, runs once too, and the others get a copy of its KV: ``_prefill``);
+   prompt, runs once too, and the others get a copy of its KV; a prompt whose samples
+   were admitted earlier and still run copies its KV from one of them and runs only its
+   last token: ``_prefill``);
 3. decode one token for every running sequence in one forward (with ``compile``, a
    graph per bucket of rows and key positions: ``engines/compiled_decode.py``);
 4. sequences that sampled a stop token or reached ``max_new_tokens`` leave: their
@@ -78,6 +80,7 @@ class _Seq:
     max_new: int = 0  # max_new_tokens of this sequence (its stream's, or the one its add gave)
     cached: int = 0  # leading prompt tokens whose KV came from the prefix cache (whole blocks, shared)
     epoch: int = 0  # the prefix cache's epoch (weights) at admission
+    kv_version: int = -1  # the weights version its prompt's keys and values were computed under (-1: not yet)
 
 
 @dataclass
@@ -191,7 +194,9 @@ class NativeRolloutEngine(RolloutEngine):
         rows = torch.tensor([q.row for q in seqs], device=self.device)
         slot_table_RK[rows, : slots_SK.shape[1]] = torch.from_numpy(slots_SK).to(self.device)
 
-    def _prefill(self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams) -> tuple[int, int, int]:
+    def _prefill(
+        self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams, running: Sequence[_Seq] = ()
+    ) -> tuple[int, int, int]:
         """Prefill the admitted sequences and sample their first tokens. The samples of
         one prompt share it, so each distinct prompt is run once (its first sample, the
         leader, in admission order); the others get a copy of the leader's prompt KV and
@@ -202,16 +207,24 @@ class NativeRolloutEngine(RolloutEngine):
         short of the shortest prompt by one, so that every leader runs a token) runs
         once, in the first leader's slots; its KV is copied into the other leaders'
         slots, and the forward runs only what follows it, at its true positions.
+
+        A leader whose prompt a sequence in ``running`` holds, computed under the current
+        weights (a group split over two admissions), copies that prompt's KV but its last
+        token, and runs only that token (whose logits its samples draw from).
         Returns the rows, the prompt tokens the forwards ran, and the positions they
         computed (padding included)."""
         leader_of: dict[int, int] = {}  # prompt index -> position of its leader in seqs
         lead_S = [leader_of.setdefault(q.prompt_index, s) for s, q in enumerate(seqs)]
         leaders = [seqs[s] for s in leader_of.values()]
         rows = torch.tensor([q.row for q in leaders], device=self.device)
-        cached = any(q.cached for q in leaders)
+        holders = {q.prompt_index: q for q in running if q.kv_version == self._version}
+        copied = self._copy_running_prompts(leaders, holders, slot_table_RK)
+        cached = any(q.cached for q in leaders) or bool(copied)
         shared = 0 if cached else self._run_shared_prefix(leaders, rows, slot_table_RK)
-        # each leader runs its prompt from its first token not served: the shared prefix's or the cache's end
-        start_B = np.fromiter((q.cached or shared for q in leaders), dtype=np.int64, count=len(leaders))
+        # each leader runs its prompt from its first token not served: a running sample's copy, the cache's or the shared prefix's end
+        start_B = np.fromiter(
+            (copied.get(b) or q.cached or shared for b, q in enumerate(leaders)), dtype=np.int64, count=len(leaders)
+        )
         n_B = np.fromiter((len(q.prompt) for q in leaders), dtype=np.int64, count=len(leaders)) - start_B
         Q = int(n_B.max())
         col_Q = np.arange(Q)
@@ -238,6 +251,8 @@ class NativeRolloutEngine(RolloutEngine):
                 index_of = {s: b for b, s in enumerate(leader_of.values())}
                 logits_BV = logits_BV[torch.tensor([index_of[s] for s in lead_S], device=self.device)]
         self._append(seqs, logits_BV, params)
+        for q in seqs:
+            q.kv_version = self._version
         return len(leaders), shared + int(n_B.sum()), shared + len(leaders) * Q
 
     def _admit(self, q: _Seq) -> bool:
@@ -292,6 +307,26 @@ class NativeRolloutEngine(RolloutEngine):
             self.pool.k[:, dst] = self.pool.k[:, src.repeat(len(leaders) - 1)]
             self.pool.v[:, dst] = self.pool.v[:, src.repeat(len(leaders) - 1)]
         return shared
+
+    def _copy_running_prompts(self, leaders: list[_Seq], holders: dict[int, _Seq], slot_table_RK: torch.Tensor) -> dict[int, int]:
+        """Copy into each leader whose prompt a running sequence holds that prompt's KV but
+        its last token, past what the prefix cache served (one gather and one scatter for
+        all); returns {leader's position in ``leaders``: tokens now in place}."""
+        copied: dict[int, int] = {}
+        src, dst = [], []
+        for b, q in enumerate(leaders):
+            holder = holders.get(q.prompt_index)
+            if holder is None or len(q.prompt) - 1 <= q.cached:
+                continue
+            n = len(q.prompt) - 1
+            src.append(slot_table_RK[holder.row, q.cached : n])
+            dst.append(slot_table_RK[q.row, q.cached : n])
+            copied[b] = n
+        if copied:
+            src_slots, dst_slots = torch.cat(src), torch.cat(dst)
+            self.pool.k[:, dst_slots] = self.pool.k[:, src_slots]
+            self.pool.v[:, dst_slots] = self.pool.v[:, src_slots]
+        return copied
 
     def _share_prompt_kv(self, seqs: list[_Seq], lead_S: list[int], slot_table_RK: torch.Tensor) -> None:
         """Copy each leader's prompt KV (every layer, keys and values) into the slots of
@@ -434,7 +469,7 @@ class NativeStream(RolloutStream):
             engine._fill_slots(admitted, self.slot_table_RK)
             if self.running:
                 stats.admitted_while_running += len(admitted)
-            rows, tokens, padded = engine._prefill(admitted, self.slot_table_RK, params)
+            rows, tokens, padded = engine._prefill(admitted, self.slot_table_RK, params, self.running)
             stats.prefill_rows += rows
             stats.prefill_tokens += tokens
             stats.prefill_padded_tokens += padded

@@ -311,3 +311,24 @@ def test_a_decode_step_reads_the_device_back_once(compile_, llama_dir):
             stream.step()
         stream.close()
         assert counter.calls == ["tolist"]
+
+
+def test_a_groups_samples_admitted_later_copy_the_prompt_kv_of_a_running_sample(qwen2_dir):
+    """A group split over two admissions (rows ran out mid-group): the later samples copy the
+    prompt's keys and values from a sample still running and run only its last token, whose
+    logits they sample from; their log-probs are still the training engine's."""
+    a = [4] + [9, 10, 11] * 6 + [5]  # 20 tokens
+    b = [4] + [12, 13, 14, 15] * 5 + [5]  # 22 tokens
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=2)
+    rollout = engine(qwen2_dir, max_batch_size=6)
+    stream = rollout.open_stream(params)
+    stream.add([a], n=4, max_new_tokens=3)
+    stream.add([b], n=4)  # 2 of its samples fit the 6 rows; the other 2 wait for a's to finish
+    done = []
+    while stream.num_active:
+        done.extend(stream.step())
+    stream.close()
+    stats = stream.stats
+    assert stats.num_prefills == 2 and stats.admitted_while_running == 2
+    assert stats.prefill_tokens == len(a) + len(b) + 1  # b's later samples ran its last token only
+    assert_training_logprobs(qwen2_dir, [a, b], sorted(done, key=lambda c: (c.prompt_index, c.sample_index)))
