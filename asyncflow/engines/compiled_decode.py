@@ -102,7 +102,7 @@ def why_not_compiled(decoder: NativeDecoder) -> str:
 AUTO_DEVICES: frozenset[str] = frozenset()
 """Device types where ``compile = "auto"`` compiles: where the compiled step measured
 faster than eager by enough to repay its compiles (docs/performance.md). None yet: on the
-CPU it measured 0.87x to 1.13x for a minute or two of compiling per graph; cuda is not
+CPU it measured 1.06x to 1.10x for a minute or so of compiling per graph; cuda is not
 measured yet (``scripts/cuda_check.sh unit`` measures it: add "cuda" here if it pays)."""
 
 

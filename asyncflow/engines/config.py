@@ -188,7 +188,7 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
             "The eager step attends over the same keys buckets, and the graph calls eager's RMSNorm kernel, so compiling "
             "changes no number (SmolLM2-135M, 30 layers: log-probs equal to the bit). Prefill and sampling stay eager. "
             "auto: on only on a device where it measured faster by enough to repay its "
-            "compiles, which is none yet: off on cpu (SmolLM2-135M, 0.87x to 1.13x eager per step at 8 to 256 rows: "
+            "compiles, which is none yet: off on cpu (SmolLM2-135M, 1.06x to 1.10x eager per step at 8 to 256 rows: "
             "docs/performance.md), and on cuda and npu until measured there (scripts/cuda_check.sh unit measures cuda; "
             "set on to use it now). Mixture-of-experts models cannot be one graph (on: an error). "
             "engines/compiled_decode.py."
