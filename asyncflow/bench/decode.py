@@ -5,8 +5,8 @@
 Each row holds ``--context`` tokens of KV (its own blocks, a copy of one prefill of random
 tokens) and feeds a random token at the next position, as a decode step of a batch that
 far into its sequences does; the
-compiled step pads the rows and key positions to its buckets, the eager one runs them
-as they are. Per rows: one eager step and the compiled step's first call (its compile,
+compiled step pads the rows to its bucket, the eager one runs them as they are; both
+attend over the keys bucket, as the engine's steps do. Per rows: one eager step and the compiled step's first call (its compile,
 timed once: ``compile_s``), then ``--steps`` of each alternating, medians reported. The
 same inputs' logits are compared: the largest gap of their float32 log-softmax and
 whether every row's greedy token is the same.
@@ -39,6 +39,7 @@ def decode(rows, context, steps, threads, device, dtype, hidden_size, num_layers
     """Decode ms/step, eager vs compiled, at each --rows (and the compile time paid once)."""
     import torch
 
+    from asyncflow.engines.compiled_decode import pad_keys
     from asyncflow.engines.config import RolloutEngineConfig
     from asyncflow.engines.factory import build_rollout_engine
 
@@ -88,7 +89,8 @@ def decode(rows, context, steps, threads, device, dtype, hidden_size, num_layers
     for B in sizes:
         ids_B1 = torch.randint(0, vocab, (B, 1), generator=g).to(dev)
         pos_B1 = torch.full((B, 1), context, dtype=torch.long, device=dev)
-        table_BK = slot_table_RK[:B, : context + 1]
+        # both sides attend over the keys bucket, as the engine's decode steps do (compiled_decode.pad_keys)
+        table_BK = pad_keys(slot_table_RK[:B], context + 1, compiled.key_sizes)
         last_B = torch.zeros(B, dtype=torch.long, device=dev)
 
         eager = functools.partial(decoder.step, pool, ids_B1, pos_B1, None, table_BK, last_B)

@@ -24,12 +24,15 @@ Invariants:
   so a second engine of the same shapes in one process reuses the first one's.)
 - Padded rows feed token 0 at position 0 and read slot 0; their keys and values are
   not written. A real row attends only its own keys 0..pos (its padded key positions are
-  masked), so the real rows' logits are the eager step's to float32 rounding: within
-  1e-5 in log-probs with the same greedy tokens on the tests' 2-layer models. Over
-  SmolLM2-135M's 30 layers the gap reached 2.1e-5 (8 prompts, greedy, same tokens),
-  nearly all of it from the padded key positions: the CPU attention kernel sums a longer
-  masked row in another order, and the eager step run at the padded length differs from
-  eager by 1.9e-5, while padding rows changes nothing.
+  masked).
+- Compiled and eager compute the same numbers (the tests hold them to 1e-5 in float32
+  log-probs with the same greedy tokens, SmolLM2-135M's 30 layers included; measured on
+  its real weights: equal to the bit). Two things made them differ, 3e-5 over 30 layers,
+  each alone most of it: the CPU attention kernel sums a longer masked row in another
+  order, so the eager step too attends over the keys bucket (``key_buckets``, ``pad_keys``:
+  the engine's eager decode pads its slot table as the graph does); and inductor fuses
+  RMSNorm's sum of squares into a loop of its own order, so the graph calls eager's
+  kernel (``native_model._eager_rms_norm``, a custom op). Padding rows changes nothing.
 - New weights are copied into the same parameters (engines/inplace_weights.py), so a
   graph computes with the weights of the last sync: no recompile, no re-capture.
 - Prefill stays eager (its shapes vary with the prompts); so does sampling.
@@ -74,6 +77,21 @@ def bucket_of(n: int, sizes: tuple[int, ...]) -> int:
     raise ValueError(f"{n} is past the largest bucket {sizes[-1]}")
 
 
+def key_buckets(decoder: NativeDecoder, pool: KVBlockPool) -> tuple[int, ...]:
+    """The keys buckets of a decode step: eager and compiled alike attend over a bucket's
+    key positions (module docstring)."""
+    return buckets(min(decoder.max_positions, pool.capacity_tokens), MIN_KEYS)
+
+
+def pad_keys(slot_table_BK: torch.Tensor, num_keys: int, sizes: tuple[int, ...]) -> torch.Tensor:
+    """The first ``num_keys`` columns of ``slot_table_BK`` padded or cut to their bucket
+    (padding: slot 0, beyond every row's position, so masked)."""
+    K = bucket_of(num_keys, sizes)
+    if slot_table_BK.shape[1] >= K:
+        return slot_table_BK[:, :K]
+    return torch.nn.functional.pad(slot_table_BK, (0, K - slot_table_BK.shape[1]))
+
+
 def why_not_compiled(decoder: NativeDecoder) -> str:
     """Why this model's decode step cannot be one graph ("" when it can)."""
     if any(layer.moe for layer in decoder.layers):
@@ -84,7 +102,7 @@ def why_not_compiled(decoder: NativeDecoder) -> str:
 AUTO_DEVICES: frozenset[str] = frozenset()
 """Device types where ``compile = "auto"`` compiles: where the compiled step measured
 faster than eager by enough to repay its compiles (docs/performance.md). None yet: on the
-CPU it measured 0.87x to 1.13x for a minute or two of compiling per graph; cuda is not
+CPU it measured 1.06x to 1.10x for a minute or so of compiling per graph; cuda is not
 measured yet (``scripts/cuda_check.sh unit`` measures it: add "cuda" here if it pays)."""
 
 
@@ -114,7 +132,7 @@ class CompiledDecode:
         self.decoder, self.pool = decoder, pool
         self.device = decoder.device
         self.row_sizes = buckets(max_rows, MIN_ROWS)
-        self.key_sizes = buckets(min(decoder.max_positions, pool.capacity_tokens), MIN_KEYS)
+        self.key_sizes = key_buckets(decoder, pool)
         self.compile_s: dict[GraphKey, float] = {}
         """Seconds of each key's first call (its compile, and on cuda its capture)."""
         self.num_graphs = 0
@@ -144,11 +162,13 @@ class CompiledDecode:
     @torch.inference_mode()
     def step(self, ids_B1: torch.Tensor, pos_B1: torch.Tensor, slot_table_BK: torch.Tensor) -> torch.Tensor:
         """Float32 logits [B, V] of each row's next token, as ``decoder.step`` gives them
-        for the same arguments (``slot_table_BK`` at least max position + 1 wide)."""
+        for the same arguments padded to the same keys bucket (``slot_table_BK`` at least
+        max position + 1 wide; its width picks the keys bucket, so no value is read back
+        from the device)."""
         from torch._dynamo.utils import counters
 
         B = ids_B1.shape[0]
-        key = self.key(B, int(pos_B1.max()) + 1)
+        key = self.key(B, slot_table_BK.shape[1])
         P, K = key.rows, key.keys
         width = min(K, slot_table_BK.shape[1])
         ids_P1 = torch.zeros((P, 1), dtype=torch.long, device=self.device)

@@ -167,6 +167,17 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
         ),
     ] = True
     max_batch_size: Annotated[Count, Meta(description="Most sequences decoded together in one step.")] = 64
+    max_prefill_tokens: Annotated[
+        NonNegInt,
+        Meta(
+            description="Native engine: most prompt tokens one step's prefill forward computes, counted as that forward "
+            "pads them: its distinct prompts (a group's samples share one) times the longest. Admission stops at the "
+            "prompt that would pass it, which waits for the next step, while the running sequences decode every step; "
+            "so a long prompt arriving among many short ones does not pad them all to its length. A prompt longer than "
+            "the budget runs alone in its step. 0: no limit (every prompt that fits the batch and the KV cache joins "
+            "the one forward)."
+        ),
+    ] = 0
     compile: Annotated[
         Literal["auto", "on", "off"],
         Meta(
@@ -174,8 +185,10 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
             "which captures CUDA graphs). Its rows are padded to powers of two from 8 up to max_batch_size and its key "
             "positions to powers of two from 64, one graph per pair, each compiled on first use (SmolLM2-135M on the "
             "2-core CPU: about 1 to 2 minutes a graph); weight syncs copy into the same parameters, so graphs are kept. "
-            "Prefill and sampling stay eager. auto: on only on a device where it measured faster by enough to repay its "
-            "compiles, which is none yet: off on cpu (SmolLM2-135M, 0.87x to 1.13x eager per step at 8 to 256 rows: "
+            "The eager step attends over the same keys buckets, and the graph calls eager's RMSNorm kernel, so compiling "
+            "changes no number (SmolLM2-135M, 30 layers: log-probs equal to the bit). Prefill and sampling stay eager. "
+            "auto: on only on a device where it measured faster by enough to repay its "
+            "compiles, which is none yet: off on cpu (SmolLM2-135M, 1.06x to 1.10x eager per step at 8 to 256 rows: "
             "docs/performance.md), and on cuda and npu until measured there (scripts/cuda_check.sh unit measures cuda; "
             "set on to use it now). Mixture-of-experts models cannot be one graph (on: an error). "
             "engines/compiled_decode.py."
@@ -243,7 +256,13 @@ class RolloutEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
                 raise Refused("partial_kv", 'only the vLLM engines take it: remove it, or set type = "vllm"')
             if self.type == "hf" and self.compile == "on":
                 raise Refused("compile", 'only the native engine compiles its decode step: remove it, or set type = "native"')
+            if self.type == "hf" and self.max_prefill_tokens:
+                raise Refused(
+                    "max_prefill_tokens", 'only the native engine budgets its prefills: remove it, or set type = "native"'
+                )
             return
+        if self.max_prefill_tokens:
+            raise Refused("max_prefill_tokens", "vLLM budgets its own prefills (max_num_batched_tokens): remove it")
         if self.compile == "on":
             raise Refused("compile", "vLLM compiles its own graphs (enforce_eager = false): remove compile")
         if self.type == "vllm_ascend" and self.weight_transfer == "ipc":

@@ -2,13 +2,17 @@
 continuous batching. Default on cpu; also runs on cuda and npu.
 
 Each sample of each prompt is a sequence. The scheduler loop:
-1. admit waiting sequences, in order, while a batch row is free (``max_batch_size``)
-   and the KV pool can reserve ``prompt_len + max_new_tokens - 1`` token slots
-   for them (the worst case: the last sampled token is never fed back);
+1. admit waiting sequences, in order, while a batch row is free (``max_batch_size``),
+   the KV pool can reserve ``prompt_len + max_new_tokens - 1`` token slots
+   for them (the worst case: the last sampled token is never fed back), and, with
+   ``max_prefill_tokens``, the padded prefill (distinct prompts x the longest) stays
+   within it (the first prompt of a step is admitted whatever its length);
 2. prefill the admitted prompts in one padded forward and sample their first token
    (each distinct prompt runs once; its other samples get a copy of its prompt KV;
    a token prefix common to all the distinct prompts, such as a chat template's system
-   prompt, runs once too, and the others get a copy of its KV: ``_prefill``);
+   prompt, runs once too, and the others get a copy of its KV; a prompt whose samples
+   were admitted earlier and still run copies its KV from one of them and runs only its
+   last token: ``_prefill``);
 3. decode one token for every running sequence in one forward (with ``compile``, a
    graph per bucket of rows and key positions: ``engines/compiled_decode.py``);
 4. sequences that sampled a stop token or reached ``max_new_tokens`` leave: their
@@ -48,7 +52,7 @@ import torch
 
 from asyncflow.core.phases import phase
 from asyncflow.engines.base import Completion, RolloutEngine, RolloutStream, run_stream
-from asyncflow.engines.compiled_decode import CompiledDecode, resolve_compile
+from asyncflow.engines.compiled_decode import CompiledDecode, key_buckets, pad_keys, resolve_compile
 from asyncflow.engines.config import RolloutEngineConfig, SamplingParams
 from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
 from asyncflow.engines.hf import load_model
@@ -76,6 +80,7 @@ class _Seq:
     max_new: int = 0  # max_new_tokens of this sequence (its stream's, or the one its add gave)
     cached: int = 0  # leading prompt tokens whose KV came from the prefix cache (whole blocks, shared)
     epoch: int = 0  # the prefix cache's epoch (weights) at admission
+    kv_version: int = -1  # the weights version its prompt's keys and values were computed under (-1: not yet)
 
 
 @dataclass
@@ -96,6 +101,10 @@ class SchedulerStats:
     """Prompt tokens run through prefill forwards: a distinct prompt's tokens once, less
     the prefix it shares with the others admitted with it (which runs once for all), less
     what the prefix cache served."""
+    prefill_padded_tokens: int = 0
+    """Token positions the prefill forwards computed: each forward's distinct prompts times
+    its longest run (the padding included), plus a shared prefix's tokens once. One
+    step's share stays within ``max_prefill_tokens`` when it admitted two prompts or more."""
     prefix_cached_tokens: int = 0
     """Prompt tokens of the distinct prompts whose KV the prefix cache served (not run)."""
     max_running: int = 0
@@ -125,6 +134,9 @@ class NativeRolloutEngine(RolloutEngine):
             device=self.device,
         )
         self.compiled = CompiledDecode(self.decoder, self.pool, cfg.max_batch_size) if compiled else None
+        self.key_sizes = key_buckets(self.decoder, self.pool)
+        """A decode step attends over a bucket of key positions, compiled or not: the same
+        arithmetic, so compiling changes no number (engines/compiled_decode.py)."""
         self.prefix = PrefixCache(self.pool) if cfg.prefix_cache else None
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self._version = version
@@ -163,8 +175,10 @@ class NativeRolloutEngine(RolloutEngine):
     def _append(self, seqs: list[_Seq], logits_BV: torch.Tensor, params: SamplingParams) -> None:
         with phase("sample"):
             token_B, logp_B = sample(logits_BV, params, self.generator)
-        for q, t, lp in zip(seqs, token_B.tolist(), logp_B.tolist()):
-            q.out_ids.append(t)
+            # the step's one read back from the device: tokens (exact in float64) and log-probs together
+            tokens, logps = torch.stack((token_B.double(), logp_B.double())).tolist()
+        for q, t, lp in zip(seqs, tokens, logps):
+            q.out_ids.append(int(t))
             q.out_logps.append(lp)
             q.out_versions.append(self._version)
 
@@ -180,7 +194,9 @@ class NativeRolloutEngine(RolloutEngine):
         rows = torch.tensor([q.row for q in seqs], device=self.device)
         slot_table_RK[rows, : slots_SK.shape[1]] = torch.from_numpy(slots_SK).to(self.device)
 
-    def _prefill(self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams) -> tuple[int, int]:
+    def _prefill(
+        self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams, running: Sequence[_Seq] = ()
+    ) -> tuple[int, int, int]:
         """Prefill the admitted sequences and sample their first tokens. The samples of
         one prompt share it, so each distinct prompt is run once (its first sample, the
         leader, in admission order); the others get a copy of the leader's prompt KV and
@@ -191,15 +207,24 @@ class NativeRolloutEngine(RolloutEngine):
         short of the shortest prompt by one, so that every leader runs a token) runs
         once, in the first leader's slots; its KV is copied into the other leaders'
         slots, and the forward runs only what follows it, at its true positions.
-        Returns the rows and the prompt tokens the forwards ran."""
+
+        A leader whose prompt a sequence in ``running`` holds, computed under the current
+        weights (a group split over two admissions), copies that prompt's KV but its last
+        token, and runs only that token (whose logits its samples draw from).
+        Returns the rows, the prompt tokens the forwards ran, and the positions they
+        computed (padding included)."""
         leader_of: dict[int, int] = {}  # prompt index -> position of its leader in seqs
         lead_S = [leader_of.setdefault(q.prompt_index, s) for s, q in enumerate(seqs)]
         leaders = [seqs[s] for s in leader_of.values()]
         rows = torch.tensor([q.row for q in leaders], device=self.device)
-        cached = any(q.cached for q in leaders)
+        holders = {q.prompt_index: q for q in running if q.kv_version == self._version}
+        copied = self._copy_running_prompts(leaders, holders, slot_table_RK)
+        cached = any(q.cached for q in leaders) or bool(copied)
         shared = 0 if cached else self._run_shared_prefix(leaders, rows, slot_table_RK)
-        # each leader runs its prompt from its first token not served: the shared prefix's or the cache's end
-        start_B = np.fromiter((q.cached or shared for q in leaders), dtype=np.int64, count=len(leaders))
+        # each leader runs its prompt from its first token not served: a running sample's copy, the cache's or the shared prefix's end
+        start_B = np.fromiter(
+            (copied.get(b) or q.cached or shared for b, q in enumerate(leaders)), dtype=np.int64, count=len(leaders)
+        )
         n_B = np.fromiter((len(q.prompt) for q in leaders), dtype=np.int64, count=len(leaders)) - start_B
         Q = int(n_B.max())
         col_Q = np.arange(Q)
@@ -226,7 +251,9 @@ class NativeRolloutEngine(RolloutEngine):
                 index_of = {s: b for b, s in enumerate(leader_of.values())}
                 logits_BV = logits_BV[torch.tensor([index_of[s] for s in lead_S], device=self.device)]
         self._append(seqs, logits_BV, params)
-        return len(leaders), shared + int(n_B.sum())
+        for q in seqs:
+            q.kv_version = self._version
+        return len(leaders), shared + int(n_B.sum()), shared + len(leaders) * Q
 
     def _admit(self, q: _Seq) -> bool:
         """Reserve ``q``'s KV blocks (its worst case), the cached ones first; False when they
@@ -281,6 +308,26 @@ class NativeRolloutEngine(RolloutEngine):
             self.pool.v[:, dst] = self.pool.v[:, src.repeat(len(leaders) - 1)]
         return shared
 
+    def _copy_running_prompts(self, leaders: list[_Seq], holders: dict[int, _Seq], slot_table_RK: torch.Tensor) -> dict[int, int]:
+        """Copy into each leader whose prompt a running sequence holds that prompt's KV but
+        its last token, past what the prefix cache served (one gather and one scatter for
+        all); returns {leader's position in ``leaders``: tokens now in place}."""
+        copied: dict[int, int] = {}
+        src, dst = [], []
+        for b, q in enumerate(leaders):
+            holder = holders.get(q.prompt_index)
+            if holder is None or len(q.prompt) - 1 <= q.cached:
+                continue
+            n = len(q.prompt) - 1
+            src.append(slot_table_RK[holder.row, q.cached : n])
+            dst.append(slot_table_RK[q.row, q.cached : n])
+            copied[b] = n
+        if copied:
+            src_slots, dst_slots = torch.cat(src), torch.cat(dst)
+            self.pool.k[:, dst_slots] = self.pool.k[:, src_slots]
+            self.pool.v[:, dst_slots] = self.pool.v[:, src_slots]
+        return copied
+
     def _share_prompt_kv(self, seqs: list[_Seq], lead_S: list[int], slot_table_RK: torch.Tensor) -> None:
         """Copy each leader's prompt KV (every layer, keys and values) into the slots of
         the other samples of its prompt: one gather and one scatter for all of them."""
@@ -301,16 +348,17 @@ class NativeRolloutEngine(RolloutEngine):
     def _decode(self, seqs: list[_Seq], slot_table_RK: torch.Tensor, params: SamplingParams) -> None:
         # The last sampled token of each sequence is fed at position len(prompt) + len(out) - 1.
         pos = [len(q.prompt) + len(q.out_ids) - 1 for q in seqs]
-        K = max(pos) + 1
-        ids_B1 = torch.tensor([[q.out_ids[-1]] for q in seqs], device=self.device)
-        pos_B1 = torch.tensor(pos, device=self.device).unsqueeze(1)
-        rows = torch.tensor([q.row for q in seqs], device=self.device)
+        # the step's inputs in one copy to the device: ids, positions, rows
+        host_3B = torch.tensor([[q.out_ids[-1] for q in seqs], pos, [q.row for q in seqs]])
+        ids_B, pos_B, rows = host_3B.to(self.device)
+        ids_B1, pos_B1 = ids_B.unsqueeze(1), pos_B.unsqueeze(1)
+        table_BK = pad_keys(slot_table_RK[rows], max(pos) + 1, self.key_sizes)
         with phase("decode_model"):
             if self.compiled is not None:
-                logits_BV = self.compiled.step(ids_B1, pos_B1, slot_table_RK[rows, :K])
+                logits_BV = self.compiled.step(ids_B1, pos_B1, table_BK)
             else:
                 last_B = torch.zeros(len(seqs), dtype=torch.long, device=self.device)
-                logits_BV = self.decoder.step(self.pool, ids_B1, pos_B1, None, slot_table_RK[rows, :K], last_B)
+                logits_BV = self.decoder.step(self.pool, ids_B1, pos_B1, None, table_BK, last_B)
         self._append(seqs, logits_BV, params)
 
     def close(self) -> None:
@@ -403,10 +451,17 @@ class NativeStream(RolloutStream):
         done: list[_Seq] = []
         admitted: list[_Seq] = []
         self.admitted = admitted
+        budget = engine.cfg.max_prefill_tokens
+        longest: dict[int, int] = {}  # prompt index -> its length, of this step's distinct prompts
         while self.waiting and self.free_rows:
             q = self.waiting[0]
+            if budget and longest and q.prompt_index not in longest:
+                padded = (len(longest) + 1) * max(len(q.prompt), *longest.values())
+                if padded > budget:  # the prefill forward pads its prompts to the longest
+                    break
             if not engine._admit(q):
                 break
+            longest[q.prompt_index] = len(q.prompt)
             self.waiting.popleft()
             q.row = self.free_rows.pop()
             admitted.append(q)
@@ -414,9 +469,10 @@ class NativeStream(RolloutStream):
             engine._fill_slots(admitted, self.slot_table_RK)
             if self.running:
                 stats.admitted_while_running += len(admitted)
-            rows, tokens = engine._prefill(admitted, self.slot_table_RK, params)
+            rows, tokens, padded = engine._prefill(admitted, self.slot_table_RK, params, self.running)
             stats.prefill_rows += rows
             stats.prefill_tokens += tokens
+            stats.prefill_padded_tokens += padded
             stats.prefix_cached_tokens += sum({q.prompt_index: q.cached for q in admitted}.values())
             stats.num_prefills += 1
             self.running.extend(self._finish_check(admitted, done))

@@ -145,3 +145,44 @@ def test_compiled_decode_matches_eager_at_smollm2_width(tmp_path):
     eager, compiled = engines(model_dir)
     assert_same(shrinking_run(eager), shrinking_run(compiled))
     assert compiled.compiled.recompiles == 0
+
+
+SMOLLM2_135M = dict(
+    vocab_size=49_152,
+    hidden_size=576,
+    intermediate_size=1_536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8_192,
+    rms_norm_eps=1e-5,
+    rope_parameters={"rope_type": "default", "rope_theta": 100_000.0},
+    tie_word_embeddings=True,
+)
+"""SmolLM2-135M's config.json (models/smollm2-135m: ``afctl model import-gguf smollm2``), its shapes
+and numbers, so that no download is needed."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_compiled_decode_matches_eager_at_smollm2s_full_depth(tmp_path):
+    """All 30 of SmolLM2-135M's layers, random weights (N(0, 0.05) matrices: log-probs spread over
+    several nats, as a trained model's are): the graph's rounding, if it differed from eager's,
+    would compound over the depth. It once did, by 3e-5: RMSNorm's reduction fused in another
+    order, and keys padded to the graph's bucket, which the eager step did not pad."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from asyncflow.toy.tiny import build_char_tokenizer
+
+    config = LlamaConfig(**SMOLLM2_135M, initializer_range=0.05)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(tmp_path / "smol")
+    build_char_tokenizer().save_pretrained(tmp_path / "smol")
+    eager, compiled = engines(tmp_path / "smol")
+    expected = shrinking_run(eager)
+    assert max(-lp for c in expected for lp in c.logprobs) > 1.0  # not a near-uniform or near-certain model
+    assert_same(expected, shrinking_run(compiled))
+    assert compiled.compiled.recompiles == 0

@@ -218,3 +218,117 @@ def test_an_error_mid_generation_releases_every_kv_reservation(qwen2_dir):
     with pytest.raises(RuntimeError, match="device lost"):
         rollout.generate(PROMPTS, SamplingParams(max_new_tokens=8, n=2))
     assert calls and rollout.pool.used_bytes == 0
+
+
+def test_a_groups_prompt_is_prefilled_once_whatever_the_group_size(qwen2_dir):
+    """A GRPO group is one prompt's n samples: its prompt tokens run through the model once,
+    counted in tokens, however large the group."""
+    prompts = PROMPTS[:3]
+    for n in (1, 4, 8):
+        rollout = engine(qwen2_dir, max_batch_size=24, prefix_cache=False)
+        rollout.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=4, n=n, seed=0))
+        assert rollout.stats.prefill_tokens == sum(len(p) for p in prompts)
+        assert rollout.stats.num_prefills == 1 and rollout.stats.prefill_rows == 3
+
+
+def test_max_prefill_tokens_keeps_a_long_prompt_from_padding_the_short_ones_while_decode_goes_on(qwen2_dir):
+    long = [4] + [9, 10, 11, 12, 13] * 20  # 101 tokens
+    shorts = [[4, 20 + i, 5] for i in range(10)]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    unbounded = engine(qwen2_dir, max_batch_size=16, prefix_cache=False)
+    expected = unbounded.generate([long, *shorts], greedy)
+    # without a budget the one forward pads the 10 short prompts to the long one's length
+    assert unbounded.stats.num_prefills == 1 and unbounded.stats.prefill_padded_tokens == 11 * 101
+
+    budget = 16  # 5 of the short prompts a step
+    rollout = engine(qwen2_dir, max_batch_size=16, prefix_cache=False, max_prefill_tokens=budget)
+    stream = rollout.open_stream(greedy)
+    stream.add([long, *shorts])
+    done, steps = [], []
+    while stream.num_active:
+        before = (stream.stats.prefill_padded_tokens, stream.stats.prefill_rows, stream.stats.num_steps)
+        done.extend(stream.step())
+        stats = stream.stats
+        steps.append((stats.prefill_padded_tokens - before[0], stats.prefill_rows - before[1]))
+        assert stats.num_steps == before[2] + 1  # every step decodes, the ones that prefill too
+    stream.close()
+    assert steps[0] == (101, 1)  # the long prompt, first in line, runs alone (it is past the budget)
+    assert all(tokens <= budget for tokens, rows in steps if rows > 1)
+    assert [rows for _, rows in steps if rows] == [1, 5, 5]
+    assert rollout.stats.prefill_padded_tokens < unbounded.stats.prefill_padded_tokens / 4
+    done.sort(key=lambda c: c.prompt_index)
+    assert [c.response_ids for c in done] == [c.response_ids for c in expected]
+    for c, e in zip(done, expected):
+        assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(e.logprobs), atol=1e-5, rtol=0)
+
+
+def test_max_prefill_tokens_is_refused_where_the_engine_has_no_such_budget():
+    import msgspec
+
+    from asyncflow.core.schema import Refused
+
+    for kind in ("hf", "vllm"):
+        cfg = msgspec.convert({"type": kind, "max_prefill_tokens": 512}, RolloutEngineConfig)
+        with pytest.raises(Refused) as refused:
+            cfg.check(None)
+        assert refused.value.key == "max_prefill_tokens"
+    msgspec.convert({"type": "native", "max_prefill_tokens": 512}, RolloutEngineConfig).check(None)
+
+
+READ_BACKS = frozenset({"item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__"})
+
+
+@pytest.mark.parametrize("compile_", ["off", "on"])
+@pytest.mark.timeout(600)
+def test_a_decode_step_reads_the_device_back_once(compile_, llama_dir):
+    """Sampling and log-probs stay on the device; a decode step's tokens and log-probs come
+    back to the host in one read (on cuda each read waits for the device: a host sync)."""
+    from torch.overrides import TorchFunctionMode
+
+    class ReadBacks(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            if name in READ_BACKS:
+                self.calls.append(name)
+            return func(*args, **(kwargs or {}))
+
+    rollout = engine(llama_dir, max_batch_size=8, compile=compile_)
+    for params in (
+        SamplingParams(temperature=1.0, max_new_tokens=5, n=2, seed=0),
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=5),
+    ):
+        stream = rollout.open_stream(params)
+        stream.add(PROMPTS)
+        stream.step()  # admission and prefill
+        assert not stream.waiting and stream.running
+        stream.step()  # one decode step (compiles its graph, with compile on)
+        counter = ReadBacks()
+        with counter:
+            stream.step()
+        stream.close()
+        assert counter.calls == ["tolist"]
+
+
+def test_a_groups_samples_admitted_later_copy_the_prompt_kv_of_a_running_sample(qwen2_dir):
+    """A group split over two admissions (rows ran out mid-group): the later samples copy the
+    prompt's keys and values from a sample still running and run only its last token, whose
+    logits they sample from; their log-probs are still the training engine's."""
+    a = [4] + [9, 10, 11] * 6 + [5]  # 20 tokens
+    b = [4] + [12, 13, 14, 15] * 5 + [5]  # 22 tokens
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=2)
+    rollout = engine(qwen2_dir, max_batch_size=6)
+    stream = rollout.open_stream(params)
+    stream.add([a], n=4, max_new_tokens=3)
+    stream.add([b], n=4)  # 2 of its samples fit the 6 rows; the other 2 wait for a's to finish
+    done = []
+    while stream.num_active:
+        done.extend(stream.step())
+    stream.close()
+    stats = stream.stats
+    assert stats.num_prefills == 2 and stats.admitted_while_running == 2
+    assert stats.prefill_tokens == len(a) + len(b) + 1  # b's later samples ran its last token only
+    assert_training_logprobs(qwen2_dir, [a, b], sorted(done, key=lambda c: (c.prompt_index, c.sample_index)))
