@@ -111,8 +111,9 @@ RECORDS = [
     _r("sticky", "results", "python scripts/bench_sticky.py --replicas 2,4 --json",
        keys=("runs.replicas", "runs.policy", "runs.prompt_tokens", "runs.reused_fraction", "runs.cached_fraction")),
     _r("twin", "results", "python scripts/twin_table.py --cases 7b:32,64,256,1024 32b:32,64,256,1024 --steps 5 "
-       "--out {work}/twin", keys=("cases.model", "cases.npus", "cases.speedup_async_over_colocated",
-                                  "cases.predicted_speedup_async_over_colocated", "cases.wall_s")),
+       "--out {work}/twin --linearity 7b:64,1024 32b:64,1024 --linearity-batch 1024x16",
+       keys=("cases.model", "cases.npus", "cases.speedup_async_over_colocated",
+             "cases.predicted_speedup_async_over_colocated", "cases.wall_s")),
     _r("planner_rounds", "results", f"{AF} bench planner --rounds 6 --json --out {{work}}/planner_rounds",
        keys=("ratios",)),
     _r("fanout", "results", f"{AF} bench fanout --replicas 2,8,32,128 --mb 16 --versions 3 --json",

@@ -22,7 +22,15 @@ import click
     "--time-scale",
     default="auto",
     show_default=True,
-    help="Seconds here per modelled second; auto: the predicted async step sleeps about 2 s.",
+    help="Seconds here per modelled second; auto: the predicted async step sleeps about --step-s.",
+)
+@click.option(
+    "--step-s",
+    default=2.0,  # bench/twin.TARGET_STEP_S
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="With --time-scale auto: the seconds the predicted async step takes here. A larger batch needs more: the "
+    "emulated engines' own CPU per step grows with the rows (16 s for 1,024 x 16 on this 2-core box).",
 )
 @click.option("--modes", default="sync,async,colocated", show_default=True, help="Comma list of sync, async, colocated.")
 @click.option(
@@ -43,6 +51,7 @@ def twin(
     hardware: str,
     steps: int,
     time_scale: str,
+    step_s: float,
     modes: str,
     rollout: str,
     prompts: int,
@@ -101,7 +110,7 @@ def twin(
     except ValueError as exc:
         raise click.UsageError(f"--npus {npus}: {exc}") from None
     anchor = plans.get("async") or next(iter(plans.values()))
-    scale = float(time_scale) if time_scale != "auto" else tw.TARGET_STEP_S / anchor.predicted_step_s
+    scale = float(time_scale) if time_scale != "auto" else step_s / anchor.predicted_step_s
     tw.say_stderr(
         f"workload: prompts {wl.prompt_len_tokens} tokens, responses {wl.response_len_tokens} mean / "
         f"{wl.max_response_len_tokens} cap (modelled; x{tw.TOKEN_SCALE} the emulated), no reference; time_scale {scale:.3g}"
