@@ -3,13 +3,15 @@
 # is the check of the vLLM path, on a machine that can install it). Each step has its own
 # time limit; one summary line per step (PASS/FAIL and its figures), whatever failed.
 #
-#   scripts/cuda_check.sh unit [OUT]    ~6 min: the gpu tests of the native engines at real size
+#   scripts/cuda_check.sh unit [OUT]    ~8 min: the gpu tests of the native engines at real size
 #                                       (tests/engines/test_cuda_native.py), the decode step eager vs
 #                                       compiled at 8, 64 and 256 rows (bench decode), native vs HF
-#                                       generate on SmolLM2-135M's shapes (random weights), a 3-step run
+#                                       generate on SmolLM2-135M's shapes (random weights), the weight
+#                                       hand-off on a shared GPU (bench weights: nng vs CUDA IPC), the
+#                                       trainer's FLOP/s (bench train --config), a 3-step run
 #   scripts/cuda_check.sh real [OUT]    ~7 min: SmolLM2-135M-Instruct itself (the GGUF file put
 #                                       together from .gpu/smollm2.gguf.part*), examples/smollm2.toml
-#                                       on the GPU: TRL, sync and async side by side (one quiet
+#                                       on the GPU: TRL's default and fastest paths, sync and async side by side (one quiet
 #                                       invocation), then more seeds of each at once
 #
 # Wheels of the packages the machine lacks (pykka, pynng, msgspec, gguf, trl, datasets, ...)
@@ -117,6 +119,31 @@ if [ "$PHASE" = unit ]; then
       record FAIL "rollout-$dtype" "rc $rc: $(tailof "bench-rollout-$dtype")"
     fi
   done
+  # weight hand-off on a shared GPU: nng chunks (host-staged) against the local transport (CUDA IPC)
+  step weights-local 90 "${AF[@]}" bench weights --device cuda --mb 540 --tensor-mb 2 --repeats 3 \
+    --transports nng,local --json
+  rc=$?
+  fig="$(tail -n 1 "$WORK/weights-local.log")"
+  if [ $rc = 0 ] && [ "${fig:0:1}" = "{" ]; then
+    echo "{\"bench_weights_cuda\": $fig}" >>"$FIG"
+    record PASS weights-local "$(echo "$fig" | cut -c1-300)"
+  else
+    record FAIL weights-local "rc $rc: $(tailof weights-local)"
+  fi
+  step weights-local-tests 90 "$PY" -m pytest -q -p no:cacheprovider -m gpu --timeout 80 tests/runs/test_weight_local.py
+  rc=$?
+  line="$(grep -E '[0-9]+ (passed|failed|error)' "$WORK/weights-local-tests.log" | tail -n 1)"
+  [ $rc = 0 ] && record PASS weights-local-tests "$line" || record FAIL weights-local-tests "rc $rc: ${line:-$(tailof weights-local-tests)}"
+  # the trainer's FLOP/s on the example's step shape against a bfloat16 matmul's, measured on the spot
+  step train-flops 120 "${AF[@]}" bench train --config examples/smollm2.toml --model "$WORK/smol-random" "${CUDA_SET[@]}" --json
+  rc=$?
+  fig="$(tail -n 1 "$WORK/train-flops.log")"
+  if [ $rc = 0 ] && [ "${fig:0:1}" = "{" ]; then
+    echo "{\"bench_train_cuda\": $fig}" >>"$FIG"
+    record PASS train-flops "$(echo "$fig" | cut -c1-300)"
+  else
+    record FAIL train-flops "rc $rc: $(tailof train-flops)"
+  fi
   RUN="$WORK/runs/smoke-async"
   step up-smoke 100 "${AF[@]}" up examples/smollm2.toml --run-dir "$RUN" "${CUDA_SET[@]}" \
     --set "model.path=\"$WORK/smol-random\"" --set train.num_steps=3 --set eval.every_steps=0 --set eval.at_start=false --set train.checkpoint_every=3
@@ -141,7 +168,7 @@ rm -rf "$MODEL"
 step import 90 "${AF[@]}" model import-gguf "$GGUF" "$MODEL" && record PASS import "$(tailof import)" || { record FAIL import "$(tailof import)"; exit 1; }
 
 # one quiet invocation: TRL, sync, async on the GPU, seed 0 (samples/s and held-out accuracy)
-step peer-seed0 200 "${AF[@]}" bench peer --config examples/smollm2.toml --steps 10 --trl-threads 4 --json \
+step peer-seed0 260 "${AF[@]}" bench peer --config examples/smollm2.toml --steps 10 --trl-threads 4 --trl-path default --trl-path fast --json \
   --out "$WORK/runs/peer0" "${CUDA_SET[@]}"
 rc=$?
 fig="$(tail -n 1 "$WORK/peer-seed0.log")"
