@@ -88,7 +88,7 @@ def fmt(value: object, spec: str) -> str:
 class Paired:
     """Two figures measured on the same seeds, compared seed by seed: the difference a - b, its mean,
     sd and standard error of the mean (sd / sqrt(n)), how many standard errors the mean is from 0,
-    and the verdict "mean >= at_least"."""
+    the verdict "mean >= at_least", and ``not_worse``: "mean > -2 standard errors"."""
 
     seeds: list
     a: list[float]
@@ -103,6 +103,8 @@ class Paired:
         self.se = self.sd / self.n**0.5
         self.z = abs(self.mean) / self.se if self.se else float("inf")
         self.verdict = "met" if self.mean >= self.at_least else "not met"
+        # "not worse beyond noise": the mean difference above -2 standard errors
+        self.not_worse = "met" if self.mean > -2 * self.se else "not met"
         self.summary = f"{self.mean:+.3f} (sd {self.sd:.3f}, s.e. {self.se:.3f}, {self.n} seeds, {self.z:.1f} s.e. from 0)"
 
     def table(self, a_name: str, b_name: str) -> list[str]:
