@@ -384,6 +384,28 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     micro_batch_size: Annotated[
         Count, Meta(description="Sequences per forward/backward; gradients accumulate over a step's micro-batches.")
     ] = 8
+    micro_batch_tokens: Annotated[
+        NonNegInt,
+        Meta(
+            description="Micro-batches sized by tokens instead of rows: a step's rows sorted by length (a group's rows kept "
+            "together with share_prompts) and cut into micro-batches of at most this many tokens (rows x the longest row "
+            "of the micro-batch), each trimmed to its longest row, so the model computes on little padding and few, large "
+            "micro-batches (each one casts the weights under autocast and adds to the gradients). micro_batch_size is then "
+            "not used; a row longer than the budget gets a micro-batch of its own. The same loss and gradients up to float "
+            "rounding. 0: micro_batch_size rows per micro-batch. Not with packing (pack_tokens sizes packed rows)."
+        ),
+    ] = 0
+    logit_chunk: Annotated[
+        NonNegInt,
+        Meta(
+            description="Token positions whose logits are formed at once when the log-probs and entropies are computed: "
+            "the LM head and the float32 log-softmax over the vocabulary run chunk by chunk, forward and again in backward "
+            "(engines/chunked_logp.py), so no float32 [tokens, vocabulary] tensor is kept for the backward. The same "
+            "log-probs and gradients up to float rounding. 0: the whole micro-batch at once. The plain path is taken "
+            "anyway for a critic, FSDP, sampling truncation (top_k/top_p) and a head that is not a plain linear layer "
+            "(soft-capped or scaled logits, LoRA on the head)."
+        ),
+    ] = 1024
     packing: Annotated[
         bool,
         Meta(
@@ -458,6 +480,11 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
                 raise Refused(
                     "share_prompts", f"it runs a prompt once for one rank's unpacked rows, not with {key} = true: leave one out"
                 )
+        if self.packing and self.micro_batch_tokens:
+            raise Refused(
+                "micro_batch_tokens",
+                "packing sizes its rows by pack_tokens and micro_batch_size: set micro_batch_tokens = 0, or packing = false",
+            )
         if not self.packing and self.pack_tokens != 0:
             raise Refused("pack_tokens", "it applies only with packing = true: set packing = true, or leave pack_tokens out")
         if not self.packing and self.pack_attention != "auto":

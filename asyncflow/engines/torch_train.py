@@ -83,6 +83,7 @@ from asyncflow.engines.base import (
     TrainEngine,
     TrainStepResult,
 )
+from asyncflow.engines.chunked_logp import head_logp
 from asyncflow.engines.batching import PackedRows, block_causal_mask, pack_batch, plan_packing
 from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
@@ -144,6 +145,21 @@ class _Net(torch.nn.Module):
             return self.lm(**kw).logits, None
         hidden_BTE = self.lm.base_model(**kw).last_hidden_state
         return None, self.value_head(hidden_BTE).squeeze(-1)
+
+    def hidden(
+        self,
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor | None,
+        position_ids_BT: torch.Tensor | None = None,
+        start: int = 0,
+        shared: SharedPlan | None = None,
+    ) -> torch.Tensor:
+        """The decoder's last hidden states [B, T - start, E] (with ``shared``: those [B, R, E]
+        that predict each row's response part), for the LM head to take chunk by chunk."""
+        if shared is not None:
+            return shared_hidden(self.lm.base_model, shared)
+        kw = {"input_ids": input_ids_BT, "attention_mask": attention_mask_BT, "position_ids": position_ids_BT}
+        return self.lm.base_model(**kw, use_cache=False).last_hidden_state[:, start:]
 
     def _head(self, hidden_BTE: torch.Tensor) -> torch.Tensor:
         """The LM head. Under mixed precision (the decoder in the autocast dtype) in float32:
@@ -358,6 +374,8 @@ class TorchTrainEngine(TrainEngine):
             log.info("train.engine.autocast = 'auto': %s on this host", self.autocast)
         self.compute_dtype = torch_dtype(self.autocast if self.autocast != "off" else cfg.dtype)
         """The dtype the matmuls run in (``autocast``'s, else the parameters')."""
+        self._chunk_head = self._chunkable_head(lm)
+        """The LM head's weight where log-probs are taken chunk by chunk (``logit_chunk``), else None."""
         self.pack_attention: PackAttention | None = None
         """With packing: how attention is kept within packed sequences (the path that runs)."""
         if cfg.packing:
@@ -367,6 +385,35 @@ class TorchTrainEngine(TrainEngine):
                 else cfg.pack_attention
             )
             log.info("sequence packing: attention kept within sequences by %s", self.pack_attention)
+
+    def _chunkable_head(self, lm: Any) -> torch.nn.Parameter | None:
+        """The head's weight when ``logit_chunk`` applies: a policy on one rank whose logits are
+        exactly ``hidden @ weight^T`` (a bias-free linear head, no soft-capping or scaling of the
+        logits, no LoRA on the head)."""
+        if not self.cfg.logit_chunk or self.cfg.critic or self.cfg.fsdp:
+            return None
+        head = lm.get_output_embeddings()
+        text = lm.config.get_text_config()
+        scaled = any(getattr(text, k, None) not in (None, 1.0) for k in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
+        if type(head) is not torch.nn.Linear or head.bias is not None or scaled:
+            log.info("train.engine.logit_chunk: the LM head (%s) is not a plain linear layer; whole logits", type(head).__name__)
+            return None
+        return head.weight
+
+    def _head_outputs(
+        self, hidden_BTE: torch.Tensor, target_BT: torch.Tensor, temperature: float, with_entropy: bool, top_k: int, top_p: float
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log-probs, entropies or None) of ``target_BT`` under the head on ``hidden_BTE``,
+        chunk by chunk (``engines/chunked_logp.py``) or, with truncated sampling, whole."""
+        weight = self._chunk_head
+        assert weight is not None  # only called where _chunk_head is set
+        if temperature != 0.0 and truncates(top_k, top_p, weight.shape[0]):
+            with self._compute():
+                logits = self.net._head(hidden_BTE)
+            entropy = token_entropy(logits, temperature) if with_entropy else None
+            return token_logp(logits, target_BT, temperature, top_k, top_p), entropy
+        # the head in the weight's dtype (float32 under autocast, as ``_Net._head``)
+        return head_logp(hidden_BTE.to(weight.dtype), weight, target_BT, temperature, self.cfg.logit_chunk, with_entropy)
 
     def _add_adapters(self, lm: Any) -> None:
         """peft's LoRA layers on ``lora.target_modules`` (seeded: the same on every rank),
@@ -473,6 +520,13 @@ class TorchTrainEngine(TrainEngine):
         # the model skips building and applying it. Any other mask is passed as is.
         mask = None if right_padded(mb.batch.attention_mask) else mb.batch.attention_mask.to(self.device)
         start = 0 if self.cfg.critic else logits_start(mb.batch.response_mask)
+        if self._chunk_head is not None:
+            with self._compute():
+                hidden_BTE = self.net.hidden(ids, mask, None, start)
+            logp, entropy = self._head_outputs(hidden_BTE[:, :-1], ids[:, start + 1 :], temperature, with_entropy, top_k, top_p)
+            return ForwardOutput(
+                logp=F.pad(logp, (start + 1, 0)), entropy=F.pad(entropy, (start + 1, 0)) if entropy is not None else None
+            )
         with self._compute():
             logits, values = self.net(ids, mask, None, start)
         if values is not None:
@@ -487,6 +541,11 @@ class TorchTrainEngine(TrainEngine):
     ) -> ForwardOutput:
         """Each distinct prompt once, each row's response part on its keys and values
         (``train.engine.share_prompts``); outputs at the rows' [b, t], column 0 zero."""
+        if self._chunk_head is not None:
+            with self._compute():
+                hidden_BRE = self.net.hidden(plan.response_BR, None, shared=plan)
+            logp_BR, entropy_BR = self._head_outputs(hidden_BRE, plan.response_BR, temperature, with_entropy, top_k, top_p)
+            return ForwardOutput(logp=plan.back(logp_BR), entropy=plan.back(entropy_BR) if entropy_BR is not None else None)
         with self._compute():
             logits_BRV, _ = self.net(plan.response_BR, None, shared=plan)
         assert logits_BRV is not None  # the shared path has no value head
@@ -500,8 +559,6 @@ class TorchTrainEngine(TrainEngine):
         """The model on packed rows [R, N]; outputs put back at the rows' [b, t], column 0 zero."""
         ids_RN, pos_RN = packed.input_ids, packed.position_ids
         mask = block_causal_mask(pos_RN, self.compute_dtype) if self.pack_attention == "mask" else None
-        with self._compute():
-            logits, values = self.net(ids_RN, mask, pos_RN)
 
         def back(x_RN: torch.Tensor) -> torch.Tensor:
             # x_RN[r, n] is about the token at n given what precedes it; a sequence's first
@@ -510,6 +567,14 @@ class TorchTrainEngine(TrainEngine):
             x_BT[:, 0] = 0.0
             return x_BT
 
+        if self._chunk_head is not None:
+            with self._compute():
+                hidden_RNE = self.net.hidden(ids_RN, mask, pos_RN)
+            logp_RN, entropy_RN = self._head_outputs(hidden_RNE[:, :-1], ids_RN[:, 1:], temperature, with_entropy, top_k, top_p)
+            entropy = back(F.pad(entropy_RN, (1, 0))) if entropy_RN is not None else None
+            return ForwardOutput(logp=back(F.pad(logp_RN, (1, 0))), entropy=entropy)
+        with self._compute():
+            logits, values = self.net(ids_RN, mask, pos_RN)
         if values is not None:
             values_BT = back(F.pad(values[:, :-1].float(), (1, 0)))
             return ForwardOutput(logp=torch.zeros_like(values_BT), values=values_BT)
@@ -519,8 +584,11 @@ class TorchTrainEngine(TrainEngine):
     def _micro_batches(self, batch: TokenBatch) -> list[_MicroBatch]:
         if self.cfg.packing:
             return self._packed_micro_batches(batch)
-        step = self.cfg.micro_batch_size
-        mbs = [_MicroBatch(slice(s, s + step), batch.select(slice(s, s + step))) for s in range(0, batch.batch_size, step)]
+        if self.cfg.micro_batch_tokens:
+            mbs = [_MicroBatch(rows, batch.select(rows)) for rows in self._token_sized(batch)]
+        else:
+            step = self.cfg.micro_batch_size
+            mbs = [_MicroBatch(slice(s, s + step), batch.select(slice(s, s + step))) for s in range(0, batch.batch_size, step)]
         if self.distributed:
             counts = torch.tensor([len(mbs), -len(mbs)], dtype=torch.long)
             dist.all_reduce(counts, op=dist.ReduceOp.MAX)
@@ -530,6 +598,24 @@ class TorchTrainEngine(TrainEngine):
                     "data-parallel rank the same number of rows per step"
                 )
         return mbs
+
+    def _token_sized(self, batch: TokenBatch) -> list[list[int]]:
+        """``micro_batch_tokens``: the rows by length (with ``share_prompts`` in their order,
+        which keeps a group's rows together), cut where rows x the longest would pass the budget."""
+        lengths = batch.attention_mask.sum(dim=1).tolist()
+        order = list(range(len(lengths))) if self.share_prompts else sorted(range(len(lengths)), key=lambda b: lengths[b])
+        budget = self.cfg.micro_batch_tokens
+        groups: list[list[int]] = []
+        longest = 0
+        for b in order:
+            width = max(longest, int(lengths[b]), 1)
+            if groups and width * (len(groups[-1]) + 1) <= budget:
+                groups[-1].append(b)
+                longest = width
+            else:
+                groups.append([b])
+                longest = max(int(lengths[b]), 1)
+        return groups
 
     def _packed_micro_batches(self, batch: TokenBatch) -> list[_MicroBatch]:
         if not right_padded(batch.attention_mask):
