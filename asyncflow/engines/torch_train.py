@@ -123,11 +123,16 @@ class _Net(torch.nn.Module):
         position_ids_BT: torch.Tensor | None = None,
         logits_from: int = 0,
         shared: SharedPlan | None = None,
+        hidden_only: bool = False,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Logits (of positions ``logits_from`` on only: the LM head and the softmax over a
         real vocabulary cost as much as a few decoder layers per position) or values.
         With ``shared`` (``train.engine.share_prompts``): the logits [B, R, V] that predict
-        each row's response part, each distinct prompt run once (engines/shared_prompts.py)."""
+        each row's response part, each distinct prompt run once (engines/shared_prompts.py).
+        With ``hidden_only``: the decoder's last hidden states in the logits' place, for the head
+        to take chunk by chunk (``train.engine.logit_chunk``)."""
+        if hidden_only:
+            return self.hidden(input_ids_BT, attention_mask_BT, position_ids_BT, logits_from, shared), None
         if shared is not None:
             return self._head(shared_hidden(self.lm.base_model, shared)), None
         kw: dict[str, Any] = {
@@ -522,7 +527,8 @@ class TorchTrainEngine(TrainEngine):
         start = 0 if self.cfg.critic else logits_start(mb.batch.response_mask)
         if self._chunk_head is not None:
             with self._compute():
-                hidden_BTE = self.net.hidden(ids, mask, None, start)
+                hidden_BTE, _ = self.net(ids, mask, None, start, hidden_only=True)
+            assert hidden_BTE is not None
             logp, entropy = self._head_outputs(hidden_BTE[:, :-1], ids[:, start + 1 :], temperature, with_entropy, top_k, top_p)
             return ForwardOutput(
                 logp=F.pad(logp, (start + 1, 0)), entropy=F.pad(entropy, (start + 1, 0)) if entropy is not None else None
@@ -543,7 +549,8 @@ class TorchTrainEngine(TrainEngine):
         (``train.engine.share_prompts``); outputs at the rows' [b, t], column 0 zero."""
         if self._chunk_head is not None:
             with self._compute():
-                hidden_BRE = self.net.hidden(plan.response_BR, None, shared=plan)
+                hidden_BRE, _ = self.net(plan.response_BR, None, shared=plan, hidden_only=True)
+            assert hidden_BRE is not None
             logp_BR, entropy_BR = self._head_outputs(hidden_BRE, plan.response_BR, temperature, with_entropy, top_k, top_p)
             return ForwardOutput(logp=plan.back(logp_BR), entropy=plan.back(entropy_BR) if entropy_BR is not None else None)
         with self._compute():
@@ -569,7 +576,8 @@ class TorchTrainEngine(TrainEngine):
 
         if self._chunk_head is not None:
             with self._compute():
-                hidden_RNE = self.net.hidden(ids_RN, mask, pos_RN)
+                hidden_RNE, _ = self.net(ids_RN, mask, pos_RN, hidden_only=True)
+            assert hidden_RNE is not None
             logp_RN, entropy_RN = self._head_outputs(hidden_RNE[:, :-1], ids_RN[:, 1:], temperature, with_entropy, top_k, top_p)
             entropy = back(F.pad(entropy_RN, (1, 0))) if entropy_RN is not None else None
             return ForwardOutput(logp=back(F.pad(logp_RN, (1, 0))), entropy=entropy)

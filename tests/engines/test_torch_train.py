@@ -133,7 +133,8 @@ def test_bf16_autocast_computes_in_bfloat16_and_keeps_float32_master_weights(qwe
     b = batch(seed=5, rows=4, width=16)
     plain = build_train_engine(TrainEngineConfig(micro_batch_size=2), qwen2_dir).forward(b).logp
     for packing in (False, True):
-        cfg = TrainEngineConfig(micro_batch_size=2, autocast="bfloat16", lr=1e-2, packing=packing)
+        # the whole-logits head, whose module the hook below sees (the chunked head's float32: test_train_speed_paths)
+        cfg = TrainEngineConfig(micro_batch_size=2, autocast="bfloat16", lr=1e-2, packing=packing, logit_chunk=0)
         trainer = build_train_engine(cfg, qwen2_dir)
         mixed = trainer.forward(b).logp
         resp = b.response_mask > 0

@@ -94,6 +94,21 @@ def test_token_sized_micro_batches_learn_what_row_micro_batches_do_with_less_pad
     assert [len(mb.batch.input_ids) for mb in lone._micro_batches(batch)][-1] == 1  # the longest row alone
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("packing", [False, True])
+def test_under_bfloat16_autocast_the_chunked_head_runs_in_float32_as_the_whole_one(packing, qwen2_dir):
+    """Both heads take the same bfloat16 decoder's hidden states in float32: their log-probs
+    agree to float rounding, far closer than a bfloat16 head's ~0.1."""
+    cfg = {"micro_batch_size": 4, "autocast": "bfloat16", "packing": packing}
+    plain = build_train_engine(TrainEngineConfig(logit_chunk=0, **cfg), qwen2_dir)
+    fast = build_train_engine(TrainEngineConfig(logit_chunk=7, **cfg), qwen2_dir)
+    batch = ragged_batch(vocab=90, seed=2)
+    on = batch.response_mask > 0
+    want, got = plain.forward(batch, with_entropy=True), fast.forward(batch, with_entropy=True)
+    assert float((got.logp - want.logp)[on].abs().max()) < 1e-4
+    assert float((got.entropy - want.entropy)[on].abs().max()) < 1e-4
+
+
 def test_micro_batch_tokens_with_packing_is_refused_by_name():
     with pytest.raises(ConfigError, match="micro_batch_tokens"):
         load_config_text("[train.engine]\nmicro_batch_tokens = 4096\npacking = true\n")
