@@ -167,11 +167,27 @@ def _free_port() -> int:
     "--prompt-len-token prompt (prints one JSON line; with --autocast under bfloat16 autocast).",
 )
 @click.option("--group-size", default=8, show_default=True, help="--share-prompts: rows per prompt.")
-@click.option("--prompt-len", default=48, show_default=True, help="--share-prompts: tokens per prompt.")
+@click.option("--prompt-len", default=48, show_default=True, help="--share-prompts and --config: tokens per prompt.")
 @click.option(
     "--autocast",
     is_flag=True,
     help="Also one process with bfloat16 autocast (train.engine.autocast): its tokens/s beside float32's, same batch.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A run's config (e.g. examples/smollm2.toml): its trainer (train.engine) on its model and a batch of its "
+    "step's shape (--prompt-len-token prompts), against the bfloat16 matmul peak, with the three places the rest of a "
+    "step goes (bench/_train_peak.py; prints one JSON line). Other options but --steps and --prompt-len are ignored.",
+)
+@click.option("--set", "overrides", multiple=True, help="--config: KEY=VALUE overrides, as afctl up takes them.")
+@click.option(
+    "--baseline",
+    multiple=True,
+    help="--config: a train.engine KEY=VALUE of a second trainer whose steps alternate with the config's "
+    "(e.g. --baseline micro_batch_tokens=0 --baseline logit_chunk=0); its step time and the speedup.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Last line: one JSON object.")
 def train(
@@ -189,6 +205,9 @@ def train(
     group_size,
     prompt_len,
     autocast,
+    config_path,
+    overrides,
+    baseline,
     as_json,
 ):
     """Training tokens/s: one process vs two-process FSDP2 (--packing: packing on vs off)."""
@@ -198,6 +217,11 @@ def train(
     from asyncflow.engines.config import TrainEngineConfig
     from asyncflow.engines.factory import build_train_engine
 
+    if config_path is not None:
+        from asyncflow.bench import _train_peak
+
+        _train_peak.run(config_path, tuple(overrides), tuple(baseline), prompt_len, steps)
+        return
     world = 2
     label = f"hidden {hidden_size} x {num_layers} layers"
     model_dir = model_path or str(bench_tiny_model("bench_train_", hidden_size, num_layers))
