@@ -392,7 +392,7 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             "of the micro-batch), each trimmed to its longest row, so the model computes on little padding and few, large "
             "micro-batches (each one casts the weights under autocast and adds to the gradients). micro_batch_size is then "
             "not used; a row longer than the budget gets a micro-batch of its own. The same loss and gradients up to float "
-            "rounding. 0: micro_batch_size rows per micro-batch. Not with packing (pack_tokens sizes packed rows)."
+            "rounding. 0: micro_batch_size rows per micro-batch. Not with packing (pack_tokens sizes packed rows) or fsdp."
         ),
     ] = 0
     logit_chunk: Annotated[
@@ -484,6 +484,12 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             raise Refused(
                 "micro_batch_tokens",
                 "packing sizes its rows by pack_tokens and micro_batch_size: set micro_batch_tokens = 0, or packing = false",
+            )
+        if self.fsdp and self.micro_batch_tokens:
+            raise Refused(
+                "micro_batch_tokens",
+                "with fsdp every rank must run as many micro-batches as the others, which a token budget does not keep: "
+                "set micro_batch_tokens = 0 (micro_batch_size rows), or fsdp = false",
             )
         if not self.packing and self.pack_tokens != 0:
             raise Refused("pack_tokens", "it applies only with packing = true: set packing = true, or leave pack_tokens out")

@@ -109,6 +109,7 @@ def test_under_bfloat16_autocast_the_chunked_head_runs_in_float32_as_the_whole_o
     assert float((got.entropy - want.entropy)[on].abs().max()) < 1e-4
 
 
-def test_micro_batch_tokens_with_packing_is_refused_by_name():
-    with pytest.raises(ConfigError, match="micro_batch_tokens"):
-        load_config_text("[train.engine]\nmicro_batch_tokens = 4096\npacking = true\n")
+def test_micro_batch_tokens_with_packing_or_fsdp_is_refused_by_name():
+    for other in ("packing = true", "fsdp = true"):
+        with pytest.raises(ConfigError, match="micro_batch_tokens = 0"):
+            load_config_text(f"[train.engine]\nmicro_batch_tokens = 4096\n{other}\n")
