@@ -277,6 +277,11 @@ def logits_start(response_mask_BT: torch.Tensor) -> int:
     return max(int(first.min()) - 1, 0)
 
 
+EAGER_MAX_TOKENS = 256
+"""``attention = "auto"`` on the CPU: micro-batches whose rows are at most this long run eager
+attention (its [rows, heads, T, T] scores are small there, and its backward is matmuls; the CPU
+SDPA kernel's bfloat16 backward took about half of SmolLM2-135M's step at 62 tokens)."""
+
 TRUNCATE_CHUNK = 1024
 """Token positions whose top-k/top-p sets are found at once (the sort of a 49k-vocabulary
 row of each: bounds the memory of that pass)."""
@@ -379,6 +384,8 @@ class TorchTrainEngine(TrainEngine):
             log.info("train.engine.autocast = 'auto': %s on this host", self.autocast)
         self.compute_dtype = torch_dtype(self.autocast if self.autocast != "off" else cfg.dtype)
         """The dtype the matmuls run in (``autocast``'s, else the parameters')."""
+        self._model_attention = str(lm.config._attn_implementation)
+        """The attention implementation the model loaded with (``attention = "auto"`` off the CPU or for long rows)."""
         self._chunk_head = self._chunkable_head(lm)
         """The LM head's weight where log-probs are taken chunk by chunk (``logit_chunk``), else None."""
         self.pack_attention: PackAttention | None = None
@@ -512,7 +519,16 @@ class TorchTrainEngine(TrainEngine):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
+    def _set_attention(self, width: int) -> None:
+        """The attention implementation for a micro-batch of rows ``width`` tokens long (``attention``)."""
+        want = self.cfg.attention
+        if want == "auto":
+            want = "eager" if self.device.type == "cpu" and width <= EAGER_MAX_TOKENS else self._model_attention
+        if self.net.lm.config._attn_implementation != want:
+            self.net.lm.set_attn_implementation(want)
+
     def _run(self, mb: _MicroBatch, temperature: float, with_entropy: bool, top_k: int = 0, top_p: float = 1.0) -> ForwardOutput:
+        self._set_attention((mb.packed.input_ids if mb.packed is not None else mb.batch.input_ids).shape[1])
         if mb.packed is not None:
             return self._run_packed(mb.packed.to(self.device), temperature, with_entropy, top_k, top_p)
         fits = self.window is None or mb.batch.input_ids.shape[1] < self.window

@@ -109,6 +109,24 @@ def test_under_bfloat16_autocast_the_chunked_head_runs_in_float32_as_the_whole_o
     assert float((got.entropy - want.entropy)[on].abs().max()) < 1e-4
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("packing", [False, True])
+def test_eager_attention_learns_what_sdpa_does(packing, llama_dir):
+    cfg = {"micro_batch_size": 4, "packing": packing, "logit_chunk": 0}
+    sdpa = build_train_engine(TrainEngineConfig(lr=1e-3, attention="sdpa", **cfg), llama_dir)
+    eager = build_train_engine(TrainEngineConfig(lr=1e-3, attention="eager", **cfg), llama_dir)
+    assert_same_learning(sdpa, eager, ragged_batch(vocab=90, seed=3), 1.0)
+    assert sdpa.net.lm.config._attn_implementation == "sdpa" and eager.net.lm.config._attn_implementation == "eager"
+
+
+def test_auto_attention_is_eager_on_the_cpu_for_short_rows_only(llama_dir):
+    engine = build_train_engine(TrainEngineConfig(lr=1e-3), llama_dir)
+    engine._set_attention(62)
+    assert engine.net.lm.config._attn_implementation == "eager"
+    engine._set_attention(257)  # eager's [rows, heads, T, T] scores grow with the square of the length
+    assert engine.net.lm.config._attn_implementation == "sdpa"
+
+
 def test_micro_batch_tokens_with_packing_or_fsdp_is_refused_by_name():
     for other in ("packing = true", "fsdp = true"):
         with pytest.raises(ConfigError, match="micro_batch_tokens = 0"):
