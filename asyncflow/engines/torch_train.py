@@ -26,6 +26,17 @@ Invariants:
   loss, which gets the micro-batch's rows as a padded ``TokenBatch``: the loss, its
   step totals and the log-probs are those of the padded path. With FSDP a rank with
   fewer packed micro-batches than another splits rows until the counts agree.
+- Token-sized micro-batches (``micro_batch_tokens``): the step's rows sorted by length (in
+  their order with ``share_prompts``) and cut at the token budget (rows x longest); the loss
+  sees each micro-batch's rows as a padded ``TokenBatch`` and ``forward`` puts outputs back
+  at their rows, so only the grouping changes.
+- The chunked head (``logit_chunk``, ``engines/chunked_logp.py``): where the head is a plain
+  linear layer, ``_Net`` returns the decoder's hidden states (``hidden_only``) and the log-probs
+  and entropies are taken from them and the head's weight chunk by chunk, in the weight's dtype
+  (float32 under autocast, as ``_head``); the same values as ``token_logp``/``token_entropy``
+  of the whole logits up to float rounding.
+- Attention (``attention``): set per micro-batch from its row length (``_set_attention``):
+  "auto" is eager on the CPU up to ``EAGER_MAX_TOKENS``, else the model's own.
 - Mixed precision (``autocast = "bfloat16"``): the decoder runs under ``torch.autocast``
   in ``forward`` and ``train_step`` alike, the LM head in float32 (bfloat16 logits
   would be off by ~0.1); parameters, gradients, AdamW states and checkpoints stay in
