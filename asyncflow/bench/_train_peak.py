@@ -85,9 +85,14 @@ def run(config: str, overrides: tuple[str, ...], baseline: tuple[str, ...], prom
     rows, group = cfg.samples_per_step, cfg.algorithm.group_size
     batch = _train_shared.grouped_batch(rows, group, prompt_len, prompt_len + cfg.rollout.sampling.max_new_tokens, vocab)
     loss_fn = policy_loss_fn(PolicyLossConfig(clip_against="behaviour"))
-    engines = {"config": build_train_engine(engine_cfg, model_dir)}
+    total = max(cfg.train.num_steps, steps + 2)  # the lr schedule's length: the warm-up, the timed and the profiled steps
+    engines = {"config": build_train_engine(engine_cfg, model_dir, total_steps=total)}
     if baseline:
-        engines["baseline"] = build_train_engine(load_config(config, overrides + tuple(f"train.engine.{b}" for b in baseline)).train.engine, model_dir)
+        engines["baseline"] = build_train_engine(
+            load_config(config, overrides + tuple(f"train.engine.{b}" for b in baseline)).train.engine,
+            model_dir,
+            total_steps=total,
+        )
     torch.set_num_threads(threads)
     for engine in engines.values():
         engine.train_step(batch, loss_fn)  # warm-up

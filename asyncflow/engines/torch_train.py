@@ -94,8 +94,8 @@ from asyncflow.engines.base import (
     TrainEngine,
     TrainStepResult,
 )
-from asyncflow.engines.chunked_logp import head_logp
 from asyncflow.engines.batching import PackedRows, block_causal_mask, pack_batch, plan_packing
+from asyncflow.engines.chunked_logp import head_logp
 from asyncflow.engines.config import TrainEngineConfig
 from asyncflow.engines.device import set_cpu_threads, torch_device, torch_dtype
 from asyncflow.engines.hf import TOKENIZER_FILES, load_model
@@ -417,7 +417,9 @@ class TorchTrainEngine(TrainEngine):
             return None
         head = lm.get_output_embeddings()
         text = lm.config.get_text_config()
-        scaled = any(getattr(text, k, None) not in (None, 1.0) for k in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
+        scaled = any(
+            getattr(text, k, None) not in (None, 1.0) for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+        )
         if type(head) is not torch.nn.Linear or head.bias is not None or scaled:
             log.info("train.engine.logit_chunk: the LM head (%s) is not a plain linear layer; whole logits", type(head).__name__)
             return None
