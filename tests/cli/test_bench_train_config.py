@@ -19,7 +19,8 @@ def test_bench_train_config_reports_the_fraction_of_the_peak_and_three_places(tm
     config = tmp_path / "run.toml"
     config.write_text(
         f'[model]\npath = "{model}"\n[algorithm]\ngroup_size = 4\n[rollout.sampling]\nmax_new_tokens = 6\n'
-        '[train]\nprompts_per_step = 2\n[train.engine]\nmicro_batch_tokens = 64\nlogit_chunk = 16\nnum_threads = 1\nlr_schedule = "cosine"\n'
+        "[train]\nprompts_per_step = 2\n[train.engine]\nmicro_batch_tokens = 64\nlogit_chunk = 16\nnum_threads = 1\n"
+        'lr_schedule = "cosine"\n'
     )
     args = ["bench", "train", "--config", str(config), "--prompt-len", "10", "--steps", "1"]
     result = CliRunner().invoke(main, [*args, "--baseline", "micro_batch_tokens=0", "--baseline", "logit_chunk=0"])
