@@ -35,7 +35,7 @@ def _logits(hidden_NE: torch.Tensor, weight_VE: torch.Tensor, temperature: float
 
 class _HeadLogp(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden_NE: torch.Tensor,
         weight_VE: torch.Tensor,
@@ -58,11 +58,10 @@ class _HeadLogp(torch.autograd.Function):
                 entropy_N[s : s + chunk] = -(logp_CV.exp() * logp_CV).sum(-1)
         ctx.save_for_backward(hidden_NE, weight_VE, target_N, lse_N, entropy_N)
         ctx.temperature, ctx.chunk, ctx.with_entropy = temperature, chunk, with_entropy
-        ctx.mark_non_differentiable(lse_N)
         return logp_N, entropy_N
 
     @staticmethod
-    def backward(ctx: Any, g_logp_N: torch.Tensor, g_entropy_N: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, g_logp_N: torch.Tensor, g_entropy_N: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         hidden_NE, weight_VE, target_N, lse_N, entropy_N = ctx.saved_tensors
         temperature, chunk = ctx.temperature, ctx.chunk
         scale = 1.0 / temperature if temperature not in (0.0, 1.0) else 1.0

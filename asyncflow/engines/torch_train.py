@@ -534,7 +534,7 @@ class TorchTrainEngine(TrainEngine):
 
     def _set_attention(self, width: int) -> None:
         """The attention implementation for a micro-batch of rows ``width`` tokens long (``attention``)."""
-        want = self.cfg.attention
+        want: str = self.cfg.attention
         if want == "auto":
             want = "eager" if self.device.type == "cpu" and width <= EAGER_MAX_TOKENS else self._model_attention
         if self.net.lm.config._attn_implementation != want:
