@@ -133,11 +133,12 @@ RECORDS = [
        keys=("rows.rows", "rows.eager_ms", "rows.compiled_ms", "rows.speedup", "rows.compile_s", "rows.graph_rows",
              "rows.graph_keys", "rows.max_logp_gap", "rows.same_greedy", "recompiles", "context", "threads")),
     # the example's trainer against the bfloat16 matmul peak, and against its former settings side by side
-    _r("real_train_peak", "performance", f"{AF} bench train --config examples/smollm2.toml --prompt-len 46 --steps 3 "
+    _r("real_train_peak", "performance", f"{AF} bench train --config examples/smollm2.toml --prompt-len 46 --steps 5 "
        "--baseline micro_batch_tokens=0 --baseline logit_chunk=0 --baseline attention=sdpa", when_named=True,
        keys=("rows", "real_tokens", "threads", "autocast", "micro_batch_tokens", "logit_chunk", "step_s", "train_tflops",
              "bfloat16_peak_tflops", "of_bfloat16_peak", "ideal_step_s", "profiled_step_s", "places.place",
              "places.seconds", "places.of_step", "baseline_step_s", "speedup_over_baseline", "baseline_of_bfloat16_peak",
+             "step_seconds", "baseline_step_seconds",
              "load_average")),
     # docs/real-model.md: SmolLM2-135M (models/smollm2-135m) and Gemma 3 270M (models/gemma3-270m), imported first
     _r("real_model", "real-model", "python scripts/real_model_check.py --seeds {seeds} --modes async sync "
