@@ -138,7 +138,7 @@ RECORDS = [
        keys=("rows", "real_tokens", "threads", "autocast", "micro_batch_tokens", "logit_chunk", "step_s", "train_tflops",
              "bfloat16_peak_tflops", "of_bfloat16_peak", "ideal_step_s", "profiled_step_s", "places.place",
              "places.seconds", "places.of_step", "baseline_step_s", "speedup_over_baseline", "baseline_of_bfloat16_peak",
-             "step_seconds", "baseline_step_seconds",
+             "step_seconds", "baseline_step_seconds", "steps",
              "load_average")),
     # docs/real-model.md: SmolLM2-135M (models/smollm2-135m) and Gemma 3 270M (models/gemma3-270m), imported first
     _r("real_model", "real-model", "python scripts/real_model_check.py --seeds {seeds} --modes async sync "
