@@ -413,8 +413,9 @@ class TrainEngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             "scores as matmuls and a float32 softmax, holding [rows, heads, tokens, tokens] a layer for the backward; sdpa: "
             "torch's scaled_dot_product_attention, whose CPU kernel's bfloat16 backward is slow on short rows. auto: eager "
             "on the CPU for a micro-batch whose rows are at most 256 tokens (SmolLM2-135M, 64 rows of 62 tokens under "
-            "bfloat16 autocast: the step about 2x faster than with sdpa, docs/performance.md), else the model's own "
-            "(sdpa, or what the model's config names). The same loss up to float rounding."
+            "bfloat16 autocast: the SDPA kernel's backward was the largest single operator of the step; "
+            "docs/performance.md), else the model's own (sdpa, or what the model's config names). The same loss up to "
+            "float rounding."
         ),
     ] = "auto"
     packing: Annotated[
