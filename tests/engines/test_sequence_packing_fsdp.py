@@ -42,7 +42,7 @@ def test_two_fsdp_ranks_each_pack_their_own_part_and_match_one_padded_process(qw
 
     want = single.forward(batch).logp
     half = batch.batch_size // 2
-    real = batch.attention_mask.bool()
+    real = batch.response_mask.bool()  # the log-probs the loss reads: one process computes no others
     for r in (0, 1):
         got = torch.tensor(ranks[r]["logp"])
         rows = slice(r * half, (r + 1) * half)
