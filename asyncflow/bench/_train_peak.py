@@ -52,21 +52,32 @@ def place_of(op: str) -> str:
     return ELEMENTWISE
 
 
-def profile_places(engine, batch, loss_fn) -> tuple[float, dict[str, float]]:
-    """One step's wall seconds and each place's seconds (operators' own time, main thread)."""
+def profile_places(engine, batch, loss_fn, device: str = "cpu") -> tuple[float, dict[str, float]]:
+    """One step's wall seconds and each place's seconds (operators' own time: on the main
+    thread, or on the GPU with ``device`` cuda)."""
     from torch.profiler import ProfilerActivity, profile
 
+    cuda = device.startswith("cuda")
     start = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         engine.train_step(batch, loss_fn)
+        _sync(device)
     wall = time.perf_counter() - start
     places: dict[str, float] = {}
     for event in prof.key_averages():
-        seconds = event.self_cpu_time_total / 1e6
+        seconds = (event.self_device_time_total if cuda else event.self_cpu_time_total) / 1e6
         if seconds > 0:
             places[place_of(event.key)] = places.get(place_of(event.key), 0.0) + seconds
     places[UNACCOUNTED] = max(wall - sum(places.values()), 0.0)
     return wall, places
+
+
+def _sync(device: str) -> None:
+    """Wait for the device's queued work (a step's time on cuda ends when its kernels do)."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def run(config: str, overrides: tuple[str, ...], baseline: tuple[str, ...], prompt_len: int, steps: int) -> None:
@@ -102,13 +113,14 @@ def run(config: str, overrides: tuple[str, ...], baseline: tuple[str, ...], prom
         for name, engine in engines.items():
             start = time.perf_counter()
             engine.train_step(batch, loss_fn)
+            _sync(engine_cfg.device)
             seconds[name].append(time.perf_counter() - start)
     num_params = sum(p.numel() for p in engines["config"].net.lm.parameters())  # type: ignore[attr-defined]  # the torch engine
     tokens = int(batch.attention_mask.sum())
-    peak = flops.matmul_peak("bfloat16")
+    peak = flops.matmul_peak("bfloat16", device=engine_cfg.device)  # on the trainer's device, with its threads
     step = min(seconds["config"])
     achieved, of_peak = flops.of_peak(num_params, tokens, step, peak)
-    wall, places = profile_places(engines["config"], batch, loss_fn)
+    wall, places = profile_places(engines["config"], batch, loss_fn, engine_cfg.device)
     ideal = flops.train_flops(num_params, tokens) / peak
     lost = dict(places)
     lost["matmuls below the peak"] = max(lost.pop("matmuls", 0.0) - ideal, 0.0)

@@ -220,6 +220,8 @@ def train(
     if config_path is not None:
         from asyncflow.bench import _train_peak
 
+        if model_path is not None:  # --model stands for the config's model.path
+            overrides = (*overrides, f"model.path={json.dumps(str(model_path))}")
         _train_peak.run(config_path, tuple(overrides), tuple(baseline), prompt_len, steps)
         return
     world = 2
