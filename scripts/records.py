@@ -113,7 +113,10 @@ RECORDS = [
     _r("twin", "results", "python scripts/twin_table.py --cases 7b:32,64,256,1024 32b:32,64,256,1024 --steps 5 "
        "--out {work}/twin --linearity 7b:64,1024 32b:64,1024 --linearity-batch 1024x16",
        keys=("cases.model", "cases.npus", "cases.speedup_async_over_colocated",
-             "cases.predicted_speedup_async_over_colocated", "cases.wall_s")),
+             "cases.predicted_speedup_async_over_colocated", "cases.wall_s", "cases.modes.sync.error",
+             "cases.modes.async.error", "cases.modes.colocated.error", "cases.modes.async.rollout", "linearity.model",
+             "linearity.npus", "linearity.batch", "linearity.linearity", "linearity.predicted_linearity",
+             "linearity.wall_s")),
     _r("twin_32b_512", "results", f"{AF} twin --model 32b --npus 512 --hardware 910b --steps 6 --json --out {{work}}/twin_32b_512",
        keys=("modes.sync.error", "modes.async.error", "modes.colocated.error", "speedup_async_over_colocated",
              "predicted_speedup_async_over_colocated", "modes.async.overhead_frac_real_total"), when_named=True),
