@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from asyncflow.actors.runtime import messages
 
 NamedTensors = list  # [(name, torch.Tensor)]
+
+
+def tensor_views(
+    flat, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], offsets: Sequence[int]
+) -> NamedTensors:
+    """Views of the named tensors laid out in the flat byte tensor ``flat`` at ``offsets``
+    (no copy): how a collective chunk and a local file are read back."""
+    import torch
+
+    out = []
+    for name, dtype, shape, off in zip(names, dtypes, shapes, offsets):
+        dt = getattr(torch, dtype)
+        n = dt.itemsize
+        for s in shape:
+            n *= s
+        out.append((name, flat[off : off + n].view(dt).view(shape)))
+    return out
 
 
 class WeightSender(ABC):

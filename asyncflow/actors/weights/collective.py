@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from asyncflow.actors.runtime import messages
-from asyncflow.actors.weights._base import NamedTensors, WeightReceiver
+from asyncflow.actors.weights._base import NamedTensors, WeightReceiver, tensor_views
 from asyncflow.actors.weights.nng import NngReceiver, NngSender
 from asyncflow.core.rendezvous import entry_name, host_store, join_store, node_host
 
@@ -93,14 +93,7 @@ def pack(tensors: list[torch.Tensor], chunk: messages.StreamChunk, out: torch.Te
 
 def unpack(flat: torch.Tensor, chunk: messages.StreamChunk) -> list[tuple[str, torch.Tensor]]:
     """Views of the chunk's tensors in ``flat`` (no copy)."""
-    out = []
-    for name, dtype, shape, off in zip(chunk.names, chunk.dtypes, chunk.shapes, chunk.offsets):
-        dt = getattr(torch, dtype)
-        n = dt.itemsize
-        for s in shape:
-            n *= s
-        out.append((name, flat[off : off + n].view(dt).view(shape)))
-    return out
+    return tensor_views(flat, chunk.names, chunk.dtypes, chunk.shapes, chunk.offsets)
 
 
 # -- the two-member group ------------------------------------------------------------

@@ -55,7 +55,7 @@ import msgspec
 import torch
 
 from asyncflow.actors.runtime import messages
-from asyncflow.actors.weights._base import NamedTensors, WeightReceiver
+from asyncflow.actors.weights._base import NamedTensors, WeightReceiver, tensor_views
 from asyncflow.actors.weights.nng import NngReceiver, NngSender
 from asyncflow.core import protocol
 from asyncflow.core.errors import RemoteError
@@ -105,14 +105,7 @@ def _layout(named_tensors: NamedTensors) -> tuple[list[int], int]:
 
 
 def _views(flat: torch.Tensor, header: Header) -> NamedTensors:
-    out = []
-    for name, dtype, shape, off in zip(header.names, header.dtypes, header.shapes, header.offsets):
-        dt = getattr(torch, dtype)
-        n = dt.itemsize
-        for s in shape:
-            n *= s
-        out.append((name, flat[off : off + n].view(dt).view(shape)))
-    return out
+    return tensor_views(flat, header.names, header.dtypes, header.shapes, header.offsets)
 
 
 def _pack(named_tensors: NamedTensors, offsets: list[int], out: torch.Tensor) -> None:
