@@ -61,7 +61,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-import numpy as np
 
 from asyncflow.actors.rollout import pack
 from asyncflow.config.names import TASK_ROLLOUT
@@ -213,8 +212,8 @@ class PartialRollout:
                 ack=a.acks.take(TASK_ROLLOUT),
             )
         if len(batch) == 0:
-            # nothing admissible now: the gate holds or no prompts yet; look again after a
-            # short while, or at once when the version changes or a group leaves
+            # nothing admissible now: the gate holds or no prompts yet; look again at once when
+            # the version changes, else after the quiet spell (QuietSpell)
             self.quiet.empty(version, time.monotonic())
             return
         self.quiet.got()
@@ -358,16 +357,7 @@ class PartialRollout:
             prompts += [prompt_ids] * len(g.indices)
             answers += group_answers
         with a.activity("score"):
-            rewards = a.scorer.score(
-                {
-                    "prompt_ids": prompts,
-                    "answer": answers,
-                    "response_ids": columns["response_ids"],
-                    "finish": columns["finish"],
-                },
-                indices,
-            )
-        columns["reward"] = [np.asarray([r], dtype=np.float32) for r in rewards]
+            columns["reward"] = a.scorer.reward_column(prompts, answers, columns, indices)
 
     def _put(self, indices: list[int], rows: list, metas: list[RowMeta]) -> None:
         """Put finished groups' rows (acked inside the next request)."""

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from asyncflow.actors.rollout import pack
 from asyncflow.config.names import TASK_ROLLOUT
 
@@ -108,13 +106,12 @@ class UnitRollout:
         if a.scorer is not None:
             with a.activity("score"):
                 order = [pos for positions in groups.values() for pos in positions]
-                scored = {
-                    "prompt_ids": [batch.columns["prompt_ids"][pos] for pos in order],
-                    "answer": [batch.columns["answer"][pos] for pos in order],
-                    "response_ids": columns["response_ids"],
-                    "finish": columns["finish"],
-                }
-                columns["reward"] = [np.asarray([r], dtype=np.float32) for r in a.scorer.score(scored, indices)]
+                columns["reward"] = a.scorer.reward_column(
+                    [batch.columns["prompt_ids"][pos] for pos in order],
+                    [batch.columns["answer"][pos] for pos in order],
+                    columns,
+                    indices,
+                )
         with a.activity("put"):
             a.tq.put(indices, columns, metas)
 

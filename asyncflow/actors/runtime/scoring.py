@@ -73,6 +73,19 @@ class Scorer:
         self.timed_out_rows = 0
         """Rows scored 0 because their call passed ``reward.timeout_s``."""
 
+    def reward_column(
+        self, prompt_ids: Sequence, answers: Sequence, generated: Mapping[str, Sequence], row_ids: Sequence[int]
+    ) -> list[np.ndarray]:
+        """``reward`` (float32 [1] per row) of freshly generated rows, as a rollout replica puts it
+        (``reward.placement = "rollout"``): ``generated`` holds their ``response_ids`` and ``finish``."""
+        scored = {
+            "prompt_ids": prompt_ids,
+            "answer": answers,
+            "response_ids": generated["response_ids"],
+            "finish": generated["finish"],
+        }
+        return [np.asarray([r], dtype=np.float32) for r in self.score(scored, row_ids)]
+
     def score(self, columns: Mapping[str, Sequence], row_ids: Sequence[int]) -> list[float]:
         """One reward per row of ``columns`` (each of ``self.columns``, a sequence of
         arrays per row); ``row_ids`` name the rows in a reward function's error."""
