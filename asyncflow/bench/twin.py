@@ -57,8 +57,6 @@ TOKEN_SCALE = 128
 RESPONSE_MEDIAN_FRACTION = 0.16
 """The emulated lengths' median as a fraction of MAX_NEW_TOKENS: a mean near 16 tokens (2,048 modelled)."""
 RESPONSE_SIGMA = 1.0
-TARGET_STEP_S = 2.0  # the default of afctl twin --step-s
-"""``--time-scale auto``: the async step the planner predicts, scaled to about this many seconds here."""
 MAX_PROCESSES = 4
 """Rollout processes at most: replicas are packed ceil(replicas / 4) to a process."""
 WARMUP_STEPS = 2

@@ -26,7 +26,7 @@ import click
 )
 @click.option(
     "--step-s",
-    default=2.0,  # bench/twin.TARGET_STEP_S
+    default=2.0,
     show_default=True,
     type=click.FloatRange(min=0.1),
     help="With --time-scale auto: the seconds the predicted async step takes here. A larger batch needs more: the "
